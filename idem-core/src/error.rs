@@ -1,0 +1,161 @@
+//! The one error type of idem.
+
+use std::time::Duration;
+
+use crate::key::KeyError;
+
+/// A boxed error from a backend or codec.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong in idem. Each variant says what the caller can do about it.
+///
+/// Functions behind `#[idempotent]` return `Result<T, E>` with `E: From<idem::Error>`, so these
+/// errors reach the caller through the function's own error type.
+///
+/// ```
+/// use idem_core::Error;
+/// let e = Error::Locked { retry_after: std::time::Duration::from_secs(2) };
+/// assert!(e.is_retryable());
+/// assert!(!Error::KeyReused.is_retryable());
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The scope, caller or client key is malformed. Nothing was stored.
+    #[error("invalid idempotency key: {0}")]
+    InvalidKey(#[from] KeyError),
+
+    /// The key was used before for a request with another fingerprint. Use a new key for a new
+    /// request. Nothing was changed.
+    #[error("idempotency key reused for a different request: send a new key for a new request")]
+    KeyReused,
+
+    /// Another call holds a live claim on this key. Retry after `retry_after`, or configure
+    /// [`OnLocked::Wait`](crate::OnLocked::Wait) to wait for it.
+    #[error("another call is running this key; retry after {retry_after:?}")]
+    Locked {
+        /// How long until the other claim's lease ends at the latest.
+        retry_after: Duration,
+    },
+
+    /// The claim's lease ended and the key was taken over (or evicted) before this call could
+    /// finish. The work may have run twice: reconcile before retrying.
+    #[error(
+        "lease lost: the claim expired and the key was taken over; the work may have run twice"
+    )]
+    LeaseLost,
+
+    /// The encoded response is larger than the configured limit. The claim was released, so a
+    /// retry runs the work again; raise the limit or return less.
+    #[error("response of {size} bytes exceeds the limit of {limit} bytes; nothing was stored")]
+    ResponseTooLarge {
+        /// Encoded size in bytes.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+
+    /// A lease, retention or limit is out of range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+
+    /// A stored response could not be encoded or decoded (for instance the type changed since
+    /// it was stored). Evict the key or bump the scope.
+    #[error("codec failed: {0}")]
+    Codec(#[source] BoxError),
+
+    /// The replayed call had failed and its error was stored (see
+    /// [`Policy::store_errors`](crate::Policy)). The payload is the stored error, encoded.
+    #[error("the original call failed and its error was stored")]
+    StoredError(Vec<u8>),
+
+    /// The store could not be reached or refused the statement.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Error {
+    /// Whether the same call may succeed if simply retried later (a live claim elsewhere, or an
+    /// unreachable store).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Locked { .. } => true,
+            Error::Store(e) => e.kind() == StoreErrorKind::Unavailable,
+            _ => false,
+        }
+    }
+}
+
+/// What kind of store failure happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store could not be reached (connection refused or lost, pool timed out, server
+    /// shutting down). Retrying later may succeed.
+    Unavailable,
+    /// The store rejected a statement.
+    Query,
+    /// A stored row does not have the expected shape (wrong byte length, unknown state).
+    Corrupt,
+}
+
+/// A failure of the store's backend, with its kind and the backend's own error as source.
+///
+/// ```
+/// use idem_core::{StoreError, StoreErrorKind};
+/// let e = StoreError::new(StoreErrorKind::Corrupt, "token is 3 bytes");
+/// assert_eq!(e.kind(), StoreErrorKind::Corrupt);
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error("store {}: {source}", match .kind { StoreErrorKind::Unavailable => "unavailable", StoreErrorKind::Query => "query failed", StoreErrorKind::Corrupt => "holds a corrupt record" })]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    #[source]
+    source: BoxError,
+}
+
+impl StoreError {
+    /// Wraps a backend error.
+    pub fn new(kind: StoreErrorKind, source: impl Into<BoxError>) -> StoreError {
+        StoreError {
+            kind,
+            source: source.into(),
+        }
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> StoreError {
+        let kind = match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => StoreErrorKind::Unavailable,
+            // SQLSTATE class 08 is connection exceptions; 57P01..57P03 are admin shutdown,
+            // crash shutdown and "cannot connect now" (the server is starting or stopping).
+            sqlx::Error::Database(db) => match db.code().as_deref() {
+                Some(code) if code.starts_with("08") || code.starts_with("57P") => {
+                    StoreErrorKind::Unavailable
+                }
+                _ => StoreErrorKind::Query,
+            },
+            sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreErrorKind::Corrupt,
+            _ => StoreErrorKind::Query,
+        };
+        StoreError::new(kind, e)
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Error {
+        Error::Store(e.into())
+    }
+}

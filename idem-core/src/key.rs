@@ -1,0 +1,318 @@
+//! Operation keys and request fingerprints.
+//!
+//! A [`Key`] names one operation: SHA-256 over the length-prefixed parts `(scope, caller,
+//! client_key)`. Length prefixes make `("a:b", "c")` and `("a", "b:c")` differ. A
+//! [`Fingerprint`] is SHA-256 of the canonical request payload and detects a key that a client
+//! reused for a different request.
+
+use std::fmt;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// The longest client key, scope or caller accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// Why a scope, caller or client key was refused.
+///
+/// ```
+/// use idem_core::{Key, KeyError};
+/// assert_eq!(Key::derive("deposit", "", ""), Err(KeyError::Empty { part: "client key" }));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The part is empty.
+    #[error("the {part} is empty: send 1 to 255 printable ASCII characters")]
+    Empty {
+        /// Which part: "scope", "caller" or "client key".
+        part: &'static str,
+    },
+    /// The part is longer than [`MAX_KEY_LEN`] bytes.
+    #[error("the {part} is {len} bytes long; at most 255 bytes are allowed")]
+    TooLong {
+        /// Which part.
+        part: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The part holds a byte outside printable ASCII (0x20..=0x7E).
+    #[error("the {part} holds byte 0x{byte:02x} at offset {offset}; only printable ASCII (0x20..=0x7E) is allowed")]
+    NotPrintable {
+        /// Which part.
+        part: &'static str,
+        /// The first offending byte.
+        byte: u8,
+        /// Its offset.
+        offset: usize,
+    },
+}
+
+fn check(part: &'static str, value: &str, allow_empty: bool) -> Result<(), KeyError> {
+    if value.is_empty() {
+        return if allow_empty {
+            Ok(())
+        } else {
+            Err(KeyError::Empty { part })
+        };
+    }
+    if value.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong {
+            part,
+            len: value.len(),
+        });
+    }
+    match value
+        .bytes()
+        .enumerate()
+        .find(|(_, b)| !(0x20..=0x7e).contains(b))
+    {
+        Some((offset, byte)) => Err(KeyError::NotPrintable { part, byte, offset }),
+        None => Ok(()),
+    }
+}
+
+/// Checks that `client_key` is a valid client key: 1..=255 bytes of printable ASCII.
+///
+/// ```
+/// assert!(idem_core::validate_client_key("order-42").is_ok());
+/// assert!(idem_core::validate_client_key("tab\there").is_err());
+/// ```
+pub fn validate_client_key(client_key: &str) -> Result<(), KeyError> {
+    check("client key", client_key, false)
+}
+
+/// The identity of one operation: SHA-256 over the length-prefixed `(scope, caller, client_key)`.
+///
+/// - `scope` names the operation (`"deposit"`). Renaming a scope forgets every key stored under
+///   the old name.
+/// - `caller` is who asks (tenant, user, token id); it may be empty. Two callers sending the same
+///   client key never share a record.
+/// - `client_key` is what the caller sent: a request id, an `Idempotency-Key` header, a message id.
+///
+/// ```
+/// use idem_core::Key;
+/// let a = Key::derive("a:b", "", "c")?;
+/// let b = Key::derive("a", "", "b:c")?;
+/// assert_ne!(a, b);
+/// assert_eq!(a, Key::derive("a:b", "", "c")?);
+/// # Ok::<(), idem_core::KeyError>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key([u8; 32]);
+
+impl Key {
+    /// Derives the key of `client_key` sent by `caller` for the operation `scope`.
+    ///
+    /// Scope and client key must be 1..=255 bytes of printable ASCII; the caller may be empty.
+    pub fn derive(scope: &str, caller: &str, client_key: &str) -> Result<Key, KeyError> {
+        check("scope", scope, false)?;
+        check("caller", caller, true)?;
+        validate_client_key(client_key)?;
+        let mut h = Sha256::new();
+        h.update(b"idem/v1");
+        for part in [scope, caller, client_key] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part.as_bytes());
+        }
+        Ok(Key(h.finalize().into()))
+    }
+
+    /// Rebuilds a key from its 32 stored bytes (as a store reads it back).
+    ///
+    /// ```
+    /// # use idem_core::Key;
+    /// let k = Key::derive("s", "", "k")?;
+    /// assert_eq!(Key::from_bytes(*k.as_bytes()), k);
+    /// # Ok::<(), idem_core::KeyError>(())
+    /// ```
+    pub const fn from_bytes(bytes: [u8; 32]) -> Key {
+        Key(bytes)
+    }
+
+    /// The 32 bytes of the digest, as stores keep them.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+fn hex(bytes: &[u8], f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    bytes.iter().try_for_each(|b| write!(f, "{b:02x}"))
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Key(")?;
+        hex(&self.0[..8], f)?;
+        f.write_str("…)")
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        hex(&self.0, f)
+    }
+}
+
+/// SHA-256 of the canonical request payload; detects a key reused for another request.
+///
+/// ```
+/// use idem_core::Fingerprint;
+/// #[derive(serde::Serialize)]
+/// struct Deposit { account: u32, cents: u64 }
+/// let a = Fingerprint::of_json(&Deposit { account: 1, cents: 500 })?;
+/// let b = Fingerprint::of_json(&serde_json::json!({ "cents": 500, "account": 1 }))?;
+/// assert_eq!(a, b); // key order does not matter
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// SHA-256 of raw bytes.
+    ///
+    /// ```
+    /// # use idem_core::Fingerprint;
+    /// assert_eq!(Fingerprint::of_bytes(b"x"), Fingerprint::of_bytes(b"x"));
+    /// ```
+    pub fn of_bytes(bytes: &[u8]) -> Fingerprint {
+        Fingerprint(Sha256::digest(bytes).into())
+    }
+
+    /// SHA-256 of the canonical JSON of `value`: object keys sorted, no whitespace, so two
+    /// encodings of the same request hash alike.
+    pub fn of_json<T: Serialize + ?Sized>(value: &T) -> Result<Fingerprint, serde_json::Error> {
+        // `serde_json::Value` keeps objects in a BTreeMap (no `preserve_order`), so writing it
+        // back out sorts keys at every depth.
+        let canonical = serde_json::to_value(value)?;
+        Ok(Fingerprint::of_bytes(&serde_json::to_vec(&canonical)?))
+    }
+
+    /// Rebuilds a fingerprint from its stored bytes.
+    ///
+    /// ```
+    /// # use idem_core::Fingerprint;
+    /// let f = Fingerprint::of_bytes(b"x");
+    /// assert_eq!(Fingerprint::from_bytes(*f.as_bytes()), f);
+    /// ```
+    pub const fn from_bytes(bytes: [u8; 32]) -> Fingerprint {
+        Fingerprint(bytes)
+    }
+
+    /// The 32 bytes of the digest.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Fingerprint(")?;
+        hex(&self.0[..8], f)?;
+        f.write_str("…)")
+    }
+}
+
+/// A claim's fencing token: random 128 bits, unique across a key's whole history.
+///
+/// A store changes a record on `complete`, `abort` or `renew` only while it still carries the
+/// claim's token, so a worker whose lease was taken over can never overwrite the new owner.
+///
+/// ```
+/// use idem_core::Token;
+/// assert_ne!(Token::random(), Token::random());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Token(u128);
+
+impl Token {
+    /// A fresh random token (UUID v4 bits).
+    pub fn random() -> Token {
+        Token(uuid::Uuid::new_v4().as_u128())
+    }
+
+    /// Rebuilds a token from its 16 stored bytes.
+    ///
+    /// ```
+    /// # use idem_core::Token;
+    /// let t = Token::random();
+    /// assert_eq!(Token::from_bytes(t.to_bytes()), t);
+    /// ```
+    pub const fn from_bytes(bytes: [u8; 16]) -> Token {
+        Token(u128::from_be_bytes(bytes))
+    }
+
+    /// The 16 bytes stores keep.
+    pub const fn to_bytes(self) -> [u8; 16] {
+        self.0.to_be_bytes()
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token({:08x}…)", (self.0 >> 96) as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn length_prefixes_separate_parts() {
+        let a = Key::derive("a:b", "", "c").unwrap();
+        let b = Key::derive("a", "", "b:c").unwrap();
+        let c = Key::derive("a", "b", "c").unwrap();
+        assert_ne!(a, b);
+        assert_ne!(b, c);
+    }
+
+    #[test]
+    fn callers_are_separate() {
+        assert_ne!(
+            Key::derive("s", "alice", "k").unwrap(),
+            Key::derive("s", "bob", "k").unwrap()
+        );
+    }
+
+    #[test]
+    fn bad_client_keys_are_typed() {
+        assert_eq!(
+            validate_client_key(""),
+            Err(KeyError::Empty { part: "client key" })
+        );
+        assert_eq!(
+            validate_client_key(&"x".repeat(256)),
+            Err(KeyError::TooLong {
+                part: "client key",
+                len: 256
+            })
+        );
+        assert!(validate_client_key(&"x".repeat(255)).is_ok());
+        assert_eq!(
+            validate_client_key("ab\u{7f}"),
+            Err(KeyError::NotPrintable {
+                part: "client key",
+                byte: 0x7f,
+                offset: 2
+            })
+        );
+        assert!(matches!(
+            validate_client_key("é"),
+            Err(KeyError::NotPrintable { .. })
+        ));
+        assert!(Key::derive("", "", "k").is_err());
+    }
+
+    #[test]
+    fn fingerprint_is_canonical() {
+        let a = Fingerprint::of_json(&serde_json::json!({"a": 1, "b": {"y": 2, "x": 1}})).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(r#"{ "b": {"x":1,"y":2}, "a":1 }"#).unwrap();
+        assert_eq!(a, Fingerprint::of_json(&v).unwrap());
+        assert_ne!(
+            a,
+            Fingerprint::of_json(&serde_json::json!({"a": 2})).unwrap()
+        );
+    }
+}

@@ -1,0 +1,20 @@
+//! The runtime of [idem](https://docs.rs/idem): keys, records, the [`Store`] trait and its
+//! backends, the [`Idempotency`] engine, the concurrency kit and the HTTP layer.
+//!
+//! Depend on the `idem` crate, which re-exports all of this together with the `#[idempotent]`
+//! attribute.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod clock;
+mod error;
+mod key;
+mod record;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
+pub use error::{BoxError, Error, StoreError, StoreErrorKind};
+pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
+pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
+pub use store::memory::MemoryStore;
+pub use store::Store;

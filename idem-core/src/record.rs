@@ -1,0 +1,129 @@
+//! The record a store keeps per key, and the outcomes of the store's operations.
+
+use std::time::{Duration, SystemTime};
+
+use crate::key::{Fingerprint, Key, Token};
+
+/// Proof that this caller owns a key until its lease ends: the key and the fencing token.
+///
+/// Returned by [`Store::start`](crate::Store::start) as [`Start::Started`]; `complete`, `abort`
+/// and `renew` succeed only while the stored record still carries this token.
+///
+/// ```
+/// use idem_core::{Claim, Key, Token};
+/// let claim = Claim::new(Key::derive("s", "", "k")?, Token::random());
+/// assert_eq!(claim.key(), &Key::derive("s", "", "k")?);
+/// # Ok::<(), idem_core::KeyError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    key: Key,
+    token: Token,
+}
+
+impl Claim {
+    /// A claim on `key` fenced by `token` (stores build these; callers receive them).
+    pub fn new(key: Key, token: Token) -> Claim {
+        Claim { key, token }
+    }
+
+    /// The claimed key.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The fencing token.
+    pub fn token(&self) -> Token {
+        self.token
+    }
+}
+
+/// A completed record: the stored response, replayed to every later call with the same key.
+///
+/// ```
+/// use idem_core::Cached;
+/// let c = Cached { response: Some(b"42".to_vec()), is_error: false, expires_at: std::time::SystemTime::now() };
+/// assert_eq!(c.response.as_deref(), Some(&b"42"[..]));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cached {
+    /// The encoded response; `None` when the work completed without one.
+    pub response: Option<Vec<u8>>,
+    /// Whether the response is a stored error rather than a success.
+    pub is_error: bool,
+    /// When the retention ends and the key may run again.
+    pub expires_at: SystemTime,
+}
+
+/// What to store when a claim completes.
+///
+/// ```
+/// use idem_core::Completion;
+/// let c = Completion { response: Some(b"{}"), is_error: false };
+/// assert!(!c.is_error);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion<'a> {
+    /// The encoded response, if any.
+    pub response: Option<&'a [u8]>,
+    /// Whether the response is an error result.
+    pub is_error: bool,
+}
+
+/// The result of [`Store::start`](crate::Store::start).
+///
+/// ```
+/// use idem_core::Start;
+/// fn describe(s: &Start) -> &'static str {
+///     match s {
+///         Start::Started(_) => "run the work",
+///         Start::Completed(_) => "replay",
+///         Start::Locked { .. } => "busy",
+///     }
+/// }
+/// assert_eq!(describe(&Start::Locked { retry_after: std::time::Duration::ZERO }), "busy");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a Started claim must be completed or aborted"]
+pub enum Start {
+    /// The key was absent, its lease had expired or its retention was over: this caller owns it.
+    Started(Claim),
+    /// The key completed earlier: replay the stored response.
+    Completed(Cached),
+    /// Another claim holds a live lease on the key.
+    Locked {
+        /// Time left on the other claim's lease.
+        retry_after: Duration,
+    },
+}
+
+/// The state of a live record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordState {
+    /// A claim is running.
+    InProgress {
+        /// The owner's fencing token.
+        token: Token,
+        /// When the owner's lease ends unless renewed.
+        lease_until: SystemTime,
+    },
+    /// The work completed.
+    Completed(Cached),
+}
+
+/// A record as [`Store::get`](crate::Store::get) returns it (expired records read as absent).
+///
+/// ```
+/// use idem_core::{Record, RecordState};
+/// fn in_progress(r: &Record) -> bool { matches!(r.state, RecordState::InProgress { .. }) }
+/// # let _ = in_progress;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The record's key.
+    pub key: Key,
+    /// The fingerprint of the request that claimed it, if one was given.
+    pub fingerprint: Option<Fingerprint>,
+    /// In progress or completed.
+    pub state: RecordState,
+}

@@ -1,0 +1,128 @@
+//! The [`Store`] trait and its backends.
+//!
+//! Each backend is one file: [`memory`], `sqlite` (feature `sqlite`), `postgres` (feature
+//! `postgres`). All of them pass the same conformance suite (`idem-core/tests/conformance`).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Error;
+use crate::key::{Fingerprint, Key};
+use crate::record::{Claim, Completion, Record, Start};
+
+pub mod memory;
+
+/// Where idempotency records live. Every backend keeps these rules:
+///
+/// - **Atomic claim.** Of any number of concurrent `start`s for one key, exactly one gets
+///   [`Start::Started`]. SQL backends do it in one conditional statement, never read-then-write.
+/// - **Fencing.** `complete`, `abort` and `renew` change the record only while it still carries
+///   the claim's token; otherwise they return [`Error::LeaseLost`].
+/// - **Lease is not retention.** An in-progress record blocks its key until its lease ends; a
+///   completed one replays until its retention ends.
+/// - **Database time.** SQL backends compute leases and expiry with the server's clock.
+/// - **Fingerprints.** A live record whose fingerprint differs from the one given to `start`
+///   (both present) gives [`Error::KeyReused`]; an expired record is simply replaced.
+///
+/// Use a store through [`Idempotency`](crate::Idempotency); call it directly to build your own
+/// engine:
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{Completion, Key, MemoryStore, Start, Store};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// let store = MemoryStore::new();
+/// let key = Key::derive("deposit", "alice", "req-1")?;
+/// let Start::Started(claim) = store.start(&key, None, Duration::from_secs(30)).await? else {
+///     unreachable!("a new key is always started");
+/// };
+/// store.complete(&claim, Completion { response: Some(b"ok"), is_error: false }, Duration::from_secs(3600)).await?;
+/// assert!(matches!(store.start(&key, None, Duration::from_secs(30)).await?, Start::Completed(_)));
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Claims `key` for `lease`, or reports why not. See [`Start`].
+    async fn start(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error>;
+
+    /// Stores the response and keeps it for `retention`. Fails with [`Error::LeaseLost`] when the
+    /// record no longer carries the claim's token.
+    async fn complete(
+        &self,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error>;
+
+    /// Deletes the in-progress record so a retry may run again. [`Error::LeaseLost`] when the
+    /// record no longer carries the claim's token.
+    async fn abort(&self, claim: &Claim) -> Result<(), Error>;
+
+    /// Extends the claim's lease to `lease` from now (a heartbeat for long work).
+    /// [`Error::LeaseLost`] when the record no longer carries the claim's token.
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error>;
+
+    /// The live record of `key`; expired records read as `None`.
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error>;
+
+    /// Deletes the record of `key` whatever its state; returns whether one existed. A running
+    /// claim on it will get [`Error::LeaseLost`].
+    async fn evict(&self, key: &Key) -> Result<bool, Error>;
+
+    /// Deletes up to `limit` records whose lease or retention has ended; returns how many.
+    /// Call it until it returns less than `limit` to drain.
+    async fn prune_expired(&self, limit: u32) -> Result<u64, Error>;
+}
+
+#[async_trait]
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    async fn start(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        (**self).start(key, fingerprint, lease).await
+    }
+    async fn complete(
+        &self,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        (**self).complete(claim, completion, retention).await
+    }
+    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
+        (**self).abort(claim).await
+    }
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
+        (**self).renew(claim, lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        (**self).get(key).await
+    }
+    async fn evict(&self, key: &Key) -> Result<bool, Error> {
+        (**self).evict(key).await
+    }
+    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
+        (**self).prune_expired(limit).await
+    }
+}
+
+/// Rejects a zero or absurd lease/retention before it reaches a store.
+pub(crate) fn check_duration(what: &str, d: Duration) -> Result<(), Error> {
+    // Ten years in milliseconds still fits comfortably in an i64 of milliseconds.
+    const MAX: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+    if d < Duration::from_millis(1) || d > MAX {
+        return Err(Error::InvalidConfig(format!(
+            "{what} must be between 1 ms and 10 years, got {d:?}"
+        )));
+    }
+    Ok(())
+}
