@@ -12,6 +12,8 @@ use crate::key::{Fingerprint, Key};
 use crate::record::{Claim, Completion, Record, Start};
 
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 
 /// Where idempotency records live. Every backend keeps these rules:
 ///
