@@ -77,22 +77,34 @@ impl Worker {
     /// Reads lines until one starts with `prefix` and returns it; panics after `timeout` or if
     /// the worker exits first.
     pub async fn wait_for(&mut self, prefix: &str, timeout: Duration) -> String {
+        self.wait_until(prefix, |line| line.starts_with(prefix), timeout)
+            .await
+    }
+
+    /// Reads lines until one satisfies `pred` and returns it; panics after `timeout` or if the
+    /// worker exits first. `what` describes the line in the panic message.
+    pub async fn wait_until(
+        &mut self,
+        what: &str,
+        pred: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> String {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             match tokio::time::timeout_at(deadline, self.lines.recv()).await {
                 Ok(Some(line)) => {
                     self.seen.push(line.clone());
-                    if line.starts_with(prefix) {
+                    if pred(&line) {
                         return line;
                     }
                 }
                 Ok(None) => panic!(
-                    "worker {} exited before printing `{prefix}`; it printed {:?}",
+                    "worker {} exited before printing `{what}`; it printed {:?}",
                     self.name,
                     self.tail()
                 ),
                 Err(_) => panic!(
-                    "worker {} printed no `{prefix}` within {timeout:?}; it printed {:?}",
+                    "worker {} printed no `{what}` within {timeout:?}; it printed {:?}",
                     self.name,
                     self.tail()
                 ),

@@ -10,13 +10,13 @@
 //!       resp <key> <response>      the response this caller got (fresh or replayed)
 //!       error <key> <message>      a store error (the process then exits with status 1)
 //!     and `done` at the end.
-//! idem-stress-worker hold --url U --table T --exec-table E --name N --keys 16
+//! idem-stress-worker hold --url U --table T --exec-table E --name N --keys 16 [--from 0]
 //!                         [--lease-ms 2000] [--deadline-ms 120000]
-//!     claims keys k0..k<keys-1>, records an execution for each, prints `holding <key>`, then
+//!     claims keys k<from>..k<from+keys-1>, records an execution for each, prints `holding <key>`, then
 //!     keeps renewing the leases as live work does, until killed (or the deadline: status 3).
 //! idem-stress-worker claim --url U --table T --exec-table E --name N --key K [--lease-ms 2000]
 //!                          [--value V] [--then-wait] [--deadline-ms 120000]
-//!     prints `clock <local unix µs> <server unix µs>`, then tries to claim K:
+//!     tries to claim K:
 //!       locked <retry_after µs>    each time the key is locked (it then waits and retries)
 //!       replayed <response>        the key was completed already (the process exits)
 //!       started                    it owns the key; an execution is recorded
@@ -26,6 +26,7 @@
 //!     `error:<message>`.
 //! ```
 //!
+//! Every mode first prints `clock <local unix µs> <server unix µs>` (how skewed this node is).
 //! Business executions go to the exec table (see `idem_stress::create_exec_table`): one row per
 //! execution, marked `completed` once `complete` succeeded.
 
@@ -112,6 +113,7 @@ impl Node {
             .connect(opts.str("url")?)
             .await
             .map_err(|e| format!("connect: {e}"))?;
+        print_clocks(&store).await?;
         Ok(Node {
             store,
             exec_table,
@@ -151,6 +153,21 @@ impl Node {
     fn past_deadline(&self) -> bool {
         tokio::time::Instant::now() >= self.deadline
     }
+}
+
+/// Prints `clock <local unix µs> <server unix µs>`, so a test sees how skewed this node is.
+async fn print_clocks(store: &PostgresStore) -> Result<(), String> {
+    let server_us: i64 =
+        sqlx::query_scalar("SELECT (extract(epoch from clock_timestamp()) * 1000000)::bigint")
+            .fetch_one(store.pool())
+            .await
+            .map_err(|e| format!("read server clock: {e}"))?;
+    let local_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_err(|e| format!("local clock before 1970: {e}"))?
+        .as_micros();
+    println!("clock {local_us} {server_us}");
+    Ok(())
 }
 
 fn token_hex(claim: &Claim) -> String {
@@ -276,9 +293,10 @@ async fn storm(opts: &Opts) -> Result<(), String> {
 
 async fn hold(opts: &Opts) -> Result<ExitCode, String> {
     let keys = opts.num("keys", 16)? as usize;
+    let from = opts.num("from", 0)? as usize;
     let node = Arc::new(Node::connect(opts, keys.clamp(1, 16) as u32).await?);
     let mut handles = Vec::new();
-    for i in 0..keys {
+    for i in from..from + keys {
         let node = node.clone();
         handles.push(tokio::spawn(async move {
             let name = key_name(i);
@@ -320,17 +338,6 @@ async fn claim(opts: &Opts) -> Result<(), String> {
     let i: usize = opts.num("key", 0)? as usize;
     let name = key_name(i);
     let value = opts.str("value").unwrap_or("value").to_owned();
-
-    let server_us: i64 =
-        sqlx::query_scalar("SELECT (extract(epoch from clock_timestamp()) * 1000000)::bigint")
-            .fetch_one(node.store.pool())
-            .await
-            .map_err(|e| format!("read server clock: {e}"))?;
-    let local_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_err(|e| format!("local clock before 1970: {e}"))?
-        .as_micros();
-    println!("clock {local_us} {server_us}");
 
     let claim = loop {
         if node.past_deadline() {
