@@ -1,6 +1,5 @@
 //! A handle on one running `idem-stress-worker` process: its stdin, its stdout lines, its exit.
 
-use std::ffi::OsStr;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -14,7 +13,8 @@ use tokio::sync::mpsc;
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use std::time::Duration;
-/// let mut w = idem_stress::worker::Worker::spawn("w1", "target/debug/idem-stress-worker", ["claim"], []);
+/// let args = ["claim".to_owned(), "--key".to_owned(), "0".to_owned()];
+/// let mut w = idem_stress::worker::Worker::spawn("w1", "target/debug/idem-stress-worker", &args, &[]);
 /// let line = w.wait_for("started", Duration::from_secs(10)).await;
 /// # let _ = line; }
 /// ```
@@ -28,17 +28,10 @@ pub struct Worker {
 
 impl Worker {
     /// Starts `exe` with `args` and extra environment `envs`; stderr goes to the test's stderr.
-    pub fn spawn<I, S, E, K, V>(name: &str, exe: &str, args: I, envs: E) -> Worker
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<OsStr>,
-        E: IntoIterator<Item = (K, V)>,
-        K: AsRef<OsStr>,
-        V: AsRef<OsStr>,
-    {
+    pub fn spawn(name: &str, exe: &str, args: &[String], envs: &[(String, String)]) -> Worker {
         let mut child = Command::new(exe)
             .args(args)
-            .envs(envs)
+            .envs(envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -60,8 +60,7 @@ impl Scratch {
     }
 
     fn spawn(&self, mode: &str, name: &str, extra: &[&str]) -> Worker {
-        let no_env: [(&str, &str); 0] = [];
-        Worker::spawn(name, WORKER, self.args(mode, name, extra), no_env)
+        Worker::spawn(name, WORKER, &self.args(mode, name, extra), &[])
     }
 
     /// Executions per key: (worker, token, server time it started in µs, completed).
@@ -419,12 +418,12 @@ async fn skewed_pair(
     let mut holder = Worker::spawn(
         &holder_name,
         WORKER,
-        s.args(
+        &s.args(
             "hold",
             &holder_name,
             &["--keys", "1", "--from", &k, "--lease-ms", "3000"],
         ),
-        skewed(holder_skew),
+        &skewed(holder_skew),
     );
     let clock = holder.wait_for("clock ", STARTUP).await;
     let expected: f64 = if holder_skew.starts_with('-') {
@@ -442,12 +441,12 @@ async fn skewed_pair(
     let mut asker = Worker::spawn(
         &asker_name,
         WORKER,
-        s.args(
+        &s.args(
             "claim",
             &asker_name,
             &["--key", &k, "--lease-ms", "60000", "--value", "asker"],
         ),
-        skewed(asker_skew),
+        &skewed(asker_skew),
     );
     let clock = asker.wait_for("clock ", STARTUP).await;
     let expected = -expected;
