@@ -34,7 +34,22 @@ macro_rules! conformance {
                 get_reports_live_records_only,
                 evict_fences_running_claim,
                 bad_durations_change_nothing,
-                complete_twice_is_lease_lost
+                complete_twice_is_lease_lost,
+                engine_storm_runs_each_key_once,
+                engine_renews_long_work,
+                engine_crashed_worker_frees_after_one_lease,
+                engine_error_aborts_so_retry_runs,
+                engine_cancelled_call_releases_claim,
+                engine_panicking_call_releases_claim,
+                engine_key_reused,
+                engine_bad_input_changes_nothing,
+                engine_response_limit_changes_nothing,
+                engine_retention_then_rerun,
+                engine_stale_completion_is_lease_lost,
+                engine_wait_mode_replays,
+                engine_wait_mode_times_out,
+                engine_no_key_runs_every_time,
+                engine_stored_errors_replay
             );
         }
     };

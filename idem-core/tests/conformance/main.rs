@@ -7,11 +7,13 @@
 
 #[macro_use]
 mod harness;
+mod engine;
 mod memory;
 mod suite;
 
 /// Every test body, whichever file it lives in.
 mod all {
+    pub use crate::engine::*;
     pub use crate::suite::*;
 }
 
