@@ -231,8 +231,11 @@ impl SqliteStore {
     /// Uses a pool you configured, creating or upgrading the schema (table `idem_records`).
     ///
     /// The pool's settings are kept as they are. Recommended: WAL journal mode, `synchronous =
-    /// NORMAL` (or `FULL`) and a busy timeout of a few seconds, as below. An in-memory database
-    /// needs a pool of one connection that is never closed.
+    /// NORMAL` (or `FULL`) and a busy timeout of a few seconds, as below. (With `journal_mode`
+    /// in the options every new connection asks for the switch; processes opening a *new* file
+    /// at the same moment may then fail with "database is locked", which
+    /// [`open`](SqliteStore::open) and [`connect`](SqliteStore::connect) retry for you.) An
+    /// in-memory database needs a pool of one connection that is never closed.
     ///
     /// ```
     /// use std::time::Duration;
@@ -701,7 +704,9 @@ fn decode(key: &Key, row: &SqliteRow) -> Result<Live, Error> {
             fingerprint,
             state,
         },
-        remaining: Duration::from_millis(u64::try_from(expires_ms - now_ms).unwrap_or(0)),
+        remaining: Duration::from_millis(
+            u64::try_from(expires_ms.saturating_sub(now_ms)).unwrap_or(0),
+        ),
     })
 }
 
