@@ -7,16 +7,26 @@
 #![warn(missing_docs)]
 
 mod clock;
+mod codec;
+mod engine;
 mod error;
 mod key;
 mod record;
 pub mod store;
 
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
+pub use codec::{Codec, JsonCodec};
+pub use engine::{Builder, CallOptions, Idempotency, OnLocked, Outcome, Policy};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
 pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "sqlite")]
+pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use store::Store;

@@ -40,7 +40,7 @@ async fn concurrent_first_connects_migrate_once() {
             .expect("every concurrent first connect succeeds");
     }
     let pool = pool(&url).await;
-    let versions: Vec<i32> = sqlx::query_scalar(&format!(
+    let versions: Vec<i64> = sqlx::query_scalar(&format!(
         "SELECT version FROM \"{table}_migrations\" ORDER BY version"
     ))
     .fetch_all(&pool)

@@ -14,6 +14,11 @@ use crate::record::{Claim, Completion, Record, Start};
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+// Shared by the SQL stores.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) mod sql;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 /// Where idempotency records live. Every backend keeps these rules:
 ///

@@ -34,7 +34,7 @@
 //! );
 //! CREATE INDEX idem_records_expires_at_idx ON idem_records (expires_at);
 //! -- applied migrations, one row per version
-//! CREATE TABLE idem_records_migrations (version integer PRIMARY KEY, description text NOT NULL,
+//! CREATE TABLE idem_records_migrations (version bigint PRIMARY KEY, description text NOT NULL,
 //!                                       applied_at timestamptz NOT NULL);
 //! ```
 //!
@@ -87,10 +87,8 @@ use sqlx::{Connection, Executor, Row};
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
+use crate::store::sql::{Migration, TableName, DEFAULT_TABLE};
 use crate::store::{check_duration, Store};
-
-/// The table name used unless [`PostgresStoreBuilder::table`] says otherwise.
-pub const DEFAULT_TABLE: &str = "idem_records";
 
 /// How often `start` re-runs its claim when the row it conflicted with vanished before it could
 /// be read (deleted or expired in between). Each retry needs another writer to interleave, so
@@ -101,10 +99,8 @@ const CLAIM_ATTEMPTS: usize = 3;
 /// `<table>_migrations` and `<table>_expires_at_idx` from it.
 const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
 
-/// The longest schema name PostgreSQL keeps without truncating.
-const MAX_SCHEMA_LEN: usize = 63;
-
 /// The embedded schema migrations. `{table}` and `{index}` are replaced by the quoted names.
+/// Versions only grow; an applied step is never edited.
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
     description: "records table and expiry index",
@@ -121,12 +117,6 @@ const MIGRATIONS: &[Migration] = &[Migration {
         "CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at)",
     ],
 }];
-
-struct Migration {
-    version: i32,
-    description: &'static str,
-    statements: &'static [&'static str],
-}
 
 /// Records in a PostgreSQL table: the store for services with more than one process or node.
 ///
@@ -342,20 +332,22 @@ async fn finish(pool: PgPool, sql: Statements) -> Result<PostgresStore, Error> {
     })
 }
 
-/// Checks one part of a table name and returns it quoted.
-fn quote_ident(what: &str, part: &str, max: usize, whole: &str) -> Result<String, Error> {
-    let mut chars = part.chars();
-    let valid_start = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    if !valid_start || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') || part.len() > max {
+/// Splits `table` into an optional schema and the table name, each a plain identifier; the
+/// table name short enough for the names derived from it.
+fn parse_table(table: &str) -> Result<(Option<TableName>, TableName), Error> {
+    let (schema, name) = match table.split_once('.') {
+        Some((schema, name)) => (Some(TableName::new(schema)?), TableName::new(name)?),
+        None => (None, TableName::new(table)?),
+    };
+    if name.as_str().len() > MAX_TABLE_LEN {
         return Err(Error::InvalidConfig(format!(
-            "PostgreSQL table name `{whole}`: the {what} `{part}` must be 1 to {max} ASCII \
-             letters, digits or `_`, not starting with a digit"
+            "PostgreSQL table name {:?} is {} bytes; at most {MAX_TABLE_LEN} leave room for \
+             the names derived from it (`<table>_expires_at_idx`) within PostgreSQL's 63",
+            name.as_str(),
+            name.as_str().len()
         )));
     }
-    // Validated above to hold no quote, so quoting cannot be escaped.
-    Ok(format!("\"{part}\""))
+    Ok((schema, name))
 }
 
 /// The SQL of every statement, with the configured table name in place.
@@ -384,18 +376,11 @@ const RECORD_COLUMNS: &str = "r.fingerprint, r.token, r.state, r.response, r.is_
 
 impl Statements {
     pub(crate) fn new(table: &str) -> Result<Statements, Error> {
-        let (schema, name) = match table.split_once('.') {
-            Some((schema, name)) => (Some(schema), name),
-            None => (None, table),
-        };
-        let prefix = match schema {
-            Some(s) => format!("{}.", quote_ident("schema", s, MAX_SCHEMA_LEN, table)?),
-            None => String::new(),
-        };
-        let t = format!(
-            "{prefix}{}",
-            quote_ident("table", name, MAX_TABLE_LEN, table)?
-        );
+        let (schema, name) = parse_table(table)?;
+        // Validated identifiers hold no quote, so quoting cannot be escaped.
+        let prefix = schema.map_or(String::new(), |s| format!("\"{}\".", s.as_str()));
+        let name = name.as_str();
+        let t = format!("{prefix}\"{name}\"");
         // An index always lives in its table's schema, so its name is never qualified.
         let quoted_index = format!("\"{name}_expires_at_idx\"");
         let migrations_table = format!("{prefix}\"{name}_migrations\"");
@@ -453,7 +438,7 @@ impl Statements {
     /// Creates the migrations table if needed and applies every pending migration.
     pub(crate) async fn migrate(&self, conn: &mut PgConnection) -> Result<(), Error> {
         let create = format!(
-            "CREATE TABLE IF NOT EXISTS {} (version integer PRIMARY KEY, description text NOT NULL, \
+            "CREATE TABLE IF NOT EXISTS {} (version bigint PRIMARY KEY, description text NOT NULL, \
              applied_at timestamptz NOT NULL DEFAULT clock_timestamp())",
             self.migrations_table
         );
@@ -509,8 +494,8 @@ impl Statements {
         Ok(())
     }
 
-    async fn schema_version(&self, conn: &mut PgConnection) -> Result<i32, Error> {
-        let v: Option<i32> = sqlx::query_scalar(&format!(
+    async fn schema_version(&self, conn: &mut PgConnection) -> Result<i64, Error> {
+        let v: Option<i64> = sqlx::query_scalar(&format!(
             "SELECT max(version) FROM {}",
             self.migrations_table
         ))
