@@ -144,9 +144,10 @@ async fn stored_responses(store: &PostgresStore, keys: usize) -> BTreeMap<String
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_storm_across_four_processes() {
-    let Some(url) = env::pg_url("duplicate_storm_across_four_processes") else {
+/// 4 processes × 64 tasks call the same 100 keys at once: each key's work runs exactly once and
+/// every caller of a key gets the same response, the one that execution produced.
+async fn duplicate_storm(test: &str, engine: bool) {
+    let Some(url) = env::pg_url(test) else {
         return;
     };
     const PROCESSES: usize = 4;
@@ -154,16 +155,12 @@ async fn duplicate_storm_across_four_processes() {
     const KEYS: usize = 100;
     let s = Scratch::new(url).await;
     // A lease far longer than any call: the storm is about concurrent claims, not expiry.
-    let extra = [
-        "--keys",
-        "100",
-        "--tasks",
-        "64",
-        "--lease-ms",
-        "60000",
-        "--work-ms",
-        "5",
-    ];
+    let mut extra: Vec<&str> = "--keys 100 --tasks 64 --lease-ms 60000 --work-ms 5"
+        .split(' ')
+        .collect();
+    if engine {
+        extra.push("--engine");
+    }
     let mut workers: Vec<Worker> = (0..PROCESSES)
         .map(|n| s.spawn("storm", &format!("w{n}"), &extra))
         .collect();
@@ -197,21 +194,37 @@ async fn duplicate_storm_across_four_processes() {
             got.iter().all(|r| r == first),
             "callers of {k} got different responses"
         );
-        assert_eq!(&stored[k], first, "{k}: callers got the stored response");
-        let (worker, token, _, completed) = &executions[k][0];
+        let (worker, run, _, completed) = &executions[k][0];
         assert!(*completed);
         assert_eq!(
             first,
-            &format!("{k}|{worker}|{token}"),
+            &format!("{k}|{worker}|{run}"),
             "{k}: the response is the one execution's"
         );
+        // The engine stores the response JSON-encoded; the store-level workers store it raw.
+        let expected = if engine {
+            serde_json::to_string(first).unwrap()
+        } else {
+            first.clone()
+        };
+        assert_eq!(stored[k], expected, "{k}: callers got the stored response");
     }
     let contended = lines.iter().filter(|l| l.starts_with("locked ")).count();
     eprintln!(
-        "duplicate storm: {} calls, {contended} saw a key locked",
+        "{test}: {} calls, {contended} times a task first found a key locked",
         PROCESSES * TASKS * KEYS
     );
     s.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_storm_across_four_processes() {
+    duplicate_storm("duplicate_storm_across_four_processes", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_storm_through_the_engine() {
+    duplicate_storm("duplicate_storm_through_the_engine", true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,17 +241,11 @@ async fn kill_9_mid_work_frees_keys_after_one_lease() {
     for _ in 0..HELD {
         victim.wait_for("holding ", STARTUP).await;
     }
-    // Three survivors call every key, with leases far longer than their calls.
-    let extra = [
-        "--keys",
-        "100",
-        "--tasks",
-        "32",
-        "--lease-ms",
-        "60000",
-        "--work-ms",
-        "2",
-    ];
+    // Three survivors call every key through the engine, with leases far longer than their
+    // calls.
+    let extra: Vec<&str> = "--keys 100 --tasks 32 --lease-ms 60000 --work-ms 2 --engine"
+        .split(' ')
+        .collect();
     let mut survivors: Vec<Worker> = (0..3)
         .map(|n| s.spawn("storm", &format!("s{n}"), &extra))
         .collect();
@@ -293,12 +300,18 @@ async fn kill_9_mid_work_frees_keys_after_one_lease() {
     assert_eq!(by_key.len(), KEYS);
     for (k, got) in &by_key {
         assert_eq!(got.len(), 3 * 32, "every survivor caller of {k} answered");
-        assert!(
-            got.iter().all(|r| r == &stored[k]),
-            "{k}: every caller got the stored response"
-        );
         let done = executions[k].iter().find(|r| r.3).unwrap();
-        assert_eq!(stored[k], format!("{k}|{}|{}", done.0, done.1));
+        let response = format!("{k}|{}|{}", done.0, done.1);
+        assert!(
+            got.iter().all(|r| r == &response),
+            "{k}: every caller got the completed execution's response"
+        );
+        // The engine stores the response JSON-encoded.
+        assert_eq!(
+            stored[k],
+            serde_json::to_string(&response).unwrap(),
+            "{k}: stored"
+        );
     }
     s.cleanup().await;
 }

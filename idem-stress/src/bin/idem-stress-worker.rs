@@ -3,9 +3,10 @@
 //!
 //! ```text
 //! idem-stress-worker storm --url U --table T --exec-table E --name N --keys 100 --tasks 64
-//!                          [--lease-ms 2000] [--work-ms 0] [--deadline-ms 120000]
+//!                          [--lease-ms 2000] [--work-ms 0] [--deadline-ms 120000] [--engine]
 //!     prints `ready`, waits for a line on stdin, then every task calls every key (in its own
-//!     shuffled order) until it has that key's response:
+//!     shuffled order) until it has that key's response, through the `Store` trait or, with
+//!     --engine, through the `Idempotency` engine:
 //!       locked <key>               first time a task found the key locked
 //!       resp <key> <response>      the response this caller got (fresh or replayed)
 //!       error <key> <message>      a store error (the process then exits with status 1)
@@ -32,11 +33,14 @@
 
 use std::collections::HashMap;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_core::{Claim, Completion, Error, Fingerprint, PostgresStore, Start, Store};
+use idem_core::{
+    CallOptions, Claim, Completion, Error, Fingerprint, Idempotency, OnLocked, Outcome,
+    PostgresStore, Start, Store, StoreError, StoreErrorKind,
+};
 use idem_stress::{key, key_name};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -57,7 +61,7 @@ impl Opts {
                 .strip_prefix("--")
                 .ok_or_else(|| format!("unexpected argument {flag}"))?
                 .to_owned();
-            if name == "then-wait" {
+            if name == "then-wait" || name == "engine" {
                 flags.insert(name, String::new());
             } else {
                 let value = args
@@ -124,26 +128,27 @@ impl Node {
     }
 
     /// The business function's side effect: one row per execution.
-    async fn record_execution(&self, key: &str, claim: &Claim) -> Result<(), String> {
+    /// `run` identifies the execution: the claim's token, or a run id when the engine drives.
+    async fn record_execution(&self, key: &str, run: &str) -> Result<(), String> {
         sqlx::query(&format!(
             "INSERT INTO \"{}\" (key, worker, token) VALUES ($1, $2, $3)",
             self.exec_table
         ))
         .bind(key)
         .bind(&self.name)
-        .bind(token_hex(claim))
+        .bind(run)
         .execute(self.store.pool())
         .await
         .map(drop)
         .map_err(|e| format!("record execution of {key}: {e}"))
     }
 
-    async fn mark_completed(&self, claim: &Claim) -> Result<(), String> {
+    async fn mark_completed(&self, run: &str) -> Result<(), String> {
         sqlx::query(&format!(
             "UPDATE \"{}\" SET completed = true WHERE token = $1",
             self.exec_table
         ))
-        .bind(token_hex(claim))
+        .bind(run)
         .execute(self.store.pool())
         .await
         .map(drop)
@@ -219,18 +224,19 @@ async fn call(node: &Node, i: usize, work: Duration) -> Result<String, String> {
         }
         match node.store.start(&k, Some(&fp), node.lease).await {
             Ok(Start::Started(claim)) => {
-                node.record_execution(&name, &claim).await?;
+                let token = token_hex(&claim);
+                node.record_execution(&name, &token).await?;
                 if !work.is_zero() {
                     tokio::time::sleep(work).await;
                 }
-                let response = format!("{name}|{}|{}", node.name, token_hex(&claim));
+                let response = format!("{name}|{}|{token}", node.name);
                 let done = Completion {
                     response: Some(response.as_bytes()),
                     is_error: false,
                 };
                 match node.store.complete(&claim, done, RETENTION).await {
                     Ok(()) => {
-                        node.mark_completed(&claim).await?;
+                        node.mark_completed(&token).await?;
                         return Ok(response);
                     }
                     // Our lease ran out and another node took the key: ask again for its result.
@@ -254,23 +260,85 @@ async fn call(node: &Node, i: usize, work: Duration) -> Result<String, String> {
     }
 }
 
+/// Like [`call`], through the engine: it claims, runs the work (which records its execution),
+/// completes or replays. Runs are told apart by a run id, as the engine keeps the claim's token
+/// to itself.
+async fn call_engine(
+    node: &Node,
+    engine: &Idempotency,
+    runs: &AtomicU64,
+    i: usize,
+    work: Duration,
+) -> Result<String, String> {
+    let name = key_name(i);
+    let opts = CallOptions {
+        lease: Some(node.lease),
+        retention: Some(RETENTION),
+        on_locked: Some(OnLocked::FailFast),
+    };
+    let mut said_locked = false;
+    loop {
+        if node.past_deadline() {
+            return Err(format!("deadline passed while {name} stayed locked"));
+        }
+        let run = format!("{}-{}", node.name, runs.fetch_add(1, Ordering::SeqCst));
+        let business = async {
+            node.record_execution(&name, &run)
+                .await
+                .map_err(|e| Error::Store(StoreError::new(StoreErrorKind::Query, e)))?;
+            if !work.is_zero() {
+                tokio::time::sleep(work).await;
+            }
+            Ok::<_, Error>(format!("{name}|{}|{run}", node.name))
+        };
+        match engine
+            .run_with(&opts, Some(key(i)), Some(fingerprint(&name)), business)
+            .await
+        {
+            Ok(Outcome::Fresh(response)) => {
+                node.mark_completed(&run).await?;
+                return Ok(response);
+            }
+            Ok(Outcome::Replayed(response)) => return Ok(response),
+            Err(Error::Locked { retry_after }) => {
+                if !said_locked {
+                    println!("locked {name}");
+                    said_locked = true;
+                }
+                tokio::time::sleep(backoff(retry_after)).await;
+            }
+            Err(Error::LeaseLost) => println!("lost {name}"),
+            Err(e) => return Err(format!("{name}: {e}")),
+        }
+    }
+}
+
 async fn storm(opts: &Opts) -> Result<(), String> {
     let keys = opts.num("keys", 100)? as usize;
     let tasks = opts.num("tasks", 64)?;
     let work = opts.ms("work-ms", 0)?;
     let node = Arc::new(Node::connect(opts, tasks.min(16) as u32).await?);
+    let engine = opts
+        .flags
+        .contains_key("engine")
+        .then(|| Arc::new(Idempotency::new(node.store.clone())));
+    let runs = Arc::new(AtomicU64::new(0));
     println!("ready");
     wait_for_stdin_line().await?;
     let failed = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     for _ in 0..tasks {
-        let node = node.clone();
+        let (node, engine, runs) = (node.clone(), engine.clone(), runs.clone());
         let failed = failed.clone();
         handles.push(tokio::spawn(async move {
             let mut order: Vec<usize> = (0..keys).collect();
             fastrand::shuffle(&mut order);
             for i in order {
-                match call(&node, i, work).await {
+                let result = match &engine {
+                    Some(engine) => call_engine(&node, engine, &runs, i, work).await,
+                    None => call(&node, i, work).await,
+                };
+                match result {
                     Ok(response) => println!("resp {} {response}", key_name(i)),
                     Err(e) => {
                         println!("error {} {e}", key_name(i));
@@ -308,7 +376,7 @@ async fn hold(opts: &Opts) -> Result<ExitCode, String> {
                 Ok(Start::Started(claim)) => claim,
                 other => return Err(format!("could not claim {name}: {other:?}")),
             };
-            node.record_execution(&name, &claim).await?;
+            node.record_execution(&name, &token_hex(&claim)).await?;
             println!("holding {name}");
             // Live work that never ends: keep the lease alive like the engine's heartbeat.
             loop {
@@ -361,7 +429,7 @@ async fn claim(opts: &Opts) -> Result<(), String> {
             Err(e) => return Err(format!("start {name}: {e}")),
         }
     };
-    node.record_execution(&name, &claim).await?;
+    node.record_execution(&name, &token_hex(&claim)).await?;
     println!("started");
     let done = Completion {
         response: Some(value.as_bytes()),
@@ -382,7 +450,7 @@ async fn claim(opts: &Opts) -> Result<(), String> {
     } else {
         let r = node.store.complete(&claim, done, RETENTION).await;
         if r.is_ok() {
-            node.mark_completed(&claim).await?;
+            node.mark_completed(&token_hex(&claim)).await?;
         }
         println!("complete {}", outcome(r));
     }
