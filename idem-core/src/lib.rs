@@ -9,6 +9,7 @@
 mod clock;
 mod error;
 mod key;
+pub mod kit;
 mod record;
 pub mod store;
 
