@@ -3,8 +3,6 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use sqlx::Acquire;
-
 use super::backend::Backend;
 use super::{ConcurrencyError, Ident, Recorded};
 use crate::key::Key;
@@ -23,22 +21,23 @@ use crate::key::Key;
 /// ```
 /// # #[cfg(feature = "sqlite")] {
 /// use idem_core::kit::{Recorded, RequestHistory};
+/// # use sqlx::Connection;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
-/// sqlx::query("CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL)").execute(&pool).await?;
-/// sqlx::query("INSERT INTO accounts VALUES ('alice', 0)").execute(&pool).await?;
+/// let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
+/// sqlx::query("CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL)").execute(&mut conn).await?;
+/// sqlx::query("INSERT INTO accounts VALUES ('alice', 0)").execute(&mut conn).await?;
 /// let history = RequestHistory::<sqlx::Sqlite>::new("request_history")?;
-/// history.ensure_schema(&pool).await?;
+/// history.ensure_schema(&mut conn).await?;
 ///
 /// for _delivery in 0..3 {
-///     let mut tx = pool.begin().await?;
+///     let mut tx = conn.begin().await?;
 ///     if history.record(&mut tx, "deposit", "req-1").await? == Recorded::Duplicate {
 ///         continue; // already applied; dropping the transaction writes nothing
 ///     }
 ///     sqlx::query("UPDATE accounts SET balance = balance + 10 WHERE id = 'alice'").execute(&mut *tx).await?;
 ///     tx.commit().await?;
 /// }
-/// let balance: i64 = sqlx::query_scalar("SELECT balance FROM accounts").fetch_one(&pool).await?;
+/// let balance: i64 = sqlx::query_scalar("SELECT balance FROM accounts").fetch_one(&mut conn).await?;
 /// assert_eq!(balance, 10);
 /// # Ok(()) }
 /// # }
@@ -95,18 +94,16 @@ impl<DB: Backend> RequestHistory<DB> {
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
+    /// # use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+    /// let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
     /// let history = idem_core::kit::RequestHistory::<sqlx::Sqlite>::new("request_history")?;
-    /// history.ensure_schema(&pool).await?;
-    /// history.ensure_schema(&pool).await?; // idempotent
+    /// history.ensure_schema(&mut conn).await?;
+    /// history.ensure_schema(&mut conn).await?; // idempotent
     /// # Ok(()) }
     /// # }
     /// ```
-    pub async fn ensure_schema<'c, A>(&self, conn: A) -> Result<(), ConcurrencyError>
-    where
-        A: Acquire<'c, Database = DB>,
-    {
+    pub async fn ensure_schema(&self, conn: &mut DB::Connection) -> Result<(), ConcurrencyError> {
         let ts = DB::DIALECT.timestamp;
         let statements = [
             format!(
@@ -130,9 +127,8 @@ impl<DB: Backend> RequestHistory<DB> {
                 t = self.lease_table
             ),
         ];
-        let mut conn = conn.acquire().await?;
         for sql in &statements {
-            DB::execute(&mut *conn, sqlx::query(sql)).await?;
+            DB::execute(conn, sqlx::query(sql)).await?;
         }
         Ok(())
     }
@@ -144,15 +140,12 @@ impl<DB: Backend> RequestHistory<DB> {
     /// caller's transaction stays usable (PostgreSQL aborts a transaction on any failed
     /// statement). `scope` and `request_id` are 1 to 255 bytes of printable ASCII; otherwise
     /// nothing is written. See [`RequestHistory`] for an example.
-    pub async fn record<'c, A>(
+    pub async fn record(
         &self,
-        conn: A,
+        conn: &mut DB::Connection,
         scope: &str,
         request_id: &str,
-    ) -> Result<Recorded, ConcurrencyError>
-    where
-        A: Acquire<'c, Database = DB>,
-    {
+    ) -> Result<Recorded, ConcurrencyError> {
         // Validates both parts with the rules of idempotency keys.
         Key::derive(scope, "", request_id)?;
         let sql = format!(
@@ -162,8 +155,7 @@ impl<DB: Backend> RequestHistory<DB> {
             now = DB::DIALECT.now
         );
         let query = DB::bind_str(DB::bind_str(sqlx::query(&sql), scope), request_id);
-        let mut conn = conn.acquire().await?;
-        Ok(if DB::execute(&mut *conn, query).await? == 1 {
+        Ok(if DB::execute(conn, query).await? == 1 {
             Recorded::New
         } else {
             Recorded::Duplicate
@@ -174,32 +166,29 @@ impl<DB: Backend> RequestHistory<DB> {
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
+    /// # use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+    /// # let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
     /// let history = idem_core::kit::RequestHistory::<sqlx::Sqlite>::new("request_history")?;
-    /// history.ensure_schema(&pool).await?;
-    /// assert!(!history.contains(&pool, "deposit", "req-1").await?);
-    /// let _ = history.record(&pool, "deposit", "req-1").await?;
-    /// assert!(history.contains(&pool, "deposit", "req-1").await?);
+    /// history.ensure_schema(&mut conn).await?;
+    /// assert!(!history.contains(&mut conn, "deposit", "req-1").await?);
+    /// let _ = history.record(&mut conn, "deposit", "req-1").await?;
+    /// assert!(history.contains(&mut conn, "deposit", "req-1").await?);
     /// # Ok(()) }
     /// # }
     /// ```
-    pub async fn contains<'c, A>(
+    pub async fn contains(
         &self,
-        conn: A,
+        conn: &mut DB::Connection,
         scope: &str,
         request_id: &str,
-    ) -> Result<bool, ConcurrencyError>
-    where
-        A: Acquire<'c, Database = DB>,
-    {
+    ) -> Result<bool, ConcurrencyError> {
         let sql = format!(
             "SELECT 1 FROM {t} WHERE scope = $1 AND request_id = $2",
             t = self.table
         );
         let query = DB::bind_str(DB::bind_str(sqlx::query(&sql), scope), request_id);
-        let mut conn = conn.acquire().await?;
-        Ok(DB::fetch_optional(&mut *conn, query).await?.is_some())
+        Ok(DB::fetch_optional(conn, query).await?.is_some())
     }
 
     pub(crate) fn table(&self) -> &Ident {

@@ -140,8 +140,8 @@ pub struct PruneReport {
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
 /// let history = RequestHistory::<sqlx::Sqlite>::new("request_history")?;
-/// history.ensure_schema(&pool).await?;
-/// let _ = history.record(&pool, "deposit", "fresh").await?;
+/// history.ensure_schema(&mut *pool.acquire().await?).await?;
+/// let _ = history.record(&mut *pool.acquire().await?, "deposit", "fresh").await?;
 /// // An id recorded two hours ago.
 /// sqlx::query("INSERT INTO request_history VALUES ('deposit', 'old', CAST(unixepoch('subsec') * 1000 AS INTEGER) - 7200000)")
 ///     .execute(&pool).await?;
@@ -149,7 +149,7 @@ pub struct PruneReport {
 /// let pruner = Pruner::new(pool.clone(), &history, PrunerConfig::new(Duration::from_secs(3600)))?;
 /// let report = pruner.run_once().await?;
 /// assert_eq!((report.deleted, report.batches, report.drained), (1, 1, true));
-/// assert!(history.contains(&pool, "deposit", "fresh").await?);
+/// assert!(history.contains(&mut *pool.acquire().await?, "deposit", "fresh").await?);
 ///
 /// // Or in the background: a run now and one every interval, until shut down.
 /// let mut handle = pruner.spawn();
@@ -377,7 +377,7 @@ fn stop_requested(stop: &watch::Receiver<bool>) -> bool {
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
 /// # let history = RequestHistory::<sqlx::Sqlite>::new("request_history")?;
-/// # history.ensure_schema(&pool).await?;
+/// # history.ensure_schema(&mut *pool.acquire().await?).await?;
 /// let mut handle = Pruner::new(pool, &history, PrunerConfig::new(Duration::from_secs(3600)))?.spawn();
 /// let first = handle.next_report().await;
 /// assert_eq!(first, handle.last_report());

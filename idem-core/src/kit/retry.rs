@@ -146,18 +146,19 @@ impl RetryPolicy {
 /// #         Ok(Account { id: row.try_get("id")?, balance: row.try_get("balance")? })
 /// #     }
 /// # }
-/// use idem_core::kit::{retry_on_conflict, RetryPolicy, VersionedTable};
+/// use idem_core::kit::{retry_on_conflict, ConcurrencyError, RetryPolicy, VersionedTable};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
 /// # sqlx::query("CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL, version INTEGER NOT NULL)").execute(&pool).await?;
 /// let accounts = VersionedTable::<Account, Sqlite>::new("accounts")?;
-/// let _ = accounts.insert(&pool, Account { id: "alice".into(), balance: 0 }).await?;
+/// let _ = accounts.insert(&mut *pool.acquire().await?, Account { id: "alice".into(), balance: 0 }).await?;
 /// let id = "alice".to_string();
 ///
 /// let version = retry_on_conflict(&RetryPolicy::default(), || async {
-///     let mut account = accounts.load(&pool, &id).await?;
+///     let mut conn = pool.acquire().await.map_err(ConcurrencyError::from)?;
+///     let mut account = accounts.load(&mut conn, &id).await?;
 ///     account.balance += 10;
-///     accounts.save(&pool, &mut account).await
+///     accounts.save(&mut conn, &mut account).await
 /// })
 /// .await?;
 /// assert_eq!(version.get(), 2);

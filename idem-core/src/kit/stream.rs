@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use sqlx::{Acquire, Connection};
+use sqlx::Connection;
 use uuid::Uuid;
 
 use super::backend::{is_unique_violation, Backend, SqlQuery};
@@ -275,26 +275,27 @@ impl Appended {
 /// ```
 /// # #[cfg(feature = "sqlite")] {
 /// use idem_core::kit::{Appended, ConcurrencyError, EventStreams, ExpectedVersion, NewEvent, Version};
+/// # use sqlx::Connection;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+/// let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
 /// let streams = EventStreams::<sqlx::Sqlite>::new("events")?;
-/// streams.ensure_schema(&pool).await?;
+/// streams.ensure_schema(&mut conn).await?;
 ///
 /// let opened = [NewEvent::json("opened", &0)?];
-/// let first = streams.append(&pool, "account-1", "req-1", ExpectedVersion::NoStream, &opened).await?;
+/// let first = streams.append(&mut conn, "account-1", "req-1", ExpectedVersion::NoStream, &opened).await?;
 /// assert_eq!(first, Appended::New { first: Version::INITIAL, last: Version::INITIAL });
 ///
 /// // The same request again: recognised by its event ids, nothing added.
-/// let again = streams.append(&pool, "account-1", "req-1", ExpectedVersion::NoStream, &opened).await?;
+/// let again = streams.append(&mut conn, "account-1", "req-1", ExpectedVersion::NoStream, &opened).await?;
 /// assert_eq!(again, Appended::Duplicate { first: Version::INITIAL });
 ///
 /// // Another request based on a stale version: a conflict carrying both versions.
 /// let deposit = [NewEvent::json("deposited", &10)?];
-/// let err = streams.append(&pool, "account-1", "req-2", ExpectedVersion::NoStream, &deposit).await.unwrap_err();
+/// let err = streams.append(&mut conn, "account-1", "req-2", ExpectedVersion::NoStream, &deposit).await.unwrap_err();
 /// assert!(matches!(err, ConcurrencyError::Conflict { expected, actual }
 ///     if expected == Version::NONE && actual == Version::INITIAL));
 ///
-/// assert_eq!(streams.read(&pool, "account-1").await?.len(), 1);
+/// assert_eq!(streams.read(&mut conn, "account-1").await?.len(), 1);
 /// # Ok(()) }
 /// # }
 /// ```
@@ -341,18 +342,16 @@ impl<DB: Backend> EventStreams<DB> {
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
+    /// # use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+    /// let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
     /// let streams = idem_core::kit::EventStreams::<sqlx::Sqlite>::new("events")?;
-    /// streams.ensure_schema(&pool).await?;
-    /// streams.ensure_schema(&pool).await?; // idempotent
+    /// streams.ensure_schema(&mut conn).await?;
+    /// streams.ensure_schema(&mut conn).await?; // idempotent
     /// # Ok(()) }
     /// # }
     /// ```
-    pub async fn ensure_schema<'c, A>(&self, conn: A) -> Result<(), ConcurrencyError>
-    where
-        A: Acquire<'c, Database = DB>,
-    {
+    pub async fn ensure_schema(&self, conn: &mut DB::Connection) -> Result<(), ConcurrencyError> {
         let d = &DB::DIALECT;
         let sql = format!(
             "CREATE TABLE IF NOT EXISTS {t} (\
@@ -370,8 +369,7 @@ impl<DB: Backend> EventStreams<DB> {
             bytes = d.bytes,
             ts = d.timestamp,
         );
-        let mut conn = conn.acquire().await?;
-        DB::execute(&mut *conn, sqlx::query(&sql)).await?;
+        DB::execute(conn, sqlx::query(&sql)).await?;
         Ok(())
     }
 
@@ -388,17 +386,14 @@ impl<DB: Backend> EventStreams<DB> {
     /// `stream` is 1 to 255 bytes, `request_id` 1 to 255 bytes of printable ASCII, and there are
     /// 1 to [`MAX_EVENTS_PER_APPEND`] events; otherwise nothing is touched. One statement when
     /// the events are new; see [`EventStreams`] for the rest and an example.
-    pub async fn append<'c, A>(
+    pub async fn append(
         &self,
-        conn: A,
+        conn: &mut DB::Connection,
         stream: &str,
         request_id: &str,
         expected: ExpectedVersion,
         events: &[NewEvent],
-    ) -> Result<Appended, ConcurrencyError>
-    where
-        A: Acquire<'c, Database = DB>,
-    {
+    ) -> Result<Appended, ConcurrencyError> {
         check_stream(stream)?;
         crate::key::validate_client_key(request_id)?;
         if events.is_empty() || events.len() > MAX_EVENTS_PER_APPEND {
@@ -421,8 +416,6 @@ impl<DB: Backend> EventStreams<DB> {
                     (SELECT version FROM {t} WHERE event_id = $2)",
             t = self.table
         );
-
-        let mut conn = conn.acquire().await?;
         let mut seen: Option<Version> = None;
         let mut attempt = 1;
         loop {
@@ -435,7 +428,7 @@ impl<DB: Backend> EventStreams<DB> {
                 query = DB::bind_str(query, &event.event_type);
                 query = DB::bind_bytes(query, &event.payload);
             }
-            match insert_guarded::<DB>(&mut *conn, query).await {
+            match insert_guarded::<DB>(conn, query).await {
                 Ok(rows) => {
                     let mut versions = Vec::with_capacity(rows.len());
                     for row in &rows {
@@ -457,11 +450,9 @@ impl<DB: Backend> EventStreams<DB> {
 
             let follow_up =
                 DB::bind_uuid(DB::bind_str(sqlx::query(&follow_up_sql), stream), ids[0]);
-            let row = DB::fetch_optional(&mut *conn, follow_up)
-                .await?
-                .ok_or_else(|| {
-                    StoreError::new(StoreErrorKind::Query, "a scalar select returned no row")
-                })?;
+            let row = DB::fetch_optional(conn, follow_up).await?.ok_or_else(|| {
+                StoreError::new(StoreErrorKind::Query, "a scalar select returned no row")
+            })?;
             let actual = Version::from_sql(DB::get_i64(&row, 0)?)?;
             if let Some(first) = DB::get_opt_i64(&row, 1)? {
                 return Ok(Appended::Duplicate {
@@ -496,27 +487,28 @@ impl<DB: Backend> EventStreams<DB> {
     /// ```
     /// # #[cfg(feature = "sqlite")] {
     /// use idem_core::kit::{EventStreams, ExpectedVersion, NewEvent};
+    /// # use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+    /// # let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
     /// let streams = EventStreams::<sqlx::Sqlite>::new("events")?;
-    /// streams.ensure_schema(&pool).await?;
+    /// streams.ensure_schema(&mut conn).await?;
     /// let events = [NewEvent::json("opened", &0)?, NewEvent::json("deposited", &5)?];
-    /// let _ = streams.append(&pool, "acct", "req-1", ExpectedVersion::Any, &events).await?;
-    /// let stored = streams.read(&pool, "acct").await?;
+    /// let _ = streams.append(&mut conn, "acct", "req-1", ExpectedVersion::Any, &events).await?;
+    /// let stored = streams.read(&mut conn, "acct").await?;
     /// assert_eq!(stored.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>(), ["opened", "deposited"]);
     /// # Ok(()) }
     /// # }
     /// ```
-    pub async fn read<'c, A>(&self, conn: A, stream: &str) -> Result<Vec<Event>, ConcurrencyError>
-    where
-        A: Acquire<'c, Database = DB>,
-    {
+    pub async fn read(
+        &self,
+        conn: &mut DB::Connection,
+        stream: &str,
+    ) -> Result<Vec<Event>, ConcurrencyError> {
         let sql = format!(
             "SELECT {EVENT_COLUMNS} FROM {t} WHERE stream = $1 ORDER BY version",
             t = self.table
         );
-        let mut conn = conn.acquire().await?;
-        let rows = DB::fetch_all(&mut *conn, DB::bind_str(sqlx::query(&sql), stream)).await?;
+        let rows = DB::fetch_all(conn, DB::bind_str(sqlx::query(&sql), stream)).await?;
         rows.iter().map(event_from_row::<DB>).collect()
     }
 
@@ -526,27 +518,25 @@ impl<DB: Backend> EventStreams<DB> {
     /// ```
     /// # #[cfg(feature = "sqlite")] {
     /// use idem_core::kit::{EventStreams, ExpectedVersion, NewEvent, Version};
+    /// # use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+    /// # let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
     /// let streams = EventStreams::<sqlx::Sqlite>::new("events")?;
-    /// streams.ensure_schema(&pool).await?;
+    /// streams.ensure_schema(&mut conn).await?;
     /// let events: Vec<_> = (0..5).map(|i| NewEvent::json("tick", &i)).collect::<Result<_, _>>()?;
-    /// let _ = streams.append(&pool, "clock", "req-1", ExpectedVersion::NoStream, &events).await?;
-    /// let page = streams.read_after(&pool, "clock", Version::new(2), 2).await?;
+    /// let _ = streams.append(&mut conn, "clock", "req-1", ExpectedVersion::NoStream, &events).await?;
+    /// let page = streams.read_after(&mut conn, "clock", Version::new(2), 2).await?;
     /// assert_eq!(page.iter().map(|e| e.version.get()).collect::<Vec<_>>(), [3, 4]);
     /// # Ok(()) }
     /// # }
     /// ```
-    pub async fn read_after<'c, A>(
+    pub async fn read_after(
         &self,
-        conn: A,
+        conn: &mut DB::Connection,
         stream: &str,
         after: Version,
         limit: u32,
-    ) -> Result<Vec<Event>, ConcurrencyError>
-    where
-        A: Acquire<'c, Database = DB>,
-    {
+    ) -> Result<Vec<Event>, ConcurrencyError> {
         let sql = format!(
             "SELECT {EVENT_COLUMNS} FROM {t} WHERE stream = $1 AND version > $2 \
              ORDER BY version LIMIT $3",
@@ -556,8 +546,7 @@ impl<DB: Backend> EventStreams<DB> {
             DB::bind_i64(DB::bind_str(sqlx::query(&sql), stream), after.to_sql()?),
             i64::from(limit),
         );
-        let mut conn = conn.acquire().await?;
-        let rows = DB::fetch_all(&mut *conn, query).await?;
+        let rows = DB::fetch_all(conn, query).await?;
         rows.iter().map(event_from_row::<DB>).collect()
     }
 
@@ -567,24 +556,25 @@ impl<DB: Backend> EventStreams<DB> {
     /// ```
     /// # #[cfg(feature = "sqlite")] {
     /// use idem_core::kit::{EventStreams, Version};
+    /// # use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+    /// # let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
     /// let streams = EventStreams::<sqlx::Sqlite>::new("events")?;
-    /// streams.ensure_schema(&pool).await?;
-    /// assert_eq!(streams.version(&pool, "nobody").await?, Version::NONE);
+    /// streams.ensure_schema(&mut conn).await?;
+    /// assert_eq!(streams.version(&mut conn, "nobody").await?, Version::NONE);
     /// # Ok(()) }
     /// # }
     /// ```
-    pub async fn version<'c, A>(&self, conn: A, stream: &str) -> Result<Version, ConcurrencyError>
-    where
-        A: Acquire<'c, Database = DB>,
-    {
+    pub async fn version(
+        &self,
+        conn: &mut DB::Connection,
+        stream: &str,
+    ) -> Result<Version, ConcurrencyError> {
         let sql = format!(
             "SELECT COALESCE(MAX(version), 0) FROM {t} WHERE stream = $1",
             t = self.table
         );
-        let mut conn = conn.acquire().await?;
-        let row = DB::fetch_optional(&mut *conn, DB::bind_str(sqlx::query(&sql), stream)).await?;
+        let row = DB::fetch_optional(conn, DB::bind_str(sqlx::query(&sql), stream)).await?;
         match row {
             Some(row) => Version::from_sql(DB::get_i64(&row, 0)?),
             None => Ok(Version::NONE),

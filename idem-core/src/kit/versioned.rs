@@ -5,7 +5,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 
-use sqlx::{Acquire, Encode, Type};
+use sqlx::{Encode, Type};
 
 use super::backend::{Backend, SqlQuery};
 use super::{ConcurrencyError, Ident, Version};
@@ -160,23 +160,24 @@ pub enum Inserted<T> {
 /// #     }
 /// # }
 /// use idem_core::kit::{ConcurrencyError, Inserted, Version, VersionedTable};
+/// # use sqlx::Connection;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+/// let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
 /// sqlx::query("CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL, version INTEGER NOT NULL)")
-///     .execute(&pool).await?;
+///     .execute(&mut conn).await?;
 /// let accounts = VersionedTable::<Account, Sqlite>::new("accounts")?;
 ///
-/// let Inserted::New(mut alice) = accounts.insert(&pool, Account { id: "alice".into(), balance: 0 }).await? else {
+/// let Inserted::New(mut alice) = accounts.insert(&mut conn, Account { id: "alice".into(), balance: 0 }).await? else {
 ///     unreachable!("a new id");
 /// };
-/// let mut stale = accounts.load(&pool, &"alice".to_string()).await?;
+/// let mut stale = accounts.load(&mut conn, &"alice".to_string()).await?;
 ///
 /// alice.balance += 10;
-/// accounts.save(&pool, &mut alice).await?;
+/// accounts.save(&mut conn, &mut alice).await?;
 /// assert_eq!(alice.version(), Version::new(2));
 ///
 /// stale.balance += 99;
-/// let err = accounts.save(&pool, &mut stale).await.unwrap_err();
+/// let err = accounts.save(&mut conn, &mut stale).await.unwrap_err();
 /// assert!(matches!(err, ConcurrencyError::Conflict { expected, actual }
 ///     if expected == Version::INITIAL && actual == Version::new(2)));
 /// assert_eq!(stale.version(), Version::INITIAL, "a failed save leaves the version alone");
@@ -215,7 +216,8 @@ impl<T, DB> Clone for VersionedTable<T, DB> {
 /// `version`.
 ///
 /// ```
-/// # #[cfg(feature = "sqlite")] {
+/// # #[cfg(not(feature = "sqlite"))] fn main() {}
+/// # #[cfg(feature = "sqlite")] fn main() -> Result<(), idem_core::kit::ConcurrencyError> {
 /// # use idem_core::kit::{Entity, SqlQuery};
 /// # use sqlx::{sqlite::SqliteRow, Row, Sqlite};
 /// # struct Doc { key: i64 }
@@ -232,8 +234,7 @@ impl<T, DB> Clone for VersionedTable<T, DB> {
 ///     .version_column("rev")
 ///     .build()?;
 /// assert!(VersionedTable::<Doc, Sqlite>::builder("docs").id_column("doc key").build().is_err());
-/// # Ok::<(), idem_core::kit::ConcurrencyError>(())
-/// # }
+/// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
 pub struct VersionedTableBuilder<T, DB> {
@@ -331,7 +332,8 @@ impl<T: Entity<DB>, DB: Backend> VersionedTable<T, DB> {
     /// Starts describing the table `table`, to name its id and version columns.
     ///
     /// ```
-    /// # #[cfg(feature = "sqlite")] {
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// # #[cfg(feature = "sqlite")] fn main() -> Result<(), idem_core::kit::ConcurrencyError> {
     /// # use idem_core::kit::{Entity, SqlQuery};
     /// # use sqlx::{sqlite::SqliteRow, Row, Sqlite};
     /// # struct Doc { id: i64 }
@@ -343,8 +345,8 @@ impl<T: Entity<DB>, DB: Backend> VersionedTable<T, DB> {
     /// #     fn from_row(row: &SqliteRow) -> Result<Self, sqlx::Error> { Ok(Doc { id: row.try_get("id")? }) }
     /// # }
     /// let docs = idem_core::kit::VersionedTable::<Doc, Sqlite>::builder("docs").version_column("rev").build()?;
-    /// # Ok::<(), idem_core::kit::ConcurrencyError>(())
-    /// # }
+    /// # let _ = docs;
+    /// # Ok(()) }
     /// ```
     pub fn builder(table: &str) -> VersionedTableBuilder<T, DB> {
         VersionedTableBuilder {
@@ -359,15 +361,15 @@ impl<T: Entity<DB>, DB: Backend> VersionedTable<T, DB> {
     /// taken (`INSERT … ON CONFLICT (id) DO NOTHING`: never an error, so it is safe inside a
     /// transaction). One statement.
     ///
-    /// `conn` is a pool (`&pool`), a connection (`&mut *conn`) or a transaction (`&mut tx`).
+    /// `conn` is a connection: `&mut conn` for a pooled one, `&mut tx` for a transaction.
     /// See [`VersionedTable`] for an example.
-    pub async fn insert<'c, A>(&self, conn: A, value: T) -> Result<Inserted<T>, ConcurrencyError>
-    where
-        A: Acquire<'c, Database = DB>,
-    {
-        let mut conn = conn.acquire().await?;
+    pub async fn insert(
+        &self,
+        conn: &mut DB::Connection,
+        value: T,
+    ) -> Result<Inserted<T>, ConcurrencyError> {
         let query = value.bind(sqlx::query(&self.insert_sql).bind(value.id()));
-        let inserted = DB::execute(&mut *conn, query).await?;
+        let inserted = DB::execute(conn, query).await?;
         Ok(if inserted == 1 {
             Inserted::New(Versioned::new(value, Version::INITIAL))
         } else {
@@ -377,12 +379,12 @@ impl<T: Entity<DB>, DB: Backend> VersionedTable<T, DB> {
 
     /// Reads the row `id` with its version; [`ConcurrencyError::NotFound`] when there is none.
     /// One statement. See [`VersionedTable`] for an example.
-    pub async fn load<'c, A>(&self, conn: A, id: &T::Id) -> Result<Versioned<T>, ConcurrencyError>
-    where
-        A: Acquire<'c, Database = DB>,
-    {
-        let mut conn = conn.acquire().await?;
-        let row = DB::fetch_optional(&mut *conn, sqlx::query(&self.select_sql).bind(id))
+    pub async fn load(
+        &self,
+        conn: &mut DB::Connection,
+        id: &T::Id,
+    ) -> Result<Versioned<T>, ConcurrencyError> {
+        let row = DB::fetch_optional(conn, sqlx::query(&self.select_sql).bind(id))
             .await?
             .ok_or(ConcurrencyError::NotFound)?;
         let value = T::from_row(&row)?;
@@ -396,24 +398,20 @@ impl<T: Entity<DB>, DB: Backend> VersionedTable<T, DB> {
     /// One statement when it succeeds. When no row changed, one more read returns
     /// [`ConcurrencyError::Conflict`] with both versions, or [`ConcurrencyError::NotFound`];
     /// `entity` is left untouched. See [`VersionedTable`] for an example.
-    pub async fn save<'c, A>(
+    pub async fn save(
         &self,
-        conn: A,
+        conn: &mut DB::Connection,
         entity: &mut Versioned<T>,
-    ) -> Result<Version, ConcurrencyError>
-    where
-        A: Acquire<'c, Database = DB>,
-    {
-        let mut conn = conn.acquire().await?;
+    ) -> Result<Version, ConcurrencyError> {
         let expected = entity.version();
         let query = entity.value.bind(sqlx::query(&self.update_sql));
         let query = DB::bind_i64(query.bind(entity.value.id()), expected.to_sql()?);
-        if DB::execute(&mut *conn, query).await? == 1 {
+        if DB::execute(conn, query).await? == 1 {
             entity.version = expected.next();
             return Ok(entity.version);
         }
         let version_query = sqlx::query(&self.version_sql).bind(entity.value.id());
-        match DB::fetch_optional(&mut *conn, version_query).await? {
+        match DB::fetch_optional(conn, version_query).await? {
             None => Err(ConcurrencyError::NotFound),
             Some(row) => Err(ConcurrencyError::Conflict {
                 expected,
