@@ -90,7 +90,8 @@ impl<DB: Backend> RequestHistory<DB> {
     }
 
     /// Creates the history table, its `created_at` index and the pruner's lease table, if they
-    /// do not exist. Three statements.
+    /// do not exist. Three statements. Run it once at startup: on PostgreSQL two concurrent
+    /// `CREATE TABLE IF NOT EXISTS` of one table can still collide.
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {

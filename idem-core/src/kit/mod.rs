@@ -34,6 +34,11 @@
 //!   conflict, reload, and then find their id. Only the last N are remembered: a duplicate older
 //!   than that is applied again.
 //!
+//! Every operation takes `&mut` of a connection: `&mut conn` for one taken from a pool,
+//! `&mut tx` (or `&mut *tx`) for a transaction, so it joins whatever transaction you run. (A
+//! generic `impl Acquire` would also take `&pool`, but makes the futures of callers holding a
+//! transaction fail the `Send` check that `tokio::spawn` and web frameworks require.)
+//!
 //! Table and column names are validated as plain SQL identifiers (`[A-Za-z_][A-Za-z0-9_]{0,62}`)
 //! and used unquoted, so PostgreSQL folds them to lower case and a reserved word cannot be one.
 //! Every value is a bound parameter.

@@ -338,7 +338,8 @@ impl<DB: Backend> EventStreams<DB> {
         })
     }
 
-    /// Creates the table if it does not exist.
+    /// Creates the table if it does not exist. One statement. Run it once at startup: on
+    /// PostgreSQL two concurrent `CREATE TABLE IF NOT EXISTS` of one table can still collide.
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
