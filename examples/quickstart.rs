@@ -45,7 +45,11 @@ impl Payments {
         let charge_number = self.charges.fetch_add(1, Ordering::SeqCst) + 1;
         // The card network takes a moment, long enough for duplicates to pile up.
         tokio::time::sleep(Duration::from_millis(50)).await;
-        Ok(Receipt { payment_id, amount_cents, charge_number })
+        Ok(Receipt {
+            payment_id,
+            amount_cents,
+            charge_number,
+        })
     }
 }
 
@@ -54,7 +58,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("idem.db");
     let store = SqliteStore::open(&path).await?;
-    let payments = Arc::new(Payments { idem: Idempotency::new(store), charges: AtomicUsize::new(0) });
+    let payments = Arc::new(Payments {
+        idem: Idempotency::new(store),
+        charges: AtomicUsize::new(0),
+    });
 
     const PAYMENTS: usize = 10;
     const DELIVERIES_EACH: usize = 20;
@@ -63,7 +70,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let payments = payments.clone();
             let n = i % PAYMENTS;
             tokio::spawn(async move {
-                payments.charge(format!("pay-{n:03}"), 1_000 + n as u64 * 250).await
+                payments
+                    .charge(format!("pay-{n:03}"), 1_000 + n as u64 * 250)
+                    .await
             })
         })
         .collect();
@@ -71,7 +80,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut receipts: HashMap<String, Vec<Receipt>> = HashMap::new();
     for delivery in deliveries {
         let receipt = delivery.await??;
-        receipts.entry(receipt.payment_id.clone()).or_default().push(receipt);
+        receipts
+            .entry(receipt.payment_id.clone())
+            .or_default()
+            .push(receipt);
     }
 
     let arrived: usize = receipts.values().map(Vec::len).sum();
@@ -80,9 +92,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("store:       SQLite at {}", path.display());
     println!("deliveries:  {arrived} arrived ({PAYMENTS} payments, {DELIVERIES_EACH} deliveries each, all at once)");
     println!("charges:     the card was charged {charged} times");
-    println!("receipts:    {}", if identical { "every delivery of a payment got the same receipt" } else { "RECEIPTS DIFFER" });
+    println!(
+        "receipts:    {}",
+        if identical {
+            "every delivery of a payment got the same receipt"
+        } else {
+            "RECEIPTS DIFFER"
+        }
+    );
     let replayed = payments.charge("pay-000".into(), 1_000).await?;
-    println!("one more:    a late retry of pay-000 replays charge #{} (charges still {})", replayed.charge_number, payments.charges.load(Ordering::SeqCst));
+    println!(
+        "one more:    a late retry of pay-000 replays charge #{} (charges still {})",
+        replayed.charge_number,
+        payments.charges.load(Ordering::SeqCst)
+    );
     if charged != PAYMENTS || !identical {
         return Err("idempotency was violated".into());
     }

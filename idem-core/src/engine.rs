@@ -76,7 +76,7 @@ impl Default for Policy {
 }
 
 impl Policy {
-    fn validate(&self) -> Result<(), Error> {
+    pub(crate) fn validate(&self) -> Result<(), Error> {
         check_duration("lease", self.lease)?;
         check_duration("retention", self.retention)?;
         if self.max_response_bytes == 0 {

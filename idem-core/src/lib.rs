@@ -13,6 +13,8 @@ mod error;
 mod key;
 mod record;
 pub mod store;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod transactional;
 
 #[doc(hidden)]
 #[path = "private.rs"]
@@ -28,3 +30,5 @@ pub use store::memory::MemoryStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use store::Store;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use transactional::{Transactional, TransactionalStore, TxClaim, TxFuture, TxStart};
