@@ -7,15 +7,29 @@
 #![warn(missing_docs)]
 
 mod clock;
+mod codec;
+mod engine;
 mod error;
 mod key;
 pub mod kit;
 mod record;
 pub mod store;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod transactional;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
+pub use codec::{Codec, JsonCodec};
+pub use engine::{Builder, CallOptions, Idempotency, OnLocked, Outcome, Policy};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
 pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
 pub use store::memory::MemoryStore;
+#[cfg(feature = "sqlite")]
+pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use store::Store;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use transactional::{Transactional, TransactionalStore, TxClaim, TxFuture, TxStart};

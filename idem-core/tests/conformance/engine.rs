@@ -1,0 +1,441 @@
+//! Engine behaviour from DESIGN.md ("The engine"), driven over each store.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{CallOptions, Error, Fingerprint, Idempotency, OnLocked, Outcome, RecordState};
+
+use crate::harness::Harness;
+use crate::suite::{claim, key, wait, LONG, PAST_SHORT, SHORT};
+
+fn engine(h: &impl Harness) -> Idempotency {
+    Idempotency::from_arc(h.store())
+}
+
+fn waiting(timeout: Duration) -> CallOptions {
+    CallOptions {
+        on_locked: Some(OnLocked::Wait { timeout }),
+        ..CallOptions::default()
+    }
+}
+
+fn lease(lease: Duration) -> CallOptions {
+    CallOptions {
+        lease: Some(lease),
+        ..CallOptions::default()
+    }
+}
+
+pub async fn engine_storm_runs_each_key_once(h: impl Harness) {
+    let engine = engine(&h);
+    let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..20).map(|_| AtomicUsize::new(0)).collect());
+    let serial = Arc::new(AtomicUsize::new(0));
+    let calls: Vec<_> = (0..1000)
+        .map(|i| {
+            let (engine, runs, serial) = (engine.clone(), runs.clone(), serial.clone());
+            let k = i % 20;
+            tokio::spawn(async move {
+                let opts = waiting(Duration::from_secs(60));
+                let out = engine
+                    .run_with(&opts, Some(key(&format!("storm-{k}"))), None, async {
+                        runs[k].fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        // A value unique to this execution: a second run would show.
+                        Ok::<_, Error>(format!(
+                            "receipt-{k}-{}",
+                            serial.fetch_add(1, Ordering::SeqCst)
+                        ))
+                    })
+                    .await
+                    .unwrap();
+                (k, out.into_inner())
+            })
+        })
+        .collect();
+    let mut answers: HashMap<usize, Vec<String>> = HashMap::new();
+    for c in calls {
+        let (k, receipt) = c.await.unwrap();
+        answers.entry(k).or_default().push(receipt);
+    }
+    for (k, r) in runs.iter().enumerate() {
+        assert_eq!(
+            r.load(Ordering::SeqCst),
+            1,
+            "key {k} ran {} times",
+            r.load(Ordering::SeqCst)
+        );
+    }
+    assert_eq!(answers.len(), 20);
+    for (k, receipts) in answers {
+        assert_eq!(receipts.len(), 50);
+        assert!(
+            receipts.iter().all(|r| r == &receipts[0]),
+            "key {k} callers saw different results"
+        );
+    }
+}
+
+pub async fn engine_renews_long_work(h: impl Harness) {
+    let engine = engine(&h);
+    let k = key("long");
+    let lease_len = Duration::from_millis(1000);
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let worker = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .run_with(&lease(lease_len), Some(k), None, async {
+                    let _ = started_tx.send(());
+                    // Two and a half leases: only renewal keeps the key ours.
+                    tokio::time::sleep(lease_len * 5 / 2).await;
+                    Ok::<_, Error>("slow result".to_string())
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    wait(lease_len * 3 / 2).await;
+    let probe = engine
+        .run(Some(k), None, async { Ok::<_, Error>("thief".to_string()) })
+        .await;
+    assert!(
+        matches!(probe, Err(Error::Locked { .. })),
+        "a live worker was taken over: {probe:?}"
+    );
+    let out = worker.await.unwrap().unwrap();
+    assert_eq!(out, Outcome::Fresh("slow result".to_string()));
+    let replay = engine
+        .run(Some(k), None, async { Ok::<_, Error>("thief".to_string()) })
+        .await
+        .unwrap();
+    assert_eq!(replay, Outcome::Replayed("slow result".to_string()));
+}
+
+pub async fn engine_crashed_worker_frees_after_one_lease(h: impl Harness) {
+    // A worker that claimed and then vanished (process killed): nothing renews or releases.
+    let engine = engine(&h);
+    let k = key("orphan");
+    claim(&*h.store(), &k, SHORT).await;
+    let blocked = engine.run(Some(k), None, async { Ok::<_, Error>(1) }).await;
+    assert!(matches!(blocked, Err(Error::Locked { .. })));
+    wait(PAST_SHORT).await;
+    let out = engine
+        .run(Some(k), None, async { Ok::<_, Error>(2) })
+        .await
+        .unwrap();
+    assert_eq!(out, Outcome::Fresh(2));
+}
+
+pub async fn engine_error_aborts_so_retry_runs(h: impl Harness) {
+    let engine = engine(&h);
+    let k = key("flaky");
+    let runs = AtomicUsize::new(0);
+    let first: Result<Outcome<u32>, Error> = engine
+        .run(Some(k), None, async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Err(Error::InvalidConfig("downstream said no".into()))
+        })
+        .await;
+    assert!(matches!(first, Err(Error::InvalidConfig(_))));
+    assert!(
+        h.store().get(&k).await.unwrap().is_none(),
+        "a failed call leaves no record"
+    );
+    let second = engine
+        .run(Some(k), None, async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(7u32)
+        })
+        .await
+        .unwrap();
+    assert_eq!(second, Outcome::Fresh(7));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+pub async fn engine_cancelled_call_releases_claim(h: impl Harness) {
+    let engine = engine(&h);
+    let k = key("cancelled");
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let call = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .run_with(&lease(LONG), Some(k), None, async {
+                    let _ = started_tx.send(());
+                    std::future::pending::<Result<u32, Error>>().await
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    // The lease is 30 s; waiting at most 10 s succeeds only if cancelling released the claim.
+    let out = engine
+        .run_with(&waiting(Duration::from_secs(10)), Some(k), None, async {
+            Ok::<_, Error>(3u32)
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, Outcome::Fresh(3));
+}
+
+pub async fn engine_panicking_call_releases_claim(h: impl Harness) {
+    let engine = engine(&h);
+    let k = key("panics");
+    let call = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .run_with(&lease(LONG), Some(k), None, async {
+                    tokio::task::yield_now().await;
+                    panic!("the work panicked");
+                    #[allow(unreachable_code)]
+                    Ok::<u32, Error>(0)
+                })
+                .await
+        })
+    };
+    assert!(call.await.unwrap_err().is_panic());
+    let out = engine
+        .run_with(&waiting(Duration::from_secs(10)), Some(k), None, async {
+            Ok::<_, Error>(4u32)
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, Outcome::Fresh(4));
+}
+
+pub async fn engine_key_reused(h: impl Harness) {
+    let engine = engine(&h);
+    let k = key("reused");
+    let a = Fingerprint::of_json(&serde_json::json!({"amount": 5})).unwrap();
+    let b = Fingerprint::of_json(&serde_json::json!({"amount": 6})).unwrap();
+    engine
+        .run(Some(k), Some(a), async { Ok::<_, Error>(5) })
+        .await
+        .unwrap();
+    let runs = AtomicUsize::new(0);
+    let second = engine
+        .run(Some(k), Some(b), async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(6)
+        })
+        .await;
+    assert!(matches!(second, Err(Error::KeyReused)));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let same = engine
+        .run(Some(k), Some(a), async { Ok::<_, Error>(0) })
+        .await
+        .unwrap();
+    assert_eq!(same, Outcome::Replayed(5));
+}
+
+pub async fn engine_bad_input_changes_nothing(h: impl Harness) {
+    let engine = engine(&h);
+    let k = key("bad-lease");
+    let runs = AtomicUsize::new(0);
+    let out = engine
+        .run_with(&lease(Duration::ZERO), Some(k), None, async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(1)
+        })
+        .await;
+    assert!(matches!(out, Err(Error::InvalidConfig(_))));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert!(h.store().get(&k).await.unwrap().is_none());
+    assert!(matches!(
+        Idempotency::builder(h.store())
+            .lease(Duration::ZERO)
+            .build(),
+        Err(Error::InvalidConfig(_))
+    ));
+}
+
+pub async fn engine_response_limit_changes_nothing(h: impl Harness) {
+    let engine = Idempotency::builder(h.store())
+        .max_response_bytes(16)
+        .build()
+        .unwrap();
+    let k = key("big");
+    let out = engine
+        .run(Some(k), None, async { Ok::<_, Error>("x".repeat(100)) })
+        .await;
+    assert!(
+        matches!(
+            out,
+            Err(Error::ResponseTooLarge {
+                size: 102,
+                limit: 16
+            })
+        ),
+        "{out:?}"
+    );
+    assert!(h.store().get(&k).await.unwrap().is_none(), "nothing stored");
+    let small = engine
+        .run(Some(k), None, async { Ok::<_, Error>("ok".to_string()) })
+        .await
+        .unwrap();
+    assert_eq!(small, Outcome::Fresh("ok".to_string()));
+}
+
+pub async fn engine_retention_then_rerun(h: impl Harness) {
+    let engine = Idempotency::builder(h.store())
+        .retention(SHORT)
+        .build()
+        .unwrap();
+    let k = key("retained");
+    let runs = AtomicUsize::new(0);
+    let call = || async {
+        engine
+            .run(Some(k), None, async {
+                Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst))
+            })
+            .await
+            .unwrap()
+    };
+    assert_eq!(call().await, Outcome::Fresh(0));
+    assert_eq!(call().await, Outcome::Replayed(0));
+    wait(PAST_SHORT).await;
+    assert_eq!(call().await, Outcome::Fresh(1));
+}
+
+pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
+    let engine = engine(&h);
+    let store = h.store();
+    let k = key("stale");
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let stale = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .run(Some(k), None, async {
+                    let _ = started_tx.send(());
+                    let _ = finish_rx.await;
+                    Ok::<_, Error>("stale".to_string())
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    // An operator evicts the stuck key and another worker takes over and finishes.
+    assert!(store.evict(&k).await.unwrap());
+    let owner = engine
+        .run(Some(k), None, async { Ok::<_, Error>("owner".to_string()) })
+        .await
+        .unwrap();
+    assert_eq!(owner, Outcome::Fresh("owner".to_string()));
+    finish_tx.send(()).unwrap();
+    assert!(matches!(stale.await.unwrap(), Err(Error::LeaseLost)));
+    match store.get(&k).await.unwrap().unwrap().state {
+        RecordState::Completed(c) => assert_eq!(c.response.as_deref(), Some(&b"\"owner\""[..])),
+        other => panic!("expected the owner's result, got {other:?}"),
+    }
+}
+
+pub async fn engine_wait_mode_replays(h: impl Harness) {
+    let engine = engine(&h);
+    let k = key("waited");
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .run(Some(k), None, async {
+                    let _ = started_tx.send(());
+                    let _ = finish_rx.await;
+                    Ok::<_, Error>(11)
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    let second = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .run_with(&waiting(Duration::from_secs(20)), Some(k), None, async {
+                    Ok::<_, Error>(22)
+                })
+                .await
+        })
+    };
+    tokio::task::yield_now().await;
+    finish_tx.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), Outcome::Fresh(11));
+    assert_eq!(second.await.unwrap().unwrap(), Outcome::Replayed(11));
+}
+
+pub async fn engine_wait_mode_times_out(h: impl Harness) {
+    let engine = engine(&h);
+    let k = key("held");
+    claim(&*h.store(), &k, LONG).await;
+    let out = engine
+        .run_with(&waiting(Duration::from_millis(200)), Some(k), None, async {
+            Ok::<_, Error>(1)
+        })
+        .await;
+    match out {
+        Err(Error::Locked { retry_after }) => assert!(retry_after > Duration::from_secs(20)),
+        other => panic!("expected Locked after the wait, got {other:?}"),
+    }
+}
+
+pub async fn engine_no_key_runs_every_time(h: impl Harness) {
+    let engine = engine(&h);
+    let runs = AtomicUsize::new(0);
+    for i in 0..3 {
+        let out = engine
+            .run(None, None, async {
+                Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst))
+            })
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::Fresh(i));
+    }
+    assert_eq!(h.store().prune_expired(u32::MAX).await.unwrap(), 0);
+}
+
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+enum PayError {
+    Declined { code: String },
+    Idem(String),
+}
+
+impl From<Error> for PayError {
+    fn from(e: Error) -> Self {
+        PayError::Idem(e.to_string())
+    }
+}
+
+pub async fn engine_stored_errors_replay(h: impl Harness) {
+    let engine = engine(&h);
+    let k = key("declined");
+    let runs = AtomicUsize::new(0);
+    for _ in 0..3 {
+        let out = engine
+            .run_storing_errors(Some(k), None, async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Err::<u32, _>(PayError::Declined {
+                    code: "insufficient_funds".into(),
+                })
+            })
+            .await;
+        assert_eq!(
+            out,
+            Err(PayError::Declined {
+                code: "insufficient_funds".into()
+            })
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The plain `run` cannot decode the stored error type, so it reports it as stored.
+    let plain = engine
+        .run(Some(k), None, async { Ok::<_, Error>(0u32) })
+        .await;
+    assert!(matches!(plain, Err(Error::StoredError(_))));
+}

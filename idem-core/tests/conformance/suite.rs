@@ -1,0 +1,387 @@
+//! Store rules from DESIGN.md, checked against the `Store` trait directly.
+
+use std::time::Duration;
+
+use idem_core::{Cached, Claim, Completion, Error, Fingerprint, Key, RecordState, Start, Store};
+
+use crate::harness::Harness;
+
+/// A lease that outlives any test.
+pub const LONG: Duration = Duration::from_secs(30);
+/// A lease short enough to wait out.
+pub const SHORT: Duration = Duration::from_millis(300);
+/// Comfortably past `SHORT`.
+pub const PAST_SHORT: Duration = Duration::from_millis(450);
+
+pub fn key(name: &str) -> Key {
+    Key::derive("conformance", "", name).unwrap()
+}
+
+pub fn done(response: &[u8]) -> Completion<'_> {
+    Completion {
+        response: Some(response),
+        is_error: false,
+    }
+}
+
+pub async fn claim(store: &dyn Store, key: &Key, lease: Duration) -> Claim {
+    match store.start(key, None, lease).await.unwrap() {
+        Start::Started(c) => c,
+        other => panic!("expected Started, got {other:?}"),
+    }
+}
+
+pub async fn replayed(store: &dyn Store, key: &Key) -> Cached {
+    match store.start(key, None, LONG).await.unwrap() {
+        Start::Completed(c) => c,
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}
+
+pub async fn wait(d: Duration) {
+    tokio::time::sleep(d).await;
+}
+
+pub async fn new_key_starts(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let c = claim(&*s, &k, LONG).await;
+    assert_eq!(c.key(), &k);
+}
+
+pub async fn concurrent_starts_claim_once(h: impl Harness) {
+    let s = h.store();
+    let k = key("race");
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { s.start(&k, None, LONG).await.unwrap() })
+        })
+        .collect();
+    let mut started = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Start::Started(_) => started += 1,
+            Start::Locked { .. } => {}
+            Start::Completed(c) => panic!("nothing completed, yet got {c:?}"),
+        }
+    }
+    assert_eq!(
+        started, 1,
+        "exactly one of 64 concurrent starts owns the key"
+    );
+}
+
+pub async fn live_claim_locks(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    claim(&*s, &k, LONG).await;
+    match s.start(&k, None, LONG).await.unwrap() {
+        Start::Locked { retry_after } => {
+            assert!(
+                retry_after <= LONG,
+                "retry_after {retry_after:?} exceeds the lease"
+            );
+            assert!(
+                retry_after > LONG / 2,
+                "retry_after {retry_after:?} is far below the lease"
+            );
+        }
+        other => panic!("expected Locked, got {other:?}"),
+    }
+}
+
+pub async fn completed_replays(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let c = claim(&*s, &k, LONG).await;
+    s.complete(
+        &c,
+        Completion {
+            response: Some(b"receipt"),
+            is_error: true,
+        },
+        LONG,
+    )
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        let cached = replayed(&*s, &k).await;
+        assert_eq!(cached.response.as_deref(), Some(&b"receipt"[..]));
+        assert!(cached.is_error);
+    }
+}
+
+pub async fn completed_without_response_replays(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let c = claim(&*s, &k, LONG).await;
+    s.complete(
+        &c,
+        Completion {
+            response: None,
+            is_error: false,
+        },
+        LONG,
+    )
+    .await
+    .unwrap();
+    let cached = replayed(&*s, &k).await;
+    assert_eq!(cached.response, None);
+    assert!(!cached.is_error);
+}
+
+pub async fn fingerprint_mismatch_is_key_reused(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let f1 = Fingerprint::of_bytes(b"deposit 5");
+    let f2 = Fingerprint::of_bytes(b"deposit 6");
+    let Start::Started(c) = s.start(&k, Some(&f1), LONG).await.unwrap() else {
+        panic!("not started")
+    };
+    assert!(matches!(
+        s.start(&k, Some(&f2), LONG).await,
+        Err(Error::KeyReused)
+    ));
+    s.complete(&c, done(b"r"), LONG).await.unwrap();
+    assert!(matches!(
+        s.start(&k, Some(&f2), LONG).await,
+        Err(Error::KeyReused)
+    ));
+    let rec = s.get(&k).await.unwrap().unwrap();
+    assert_eq!(rec.fingerprint, Some(f1), "a refused start changes nothing");
+    assert!(matches!(rec.state, RecordState::Completed(_)));
+}
+
+pub async fn matching_or_absent_fingerprint_replays(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let f = Fingerprint::of_bytes(b"req");
+    let Start::Started(c) = s.start(&k, Some(&f), LONG).await.unwrap() else {
+        panic!("not started")
+    };
+    s.complete(&c, done(b"r"), LONG).await.unwrap();
+    assert!(matches!(
+        s.start(&k, Some(&f), LONG).await.unwrap(),
+        Start::Completed(_)
+    ));
+    assert!(matches!(
+        s.start(&k, None, LONG).await.unwrap(),
+        Start::Completed(_)
+    ));
+}
+
+pub async fn expired_lease_is_taken_over(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let first = claim(&*s, &k, SHORT).await;
+    wait(PAST_SHORT).await;
+    let second = claim(&*s, &k, LONG).await;
+    assert_ne!(first.token(), second.token());
+}
+
+pub async fn stale_claim_is_fenced(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let stale = claim(&*s, &k, SHORT).await;
+    wait(PAST_SHORT).await;
+    let owner = claim(&*s, &k, LONG).await;
+    assert!(matches!(s.renew(&stale, LONG).await, Err(Error::LeaseLost)));
+    assert!(matches!(
+        s.complete(&stale, done(b"stale"), LONG).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(s.abort(&stale).await, Err(Error::LeaseLost)));
+    s.complete(&owner, done(b"owner"), LONG).await.unwrap();
+    assert!(matches!(
+        s.complete(&stale, done(b"stale"), LONG).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(s.abort(&stale).await, Err(Error::LeaseLost)));
+    assert_eq!(
+        replayed(&*s, &k).await.response.as_deref(),
+        Some(&b"owner"[..])
+    );
+}
+
+pub async fn token_is_unique_across_abort_and_reclaim(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let old = claim(&*s, &k, LONG).await;
+    s.abort(&old).await.unwrap();
+    let new = claim(&*s, &k, LONG).await;
+    assert_ne!(old.token(), new.token());
+    assert!(matches!(
+        s.complete(&old, done(b"old"), LONG).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(s.renew(&old, LONG).await, Err(Error::LeaseLost)));
+    assert!(matches!(s.abort(&old).await, Err(Error::LeaseLost)));
+    s.complete(&new, done(b"new"), LONG).await.unwrap();
+    assert_eq!(
+        replayed(&*s, &k).await.response.as_deref(),
+        Some(&b"new"[..])
+    );
+}
+
+pub async fn abort_frees_key(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let c = claim(&*s, &k, LONG).await;
+    s.abort(&c).await.unwrap();
+    assert!(s.get(&k).await.unwrap().is_none());
+    claim(&*s, &k, LONG).await;
+}
+
+pub async fn renew_extends_lease(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let c = claim(&*s, &k, SHORT).await;
+    s.renew(&c, LONG).await.unwrap();
+    wait(PAST_SHORT).await;
+    assert!(matches!(
+        s.start(&k, None, LONG).await.unwrap(),
+        Start::Locked { .. }
+    ));
+    s.complete(&c, done(b"r"), LONG).await.unwrap();
+}
+
+pub async fn complete_after_lease_end_without_takeover(h: impl Harness) {
+    // Nobody else claimed the key, so the record still carries this token: completing is safe.
+    let s = h.store();
+    let k = key("a");
+    let c = claim(&*s, &k, SHORT).await;
+    wait(PAST_SHORT).await;
+    s.complete(&c, done(b"late"), LONG).await.unwrap();
+    assert_eq!(
+        replayed(&*s, &k).await.response.as_deref(),
+        Some(&b"late"[..])
+    );
+}
+
+pub async fn retention_ends_then_runs_again(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let c = claim(&*s, &k, LONG).await;
+    s.complete(&c, done(b"r"), SHORT).await.unwrap();
+    replayed(&*s, &k).await;
+    wait(PAST_SHORT).await;
+    claim(&*s, &k, LONG).await;
+}
+
+pub async fn prune_deletes_only_expired(h: impl Harness) {
+    let s = h.store();
+    for i in 0..4 {
+        let c = claim(&*s, &key(&format!("done-short-{i}")), LONG).await;
+        s.complete(&c, done(b"r"), SHORT).await.unwrap();
+        claim(&*s, &key(&format!("lease-short-{i}")), SHORT).await;
+    }
+    let live_done = claim(&*s, &key("done-long"), LONG).await;
+    s.complete(&live_done, done(b"r"), LONG).await.unwrap();
+    claim(&*s, &key("lease-long"), LONG).await;
+    assert_eq!(
+        s.prune_expired(100).await.unwrap(),
+        0,
+        "nothing has expired yet"
+    );
+    wait(PAST_SHORT).await;
+    assert_eq!(s.prune_expired(100).await.unwrap(), 8);
+    assert_eq!(s.prune_expired(100).await.unwrap(), 0);
+    assert!(s.get(&key("done-long")).await.unwrap().is_some());
+    assert!(s.get(&key("lease-long")).await.unwrap().is_some());
+    replayed(&*s, &key("done-long")).await;
+}
+
+pub async fn prune_respects_limit(h: impl Harness) {
+    let s = h.store();
+    for i in 0..5 {
+        let c = claim(&*s, &key(&format!("k{i}")), LONG).await;
+        s.complete(&c, done(b"r"), SHORT).await.unwrap();
+    }
+    wait(PAST_SHORT).await;
+    assert_eq!(s.prune_expired(2).await.unwrap(), 2);
+    assert_eq!(s.prune_expired(2).await.unwrap(), 2);
+    assert_eq!(s.prune_expired(2).await.unwrap(), 1);
+    assert_eq!(s.prune_expired(2).await.unwrap(), 0);
+}
+
+pub async fn get_reports_live_records_only(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let f = Fingerprint::of_bytes(b"req");
+    assert!(s.get(&k).await.unwrap().is_none());
+    let Start::Started(c) = s.start(&k, Some(&f), SHORT).await.unwrap() else {
+        panic!("not started")
+    };
+    let rec = s.get(&k).await.unwrap().unwrap();
+    assert_eq!(rec.key, k);
+    assert_eq!(rec.fingerprint, Some(f));
+    match rec.state {
+        RecordState::InProgress { token, .. } => assert_eq!(token, c.token()),
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+    wait(PAST_SHORT).await;
+    assert!(
+        s.get(&k).await.unwrap().is_none(),
+        "an expired lease reads as absent"
+    );
+    let c = claim(&*s, &k, LONG).await;
+    s.complete(&c, done(b"r"), LONG).await.unwrap();
+    match s.get(&k).await.unwrap().unwrap().state {
+        RecordState::Completed(cached) => assert_eq!(cached.response.as_deref(), Some(&b"r"[..])),
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}
+
+pub async fn evict_fences_running_claim(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let c = claim(&*s, &k, LONG).await;
+    assert!(s.evict(&k).await.unwrap());
+    assert!(!s.evict(&k).await.unwrap());
+    assert!(matches!(
+        s.complete(&c, done(b"r"), LONG).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(s.get(&k).await.unwrap().is_none());
+}
+
+pub async fn bad_durations_change_nothing(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    assert!(matches!(
+        s.start(&k, None, Duration::ZERO).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(s.get(&k).await.unwrap().is_none());
+    let c = claim(&*s, &k, LONG).await;
+    assert!(matches!(
+        s.complete(&c, done(b"r"), Duration::ZERO).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        s.renew(&c, Duration::ZERO).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        s.get(&k).await.unwrap().unwrap().state,
+        RecordState::InProgress { .. }
+    ));
+    s.complete(&c, done(b"r"), LONG).await.unwrap();
+}
+
+pub async fn complete_twice_is_lease_lost(h: impl Harness) {
+    let s = h.store();
+    let k = key("a");
+    let c = claim(&*s, &k, LONG).await;
+    s.complete(&c, done(b"first"), LONG).await.unwrap();
+    assert!(matches!(
+        s.complete(&c, done(b"second"), LONG).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(s.abort(&c).await, Err(Error::LeaseLost)));
+    assert_eq!(
+        replayed(&*s, &k).await.response.as_deref(),
+        Some(&b"first"[..])
+    );
+}
