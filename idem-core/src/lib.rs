@@ -11,8 +11,11 @@ mod codec;
 mod engine;
 mod error;
 mod key;
+pub mod kit;
 mod record;
 pub mod store;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod transactional;
 
 #[doc(hidden)]
 #[path = "private.rs"]
@@ -30,3 +33,5 @@ pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use store::Store;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use transactional::{Transactional, TransactionalStore, TxClaim, TxFuture, TxStart};

@@ -913,6 +913,49 @@ impl Store for SqliteStore {
     }
 }
 
+#[async_trait]
+impl crate::transactional::TransactionalStore for SqliteStore {
+    type Connection = SqliteConnection;
+
+    async fn start_in(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        start(
+            conn,
+            &self.sql,
+            key,
+            fingerprint,
+            Millis::new("lease", lease)?,
+        )
+        .await
+    }
+
+    async fn complete_in(
+        &self,
+        conn: &mut SqliteConnection,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        complete(
+            conn,
+            &self.sql,
+            claim,
+            completion,
+            Millis::new("retention", retention)?,
+        )
+        .await
+    }
+
+    async fn abort_in(&self, conn: &mut SqliteConnection, claim: &Claim) -> Result<(), Error> {
+        abort(conn, &self.sql, claim).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
