@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use idem_core::{Error, PostgresStore, RecordState, Start, Store, StoreErrorKind, Token};
+use idem_core::{
+    Error, PostgresStore, RecordState, Start, Store, StoreErrorKind, Token, Transactional,
+};
 use idem_stress::{drop_tables, env, key, unique_name};
 use sqlx::PgPool;
 
@@ -303,6 +305,86 @@ async fn leases_and_retention_use_server_time() {
     let left = lease_s - now_s;
     assert!(left > 20.0 && left <= 30.0, "lease ends {left} s from now");
     drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
+        .await
+        .unwrap();
+}
+
+/// Transactional mode on PostgreSQL: claim, business write and completion commit together, so
+/// concurrent duplicates on separate connections apply the effect once, and a transaction rolled
+/// back after the work leaves neither the write nor the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_mode_applies_the_effect_once() {
+    let Some(url) = env::pg_url("transactional_mode_applies_the_effect_once") else {
+        return;
+    };
+    let table = unique_name("idem_tx");
+    let ledger = unique_name("idem_ledger");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(12)
+        .connect(&url)
+        .await
+        .unwrap();
+    let store = PostgresStore::builder()
+        .table(&table)
+        .from_pool(pool.clone())
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE \"{ledger}\" (request text NOT NULL, cents bigint NOT NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let idem = Transactional::new(store);
+    let insert = format!("INSERT INTO \"{ledger}\" VALUES ('req-1', 500)");
+    let count = format!("SELECT count(*) FROM \"{ledger}\"");
+
+    // A delivery that crashes before committing: rolled back, nothing is left behind.
+    let mut tx = pool.begin().await.unwrap();
+    let sql = insert.clone();
+    let out = idem
+        .run(&mut tx, Some(key(1)), None, move |conn| {
+            Box::pin(async move {
+                sqlx::query(&sql).execute(&mut *conn).await?;
+                Ok::<_, Error>(500u64)
+            })
+        })
+        .await
+        .unwrap();
+    assert!(!out.is_replayed());
+    tx.rollback().await.unwrap();
+    assert!(idem.store().get(&key(1)).await.unwrap().is_none());
+
+    // Eight concurrent deliveries, each in its own transaction on its own connection.
+    let deliveries: Vec<_> = (0..8)
+        .map(|_| {
+            let (idem, pool, sql) = (idem.clone(), pool.clone(), insert.clone());
+            tokio::spawn(async move {
+                let mut tx = pool.begin().await.unwrap();
+                let out = idem
+                    .run(&mut tx, Some(key(1)), None, move |conn| {
+                        Box::pin(async move {
+                            sqlx::query(&sql).execute(&mut *conn).await?;
+                            Ok::<_, Error>(500u64)
+                        })
+                    })
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+                out
+            })
+        })
+        .collect();
+    let mut fresh = 0;
+    for d in deliveries {
+        let out = d.await.unwrap();
+        fresh += usize::from(!out.is_replayed());
+        assert_eq!(out.into_inner(), 500);
+    }
+    assert_eq!(fresh, 1, "one delivery ran the work, the others replayed");
+    let rows: i64 = sqlx::query_scalar(&count).fetch_one(&pool).await.unwrap();
+    assert_eq!(rows, 1, "the effect was applied exactly once");
+    drop_tables(&pool, &[&table, &format!("{table}_migrations"), &ledger])
         .await
         .unwrap();
 }

@@ -803,6 +803,43 @@ impl Store for PostgresStore {
     }
 }
 
+/// Transactional mode: the claim and the completion run on the caller's transaction (see
+/// [`Transactional`](crate::Transactional)). Use the default `READ COMMITTED` isolation: a
+/// duplicate's claim then waits on the first transaction's row and, once that commits, reads the
+/// committed result with a fresh snapshot and replays it. (Under `REPEATABLE READ` or
+/// `SERIALIZABLE` the duplicate fails with a serialization error instead, SQLSTATE 40001,
+/// surfaced as a [`StoreErrorKind::Query`] error; retry the transaction.)
+#[async_trait]
+impl crate::transactional::TransactionalStore for PostgresStore {
+    type Connection = PgConnection;
+
+    async fn start_in(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        check_duration("lease", lease)?;
+        self.sql.start(conn, key, fingerprint, lease).await
+    }
+
+    async fn complete_in(
+        &self,
+        conn: &mut PgConnection,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        check_duration("retention", retention)?;
+        self.sql.complete(conn, claim, completion, retention).await
+    }
+
+    async fn abort_in(&self, conn: &mut PgConnection, claim: &Claim) -> Result<(), Error> {
+        self.sql.abort(conn, claim).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
