@@ -63,6 +63,14 @@
 //! Statements are prepared once per pooled connection (sqlx's statement cache), so each of the
 //! above is one network round trip once a connection is warm.
 //!
+//! # Transactional mode
+//!
+//! `PostgresStore` is a [`TransactionalStore`](crate::TransactionalStore): with
+//! [`Transactional`](crate::Transactional) the claim and the completion run on your own
+//! transaction next to your business writes, and commit or roll back with them. Keep the default
+//! `READ COMMITTED` isolation: a duplicate then waits on the first transaction's row and replays
+//! its committed result.
+//!
 //! # SQL the store needs
 //!
 //! Plain PostgreSQL 9.5 or later, or a PostgreSQL-compatible database with: `INSERT … ON CONFLICT
