@@ -46,7 +46,10 @@ async fn main() {
         tenant: "acme".into(),
         balance: std::sync::Mutex::new(0),
     };
-    let deposit = || Deposit { request_id: "r-1".into(), amount: 70 };
+    let deposit = || Deposit {
+        request_id: "r-1".into(),
+        amount: 70,
+    };
     let first = bank.deposit(deposit()).await.unwrap();
     let again = bank.deposit(deposit()).await.unwrap();
     assert_eq!(first, again);

@@ -22,7 +22,11 @@ impl Counter {
 }
 
 #[idempotent(key = id.as_ref(), scope = "generic", store = engine)]
-async fn generic<K: AsRef<str>, V>(engine: Arc<Idempotency>, id: K, value: V) -> Result<String, idem::Error>
+async fn generic<K: AsRef<str>, V>(
+    engine: Arc<Idempotency>,
+    id: K,
+    value: V,
+) -> Result<String, idem::Error>
 where
     V: std::fmt::Display + Send,
 {
@@ -32,7 +36,10 @@ where
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let engine = Arc::new(Idempotency::new(MemoryStore::new()));
-    let mut counter = Counter { idem: engine.clone(), count: 0 };
+    let mut counter = Counter {
+        idem: engine.clone(),
+        count: 0,
+    };
     assert_eq!(counter.bump("b-1").await.unwrap(), 1);
     assert_eq!(counter.bump("b-1").await.unwrap(), 1);
     assert_eq!(counter.bump("b-2").await.unwrap(), 2);

@@ -21,7 +21,9 @@ fn assert_send<T: Send>(t: T) -> T {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let service = Arc::new(Service { idem: Idempotency::new(MemoryStore::new()) });
+    let service = Arc::new(Service {
+        idem: Idempotency::new(MemoryStore::new()),
+    });
     let handles: Vec<_> = (0..8)
         .map(|i| tokio::spawn(assert_send(service.clone().work(format!("id-{}", i % 2)))))
         .collect();

@@ -13,7 +13,10 @@ struct Consumer {
 impl Handler for Consumer {
     #[idempotent(key = message_id, scope = "consume", store = self.idem)]
     async fn handle(&self, message_id: &str) -> Result<u32, idem::Error> {
-        Ok(self.handled.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1)
+        Ok(self
+            .handled
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1)
     }
 }
 
