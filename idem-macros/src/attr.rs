@@ -3,14 +3,12 @@
 //! Every argument keeps its keyword token next to its value, so an error about the argument
 //! (given twice, missing a value) points at the keyword the user wrote.
 
-use proc_macro2::Span;
 use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::{Expr, Ident, LitStr, Token};
 
 use crate::duration::DurationLit;
-use crate::expand::combine_errors;
 
 mod kw {
     syn::custom_keyword!(key);
@@ -79,26 +77,6 @@ impl Parse for Args {
             input.parse::<Token![,]>()?;
         }
         Ok(args)
-    }
-}
-
-impl Args {
-    /// Fails for required arguments that are missing, spanned on the whole attribute.
-    pub(crate) fn check_required(&self) -> syn::Result<()> {
-        let missing_key = self.key.is_none().then_some(
-            "missing `key = …`: the expression naming this call's request, such as \
-             `key = req.request_id` (an `Option` makes idempotency optional)",
-        );
-        let missing_store = self.store.is_none().then_some(
-            "missing `store = …`: the `idem::Idempotency` engine to record calls in, such as \
-             `store = self.idem` (an engine, a reference to one, or an `Arc` of one)",
-        );
-        combine_errors(
-            [missing_key, missing_store]
-                .into_iter()
-                .flatten()
-                .map(|msg| syn::Error::new(Span::call_site(), msg)),
-        )
     }
 }
 

@@ -1,7 +1,7 @@
 //! Checks the annotated function and rewrites its body into a call of
 //! `::idem::__private::run`.
 
-use proc_macro2::{Delimiter, Group, TokenStream};
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
@@ -30,8 +30,8 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         Ok(args) => args,
         Err(e) => return with_error(item, e),
     };
-    match check(&func, &args) {
-        Ok(checked) => expand(func, args, checked),
+    match check(&func, args) {
+        Ok(call) => expand(func, call),
         Err(e) => with_error(item, e),
     }
 }
@@ -41,14 +41,21 @@ fn with_error(mut item: TokenStream, error: syn::Error) -> TokenStream {
     item
 }
 
-/// What `check` derived from the function.
-struct Checked {
+/// Everything the expansion needs, checked.
+struct Call {
     return_type: Type,
     scope: LitStr,
+    key: Expr,
+    store: Expr,
+    caller: Option<Expr>,
+    fingerprint: Option<Expr>,
+    lease: Option<DurationLit>,
+    ttl: Option<DurationLit>,
+    on_locked: Option<Expr>,
 }
 
 /// Checks the function and the required arguments, reporting every problem at once.
-fn check(func: &ItemFn, args: &Args) -> syn::Result<Checked> {
+fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
     let sig = &func.sig;
     let asyncness = match sig.asyncness {
         Some(_) => Ok(()),
@@ -76,25 +83,46 @@ fn check(func: &ItemFn, args: &Args) -> syn::Result<Checked> {
         Some((_, lit)) => Ok(lit.clone()),
         None => default_scope(func),
     };
-    let required = args.check_required();
+    let key = args.key.map(|(_, key)| key).ok_or_else(|| {
+        syn::Error::new(
+            Span::call_site(),
+            "missing `key = …`: the expression naming this call's request, such as \
+             `key = req.request_id` (an `Option` makes idempotency optional)",
+        )
+    });
+    let store = args.store.map(|(_, store)| store).ok_or_else(|| {
+        syn::Error::new(
+            Span::call_site(),
+            "missing `store = …`: the `idem::Idempotency` engine to record calls in, such as \
+             `store = self.idem` (an engine, a reference to one, or an `Arc` of one)",
+        )
+    });
     combine_errors(
         [
             asyncness.err(),
             return_type.as_ref().err().cloned(),
             scope.as_ref().err().cloned(),
-            required.err(),
+            key.as_ref().err().cloned(),
+            store.as_ref().err().cloned(),
         ]
         .into_iter()
         .flatten(),
     )?;
-    Ok(Checked {
+    Ok(Call {
         return_type: return_type?,
         scope: scope?,
+        key: key?,
+        store: store?,
+        caller: args.caller.map(|(_, caller)| caller),
+        fingerprint: args.fingerprint.map(|(_, fp)| fp),
+        lease: args.lease.map(|(_, lease)| lease),
+        ttl: args.ttl.map(|(_, ttl)| ttl),
+        on_locked: args.on_locked.map(|(_, on_locked)| on_locked),
     })
 }
 
 /// One error holding every error of `errors`, or `Ok` when there is none.
-pub(crate) fn combine_errors(errors: impl IntoIterator<Item = syn::Error>) -> syn::Result<()> {
+fn combine_errors(errors: impl IntoIterator<Item = syn::Error>) -> syn::Result<()> {
     let mut errors = errors.into_iter();
     match errors.next() {
         None => Ok(()),
@@ -136,7 +164,7 @@ fn default_scope(func: &ItemFn) -> syn::Result<LitStr> {
     Ok(LitStr::new(&name, ident.span()))
 }
 
-fn expand(func: ItemFn, args: Args, checked: Checked) -> TokenStream {
+fn expand(func: ItemFn, call: Call) -> TokenStream {
     let ItemFn {
         attrs,
         vis,
@@ -146,27 +174,36 @@ fn expand(func: ItemFn, args: Args, checked: Checked) -> TokenStream {
     let (inner_attrs, outer_attrs): (Vec<_>, Vec<_>) = attrs
         .into_iter()
         .partition(|attr| matches!(attr.style, AttrStyle::Inner(_)));
-    let Checked { return_type, scope } = checked;
+    let Call {
+        return_type,
+        scope,
+        key,
+        store,
+        caller,
+        fingerprint,
+        lease,
+        ttl,
+        on_locked,
+    } = call;
 
-    let store = args.store.map(|(_, e)| e);
+    // User expressions keep their spans, so a type error points at what the user wrote.
     let store = quote_spanned! {store.span()=>
         ::core::clone::Clone::clone(::idem::__private::AsEngine::as_engine(&(#store)))
     };
-    let key = args.key.map(|(_, e)| e);
     let key = quote_spanned! {key.span()=> &(#key)};
-    let caller = match args.caller {
-        Some((_, caller)) => quote_spanned! {caller.span()=>
+    let caller = match caller {
+        Some(caller) => quote_spanned! {caller.span()=>
             ::core::option::Option::Some(&(#caller))
         },
         None => quote!(::core::option::Option::None),
     };
-    let fingerprint = match args.fingerprint {
-        Some((_, fp)) => quote_spanned! {fp.span()=> ::idem::__private::fingerprint(&(#fp))},
+    let fingerprint = match fingerprint {
+        Some(fp) => quote_spanned! {fp.span()=> ::idem::__private::fingerprint(&(#fp))},
         None => quote!(::core::result::Result::Ok(::core::option::Option::None)),
     };
-    let lease = duration(args.lease.map(|(_, d)| d));
-    let ttl = duration(args.ttl.map(|(_, d)| d));
-    let on_locked = on_locked(args.on_locked.map(|(_, e)| e));
+    let lease = duration(lease);
+    let ttl = duration(ttl);
+    let on_locked = typed_on_locked(on_locked);
 
     let body = quote! {
         #(#inner_attrs)*
@@ -205,7 +242,7 @@ fn duration(d: Option<DurationLit>) -> TokenStream {
 }
 
 /// The `on_locked` expression, bound to a typed local so a wrong type is reported on it.
-fn on_locked(e: Option<Expr>) -> TokenStream {
+fn typed_on_locked(e: Option<Expr>) -> TokenStream {
     match e {
         Some(e) => quote_spanned! {e.span()=>
             {
