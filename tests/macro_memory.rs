@@ -17,13 +17,14 @@ fn harness(store: MemoryStore) -> Harness {
         .max_response_bytes(512)
         .build()
         .unwrap();
-    Harness {
+    Harness::new(
         engine,
-        records: Box::new(move || {
+        Box::new(move || {
             let n = store.len();
             Box::pin(async move { n })
         }),
-    }
+        (),
+    )
 }
 
 fn paused() -> Harness {

@@ -1,6 +1,7 @@
 //! Attributed functions and scenarios shared by the `macro_*` integration tests. Every scenario
 //! goes through `#[idempotent]`, never through the engine API, and runs against any store.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -12,13 +13,26 @@ use idem::{idempotent, Idempotency, Key, KeyError, OnLocked};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
+type RecordCount = Box<dyn Fn() -> Pin<Box<dyn Future<Output = usize> + Send>> + Send + Sync>;
+
 /// An engine plus a way to count the records its store holds, live or not.
 pub struct Harness {
     pub engine: Idempotency,
-    pub records: Box<dyn Fn() -> Pin<Box<dyn Future<Output = usize> + Send>> + Send + Sync>,
+    records: RecordCount,
+    /// What must outlive the store, such as its temporary directory.
+    _keep: Box<dyn Any + Send + Sync>,
 }
 
 impl Harness {
+    /// `keep` lives as long as the harness (a temporary directory; `()` when there is none).
+    pub fn new(engine: Idempotency, records: RecordCount, keep: impl Any + Send + Sync) -> Harness {
+        Harness {
+            engine,
+            records,
+            _keep: Box::new(keep),
+        }
+    }
+
     pub async fn record_count(&self) -> usize {
         (self.records)().await
     }
