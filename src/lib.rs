@@ -79,3 +79,8 @@ pub use idem_macros::idempotent;
 // the generated code depends on this path, so it is spelled out.
 #[doc(hidden)]
 pub use idem_core::__private;
+
+// The README's examples are compiled as doc tests, so they never rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
