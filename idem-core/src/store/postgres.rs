@@ -54,7 +54,7 @@
 //! | call | statements |
 //! |---|---|
 //! | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= clock_timestamp()` |
-//! | `start`, live key (replay, locked, reused) | 1: the same statement also returns the existing row (a data-modifying CTE + `UNION ALL`) |
+//! | `start`, live key (replay, locked, reused) | 1: the same statement returns the existing row and writes nothing (a data-modifying CTE + `UNION ALL`) |
 //! | `start`, key written by a transaction that committed after the statement began | 2: a second `SELECT` reads it (bounded retry if it vanished meanwhile) |
 //! | `complete`, `renew`, `abort` | 1: `UPDATE`/`DELETE … WHERE key = $1 AND token = $2 AND state = 0` |
 //! | `get`, `evict` | 1 |
@@ -62,6 +62,12 @@
 //!
 //! Statements are prepared once per pooled connection (sqlx's statement cache), so each of the
 //! above is one network round trip once a connection is warm.
+//!
+//! The claim reads the key first, inside the same statement, and inserts only when the read
+//! found no live row. A replay therefore takes no row lock: it needs no transaction id, writes
+//! no WAL and commits nothing, so it never waits for a WAL flush under `synchronous_commit = on`.
+//! (A bare `INSERT … ON CONFLICT DO UPDATE … WHERE` locks the conflicting row even when the
+//! `WHERE` leaves it alone.)
 //!
 //! # Transactional mode
 //!
@@ -395,13 +401,19 @@ impl Statements {
         let lease_end = "clock_timestamp() + $4::bigint::float8 * interval '1 microsecond'";
         Ok(Statements {
             table: table.to_owned(),
-            // The claim: insert, or take over a row whose lease or retention has ended. When it
-            // takes nothing, the second branch returns the live row as the statement's snapshot
-            // saw it, so a replay needs no second round trip.
+            // The claim: insert, or take over a row whose lease or retention has ended. A live
+            // row in the statement's snapshot is returned as it is and nothing is written: a
+            // replay then takes no row lock, so it needs no transaction id, writes no WAL and
+            // commits nothing. A live row the snapshot cannot see (committed after the statement
+            // began, or still uncommitted) meets the insert's conflict check instead, which
+            // leaves it alone and returns no row; `start` then reads it afresh.
             claim: format!(
-                "WITH claimed AS ( \
+                "WITH live AS ( \
+                   SELECT {RECORD_COLUMNS} FROM {t} AS r \
+                   WHERE r.key = $1 AND r.expires_at > clock_timestamp()), \
+                 claimed AS ( \
                    INSERT INTO {t} AS r (key, fingerprint, token, state, expires_at, response, is_error) \
-                   VALUES ($1, $2, $3, 0, {lease_end}, NULL, false) \
+                   SELECT $1, $2, $3, 0, {lease_end}, NULL, false WHERE NOT EXISTS (SELECT 1 FROM live) \
                    ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
                      token = excluded.token, state = 0, expires_at = excluded.expires_at, \
                      response = NULL, is_error = false \
@@ -412,8 +424,7 @@ impl Statements {
                    0::bigint AS expires_us, 0::bigint AS remaining_us \
                  FROM claimed \
                  UNION ALL \
-                 SELECT false, {RECORD_COLUMNS} FROM {t} AS r \
-                 WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM claimed)"
+                 SELECT false, live.* FROM live WHERE NOT EXISTS (SELECT 1 FROM claimed)"
             ),
             read: format!(
                 "SELECT {RECORD_COLUMNS} FROM {t} AS r \
@@ -535,9 +546,9 @@ impl Statements {
                     return Ok(Start::Started(Claim::new(*key, token)));
                 }
             }
-            // The claim saw a live row. The first branch read it from the statement's snapshot;
-            // a row committed after the snapshot began is invisible there, and a row that was
-            // taken over since reads as its expired old version: read it afresh in those cases.
+            // Not claimed. The statement returns the row that was live in its snapshot; a row
+            // committed after the snapshot began is invisible there (no row back), and one whose
+            // time ran out while the statement ran has nothing left: read it afresh then.
             let live = match row.map(|r| StoredRow::decode(&r)).transpose()? {
                 Some(stored) if stored.remaining_us > 0 => Some(stored),
                 _ => self.read_live(conn, key).await?,
