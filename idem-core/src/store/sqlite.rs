@@ -39,21 +39,27 @@
 //!
 //! | operation | statements |
 //! |---|---|
-//! | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now RETURNING 1` |
-//! | `start`, live key (replay, locked, reused) | 2: the same claim attempt, which changes nothing, then one `SELECT` of the live row |
+//! | `start`, new or expired key | 2: one `SELECT` of the live row, which finds none, then `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now RETURNING 1` |
+//! | `start`, live key (replay, locked, reused) | 1: the `SELECT` of the live row |
 //! | `complete`, `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0` |
 //! | `abort`, `evict` | 1 `DELETE` |
 //! | `get` | 1 `SELECT` |
 //! | `prune_expired` | 1 `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now ORDER BY expires_at LIMIT ?)` |
 //!
-//! SQLite has no data-modifying CTE, so a replay cannot be folded into one statement as the
-//! PostgreSQL store does; the second statement costs microseconds. If the live row vanished
-//! between the two statements (aborted, evicted or expired meanwhile), `start` claims again, at
-//! most three times; a key churned that fast by other callers reads as
-//! [`Start::Locked`] with a zero `retry_after`.
+//! `start` looks before it claims because any `INSERT` takes SQLite's single write lock, even one
+//! that ends up changing nothing: claiming first would make every replay and every duplicate of a
+//! running call queue behind all writers (and sleep in SQLite's busy handler when it meets one),
+//! while a read runs alongside them (WAL). The read costs a new key about a tenth of its time;
+//! it makes a replay about twice as fast and a storm of duplicates about 1.5 times (see
+//! `docs/performance.md`). SQLite has no data-modifying CTE, so the two cannot be folded into
+//! one statement as the PostgreSQL store does.
 //!
-//! Each claim attempt takes SQLite's write lock for the duration of one statement, even when it
-//! ends up changing nothing. Writers to one database file are serialised by SQLite anyway.
+//! When the claim finds a live row after all (another caller claimed the key between the two
+//! statements), `start` reads it; if it vanished meanwhile (aborted, evicted or expired),
+//! `start` claims again, at most three times; a key churned that fast by other callers reads as
+//! [`Start::Locked`] with a zero `retry_after`. In transactional mode `start` claims first and
+//! reads only when the claim found a live row: a read before the write would leave the
+//! transaction unable to take the write lock once another connection had committed.
 //!
 //! # Journal mode and locking
 //!
@@ -748,21 +754,26 @@ pub(crate) async fn start(
             // The record that won was aborted, evicted or expired meanwhile: claim again.
             continue;
         };
-        if let (Some(stored), Some(given)) = (&live.record.fingerprint, fingerprint) {
-            if stored != given {
-                return Err(Error::KeyReused);
-            }
-        }
-        return Ok(match live.record.state {
-            RecordState::InProgress { .. } => Start::Locked {
-                retry_after: live.remaining,
-            },
-            RecordState::Completed(cached) => Start::Completed(cached),
-        });
+        return answer(live, fingerprint);
     }
     // Other callers keep claiming and releasing this key faster than we can look: it is busy.
     Ok(Start::Locked {
         retry_after: Duration::ZERO,
+    })
+}
+
+/// What `start` returns for a live record that it did not claim.
+fn answer(live: Live, fingerprint: Option<&Fingerprint>) -> Result<Start, Error> {
+    if let (Some(stored), Some(given)) = (&live.record.fingerprint, fingerprint) {
+        if stored != given {
+            return Err(Error::KeyReused);
+        }
+    }
+    Ok(match live.record.state {
+        RecordState::InProgress { .. } => Start::Locked {
+            retry_after: live.remaining,
+        },
+        RecordState::Completed(cached) => Start::Completed(cached),
     })
 }
 
@@ -872,6 +883,13 @@ impl Store for SqliteStore {
     ) -> Result<Start, Error> {
         let lease = Millis::new("lease", lease)?;
         let mut conn = self.pool.acquire().await?;
+        // Look before claiming: a live record (a replay, a locked key) is then answered by one
+        // read, which never waits for the write lock, instead of a claim attempt that takes the
+        // write lock only to change nothing. (Not in transactional mode: there a read before the
+        // write could not be upgraded once another connection had committed.)
+        if let Some(live) = read_live(&mut conn, &self.sql, key).await? {
+            return answer(live, fingerprint);
+        }
         start(&mut conn, &self.sql, key, fingerprint, lease).await
     }
 
