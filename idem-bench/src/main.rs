@@ -1,0 +1,488 @@
+//! idem-bench: idem's stores against the raw sqlx statements a user would write instead, on the
+//! same database and pool, in one run. See docs/performance.md; run it with `scripts/bench`.
+//!
+//! ```text
+//! idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres]
+//!            [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]
+//! ```
+//!
+//! The PostgreSQL URL defaults to `IDEM_TEST_PG_URL`.
+#![forbid(unsafe_code)]
+
+mod cpu;
+mod harness;
+mod memory;
+mod raw;
+mod report;
+mod scale;
+mod workload;
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idem::{Idempotency, MemoryStore, PostgresStore, SqliteStore};
+use sqlx::postgres::PgPoolOptions;
+
+use crate::cpu::Cpu;
+use crate::harness::{interleaved, Op, Timing};
+use crate::raw::Raw;
+use crate::report::{Results, Row, Scale, Workload};
+use crate::workload::Subject;
+
+/// Why a run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Idem(#[from] idem::Error),
+    #[error("database: {0}")]
+    Sql(#[from] sqlx::Error),
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("a benchmark task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("the benchmark measured the wrong thing: {0}")]
+    Unexpected(String),
+    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]")]
+    Usage(String),
+}
+
+const CONCURRENCY: [usize; 3] = [1, 8, 32];
+const STORM_CONCURRENCY: [usize; 2] = [8, 32];
+/// PostgreSQL pool size: enough that 32 tasks never wait for a connection.
+const PG_POOL: u32 = 32;
+
+struct Args {
+    quick: bool,
+    out: Option<String>,
+    pg_url: Option<String>,
+    stores: Vec<String>,
+    scale: bool,
+    main: bool,
+    scale_rows: Option<u64>,
+    prune_batch: u32,
+    prune_pause: Duration,
+    /// The arguments that shape the run (not `--pg-url` and `--out`), for the report.
+    shown: Vec<String>,
+}
+
+impl Args {
+    fn parse() -> Result<Args, BenchError> {
+        let mut args = Args {
+            quick: false,
+            out: None,
+            pg_url: std::env::var("IDEM_TEST_PG_URL").ok(),
+            stores: vec!["memory".into(), "sqlite".into(), "postgres".into()],
+            scale: true,
+            main: true,
+            scale_rows: None,
+            prune_batch: scale::PRUNE_BATCH,
+            prune_pause: Duration::ZERO,
+            shown: Vec::new(),
+        };
+        let argv: Vec<String> = std::env::args().skip(1).collect();
+        let mut skip = false;
+        for a in &argv {
+            if std::mem::take(&mut skip) {
+                continue;
+            }
+            skip = matches!(a.as_str(), "--pg-url" | "--out");
+            if !skip {
+                args.shown.push(a.clone());
+            }
+        }
+        let mut it = argv.into_iter();
+        while let Some(arg) = it.next() {
+            let mut value = |name: &str| {
+                it.next()
+                    .ok_or_else(|| BenchError::Usage(format!("{name} needs a value")))
+            };
+            match arg.as_str() {
+                "--quick" => args.quick = true,
+                "--no-scale" => args.scale = false,
+                "--scale-only" => args.main = false,
+                "--out" => args.out = Some(value("--out")?),
+                "--pg-url" => args.pg_url = Some(value("--pg-url")?),
+                "--scale-rows" => {
+                    args.scale_rows = Some(number("--scale-rows", value("--scale-rows")?)?)
+                }
+                "--prune-batch" => {
+                    args.prune_batch = number("--prune-batch", value("--prune-batch")?)?;
+                }
+                "--prune-pause-ms" => {
+                    let ms = number("--prune-pause-ms", value("--prune-pause-ms")?)?;
+                    args.prune_pause = Duration::from_millis(ms);
+                }
+                "--stores" => {
+                    args.stores = value("--stores")?.split(',').map(str::to_owned).collect();
+                    if let Some(bad) = args
+                        .stores
+                        .iter()
+                        .find(|s| !["memory", "sqlite", "postgres"].contains(&s.as_str()))
+                    {
+                        return Err(BenchError::Usage(format!("unknown store {bad:?}")));
+                    }
+                }
+                other => return Err(BenchError::Usage(format!("unknown argument {other:?}"))),
+            }
+        }
+        if args.wants("postgres") && args.pg_url.is_none() {
+            return Err(BenchError::Usage(
+                "no PostgreSQL URL: pass --pg-url, set IDEM_TEST_PG_URL, or run scripts/bench"
+                    .into(),
+            ));
+        }
+        Ok(args)
+    }
+
+    fn scale_plan(&self, plan: &Plan, cpu: Cpu) -> scale::ScalePlan {
+        scale::ScalePlan {
+            rows: self.scale_rows.unwrap_or(plan.scale_rows),
+            timing: plan.scale_timing,
+            prune_cap: plan.prune_cap,
+            prune_batch: self.prune_batch,
+            prune_pause: self.prune_pause,
+            cpu,
+        }
+    }
+
+    fn wants(&self, store: &str) -> bool {
+        self.stores.iter().any(|s| s == store)
+    }
+}
+
+fn number<T: std::str::FromStr>(flag: &str, value: String) -> Result<T, BenchError> {
+    value
+        .parse()
+        .map_err(|_| BenchError::Usage(format!("{flag} takes a number, not {value:?}")))
+}
+
+/// How long and how big, per mode.
+struct Plan {
+    timing: Timing,
+    replay_keys: usize,
+    scale_rows: u64,
+    scale_timing: Timing,
+    prune_cap: Duration,
+    memory_calls: u64,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        let secs = Duration::from_secs_f64;
+        if quick {
+            Plan {
+                timing: Timing {
+                    warmup: secs(0.1),
+                    slice: secs(0.1),
+                    rounds: 4,
+                },
+                replay_keys: 1_000,
+                scale_rows: 100_000,
+                scale_timing: Timing {
+                    warmup: secs(0.1),
+                    slice: secs(0.25),
+                    rounds: 2,
+                },
+                prune_cap: secs(10.0),
+                memory_calls: 100_000,
+            }
+        } else {
+            Plan {
+                timing: Timing {
+                    warmup: secs(0.5),
+                    slice: secs(0.3),
+                    rounds: 10,
+                },
+                replay_keys: 10_000,
+                scale_rows: 1_000_000,
+                scale_timing: Timing {
+                    warmup: secs(0.3),
+                    slice: secs(0.5),
+                    rounds: 6,
+                },
+                prune_cap: secs(300.0),
+                memory_calls: 1_000_000,
+            }
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match bench().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idem-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bench() -> Result<(), BenchError> {
+    let args = Args::parse()?;
+    let plan = Plan::new(args.quick);
+    let started = std::time::Instant::now();
+    let mut results = Results {
+        rows: Vec::new(),
+        memory: None,
+        scale: Vec::new(),
+    };
+    let mut versions = Vec::new();
+
+    if args.wants("memory") {
+        let subject = Subject::new(
+            "memory",
+            Cpu::default(),
+            Idempotency::new(MemoryStore::new()),
+            None,
+        );
+        if args.main {
+            run_subject(subject, &plan, &mut results.rows).await?;
+            eprintln!("memory: ns per call");
+            results.memory = Some(memory::run(plan.memory_calls).await?);
+        }
+    }
+
+    if args.wants("sqlite") {
+        let dir = tempfile::tempdir()?;
+        let store = SqliteStore::open(dir.path().join("bench.db")).await?;
+        let pool = store.pool().clone();
+        let version: String = sqlx::query_scalar("SELECT sqlite_version()")
+            .fetch_one(&pool)
+            .await?;
+        versions.push(format!(
+            "SQLite {version} (temp file, WAL, synchronous=NORMAL)"
+        ));
+        SqliteStore::builder()
+            .table("raw_records")
+            .from_pool(pool.clone())
+            .await?;
+        let raw = Raw::Sqlite {
+            pool,
+            sql: raw::Statements::sqlite("raw_records"),
+        };
+        let subject = Subject::new("SQLite", Cpu::default(), Idempotency::new(store), Some(raw));
+        if args.main {
+            run_subject(subject, &plan, &mut results.rows).await?;
+        }
+        if args.scale {
+            let scale_plan = args.scale_plan(&plan, Cpu::default());
+            eprintln!("SQLite: scale run with {} rows", scale_plan.rows);
+            let scale_store = SqliteStore::open(dir.path().join("scale.db")).await?;
+            let backend = scale::Backend::Sqlite(scale_store.pool().clone());
+            let report = scale::run(&backend, scale_plan).await?;
+            results.scale.push(Scale {
+                store: "SQLite",
+                report,
+            });
+        }
+    }
+
+    if let (true, Some(url)) = (args.wants("postgres"), &args.pg_url) {
+        let pool = PgPoolOptions::new()
+            .max_connections(PG_POOL)
+            .connect(url)
+            .await?;
+        let version: String = sqlx::query_scalar("SHOW server_version")
+            .fetch_one(&pool)
+            .await?;
+        versions.push(format!("PostgreSQL {version} (pool of {PG_POOL})"));
+        let tag = format!("{:08x}", fastrand::u32(..));
+        let (idem_table, raw_table) = (format!("bench_idem_{tag}"), format!("bench_raw_{tag}"));
+        let backend_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&pool)
+            .await?;
+        let cpu = Cpu {
+            postmaster: u32::try_from(backend_pid).ok().and_then(cpu::postmaster_of),
+        };
+        let outcome = if args.main {
+            run_postgres(&pool, &idem_table, &raw_table, &plan, cpu, &mut results).await
+        } else {
+            Ok(())
+        };
+        for t in [&idem_table, &raw_table] {
+            for name in [t.clone(), format!("{t}_migrations")] {
+                sqlx::query(&format!("DROP TABLE IF EXISTS \"{name}\""))
+                    .execute(&pool)
+                    .await?;
+            }
+        }
+        outcome?;
+        if args.scale {
+            let scale_plan = args.scale_plan(&plan, cpu);
+            eprintln!("PostgreSQL: scale run with {} rows", scale_plan.rows);
+            let backend = scale::Backend::Postgres(pool.clone());
+            let report = scale::run(&backend, scale_plan).await?;
+            results.scale.push(Scale {
+                store: "PostgreSQL",
+                report,
+            });
+        }
+    }
+
+    let table = results.markdown();
+    println!("{table}");
+    let took = started.elapsed();
+    eprintln!("idem-bench: finished in {:.1} s", took.as_secs_f64());
+    if let Some(path) = &args.out {
+        let header = header(&args, &plan, &versions, took);
+        std::fs::write(path, format!("{header}\n{table}"))?;
+        eprintln!("idem-bench: wrote {path}");
+    }
+    Ok(())
+}
+
+async fn run_postgres(
+    pool: &sqlx::PgPool,
+    idem_table: &str,
+    raw_table: &str,
+    plan: &Plan,
+    cpu: Cpu,
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    let store = PostgresStore::builder()
+        .table(idem_table)
+        .from_pool(pool.clone())
+        .await?;
+    PostgresStore::builder()
+        .table(raw_table)
+        .from_pool(pool.clone())
+        .await?;
+    let raw = Raw::Postgres {
+        pool: pool.clone(),
+        sql: raw::Statements::postgres(raw_table),
+    };
+    let subject = Subject::new("PostgreSQL", cpu, Idempotency::new(store), Some(raw));
+    run_subject(subject, plan, &mut results.rows).await
+}
+
+/// Every workload of the main table on one store.
+async fn run_subject(mut s: Subject, plan: &Plan, rows: &mut Vec<Row>) -> Result<(), BenchError> {
+    s.seed_replays(plan.replay_keys).await?;
+    for c in CONCURRENCY {
+        eprintln!("{}: fresh and replay, {c} tasks", s.name);
+        let fresh = [
+            ("engine", Some(s.fresh_engine())),
+            ("#[idempotent]", Some(s.fresh_attribute())),
+        ];
+        compare(
+            &s,
+            Workload::Fresh,
+            &fresh,
+            ("raw INSERT+UPDATE", s.fresh_raw()),
+            c,
+            plan,
+            rows,
+        )
+        .await?;
+        let replay = [("engine", Some(s.replay_engine()))];
+        compare(
+            &s,
+            Workload::Replay,
+            &replay,
+            ("raw SELECT", s.replay_raw()),
+            c,
+            plan,
+            rows,
+        )
+        .await?;
+    }
+    for c in STORM_CONCURRENCY {
+        eprintln!("{}: storm, {c} tasks", s.name);
+        let storm = [("engine", Some(s.storm_engine()))];
+        compare(
+            &s,
+            Workload::Storm,
+            &storm,
+            ("raw", s.storm_raw()),
+            c,
+            plan,
+            rows,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Runs idem's variants and the baseline interleaved, and adds their rows.
+async fn compare(
+    s: &Subject,
+    workload: Workload,
+    idem: &[(&'static str, Option<Op>)],
+    baseline: (&'static str, Option<Op>),
+    concurrency: usize,
+    plan: &Plan,
+    rows: &mut Vec<Row>,
+) -> Result<(), BenchError> {
+    let mut ops: Vec<&Op> = idem.iter().filter_map(|(_, op)| op.as_ref()).collect();
+    if let Some(raw) = &baseline.1 {
+        ops.push(raw);
+    }
+    let mut samples = interleaved(&ops, concurrency, plan.timing, s.cpu).await?;
+    let mut base = baseline.1.as_ref().and_then(|_| samples.pop());
+    for ((variant, _), sample) in idem.iter().zip(&mut samples) {
+        rows.push(Row::new(
+            s.name,
+            workload,
+            variant,
+            concurrency,
+            sample,
+            base.as_ref(),
+        ));
+    }
+    if let Some(b) = &mut base {
+        rows.push(Row::new(s.name, workload, baseline.0, concurrency, b, None));
+    }
+    Ok(())
+}
+
+fn header(args: &Args, plan: &Plan, versions: &[String], took: Duration) -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let t = plan.timing;
+    format!(
+        "# idem-bench {mode} run, {date}\n\n\
+         - machine: {cores} cores, {cpu}\n\
+         - databases: {dbs}\n\
+         - command: `scripts/bench{flags}` (stores: {stores}); took {took:.0} s\n\
+         - each variant: {warm:.1} s warm-up, then {rounds} slices of {slice:.1} s interleaved with \
+           the variants it is compared with; ratios are throughput (ops/s) ratios measured in the same run\n",
+        mode = if args.quick { "quick" } else { "full" },
+        date = utc_date(),
+        dbs = versions.join("; "),
+        flags = args.shown.iter().map(|a| format!(" {a}")).collect::<String>(),
+        stores = args.stores.join(", "),
+        took = took.as_secs_f64(),
+        warm = t.warmup.as_secs_f64(),
+        rounds = t.rounds,
+        slice = t.slice.as_secs_f64(),
+    )
+}
+
+/// Today's date (UTC) as YYYY-MM-DD.
+fn utc_date() -> String {
+    let days = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400) as i64;
+    // Howard Hinnant's days-to-civil algorithm.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}

@@ -1,0 +1,191 @@
+//! The baseline: the statements a user would write by hand instead of using idem, run with raw
+//! sqlx on the store's own pool against a table of the same schema (created by the store's own
+//! migrations under another name).
+
+use sqlx::{PgPool, Row, SqlitePool};
+
+use crate::harness::Hit;
+use crate::workload::{work, Receipt, LEASE, RETENTION};
+use crate::BenchError;
+
+/// Raw statements on one backend.
+#[derive(Clone)]
+pub enum Raw {
+    Sqlite { pool: SqlitePool, sql: Statements },
+    Postgres { pool: PgPool, sql: Statements },
+}
+
+/// The three statements, rendered for one table.
+#[derive(Clone)]
+pub struct Statements {
+    /// Takes a new key: `INSERT … ON CONFLICT (key) DO NOTHING`.
+    insert: String,
+    /// Stores the result: `UPDATE … WHERE key AND token AND state = 0`.
+    update: String,
+    /// Reads a stored result by primary key.
+    select: String,
+}
+
+impl Statements {
+    pub fn sqlite(table: &str) -> Statements {
+        const NOW: &str = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
+        Statements {
+            insert: format!(
+                "INSERT INTO \"{table}\" (key, fingerprint, token, state, expires_at, response, is_error) \
+                 VALUES (?1, NULL, ?2, 0, {NOW} + ?3, NULL, 0) ON CONFLICT (key) DO NOTHING"
+            ),
+            update: format!(
+                "UPDATE \"{table}\" SET state = 1, response = ?3, is_error = 0, expires_at = {NOW} + ?4 \
+                 WHERE key = ?1 AND token = ?2 AND state = 0"
+            ),
+            select: format!(
+                "SELECT state, response FROM \"{table}\" WHERE key = ?1 AND expires_at > {NOW}"
+            ),
+        }
+    }
+
+    pub fn postgres(table: &str) -> Statements {
+        const IN: &str = "$3::bigint::float8 * interval '1 microsecond'";
+        Statements {
+            insert: format!(
+                "INSERT INTO \"{table}\" (key, fingerprint, token, state, expires_at, response, is_error) \
+                 VALUES ($1, NULL, $2, 0, clock_timestamp() + {IN}, NULL, false) \
+                 ON CONFLICT (key) DO NOTHING"
+            ),
+            update: format!(
+                "UPDATE \"{table}\" SET state = 1, response = $4, is_error = false, \
+                   expires_at = clock_timestamp() + {IN} \
+                 WHERE key = $1 AND token = $2 AND state = 0"
+            ),
+            select: format!(
+                "SELECT state, response FROM \"{table}\" WHERE key = $1 AND expires_at > clock_timestamp()"
+            ),
+        }
+    }
+}
+
+fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn micros(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+impl Raw {
+    /// Inserts `key` as in progress; whether this call took it.
+    async fn insert(&self, key: &[u8; 32], token: &[u8; 16]) -> Result<bool, BenchError> {
+        let rows = match self {
+            Raw::Sqlite { pool, sql } => sqlx::query(&sql.insert)
+                .bind(&key[..])
+                .bind(&token[..])
+                .bind(millis(LEASE))
+                .execute(pool)
+                .await?
+                .rows_affected(),
+            Raw::Postgres { pool, sql } => sqlx::query(&sql.insert)
+                .bind(&key[..])
+                .bind(&token[..])
+                .bind(micros(LEASE))
+                .execute(pool)
+                .await?
+                .rows_affected(),
+        };
+        Ok(rows == 1)
+    }
+
+    /// Stores `response` for the key we inserted with `token`.
+    async fn update(
+        &self,
+        key: &[u8; 32],
+        token: &[u8; 16],
+        response: &[u8],
+    ) -> Result<(), BenchError> {
+        let rows = match self {
+            Raw::Sqlite { pool, sql } => sqlx::query(&sql.update)
+                .bind(&key[..])
+                .bind(&token[..])
+                .bind(response)
+                .bind(millis(RETENTION))
+                .execute(pool)
+                .await?
+                .rows_affected(),
+            Raw::Postgres { pool, sql } => sqlx::query(&sql.update)
+                .bind(&key[..])
+                .bind(&token[..])
+                .bind(micros(RETENTION))
+                .bind(response)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+        };
+        if rows == 1 {
+            Ok(())
+        } else {
+            Err(BenchError::Unexpected("raw UPDATE changed no row".into()))
+        }
+    }
+
+    /// The stored state and response of `key`, if live.
+    async fn select(&self, key: &[u8; 32]) -> Result<Option<(i64, Option<Vec<u8>>)>, BenchError> {
+        Ok(match self {
+            Raw::Sqlite { pool, sql } => sqlx::query(&sql.select)
+                .bind(&key[..])
+                .fetch_optional(pool)
+                .await?
+                .map(|row| Ok::<_, sqlx::Error>((row.try_get(0)?, row.try_get(1)?)))
+                .transpose()?,
+            Raw::Postgres { pool, sql } => sqlx::query(&sql.select)
+                .bind(&key[..])
+                .fetch_optional(pool)
+                .await?
+                .map(|row| {
+                    Ok::<_, sqlx::Error>((i64::from(row.try_get::<i16, _>(0)?), row.try_get(1)?))
+                })
+                .transpose()?,
+        })
+    }
+
+    /// Insert, trivial work, update: a new key the hand-written way (two statements).
+    pub async fn fresh(&self, key: &[u8; 32], seed: u64) -> Result<Hit, BenchError> {
+        let token: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
+        if !self.insert(key, &token).await? {
+            return Err(BenchError::Unexpected(
+                "raw INSERT found the key taken".into(),
+            ));
+        }
+        let response = serde_json::to_vec(&work(seed))?;
+        self.update(key, &token, &response).await?;
+        Ok(Hit::Fresh)
+    }
+
+    /// One SELECT by primary key, decoding the stored response (one statement).
+    pub async fn replay(&self, key: &[u8; 32]) -> Result<Hit, BenchError> {
+        match self.select(key).await? {
+            Some((1, Some(bytes))) => {
+                let _: Receipt = serde_json::from_slice(&bytes)?;
+                Ok(Hit::Replayed)
+            }
+            _ => Err(BenchError::Unexpected(
+                "raw SELECT found no stored result".into(),
+            )),
+        }
+    }
+
+    /// Claim or read: insert; on a new key run and update, otherwise read what is there.
+    pub async fn storm(&self, key: &[u8; 32], seed: u64) -> Result<Hit, BenchError> {
+        let token: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
+        if self.insert(key, &token).await? {
+            let response = serde_json::to_vec(&work(seed))?;
+            self.update(key, &token, &response).await?;
+            return Ok(Hit::Fresh);
+        }
+        Ok(match self.select(key).await? {
+            Some((1, Some(bytes))) => {
+                let _: Receipt = serde_json::from_slice(&bytes)?;
+                Hit::Replayed
+            }
+            _ => Hit::Locked,
+        })
+    }
+}

@@ -1,0 +1,311 @@
+//! The results as a markdown table, and the issue's targets checked against them.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::harness::Sample;
+use crate::memory::MemoryReport;
+use crate::scale::{ScaleReport, CLAIM_CONCURRENCY};
+
+/// One line of the main table.
+pub struct Row {
+    pub store: &'static str,
+    pub workload: Workload,
+    pub variant: &'static str,
+    pub concurrency: usize,
+    pub ops_per_sec: f64,
+    pub p50: Duration,
+    pub p99: Duration,
+    /// CPU time per call of the benchmark process (idem or sqlx, tokio, and SQLite itself).
+    pub client_cpu: Option<Duration>,
+    /// CPU time per call of the whole PostgreSQL cluster, when it runs on this machine.
+    pub server_cpu: Option<Duration>,
+    /// This row's throughput divided by its baseline's (`None` for baselines and memory).
+    pub ratio: Option<f64>,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    Fresh,
+    Replay,
+    Storm,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Fresh => "fresh",
+            Workload::Replay => "replay",
+            Workload::Storm => "storm",
+        }
+    }
+}
+
+impl Row {
+    pub fn new(
+        store: &'static str,
+        workload: Workload,
+        variant: &'static str,
+        concurrency: usize,
+        sample: &mut Sample,
+        baseline: Option<&Sample>,
+    ) -> Row {
+        let hits = sample.hits;
+        let (client_cpu, server_cpu) = sample.cpu_per_call();
+        let note = if workload == Workload::Storm {
+            format!(
+                "{} fresh / {} replayed / {} locked",
+                hits.fresh, hits.replayed, hits.locked
+            )
+        } else {
+            String::new()
+        };
+        Row {
+            store,
+            workload,
+            variant,
+            concurrency,
+            ops_per_sec: sample.ops_per_sec(),
+            p50: sample.percentile(50.0),
+            p99: sample.percentile(99.0),
+            client_cpu,
+            server_cpu,
+            ratio: baseline.map(|b| sample.ops_per_sec() / b.ops_per_sec()),
+            note,
+        }
+    }
+}
+
+/// Scale results of one store.
+pub struct Scale {
+    pub store: &'static str,
+    pub report: ScaleReport,
+}
+
+/// Everything one run measured.
+pub struct Results {
+    pub rows: Vec<Row>,
+    pub memory: Option<MemoryReport>,
+    pub scale: Vec<Scale>,
+}
+
+pub fn micros(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us >= 10_000.0 {
+        format!("{:.1} ms", us / 1000.0)
+    } else {
+        format!("{us:.1} µs")
+    }
+}
+
+fn thousands(x: f64) -> String {
+    let digits = format!("{:.0}", x.max(0.0));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn ratio(r: Option<f64>) -> String {
+    r.map_or("—".into(), |r| format!("{r:.2}"))
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "**missed**"
+    }
+}
+
+impl Results {
+    /// The tables and the targets, as markdown.
+    pub fn markdown(&mut self) -> String {
+        let mut out = String::new();
+        self.main_table(&mut out);
+        self.memory_table(&mut out);
+        self.scale_tables(&mut out);
+        self.targets(&mut out);
+        out
+    }
+
+    fn main_table(&self, out: &mut String) {
+        out.push_str(
+            "| store | workload | variant | tasks | ops/s | p50 | p99 | idem ÷ raw (ops/s) | CPU/call here | CPU/call server | notes |\n\
+             |---|---|---|--:|--:|--:|--:|--:|--:|--:|---|\n",
+        );
+        for r in &self.rows {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.store,
+                r.workload.name(),
+                r.variant,
+                r.concurrency,
+                thousands(r.ops_per_sec),
+                micros(r.p50),
+                micros(r.p99),
+                ratio(r.ratio),
+                r.client_cpu.map_or("—".into(), micros),
+                r.server_cpu.map_or("—".into(), micros),
+                r.note
+            );
+        }
+    }
+
+    fn memory_table(&self, out: &mut String) {
+        let Some(m) = &self.memory else { return };
+        let _ = write!(
+            out,
+            "\nMemory store, one task, {} calls each (mean time per call):\n\n\
+             | path | ns/call |\n|---|--:|\n\
+             | `Store::start` + `Store::complete`, new key | {} |\n\
+             | `Idempotency::run`, new key (claim + work + JSON + complete) | {} |\n\
+             | `Idempotency::run`, replay | {} |\n",
+            m.calls,
+            m.store_claim_complete.as_nanos(),
+            m.engine_fresh.as_nanos(),
+            m.engine_replay.as_nanos(),
+        );
+    }
+
+    fn scale_tables(&mut self, out: &mut String) {
+        if self.scale.is_empty() {
+            return;
+        }
+        let _ = write!(
+            out,
+            "\nClaim (`Store::start` on a new random key) from {CLAIM_CONCURRENCY} task, on an empty table \
+             and on one holding N live records:\n\n\
+             | store | N | load N rows | p50 empty | p50 with N | p50 ratio | p99 empty | p99 with N |\n\
+             |---|--:|--:|--:|--:|--:|--:|--:|\n"
+        );
+        for s in &mut self.scale {
+            let r = &mut s.report;
+            let (e50, f50) = (r.empty.percentile(50.0), r.full.percentile(50.0));
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.1} s | {} | {} | {:.2} | {} | {} |",
+                s.store,
+                thousands(r.plan.rows as f64),
+                r.load_time.as_secs_f64(),
+                micros(e50),
+                micros(f50),
+                f50.as_secs_f64() / e50.as_secs_f64(),
+                micros(r.empty.percentile(99.0)),
+                micros(r.full.percentile(99.0)),
+            );
+        }
+        out.push_str(
+            "\nThe same claims on a table of N expired records, alternating slices with the pruner \
+             paused and running (`prune_expired(batch)` in a loop until drained; prune time is \
+             the time spent in those calls):\n\n\
+             | store | batch | pause | pruned | prune time | rows/s | claim p99 without | claim p99 during | p99 ratio | p50 without | p50 during |\n\
+             |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+        );
+        for s in &mut self.scale {
+            let r = &mut s.report;
+            let (w99, d99) = (
+                r.without_prune.percentile(99.0),
+                r.during_prune.percentile(99.0),
+            );
+            let unfinished = if r.prune_finished {
+                ""
+            } else {
+                " (stopped early)"
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} ms | {}{} | {:.1} s | {} | {} | {} | {:.2} | {} | {} |",
+                s.store,
+                r.plan.prune_batch,
+                r.plan.prune_pause.as_millis(),
+                thousands(r.pruned as f64),
+                unfinished,
+                r.prune_time.as_secs_f64(),
+                thousands(r.pruned as f64 / r.prune_time.as_secs_f64().max(1e-9)),
+                micros(w99),
+                micros(d99),
+                d99.as_secs_f64() / w99.as_secs_f64(),
+                micros(r.without_prune.percentile(50.0)),
+                micros(r.during_prune.percentile(50.0)),
+            );
+        }
+    }
+
+    fn targets(&mut self, out: &mut String) {
+        out.push_str("\nTargets:\n\n| target | measured | verdict |\n|---|---|---|\n");
+        for store in ["SQLite", "PostgreSQL"] {
+            for (workload, what) in [
+                (Workload::Fresh, "fresh ≥ 0.9 × raw INSERT+UPDATE"),
+                (Workload::Replay, "replay ≥ 0.9 × raw SELECT"),
+            ] {
+                let worst = self
+                    .rows
+                    .iter()
+                    .filter(|r| r.store == store && r.workload == workload)
+                    .filter_map(|r| r.ratio.map(|x| (x, r.variant, r.concurrency)))
+                    .min_by(|a, b| a.0.total_cmp(&b.0));
+                let all: Vec<String> = self
+                    .rows
+                    .iter()
+                    .filter(|r| r.store == store && r.workload == workload)
+                    .filter_map(|r| {
+                        r.ratio
+                            .map(|x| format!("{}@{} {x:.2}", short(r.variant), r.concurrency))
+                    })
+                    .collect();
+                if let Some((x, _, _)) = worst {
+                    let _ = writeln!(
+                        out,
+                        "| {store} {what}, every concurrency | {} | {} |",
+                        all.join(", "),
+                        verdict(x >= 0.9)
+                    );
+                }
+            }
+        }
+        for s in &mut self.scale {
+            let r = &mut s.report;
+            let p50 =
+                r.full.percentile(50.0).as_secs_f64() / r.empty.percentile(50.0).as_secs_f64();
+            let p99 = r.during_prune.percentile(99.0).as_secs_f64()
+                / r.without_prune.percentile(99.0).as_secs_f64();
+            let _ = writeln!(
+                out,
+                "| {} claim p50 with {} records ≤ 1.5 × empty | {p50:.2} × | {} |",
+                s.store,
+                thousands(r.plan.rows as f64),
+                verdict(p50 <= 1.5)
+            );
+            let _ = writeln!(
+                out,
+                "| {} claim p99 during a {}-row prune ≤ 3 × without | {p99:.2} × | {} |",
+                s.store,
+                thousands(r.plan.rows as f64),
+                verdict(p99 <= 3.0)
+            );
+        }
+        if let Some(m) = &self.memory {
+            let ns = m.engine_fresh.as_nanos();
+            let _ = writeln!(
+                out,
+                "| memory claim + complete < 2 µs | engine run {ns} ns, store calls {} ns | {} |",
+                m.store_claim_complete.as_nanos(),
+                verdict(ns < 2000)
+            );
+        }
+    }
+}
+
+fn short(variant: &str) -> &str {
+    match variant {
+        "#[idempotent]" => "attr",
+        other => other,
+    }
+}

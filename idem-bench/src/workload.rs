@@ -1,0 +1,229 @@
+//! The benchmarked calls: fresh operations, replays and a storm, through the engine, through
+//! `#[idempotent]` and as raw statements.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{idempotent, Error, Idempotency, Key};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+
+use crate::cpu::Cpu;
+use crate::harness::{op, Hit, Op};
+use crate::raw::Raw;
+use crate::BenchError;
+
+/// The engine's default lease and retention, which the raw baseline uses too.
+pub const LEASE: Duration = Duration::from_secs(30);
+pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// How many consecutive storm calls share one key.
+pub const STORM_HITS_PER_KEY: u64 = 16;
+
+/// The result of the trivial work: about 30 bytes of JSON.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Receipt {
+    pub account: u64,
+    pub cents: u64,
+}
+
+/// The trivial work every variant does.
+pub fn work(seed: u64) -> Receipt {
+    Receipt {
+        account: seed % 1000,
+        cents: std::hint::black_box(seed),
+    }
+}
+
+pub fn random_key() -> [u8; 32] {
+    std::array::from_fn(|_| fastrand::u8(..))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A store under test: its engine, the raw baseline on the same pool (none for memory), and
+/// keys completed ahead of time for the replay runs.
+pub struct Subject {
+    pub name: &'static str,
+    /// Where this store's CPU time is read.
+    pub cpu: Cpu,
+    pub engine: Idempotency,
+    pub raw: Option<Raw>,
+    replay_keys: Arc<Vec<[u8; 32]>>,
+}
+
+impl Subject {
+    pub fn new(name: &'static str, cpu: Cpu, engine: Idempotency, raw: Option<Raw>) -> Subject {
+        Subject {
+            name,
+            cpu,
+            engine,
+            raw,
+            replay_keys: Arc::new(Vec::new()),
+        }
+    }
+
+    /// Completes `n` keys through the engine and the same keys through the raw statements, so
+    /// both tables hold `n` results to replay.
+    pub async fn seed_replays(&mut self, n: usize) -> Result<(), BenchError> {
+        let keys: Arc<Vec<[u8; 32]>> = Arc::new((0..n).map(|_| random_key()).collect());
+        let workers = 8;
+        let mut tasks = JoinSet::new();
+        for w in 0..workers {
+            let (keys, engine, raw) = (keys.clone(), self.engine.clone(), self.raw.clone());
+            tasks.spawn(async move {
+                for (i, key) in keys.iter().enumerate().skip(w).step_by(workers) {
+                    let seed = i as u64;
+                    engine
+                        .run(Some(Key::from_bytes(*key)), None, async move {
+                            Ok::<_, Error>(work(seed))
+                        })
+                        .await?;
+                    if let Some(raw) = &raw {
+                        raw.fresh(key, seed).await?;
+                    }
+                }
+                Ok::<_, BenchError>(())
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done??;
+        }
+        self.replay_keys = keys;
+        Ok(())
+    }
+
+    /// Claim, trivial work, complete through `Idempotency::run` on a new random key.
+    pub fn fresh_engine(&self) -> Op {
+        let engine = self.engine.clone();
+        op(move || {
+            let engine = engine.clone();
+            async move {
+                let seed = fastrand::u64(..);
+                let key = Key::from_bytes(random_key());
+                let out = engine
+                    .run(Some(key), None, async move { Ok::<_, Error>(work(seed)) })
+                    .await?;
+                expect_fresh(out.is_replayed())
+            }
+        })
+    }
+
+    /// The same through a function annotated with `#[idempotent]`, on a new random client key.
+    pub fn fresh_attribute(&self) -> Op {
+        let engine = self.engine.clone();
+        op(move || {
+            let engine = engine.clone();
+            async move {
+                let request_id = hex(&random_key()[..16]);
+                deposit(&engine, &request_id, fastrand::u64(..)).await?;
+                Ok(Hit::Fresh)
+            }
+        })
+    }
+
+    /// A replay of a completed key through `Idempotency::run`.
+    pub fn replay_engine(&self) -> Op {
+        let (engine, keys) = (self.engine.clone(), self.replay_keys.clone());
+        op(move || {
+            let (engine, keys) = (engine.clone(), keys.clone());
+            async move {
+                let key = Key::from_bytes(keys[fastrand::usize(..keys.len())]);
+                let out = engine
+                    .run(Some(key), None, async {
+                        Err::<Receipt, _>(BenchError::Unexpected("a replay ran its work".into()))
+                    })
+                    .await?;
+                if out.is_replayed() {
+                    Ok(Hit::Replayed)
+                } else {
+                    Err(BenchError::Unexpected("a replay ran its work".into()))
+                }
+            }
+        })
+    }
+
+    /// Many tasks on few keys: consecutive calls share a key, so concurrent calls meet on it;
+    /// a held key fails fast (the default policy).
+    pub fn storm_engine(&self) -> Op {
+        let engine = self.engine.clone();
+        let next = storm_keys();
+        op(move || {
+            let (engine, next) = (engine.clone(), next.clone());
+            async move {
+                let (key, seed) = next();
+                match engine
+                    .run(Some(Key::from_bytes(key)), None, async move {
+                        Ok::<_, Error>(work(seed))
+                    })
+                    .await
+                {
+                    Ok(out) if out.is_replayed() => Ok(Hit::Replayed),
+                    Ok(_) => Ok(Hit::Fresh),
+                    Err(Error::Locked { .. }) => Ok(Hit::Locked),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        })
+    }
+
+    pub fn fresh_raw(&self) -> Option<Op> {
+        let raw = self.raw.clone()?;
+        Some(op(move || {
+            let raw = raw.clone();
+            async move { raw.fresh(&random_key(), fastrand::u64(..)).await }
+        }))
+    }
+
+    pub fn replay_raw(&self) -> Option<Op> {
+        let (raw, keys) = (self.raw.clone()?, self.replay_keys.clone());
+        Some(op(move || {
+            let (raw, keys) = (raw.clone(), keys.clone());
+            async move { raw.replay(&keys[fastrand::usize(..keys.len())]).await }
+        }))
+    }
+
+    pub fn storm_raw(&self) -> Option<Op> {
+        let raw = self.raw.clone()?;
+        let next = storm_keys();
+        Some(op(move || {
+            let (raw, next) = (raw.clone(), next.clone());
+            async move {
+                let (key, seed) = next();
+                raw.storm(&key, seed).await
+            }
+        }))
+    }
+}
+
+/// Hands out storm keys: every [`STORM_HITS_PER_KEY`] calls the next random key.
+fn storm_keys() -> Arc<dyn Fn() -> ([u8; 32], u64) + Send + Sync> {
+    let base = fastrand::u64(..);
+    let counter = AtomicU64::new(0);
+    Arc::new(move || {
+        let i = counter.fetch_add(1, Ordering::Relaxed);
+        let mut rng = fastrand::Rng::with_seed(base ^ (i / STORM_HITS_PER_KEY));
+        (std::array::from_fn(|_| rng.u8(..)), i)
+    })
+}
+
+fn expect_fresh(replayed: bool) -> Result<Hit, BenchError> {
+    if replayed {
+        Err(BenchError::Unexpected("a new random key replayed".into()))
+    } else {
+        Ok(Hit::Fresh)
+    }
+}
+
+/// The attribute under test: a deposit keyed by the client's request id.
+#[idempotent(key = request_id, scope = "bench_deposit", store = engine)]
+async fn deposit(
+    engine: &Idempotency,
+    request_id: &str,
+    cents: u64,
+) -> Result<Receipt, BenchError> {
+    Ok(work(cents))
+}
