@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::cpu::Cpu;
 use crate::harness::{self, op, Hit, Op, Sample, Timing};
-use crate::workload::{random_key, LEASE};
+use crate::workload::random_key;
 use crate::BenchError;
 
 /// Rows one `prune_expired` call deletes at most, unless `--prune-batch` says otherwise: the
@@ -21,6 +21,10 @@ pub const PRUNE_BATCH: u32 = 1_000;
 
 /// Claims run from this many tasks while measuring latency.
 pub const CLAIM_CONCURRENCY: usize = 1;
+
+/// The lease of the measured claims: longer than any prune takes, so the pruner deletes exactly
+/// the loaded records and none of the claims made meanwhile.
+const CLAIM_LEASE: Duration = Duration::from_secs(3600);
 
 /// Where the scale tables live.
 #[derive(Clone)]
@@ -164,7 +168,7 @@ fn claim(store: Arc<dyn Store>) -> Op {
         let store = store.clone();
         async move {
             match store
-                .start(&Key::from_bytes(random_key()), None, LEASE)
+                .start(&Key::from_bytes(random_key()), None, CLAIM_LEASE)
                 .await?
             {
                 Start::Started(_) => Ok(Hit::Fresh),
