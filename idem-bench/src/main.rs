@@ -127,6 +127,9 @@ impl Args {
                 other => return Err(BenchError::Usage(format!("unknown argument {other:?}"))),
             }
         }
+        if args.prune_batch == 0 {
+            return Err(BenchError::Usage("--prune-batch must be at least 1".into()));
+        }
         if args.wants("postgres") && args.pg_url.is_none() {
             return Err(BenchError::Usage(
                 "no PostgreSQL URL: pass --pg-url, set IDEM_TEST_PG_URL, or run scripts/bench"
@@ -364,8 +367,8 @@ async fn run_subject(mut s: Subject, plan: &Plan, rows: &mut Vec<Row>) -> Result
     for c in CONCURRENCY {
         eprintln!("{}: fresh and replay, {c} tasks", s.name);
         let fresh = [
-            ("engine", Some(s.fresh_engine())),
-            ("#[idempotent]", Some(s.fresh_attribute())),
+            ("engine", s.fresh_engine()),
+            ("#[idempotent]", s.fresh_attribute()),
         ];
         compare(
             &s,
@@ -377,7 +380,7 @@ async fn run_subject(mut s: Subject, plan: &Plan, rows: &mut Vec<Row>) -> Result
             rows,
         )
         .await?;
-        let replay = [("engine", Some(s.replay_engine()))];
+        let replay = [("engine", s.replay_engine())];
         compare(
             &s,
             Workload::Replay,
@@ -391,7 +394,7 @@ async fn run_subject(mut s: Subject, plan: &Plan, rows: &mut Vec<Row>) -> Result
     }
     for c in STORM_CONCURRENCY {
         eprintln!("{}: storm, {c} tasks", s.name);
-        let storm = [("engine", Some(s.storm_engine()))];
+        let storm = [("engine", s.storm_engine())];
         compare(
             &s,
             Workload::Storm,
@@ -410,13 +413,13 @@ async fn run_subject(mut s: Subject, plan: &Plan, rows: &mut Vec<Row>) -> Result
 async fn compare(
     s: &Subject,
     workload: Workload,
-    idem: &[(&'static str, Option<Op>)],
+    idem: &[(&'static str, Op)],
     baseline: (&'static str, Option<Op>),
     concurrency: usize,
     plan: &Plan,
     rows: &mut Vec<Row>,
 ) -> Result<(), BenchError> {
-    let mut ops: Vec<&Op> = idem.iter().filter_map(|(_, op)| op.as_ref()).collect();
+    let mut ops: Vec<&Op> = idem.iter().map(|(_, op)| op).collect();
     if let Some(raw) = &baseline.1 {
         ops.push(raw);
     }

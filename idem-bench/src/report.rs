@@ -135,6 +135,9 @@ impl Results {
     }
 
     fn main_table(&self, out: &mut String) {
+        if self.rows.is_empty() {
+            return;
+        }
         out.push_str(
             "| store | workload | variant | tasks | ops/s | p50 | p99 | idem ÷ raw (ops/s) | CPU/call here | CPU/call server | notes |\n\
              |---|---|---|--:|--:|--:|--:|--:|--:|--:|---|\n",
@@ -178,9 +181,12 @@ impl Results {
         if self.scale.is_empty() {
             return;
         }
+        if !out.is_empty() {
+            out.push('\n');
+        }
         let _ = write!(
             out,
-            "\nClaim (`Store::start` on a new random key) from {CLAIM_CONCURRENCY} task, on an empty table \
+            "Claim (`Store::start` on a new random key) from {CLAIM_CONCURRENCY} task, on an empty table \
              and on one holding N live records:\n\n\
              | store | N | load N rows | p50 empty | p50 with N | p50 ratio | p99 empty | p99 with N |\n\
              |---|--:|--:|--:|--:|--:|--:|--:|\n"

@@ -49,10 +49,10 @@
 //! `start` looks before it claims because any `INSERT` takes SQLite's single write lock, even one
 //! that ends up changing nothing: claiming first would make every replay and every duplicate of a
 //! running call queue behind all writers (and sleep in SQLite's busy handler when it meets one),
-//! while a read runs alongside them (WAL). The read costs a new key about a tenth of its time;
-//! it makes a replay about twice as fast and a storm of duplicates about 1.5 times (see
-//! `docs/performance.md`). SQLite has no data-modifying CTE, so the two cannot be folded into
-//! one statement as the PostgreSQL store does.
+//! while a read runs alongside them (WAL). The read costs a new key one more statement (about
+//! 10–15 % of its time); it makes a replay about twice as fast and a storm of duplicates about
+//! 1.5 times as fast (see `docs/performance.md`). SQLite has no data-modifying CTE, so the two
+//! cannot be folded into one statement as the PostgreSQL store does.
 //!
 //! When the claim finds a live row after all (another caller claimed the key between the two
 //! statements), `start` reads it; if it vanished meanwhile (aborted, evicted or expired),
