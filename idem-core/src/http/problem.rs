@@ -117,13 +117,15 @@ impl Problem {
 
     /// The response: status, `Content-Type: application/problem+json` and the JSON body.
     pub(crate) fn response(self, detail: impl fmt::Display) -> Response<Body> {
-        let body = serde_json::json!({
-            "type": self.type_uri(),
-            "title": self.title(),
-            "status": self.status().as_u16(),
-            "detail": detail.to_string(),
-        });
-        let mut response = Response::new(Body::from(body.to_string()));
+        let body = ProblemBody {
+            kind: self.type_uri(),
+            title: self.title(),
+            status: self.status().as_u16(),
+            detail: detail.to_string(),
+        };
+        // Serializing four plain fields cannot fail; the fallback keeps the path panic-free.
+        let json = serde_json::to_vec(&body).unwrap_or_default();
+        let mut response = Response::new(Body::from(json));
         *response.status_mut() = self.status();
         response.headers_mut().insert(
             CONTENT_TYPE,
@@ -141,6 +143,16 @@ impl Problem {
             .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
         response
     }
+}
+
+/// The members of an RFC 9457 problem, in the order readers expect them.
+#[derive(serde::Serialize)]
+struct ProblemBody {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: String,
 }
 
 /// The response for an engine error met while claiming, running or completing a request.
@@ -188,5 +200,23 @@ mod tests {
         assert_eq!(r.headers()[RETRY_AFTER], "1");
         assert_eq!(r.status(), StatusCode::CONFLICT);
         assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
+    }
+
+    #[tokio::test]
+    async fn body_is_a_problem_document() {
+        use http_body_util::BodyExt;
+        let r = Problem::KeyMissing.response("send one");
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        let text = std::str::from_utf8(&body).unwrap();
+        assert!(
+            text.starts_with(r#"{"type":"https://docs.rs/idem-core/"#),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                r#""title":"Idempotency-Key is missing","status":400,"detail":"send one"}"#
+            ),
+            "{text}"
+        );
     }
 }
