@@ -76,7 +76,7 @@ impl Default for Policy {
 }
 
 impl Policy {
-    fn validate(&self) -> Result<(), Error> {
+    pub(crate) fn validate(&self) -> Result<(), Error> {
         check_duration("lease", self.lease)?;
         check_duration("retention", self.retention)?;
         if self.max_response_bytes == 0 {
@@ -338,7 +338,7 @@ impl<C: Codec> Idempotency<C> {
     /// use idem_core::{Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
-    /// let out = engine.run(None, None, async { Ok::<_, Error>("no key, no dedup") }).await?;
+    /// let out = engine.run(None, None, async { Ok::<_, Error>("no key, no dedup".to_string()) }).await?;
     /// assert!(!out.is_replayed());
     /// # Ok(()) }
     /// ```

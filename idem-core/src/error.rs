@@ -144,6 +144,7 @@ impl From<sqlx::Error> for StoreError {
                 Some(code) if code.starts_with("08") || code.starts_with("57P") => {
                     StoreErrorKind::Unavailable
                 }
+                Some(code) if sqlite_busy(&**db, code) => StoreErrorKind::Unavailable,
                 _ => StoreErrorKind::Query,
             },
             sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreErrorKind::Corrupt,
@@ -151,6 +152,19 @@ impl From<sqlx::Error> for StoreError {
         };
         StoreError::new(kind, e)
     }
+}
+
+/// SQLite's SQLITE_BUSY (5) or SQLITE_LOCKED (6), possibly extended (the primary code is the low
+/// byte): another connection held the lock past the busy timeout, so a retry may succeed.
+#[cfg(feature = "sqlite")]
+fn sqlite_busy(db: &dyn sqlx::error::DatabaseError, code: &str) -> bool {
+    db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+        && code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+#[cfg(all(feature = "postgres", not(feature = "sqlite")))]
+fn sqlite_busy(_: &dyn sqlx::error::DatabaseError, _: &str) -> bool {
+    false
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

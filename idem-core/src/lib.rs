@@ -13,8 +13,11 @@ mod error;
 #[cfg(feature = "http")]
 pub mod http;
 mod key;
+pub mod kit;
 mod record;
 pub mod store;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod transactional;
 
 #[doc(hidden)]
 #[path = "private.rs"]
@@ -27,4 +30,8 @@ pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
 pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
 pub use store::memory::MemoryStore;
+#[cfg(feature = "sqlite")]
+pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use store::Store;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use transactional::{Transactional, TransactionalStore, TxClaim, TxFuture, TxStart};

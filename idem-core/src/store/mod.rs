@@ -12,6 +12,11 @@ use crate::key::{Fingerprint, Key};
 use crate::record::{Claim, Completion, Record, Start};
 
 pub mod memory;
+// Shared by the SQL stores; widen the cfg when another one uses it.
+#[cfg(feature = "sqlite")]
+pub(crate) mod sql;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 /// Where idempotency records live. Every backend keeps these rules:
 ///

@@ -9,6 +9,8 @@
 mod harness;
 mod engine;
 mod memory;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 mod suite;
 
 /// Every test body, whichever file it lives in.
@@ -21,4 +23,11 @@ conformance!(
     memory_store,
     crate::memory::MemoryHarness,
     (start_paused = true)
+);
+
+#[cfg(feature = "sqlite")]
+conformance!(
+    sqlite_store,
+    crate::sqlite::SqliteHarness,
+    (flavor = "multi_thread", worker_threads = 2)
 );

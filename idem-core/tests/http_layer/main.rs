@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use idem_core::{MemoryStore, Store};
 
-/// Instantiates every case for one store: `http_suite!(module, async fn() -> Option<Arc<dyn Store>>)`
-/// (`None` skips, after the store printed why).
+/// Instantiates every case for one store: `http_suite!(module, path to an async fn() -> Option<(Arc<dyn Store>, Guard)>)`
+/// (`None` skips, after printing why; the guard keeps the store's files until the case ends).
 macro_rules! http_suite {
     ($name:ident, $store:path) => {
         mod $name {
@@ -35,7 +35,7 @@ macro_rules! http_suite {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                if let Some(store) = $store().await {
+                if let Some((store, _guard)) = $store().await {
                     $crate::cases::$case(store).await;
                 }
             }
@@ -43,8 +43,20 @@ macro_rules! http_suite {
     };
 }
 
-async fn memory() -> Option<Arc<dyn Store>> {
-    Some(Arc::new(MemoryStore::new()))
+async fn memory() -> Option<(Arc<dyn Store>, ())> {
+    Some((Arc::new(MemoryStore::new()), ()))
+}
+
+/// A SQLite store on a fresh database file, deleted with the directory after the case.
+#[cfg(feature = "sqlite")]
+async fn sqlite() -> Option<(Arc<dyn Store>, tempfile::TempDir)> {
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem_core::SqliteStore::open(dir.path().join("idem.db"))
+        .await
+        .unwrap();
+    Some((Arc::new(store), dir))
 }
 
 http_suite!(memory_store, crate::memory);
+#[cfg(feature = "sqlite")]
+http_suite!(sqlite_store, crate::sqlite);

@@ -1,0 +1,202 @@
+//! A table of processed request ids, written in the caller's own transaction.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use super::backend::Backend;
+use super::{ConcurrencyError, Ident, Recorded};
+use crate::key::Key;
+
+/// The table of processed request ids: `(scope, request_id)` is the primary key, `created_at`
+/// the database time of the insert (indexed, for the [`Pruner`](super::Pruner)).
+///
+/// Call [`record`](RequestHistory::record) first in the transaction that does the business
+/// write. [`Recorded::Duplicate`] means the request was done before: skip the write. Both
+/// commit together or not at all, so a request is applied exactly once. A concurrent duplicate
+/// waits for the first transaction on the key and then sees it (PostgreSQL, READ COMMITTED), or
+/// waits for the write lock (SQLite), so recording first is also the cheapest place to stop
+/// one. Under REPEATABLE READ or SERIALIZABLE PostgreSQL reports a concurrent duplicate as a
+/// serialization failure instead: retry the transaction.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")] {
+/// use idem_core::kit::{Recorded, RequestHistory};
+/// # use sqlx::Connection;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
+/// sqlx::query("CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL)").execute(&mut conn).await?;
+/// sqlx::query("INSERT INTO accounts VALUES ('alice', 0)").execute(&mut conn).await?;
+/// let history = RequestHistory::<sqlx::Sqlite>::new("request_history")?;
+/// history.ensure_schema(&mut conn).await?;
+///
+/// for _delivery in 0..3 {
+///     let mut tx = conn.begin().await?;
+///     if history.record(&mut tx, "deposit", "req-1").await? == Recorded::Duplicate {
+///         continue; // already applied; dropping the transaction writes nothing
+///     }
+///     sqlx::query("UPDATE accounts SET balance = balance + 10 WHERE id = 'alice'").execute(&mut *tx).await?;
+///     tx.commit().await?;
+/// }
+/// let balance: i64 = sqlx::query_scalar("SELECT balance FROM accounts").fetch_one(&mut conn).await?;
+/// assert_eq!(balance, 10);
+/// # Ok(()) }
+/// # }
+/// ```
+pub struct RequestHistory<DB> {
+    table: Ident,
+    lease_table: Ident,
+    created_at_index: Ident,
+    _db: PhantomData<fn() -> DB>,
+}
+
+impl<DB> fmt::Debug for RequestHistory<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestHistory")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB> Clone for RequestHistory<DB> {
+    fn clone(&self) -> Self {
+        RequestHistory {
+            table: self.table.clone(),
+            lease_table: self.lease_table.clone(),
+            created_at_index: self.created_at_index.clone(),
+            _db: PhantomData,
+        }
+    }
+}
+
+impl<DB: Backend> RequestHistory<DB> {
+    /// The history kept in the table `table`. The pruner's lease lives in `<table>_pruner`, so
+    /// `table` must be a plain SQL identifier of at most 52 bytes.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")] {
+    /// use idem_core::kit::RequestHistory;
+    /// assert!(RequestHistory::<sqlx::Sqlite>::new("request_history").is_ok());
+    /// assert!(RequestHistory::<sqlx::Sqlite>::new(&"h".repeat(60)).is_err());
+    /// # }
+    /// ```
+    pub fn new(table: &str) -> Result<RequestHistory<DB>, ConcurrencyError> {
+        let table = Ident::new("history table", table)?;
+        Ok(RequestHistory {
+            lease_table: table.suffixed("pruner lease table", "_pruner")?,
+            created_at_index: table.suffixed("created_at index", "_created_at")?,
+            table,
+            _db: PhantomData,
+        })
+    }
+
+    /// Creates the history table, its `created_at` index and the pruner's lease table, if they
+    /// do not exist. Three statements. Run it once at startup: on PostgreSQL two concurrent
+    /// `CREATE TABLE IF NOT EXISTS` of one table can still collide.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")] {
+    /// # use sqlx::Connection;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
+    /// let history = idem_core::kit::RequestHistory::<sqlx::Sqlite>::new("request_history")?;
+    /// history.ensure_schema(&mut conn).await?;
+    /// history.ensure_schema(&mut conn).await?; // idempotent
+    /// # Ok(()) }
+    /// # }
+    /// ```
+    pub async fn ensure_schema(&self, conn: &mut DB::Connection) -> Result<(), ConcurrencyError> {
+        let ts = DB::DIALECT.timestamp;
+        let statements = [
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                    scope TEXT NOT NULL, \
+                    request_id TEXT NOT NULL, \
+                    created_at {ts} NOT NULL, \
+                    PRIMARY KEY (scope, request_id))",
+                t = self.table
+            ),
+            format!(
+                "CREATE INDEX IF NOT EXISTS {i} ON {t} (created_at)",
+                i = self.created_at_index,
+                t = self.table
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                    id INTEGER PRIMARY KEY, \
+                    holder TEXT NOT NULL, \
+                    lease_until {ts} NOT NULL)",
+                t = self.lease_table
+            ),
+        ];
+        for sql in &statements {
+            DB::execute(conn, sqlx::query(sql)).await?;
+        }
+        Ok(())
+    }
+
+    /// Records that `request_id` of `scope` is being done, in the transaction `conn`:
+    /// [`Recorded::New`] the first time, [`Recorded::Duplicate`] when it is already recorded.
+    ///
+    /// One statement, `INSERT … ON CONFLICT DO NOTHING`: a duplicate is not an error, so the
+    /// caller's transaction stays usable (PostgreSQL aborts a transaction on any failed
+    /// statement). `scope` and `request_id` are 1 to 255 bytes of printable ASCII; otherwise
+    /// nothing is written. See [`RequestHistory`] for an example.
+    pub async fn record(
+        &self,
+        conn: &mut DB::Connection,
+        scope: &str,
+        request_id: &str,
+    ) -> Result<Recorded, ConcurrencyError> {
+        // Validates both parts with the rules of idempotency keys.
+        Key::derive(scope, "", request_id)?;
+        let sql = format!(
+            "INSERT INTO {t} (scope, request_id, created_at) VALUES ($1, $2, {now}) \
+             ON CONFLICT (scope, request_id) DO NOTHING",
+            t = self.table,
+            now = DB::DIALECT.now
+        );
+        let query = DB::bind_str(DB::bind_str(sqlx::query(&sql), scope), request_id);
+        Ok(if DB::execute(conn, query).await? == 1 {
+            Recorded::New
+        } else {
+            Recorded::Duplicate
+        })
+    }
+
+    /// Whether `request_id` of `scope` is recorded (and not pruned yet). One statement.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")] {
+    /// # use sqlx::Connection;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
+    /// let history = idem_core::kit::RequestHistory::<sqlx::Sqlite>::new("request_history")?;
+    /// history.ensure_schema(&mut conn).await?;
+    /// assert!(!history.contains(&mut conn, "deposit", "req-1").await?);
+    /// let _ = history.record(&mut conn, "deposit", "req-1").await?;
+    /// assert!(history.contains(&mut conn, "deposit", "req-1").await?);
+    /// # Ok(()) }
+    /// # }
+    /// ```
+    pub async fn contains(
+        &self,
+        conn: &mut DB::Connection,
+        scope: &str,
+        request_id: &str,
+    ) -> Result<bool, ConcurrencyError> {
+        let sql = format!(
+            "SELECT 1 FROM {t} WHERE scope = $1 AND request_id = $2",
+            t = self.table
+        );
+        let query = DB::bind_str(DB::bind_str(sqlx::query(&sql), scope), request_id);
+        Ok(DB::fetch_optional(conn, query).await?.is_some())
+    }
+
+    pub(crate) fn table(&self) -> &Ident {
+        &self.table
+    }
+
+    pub(crate) fn lease_table(&self) -> &Ident {
+        &self.lease_table
+    }
+}

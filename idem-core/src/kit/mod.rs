@@ -1,0 +1,315 @@
+//! The concurrency kit: optimistic concurrency and request deduplication for the data that
+//! retried work changes.
+//!
+//! The engine makes a retried *call* run once. The kit protects the *data* the call writes, with
+//! four strategies that each fit a different store. All of them run on SQLite (feature `sqlite`)
+//! and PostgreSQL (feature `postgres`) through sqlx, on a connection, a pool or a transaction of
+//! yours, and keep time with the database's clock.
+//!
+//! | strategy | what it guarantees | round trips per change |
+//! |---|---|---|
+//! | [versioned updates](VersionedTable) | no lost update: a write based on a stale read fails with [`ConcurrencyError::Conflict`] | load 1 + save 1; a conflict costs 1 more read, then a whole retry |
+//! | [event streams](EventStreams) | appends at an expected version; the same request appended twice adds its events once | 1 append (+1 read on a conflict or a duplicate; +2 for a savepoint inside your own PostgreSQL transaction) |
+//! | [request history](RequestHistory) | exactly once, in your own transaction beside the business write | 1 insert inside the transaction you already run; pruning runs off the hot path ([`Pruner`]) |
+//! | [recent ids](RecentIds) | duplicates among the last N requests are skipped, for stores without transactions | 0 extra: the ids travel inside the aggregate's own row, saved with a versioned update |
+//!
+//! - **Versioned updates** compare and bump a version column in one conditional
+//!   `UPDATE … SET …, version = version + 1 WHERE id = ? AND version = ?`. Zero rows changed is
+//!   either a conflict or a missing row; a follow-up read of the version tells which, never the
+//!   text of an error. A request that carries the version its client saw is rejected when the
+//!   aggregate moved on, which also stops a blind replay; it does not identify duplicates, so a
+//!   client that retried after a lost reply sees a conflict it must reconcile.
+//!   [`retry_on_conflict`] reruns load-modify-save for writers that should simply win eventually.
+//! - **Event streams** store events under a unique `(stream, version)`; an append states which
+//!   version it expects ([`ExpectedVersion`]). Event ids are UUID v5 derived from the request id
+//!   ([`event_ids`]) and unique in the table, so a repeated request is recognised exactly by its
+//!   ids and reported as [`Appended::Duplicate`] with nothing added.
+//! - **Request history** records `(scope, request_id)` in a table, inside the transaction that
+//!   does the business write: [`Recorded::Duplicate`] means "already done". The insert uses
+//!   `ON CONFLICT DO NOTHING`, so a duplicate never aborts the caller's PostgreSQL transaction. A
+//!   [`Pruner`] deletes ids older than the retention window in bounded batches, one instance at a
+//!   time.
+//! - **Recent ids** keep a bounded set of the last N request ids inside the aggregate
+//!   ([`RecentIds`]), serialised with it. Combined with a versioned save, concurrent duplicates
+//!   conflict, reload, and then find their id. Only the last N are remembered: a duplicate older
+//!   than that is applied again.
+//!
+//! Every operation takes `&mut` of a connection: `&mut conn` for one taken from a pool,
+//! `&mut tx` (or `&mut *tx`) for a transaction, so it joins whatever transaction you run. (A
+//! generic `impl Acquire` would also take `&pool`, but makes the futures of callers holding a
+//! transaction fail the `Send` check that `tokio::spawn` and web frameworks require.)
+//!
+//! Table and column names are validated as plain SQL identifiers (`[A-Za-z_][A-Za-z0-9_]{0,62}`)
+//! and used unquoted, so PostgreSQL folds them to lower case and a reserved word cannot be one.
+//! Every value is a bound parameter.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+use crate::key::KeyError;
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod backend;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod history;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod pruner;
+mod recent;
+mod retry;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod stream;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod versioned;
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use backend::{Backend, SqlQuery};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use history::RequestHistory;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
+pub use recent::RecentIds;
+pub use retry::{retry_on_conflict, IsConflict, RetryPolicy};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use stream::{
+    event_ids, Appended, Event, EventIds, EventStreams, ExpectedVersion, NewEvent, EVENT_NAMESPACE,
+    MAX_EVENTS_PER_APPEND,
+};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use versioned::{Entity, Inserted, Versioned, VersionedTable, VersionedTableBuilder};
+
+/// The version of a row or a stream: how many changes it has seen.
+///
+/// A row inserted through [`VersionedTable::insert`] starts at [`Version::INITIAL`] and every
+/// save adds one. A stream's version is the version of its last event; an empty stream is at
+/// [`Version::NONE`].
+///
+/// ```
+/// use idem_core::kit::Version;
+/// let v = Version::INITIAL;
+/// assert_eq!(v.get(), 1);
+/// assert_eq!(v.next(), Version::new(2));
+/// assert!(Version::NONE < v);
+/// ```
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Version(u64);
+
+impl Version {
+    /// No change yet: an empty stream, or a row that does not exist.
+    pub const NONE: Version = Version(0);
+    /// The version of a freshly inserted row and of a stream's first event.
+    pub const INITIAL: Version = Version(1);
+
+    /// Wraps a raw version number, for instance one a client sent back.
+    ///
+    /// ```
+    /// assert_eq!(idem_core::kit::Version::new(7).get(), 7);
+    /// ```
+    pub const fn new(version: u64) -> Version {
+        Version(version)
+    }
+
+    /// The raw version number.
+    ///
+    /// ```
+    /// assert_eq!(idem_core::kit::Version::NONE.get(), 0);
+    /// ```
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The version after one more change.
+    ///
+    /// ```
+    /// use idem_core::kit::Version;
+    /// assert_eq!(Version::NONE.next(), Version::INITIAL);
+    /// ```
+    pub const fn next(self) -> Version {
+        Version(self.0.saturating_add(1))
+    }
+
+    /// The version as stored: a non-negative BIGINT.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn to_sql(self) -> Result<i64, ConcurrencyError> {
+        i64::try_from(self.0).map_err(|_| {
+            ConcurrencyError::InvalidInput(format!(
+                "version {} is beyond the largest storable version {}",
+                self.0,
+                i64::MAX
+            ))
+        })
+    }
+
+    /// Reads a stored version; a negative one means the row was written by something else.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn from_sql(raw: i64) -> Result<Version, ConcurrencyError> {
+        u64::try_from(raw).map(Version).map_err(|_| {
+            ConcurrencyError::Store(StoreError::new(
+                crate::error::StoreErrorKind::Corrupt,
+                format!("stored version {raw} is negative"),
+            ))
+        })
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What can go wrong in the concurrency kit. Each variant says what the caller can do.
+///
+/// ```
+/// use idem_core::kit::{ConcurrencyError, IsConflict, Version};
+/// let e = ConcurrencyError::Conflict { expected: Version::new(3), actual: Version::new(4) };
+/// assert!(e.is_conflict());
+/// assert_eq!(e.to_string(), "version conflict: expected version 3 but found 4; reload and apply the change again");
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConcurrencyError {
+    /// Someone else changed the row or stream since it was read. Nothing was written. Reload and
+    /// apply the change again ([`retry_on_conflict`] does that), or report the conflict.
+    #[error(
+        "version conflict: expected version {expected} but found {actual}; reload and apply the change again"
+    )]
+    Conflict {
+        /// The version the write was based on ([`Version::NONE`] for "no stream yet").
+        expected: Version,
+        /// The version found in the database.
+        actual: Version,
+    },
+
+    /// No row has this id. Insert it first.
+    #[error("no row with this id: insert it first")]
+    NotFound,
+
+    /// A table or column name, a duration or a limit is out of range. Nothing was touched.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+
+    /// An argument is out of range (an empty batch of events, a stream name too long). Nothing
+    /// was written.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+
+    /// A scope or request id is not 1 to 255 bytes of printable ASCII. Nothing was written.
+    #[error("invalid request id: {0}")]
+    InvalidKey(#[from] KeyError),
+
+    /// The database could not be reached or refused the statement.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl From<sqlx::Error> for ConcurrencyError {
+    fn from(e: sqlx::Error) -> ConcurrencyError {
+        ConcurrencyError::Store(e.into())
+    }
+}
+
+/// The outcome of recording a request id: in the [`RequestHistory`] table or in a [`RecentIds`]
+/// set.
+///
+/// ```
+/// use idem_core::kit::{RecentIds, Recorded};
+/// let mut seen = RecentIds::new(std::num::NonZeroUsize::new(8).unwrap());
+/// assert_eq!(seen.insert("req-1"), Recorded::New);
+/// assert_eq!(seen.insert("req-1"), Recorded::Duplicate);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[must_use = "a duplicate means the work was already done: skip it"]
+pub enum Recorded {
+    /// First time seen: do the work.
+    New,
+    /// Already recorded: the work was done before. Skip it.
+    Duplicate,
+}
+
+/// A table or column name checked to be a plain SQL identifier, so it can be spliced into SQL.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ident(String);
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl Ident {
+    /// Accepts `[A-Za-z_][A-Za-z0-9_]{0,62}`: 63 bytes is PostgreSQL's identifier limit.
+    pub(crate) fn new(what: &str, name: &str) -> Result<Ident, ConcurrencyError> {
+        let mut bytes = name.bytes();
+        let valid_start = bytes
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
+        let valid_rest = bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if valid_start && valid_rest && name.len() <= 63 {
+            Ok(Ident(name.to_owned()))
+        } else {
+            Err(ConcurrencyError::InvalidConfig(format!(
+                "{what} {name:?} is not a plain SQL identifier: use 1 to 63 ASCII letters, digits \
+                 or underscores, not starting with a digit"
+            )))
+        }
+    }
+
+    /// A name derived from this one (`<table>_pruner`), validated in turn.
+    pub(crate) fn suffixed(&self, what: &str, suffix: &str) -> Result<Ident, ConcurrencyError> {
+        Ident::new(what, &format!("{}{suffix}", self.0))
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl fmt::Display for Ident {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Rejects a zero or absurd duration before it reaches the database.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn millis(what: &str, d: std::time::Duration) -> Result<i64, ConcurrencyError> {
+    crate::store::check_duration(what, d)
+        .map_err(|e| ConcurrencyError::InvalidConfig(e.to_string()))?;
+    // check_duration caps at ten years, far inside i64 milliseconds.
+    i64::try_from(d.as_millis()).map_err(|_| {
+        ConcurrencyError::InvalidConfig(format!("{what} of {d:?} does not fit in milliseconds"))
+    })
+}
+
+#[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_plain() {
+        assert!(Ident::new("table", "idem_events").is_ok());
+        assert!(Ident::new("table", "_t1").is_ok());
+        assert!(Ident::new("table", &"a".repeat(63)).is_ok());
+        for bad in ["", "1t", "t-1", "t;drop", "\"t\"", "tä", &"a".repeat(64)] {
+            assert!(
+                matches!(
+                    Ident::new("table", bad),
+                    Err(ConcurrencyError::InvalidConfig(_))
+                ),
+                "{bad:?} was accepted"
+            );
+        }
+        let long = Ident::new("table", &"a".repeat(60)).unwrap();
+        assert!(long.suffixed("lease table", "_pruner").is_err());
+    }
+
+    #[test]
+    fn versions_round_trip_through_sql() {
+        assert_eq!(Version::new(5).to_sql().unwrap(), 5);
+        assert!(Version::new(u64::MAX).to_sql().is_err());
+        assert_eq!(Version::from_sql(9).unwrap(), Version::new(9));
+        assert!(matches!(
+            Version::from_sql(-1),
+            Err(ConcurrencyError::Store(_))
+        ));
+    }
+}

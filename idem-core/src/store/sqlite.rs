@@ -1,0 +1,1003 @@
+//! [`SqliteStore`]: records in a SQLite database (feature `sqlite`).
+//!
+//! # Schema
+//!
+//! Created on connect by the store's own migrations (see below), for the default table name
+//! `idem_records`:
+//!
+//! ```sql
+//! CREATE TABLE "idem_records" (
+//!     key         BLOB    NOT NULL PRIMARY KEY CHECK (length(key) = 32),
+//!     fingerprint BLOB             CHECK (fingerprint IS NULL OR length(fingerprint) = 32),
+//!     token       BLOB    NOT NULL CHECK (length(token) = 16),
+//!     state       INTEGER NOT NULL CHECK (state IN (0, 1)),   -- 0 in progress, 1 completed
+//!     expires_at  INTEGER NOT NULL,  -- ms since the Unix epoch: lease end, then retention end
+//!     response    BLOB,
+//!     is_error    INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1))
+//! );
+//! CREATE INDEX "idem_records_expires_at" ON "idem_records" (expires_at);
+//! ```
+//!
+//! `key` is the 32-byte [`Key`], `token` the claim's random 128-bit [`Token`] (kept after
+//! completion, so a token is never reused for a key). It is an ordinary rowid table rather than
+//! `WITHOUT ROWID` because responses can be large, and SQLite advises against `WITHOUT ROWID`
+//! for large rows.
+//!
+//! # Time
+//!
+//! Leases and retention are computed with the database's clock, in milliseconds:
+//! `CAST(round(unixepoch('subsec') * 1000) AS INTEGER)`. SQLite evaluates `'now'` once per
+//! statement, so every comparison inside one statement sees the same instant. (`round` rather
+//! than a plain cast because `unixepoch('subsec')` is a float that may land just below the
+//! millisecond.) With SQLite every connection is in-process, so "database time" is the clock of
+//! the host running the store.
+//!
+//! # Round trips
+//!
+//! Every operation takes a pooled connection and runs these statements on it; all of them are
+//! calls into the in-process SQLite library, none crosses a network.
+//!
+//! | operation | statements |
+//! |---|---|
+//! | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now RETURNING 1` |
+//! | `start`, live key (replay, locked, reused) | 2: the same claim attempt, which changes nothing, then one `SELECT` of the live row |
+//! | `complete`, `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0` |
+//! | `abort`, `evict` | 1 `DELETE` |
+//! | `get` | 1 `SELECT` |
+//! | `prune_expired` | 1 `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now ORDER BY expires_at LIMIT ?)` |
+//!
+//! SQLite has no data-modifying CTE, so a replay cannot be folded into one statement as the
+//! PostgreSQL store does; the second statement costs microseconds. If the live row vanished
+//! between the two statements (aborted, evicted or expired meanwhile), `start` claims again, at
+//! most three times; a key churned that fast by other callers reads as
+//! [`Start::Locked`] with a zero `retry_after`.
+//!
+//! Each claim attempt takes SQLite's write lock for the duration of one statement, even when it
+//! ends up changing nothing. Writers to one database file are serialised by SQLite anyway.
+//!
+//! # Journal mode and locking
+//!
+//! [`SqliteStore::open`] and [`SqliteStore::connect`] set:
+//!
+//! - `journal_mode = WAL` (stored in the database file, set once): readers never block the
+//!   writer nor the writer readers, so `get` and replays' reads proceed while a claim commits,
+//!   and a commit is one append to the log. Switching a new file to WAL needs an exclusive lock
+//!   that SQLite does not wait for, so when several processes open a new file at once the store
+//!   retries the switch for up to the busy timeout.
+//! - `synchronous = NORMAL` on every connection: in WAL mode this is safe against corruption
+//!   and against the application crashing; only a power loss or OS crash may roll back the last
+//!   few commits (a completed record may be forgotten, so the work could run once more). Build
+//!   the pool yourself with `synchronous = FULL` and use [`SqliteStore::from_pool`] if that
+//!   matters.
+//! - `busy_timeout = 5 s` (configurable) on every connection: a writer waits for the lock
+//!   instead of failing at once. A statement still blocked after the timeout fails with a
+//!   [`StoreErrorKind::Unavailable`] error, which [`Error::is_retryable`] reports as retryable.
+//!
+//! # Migrations
+//!
+//! The schema is a versioned list of steps kept in this file. On connect the store takes the
+//! write lock (`BEGIN IMMEDIATE`), creates `<table>_migrations` if missing, applies the steps not
+//! recorded there and records them, then commits: running it twice, or from several pools or
+//! processes at once, applies each step once. A table migrated by a newer version of idem (a
+//! version this build does not know) is refused with [`Error::InvalidConfig`].
+//!
+//! # SQLite version
+//!
+//! The statements need SQLite 3.35 (`RETURNING`) and 3.42 (`unixepoch('subsec')`). sqlx 0.8's
+//! `sqlite` feature, which this crate enables, compiles in the SQLite bundled with
+//! `libsqlite3-sys` 0.30: SQLite 3.46.0. The store checks `sqlite_version()` on connect and
+//! refuses an older library (as a system SQLite linked through `sqlite-unbundled` might be)
+//! with [`Error::InvalidConfig`].
+//!
+//! # In-memory databases
+//!
+//! An in-memory SQLite database belongs to the connection that opened it (sqlx gives the
+//! connections of one pool a shared cache, but the database still vanishes with the last of
+//! them). For `sqlite::memory:` URLs, `mode=memory` URLs, URLs with an empty file name (a
+//! private temporary database) and [`SqliteStore::open`] of `":memory:"`, the store therefore
+//! uses a pool of exactly one connection that is never closed for idleness or age: records live
+//! as long as the store, and operations are serialised. Use in-memory databases for tests; use a
+//! file for anything that must survive a restart.
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Connection, Row};
+
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::key::{Fingerprint, Key, Token};
+use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
+use crate::store::sql::{Migration, TableName, DEFAULT_TABLE};
+use crate::store::{check_duration, Store};
+
+/// The database's clock in milliseconds since the Unix epoch (see the module docs).
+const NOW: &str = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
+
+/// The oldest SQLite whose SQL this store uses: `unixepoch('subsec')` came in 3.42.
+const MIN_SQLITE: (u32, u32) = (3, 42);
+
+/// How often `start` claims again when the live row it lost to vanished before it could be read.
+const CLAIM_ATTEMPTS: usize = 3;
+
+const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The schema, oldest step first. Never edit an applied step; append a new one.
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "create the records table and its expiry index",
+    statements: &[
+        r#"CREATE TABLE "{table}" (
+            key         BLOB    NOT NULL PRIMARY KEY CHECK (length(key) = 32),
+            fingerprint BLOB             CHECK (fingerprint IS NULL OR length(fingerprint) = 32),
+            token       BLOB    NOT NULL CHECK (length(token) = 16),
+            state       INTEGER NOT NULL CHECK (state IN (0, 1)),
+            expires_at  INTEGER NOT NULL,
+            response    BLOB,
+            is_error    INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1))
+        )"#,
+        r#"CREATE INDEX "{table}_expires_at" ON "{table}" (expires_at)"#,
+    ],
+}];
+
+const LEDGER: &str = r#"CREATE TABLE IF NOT EXISTS "{table}_migrations" (
+    version     INTEGER NOT NULL PRIMARY KEY,
+    description TEXT    NOT NULL,
+    applied_at  INTEGER NOT NULL
+)"#;
+
+/// Records in a SQLite database: durable across restarts, shared by every process that opens the
+/// same file.
+///
+/// Cloning is cheap and shares the connection pool. See the [module docs](self) for the schema,
+/// the statements each operation runs and the connection settings.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{Completion, Key, SqliteStore, Start, Store};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// let store = SqliteStore::open(dir.path().join("idem.db")).await?;
+///
+/// let key = Key::derive("deposit", "alice", "req-1")?;
+/// let Start::Started(claim) = store.start(&key, None, Duration::from_secs(30)).await? else {
+///     unreachable!("a new key is always started");
+/// };
+/// let done = Completion { response: Some(&b"receipt-7"[..]), is_error: false };
+/// store.complete(&claim, done, Duration::from_secs(3600)).await?;
+///
+/// let Start::Completed(cached) = store.start(&key, None, Duration::from_secs(30)).await? else {
+///     unreachable!("a completed key replays");
+/// };
+/// assert_eq!(cached.response.as_deref(), Some(&b"receipt-7"[..]));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    table: TableName,
+    sql: Arc<Statements>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("table", &self.table.as_str())
+            .field("pool", &self.pool)
+            .finish()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating it if missing) the database file at `path` with the default settings and
+    /// table `idem_records`, and creates or upgrades the schema.
+    ///
+    /// `":memory:"` opens a private in-memory database (see the [module docs](self)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let store = idem_core::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// assert_eq!(store.table(), "idem_records");
+    /// # Ok(()) }
+    /// ```
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, Error> {
+        SqliteStore::builder().open(path).await
+    }
+
+    /// Connects to a sqlx SQLite URL (`sqlite://path/to/idem.db`, `sqlite::memory:`) with the
+    /// default settings and table `idem_records`, and creates or upgrades the schema.
+    ///
+    /// As with sqlx, a missing file is an error unless the URL asks for it to be created with
+    /// `?mode=rwc`; [`open`](SqliteStore::open) always creates it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::SqliteStore::connect("sqlite::memory:").await?;
+    /// assert_eq!(store.pool().size(), 1); // in-memory: exactly one connection
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<SqliteStore, Error> {
+        SqliteStore::builder().connect(url).await
+    }
+
+    /// Uses a pool you configured, creating or upgrading the schema (table `idem_records`).
+    ///
+    /// The pool's settings are kept as they are. Recommended: WAL journal mode, `synchronous =
+    /// NORMAL` (or `FULL`) and a busy timeout of a few seconds, as below. (With `journal_mode`
+    /// in the options every new connection asks for the switch; processes opening a *new* file
+    /// at the same moment may then fail with "database is locked", which
+    /// [`open`](SqliteStore::open) and [`connect`](SqliteStore::connect) retry for you.) An
+    /// in-memory database needs a pool of one connection that is never closed.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let options = SqliteConnectOptions::new()
+    ///     .filename(dir.path().join("app.db"))
+    ///     .create_if_missing(true)
+    ///     .journal_mode(SqliteJournalMode::Wal)
+    ///     .synchronous(SqliteSynchronous::Full)
+    ///     .busy_timeout(Duration::from_secs(5));
+    /// let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+    /// let store = idem_core::SqliteStore::from_pool(pool).await?;
+    /// # let _ = store;
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_pool(pool: SqlitePool) -> Result<SqliteStore, Error> {
+        SqliteStore::builder().from_pool(pool).await
+    }
+
+    /// Settings beyond the defaults: the table name, the pool size, the busy timeout.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let store = idem_core::SqliteStore::builder()
+    ///     .table("payments_idem")
+    ///     .open(dir.path().join("idem.db"))
+    ///     .await?;
+    /// assert_eq!(store.table(), "payments_idem");
+    /// # Ok(()) }
+    /// ```
+    pub fn builder() -> SqliteStoreBuilder {
+        SqliteStoreBuilder::default()
+    }
+
+    /// The connection pool, for running your own statements on the same database.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::SqliteStore::connect("sqlite::memory:").await?;
+    /// let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+    ///     .fetch_one(store.pool())
+    ///     .await?;
+    /// assert_eq!(n, 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The name of the records table.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::SqliteStore::connect("sqlite::memory:").await?;
+    /// assert_eq!(store.table(), "idem_records");
+    /// # Ok(()) }
+    /// ```
+    pub fn table(&self) -> &str {
+        self.table.as_str()
+    }
+}
+
+/// Configures a [`SqliteStore`] before connecting; made by [`SqliteStore::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// let store = idem_core::SqliteStore::builder()
+///     .table("idem_orders")
+///     .max_connections(4)
+///     .busy_timeout(Duration::from_secs(10))
+///     .open(dir.path().join("idem.db"))
+///     .await?;
+/// # let _ = store;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqliteStoreBuilder {
+    table: String,
+    max_connections: u32,
+    busy_timeout: Duration,
+}
+
+impl Default for SqliteStoreBuilder {
+    fn default() -> Self {
+        SqliteStoreBuilder {
+            table: DEFAULT_TABLE.to_owned(),
+            max_connections: 8,
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+        }
+    }
+}
+
+impl SqliteStoreBuilder {
+    /// The records table (default `idem_records`); its ledger of applied migrations is
+    /// `<table>_migrations`. Must be a plain identifier, `[A-Za-z_][A-Za-z0-9_]{0,62}`, not
+    /// starting with `sqlite_` (reserved by SQLite); otherwise connecting fails with
+    /// [`Error::InvalidConfig`]. Several tables make independent stores in one database file.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let err = idem_core::SqliteStore::builder().table("bad-name").connect("sqlite::memory:").await;
+    /// assert!(matches!(err, Err(idem_core::Error::InvalidConfig(_))));
+    /// # }
+    /// ```
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// The most connections the pool opens (default 8; at least 1). SQLite runs one writer at a
+    /// time, so more connections only add concurrent readers. Ignored for in-memory databases,
+    /// which always use one, and by [`from_pool`](SqliteStoreBuilder::from_pool).
+    ///
+    /// ```
+    /// let builder = idem_core::SqliteStore::builder().max_connections(2);
+    /// # let _ = builder;
+    /// ```
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// How long a statement waits for another connection's write lock before failing (default
+    /// 5 s). Ignored by [`from_pool`](SqliteStoreBuilder::from_pool).
+    ///
+    /// ```
+    /// let builder = idem_core::SqliteStore::builder().busy_timeout(std::time::Duration::from_secs(1));
+    /// # let _ = builder;
+    /// ```
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Opens (creating it if missing) the database file at `path`; `":memory:"` opens a private
+    /// in-memory database. See [`SqliteStore::open`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::SqliteStore::builder().table("t1").open(":memory:").await?;
+    /// assert_eq!(store.table(), "t1");
+    /// # Ok(()) }
+    /// ```
+    pub async fn open(self, path: impl AsRef<Path>) -> Result<SqliteStore, Error> {
+        let path = path.as_ref();
+        if path == Path::new(":memory:") {
+            return self.connect("sqlite::memory:").await;
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true);
+        self.connect_with(options, false).await
+    }
+
+    /// Connects to a sqlx SQLite URL. See [`SqliteStore::connect`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
+    /// let store = idem_core::SqliteStore::builder().connect(&url).await?;
+    /// # let _ = store;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(self, url: &str) -> Result<SqliteStore, Error> {
+        let Some(rest) = url.strip_prefix("sqlite:") else {
+            return Err(Error::InvalidConfig(format!(
+                "{url:?} is not a SQLite URL: use sqlite://path/to/file.db or sqlite::memory:"
+            )));
+        };
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| Error::InvalidConfig(format!("bad SQLite URL {url:?}: {e}")))?;
+        self.connect_with(options, is_private_per_connection(rest))
+            .await
+    }
+
+    /// Uses a pool you configured. See [`SqliteStore::from_pool`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let pool = sqlx::sqlite::SqlitePoolOptions::new()
+    ///     .max_connections(1)
+    ///     .idle_timeout(None)
+    ///     .max_lifetime(None)
+    ///     .connect("sqlite::memory:")
+    ///     .await?;
+    /// let store = idem_core::SqliteStore::builder().table("mine").from_pool(pool).await?;
+    /// assert_eq!(store.table(), "mine");
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_pool(self, pool: SqlitePool) -> Result<SqliteStore, Error> {
+        let table = self.table_name()?;
+        let mut conn = pool.acquire().await?;
+        check_version(&mut conn).await?;
+        migrate(&mut conn, &table).await?;
+        drop(conn);
+        Ok(SqliteStore {
+            sql: Arc::new(Statements::new(&table)),
+            pool,
+            table,
+        })
+    }
+
+    fn table_name(&self) -> Result<TableName, Error> {
+        if self.table.to_ascii_lowercase().starts_with("sqlite_") {
+            return Err(Error::InvalidConfig(format!(
+                "table name {:?} starts with \"sqlite_\", which SQLite reserves for itself",
+                self.table
+            )));
+        }
+        TableName::new(&self.table)
+    }
+
+    async fn connect_with(
+        self,
+        options: SqliteConnectOptions,
+        single_connection: bool,
+    ) -> Result<SqliteStore, Error> {
+        // Refuse a bad name before opening (and perhaps creating) a file.
+        self.table_name()?;
+        // No `journal_mode` here: every new connection would try to switch the file, and two
+        // first openers of a new file would fail each other (see `enable_wal`).
+        let options = options
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(self.busy_timeout);
+        let pool = if single_connection {
+            // The database lives only as long as a connection to it: keep exactly one, forever.
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+        } else {
+            SqlitePoolOptions::new().max_connections(self.max_connections)
+        }
+        .connect_with(options)
+        .await?;
+        if !single_connection {
+            enable_wal(&mut *pool.acquire().await?, self.busy_timeout).await?;
+        }
+        self.from_pool(pool).await
+    }
+}
+
+/// Switches the database file to WAL. The mode is stored in the file, so only the first
+/// connection to a new file changes anything; the others find it done. The switch needs an
+/// exclusive lock that SQLite does not wait for with the busy timeout, so when several processes
+/// or pools open a new file at once the losers retry here for up to `patience`.
+async fn enable_wal(conn: &mut SqliteConnection, patience: Duration) -> Result<(), Error> {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match sqlx::query_scalar::<_, String>("PRAGMA journal_mode = WAL")
+            .persistent(false)
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(mode) => {
+                if !mode.eq_ignore_ascii_case("wal") {
+                    tracing::warn!(
+                        mode,
+                        "SQLite kept its journal mode instead of switching to WAL; \
+                         readers and the writer will block each other"
+                    );
+                }
+                return Ok(());
+            }
+            Err(e) => {
+                let e = Error::from(e);
+                if !e.is_retryable() || tokio::time::Instant::now() >= deadline {
+                    return Err(e);
+                }
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(5..=25))).await;
+            }
+        }
+    }
+}
+
+/// Whether the database a sqlx SQLite URL (less its `sqlite:` scheme) names lives only as long
+/// as a connection to it: `:memory:`, `mode=memory`, or an empty file name (SQLite's private
+/// temporary database).
+fn is_private_per_connection(url: &str) -> bool {
+    let url = url.strip_prefix("//").unwrap_or(url);
+    let (database, params) = url.split_once('?').unwrap_or((url, ""));
+    database == ":memory:" || database.is_empty() || params.split('&').any(|p| p == "mode=memory")
+}
+
+/// Refuses a SQLite library too old for the statements below.
+async fn check_version(conn: &mut SqliteConnection) -> Result<(), Error> {
+    let version: String = sqlx::query_scalar("SELECT sqlite_version()")
+        .fetch_one(&mut *conn)
+        .await?;
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if found < MIN_SQLITE {
+        return Err(Error::InvalidConfig(format!(
+            "SQLite {version} is too old: idem needs {}.{} or newer (build with sqlx's bundled \
+             SQLite, the `sqlite` feature)",
+            MIN_SQLITE.0, MIN_SQLITE.1
+        )));
+    }
+    Ok(())
+}
+
+/// Applies the [`MIGRATIONS`] not yet recorded in `<table>_migrations`, all in one transaction
+/// that holds the write lock from its first statement, so concurrent runners queue and the
+/// later ones find nothing left to do.
+async fn migrate(conn: &mut SqliteConnection, table: &TableName) -> Result<(), Error> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    sqlx::query(&table.render(LEDGER))
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    let applied: Vec<i64> =
+        sqlx::query_scalar(&table.render(r#"SELECT version FROM "{table}_migrations""#))
+            .persistent(false)
+            .fetch_all(&mut *tx)
+            .await?;
+    if let Some(unknown) = applied
+        .iter()
+        .find(|v| !MIGRATIONS.iter().any(|m| m.version == **v))
+    {
+        return Err(Error::InvalidConfig(format!(
+            "table {:?} has schema version {unknown}, which this version of idem does not know: \
+             it was migrated by a newer idem; upgrade idem or use another table",
+            table.as_str()
+        )));
+    }
+    for step in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+        for statement in step.statements {
+            sqlx::query(&table.render(statement))
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(&table.render(&format!(
+            r#"INSERT INTO "{{table}}_migrations" (version, description, applied_at)
+               VALUES (?1, ?2, {NOW})"#
+        )))
+        .persistent(false)
+        .bind(step.version)
+        .bind(step.description)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// A lease or retention checked by [`check_duration`], in whole milliseconds (rounded up, so a
+/// lease is never shorter than asked).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Millis(i64);
+
+impl Millis {
+    pub(crate) fn new(what: &str, d: Duration) -> Result<Millis, Error> {
+        check_duration(what, d)?;
+        // check_duration caps `d` at ten years, far below i64::MAX milliseconds.
+        let ms = d.as_nanos().div_ceil(1_000_000);
+        Ok(Millis(i64::try_from(ms).unwrap_or(i64::MAX)))
+    }
+}
+
+/// The store's SQL, rendered once for its table.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    claim: String,
+    read_live: String,
+    complete: String,
+    renew: String,
+    abort: String,
+    evict: String,
+    prune: String,
+}
+
+impl Statements {
+    pub(crate) fn new(table: &TableName) -> Statements {
+        let render = |template: &str| table.render(&template.replace("{now}", NOW));
+        Statements {
+            claim: render(
+                r#"INSERT INTO "{table}" (key, fingerprint, token, state, expires_at, response, is_error)
+                   VALUES (?1, ?2, ?3, 0, {now} + ?4, NULL, 0)
+                   ON CONFLICT (key) DO UPDATE SET
+                       fingerprint = excluded.fingerprint,
+                       token = excluded.token,
+                       state = 0,
+                       expires_at = excluded.expires_at,
+                       response = NULL,
+                       is_error = 0
+                   WHERE "{table}".expires_at <= {now}
+                   RETURNING 1"#,
+            ),
+            read_live: render(
+                r#"SELECT fingerprint, token, state, expires_at, response, is_error, {now} AS now
+                   FROM "{table}" WHERE key = ?1 AND expires_at > {now}"#,
+            ),
+            complete: render(
+                r#"UPDATE "{table}" SET state = 1, response = ?3, is_error = ?4, expires_at = {now} + ?5
+                   WHERE key = ?1 AND token = ?2 AND state = 0"#,
+            ),
+            renew: render(
+                r#"UPDATE "{table}" SET expires_at = {now} + ?3
+                   WHERE key = ?1 AND token = ?2 AND state = 0"#,
+            ),
+            abort: render(r#"DELETE FROM "{table}" WHERE key = ?1 AND token = ?2 AND state = 0"#),
+            evict: render(r#"DELETE FROM "{table}" WHERE key = ?1"#),
+            prune: render(
+                r#"DELETE FROM "{table}" WHERE key IN (
+                       SELECT key FROM "{table}" WHERE expires_at <= {now}
+                       ORDER BY expires_at LIMIT ?1
+                   )"#,
+            ),
+        }
+    }
+}
+
+/// A live row as read back, with the database's time of the read.
+struct Live {
+    record: Record,
+    remaining: Duration,
+}
+
+fn corrupt(message: String) -> Error {
+    Error::Store(StoreError::new(StoreErrorKind::Corrupt, message))
+}
+
+fn fixed<const N: usize>(what: &str, bytes: Vec<u8>) -> Result<[u8; N], Error> {
+    <[u8; N]>::try_from(bytes.as_slice())
+        .map_err(|_| corrupt(format!("{what} is {} bytes, expected {N}", bytes.len())))
+}
+
+fn time(ms: i64) -> Result<SystemTime, Error> {
+    u64::try_from(ms)
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
+        .map_err(|_| corrupt(format!("expires_at is {ms} ms, before 1970")))
+}
+
+fn decode(key: &Key, row: &SqliteRow) -> Result<Live, Error> {
+    let fingerprint = row
+        .try_get::<Option<Vec<u8>>, _>("fingerprint")?
+        .map(|b| fixed("fingerprint", b).map(Fingerprint::from_bytes))
+        .transpose()?;
+    let token = Token::from_bytes(fixed("token", row.try_get("token")?)?);
+    let expires_ms: i64 = row.try_get("expires_at")?;
+    let now_ms: i64 = row.try_get("now")?;
+    let expires_at = time(expires_ms)?;
+    let state = match row.try_get::<i64, _>("state")? {
+        0 => RecordState::InProgress {
+            token,
+            lease_until: expires_at,
+        },
+        1 => RecordState::Completed(Cached {
+            response: row.try_get("response")?,
+            is_error: row.try_get("is_error")?,
+            expires_at,
+        }),
+        other => return Err(corrupt(format!("state is {other}, expected 0 or 1"))),
+    };
+    Ok(Live {
+        record: Record {
+            key: *key,
+            fingerprint,
+            state,
+        },
+        remaining: Duration::from_millis(
+            u64::try_from(expires_ms.saturating_sub(now_ms)).unwrap_or(0),
+        ),
+    })
+}
+
+/// The live (unexpired) record of `key`.
+async fn read_live(
+    conn: &mut SqliteConnection,
+    sql: &Statements,
+    key: &Key,
+) -> Result<Option<Live>, Error> {
+    let row = sqlx::query(&sql.read_live)
+        .bind(&key.as_bytes()[..])
+        .fetch_optional(&mut *conn)
+        .await?;
+    row.map(|row| decode(key, &row)).transpose()
+}
+
+/// [`Store::start`] on `conn`: one claim statement; on a live record, one read of it.
+pub(crate) async fn start(
+    conn: &mut SqliteConnection,
+    sql: &Statements,
+    key: &Key,
+    fingerprint: Option<&Fingerprint>,
+    lease: Millis,
+) -> Result<Start, Error> {
+    for _ in 0..CLAIM_ATTEMPTS {
+        let token = Token::random();
+        let token_bytes = token.to_bytes();
+        let claimed = sqlx::query(&sql.claim)
+            .bind(&key.as_bytes()[..])
+            .bind(fingerprint.map(|f| &f.as_bytes()[..]))
+            .bind(&token_bytes[..])
+            .bind(lease.0)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if claimed.is_some() {
+            return Ok(Start::Started(Claim::new(*key, token)));
+        }
+        let Some(live) = read_live(conn, sql, key).await? else {
+            // The record that won was aborted, evicted or expired meanwhile: claim again.
+            continue;
+        };
+        if let (Some(stored), Some(given)) = (&live.record.fingerprint, fingerprint) {
+            if stored != given {
+                return Err(Error::KeyReused);
+            }
+        }
+        return Ok(match live.record.state {
+            RecordState::InProgress { .. } => Start::Locked {
+                retry_after: live.remaining,
+            },
+            RecordState::Completed(cached) => Start::Completed(cached),
+        });
+    }
+    // Other callers keep claiming and releasing this key faster than we can look: it is busy.
+    Ok(Start::Locked {
+        retry_after: Duration::ZERO,
+    })
+}
+
+/// [`Store::complete`] on `conn`.
+pub(crate) async fn complete(
+    conn: &mut SqliteConnection,
+    sql: &Statements,
+    claim: &Claim,
+    completion: Completion<'_>,
+    retention: Millis,
+) -> Result<(), Error> {
+    let token = claim.token().to_bytes();
+    let done = sqlx::query(&sql.complete)
+        .bind(&claim.key().as_bytes()[..])
+        .bind(&token[..])
+        .bind(completion.response)
+        .bind(completion.is_error)
+        .bind(retention.0)
+        .execute(&mut *conn)
+        .await?;
+    fenced(done.rows_affected())
+}
+
+/// [`Store::renew`] on `conn`.
+pub(crate) async fn renew(
+    conn: &mut SqliteConnection,
+    sql: &Statements,
+    claim: &Claim,
+    lease: Millis,
+) -> Result<(), Error> {
+    let token = claim.token().to_bytes();
+    let done = sqlx::query(&sql.renew)
+        .bind(&claim.key().as_bytes()[..])
+        .bind(&token[..])
+        .bind(lease.0)
+        .execute(&mut *conn)
+        .await?;
+    fenced(done.rows_affected())
+}
+
+/// [`Store::abort`] on `conn`.
+pub(crate) async fn abort(
+    conn: &mut SqliteConnection,
+    sql: &Statements,
+    claim: &Claim,
+) -> Result<(), Error> {
+    let token = claim.token().to_bytes();
+    let done = sqlx::query(&sql.abort)
+        .bind(&claim.key().as_bytes()[..])
+        .bind(&token[..])
+        .execute(&mut *conn)
+        .await?;
+    fenced(done.rows_affected())
+}
+
+/// [`Store::get`] on `conn`.
+pub(crate) async fn get(
+    conn: &mut SqliteConnection,
+    sql: &Statements,
+    key: &Key,
+) -> Result<Option<Record>, Error> {
+    Ok(read_live(conn, sql, key).await?.map(|live| live.record))
+}
+
+/// [`Store::evict`] on `conn`.
+pub(crate) async fn evict(
+    conn: &mut SqliteConnection,
+    sql: &Statements,
+    key: &Key,
+) -> Result<bool, Error> {
+    let done = sqlx::query(&sql.evict)
+        .bind(&key.as_bytes()[..])
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// [`Store::prune_expired`] on `conn`.
+pub(crate) async fn prune_expired(
+    conn: &mut SqliteConnection,
+    sql: &Statements,
+    limit: u32,
+) -> Result<u64, Error> {
+    let done = sqlx::query(&sql.prune)
+        .bind(i64::from(limit))
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// A fenced statement changed no row: the record no longer carries the claim's token.
+fn fenced(rows: u64) -> Result<(), Error> {
+    if rows == 0 {
+        Err(Error::LeaseLost)
+    } else {
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn start(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        let lease = Millis::new("lease", lease)?;
+        let mut conn = self.pool.acquire().await?;
+        start(&mut conn, &self.sql, key, fingerprint, lease).await
+    }
+
+    async fn complete(
+        &self,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        let retention = Millis::new("retention", retention)?;
+        let mut conn = self.pool.acquire().await?;
+        complete(&mut conn, &self.sql, claim, completion, retention).await
+    }
+
+    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
+        let mut conn = self.pool.acquire().await?;
+        abort(&mut conn, &self.sql, claim).await
+    }
+
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
+        let lease = Millis::new("lease", lease)?;
+        let mut conn = self.pool.acquire().await?;
+        renew(&mut conn, &self.sql, claim, lease).await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        get(&mut conn, &self.sql, key).await
+    }
+
+    async fn evict(&self, key: &Key) -> Result<bool, Error> {
+        let mut conn = self.pool.acquire().await?;
+        evict(&mut conn, &self.sql, key).await
+    }
+
+    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
+        let mut conn = self.pool.acquire().await?;
+        prune_expired(&mut conn, &self.sql, limit).await
+    }
+}
+
+#[async_trait]
+impl crate::transactional::TransactionalStore for SqliteStore {
+    type Connection = SqliteConnection;
+
+    async fn start_in(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        start(
+            conn,
+            &self.sql,
+            key,
+            fingerprint,
+            Millis::new("lease", lease)?,
+        )
+        .await
+    }
+
+    async fn complete_in(
+        &self,
+        conn: &mut SqliteConnection,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        complete(
+            conn,
+            &self.sql,
+            claim,
+            completion,
+            Millis::new("retention", retention)?,
+        )
+        .await
+    }
+
+    async fn abort_in(&self, conn: &mut SqliteConnection, claim: &Claim) -> Result<(), Error> {
+        abort(conn, &self.sql, claim).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_memory_urls_are_recognised() {
+        for url in [
+            "sqlite::memory:",
+            "sqlite://:memory:",
+            "sqlite://?mode=memory",
+            "sqlite://",
+        ] {
+            let rest = url.strip_prefix("sqlite:").unwrap();
+            assert!(is_private_per_connection(rest), "{url}");
+        }
+        for url in [
+            "sqlite://idem.db",
+            "sqlite://idem.db?mode=rwc",
+            "sqlite:x:memory:",
+        ] {
+            let rest = url.strip_prefix("sqlite:").unwrap();
+            assert!(!is_private_per_connection(rest), "{url}");
+        }
+    }
+
+    #[test]
+    fn millis_round_up_and_check_range() {
+        assert_eq!(
+            Millis::new("lease", Duration::from_micros(1500)).unwrap().0,
+            2
+        );
+        assert_eq!(
+            Millis::new("lease", Duration::from_secs(3)).unwrap().0,
+            3000
+        );
+        assert!(Millis::new("lease", Duration::ZERO).is_err());
+        assert!(Millis::new("lease", Duration::from_secs(u64::MAX)).is_err());
+    }
+
+    #[test]
+    fn reserved_table_names_are_refused() {
+        let b = SqliteStoreBuilder::default().table("SQLite_stat1");
+        assert!(matches!(b.table_name(), Err(Error::InvalidConfig(_))));
+    }
+}

@@ -1,0 +1,281 @@
+//! Transactional mode: the claim, the work and the completion commit in one database
+//! transaction, on the caller's own connection.
+//!
+//! When the work writes to the same SQL database as the idempotency records, this turns
+//! at-most-once execution into an exactly-once *effect*: a crash anywhere before the commit
+//! leaves neither the business write nor the claim, and a retry applies the work once.
+//! Concurrent duplicates do not see the uncommitted claim: PostgreSQL makes their claim statement
+//! wait on the first transaction's row, SQLite on its write lock (open transactions with
+//! `BEGIN IMMEDIATE`), and then they replay the committed result.
+//!
+//! Round trips, on top of the caller's `BEGIN`/`COMMIT` and the work: one claim statement and one
+//! completion statement (a replay is the claim statement, plus one read on SQLite).
+//!
+//! ```
+//! use idem_core::{Error, Key, Outcome, SqliteStore, Transactional};
+//! use sqlx::Connection;
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let store = SqliteStore::open(dir.path().join("bank.db")).await?;
+//! let mut conn = store.pool().acquire().await?;
+//! sqlx::query("CREATE TABLE ledger (request TEXT, cents INTEGER)").execute(&mut *conn).await?;
+//! let idem = Transactional::new(store.clone());
+//!
+//! for _ in 0..2 {
+//!     let key = Key::derive("deposit", "acct-1", "req-9")?;
+//!     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+//!     let out = idem
+//!         .run(&mut tx, Some(key), None, |tx| Box::pin(async move {
+//!             sqlx::query("INSERT INTO ledger VALUES ('req-9', 500)").execute(&mut *tx).await?;
+//!             Ok::<_, Error>(500u64)
+//!         }))
+//!         .await?;
+//!     tx.commit().await?;
+//!     assert_eq!(out.into_inner(), 500);
+//! }
+//! let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger").fetch_one(&mut *conn).await?;
+//! assert_eq!(rows, 1); // the second delivery replayed
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::codec::{Codec, JsonCodec};
+use crate::engine::{Outcome, Policy};
+use crate::error::Error;
+use crate::key::{Fingerprint, Key};
+use crate::record::{Claim, Completion, Start};
+use crate::store::Store;
+
+/// A store whose claim and completion can run on a caller's transaction.
+///
+/// Implemented by [`SqliteStore`](crate::SqliteStore) (on `SqliteConnection`) and, with the
+/// `postgres` feature, by `PostgresStore` (on `PgConnection`). A `sqlx::Transaction` derefs to
+/// its connection, so pass `&mut tx`.
+///
+/// ```
+/// fn takes<S: idem_core::TransactionalStore>(_: &S) {}
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// takes(&idem_core::SqliteStore::open(":memory:").await?);
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait TransactionalStore: Store {
+    /// The connection the caller's transaction runs on.
+    type Connection: Send;
+
+    /// [`Store::start`] inside the caller's transaction.
+    async fn start_in(
+        &self,
+        conn: &mut Self::Connection,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error>;
+
+    /// [`Store::complete`] inside the caller's transaction.
+    async fn complete_in(
+        &self,
+        conn: &mut Self::Connection,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error>;
+
+    /// [`Store::abort`] inside the caller's transaction.
+    async fn abort_in(&self, conn: &mut Self::Connection, claim: &Claim) -> Result<(), Error>;
+}
+
+/// A boxed future borrowing the connection, as [`Transactional::run`]'s work returns.
+pub type TxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
+
+/// What [`Transactional::begin`] found.
+#[derive(Debug)]
+#[must_use = "run the work and call `finish`, or return the replayed value"]
+pub enum TxStart<T> {
+    /// The key is new (in this transaction): run the work on the same connection, then
+    /// [`finish`](Transactional::finish).
+    Run(TxClaim),
+    /// The key completed earlier: this is its stored result.
+    Replayed(T),
+}
+
+/// A claim made inside a transaction; it becomes visible to others only when the caller commits.
+#[derive(Debug)]
+pub struct TxClaim {
+    claim: Claim,
+}
+
+/// The engine for transactional mode: [`Policy`] and codec over a [`TransactionalStore`].
+///
+/// Use [`run`](Self::run) with a closure, or [`begin`](Self::begin) and
+/// [`finish`](Self::finish) around your own code. Either way, the caller opens and commits the
+/// transaction. If the work fails, its claim is deleted inside the transaction, so committing or
+/// rolling back both leave the key free for a retry.
+///
+/// ```
+/// use idem_core::{SqliteStore, Transactional};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// let idem = Transactional::new(SqliteStore::open(":memory:").await?);
+/// assert_eq!(idem.policy().retention.as_secs(), 24 * 3600);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Transactional<S, C = JsonCodec> {
+    store: S,
+    policy: Policy,
+    codec: C,
+}
+
+impl<S: TransactionalStore> Transactional<S, JsonCodec> {
+    /// Transactional mode over `store` with the default policy and the JSON codec.
+    pub fn new(store: S) -> Transactional<S, JsonCodec> {
+        Transactional {
+            store,
+            policy: Policy::default(),
+            codec: JsonCodec,
+        }
+    }
+}
+
+impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
+    /// Replaces the policy (lease, retention, response limit; `on_locked` does not apply: a
+    /// concurrent duplicate waits on the database's lock).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Policy, SqliteStore, Transactional};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let policy = Policy { retention: Duration::from_secs(3600), ..Policy::default() };
+    /// let idem = Transactional::new(SqliteStore::open(":memory:").await?).with_policy(policy)?;
+    /// # let _ = idem; Ok(()) }
+    /// ```
+    pub fn with_policy(self, policy: Policy) -> Result<Self, Error> {
+        policy.validate()?;
+        Ok(Transactional { policy, ..self })
+    }
+
+    /// Uses another codec for stored results.
+    pub fn with_codec<C2: Codec>(self, codec: C2) -> Transactional<S, C2> {
+        Transactional {
+            store: self.store,
+            policy: self.policy,
+            codec,
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Claims `key` inside the caller's transaction, or returns the stored result.
+    ///
+    /// [`Error::Locked`] means a claim made outside any transaction (by the ordinary engine) is
+    /// running; [`Error::KeyReused`] that the fingerprint differs from the stored one.
+    pub async fn begin<T: DeserializeOwned>(
+        &self,
+        conn: &mut S::Connection,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+    ) -> Result<TxStart<T>, Error> {
+        match self
+            .store
+            .start_in(conn, key, fingerprint, self.policy.lease)
+            .await?
+        {
+            Start::Started(claim) => Ok(TxStart::Run(TxClaim { claim })),
+            Start::Completed(cached) => {
+                if cached.is_error {
+                    return Err(Error::StoredError(cached.response.unwrap_or_default()));
+                }
+                let bytes = cached.response.unwrap_or_else(|| b"null".to_vec());
+                self.codec
+                    .decode(&bytes)
+                    .map(TxStart::Replayed)
+                    .map_err(Error::Codec)
+            }
+            Start::Locked { retry_after } => Err(Error::Locked { retry_after }),
+        }
+    }
+
+    /// Stores `value` as the claim's result, inside the caller's transaction. It becomes the
+    /// replayed answer when the caller commits.
+    pub async fn finish<T: Serialize>(
+        &self,
+        conn: &mut S::Connection,
+        claim: TxClaim,
+        value: &T,
+    ) -> Result<(), Error> {
+        let bytes = self.codec.encode(value).map_err(Error::Codec)?;
+        let limit = self.policy.max_response_bytes;
+        if bytes.len() > limit {
+            self.release(conn, claim).await;
+            return Err(Error::ResponseTooLarge {
+                size: bytes.len(),
+                limit,
+            });
+        }
+        let done = Completion {
+            response: Some(&bytes),
+            is_error: false,
+        };
+        self.store
+            .complete_in(conn, &claim.claim, done, self.policy.retention)
+            .await
+    }
+
+    /// Deletes the claim inside the transaction after the work failed, so a commit leaves the key
+    /// free. Errors are ignored: an aborted transaction must be rolled back anyway, which also
+    /// removes the claim.
+    pub async fn release(&self, conn: &mut S::Connection, claim: TxClaim) {
+        if let Err(e) = self.store.abort_in(conn, &claim.claim).await {
+            tracing::debug!(key = %claim.claim.key(), error = %e, "releasing a transactional claim failed; rolling back removes it");
+        }
+    }
+
+    /// Claims `key`, runs `work` on the same connection and stores its `Ok` value, all inside the
+    /// caller's transaction; a completed key replays instead. `key: None` runs the work without
+    /// deduplication. An `Err` releases the claim and is returned as is: roll back.
+    pub async fn run<T, E, F>(
+        &self,
+        conn: &mut S::Connection,
+        key: Option<Key>,
+        fingerprint: Option<Fingerprint>,
+        work: F,
+    ) -> Result<Outcome<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: for<'c> FnOnce(&'c mut S::Connection) -> TxFuture<'c, Result<T, E>>,
+    {
+        let Some(key) = key else {
+            return work(conn).await.map(Outcome::Fresh);
+        };
+        let claim = match self.begin(conn, &key, fingerprint.as_ref()).await? {
+            TxStart::Replayed(value) => return Ok(Outcome::Replayed(value)),
+            TxStart::Run(claim) => claim,
+        };
+        match work(conn).await {
+            Ok(value) => {
+                self.finish(conn, claim, &value).await?;
+                Ok(Outcome::Fresh(value))
+            }
+            Err(e) => {
+                self.release(conn, claim).await;
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! What only the SQLite store has to show: persistence in a file, its configuration, its
+//! migrations, concurrency across connections and pools, and leases measured by SQLite's clock.
+//! The behaviour every store shares is checked by the conformance suite.
+#![cfg(feature = "sqlite")]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    Completion, Error, Key, RecordState, SqliteStore, Start, Store, StoreError, StoreErrorKind,
+};
+use sqlx::Connection;
+use tempfile::TempDir;
+
+const LEASE: Duration = Duration::from_secs(30);
+const RETENTION: Duration = Duration::from_secs(3600);
+/// A lease short enough to wait out in a test.
+const SHORT: Duration = Duration::from_millis(250);
+/// Waiting this long after a SHORT lease was taken guarantees it ended (same host clock).
+const PAST_SHORT: Duration = Duration::from_millis(300);
+
+fn key(n: usize) -> Key {
+    Key::derive("sqlite-test", "", &format!("k{n}")).unwrap()
+}
+
+fn db(dir: &TempDir) -> std::path::PathBuf {
+    dir.path().join("idem.db")
+}
+
+fn done(bytes: &[u8]) -> Completion<'_> {
+    Completion {
+        response: Some(bytes),
+        is_error: false,
+    }
+}
+
+async fn claim(store: &SqliteStore, key: &Key, lease: Duration) -> idem_core::Claim {
+    match store.start(key, None, lease).await.unwrap() {
+        Start::Started(c) => c,
+        other => panic!("expected Started, got {other:?}"),
+    }
+}
+
+async fn rows(store: &SqliteStore) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM \"{}\"", store.table()))
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn completed_record_survives_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = key(1);
+    {
+        let store = SqliteStore::open(db(&dir)).await.unwrap();
+        let c = claim(&store, &k, LEASE).await;
+        store
+            .complete(&c, done(b"receipt"), RETENTION)
+            .await
+            .unwrap();
+        store.pool().close().await;
+    }
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    match store.start(&k, None, LEASE).await.unwrap() {
+        Start::Completed(cached) => {
+            assert_eq!(cached.response.as_deref(), Some(&b"receipt"[..]));
+            assert!(!cached.is_error);
+        }
+        other => panic!("expected a replay after reopening, got {other:?}"),
+    }
+    let record = store.get(&k).await.unwrap().expect("record kept");
+    assert!(matches!(record.state, RecordState::Completed(_)));
+}
+
+#[tokio::test]
+async fn open_creates_the_file_and_connect_honours_the_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.db");
+    let url = format!("sqlite://{}", missing.display());
+    assert!(matches!(
+        SqliteStore::connect(&url).await,
+        Err(Error::Store(_))
+    ));
+    assert!(!missing.exists());
+
+    SqliteStore::connect(&format!("{url}?mode=rwc"))
+        .await
+        .unwrap();
+    assert!(missing.exists());
+
+    let opened = dir.path().join("opened.db");
+    SqliteStore::open(&opened).await.unwrap();
+    assert!(opened.exists());
+}
+
+#[tokio::test]
+async fn bad_configuration_is_a_typed_error_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in [
+        "",
+        "bad-name",
+        "1st",
+        "a;drop table x",
+        "sqlite_master",
+        "x\"y",
+    ] {
+        let result = SqliteStore::builder().table(name).open(db(&dir)).await;
+        assert!(
+            matches!(result, Err(Error::InvalidConfig(_))),
+            "{name:?} gave {result:?}"
+        );
+    }
+    assert!(
+        !db(&dir).exists(),
+        "a refused configuration opened the file"
+    );
+
+    assert!(matches!(
+        SqliteStore::connect("postgres://not-sqlite").await,
+        Err(Error::InvalidConfig(_))
+    ));
+
+    // A keyword is a plain identifier and works, because the store quotes it.
+    let store = SqliteStore::builder()
+        .table("order")
+        .open(db(&dir))
+        .await
+        .unwrap();
+    claim(&store, &key(1), LEASE).await;
+}
+
+#[tokio::test]
+async fn tables_in_one_file_are_independent_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = SqliteStore::builder()
+        .table("idem_a")
+        .open(db(&dir))
+        .await
+        .unwrap();
+    let b = SqliteStore::builder()
+        .table("idem_b")
+        .open(db(&dir))
+        .await
+        .unwrap();
+    let k = key(1);
+
+    let in_a = claim(&a, &k, LEASE).await;
+    let in_b = claim(&b, &k, LEASE).await;
+    a.complete(&in_a, done(b"from a"), RETENTION).await.unwrap();
+    assert!(matches!(
+        b.get(&k).await.unwrap().map(|r| r.state),
+        Some(RecordState::InProgress { .. })
+    ));
+    b.abort(&in_b).await.unwrap();
+    assert!(b.get(&k).await.unwrap().is_none());
+    assert!(matches!(
+        a.start(&k, None, LEASE).await.unwrap(),
+        Start::Completed(_)
+    ));
+    assert!(a.evict(&k).await.unwrap());
+    assert!(!b.evict(&k).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_run_once_from_concurrent_pools_and_again_harmlessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    let opens: Vec<_> = (0..8)
+        .map(|_| {
+            let path = path.clone();
+            tokio::spawn(async move { SqliteStore::open(&path).await })
+        })
+        .collect();
+    let mut stores = Vec::new();
+    for open in opens {
+        stores.push(open.await.unwrap().unwrap());
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM idem_records_migrations")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(versions, vec![1]);
+    // Every pool sees the one table.
+    let c = claim(&stores[0], &key(1), LEASE).await;
+    assert!(matches!(
+        stores[7].start(&key(1), None, LEASE).await.unwrap(),
+        Start::Locked { .. }
+    ));
+    stores[1].abort(&c).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_schema_from_a_newer_idem_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    sqlx::query(
+        "INSERT INTO idem_records_migrations (version, description, applied_at) \
+         VALUES (999, 'from the future', 0)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    store.pool().close().await;
+    let reopened = SqliteStore::open(db(&dir)).await;
+    assert!(
+        matches!(reopened, Err(Error::InvalidConfig(ref m)) if m.contains("999")),
+        "{reopened:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_start_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two pools on one file as well as many connections in each: like two processes.
+    let first = SqliteStore::open(db(&dir)).await.unwrap();
+    let second = SqliteStore::open(db(&dir)).await.unwrap();
+    for round in 0..4 {
+        let k = key(round);
+        let tasks: Vec<_> = (0..24)
+            .map(|i| {
+                let store = if i % 2 == 0 {
+                    first.clone()
+                } else {
+                    second.clone()
+                };
+                tokio::spawn(async move { store.start(&k, None, LEASE).await })
+            })
+            .collect();
+        let (mut started, mut locked) = (0, 0);
+        for t in tasks {
+            match t.await.unwrap().unwrap() {
+                Start::Started(_) => started += 1,
+                Start::Locked { retry_after } => {
+                    assert!(retry_after <= LEASE);
+                    locked += 1;
+                }
+                Start::Completed(c) => panic!("nothing completed yet: {c:?}"),
+            }
+        }
+        assert_eq!((started, locked), (1, 23), "round {round}");
+    }
+}
+
+#[tokio::test]
+async fn prune_deletes_at_most_limit_expired_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    for n in 0..5 {
+        claim(&store, &key(n), SHORT).await;
+    }
+    let live = claim(&store, &key(100), LEASE).await;
+    let kept = claim(&store, &key(101), LEASE).await;
+    store.complete(&kept, done(b"x"), RETENTION).await.unwrap();
+    assert_eq!(
+        store.prune_expired(10).await.unwrap(),
+        0,
+        "nothing expired yet"
+    );
+
+    tokio::time::sleep(PAST_SHORT).await;
+    assert_eq!(store.prune_expired(0).await.unwrap(), 0);
+    assert_eq!(store.prune_expired(2).await.unwrap(), 2);
+    assert_eq!(store.prune_expired(2).await.unwrap(), 2);
+    assert_eq!(store.prune_expired(2).await.unwrap(), 1);
+    assert_eq!(store.prune_expired(2).await.unwrap(), 0);
+    assert_eq!(rows(&store).await, 2);
+    store.renew(&live, LEASE).await.unwrap();
+    assert!(store.get(&key(101)).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_taken_over_and_fences_the_old_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let k = key(1);
+    let old = claim(&store, &k, SHORT).await;
+    match store.start(&k, None, LEASE).await.unwrap() {
+        Start::Locked { retry_after } => {
+            assert!(retry_after > Duration::ZERO && retry_after <= SHORT)
+        }
+        other => panic!("expected Locked while the lease runs, got {other:?}"),
+    }
+
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(
+        store.get(&k).await.unwrap().is_none(),
+        "an expired lease reads as absent"
+    );
+    // Not yet taken over: the expired row still carries the old token, so renewing is safe.
+    store.renew(&old, SHORT).await.unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+
+    let new = claim(&store, &k, LEASE).await;
+    assert_ne!(new.token(), old.token());
+    assert!(matches!(
+        store.complete(&old, done(b"late"), RETENTION).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(
+        store.renew(&old, LEASE).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(store.abort(&old).await, Err(Error::LeaseLost)));
+    match store.get(&k).await.unwrap().map(|r| r.state) {
+        Some(RecordState::InProgress { token, .. }) => assert_eq!(token, new.token()),
+        other => panic!("the new claim must be untouched, got {other:?}"),
+    }
+    store.complete(&new, done(b"ok"), RETENTION).await.unwrap();
+}
+
+#[tokio::test]
+async fn retention_ends_and_the_key_runs_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let k = key(1);
+    let c = claim(&store, &k, LEASE).await;
+    store.complete(&c, done(b"first"), SHORT).await.unwrap();
+    assert!(matches!(
+        store.start(&k, None, LEASE).await.unwrap(),
+        Start::Completed(_)
+    ));
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(store.get(&k).await.unwrap().is_none());
+    let again = claim(&store, &k, LEASE).await;
+    assert_ne!(again.token(), c.token());
+}
+
+#[tokio::test]
+async fn bad_durations_are_rejected_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let ten_years_and_a_day = Duration::from_secs(10 * 365 * 24 * 3600 + 86_400);
+    for lease in [
+        Duration::ZERO,
+        Duration::from_micros(999),
+        ten_years_and_a_day,
+    ] {
+        assert!(matches!(
+            store.start(&key(1), None, lease).await,
+            Err(Error::InvalidConfig(_))
+        ));
+    }
+    assert_eq!(rows(&store).await, 0);
+
+    let c = claim(&store, &key(1), LEASE).await;
+    let before = store.get(&key(1)).await.unwrap();
+    assert!(matches!(
+        store.renew(&c, Duration::ZERO).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        store.complete(&c, done(b"x"), ten_years_and_a_day).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert_eq!(store.get(&key(1)).await.unwrap(), before);
+    store.complete(&c, done(b"x"), RETENTION).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_held_write_lock_past_the_busy_timeout_is_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::builder()
+        .busy_timeout(Duration::from_millis(100))
+        .open(db(&dir))
+        .await
+        .unwrap();
+    let mut blocker = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db(&dir).display()))
+        .await
+        .unwrap();
+    let tx = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    match store.start(&key(1), None, LEASE).await {
+        Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}"),
+        other => panic!("expected the store to be unavailable, got {other:?}"),
+    }
+    assert!(Error::Store(StoreError::new(StoreErrorKind::Unavailable, "x")).is_retryable());
+    tx.rollback().await.unwrap();
+    claim(&store, &key(1), LEASE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_store_keeps_its_records_across_operations() {
+    let store = Arc::new(SqliteStore::connect("sqlite::memory:").await.unwrap());
+    let k = key(1);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.start(&k, None, LEASE).await.unwrap() })
+        })
+        .collect();
+    let mut claims = Vec::new();
+    for t in tasks {
+        if let Start::Started(c) = t.await.unwrap() {
+            claims.push(c);
+        }
+    }
+    assert_eq!(claims.len(), 1);
+    store
+        .complete(&claims[0], done(b"mem"), RETENTION)
+        .await
+        .unwrap();
+    assert_eq!(store.pool().size(), 1);
+    assert!(matches!(
+        store.start(&k, None, LEASE).await.unwrap(),
+        Start::Completed(_)
+    ));
+
+    let other = SqliteStore::open(":memory:").await.unwrap();
+    assert!(
+        other.get(&k).await.unwrap().is_none(),
+        "each in-memory store is its own database"
+    );
+}
+
+#[tokio::test]
+async fn from_pool_keeps_the_pool_and_creates_the_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let path: &Path = &db(&dir);
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(path)
+                .create_if_missing(true),
+        )
+        .await
+        .unwrap();
+    let store = SqliteStore::from_pool(pool.clone()).await.unwrap();
+    let c = claim(&store, &key(1), LEASE).await;
+    store.complete(&c, done(b"ok"), RETENTION).await.unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records WHERE state = 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+}
