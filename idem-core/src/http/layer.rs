@@ -106,6 +106,13 @@ impl<C> fmt::Debug for Config<C> {
 
 impl<C: Codec> IdempotencyLayer<C> {
     /// A layer with the defaults: see [`LayerBuilder`].
+    ///
+    /// ```
+    /// use idem_core::http::IdempotencyLayer;
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()));
+    /// # let _ = layer;
+    /// ```
     pub fn new(engine: Idempotency<C>) -> IdempotencyLayer<C> {
         IdempotencyLayer {
             config: Arc::new(LayerBuilder::new(engine).config),
