@@ -1,2 +1,86 @@
-//! placeholder
+//! idem makes retried work safe.
+//!
+//! A client retries a request, a queue redelivers a message, a function is invoked again after
+//! a timeout: with idem the work runs once per key and every caller gets the same answer. Each
+//! call claims its key in a store with a short, renewed lease; the result is stored when the
+//! work succeeds and replayed to duplicates until its retention ends. A failure, cancellation
+//! or crash releases the key, so a retry runs again.
+//!
+//! This crate re-exports everything of `idem-core` (keys, records, the [`Store`] trait and its
+//! backends, the [`Idempotency`] engine) together with the [`idempotent`] attribute.
+//!
+//! # The attribute
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use std::time::Duration;
+//! use idem::{idempotent, Idempotency, MemoryStore, OnLocked};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! enum PayError {
+//!     #[error(transparent)]
+//!     Idem(#[from] idem::Error),
+//! }
+//!
+//! #[derive(Debug, PartialEq, Serialize, Deserialize)]
+//! struct Charge { charge_no: u64, cents: u64 }
+//!
+//! static CHARGES: AtomicU64 = AtomicU64::new(0);
+//!
+//! /// Charges once per message id, even when the queue delivers the message twice at once.
+//! #[idempotent(
+//!     key = message_id,
+//!     scope = "charge",
+//!     store = engine,
+//!     on_locked = OnLocked::Wait { timeout: Duration::from_secs(10) },
+//! )]
+//! async fn charge(engine: &Idempotency, message_id: &str, cents: u64) -> Result<Charge, PayError> {
+//!     let charge_no = CHARGES.fetch_add(1, Ordering::SeqCst) + 1;
+//!     Ok(Charge { charge_no, cents })
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), PayError> {
+//! let engine = Idempotency::new(MemoryStore::new());
+//! let (a, b) = tokio::join!(charge(&engine, "msg-1", 500), charge(&engine, "msg-1", 500));
+//! assert_eq!(a?, b?); // two deliveries, two identical answers...
+//! assert_eq!(CHARGES.load(Ordering::SeqCst), 1); // ...and one charge
+//! # Ok(()) }
+//! ```
+//!
+//! The arguments, what each call returns, and the expansion are described on [`idempotent`].
+//!
+//! # The engine, without the attribute
+//!
+//! ```
+//! use idem::{Error, Idempotency, Key, MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Error> {
+//! let engine = Idempotency::new(MemoryStore::new());
+//! let key = Key::derive("charge", "tenant-7", "msg-1")?;
+//! let first = engine.run(Some(key), None, async { Ok::<_, Error>(500u64) }).await?;
+//! let again = engine.run(Some(key), None, async { Ok::<_, Error>(999u64) }).await?;
+//! assert!(!first.is_replayed());
+//! assert!(again.is_replayed());
+//! assert_eq!(again.into_inner(), 500); // the second future never ran
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
 pub use idem_core::*;
+
+#[doc(inline)]
+pub use idem_macros::idempotent;
+
+// The attribute's expansion calls `::idem::__private::…`; the glob above re-exports it too, but
+// the generated code depends on this path, so it is spelled out.
+#[doc(hidden)]
+pub use idem_core::__private;
+
+// The README's examples are compiled as doc tests, so they never rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

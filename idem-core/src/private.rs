@@ -16,6 +16,11 @@ use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 
 /// What `store = …` may name: an engine, or a reference or `Arc` to one.
+#[diagnostic::on_unimplemented(
+    message = "`store = …` must be an idem engine, not `{Self}`",
+    label = "not an `Idempotency` engine",
+    note = "`store` takes an `idem::Idempotency`, a reference to one, or an `Arc` of one"
+)]
 pub trait AsEngine {
     /// The engine's codec.
     type Codec: Codec;
@@ -46,6 +51,11 @@ impl<T: AsEngine + ?Sized> AsEngine for Arc<T> {
 
 /// What `key = …` and `caller = …` may be: text, a number, a UUID, or an `Option` of one
 /// (`None`: no key, so the call runs without deduplication; no caller, so the caller is empty).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be part of an idempotency key",
+    label = "not text, an integer or a UUID",
+    note = "`key` and `caller` take `&str`, `String`, an integer, a `uuid::Uuid`, or an `Option` of one; format other values into a `String` first"
+)]
 pub trait KeyPart {
     /// The text of the part, if any.
     fn key_part(&self) -> Option<Cow<'_, str>>;

@@ -1,5 +1,174 @@
+//! The `#[idempotent]` attribute of [idem](https://docs.rs/idem).
+//!
+//! Depend on `idem`, not on this crate: the attribute is re-exported there as
+//! `idem::idempotent`, and the code it generates calls into `::idem::__private`.
+//!
+//! Parsing and checking the arguments lives in `attr.rs` (with duration literals in
+//! `duration.rs`); checking the function and generating the new body lives in `expand.rs`. All
+//! runtime logic is in `idem-core`, where it is tested without macros.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod attr;
+mod duration;
+mod expand;
+
 use proc_macro::TokenStream;
+
+/// Runs an `async fn` once per key: the first call runs the body and stores its `Ok` value;
+/// a later call with the same key gets that value back without running the body, until the
+/// retention (`ttl`) ends.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use idem::{idempotent, Idempotency, MemoryStore};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum BankError {
+///     #[error(transparent)]
+///     Idem(#[from] idem::Error),
+/// }
+///
+/// #[derive(Serialize)]
+/// struct Deposit { request_id: String, cents: u64 }
+///
+/// #[derive(Debug, PartialEq, Serialize, Deserialize)]
+/// struct Receipt { deposit_no: u64, cents: u64 }
+///
+/// struct Bank { idem: Idempotency, tenant: String, deposits: AtomicU64 }
+///
+/// impl Bank {
+///     #[idempotent(
+///         key = req.request_id,
+///         caller = self.tenant,
+///         scope = "deposit",
+///         store = self.idem,
+///         fingerprint = req,
+///         ttl = "24h",
+///     )]
+///     async fn deposit(&self, req: Deposit) -> Result<Receipt, BankError> {
+///         let deposit_no = self.deposits.fetch_add(1, Ordering::SeqCst) + 1;
+///         Ok(Receipt { deposit_no, cents: req.cents })
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BankError> {
+/// let bank = Bank {
+///     idem: Idempotency::new(MemoryStore::new()),
+///     tenant: "acme".into(),
+///     deposits: AtomicU64::new(0),
+/// };
+/// let request = || Deposit { request_id: "req-1".into(), cents: 500 };
+/// let first = bank.deposit(request()).await?;
+/// let retry = bank.deposit(request()).await?; // replayed: the body does not run again
+/// assert_eq!(first, retry);
+/// assert_eq!(bank.deposits.load(Ordering::SeqCst), 1);
+///
+/// // The same key for a different request is refused.
+/// let other = bank.deposit(Deposit { cents: 900, ..request() }).await;
+/// assert!(matches!(other, Err(BankError::Idem(idem::Error::KeyReused))));
+/// # Ok(()) }
+/// ```
+///
+/// # Where it applies
+///
+/// An `async fn` with a body: a free function, or a method in an `impl` block (inherent or
+/// trait) with any receiver (`&self`, `&mut self`, `self`, `self: Arc<Self>`). Generics,
+/// visibility, other attributes and doc comments are kept. The function returns
+/// `Result<T, E>` where
+///
+/// - `T: Serialize + DeserializeOwned`: the `Ok` value is stored (as JSON by default) and
+///   replayed;
+/// - `E: From<idem::Error>`: idem's own errors (invalid key, key reused, locked, store down)
+///   reach the caller through the function's error type.
+///
+/// The return type is checked by name: it must be written `Result<…>` (a path ending in
+/// `Result`, such as `std::io::Result<T>`); an alias of another name is refused.
+///
+/// # Arguments
+///
+/// | argument | required | value | meaning |
+/// |---|---|---|---|
+/// | `key` | yes | expression: `&str`, `String`, an integer, a `uuid::Uuid`, or an `Option` of one | The client key: what the caller sent (request id, `Idempotency-Key` header, message id). `None` runs the body without deduplication. |
+/// | `store` | yes | expression: an `idem::Idempotency`, a reference to one, or an `Arc` of one | The engine: the store plus its policy (lease, retention, waiting, size limit, codec). |
+/// | `scope` | no | string literal, 1 to 255 bytes of printable ASCII, checked at compile time | Names the operation. Default: the function's name. |
+/// | `caller` | no | expression, as for `key` | Who asks (tenant, user, token id). Two callers sending the same key never share a record. Default: empty. |
+/// | `fingerprint` | no | expression of a `Serialize` type | Hashed as canonical JSON. A call reusing a key with another fingerprint gets `idem::Error::KeyReused`. |
+/// | `lease` | no | duration literal | How long a claim blocks its key without a heartbeat; renewed every third of it while the body runs. Default: the engine's policy (30 s). |
+/// | `ttl` | no | duration literal | How long a completed result is replayed. Default: the engine's policy (24 h). |
+/// | `on_locked` | no | expression of type `idem::OnLocked` | What a call does while another call runs the same key: `OnLocked::FailFast` (`idem::Error::Locked`) or `OnLocked::Wait { timeout }` (then replay). Default: the engine's policy (fail fast). |
+///
+/// Arguments are `name = value`, separated by commas, in any order. Duration literals are a
+/// number and a unit (`ms`, `s`, `m`, `h`, `d`), or several from the largest unit to the
+/// smallest: `"250ms"`, `"30s"`, `"5m"`, `"24h"`, `"7d"`, `"1h30m"`. They must lie between 1 ms
+/// and 10 years.
+///
+/// The key of a call is derived from `(scope, caller, key)` (SHA-256 over length-prefixed
+/// parts); the key and caller must be 1 to 255 bytes of printable ASCII, otherwise the call
+/// returns `idem::Error::InvalidKey` without running the body or touching the store.
+///
+/// **Renaming forgets.** Stored results are found by scope. Renaming the scope forgets every
+/// key stored under the old one, and so does renaming the function when `scope` is not given.
+/// For a method the default scope is the bare method name, not the type's: two methods of the
+/// same name sharing an engine share their keys, so give each a `scope`.
+///
+/// # What a call returns
+///
+/// | situation | result |
+/// |---|---|
+/// | new key | the body runs; its `Ok` value is stored and returned |
+/// | key completed before, within `ttl` | the stored value, deserialized; the body does not run |
+/// | the body returns `Err` | that error; nothing is stored and the claim is released, so a retry runs again |
+/// | the call is cancelled (its future dropped) or the body panics | the claim is released at once (by lease expiry when no tokio runtime is left) |
+/// | another call holds the key | `idem::Error::Locked { retry_after }`, or with `OnLocked::Wait` the other call's result |
+/// | same key, different `fingerprint` | `idem::Error::KeyReused` |
+/// | malformed key or caller | `idem::Error::InvalidKey` |
+/// | the `Ok` value exceeds the engine's size limit | `idem::Error::ResponseTooLarge`; nothing is stored |
+/// | the lease was lost before completion | `idem::Error::LeaseLost`: the work may have run twice |
+///
+/// A replayed value and a fresh one look the same to the caller; use
+/// `Idempotency::run` directly when the difference matters (it returns an `Outcome`).
+///
+/// # Round trips to the store
+///
+/// A new key costs one statement to claim and one to complete (plus one renewal per third of
+/// the lease the body runs); a replay costs one; a failed body costs a claim and a release; a
+/// `None` key or an invalid one costs none.
+///
+/// # Expansion
+///
+/// The function keeps its signature; its body becomes, in outline (generated locals are
+/// prefixed `__idem_` so they never clash with yours):
+///
+/// ```text
+/// let __idem_engine = <clone of the engine named by `store`>;           // one Arc clone
+/// let __idem_key = key(<scope>, <Some(&caller) or None>, &<key>);     // Result<Option<Key>, Error>
+/// let __idem_fingerprint = fingerprint(&<fingerprint>);               // or Ok(None)
+/// let __idem_options = options(<lease>, <ttl>, <on_locked>);          // None: engine's policy
+/// run(&__idem_engine, __idem_key, __idem_fingerprint, __idem_options,
+///     body::<ReturnType, _>(async move { <the original body> })).await
+/// ```
+///
+/// where `key`, `fingerprint`, `options`, `run` and `body` are in `::idem::__private`.
+/// The key, caller and fingerprint are computed from borrows before the body starts, and the
+/// engine is cloned, so the body may still move the function's arguments (including one that
+/// `store` or `key` names). `body::<ReturnType, _>` pins the body's output to the declared
+/// return type, so `?` and `return` inside the body behave as in the original function.
+/// The generated future is `Send` whenever the original body's future is.
+///
+/// # Compile errors
+///
+/// Each mistake is reported on the token that causes it, and the function is still emitted
+/// unchanged next to the error, so only that one error shows: a function that is not
+/// `async`; a missing `key` or `store`; an unknown argument (the message lists the known
+/// ones); an argument given twice (on the second one); an argument without a value; a
+/// malformed, zero or too long duration; a `scope` that is not a string literal, is empty,
+/// longer than 255 bytes or not printable ASCII (and, without `scope`, a function name that is
+/// not ASCII); a return type that is not `Result<…>`. A `key`, `caller`, `store` or `on_locked`
+/// of the wrong type is reported by the type checker on that expression.
 #[proc_macro_attribute]
-pub fn idempotent(_a: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::idempotent(args.into(), item.into()).into()
 }

@@ -1,0 +1,255 @@
+//! Checks the annotated function and rewrites its body into a call of
+//! `::idem::__private::run`.
+
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::ext::IdentExt;
+use syn::spanned::Spanned;
+use syn::{AttrStyle, Expr, ItemFn, LitStr, ReturnType, Type};
+
+use crate::attr::{check_scope, Args};
+use crate::duration::DurationLit;
+
+/// The whole attribute: on any error, the original function is emitted unchanged next to the
+/// error, so the rest of the crate still type-checks and only the real mistake is reported.
+pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    let func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(func) => func,
+        Err(e) => {
+            let error = syn::Error::new(
+                e.span(),
+                format!(
+                    "`#[idempotent]` goes on an `async fn` with a body (a free function or a \
+                     method in an `impl` block): {e}"
+                ),
+            );
+            return with_error(item, error);
+        }
+    };
+    let args: Args = match syn::parse2(args) {
+        Ok(args) => args,
+        Err(e) => return with_error(item, e),
+    };
+    match check(&func, args) {
+        Ok(call) => expand(func, call),
+        Err(e) => with_error(item, e),
+    }
+}
+
+fn with_error(mut item: TokenStream, error: syn::Error) -> TokenStream {
+    item.extend(error.into_compile_error());
+    item
+}
+
+/// Everything the expansion needs, checked.
+struct Call {
+    return_type: Type,
+    scope: LitStr,
+    key: Expr,
+    store: Expr,
+    caller: Option<Expr>,
+    fingerprint: Option<Expr>,
+    lease: Option<DurationLit>,
+    ttl: Option<DurationLit>,
+    on_locked: Option<Expr>,
+}
+
+/// Checks the function and the required arguments, reporting every problem at once.
+fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
+    let sig = &func.sig;
+    let asyncness = match sig.asyncness {
+        Some(_) => Ok(()),
+        None => Err(syn::Error::new_spanned(
+            sig.fn_token,
+            "`#[idempotent]` needs an `async fn`: it waits on the store before and after the \
+             body; add `async` before `fn`",
+        )),
+    };
+    let return_type = match &sig.output {
+        ReturnType::Type(_, ty) if is_result(ty) => Ok((**ty).clone()),
+        ReturnType::Type(_, ty) => Err(syn::Error::new_spanned(
+            ty,
+            "`#[idempotent]` needs a return type `Result<T, E>` (T: Serialize + \
+             DeserializeOwned, E: From<idem::Error>): idem's own errors reach the caller \
+             through `E`, and only `Ok` values are stored",
+        )),
+        ReturnType::Default => Err(syn::Error::new_spanned(
+            sig,
+            "`#[idempotent]` needs a return type `Result<T, E>` (T: Serialize + \
+             DeserializeOwned, E: From<idem::Error>); this function returns `()`",
+        )),
+    };
+    let scope = match &args.scope {
+        Some((_, lit)) => Ok(lit.clone()),
+        None => default_scope(func),
+    };
+    let key = args.key.map(|(_, key)| key).ok_or_else(|| {
+        syn::Error::new(
+            Span::call_site(),
+            "missing `key = …`: the expression naming this call's request, such as \
+             `key = req.request_id` (an `Option` makes idempotency optional)",
+        )
+    });
+    let store = args.store.map(|(_, store)| store).ok_or_else(|| {
+        syn::Error::new(
+            Span::call_site(),
+            "missing `store = …`: the `idem::Idempotency` engine to record calls in, such as \
+             `store = self.idem` (an engine, a reference to one, or an `Arc` of one)",
+        )
+    });
+    combine_errors(
+        [
+            asyncness.err(),
+            return_type.as_ref().err().cloned(),
+            scope.as_ref().err().cloned(),
+            key.as_ref().err().cloned(),
+            store.as_ref().err().cloned(),
+        ]
+        .into_iter()
+        .flatten(),
+    )?;
+    Ok(Call {
+        return_type: return_type?,
+        scope: scope?,
+        key: key?,
+        store: store?,
+        caller: args.caller.map(|(_, caller)| caller),
+        fingerprint: args.fingerprint.map(|(_, fp)| fp),
+        lease: args.lease.map(|(_, lease)| lease),
+        ttl: args.ttl.map(|(_, ttl)| ttl),
+        on_locked: args.on_locked.map(|(_, on_locked)| on_locked),
+    })
+}
+
+/// One error holding every error of `errors`, or `Ok` when there is none.
+fn combine_errors(errors: impl IntoIterator<Item = syn::Error>) -> syn::Result<()> {
+    let mut errors = errors.into_iter();
+    match errors.next() {
+        None => Ok(()),
+        Some(mut all) => {
+            all.extend(errors);
+            Err(all)
+        }
+    }
+}
+
+/// Whether `ty` names a `Result`: `Result<…>`, `std::result::Result<…>`, `io::Result<…>` or any
+/// other alias whose last path segment is `Result`.
+fn is_result(ty: &Type) -> bool {
+    match ty {
+        Type::Path(path) => path
+            .path
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "Result"),
+        Type::Group(group) => is_result(&group.elem),
+        Type::Paren(paren) => is_result(&paren.elem),
+        _ => false,
+    }
+}
+
+/// Without `scope = …`, the scope is the function's name.
+fn default_scope(func: &ItemFn) -> syn::Result<LitStr> {
+    let ident = &func.sig.ident;
+    let name = ident.unraw().to_string();
+    check_scope(&name).map_err(|msg| {
+        syn::Error::new(
+            ident.span(),
+            format!(
+                "without `scope = …` the scope is the function name `{name}`, and {msg}: add \
+                 `scope = \"…\"`"
+            ),
+        )
+    })?;
+    Ok(LitStr::new(&name, ident.span()))
+}
+
+fn expand(func: ItemFn, call: Call) -> TokenStream {
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = func;
+    let (inner_attrs, outer_attrs): (Vec<_>, Vec<_>) = attrs
+        .into_iter()
+        .partition(|attr| matches!(attr.style, AttrStyle::Inner(_)));
+    let Call {
+        return_type,
+        scope,
+        key,
+        store,
+        caller,
+        fingerprint,
+        lease,
+        ttl,
+        on_locked,
+    } = call;
+
+    // User expressions keep their spans, so a type error points at what the user wrote.
+    let store = quote_spanned! {store.span()=>
+        ::core::clone::Clone::clone(::idem::__private::AsEngine::as_engine(&(#store)))
+    };
+    let key = quote_spanned! {key.span()=> &(#key)};
+    let caller = match caller {
+        Some(caller) => quote_spanned! {caller.span()=>
+            ::core::option::Option::Some(&(#caller))
+        },
+        None => quote!(::core::option::Option::None),
+    };
+    let fingerprint = match fingerprint {
+        Some(fp) => quote_spanned! {fp.span()=> ::idem::__private::fingerprint(&(#fp))},
+        None => quote!(::core::result::Result::Ok(::core::option::Option::None)),
+    };
+    let lease = duration(lease);
+    let ttl = duration(ttl);
+    let on_locked = typed_on_locked(on_locked);
+
+    let body = quote! {
+        #(#inner_attrs)*
+        // Everything the record needs is computed from borrows before the body starts, so the
+        // body may still move the function's arguments.
+        let __idem_engine = #store;
+        let __idem_key = ::idem::__private::key(#scope, #caller, #key);
+        let __idem_fingerprint = #fingerprint;
+        let __idem_options = ::idem::__private::options(#lease, #ttl, #on_locked);
+        ::idem::__private::run(
+            &__idem_engine,
+            __idem_key,
+            __idem_fingerprint,
+            __idem_options,
+            ::idem::__private::body::<#return_type, _>(async move #block),
+        )
+        .await
+    };
+    // The new body keeps the original braces' span, so lints about the function (such as
+    // `dead_code`) still see it as the user's code.
+    let mut body = Group::new(Delimiter::Brace, body);
+    body.set_span(block.brace_token.span.join());
+    quote! {
+        #(#outer_attrs)*
+        #vis #sig #body
+    }
+}
+
+fn duration(d: Option<DurationLit>) -> TokenStream {
+    match d {
+        Some(DurationLit { lit, millis }) => quote_spanned! {lit.span()=>
+            ::core::option::Option::Some(::core::time::Duration::from_millis(#millis))
+        },
+        None => quote!(::core::option::Option::None),
+    }
+}
+
+/// The `on_locked` expression, bound to a typed local so a wrong type is reported on it.
+fn typed_on_locked(e: Option<Expr>) -> TokenStream {
+    match e {
+        Some(e) => quote_spanned! {e.span()=>
+            {
+                let __idem_on_locked: ::idem::OnLocked = #e;
+                ::core::option::Option::Some(__idem_on_locked)
+            }
+        },
+        None => quote!(::core::option::Option::None),
+    }
+}

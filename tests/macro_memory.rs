@@ -1,0 +1,157 @@
+//! `#[idempotent]` end to end on the memory store, with tokio's paused clock driving leases and
+//! retention.
+
+mod macro_support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{idempotent, Idempotency, MemoryStore, TokioClock};
+use macro_support::Harness;
+
+/// A memory store on tokio's clock (so `start_paused` tests control leases and retention), with
+/// responses limited to 512 bytes.
+fn harness(store: MemoryStore) -> Harness {
+    let engine = Idempotency::builder(store.clone())
+        .max_response_bytes(512)
+        .build()
+        .unwrap();
+    Harness::new(
+        engine,
+        Box::new(move || {
+            let n = store.len();
+            Box::pin(async move { n })
+        }),
+        (),
+    )
+}
+
+fn paused() -> Harness {
+    harness(MemoryStore::with_clock(TokioClock::new()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn duplicate_storm() {
+    macro_support::duplicate_storm(&paused(), Duration::from_millis(50)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_storm_on_worker_threads() {
+    macro_support::duplicate_storm(&harness(MemoryStore::new()), Duration::from_millis(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn error_releases_the_claim() {
+    macro_support::error_releases_the_claim(&paused()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn fingerprint_mismatch_is_key_reused() {
+    macro_support::fingerprint_mismatch_is_key_reused(&paused()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_keys_change_nothing() {
+    macro_support::invalid_keys_change_nothing(&paused()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn oversized_response_stores_nothing() {
+    macro_support::oversized_response_stores_nothing(&paused()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_key_runs_every_time() {
+    macro_support::no_key_runs_every_time(&paused()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_call_releases_its_claim() {
+    macro_support::cancelled_call_releases_its_claim(&paused()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn callers_do_not_share_records() {
+    macro_support::callers_do_not_share_records(&paused()).await;
+}
+
+struct Timed {
+    idem: Idempotency,
+    runs: AtomicU32,
+}
+
+impl Timed {
+    #[idempotent(key = key, scope = "short_lived", store = self.idem, ttl = "2s")]
+    async fn short_lived(&self, key: &str) -> Result<u32, idem::Error> {
+        Ok(self.runs.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    #[idempotent(key = key, scope = "long_work", store = self.idem, lease = "3s")]
+    async fn long_work(&self, key: &str) -> Result<u32, idem::Error> {
+        let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        Ok(run)
+    }
+}
+
+fn timed() -> Arc<Timed> {
+    Arc::new(Timed {
+        idem: paused().engine,
+        runs: AtomicU32::new(0),
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn ttl_sets_the_retention() {
+    let t = timed();
+    assert_eq!(t.short_lived("k").await.unwrap(), 1);
+    tokio::time::sleep(Duration::from_millis(1_900)).await;
+    assert_eq!(
+        t.short_lived("k").await.unwrap(),
+        1,
+        "replayed within the ttl"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        t.short_lived("k").await.unwrap(),
+        2,
+        "runs again after the ttl"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_is_renewed_while_the_body_runs() {
+    let t = timed();
+    let first = tokio::spawn({
+        let t = t.clone();
+        async move { t.long_work("k").await }
+    });
+    // Let the first call claim the key and enter its body.
+    for _ in 0..100 {
+        if t.runs.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(t.runs.load(Ordering::SeqCst), 1);
+    match t.long_work("k").await {
+        Err(idem::Error::Locked { retry_after }) => {
+            assert!(retry_after <= Duration::from_secs(3), "{retry_after:?}");
+        }
+        other => panic!("expected Locked, got {other:?}"),
+    }
+    // Well past one lease, the claim is still held: the body's heartbeat renewed it.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert!(matches!(
+        t.long_work("k").await,
+        Err(idem::Error::Locked { .. })
+    ));
+    assert_eq!(first.await.unwrap().unwrap(), 1);
+    assert_eq!(
+        t.long_work("k").await.unwrap(),
+        1,
+        "replays the first result"
+    );
+    assert_eq!(t.runs.load(Ordering::SeqCst), 1);
+}

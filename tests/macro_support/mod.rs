@@ -1,0 +1,343 @@
+//! Attributed functions and scenarios shared by the `macro_*` integration tests. Every scenario
+//! goes through `#[idempotent]`, never through the engine API, and runs against any store.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem::{idempotent, Idempotency, Key, KeyError, OnLocked};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+
+type RecordCount = Box<dyn Fn() -> Pin<Box<dyn Future<Output = usize> + Send>> + Send + Sync>;
+
+/// An engine plus a way to count the records its store holds, live or not.
+pub struct Harness {
+    pub engine: Idempotency,
+    records: RecordCount,
+    /// What must outlive the store, such as its temporary directory.
+    _keep: Box<dyn Any + Send + Sync>,
+}
+
+impl Harness {
+    /// `keep` lives as long as the harness (a temporary directory; `()` when there is none).
+    pub fn new(engine: Idempotency, records: RecordCount, keep: impl Any + Send + Sync) -> Harness {
+        Harness {
+            engine,
+            records,
+            _keep: Box::new(keep),
+        }
+    }
+
+    pub async fn record_count(&self) -> usize {
+        (self.records)().await
+    }
+
+    pub fn service(&self, tenant: &str) -> Arc<Service> {
+        Arc::new(Service {
+            idem: self.engine.clone(),
+            tenant: tenant.to_owned(),
+            runs: Mutex::default(),
+            sequence: AtomicU64::new(1),
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PayError {
+    #[error(transparent)]
+    Idem(#[from] idem::Error),
+    #[error("the card was declined")]
+    Declined,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Payment {
+    pub key: String,
+    pub cents: u64,
+}
+
+impl Payment {
+    pub fn new(key: impl Into<String>, cents: u64) -> Payment {
+        Payment {
+            key: key.into(),
+            cents,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub key: String,
+    pub cents: u64,
+    /// A number taken from a shared sequence when the body runs: two runs never share it.
+    pub run: u64,
+}
+
+/// A payment service whose fields feed the attribute's `store` and `caller`.
+pub struct Service {
+    pub idem: Idempotency,
+    pub tenant: String,
+    /// How many times the body ran, per client key.
+    pub runs: Mutex<HashMap<String, u32>>,
+    pub sequence: AtomicU64,
+}
+
+impl Service {
+    /// Charges once per `(tenant, payment.key)`; concurrent duplicates wait for the first.
+    /// A zero amount is declined (an error, so the claim is released).
+    #[idempotent(
+        key = payment.key,
+        caller = self.tenant,
+        scope = "pay",
+        store = self.idem,
+        fingerprint = payment,
+        on_locked = OnLocked::Wait { timeout: Duration::from_secs(60) },
+    )]
+    pub async fn pay(&self, payment: Payment, work: Duration) -> Result<Receipt, PayError> {
+        self.count_run(&payment.key);
+        tokio::time::sleep(work).await;
+        if payment.cents == 0 {
+            return Err(PayError::Declined);
+        }
+        Ok(Receipt {
+            key: payment.key,
+            cents: payment.cents,
+            run: self.sequence.fetch_add(1, Ordering::SeqCst),
+        })
+    }
+
+    /// Optional idempotency: `None` runs every time. Fails fast on a live claim.
+    #[idempotent(key = key, caller = self.tenant, scope = "note", store = self.idem, lease = "3s")]
+    pub async fn note(&self, key: Option<&str>, work: Duration) -> Result<u64, PayError> {
+        self.count_run(key.unwrap_or("<none>"));
+        tokio::time::sleep(work).await;
+        Ok(self.sequence.fetch_add(1, Ordering::SeqCst))
+    }
+
+    /// Returns a text of `len` bytes, to exceed the engine's response limit.
+    #[idempotent(key = key, scope = "report", store = self.idem)]
+    pub async fn report(&self, key: &str, len: usize) -> Result<String, PayError> {
+        self.count_run(key);
+        Ok("x".repeat(len))
+    }
+
+    pub fn runs(&self, key: &str) -> u32 {
+        self.runs.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    pub fn total_runs(&self) -> u32 {
+        self.runs.lock().unwrap().values().sum()
+    }
+
+    fn count_run(&self, key: &str) {
+        *self.runs.lock().unwrap().entry(key.to_owned()).or_default() += 1;
+    }
+}
+
+/// 1,000 concurrent calls over 20 keys run the body 20 times, and every caller of one key gets
+/// the same receipt.
+pub async fn duplicate_storm(h: &Harness, work: Duration) {
+    let service = h.service("acme");
+    let mut calls = JoinSet::new();
+    for i in 0..1_000u64 {
+        let service = service.clone();
+        let key = format!("order-{}", i % 20);
+        calls.spawn(async move {
+            let receipt = service.pay(Payment::new(key.clone(), 100), work).await;
+            (key, receipt)
+        });
+    }
+    let mut receipts: HashMap<String, Vec<Receipt>> = HashMap::new();
+    while let Some(joined) = calls.join_next().await {
+        let (key, receipt) = joined.expect("a call panicked");
+        let receipt = receipt.unwrap_or_else(|e| panic!("call for {key} failed: {e}"));
+        receipts.entry(key).or_default().push(receipt);
+    }
+    assert_eq!(service.total_runs(), 20, "the body ran once per key");
+    assert_eq!(receipts.len(), 20);
+    for (key, got) in &receipts {
+        assert_eq!(got.len(), 50);
+        assert_eq!(service.runs(key), 1, "{key} ran more than once");
+        assert!(
+            got.iter().all(|r| r == &got[0]),
+            "{key} got different receipts"
+        );
+        assert_eq!(got[0].key, *key);
+    }
+    assert_eq!(h.record_count().await, 20);
+}
+
+/// An `Err` from the body releases the claim: the retry runs, and its success is then replayed.
+pub async fn error_releases_the_claim(h: &Harness) {
+    let service = h.service("acme");
+    let declined = service.pay(Payment::new("p-1", 0), Duration::ZERO).await;
+    assert!(matches!(declined, Err(PayError::Declined)), "{declined:?}");
+    assert_eq!(h.record_count().await, 0, "a failed call stores nothing");
+    let paid = service.pay(Payment::new("p-1", 0), Duration::ZERO).await;
+    assert!(
+        matches!(paid, Err(PayError::Declined)),
+        "the retry ran again"
+    );
+    let paid = service
+        .pay(Payment::new("p-1", 250), Duration::ZERO)
+        .await
+        .unwrap();
+    let replayed = service
+        .pay(Payment::new("p-1", 250), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(paid, replayed);
+    assert_eq!(service.runs("p-1"), 3);
+}
+
+/// The same key with another payload is refused with `KeyReused`, through the user's error type.
+pub async fn fingerprint_mismatch_is_key_reused(h: &Harness) {
+    let service = h.service("acme");
+    let first = service
+        .pay(Payment::new("p-2", 100), Duration::ZERO)
+        .await
+        .unwrap();
+    let reused = service.pay(Payment::new("p-2", 999), Duration::ZERO).await;
+    assert!(
+        matches!(reused, Err(PayError::Idem(idem::Error::KeyReused))),
+        "{reused:?}"
+    );
+    assert_eq!(service.runs("p-2"), 1);
+    let again = service
+        .pay(Payment::new("p-2", 100), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(first, again, "the stored result is untouched");
+}
+
+/// Malformed client keys and callers get a typed error; the body does not run and nothing is
+/// stored.
+pub async fn invalid_keys_change_nothing(h: &Harness) {
+    let service = h.service("acme");
+    let too_long = "k".repeat(256);
+    let part = "client key";
+    let cases = [
+        ("", KeyError::Empty { part }),
+        (too_long.as_str(), KeyError::TooLong { part, len: 256 }),
+        (
+            "tab\there",
+            KeyError::NotPrintable {
+                part,
+                byte: b'\t',
+                offset: 3,
+            },
+        ),
+    ];
+    for (key, expected) in cases {
+        let got = service.pay(Payment::new(key, 100), Duration::ZERO).await;
+        match got {
+            Err(PayError::Idem(idem::Error::InvalidKey(e))) => assert_eq!(e, expected),
+            other => panic!("key {key:?}: unexpected {other:?}"),
+        }
+    }
+    let bad_caller = h.service("tenant\n");
+    let got = bad_caller
+        .pay(Payment::new("p-3", 100), Duration::ZERO)
+        .await;
+    assert!(
+        matches!(
+            got,
+            Err(PayError::Idem(idem::Error::InvalidKey(
+                KeyError::NotPrintable { part: "caller", .. }
+            )))
+        ),
+        "{got:?}"
+    );
+    assert_eq!(service.total_runs() + bad_caller.total_runs(), 0);
+    assert_eq!(h.record_count().await, 0);
+}
+
+/// A result over the engine's size limit is a typed error, nothing is stored, and a retry runs.
+/// The harness's engine must limit responses to fewer than 1,000 bytes.
+pub async fn oversized_response_stores_nothing(h: &Harness) {
+    let service = h.service("acme");
+    for attempt in 1..=2 {
+        let got = service.report("big", 1_000).await;
+        assert!(
+            matches!(
+                got,
+                Err(PayError::Idem(idem::Error::ResponseTooLarge {
+                    size: 1_002,
+                    ..
+                }))
+            ),
+            "{got:?}"
+        );
+        assert_eq!(service.runs("big"), attempt);
+        assert_eq!(h.record_count().await, 0);
+    }
+    assert_eq!(service.report("small", 3).await.unwrap(), "xxx");
+    assert_eq!(h.record_count().await, 1);
+}
+
+/// A `None` key runs the body on every call and stores nothing.
+pub async fn no_key_runs_every_time(h: &Harness) {
+    let service = h.service("acme");
+    let a = service.note(None, Duration::ZERO).await.unwrap();
+    let b = service.note(None, Duration::ZERO).await.unwrap();
+    assert_ne!(a, b);
+    assert_eq!(service.runs("<none>"), 2);
+    assert_eq!(h.record_count().await, 0);
+    let c = service.note(Some("n-1"), Duration::ZERO).await.unwrap();
+    let d = service.note(Some("n-1"), Duration::ZERO).await.unwrap();
+    assert_eq!(c, d);
+    assert_eq!(h.record_count().await, 1);
+}
+
+/// A call dropped mid-body releases its claim, so the next call runs instead of waiting for the
+/// lease to end.
+pub async fn cancelled_call_releases_its_claim(h: &Harness) {
+    let service = h.service("acme");
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(100),
+        service.note(Some("n-2"), Duration::from_secs(3_600)),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the call should have been cancelled");
+    assert_eq!(service.runs("n-2"), 1);
+    // The release runs in a spawned task: give it a bounded number of turns.
+    let key = Key::derive("note", "acme", "n-2").unwrap();
+    let mut released = false;
+    for _ in 0..100 {
+        if h.engine.store().get(&key).await.unwrap().is_none() {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(released, "the claim was not released");
+    service.note(Some("n-2"), Duration::ZERO).await.unwrap();
+    assert_eq!(service.runs("n-2"), 2);
+}
+
+/// Two tenants sending the same client key never share a record: `caller = self.tenant`.
+pub async fn callers_do_not_share_records(h: &Harness) {
+    let acme = h.service("acme");
+    let globex = h.service("globex");
+    for _ in 0..2 {
+        acme.pay(Payment::new("same", 100), Duration::ZERO)
+            .await
+            .unwrap();
+        globex
+            .pay(Payment::new("same", 100), Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    assert_eq!(acme.runs("same"), 1);
+    assert_eq!(
+        globex.runs("same"),
+        1,
+        "globex did not replay acme's result"
+    );
+    assert_eq!(h.record_count().await, 2);
+}

@@ -1,0 +1,9 @@
+use idem::{idempotent, Idempotency};
+
+#[idempotent(key, store = engine)]
+async fn charge(engine: &Idempotency, key: &str) -> Result<u64, idem::Error> {
+    let _ = (engine, key);
+    Ok(1)
+}
+
+fn main() {}

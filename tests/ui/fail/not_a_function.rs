@@ -1,0 +1,8 @@
+use idem::idempotent;
+
+#[idempotent(key = id, store = engine)]
+struct Charge {
+    id: String,
+}
+
+fn main() {}

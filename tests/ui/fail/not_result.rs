@@ -1,0 +1,9 @@
+use idem::{idempotent, Idempotency};
+
+#[idempotent(key = id, store = engine)]
+async fn charge(engine: &Idempotency, id: &str) -> Option<u64> {
+    let _ = (engine, id);
+    Some(1)
+}
+
+fn main() {}

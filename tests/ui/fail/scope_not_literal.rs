@@ -1,0 +1,11 @@
+use idem::{idempotent, Idempotency};
+
+const SCOPE: &str = "charge";
+
+#[idempotent(key = id, scope = SCOPE, store = engine)]
+async fn charge(engine: &Idempotency, id: &str) -> Result<u64, idem::Error> {
+    let _ = (engine, id, SCOPE);
+    Ok(1)
+}
+
+fn main() {}

@@ -1,0 +1,9 @@
+use idem::{idempotent, Idempotency};
+
+#[idempotent(store = engine)]
+fn charge(engine: &Idempotency, id: &str) -> u64 {
+    let _ = (engine, id);
+    1
+}
+
+fn main() {}

@@ -1,0 +1,9 @@
+use idem::{idempotent, MemoryStore};
+
+#[idempotent(key = id, store = store)]
+async fn charge(store: &MemoryStore, id: &str) -> Result<u64, idem::Error> {
+    let _ = (store, id);
+    Ok(1)
+}
+
+fn main() {}
