@@ -30,6 +30,8 @@ pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
 pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
 pub use store::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use store::Store;

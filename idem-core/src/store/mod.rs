@@ -12,8 +12,10 @@ use crate::key::{Fingerprint, Key};
 use crate::record::{Claim, Completion, Record, Start};
 
 pub mod memory;
-// Shared by the SQL stores; widen the cfg when another one uses it.
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "postgres")]
+pub mod postgres;
+// Shared by the SQL stores.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

@@ -41,6 +41,7 @@ impl TableName {
     }
 
     /// `template` with every `{table}` replaced by this name.
+    #[cfg(feature = "sqlite")]
     pub(crate) fn render(&self, template: &str) -> String {
         template.replace("{table}", &self.0)
     }
@@ -89,6 +90,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "sqlite")]
     fn render_substitutes_every_occurrence() {
         let t = TableName::new("jobs").unwrap();
         assert_eq!(

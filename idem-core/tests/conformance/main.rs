@@ -9,6 +9,8 @@
 mod harness;
 mod engine;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod suite;
@@ -29,5 +31,12 @@ conformance!(
 conformance!(
     sqlite_store,
     crate::sqlite::SqliteHarness,
+    (flavor = "multi_thread", worker_threads = 2)
+);
+
+#[cfg(feature = "postgres")]
+conformance!(
+    postgres_store,
+    crate::postgres::PgHarness,
     (flavor = "multi_thread", worker_threads = 2)
 );

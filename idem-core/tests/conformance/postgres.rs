@@ -1,0 +1,77 @@
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use idem_core::{PostgresStore, Store};
+use sqlx::Connection;
+
+use crate::harness::Harness;
+
+/// A PostgreSQL store on a table of its own in the server named by `IDEM_TEST_PG_URL` (other
+/// tests share that server). Without the variable the test prints why and skips, unless
+/// `IDEM_REQUIRE_PG=1` (set by `scripts/test`), which makes it a failure.
+pub struct PgHarness {
+    store: PostgresStore,
+    url: String,
+}
+
+fn pg_url() -> Option<String> {
+    match std::env::var("IDEM_TEST_PG_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("IDEM_REQUIRE_PG").is_ok_and(|v| v == "1") => {
+            panic!("IDEM_TEST_PG_URL is not set, and IDEM_REQUIRE_PG=1 requires it")
+        }
+        _ => {
+            let test = std::thread::current()
+                .name()
+                .unwrap_or("postgres conformance")
+                .to_owned();
+            eprintln!("skipping {test}: IDEM_TEST_PG_URL is not set");
+            None
+        }
+    }
+}
+
+#[async_trait]
+impl Harness for PgHarness {
+    async fn new() -> Option<Self> {
+        let url = pg_url()?;
+        let table = format!("idem_conf_{:016x}", fastrand::u64(..));
+        let store = PostgresStore::builder()
+            .table(table)
+            .connect(&url)
+            .await
+            .expect("connect to IDEM_TEST_PG_URL and create a fresh table");
+        Some(PgHarness { store, url })
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(self.store.clone())
+    }
+}
+
+impl Drop for PgHarness {
+    /// Drops the test's tables. Drop cannot await, and the test's runtime may be busy or gone,
+    /// so a thread with a runtime of its own does it; failures only leave a stray table.
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let table = self.store.table().to_owned();
+        let cleanup = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&url).await {
+                    let _ = sqlx::raw_sql(&format!(
+                        "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\""
+                    ))
+                    .execute(&mut conn)
+                    .await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}

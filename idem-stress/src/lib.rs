@@ -1,0 +1,70 @@
+//! Cross-process and failure tests of idem's PostgreSQL store.
+//!
+//! The crate is not published. Its binary `idem-stress-worker` is one application node: it
+//! talks to PostgreSQL through [`idem_core::PostgresStore`] and reports what it saw on stdout,
+//! one line per event. The integration tests under `tests/` start several of them, kill, pause
+//! or clock-skew them, and compare their reports with what the database holds.
+//!
+//! This library holds what the tests share: the environment rules ([`env`]), a handle on a
+//! running worker ([`worker`]) and a throwaway PostgreSQL cluster ([`cluster`]).
+#![forbid(unsafe_code)]
+
+pub mod cluster;
+pub mod env;
+pub mod worker;
+
+/// The key of the `i`-th test key, as every worker and test derives it.
+///
+/// ```
+/// assert_eq!(idem_stress::key(3), idem_stress::key(3));
+/// assert_ne!(idem_stress::key(3), idem_stress::key(4));
+/// ```
+pub fn key(i: usize) -> idem_core::Key {
+    idem_core::Key::derive("stress", "", &key_name(i))
+        .unwrap_or_else(|e| unreachable!("test key names are valid: {e}"))
+}
+
+/// The client key of the `i`-th test key, as workers print it.
+///
+/// ```
+/// assert_eq!(idem_stress::key_name(7), "k7");
+/// ```
+pub fn key_name(i: usize) -> String {
+    format!("k{i}")
+}
+
+/// A table name no other test uses: `prefix` and 16 random hex digits.
+///
+/// ```
+/// let t = idem_stress::unique_name("idem_t");
+/// assert!(t.starts_with("idem_t_") && t.len() == "idem_t_".len() + 16);
+/// ```
+pub fn unique_name(prefix: &str) -> String {
+    format!("{prefix}_{:016x}", fastrand::u64(..))
+}
+
+/// Creates the table in which workers record each execution of the business function.
+///
+/// One row per execution: the key, the worker, the claim's token, the server time it started,
+/// and whether its `complete` succeeded.
+pub async fn create_exec_table(pool: &sqlx::PgPool, name: &str) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE \"{name}\" (id bigserial PRIMARY KEY, key text NOT NULL, \
+         worker text NOT NULL, token text NOT NULL, \
+         started_at timestamptz NOT NULL DEFAULT clock_timestamp(), \
+         completed boolean NOT NULL DEFAULT false)"
+    ))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Drops the given tables if they exist (test clean-up).
+pub async fn drop_tables(pool: &sqlx::PgPool, names: &[&str]) -> Result<(), sqlx::Error> {
+    for name in names {
+        sqlx::raw_sql(&format!("DROP TABLE IF EXISTS \"{name}\""))
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
+}

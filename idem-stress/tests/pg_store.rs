@@ -1,0 +1,390 @@
+//! PostgreSQL-specific behaviour of `PostgresStore` that the shared conformance suite cannot
+//! see: migrations under concurrent first connects, table names, the snapshot race of the
+//! one-statement claim, and typed errors for rows it cannot read.
+
+use std::time::Duration;
+
+use idem_core::{
+    Error, PostgresStore, RecordState, Start, Store, StoreErrorKind, Token, Transactional,
+};
+use idem_stress::{drop_tables, env, key, unique_name};
+use sqlx::PgPool;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn pool(url: &str) -> PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(url)
+        .await
+        .expect("connect to the test server")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_connects_migrate_once() {
+    let Some(url) = env::pg_url("concurrent_first_connects_migrate_once") else {
+        return;
+    };
+    let table = unique_name("idem_mig");
+    let connects = (0..8).map(|_| {
+        let (url, table) = (url.clone(), table.clone());
+        tokio::spawn(async move {
+            PostgresStore::builder()
+                .table(table)
+                .max_connections(1)
+                .connect(&url)
+                .await
+        })
+    });
+    for c in connects.collect::<Vec<_>>() {
+        c.await
+            .unwrap()
+            .expect("every concurrent first connect succeeds");
+    }
+    let pool = pool(&url).await;
+    let versions: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT version FROM \"{table}_migrations\" ORDER BY version"
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(versions, vec![1], "each migration is recorded exactly once");
+    let index: Option<String> =
+        sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE indexname = $1")
+            .bind(format!("{table}_expires_at_idx"))
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+    assert!(
+        index.is_some_and(|d| d.contains("(expires_at)")),
+        "the expiry index exists"
+    );
+    // A second connect to an up-to-date table changes nothing.
+    PostgresStore::builder()
+        .table(&table)
+        .connect(&url)
+        .await
+        .unwrap();
+    drop_tables(&pool, &[&table, &format!("{table}_migrations")])
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn schema_qualified_table_lives_in_its_schema() {
+    let Some(url) = env::pg_url("schema_qualified_table_lives_in_its_schema") else {
+        return;
+    };
+    let pool = pool(&url).await;
+    let schema = unique_name("idem_s");
+    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = PostgresStore::builder()
+        .table(format!("{schema}.Records"))
+        .from_pool(pool.clone())
+        .await
+        .unwrap();
+    assert_eq!(store.table(), format!("{schema}.Records"));
+    let Start::Started(_) = store.start(&key(1), None, LEASE).await.unwrap() else {
+        panic!("a new key starts");
+    };
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1",
+    )
+    .bind(&schema)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(tables, vec!["Records", "Records_migrations"]);
+    sqlx::raw_sql(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn missing_schema_is_a_typed_store_error() {
+    let Some(url) = env::pg_url("missing_schema_is_a_typed_store_error") else {
+        return;
+    };
+    let err = PostgresStore::builder()
+        .table(format!("{}.t", unique_name("idem_no_such_schema")))
+        .connect(&url)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Query),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn newer_schema_version_is_refused() {
+    let Some(url) = env::pg_url("newer_schema_version_is_refused") else {
+        return;
+    };
+    let table = unique_name("idem_new");
+    let store = PostgresStore::builder()
+        .table(&table)
+        .connect(&url)
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO \"{table}_migrations\" (version, description) VALUES (99, 'from the future')"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let err = PostgresStore::builder()
+        .table(&table)
+        .connect(&url)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
+    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn corrupt_rows_are_typed_errors() {
+    let Some(url) = env::pg_url("corrupt_rows_are_typed_errors") else {
+        return;
+    };
+    let table = unique_name("idem_bad");
+    let store = PostgresStore::builder()
+        .table(&table)
+        .connect(&url)
+        .await
+        .unwrap();
+    // Someone dropped the checks and wrote a 3-byte token.
+    sqlx::raw_sql(&format!(
+        "ALTER TABLE \"{table}\" DROP CONSTRAINT \"{table}_token_check\""
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO \"{table}\" (key, token, state, expires_at) \
+         VALUES ($1, '\\x010203', 0, clock_timestamp() + interval '1 hour')"
+    ))
+    .bind(&key(1).as_bytes()[..])
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let err = store.get(&key(1)).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Corrupt),
+        "{err:?}"
+    );
+    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
+        .await
+        .unwrap();
+}
+
+/// Waits (bounded) until some backend is blocked on a lock while running a statement on
+/// `table`: our claim is then parked behind the other transaction.
+async fn wait_until_blocked(pool: &PgPool, table: &str) {
+    for _ in 0..500 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
+        )
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the claim never blocked on the other transaction");
+}
+
+/// A row committed after the claim statement took its snapshot is invisible to the statement's
+/// own read; the store must read it afresh rather than report nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_sees_rows_committed_after_its_snapshot() {
+    let Some(url) = env::pg_url("claim_sees_rows_committed_after_its_snapshot") else {
+        return;
+    };
+    let table = unique_name("idem_race");
+    let store = PostgresStore::builder()
+        .table(&table)
+        .connect(&url)
+        .await
+        .unwrap();
+    let pool = pool(&url).await;
+
+    // 1. Another node inserts a live in-progress row and has not committed yet.
+    let other = Token::random();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO \"{table}\" (key, token, state, expires_at) \
+         VALUES ($1, $2, 0, clock_timestamp() + interval '30 seconds')"
+    ))
+    .bind(&key(1).as_bytes()[..])
+    .bind(&other.to_bytes()[..])
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let claim = tokio::spawn({
+        let store = store.clone();
+        async move { store.start(&key(1), None, LEASE).await }
+    });
+    wait_until_blocked(&pool, &table).await;
+    tx.commit().await.unwrap();
+    match claim.await.unwrap().unwrap() {
+        Start::Locked { retry_after } => assert!(retry_after > Duration::from_secs(20)),
+        other => panic!("expected Locked, got {other:?}"),
+    }
+
+    // 2. Another node takes over an expired row and has not committed yet: the claim's snapshot
+    //    still holds the expired old version.
+    sqlx::query(&format!(
+        "UPDATE \"{table}\" SET expires_at = clock_timestamp() - interval '1 second' WHERE key = $1"
+    ))
+    .bind(&key(1).as_bytes()[..])
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "UPDATE \"{table}\" SET state = 1, response = 'theirs', \
+         expires_at = clock_timestamp() + interval '1 hour' WHERE key = $1"
+    ))
+    .bind(&key(1).as_bytes()[..])
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let claim = tokio::spawn({
+        let store = store.clone();
+        async move { store.start(&key(1), None, LEASE).await }
+    });
+    wait_until_blocked(&pool, &table).await;
+    tx.commit().await.unwrap();
+    match claim.await.unwrap().unwrap() {
+        Start::Completed(cached) => assert_eq!(cached.response.as_deref(), Some(&b"theirs"[..])),
+        other => panic!("expected the other node's result, got {other:?}"),
+    }
+    match store.get(&key(1)).await.unwrap().unwrap().state {
+        RecordState::Completed(c) => assert_eq!(c.response.as_deref(), Some(&b"theirs"[..])),
+        other => panic!("the other node's result stands, got {other:?}"),
+    }
+    drop_tables(&pool, &[&table, &format!("{table}_migrations")])
+        .await
+        .unwrap();
+}
+
+/// Server time, not the application's: a lease is as long as asked, measured by the server.
+#[tokio::test]
+async fn leases_and_retention_use_server_time() {
+    let Some(url) = env::pg_url("leases_and_retention_use_server_time") else {
+        return;
+    };
+    let table = unique_name("idem_time");
+    let store = PostgresStore::builder()
+        .table(&table)
+        .connect(&url)
+        .await
+        .unwrap();
+    let Start::Started(_) = store.start(&key(1), None, LEASE).await.unwrap() else {
+        panic!("a new key starts");
+    };
+    let (lease_s, now_s): (f64, f64) = sqlx::query_as(&format!(
+        "SELECT extract(epoch from expires_at)::float8, extract(epoch from clock_timestamp())::float8 \
+         FROM \"{table}\" WHERE key = $1"
+    ))
+    .bind(&key(1).as_bytes()[..])
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    let left = lease_s - now_s;
+    assert!(left > 20.0 && left <= 30.0, "lease ends {left} s from now");
+    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
+        .await
+        .unwrap();
+}
+
+/// Transactional mode on PostgreSQL: claim, business write and completion commit together, so
+/// concurrent duplicates on separate connections apply the effect once, and a transaction rolled
+/// back after the work leaves neither the write nor the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_mode_applies_the_effect_once() {
+    let Some(url) = env::pg_url("transactional_mode_applies_the_effect_once") else {
+        return;
+    };
+    let table = unique_name("idem_tx");
+    let ledger = unique_name("idem_ledger");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(12)
+        .connect(&url)
+        .await
+        .unwrap();
+    let store = PostgresStore::builder()
+        .table(&table)
+        .from_pool(pool.clone())
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE \"{ledger}\" (request text NOT NULL, cents bigint NOT NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let idem = Transactional::new(store);
+    let insert = format!("INSERT INTO \"{ledger}\" VALUES ('req-1', 500)");
+    let count = format!("SELECT count(*) FROM \"{ledger}\"");
+
+    // A delivery that crashes before committing: rolled back, nothing is left behind.
+    let mut tx = pool.begin().await.unwrap();
+    let sql = insert.clone();
+    let out = idem
+        .run(&mut tx, Some(key(1)), None, move |conn| {
+            Box::pin(async move {
+                sqlx::query(&sql).execute(&mut *conn).await?;
+                Ok::<_, Error>(500u64)
+            })
+        })
+        .await
+        .unwrap();
+    assert!(!out.is_replayed());
+    tx.rollback().await.unwrap();
+    assert!(idem.store().get(&key(1)).await.unwrap().is_none());
+
+    // Eight concurrent deliveries, each in its own transaction on its own connection.
+    let deliveries: Vec<_> = (0..8)
+        .map(|_| {
+            let (idem, pool, sql) = (idem.clone(), pool.clone(), insert.clone());
+            tokio::spawn(async move {
+                let mut tx = pool.begin().await.unwrap();
+                let out = idem
+                    .run(&mut tx, Some(key(1)), None, move |conn| {
+                        Box::pin(async move {
+                            sqlx::query(&sql).execute(&mut *conn).await?;
+                            Ok::<_, Error>(500u64)
+                        })
+                    })
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+                out
+            })
+        })
+        .collect();
+    let mut fresh = 0;
+    for d in deliveries {
+        let out = d.await.unwrap();
+        fresh += usize::from(!out.is_replayed());
+        assert_eq!(out.into_inner(), 500);
+    }
+    assert_eq!(fresh, 1, "one delivery ran the work, the others replayed");
+    let rows: i64 = sqlx::query_scalar(&count).fetch_one(&pool).await.unwrap();
+    assert_eq!(rows, 1, "the effect was applied exactly once");
+    drop_tables(&pool, &[&table, &format!("{table}_migrations"), &ledger])
+        .await
+        .unwrap();
+}
