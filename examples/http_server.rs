@@ -1,13 +1,16 @@
 //! A payments API whose `POST /payments` is safe to retry: the idempotency layer stores each
-//! response under the client's `Idempotency-Key` in SQLite and replays it to retries.
+//! response under the client's `Idempotency-Key` and replays it to retries.
 //!
 //! ```text
 //! cargo run --example http_server --features http,sqlite -- [--port 3000] [--sqlite PATH]
+//! cargo run --example http_server --features http,sqlite,postgres -- --database-url postgres://…
 //! ```
 //!
-//! The port also comes from env `PORT`, the SQLite file from env `IDEM_SQLITE` (default: a file
-//! in the temporary directory). Payments themselves live in memory to keep the example short;
-//! the idempotency records survive a restart. The server prints a curl session to try.
+//! Records go to SQLite (the file from `--sqlite` or env `IDEM_SQLITE`, default a file in the
+//! temporary directory), or to PostgreSQL when a URL is given (`--database-url` or env
+//! `DATABASE_URL`; needs the `postgres` feature). The port comes from `--port` or env `PORT`
+//! (default 3000). Payments themselves live in memory to keep the example short; the idempotency
+//! records survive a restart. The server prints a curl session to try.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -116,8 +119,12 @@ fn setting(flag: &str, env: &str, default: impl FnOnce() -> String) -> String {
         .unwrap_or_else(default)
 }
 
-/// The store for idempotency records: SQLite (the file from `--sqlite`).
+/// The store for idempotency records: PostgreSQL when a URL is given, else SQLite.
 async fn open_store() -> Result<(Arc<dyn Store>, String), Box<dyn std::error::Error>> {
+    let url = setting("--database-url", "DATABASE_URL", String::new);
+    if !url.is_empty() {
+        return open_postgres(&url).await;
+    }
     let path = setting("--sqlite", "IDEM_SQLITE", || {
         std::env::temp_dir()
             .join("idem-http-server.db")
@@ -126,6 +133,22 @@ async fn open_store() -> Result<(Arc<dyn Store>, String), Box<dyn std::error::Er
     });
     let store = SqliteStore::open(&path).await?;
     Ok((Arc::new(store), format!("SQLite at {path}")))
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str) -> Result<(Arc<dyn Store>, String), Box<dyn std::error::Error>> {
+    let store = idem::PostgresStore::connect(url).await?;
+    let described = format!("PostgreSQL table {}", store.table());
+    Ok((Arc::new(store), described))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_: &str) -> Result<(Arc<dyn Store>, String), Box<dyn std::error::Error>> {
+    Err(
+        "a database URL was given, but this build has no PostgreSQL store: \
+         run with --features http,sqlite,postgres"
+            .into(),
+    )
 }
 
 /// Prints the curl session from docs/http.md, pointed at this server.

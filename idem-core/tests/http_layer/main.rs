@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use idem_core::{MemoryStore, Store};
 
-/// Instantiates every case for one store: `http_suite!(module, path to an async fn() -> Option<(Arc<dyn Store>, Guard)>)`
-/// (`None` skips, after printing why; the guard keeps the store's files until the case ends).
+/// Instantiates every case for one store:
+/// `http_suite!(module, path to an async fn() -> Option<(Arc<dyn Store>, Leftover)>)`
+/// (`None` skips, after printing why; what the store leaves behind is removed after the case).
 macro_rules! http_suite {
     ($name:ident, $store:path) => {
         mod $name {
@@ -35,28 +36,81 @@ macro_rules! http_suite {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                if let Some((store, _guard)) = $store().await {
+                if let Some((store, leftover)) = $store().await {
                     $crate::cases::$case(store).await;
+                    leftover.remove().await;
                 }
             }
         )*
     };
 }
 
-async fn memory() -> Option<(Arc<dyn Store>, ())> {
-    Some((Arc::new(MemoryStore::new()), ()))
+/// What a store leaves behind after a case.
+enum Leftover {
+    Nothing,
+    /// A temporary directory holding a SQLite file: deleted when dropped.
+    #[cfg(feature = "sqlite")]
+    Dir(#[allow(dead_code)] tempfile::TempDir),
+    /// A table of its own on the shared PostgreSQL server.
+    #[cfg(feature = "postgres")]
+    PgTable(idem_core::PostgresStore),
 }
 
-/// A SQLite store on a fresh database file, deleted with the directory after the case.
+impl Leftover {
+    /// Removes it. A failing case skips this, which leaves at most a stray table behind.
+    async fn remove(self) {
+        #[cfg(feature = "postgres")]
+        if let Leftover::PgTable(store) = &self {
+            let table = store.table();
+            let drop = format!("DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\"");
+            let _ = sqlx::raw_sql(&drop).execute(store.pool()).await;
+        }
+        drop(self);
+    }
+}
+
+async fn memory() -> Option<(Arc<dyn Store>, Leftover)> {
+    Some((Arc::new(MemoryStore::new()), Leftover::Nothing))
+}
+
+/// A SQLite store on a fresh database file.
 #[cfg(feature = "sqlite")]
-async fn sqlite() -> Option<(Arc<dyn Store>, tempfile::TempDir)> {
+async fn sqlite() -> Option<(Arc<dyn Store>, Leftover)> {
     let dir = tempfile::tempdir().unwrap();
     let store = idem_core::SqliteStore::open(dir.path().join("idem.db"))
         .await
         .unwrap();
-    Some((Arc::new(store), dir))
+    Some((Arc::new(store), Leftover::Dir(dir)))
+}
+
+/// A PostgreSQL store on a table of its own in the server named by `IDEM_TEST_PG_URL`. Without
+/// the variable the case prints why and skips, unless `IDEM_REQUIRE_PG=1` makes that a failure.
+#[cfg(feature = "postgres")]
+async fn postgres() -> Option<(Arc<dyn Store>, Leftover)> {
+    let url = match std::env::var("IDEM_TEST_PG_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ if std::env::var("IDEM_REQUIRE_PG").is_ok_and(|v| v == "1") => {
+            panic!("IDEM_TEST_PG_URL is not set, and IDEM_REQUIRE_PG=1 requires it")
+        }
+        _ => {
+            let name = std::thread::current()
+                .name()
+                .unwrap_or("http_layer")
+                .to_owned();
+            eprintln!("skipping {name}: IDEM_TEST_PG_URL is not set");
+            return None;
+        }
+    };
+    let store = idem_core::PostgresStore::builder()
+        .table(format!("idem_http_{:016x}", fastrand::u64(..)))
+        .connect(&url)
+        .await
+        .unwrap();
+    Some((Arc::new(store.clone()), Leftover::PgTable(store)))
 }
 
 http_suite!(memory_store, crate::memory);
 #[cfg(feature = "sqlite")]
 http_suite!(sqlite_store, crate::sqlite);
+#[cfg(feature = "postgres")]
+http_suite!(postgres_store, crate::postgres);
