@@ -6,7 +6,7 @@ use http::{Method, Uri};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::key::Fingerprint;
+use crate::key::{canonical_json as canonical, Fingerprint};
 
 /// Which view of the request body goes into the request fingerprint.
 ///
@@ -89,45 +89,6 @@ fn put_vec(out: &mut Vec<u8>, part: &[u8]) {
 fn tagged(h: &mut Sha256, tag: u8, bytes: &[u8]) {
     h.update([tag]);
     put(h, bytes);
-}
-
-/// Compact JSON with object keys sorted at every depth. Sorted explicitly rather than relying on
-/// `serde_json::Map` order, which the `preserve_order` feature (enabled by any crate in the
-/// build) would change.
-fn canonical(v: &Value) -> Vec<u8> {
-    let mut out = Vec::new();
-    write_canonical(v, &mut out);
-    out
-}
-
-fn write_canonical(v: &Value, out: &mut Vec<u8>) {
-    match v {
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(Value::String(k.clone()).to_string().as_bytes());
-                out.push(b':');
-                write_canonical(v, out);
-            }
-            out.push(b'}');
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(b']');
-        }
-        scalar => out.extend_from_slice(scalar.to_string().as_bytes()),
-    }
 }
 
 #[cfg(test)]
