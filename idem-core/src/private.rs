@@ -254,10 +254,10 @@ where
     En: AsTransactional + ?Sized,
     T: DeserializeOwned,
 {
-    let Some(key) = key? else {
+    let (key, fingerprint) = (key?, fingerprint?);
+    let Some(key) = key else {
         return Ok(TxBegun::Run(None));
     };
-    let fingerprint = fingerprint?;
     let begun = engine
         .as_transactional()
         .begin_with(conn, &options, &key, fingerprint.as_ref())
