@@ -4,6 +4,8 @@
 #![cfg(feature = "postgres")]
 
 mod macro_tx_support;
+#[path = "../idem-core/tests/support/pg_env.rs"]
+mod pg_env;
 
 use std::sync::Arc;
 
@@ -19,14 +21,7 @@ struct PgBank {
 
 impl PgBank {
     async fn open(test: &str) -> Option<PgBank> {
-        let Ok(url) = std::env::var("IDEM_TEST_PG_URL") else {
-            assert!(
-                std::env::var("IDEM_REQUIRE_PG").as_deref() != Ok("1"),
-                "{test}: IDEM_REQUIRE_PG=1 but IDEM_TEST_PG_URL is not set"
-            );
-            eprintln!("skipping {test}: IDEM_TEST_PG_URL is not set");
-            return None;
-        };
+        let url = pg_env::pg_url(test)?;
         let suffix = uuid::Uuid::new_v4().simple();
         let store = PostgresStore::builder()
             .table(format!("idem_mtx_{suffix}"))

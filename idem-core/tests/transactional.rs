@@ -575,6 +575,10 @@ mod sqlite {
 }
 
 #[cfg(feature = "postgres")]
+#[path = "support/pg_env.rs"]
+mod pg_env;
+
+#[cfg(feature = "postgres")]
 mod postgres {
     use std::sync::Arc;
 
@@ -594,14 +598,7 @@ mod postgres {
         /// `IDEM_TEST_PG_URL`; without it the test is skipped, unless `IDEM_REQUIRE_PG=1` makes
         /// that a failure.
         async fn open(test: &str) -> Option<Postgres> {
-            let Ok(url) = std::env::var("IDEM_TEST_PG_URL") else {
-                assert!(
-                    std::env::var("IDEM_REQUIRE_PG").as_deref() != Ok("1"),
-                    "{test}: IDEM_REQUIRE_PG=1 but IDEM_TEST_PG_URL is not set"
-                );
-                eprintln!("skipping {test}: IDEM_TEST_PG_URL is not set");
-                return None;
-            };
+            let url = crate::pg_env::pg_url(test)?;
             let store = PostgresStore::builder()
                 .table(format!("idem_tx_{}", uuid::Uuid::new_v4().simple()))
                 .max_connections(16)

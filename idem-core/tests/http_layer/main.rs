@@ -3,6 +3,9 @@
 #![cfg(feature = "http")]
 
 mod cases;
+#[cfg(feature = "postgres")]
+#[path = "../support/pg_env.rs"]
+mod pg_env;
 mod server;
 
 use std::sync::Arc;
@@ -87,20 +90,7 @@ async fn sqlite() -> Option<(Arc<dyn Store>, Leftover)> {
 /// the variable the case prints why and skips, unless `IDEM_REQUIRE_PG=1` makes that a failure.
 #[cfg(feature = "postgres")]
 async fn postgres() -> Option<(Arc<dyn Store>, Leftover)> {
-    let url = match std::env::var("IDEM_TEST_PG_URL") {
-        Ok(url) if !url.is_empty() => url,
-        _ if std::env::var("IDEM_REQUIRE_PG").is_ok_and(|v| v == "1") => {
-            panic!("IDEM_TEST_PG_URL is not set, and IDEM_REQUIRE_PG=1 requires it")
-        }
-        _ => {
-            let name = std::thread::current()
-                .name()
-                .unwrap_or("http_layer")
-                .to_owned();
-            eprintln!("skipping {name}: IDEM_TEST_PG_URL is not set");
-            return None;
-        }
-    };
+    let url = pg_env::pg_url(&pg_env::current_test())?;
     let store = idem_core::PostgresStore::builder()
         .table(format!("idem_http_{:016x}", fastrand::u64(..)))
         .connect(&url)
