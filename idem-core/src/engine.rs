@@ -382,11 +382,59 @@ impl<C: Codec> Idempotency<C> {
         T: Serialize + DeserializeOwned,
         E: From<Error>,
     {
+        let codec = &self.inner.codec;
         self.drive(
             opts,
             key,
             fingerprint,
             work,
+            |value: &T| codec.encode(value),
+            |bytes: &[u8]| codec.decode(bytes),
+            |_| None,
+            |bytes| Error::StoredError(bytes).into(),
+        )
+        .await
+    }
+
+    /// [`run_with`](Self::run_with) for a value with its own byte format: it is stored with
+    /// `encode` and replayed with `decode` instead of the engine's codec. The HTTP layer stores
+    /// responses this way, so a body is kept as its exact bytes. An `Err` from the work is not
+    /// stored; the encoded value must fit [`Policy::max_response_bytes`].
+    ///
+    /// ```
+    /// use idem_core::{BoxError, CallOptions, Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("upload", "", "u-1")?;
+    /// let encode = |v: &Vec<u8>| Ok::<_, BoxError>(v.clone());
+    /// let decode = |b: &[u8]| Ok::<_, BoxError>(b.to_vec());
+    /// let opts = CallOptions::default();
+    /// engine.run_encoded(&opts, Some(key), None, async { Ok::<_, Error>(vec![0xff, 0]) }, encode, decode).await?;
+    /// let again = engine.run_encoded(&opts, Some(key), None, async { Ok::<_, Error>(vec![]) }, encode, decode).await?;
+    /// assert!(again.is_replayed());
+    /// assert_eq!(again.into_inner(), [0xff, 0]); // stored as raw bytes, not JSON
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_encoded<T, E, F>(
+        &self,
+        opts: &CallOptions,
+        key: Option<Key>,
+        fingerprint: Option<Fingerprint>,
+        work: F,
+        encode: impl FnOnce(&T) -> Result<Vec<u8>, crate::BoxError>,
+        decode: impl FnOnce(&[u8]) -> Result<T, crate::BoxError>,
+    ) -> Result<Outcome<T>, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: From<Error>,
+    {
+        self.drive(
+            opts,
+            key,
+            fingerprint,
+            work,
+            encode,
+            decode,
             |_| None,
             |bytes| Error::StoredError(bytes).into(),
         )
@@ -427,6 +475,8 @@ impl<C: Codec> Idempotency<C> {
             key,
             fingerprint,
             work,
+            |value: &T| codec.encode(value),
+            |bytes: &[u8]| codec.decode(bytes),
             |e: &E| Some(codec.encode(e)),
             |bytes| match codec.decode::<E>(&bytes) {
                 Ok(e) => e,
@@ -436,18 +486,20 @@ impl<C: Codec> Idempotency<C> {
         .await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn drive<T, E, F>(
         &self,
         opts: &CallOptions,
         key: Option<Key>,
         fingerprint: Option<Fingerprint>,
         work: F,
+        encode_ok: impl FnOnce(&T) -> Result<Vec<u8>, crate::BoxError>,
+        decode_ok: impl FnOnce(&[u8]) -> Result<T, crate::BoxError>,
         encode_err: impl FnOnce(&E) -> Option<Result<Vec<u8>, crate::BoxError>>,
         replay_err: impl FnOnce(Vec<u8>) -> E,
     ) -> Result<Outcome<T>, E>
     where
         F: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
         E: From<Error>,
     {
         let Some(key) = key else {
@@ -465,7 +517,7 @@ impl<C: Codec> Idempotency<C> {
             .await?
         {
             Acquired::Claim(claim) => claim,
-            Acquired::Replay(cached) => return self.replay(cached, replay_err),
+            Acquired::Replay(cached) => return replay(cached, decode_ok, replay_err),
         };
         let mut guard = ClaimGuard {
             inner: self.inner.clone(),
@@ -474,7 +526,7 @@ impl<C: Codec> Idempotency<C> {
         let result = renewing(&*self.inner.store, &claim, lease, work).await;
 
         let (encoded, is_error) = match &result {
-            Ok(value) => (Some(self.inner.codec.encode(value)), false),
+            Ok(value) => (Some(encode_ok(value)), false),
             Err(e) => (encode_err(e), true),
         };
         let bytes = match encoded {
@@ -511,21 +563,6 @@ impl<C: Codec> Idempotency<C> {
             )
             .await?;
         result.map(Outcome::Fresh)
-    }
-
-    fn replay<T: DeserializeOwned, E: From<Error>>(
-        &self,
-        cached: Cached,
-        replay_err: impl FnOnce(Vec<u8>) -> E,
-    ) -> Result<Outcome<T>, E> {
-        let bytes = cached.response.unwrap_or_else(|| b"null".to_vec());
-        if cached.is_error {
-            return Err(replay_err(bytes));
-        }
-        match self.inner.codec.decode(&bytes) {
-            Ok(value) => Ok(Outcome::Replayed(value)),
-            Err(e) => Err(Error::Codec(e).into()),
-        }
     }
 
     /// Claims the key, or returns the stored result, waiting on a live claim if the policy says so.
@@ -583,6 +620,21 @@ impl<C: Codec> Idempotency<C> {
                 _ = tokio::time::sleep_until(wake_at) => {}
             }
         }
+    }
+}
+
+fn replay<T, E: From<Error>>(
+    cached: Cached,
+    decode_ok: impl FnOnce(&[u8]) -> Result<T, crate::BoxError>,
+    replay_err: impl FnOnce(Vec<u8>) -> E,
+) -> Result<Outcome<T>, E> {
+    let bytes = cached.response.unwrap_or_else(|| b"null".to_vec());
+    if cached.is_error {
+        return Err(replay_err(bytes));
+    }
+    match decode_ok(&bytes) {
+        Ok(value) => Ok(Outcome::Replayed(value)),
+        Err(e) => Err(Error::Codec(e).into()),
     }
 }
 

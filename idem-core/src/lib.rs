@@ -10,6 +10,8 @@ mod clock;
 mod codec;
 mod engine;
 mod error;
+#[cfg(feature = "http")]
+pub mod http;
 mod key;
 pub mod kit;
 mod record;

@@ -14,6 +14,8 @@ use crate::codec::Codec;
 use crate::engine::{CallOptions, Idempotency, OnLocked};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::transactional::{Transactional, TransactionalStore, TxClaim, TxStart};
 
 /// What `store = …` may name: an engine, or a reference or `Arc` to one.
 #[diagnostic::on_unimplemented(
@@ -166,4 +168,132 @@ where
         .run_with(&options, key, fingerprint, body)
         .await
         .map(|o| o.into_inner())
+}
+
+/// What `store = …` may name together with `transaction = …`: a transactional engine, or a
+/// reference or `Arc` to one.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[diagnostic::on_unimplemented(
+    message = "with `transaction = …`, `store = …` must be an idem `Transactional` engine, not `{Self}`",
+    label = "not a `Transactional` engine",
+    note = "`store` then takes an `idem::Transactional` (such as `Transactional::new(sqlite_store)`), a reference to one, or an `Arc` of one"
+)]
+pub trait AsTransactional {
+    /// The engine's store.
+    type Store: TransactionalStore;
+    /// The engine's codec.
+    type Codec: Codec;
+    /// The engine.
+    fn as_transactional(&self) -> &Transactional<Self::Store, Self::Codec>;
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<S: TransactionalStore, C: Codec> AsTransactional for Transactional<S, C> {
+    type Store = S;
+    type Codec = C;
+    fn as_transactional(&self) -> &Transactional<S, C> {
+        self
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<T: AsTransactional + ?Sized> AsTransactional for &T {
+    type Store = T::Store;
+    type Codec = T::Codec;
+    fn as_transactional(&self) -> &Transactional<T::Store, T::Codec> {
+        (**self).as_transactional()
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<T: AsTransactional + ?Sized> AsTransactional for Arc<T> {
+    type Store = T::Store;
+    type Codec = T::Codec;
+    fn as_transactional(&self) -> &Transactional<T::Store, T::Codec> {
+        (**self).as_transactional()
+    }
+}
+
+/// The connection type of the transactional engine `En`.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub type TxConnection<En> = <<En as AsTransactional>::Store as TransactionalStore>::Connection;
+
+/// The caller's connection, as the engine's store needs it: `&mut *tx` coerces to it from a
+/// `&mut` connection, a `&mut Transaction` or a `&mut PoolConnection`. (One function for both
+/// uses, so a wrong type is reported once.)
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub fn tx_connection<'c, En: AsTransactional + ?Sized>(
+    _engine: &En,
+    conn: &'c mut TxConnection<En>,
+) -> &'c mut TxConnection<En> {
+    conn
+}
+
+/// What [`tx_begin`] found: run the body (with the claim to finish, or none without a key), or
+/// return the stored value.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[derive(Debug)]
+pub enum TxBegun<T> {
+    /// Run the body, then pass this to [`tx_end`].
+    Run(Option<TxClaim>),
+    /// The key completed earlier: return this value without running the body.
+    Replayed(T),
+}
+
+/// Claims the call's key on the caller's connection (when the call has a key), or fetches its
+/// stored value. An invalid key or fingerprint is returned before the database is touched.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub async fn tx_begin<En, T>(
+    engine: &En,
+    conn: &mut TxConnection<En>,
+    key: Result<Option<Key>, Error>,
+    fingerprint: Result<Option<Fingerprint>, Error>,
+    options: CallOptions,
+) -> Result<TxBegun<T>, Error>
+where
+    En: AsTransactional + ?Sized,
+    T: DeserializeOwned,
+{
+    let (key, fingerprint) = (key?, fingerprint?);
+    let Some(key) = key else {
+        return Ok(TxBegun::Run(None));
+    };
+    let begun = engine
+        .as_transactional()
+        .begin_with(conn, &options, &key, fingerprint.as_ref())
+        .await?;
+    Ok(match begun {
+        TxStart::Run(claim) => TxBegun::Run(Some(claim)),
+        TxStart::Replayed(value) => TxBegun::Replayed(value),
+    })
+}
+
+/// After the body: stores an `Ok` value under the claim, or releases the claim on `Err`, on the
+/// caller's connection.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub async fn tx_end<En, T, E>(
+    engine: &En,
+    conn: &mut TxConnection<En>,
+    claim: Option<TxClaim>,
+    result: Result<T, E>,
+) -> Result<T, E>
+where
+    En: AsTransactional + ?Sized,
+    T: Serialize,
+    E: From<Error>,
+{
+    let Some(claim) = claim else {
+        return result;
+    };
+    let engine = engine.as_transactional();
+    match result {
+        Ok(value) => {
+            engine.finish(conn, claim, &value).await?;
+            Ok(value)
+        }
+        Err(e) => {
+            engine.release(conn, claim).await;
+            Err(e)
+        }
+    }
 }

@@ -47,11 +47,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::codec::{Codec, JsonCodec};
-use crate::engine::{Outcome, Policy};
+use crate::engine::{CallOptions, Outcome, Policy};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::record::{Claim, Completion, Start};
-use crate::store::Store;
+use crate::store::{check_duration, Store};
 
 /// A store whose claim and completion can run on a caller's transaction.
 ///
@@ -110,6 +110,8 @@ pub enum TxStart<T> {
 #[derive(Debug)]
 pub struct TxClaim {
     claim: Claim,
+    /// How long [`Transactional::finish`] keeps the result: chosen when the claim was made.
+    retention: Duration,
 }
 
 /// The engine for transactional mode: [`Policy`] and codec over a [`TransactionalStore`].
@@ -190,12 +192,51 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
         key: &Key,
         fingerprint: Option<&Fingerprint>,
     ) -> Result<TxStart<T>, Error> {
-        match self
-            .store
-            .start_in(conn, key, fingerprint, self.policy.lease)
-            .await?
-        {
-            Start::Started(claim) => Ok(TxStart::Run(TxClaim { claim })),
+        self.begin_with(conn, &CallOptions::default(), key, fingerprint)
+            .await
+    }
+
+    /// [`begin`](Self::begin) with per-call overrides of the policy's lease and retention (the
+    /// retention applies when the claim is [`finish`](Self::finish)ed; `on_locked` is ignored:
+    /// a concurrent duplicate waits on the database's lock). Both durations are checked before
+    /// anything is written.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{CallOptions, Error, Key, SqliteStore, Transactional, TxStart};
+    /// use sqlx::Connection;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = SqliteStore::connect("sqlite::memory:").await?;
+    /// let idem = Transactional::new(store.clone());
+    /// let mut conn = store.pool().acquire().await?;
+    /// let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    /// let week = CallOptions { retention: Some(Duration::from_secs(7 * 24 * 3600)), ..CallOptions::default() };
+    /// let key = Key::derive("statement", "acct-1", "2026-11")?;
+    /// if let TxStart::<u64>::Run(claim) = idem.begin_with(&mut tx, &week, &key, None).await? {
+    ///     idem.finish(&mut tx, claim, &42u64).await?; // kept for a week
+    /// }
+    /// tx.commit().await?;
+    ///
+    /// let zero = CallOptions { retention: Some(Duration::ZERO), ..CallOptions::default() };
+    /// let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    /// let other = Key::derive("statement", "acct-1", "2026-12")?;
+    /// let refused = idem.begin_with::<u64>(&mut tx, &zero, &other, None).await;
+    /// assert!(matches!(refused, Err(Error::InvalidConfig(_))));
+    /// # Ok(()) }
+    /// ```
+    pub async fn begin_with<T: DeserializeOwned>(
+        &self,
+        conn: &mut S::Connection,
+        options: &CallOptions,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+    ) -> Result<TxStart<T>, Error> {
+        let lease = options.lease.unwrap_or(self.policy.lease);
+        let retention = options.retention.unwrap_or(self.policy.retention);
+        check_duration("lease", lease)?;
+        check_duration("retention", retention)?;
+        match self.store.start_in(conn, key, fingerprint, lease).await? {
+            Start::Started(claim) => Ok(TxStart::Run(TxClaim { claim, retention })),
             Start::Completed(cached) => {
                 if cached.is_error {
                     return Err(Error::StoredError(cached.response.unwrap_or_default()));
@@ -210,7 +251,8 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
         }
     }
 
-    /// Stores `value` as the claim's result, inside the caller's transaction. It becomes the
+    /// Stores `value` as the claim's result, inside the caller's transaction, for the retention
+    /// chosen at [`begin_with`](Self::begin_with) (the policy's by default). It becomes the
     /// replayed answer when the caller commits.
     pub async fn finish<T: Serialize>(
         &self,
@@ -232,7 +274,7 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
             is_error: false,
         };
         self.store
-            .complete_in(conn, &claim.claim, done, self.policy.retention)
+            .complete_in(conn, &claim.claim, done, claim.retention)
             .await
     }
 

@@ -5,7 +5,7 @@
 
 use quote::ToTokens;
 use syn::ext::IdentExt;
-use syn::parse::{Parse, ParseStream};
+use syn::parse::{discouraged::Speculative, Parse, ParseStream};
 use syn::{Expr, Ident, LitStr, Token};
 
 use crate::duration::DurationLit;
@@ -19,9 +19,11 @@ mod kw {
     syn::custom_keyword!(lease);
     syn::custom_keyword!(ttl);
     syn::custom_keyword!(on_locked);
+    syn::custom_keyword!(transaction);
 }
 
-const KNOWN: &str = "`key`, `scope`, `store`, `caller`, `fingerprint`, `lease`, `ttl`, `on_locked`";
+const KNOWN: &str =
+    "`key`, `scope`, `store`, `caller`, `fingerprint`, `lease`, `ttl`, `on_locked`, `transaction`";
 
 /// The longest scope, in bytes (as for every key part).
 const MAX_SCOPE_LEN: usize = 255;
@@ -37,6 +39,7 @@ pub(crate) struct Args {
     pub(crate) lease: Option<(kw::lease, DurationLit)>,
     pub(crate) ttl: Option<(kw::ttl, DurationLit)>,
     pub(crate) on_locked: Option<(kw::on_locked, Expr)>,
+    pub(crate) transaction: Option<(kw::transaction, Ident)>,
 }
 
 impl Parse for Args {
@@ -60,6 +63,8 @@ impl Parse for Args {
                 assign(input, &mut args.ttl, "ttl", parse_duration("ttl"))?;
             } else if lookahead.peek(kw::on_locked) {
                 assign(input, &mut args.on_locked, "on_locked", parse_expr)?;
+            } else if lookahead.peek(kw::transaction) {
+                assign(input, &mut args.transaction, "transaction", parse_parameter)?;
             } else if input.peek(Ident::peek_any) {
                 let unknown = input.call(Ident::parse_any)?;
                 return Err(syn::Error::new(
@@ -111,6 +116,24 @@ where
 
 fn parse_expr(input: ParseStream<'_>) -> syn::Result<Expr> {
     input.parse()
+}
+
+/// The name of a parameter (`transaction = tx`), or an error spanned on whatever expression
+/// stands in its place.
+fn parse_parameter(input: ParseStream<'_>) -> syn::Result<Ident> {
+    let fork = input.fork();
+    if let Ok(ident) = fork.parse::<Ident>() {
+        if fork.is_empty() || fork.peek(Token![,]) {
+            input.advance_to(&fork);
+            return Ok(ident);
+        }
+    }
+    let expr: Expr = input.parse()?;
+    Err(syn::Error::new_spanned(
+        expr,
+        "`transaction` takes the name of a parameter of this function, such as \
+         `transaction = tx` for `tx: &mut sqlx::Transaction<'_, Sqlite>`",
+    ))
 }
 
 /// A string literal, or an error spanned on whatever expression stands in its place.

@@ -1,11 +1,12 @@
 //! Checks the annotated function and rewrites its body into a call of
-//! `::idem::__private::run`.
+//! `::idem::__private::run`, or, with `transaction = …`, into `tx_begin`, the body and `tx_end`
+//! on the caller's connection.
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{AttrStyle, Expr, ItemFn, LitStr, ReturnType, Type};
+use syn::{AttrStyle, Expr, FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Type};
 
 use crate::attr::{check_scope, Args};
 use crate::duration::DurationLit;
@@ -52,6 +53,8 @@ struct Call {
     lease: Option<DurationLit>,
     ttl: Option<DurationLit>,
     on_locked: Option<Expr>,
+    /// The parameter holding the caller's connection or transaction: transactional mode.
+    transaction: Option<Ident>,
 }
 
 /// Checks the function and the required arguments, reporting every problem at once.
@@ -83,6 +86,10 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         Some((_, lit)) => Ok(lit.clone()),
         None => default_scope(func),
     };
+    let transactional = match &args.transaction {
+        Some((_, parameter)) => check_transaction(func, parameter, &args),
+        None => Ok(()),
+    };
     let key = args.key.map(|(_, key)| key).ok_or_else(|| {
         syn::Error::new(
             Span::call_site(),
@@ -91,11 +98,14 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         )
     });
     let store = args.store.map(|(_, store)| store).ok_or_else(|| {
-        syn::Error::new(
-            Span::call_site(),
+        let message = if args.transaction.is_some() {
+            "missing `store = …`: the `idem::Transactional` engine to record calls in, such as \
+             `store = self.idem` (an engine, a reference to one, or an `Arc` of one)"
+        } else {
             "missing `store = …`: the `idem::Idempotency` engine to record calls in, such as \
-             `store = self.idem` (an engine, a reference to one, or an `Arc` of one)",
-        )
+             `store = self.idem` (an engine, a reference to one, or an `Arc` of one)"
+        };
+        syn::Error::new(Span::call_site(), message)
     });
     combine_errors(
         [
@@ -104,6 +114,7 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
             scope.as_ref().err().cloned(),
             key.as_ref().err().cloned(),
             store.as_ref().err().cloned(),
+            transactional.err(),
         ]
         .into_iter()
         .flatten(),
@@ -118,7 +129,47 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         lease: args.lease.map(|(_, lease)| lease),
         ttl: args.ttl.map(|(_, ttl)| ttl),
         on_locked: args.on_locked.map(|(_, on_locked)| on_locked),
+        transaction: args.transaction.map(|(_, parameter)| parameter),
     })
+}
+
+/// With `transaction = <parameter>`: the parameter exists, and no argument that only the
+/// ordinary mode understands is given.
+fn check_transaction(func: &ItemFn, parameter: &Ident, args: &Args) -> syn::Result<()> {
+    let named = func.sig.inputs.iter().any(|input| match input {
+        FnArg::Typed(typed) => {
+            matches!(&*typed.pat, Pat::Ident(p) if p.ident.unraw() == parameter.unraw())
+        }
+        FnArg::Receiver(_) => false,
+    });
+    let missing = (!named).then(|| {
+        syn::Error::new(
+            parameter.span(),
+            format!(
+                "`transaction = {parameter}` names no parameter of `{}`: name the parameter \
+                 holding your connection or transaction, such as `tx` in \
+                 `tx: &mut sqlx::Transaction<'_, Sqlite>`",
+                func.sig.ident.unraw()
+            ),
+        )
+    });
+    let lease = args.lease.as_ref().map(|(keyword, _)| {
+        syn::Error::new_spanned(
+            keyword,
+            "`lease` does not apply with `transaction`: the claim stays invisible to other \
+             calls until your transaction commits, and it is finished or released inside it; \
+             remove `lease`",
+        )
+    });
+    let on_locked = args.on_locked.as_ref().map(|(keyword, _)| {
+        syn::Error::new_spanned(
+            keyword,
+            "`on_locked` does not apply with `transaction`: a concurrent call with the same key \
+             waits on the database's lock until your transaction ends, then replays its result; \
+             remove `on_locked`",
+        )
+    });
+    combine_errors([missing, lease, on_locked].into_iter().flatten())
 }
 
 /// One error holding every error of `errors`, or `Ok` when there is none.
@@ -184,11 +235,19 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
         lease,
         ttl,
         on_locked,
+        transaction,
     } = call;
 
     // User expressions keep their spans, so a type error points at what the user wrote.
-    let store = quote_spanned! {store.span()=>
-        ::core::clone::Clone::clone(::idem::__private::AsEngine::as_engine(&(#store)))
+    let engine = match &transaction {
+        None => quote_spanned! {store.span()=>
+            ::core::clone::Clone::clone(::idem::__private::AsEngine::as_engine(&(#store)))
+        },
+        Some(_) => quote_spanned! {store.span()=>
+            ::core::clone::Clone::clone(::idem::__private::AsTransactional::as_transactional(
+                &(#store)
+            ))
+        },
     };
     let key = quote_spanned! {key.span()=> &(#key)};
     let caller = match caller {
@@ -205,22 +264,65 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
     let ttl = duration(ttl);
     let on_locked = typed_on_locked(on_locked);
 
-    let body = quote! {
-        #(#inner_attrs)*
-        // Everything the record needs is computed from borrows before the body starts, so the
-        // body may still move the function's arguments.
-        let __idem_engine = #store;
-        let __idem_key = ::idem::__private::key(#scope, #caller, #key);
-        let __idem_fingerprint = #fingerprint;
-        let __idem_options = ::idem::__private::options(#lease, #ttl, #on_locked);
-        ::idem::__private::run(
-            &__idem_engine,
-            __idem_key,
-            __idem_fingerprint,
-            __idem_options,
-            ::idem::__private::body::<#return_type, _>(async move #block),
-        )
-        .await
+    let body = match transaction {
+        None => quote! {
+            #(#inner_attrs)*
+            // Everything the record needs is computed from borrows before the body starts, so
+            // the body may still move the function's arguments.
+            let __idem_engine = #engine;
+            let __idem_key = ::idem::__private::key(#scope, #caller, #key);
+            let __idem_fingerprint = #fingerprint;
+            let __idem_options = ::idem::__private::options(#lease, #ttl, #on_locked);
+            ::idem::__private::run(
+                &__idem_engine,
+                __idem_key,
+                __idem_fingerprint,
+                __idem_options,
+                ::idem::__private::body::<#return_type, _>(async move #block),
+            )
+            .await
+        },
+        Some(tx) => {
+            // `&mut *tx` reborrows the parameter, so `tx` stays usable, and coerces to the
+            // store's connection type from a `&mut` connection or a `&mut Transaction`.
+            let conn = quote_spanned! {tx.span()=>
+                ::idem::__private::tx_connection(&__idem_engine, &mut *#tx)
+            };
+            quote! {
+                #(#inner_attrs)*
+                let __idem_engine = #engine;
+                let __idem_key = ::idem::__private::key(#scope, #caller, #key);
+                let __idem_fingerprint = #fingerprint;
+                let __idem_options = ::idem::__private::options(
+                    ::core::option::Option::None,
+                    #ttl,
+                    ::core::option::Option::None,
+                );
+                let __idem_claim = match ::idem::__private::tx_begin(
+                    &__idem_engine,
+                    #conn,
+                    __idem_key,
+                    __idem_fingerprint,
+                    __idem_options,
+                )
+                .await
+                {
+                    ::core::result::Result::Ok(::idem::__private::TxBegun::Run(__idem_claim)) => {
+                        __idem_claim
+                    }
+                    ::core::result::Result::Ok(::idem::__private::TxBegun::Replayed(__idem_value)) => {
+                        return ::core::result::Result::Ok(__idem_value);
+                    }
+                    ::core::result::Result::Err(__idem_error) => {
+                        return ::core::result::Result::Err(::core::convert::From::from(__idem_error));
+                    }
+                };
+                // Not `move`: the body borrows the connection for as long as it runs, and the
+                // claim is finished or released on it afterwards.
+                let __idem_result = ::idem::__private::body::<#return_type, _>(async #block).await;
+                ::idem::__private::tx_end(&__idem_engine, #conn, __idem_claim, __idem_result).await
+            }
+        }
     };
     // The new body keeps the original braces' span, so lints about the function (such as
     // `dead_code`) still see it as the user's code.

@@ -99,6 +99,7 @@ use proc_macro::TokenStream;
 /// | `lease` | no | duration literal | How long a claim blocks its key without a heartbeat; renewed every third of it while the body runs. Default: the engine's policy (30 s). |
 /// | `ttl` | no | duration literal | How long a completed result is replayed. Default: the engine's policy (24 h). |
 /// | `on_locked` | no | expression of type `idem::OnLocked` | What a call does while another call runs the same key: `OnLocked::FailFast` (`idem::Error::Locked`) or `OnLocked::Wait { timeout }` (then replay). Default: the engine's policy (fail fast). |
+/// | `transaction` | no | the name of a parameter: `&mut sqlx::Transaction<'_, DB>` or `&mut` connection | Transactional mode (below): the claim, the body and the stored result share this transaction. `store` is then an `idem::Transactional`; `lease` and `on_locked` are refused. |
 ///
 /// Arguments are `name = value`, separated by commas, in any order. Duration literals are a
 /// number and a unit (`ms`, `s`, `m`, `h`, `d`), or several from the largest unit to the
@@ -158,6 +159,78 @@ use proc_macro::TokenStream;
 /// return type, so `?` and `return` inside the body behave as in the original function.
 /// The generated future is `Send` whenever the original body's future is.
 ///
+/// # Transactional mode
+///
+/// When the body writes to the same SQL database as the idempotency records (SQLite or
+/// PostgreSQL), `transaction = tx` names the parameter holding the caller's transaction (or
+/// connection), and `store` names an `idem::Transactional` engine over that database's store.
+/// The claim, the body's writes and the stored result then commit together or not at all: a
+/// crash or a dropped transaction before the commit leaves nothing, so the retry applies the
+/// work exactly once. A concurrent duplicate waits on the database's lock until the first
+/// transaction ends, then replays its result. The caller opens and commits the transaction
+/// (on SQLite open it with `BEGIN IMMEDIATE`, so concurrent writers queue instead of failing).
+///
+/// ```
+/// use idem::{idempotent, SqliteStore, Transactional};
+/// use sqlx::{Sqlite, Transaction};
+/// # #[derive(Debug, thiserror::Error)]
+/// # enum BankError {
+/// #     #[error(transparent)] Idem(#[from] idem::Error),
+/// #     #[error(transparent)] Sql(#[from] sqlx::Error),
+/// # }
+///
+/// #[idempotent(key = request_id, scope = "deposit", store = idem, transaction = tx)]
+/// async fn deposit(
+///     idem: &Transactional<SqliteStore>,
+///     tx: &mut Transaction<'_, Sqlite>,
+///     request_id: &str,
+///     cents: i64,
+/// ) -> Result<i64, BankError> {
+///     let balance = sqlx::query_scalar("UPDATE accounts SET balance = balance + ? RETURNING balance")
+///         .bind(cents)
+///         .fetch_one(&mut **tx)
+///         .await?;
+///     Ok(balance)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BankError> {
+/// let store = SqliteStore::connect("sqlite::memory:").await?;
+/// let idem = Transactional::new(store.clone());
+/// # sqlx::query("CREATE TABLE accounts (balance INTEGER NOT NULL)").execute(store.pool()).await?;
+/// # sqlx::query("INSERT INTO accounts VALUES (0)").execute(store.pool()).await?;
+/// for _delivery in 0..2 {
+///     let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await?;
+///     assert_eq!(deposit(&idem, &mut tx, "req-1", 500).await?, 500); // the second one replays
+///     tx.commit().await?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// The expansion derives the key and fingerprint first, then (in outline):
+///
+/// ```text
+/// let __idem_claim = match tx_begin(&engine, &mut *tx, key, fingerprint, options).await {
+///     Ok(TxBegun::Run(claim)) => claim,               // None without a key
+///     Ok(TxBegun::Replayed(value)) => return Ok(value),
+///     Err(e) => return Err(From::from(e)),
+/// };
+/// let __idem_result = body::<ReturnType, _>(async { <the original body> }).await;
+/// tx_end(&engine, &mut *tx, __idem_claim, __idem_result).await  // Ok: store it; Err: release
+/// ```
+///
+/// The body is not a `move` block: it borrows the transaction while it runs, so `tx` is usable
+/// in the body and after it (it must not be moved away, for instance committed, inside the
+/// body). An `Err` releases the claim inside the transaction, so committing leaves the key free;
+/// rolling back does too. `ttl` sets how long the result is kept. `lease` and `on_locked` do
+/// not apply: the claim is invisible to other calls until the commit, and a duplicate waits on
+/// the database's lock rather than on the lease. A plain connection outside a transaction also
+/// works, but then every statement commits on its own and the one-transaction guarantee is
+/// gone.
+///
+/// Round trips: one claim statement and one completion statement inside your transaction (a
+/// replay is the claim statement, plus one read on SQLite).
+///
 /// # Compile errors
 ///
 /// Each mistake is reported on the token that causes it, and the function is still emitted
@@ -166,8 +239,9 @@ use proc_macro::TokenStream;
 /// ones); an argument given twice (on the second one); an argument without a value; a
 /// malformed, zero or too long duration; a `scope` that is not a string literal, is empty,
 /// longer than 255 bytes or not printable ASCII (and, without `scope`, a function name that is
-/// not ASCII); a return type that is not `Result<…>`. A `key`, `caller`, `store` or `on_locked`
-/// of the wrong type is reported by the type checker on that expression.
+/// not ASCII); a return type that is not `Result<…>`; a `transaction` that is not the name of a
+/// parameter, or given with `lease` or `on_locked`. A `key`, `caller`, `store`, `on_locked` or
+/// `transaction` of the wrong type is reported by the type checker on that expression.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()

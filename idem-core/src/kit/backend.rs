@@ -27,7 +27,7 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// ```
 pub type SqlQuery<'q, DB> = sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>;
 
-/// A database the kit runs on: [`sqlx::Sqlite`] (feature `sqlite`) and [`sqlx::Postgres`]
+/// A database the kit runs on: `sqlx::Sqlite` (feature `sqlite`) and `sqlx::Postgres`
 /// (feature `postgres`). Sealed: the kit's SQL is written for exactly these two.
 ///
 /// ```

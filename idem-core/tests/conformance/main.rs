@@ -10,6 +10,9 @@ mod harness;
 mod engine;
 mod memory;
 #[cfg(feature = "postgres")]
+#[path = "../support/pg_env.rs"]
+mod pg_env;
+#[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;

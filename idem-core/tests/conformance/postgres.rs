@@ -15,20 +15,7 @@ pub struct PgHarness {
 }
 
 fn pg_url() -> Option<String> {
-    match std::env::var("IDEM_TEST_PG_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("IDEM_REQUIRE_PG").is_ok_and(|v| v == "1") => {
-            panic!("IDEM_TEST_PG_URL is not set, and IDEM_REQUIRE_PG=1 requires it")
-        }
-        _ => {
-            let test = std::thread::current()
-                .name()
-                .unwrap_or("postgres conformance")
-                .to_owned();
-            eprintln!("skipping {test}: IDEM_TEST_PG_URL is not set");
-            None
-        }
-    }
+    crate::pg_env::pg_url(&crate::pg_env::current_test())
 }
 
 #[async_trait]

@@ -1,0 +1,221 @@
+//! Buffering request and response bodies within limits, without losing what was read.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum_core::body::Body;
+use bytes::{Bytes, BytesMut};
+use http::header::CONTENT_LENGTH;
+use http::HeaderMap;
+use http_body::{Frame, SizeHint};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use crate::error::BoxError;
+
+/// Why a request body was not read.
+pub(crate) enum ReadError {
+    /// Longer than the limit (by `Content-Length` or by what arrived).
+    TooLarge,
+    /// The body failed (the client went away, a broken chunked encoding).
+    Failed(BoxError),
+}
+
+/// Reads the whole request body, refusing one longer than `limit` bytes before reading it when
+/// `Content-Length` tells.
+pub(crate) async fn read_request<B>(
+    body: B,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<Bytes, ReadError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ReadError::TooLarge);
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(ReadError::TooLarge),
+        Err(e) => Err(ReadError::Failed(e)),
+    }
+}
+
+/// A response body read whole, or given back intact when it cannot be stored.
+pub(crate) enum Buffered {
+    Whole(Bytes),
+    /// The body as the client should still receive it: what was read, then the rest.
+    Unstorable {
+        body: Body,
+        why: &'static str,
+    },
+}
+
+/// Reads the response body if it has at most `limit` bytes and no trailers.
+pub(crate) async fn read_response(mut body: Body, limit: usize) -> Buffered {
+    if http_body::Body::size_hint(&body).lower() > limit as u64 {
+        return Buffered::Unstorable {
+            body,
+            why: "its body is larger than max_response_bytes",
+        };
+    }
+    let mut read: VecDeque<Frame<Bytes>> = VecDeque::new();
+    let mut len = 0;
+    // Bounded by the body itself: every pass consumes one frame.
+    loop {
+        let frame = match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => {
+                let tail = Tail::Failed(Some(e));
+                return Buffered::Unstorable {
+                    body: Body::new(Resume { read, tail }),
+                    why: "its body failed",
+                };
+            }
+        };
+        let why = match frame.data_ref() {
+            Some(data) => {
+                len += data.len();
+                (len > limit).then_some("its body is larger than max_response_bytes")
+            }
+            None => Some("it has trailers"),
+        };
+        read.push_back(frame);
+        if let Some(why) = why {
+            let tail = Tail::Body(body);
+            return Buffered::Unstorable {
+                body: Body::new(Resume { read, tail }),
+                why,
+            };
+        }
+    }
+    let mut bytes = BytesMut::with_capacity(len);
+    for frame in read {
+        if let Ok(data) = frame.into_data() {
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Buffered::Whole(bytes.freeze())
+}
+
+/// The frames already read, then the rest of the original body (or its error).
+struct Resume {
+    read: VecDeque<Frame<Bytes>>,
+    tail: Tail,
+}
+
+enum Tail {
+    Body(Body),
+    Failed(Option<axum_core::Error>),
+}
+
+impl http_body::Body for Resume {
+    type Data = Bytes;
+    type Error = axum_core::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Some(frame) = this.read.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        match &mut this.tail {
+            Tail::Body(body) => Pin::new(body).poll_frame(cx),
+            Tail::Failed(error) => Poll::Ready(error.take().map(Err)),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.is_empty()
+            && match &self.tail {
+                Tail::Body(body) => body.is_end_stream(),
+                Tail::Failed(error) => error.is_none(),
+            }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let read: u64 = self
+            .read
+            .iter()
+            .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+            .sum();
+        let tail = match &self.tail {
+            Tail::Body(body) => body.size_hint(),
+            Tail::Failed(_) => SizeHint::with_exact(0),
+        };
+        let mut hint = SizeHint::new();
+        hint.set_lower(read + tail.lower());
+        if let Some(upper) = tail.upper() {
+            hint.set_upper(read + upper);
+        }
+        hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http_body_util::Full;
+
+    use super::*;
+
+    /// A body arriving in several frames, with no size hint.
+    struct Chunks(VecDeque<&'static str>);
+
+    impl http_body::Body for Chunks {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Poll::Ready(self.0.pop_front().map(|c| Ok(Frame::data(Bytes::from(c)))))
+        }
+    }
+
+    fn chunks(parts: &[&'static str]) -> Body {
+        Body::new(Chunks(parts.iter().copied().collect()))
+    }
+
+    #[tokio::test]
+    async fn whole_bodies_are_read() {
+        match read_response(chunks(&["ab", "cd"]), 4).await {
+            Buffered::Whole(b) => assert_eq!(b, "abcd"),
+            Buffered::Unstorable { why, .. } => panic!("{why}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn too_large_bodies_are_given_back_intact() {
+        for body in [chunks(&["ab", "cd", "ef"]), Body::from("abcdef")] {
+            let Buffered::Unstorable { body, why } = read_response(body, 3).await else {
+                panic!("stored a body over the limit");
+            };
+            assert!(why.contains("larger"));
+            assert_eq!(body.collect().await.unwrap().to_bytes(), "abcdef");
+        }
+    }
+
+    #[tokio::test]
+    async fn request_limits() {
+        let headers = HeaderMap::new();
+        let ok = read_request(Full::new(Bytes::from_static(b"abc")), &headers, 3).await;
+        assert!(matches!(ok, Ok(b) if b == "abc"));
+        let big = read_request(Full::new(Bytes::from_static(b"abcd")), &headers, 3).await;
+        assert!(matches!(big, Err(ReadError::TooLarge)));
+        let mut declared = HeaderMap::new();
+        declared.insert(CONTENT_LENGTH, "100".parse().unwrap());
+        let early = read_request(Full::new(Bytes::new()), &declared, 3).await;
+        assert!(matches!(early, Err(ReadError::TooLarge)));
+    }
+}

@@ -1,0 +1,411 @@
+//! [`IdempotencyLayer`] and its builder.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::{HeaderMap, Method, StatusCode};
+use tower::Layer;
+
+use super::fingerprint::BodyFingerprint;
+use super::service::IdempotencyService;
+use crate::codec::{Codec, JsonCodec};
+use crate::engine::{CallOptions, Idempotency, OnLocked};
+use crate::error::Error;
+use crate::key::Key;
+use crate::store::check_duration;
+
+type CallerFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+type StoreIfFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
+
+/// Whether the layer stores a response by default: every status but 5xx, `408 Request Timeout`,
+/// `409 Conflict` and `429 Too Many Requests`, which say "try again" rather than give an answer.
+/// A response that is not stored frees the key, so a retry runs the handler again.
+///
+/// ```
+/// use idem_core::http::stores_by_default;
+/// use http::StatusCode;
+/// assert!(stores_by_default(StatusCode::CREATED));
+/// assert!(stores_by_default(StatusCode::UNPROCESSABLE_ENTITY));
+/// assert!(!stores_by_default(StatusCode::SERVICE_UNAVAILABLE));
+/// assert!(!stores_by_default(StatusCode::TOO_MANY_REQUESTS));
+/// ```
+pub fn stores_by_default(status: StatusCode) -> bool {
+    !(status.is_server_error()
+        || status == StatusCode::REQUEST_TIMEOUT
+        || status == StatusCode::CONFLICT
+        || status == StatusCode::TOO_MANY_REQUESTS)
+}
+
+/// The checked configuration every [`IdempotencyService`] of one layer shares.
+pub(crate) struct Config<C> {
+    pub(crate) engine: Idempotency<C>,
+    pub(crate) options: CallOptions,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) require_key: bool,
+    pub(crate) accept_bare_keys: bool,
+    pub(crate) scope: String,
+    pub(crate) caller: Option<Box<CallerFn>>,
+    pub(crate) fingerprint: BodyFingerprint,
+    pub(crate) store_if: Arc<StoreIfFn>,
+    pub(crate) max_request_body: usize,
+}
+
+/// A tower [`Layer`] that makes `POST` and `PATCH` (by default) requests carrying an
+/// `Idempotency-Key` header run once: a retry gets the stored response, marked
+/// `Idempotent-Replayed: true`. See the [module documentation](super) for the exact behaviour.
+///
+/// Works with every store: it only needs an [`Idempotency`] engine, whose policy gives the
+/// default lease, retention, wait behaviour and the largest stored response
+/// ([`Policy::max_response_bytes`](crate::Policy::max_response_bytes)).
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use idem_core::http::IdempotencyLayer;
+/// use idem_core::{Idempotency, MemoryStore};
+///
+/// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()));
+/// let app: Router = Router::new()
+///     .route("/payments", post(|| async { "created" }))
+///     .layer(layer);
+/// # let _ = app;
+/// ```
+pub struct IdempotencyLayer<C = JsonCodec> {
+    config: Arc<Config<C>>,
+}
+
+impl<C> Clone for IdempotencyLayer<C> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<C> fmt::Debug for IdempotencyLayer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.config.fmt(f)
+    }
+}
+
+impl<C> fmt::Debug for Config<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("scope", &self.scope)
+            .field("methods", &self.methods)
+            .field("require_key", &self.require_key)
+            .field("accept_bare_keys", &self.accept_bare_keys)
+            .field("caller", &self.caller.is_some())
+            .field("fingerprint", &self.fingerprint)
+            .field("options", &self.options)
+            .field("max_request_body", &self.max_request_body)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Codec> IdempotencyLayer<C> {
+    /// A layer with the defaults: see [`LayerBuilder`].
+    ///
+    /// ```
+    /// use idem_core::http::IdempotencyLayer;
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()));
+    /// # let _ = layer;
+    /// ```
+    pub fn new(engine: Idempotency<C>) -> IdempotencyLayer<C> {
+        IdempotencyLayer {
+            config: Arc::new(LayerBuilder::new(engine).config),
+        }
+    }
+
+    /// A [`LayerBuilder`] to change the defaults.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::http::IdempotencyLayer;
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .require_key(true)
+    ///     .retention(Duration::from_secs(24 * 3600))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
+    pub fn builder(engine: Idempotency<C>) -> LayerBuilder<C> {
+        LayerBuilder::new(engine)
+    }
+}
+
+impl<S, C> Layer<S> for IdempotencyLayer<C> {
+    type Service = IdempotencyService<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::new(inner, self.config.clone())
+    }
+}
+
+/// Configures an [`IdempotencyLayer`]. Defaults:
+///
+/// | setting | default |
+/// |---|---|
+/// | [`methods`](Self::methods) | `POST`, `PATCH` |
+/// | [`require_key`](Self::require_key) | `false`: a request without the header runs unguarded |
+/// | [`accept_bare_keys`](Self::accept_bare_keys) | `false`: the key must be a quoted sf-string |
+/// | [`scope`](Self::scope) | `"http"` |
+/// | [`caller`](Self::caller) | none: every client shares one key space |
+/// | [`fingerprint`](Self::fingerprint) | method, path and query, body bytes |
+/// | [`lease`](Self::lease), [`retention`](Self::retention), [`on_locked`](Self::on_locked) | the engine's policy (30 s, 24 h, fail fast) |
+/// | [`store_if`](Self::store_if) | [`stores_by_default`] |
+/// | [`max_request_body`](Self::max_request_body) | 1 MiB |
+///
+/// ```
+/// use std::time::Duration;
+/// use http::Method;
+/// use idem_core::http::{BodyFingerprint, IdempotencyLayer};
+/// use idem_core::{Idempotency, MemoryStore, OnLocked};
+///
+/// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+///     .methods([Method::POST])
+///     .require_key(true)
+///     .scope("payments-api")
+///     // Keys are per API key: two clients never see each other's responses.
+///     .caller(|parts| {
+///         let key = parts.headers.get("x-api-key")?.to_str().ok()?;
+///         Some(key.to_owned())
+///     })
+///     .fingerprint(BodyFingerprint::Json)
+///     .lease(Duration::from_secs(10))
+///     .on_locked(OnLocked::Wait { timeout: Duration::from_secs(5) })
+///     .store_if(|status, _headers| status.is_success())
+///     .max_request_body(64 * 1024)
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), idem_core::Error>(())
+/// ```
+pub struct LayerBuilder<C = JsonCodec> {
+    config: Config<C>,
+}
+
+impl<C> fmt::Debug for LayerBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.config.fmt(f)
+    }
+}
+
+impl<C: Codec> LayerBuilder<C> {
+    fn new(engine: Idempotency<C>) -> LayerBuilder<C> {
+        LayerBuilder {
+            config: Config {
+                engine,
+                options: CallOptions::default(),
+                methods: vec![Method::POST, Method::PATCH],
+                require_key: false,
+                accept_bare_keys: false,
+                scope: "http".to_owned(),
+                caller: None,
+                fingerprint: BodyFingerprint::default(),
+                store_if: Arc::new(|status, _: &HeaderMap| stores_by_default(status)),
+                max_request_body: 1 << 20,
+            },
+        }
+    }
+
+    /// The methods the layer guards; requests with other methods pass through untouched (their
+    /// `Idempotency-Key` is ignored). Default `POST` and `PATCH`.
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// use http::Method;
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .methods([Method::POST, Method::PUT, Method::DELETE]);
+    /// # let _ = b;
+    /// ```
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether a guarded request without an `Idempotency-Key` gets `400` ([`true`]) or runs
+    /// without deduplication (`false`, the default).
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
+    /// # let _ = b;
+    /// ```
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.config.require_key = required;
+        self
+    }
+
+    /// Whether to accept an unquoted key such as `Idempotency-Key: 8e03978e-40d5-…`, as Stripe
+    /// and most existing clients send it. The draft standard requires a structured-field string
+    /// (`Idempotency-Key: "8e03978e-40d5-…"`), so the default is `false` and an unquoted key gets
+    /// `400`. When accepted, an unquoted key must be 1 to 255 visible ASCII characters, and
+    /// `abc` and `"abc"` name the same key.
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).accept_bare_keys(true);
+    /// # let _ = b;
+    /// ```
+    pub fn accept_bare_keys(mut self, accept: bool) -> Self {
+        self.config.accept_bare_keys = accept;
+        self
+    }
+
+    /// The name under which this layer's keys are stored (1 to 255 printable ASCII characters),
+    /// so several APIs can share one store. Default `"http"`. Renaming it forgets every stored
+    /// response.
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("billing-v2");
+    /// # let _ = b;
+    /// ```
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.config.scope = scope.into();
+        self
+    }
+
+    /// Who is asking, from the request head: an API key id, a user id, or an extension an
+    /// authentication layer put there. Keys are scoped by it, so two callers sending the same
+    /// key get independent results. `None` (or no extractor) means the shared anonymous caller.
+    ///
+    /// The identity must be at most 255 bytes of printable ASCII (hash longer ones yourself);
+    /// otherwise the request gets `500`. Add this layer inside (after) the authentication layer,
+    /// so the identity is set and checked when the extractor runs.
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// #[derive(Clone)]
+    /// struct User(u64);
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .caller(|parts| parts.extensions.get::<User>().map(|u| u.0.to_string()));
+    /// # let _ = b;
+    /// ```
+    pub fn caller(
+        mut self,
+        extract: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.caller = Some(Box::new(extract));
+        self
+    }
+
+    /// Which view of the body the request fingerprint covers (always with the method, path and
+    /// query). Default [`BodyFingerprint::Bytes`].
+    ///
+    /// ```
+    /// # use idem_core::{http::{BodyFingerprint, IdempotencyLayer}, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .fingerprint(BodyFingerprint::JsonFields(vec!["/amount".into()]));
+    /// # let _ = b;
+    /// ```
+    pub fn fingerprint(mut self, fingerprint: BodyFingerprint) -> Self {
+        self.config.fingerprint = fingerprint;
+        self
+    }
+
+    /// How long a request's claim blocks its key without a heartbeat; the engine renews it while
+    /// the handler runs. Overrides [`Policy::lease`](crate::Policy::lease).
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .lease(std::time::Duration::from_secs(5));
+    /// # let _ = b;
+    /// ```
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.options.lease = Some(lease);
+        self
+    }
+
+    /// How long a stored response is replayed. Overrides
+    /// [`Policy::retention`](crate::Policy::retention).
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .retention(std::time::Duration::from_secs(7 * 24 * 3600));
+    /// # let _ = b;
+    /// ```
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.options.retention = Some(retention);
+        self
+    }
+
+    /// What a request does while another with the same key runs: answer `409` with
+    /// `Retry-After` at once ([`OnLocked::FailFast`]), or wait for it and replay its response
+    /// ([`OnLocked::Wait`], `409` if the wait times out). Overrides
+    /// [`Policy::on_locked`](crate::Policy::on_locked).
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
+    /// # let _ = b;
+    /// ```
+    pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
+        self.config.options.on_locked = Some(on_locked);
+        self
+    }
+
+    /// Which handler responses are stored and replayed, by status and headers. A response that
+    /// is not stored goes to the client as it is and frees the key, so a retry runs the handler
+    /// again. Default [`stores_by_default`]. Exclude streaming responses here (for instance
+    /// `text/event-stream`): a stored response is read whole before it is sent.
+    ///
+    /// ```
+    /// # use idem_core::{http::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .store_if(|status, headers| {
+    ///         stores_by_default(status)
+    ///             && headers.get("content-type").map_or(true, |v| v != "text/event-stream")
+    ///     });
+    /// # let _ = b;
+    /// ```
+    pub fn store_if(
+        mut self,
+        predicate: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.config.store_if = Arc::new(predicate);
+        self
+    }
+
+    /// The largest request body the layer reads to fingerprint it, in bytes; a guarded request
+    /// with a key and a larger body gets `413` and nothing runs or is stored. Default 1 MiB.
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .max_request_body(256 * 1024);
+    /// # let _ = b;
+    /// ```
+    pub fn max_request_body(mut self, limit: usize) -> Self {
+        self.config.max_request_body = limit;
+        self
+    }
+
+    /// Checks the scope, lease and retention and builds the layer.
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore, Error};
+    /// let bad = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("").build();
+    /// assert!(matches!(bad, Err(Error::InvalidConfig(_))));
+    /// ```
+    pub fn build(self) -> Result<IdempotencyLayer<C>, Error> {
+        if let Err(e) = Key::derive(&self.config.scope, "", "-") {
+            return Err(Error::InvalidConfig(format!("HTTP layer scope: {e}")));
+        }
+        if let Some(lease) = self.config.options.lease {
+            check_duration("lease", lease)?;
+        }
+        if let Some(retention) = self.config.options.retention {
+            check_duration("retention", retention)?;
+        }
+        Ok(IdempotencyLayer {
+            config: Arc::new(self.config),
+        })
+    }
+}

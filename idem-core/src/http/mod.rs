@@ -1,0 +1,109 @@
+//! A tower/axum layer speaking the `Idempotency-Key` header (IETF httpapi draft "The
+//! Idempotency-Key HTTP Header Field"), on any [`Store`](crate::Store). Feature `http`.
+//!
+//! A client sends `POST /payments` with `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`.
+//! The first request runs the handler and stores its response; a retry with the same key gets
+//! that response again, marked `Idempotent-Replayed: true`, and the handler does not run again.
+//!
+//! ```
+//! use axum::{http::StatusCode, routing::post, Router};
+//! use idem_core::http::IdempotencyLayer;
+//! use idem_core::{Idempotency, MemoryStore};
+//!
+//! # fn main() -> Result<(), idem_core::Error> {
+//! let engine = Idempotency::new(MemoryStore::new());
+//! let app: Router = Router::new()
+//!     .route("/payments", post(|body: String| async move { (StatusCode::CREATED, body) }))
+//!     .layer(
+//!         IdempotencyLayer::builder(engine)
+//!             .require_key(true)
+//!             .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+//!             .build()?,
+//!     );
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! # What a request gets
+//!
+//! Only the configured methods are guarded (`POST` and `PATCH` by default); others pass through.
+//!
+//! | request | response |
+//! |---|---|
+//! | new key | the handler's response; stored unless [`store_if`](LayerBuilder::store_if) says no (default: 5xx, 408, 409 and 429 are not stored, and free the key for a retry) |
+//! | same key, same request, after it completed | the stored status, headers and body, plus `Idempotent-Replayed: true` |
+//! | same key while the first request still runs | `409 Conflict` with `Retry-After`; or, with [`OnLocked::Wait`](crate::OnLocked::Wait), the first request's response once it is done |
+//! | same key, different method, path, query or body | `422 Unprocessable Content` |
+//! | no key, key required | `400 Bad Request` |
+//! | no key, key optional | the handler's response, nothing stored |
+//! | malformed key: not one RFC 8941 string (unless [bare keys](LayerBuilder::accept_bare_keys) are accepted), empty, over 255 characters, header sent twice | `400 Bad Request` |
+//! | body over [`max_request_body`](LayerBuilder::max_request_body) | `413 Content Too Large`, nothing runs or is stored |
+//! | store unreachable | `503 Service Unavailable` with `Retry-After`, nothing runs |
+//! | claim lost while the handler ran (it may have run twice) | `500 Internal Server Error` |
+//!
+//! The layer's own errors are `application/problem+json` (RFC 9457) with `type` (a link to the
+//! [`Problem`] variant), `title`, `status` and `detail`.
+//!
+//! # What a replay carries
+//!
+//! The stored status, the exact body bytes and every header but these, which describe one
+//! connection rather than the response: `Connection`, any header `Connection` names,
+//! `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`, `Proxy-Authorization`, `TE`,
+//! `Trailer`, `Transfer-Encoding` and `Upgrade`. `Date` is written by the HTTP server for each
+//! message, so a replay carries the time of the replay. Response extensions and trailers are not
+//! stored; a response with trailers, or whose stored form would exceed the engine's
+//! [`max_response_bytes`](crate::Policy::max_response_bytes), is sent as it is and not stored
+//! (logged as a warning), so a retry runs the handler again.
+//!
+//! # Keys and fingerprints
+//!
+//! The record's key is [`Key::derive`](crate::Key::derive)`(scope, caller, client key)`, so two
+//! [callers](LayerBuilder::caller) using the same client key never share a record. The request
+//! [fingerprint](BodyFingerprint) covers the method, path and query, and the body (its bytes by
+//! default, or canonical JSON, or selected JSON fields).
+//!
+//! # Round trips to the store
+//!
+//! | request | statements |
+//! |---|---|
+//! | new key, response stored | 1 claim + 1 complete (+ 1 lease renewal per third of the lease the handler runs) |
+//! | new key, response not stored (5xx, …) or handler failed, cancelled or panicked | 1 claim + 1 release |
+//! | replay | 1 |
+//! | in flight, fail fast | 1 |
+//! | in flight, wait | 1 per poll (one poller per key and process; waiters in the same process are woken when the first request finishes) |
+//! | different request (422) | 1 |
+//! | no key, unguarded method, bad key, body too large | 0 |
+//!
+//! # Disconnects
+//!
+//! When a client goes away while its request runs, the server drops the request's future; the
+//! engine then releases the claim at once, so a retry runs the handler again (and at worst, if
+//! the process dies, the key frees when the lease ends).
+
+mod body;
+mod fingerprint;
+mod key_header;
+mod layer;
+mod problem;
+mod service;
+mod stored;
+
+use http::HeaderName;
+
+pub use fingerprint::BodyFingerprint;
+pub use layer::{stores_by_default, IdempotencyLayer, LayerBuilder};
+pub use problem::Problem;
+pub use service::IdempotencyService;
+
+/// The request header carrying the client's key: `idempotency-key`.
+///
+/// ```
+/// assert_eq!(idem_core::http::IDEMPOTENCY_KEY, "idempotency-key");
+/// ```
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The header a replayed response carries, with the value `true`: `idempotent-replayed`.
+///
+/// ```
+/// assert_eq!(idem_core::http::IDEMPOTENT_REPLAYED, "idempotent-replayed");
+/// ```
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");

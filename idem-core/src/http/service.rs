@@ -1,0 +1,228 @@
+//! [`IdempotencyService`]: one request through claim → handler → store, or replay.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum_core::body::Body;
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+use tower::Service;
+
+use super::body::{read_request, read_response, Buffered, ReadError};
+use super::key_header::client_key;
+use super::layer::Config;
+use super::problem::{from_engine, Problem};
+use super::stored::{self, Captured};
+use super::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use crate::codec::Codec;
+use crate::engine::Outcome;
+use crate::error::{BoxError, Error};
+use crate::key::Key;
+
+/// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a handler or
+/// router. Build it through the layer.
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use idem_core::http::IdempotencyLayer;
+/// use idem_core::{Idempotency, MemoryStore};
+/// use tower::Layer;
+///
+/// let router: Router = Router::new().route("/payments", post(|| async { "created" }));
+/// let service = IdempotencyLayer::new(Idempotency::new(MemoryStore::new())).layer(router);
+/// # let _ = service;
+/// ```
+pub struct IdempotencyService<S, C> {
+    inner: S,
+    config: Arc<Config<C>>,
+}
+
+impl<S, C> IdempotencyService<S, C> {
+    pub(crate) fn new(inner: S, config: Arc<Config<C>>) -> Self {
+        IdempotencyService { inner, config }
+    }
+}
+
+impl<S: Clone, C> Clone for IdempotencyService<S, C> {
+    fn clone(&self) -> Self {
+        IdempotencyService {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C> fmt::Debug for IdempotencyService<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, C>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    C: Codec,
+    ReqBody: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The clone takes the place of the service that was polled ready, which serves this call.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(handle(self.config.clone(), inner, req))
+    }
+}
+
+/// Why the work inside the engine ended without a response to store.
+enum Failure<E> {
+    /// The engine refused or failed (locked, key reused, store down, lease lost).
+    Idem(Error),
+    /// The handler's response goes to the client unstored; the claim is released.
+    Pass(Response<Body>),
+    /// The inner service failed.
+    Service(E),
+}
+
+impl<E> From<Error> for Failure<E> {
+    fn from(e: Error) -> Self {
+        Failure::Idem(e)
+    }
+}
+
+async fn handle<S, C, ReqBody, ResBody>(
+    config: Arc<Config<C>>,
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    C: Codec,
+    ReqBody: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    if !config.methods.contains(req.method()) {
+        return pass(inner, req).await;
+    }
+    let client_key = match client_key(
+        req.headers().get_all(IDEMPOTENCY_KEY),
+        config.accept_bare_keys,
+    ) {
+        Ok(Some(k)) => k,
+        Ok(None) if config.require_key => {
+            return Ok(Problem::KeyMissing.response(format!(
+                "{} requests to this API need an Idempotency-Key header, e.g. \
+                 Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
+                req.method()
+            )))
+        }
+        Ok(None) => return pass(inner, req).await,
+        Err(e) => return Ok(Problem::KeyMalformed.response(e)),
+    };
+    let (parts, body) = req.into_parts();
+    let caller = config.caller.as_ref().and_then(|extract| extract(&parts));
+    let key = match Key::derive(&config.scope, caller.as_deref().unwrap_or(""), &client_key) {
+        Ok(key) => key,
+        Err(e) => {
+            // The scope was checked at build and the client key while parsing: the caller
+            // identity is what the application configured wrongly.
+            tracing::error!(error = %e, "the idempotency caller extractor returned an invalid identity");
+            return Ok(
+                Problem::Internal.response("the idempotency layer failed; the error is logged")
+            );
+        }
+    };
+    let body = match read_request(body, &parts.headers, config.max_request_body).await {
+        Ok(body) => body,
+        Err(ReadError::TooLarge) => {
+            return Ok(Problem::BodyTooLarge.response(format!(
+                "requests with an Idempotency-Key may carry at most {} bytes of body",
+                config.max_request_body
+            )))
+        }
+        Err(ReadError::Failed(e)) => {
+            return Ok(Problem::BodyUnreadable.response(format!("reading the body failed: {e}")))
+        }
+    };
+    let fingerprint = config.fingerprint.of(&parts.method, &parts.uri, &body);
+    let req = Request::from_parts(parts, ReqBody::from(body));
+
+    let limit = config.engine.policy().max_response_bytes;
+    let store_if = config.store_if.clone();
+    let work = async move {
+        let response = inner.call(req).await.map_err(Failure::Service)?;
+        let (parts, body) = response.into_parts();
+        let body = Body::new(body);
+        if !store_if(parts.status, &parts.headers) {
+            return Err(Failure::Pass(Response::from_parts(parts, body)));
+        }
+        let room = limit.saturating_sub(stored::head_len(&parts));
+        match read_response(body, room).await {
+            Buffered::Whole(body) => Ok(Captured { parts, body }),
+            Buffered::Unstorable { body, why } => {
+                tracing::warn!(status = %parts.status, "response not stored because {why}; a retry runs the handler again");
+                Err(Failure::Pass(Response::from_parts(parts, body)))
+            }
+        }
+    };
+    let outcome = config
+        .engine
+        .run_encoded(
+            &config.options,
+            Some(key),
+            Some(fingerprint),
+            work,
+            stored::encode,
+            stored::decode,
+        )
+        .await;
+    match outcome {
+        Ok(Outcome::Fresh(captured)) => Ok(captured.into_response()),
+        Ok(Outcome::Replayed(captured)) => {
+            let mut response = captured.into_response();
+            response
+                .headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            Ok(response)
+        }
+        Err(Failure::Pass(response)) => Ok(response),
+        Err(Failure::Service(e)) => Err(e),
+        Err(Failure::Idem(e)) => Ok(from_engine(e)),
+    }
+}
+
+/// Calls the inner service untouched: an unguarded method, or no key where none is required.
+async fn pass<S, ReqBody, ResBody>(
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    Ok(inner.call(req).await?.map(Body::new))
+}

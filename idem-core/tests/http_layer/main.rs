@@ -1,0 +1,106 @@
+//! The HTTP layer driven through a real axum server on a loopback port with a real HTTP client,
+//! once per store: every case in `cases.rs` runs against each store listed at the bottom.
+#![cfg(feature = "http")]
+
+mod cases;
+#[cfg(feature = "postgres")]
+#[path = "../support/pg_env.rs"]
+mod pg_env;
+mod server;
+
+use std::sync::Arc;
+
+use idem_core::{MemoryStore, Store};
+
+/// Instantiates every case for one store:
+/// `http_suite!(module, path to an async fn() -> Option<(Arc<dyn Store>, Leftover)>)`
+/// (`None` skips, after printing why; what the store leaves behind is removed after the case).
+macro_rules! http_suite {
+    ($name:ident, $store:path) => {
+        mod $name {
+            http_suite!(@each $store;
+                retry_replays_identical_response,
+                concurrent_duplicates_fail_fast,
+                concurrent_duplicates_wait,
+                changed_request_is_422,
+                callers_are_independent,
+                bad_keys_are_400,
+                bare_keys_when_accepted,
+                optional_key_runs_unguarded,
+                server_error_frees_key,
+                disconnect_frees_key,
+                oversized_body_is_413,
+                oversized_response_is_not_stored,
+                completed_response_is_stored
+            );
+        }
+    };
+    (@each $store:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                if let Some((store, leftover)) = $store().await {
+                    $crate::cases::$case(store).await;
+                    leftover.remove().await;
+                }
+            }
+        )*
+    };
+}
+
+/// What a store leaves behind after a case.
+enum Leftover {
+    Nothing,
+    /// A temporary directory holding a SQLite file: deleted when dropped.
+    #[cfg(feature = "sqlite")]
+    Dir(#[allow(dead_code)] tempfile::TempDir),
+    /// A table of its own on the shared PostgreSQL server.
+    #[cfg(feature = "postgres")]
+    PgTable(idem_core::PostgresStore),
+}
+
+impl Leftover {
+    /// Removes it. A failing case skips this, which leaves at most a stray table behind.
+    async fn remove(self) {
+        #[cfg(feature = "postgres")]
+        if let Leftover::PgTable(store) = &self {
+            let table = store.table();
+            let drop = format!("DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\"");
+            let _ = sqlx::raw_sql(&drop).execute(store.pool()).await;
+        }
+        drop(self);
+    }
+}
+
+async fn memory() -> Option<(Arc<dyn Store>, Leftover)> {
+    Some((Arc::new(MemoryStore::new()), Leftover::Nothing))
+}
+
+/// A SQLite store on a fresh database file.
+#[cfg(feature = "sqlite")]
+async fn sqlite() -> Option<(Arc<dyn Store>, Leftover)> {
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem_core::SqliteStore::open(dir.path().join("idem.db"))
+        .await
+        .unwrap();
+    Some((Arc::new(store), Leftover::Dir(dir)))
+}
+
+/// A PostgreSQL store on a table of its own in the server named by `IDEM_TEST_PG_URL`. Without
+/// the variable the case prints why and skips, unless `IDEM_REQUIRE_PG=1` makes that a failure.
+#[cfg(feature = "postgres")]
+async fn postgres() -> Option<(Arc<dyn Store>, Leftover)> {
+    let url = pg_env::pg_url(&pg_env::current_test())?;
+    let store = idem_core::PostgresStore::builder()
+        .table(format!("idem_http_{:016x}", fastrand::u64(..)))
+        .connect(&url)
+        .await
+        .unwrap();
+    Some((Arc::new(store.clone()), Leftover::PgTable(store)))
+}
+
+http_suite!(memory_store, crate::memory);
+#[cfg(feature = "sqlite")]
+http_suite!(sqlite_store, crate::sqlite);
+#[cfg(feature = "postgres")]
+http_suite!(postgres_store, crate::postgres);

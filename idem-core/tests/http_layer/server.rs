@@ -1,0 +1,332 @@
+//! A real axum server on 127.0.0.1:0 behind the idempotency layer, and a real HTTP client.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Response, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use idem_core::http::{IdempotencyLayer, LayerBuilder, IDEMPOTENT_REPLAYED};
+use idem_core::{Idempotency, Key, Store};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+/// How long any one awaited event may take before the test fails instead of hanging.
+pub const BOUND: Duration = Duration::from_secs(30);
+
+/// Awaits `fut`, failing the test if it takes longer than [`BOUND`].
+pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// What the handlers share with the test.
+#[derive(Clone)]
+struct App {
+    runs: Arc<AtomicUsize>,
+    serial: Arc<AtomicUsize>,
+    gate: Arc<Semaphore>,
+    entered: UnboundedSender<()>,
+    dropped: UnboundedSender<()>,
+    big_body: usize,
+}
+
+pub struct Server {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub store: Arc<dyn Store>,
+    runs: Arc<AtomicUsize>,
+    gate: Arc<Semaphore>,
+    /// One message each time `/hold` starts running.
+    pub entered: UnboundedReceiver<()>,
+    /// One message each time `/hold` is dropped before it finished (its client went away).
+    pub dropped: UnboundedReceiver<()>,
+    /// One message each time a request reaches the server (outside the idempotency layer).
+    pub arrivals: UnboundedReceiver<()>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A response as the client saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    /// Every header as (name, value) in arrival order, `date` left out: the server writes it
+    /// per message.
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let (_, value) = self.headers.iter().find(|(n, _)| n == name)?;
+        Some(std::str::from_utf8(value).unwrap())
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.header(IDEMPOTENT_REPLAYED.as_str()) == Some("true")
+    }
+
+    /// The headers without the replay marker.
+    pub fn headers_unmarked(&self) -> Vec<(String, Vec<u8>)> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n != IDEMPOTENT_REPLAYED.as_str())
+            .cloned()
+            .collect()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+
+    /// Checks an RFC 9457 problem response and returns its body.
+    pub fn problem(&self, status: u16) -> serde_json::Value {
+        assert_eq!(
+            self.status,
+            status,
+            "body: {}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json")
+        );
+        let p = self.json();
+        assert_eq!(p["status"], status);
+        for member in ["type", "title", "detail"] {
+            assert!(
+                p[member].as_str().is_some_and(|s| !s.is_empty()),
+                "{member} missing in {p}"
+            );
+        }
+        p
+    }
+}
+
+/// `"key"` as an RFC 8941 string.
+pub fn quoted(key: &str) -> String {
+    format!("\"{key}\"")
+}
+
+/// The key the layer stores a request under (default scope `http`).
+pub fn record_key(caller: &str, client_key: &str) -> Key {
+    Key::derive("http", caller, client_key).unwrap()
+}
+
+impl Server {
+    /// Serves the test routes behind a layer on `store`, configured by `configure`.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        configure: impl FnOnce(LayerBuilder) -> LayerBuilder,
+    ) -> Server {
+        Server::start_with(Idempotency::from_arc(store.clone()), store, configure).await
+    }
+
+    /// [`start`](Self::start) with an engine of the test's own.
+    pub async fn start_with(
+        engine: Idempotency,
+        store: Arc<dyn Store>,
+        configure: impl FnOnce(LayerBuilder) -> LayerBuilder,
+    ) -> Server {
+        let layer = configure(
+            IdempotencyLayer::builder(engine)
+                .caller(|parts| Some(parts.headers.get("x-caller")?.to_str().ok()?.to_owned())),
+        )
+        .build()
+        .unwrap();
+        let (entered_tx, entered) = unbounded_channel();
+        let (dropped_tx, dropped) = unbounded_channel();
+        let (arrival_tx, arrivals) = unbounded_channel();
+        let app = App {
+            runs: Arc::new(AtomicUsize::new(0)),
+            serial: Arc::new(AtomicUsize::new(0)),
+            gate: Arc::new(Semaphore::new(0)),
+            entered: entered_tx,
+            dropped: dropped_tx,
+            big_body: 4096,
+        };
+        let router = Router::new()
+            .route("/payments", post(create).get(list))
+            .route("/hold", post(hold))
+            .route("/flaky", post(flaky))
+            .route("/big", post(big))
+            .layer(layer)
+            .layer(tower::util::MapRequestLayer::new(
+                move |req: axum::http::Request<Body>| {
+                    let _ = arrival_tx.send(());
+                    req
+                },
+            ))
+            .with_state(app.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        Server {
+            base: format!("http://{addr}"),
+            client: reqwest::Client::builder().no_proxy().build().unwrap(),
+            store,
+            runs: app.runs,
+            gate: app.gate,
+            entered,
+            dropped,
+            arrivals,
+            task,
+        }
+    }
+
+    /// How many times a handler started.
+    pub fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    /// Lets `n` held `/hold` handlers finish.
+    pub fn release(&self, n: usize) {
+        self.gate.add_permits(n);
+    }
+
+    /// A request with the given raw `Idempotency-Key` values and `x-caller`.
+    pub fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        keys: &[&str],
+        caller: Option<&str>,
+        body: impl Into<reqwest::Body>,
+    ) -> impl Future<Output = Reply> + Send + 'static {
+        let mut req = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .body(body);
+        for key in keys {
+            req = req.header("idempotency-key", *key);
+        }
+        if let Some(caller) = caller {
+            req = req.header("x-caller", caller);
+        }
+        async move {
+            let response = req.send().await.unwrap();
+            let status = response.status().as_u16();
+            let headers = response
+                .headers()
+                .iter()
+                .filter(|(n, _)| n.as_str() != "date")
+                .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+                .collect();
+            let body = response.bytes().await.unwrap().to_vec();
+            Reply {
+                status,
+                headers,
+                body,
+            }
+        }
+    }
+
+    /// `POST path` with one quoted key (or none) as the anonymous caller.
+    pub fn post(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> impl Future<Output = Reply> + Send + 'static {
+        let keys: Vec<String> = key.map(quoted).into_iter().collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        self.request(reqwest::Method::POST, path, &keys, None, body.to_owned())
+    }
+}
+
+/// Creates a payment: a new id per run, with headers a replay must repeat exactly.
+async fn create(State(app): State<App>, headers: HeaderMap, body: String) -> Response<Body> {
+    app.runs.fetch_add(1, Ordering::SeqCst);
+    let id = app.serial.fetch_add(1, Ordering::SeqCst) + 1;
+    let caller = headers
+        .get("x-caller")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let json = serde_json::json!({ "id": id, "caller": caller, "request": body });
+    Response::builder()
+        .status(StatusCode::CREATED)
+        .header("content-type", "application/json")
+        .header("location", format!("/payments/{id}"))
+        .header("set-cookie", "a=1")
+        .header("set-cookie", "b=2")
+        .header("x-run", id.to_string())
+        .body(Body::from(json.to_string()))
+        .unwrap()
+}
+
+async fn list() -> &'static str {
+    "[]"
+}
+
+/// Sends on `dropped` when dropped while still armed.
+struct DropSignal(Option<UnboundedSender<()>>);
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Runs until the test releases it through the gate.
+async fn hold(State(app): State<App>) -> Response<Body> {
+    app.runs.fetch_add(1, Ordering::SeqCst);
+    let id = app.serial.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut signal = DropSignal(Some(app.dropped.clone()));
+    let _ = app.entered.send(());
+    app.gate.acquire().await.unwrap().forget();
+    signal.0 = None;
+    Response::builder()
+        .status(StatusCode::CREATED)
+        .body(Body::from(format!("held payment {id}")))
+        .unwrap()
+}
+
+/// Fails with 500 on its first run, succeeds afterwards.
+async fn flaky(State(app): State<App>) -> Response<Body> {
+    let run = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let status = if run == 1 {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        StatusCode::CREATED
+    };
+    Response::builder()
+        .status(status)
+        .body(Body::from(format!("run {run}")))
+        .unwrap()
+}
+
+/// A response body larger than the test engines store.
+async fn big(State(app): State<App>) -> Response<Body> {
+    let run = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut body = format!("run {run} ").into_bytes();
+    body.resize(app.big_body, b'x');
+    Response::new(Body::from(body))
+}
+
+/// Sends `n` copies of a request at once; returns them as tasks to collect.
+pub fn spawn_many(
+    n: usize,
+    request: impl Fn() -> std::pin::Pin<Box<dyn Future<Output = Reply> + Send>>,
+) -> tokio::task::JoinSet<Reply> {
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        set.spawn(request());
+    }
+    set
+}

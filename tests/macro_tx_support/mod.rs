@@ -1,0 +1,246 @@
+//! Scenarios of `#[idempotent(transaction = …)]` shared by the `macro_tx_*` integration tests.
+//! The attributed functions are generic over [`Bank`], so one copy runs on every database; each
+//! test file supplies the database.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::ops::DerefMut;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use idem::{idempotent, Key, RecordState, Store, Transactional, TransactionalStore};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+
+/// Each deposit is delivered this many times at once.
+const DELIVERIES: usize = 10;
+const DEPOSITS: [(&str, i64); 5] = [
+    ("req-a", 1),
+    ("req-b", 20),
+    ("req-c", 300),
+    ("req-d", 4_000),
+    ("req-e", 50_000),
+];
+const DEPOSITS_TOTAL: i64 = 54_321;
+
+/// A database holding one account at balance 0 and an empty ledger, with a transactional engine
+/// whose records live in the same database.
+pub trait Bank: Send + Sync + 'static {
+    type Store: TransactionalStore<Connection = Self::Conn> + Clone;
+    type Conn: Send;
+    type Tx: DerefMut<Target = Self::Conn> + Send;
+
+    fn idem(&self) -> &Transactional<Self::Store>;
+
+    /// A transaction on a pooled connection of its own (`BEGIN IMMEDIATE` on SQLite).
+    fn begin(&self) -> impl Future<Output = Self::Tx> + Send;
+
+    fn commit(tx: Self::Tx) -> impl Future<Output = ()> + Send;
+
+    /// Adds `cents` to the account and a ledger row, on `conn`; returns the new balance.
+    fn add<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        request_id: &'a str,
+        cents: i64,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
+
+    /// The balance as `conn` sees it.
+    fn balance<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
+
+    /// The committed balance and ledger row count.
+    fn committed(&self) -> impl Future<Output = (i64, i64)> + Send;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BankError {
+    #[error(transparent)]
+    Idem(#[from] idem::Error),
+    #[error(transparent)]
+    Sql(#[from] sqlx::Error),
+    #[error("insufficient funds: balance {balance}, withdrawal {cents}")]
+    Insufficient { balance: i64, cents: i64 },
+}
+
+/// What a deposit or withdrawal answers. `balance` depends on the order requests ran in, so two
+/// runs of one request would be told apart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub request_id: String,
+    pub cents: i64,
+    pub balance: i64,
+}
+
+/// Deposits once per `(account, request_id)`: the claim, the write and the receipt commit with
+/// the caller's transaction.
+#[idempotent(
+    key = request_id,
+    caller = account,
+    scope = "deposit",
+    store = bank.idem(),
+    transaction = tx,
+    fingerprint = cents,
+    ttl = "7d",
+)]
+pub async fn deposit<B: Bank>(
+    bank: &B,
+    tx: &mut B::Conn,
+    account: &str,
+    request_id: &str,
+    cents: i64,
+) -> Result<Receipt, BankError> {
+    let balance = bank.add(tx, request_id, cents).await?;
+    Ok(Receipt {
+        request_id: request_id.to_owned(),
+        cents,
+        balance,
+    })
+}
+
+/// Withdraws once per request; more than the balance is an error, which releases the claim.
+#[idempotent(key = request_id, scope = "withdraw", store = bank.idem(), transaction = tx)]
+pub async fn withdraw<B: Bank>(
+    bank: &B,
+    tx: &mut B::Conn,
+    request_id: &str,
+    cents: i64,
+) -> Result<Receipt, BankError> {
+    let balance = bank.balance(tx).await?;
+    if balance < cents {
+        return Err(BankError::Insufficient { balance, cents });
+    }
+    let balance = bank.add(tx, request_id, -cents).await?;
+    Ok(Receipt {
+        request_id: request_id.to_owned(),
+        cents,
+        balance,
+    })
+}
+
+async fn record<B: Bank>(bank: &B, key: &Key) -> Option<RecordState> {
+    let record = bank.idem().store().get(key).await.unwrap();
+    record.map(|r| r.state)
+}
+
+/// A transaction dropped after the attributed call returned (a crash before the commit) leaves
+/// neither the deposit nor the claim. The retry applies the deposit once and keeps the receipt
+/// for the `ttl` (7 days, not the engine's 24 hours); a further retry replays it.
+pub async fn dropped_transaction_leaves_nothing<B: Bank>(bank: &B) {
+    let key = Key::derive("deposit", "acct", "req-1").unwrap();
+
+    let mut tx = bank.begin().await;
+    let receipt = deposit(bank, &mut tx, "acct", "req-1", 500).await.unwrap();
+    assert_eq!(receipt.balance, 500);
+    // The connection is usable after the call: it was only reborrowed.
+    assert_eq!(bank.balance(&mut tx).await.unwrap(), 500);
+    drop(tx);
+    assert_eq!(
+        bank.committed().await,
+        (0, 0),
+        "the deposit was rolled back"
+    );
+    assert_eq!(record(bank, &key).await, None, "the claim was rolled back");
+
+    let mut tx = bank.begin().await;
+    let applied = deposit(bank, &mut tx, "acct", "req-1", 500).await.unwrap();
+    B::commit(tx).await;
+    assert_eq!(applied, receipt);
+    assert_eq!(bank.committed().await, (500, 1));
+    let Some(RecordState::Completed(cached)) = record(bank, &key).await else {
+        panic!("the receipt was not stored");
+    };
+    // Database time against this machine's: allow a minute either way.
+    let kept = cached
+        .expires_at
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    let week = Duration::from_secs(7 * 24 * 3600);
+    assert!(
+        kept > week - Duration::from_secs(60) && kept < week + Duration::from_secs(60),
+        "kept for {kept:?}, not the ttl of 7 days"
+    );
+
+    let mut tx = bank.begin().await;
+    let replayed = deposit(bank, &mut tx, "acct", "req-1", 500).await.unwrap();
+    B::commit(tx).await;
+    assert_eq!(replayed, applied);
+    assert_eq!(bank.committed().await, (500, 1), "the replay wrote nothing");
+
+    // The same key with another amount is refused, and nothing is written.
+    let mut tx = bank.begin().await;
+    let reused = deposit(bank, &mut tx, "acct", "req-1", 900).await;
+    B::commit(tx).await;
+    assert!(
+        matches!(reused, Err(BankError::Idem(idem::Error::KeyReused))),
+        "{reused:?}"
+    );
+    assert_eq!(bank.committed().await, (500, 1));
+}
+
+/// Every deposit delivered 10 times at once, each delivery in its own transaction, is applied
+/// once, and all deliveries of one deposit get the same receipt.
+pub async fn concurrent_deliveries_apply_once<B: Bank>(bank: Arc<B>) {
+    let mut deliveries = JoinSet::new();
+    for _ in 0..DELIVERIES {
+        for (request_id, cents) in DEPOSITS {
+            let bank = bank.clone();
+            deliveries.spawn(async move {
+                let mut tx = bank.begin().await;
+                let receipt = deposit(&*bank, &mut tx, "acct", request_id, cents).await?;
+                B::commit(tx).await;
+                Ok::<_, BankError>((request_id, receipt))
+            });
+        }
+    }
+    let mut receipts: HashMap<&str, Vec<Receipt>> = HashMap::new();
+    while let Some(delivered) = deliveries.join_next().await {
+        let (request_id, receipt) = delivered.unwrap().unwrap();
+        receipts.entry(request_id).or_default().push(receipt);
+    }
+    assert_eq!(receipts.len(), DEPOSITS.len());
+    for (request_id, got) in &receipts {
+        assert_eq!(got.len(), DELIVERIES);
+        assert!(
+            got.iter().all(|r| r == &got[0]),
+            "{request_id}: deliveries got different receipts: {got:?}"
+        );
+        assert_eq!(got[0].request_id, *request_id);
+    }
+    // One ledger row per deposit: each body ran once.
+    assert_eq!(
+        bank.committed().await,
+        (DEPOSITS_TOTAL, DEPOSITS.len() as i64)
+    );
+}
+
+/// An error from the body releases the claim in the transaction; after the commit the key is
+/// free, the retry runs the body again, and its success is replayed.
+pub async fn error_releases_the_claim<B: Bank>(bank: &B) {
+    let key = Key::derive("withdraw", "", "w-1").unwrap();
+    let mut tx = bank.begin().await;
+    let refused = withdraw(bank, &mut tx, "w-1", 300).await;
+    assert!(
+        matches!(
+            refused,
+            Err(BankError::Insufficient {
+                balance: 0,
+                cents: 300
+            })
+        ),
+        "{refused:?}"
+    );
+    B::commit(tx).await;
+    assert_eq!(record(bank, &key).await, None);
+
+    let mut tx = bank.begin().await;
+    deposit(bank, &mut tx, "acct", "d-1", 500).await.unwrap();
+    let paid = withdraw(bank, &mut tx, "w-1", 300).await.unwrap();
+    let again = withdraw(bank, &mut tx, "w-1", 300).await.unwrap();
+    B::commit(tx).await;
+    assert_eq!(paid.balance, 200);
+    assert_eq!(again, paid, "replayed within the same transaction");
+    assert_eq!(bank.committed().await, (200, 2));
+}
