@@ -11,7 +11,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
-use crate::store::{check_duration, Store};
+use crate::store::{check_duration, check_fingerprint, Store};
 
 #[derive(Clone)]
 struct Entry {
@@ -132,11 +132,7 @@ impl Store for MemoryStore {
         let mut records = self.lock();
         if let Some(e) = records.get(key) {
             if e.expires_at() > now {
-                if let (Some(stored), Some(given)) = (&e.fingerprint, fingerprint) {
-                    if stored != given {
-                        return Err(Error::KeyReused);
-                    }
-                }
+                check_fingerprint(e.fingerprint.as_ref(), fingerprint)?;
                 return Ok(match &e.state {
                     RecordState::InProgress { lease_until, .. } => Start::Locked {
                         retry_after: remaining(*lease_until, now),

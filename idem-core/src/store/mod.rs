@@ -133,3 +133,35 @@ pub(crate) fn check_duration(what: &str, d: Duration) -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// The fingerprint rule: a live record whose fingerprint differs from the given one (both
+/// present) refuses the call with [`Error::KeyReused`].
+pub(crate) fn check_fingerprint(
+    stored: Option<&Fingerprint>,
+    given: Option<&Fingerprint>,
+) -> Result<(), Error> {
+    match (stored, given) {
+        (Some(stored), Some(given)) if stored != given => Err(Error::KeyReused),
+        _ => Ok(()),
+    }
+}
+
+/// A fenced statement (complete, renew, abort) changed no row: the record no longer carries the
+/// claim's token.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn fenced(rows_affected: u64) -> Result<(), Error> {
+    if rows_affected == 0 {
+        Err(Error::LeaseLost)
+    } else {
+        Ok(())
+    }
+}
+
+/// A stored row that does not have the shape the store writes.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn corrupt(what: String) -> Error {
+    Error::Store(crate::error::StoreError::new(
+        crate::error::StoreErrorKind::Corrupt,
+        what,
+    ))
+}

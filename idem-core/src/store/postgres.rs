@@ -98,11 +98,11 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, Executor, Row};
 
-use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
 use crate::store::sql::{Migration, TableName, DEFAULT_TABLE};
-use crate::store::{check_duration, Store};
+use crate::store::{check_duration, check_fingerprint, corrupt, fenced, Store};
 
 /// How often `start` re-runs its claim when the row it conflicted with vanished before it could
 /// be read (deleted or expired in between). Each retry needs another writer to interleave, so
@@ -668,18 +668,6 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-fn fenced(rows_affected: u64) -> Result<(), Error> {
-    if rows_affected == 0 {
-        Err(Error::LeaseLost)
-    } else {
-        Ok(())
-    }
-}
-
-fn corrupt(what: String) -> Error {
-    Error::Store(StoreError::new(StoreErrorKind::Corrupt, what))
-}
-
 /// A record row as `start` and `get` read it.
 struct StoredRow {
     fingerprint: Option<Fingerprint>,
@@ -737,11 +725,7 @@ impl StoredRow {
 
     /// What `start` answers for this live row.
     fn into_start(self, fingerprint: Option<&Fingerprint>) -> Result<Start, Error> {
-        if let (Some(stored), Some(given)) = (&self.fingerprint, fingerprint) {
-            if stored != given {
-                return Err(Error::KeyReused);
-            }
-        }
+        check_fingerprint(self.fingerprint.as_ref(), fingerprint)?;
         match self.state {
             0 => Ok(Start::Locked {
                 retry_after: Duration::from_micros(self.remaining_us.max(0).unsigned_abs()),

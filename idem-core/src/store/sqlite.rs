@@ -118,11 +118,11 @@ use sqlx::sqlite::{
 };
 use sqlx::{Connection, Row};
 
-use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
 use crate::store::sql::{Migration, TableName, DEFAULT_TABLE};
-use crate::store::{check_duration, Store};
+use crate::store::{check_duration, check_fingerprint, corrupt, fenced, Store};
 
 /// The database's clock in milliseconds since the Unix epoch (see the module docs).
 const NOW: &str = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
@@ -668,10 +668,6 @@ struct Live {
     remaining: Duration,
 }
 
-fn corrupt(message: String) -> Error {
-    Error::Store(StoreError::new(StoreErrorKind::Corrupt, message))
-}
-
 fn fixed<const N: usize>(what: &str, bytes: Vec<u8>) -> Result<[u8; N], Error> {
     <[u8; N]>::try_from(bytes.as_slice())
         .map_err(|_| corrupt(format!("{what} is {} bytes, expected {N}", bytes.len())))
@@ -764,11 +760,7 @@ pub(crate) async fn start(
 
 /// What `start` returns for a live record that it did not claim.
 fn answer(live: Live, fingerprint: Option<&Fingerprint>) -> Result<Start, Error> {
-    if let (Some(stored), Some(given)) = (&live.record.fingerprint, fingerprint) {
-        if stored != given {
-            return Err(Error::KeyReused);
-        }
-    }
+    check_fingerprint(live.record.fingerprint.as_ref(), fingerprint)?;
     Ok(match live.record.state {
         RecordState::InProgress { .. } => Start::Locked {
             retry_after: live.remaining,
@@ -862,15 +854,6 @@ pub(crate) async fn prune_expired(
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected())
-}
-
-/// A fenced statement changed no row: the record no longer carries the claim's token.
-fn fenced(rows: u64) -> Result<(), Error> {
-    if rows == 0 {
-        Err(Error::LeaseLost)
-    } else {
-        Ok(())
-    }
 }
 
 #[async_trait]
