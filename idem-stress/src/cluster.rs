@@ -75,10 +75,12 @@ impl TempCluster {
         run(cmd.args(args).current_dir(self.dir.path()));
     }
 
-    /// Starts the server and waits until it accepts connections.
+    /// Starts the server and waits until it accepts connections. Prepared transactions are
+    /// enabled, so a test can hold a lock that survives the sessions a shutdown terminates.
     pub fn start(&self) {
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100 \
+             -c max_prepared_transactions=4",
             self.port,
             self.dir.path().display()
         );

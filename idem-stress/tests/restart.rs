@@ -113,9 +113,13 @@ async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
             }));
         }
 
-        // A statement executing inside the server: a claim parked on a row lock that another
-        // session holds.
+        // A statement executing inside the server: a claim parked on a row lock. The lock is
+        // held by a prepared transaction, which no shutdown ends, so the claim is still waiting
+        // when its session is terminated. (A lock held by an ordinary session could be released
+        // by that session's own termination a moment before the claim's, letting the claim
+        // commit first.)
         let blocked_key = base + 200;
+        let gid = format!("idem_restart_{cycle}");
         let mut locker = sqlx::PgConnection::connect(&url).await.unwrap();
         sqlx::raw_sql("BEGIN").execute(&mut locker).await.unwrap();
         sqlx::query(
@@ -126,6 +130,11 @@ async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
         .execute(&mut locker)
         .await
         .unwrap();
+        sqlx::raw_sql(&format!("PREPARE TRANSACTION '{gid}'"))
+            .execute(&mut locker)
+            .await
+            .unwrap();
+        locker.close().await.unwrap();
         let parked = tokio::spawn({
             let store = store.clone();
             async move { store.start(&key(blocked_key), None, LEASE).await }
@@ -165,9 +174,15 @@ async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
             store.start(&key(base + 300), None, LEASE).await,
         );
         assert_unavailable("get while the server is down", store.get(&key(base)).await);
-        drop(locker);
 
         cluster.start();
+        // The prepared transaction survived the restart and still holds the row lock.
+        let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(&format!("ROLLBACK PREPARED '{gid}'"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        admin.close().await.unwrap();
 
         // New calls succeed at once: the pool drops its dead connections and opens new ones.
         let c = claim(&store, base + 400).await;
