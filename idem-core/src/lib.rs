@@ -32,6 +32,7 @@ pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
+pub use store::pruner::{RecordPruneReport, RecordPruner, RecordPrunerConfig, RecordPrunerHandle};
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use store::Store;

@@ -1,0 +1,435 @@
+//! The background pruner of idempotency records: what a run deletes, its pacing, a spawned
+//! pruner's schedule and shutdown, and its configuration. The memory store's tests run on a
+//! paused tokio clock (pauses and intervals are exact) with a [`ManualClock`] for record
+//! expiry, so the two move independently; the SQL tests wait out short leases for real.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    Claim, Completion, Error, Fingerprint, Key, ManualClock, MemoryStore, Record, RecordPruner,
+    RecordPrunerConfig, Start, Store, StoreError, StoreErrorKind,
+};
+use tokio::time::Instant;
+
+const SHORT: Duration = Duration::from_secs(1);
+const LONG: Duration = Duration::from_secs(3600);
+const PAUSE: Duration = Duration::from_millis(20);
+
+fn key(scope: &str, n: usize) -> Key {
+    Key::derive(scope, "", &format!("k{n}")).unwrap()
+}
+
+async fn claim(store: &dyn Store, key: &Key, lease: Duration) -> Claim {
+    match store.start(key, None, lease).await.unwrap() {
+        Start::Started(c) => c,
+        other => panic!("expected Started, got {other:?}"),
+    }
+}
+
+const DONE: Completion<'static> = Completion {
+    response: Some(b"ok"),
+    is_error: false,
+};
+
+/// Adds `n` records that are about to expire: every other one a claim whose lease ends in
+/// [`SHORT`], the rest completed records whose retention ends in [`SHORT`].
+async fn add_expiring(store: &dyn Store, scope: &str, n: usize) {
+    for i in 0..n {
+        let c = claim(store, &key(scope, i), SHORT).await;
+        if i % 2 == 1 {
+            store.complete(&c, DONE, SHORT).await.unwrap();
+        }
+    }
+}
+
+/// Adds `n` records that stay live for [`LONG`]: half running claims, half completed.
+async fn add_live(store: &dyn Store, scope: &str, n: usize) -> Vec<Key> {
+    let mut keys = Vec::new();
+    for i in 0..n {
+        let k = key(scope, i);
+        let c = claim(store, &k, LONG).await;
+        if i % 2 == 1 {
+            store.complete(&c, DONE, LONG).await.unwrap();
+        }
+        keys.push(k);
+    }
+    keys
+}
+
+/// A memory store on a manual clock holding `expired` expired records and `live` live ones.
+async fn memory_store(expired: usize, live: usize) -> (MemoryStore, ManualClock, Vec<Key>) {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    add_expiring(&store, "expired", expired).await;
+    clock.advance(SHORT * 2);
+    let live = add_live(&store, "live", live).await;
+    (store, clock, live)
+}
+
+fn config(batch_size: u32) -> RecordPrunerConfig {
+    RecordPrunerConfig::new()
+        .batch_size(batch_size)
+        .pause(PAUSE)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_deletes_exactly_the_expired_records_in_batches() {
+    let (store, _clock, live) = memory_store(250, 40).await;
+    let pruner = RecordPruner::new(store.clone(), config(100)).unwrap();
+
+    let report = pruner.run_once().await.unwrap();
+
+    assert_eq!(report.deleted, 250);
+    assert_eq!(report.batches, 3, "ceil(250 / 100) batches");
+    assert!(report.drained);
+    assert_eq!(store.len(), 40);
+    for k in &live {
+        assert!(
+            store.get(k).await.unwrap().is_some(),
+            "a live record was pruned"
+        );
+    }
+    let again = pruner.run_once().await.unwrap();
+    assert_eq!((again.deleted, again.batches, again.drained), (0, 0, true));
+}
+
+#[tokio::test(start_paused = true)]
+async fn pauses_come_between_full_batches_only() {
+    // 250 records: full, full, short, so two pauses. Memory prunes take no tokio time, so the
+    // elapsed time is exactly the pauses.
+    let (store, _clock, _) = memory_store(250, 0).await;
+    let started = Instant::now();
+    let report = RecordPruner::new(store, config(100))
+        .unwrap()
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(started.elapsed(), PAUSE * 2);
+    assert_eq!(report.elapsed, PAUSE * 2);
+
+    // An exact multiple: the third full batch is followed by a pause and an empty batch.
+    let (store, _clock, _) = memory_store(300, 0).await;
+    let report = RecordPruner::new(store, config(100))
+        .unwrap()
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!((report.deleted, report.batches), (300, 3));
+    assert_eq!(report.elapsed, PAUSE * 3);
+
+    // No pause configured: back to back.
+    let (store, _clock, _) = memory_store(250, 0).await;
+    let report = RecordPruner::new(store, config(100).pause(Duration::ZERO))
+        .unwrap()
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!((report.deleted, report.elapsed), (250, Duration::ZERO));
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_batches_ends_a_run_and_the_next_run_goes_on() {
+    let (store, _clock, _) = memory_store(500, 10).await;
+    let pruner = RecordPruner::new(store.clone(), config(100).max_batches(2)).unwrap();
+
+    let first = pruner.run_once().await.unwrap();
+    assert_eq!(
+        (first.deleted, first.batches, first.drained),
+        (200, 2, false)
+    );
+    assert_eq!(
+        first.elapsed, PAUSE,
+        "no pause after the last allowed batch"
+    );
+    assert_eq!(store.len(), 310);
+
+    let second = pruner.run_once().await.unwrap();
+    let third = pruner.run_once().await.unwrap();
+    assert_eq!((second.deleted, second.drained), (200, false));
+    // One full batch, then an empty one that shows nothing is left.
+    assert_eq!(
+        (third.deleted, third.batches, third.drained),
+        (100, 1, true)
+    );
+    assert_eq!(third.elapsed, PAUSE);
+    assert_eq!(store.len(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spawned_pruner_runs_at_once_and_then_every_interval() {
+    let interval = Duration::from_secs(60);
+    let (store, clock, _) = memory_store(250, 5).await;
+    let started = Instant::now();
+    let mut handle = RecordPruner::new(store.clone(), config(100).interval(interval))
+        .unwrap()
+        .spawn();
+
+    let first = handle.next_report().await.expect("a first run");
+    assert_eq!((first.deleted, first.batches), (250, 3));
+    assert_eq!(started.elapsed(), PAUSE * 2, "the first run starts at once");
+    assert_eq!(handle.last_report(), Some(first));
+
+    add_expiring(&store, "later", 30).await;
+    clock.advance(SHORT * 2);
+    // Nothing runs before the interval is over.
+    let early = tokio::time::timeout(interval - Duration::from_secs(1), handle.next_report()).await;
+    assert!(early.is_err(), "a run came early: {early:?}");
+    assert_eq!(store.len(), 35);
+
+    let second = handle.next_report().await.expect("a second run");
+    assert_eq!(
+        (second.deleted, second.batches, second.drained),
+        (30, 1, true)
+    );
+    assert_eq!(started.elapsed(), interval);
+    assert_eq!(store.len(), 5);
+    handle.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_stops_a_run_midway_and_for_good() {
+    // 1,000 records in batches of 100, one second apart: a run takes 9 s.
+    let (store, clock, _) = memory_store(1_000, 0).await;
+    let pruner = RecordPruner::new(
+        store.clone(),
+        RecordPrunerConfig::new()
+            .batch_size(100)
+            .pause(SHORT)
+            .interval(Duration::from_secs(60)),
+    )
+    .unwrap();
+    let handle = pruner.spawn();
+    // Batches at 0, 1 and 2 s; the shutdown lands in the pause before the fourth.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let stopping = Instant::now();
+    handle.shutdown().await;
+    assert_eq!(
+        stopping.elapsed(),
+        Duration::ZERO,
+        "the pause was not cut short"
+    );
+    assert_eq!(store.len(), 700);
+
+    // Expired records pile up, and no later run deletes them.
+    add_expiring(&store, "later", 10).await;
+    clock.advance(SHORT * 2);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(store.len(), 710);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_handle_stops_the_pruner() {
+    let (store, clock, _) = memory_store(10, 0).await;
+    let mut handle = RecordPruner::new(store.clone(), config(100))
+        .unwrap()
+        .spawn();
+    assert_eq!(handle.next_report().await.map(|r| r.deleted), Some(10));
+    drop(handle);
+
+    add_expiring(&store, "later", 10).await;
+    clock.advance(SHORT * 2);
+    tokio::time::sleep(RecordPrunerConfig::DEFAULT_INTERVAL * 10).await;
+    assert_eq!(store.len(), 10, "a dropped handle's pruner kept running");
+}
+
+/// A memory store whose `prune_expired` fails while `failing` is set, to show a spawned pruner
+/// outliving a store error.
+struct Failing {
+    inner: MemoryStore,
+    failing: AtomicBool,
+    prune_calls: AtomicU32,
+}
+
+#[async_trait]
+impl Store for Failing {
+    async fn start(
+        &self,
+        key: &Key,
+        fp: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        self.inner.start(key, fp, lease).await
+    }
+    async fn complete(
+        &self,
+        c: &Claim,
+        done: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        self.inner.complete(c, done, retention).await
+    }
+    async fn abort(&self, c: &Claim) -> Result<(), Error> {
+        self.inner.abort(c).await
+    }
+    async fn renew(&self, c: &Claim, lease: Duration) -> Result<(), Error> {
+        self.inner.renew(c, lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        self.inner.get(key).await
+    }
+    async fn evict(&self, key: &Key) -> Result<bool, Error> {
+        self.inner.evict(key).await
+    }
+    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
+        self.prune_calls.fetch_add(1, Ordering::SeqCst);
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(Error::Store(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the database is down",
+            )));
+        }
+        self.inner.prune_expired(limit).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_error_is_survived_and_the_next_interval_tries_again() {
+    let interval = Duration::from_secs(60);
+    let (inner, _clock, _) = memory_store(120, 3).await;
+    let store = Arc::new(Failing {
+        inner,
+        failing: AtomicBool::new(true),
+        prune_calls: AtomicU32::new(0),
+    });
+    let pruner = RecordPruner::new(store.clone(), config(100).interval(interval)).unwrap();
+    assert!(matches!(pruner.run_once().await, Err(Error::Store(_))));
+    assert_eq!(store.prune_calls.swap(0, Ordering::SeqCst), 1);
+
+    let mut handle = pruner.spawn();
+    let failed = tokio::time::timeout(interval / 2, handle.next_report()).await;
+    assert!(failed.is_err(), "a failed run reported: {failed:?}");
+    assert_eq!(
+        store.prune_calls.load(Ordering::SeqCst),
+        1,
+        "the first run did not try"
+    );
+    assert_eq!(handle.last_report(), None);
+
+    store.failing.store(false, Ordering::SeqCst);
+    let next = handle.next_report().await.expect("the pruner kept going");
+    assert_eq!((next.deleted, next.batches, next.drained), (120, 2, true));
+    assert_eq!(store.inner.len(), 3);
+    handle.shutdown().await;
+}
+
+#[test]
+fn bad_config_is_a_typed_error() {
+    let bad = [
+        (RecordPrunerConfig::new().batch_size(0), "batch size"),
+        (RecordPrunerConfig::new().batch_size(100_001), "batch size"),
+        (RecordPrunerConfig::new().max_batches(0), "max_batches"),
+        (
+            RecordPrunerConfig::new().interval(Duration::ZERO),
+            "interval",
+        ),
+    ];
+    for (config, what) in bad {
+        match RecordPruner::new(MemoryStore::new(), config.clone()) {
+            Err(Error::InvalidConfig(msg)) => assert!(msg.contains(what), "{config:?}: {msg}"),
+            other => panic!("{config:?} was accepted: {other:?}"),
+        }
+    }
+    assert!(RecordPruner::new(MemoryStore::new(), RecordPrunerConfig::default()).is_ok());
+    assert!(RecordPruner::new(MemoryStore::new(), config(1).max_batches(1)).is_ok());
+}
+
+/// Adds 35 records whose leases really end (SQL stores use the database's clock) and 6 live
+/// ones; returns the live keys.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+async fn fill_sql(store: &dyn Store) -> Vec<Key> {
+    const SQL_LEASE: Duration = Duration::from_millis(250);
+    for i in 0..35 {
+        claim(store, &key("expired", i), SQL_LEASE).await;
+    }
+    let live = add_live(store, "live", 6).await;
+    // Waits out the leases: the database runs on this host's clock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    live
+}
+
+/// Prunes in batches of 10 and checks that exactly the 35 expired records went.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+async fn prune_sql(store: Arc<dyn Store>, live: &[Key]) {
+    let pruner = RecordPruner::new(
+        store.clone(),
+        RecordPrunerConfig::new()
+            .batch_size(10)
+            .pause(Duration::from_millis(1)),
+    )
+    .unwrap();
+    let report = pruner.run_once().await.unwrap();
+    assert_eq!(
+        (report.deleted, report.batches, report.drained),
+        (35, 4, true)
+    );
+    for k in live {
+        assert!(
+            store.get(k).await.unwrap().is_some(),
+            "a live record was pruned"
+        );
+    }
+    let again = pruner.run_once().await.unwrap();
+    assert_eq!((again.deleted, again.drained), (0, true));
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn prunes_expired_sqlite_records_in_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem_core::SqliteStore::open(dir.path().join("idem.db"))
+        .await
+        .unwrap();
+    let count = format!("SELECT count(*) FROM \"{}\"", store.table());
+    let live = fill_sql(&store).await;
+    let rows: i64 = sqlx::query_scalar(&count)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 41);
+    prune_sql(Arc::new(store.clone()), &live).await;
+    let rows: i64 = sqlx::query_scalar(&count)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 6);
+}
+
+#[cfg(feature = "postgres")]
+#[path = "support/pg_env.rs"]
+mod pg_env;
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn prunes_expired_postgres_records_in_batches() {
+    let Some(url) = pg_env::pg_url("prunes_expired_postgres_records_in_batches") else {
+        return;
+    };
+    let table = format!("idem_pruner_{:016x}", fastrand::u64(..));
+    let store = idem_core::PostgresStore::builder()
+        .table(&table)
+        .connect(&url)
+        .await
+        .unwrap();
+    let count = format!("SELECT count(*) FROM \"{table}\"");
+    let live = fill_sql(&store).await;
+    let rows: i64 = sqlx::query_scalar(&count)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 41);
+    prune_sql(Arc::new(store.clone()), &live).await;
+    let rows: i64 = sqlx::query_scalar(&count)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 6);
+    sqlx::raw_sql(&format!(
+        "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\""
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
