@@ -20,7 +20,7 @@ mod workload;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem::{Idempotency, MemoryStore, PostgresStore, SqliteStore};
+use idem::{Idempotency, MemoryStore, PostgresStore, RecordPrunerConfig, SqliteStore};
 use sqlx::postgres::PgPoolOptions;
 
 use crate::cpu::Cpu;
@@ -61,8 +61,9 @@ struct Args {
     scale: bool,
     main: bool,
     scale_rows: Option<u64>,
-    prune_batch: u32,
-    prune_pause: Duration,
+    /// Overrides of the library pruner's batch size and pause.
+    prune_batch: Option<u32>,
+    prune_pause: Option<Duration>,
     /// The arguments that shape the run (not `--pg-url` and `--out`), for the report.
     shown: Vec<String>,
 }
@@ -77,8 +78,8 @@ impl Args {
             scale: true,
             main: true,
             scale_rows: None,
-            prune_batch: scale::PRUNE_BATCH,
-            prune_pause: Duration::ZERO,
+            prune_batch: None,
+            prune_pause: None,
             shown: Vec::new(),
         };
         let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -108,11 +109,11 @@ impl Args {
                     args.scale_rows = Some(number("--scale-rows", value("--scale-rows")?)?)
                 }
                 "--prune-batch" => {
-                    args.prune_batch = number("--prune-batch", value("--prune-batch")?)?;
+                    args.prune_batch = Some(number("--prune-batch", value("--prune-batch")?)?);
                 }
                 "--prune-pause-ms" => {
                     let ms = number("--prune-pause-ms", value("--prune-pause-ms")?)?;
-                    args.prune_pause = Duration::from_millis(ms);
+                    args.prune_pause = Some(Duration::from_millis(ms));
                 }
                 "--stores" => {
                     args.stores = value("--stores")?.split(',').map(str::to_owned).collect();
@@ -127,7 +128,7 @@ impl Args {
                 other => return Err(BenchError::Usage(format!("unknown argument {other:?}"))),
             }
         }
-        if args.prune_batch == 0 {
+        if args.prune_batch == Some(0) {
             return Err(BenchError::Usage("--prune-batch must be at least 1".into()));
         }
         if args.wants("postgres") && args.pg_url.is_none() {
@@ -144,8 +145,12 @@ impl Args {
             rows: self.scale_rows.unwrap_or(plan.scale_rows),
             timing: plan.scale_timing,
             prune_cap: plan.prune_cap,
-            prune_batch: self.prune_batch,
-            prune_pause: self.prune_pause,
+            prune_batch: self
+                .prune_batch
+                .unwrap_or(RecordPrunerConfig::DEFAULT_BATCH_SIZE),
+            prune_pause: self
+                .prune_pause
+                .unwrap_or(RecordPrunerConfig::DEFAULT_PAUSE),
             cpu,
         }
     }

@@ -1,23 +1,22 @@
 //! The scale run: claim latency on a table holding many records against an empty one, and
 //! claim latency while a pruner drains many expired records against the same claims without it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Key, PostgresStore, SqliteStore, Start, Store};
+use async_trait::async_trait;
+use idem::{
+    Claim, Completion, Fingerprint, Key, PostgresStore, Record, RecordPruner, RecordPrunerConfig,
+    SqliteStore, Start, Store,
+};
 use sqlx::{PgPool, SqlitePool};
-use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::cpu::Cpu;
 use crate::harness::{self, op, Hit, Op, Sample, Timing};
 use crate::workload::random_key;
 use crate::BenchError;
-
-/// Rows one `prune_expired` call deletes at most, unless `--prune-batch` says otherwise: the
-/// kit pruner's default batch.
-pub const PRUNE_BATCH: u32 = 1_000;
 
 /// Claims run from this many tasks while measuring latency.
 pub const CLAIM_CONCURRENCY: usize = 1;
@@ -39,11 +38,12 @@ pub struct ScalePlan {
     /// Records in the full table and in the table to prune.
     pub rows: u64,
     pub timing: Timing,
-    /// The most pruning time before the run gives up draining.
+    /// The most time alternating slices before the run gives up draining.
     pub prune_cap: Duration,
-    /// `prune_expired`'s limit.
+    /// The pruner's batch size ([`RecordPrunerConfig::DEFAULT_BATCH_SIZE`] unless overridden).
     pub prune_batch: u32,
-    /// A pause between prune batches (zero: back to back).
+    /// The pruner's pause between batches ([`RecordPrunerConfig::DEFAULT_PAUSE`] unless
+    /// overridden; zero: back to back).
     pub prune_pause: Duration,
     pub cpu: Cpu,
 }
@@ -56,7 +56,7 @@ pub struct ScaleReport {
     pub empty: Sample,
     /// Claims on a table holding `rows` live records.
     pub full: Sample,
-    /// Claims on a table of `rows` expired records, pruner paused.
+    /// Claims on a table of `rows` expired records, pruner stopped.
     pub without_prune: Sample,
     /// The same claims while the pruner deletes.
     pub during_prune: Sample,
@@ -245,64 +245,108 @@ struct PruneRun {
     finished: bool,
 }
 
-/// Alternates slices of claims with the pruner paused and running, until the pruner has
-/// drained the expired records or `plan.prune_cap` of pruning time has passed.
+/// Alternates slices of claims with the pruner stopped and running, until the pruner has
+/// drained the expired records or `plan.prune_cap` of run time has passed. The pruner is
+/// idem's own [`RecordPruner`] with its default pacing unless `--prune-batch` /
+/// `--prune-pause-ms` override it: spawned for each running slice (its first run starts at
+/// once) and shut down for each stopped one.
 async fn prune_while_claiming(
     store: Arc<dyn Store>,
     plan: ScalePlan,
 ) -> Result<PruneRun, BenchError> {
     let (timing, cpu) = (plan.timing, plan.cpu);
-    // The pruner deletes one batch per turn of the gate; holding the gate pauses it between
-    // batches.
-    let gate = Arc::new(Mutex::new(()));
-    let done = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut paused = Some(gate.clone().lock_owned().await);
-    let pruner = tokio::spawn({
-        let (store, gate, done, stop) = (store.clone(), gate.clone(), done.clone(), stop.clone());
-        async move {
-            let (mut pruned, mut busy) = (0u64, Duration::ZERO);
-            while !stop.load(Ordering::Relaxed) {
-                let turn = gate.lock().await;
-                let t = Instant::now();
-                let n = store.prune_expired(plan.prune_batch).await?;
-                busy += t.elapsed();
-                pruned += n;
-                if n < u64::from(plan.prune_batch) {
-                    done.store(true, Ordering::Relaxed);
-                    break;
-                }
-                drop(turn);
-                if !plan.prune_pause.is_zero() {
-                    tokio::time::sleep(plan.prune_pause).await;
-                }
-            }
-            Ok::<_, BenchError>((pruned, busy))
-        }
+    let metered = Arc::new(Metered {
+        inner: store.clone(),
+        rows: AtomicU64::new(0),
+        busy_nanos: AtomicU64::new(0),
     });
+    let pruner = RecordPruner::new(
+        metered.clone(),
+        RecordPrunerConfig::new()
+            .batch_size(plan.prune_batch)
+            .pause(plan.prune_pause),
+    )?;
+    let done = Arc::new(AtomicBool::new(false));
 
     let claims = claim(store);
     harness::run(&claims, CLAIM_CONCURRENCY, timing.warmup, cpu).await?;
     let (mut without, mut during) = (Sample::default(), Sample::default());
     let started = Instant::now();
     while !done.load(Ordering::Relaxed) && started.elapsed() < plan.prune_cap {
-        let hold = match paused.take() {
-            Some(hold) => hold,
-            None => gate.clone().lock_owned().await,
-        };
         without.merge(harness::run(&claims, CLAIM_CONCURRENCY, timing.slice, cpu).await?);
-        drop(hold);
-        during
-            .merge(harness::run_until(&claims, CLAIM_CONCURRENCY, timing.slice, cpu, &done).await?);
+        let mut handle = pruner.clone().spawn();
+        let measured = harness::run_until(&claims, CLAIM_CONCURRENCY, timing.slice, cpu, &done);
+        tokio::pin!(measured);
+        let mut watching = true;
+        let sample = loop {
+            tokio::select! {
+                sample = &mut measured => break sample?,
+                report = handle.next_report(), if watching => match report {
+                    Some(report) if report.drained => {
+                        done.store(true, Ordering::Relaxed);
+                        watching = false;
+                    }
+                    Some(_) => {}
+                    None => watching = false,
+                },
+            }
+        };
+        handle.shutdown().await;
+        during.merge(sample);
     }
-    stop.store(true, Ordering::Relaxed);
-    drop(paused);
-    let (pruned, time) = pruner.await??;
     Ok(PruneRun {
         without,
         during,
-        pruned,
-        time,
+        pruned: metered.rows.load(Ordering::Relaxed),
+        time: Duration::from_nanos(metered.busy_nanos.load(Ordering::Relaxed)),
         finished: done.load(Ordering::Relaxed),
     })
+}
+
+/// The store as the pruner sees it, counting the rows its `prune_expired` calls delete and the
+/// time spent in them.
+struct Metered {
+    inner: Arc<dyn Store>,
+    rows: AtomicU64,
+    busy_nanos: AtomicU64,
+}
+
+#[async_trait]
+impl Store for Metered {
+    async fn start(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, idem::Error> {
+        self.inner.start(key, fingerprint, lease).await
+    }
+    async fn complete(
+        &self,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), idem::Error> {
+        self.inner.complete(claim, completion, retention).await
+    }
+    async fn abort(&self, claim: &Claim) -> Result<(), idem::Error> {
+        self.inner.abort(claim).await
+    }
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), idem::Error> {
+        self.inner.renew(claim, lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, idem::Error> {
+        self.inner.get(key).await
+    }
+    async fn evict(&self, key: &Key) -> Result<bool, idem::Error> {
+        self.inner.evict(key).await
+    }
+    async fn prune_expired(&self, limit: u32) -> Result<u64, idem::Error> {
+        let t = Instant::now();
+        let deleted = self.inner.prune_expired(limit).await?;
+        let nanos = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.rows.fetch_add(deleted, Ordering::Relaxed);
+        Ok(deleted)
+    }
 }
