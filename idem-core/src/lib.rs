@@ -29,6 +29,8 @@ pub use engine::{Builder, CallOptions, Idempotency, OnLocked, Outcome, Policy};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
 pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use store::claim_order::ClaimOrder;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder};

@@ -436,3 +436,68 @@ async fn from_pool_keeps_the_pool_and_creates_the_schema() {
         .unwrap();
     assert_eq!(n, 1);
 }
+
+/// Whether `start` on a completed key answers while another connection holds the write lock:
+/// only a `start` that reads first can (a claim would wait for the lock and time out).
+async fn replays_under_a_held_write_lock(store: &SqliteStore, path: &Path, key: &Key) -> bool {
+    let mut blocker = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let tx = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let answered = match store.start(key, None, LEASE).await {
+        Ok(Start::Completed(_)) => true,
+        Err(Error::Store(e)) if e.kind() == StoreErrorKind::Unavailable => false,
+        other => panic!("expected a replay or a busy database, got {other:?}"),
+    };
+    tx.rollback().await.unwrap();
+    answered
+}
+
+#[tokio::test]
+async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    let open = |order| {
+        SqliteStore::builder()
+            .busy_timeout(Duration::from_millis(100))
+            .claim_order(order)
+            .open(path.clone())
+    };
+    let store = open(idem_core::ClaimOrder::Adaptive).await.unwrap();
+    assert_eq!(store.claim_order(), idem_core::ClaimOrder::Adaptive);
+    let done_key = key(1);
+    let c = claim(&store, &done_key, LEASE).await;
+    store.complete(&c, done(b"r"), RETENTION).await.unwrap();
+
+    // A new store claims first: its replay meets the write lock.
+    let fresh = open(idem_core::ClaimOrder::Adaptive).await.unwrap();
+    assert!(!replays_under_a_held_write_lock(&fresh, &path, &done_key).await);
+
+    // After a run of replays it reads first, and answers without the lock.
+    for _ in 0..32 {
+        assert!(matches!(
+            fresh.start(&done_key, None, LEASE).await.unwrap(),
+            Start::Completed(_)
+        ));
+    }
+    assert!(replays_under_a_held_write_lock(&fresh, &path, &done_key).await);
+
+    // A run of new keys brings it back to claiming first; every one of them was claimed.
+    for n in 100..132 {
+        claim(&fresh, &key(n), LEASE).await;
+    }
+    assert!(!replays_under_a_held_write_lock(&fresh, &path, &done_key).await);
+
+    // Pinned orders ignore the traffic.
+    let read_first = open(idem_core::ClaimOrder::ReadFirst).await.unwrap();
+    let claim_first = open(idem_core::ClaimOrder::ClaimFirst).await.unwrap();
+    for n in 200..232 {
+        claim(&read_first, &key(n), LEASE).await;
+    }
+    for _ in 0..32 {
+        let replay = claim_first.start(&done_key, None, LEASE).await.unwrap();
+        assert!(matches!(replay, Start::Completed(_)));
+    }
+    assert!(replays_under_a_held_write_lock(&read_first, &path, &done_key).await);
+    assert!(!replays_under_a_held_write_lock(&claim_first, &path, &done_key).await);
+}

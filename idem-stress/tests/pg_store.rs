@@ -204,76 +204,196 @@ async fn wait_until_blocked(pool: &PgPool, table: &str) {
     panic!("the claim never blocked on the other transaction");
 }
 
+/// `start` through the pool (the bare claim) or, with `in_tx`, inside a transaction (the
+/// transactional CTE), then committed.
+async fn start_via(
+    store: &PostgresStore,
+    pool: &PgPool,
+    in_tx: bool,
+) -> tokio::task::JoinHandle<Result<Start, Error>> {
+    let (store, pool) = (store.clone(), pool.clone());
+    tokio::spawn(async move {
+        if !in_tx {
+            return store.start(&key(1), None, LEASE).await;
+        }
+        let mut tx = pool.begin().await?;
+        let start =
+            idem_core::TransactionalStore::start_in(&store, &mut tx, &key(1), None, LEASE).await;
+        tx.commit().await?;
+        start
+    })
+}
+
 /// A row committed after the claim statement took its snapshot is invisible to the statement's
-/// own read; the store must read it afresh rather than report nothing.
+/// own read; the store must read it afresh rather than report nothing. Both claim statements:
+/// the pool's bare claim and transactional mode's CTE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_sees_rows_committed_after_its_snapshot() {
     let Some(url) = env::pg_url("claim_sees_rows_committed_after_its_snapshot") else {
         return;
     };
-    let table = unique_name("idem_race");
-    let store = PostgresStore::builder()
-        .table(&table)
-        .connect(&url)
+    for in_tx in [false, true] {
+        let table = unique_name("idem_race");
+        let store = PostgresStore::builder()
+            .table(&table)
+            .connect(&url)
+            .await
+            .unwrap();
+        let pool = pool(&url).await;
+
+        // 1. Another node inserts a live in-progress row and has not committed yet.
+        let other = Token::random();
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO \"{table}\" (key, token, state, expires_at) \
+             VALUES ($1, $2, 0, clock_timestamp() + interval '30 seconds')"
+        ))
+        .bind(&key(1).as_bytes()[..])
+        .bind(&other.to_bytes()[..])
+        .execute(&mut *tx)
         .await
         .unwrap();
+        let claim = start_via(&store, &pool, in_tx).await;
+        wait_until_blocked(&pool, &table).await;
+        tx.commit().await.unwrap();
+        match claim.await.unwrap().unwrap() {
+            Start::Locked { retry_after } => assert!(retry_after > Duration::from_secs(20)),
+            other => panic!("in_tx {in_tx}: expected Locked, got {other:?}"),
+        }
+
+        // 2. Another node takes over an expired row and has not committed yet: the claim's
+        //    snapshot still holds the expired old version.
+        sqlx::query(&format!(
+            "UPDATE \"{table}\" SET expires_at = clock_timestamp() - interval '1 second' WHERE key = $1"
+        ))
+        .bind(&key(1).as_bytes()[..])
+        .execute(&pool)
+        .await
+        .unwrap();
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(&format!(
+            "UPDATE \"{table}\" SET state = 1, response = 'theirs', \
+             expires_at = clock_timestamp() + interval '1 hour' WHERE key = $1"
+        ))
+        .bind(&key(1).as_bytes()[..])
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let claim = start_via(&store, &pool, in_tx).await;
+        wait_until_blocked(&pool, &table).await;
+        tx.commit().await.unwrap();
+        match claim.await.unwrap().unwrap() {
+            Start::Completed(cached) => {
+                assert_eq!(cached.response.as_deref(), Some(&b"theirs"[..]))
+            }
+            other => panic!("in_tx {in_tx}: expected the other node's result, got {other:?}"),
+        }
+        match store.get(&key(1)).await.unwrap().unwrap().state {
+            RecordState::Completed(c) => assert_eq!(c.response.as_deref(), Some(&b"theirs"[..])),
+            other => panic!("the other node's result stands, got {other:?}"),
+        }
+        drop_tables(&pool, &[&table, &format!("{table}_migrations")])
+            .await
+            .unwrap();
+    }
+}
+
+/// Whether `start` on `key(1)` (completed) answers while another transaction holds the row
+/// lock: a read-first `start` answers at once; a claim-first one meets the row and waits on the
+/// lock (seen in `pg_stat_activity`), then answers once the lock is released.
+async fn replays_without_the_row_lock(store: &PostgresStore, pool: &PgPool, table: &str) -> bool {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM \"{table}\" WHERE key = $1 FOR UPDATE"
+    ))
+    .bind(&key(1).as_bytes()[..])
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let start = tokio::spawn({
+        let store = store.clone();
+        async move { store.start(&key(1), None, LEASE).await }
+    });
+    let mut answered = false;
+    for _ in 0..500 {
+        if start.is_finished() {
+            answered = true;
+            break;
+        }
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
+        )
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tx.rollback().await.unwrap();
+    match start.await.unwrap() {
+        Ok(Start::Completed(_)) => answered,
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+/// The adaptive claim order reads first after a run of replays and claims first after a run of
+/// new keys; pinned orders ignore the traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
+    use idem_core::{ClaimOrder, Completion};
+    let Some(url) = env::pg_url("claim_order_follows_the_traffic_and_pinned_orders_hold") else {
+        return;
+    };
+    let table = unique_name("idem_order");
+    let open = |order| {
+        PostgresStore::builder()
+            .table(&table)
+            .claim_order(order)
+            .connect(&url)
+    };
+    let store = open(ClaimOrder::Adaptive).await.unwrap();
     let pool = pool(&url).await;
+    let Start::Started(c) = store.start(&key(1), None, LEASE).await.unwrap() else {
+        panic!("a new key starts");
+    };
+    let done = Completion {
+        response: Some(b"r"),
+        is_error: false,
+    };
+    store
+        .complete(&c, done, Duration::from_secs(3600))
+        .await
+        .unwrap();
 
-    // 1. Another node inserts a live in-progress row and has not committed yet.
-    let other = Token::random();
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query(&format!(
-        "INSERT INTO \"{table}\" (key, token, state, expires_at) \
-         VALUES ($1, $2, 0, clock_timestamp() + interval '30 seconds')"
-    ))
-    .bind(&key(1).as_bytes()[..])
-    .bind(&other.to_bytes()[..])
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    let claim = tokio::spawn({
-        let store = store.clone();
-        async move { store.start(&key(1), None, LEASE).await }
-    });
-    wait_until_blocked(&pool, &table).await;
-    tx.commit().await.unwrap();
-    match claim.await.unwrap().unwrap() {
-        Start::Locked { retry_after } => assert!(retry_after > Duration::from_secs(20)),
-        other => panic!("expected Locked, got {other:?}"),
+    let fresh = open(ClaimOrder::Adaptive).await.unwrap();
+    assert!(!replays_without_the_row_lock(&fresh, &pool, &table).await);
+    for _ in 0..32 {
+        let replay = fresh.start(&key(1), None, LEASE).await.unwrap();
+        assert!(matches!(replay, Start::Completed(_)));
     }
+    assert!(replays_without_the_row_lock(&fresh, &pool, &table).await);
+    for n in 100..132 {
+        assert!(matches!(
+            fresh.start(&key(n), None, LEASE).await.unwrap(),
+            Start::Started(_)
+        ));
+    }
+    assert!(!replays_without_the_row_lock(&fresh, &pool, &table).await);
 
-    // 2. Another node takes over an expired row and has not committed yet: the claim's snapshot
-    //    still holds the expired old version.
-    sqlx::query(&format!(
-        "UPDATE \"{table}\" SET expires_at = clock_timestamp() - interval '1 second' WHERE key = $1"
-    ))
-    .bind(&key(1).as_bytes()[..])
-    .execute(&pool)
-    .await
-    .unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query(&format!(
-        "UPDATE \"{table}\" SET state = 1, response = 'theirs', \
-         expires_at = clock_timestamp() + interval '1 hour' WHERE key = $1"
-    ))
-    .bind(&key(1).as_bytes()[..])
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    let claim = tokio::spawn({
-        let store = store.clone();
-        async move { store.start(&key(1), None, LEASE).await }
-    });
-    wait_until_blocked(&pool, &table).await;
-    tx.commit().await.unwrap();
-    match claim.await.unwrap().unwrap() {
-        Start::Completed(cached) => assert_eq!(cached.response.as_deref(), Some(&b"theirs"[..])),
-        other => panic!("expected the other node's result, got {other:?}"),
+    let read_first = open(ClaimOrder::ReadFirst).await.unwrap();
+    let claim_first = open(ClaimOrder::ClaimFirst).await.unwrap();
+    for n in 200..232 {
+        let new = read_first.start(&key(n), None, LEASE).await.unwrap();
+        assert!(matches!(new, Start::Started(_)));
+        let replay = claim_first.start(&key(1), None, LEASE).await.unwrap();
+        assert!(matches!(replay, Start::Completed(_)));
     }
-    match store.get(&key(1)).await.unwrap().unwrap().state {
-        RecordState::Completed(c) => assert_eq!(c.response.as_deref(), Some(&b"theirs"[..])),
-        other => panic!("the other node's result stands, got {other:?}"),
-    }
+    assert!(replays_without_the_row_lock(&read_first, &pool, &table).await);
+    assert!(!replays_without_the_row_lock(&claim_first, &pool, &table).await);
     drop_tables(&pool, &[&table, &format!("{table}_migrations")])
         .await
         .unwrap();

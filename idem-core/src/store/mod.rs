@@ -12,6 +12,8 @@ use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::record::{Claim, Completion, Record, Start};
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) mod claim_order;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -53,9 +53,10 @@
 //!
 //! | call | statements |
 //! |---|---|
-//! | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= clock_timestamp()` |
-//! | `start`, live key (replay, locked, reused) | 1: the same statement returns the existing row and writes nothing (a data-modifying CTE + `UNION ALL`) |
-//! | `start`, key written by a transaction that committed after the statement began | 2: a second `SELECT` reads it (bounded retry if it vanished meanwhile) |
+//! | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= clock_timestamp() RETURNING …`; 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
+//! | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which meets the live row and changes nothing, then the `SELECT`) |
+//! | `start`, live row vanishing between the two statements | the claim again, at most three times in all |
+//! | `start` in transactional mode | 1 for every key: a data-modifying CTE that claims, or returns the live row unlocked (below) |
 //! | `complete`, `renew`, `abort` | 1: `UPDATE`/`DELETE … WHERE key = $1 AND token = $2 AND state = 0` |
 //! | `get`, `evict` | 1 |
 //! | `prune_expired(limit)` | 1, deleting at most `limit` rows found through the expiry index |
@@ -63,11 +64,19 @@
 //! Statements are prepared once per pooled connection (sqlx's statement cache), so each of the
 //! above is one network round trip once a connection is warm.
 //!
-//! The claim reads the key first, inside the same statement, and inserts only when the read
-//! found no live row. A replay therefore takes no row lock: it needs no transaction id, writes
-//! no WAL and commits nothing, so it never waits for a WAL flush under `synchronous_commit = on`.
-//! (A bare `INSERT … ON CONFLICT DO UPDATE … WHERE` locks the conflicting row even when the
-//! `WHERE` leaves it alone.)
+//! Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
+//! follows the traffic: it claims first while most recent `start`s found a new key, and reads
+//! first while most found a live record (a storm of retries, a queue redelivering). Either way
+//! the conditional claim alone decides who owns a key. Reading first matters for replays: a claim
+//! that meets a live row locks it for the moment of the statement, which costs a transaction id,
+//! WAL and a commit, while a `SELECT` by primary key costs none of these. Measured on the
+//! benchmark's server (`docs/performance.md`), a `SELECT` of a live row costs about half the
+//! server CPU of the one-statement alternative, a CTE that reads and claims together (used in
+//! transactional mode), and the bare claim costs a new key less than that CTE.
+//!
+//! In transactional mode the claim is one statement that reads the key first, inside the same
+//! statement, and inserts only when the read found no live row. A live row is returned without
+//! a lock, so your transaction holds no lock on another caller's record while it replays.
 //!
 //! # Transactional mode
 //!
@@ -101,6 +110,7 @@ use sqlx::{Connection, Executor, Row};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
+use crate::store::claim_order::{ClaimOrder, ClaimPath};
 use crate::store::sql::{Migration, TableName, DEFAULT_TABLE};
 use crate::store::{check_duration, check_fingerprint, corrupt, fenced, Store};
 
@@ -135,7 +145,8 @@ const MIGRATIONS: &[Migration] = &[Migration {
 /// Records in a PostgreSQL table: the store for services with more than one process or node.
 ///
 /// A claim is one conditional `INSERT … ON CONFLICT DO UPDATE` statement, leases and expiry use
-/// the server's clock, and a replay costs one round trip. See the [module docs](self) for the
+/// the server's clock, and a replay costs one round trip while most traffic is replays (see
+/// [`ClaimOrder`]). See the [module docs](self) for the
 /// schema, the round trips of each call and the SQL features it relies on.
 ///
 /// Cloning is cheap: clones share the connection pool.
@@ -157,12 +168,14 @@ const MIGRATIONS: &[Migration] = &[Migration {
 pub struct PostgresStore {
     pool: PgPool,
     sql: Arc<Statements>,
+    claim_path: Arc<ClaimPath>,
 }
 
 impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresStore")
             .field("table", &self.sql.table)
+            .field("claim_order", &self.claim_path.order())
             .finish_non_exhaustive()
     }
 }
@@ -225,6 +238,18 @@ impl PostgresStore {
     pub fn table(&self) -> &str {
         &self.sql.table
     }
+
+    /// The claim order `start` follows (see [`ClaimOrder`]).
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
+    /// assert_eq!(store.claim_order(), idem_core::ClaimOrder::Adaptive);
+    /// # Ok(()) }
+    /// ```
+    pub fn claim_order(&self) -> ClaimOrder {
+        self.claim_path.order()
+    }
 }
 
 /// Options for a [`PostgresStore`]; finish with [`connect`](Self::connect) or
@@ -246,6 +271,7 @@ pub struct PostgresStoreBuilder {
     table: String,
     max_connections: u32,
     acquire_timeout: Duration,
+    claim_order: ClaimOrder,
 }
 
 impl Default for PostgresStoreBuilder {
@@ -254,6 +280,7 @@ impl Default for PostgresStoreBuilder {
             table: DEFAULT_TABLE.to_owned(),
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
+            claim_order: ClaimOrder::Adaptive,
         }
     }
 }
@@ -287,7 +314,7 @@ impl PostgresStoreBuilder {
     }
 
     /// How long a call used by [`connect`](Self::connect)'s pool waits for a connection before
-    /// failing with a [`StoreErrorKind::Unavailable`] error (default 10 s). While the server is
+    /// failing with a [`StoreErrorKind::Unavailable`](crate::StoreErrorKind::Unavailable) error (default 10 s). While the server is
     /// down, calls fail after this long; a server that comes back sooner serves them.
     ///
     /// ```
@@ -296,6 +323,18 @@ impl PostgresStoreBuilder {
     /// ```
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Whether `start` claims first, reads first, or picks by the recent traffic (the default,
+    /// [`ClaimOrder::Adaptive`]). See [`ClaimOrder`] for what each costs.
+    ///
+    /// ```
+    /// let builder = idem_core::PostgresStore::builder().claim_order(idem_core::ClaimOrder::ReadFirst);
+    /// # let _ = builder;
+    /// ```
+    pub fn claim_order(mut self, order: ClaimOrder) -> Self {
+        self.claim_order = order;
         self
     }
 
@@ -319,7 +358,7 @@ impl PostgresStoreBuilder {
             .acquire_timeout(self.acquire_timeout)
             .connect(url)
             .await?;
-        finish(pool, sql).await
+        finish(pool, sql, self.claim_order).await
     }
 
     /// Uses `pool` (its own size and timeouts apply) and brings the table up to date.
@@ -332,17 +371,22 @@ impl PostgresStoreBuilder {
     /// ```
     pub async fn from_pool(self, pool: PgPool) -> Result<PostgresStore, Error> {
         let sql = Statements::new(&self.table)?;
-        finish(pool, sql).await
+        finish(pool, sql, self.claim_order).await
     }
 }
 
-async fn finish(pool: PgPool, sql: Statements) -> Result<PostgresStore, Error> {
+async fn finish(
+    pool: PgPool,
+    sql: Statements,
+    claim_order: ClaimOrder,
+) -> Result<PostgresStore, Error> {
     let mut conn = pool.acquire().await?;
     sql.migrate(&mut conn).await?;
     drop(conn);
     Ok(PostgresStore {
         pool,
         sql: Arc::new(sql),
+        claim_path: Arc::new(ClaimPath::new(claim_order)),
     })
 }
 
@@ -364,6 +408,15 @@ fn parse_table(table: &str) -> Result<(Option<TableName>, TableName), Error> {
     Ok((schema, name))
 }
 
+/// Which claim statement [`Statements::start`] runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ClaimSql {
+    /// `INSERT … ON CONFLICT DO UPDATE … WHERE expired RETURNING`: nothing back on a live row.
+    Bare,
+    /// The data-modifying CTE that returns a live row without locking it (transactional mode).
+    ReadingLive,
+}
+
 /// The SQL of every statement, with the configured table name in place.
 ///
 /// The statements are methods taking `&mut PgConnection`, so they run as well on a pooled
@@ -374,6 +427,7 @@ pub(crate) struct Statements {
     quoted_index: String,
     migrations_table: String,
     claim: String,
+    upsert: String,
     read: String,
     complete: String,
     renew: String,
@@ -425,6 +479,18 @@ impl Statements {
                  FROM claimed \
                  UNION ALL \
                  SELECT false, live.* FROM live WHERE NOT EXISTS (SELECT 1 FROM claimed)"
+            ),
+            // The bare claim, for the pool: insert, or take over a row whose time has ended;
+            // nothing back means a live row, which `start` then reads. Meeting a live row, it
+            // locks it for the moment of the statement, as any `ON CONFLICT DO UPDATE` does.
+            upsert: format!(
+                "INSERT INTO {t} AS r (key, fingerprint, token, state, expires_at, response, is_error) \
+                 VALUES ($1, $2, $3, 0, {lease_end}, NULL, false) \
+                 ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
+                   token = excluded.token, state = 0, expires_at = excluded.expires_at, \
+                   response = NULL, is_error = false \
+                 WHERE r.expires_at <= clock_timestamp() \
+                 RETURNING true AS claimed"
             ),
             read: format!(
                 "SELECT {RECORD_COLUMNS} FROM {t} AS r \
@@ -531,10 +597,15 @@ impl Statements {
         key: &Key,
         fingerprint: Option<&Fingerprint>,
         lease: Duration,
+        claim: ClaimSql,
     ) -> Result<Start, Error> {
+        let sql = match claim {
+            ClaimSql::ReadingLive => &self.claim,
+            ClaimSql::Bare => &self.upsert,
+        };
         for _ in 0..CLAIM_ATTEMPTS {
             let token = Token::random();
-            let row = sqlx::query(&self.claim)
+            let row = sqlx::query(sql)
                 .bind(&key.as_bytes()[..])
                 .bind(fingerprint.map(|f| &f.as_bytes()[..]))
                 .bind(&token.to_bytes()[..])
@@ -546,7 +617,8 @@ impl Statements {
                     return Ok(Start::Started(Claim::new(*key, token)));
                 }
             }
-            // Not claimed. The statement returns the row that was live in its snapshot; a row
+            // Not claimed. The CTE returns the row that was live in its snapshot (the bare claim
+            // never does); a row
             // committed after the snapshot began is invisible there (no row back), and one whose
             // time ran out while the statement ran has nothing left: read it afresh then.
             let live = match row.map(|r| StoredRow::decode(&r)).transpose()? {
@@ -763,7 +835,22 @@ impl Store for PostgresStore {
     ) -> Result<Start, Error> {
         check_duration("lease", lease)?;
         let mut conn = self.pool.acquire().await?;
-        self.sql.start(&mut conn, key, fingerprint, lease).await
+        let result = if self.claim_path.read_first() {
+            match self.sql.read_live(&mut conn, key).await? {
+                Some(stored) => stored.into_start(fingerprint),
+                None => {
+                    self.sql
+                        .start(&mut conn, key, fingerprint, lease, ClaimSql::Bare)
+                        .await
+                }
+            }
+        } else {
+            self.sql
+                .start(&mut conn, key, fingerprint, lease, ClaimSql::Bare)
+                .await
+        };
+        self.claim_path.observe(&result);
+        result
     }
 
     async fn complete(
@@ -811,7 +898,7 @@ impl Store for PostgresStore {
 /// duplicate's claim then waits on the first transaction's row and, once that commits, reads the
 /// committed result with a fresh snapshot and replays it. (Under `REPEATABLE READ` or
 /// `SERIALIZABLE` the duplicate fails with a serialization error instead, SQLSTATE 40001,
-/// surfaced as a [`StoreErrorKind::Query`] error; retry the transaction.)
+/// surfaced as a [`StoreErrorKind::Query`](crate::StoreErrorKind::Query) error; retry the transaction.)
 #[async_trait]
 impl crate::transactional::TransactionalStore for PostgresStore {
     type Connection = PgConnection;
@@ -824,7 +911,11 @@ impl crate::transactional::TransactionalStore for PostgresStore {
         lease: Duration,
     ) -> Result<Start, Error> {
         check_duration("lease", lease)?;
-        self.sql.start(conn, key, fingerprint, lease).await
+        // The CTE: a live row comes back unlocked, so the caller's transaction holds no lock on
+        // another caller's record while it replays.
+        self.sql
+            .start(conn, key, fingerprint, lease, ClaimSql::ReadingLive)
+            .await
     }
 
     async fn complete_in(

@@ -39,27 +39,30 @@
 //!
 //! | operation | statements |
 //! |---|---|
-//! | `start`, new or expired key | 2: one `SELECT` of the live row, which finds none, then `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now RETURNING 1` |
-//! | `start`, live key (replay, locked, reused) | 1: the `SELECT` of the live row |
+//! | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now RETURNING 1`; 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
+//! | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which finds the live row, then the `SELECT`) |
 //! | `complete`, `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0` |
 //! | `abort`, `evict` | 1 `DELETE` |
 //! | `get` | 1 `SELECT` |
 //! | `prune_expired` | 1 `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now ORDER BY expires_at LIMIT ?)` |
 //!
-//! `start` looks before it claims because any `INSERT` takes SQLite's single write lock, even one
-//! that ends up changing nothing: claiming first would make every replay and every duplicate of a
-//! running call queue behind all writers (and sleep in SQLite's busy handler when it meets one),
-//! while a read runs alongside them (WAL). The read costs a new key one more statement (about
-//! 10–15 % of its time); it makes a replay about twice as fast and a storm of duplicates about
-//! 1.5 times as fast (see `docs/performance.md`). SQLite has no data-modifying CTE, so the two
-//! cannot be folded into one statement as the PostgreSQL store does.
+//! Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
+//! follows the traffic: it claims first while most recent `start`s found a new key and reads
+//! first while most found a live one. The read matters on SQLite because any `INSERT` takes the
+//! single write lock, even one that ends up changing nothing: claiming first would make every
+//! replay and every duplicate of a running call queue behind all writers (and sleep in SQLite's
+//! busy handler when it meets one), while a read runs alongside them (WAL). Measured: reading
+//! first makes a replay about twice as fast and a storm of duplicates about 1.5 times as fast,
+//! and costs a new key 10–15 % (see `docs/performance.md`); following the traffic gets both.
+//! SQLite has no data-modifying CTE, so the two cannot be folded into one statement as
+//! PostgreSQL's transactional claim does.
 //!
-//! When the claim finds a live row after all (another caller claimed the key between the two
-//! statements), `start` reads it; if it vanished meanwhile (aborted, evicted or expired),
-//! `start` claims again, at most three times; a key churned that fast by other callers reads as
-//! [`Start::Locked`] with a zero `retry_after`. In transactional mode `start` claims first and
-//! reads only when the claim found a live row: a read before the write would leave the
-//! transaction unable to take the write lock once another connection had committed.
+//! When the claim finds a live row (another caller claimed the key first), `start` reads it; if
+//! it vanished meanwhile (aborted, evicted or expired), `start` claims again, at most three
+//! times; a key churned that fast by other callers reads as [`Start::Locked`] with a zero
+//! `retry_after`. In transactional mode `start` always claims first: a read before the write
+//! would leave the transaction unable to take the write lock once another connection had
+//! committed.
 //!
 //! # Journal mode and locking
 //!
@@ -77,7 +80,7 @@
 //!   matters.
 //! - `busy_timeout = 5 s` (configurable) on every connection: a writer waits for the lock
 //!   instead of failing at once. A statement still blocked after the timeout fails with a
-//!   [`StoreErrorKind::Unavailable`] error, which [`Error::is_retryable`] reports as retryable.
+//!   [`StoreErrorKind::Unavailable`](crate::StoreErrorKind::Unavailable) error, which [`Error::is_retryable`] reports as retryable.
 //!
 //! # Migrations
 //!
@@ -121,6 +124,7 @@ use sqlx::{Connection, Row};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
+use crate::store::claim_order::{ClaimOrder, ClaimPath};
 use crate::store::sql::{Migration, TableName, DEFAULT_TABLE};
 use crate::store::{check_duration, check_fingerprint, corrupt, fenced, Store};
 
@@ -190,12 +194,14 @@ pub struct SqliteStore {
     pool: SqlitePool,
     table: TableName,
     sql: Arc<Statements>,
+    claim_path: Arc<ClaimPath>,
 }
 
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore")
             .field("table", &self.table.as_str())
+            .field("claim_order", &self.claim_path.order())
             .field("pool", &self.pool)
             .finish()
     }
@@ -305,6 +311,18 @@ impl SqliteStore {
     pub fn table(&self) -> &str {
         self.table.as_str()
     }
+
+    /// The claim order `start` follows (see [`ClaimOrder`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::SqliteStore::connect("sqlite::memory:").await?;
+    /// assert_eq!(store.claim_order(), idem_core::ClaimOrder::Adaptive);
+    /// # Ok(()) }
+    /// ```
+    pub fn claim_order(&self) -> ClaimOrder {
+        self.claim_path.order()
+    }
 }
 
 /// Configures a [`SqliteStore`] before connecting; made by [`SqliteStore::builder`].
@@ -327,6 +345,7 @@ pub struct SqliteStoreBuilder {
     table: String,
     max_connections: u32,
     busy_timeout: Duration,
+    claim_order: ClaimOrder,
 }
 
 impl Default for SqliteStoreBuilder {
@@ -335,6 +354,7 @@ impl Default for SqliteStoreBuilder {
             table: DEFAULT_TABLE.to_owned(),
             max_connections: 8,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            claim_order: ClaimOrder::Adaptive,
         }
     }
 }
@@ -378,6 +398,18 @@ impl SqliteStoreBuilder {
     /// ```
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
+        self
+    }
+
+    /// Whether `start` claims first, reads first, or picks by the recent traffic (the default,
+    /// [`ClaimOrder::Adaptive`]). See [`ClaimOrder`] for what each costs.
+    ///
+    /// ```
+    /// let builder = idem_core::SqliteStore::builder().claim_order(idem_core::ClaimOrder::ClaimFirst);
+    /// # let _ = builder;
+    /// ```
+    pub fn claim_order(mut self, order: ClaimOrder) -> Self {
+        self.claim_order = order;
         self
     }
 
@@ -445,6 +477,7 @@ impl SqliteStoreBuilder {
         drop(conn);
         Ok(SqliteStore {
             sql: Arc::new(Statements::new(&table)),
+            claim_path: Arc::new(ClaimPath::new(self.claim_order)),
             pool,
             table,
         })
@@ -866,14 +899,18 @@ impl Store for SqliteStore {
     ) -> Result<Start, Error> {
         let lease = Millis::new("lease", lease)?;
         let mut conn = self.pool.acquire().await?;
-        // Look before claiming: a live record (a replay, a locked key) is then answered by one
-        // read, which never waits for the write lock, instead of a claim attempt that takes the
-        // write lock only to change nothing. (Not in transactional mode: there a read before the
-        // write could not be upgraded once another connection had committed.)
-        if let Some(live) = read_live(&mut conn, &self.sql, key).await? {
-            return answer(live, fingerprint);
-        }
-        start(&mut conn, &self.sql, key, fingerprint, lease).await
+        let result = if self.claim_path.read_first() {
+            // A live record (a replay, a locked key) is answered by one read, which never waits
+            // for the write lock; only a key that reads as free goes on to the claim.
+            match read_live(&mut conn, &self.sql, key).await? {
+                Some(live) => answer(live, fingerprint),
+                None => start(&mut conn, &self.sql, key, fingerprint, lease).await,
+            }
+        } else {
+            start(&mut conn, &self.sql, key, fingerprint, lease).await
+        };
+        self.claim_path.observe(&result);
+        result
     }
 
     async fn complete(

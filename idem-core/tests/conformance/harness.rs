@@ -10,6 +10,18 @@ pub trait Harness: Sized + Send + Sync + 'static {
     fn store(&self) -> Arc<dyn Store>;
 }
 
+/// The claim order of a SQL store's harness, as a const generic (an enum cannot be one):
+/// 0 adaptive (the default), 1 claim first, 2 read first. Each SQL store runs the suite in all
+/// three, so both statement orders keep every rule whatever the adaptive order picks.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub fn claim_order(order: u8) -> idem_core::ClaimOrder {
+    match order {
+        1 => idem_core::ClaimOrder::ClaimFirst,
+        2 => idem_core::ClaimOrder::ReadFirst,
+        _ => idem_core::ClaimOrder::Adaptive,
+    }
+}
+
 /// Instantiates every conformance test for one store: `conformance!(module, Harness, (tokio::test args))`.
 macro_rules! conformance {
     ($store:ident, $harness:ty, $rt:tt) => {

@@ -33,13 +33,41 @@ conformance!(
 #[cfg(feature = "sqlite")]
 conformance!(
     sqlite_store,
-    crate::sqlite::SqliteHarness,
+    crate::sqlite::SqliteHarness<0>,
+    (flavor = "multi_thread", worker_threads = 2)
+);
+
+#[cfg(feature = "sqlite")]
+conformance!(
+    sqlite_claim_first,
+    crate::sqlite::SqliteHarness<1>,
+    (flavor = "multi_thread", worker_threads = 2)
+);
+
+#[cfg(feature = "sqlite")]
+conformance!(
+    sqlite_read_first,
+    crate::sqlite::SqliteHarness<2>,
     (flavor = "multi_thread", worker_threads = 2)
 );
 
 #[cfg(feature = "postgres")]
 conformance!(
     postgres_store,
-    crate::postgres::PgHarness,
+    crate::postgres::PgHarness<0>,
+    (flavor = "multi_thread", worker_threads = 2)
+);
+
+#[cfg(feature = "postgres")]
+conformance!(
+    postgres_claim_first,
+    crate::postgres::PgHarness<1>,
+    (flavor = "multi_thread", worker_threads = 2)
+);
+
+#[cfg(feature = "postgres")]
+conformance!(
+    postgres_read_first,
+    crate::postgres::PgHarness<2>,
     (flavor = "multi_thread", worker_threads = 2)
 );

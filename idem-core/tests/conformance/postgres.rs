@@ -4,12 +4,13 @@ use async_trait::async_trait;
 use idem_core::{PostgresStore, Store};
 use sqlx::Connection;
 
-use crate::harness::Harness;
+use crate::harness::{claim_order, Harness};
 
 /// A PostgreSQL store on a table of its own in the server named by `IDEM_TEST_PG_URL` (other
 /// tests share that server). Without the variable the test prints why and skips, unless
-/// `IDEM_REQUIRE_PG=1` (set by `scripts/test`), which makes it a failure.
-pub struct PgHarness {
+/// `IDEM_REQUIRE_PG=1` (set by `scripts/test`), which makes it a failure. `ORDER` picks the
+/// store's claim order (see [`claim_order`]).
+pub struct PgHarness<const ORDER: u8> {
     store: PostgresStore,
     url: String,
 }
@@ -19,12 +20,13 @@ fn pg_url() -> Option<String> {
 }
 
 #[async_trait]
-impl Harness for PgHarness {
+impl<const ORDER: u8> Harness for PgHarness<ORDER> {
     async fn new() -> Option<Self> {
         let url = pg_url()?;
         let table = format!("idem_conf_{:016x}", fastrand::u64(..));
         let store = PostgresStore::builder()
             .table(table)
+            .claim_order(claim_order(ORDER))
             .connect(&url)
             .await
             .expect("connect to IDEM_TEST_PG_URL and create a fresh table");
@@ -36,7 +38,7 @@ impl Harness for PgHarness {
     }
 }
 
-impl Drop for PgHarness {
+impl<const ORDER: u8> Drop for PgHarness<ORDER> {
     /// Drops the test's tables. Drop cannot await, and the test's runtime may be busy or gone,
     /// so a thread with a runtime of its own does it; failures only leave a stray table.
     fn drop(&mut self) {

@@ -2,21 +2,26 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use idem_core::{SqliteStore, Store};
+
+use crate::harness::claim_order;
 use tempfile::TempDir;
 
 use crate::harness::Harness;
 
 /// A SQLite store on a fresh database file; the directory lives (and is deleted) with the harness.
-pub struct SqliteHarness {
+/// `ORDER` picks the store's claim order (see [`claim_order`]).
+pub struct SqliteHarness<const ORDER: u8> {
     store: SqliteStore,
     _dir: TempDir,
 }
 
 #[async_trait]
-impl Harness for SqliteHarness {
+impl<const ORDER: u8> Harness for SqliteHarness<ORDER> {
     async fn new() -> Option<Self> {
         let dir = tempfile::tempdir().expect("create a temporary directory");
-        let store = SqliteStore::open(dir.path().join("idem.db"))
+        let store = SqliteStore::builder()
+            .claim_order(claim_order(ORDER))
+            .open(dir.path().join("idem.db"))
             .await
             .expect("open a SQLite store on a fresh file");
         Some(SqliteHarness { store, _dir: dir })
