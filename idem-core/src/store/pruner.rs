@@ -18,13 +18,14 @@ const MAX_BATCH_SIZE: u32 = 100_000;
 /// records with a [`pause`](RecordPrunerConfig::pause) between them, a run every
 /// [`interval`](RecordPrunerConfig::interval).
 ///
-/// The defaults (100 records, 100 ms, 60 s) come from the benchmark's scale run
+/// The defaults (100 records, 200 ms, 60 s) come from the benchmark's scale run
 /// (`docs/performance.md`): batches of 1,000 back to back made the claim p99 10 to 50 × worse
 /// while a large backlog drained. On SQLite every batch, small or large, costs claims about the
 /// same (a claim that meets the single write lock sleeps at least 1 ms), so it is the number of
-/// batches per second that counts: 100-record batches 100 ms apart kept it near 3 × on SQLite
-/// and within 1.2 × on PostgreSQL, still removing about 900 records a second, three million an
-/// hour. PostgreSQL alone stays within 3 × with 20 ms pauses.
+/// batches per second that counts: 100-record batches 100 ms apart kept it near 3 × on SQLite,
+/// 200 ms apart about 2 ×, and PostgreSQL within 1.1 × either way, still removing about 500
+/// records a second, 1.8 million an hour. PostgreSQL alone stays within 3 × with 20 ms pauses:
+/// a busy PostgreSQL store with a large backlog can take `pause(Duration::from_millis(20))`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -57,7 +58,7 @@ impl RecordPrunerConfig {
     /// ```
     /// assert_eq!(idem_core::RecordPrunerConfig::DEFAULT_PAUSE.as_millis(), 100);
     /// ```
-    pub const DEFAULT_PAUSE: Duration = Duration::from_millis(100);
+    pub const DEFAULT_PAUSE: Duration = Duration::from_millis(200);
 
     /// The time between the starts of two runs, by default.
     ///
@@ -67,7 +68,7 @@ impl RecordPrunerConfig {
     pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
 
     /// The defaults: batches of [100](Self::DEFAULT_BATCH_SIZE) records,
-    /// [100 ms](Self::DEFAULT_PAUSE) apart, a run every [60 s](Self::DEFAULT_INTERVAL), and no
+    /// [200 ms](Self::DEFAULT_PAUSE) apart, a run every [60 s](Self::DEFAULT_INTERVAL), and no
     /// cap on batches per run (a run goes on until the store has no expired record left).
     ///
     /// ```
