@@ -56,7 +56,7 @@ impl RecordPrunerConfig {
     /// The pause after a full batch, by default.
     ///
     /// ```
-    /// assert_eq!(idem_core::RecordPrunerConfig::DEFAULT_PAUSE.as_millis(), 100);
+    /// assert_eq!(idem_core::RecordPrunerConfig::DEFAULT_PAUSE.as_millis(), 200);
     /// ```
     pub const DEFAULT_PAUSE: Duration = Duration::from_millis(200);
 
