@@ -143,7 +143,7 @@ async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
         for _ in 0..500 {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity \
-                 WHERE wait_event_type = 'Lock' AND query LIKE '%claimed AS (%'",
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%ON CONFLICT (key) DO UPDATE%'",
             )
             .fetch_one(store.pool())
             .await
