@@ -14,6 +14,7 @@ mod error;
 pub mod http;
 mod key;
 pub mod kit;
+mod periodic;
 mod record;
 pub mod store;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -1,17 +1,17 @@
 //! Deleting request ids older than the retention window, one instance at a time.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Pool;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tokio::time::MissedTickBehavior;
 use uuid::Uuid;
 
 use super::backend::Backend;
 use super::history::RequestHistory;
 use super::{millis, ConcurrencyError, Ident};
+use crate::periodic::{stop_requested, Periodic};
 
 /// The largest batch a pruner deletes in one statement.
 const MAX_BATCH_SIZE: u32 = 100_000;
@@ -256,37 +256,25 @@ impl<DB: Backend> Pruner<DB> {
     /// next), until [`PrunerHandle::shutdown`] or the handle is dropped. A failed run is logged
     /// (`tracing`, `WARN`) and the next interval tries again. See [`Pruner`] for an example.
     pub fn spawn(self) -> PrunerHandle {
-        let (stop_tx, mut stop_rx) = watch::channel(false);
-        let (report_tx, report_rx) = watch::channel(None);
-        let task = tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(self.interval);
-            ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = ticker.tick() => {}
-                    // A `true` sent or the handle dropped: stop either way.
-                    _ = stop_rx.changed() => break,
-                }
-                match self.run(Some(&stop_rx)).await {
-                    Ok(report) => {
-                        report_tx.send_replace(Some(report));
+        let interval = self.interval;
+        let pruner = Arc::new(self);
+        let inner = Periodic::spawn(interval, move |stop| {
+            let pruner = pruner.clone();
+            async move {
+                match pruner.run(Some(&stop)).await {
+                    Ok(report) => Some(report),
+                    Err(e) => {
+                        tracing::warn!(
+                            table = %pruner.table,
+                            error = %e,
+                            "pruning the request history failed; trying again at the next interval"
+                        );
+                        None
                     }
-                    Err(e) => tracing::warn!(
-                        table = %self.table,
-                        error = %e,
-                        "pruning the request history failed; trying again at the next interval"
-                    ),
-                }
-                if stop_requested(&stop_rx) {
-                    break;
                 }
             }
         });
-        PrunerHandle {
-            stop: stop_tx,
-            reports: report_rx,
-            task,
-        }
+        PrunerHandle { inner }
     }
 
     async fn run(
@@ -363,10 +351,6 @@ impl<DB: Backend> Pruner<DB> {
     }
 }
 
-fn stop_requested(stop: &watch::Receiver<bool>) -> bool {
-    *stop.borrow() || stop.has_changed().is_err()
-}
-
 /// Controls a [spawned](Pruner::spawn) pruner. Dropping it stops the pruner too (after the
 /// batch in progress); [`shutdown`](PrunerHandle::shutdown) also waits for that.
 ///
@@ -387,32 +371,24 @@ fn stop_requested(stop: &watch::Receiver<bool>) -> bool {
 /// ```
 #[derive(Debug)]
 pub struct PrunerHandle {
-    stop: watch::Sender<bool>,
-    reports: watch::Receiver<Option<PruneReport>>,
-    task: JoinHandle<()>,
+    inner: Periodic<PruneReport>,
 }
 
 impl PrunerHandle {
     /// The report of the latest successful run, if any.
     pub fn last_report(&self) -> Option<PruneReport> {
-        *self.reports.borrow()
+        self.inner.last_report()
     }
 
     /// Waits for the next successful run and returns its report; `None` once the pruner has
     /// stopped.
     pub async fn next_report(&mut self) -> Option<PruneReport> {
-        self.reports.changed().await.ok()?;
-        *self.reports.borrow_and_update()
+        self.inner.next_report().await
     }
 
     /// Stops the pruner after the batch in progress, releases its lease, and waits for it.
     /// A panic inside the pruner task is resumed here.
     pub async fn shutdown(self) {
-        self.stop.send_replace(true);
-        if let Err(e) = self.task.await {
-            if e.is_panic() {
-                std::panic::resume_unwind(e.into_panic());
-            }
-        }
+        self.inner.shutdown().await
     }
 }

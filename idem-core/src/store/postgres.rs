@@ -835,19 +835,17 @@ impl Store for PostgresStore {
     ) -> Result<Start, Error> {
         check_duration("lease", lease)?;
         let mut conn = self.pool.acquire().await?;
-        let result = if self.claim_path.read_first() {
-            match self.sql.read_live(&mut conn, key).await? {
-                Some(stored) => stored.into_start(fingerprint),
-                None => {
-                    self.sql
-                        .start(&mut conn, key, fingerprint, lease, ClaimSql::Bare)
-                        .await
-                }
+        let live = match self.claim_path.read_first() {
+            true => self.sql.read_live(&mut conn, key).await?,
+            false => None,
+        };
+        let result = match live {
+            Some(stored) => stored.into_start(fingerprint),
+            None => {
+                self.sql
+                    .start(&mut conn, key, fingerprint, lease, ClaimSql::Bare)
+                    .await
             }
-        } else {
-            self.sql
-                .start(&mut conn, key, fingerprint, lease, ClaimSql::Bare)
-                .await
         };
         self.claim_path.observe(&result);
         result

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
 use super::{check_duration, Store};
 use crate::error::Error;
+use crate::periodic::{stop_requested, Periodic};
 
 /// The largest batch a pruner asks a store to delete in one call.
 const MAX_BATCH_SIZE: u32 = 100_000;
@@ -251,39 +251,26 @@ impl RecordPruner {
     /// (`tracing`, `WARN`) and the next interval tries again. See [`RecordPruner`] for an
     /// example.
     pub fn spawn(self) -> RecordPrunerHandle {
-        let (stop_tx, mut stop_rx) = watch::channel(false);
-        let (report_tx, report_rx) = watch::channel(None);
-        let task = tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(self.config.interval);
-            ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = ticker.tick() => {}
-                    // A `true` sent or the handle dropped: stop either way.
-                    _ = stop_rx.changed() => break,
-                }
+        let interval = self.config.interval;
+        let inner = Periodic::spawn(interval, move |mut stop| {
+            let pruner = self.clone();
+            async move {
                 let mut report = RecordPruneReport::default();
-                match self.run(Some(&mut stop_rx), &mut report).await {
-                    Ok(()) => {
-                        report_tx.send_replace(Some(report));
+                match pruner.run(Some(&mut stop), &mut report).await {
+                    Ok(()) => Some(report),
+                    Err(e) => {
+                        tracing::warn!(
+                            error = %e,
+                            deleted = report.deleted,
+                            batches = report.batches,
+                            "pruning expired idempotency records failed; trying again at the next interval"
+                        );
+                        None
                     }
-                    Err(e) => tracing::warn!(
-                        error = %e,
-                        deleted = report.deleted,
-                        batches = report.batches,
-                        "pruning expired idempotency records failed; trying again at the next interval"
-                    ),
-                }
-                if stop_requested(&stop_rx) {
-                    break;
                 }
             }
         });
-        RecordPrunerHandle {
-            stop: stop_tx,
-            reports: report_rx,
-            task,
-        }
+        RecordPrunerHandle { inner }
     }
 
     /// One run, filling `report` as it goes so a failed run still tells what it did.
@@ -355,10 +342,6 @@ impl RecordPruner {
     }
 }
 
-fn stop_requested(stop: &watch::Receiver<bool>) -> bool {
-    *stop.borrow() || stop.has_changed().is_err()
-}
-
 /// Controls a [spawned](RecordPruner::spawn) pruner. Dropping it stops the pruner too (after
 /// the batch in progress); [`shutdown`](RecordPrunerHandle::shutdown) also waits for that.
 ///
@@ -373,9 +356,7 @@ fn stop_requested(stop: &watch::Receiver<bool>) -> bool {
 /// ```
 #[derive(Debug)]
 pub struct RecordPrunerHandle {
-    stop: watch::Sender<bool>,
-    reports: watch::Receiver<Option<RecordPruneReport>>,
-    task: JoinHandle<()>,
+    inner: Periodic<RecordPruneReport>,
 }
 
 impl RecordPrunerHandle {
@@ -390,25 +371,19 @@ impl RecordPrunerHandle {
     /// # Ok(()) }
     /// ```
     pub fn last_report(&self) -> Option<RecordPruneReport> {
-        *self.reports.borrow()
+        self.inner.last_report()
     }
 
     /// Waits for the next successful run and returns its report; `None` once the pruner has
     /// stopped. See [`RecordPrunerHandle`] for an example.
     pub async fn next_report(&mut self) -> Option<RecordPruneReport> {
-        self.reports.changed().await.ok()?;
-        *self.reports.borrow_and_update()
+        self.inner.next_report().await
     }
 
     /// Stops the pruner after the batch in progress (a pause is cut short) and waits for it.
     /// A panic inside the pruner task is resumed here. See [`RecordPrunerHandle`] for an
     /// example.
     pub async fn shutdown(self) {
-        self.stop.send_replace(true);
-        if let Err(e) = self.task.await {
-            if e.is_panic() {
-                std::panic::resume_unwind(e.into_panic());
-            }
-        }
+        self.inner.shutdown().await
     }
 }

@@ -899,15 +899,15 @@ impl Store for SqliteStore {
     ) -> Result<Start, Error> {
         let lease = Millis::new("lease", lease)?;
         let mut conn = self.pool.acquire().await?;
-        let result = if self.claim_path.read_first() {
-            // A live record (a replay, a locked key) is answered by one read, which never waits
-            // for the write lock; only a key that reads as free goes on to the claim.
-            match read_live(&mut conn, &self.sql, key).await? {
-                Some(live) => answer(live, fingerprint),
-                None => start(&mut conn, &self.sql, key, fingerprint, lease).await,
-            }
-        } else {
-            start(&mut conn, &self.sql, key, fingerprint, lease).await
+        // Reading first, a live record (a replay, a locked key) is answered by one read, which
+        // never waits for the write lock; only a key that reads as free goes on to the claim.
+        let live = match self.claim_path.read_first() {
+            true => read_live(&mut conn, &self.sql, key).await?,
+            false => None,
+        };
+        let result = match live {
+            Some(live) => answer(live, fingerprint),
+            None => start(&mut conn, &self.sql, key, fingerprint, lease).await,
         };
         self.claim_path.observe(&result);
         result
