@@ -55,6 +55,17 @@ pub enum Error {
         limit: usize,
     },
 
+    /// The work for this key completed earlier, but its result was not kept (it was larger than
+    /// [`Policy::max_response_bytes`](crate::Policy::max_response_bytes), or could not be captured,
+    /// such as an HTTP response with trailers). The work does not run again for this key until its
+    /// retention ends: look up the effect another way (read the resource it created) instead of
+    /// retrying.
+    #[error("the work for this key already ran, but its result was not kept ({reason}); it will not run again: look up its effect instead of retrying")]
+    ResultNotRetained {
+        /// Why the result was not kept, as recorded when the work completed.
+        reason: String,
+    },
+
     /// A lease, retention or limit is out of range.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
@@ -75,12 +86,12 @@ pub enum Error {
 }
 
 impl Error {
-    /// Whether the same call may succeed if simply retried later (a live claim elsewhere, or an
-    /// unreachable store).
+    /// Whether the same call may succeed if simply retried later (a live claim elsewhere, or a
+    /// store failure that passes: see [`StoreErrorKind::is_transient`]).
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Locked { .. } => true,
-            Error::Store(e) => e.kind() == StoreErrorKind::Unavailable,
+            Error::Store(e) => e.kind().is_transient(),
             _ => false,
         }
     }
@@ -91,12 +102,45 @@ impl Error {
 #[non_exhaustive]
 pub enum StoreErrorKind {
     /// The store could not be reached (connection refused or lost, pool timed out, server
-    /// shutting down). Retrying later may succeed.
+    /// shutting down, SQLite's lock held past the busy timeout). Retrying later may succeed.
+    /// Whether a statement that failed this way took effect is unknown.
     Unavailable,
+    /// The statement failed for a reason that passes: a statement or lock timeout, a
+    /// serialization failure, a deadlock. Retrying may succeed.
+    Transient,
+    /// The store is out of space (disk or quota full). Nothing was written; retrying succeeds
+    /// once space is freed.
+    Full,
+    /// The store refuses writes (a read-only file or file system, a standby server). Nothing was
+    /// written.
+    ReadOnly,
     /// The store rejected a statement.
     Query,
-    /// A stored row does not have the expected shape (wrong byte length, unknown state).
+    /// A stored row or file does not have the expected shape (wrong byte length, unknown state,
+    /// a checksum that does not match, a damaged database file).
     Corrupt,
+}
+
+impl StoreErrorKind {
+    /// Whether an operation that failed this way may succeed if simply retried later:
+    /// [`Unavailable`](Self::Unavailable), [`Transient`](Self::Transient),
+    /// [`Full`](Self::Full) and [`ReadOnly`](Self::ReadOnly) describe the store's state, not
+    /// the statement, and pass.
+    ///
+    /// ```
+    /// use idem_core::StoreErrorKind;
+    /// assert!(StoreErrorKind::Transient.is_transient());
+    /// assert!(!StoreErrorKind::Corrupt.is_transient());
+    /// ```
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            StoreErrorKind::Unavailable
+                | StoreErrorKind::Transient
+                | StoreErrorKind::Full
+                | StoreErrorKind::ReadOnly
+        )
+    }
 }
 
 /// A failure of the store's backend, with its kind and the backend's own error as source.
@@ -107,7 +151,14 @@ pub enum StoreErrorKind {
 /// assert_eq!(e.kind(), StoreErrorKind::Corrupt);
 /// ```
 #[derive(Debug, thiserror::Error)]
-#[error("store {}: {source}", match .kind { StoreErrorKind::Unavailable => "unavailable", StoreErrorKind::Query => "query failed", StoreErrorKind::Corrupt => "holds a corrupt record" })]
+#[error("store {}: {source}", match .kind {
+    StoreErrorKind::Unavailable => "unavailable",
+    StoreErrorKind::Transient => "failed for a passing reason",
+    StoreErrorKind::Full => "is full",
+    StoreErrorKind::ReadOnly => "is read-only",
+    StoreErrorKind::Query => "query failed",
+    StoreErrorKind::Corrupt => "holds a corrupt record",
+})]
 pub struct StoreError {
     kind: StoreErrorKind,
     #[source]
