@@ -57,8 +57,8 @@ async fn invalid_keys_change_nothing() {
 }
 
 #[tokio::test]
-async fn oversized_response_stores_nothing() {
-    macro_support::oversized_response_stores_nothing(&harness().await).await;
+async fn oversized_response_is_not_run_again() {
+    macro_support::oversized_response_is_not_run_again(&harness().await).await;
 }
 
 #[tokio::test]

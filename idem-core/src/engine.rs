@@ -4,9 +4,10 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
-use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -15,7 +16,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::codec::{Codec, JsonCodec};
-use crate::error::{Error, StoreErrorKind};
+use crate::envelope::{self, Kept};
+use crate::error::{BoxError, Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key};
 use crate::record::{Cached, Claim, Completion, Start};
 use crate::store::{check_duration, Store};
@@ -60,7 +62,9 @@ pub struct Policy {
     pub retention: Duration,
     /// What to do when the key is locked by another call. Default [`OnLocked::FailFast`].
     pub on_locked: OnLocked,
-    /// The largest encoded response stored, in bytes. Default 1 MiB.
+    /// The largest encoded result stored, in bytes. Default 1 MiB. A larger result is not kept:
+    /// the caller still gets it, and the key is recorded as completed without its result, so a
+    /// retry gets [`Error::ResultNotRetained`] instead of running the work again.
     pub max_response_bytes: usize,
 }
 
@@ -207,10 +211,9 @@ impl<C: Codec> Builder<C> {
         self.policy.validate()?;
         Ok(Idempotency {
             inner: Arc::new(Inner {
-                store: self.store,
+                shared: Shared::new(self.store),
                 policy: self.policy,
                 codec: self.codec,
-                waiters: Waiters::default(),
             }),
         })
     }
@@ -219,14 +222,32 @@ impl<C: Codec> Builder<C> {
 /// The engine: wraps work in claim → run → complete, so a duplicate call replays the stored
 /// result instead of running again. Cheap to clone (one `Arc`).
 ///
-/// Round trips per call (on top of the work itself):
+/// Round trips per call (on top of the work itself; a SQL store's `start` may add one read, see
+/// its [`ClaimOrder`](crate::ClaimOrder)):
 ///
 /// | path | statements |
 /// |---|---|
 /// | new key | 1 claim + 1 complete (+ 1 renew per third of the lease the work runs) |
 /// | replay | 1 (the claim attempt returns the stored record) |
-/// | work fails | 1 claim + 1 abort |
+/// | work fails, cancelled or panics (not detached) | 1 claim + 1 abort |
+/// | completion fails for a passing reason | 1 claim + 1 complete, then the completion again in the background until it lands |
 /// | locked, fail fast | 1 |
+///
+/// # What a call guarantees when things go wrong
+///
+/// | what happens | what the engine does |
+/// |---|---|
+/// | the caller is cancelled (a `timeout`, a dropped future) while the work runs | [`run_detached`](Self::run_detached): the work runs on to the end on its own task and its result is stored, so a retry replays it. The other `run*` methods cannot keep borrowed work alive: they release the claim, and a retry runs the work again |
+/// | the caller is cancelled while the claim statement is in flight | the statement is finished on a task of its own and whatever it claimed is released |
+/// | the caller is cancelled while the result is being stored | the completion is finished on a task of its own |
+/// | a retry in this process while a claim is being released | the retry waits for the release (one statement), never a [`Error::Locked`] for a key that is being freed |
+/// | the result is larger than [`Policy::max_response_bytes`] or cannot be encoded | the caller gets its result; the key is kept as "completed, result not retained" and a retry gets [`Error::ResultNotRetained`], never a second execution |
+/// | storing the result fails for a passing reason (store unreachable, statement timeout, disk full) | the caller gets its result; the completion is retried in the background, fenced by the claim's token and renewing the lease, until it lands, the key is taken over, or the retention ends |
+/// | the claim was taken over while the work ran (its lease ran out) | [`Error::LeaseLost`]: the work may have run twice |
+///
+/// A process that exits (or a runtime that shuts down) loses what it had not finished: a claim
+/// it held frees when its lease ends. Make the lease longer than the store outages you want to
+/// ride out without a second execution.
 ///
 /// ```
 /// use idem_core::{Idempotency, Key, MemoryStore, Error};
@@ -261,10 +282,32 @@ impl<C> fmt::Debug for Idempotency<C> {
 }
 
 struct Inner<C> {
-    store: Arc<dyn Store>,
+    shared: Arc<Shared>,
     policy: Policy,
     codec: C,
+}
+
+/// What every call of one engine shares, and the tasks it leaves behind (releases, background
+/// completions) need: not generic over the codec.
+struct Shared {
+    store: Arc<dyn Store>,
+    /// Calls waiting on a key held by another call ([`OnLocked::Wait`]).
     waiters: Waiters,
+    /// Keys whose claim this process is releasing right now.
+    releases: Releases,
+    /// How long recent work took: the basis of `retry_after`.
+    typical: Typical,
+}
+
+impl Shared {
+    fn new(store: Arc<dyn Store>) -> Arc<Shared> {
+        Arc::new(Shared {
+            store,
+            waiters: Waiters::default(),
+            releases: Releases::default(),
+            typical: Typical::default(),
+        })
+    }
 }
 
 impl Idempotency<JsonCodec> {
@@ -285,10 +328,9 @@ impl Idempotency<JsonCodec> {
     pub fn from_arc(store: Arc<dyn Store>) -> Idempotency<JsonCodec> {
         Idempotency {
             inner: Arc::new(Inner {
-                store,
+                shared: Shared::new(store),
                 policy: Policy::default(),
                 codec: JsonCodec,
-                waiters: Waiters::default(),
             }),
         }
     }
@@ -306,7 +348,7 @@ impl Idempotency<JsonCodec> {
 impl<C: Codec> Idempotency<C> {
     /// The store behind this engine.
     pub fn store(&self) -> &Arc<dyn Store> {
-        &self.inner.store
+        &self.inner.shared.store
     }
 
     /// The engine's policy.
@@ -327,10 +369,16 @@ impl<C: Codec> Idempotency<C> {
     ///   [`Error::KeyReused`] instead of the replay.
     /// - An `Err` from the work is not stored: the claim is aborted so a retry runs again.
     ///   (To store errors too, use [`run_storing_errors`](Self::run_storing_errors).)
-    /// - Dropping the returned future (cancellation) or a panic in the work releases the claim
-    ///   at once (a task is spawned on the current tokio runtime); without a runtime the claim
-    ///   frees when its lease ends.
+    /// - The work is polled inside this call, so it may borrow. Dropping the returned future
+    ///   (cancellation) or a panic in the work stops the work and releases the claim, so a retry
+    ///   runs it again: use [`run_detached`](Self::run_detached) when a started call must finish
+    ///   whatever its caller does. A release that is under way is awaited by a retry in the same
+    ///   process, so the retry never sees a key that is being freed as locked.
     /// - The lease is renewed in the background of this call every third of the lease.
+    /// - A result that cannot be stored (too large, not encodable) is still returned; a retry
+    ///   gets [`Error::ResultNotRetained`]. A completion that fails for a passing reason is
+    ///   retried in the background and the result is returned (see the table on
+    ///   [`Idempotency`]).
     /// - [`Error::LeaseLost`] at completion means the key was taken over while the work ran: the
     ///   work may have run twice.
     ///
@@ -388,7 +436,7 @@ impl<C: Codec> Idempotency<C> {
             key,
             fingerprint,
             work,
-            |value: &T| codec.encode(value),
+            |value: &T| Encoded::from(codec.encode(value)),
             |bytes: &[u8]| codec.decode(bytes),
             |_| None,
             |bytes| Error::StoredError(bytes).into(),
@@ -396,10 +444,58 @@ impl<C: Codec> Idempotency<C> {
         .await
     }
 
+    /// [`run_with`](Self::run_with) for work that must finish once it has started, whatever
+    /// happens to its caller: the claim, the work and the completion run on a task of their own
+    /// (spawned on the current tokio runtime), and this call waits for it. If the caller is
+    /// cancelled (a `timeout`, a client that disconnects, a dropped future), the work goes on, its
+    /// result is stored, and a retry replays it (or, while it still runs, finds the key locked,
+    /// or waits for it under [`OnLocked::Wait`]). The work runs exactly once per key either way.
+    ///
+    /// The work must own what it uses (`'static + Send`). A panic in the work is resumed in this
+    /// call, and its claim is released. Outside a tokio runtime the work runs in this call, as
+    /// with [`run_with`](Self::run_with).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{CallOptions, Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "customer-7", "order-1001")?;
+    /// let opts = CallOptions::default();
+    /// // The caller gives up after 10 ms, but the charge goes on and is stored.
+    /// let slow = engine.run_detached(&opts, Some(key), None, async {
+    ///     tokio::time::sleep(Duration::from_millis(50)).await;
+    ///     Ok::<_, Error>(4200u64)
+    /// });
+    /// assert!(tokio::time::timeout(Duration::from_millis(10), slow).await.is_err());
+    /// // The retry waits for the charge that is under way and replays it: one charge.
+    /// let wait = CallOptions { on_locked: Some(idem_core::OnLocked::Wait { timeout: Duration::from_secs(5) }), ..opts };
+    /// let again = engine.run_detached(&wait, Some(key), None, async { Ok::<_, Error>(9999u64) }).await?;
+    /// assert!(again.is_replayed());
+    /// assert_eq!(again.into_inner(), 4200);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_detached<T, E, F>(
+        &self,
+        opts: &CallOptions,
+        key: Option<Key>,
+        fingerprint: Option<Fingerprint>,
+        work: F,
+    ) -> Result<Outcome<T>, E>
+    where
+        F: Future<Output = Result<T, E>> + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        let engine = self.clone();
+        let opts = *opts;
+        detach(async move { engine.run_with(&opts, key, fingerprint, work).await }).await
+    }
+
     /// [`run_with`](Self::run_with) for a value with its own byte format: it is stored with
-    /// `encode` and replayed with `decode` instead of the engine's codec. The HTTP layer stores
-    /// responses this way, so a body is kept as its exact bytes. An `Err` from the work is not
-    /// stored; the encoded value must fit [`Policy::max_response_bytes`].
+    /// `encode` and replayed with `decode` instead of the engine's codec. An `Err` from the work
+    /// is not stored; an encoded value larger than [`Policy::max_response_bytes`], or one that
+    /// `encode` refuses, is returned but not kept (a retry gets [`Error::ResultNotRetained`]).
     ///
     /// ```
     /// use idem_core::{BoxError, CallOptions, Error, Idempotency, Key, MemoryStore};
@@ -421,8 +517,8 @@ impl<C: Codec> Idempotency<C> {
         key: Option<Key>,
         fingerprint: Option<Fingerprint>,
         work: F,
-        encode: impl FnOnce(&T) -> Result<Vec<u8>, crate::BoxError>,
-        decode: impl FnOnce(&[u8]) -> Result<T, crate::BoxError>,
+        encode: impl FnOnce(&T) -> Result<Vec<u8>, BoxError>,
+        decode: impl FnOnce(&[u8]) -> Result<T, BoxError>,
     ) -> Result<Outcome<T>, E>
     where
         F: Future<Output = Result<T, E>>,
@@ -433,11 +529,47 @@ impl<C: Codec> Idempotency<C> {
             key,
             fingerprint,
             work,
-            encode,
+            |value: &T| Encoded::from(encode(value)),
             decode,
             |_| None,
             |bytes| Error::StoredError(bytes).into(),
         )
+        .await
+    }
+
+    /// The HTTP layer's call: detached, with its own byte format, and a value that may say it
+    /// cannot be stored ([`Encoded::NotRetained`]).
+    #[cfg(feature = "http")]
+    pub(crate) async fn run_detached_encoded<T, E, F>(
+        &self,
+        opts: &CallOptions,
+        key: Key,
+        fingerprint: Option<Fingerprint>,
+        work: F,
+        encode: fn(&T) -> Encoded,
+        decode: fn(&[u8]) -> Result<T, BoxError>,
+    ) -> Result<Outcome<T>, E>
+    where
+        F: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        let engine = self.clone();
+        let opts = *opts;
+        detach(async move {
+            engine
+                .drive(
+                    &opts,
+                    Some(key),
+                    fingerprint,
+                    work,
+                    encode,
+                    decode,
+                    |_| None,
+                    |bytes| Error::StoredError(bytes).into(),
+                )
+                .await
+        })
         .await
     }
 
@@ -475,9 +607,9 @@ impl<C: Codec> Idempotency<C> {
             key,
             fingerprint,
             work,
-            |value: &T| codec.encode(value),
+            |value: &T| Encoded::from(codec.encode(value)),
             |bytes: &[u8]| codec.decode(bytes),
-            |e: &E| Some(codec.encode(e)),
+            |e: &E| Some(Encoded::from(codec.encode(e))),
             |bytes| match codec.decode::<E>(&bytes) {
                 Ok(e) => e,
                 Err(err) => Error::Codec(err).into(),
@@ -493,9 +625,9 @@ impl<C: Codec> Idempotency<C> {
         key: Option<Key>,
         fingerprint: Option<Fingerprint>,
         work: F,
-        encode_ok: impl FnOnce(&T) -> Result<Vec<u8>, crate::BoxError>,
-        decode_ok: impl FnOnce(&[u8]) -> Result<T, crate::BoxError>,
-        encode_err: impl FnOnce(&E) -> Option<Result<Vec<u8>, crate::BoxError>>,
+        encode_ok: impl FnOnce(&T) -> Encoded,
+        decode_ok: impl FnOnce(&[u8]) -> Result<T, BoxError>,
+        encode_err: impl FnOnce(&E) -> Option<Encoded>,
         replay_err: impl FnOnce(Vec<u8>) -> E,
     ) -> Result<Outcome<T>, E>
     where
@@ -519,49 +651,28 @@ impl<C: Codec> Idempotency<C> {
             Acquired::Claim(claim) => claim,
             Acquired::Replay(cached) => return replay(cached, decode_ok, replay_err),
         };
-        let mut guard = ClaimGuard {
-            inner: self.inner.clone(),
+        let shared = &self.inner.shared;
+        let guard = ClaimGuard {
+            shared: shared.clone(),
             claim: Some(claim.clone()),
         };
-        let result = renewing(&*self.inner.store, &claim, lease, work).await;
+        let began = Instant::now();
+        let result = renewing(&*shared.store, &claim, lease, work).await;
+        shared.typical.observe(began.elapsed());
 
         let (encoded, is_error) = match &result {
-            Ok(value) => (Some(encode_ok(value)), false),
-            Err(e) => (encode_err(e), true),
+            Ok(value) => (encode_ok(value), false),
+            Err(e) => match encode_err(e) {
+                Some(encoded) => (encoded, true),
+                // An error that is not stored: free the key so a retry runs again.
+                None => {
+                    guard.release().await;
+                    return result.map(Outcome::Fresh);
+                }
+            },
         };
-        let bytes = match encoded {
-            None => {
-                guard.abort().await;
-                return result.map(Outcome::Fresh);
-            }
-            Some(Err(e)) => {
-                guard.abort().await;
-                return Err(Error::Codec(e).into());
-            }
-            Some(Ok(bytes)) => bytes,
-        };
-        if bytes.len() > policy.max_response_bytes {
-            guard.abort().await;
-            if is_error {
-                // A failure too large to store is still the caller's answer; a retry runs again.
-                return result.map(Outcome::Fresh);
-            }
-            return Err(Error::ResponseTooLarge {
-                size: bytes.len(),
-                limit: policy.max_response_bytes,
-            }
-            .into());
-        }
-        guard
-            .complete(
-                &claim,
-                Completion {
-                    response: Some(&bytes),
-                    is_error,
-                },
-                retention,
-            )
-            .await?;
+        let sealed = seal(encoded, policy.max_response_bytes, claim.key());
+        guard.complete(sealed, is_error, retention, lease).await?;
         result.map(Outcome::Fresh)
     }
 
@@ -573,34 +684,40 @@ impl<C: Codec> Idempotency<C> {
         lease: Duration,
         on_locked: OnLocked,
     ) -> Result<Acquired, Error> {
-        let store = &*self.inner.store;
+        let shared = &self.inner.shared;
+        // A claim this process is releasing is not another caller's: wait the one statement
+        // it takes (bounded by the lease, after which the claim would be free anyway).
+        shared.releases.settled(key, lease).await;
         let timeout = match on_locked {
             OnLocked::FailFast => {
-                return match store.start(key, fingerprint, lease).await? {
+                return match start(shared, key, fingerprint, lease).await? {
                     Start::Started(c) => Ok(Acquired::Claim(c)),
                     Start::Completed(c) => Ok(Acquired::Replay(c)),
-                    Start::Locked { retry_after } => Err(Error::Locked { retry_after }),
+                    Start::Locked { retry_after } => Err(Error::Locked {
+                        retry_after: shared.typical.retry_after(retry_after),
+                    }),
                 };
             }
             OnLocked::Wait { timeout } => timeout,
         };
         let deadline = Instant::now() + timeout;
-        let slot = self.inner.waiters.join(*key);
+        let slot = shared.waiters.join(*key);
         let mut poller: Option<PollerRole<'_>> = None;
         let mut backoff = Duration::from_millis(5);
         // Bounded: every pass either returns or sleeps until a wake-up or the deadline.
         loop {
             let mut woken = pin!(slot.notify.notified());
             woken.as_mut().enable();
-            let retry_after = match store.start(key, fingerprint, lease).await {
-                Ok(Start::Started(c)) => return Ok(Acquired::Claim(c)),
-                Ok(Start::Completed(c)) => return Ok(Acquired::Replay(c)),
-                Ok(Start::Locked { retry_after }) => retry_after,
-                Err(e) => return Err(e),
+            let retry_after = match start(shared, key, fingerprint, lease).await? {
+                Start::Started(c) => return Ok(Acquired::Claim(c)),
+                Start::Completed(c) => return Ok(Acquired::Replay(c)),
+                Start::Locked { retry_after } => retry_after,
             };
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::Locked { retry_after });
+                return Err(Error::Locked {
+                    retry_after: shared.typical.retry_after(retry_after),
+                });
             }
             if poller.is_none() {
                 poller = PollerRole::take(&slot);
@@ -623,18 +740,65 @@ impl<C: Codec> Idempotency<C> {
     }
 }
 
-fn replay<T, E: From<Error>>(
+/// A result as the engine is about to store it.
+pub(crate) enum Encoded {
+    /// The encoded value.
+    Bytes(Vec<u8>),
+    /// The value cannot be stored (it could not be captured or encoded); why.
+    NotRetained(String),
+}
+
+impl From<Result<Vec<u8>, BoxError>> for Encoded {
+    fn from(encoded: Result<Vec<u8>, BoxError>) -> Encoded {
+        match encoded {
+            Ok(bytes) => Encoded::Bytes(bytes),
+            Err(e) => Encoded::NotRetained(format!("encoding it failed: {e}")),
+        }
+    }
+}
+
+/// The stored form of a result: its bytes in a checksummed envelope, or the note that it was not
+/// retained (too large, not encodable, not capturable), so a retry is told instead of running
+/// the work again.
+pub(crate) fn seal(encoded: Encoded, limit: usize, key: &Key) -> Vec<u8> {
+    let reason = match encoded {
+        Encoded::Bytes(bytes) if bytes.len() <= limit => return envelope::result(&bytes),
+        Encoded::Bytes(bytes) => format!(
+            "it is {} bytes, more than max_response_bytes ({limit})",
+            bytes.len()
+        ),
+        Encoded::NotRetained(reason) => reason,
+    };
+    tracing::warn!(%key, %reason, "the result is not retained; a retry gets ResultNotRetained and the work does not run again");
+    envelope::not_retained(&reason)
+}
+
+/// What a stored record replays as: the decoded value, the stored error, or the news that the
+/// result was not retained.
+pub(crate) fn replay<T, E: From<Error>>(
     cached: Cached,
-    decode_ok: impl FnOnce(&[u8]) -> Result<T, crate::BoxError>,
+    decode_ok: impl FnOnce(&[u8]) -> Result<T, BoxError>,
     replay_err: impl FnOnce(Vec<u8>) -> E,
 ) -> Result<Outcome<T>, E> {
-    let bytes = cached.response.unwrap_or_else(|| b"null".to_vec());
-    if cached.is_error {
-        return Err(replay_err(bytes));
-    }
-    match decode_ok(&bytes) {
-        Ok(value) => Ok(Outcome::Replayed(value)),
-        Err(e) => Err(Error::Codec(e).into()),
+    // A record completed through the raw Store API without a response reads as JSON `null`.
+    let Some(stored) = cached.response else {
+        return match cached.is_error {
+            true => Err(replay_err(b"null".to_vec())),
+            false => decode_ok(b"null")
+                .map(Outcome::Replayed)
+                .map_err(|e| Error::Codec(e).into()),
+        };
+    };
+    match envelope::open(&stored)? {
+        Kept::NotRetained(reason) => Err(Error::ResultNotRetained {
+            reason: reason.to_owned(),
+        }
+        .into()),
+        Kept::Result(bytes) if cached.is_error => Err(replay_err(bytes.to_vec())),
+        Kept::Result(bytes) => match decode_ok(bytes) {
+            Ok(value) => Ok(Outcome::Replayed(value)),
+            Err(e) => Err(Error::Codec(e).into()),
+        },
     }
 }
 
@@ -643,8 +807,124 @@ enum Acquired {
     Replay(Cached),
 }
 
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Runs `fut` to its end even when the caller stops waiting: polled in place while the caller
+/// polls, and when dropped unfinished, handed to `orphaned`, which returns what to spawn on the
+/// runtime in its place. Costs one allocation, no task, while the caller stays.
+struct RunToEnd<T, O>
+where
+    O: FnOnce(BoxFuture<T>) -> BoxFuture<()>,
+{
+    fut: Option<BoxFuture<T>>,
+    orphaned: Option<O>,
+}
+
+impl<T, O> RunToEnd<T, O>
+where
+    O: FnOnce(BoxFuture<T>) -> BoxFuture<()>,
+{
+    fn new(fut: BoxFuture<T>, orphaned: O) -> Self {
+        RunToEnd {
+            fut: Some(fut),
+            orphaned: Some(orphaned),
+        }
+    }
+}
+
+impl<T, O> Future for RunToEnd<T, O>
+where
+    O: FnOnce(BoxFuture<T>) -> BoxFuture<()> + Unpin,
+{
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self.get_mut();
+        let Some(fut) = this.fut.as_mut() else {
+            // Only reachable by polling after completion, which a caller never does.
+            return Poll::Pending;
+        };
+        let out = std::task::ready!(fut.as_mut().poll(cx));
+        this.fut = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<T, O> Drop for RunToEnd<T, O>
+where
+    O: FnOnce(BoxFuture<T>) -> BoxFuture<()>,
+{
+    fn drop(&mut self) {
+        if let (Some(fut), Some(orphaned)) = (self.fut.take(), self.orphaned.take()) {
+            spawn_or_drop(orphaned(fut));
+        }
+    }
+}
+
+/// Spawns `fut` on the current tokio runtime; without one it can only be dropped.
+fn spawn_or_drop(fut: BoxFuture<()>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(fut);
+        }
+        Err(_) => tracing::warn!(
+            "no tokio runtime to finish an idempotency store operation on; a claim it made frees \
+             when its lease ends"
+        ),
+    }
+}
+
+/// Runs `fut` on a task of its own and waits for it; the task goes on if this call is dropped.
+/// A panic in it is resumed here. Outside a tokio runtime `fut` runs in this call.
+async fn detach<T, E>(fut: impl Future<Output = Result<T, E>> + Send + 'static) -> Result<T, E>
+where
+    T: Send + 'static,
+    E: From<Error> + Send + 'static,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return fut.await;
+    };
+    match runtime.spawn(fut).await {
+        Ok(out) => out,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(Error::Store(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "the tokio runtime shut down before the detached call finished",
+        ))
+        .into()),
+    }
+}
+
+/// One claim attempt that is finished even if its caller goes away: a claim statement in flight
+/// (waiting on a lock, say) may still commit, so an orphaned attempt runs on to its end on a task
+/// of its own, and whatever it claimed is released. A retry in this process waits for that.
+async fn start(
+    shared: &Arc<Shared>,
+    key: &Key,
+    fingerprint: Option<&Fingerprint>,
+    lease: Duration,
+) -> Result<Start, Error> {
+    let attempt = {
+        let (store, key, fingerprint) = (shared.store.clone(), *key, fingerprint.copied());
+        Box::pin(async move { store.start(&key, fingerprint.as_ref(), lease).await })
+    };
+    let shared = shared.clone();
+    let key = *key;
+    RunToEnd::new(attempt, move |attempt: BoxFuture<Result<Start, Error>>| {
+        let releasing = shared.releases.begin(&shared, key);
+        Box::pin(async move {
+            if let Ok(Start::Started(claim)) = attempt.await {
+                release(&*releasing.shared.store, &claim).await;
+            }
+            drop(releasing);
+        })
+    })
+    .await
+}
+
 /// Polls `work` to completion while renewing the claim's lease every third of the lease, in the
-/// same task (so cancelling the call stops both).
+/// same task (so cancelling the call stops both). A renewal that fails for a passing reason is
+/// retried sooner, with backoff, for as long as the lease lasts.
 async fn renewing<F: Future>(
     store: &dyn Store,
     claim: &Claim,
@@ -654,17 +934,23 @@ async fn renewing<F: Future>(
     let period = lease / 3;
     let heartbeat = async {
         let mut next = Instant::now() + period;
+        let mut backoff = RETRY_FIRST.min(period);
         loop {
             tokio::time::sleep_until(next).await;
-            next += period;
             match store.renew(claim, lease).await {
-                Ok(()) => {}
+                Ok(()) => {
+                    next += period;
+                    backoff = RETRY_FIRST.min(period);
+                }
                 Err(Error::LeaseLost) => {
                     tracing::warn!(key = %claim.key(), "lease lost while the work runs; completion will fail");
                     return std::future::pending::<Infallible>().await;
                 }
-                // A failed heartbeat is retried at the next tick; two more fit in one lease.
-                Err(e) => tracing::warn!(key = %claim.key(), error = %e, "lease renewal failed"),
+                Err(e) => {
+                    tracing::warn!(key = %claim.key(), error = %e, "lease renewal failed; retrying");
+                    next = Instant::now() + backoff;
+                    backoff = (backoff * 2).min(period);
+                }
             }
         }
     };
@@ -675,68 +961,158 @@ async fn renewing<F: Future>(
     }
 }
 
-/// Owns a claim until it is completed or aborted; dropping it armed (cancellation, panic)
-/// releases the claim in a spawned task.
-struct ClaimGuard<C: Codec> {
-    inner: Arc<Inner<C>>,
+/// The first pause before a failed renewal or completion is tried again; it doubles each time.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+/// The longest pause between two tries of a completion that keeps failing.
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Owns a claim until it is completed or released; dropping it armed (cancellation, panic)
+/// releases the claim on a task of its own, and a retry in this process waits for that.
+struct ClaimGuard {
+    shared: Arc<Shared>,
     claim: Option<Claim>,
 }
 
-impl<C: Codec> ClaimGuard<C> {
+impl ClaimGuard {
+    /// Stores the sealed result. From here on the work has run, so this is finished even if the
+    /// caller goes away, and a failure that passes is retried in the background.
     async fn complete(
-        &mut self,
-        claim: &Claim,
-        completion: Completion<'_>,
+        mut self,
+        sealed: Vec<u8>,
+        is_error: bool,
         retention: Duration,
+        lease: Duration,
     ) -> Result<(), Error> {
-        let mut attempt = 0;
-        let result = loop {
-            attempt += 1;
-            match self
-                .inner
-                .store
-                .complete(claim, completion, retention)
-                .await
-            {
-                // A completion lost to an unreachable store is retried briefly: the work ran, so
-                // giving up leaves the key blocked until its lease ends.
-                Err(Error::Store(e)) if e.kind() == StoreErrorKind::Unavailable && attempt < 3 => {
-                    tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
-                }
-                other => break other,
-            }
+        let Some(claim) = self.claim.take() else {
+            return Ok(());
         };
-        // Whatever happened, the work ran: never abort this claim (a retry would run it again
-        // at once). On failure the key frees when the lease ends.
-        if let Some(claim) = self.claim.take() {
-            self.inner.waiters.wake(claim.key());
-        }
-        result
+        let completing = complete(
+            self.shared.clone(),
+            claim,
+            sealed,
+            is_error,
+            retention,
+            lease,
+        );
+        RunToEnd::new(
+            Box::pin(completing),
+            |rest: BoxFuture<Result<(), Error>>| {
+                Box::pin(async move {
+                    let _ = rest.await;
+                })
+            },
+        )
+        .await
     }
 
-    async fn abort(&mut self) {
+    /// Releases the claim so a retry runs again; visible at once to retries in this process.
+    async fn release(mut self) {
         if let Some(claim) = self.claim.take() {
-            release(&*self.inner.store, &claim).await;
-            self.inner.waiters.wake(claim.key());
+            let releasing = self.shared.releases.begin(&self.shared, *claim.key());
+            RunToEnd::new(
+                Box::pin(async move {
+                    release(&*releasing.shared.store, &claim).await;
+                    drop(releasing);
+                }),
+                |rest: BoxFuture<()>| rest,
+            )
+            .await;
         }
     }
 }
 
-impl<C: Codec> Drop for ClaimGuard<C> {
+impl Drop for ClaimGuard {
     fn drop(&mut self) {
-        let Some(claim) = self.claim.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(key = %claim.key(), "claim dropped outside a runtime; it frees when its lease ends");
-            return;
-        };
-        let inner = self.inner.clone();
-        runtime.spawn(async move {
-            release(&*inner.store, &claim).await;
-            inner.waiters.wake(claim.key());
-        });
+        if let Some(claim) = self.claim.take() {
+            let releasing = self.shared.releases.begin(&self.shared, *claim.key());
+            spawn_or_drop(Box::pin(async move {
+                release(&*releasing.shared.store, &claim).await;
+                drop(releasing);
+            }));
+        }
     }
+}
+
+/// One try at storing the result; if it fails for a passing reason the result is the caller's
+/// anyway, and the completion goes on in the background.
+async fn complete(
+    shared: Arc<Shared>,
+    claim: Claim,
+    sealed: Vec<u8>,
+    is_error: bool,
+    retention: Duration,
+    lease: Duration,
+) -> Result<(), Error> {
+    let done = Completion {
+        response: Some(&sealed),
+        is_error,
+    };
+    match shared.store.complete(&claim, done, retention).await {
+        Err(Error::Store(e)) if e.kind().is_transient() => {
+            tracing::warn!(key = %claim.key(), error = %e, "storing the result failed; retrying in the background");
+            spawn_or_drop(Box::pin(keep_completing(
+                shared, claim, sealed, is_error, retention, lease,
+            )));
+            Ok(())
+        }
+        other => {
+            shared.waiters.wake(claim.key());
+            other
+        }
+    }
+}
+
+/// Retries a completion until it lands, the key is taken over, a definite error says it never
+/// will, or the retention (after which the result would not be replayed anyway) has passed. The
+/// claim's lease is renewed meanwhile, so the key stays this process's while the store is away.
+async fn keep_completing(
+    shared: Arc<Shared>,
+    claim: Claim,
+    sealed: Vec<u8>,
+    is_error: bool,
+    retention: Duration,
+    lease: Duration,
+) {
+    let key = *claim.key();
+    let give_up = Instant::now() + retention;
+    let mut renew_at = Instant::now() + lease / 3;
+    let mut backoff = RETRY_FIRST;
+    let done = Completion {
+        response: Some(&sealed),
+        is_error,
+    };
+    // Bounded by `give_up`: every pass sleeps at least RETRY_FIRST.
+    loop {
+        let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
+        tokio::time::sleep(backoff + jitter).await;
+        backoff = (backoff * 2).min(RETRY_MAX);
+        match shared.store.complete(&claim, done, retention).await {
+            Ok(()) => {
+                tracing::info!(%key, "the result was stored after a retry");
+                break;
+            }
+            Err(Error::LeaseLost) => {
+                tracing::error!(%key, "the key was taken over before its result could be stored: the work may run twice");
+                break;
+            }
+            Err(Error::Store(e)) if e.kind().is_transient() => {
+                if Instant::now() >= give_up {
+                    tracing::error!(%key, error = %e, "gave up storing the result after its retention");
+                    break;
+                }
+                if Instant::now() >= renew_at {
+                    // A failure here is decided by the next completion attempt.
+                    let _ = shared.store.renew(&claim, lease).await;
+                    renew_at = Instant::now() + lease / 3;
+                }
+            }
+            Err(e) => {
+                tracing::error!(%key, error = %e, "storing the result failed for good; the key frees when its lease ends");
+                break;
+            }
+        }
+    }
+    shared.waiters.wake(&key);
 }
 
 async fn release(store: &dyn Store, claim: &Claim) {
@@ -745,6 +1121,137 @@ async fn release(store: &dyn Store, claim: &Claim) {
         Err(e) => {
             tracing::warn!(key = %claim.key(), error = %e, "releasing the claim failed; it frees when its lease ends")
         }
+    }
+}
+
+/// The keys whose claims this process is releasing, so a retry here waits for the release
+/// instead of meeting the claim in the store.
+#[derive(Default)]
+struct Releases {
+    /// How many releases are under way: zero lets every call skip the map.
+    pending: AtomicUsize,
+    keys: Mutex<HashMap<Key, ReleaseSlot>>,
+}
+
+struct ReleaseSlot {
+    done: Arc<Notify>,
+    count: usize,
+}
+
+/// A release under way; dropping it (done, or its task dropped) ends it and wakes whoever waits.
+struct Releasing {
+    shared: Arc<Shared>,
+    key: Key,
+}
+
+impl Releases {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, ReleaseSlot>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn begin(&self, shared: &Arc<Shared>, key: Key) -> Releasing {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        self.lock()
+            .entry(key)
+            .or_insert_with(|| ReleaseSlot {
+                done: Arc::new(Notify::new()),
+                count: 0,
+            })
+            .count += 1;
+        Releasing {
+            shared: shared.clone(),
+            key,
+        }
+    }
+
+    /// Waits until no release of `key` is under way in this process, for at most `bound`.
+    async fn settled(&self, key: &Key, bound: Duration) {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let _ = tokio::time::timeout(bound, async {
+            // Bounded: each pass waits for one release of the key to end.
+            loop {
+                let done = match self.lock().get(key) {
+                    Some(slot) => slot.done.clone(),
+                    None => return,
+                };
+                let mut ended = pin!(done.notified());
+                ended.as_mut().enable();
+                // The release may have ended between the look-up and `enable`.
+                if !self
+                    .lock()
+                    .get(key)
+                    .is_some_and(|slot| Arc::ptr_eq(&slot.done, &done))
+                {
+                    continue;
+                }
+                ended.await;
+            }
+        })
+        .await;
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        let releases = &self.shared.releases;
+        let ended = {
+            let mut keys = releases.lock();
+            match keys.get_mut(&self.key) {
+                Some(slot) if slot.count > 1 => {
+                    slot.count -= 1;
+                    None
+                }
+                Some(_) => keys.remove(&self.key).map(|slot| slot.done),
+                None => None,
+            }
+        };
+        releases.pending.fetch_sub(1, Ordering::AcqRel);
+        if let Some(done) = ended {
+            done.notify_waiters();
+        }
+        self.shared.waiters.wake(&self.key);
+    }
+}
+
+/// A running estimate of how long this engine's work takes, for `retry_after`: an exponentially
+/// weighted mean over recent calls (weight 1/8), in microseconds; zero until the first call.
+#[derive(Default)]
+struct Typical(AtomicU64);
+
+/// `retry_after` before any work has finished in this engine.
+const FIRST_GUESS: Duration = Duration::from_secs(1);
+/// The shortest `retry_after`: retrying sooner only spends a round trip.
+const MIN_RETRY_AFTER: Duration = Duration::from_millis(10);
+
+impl Typical {
+    fn observe(&self, took: Duration) {
+        let took = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
+        // A lost update between two racing calls only skips one sample.
+        let old = self.0.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            took
+        } else {
+            old - old / 8 + took / 8
+        };
+        self.0.store(new.max(1), Ordering::Relaxed);
+    }
+
+    /// When a call locked out by a live claim should try again: how long this engine's work
+    /// typically takes (at least [`MIN_RETRY_AFTER`]; [`FIRST_GUESS`] before any has finished),
+    /// never more than what is left of the holder's lease.
+    fn retry_after(&self, lease_left: Duration) -> Duration {
+        let typical = match self.0.load(Ordering::Relaxed) {
+            0 => FIRST_GUESS,
+            micros => Duration::from_micros(micros).max(MIN_RETRY_AFTER),
+        };
+        typical.min(lease_left)
     }
 }
 
@@ -758,6 +1265,9 @@ struct Waiters {
 struct Slot {
     notify: Notify,
     polling: AtomicBool,
+    /// How many waiters hold this slot; changed only under the map's lock, so the last one out
+    /// removes it whatever else holds a reference for a moment.
+    members: AtomicUsize,
 }
 
 impl Waiters {
@@ -766,7 +1276,12 @@ impl Waiters {
     }
 
     fn join(&self, key: Key) -> SlotRef<'_> {
-        let slot = self.lock().entry(key).or_default().clone();
+        let slot = {
+            let mut slots = self.lock();
+            let slot = slots.entry(key).or_default();
+            slot.members.fetch_add(1, Ordering::Relaxed);
+            slot.clone()
+        };
         SlotRef {
             waiters: self,
             key,
@@ -774,14 +1289,15 @@ impl Waiters {
         }
     }
 
-    fn get(&self, key: &Key) -> Option<Arc<Slot>> {
-        self.lock().get(key).cloned()
-    }
-
     fn wake(&self, key: &Key) {
-        if let Some(slot) = self.get(key) {
+        if let Some(slot) = self.lock().get(key) {
             slot.notify.notify_waiters();
         }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
     }
 }
 
@@ -802,8 +1318,7 @@ impl std::ops::Deref for SlotRef<'_> {
 impl Drop for SlotRef<'_> {
     fn drop(&mut self) {
         let mut slots = self.waiters.lock();
-        // The map's reference and ours: nobody else waits on this key.
-        if Arc::strong_count(&self.slot) == 2 {
+        if self.slot.members.fetch_sub(1, Ordering::Relaxed) == 1 {
             slots.remove(&self.key);
         }
     }

@@ -45,16 +45,6 @@ pub enum Error {
     )]
     LeaseLost,
 
-    /// The encoded response is larger than the configured limit. The claim was released, so a
-    /// retry runs the work again; raise the limit or return less.
-    #[error("response of {size} bytes exceeds the limit of {limit} bytes; nothing was stored")]
-    ResponseTooLarge {
-        /// Encoded size in bytes.
-        size: usize,
-        /// The configured limit.
-        limit: usize,
-    },
-
     /// The work for this key completed earlier, but its result was not kept (it was larger than
     /// [`Policy::max_response_bytes`](crate::Policy::max_response_bytes), or could not be captured,
     /// such as an HTTP response with trailers). The work does not run again for this key until its

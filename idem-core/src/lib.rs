@@ -9,6 +9,7 @@
 mod clock;
 mod codec;
 mod engine;
+mod envelope;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;

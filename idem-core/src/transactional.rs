@@ -47,7 +47,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::codec::{Codec, JsonCodec};
-use crate::engine::{CallOptions, Outcome, Policy};
+use crate::engine::{replay, seal, CallOptions, Encoded, Outcome, Policy};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::record::{Claim, Completion, Start};
@@ -238,14 +238,8 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
         match self.store.start_in(conn, key, fingerprint, lease).await? {
             Start::Started(claim) => Ok(TxStart::Run(TxClaim { claim, retention })),
             Start::Completed(cached) => {
-                if cached.is_error {
-                    return Err(Error::StoredError(cached.response.unwrap_or_default()));
-                }
-                let bytes = cached.response.unwrap_or_else(|| b"null".to_vec());
-                self.codec
-                    .decode(&bytes)
-                    .map(TxStart::Replayed)
-                    .map_err(Error::Codec)
+                replay(cached, |bytes| self.codec.decode(bytes), Error::StoredError)
+                    .map(|outcome| TxStart::Replayed(outcome.into_inner()))
             }
             Start::Locked { retry_after } => Err(Error::Locked { retry_after }),
         }
@@ -253,24 +247,19 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
 
     /// Stores `value` as the claim's result, inside the caller's transaction, for the retention
     /// chosen at [`begin_with`](Self::begin_with) (the policy's by default). It becomes the
-    /// replayed answer when the caller commits.
+    /// replayed answer when the caller commits. A value larger than
+    /// [`Policy::max_response_bytes`] (or one the codec refuses) is not kept: the key is recorded
+    /// as completed without it, and a retry gets [`Error::ResultNotRetained`].
     pub async fn finish<T: Serialize>(
         &self,
         conn: &mut S::Connection,
         claim: TxClaim,
         value: &T,
     ) -> Result<(), Error> {
-        let bytes = self.codec.encode(value).map_err(Error::Codec)?;
-        let limit = self.policy.max_response_bytes;
-        if bytes.len() > limit {
-            self.release(conn, claim).await;
-            return Err(Error::ResponseTooLarge {
-                size: bytes.len(),
-                limit,
-            });
-        }
+        let encoded = Encoded::from(self.codec.encode(value));
+        let sealed = seal(encoded, self.policy.max_response_bytes, claim.claim.key());
         let done = Completion {
-            response: Some(&bytes),
+            response: Some(&sealed),
             is_error: false,
         };
         self.store

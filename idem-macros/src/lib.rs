@@ -126,7 +126,7 @@ use proc_macro::TokenStream;
 /// | another call holds the key | `idem::Error::Locked { retry_after }`, or with `OnLocked::Wait` the other call's result |
 /// | same key, different `fingerprint` | `idem::Error::KeyReused` |
 /// | malformed key or caller | `idem::Error::InvalidKey` |
-/// | the `Ok` value exceeds the engine's size limit | `idem::Error::ResponseTooLarge`; nothing is stored |
+/// | the `Ok` value exceeds the engine's size limit | the value; the key is kept as "completed, result not retained", so a retry gets `idem::Error::ResultNotRetained` and the body does not run again |
 /// | the lease was lost before completion | `idem::Error::LeaseLost`: the work may have run twice |
 ///
 /// A replayed value and a fresh one look the same to the caller; use

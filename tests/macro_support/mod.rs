@@ -257,27 +257,28 @@ pub async fn invalid_keys_change_nothing(h: &Harness) {
     assert_eq!(h.record_count().await, 0);
 }
 
-/// A result over the engine's size limit is a typed error, nothing is stored, and a retry runs.
+/// A result over the engine's size limit is returned but not kept: the key is recorded as
+/// completed without it, and a retry gets a typed error instead of running the body again.
 /// The harness's engine must limit responses to fewer than 1,000 bytes.
-pub async fn oversized_response_stores_nothing(h: &Harness) {
+pub async fn oversized_response_is_not_run_again(h: &Harness) {
     let service = h.service("acme");
-    for attempt in 1..=2 {
+    let first = service.report("big", 1_000).await.unwrap();
+    assert_eq!(first.len(), 1_000, "the caller gets its result");
+    for _ in 0..2 {
         let got = service.report("big", 1_000).await;
         assert!(
             matches!(
-                got,
-                Err(PayError::Idem(idem::Error::ResponseTooLarge {
-                    size: 1_002,
-                    ..
-                }))
+                &got,
+                Err(PayError::Idem(idem::Error::ResultNotRetained { reason }))
+                    if reason.contains("1002 bytes")
             ),
             "{got:?}"
         );
-        assert_eq!(service.runs("big"), attempt);
-        assert_eq!(h.record_count().await, 0);
     }
-    assert_eq!(service.report("small", 3).await.unwrap(), "xxx");
+    assert_eq!(service.runs("big"), 1, "the body ran once");
     assert_eq!(h.record_count().await, 1);
+    assert_eq!(service.report("small", 3).await.unwrap(), "xxx");
+    assert_eq!(h.record_count().await, 2);
 }
 
 /// A `None` key runs the body on every call and stores nothing.

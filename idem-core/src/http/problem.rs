@@ -7,7 +7,7 @@ use axum_core::body::Body;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::error::{Error, StoreErrorKind};
+use crate::error::Error;
 
 /// A problem the layer answers itself, without calling the handler (or, for
 /// [`LeaseLost`](Self::LeaseLost), after it). The body is `application/problem+json` with
@@ -42,6 +42,11 @@ pub enum Problem {
     /// 500: the handler ran, but its claim on the key was taken over before the response could
     /// be stored, so the request may have run twice. Check the resource before retrying.
     LeaseLost,
+    /// 422: the first request with this key ran, but its response was not kept (larger than the
+    /// engine's `max_response_bytes`, or with trailers, or a body that failed), so it cannot be
+    /// replayed. The request is not run again: look up its effect (read the resource it created)
+    /// instead of retrying.
+    ResponseNotRetained,
     /// 500: anything else (a store error, an unreadable stored response, an invalid caller
     /// identity). The details are logged, not sent.
     Internal,
@@ -60,7 +65,7 @@ impl Problem {
                 StatusCode::BAD_REQUEST
             }
             Problem::KeyInFlight => StatusCode::CONFLICT,
-            Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Problem::KeyReused | Problem::ResponseNotRetained => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::LeaseLost | Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -83,6 +88,7 @@ impl Problem {
             Problem::BodyUnreadable => "Request body could not be read",
             Problem::StoreUnavailable => "Idempotency store is unavailable",
             Problem::LeaseLost => "Idempotency claim was lost while the request ran",
+            Problem::ResponseNotRetained => "The response to this Idempotency-Key was not kept",
             Problem::Internal => "Idempotency layer failed",
         }
     }
@@ -111,6 +117,7 @@ impl Problem {
             Problem::BodyUnreadable => doc!("BodyUnreadable"),
             Problem::StoreUnavailable => doc!("StoreUnavailable"),
             Problem::LeaseLost => doc!("LeaseLost"),
+            Problem::ResponseNotRetained => doc!("ResponseNotRetained"),
             Problem::Internal => doc!("Internal"),
         }
     }
@@ -167,7 +174,11 @@ pub(crate) fn from_engine(error: Error) -> Response<Body> {
             "this Idempotency-Key was used for a request with another method, path or body; \
              send a new key for a new request",
         ),
-        Error::Store(e) if e.kind() == StoreErrorKind::Unavailable => {
+        Error::ResultNotRetained { reason } => Problem::ResponseNotRetained.response(format!(
+            "the request with this Idempotency-Key already ran, but its response was not kept \
+             ({reason}); it will not run again: look up its effect instead of retrying"
+        )),
+        Error::Store(e) if e.kind().is_transient() => {
             tracing::warn!(error = %e, "idempotency store unavailable");
             Problem::StoreUnavailable.retry_after(
                 "the idempotency store cannot be reached; the request did not run, retry later",

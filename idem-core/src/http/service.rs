@@ -18,7 +18,7 @@ use super::problem::{from_engine, Problem};
 use super::stored::{self, Captured};
 use super::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use crate::codec::Codec;
-use crate::engine::Outcome;
+use crate::engine::{Encoded, Outcome};
 use crate::error::{BoxError, Error};
 use crate::key::Key;
 
@@ -93,11 +93,44 @@ where
     }
 }
 
+/// What the guarded handler answered, as the engine stores it.
+enum Reply {
+    /// Read whole: stored, and replayed to retries.
+    Stored(Captured),
+    /// It cannot be kept (too large, trailers, a body that failed): the client gets it as it
+    /// is, and the key is recorded as completed without it, so a retry is told, not run.
+    Unstorable {
+        response: Response<Body>,
+        why: &'static str,
+    },
+}
+
+impl Reply {
+    fn encode(&self) -> Encoded {
+        match self {
+            Reply::Stored(captured) => Encoded::from(stored::encode(captured)),
+            Reply::Unstorable { why, .. } => Encoded::NotRetained(format!("the response {why}")),
+        }
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Reply, BoxError> {
+        stored::decode(bytes).map(Reply::Stored)
+    }
+
+    fn into_response(self) -> Response<Body> {
+        match self {
+            Reply::Stored(captured) => captured.into_response(),
+            Reply::Unstorable { response, .. } => response,
+        }
+    }
+}
+
 /// Why the work inside the engine ended without a response to store.
 enum Failure<E> {
     /// The engine refused or failed (locked, key reused, store down, lease lost).
     Idem(Error),
-    /// The handler's response goes to the client unstored; the claim is released.
+    /// The handler's response goes to the client unstored and the claim is released, because
+    /// `store_if` says it is not an answer (a 5xx, say): a retry runs the handler again.
     Pass(Response<Body>),
     /// The inner service failed.
     Service(E),
@@ -172,6 +205,9 @@ where
 
     let limit = config.engine.policy().max_response_bytes;
     let store_if = config.store_if.clone();
+    // Detached from the connection: once claimed, the handler runs to its end and its response
+    // is stored even if the client goes away, so the client's retry replays it instead of
+    // running the handler a second time.
     let work = async move {
         let response = inner.call(req).await.map_err(Failure::Service)?;
         let (parts, body) = response.into_parts();
@@ -180,29 +216,29 @@ where
             return Err(Failure::Pass(Response::from_parts(parts, body)));
         }
         let room = limit.saturating_sub(stored::head_len(&parts));
-        match read_response(body, room).await {
-            Buffered::Whole(body) => Ok(Captured { parts, body }),
-            Buffered::Unstorable { body, why } => {
-                tracing::warn!(status = %parts.status, "response not stored because {why}; a retry runs the handler again");
-                Err(Failure::Pass(Response::from_parts(parts, body)))
-            }
-        }
+        Ok(match read_response(body, room).await {
+            Buffered::Whole(body) => Reply::Stored(Captured { parts, body }),
+            Buffered::Unstorable { body, why } => Reply::Unstorable {
+                response: Response::from_parts(parts, body),
+                why,
+            },
+        })
     };
     let outcome = config
         .engine
-        .run_encoded(
+        .run_detached_encoded(
             &config.options,
-            Some(key),
+            key,
             Some(fingerprint),
             work,
-            stored::encode,
-            stored::decode,
+            Reply::encode,
+            Reply::decode,
         )
         .await;
     match outcome {
-        Ok(Outcome::Fresh(captured)) => Ok(captured.into_response()),
-        Ok(Outcome::Replayed(captured)) => {
-            let mut response = captured.into_response();
+        Ok(Outcome::Fresh(reply)) => Ok(reply.into_response()),
+        Ok(Outcome::Replayed(reply)) => {
+            let mut response = reply.into_response();
             response
                 .headers_mut()
                 .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));

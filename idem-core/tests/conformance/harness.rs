@@ -55,7 +55,7 @@ macro_rules! conformance {
                 engine_panicking_call_releases_claim,
                 engine_key_reused,
                 engine_bad_input_changes_nothing,
-                engine_response_limit_changes_nothing,
+                engine_unretained_result_never_reruns,
                 engine_retention_then_rerun,
                 engine_stale_completion_is_lease_lost,
                 engine_wait_mode_replays,

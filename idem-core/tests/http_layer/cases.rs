@@ -209,10 +209,11 @@ pub async fn server_error_frees_key(store: Arc<dyn Store>) {
     assert_eq!(server.runs(), 2);
 }
 
-pub async fn disconnect_frees_key(store: Arc<dyn Store>) {
-    let lease = Duration::from_millis(600);
+/// A client that goes away after the handler began its side effect cannot cause a second run:
+/// the handler runs on, detached from the connection, and the retry waits for it and replays.
+pub async fn disconnect_runs_once_then_replays(store: Arc<dyn Store>) {
     let mut server = Server::start(store, |b| {
-        b.lease(lease).on_locked(OnLocked::Wait {
+        b.on_locked(OnLocked::Wait {
             timeout: Duration::from_secs(10),
         })
     })
@@ -221,24 +222,58 @@ pub async fn disconnect_frees_key(store: Arc<dyn Store>) {
     within("the handler to start", server.entered.recv()).await;
     // The client goes away mid-request: its connection closes.
     client.abort();
-    within(
-        "the server to drop the abandoned handler",
-        server.dropped.recv(),
-    )
-    .await;
-    // The engine releases the claim when the request's future is dropped, and even if that
-    // failed nothing renews the lease any more, so the key frees within one lease; a key still
-    // held would be renewed and this waiting retry would get 409.
+    assert!(client.await.unwrap_err().is_cancelled());
+    let retry = tokio::spawn(server.post("/hold", Some("k-gone"), "{}"));
     server.release(1);
-    let retry = server.post("/hold", Some("k-gone"), "{}").await;
+    let retry = within("the retry", retry).await.unwrap();
     assert_eq!(
         retry.status,
         201,
         "{}",
         String::from_utf8_lossy(&retry.body)
     );
-    assert!(!retry.replayed());
-    assert_eq!(server.runs(), 2);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, b"held payment 1");
+    assert_eq!(server.runs(), 1, "the side effect happened once");
+    assert!(
+        server.dropped.try_recv().is_err(),
+        "the handler was cancelled with its connection"
+    );
+}
+
+/// The same in fail-fast mode: the retry while the handler still runs gets 409 with a short
+/// `Retry-After`, and once it finished, the replay.
+pub async fn disconnect_then_fail_fast_gets_409_then_replay(store: Arc<dyn Store>) {
+    let mut server = Server::start(store.clone(), |b| b).await;
+    let client = tokio::spawn(server.post("/hold", Some("k-gone"), "{}"));
+    within("the handler to start", server.entered.recv()).await;
+    client.abort();
+    assert!(client.await.unwrap_err().is_cancelled());
+    let busy = server.post("/hold", Some("k-gone"), "{}").await;
+    busy.problem(409);
+    assert_eq!(
+        busy.header("retry-after"),
+        Some("1"),
+        "an estimate, not the lease"
+    );
+    server.release(1);
+    // The detached handler stores its response; poll the record, bounded.
+    let key = record_key("", "k-gone");
+    within("the response to be stored", async {
+        while !matches!(
+            store.get(&key).await.unwrap().map(|r| r.state),
+            Some(idem_core::RecordState::Completed(_))
+        ) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let retry = server.post("/hold", Some("k-gone"), "{}").await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, b"held payment 1");
+    assert_eq!(server.runs(), 1, "the side effect happened once");
+    assert!(server.dropped.try_recv().is_err());
 }
 
 pub async fn oversized_body_is_413(store: Arc<dyn Store>) {
@@ -260,7 +295,9 @@ pub async fn oversized_body_is_413(store: Arc<dyn Store>) {
     assert_eq!(server.runs(), 1);
 }
 
-pub async fn oversized_response_is_not_stored(store: Arc<dyn Store>) {
+/// A response too large to keep goes to the first client, and its retry gets a problem
+/// response instead of a second run.
+pub async fn oversized_response_is_not_run_again(store: Arc<dyn Store>) {
     let engine = Idempotency::builder(store.clone())
         .max_response_bytes(1024)
         .build()
@@ -270,10 +307,32 @@ pub async fn oversized_response_is_not_stored(store: Arc<dyn Store>) {
     assert_eq!(first.status, 200);
     assert_eq!(first.body.len(), 4096);
     let again = server.post("/big", Some("k-large"), "{}").await;
-    assert_eq!(again.status, 200);
-    assert!(!again.replayed());
-    assert!(again.body.starts_with(b"run 2 "));
-    assert_eq!(server.runs(), 2);
+    let problem = again.problem(422);
+    assert_eq!(problem["type"], Problem::ResponseNotRetained.type_uri());
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("max_response_bytes"),
+        "{problem}"
+    );
+    assert_eq!(server.runs(), 1);
+}
+
+/// A response with trailers (every gRPC call) cannot be captured: the first client gets it, the
+/// retry a problem response, and the handler runs once.
+pub async fn response_with_trailers_is_not_run_again(store: Arc<dyn Store>) {
+    let server = Server::start(store, |b| b).await;
+    let first = server.post("/trailers", Some("k-grpc"), "{}").await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body, b"run 1");
+    let again = server.post("/trailers", Some("k-grpc"), "{}").await;
+    let problem = again.problem(422);
+    assert!(
+        problem["detail"].as_str().unwrap().contains("trailers"),
+        "{problem}"
+    );
+    assert_eq!(server.runs(), 1);
 }
 
 pub async fn completed_response_is_stored(store: Arc<dyn Store>) {

@@ -162,6 +162,7 @@ impl Server {
             .route("/hold", post(hold))
             .route("/flaky", post(flaky))
             .route("/big", post(big))
+            .route("/trailers", post(trailers))
             .layer(layer)
             .layer(tower::util::MapRequestLayer::new(
                 move |req: axum::http::Request<Body>| {
@@ -317,6 +318,35 @@ async fn big(State(app): State<App>) -> Response<Body> {
     let mut body = format!("run {run} ").into_bytes();
     body.resize(app.big_body, b'x');
     Response::new(Body::from(body))
+}
+
+/// A body followed by trailers, as a gRPC response has.
+async fn trailers(State(app): State<App>) -> Response<Body> {
+    let run = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", "0".parse().unwrap());
+    Response::new(Body::new(Frames(
+        [
+            http_body::Frame::data(bytes::Bytes::from(format!("run {run}"))),
+            http_body::Frame::trailers(trailers),
+        ]
+        .into(),
+    )))
+}
+
+/// A body that yields these frames.
+struct Frames(std::collections::VecDeque<http_body::Frame<bytes::Bytes>>);
+
+impl http_body::Body for Frames {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(Ok))
+    }
 }
 
 /// Sends `n` copies of a request at once; returns them as tasks to collect.

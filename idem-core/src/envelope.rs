@@ -1,0 +1,121 @@
+//! The bytes the engines keep for a completed call: the encoded result inside a small envelope
+//! with a checksum, or the note that the result was not retained.
+//!
+//! ```text
+//! byte 0      0xE1: the envelope's format (version 1)
+//! byte 1      flags: bit 0 set = the result was not retained
+//! bytes 2..6  CRC-32 (IEEE) of the flags and the payload, big-endian
+//! bytes 6..   the encoded result, or (not retained) why it was not kept, as UTF-8
+//! ```
+//!
+//! The checksum makes a damaged record (a flipped byte on disk, a truncated value) a typed
+//! [`StoreErrorKind::Corrupt`] error instead of a replay of some other value. Stores see the
+//! envelope as opaque bytes, so every store gets the check alike; a record written through the
+//! raw [`Store`](crate::Store) API without an envelope reads as corrupt through an engine.
+
+use crate::error::{Error, StoreError, StoreErrorKind};
+
+const FORMAT: u8 = 0xE1;
+const NOT_RETAINED: u8 = 1;
+const HEAD: usize = 6;
+
+/// What a completed record holds, as the engines read it back.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Kept<'a> {
+    /// The encoded result.
+    Result(&'a [u8]),
+    /// The work completed but its result was not kept; the reason.
+    NotRetained(&'a str),
+}
+
+/// Wraps an encoded result.
+pub(crate) fn result(payload: &[u8]) -> Vec<u8> {
+    wrap(0, payload)
+}
+
+/// The record of a result that was not kept, with the reason a retry is told.
+pub(crate) fn not_retained(reason: &str) -> Vec<u8> {
+    wrap(NOT_RETAINED, reason.as_bytes())
+}
+
+fn wrap(flags: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEAD + payload.len());
+    out.push(FORMAT);
+    out.push(flags);
+    out.extend_from_slice(&checksum(flags, payload).to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+fn checksum(flags: u8, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[flags]);
+    h.update(payload);
+    h.finalize()
+}
+
+/// Opens an envelope, checking its checksum.
+pub(crate) fn open(bytes: &[u8]) -> Result<Kept<'_>, Error> {
+    let damaged = |what: &str| {
+        Error::Store(StoreError::new(
+            StoreErrorKind::Corrupt,
+            format!(
+                "the stored result of this key is damaged ({what}); evict the key, or wait for its \
+                 retention to end"
+            ),
+        ))
+    };
+    if bytes.len() < HEAD || bytes[0] != FORMAT {
+        return Err(damaged("not an idem result envelope"));
+    }
+    let (head, payload) = bytes.split_at(HEAD);
+    let mut sum = [0; 4];
+    sum.copy_from_slice(&head[2..HEAD]);
+    if checksum(head[1], payload) != u32::from_be_bytes(sum) {
+        return Err(damaged("its checksum does not match"));
+    }
+    match head[1] {
+        0 => Ok(Kept::Result(payload)),
+        NOT_RETAINED => std::str::from_utf8(payload)
+            .map(Kept::NotRetained)
+            .map_err(|_| damaged("its reason is not UTF-8")),
+        _ => Err(damaged("unknown flags")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        assert_eq!(
+            open(&result(b"{\"a\":1}")).unwrap(),
+            Kept::Result(b"{\"a\":1}")
+        );
+        assert_eq!(open(&result(b"")).unwrap(), Kept::Result(b""));
+        assert_eq!(
+            open(&not_retained("too large")).unwrap(),
+            Kept::NotRetained("too large")
+        );
+    }
+
+    #[test]
+    fn every_flipped_bit_is_caught() {
+        let good = result(b"receipt-4200");
+        for byte in 0..good.len() {
+            for bit in 0..8 {
+                let mut bad = good.clone();
+                bad[byte] ^= 1 << bit;
+                let opened = open(&bad);
+                assert!(
+                    matches!(&opened, Err(Error::Store(e)) if e.kind() == StoreErrorKind::Corrupt),
+                    "byte {byte} bit {bit}: {opened:?}"
+                );
+            }
+        }
+        assert!(open(&good[..good.len() - 1]).is_err());
+        assert!(open(b"").is_err());
+        assert!(open(b"null").is_err());
+    }
+}
