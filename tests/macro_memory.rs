@@ -155,3 +155,13 @@ async fn lease_is_renewed_while_the_body_runs() {
     );
     assert_eq!(t.runs.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn cancelled_then_retried_is_never_locked() {
+    macro_support::cancelled_then_retried_is_never_locked(&paused()).await;
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn detached_body_survives_its_caller() {
+    macro_support::detached_body_survives_its_caller(&paused()).await;
+}

@@ -75,3 +75,13 @@ async fn cancelled_call_releases_its_claim() {
 async fn callers_do_not_share_records() {
     macro_support::callers_do_not_share_records(&harness().await).await;
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn cancelled_then_retried_is_never_locked() {
+    macro_support::cancelled_then_retried_is_never_locked(&harness().await).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn detached_body_survives_its_caller() {
+    macro_support::detached_body_survives_its_caller(&harness().await).await;
+}

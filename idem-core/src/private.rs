@@ -170,6 +170,30 @@ where
         .map(|o| o.into_inner())
 }
 
+/// [`run`] with `detach = true`: the body runs on a task of its own, so a cancelled caller
+/// cannot stop it once it has claimed the key.
+pub async fn run_detached<En, T, E, F>(
+    engine: &En,
+    key: Result<Option<Key>, Error>,
+    fingerprint: Result<Option<Fingerprint>, Error>,
+    options: CallOptions,
+    body: F,
+) -> Result<T, E>
+where
+    En: AsEngine + ?Sized,
+    F: Future<Output = Result<T, E>> + Send + 'static,
+    T: Serialize + DeserializeOwned + Send + 'static,
+    E: From<Error> + Send + 'static,
+{
+    let key = key?;
+    let fingerprint = fingerprint?;
+    engine
+        .as_engine()
+        .run_detached(&options, key, fingerprint, body)
+        .await
+        .map(|o| o.into_inner())
+}
+
 /// What `store = …` may name together with `transaction = …`: a transactional engine, or a
 /// reference or `Arc` to one.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

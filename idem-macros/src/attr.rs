@@ -6,7 +6,7 @@
 use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::parse::{discouraged::Speculative, Parse, ParseStream};
-use syn::{Expr, Ident, LitStr, Token};
+use syn::{Expr, Ident, LitBool, LitStr, Token};
 
 use crate::duration::DurationLit;
 
@@ -20,10 +20,11 @@ mod kw {
     syn::custom_keyword!(ttl);
     syn::custom_keyword!(on_locked);
     syn::custom_keyword!(transaction);
+    syn::custom_keyword!(detach);
 }
 
-const KNOWN: &str =
-    "`key`, `scope`, `store`, `caller`, `fingerprint`, `lease`, `ttl`, `on_locked`, `transaction`";
+const KNOWN: &str = "`key`, `scope`, `store`, `caller`, `fingerprint`, `lease`, `ttl`, \
+                     `on_locked`, `transaction`, `detach`";
 
 /// The longest scope, in bytes (as for every key part).
 const MAX_SCOPE_LEN: usize = 255;
@@ -40,6 +41,7 @@ pub(crate) struct Args {
     pub(crate) ttl: Option<(kw::ttl, DurationLit)>,
     pub(crate) on_locked: Option<(kw::on_locked, Expr)>,
     pub(crate) transaction: Option<(kw::transaction, Ident)>,
+    pub(crate) detach: Option<(kw::detach, LitBool)>,
 }
 
 impl Parse for Args {
@@ -65,6 +67,8 @@ impl Parse for Args {
                 assign(input, &mut args.on_locked, "on_locked", parse_expr)?;
             } else if lookahead.peek(kw::transaction) {
                 assign(input, &mut args.transaction, "transaction", parse_parameter)?;
+            } else if lookahead.peek(kw::detach) {
+                assign(input, &mut args.detach, "detach", parse_bool)?;
             } else if input.peek(Ident::peek_any) {
                 let unknown = input.call(Ident::parse_any)?;
                 return Err(syn::Error::new(
@@ -133,6 +137,18 @@ fn parse_parameter(input: ParseStream<'_>) -> syn::Result<Ident> {
         expr,
         "`transaction` takes the name of a parameter of this function, such as \
          `transaction = tx` for `tx: &mut sqlx::Transaction<'_, Sqlite>`",
+    ))
+}
+
+/// `true` or `false`, or an error spanned on whatever expression stands in its place.
+fn parse_bool(input: ParseStream<'_>) -> syn::Result<LitBool> {
+    if input.peek(LitBool) {
+        return input.parse();
+    }
+    let expr: Expr = input.parse()?;
+    Err(syn::Error::new_spanned(
+        expr,
+        "`detach` takes `true` or `false`, such as `detach = true`",
     ))
 }
 

@@ -55,6 +55,8 @@ struct Call {
     on_locked: Option<Expr>,
     /// The parameter holding the caller's connection or transaction: transactional mode.
     transaction: Option<Ident>,
+    /// Run the body on a task of its own, so cancelling the caller cannot stop it.
+    detach: bool,
 }
 
 /// Checks the function and the required arguments, reporting every problem at once.
@@ -90,6 +92,15 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         Some((_, parameter)) => check_transaction(func, parameter, &args),
         None => Ok(()),
     };
+    let detach = match (&args.detach, &args.transaction) {
+        (Some((keyword, value)), Some(_)) if value.value => Err(syn::Error::new_spanned(
+            keyword,
+            "`detach` does not apply with `transaction`: the body runs on your transaction, \
+             which cannot outlive this call; a cancelled call rolls back with it; remove `detach`",
+        )),
+        (Some((_, value)), _) => Ok(value.value),
+        (None, _) => Ok(false),
+    };
     let key = args.key.map(|(_, key)| key).ok_or_else(|| {
         syn::Error::new(
             Span::call_site(),
@@ -115,6 +126,7 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
             key.as_ref().err().cloned(),
             store.as_ref().err().cloned(),
             transactional.err(),
+            detach.as_ref().err().cloned(),
         ]
         .into_iter()
         .flatten(),
@@ -130,6 +142,7 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         ttl: args.ttl.map(|(_, ttl)| ttl),
         on_locked: args.on_locked.map(|(_, on_locked)| on_locked),
         transaction: args.transaction.map(|(_, parameter)| parameter),
+        detach: detach?,
     })
 }
 
@@ -236,6 +249,7 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
         ttl,
         on_locked,
         transaction,
+        detach,
     } = call;
 
     // User expressions keep their spans, so a type error points at what the user wrote.
@@ -264,6 +278,11 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
     let ttl = duration(ttl);
     let on_locked = typed_on_locked(on_locked);
 
+    let run = match detach {
+        // The body owns what it uses (`async move`) and must be `'static + Send`.
+        true => quote!(::idem::__private::run_detached),
+        false => quote!(::idem::__private::run),
+    };
     let body = match transaction {
         None => quote! {
             #(#inner_attrs)*
@@ -273,7 +292,7 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
             let __idem_key = ::idem::__private::key(#scope, #caller, #key);
             let __idem_fingerprint = #fingerprint;
             let __idem_options = ::idem::__private::options(#lease, #ttl, #on_locked);
-            ::idem::__private::run(
+            #run(
                 &__idem_engine,
                 __idem_key,
                 __idem_fingerprint,

@@ -100,6 +100,7 @@ use proc_macro::TokenStream;
 /// | `ttl` | no | duration literal | How long a completed result is replayed. Default: the engine's policy (24 h). |
 /// | `on_locked` | no | expression of type `idem::OnLocked` | What a call does while another call runs the same key: `OnLocked::FailFast` (`idem::Error::Locked`) or `OnLocked::Wait { timeout }` (then replay). Default: the engine's policy (fail fast). |
 /// | `transaction` | no | the name of a parameter: `&mut sqlx::Transaction<'_, DB>` or `&mut` connection | Transactional mode (below): the claim, the body and the stored result share this transaction. `store` is then an `idem::Transactional`; `lease` and `on_locked` are refused. |
+/// | `detach` | no | `true` or `false` | `true`: once the call has claimed its key, the body runs to its end on a task of its own, and its result is stored, even if the caller is cancelled (a `timeout`, a client that disconnects); a retry replays it. The body must own what it uses (`'static + Send`): take arguments by value and `self: Arc<Self>` rather than `&self`. Refused with `transaction`. Default `false`: a cancelled call stops the body and releases the claim, so a retry runs it again. |
 ///
 /// Arguments are `name = value`, separated by commas, in any order. Duration literals are a
 /// number and a unit (`ms`, `s`, `m`, `h`, `d`), or several from the largest unit to the
@@ -122,7 +123,9 @@ use proc_macro::TokenStream;
 /// | new key | the body runs; its `Ok` value is stored and returned |
 /// | key completed before, within `ttl` | the stored value, deserialized; the body does not run |
 /// | the body returns `Err` | that error; nothing is stored and the claim is released, so a retry runs again |
-/// | the call is cancelled (its future dropped) or the body panics | the claim is released at once (by lease expiry when no tokio runtime is left) |
+/// | the call is cancelled (its future dropped) while the body runs | without `detach`: the body stops and the claim is released at once (by lease expiry when no tokio runtime is left), so a retry runs it again; with `detach = true`: the body runs on, its result is stored, and a retry replays it |
+/// | the call is cancelled while its claim or its result is being written | that statement is finished on a task of its own; a claim it made is released (or, for the result, kept) |
+/// | the body panics | the claim is released; the panic goes on to the caller |
 /// | another call holds the key | `idem::Error::Locked { retry_after }`, or with `OnLocked::Wait` the other call's result |
 /// | same key, different `fingerprint` | `idem::Error::KeyReused` |
 /// | malformed key or caller | `idem::Error::InvalidKey` |

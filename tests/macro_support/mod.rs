@@ -126,6 +126,31 @@ impl Service {
         Ok("x".repeat(len))
     }
 
+    /// Like `pay`, detached: once claimed, the body runs to its end even if the caller is
+    /// cancelled. It owns what it uses (`self: Arc<Self>`, the payment by value).
+    #[idempotent(
+        key = payment.key,
+        caller = self.tenant,
+        scope = "pay-detached",
+        store = self.idem,
+        on_locked = OnLocked::Wait { timeout: Duration::from_secs(60) },
+        detach = true,
+    )]
+    pub async fn pay_detached(
+        self: Arc<Self>,
+        payment: Payment,
+        started: tokio::sync::oneshot::Sender<()>,
+    ) -> Result<Receipt, PayError> {
+        self.count_run(&payment.key);
+        let _ = started.send(());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok(Receipt {
+            key: payment.key,
+            cents: payment.cents,
+            run: self.sequence.fetch_add(1, Ordering::SeqCst),
+        })
+    }
+
     pub fn runs(&self, key: &str) -> u32 {
         self.runs.lock().unwrap().get(key).copied().unwrap_or(0)
     }
@@ -279,6 +304,46 @@ pub async fn oversized_response_is_not_run_again(h: &Harness) {
     assert_eq!(h.record_count().await, 1);
     assert_eq!(service.report("small", 3).await.unwrap(), "xxx");
     assert_eq!(h.record_count().await, 2);
+}
+
+/// A call cancelled by `timeout` (sometimes in its claim, sometimes in its body) and retried at
+/// once, fail fast, 300 times: the retry never meets its own cancelled claim as `Locked`.
+pub async fn cancelled_then_retried_is_never_locked(h: &Harness) {
+    let service = h.service("acme");
+    for i in 0..300u64 {
+        let key = format!("cut-{i}");
+        let cut = Duration::from_millis(i % 4);
+        let cancelled =
+            tokio::time::timeout(cut, service.note(Some(&key), Duration::from_secs(3600))).await;
+        assert!(cancelled.is_err(), "round {i}: not cancelled");
+        match service.note(Some(&key), Duration::ZERO).await {
+            Ok(_) => {}
+            Err(e) => panic!("round {i}: the retry failed: {e}"),
+        }
+    }
+}
+
+/// `detach = true`: the caller gives up once the body started; the body runs on, and the retry
+/// replays its receipt. The body ran once.
+pub async fn detached_body_survives_its_caller(h: &Harness) {
+    let service = h.service("acme");
+    let (started, started_rx) = tokio::sync::oneshot::channel();
+    let call = service
+        .clone()
+        .pay_detached(Payment::new("d-1", 700), started);
+    tokio::select! {
+        biased;
+        _ = started_rx => {}
+        out = call => panic!("finished before it started: {out:?}"),
+    }
+    let (unused, _) = tokio::sync::oneshot::channel();
+    let retry = service
+        .clone()
+        .pay_detached(Payment::new("d-1", 700), unused)
+        .await
+        .unwrap();
+    assert_eq!(retry.cents, 700);
+    assert_eq!(service.runs("d-1"), 1);
 }
 
 /// A `None` key runs the body on every call and stores nothing.
