@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use axum_core::body::Body;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::error::{Error, StoreErrorKind};
@@ -42,23 +42,35 @@ pub enum Problem {
     /// 500: the handler ran, but its claim on the key was taken over before the response could
     /// be stored, so the request may have run twice. Check the resource before retrying.
     LeaseLost,
-    /// 500: anything else (a store error, an unreadable stored response, an invalid caller
-    /// identity). The details are logged, not sent.
+    /// 500: anything else (a store error, an unreadable stored response). The details are
+    /// logged, not sent.
     Internal,
+    /// 401 (or 400, by [`caller_missing_status`](super::LayerBuilder::caller_missing_status)):
+    /// the layer scopes keys by the caller, and the [caller extractor](super::LayerBuilder::caller)
+    /// found no identity in this request. Nothing ran. Authenticate and retry.
+    CallerMissing,
+    /// 400: the caller identity the extractor returned cannot scope a key (empty, over 255
+    /// bytes, or a byte outside printable ASCII). Nothing ran.
+    CallerInvalid,
 }
 
 impl Problem {
-    /// The HTTP status of the response.
+    /// The HTTP status of the response. For [`CallerMissing`](Self::CallerMissing) this is the
+    /// default, `401`; a layer may answer `400` instead
+    /// ([`caller_missing_status`](super::LayerBuilder::caller_missing_status)).
     ///
     /// ```
     /// use idem_core::http::Problem;
     /// assert_eq!(Problem::BodyTooLarge.status(), 413);
+    /// assert_eq!(Problem::CallerMissing.status(), 401);
     /// ```
     pub fn status(self) -> StatusCode {
         match self {
-            Problem::KeyMissing | Problem::KeyMalformed | Problem::BodyUnreadable => {
-                StatusCode::BAD_REQUEST
-            }
+            Problem::KeyMissing
+            | Problem::KeyMalformed
+            | Problem::BodyUnreadable
+            | Problem::CallerInvalid => StatusCode::BAD_REQUEST,
+            Problem::CallerMissing => StatusCode::UNAUTHORIZED,
             Problem::KeyInFlight => StatusCode::CONFLICT,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -84,6 +96,8 @@ impl Problem {
             Problem::StoreUnavailable => "Idempotency store is unavailable",
             Problem::LeaseLost => "Idempotency claim was lost while the request ran",
             Problem::Internal => "Idempotency layer failed",
+            Problem::CallerMissing => "Caller identity is missing",
+            Problem::CallerInvalid => "Caller identity is invalid",
         }
     }
 
@@ -112,36 +126,77 @@ impl Problem {
             Problem::StoreUnavailable => doc!("StoreUnavailable"),
             Problem::LeaseLost => doc!("LeaseLost"),
             Problem::Internal => doc!("Internal"),
+            Problem::CallerMissing => doc!("CallerMissing"),
+            Problem::CallerInvalid => doc!("CallerInvalid"),
         }
     }
 
-    /// The response: status, `Content-Type: application/problem+json` and the JSON body.
-    pub(crate) fn response(self, detail: impl fmt::Display) -> Response<Body> {
+    /// The response: status, `Content-Type: application/problem+json`, the JSON body, and the
+    /// `WWW-Authenticate` on a `401` when `config` has a challenge.
+    pub(crate) fn response(
+        self,
+        config: &ProblemConfig,
+        detail: impl fmt::Display,
+    ) -> Response<Body> {
+        let status = match self {
+            Problem::CallerMissing => config.caller_missing_status,
+            _ => self.status(),
+        };
         let body = ProblemBody {
             kind: self.type_uri(),
             title: self.title(),
-            status: self.status().as_u16(),
+            status: status.as_u16(),
             detail: detail.to_string(),
         };
         // Serializing four plain fields cannot fail; the fallback keeps the path panic-free.
         let json = serde_json::to_vec(&body).unwrap_or_default();
         let mut response = Response::new(Body::from(json));
-        *response.status_mut() = self.status();
-        response.headers_mut().insert(
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if status == StatusCode::UNAUTHORIZED {
+            if let Some(challenge) = &config.www_authenticate {
+                headers.insert(WWW_AUTHENTICATE, challenge.clone());
+            }
+        }
         response
     }
 
     /// [`response`](Self::response) with `Retry-After` in whole seconds, at least 1.
-    pub(crate) fn retry_after(self, detail: impl fmt::Display, after: Duration) -> Response<Body> {
+    pub(crate) fn retry_after(
+        self,
+        config: &ProblemConfig,
+        detail: impl fmt::Display,
+        after: Duration,
+    ) -> Response<Body> {
         let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-        let mut response = self.response(detail);
+        let mut response = self.response(config, detail);
         response
             .headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
         response
+    }
+}
+
+/// How one layer writes its problem responses; checked by
+/// [`LayerBuilder::build`](super::LayerBuilder::build).
+#[derive(Debug, Clone)]
+pub(crate) struct ProblemConfig {
+    /// The status of [`Problem::CallerMissing`]: 401 or 400.
+    pub(crate) caller_missing_status: StatusCode,
+    /// The challenge a 401 carries.
+    pub(crate) www_authenticate: Option<HeaderValue>,
+}
+
+impl Default for ProblemConfig {
+    fn default() -> Self {
+        ProblemConfig {
+            caller_missing_status: StatusCode::UNAUTHORIZED,
+            www_authenticate: None,
+        }
     }
 }
 
@@ -156,20 +211,23 @@ struct ProblemBody {
 }
 
 /// The response for an engine error met while claiming, running or completing a request.
-pub(crate) fn from_engine(error: Error) -> Response<Body> {
+pub(crate) fn from_engine(config: &ProblemConfig, error: Error) -> Response<Body> {
     match error {
         Error::Locked { retry_after } => Problem::KeyInFlight.retry_after(
+            config,
             "a request with the same Idempotency-Key is being processed; retry after the \
              Retry-After delay",
             retry_after,
         ),
         Error::KeyReused => Problem::KeyReused.response(
+            config,
             "this Idempotency-Key was used for a request with another method, path or body; \
              send a new key for a new request",
         ),
         Error::Store(e) if e.kind() == StoreErrorKind::Unavailable => {
             tracing::warn!(error = %e, "idempotency store unavailable");
             Problem::StoreUnavailable.retry_after(
+                config,
                 "the idempotency store cannot be reached; the request did not run, retry later",
                 Duration::from_secs(1),
             )
@@ -177,26 +235,35 @@ pub(crate) fn from_engine(error: Error) -> Response<Body> {
         Error::LeaseLost => {
             tracing::error!("idempotency lease lost while the handler ran; it may have run twice");
             Problem::LeaseLost.response(
+                config,
                 "the request ran, but its idempotency record was taken over before the response \
                  was stored; it may have run twice, so check the resource before retrying",
             )
         }
         other => {
             tracing::error!(error = %other, "idempotency layer failed");
-            Problem::Internal.response("the idempotency layer failed; the error is logged")
+            Problem::Internal.response(config, "the idempotency layer failed; the error is logged")
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use http_body_util::BodyExt;
+
     use super::*;
+
+    async fn body_text(r: Response<Body>) -> String {
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
 
     #[test]
     fn retry_after_rounds_up() {
-        let r = Problem::KeyInFlight.retry_after("x", Duration::from_millis(1500));
+        let config = ProblemConfig::default();
+        let r = Problem::KeyInFlight.retry_after(&config, "x", Duration::from_millis(1500));
         assert_eq!(r.headers()[RETRY_AFTER], "2");
-        let r = Problem::KeyInFlight.retry_after("x", Duration::ZERO);
+        let r = Problem::KeyInFlight.retry_after(&config, "x", Duration::ZERO);
         assert_eq!(r.headers()[RETRY_AFTER], "1");
         assert_eq!(r.status(), StatusCode::CONFLICT);
         assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
@@ -204,10 +271,8 @@ mod tests {
 
     #[tokio::test]
     async fn body_is_a_problem_document() {
-        use http_body_util::BodyExt;
-        let r = Problem::KeyMissing.response("send one");
-        let body = r.into_body().collect().await.unwrap().to_bytes();
-        let text = std::str::from_utf8(&body).unwrap();
+        let r = Problem::KeyMissing.response(&ProblemConfig::default(), "send one");
+        let text = body_text(r).await;
         assert!(
             text.starts_with(r#"{"type":"https://docs.rs/idem-core/"#),
             "{text}"
@@ -218,5 +283,26 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn caller_missing_status_is_configured() {
+        let default = Problem::CallerMissing.response(&ProblemConfig::default(), "x");
+        assert_eq!(default.status(), StatusCode::UNAUTHORIZED);
+        assert!(default.headers().get(WWW_AUTHENTICATE).is_none());
+        let challenge = HeaderValue::from_static("Bearer realm=\"api\"");
+        let with_challenge = ProblemConfig {
+            www_authenticate: Some(challenge.clone()),
+            ..ProblemConfig::default()
+        };
+        let r = Problem::CallerMissing.response(&with_challenge, "x");
+        assert_eq!(r.headers()[WWW_AUTHENTICATE], challenge);
+        let bad_request = ProblemConfig {
+            caller_missing_status: StatusCode::BAD_REQUEST,
+            ..ProblemConfig::default()
+        };
+        let r = Problem::CallerMissing.response(&bad_request, "x");
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert!(body_text(r).await.contains(r#""status":400"#));
     }
 }
