@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use tower::Layer;
 
 use super::fingerprint::BodyFingerprint;
@@ -169,6 +169,7 @@ impl<S, C> Layer<S> for IdempotencyLayer<C> {
 /// | [`lease`](Self::lease), [`retention`](Self::retention), [`on_locked`](Self::on_locked) | the engine's policy (30 s, 24 h, fail fast) |
 /// | [`store_if`](Self::store_if) | [`stores_by_default`] |
 /// | [`max_request_body`](Self::max_request_body) | 1 MiB |
+/// | [`problem_base`](Self::problem_base) | none: problem `type`s link to docs.rs, no `Link` header |
 ///
 /// ```
 /// use std::time::Duration;
@@ -190,6 +191,7 @@ impl<S, C> Layer<S> for IdempotencyLayer<C> {
 ///     .on_locked(OnLocked::Wait { timeout: Duration::from_secs(5) })
 ///     .store_if(|status, _headers| status.is_success())
 ///     .max_request_body(64 * 1024)
+///     .problem_base("https://api.example.com/docs/idempotency")
 ///     .build()?;
 /// # let _ = layer;
 /// # Ok::<(), idem_core::Error>(())
@@ -386,6 +388,28 @@ impl<C: Codec> LayerBuilder<C> {
         self
     }
 
+    /// Where the API documents its idempotency behaviour (the IETF draft asks for such a page):
+    /// an absolute `http` or `https` URI without a fragment. The layer's problem responses then
+    /// carry `type: "{base}#{slug}"` (the [`Problem::slug`](super::Problem::slug), such as
+    /// `https://api.example.com/docs/idempotency#key-in-flight`) and
+    /// `Link: <{base}>; rel="describedby"`. One page with one anchor per problem is all the
+    /// documentation site needs. Without it, `type` links to the [`Problem`](super::Problem)
+    /// variant on docs.rs and no `Link` is sent.
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+    ///     .problem_base("https://api.example.com/docs/idempotency")
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
+    pub fn problem_base(mut self, base: impl Into<String>) -> Self {
+        self.config.problems.base = Some(base.into());
+        self
+    }
+
     /// Which view of the body the request fingerprint covers (always with the method, path and
     /// query). Default [`BodyFingerprint::Bytes`].
     ///
@@ -486,7 +510,8 @@ impl<C: Codec> LayerBuilder<C> {
     /// [`caller`](Self::caller) nor [`shared_key_space`](Self::shared_key_space) was chosen, or
     /// both; the scope is not a valid key part; the lease or retention is out of range; the
     /// [`caller_missing_status`](Self::caller_missing_status) is not 400 or 401, or is 400 with
-    /// a [`www_authenticate`](Self::www_authenticate) challenge.
+    /// a [`www_authenticate`](Self::www_authenticate) challenge; the
+    /// [`problem_base`](Self::problem_base) is not an absolute `http(s)` URI without a fragment.
     ///
     /// ```
     /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore, Error};
@@ -496,7 +521,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// let bad = IdempotencyLayer::builder(engine).shared_key_space().scope("").build();
     /// assert!(matches!(bad, Err(Error::InvalidConfig(_))));
     /// ```
-    pub fn build(self) -> Result<IdempotencyLayer<C>, Error> {
+    pub fn build(mut self) -> Result<IdempotencyLayer<C>, Error> {
         match (self.config.caller.is_some(), self.shared_key_space) {
             (true, false) | (false, true) => {}
             (false, false) => {
@@ -520,7 +545,7 @@ impl<C: Codec> LayerBuilder<C> {
         if let Err(e) = Key::derive(&self.config.scope, "", "-") {
             return Err(Error::InvalidConfig(format!("HTTP layer scope: {e}")));
         }
-        check_problems(&self.config.problems)?;
+        check_problems(&mut self.config.problems)?;
         if let Some(lease) = self.config.options.lease {
             check_duration("lease", lease)?;
         }
@@ -533,8 +558,8 @@ impl<C: Codec> LayerBuilder<C> {
     }
 }
 
-/// Checks what [`LayerBuilder`] was told about problem responses.
-fn check_problems(problems: &ProblemConfig) -> Result<(), Error> {
+/// Checks what [`LayerBuilder`] was told about problem responses, and prepares the `Link`.
+fn check_problems(problems: &mut ProblemConfig) -> Result<(), Error> {
     let status = problems.caller_missing_status;
     if status != StatusCode::UNAUTHORIZED && status != StatusCode::BAD_REQUEST {
         return Err(Error::InvalidConfig(format!(
@@ -548,6 +573,32 @@ fn check_problems(problems: &ProblemConfig) -> Result<(), Error> {
              400; remove one of them"
                 .to_owned(),
         ));
+    }
+    if let Some(base) = &problems.base {
+        let bad = |why: &str| {
+            Error::InvalidConfig(format!(
+                "HTTP layer problem_base {base:?} {why}; give the absolute address of your \
+                 idempotency documentation, e.g. \"https://api.example.com/docs/idempotency\""
+            ))
+        };
+        // `http::Uri` drops a fragment silently, and lets through characters (`"`, `<`, `>`)
+        // that RFC 3986 refuses and that would break the `Link` header: check both first.
+        if base.contains('#') {
+            return Err(bad("has a fragment, and the layer adds one per problem"));
+        }
+        let uri_char = |c: char| c.is_ascii_alphanumeric() || "-._~:/?[]@!$&'()*+,;=%".contains(c);
+        if let Some(c) = base.chars().find(|&c| !uri_char(c)) {
+            return Err(bad(&format!(
+                "holds {c:?}, which a URI holds only percent-encoded"
+            )));
+        }
+        let uri: Uri = base.parse().map_err(|_| bad("is not a URI"))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+            return Err(bad("is not an absolute http or https URI"));
+        }
+        let link = HeaderValue::try_from(format!("<{base}>; rel=\"describedby\""))
+            .map_err(|_| bad("cannot be sent in a Link header"))?;
+        problems.link = Some(link);
     }
     Ok(())
 }

@@ -1,23 +1,30 @@
 //! The layer's own error responses: `application/problem+json` (RFC 9457).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
 use axum_core::body::Body;
-use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::header::{CONTENT_TYPE, LINK, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::error::{Error, StoreErrorKind};
 
 /// A problem the layer answers itself, without calling the handler (or, for
 /// [`LeaseLost`](Self::LeaseLost), after it). The body is `application/problem+json` with
-/// `type`, `title`, `status` and `detail`; `type` is the documentation link of the variant.
+/// `type`, `title`, `status` and `detail`.
+///
+/// `type` is the documentation link of the variant: [`type_uri`](Self::type_uri) on docs.rs by
+/// default, or `{base}#{slug}` (see [`slug`](Self::slug)) when the layer has a
+/// [`problem_base`](super::LayerBuilder::problem_base), which then also goes out as
+/// `Link: <{base}>; rel="describedby"`.
 ///
 /// ```
 /// use idem_core::http::Problem;
 /// assert_eq!(Problem::KeyReused.status(), 422);
 /// assert_eq!(Problem::KeyInFlight.title(), "A request with this Idempotency-Key is in progress");
 /// assert!(Problem::KeyMissing.type_uri().ends_with("#variant.KeyMissing"));
+/// assert_eq!(Problem::KeyInFlight.slug(), "key-in-flight");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -101,7 +108,34 @@ impl Problem {
         }
     }
 
-    /// The problem type (the `type` member): a link to this variant's documentation.
+    /// The variant's name in kebab case: the fragment of its `type` URI under a configured
+    /// [`problem_base`](super::LayerBuilder::problem_base), so the API's documentation page can
+    /// hold one anchor per problem (`<h2 id="key-in-flight">`).
+    ///
+    /// ```
+    /// use idem_core::http::Problem;
+    /// assert_eq!(Problem::KeyReused.slug(), "key-reused");
+    /// assert_eq!(Problem::CallerMissing.slug(), "caller-missing");
+    /// ```
+    pub fn slug(self) -> &'static str {
+        match self {
+            Problem::KeyMissing => "key-missing",
+            Problem::KeyMalformed => "key-malformed",
+            Problem::KeyInFlight => "key-in-flight",
+            Problem::KeyReused => "key-reused",
+            Problem::BodyTooLarge => "body-too-large",
+            Problem::BodyUnreadable => "body-unreadable",
+            Problem::StoreUnavailable => "store-unavailable",
+            Problem::LeaseLost => "lease-lost",
+            Problem::Internal => "internal",
+            Problem::CallerMissing => "caller-missing",
+            Problem::CallerInvalid => "caller-invalid",
+        }
+    }
+
+    /// The default problem type (the `type` member): a link to this variant's documentation on
+    /// docs.rs. A layer with a [`problem_base`](super::LayerBuilder::problem_base) sends
+    /// `{base}#{slug}` instead.
     ///
     /// ```
     /// use idem_core::http::Problem;
@@ -132,7 +166,7 @@ impl Problem {
     }
 
     /// The response: status, `Content-Type: application/problem+json`, the JSON body, and the
-    /// `WWW-Authenticate` on a `401` when `config` has a challenge.
+    /// headers `config` adds (`Link`, and `WWW-Authenticate` on a `401`).
     pub(crate) fn response(
         self,
         config: &ProblemConfig,
@@ -142,8 +176,12 @@ impl Problem {
             Problem::CallerMissing => config.caller_missing_status,
             _ => self.status(),
         };
+        let kind = match &config.base {
+            Some(base) => Cow::Owned(format!("{base}#{}", self.slug())),
+            None => Cow::Borrowed(self.type_uri()),
+        };
         let body = ProblemBody {
-            kind: self.type_uri(),
+            kind,
             title: self.title(),
             status: status.as_u16(),
             detail: detail.to_string(),
@@ -157,6 +195,9 @@ impl Problem {
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(link) = &config.link {
+            headers.insert(LINK, link.clone());
+        }
         if status == StatusCode::UNAUTHORIZED {
             if let Some(challenge) = &config.www_authenticate {
                 headers.insert(WWW_AUTHENTICATE, challenge.clone());
@@ -165,26 +206,40 @@ impl Problem {
         response
     }
 
-    /// [`response`](Self::response) with `Retry-After` in whole seconds, at least 1.
+    /// [`response`](Self::response) with `Retry-After: <delay-seconds>` (RFC 9110 section
+    /// 10.2.3): `after` rounded up to whole seconds, at least 1, so a client that waits as told
+    /// never comes back early, and never gets `0` (which reads as "retry at once").
     pub(crate) fn retry_after(
         self,
         config: &ProblemConfig,
         detail: impl fmt::Display,
         after: Duration,
     ) -> Response<Body> {
-        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
         let mut response = self.response(config, detail);
         response
             .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
         response
     }
+}
+
+/// `after` in whole seconds, rounded up, at least 1.
+fn retry_after_secs(after: Duration) -> u64 {
+    let secs = after
+        .as_secs()
+        .saturating_add(u64::from(after.subsec_nanos() > 0));
+    secs.max(1)
 }
 
 /// How one layer writes its problem responses; checked by
 /// [`LayerBuilder::build`](super::LayerBuilder::build).
 #[derive(Debug, Clone)]
 pub(crate) struct ProblemConfig {
+    /// The API's idempotency documentation (an absolute `http(s)` URI without a fragment):
+    /// `type` becomes `{base}#{slug}`. `None`: the docs.rs links.
+    pub(crate) base: Option<String>,
+    /// `Link: <{base}>; rel="describedby"`, prepared from `base` once.
+    pub(crate) link: Option<HeaderValue>,
     /// The status of [`Problem::CallerMissing`]: 401 or 400.
     pub(crate) caller_missing_status: StatusCode,
     /// The challenge a 401 carries.
@@ -194,6 +249,8 @@ pub(crate) struct ProblemConfig {
 impl Default for ProblemConfig {
     fn default() -> Self {
         ProblemConfig {
+            base: None,
+            link: None,
             caller_missing_status: StatusCode::UNAUTHORIZED,
             www_authenticate: None,
         }
@@ -204,7 +261,7 @@ impl Default for ProblemConfig {
 #[derive(serde::Serialize)]
 struct ProblemBody {
     #[serde(rename = "type")]
-    kind: &'static str,
+    kind: Cow<'static, str>,
     title: &'static str,
     status: u16,
     detail: String,
@@ -263,15 +320,22 @@ mod tests {
         let config = ProblemConfig::default();
         let r = Problem::KeyInFlight.retry_after(&config, "x", Duration::from_millis(1500));
         assert_eq!(r.headers()[RETRY_AFTER], "2");
+        let r = Problem::KeyInFlight.retry_after(&config, "x", Duration::from_millis(1));
+        assert_eq!(r.headers()[RETRY_AFTER], "1");
+        let r = Problem::KeyInFlight.retry_after(&config, "x", Duration::from_secs(3));
+        assert_eq!(r.headers()[RETRY_AFTER], "3");
         let r = Problem::KeyInFlight.retry_after(&config, "x", Duration::ZERO);
         assert_eq!(r.headers()[RETRY_AFTER], "1");
         assert_eq!(r.status(), StatusCode::CONFLICT);
         assert_eq!(r.headers()[CONTENT_TYPE], "application/problem+json");
+        // No overflow at the far end.
+        assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
     }
 
     #[tokio::test]
     async fn body_is_a_problem_document() {
         let r = Problem::KeyMissing.response(&ProblemConfig::default(), "send one");
+        assert!(r.headers().get(LINK).is_none());
         let text = body_text(r).await;
         assert!(
             text.starts_with(r#"{"type":"https://docs.rs/idem-core/"#),
@@ -281,6 +345,27 @@ mod tests {
             text.ends_with(
                 r#""title":"Idempotency-Key is missing","status":400,"detail":"send one"}"#
             ),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn base_sets_type_and_link() {
+        let config = ProblemConfig {
+            base: Some("https://api.example.com/docs/idempotency".into()),
+            link: Some(HeaderValue::from_static(
+                "<https://api.example.com/docs/idempotency>; rel=\"describedby\"",
+            )),
+            ..ProblemConfig::default()
+        };
+        let r = Problem::KeyReused.response(&config, "x");
+        assert_eq!(
+            r.headers()[LINK],
+            "<https://api.example.com/docs/idempotency>; rel=\"describedby\""
+        );
+        let text = body_text(r).await;
+        assert!(
+            text.starts_with(r#"{"type":"https://api.example.com/docs/idempotency#key-reused","#),
             "{text}"
         );
     }
@@ -304,5 +389,24 @@ mod tests {
         let r = Problem::CallerMissing.response(&bad_request, "x");
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
         assert!(body_text(r).await.contains(r#""status":400"#));
+    }
+
+    #[test]
+    fn slugs_are_distinct() {
+        let all = [
+            Problem::KeyMissing,
+            Problem::KeyMalformed,
+            Problem::KeyInFlight,
+            Problem::KeyReused,
+            Problem::BodyTooLarge,
+            Problem::BodyUnreadable,
+            Problem::StoreUnavailable,
+            Problem::LeaseLost,
+            Problem::Internal,
+            Problem::CallerMissing,
+            Problem::CallerInvalid,
+        ];
+        let slugs: std::collections::HashSet<_> = all.iter().map(|p| p.slug()).collect();
+        assert_eq!(slugs.len(), all.len());
     }
 }

@@ -98,6 +98,8 @@ pub async fn changed_request_is_422(store: Arc<dyn Store>) {
         .await;
     let problem = changed.problem(422);
     assert_eq!(problem["type"], Problem::KeyReused.type_uri());
+    // Without a problem_base there is no documentation of the API's own to link to.
+    assert_eq!(changed.header("link"), None);
     assert_eq!(problem["title"], Problem::KeyReused.title());
     let other_path = server.post("/flaky", Some("k-2"), r#"{"amount":5}"#).await;
     other_path.problem(422);
@@ -281,6 +283,34 @@ pub async fn shared_key_space_shares_responses(store: Arc<dyn Store>) {
         .await
         .unwrap()
         .is_some());
+}
+
+pub async fn problem_base_sets_type_and_link(store: Arc<dyn Store>) {
+    let base = "https://api.example.com/docs/idempotency";
+    let server = Server::start(store, |b| b.problem_base(base)).await;
+    let first = server
+        .post("/payments", Some("k-doc"), r#"{"amount":5}"#)
+        .await;
+    assert_eq!(first.status, 201);
+    // The handler's own responses are left as they are.
+    assert_eq!(first.header("link"), None);
+    let link = format!("<{base}>; rel=\"describedby\"");
+    let reused = server
+        .post("/payments", Some("k-doc"), r#"{"amount":6}"#)
+        .await;
+    let problem = reused.problem(422);
+    assert_eq!(problem["type"], format!("{base}#key-reused"));
+    assert_eq!(reused.header("link"), Some(link.as_str()));
+    let anonymous = server
+        .request(Method::POST, "/payments", &[&quoted("k-doc")], None, "{}")
+        .await;
+    let problem = anonymous.problem(401);
+    assert_eq!(
+        problem["type"],
+        format!("{base}#{}", Problem::CallerMissing.slug())
+    );
+    assert_eq!(anonymous.header("link"), Some(link.as_str()));
+    assert_eq!(server.runs(), 1);
 }
 
 pub async fn bad_keys_are_400(store: Arc<dyn Store>) {

@@ -57,3 +57,29 @@ fn caller_missing_status_is_401_or_400() {
     );
     assert!(message.contains("www_authenticate"), "{message}");
 }
+
+#[test]
+fn problem_base_is_an_absolute_web_address() {
+    for good in [
+        "https://api.example.com/docs/idempotency",
+        "http://localhost:8080/idempotency.html",
+        "https://api.example.com/docs?page=idempotency",
+    ] {
+        let built = by_x_caller(engine()).problem_base(good).build();
+        assert!(built.is_ok(), "{good}: {built:?}");
+    }
+    for bad in [
+        "",
+        "/docs/idempotency",
+        "docs/idempotency",
+        "urn:example:idempotency",
+        "ftp://example.com/idempotency",
+        "https://api.example.com/docs#idempotency",
+        "https://api.example.com/docs idempotency",
+        "https://api.example.com/docs>; rel=\"next\"",
+        "https://api.example.com/é",
+    ] {
+        let message = refused(by_x_caller(engine()).problem_base(bad));
+        assert!(message.contains("problem_base"), "{bad}: {message}");
+    }
+}

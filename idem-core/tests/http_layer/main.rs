@@ -29,6 +29,7 @@ macro_rules! http_suite {
                 missing_caller_is_refused,
                 invalid_caller_is_400,
                 shared_key_space_shares_responses,
+                problem_base_sets_type_and_link,
                 bad_keys_are_400,
                 bare_keys_when_accepted,
                 optional_key_runs_unguarded,
