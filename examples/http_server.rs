@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -167,6 +167,9 @@ fn print_session(base: &str) {
          # 201, a different payment: another caller's keys are separate\n\
          curl -i -X POST {base}/payments -H 'Content-Type: application/json' -H 'X-Api-Key: team-b' \
          -H 'Idempotency-Key: \"order-1001\"' -d '{{\"amount\": 4200, \"currency\": \"EUR\"}}'\n\n\
+         # 401: no X-Api-Key, so no telling whose key this is\n\
+         curl -i -X POST {base}/payments -H 'Content-Type: application/json' \
+         -H 'Idempotency-Key: \"order-1001\"' -d '{{\"amount\": 4200, \"currency\": \"EUR\"}}'\n\n\
          # 400: no key (keys are required here), then an unquoted one\n\
          {post} -d '{{\"amount\": 4200, \"currency\": \"EUR\"}}'\n\
          {post} -H 'Idempotency-Key: order-1002' -d '{{\"amount\": 4200, \"currency\": \"EUR\"}}'\n\n\
@@ -183,7 +186,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let idempotency = IdempotencyLayer::builder(engine)
         .require_key(true)
         // Each API key has its own key space: two clients never see each other's responses.
+        // A request without one gets 401 with this challenge, never a shared key space.
         .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+        .www_authenticate(HeaderValue::from_static(r#"ApiKey realm="payments""#))
         // JSON key order and whitespace do not make a retry "different".
         .fingerprint(BodyFingerprint::Json)
         .lease(Duration::from_secs(10))

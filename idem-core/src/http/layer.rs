@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use tower::Layer;
 
 use super::fingerprint::BodyFingerprint;
+use super::problem::ProblemConfig;
 use super::service::IdempotencyService;
 use crate::codec::{Codec, JsonCodec};
 use crate::engine::{CallOptions, Idempotency, OnLocked};
@@ -46,10 +47,13 @@ pub(crate) struct Config<C> {
     pub(crate) require_key: bool,
     pub(crate) accept_bare_keys: bool,
     pub(crate) scope: String,
+    /// The caller extractor. `None` is the one shared key space, which
+    /// [`LayerBuilder::build`] allows only after [`LayerBuilder::shared_key_space`].
     pub(crate) caller: Option<Box<CallerFn>>,
     pub(crate) fingerprint: BodyFingerprint,
     pub(crate) store_if: Arc<StoreIfFn>,
     pub(crate) max_request_body: usize,
+    pub(crate) problems: ProblemConfig,
 }
 
 /// A tower [`Layer`] that makes `POST` and `PATCH` (by default) requests carrying an
@@ -60,16 +64,26 @@ pub(crate) struct Config<C> {
 /// default lease, retention, wait behaviour and the largest stored response
 /// ([`Policy::max_response_bytes`](crate::Policy::max_response_bytes)).
 ///
+/// A layer is built with [`builder`](Self::builder), and [`build`](LayerBuilder::build) needs
+/// one decision that has no safe default: whose keys are whose. Either keys are scoped by a
+/// [`caller`](LayerBuilder::caller) identity, or the layer is told to use
+/// [`shared_key_space`](LayerBuilder::shared_key_space). There is no `IdempotencyLayer::new`:
+/// a constructor that cannot fail would have to pick one of the two for you, and the only one
+/// it could pick without knowing your authentication lets a client replay another's responses.
+///
 /// ```
 /// use axum::{routing::post, Router};
 /// use idem_core::http::IdempotencyLayer;
 /// use idem_core::{Idempotency, MemoryStore};
 ///
-/// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()));
+/// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+///     .build()?;
 /// let app: Router = Router::new()
 ///     .route("/payments", post(|| async { "created" }))
 ///     .layer(layer);
 /// # let _ = app;
+/// # Ok::<(), idem_core::Error>(())
 /// ```
 pub struct IdempotencyLayer<C = JsonCodec> {
     config: Arc<Config<C>>,
@@ -96,36 +110,32 @@ impl<C> fmt::Debug for Config<C> {
             .field("methods", &self.methods)
             .field("require_key", &self.require_key)
             .field("accept_bare_keys", &self.accept_bare_keys)
-            .field("caller", &self.caller.is_some())
+            .field(
+                "callers",
+                &if self.caller.is_some() {
+                    "scoped by the caller extractor"
+                } else {
+                    "one shared key space"
+                },
+            )
             .field("fingerprint", &self.fingerprint)
             .field("options", &self.options)
             .field("max_request_body", &self.max_request_body)
+            .field("problems", &self.problems)
             .finish_non_exhaustive()
     }
 }
 
 impl<C: Codec> IdempotencyLayer<C> {
-    /// A layer with the defaults: see [`LayerBuilder`].
-    ///
-    /// ```
-    /// use idem_core::http::IdempotencyLayer;
-    /// use idem_core::{Idempotency, MemoryStore};
-    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()));
-    /// # let _ = layer;
-    /// ```
-    pub fn new(engine: Idempotency<C>) -> IdempotencyLayer<C> {
-        IdempotencyLayer {
-            config: Arc::new(LayerBuilder::new(engine).config),
-        }
-    }
-
-    /// A [`LayerBuilder`] to change the defaults.
+    /// A [`LayerBuilder`] with the defaults. Before [`build`](LayerBuilder::build) it needs
+    /// [`caller`](LayerBuilder::caller) or [`shared_key_space`](LayerBuilder::shared_key_space).
     ///
     /// ```
     /// use std::time::Duration;
     /// use idem_core::http::IdempotencyLayer;
     /// use idem_core::{Idempotency, MemoryStore};
     /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
     ///     .require_key(true)
     ///     .retention(Duration::from_secs(24 * 3600))
     ///     .build()?;
@@ -153,11 +163,13 @@ impl<S, C> Layer<S> for IdempotencyLayer<C> {
 /// | [`require_key`](Self::require_key) | `false`: a request without the header runs unguarded |
 /// | [`accept_bare_keys`](Self::accept_bare_keys) | `false`: the key must be a quoted sf-string |
 /// | [`scope`](Self::scope) | `"http"` |
-/// | [`caller`](Self::caller) | none: every client shares one key space |
+/// | [`caller`](Self::caller) or [`shared_key_space`](Self::shared_key_space) | none: [`build`](Self::build) refuses until one is chosen |
+/// | [`caller_missing_status`](Self::caller_missing_status) | `401 Unauthorized`, without [`www_authenticate`](Self::www_authenticate) |
 /// | [`fingerprint`](Self::fingerprint) | method, path and query, body bytes |
 /// | [`lease`](Self::lease), [`retention`](Self::retention), [`on_locked`](Self::on_locked) | the engine's policy (30 s, 24 h, fail fast) |
 /// | [`store_if`](Self::store_if) | [`stores_by_default`] |
 /// | [`max_request_body`](Self::max_request_body) | 1 MiB |
+/// | [`problem_base`](Self::problem_base) | none: problem `type`s link to docs.rs, no `Link` header |
 ///
 /// ```
 /// use std::time::Duration;
@@ -179,17 +191,23 @@ impl<S, C> Layer<S> for IdempotencyLayer<C> {
 ///     .on_locked(OnLocked::Wait { timeout: Duration::from_secs(5) })
 ///     .store_if(|status, _headers| status.is_success())
 ///     .max_request_body(64 * 1024)
+///     .problem_base("https://api.example.com/docs/idempotency")
 ///     .build()?;
 /// # let _ = layer;
 /// # Ok::<(), idem_core::Error>(())
 /// ```
 pub struct LayerBuilder<C = JsonCodec> {
     config: Config<C>,
+    /// Whether [`shared_key_space`](Self::shared_key_space) was called.
+    shared_key_space: bool,
 }
 
 impl<C> fmt::Debug for LayerBuilder<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.config.fmt(f)
+        f.debug_struct("LayerBuilder")
+            .field("config", &self.config)
+            .field("shared_key_space", &self.shared_key_space)
+            .finish()
     }
 }
 
@@ -207,7 +225,9 @@ impl<C: Codec> LayerBuilder<C> {
                 fingerprint: BodyFingerprint::default(),
                 store_if: Arc::new(|status, _: &HeaderMap| stores_by_default(status)),
                 max_request_body: 1 << 20,
+                problems: ProblemConfig::default(),
             },
+            shared_key_space: false,
         }
     }
 
@@ -271,25 +291,122 @@ impl<C: Codec> LayerBuilder<C> {
 
     /// Who is asking, from the request head: an API key id, a user id, or an extension an
     /// authentication layer put there. Keys are scoped by it, so two callers sending the same
-    /// key get independent results. `None` (or no extractor) means the shared anonymous caller.
+    /// key and body get independent results, each from its own run of the handler.
     ///
-    /// The identity must be at most 255 bytes of printable ASCII (hash longer ones yourself);
-    /// otherwise the request gets `500`. Add this layer inside (after) the authentication layer,
-    /// so the identity is set and checked when the extractor runs.
+    /// The extractor runs for each guarded request that carries an `Idempotency-Key`. When it
+    /// returns `None` the request gets [`Problem::CallerMissing`](super::Problem::CallerMissing)
+    /// (`401`, or `400` by [`caller_missing_status`](Self::caller_missing_status)) and nothing
+    /// runs; there is no anonymous key space to fall back to. The identity must be 1 to 255
+    /// bytes of printable ASCII (hash longer ones yourself); any other gets
+    /// [`Problem::CallerInvalid`](super::Problem::CallerInvalid) (`400`). Add this layer inside
+    /// (after) the authentication layer, so the identity is set and checked when the extractor
+    /// runs. Not together with [`shared_key_space`](Self::shared_key_space).
     ///
     /// ```
     /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
     /// #[derive(Clone)]
     /// struct User(u64);
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .caller(|parts| parts.extensions.get::<User>().map(|u| u.0.to_string()));
-    /// # let _ = b;
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .caller(|parts| parts.extensions.get::<User>().map(|u| u.0.to_string()))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem_core::Error>(())
     /// ```
     pub fn caller(
         mut self,
         extract: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
         self.config.caller = Some(Box::new(extract));
+        self
+    }
+
+    /// Opts in to one key space shared by every client, instead of a [`caller`](Self::caller)
+    /// extractor.
+    ///
+    /// **What it risks:** the record of a request is found by its `Idempotency-Key` alone, so
+    /// any client that learns another client's key and sends the same method, path and body
+    /// (the [fingerprint](Self::fingerprint)) gets that client's stored response: status,
+    /// headers (`Set-Cookie` and `Location` included) and body, for as long as the response is
+    /// [retained](Self::retention); and while the first request runs, it gets `409` for it. A
+    /// key that a client sends with a different body gets `422` even if the key is another
+    /// client's. Use it only where every client is equally trusted with every response: one
+    /// client (a single backend calling a service), or responses that hold nothing private.
+    ///
+    /// Not together with [`caller`](Self::caller): [`build`](Self::build) refuses both.
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// // An internal service with one client: there is nobody to keep apart.
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .shared_key_space()
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
+    pub fn shared_key_space(mut self) -> Self {
+        self.shared_key_space = true;
+        self
+    }
+
+    /// The status of [`Problem::CallerMissing`](super::Problem::CallerMissing), the answer to a
+    /// request whose [`caller`](Self::caller) identity is missing: `401 Unauthorized` (the
+    /// default) or `400 Bad Request`; [`build`](Self::build) refuses any other. RFC 9110 wants a
+    /// `401` to carry a `WWW-Authenticate` challenge: give yours with
+    /// [`www_authenticate`](Self::www_authenticate), or choose `400` if your API has none.
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// use http::StatusCode;
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .caller(|parts| Some(parts.headers.get("x-tenant")?.to_str().ok()?.to_owned()))
+    ///     .caller_missing_status(StatusCode::BAD_REQUEST)
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
+    pub fn caller_missing_status(mut self, status: StatusCode) -> Self {
+        self.config.problems.caller_missing_status = status;
+        self
+    }
+
+    /// The `WWW-Authenticate` challenge sent with the `401` for a missing caller identity, such
+    /// as `Bearer realm="payments"`. Only with the `401` status of
+    /// [`caller_missing_status`](Self::caller_missing_status).
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// use http::HeaderValue;
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+    ///     .www_authenticate(HeaderValue::from_static(r#"ApiKey realm="payments""#))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
+    pub fn www_authenticate(mut self, challenge: HeaderValue) -> Self {
+        self.config.problems.www_authenticate = Some(challenge);
+        self
+    }
+
+    /// Where the API documents its idempotency behaviour (the IETF draft asks for such a page):
+    /// an absolute `http` or `https` URI without a fragment. The layer's problem responses then
+    /// carry `type: "{base}#{slug}"` (the [`Problem::slug`](super::Problem::slug), such as
+    /// `https://api.example.com/docs/idempotency#key-in-flight`) and
+    /// `Link: <{base}>; rel="describedby"`. One page with one anchor per problem is all the
+    /// documentation site needs. Without it, `type` links to the [`Problem`](super::Problem)
+    /// variant on docs.rs and no `Link` is sent.
+    ///
+    /// ```
+    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+    ///     .problem_base("https://api.example.com/docs/idempotency")
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
+    pub fn problem_base(mut self, base: impl Into<String>) -> Self {
+        self.config.problems.base = Some(base.into());
         self
     }
 
@@ -321,8 +438,10 @@ impl<C: Codec> LayerBuilder<C> {
         self
     }
 
-    /// How long a stored response is replayed. Overrides
-    /// [`Policy::retention`](crate::Policy::retention).
+    /// How long a stored response is replayed, counted from when it was stored. Overrides
+    /// [`Policy::retention`](crate::Policy::retention). This is the key expiry policy the IETF
+    /// draft asks an API to publish: after it, the record may be pruned at any time and the key
+    /// counts as new, so a request with it runs the handler again.
     ///
     /// ```
     /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
@@ -387,17 +506,46 @@ impl<C: Codec> LayerBuilder<C> {
         self
     }
 
-    /// Checks the scope, lease and retention and builds the layer.
+    /// Checks the configuration and builds the layer. [`Error::InvalidConfig`] when: neither
+    /// [`caller`](Self::caller) nor [`shared_key_space`](Self::shared_key_space) was chosen, or
+    /// both; the scope is not a valid key part; the lease or retention is out of range; the
+    /// [`caller_missing_status`](Self::caller_missing_status) is not 400 or 401, or is 400 with
+    /// a [`www_authenticate`](Self::www_authenticate) challenge; the
+    /// [`problem_base`](Self::problem_base) is not an absolute `http(s)` URI without a fragment.
     ///
     /// ```
     /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore, Error};
-    /// let bad = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("").build();
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let undecided = IdempotencyLayer::builder(engine.clone()).build();
+    /// assert!(matches!(undecided, Err(Error::InvalidConfig(m)) if m.contains("shared_key_space()")));
+    /// let bad = IdempotencyLayer::builder(engine).shared_key_space().scope("").build();
     /// assert!(matches!(bad, Err(Error::InvalidConfig(_))));
     /// ```
-    pub fn build(self) -> Result<IdempotencyLayer<C>, Error> {
+    pub fn build(mut self) -> Result<IdempotencyLayer<C>, Error> {
+        match (self.config.caller.is_some(), self.shared_key_space) {
+            (true, false) | (false, true) => {}
+            (false, false) => {
+                return Err(Error::InvalidConfig(
+                    "the HTTP layer does not know whose Idempotency-Keys are whose: call \
+                     .caller(|parts| …) to scope keys by the identity of who asks (an API key \
+                     id, a user id), or .shared_key_space() to let every client share one key \
+                     space, where any client that sends another's key and body gets that \
+                     client's response"
+                        .to_owned(),
+                ))
+            }
+            (true, true) => {
+                return Err(Error::InvalidConfig(
+                    "the HTTP layer has both .caller(…) and .shared_key_space(); keep \
+                     .caller(…) to scope keys by caller, or remove it to share one key space"
+                        .to_owned(),
+                ))
+            }
+        }
         if let Err(e) = Key::derive(&self.config.scope, "", "-") {
             return Err(Error::InvalidConfig(format!("HTTP layer scope: {e}")));
         }
+        check_problems(&mut self.config.problems)?;
         if let Some(lease) = self.config.options.lease {
             check_duration("lease", lease)?;
         }
@@ -408,4 +556,49 @@ impl<C: Codec> LayerBuilder<C> {
             config: Arc::new(self.config),
         })
     }
+}
+
+/// Checks what [`LayerBuilder`] was told about problem responses, and prepares the `Link`.
+fn check_problems(problems: &mut ProblemConfig) -> Result<(), Error> {
+    let status = problems.caller_missing_status;
+    if status != StatusCode::UNAUTHORIZED && status != StatusCode::BAD_REQUEST {
+        return Err(Error::InvalidConfig(format!(
+            "HTTP layer caller_missing_status is {status}; use 401 Unauthorized (the default) \
+             or 400 Bad Request"
+        )));
+    }
+    if status != StatusCode::UNAUTHORIZED && problems.www_authenticate.is_some() {
+        return Err(Error::InvalidConfig(
+            "HTTP layer www_authenticate is sent only with 401, but caller_missing_status is \
+             400; remove one of them"
+                .to_owned(),
+        ));
+    }
+    if let Some(base) = &problems.base {
+        let bad = |why: &str| {
+            Error::InvalidConfig(format!(
+                "HTTP layer problem_base {base:?} {why}; give the absolute address of your \
+                 idempotency documentation, e.g. \"https://api.example.com/docs/idempotency\""
+            ))
+        };
+        // `http::Uri` drops a fragment silently, and lets through characters (`"`, `<`, `>`)
+        // that RFC 3986 refuses and that would break the `Link` header: check both first.
+        if base.contains('#') {
+            return Err(bad("has a fragment, and the layer adds one per problem"));
+        }
+        let uri_char = |c: char| c.is_ascii_alphanumeric() || "-._~:/?[]@!$&'()*+,;=%".contains(c);
+        if let Some(c) = base.chars().find(|&c| !uri_char(c)) {
+            return Err(bad(&format!(
+                "holds {c:?}, which a URI holds only percent-encoded"
+            )));
+        }
+        let uri: Uri = base.parse().map_err(|_| bad("is not a URI"))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+            return Err(bad("is not an absolute http or https URI"));
+        }
+        let link = HeaderValue::try_from(format!("<{base}>; rel=\"describedby\""))
+            .map_err(|_| bad("cannot be sent in a Link header"))?;
+        problems.link = Some(link);
+    }
+    Ok(())
 }

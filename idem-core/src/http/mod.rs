@@ -23,6 +23,22 @@
 //! # let _ = app; Ok(()) }
 //! ```
 //!
+//! # Whose keys are whose
+//!
+//! A layer scopes keys in one of two ways, and [`build`](LayerBuilder::build) refuses to guess
+//! (an [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming both):
+//!
+//! - [`caller`](LayerBuilder::caller): an extractor reads who is asking from the request head
+//!   (an API key id, a user id, an extension set by your authentication layer). Two callers
+//!   sending the same key and body each get their own run of the handler and their own response.
+//!   A request without an identity is refused (`401`), never put in a shared space.
+//! - [`shared_key_space`](LayerBuilder::shared_key_space): one key space for every client. Any
+//!   client that sends another's key and body gets that client's stored response, `Set-Cookie`
+//!   included; only for APIs whose clients are all trusted with each other's responses.
+//!
+//! There is no `IdempotencyLayer::new(engine)`: a constructor without this choice would have to
+//! make it for you, and the only choice it could make is the unsafe one.
+//!
 //! # What a request gets
 //!
 //! Only the configured methods are guarded (`POST` and `PATCH` by default); others pass through.
@@ -36,12 +52,35 @@
 //! | no key, key required | `400 Bad Request` |
 //! | no key, key optional | the handler's response, nothing stored |
 //! | malformed key: not one RFC 8941 string (unless [bare keys](LayerBuilder::accept_bare_keys) are accepted), empty, over 255 characters, header sent twice | `400 Bad Request` |
+//! | key, but the [caller extractor](LayerBuilder::caller) finds no identity | `401 Unauthorized` (or `400`, by [`caller_missing_status`](LayerBuilder::caller_missing_status)); nothing runs or is stored |
+//! | key, but the identity is empty, over 255 bytes or holds a byte outside printable ASCII | `400 Bad Request`; nothing runs or is stored |
 //! | body over [`max_request_body`](LayerBuilder::max_request_body) | `413 Content Too Large`, nothing runs or is stored |
 //! | store unreachable | `503 Service Unavailable` with `Retry-After`, nothing runs |
 //! | claim lost while the handler ran (it may have run twice) | `500 Internal Server Error` |
 //!
-//! The layer's own errors are `application/problem+json` (RFC 9457) with `type` (a link to the
-//! [`Problem`] variant), `title`, `status` and `detail`.
+//! The layer's own errors are `application/problem+json` (RFC 9457) with `type`, `title`,
+//! `status` and `detail`. `type` links to the [`Problem`] variant on docs.rs, or, with a
+//! [`problem_base`](LayerBuilder::problem_base) such as
+//! `https://api.example.com/docs/idempotency`, to `{base}#{slug}`
+//! (`…/docs/idempotency#key-in-flight`, see [`Problem::slug`]), and the response then also
+//! carries `Link: <https://api.example.com/docs/idempotency>; rel="describedby"` (IETF draft,
+//! section "Error Scenarios").
+//!
+//! `Retry-After` is whole seconds (RFC 9110 `delay-seconds`): the engine's estimate of when the
+//! running request ends ([`Error::Locked`](crate::Error::Locked)), rounded up so a client that
+//! waits as told never comes back early, and at least 1. A `503` says 1.
+//!
+//! # Key expiry
+//!
+//! The draft asks an API to publish how long it keeps keys; with this layer that is:
+//!
+//! - A stored response is replayed for the layer's [`retention`](LayerBuilder::retention)
+//!   (the engine's [`Policy::retention`](crate::Policy::retention) unless set; 24 hours by
+//!   default), counted from when the response was stored. After that the record may be pruned
+//!   at any time, and a request with the key counts as new: the handler runs again.
+//! - A response that is not stored (see the table above) frees its key at once.
+//! - A request that is still running holds its key for one [`lease`](LayerBuilder::lease),
+//!   renewed while the handler runs; if the process dies, the key frees when the lease ends.
 //!
 //! # What a replay carries
 //!
@@ -57,7 +96,8 @@
 //! # Keys and fingerprints
 //!
 //! The record's key is [`Key::derive`](crate::Key::derive)`(scope, caller, client key)`, so two
-//! [callers](LayerBuilder::caller) using the same client key never share a record. The request
+//! [callers](LayerBuilder::caller) using the same client key never share a record (with
+//! [`shared_key_space`](LayerBuilder::shared_key_space) the caller is empty). The request
 //! [fingerprint](BodyFingerprint) covers the method, path and query, and the body (its bytes by
 //! default, or canonical JSON, or selected JSON fields).
 //!
@@ -71,7 +111,7 @@
 //! | in flight, fail fast | 1 |
 //! | in flight, wait | 1 per poll (one poller per key and process; waiters in the same process are woken when the first request finishes) |
 //! | different request (422) | 1 |
-//! | no key, unguarded method, bad key, body too large | 0 |
+//! | no key, unguarded method, bad key, caller missing or invalid, body too large | 0 |
 //!
 //! # Disconnects
 //!

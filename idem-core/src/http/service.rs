@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 
 use axum_core::body::Body;
 use bytes::Bytes;
+use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use tower::Service;
 
@@ -32,8 +33,12 @@ use crate::key::Key;
 /// use tower::Layer;
 ///
 /// let router: Router = Router::new().route("/payments", post(|| async { "created" }));
-/// let service = IdempotencyLayer::new(Idempotency::new(MemoryStore::new())).layer(router);
+/// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+///     .build()?;
+/// let service = layer.layer(router);
 /// # let _ = service;
+/// # Ok::<(), idem_core::Error>(())
 /// ```
 pub struct IdempotencyService<S, C> {
     inner: S,
@@ -166,38 +171,37 @@ where
     ) {
         Ok(Some(k)) => k,
         Ok(None) if config.require_key => {
-            return Ok(Problem::KeyMissing.response(format!(
-                "{} requests to this API need an Idempotency-Key header, e.g. \
-                 Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
-                req.method()
-            )))
+            return Ok(Problem::KeyMissing.response(
+                &config.problems,
+                format!(
+                    "{} requests to this API need an Idempotency-Key header, e.g. \
+                     Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
+                    req.method()
+                ),
+            ))
         }
         Ok(None) => return pass(inner, req).await,
-        Err(e) => return Ok(Problem::KeyMalformed.response(e)),
+        Err(e) => return Ok(Problem::KeyMalformed.response(&config.problems, e)),
     };
     let (parts, body) = req.into_parts();
-    let caller = config.caller.as_ref().and_then(|extract| extract(&parts));
-    let key = match Key::derive(&config.scope, caller.as_deref().unwrap_or(""), &client_key) {
+    let key = match record_key(&config, &parts, &client_key) {
         Ok(key) => key,
-        Err(e) => {
-            // The scope was checked at build and the client key while parsing: the caller
-            // identity is what the application configured wrongly.
-            tracing::error!(error = %e, "the idempotency caller extractor returned an invalid identity");
-            return Ok(
-                Problem::Internal.response("the idempotency layer failed; the error is logged")
-            );
-        }
+        Err((problem, detail)) => return Ok(problem.response(&config.problems, detail)),
     };
     let body = match read_request(body, &parts.headers, config.max_request_body).await {
         Ok(body) => body,
         Err(ReadError::TooLarge) => {
-            return Ok(Problem::BodyTooLarge.response(format!(
-                "requests with an Idempotency-Key may carry at most {} bytes of body",
-                config.max_request_body
-            )))
+            return Ok(Problem::BodyTooLarge.response(
+                &config.problems,
+                format!(
+                    "requests with an Idempotency-Key may carry at most {} bytes of body",
+                    config.max_request_body
+                ),
+            ))
         }
         Err(ReadError::Failed(e)) => {
-            return Ok(Problem::BodyUnreadable.response(format!("reading the body failed: {e}")))
+            return Ok(Problem::BodyUnreadable
+                .response(&config.problems, format!("reading the body failed: {e}")))
         }
     };
     let fingerprint = config.fingerprint.of(&parts.method, &parts.uri, &body);
@@ -246,8 +250,41 @@ where
         }
         Err(Failure::Pass(response)) => Ok(response),
         Err(Failure::Service(e)) => Err(e),
-        Err(Failure::Idem(e)) => Ok(from_engine(e)),
+        Err(Failure::Idem(e)) => Ok(from_engine(&config.problems, e)),
     }
+}
+
+/// The record key of a request: the scope, the caller and the client key; or, when the caller
+/// identity is missing or cannot be a key part, the problem to answer. The identity comes from
+/// the request, so it never moves the request to a shared space and never makes a 500. The empty
+/// caller is the shared key space, which only a layer built with `shared_key_space()` uses; so
+/// an extractor's empty identity is refused here, though `Key::derive` would take it.
+fn record_key<C>(
+    config: &Config<C>,
+    parts: &Parts,
+    client_key: &str,
+) -> Result<Key, (Problem, String)> {
+    const MISSING: &str = "this API keeps each caller's Idempotency-Keys apart, and this \
+                           request does not say who sends it; authenticate and send it again";
+    const EMPTY: &str = "the caller identity taken from this request is empty, so it cannot \
+                         keep this caller's Idempotency-Keys apart from others'";
+    let caller = match &config.caller {
+        None => String::new(),
+        Some(extract) => match extract(parts) {
+            None => return Err((Problem::CallerMissing, MISSING.to_owned())),
+            Some(caller) if caller.is_empty() => {
+                return Err((Problem::CallerInvalid, EMPTY.to_owned()))
+            }
+            Some(caller) => caller,
+        },
+    };
+    Key::derive(&config.scope, &caller, client_key).map_err(|e| {
+        // The scope was checked at build and the client key while parsing: the identity is
+        // what failed. Its value is neither logged nor sent: it may be a credential.
+        tracing::warn!(error = %e, "idempotency caller identity refused");
+        let detail = format!("the caller identity taken from this request cannot scope a key: {e}");
+        (Problem::CallerInvalid, detail)
+    })
 }
 
 /// Calls the inner service untouched: an unguarded method, or no key where none is required.

@@ -7,7 +7,9 @@ use idem_core::http::Problem;
 use idem_core::{Idempotency, OnLocked, Store};
 use reqwest::Method;
 
-use crate::server::{quoted, record_key, spawn_many, within, Reply, Server};
+use idem_core::http::IdempotencyLayer;
+
+use crate::server::{quoted, record_key, spawn_many, within, Reply, Server, CALLER};
 
 pub async fn retry_replays_identical_response(store: Arc<dyn Store>) {
     let server = Server::start(store, |b| b).await;
@@ -96,6 +98,8 @@ pub async fn changed_request_is_422(store: Arc<dyn Store>) {
         .await;
     let problem = changed.problem(422);
     assert_eq!(problem["type"], Problem::KeyReused.type_uri());
+    // Without a problem_base there is no documentation of the API's own to link to.
+    assert_eq!(changed.header("link"), None);
     assert_eq!(problem["title"], Problem::KeyReused.title());
     let other_path = server.post("/flaky", Some("k-2"), r#"{"amount":5}"#).await;
     other_path.problem(422);
@@ -108,8 +112,18 @@ pub async fn changed_request_is_422(store: Arc<dyn Store>) {
     assert_eq!(again.body, first.body);
 }
 
+/// The `Set-Cookie` values of a reply.
+fn cookies(reply: &Reply) -> Vec<&str> {
+    reply
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "set-cookie")
+        .map(|(_, v)| std::str::from_utf8(v).unwrap())
+        .collect()
+}
+
 pub async fn callers_are_independent(store: Arc<dyn Store>) {
-    let server = Server::start(store, |b| b).await;
+    let mut server = Server::start(store, |b| b.on_locked(OnLocked::FailFast)).await;
     let send = |caller: &'static str| {
         server.request(
             Method::POST,
@@ -133,11 +147,175 @@ pub async fn callers_are_independent(store: Arc<dyn Store>) {
     assert_eq!(alice_again.body, alice.body);
     assert_eq!(bob_again.body, bob.body);
     assert_eq!(server.runs(), 2);
+    // A cookie set for one caller reaches that caller only, fresh or replayed.
+    for reply in [&alice, &alice_again] {
+        assert_eq!(cookies(reply), ["a=1", "session=alice.1"]);
+    }
+    for reply in [&bob, &bob_again] {
+        assert_eq!(cookies(reply), ["a=1", "session=bob.2"]);
+    }
+    // Length prefixes keep ("ab", "c") and ("a", "bc") apart.
+    let ab = server
+        .request(Method::POST, "/payments", &[&quoted("c")], Some("ab"), "{}")
+        .await;
+    let a = server
+        .request(Method::POST, "/payments", &[&quoted("bc")], Some("a"), "{}")
+        .await;
+    assert!(!ab.replayed() && !a.replayed());
+    assert_eq!(server.runs(), 4);
+
+    // Two callers in flight with one key at once: each runs, neither is refused as a duplicate.
+    let first = tokio::spawn(server.request(
+        Method::POST,
+        "/hold",
+        &[&quoted("both")],
+        Some("alice"),
+        "{}",
+    ));
+    within("alice's handler to start", server.entered.recv()).await;
+    let second =
+        tokio::spawn(server.request(Method::POST, "/hold", &[&quoted("both")], Some("bob"), "{}"));
+    within("bob's handler to start", server.entered.recv()).await;
+    server.release(2);
+    let first = within("alice's reply", first).await.unwrap();
+    let second = within("bob's reply", second).await.unwrap();
+    assert_eq!((first.status, second.status), (201, 201));
+    assert_ne!(first.body, second.body);
+    assert_eq!(server.runs(), 6);
+}
+
+pub async fn missing_caller_is_refused(store: Arc<dyn Store>) {
+    let server = Server::start(store.clone(), |b| b).await;
+    let anonymous = || server.request(Method::POST, "/payments", &[&quoted("k-anon")], None, "{}");
+    // Two clients without an identity: neither runs, neither gets the other's response.
+    for reply in [anonymous().await, anonymous().await] {
+        let problem = reply.problem(401);
+        assert_eq!(problem["type"], Problem::CallerMissing.type_uri());
+        assert_eq!(problem["title"], Problem::CallerMissing.title());
+        assert!(cookies(&reply).is_empty());
+    }
+    assert_eq!(server.runs(), 0);
+    assert!(store
+        .get(&record_key("", "k-anon"))
+        .await
+        .unwrap()
+        .is_none());
+    // Without a key nothing is stored, so there is nothing to keep apart: it runs unguarded.
+    let unguarded = server
+        .request(Method::POST, "/payments", &[], None, "{}")
+        .await;
+    assert_eq!(unguarded.status, 201);
+    assert_eq!(server.runs(), 1);
+
+    let server = Server::start(store, |b| {
+        b.caller_missing_status(axum::http::StatusCode::BAD_REQUEST)
+    })
+    .await;
+    let reply = server
+        .request(Method::POST, "/payments", &[&quoted("k-anon")], None, "{}")
+        .await;
+    let problem = reply.problem(400);
+    assert_eq!(problem["type"], Problem::CallerMissing.type_uri());
+    assert_eq!(server.runs(), 0);
+}
+
+pub async fn invalid_caller_is_400(store: Arc<dyn Store>) {
+    let server = Server::start(store, |b| b).await;
+    let send = |caller: &str| {
+        server.request(
+            Method::POST,
+            "/payments",
+            &[&quoted("k-who")],
+            Some(caller),
+            "{}",
+        )
+    };
+    let too_long = "c".repeat(256);
+    for caller in [too_long.as_str(), "tab\there", ""] {
+        let problem = send(caller).await.problem(400);
+        assert_eq!(
+            problem["type"],
+            Problem::CallerInvalid.type_uri(),
+            "{caller:?}"
+        );
+        assert_eq!(problem["title"], Problem::CallerInvalid.title());
+        // The detail says what is wrong without echoing the identity, which may be a secret.
+        if !caller.is_empty() {
+            assert!(!problem["detail"].as_str().unwrap().contains(caller));
+        }
+    }
+    assert_eq!(server.runs(), 0);
+    // The longest valid identity runs.
+    assert_eq!(send(&"c".repeat(255)).await.status, 201);
+    assert_eq!(server.runs(), 1);
+}
+
+pub async fn shared_key_space_shares_responses(store: Arc<dyn Store>) {
+    let layer = IdempotencyLayer::builder(Idempotency::from_arc(store.clone()))
+        .shared_key_space()
+        .build()
+        .unwrap();
+    let server = Server::serve(store.clone(), layer).await;
+    let send = |caller: Option<&str>, body: &'static str| {
+        server.request(
+            Method::POST,
+            "/payments",
+            &[&quoted("k-shared")],
+            caller,
+            body,
+        )
+    };
+    let alice = send(Some("alice"), r#"{"amount":5}"#).await;
+    assert_eq!(alice.status, 201);
+    // As documented: whoever sends the same key and body gets the first response, cookies too.
+    let bob = send(Some("bob"), r#"{"amount":5}"#).await;
+    let nobody = send(None, r#"{"amount":5}"#).await;
+    for reply in [&bob, &nobody] {
+        assert!(reply.replayed());
+        assert_eq!(reply.body, alice.body);
+        assert_eq!(cookies(reply), ["a=1", "session=alice.1"]);
+    }
+    // The same key with another body is another request: 422, whoever sends it.
+    send(Some("bob"), r#"{"amount":6}"#).await.problem(422);
+    assert_eq!(server.runs(), 1);
+    assert!(store
+        .get(&record_key("", "k-shared"))
+        .await
+        .unwrap()
+        .is_some());
+}
+
+pub async fn problem_base_sets_type_and_link(store: Arc<dyn Store>) {
+    let base = "https://api.example.com/docs/idempotency";
+    let server = Server::start(store, |b| b.problem_base(base)).await;
+    let first = server
+        .post("/payments", Some("k-doc"), r#"{"amount":5}"#)
+        .await;
+    assert_eq!(first.status, 201);
+    // The handler's own responses are left as they are.
+    assert_eq!(first.header("link"), None);
+    let link = format!("<{base}>; rel=\"describedby\"");
+    let reused = server
+        .post("/payments", Some("k-doc"), r#"{"amount":6}"#)
+        .await;
+    let problem = reused.problem(422);
+    assert_eq!(problem["type"], format!("{base}#key-reused"));
+    assert_eq!(reused.header("link"), Some(link.as_str()));
+    let anonymous = server
+        .request(Method::POST, "/payments", &[&quoted("k-doc")], None, "{}")
+        .await;
+    let problem = anonymous.problem(401);
+    assert_eq!(
+        problem["type"],
+        format!("{base}#{}", Problem::CallerMissing.slug())
+    );
+    assert_eq!(anonymous.header("link"), Some(link.as_str()));
+    assert_eq!(server.runs(), 1);
 }
 
 pub async fn bad_keys_are_400(store: Arc<dyn Store>) {
     let server = Server::start(store, |b| b.require_key(true)).await;
-    let send = |keys: &[&str]| server.request(Method::POST, "/payments", keys, None, "{}");
+    let send = |keys: &[&str]| server.request(Method::POST, "/payments", keys, Some(CALLER), "{}");
     let missing = send(&[]).await.problem(400);
     assert_eq!(missing["type"], Problem::KeyMissing.type_uri());
     let long = quoted(&"k".repeat(256));
@@ -173,10 +351,16 @@ pub async fn bare_keys_when_accepted(store: Arc<dyn Store>) {
     let server = Server::start(store, |b| b.accept_bare_keys(true)).await;
     let uuid = "8e03978e-40d5-43e8-bc93-6894a57f9324";
     let bare = server
-        .request(Method::POST, "/payments", &[uuid], None, "{}")
+        .request(Method::POST, "/payments", &[uuid], Some(CALLER), "{}")
         .await;
     let quoted_again = server
-        .request(Method::POST, "/payments", &[&quoted(uuid)], None, "{}")
+        .request(
+            Method::POST,
+            "/payments",
+            &[&quoted(uuid)],
+            Some(CALLER),
+            "{}",
+        )
         .await;
     assert_eq!(bare.status, 201);
     assert!(quoted_again.replayed());
@@ -258,7 +442,7 @@ pub async fn disconnect_then_fail_fast_gets_409_then_replay(store: Arc<dyn Store
     );
     server.release(1);
     // The detached handler stores its response; poll the record, bounded.
-    let key = record_key("", "k-gone");
+    let key = record_key(CALLER, "k-gone");
     within("the response to be stored", async {
         while !matches!(
             store.get(&key).await.unwrap().map(|r| r.state),
@@ -285,7 +469,7 @@ pub async fn oversized_body_is_413(store: Arc<dyn Store>) {
     assert_eq!(server.runs(), 0);
     assert!(server
         .store
-        .get(&record_key("", "k-big"))
+        .get(&record_key(CALLER, "k-big"))
         .await
         .unwrap()
         .is_none());
@@ -339,6 +523,10 @@ pub async fn completed_response_is_stored(store: Arc<dyn Store>) {
     let server = Server::start(store.clone(), |b| b).await;
     let first: Reply = server.post("/payments", Some("k-rec"), "{}").await;
     assert_eq!(first.status, 201);
-    let record = store.get(&record_key("", "k-rec")).await.unwrap().unwrap();
+    let record = store
+        .get(&record_key(CALLER, "k-rec"))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(matches!(record.state, idem_core::RecordState::Completed(_)));
 }

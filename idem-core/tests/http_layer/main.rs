@@ -1,8 +1,10 @@
 //! The HTTP layer driven through a real axum server on a loopback port with a real HTTP client,
 //! once per store: every case in `cases.rs` runs against each store listed at the bottom.
+//! `config.rs` checks what the layer's builder refuses, which needs no store.
 #![cfg(feature = "http")]
 
 mod cases;
+mod config;
 #[cfg(feature = "postgres")]
 #[path = "../support/pg_env.rs"]
 mod pg_env;
@@ -24,6 +26,10 @@ macro_rules! http_suite {
                 concurrent_duplicates_wait,
                 changed_request_is_422,
                 callers_are_independent,
+                missing_caller_is_refused,
+                invalid_caller_is_400,
+                shared_key_space_shares_responses,
+                problem_base_sets_type_and_link,
                 bad_keys_are_400,
                 bare_keys_when_accepted,
                 optional_key_runs_unguarded,

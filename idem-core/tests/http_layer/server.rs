@@ -115,18 +115,29 @@ impl Reply {
     }
 }
 
+/// The caller identity [`Server::post`] sends in `x-caller`.
+pub const CALLER: &str = "client-1";
+
 /// `"key"` as an RFC 8941 string.
 pub fn quoted(key: &str) -> String {
     format!("\"{key}\"")
 }
 
-/// The key the layer stores a request under (default scope `http`).
+/// The key the layer stores a request under (default scope `http`; caller `""` in a shared key
+/// space).
 pub fn record_key(caller: &str, client_key: &str) -> Key {
     Key::derive("http", caller, client_key).unwrap()
 }
 
+/// The builder of the test layer: keys scoped by the `x-caller` header.
+pub fn by_x_caller(engine: Idempotency) -> LayerBuilder {
+    IdempotencyLayer::builder(engine)
+        .caller(|parts| Some(parts.headers.get("x-caller")?.to_str().ok()?.to_owned()))
+}
+
 impl Server {
-    /// Serves the test routes behind a layer on `store`, configured by `configure`.
+    /// Serves the test routes behind a layer on `store` that scopes keys by `x-caller`,
+    /// configured by `configure`.
     pub async fn start(
         store: Arc<dyn Store>,
         configure: impl FnOnce(LayerBuilder) -> LayerBuilder,
@@ -140,12 +151,12 @@ impl Server {
         store: Arc<dyn Store>,
         configure: impl FnOnce(LayerBuilder) -> LayerBuilder,
     ) -> Server {
-        let layer = configure(
-            IdempotencyLayer::builder(engine)
-                .caller(|parts| Some(parts.headers.get("x-caller")?.to_str().ok()?.to_owned())),
-        )
-        .build()
-        .unwrap();
+        let layer = configure(by_x_caller(engine)).build().unwrap();
+        Server::serve(store, layer).await
+    }
+
+    /// Serves the test routes behind `layer`, which keeps its records in `store`.
+    pub async fn serve(store: Arc<dyn Store>, layer: IdempotencyLayer) -> Server {
         let (entered_tx, entered) = unbounded_channel();
         let (dropped_tx, dropped) = unbounded_channel();
         let (arrival_tx, arrivals) = unbounded_channel();
@@ -236,7 +247,7 @@ impl Server {
         }
     }
 
-    /// `POST path` with one quoted key (or none) as the anonymous caller.
+    /// `POST path` with one quoted key (or none) as [`CALLER`].
     pub fn post(
         &self,
         path: &str,
@@ -245,11 +256,18 @@ impl Server {
     ) -> impl Future<Output = Reply> + Send + 'static {
         let keys: Vec<String> = key.map(quoted).into_iter().collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        self.request(reqwest::Method::POST, path, &keys, None, body.to_owned())
+        self.request(
+            reqwest::Method::POST,
+            path,
+            &keys,
+            Some(CALLER),
+            body.to_owned(),
+        )
     }
 }
 
-/// Creates a payment: a new id per run, with headers a replay must repeat exactly.
+/// Creates a payment: a new id per run, with headers a replay must repeat exactly, among them a
+/// session cookie for the caller that asked.
 async fn create(State(app): State<App>, headers: HeaderMap, body: String) -> Response<Body> {
     app.runs.fetch_add(1, Ordering::SeqCst);
     let id = app.serial.fetch_add(1, Ordering::SeqCst) + 1;
@@ -263,7 +281,7 @@ async fn create(State(app): State<App>, headers: HeaderMap, body: String) -> Res
         .header("content-type", "application/json")
         .header("location", format!("/payments/{id}"))
         .header("set-cookie", "a=1")
-        .header("set-cookie", "b=2")
+        .header("set-cookie", format!("session={caller}.{id}"))
         .header("x-run", id.to_string())
         .body(Body::from(json.to_string()))
         .unwrap()
