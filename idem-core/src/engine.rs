@@ -1342,3 +1342,98 @@ impl Drop for PollerRole<'_> {
         self.0.notify.notify_waiters();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+
+    fn key(i: u32) -> Key {
+        let mut bytes = [0; 32];
+        bytes[..4].copy_from_slice(&i.to_be_bytes());
+        Key::from_bytes(bytes)
+    }
+
+    /// A million contended joins: threads share keys, join, wake and leave in every order. The
+    /// last one out of a slot must remove it, whatever references a wake holds at that moment.
+    #[test]
+    fn waiter_slots_are_all_released_after_a_million_contended_keys() {
+        let waiters = Arc::new(Waiters::default());
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let waiters = waiters.clone();
+                std::thread::spawn(move || {
+                    for i in 0..250_000u32 {
+                        // Neighbouring threads share each key.
+                        let k = key((i + t * 7) % 1_000);
+                        let first = waiters.join(k);
+                        waiters.wake(&k);
+                        let second = waiters.join(k);
+                        drop(first);
+                        waiters.wake(&k);
+                        drop(second);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(waiters.len(), 0);
+    }
+
+    /// Contended keys through the engine: two callers per key, the second waiting on the first.
+    /// Afterwards no waiter slot and no release is left behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_slot_outlives_its_waiters() {
+        let engine = Idempotency::new(MemoryStore::new());
+        let wait = CallOptions {
+            on_locked: Some(OnLocked::Wait {
+                timeout: Duration::from_secs(30),
+            }),
+            ..CallOptions::default()
+        };
+        let mut tasks = tokio::task::JoinSet::new();
+        for batch in 0..4u32 {
+            let engine = engine.clone();
+            tasks.spawn(async move {
+                for i in 0..25_000u32 {
+                    let k = key(batch * 25_000 + i);
+                    let (a, b) = tokio::join!(
+                        engine.run_with(&wait, Some(k), None, async {
+                            tokio::task::yield_now().await;
+                            Ok::<_, Error>(i)
+                        }),
+                        engine.run_with(&wait, Some(k), None, async { Ok::<_, Error>(i) }),
+                    );
+                    assert_eq!(a.unwrap().into_inner(), i);
+                    assert_eq!(b.unwrap().into_inner(), i);
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+        assert_eq!(engine.inner.shared.waiters.len(), 0);
+        assert_eq!(engine.inner.shared.releases.len(), 0);
+    }
+
+    #[test]
+    fn retry_after_is_the_typical_duration_within_the_lease() {
+        let typical = Typical::default();
+        let lease_left = Duration::from_secs(25);
+        assert_eq!(typical.retry_after(lease_left), FIRST_GUESS);
+        assert_eq!(
+            typical.retry_after(Duration::from_millis(300)),
+            Duration::from_millis(300)
+        );
+        typical.observe(Duration::from_millis(200));
+        assert_eq!(typical.retry_after(lease_left), Duration::from_millis(200));
+        typical.observe(Duration::from_micros(10));
+        assert!(typical.retry_after(lease_left) < Duration::from_millis(200));
+        for _ in 0..100 {
+            typical.observe(Duration::from_micros(10));
+        }
+        assert_eq!(typical.retry_after(lease_left), MIN_RETRY_AFTER);
+    }
+}
