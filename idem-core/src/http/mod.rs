@@ -55,7 +55,9 @@
 //! | key, but the [caller extractor](LayerBuilder::caller) finds no identity | `401 Unauthorized` (or `400`, by [`caller_missing_status`](LayerBuilder::caller_missing_status)); nothing runs or is stored |
 //! | key, but the identity is empty, over 255 bytes or holds a byte outside printable ASCII | `400 Bad Request`; nothing runs or is stored |
 //! | body over [`max_request_body`](LayerBuilder::max_request_body) | `413 Content Too Large`, nothing runs or is stored |
-//! | store unreachable | `503 Service Unavailable` with `Retry-After`, nothing runs |
+//! | same key, after a first request whose response was not kept (larger than [`max_response_bytes`](crate::Policy::max_response_bytes), trailers, a body that failed) | `422 Unprocessable Content` ([`Problem::ResponseNotRetained`]); the handler does not run again |
+//! | store unreachable when the request arrives | `503 Service Unavailable` with `Retry-After`, nothing runs |
+//! | store unreachable when the response is to be stored | the handler's response; storing it is retried in the background until it lands, and the key stays held meanwhile (`409`, or wait) |
 //! | claim lost while the handler ran (it may have run twice) | `500 Internal Server Error` |
 //!
 //! The layer's own errors are `application/problem+json` (RFC 9457) with `type`, `title`,
@@ -78,7 +80,9 @@
 //!   (the engine's [`Policy::retention`](crate::Policy::retention) unless set; 24 hours by
 //!   default), counted from when the response was stored. After that the record may be pruned
 //!   at any time, and a request with the key counts as new: the handler runs again.
-//! - A response that is not stored (see the table above) frees its key at once.
+//! - A response that [`store_if`](LayerBuilder::store_if) rejects (a 5xx, say) frees its key
+//!   at once. A response that cannot be kept (too large, trailers) keeps its key for the
+//!   retention as "completed, not retained": retries get `422`.
 //! - A request that is still running holds its key for one [`lease`](LayerBuilder::lease),
 //!   renewed while the handler runs; if the process dies, the key frees when the lease ends.
 //!
@@ -88,10 +92,13 @@
 //! connection rather than the response: `Connection`, any header `Connection` names,
 //! `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`, `Proxy-Authorization`, `TE`,
 //! `Trailer`, `Transfer-Encoding` and `Upgrade`. `Date` is written by the HTTP server for each
-//! message, so a replay carries the time of the replay. Response extensions and trailers are not
-//! stored; a response with trailers, or whose stored form would exceed the engine's
-//! [`max_response_bytes`](crate::Policy::max_response_bytes), is sent as it is and not stored
-//! (logged as a warning), so a retry runs the handler again.
+//! message, so a replay carries the time of the replay. Response extensions are not stored. A
+//! response with trailers (every gRPC call), whose stored form would exceed the engine's
+//! [`max_response_bytes`](crate::Policy::max_response_bytes), or whose body fails while it is
+//! read, is sent to its client as it is and not kept (logged as a warning); its key is recorded
+//! as completed without a response, so a retry gets `422` ([`Problem::ResponseNotRetained`])
+//! instead of running the handler a second time. Raise `max_response_bytes` for large
+//! responses you want replayed.
 //!
 //! # Keys and fingerprints
 //!
@@ -106,7 +113,8 @@
 //! | request | statements |
 //! |---|---|
 //! | new key, response stored | 1 claim + 1 complete (+ 1 lease renewal per third of the lease the handler runs) |
-//! | new key, response not stored (5xx, …) or handler failed, cancelled or panicked | 1 claim + 1 release |
+//! | new key, response not stored (5xx, …), handler failed or panicked | 1 claim + 1 release |
+//! | new key, response not kept (too large, trailers) | 1 claim + 1 complete (of the "not retained" record) |
 //! | replay | 1 |
 //! | in flight, fail fast | 1 |
 //! | in flight, wait | 1 per poll (one poller per key and process; waiters in the same process are woken when the first request finishes) |
@@ -115,9 +123,16 @@
 //!
 //! # Disconnects
 //!
-//! When a client goes away while its request runs, the server drops the request's future; the
-//! engine then releases the claim at once, so a retry runs the handler again (and at worst, if
-//! the process dies, the key frees when the lease ends).
+//! Once a request has claimed its key, the handler runs on a task of its own, detached from the
+//! connection: a client that disconnects (or a proxy that times out) does not cancel it. It
+//! runs to its end, its response is stored, and the client's retry replays it: fail fast, the
+//! retry gets `409` with `Retry-After` while the handler still runs and the replay afterwards;
+//! waiting, it gets the replay. The handler runs once. (Before its claim, a request whose
+//! client went away is simply dropped: nothing ran.) If the process itself dies while the
+//! handler runs, the key frees when the lease ends.
+//!
+//! The handler, its future and its response body must therefore be `Send + 'static`, which axum
+//! handlers are; the layer needs a tokio runtime to spawn on (axum's).
 
 mod body;
 mod fingerprint;
