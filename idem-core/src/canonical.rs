@@ -1,9 +1,13 @@
-//! The canonical form that request fingerprints hash, written from a `Serialize` value by
-//! [`to_canonical`], behind [`Fingerprint::of_json`](crate::Fingerprint::of_json), whose docs
-//! give the form: compact JSON with sorted keys and a few extensions, decodable, so two
-//! different values never share bytes.
+//! The canonical form that request fingerprints hash, written two ways: from a `Serialize` value
+//! ([`to_canonical`], behind [`Fingerprint::of_json`](crate::Fingerprint::of_json), whose docs
+//! give the form) and from JSON text (`text`, behind the HTTP layer's JSON body fingerprints).
+//!
+//! Both write the same grammar, compact JSON with sorted keys and a few extensions, so it is
+//! decodable: two different values never share bytes.
 
 mod ser;
+#[cfg(feature = "http")]
+pub(crate) mod text;
 
 pub(crate) use ser::to_canonical;
 

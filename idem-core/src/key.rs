@@ -8,7 +8,6 @@
 use std::fmt;
 
 use serde::Serialize;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::canonical::to_canonical;
@@ -347,45 +346,6 @@ impl Token {
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Token({:08x}…)", (self.0 >> 96) as u32)
-    }
-}
-
-/// Compact JSON with object keys sorted at every depth. Sorted explicitly rather than relying on
-/// `serde_json::Map` order, which the `preserve_order` feature (enabled by any crate in the
-/// build) would change.
-pub(crate) fn canonical_json(v: &Value) -> Vec<u8> {
-    let mut out = Vec::new();
-    write_canonical(v, &mut out);
-    out
-}
-
-fn write_canonical(v: &Value, out: &mut Vec<u8>) {
-    match v {
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(Value::String(k.clone()).to_string().as_bytes());
-                out.push(b':');
-                write_canonical(v, out);
-            }
-            out.push(b'}');
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(b']');
-        }
-        scalar => out.extend_from_slice(scalar.to_string().as_bytes()),
     }
 }
 
