@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::key::KeyError;
+use crate::key::{FingerprintError, KeyError};
 
 /// A boxed error from a backend or codec.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -24,6 +24,12 @@ pub enum Error {
     /// The scope, caller or client key is malformed. Nothing was stored.
     #[error("invalid idempotency key: {0}")]
     InvalidKey(#[from] KeyError),
+
+    /// The request given as the call's fingerprint could not be fingerprinted: it nests too deep
+    /// or its `Serialize` implementation failed. Nothing was stored; fingerprint a flatter view
+    /// of the request, such as the fields that identify it.
+    #[error("cannot fingerprint the request: {0}")]
+    Fingerprint(#[from] FingerprintError),
 
     /// The key was used before for a request with another fingerprint. Use a new key for a new
     /// request. Nothing was changed.

@@ -8,11 +8,69 @@
 use std::fmt;
 
 use serde::Serialize;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+use crate::canonical::to_canonical;
 
 /// The longest client key, scope or caller accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 255;
+
+/// How deep a fingerprinted value may nest: arrays, objects, structs, tuples, enum variants
+/// with data, `Some` and newtype wrappers count one level each.
+///
+/// The bound keeps a hostile or runaway payload from exhausting the stack. A deeper value gets
+/// [`FingerprintError::TooDeep`] from [`Fingerprint::of_json`]; a deeper HTTP body counts by its
+/// bytes. serde_json's parser stops at about the same depth, so a value it reads fits.
+///
+/// ```
+/// use idem_core::{Fingerprint, FingerprintError, MAX_FINGERPRINT_DEPTH};
+/// let mut deep = serde_json::json!(0);
+/// for _ in 0..MAX_FINGERPRINT_DEPTH {
+///     deep = serde_json::json!([deep]);
+/// }
+/// assert!(Fingerprint::of_json(&deep).is_ok());
+/// let deeper = serde_json::json!([deep]);
+/// assert_eq!(
+///     Fingerprint::of_json(&deeper),
+///     Err(FingerprintError::TooDeep { limit: MAX_FINGERPRINT_DEPTH })
+/// );
+/// ```
+pub const MAX_FINGERPRINT_DEPTH: usize = 128;
+
+/// Why a value could not be fingerprinted.
+///
+/// ```
+/// use idem_core::{Fingerprint, FingerprintError};
+/// struct Broken;
+/// impl serde::Serialize for Broken {
+///     fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+///         Err(serde::ser::Error::custom("lock poisoned"))
+///     }
+/// }
+/// assert_eq!(
+///     Fingerprint::of_json(&Broken),
+///     Err(FingerprintError::Serialize("lock poisoned".into()))
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FingerprintError {
+    /// The value nests deeper than [`MAX_FINGERPRINT_DEPTH`] levels.
+    #[error("the value nests more than {limit} levels deep; fingerprint a flatter view of the request, such as the fields that identify it")]
+    TooDeep {
+        /// The bound, [`MAX_FINGERPRINT_DEPTH`].
+        limit: usize,
+    },
+    /// The value's `Serialize` implementation reported this error.
+    #[error("the value's Serialize implementation failed: {0}")]
+    Serialize(String),
+}
+
+impl serde::ser::Error for FingerprintError {
+    fn custom<T: fmt::Display>(msg: T) -> Self {
+        FingerprintError::Serialize(msg.to_string())
+    }
+}
 
 /// Why a scope, caller or client key was refused.
 ///
@@ -164,7 +222,7 @@ impl fmt::Display for Key {
 /// let a = Fingerprint::of_json(&Deposit { account: 1, cents: 500 })?;
 /// let b = Fingerprint::of_json(&serde_json::json!({ "cents": 500, "account": 1 }))?;
 /// assert_eq!(a, b); // key order does not matter
-/// # Ok::<(), serde_json::Error>(())
+/// # Ok::<(), idem_core::FingerprintError>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
@@ -180,12 +238,49 @@ impl Fingerprint {
         Fingerprint(Sha256::digest(bytes).into())
     }
 
-    /// SHA-256 of the canonical JSON of `value`: object keys sorted, no whitespace, so two
-    /// encodings of the same request hash alike.
-    pub fn of_json<T: Serialize + ?Sized>(value: &T) -> Result<Fingerprint, serde_json::Error> {
-        Ok(Fingerprint::of_bytes(&canonical_json(
-            &serde_json::to_value(value)?,
-        )))
+    /// SHA-256 of the canonical form of `value`: two encodings of the same request hash alike,
+    /// two different requests never do.
+    ///
+    /// The canonical form is compact JSON with object keys sorted, extended where JSON would
+    /// collapse two values:
+    ///
+    /// | value | written as |
+    /// |---|---|
+    /// | integers of any width, `i128` and `u128` included | exact decimal, the same for every width: `1`, `-7`, `340282366920938463463374607431768211455` |
+    /// | finite floats (`f32` widened to `f64` exactly) | the shortest text that reads back as the same `f64`: `0.1`, `1.0`, `-0.0`, `1e+16` |
+    /// | NaN, +∞, −∞ | `NaN`, `Infinity`, `-Infinity` (all NaNs are one value) |
+    /// | strings and chars | JSON strings |
+    /// | `None`, `()`, unit structs | `null`; inside `Some` marked once per `Some` (`?null`), so `Some(None)` differs from `None` |
+    /// | `Some(x)`, newtype structs | as `x` |
+    /// | sequences, tuples, byte strings | `[…]` |
+    /// | maps and structs | `{key:value,…}`, each key in its own canonical form, so the integer key `1` differs from the string key `"1"`; string keys first in the order of their text, then other keys in the order of their form |
+    /// | enum variants | as serde_json writes them: `"Unit"`, `{"Newtype":x}`, `{"Tuple":[…]}`, `{"Struct":{…}}` |
+    ///
+    /// So a struct hashes like a JSON object with the same fields and values.
+    ///
+    /// The canonical form is part of every stored record: when an upgrade changes it, records
+    /// stored by the older build keep their old fingerprints, so a retry sent across the upgrade
+    /// with a payload whose form changed gets [`Error::KeyReused`](crate::Error::KeyReused)
+    /// (HTTP 422).
+    ///
+    /// ```
+    /// use idem_core::Fingerprint;
+    /// use std::collections::BTreeMap;
+    /// let big = Fingerprint::of_json(&100_000_000_000_000_000_001_u128)?;
+    /// assert_ne!(big, Fingerprint::of_json(&100_000_000_000_000_000_000_u128)?);
+    /// assert_ne!(Fingerprint::of_json(&f64::NAN)?, Fingerprint::of_json(&())?);
+    /// let int_key = BTreeMap::from([(1, "a")]);
+    /// let str_key = BTreeMap::from([("1", "a")]);
+    /// assert_ne!(Fingerprint::of_json(&int_key)?, Fingerprint::of_json(&str_key)?);
+    /// # Ok::<(), idem_core::FingerprintError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`FingerprintError::TooDeep`] when `value` nests deeper than [`MAX_FINGERPRINT_DEPTH`]
+    /// levels, [`FingerprintError::Serialize`] when its `Serialize` implementation fails.
+    pub fn of_json<T: Serialize + ?Sized>(value: &T) -> Result<Fingerprint, FingerprintError> {
+        Ok(Fingerprint::of_bytes(&to_canonical(value)?))
     }
 
     /// Rebuilds a fingerprint from its stored bytes.
@@ -251,45 +346,6 @@ impl Token {
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Token({:08x}…)", (self.0 >> 96) as u32)
-    }
-}
-
-/// Compact JSON with object keys sorted at every depth. Sorted explicitly rather than relying on
-/// `serde_json::Map` order, which the `preserve_order` feature (enabled by any crate in the
-/// build) would change.
-pub(crate) fn canonical_json(v: &Value) -> Vec<u8> {
-    let mut out = Vec::new();
-    write_canonical(v, &mut out);
-    out
-}
-
-fn write_canonical(v: &Value, out: &mut Vec<u8>) {
-    match v {
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(Value::String(k.clone()).to_string().as_bytes());
-                out.push(b':');
-                write_canonical(v, out);
-            }
-            out.push(b'}');
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(b']');
-        }
-        scalar => out.extend_from_slice(scalar.to_string().as_bytes()),
     }
 }
 

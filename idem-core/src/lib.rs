@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod canonical;
 mod clock;
 mod codec;
 mod engine;
@@ -29,7 +30,10 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
 pub use engine::{Builder, CallOptions, Idempotency, OnLocked, Outcome, Policy};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
-pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
+pub use key::{
+    validate_client_key, Fingerprint, FingerprintError, Key, KeyError, Token,
+    MAX_FINGERPRINT_DEPTH, MAX_KEY_LEN,
+};
 pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::claim_order::ClaimOrder;

@@ -121,11 +121,9 @@ pub fn key(
     )?))
 }
 
-/// Fingerprints a request value by its canonical JSON.
+/// Fingerprints a request value by its canonical form.
 pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<Option<Fingerprint>, Error> {
-    Fingerprint::of_json(value)
-        .map(Some)
-        .map_err(|e| Error::Codec(Box::new(e)))
+    Ok(Some(Fingerprint::of_json(value)?))
 }
 
 /// Pins the body's output type to the function's return type, so `?` in the body converts

@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 
 use http::{Method, Uri};
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::key::{canonical_json as canonical, Fingerprint};
+use crate::canonical::text::Json;
+use crate::key::Fingerprint;
 
 /// Which view of the request body goes into the request fingerprint.
 ///
@@ -25,13 +25,16 @@ pub enum BodyFingerprint {
     /// The body's exact bytes (the default).
     #[default]
     Bytes,
-    /// The body as canonical JSON: object key order and whitespace do not matter. A body that
-    /// is not JSON counts by its bytes.
+    /// The body as canonical JSON: whitespace, the order of object keys and the way a string is
+    /// escaped do not matter. Numbers count by their text as sent, so `1` and `1.0` differ and
+    /// integers beyond 64 bits or long decimals never round together. A body that is not JSON,
+    /// nests deeper than [`MAX_FINGERPRINT_DEPTH`](crate::MAX_FINGERPRINT_DEPTH) levels or
+    /// repeats a key within an object counts by its bytes.
     Json,
     /// Only the values at these JSON Pointers (RFC 6901, such as `/amount` or
     /// `/customer/id`), canonicalised as for [`Json`](Self::Json); everything else in the body may
-    /// change between retries. An absent field differs from a field that is `null`. A body that is
-    /// not JSON counts by its bytes.
+    /// change between retries. An absent field differs from a field that is `null`. A body that
+    /// [`Json`](Self::Json) counts by its bytes counts by its bytes here too, whole.
     JsonFields(Vec<String>),
     /// The body does not count, only the method and the path with its query (for bodies that
     /// differ on every send, such as multipart uploads with random boundaries).
@@ -39,33 +42,45 @@ pub enum BodyFingerprint {
 }
 
 impl BodyFingerprint {
-    /// The fingerprint of a request: SHA-256 over the length-prefixed method, path-and-query
-    /// and the chosen view of the body, each view tagged so two views never collide.
-    pub(crate) fn of(&self, method: &Method, uri: &Uri, body: &[u8]) -> Fingerprint {
+    /// The fingerprint of a request, as the layer computes it: SHA-256 over the length-prefixed
+    /// method, path-and-query and the chosen view of the body, each view tagged so two views
+    /// never collide.
+    ///
+    /// ```
+    /// use http::{Method, Uri};
+    /// use idem_core::http::BodyFingerprint;
+    /// let uri = Uri::from_static("/payments");
+    /// let a = BodyFingerprint::Json.of(&Method::POST, &uri, br#"{"amount": 5, "to": "x"}"#);
+    /// let b = BodyFingerprint::Json.of(&Method::POST, &uri, br#"{"to":"x","amount":5}"#);
+    /// assert_eq!(a, b);
+    /// let c = BodyFingerprint::Json.of(&Method::POST, &uri, br#"{"to":"x","amount":5.0}"#);
+    /// assert_ne!(a, c);
+    /// ```
+    pub fn of(&self, method: &Method, uri: &Uri, body: &[u8]) -> Fingerprint {
         let mut h = Sha256::new();
         h.update(b"idem-http/v1");
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         for part in [method.as_str().as_bytes(), path.as_bytes()] {
             put(&mut h, part);
         }
-        let json = || serde_json::from_slice::<Value>(body).ok();
+        let json = || Json::parse(body);
         match self {
             BodyFingerprint::Bytes => tagged(&mut h, b'b', body),
             BodyFingerprint::Ignore => h.update([b'n']),
             BodyFingerprint::Json => match json() {
-                Some(v) => tagged(&mut h, b'j', &canonical(&v)),
+                Some(v) => tagged(&mut h, b'j', &v.canonical()),
                 None => tagged(&mut h, b'b', body),
             },
             BodyFingerprint::JsonFields(pointers) => match json() {
                 Some(v) => {
-                    let picked: BTreeMap<&str, &Value> = pointers
+                    let picked: BTreeMap<&str, &Json> = pointers
                         .iter()
                         .filter_map(|p| v.pointer(p).map(|found| (p.as_str(), found)))
                         .collect();
                     let mut out = Vec::new();
                     for (pointer, value) in picked {
                         put_vec(&mut out, pointer.as_bytes());
-                        put_vec(&mut out, &canonical(value));
+                        put_vec(&mut out, &value.canonical());
                     }
                     tagged(&mut h, b'f', &out);
                 }
@@ -162,11 +177,5 @@ mod tests {
             fp(&m, "POST", "/p", r#"{"amount":null}"#),
             fp(&m, "POST", "/p", r#"{}"#)
         );
-    }
-
-    #[test]
-    fn canonical_sorts_and_escapes() {
-        let v: Value = serde_json::from_str(r#"{"b":"q\"","a":[{"d":1,"c":null}]}"#).unwrap();
-        assert_eq!(canonical(&v), br#"{"a":[{"c":null,"d":1}],"b":"q\""}"#);
     }
 }
