@@ -503,6 +503,18 @@ pub async fn oversized_response_is_not_run_again(store: Arc<dyn Store>) {
     assert_eq!(server.runs(), 1);
 }
 
+/// A 5 MB response with the default limits (1 MiB): the first client gets all of it, the retry
+/// a problem response, and the handler runs once.
+pub async fn five_megabyte_response_is_not_run_again(store: Arc<dyn Store>) {
+    let server = Server::start(store, |b| b).await;
+    let first = server.post("/huge", Some("k-huge"), "{}").await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body.len(), 5 << 20);
+    let again = server.post("/huge", Some("k-huge"), "{}").await;
+    again.problem(422);
+    assert_eq!(server.runs(), 1);
+}
+
 /// A response with trailers (every gRPC call) cannot be captured: the first client gets it, the
 /// retry a problem response, and the handler runs once.
 pub async fn response_with_trailers_is_not_run_again(store: Arc<dyn Store>) {

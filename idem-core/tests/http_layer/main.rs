@@ -38,6 +38,7 @@ macro_rules! http_suite {
             disconnect_then_fail_fast_gets_409_then_replay,
                 oversized_body_is_413,
                 oversized_response_is_not_run_again,
+            five_megabyte_response_is_not_run_again,
             response_with_trailers_is_not_run_again,
                 completed_response_is_stored
             );

@@ -174,6 +174,7 @@ impl Server {
             .route("/flaky", post(flaky))
             .route("/big", post(big))
             .route("/trailers", post(trailers))
+            .route("/huge", post(huge))
             .layer(layer)
             .layer(tower::util::MapRequestLayer::new(
                 move |req: axum::http::Request<Body>| {
@@ -335,6 +336,14 @@ async fn big(State(app): State<App>) -> Response<Body> {
     let run = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
     let mut body = format!("run {run} ").into_bytes();
     body.resize(app.big_body, b'x');
+    Response::new(Body::from(body))
+}
+
+/// A 5 MB response body: over the default 1 MiB `max_response_bytes`.
+async fn huge(State(app): State<App>) -> Response<Body> {
+    let run = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut body = format!("run {run} ").into_bytes();
+    body.resize(5 << 20, b'x');
     Response::new(Body::from(body))
 }
 
