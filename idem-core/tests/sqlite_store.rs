@@ -501,3 +501,53 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
     assert!(replays_under_a_held_write_lock(&read_first, &path, &done_key).await);
     assert!(!replays_under_a_held_write_lock(&claim_first, &path, &done_key).await);
 }
+
+/// The error of opening `path` and, if that succeeds, of its first use.
+async fn open_or_first_use(path: &Path) -> Error {
+    match SqliteStore::open(path).await {
+        Err(e) => e,
+        Ok(store) => match store.start(&key(0), None, LEASE).await {
+            Err(e) => e,
+            Ok(start) => panic!("a damaged file served a start: {start:?}"),
+        },
+    }
+}
+
+fn assert_damaged(err: &Error) {
+    match err {
+        Error::Store(e) if e.kind() == StoreErrorKind::Corrupt => {
+            let message = err.to_string();
+            assert!(message.contains("damaged"), "{message}");
+        }
+        other => panic!("expected a Corrupt store error naming damage, got {other:?}"),
+    }
+}
+
+/// A file that is not a database at all (SQLITE_NOTADB) is `Corrupt` too, and says so.
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_a_corrupt_store_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    std::fs::write(&path, vec![0x42; 8192]).unwrap();
+    assert_damaged(&open_or_first_use(&path).await);
+}
+
+/// A database opened read-only refuses the claim with a `ReadOnly` store error
+/// (SQLITE_READONLY), which is retryable, not a failed query.
+#[tokio::test]
+async fn a_read_only_database_is_a_read_only_store_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let mut ro =
+        sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=ro", db(&dir).display()))
+            .await
+            .unwrap();
+    let e = sqlx::query("DELETE FROM idem_records")
+        .execute(&mut ro)
+        .await
+        .unwrap_err();
+    let e = StoreError::from(e);
+    assert_eq!(e.kind(), StoreErrorKind::ReadOnly, "{e}");
+    assert!(Error::Store(e).is_retryable());
+    claim(&store, &key(1), LEASE).await;
+}

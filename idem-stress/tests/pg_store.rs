@@ -7,8 +7,9 @@ use std::time::Duration;
 use idem_core::{
     Error, PostgresStore, RecordState, Start, Store, StoreErrorKind, Token, Transactional,
 };
+use idem_stress::cluster::TempCluster;
 use idem_stress::{drop_tables, env, key, unique_name};
-use sqlx::PgPool;
+use sqlx::{Connection, PgPool};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -507,4 +508,243 @@ async fn transactional_mode_applies_the_effect_once() {
     drop_tables(&pool, &[&table, &format!("{table}_migrations"), &ledger])
         .await
         .unwrap();
+}
+
+/// The store error a sqlx error becomes, for checking the mapping with real server errors.
+fn kind_of(e: sqlx::Error) -> StoreErrorKind {
+    idem_core::StoreError::from(e).kind()
+}
+
+/// SQLSTATEs that pass map to `Transient`, a read-only transaction to `ReadOnly`, a lost session
+/// to `Unavailable`: each produced for real on the test server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_map_to_typed_kinds() {
+    let Some(url) = env::pg_url("server_errors_map_to_typed_kinds") else {
+        return;
+    };
+    let pool = pool(&url).await;
+    let table = unique_name("idem_kinds");
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE \"{table}\" (id int PRIMARY KEY, n int NOT NULL); \
+         INSERT INTO \"{table}\" VALUES (1, 0), (2, 0)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut a = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut b = sqlx::PgConnection::connect(&url).await.unwrap();
+    let lock_row = |id: i32| format!("SELECT n FROM \"{table}\" WHERE id = {id} FOR UPDATE");
+
+    // 57014: statement timeout.
+    sqlx::raw_sql("SET statement_timeout = '50ms'")
+        .execute(&mut a)
+        .await
+        .unwrap();
+    let e = sqlx::query("SELECT pg_sleep(5)")
+        .execute(&mut a)
+        .await
+        .unwrap_err();
+    assert_eq!(kind_of(e), StoreErrorKind::Transient);
+    sqlx::raw_sql("RESET statement_timeout")
+        .execute(&mut a)
+        .await
+        .unwrap();
+
+    // 55P03: lock not available.
+    sqlx::raw_sql(&format!("BEGIN; {}", lock_row(1)))
+        .execute(&mut a)
+        .await
+        .unwrap();
+    let e = sqlx::raw_sql(&format!(
+        "BEGIN; SET LOCAL lock_timeout = '50ms'; {}",
+        lock_row(1)
+    ))
+    .execute(&mut b)
+    .await
+    .unwrap_err();
+    assert_eq!(kind_of(e), StoreErrorKind::Transient);
+    sqlx::raw_sql("ROLLBACK").execute(&mut a).await.unwrap();
+    sqlx::raw_sql("ROLLBACK").execute(&mut b).await.unwrap();
+
+    // 40001: serialization failure (a concurrent update under REPEATABLE READ).
+    sqlx::raw_sql(&format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT n FROM \"{table}\" WHERE id = 1"
+    ))
+    .execute(&mut a)
+    .await
+    .unwrap();
+    sqlx::raw_sql(&format!("UPDATE \"{table}\" SET n = n + 1 WHERE id = 1"))
+        .execute(&mut b)
+        .await
+        .unwrap();
+    let e = sqlx::raw_sql(&format!("UPDATE \"{table}\" SET n = n + 1 WHERE id = 1"))
+        .execute(&mut a)
+        .await
+        .unwrap_err();
+    assert_eq!(kind_of(e), StoreErrorKind::Transient);
+    sqlx::raw_sql("ROLLBACK").execute(&mut a).await.unwrap();
+
+    // 40P01: deadlock. Each session locks one row, then asks for the other's.
+    sqlx::raw_sql(&format!("BEGIN; {}", lock_row(1)))
+        .execute(&mut a)
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!("BEGIN; {}", lock_row(2)))
+        .execute(&mut b)
+        .await
+        .unwrap();
+    let (second_a, second_b) = (lock_row(2), lock_row(1));
+    let (ra, rb) = tokio::join!(
+        sqlx::raw_sql(&second_a).execute(&mut a),
+        sqlx::raw_sql(&second_b).execute(&mut b),
+    );
+    let e = match (ra, rb) {
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => e,
+        other => panic!("expected one deadlock victim, got {other:?}"),
+    };
+    assert_eq!(
+        e.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("40P01")
+    );
+    assert_eq!(kind_of(e), StoreErrorKind::Transient);
+    sqlx::raw_sql("ROLLBACK").execute(&mut a).await.unwrap();
+    sqlx::raw_sql("ROLLBACK").execute(&mut b).await.unwrap();
+
+    // 25006: a read-only transaction, as on a standby; here through the store.
+    let store = PostgresStore::builder()
+        .table(&unique_name("idem_ro"))
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    let mut only = store.pool().acquire().await.unwrap();
+    sqlx::raw_sql("SET default_transaction_read_only = on")
+        .execute(&mut *only)
+        .await
+        .unwrap();
+    drop(only);
+    let err = store.start(&key(1), None, LEASE).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::ReadOnly),
+        "{err:?}"
+    );
+    assert!(err.is_retryable());
+
+    // 57P01: the server ended the session (an administrator, a failover).
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut b)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(&mut a)
+        .await
+        .unwrap();
+    let e = sqlx::query("SELECT 1").execute(&mut b).await.unwrap_err();
+    assert_eq!(kind_of(e), StoreErrorKind::Unavailable);
+
+    let t = store.table().to_owned();
+    drop_tables(&pool, &[&table, &t, &format!("{t}_migrations")])
+        .await
+        .unwrap();
+}
+
+/// A small tmpfs that the `postgres` user owns, for a tablespace that can fill up; unmounted when
+/// dropped, also when the test fails.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `bytes` owned by `postgres` (needs root), or says why not.
+    fn mount_for_postgres(bytes: u64) -> Result<Tmpfs, String> {
+        let uid = std::process::Command::new("id")
+            .args(["-u", "postgres"])
+            .output()
+            .map_err(|e| format!("cannot run id: {e}"))?;
+        let uid = String::from_utf8_lossy(&uid.stdout).trim().to_owned();
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size={bytes},uid={uid},mode=0700"))
+            .arg("tmpfs")
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        }
+        Ok(Tmpfs { dir })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // A process still closing its files keeps the file system busy: detach it then (`-l`).
+        let unmounted = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+}
+
+/// A full disk (SQLSTATE 53100, from a real ENOSPC) is a `Full` store error: the records table
+/// lives in a tablespace on a tiny tmpfs that another table has filled. Runs its own cluster, so
+/// the shared server gets no tablespace.
+#[tokio::test]
+async fn a_full_disk_is_a_full_store_error() {
+    let Some(bindir) = env::pg_bindir("a_full_disk_is_a_full_store_error") else {
+        return;
+    };
+    // Dropped after the cluster (declared before it), which must stop using the files first.
+    let fs = match Tmpfs::mount_for_postgres(1 << 20) {
+        Ok(fs) => fs,
+        Err(why) => {
+            assert!(
+                !env::require_pg(),
+                "cannot mount a tmpfs for a tablespace ({why}), and IDEM_REQUIRE_PG=1 requires this test"
+            );
+            eprintln!("skipping a_full_disk_is_a_full_store_error: cannot mount a tmpfs ({why})");
+            return;
+        }
+    };
+    let cluster = TempCluster::init(&bindir);
+    cluster.start();
+    let store = PostgresStore::connect(&cluster.url()).await.unwrap();
+    // One statement at a time: CREATE TABLESPACE refuses to run in a transaction block.
+    for sql in [
+        format!(
+            "CREATE TABLESPACE tiny LOCATION '{}'",
+            fs.dir.path().display()
+        ),
+        "ALTER TABLE idem_records SET TABLESPACE tiny".to_owned(),
+        "CREATE TABLE filler (b text) TABLESPACE tiny".to_owned(),
+    ] {
+        sqlx::raw_sql(&sql).execute(store.pool()).await.unwrap();
+    }
+    let e = sqlx::query(
+        "INSERT INTO filler SELECT repeat(md5(g::text), 30) FROM generate_series(1, 100000) g",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap_err();
+    assert_eq!(
+        e.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("53100"),
+        "{e}"
+    );
+    let err = store.start(&key(1), None, LEASE).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Full),
+        "{err:?}"
+    );
+    assert!(err.is_retryable());
+    store.pool().close().await;
+    drop(cluster);
 }

@@ -95,6 +95,15 @@
 //! advisory locks, no `LOCK TABLE`, no extensions. Behind a connection pooler in transaction mode
 //! use one that supports prepared statements (PgBouncer 1.21 or later).
 //!
+//! # Errors
+//!
+//! Failures are [`Error::Store`] with a [`StoreErrorKind`](crate::StoreErrorKind) taken from the
+//! SQLSTATE: connection errors (class 08, 57P01–57P05, 53300) are `Unavailable`; a statement or
+//! lock timeout (57014, 55P03), a serialization failure (40001) or a deadlock (40P01) is
+//! `Transient`; a full disk (53100) is `Full`; a read-only transaction (25006, as on a standby)
+//! is `ReadOnly`. [`StoreErrorKind::is_transient`](crate::StoreErrorKind::is_transient) says
+//! which are worth retrying.
+//!
 //! The crate enables only sqlx's `postgres` feature: no TLS. To reach a server over TLS, add
 //! `sqlx` with a TLS feature (`tls-rustls` or `tls-native-tls`) to your own dependencies; Cargo
 //! unifies the features.
@@ -896,7 +905,8 @@ impl Store for PostgresStore {
 /// duplicate's claim then waits on the first transaction's row and, once that commits, reads the
 /// committed result with a fresh snapshot and replays it. (Under `REPEATABLE READ` or
 /// `SERIALIZABLE` the duplicate fails with a serialization error instead, SQLSTATE 40001,
-/// surfaced as a [`StoreErrorKind::Query`](crate::StoreErrorKind::Query) error; retry the transaction.)
+/// surfaced as a [`StoreErrorKind::Transient`](crate::StoreErrorKind::Transient) error; retry the
+/// transaction.)
 #[async_trait]
 impl crate::transactional::TransactionalStore for PostgresStore {
     type Connection = PgConnection;

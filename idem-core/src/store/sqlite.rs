@@ -90,6 +90,14 @@
 //! processes at once, applies each step once. A table migrated by a newer version of idem (a
 //! version this build does not know) is refused with [`Error::InvalidConfig`].
 //!
+//! # Errors
+//!
+//! Failures are [`Error::Store`] with a [`StoreErrorKind`](crate::StoreErrorKind) taken from
+//! SQLite's result code: `SQLITE_BUSY`/`SQLITE_LOCKED` (the lock was held past the busy timeout)
+//! are `Unavailable`, `SQLITE_FULL` is `Full`, `SQLITE_READONLY` is `ReadOnly`, and
+//! `SQLITE_CORRUPT`/`SQLITE_NOTADB` are `Corrupt`, with a message saying that the file is
+//! damaged and what to do.
+//!
 //! # SQLite version
 //!
 //! The statements need SQLite 3.35 (`RETURNING`) and 3.42 (`unixepoch('subsec')`). sqlx 0.8's
