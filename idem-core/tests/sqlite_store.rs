@@ -551,3 +551,217 @@ async fn a_read_only_database_is_a_read_only_store_error() {
     assert!(Error::Store(e).is_retryable());
     claim(&store, &key(1), LEASE).await;
 }
+
+/// A small tmpfs mounted for one test; unmounted when dropped, also when the test fails.
+struct Tmpfs {
+    dir: TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `bytes` on a new temporary directory (needs root), or says why not.
+    fn mount(bytes: u64) -> Result<Tmpfs, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        }
+        Ok(Tmpfs { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // A connection thread that is still closing keeps the file system busy: detach it then
+        // (`-l`), and the kernel frees it once the last file closes.
+        let unmounted = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+}
+
+/// Writes a file in `dir` until the file system has no room left; returns its path.
+fn fill(dir: &Path) -> std::path::PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut file = std::fs::File::create(&path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    // Bounded by the file system's size; a write that finds no room fails with ENOSPC (or
+    // EFBIG under `ulimit -f`).
+    loop {
+        if let Err(e) = file.write_all(&chunk) {
+            assert!(
+                matches!(e.raw_os_error(), Some(28 | 27)),
+                "filling the disk failed otherwise: {e}"
+            );
+            return path;
+        }
+    }
+}
+
+/// Set in the child process that runs the full-disk test under `ulimit -f` when no tmpfs can be
+/// mounted.
+const SIZE_LIMITED_CHILD: &str = "IDEM_TEST_SIZE_LIMITED_CHILD";
+
+/// A claim whose COMMIT fails (SQLITE_FULL on a full disk) must be reported as failed. Reading
+/// only the claim's `RETURNING` row used to drop the COMMIT's error: the claim was reported as
+/// won, rolled back, and won again by the next caller, so the work ran once per caller and each
+/// completion found no record (`LeaseLost`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_claims_as_full_and_never_runs_the_work_twice() {
+    if std::env::var_os(SIZE_LIMITED_CHILD).is_some() {
+        let dir = tempfile::tempdir().unwrap();
+        full_disk(dir.path(), false).await;
+        return;
+    }
+    match Tmpfs::mount(2 << 20) {
+        Ok(fs) => full_disk(fs.path(), true).await,
+        Err(why) => {
+            eprintln!(
+                "cannot mount a tmpfs ({why}); running this test again in a child process whose \
+                 file size is limited with `ulimit -f` instead (SQLite then reports the EFBIG of \
+                 a short write as an I/O error, so the child checks for a store error of any kind)"
+            );
+            let exe = std::env::current_exe().unwrap();
+            let status = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(r#"trap "" XFSZ; ulimit -f 4096; exec "$0" "$@""#)
+                .arg(exe)
+                .args([
+                    "--exact",
+                    "a_full_disk_fails_claims_as_full_and_never_runs_the_work_twice",
+                    "--nocapture",
+                ])
+                .env(SIZE_LIMITED_CHILD, "1")
+                .status()
+                .unwrap();
+            assert!(status.success(), "the size-limited child failed: {status}");
+        }
+    }
+}
+
+/// The full-disk scenario on a store in `dir`. With `tmpfs` the disk is filled by a file and
+/// errors must be `Full`; without, the process's file size limit is reached by the store's own
+/// writes.
+async fn full_disk(dir: &Path, tmpfs: bool) {
+    use idem_core::{Idempotency, Outcome};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let path = dir.join("idem.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let engine = Idempotency::new(store.clone());
+    let before = Key::derive("full-disk", "", "done-before").unwrap();
+    let during = Key::derive("full-disk", "", "during").unwrap();
+    let out = engine
+        .run(Some(before), None, async {
+            Ok::<_, Error>("kept".to_string())
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, Outcome::Fresh("kept".to_string()));
+
+    let filler = if tmpfs {
+        Some(fill(dir))
+    } else {
+        // Grow the database until even the smallest commit fails at the size limit: large rows
+        // first, then ever smaller ones into the room they left.
+        sqlx::query("CREATE TABLE ballast (b BLOB)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        for size in [65536, 4096, 16] {
+            let grown = 'grow: {
+                for _ in 0..10_000 {
+                    let r = sqlx::query("INSERT INTO ballast VALUES (zeroblob(?1))")
+                        .bind(size)
+                        .execute(store.pool())
+                        .await;
+                    if r.is_err() {
+                        break 'grow true;
+                    }
+                }
+                false
+            };
+            assert!(grown, "the database never reached the file size limit");
+        }
+        None
+    };
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let (engine, runs) = (engine.clone(), runs.clone());
+            tokio::spawn(async move {
+                engine
+                    .run(Some(during), None, async {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, Error>("receipt".to_string())
+                    })
+                    .await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    let ran = runs.load(Ordering::SeqCst);
+    assert!(
+        ran <= 1,
+        "the work ran {ran} times on a full disk: {answers:?}"
+    );
+    let mut full = 0;
+    for answer in answers {
+        match answer {
+            Ok(out) => assert_eq!(out.into_inner(), "receipt"),
+            Err(Error::Store(e)) if !tmpfs || e.kind() == StoreErrorKind::Full => full += 1,
+            Err(other) => panic!("expected the result or a Full store error, got {other:?}"),
+        }
+    }
+    eprintln!(
+        "on the full disk: {full} of 20 calls failed with a store error, the work ran {ran} times"
+    );
+
+    // Reading needs no room: the key completed before the disk filled still replays.
+    let replay = engine
+        .run(Some(before), None, async {
+            Ok::<_, Error>("again".to_string())
+        })
+        .await
+        .unwrap();
+    assert_eq!(replay, Outcome::Replayed("kept".to_string()));
+
+    // Room again: the key runs (or replays), and its work has run once in all.
+    if let Some(filler) = filler {
+        std::fs::remove_file(filler).unwrap();
+        let out = engine
+            .run(Some(during), None, async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>("receipt".to_string())
+            })
+            .await
+            .unwrap();
+        assert_eq!(out.into_inner(), "receipt");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "the work ran more than once"
+        );
+    }
+    store.pool().close().await;
+}

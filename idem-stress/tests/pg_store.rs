@@ -649,6 +649,67 @@ async fn server_errors_map_to_typed_kinds() {
         .unwrap();
 }
 
+/// A statement's commit can fail after its rows came back (here a deferred constraint trigger
+/// fails at COMMIT with SQLSTATE 53100, as a full disk would): the claim and the completion
+/// must then fail with that error, never report a write that was rolled back.
+#[tokio::test]
+async fn a_commit_that_fails_after_the_rows_fails_the_call() {
+    let Some(url) = env::pg_url("a_commit_that_fails_after_the_rows_fails_the_call") else {
+        return;
+    };
+    let table = unique_name("idem_commit");
+    let store = PostgresStore::builder()
+        .table(&table)
+        .connect(&url)
+        .await
+        .unwrap();
+    let Start::Started(kept) = store.start(&key(1), None, LEASE).await.unwrap() else {
+        panic!("a new key starts");
+    };
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION \"{table}_full\"() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN RAISE EXCEPTION 'no room at commit' USING ERRCODE = 'disk_full'; END $$; \
+         CREATE CONSTRAINT TRIGGER \"{table}_full\" AFTER INSERT OR UPDATE ON \"{table}\" \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION \"{table}_full\"()"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+
+    let err = store.start(&key(2), None, LEASE).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Full),
+        "{err:?}"
+    );
+    assert!(
+        store.get(&key(2)).await.unwrap().is_none(),
+        "nothing claimed"
+    );
+    let done = idem_core::Completion {
+        response: Some(b"r"),
+        is_error: false,
+    };
+    let err = store
+        .complete(&kept, done, Duration::from_secs(3600))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Full),
+        "{err:?}"
+    );
+    assert!(matches!(
+        store.get(&key(1)).await.unwrap().unwrap().state,
+        RecordState::InProgress { .. }
+    ));
+
+    sqlx::raw_sql(&format!(
+        "DROP TABLE \"{table}\", \"{table}_migrations\"; DROP FUNCTION \"{table}_full\"()"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
 /// A small tmpfs that the `postgres` user owns, for a tablespace that can fill up; unmounted when
 /// dropped, also when the test fails.
 struct Tmpfs {

@@ -30,6 +30,8 @@ pub mod sqlite;
 ///   [`Start::Started`]. SQL backends do it in one conditional statement, never read-then-write.
 /// - **Fencing.** `complete`, `abort` and `renew` change the record only while it still carries
 ///   the claim's token; otherwise they return [`Error::LeaseLost`].
+/// - **Observed commits.** An operation reports success only once its write has committed: a
+///   commit that fails (a full disk) is an error, never a claim reported as won.
 /// - **Lease is not retention.** An in-progress record blocks its key until its lease ends; a
 ///   completed one replays until its retention ends.
 /// - **Database time.** SQL backends compute leases and expiry with the server's clock.

@@ -62,7 +62,9 @@
 //! | `prune_expired(limit)` | 1, deleting at most `limit` rows found through the expiry index |
 //!
 //! Statements are prepared once per pooled connection (sqlx's statement cache), so each of the
-//! above is one network round trip once a connection is warm.
+//! above is one network round trip once a connection is warm. Every statement's reply is read to
+//! its end (`ReadyForQuery`), so an error the server reports after the rows, at commit, fails
+//! the call instead of being dropped.
 //!
 //! Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
 //! follows the traffic: it claims first while most recent `start`s found a new key, and reads
@@ -571,9 +573,9 @@ impl Statements {
             .bind(m.version)
             .bind(m.description)
             .persistent(false)
-            .fetch_optional(&mut *tx)
+            .fetch_all(&mut *tx)
             .await?;
-            if mine.is_none() {
+            if mine.is_empty() {
                 tx.rollback().await?;
                 continue;
             }
@@ -614,13 +616,17 @@ impl Statements {
         };
         for _ in 0..CLAIM_ATTEMPTS {
             let token = Token::random();
+            // Every row and the final ReadyForQuery are read (`fetch_all`), so an error the server
+            // sends after the row (at commit) fails the claim instead of being dropped.
             let row = sqlx::query(sql)
                 .bind(&key.as_bytes()[..])
                 .bind(fingerprint.map(|f| &f.as_bytes()[..]))
                 .bind(&token.to_bytes()[..])
                 .bind(micros(lease))
-                .fetch_optional(&mut *conn)
-                .await?;
+                .fetch_all(&mut *conn)
+                .await?
+                .into_iter()
+                .next();
             if let Some(row) = &row {
                 if row.try_get::<bool, _>("claimed")? {
                     return Ok(Start::Started(Claim::new(*key, token)));

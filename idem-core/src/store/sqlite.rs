@@ -46,6 +46,11 @@
 //! | `get` | 1 `SELECT` |
 //! | `prune_expired` | 1 `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now ORDER BY expires_at LIMIT ?)` |
 //!
+//! Every statement runs to its end before its result is used, the claim's `RETURNING` included:
+//! in autocommit mode SQLite commits when the statement finishes, and a commit can fail (a full
+//! disk, [`StoreErrorKind::Full`](crate::StoreErrorKind::Full)). Reading the claim's row and
+//! dropping the rest would report a claim as won whose commit failed and was rolled back.
+//!
 //! Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
 //! follows the traffic: it claims first while most recent `start`s found a new key and reads
 //! first while most found a live one. The read matters on SQLite because any `INSERT` takes the
@@ -777,14 +782,17 @@ pub(crate) async fn start(
     for _ in 0..CLAIM_ATTEMPTS {
         let token = Token::random();
         let token_bytes = token.to_bytes();
+        // `fetch_all`, not `fetch_optional`: sqlx stops a statement after the row it wants and
+        // ignores what SQLite reports then, and in autocommit mode that is the COMMIT's outcome
+        // (SQLITE_FULL on a full disk). A claim whose commit failed was rolled back.
         let claimed = sqlx::query(&sql.claim)
             .bind(&key.as_bytes()[..])
             .bind(fingerprint.map(|f| &f.as_bytes()[..]))
             .bind(&token_bytes[..])
             .bind(lease.0)
-            .fetch_optional(&mut *conn)
+            .fetch_all(&mut *conn)
             .await?;
-        if claimed.is_some() {
+        if !claimed.is_empty() {
             return Ok(Start::Started(Claim::new(*key, token)));
         }
         let Some(live) = read_live(conn, sql, key).await? else {
