@@ -809,3 +809,215 @@ async fn a_full_disk_is_a_full_store_error() {
     store.pool().close().await;
     drop(cluster);
 }
+
+/// A loopback TCP proxy in front of the test server that can lose one reply: told to, it
+/// passes the next statement the client sends to the server, swallows the server's whole reply
+/// to it, up to and including the `ReadyForQuery` that ends it (so the statement has committed),
+/// and then cuts that connection.
+struct LossyProxy {
+    addr: std::net::SocketAddr,
+    state: std::sync::Arc<LossState>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+/// What the proxy's relays share.
+#[derive(Default)]
+struct LossState {
+    /// Set by the test: lose the reply to the next statement.
+    armed: std::sync::atomic::AtomicBool,
+    /// Set by the client-to-server relay as it passes that statement on.
+    swallowing: std::sync::atomic::AtomicBool,
+    /// Set once a reply was swallowed and its connection cut.
+    lost: std::sync::atomic::AtomicBool,
+}
+
+impl LossyProxy {
+    async fn start(server: std::net::SocketAddr) -> LossyProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = std::sync::Arc::new(LossState::default());
+        let accept = tokio::spawn({
+            let state = state.clone();
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let Ok(upstream) = tokio::net::TcpStream::connect(server).await else {
+                        continue;
+                    };
+                    tokio::spawn(relay(client, upstream, state.clone()));
+                }
+            }
+        });
+        LossyProxy {
+            addr,
+            state,
+            accept,
+        }
+    }
+
+    fn lose_next_reply(&self) {
+        use std::sync::atomic::Ordering;
+        self.state.armed.store(true, Ordering::SeqCst);
+    }
+
+    fn lost_a_reply(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.state.lost.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for LossyProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Copies bytes both ways between a client and the server until either side closes, or until
+/// the reply it was told to lose has been swallowed.
+async fn relay(
+    client: tokio::net::TcpStream,
+    upstream: tokio::net::TcpStream,
+    state: std::sync::Arc<LossState>,
+) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = upstream.into_split();
+    let to_server = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match client_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            // A statement starts with Bind ('B') or Parse ('P'). A lone Sync ('S') is the
+            // pool's check of a released connection, whose reply is not the one to lose.
+            if buf[0] != b'S' && state.armed.swap(false, Ordering::SeqCst) {
+                state.swallowing.store(true, Ordering::SeqCst);
+            }
+            if server_tx.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let to_client = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut swallowed: Vec<u8> = Vec::new();
+        loop {
+            let n = match server_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if state.swallowing.load(Ordering::SeqCst) {
+                swallowed.extend_from_slice(&buf[..n]);
+                // A reply ends with ReadyForQuery: 'Z', length 5, transaction status. The server
+                // sends it once the statement's implicit transaction has committed.
+                let end = swallowed.len().saturating_sub(6);
+                if swallowed[end..].starts_with(b"Z\0\0\0\x05") {
+                    state.swallowing.store(false, Ordering::SeqCst);
+                    state.lost.store(true, Ordering::SeqCst);
+                    return;
+                }
+                continue;
+            }
+            if client_tx.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    // Whichever direction ends first ends the connection: dropping both halves closes both
+    // sockets, so the client sees its connection cut.
+    tokio::select! {
+        () = to_server => {}
+        () = to_client => {}
+    }
+}
+
+/// A completion whose commit landed but whose reply was lost (the connection cut right after the
+/// server answered) fails with `Unavailable`; completing again is `Ok`, and the record holds the
+/// first completion's result. (Before completion was idempotent per claim, the retry found its
+/// own completed record and reported `LeaseLost`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_whose_reply_was_lost_is_completed_again_ok() {
+    use std::str::FromStr;
+
+    use idem_core::Completion;
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    let Some(url) = env::pg_url("a_completion_whose_reply_was_lost_is_completed_again_ok") else {
+        return;
+    };
+    let options = PgConnectOptions::from_str(&url).unwrap();
+    let server = tokio::net::lookup_host((options.get_host(), options.get_port()))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = LossyProxy::start(server).await;
+    // One connection, so that the proxy relays every statement of the store. (The pool also
+    // checks a connection with a lone Sync as it is released; the proxy tells that apart.)
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(
+            options
+                .clone()
+                .host(&proxy.addr.ip().to_string())
+                .port(proxy.addr.port()),
+        )
+        .await
+        .unwrap();
+    let table = unique_name("idem_lost");
+    let store = PostgresStore::builder()
+        .table(&table)
+        .from_pool(pool)
+        .await
+        .unwrap();
+    let done = |r: &'static [u8]| Completion {
+        response: Some(r),
+        is_error: false,
+    };
+    let retention = Duration::from_secs(3600);
+    let claim = |n| {
+        let store = store.clone();
+        async move {
+            match store.start(&key(n), None, LEASE).await.unwrap() {
+                Start::Started(c) => c,
+                other => panic!("a new key starts, got {other:?}"),
+            }
+        }
+    };
+    // Warm up: the completion statement is prepared on the connection, so the next completion
+    // is one exchange (Bind, Execute, Sync) whose whole reply the proxy swallows.
+    let warm = claim(0).await;
+    store
+        .complete(&warm, done(b"warm"), retention)
+        .await
+        .unwrap();
+
+    let c = claim(1).await;
+    proxy.lose_next_reply();
+    let err = store
+        .complete(&c, done(b"first"), retention)
+        .await
+        .unwrap_err();
+    assert!(proxy.lost_a_reply(), "the proxy lost no reply");
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Unavailable),
+        "{err:?}"
+    );
+    store
+        .complete(&c, done(b"retried"), retention)
+        .await
+        .expect("completing the same claim again is Ok");
+    match store.get(&key(1)).await.unwrap().map(|r| r.state) {
+        Some(RecordState::Completed(cached)) => {
+            assert_eq!(cached.response.as_deref(), Some(&b"first"[..]))
+        }
+        other => panic!("expected the first completion's record, got {other:?}"),
+    }
+    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
+        .await
+        .unwrap();
+}

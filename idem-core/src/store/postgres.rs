@@ -57,7 +57,9 @@
 //! | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which meets the live row and changes nothing, then the `SELECT`) |
 //! | `start`, live row vanishing between the two statements | the claim again, at most three times in all |
 //! | `start` in transactional mode | 1 for every key: a data-modifying CTE that claims, or returns the live row unlocked (below) |
-//! | `complete`, `renew`, `abort` | 1: `UPDATE`/`DELETE … WHERE key = $1 AND token = $2 AND state = 0` |
+//! | `complete` | 1: `UPDATE … WHERE key = $1 AND token = $2`, which keeps the first result when the claim had already completed |
+//! | `renew` | 1: `UPDATE … WHERE key = $1 AND token = $2 AND state = 0` |
+//! | `abort` | 1: `DELETE … WHERE key = $1 AND token = $2 AND state = 0` |
 //! | `get`, `evict` | 1 |
 //! | `prune_expired(limit)` | 1, deleting at most `limit` rows found through the expiry index |
 //!
@@ -507,10 +509,17 @@ impl Statements {
                 "SELECT {RECORD_COLUMNS} FROM {t} AS r \
                  WHERE r.key = $1 AND r.expires_at > clock_timestamp()"
             ),
+            // Fenced by the token alone, so that completing a claim again (a retry whose first
+            // commit landed but whose answer was lost) succeeds; the CASEs keep the first result
+            // and its retention. SET expressions read the row as it was before the update.
             complete: format!(
-                "UPDATE {t} SET state = 1, response = $3, is_error = $4, \
-                   expires_at = clock_timestamp() + $5::bigint::float8 * interval '1 microsecond' \
-                 WHERE key = $1 AND token = $2 AND state = 0"
+                "UPDATE {t} SET state = 1, \
+                   response = CASE WHEN state = 0 THEN $3 ELSE response END, \
+                   is_error = CASE WHEN state = 0 THEN $4 ELSE is_error END, \
+                   expires_at = CASE WHEN state = 0 \
+                     THEN clock_timestamp() + $5::bigint::float8 * interval '1 microsecond' \
+                     ELSE expires_at END \
+                 WHERE key = $1 AND token = $2"
             ),
             renew: format!(
                 "UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint::float8 * interval '1 microsecond' \

@@ -41,8 +41,10 @@
 //! |---|---|
 //! | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now RETURNING 1`; 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
 //! | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which finds the live row, then the `SELECT`) |
-//! | `complete`, `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0` |
-//! | `abort`, `evict` | 1 `DELETE` |
+//! | `complete` | 1 `UPDATE … WHERE key = ? AND token = ?`, which keeps the first result when the claim had already completed |
+//! | `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0` |
+//! | `abort` | 1 `DELETE … WHERE key = ? AND token = ? AND state = 0` |
+//! | `evict` | 1 `DELETE` |
 //! | `get` | 1 `SELECT` |
 //! | `prune_expired` | 1 `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now ORDER BY expires_at LIMIT ?)` |
 //!
@@ -688,9 +690,16 @@ impl Statements {
                 r#"SELECT fingerprint, token, state, expires_at, response, is_error, {now} AS now
                    FROM "{table}" WHERE key = ?1 AND expires_at > {now}"#,
             ),
+            // Fenced by the token alone, so that completing a claim again (a retry whose first
+            // commit landed but whose answer was lost) succeeds; the CASEs keep the first result
+            // and its retention. SET expressions read the row as it was before the update.
             complete: render(
-                r#"UPDATE "{table}" SET state = 1, response = ?3, is_error = ?4, expires_at = {now} + ?5
-                   WHERE key = ?1 AND token = ?2 AND state = 0"#,
+                r#"UPDATE "{table}" SET
+                       state = 1,
+                       response = CASE WHEN state = 0 THEN ?3 ELSE response END,
+                       is_error = CASE WHEN state = 0 THEN ?4 ELSE is_error END,
+                       expires_at = CASE WHEN state = 0 THEN {now} + ?5 ELSE expires_at END
+                   WHERE key = ?1 AND token = ?2"#,
             ),
             renew: render(
                 r#"UPDATE "{table}" SET expires_at = {now} + ?3
