@@ -502,6 +502,28 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
     assert!(!replays_under_a_held_write_lock(&claim_first, &path, &done_key).await);
 }
 
+/// Renewal runs on a connection of its own: work that holds every connection of the store's
+/// pool still gets its lease renewed, instead of the heartbeat queueing for a connection until
+/// the lease is gone.
+#[tokio::test]
+async fn renewal_is_not_starved_by_work_holding_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::builder()
+        .max_connections(1)
+        .open(db(&dir))
+        .await
+        .unwrap();
+    let c = claim(&store, &key(1), LEASE).await;
+    let held = store.pool().acquire().await.unwrap();
+    let renewed = tokio::time::timeout(Duration::from_secs(5), store.renew(&c, LEASE)).await;
+    assert!(
+        matches!(renewed, Ok(Ok(()))),
+        "renewal while the pool is held: {renewed:?}"
+    );
+    drop(held);
+    store.complete(&c, done(b"ok"), RETENTION).await.unwrap();
+}
+
 /// The error of opening `path` and, if that succeeds, of its first use.
 async fn open_or_first_use(path: &Path) -> Error {
     match SqliteStore::open(path).await {

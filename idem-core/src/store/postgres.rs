@@ -58,7 +58,7 @@
 //! | `start`, live row vanishing between the two statements | the claim again, at most three times in all |
 //! | `start` in transactional mode | 1 for every key: a data-modifying CTE that claims, or returns the live row unlocked (below) |
 //! | `complete` | 1: `UPDATE … WHERE key = $1 AND token = $2`, which keeps the first result when the claim had already completed |
-//! | `renew` | 1: `UPDATE … WHERE key = $1 AND token = $2 AND state = 0` |
+//! | `renew` | 1: `UPDATE … WHERE key = $1 AND token = $2 AND state = 0`, on the renewal pool (below) |
 //! | `abort` | 1: `DELETE … WHERE key = $1 AND token = $2 AND state = 0` |
 //! | `get`, `evict` | 1 |
 //! | `prune_expired(limit)` | 1, deleting at most `limit` rows found through the expiry index |
@@ -67,6 +67,13 @@
 //! above is one network round trip once a connection is warm. Every statement's reply is read to
 //! its end (`ReadyForQuery`), so an error the server reports after the rows, at commit, fails
 //! the call instead of being dropped.
+//!
+//! **Renewal has a pool of its own.** `renew` runs on a second pool of at most two connections,
+//! opened on first use with the main pool's connect options and settings. Work that holds every
+//! connection of [`PostgresStore::pool`] (its own queries, a long transaction) then still gets
+//! its lease renewed, instead of losing it while the heartbeat queues for a connection and
+//! running twice. Budget for up to two more server connections per store; they close after the
+//! pool's idle timeout.
 //!
 //! Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
 //! follows the traffic: it claims first while most recent `start`s found a new key, and reads
@@ -132,6 +139,10 @@ use crate::store::{check_duration, check_fingerprint, corrupt, fenced, Store};
 /// three is plenty.
 const CLAIM_ATTEMPTS: usize = 3;
 
+/// The size of the pool `renew` runs on. Renewals are rare (one per third of a lease per running
+/// claim) and short; two keep one slow renewal from holding up the others.
+const RENEW_CONNECTIONS: u32 = 2;
+
 /// The longest table name: PostgreSQL truncates identifiers at 63 bytes, and the store derives
 /// `<table>_migrations` and `<table>_expires_at_idx` from it.
 const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
@@ -180,6 +191,9 @@ const MIGRATIONS: &[Migration] = &[Migration {
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// Where `renew` runs: at most two connections of its own, so that work holding every
+    /// connection of `pool` cannot starve its own heartbeat.
+    renew_pool: PgPool,
     sql: Arc<Statements>,
     claim_path: Arc<ClaimPath>,
 }
@@ -206,7 +220,9 @@ impl PostgresStore {
         PostgresStore::builder().connect(url).await
     }
 
-    /// Uses an existing pool and brings the table `idem_records` up to date.
+    /// Uses an existing pool and brings the table `idem_records` up to date. `renew` runs on a
+    /// second pool of at most two connections made with this pool's options (see the
+    /// [module docs](self#round-trips)).
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
@@ -374,7 +390,8 @@ impl PostgresStoreBuilder {
         finish(pool, sql, self.claim_order).await
     }
 
-    /// Uses `pool` (its own size and timeouts apply) and brings the table up to date.
+    /// Uses `pool` (its own size and timeouts apply) and brings the table up to date. `renew`
+    /// runs on a second pool of at most two connections made with `pool`'s options.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
@@ -396,8 +413,17 @@ async fn finish(
     let mut conn = pool.acquire().await?;
     sql.migrate(&mut conn).await?;
     drop(conn);
+    // The main pool's settings (timeouts, `after_connect` callbacks such as a search_path) and
+    // connect options, at most two connections, opened on the first renewal.
+    let renew_pool = pool
+        .options()
+        .clone()
+        .min_connections(0)
+        .max_connections(RENEW_CONNECTIONS)
+        .connect_lazy_with((*pool.connect_options()).clone());
     Ok(PostgresStore {
         pool,
+        renew_pool,
         sql: Arc::new(sql),
         claim_path: Arc::new(ClaimPath::new(claim_order)),
     })
@@ -895,7 +921,7 @@ impl Store for PostgresStore {
 
     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
         check_duration("lease", lease)?;
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.renew_pool.acquire().await?;
         self.sql.renew(&mut conn, claim, lease).await
     }
 

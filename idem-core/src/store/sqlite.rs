@@ -42,7 +42,7 @@
 //! | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now RETURNING 1`; 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
 //! | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which finds the live row, then the `SELECT`) |
 //! | `complete` | 1 `UPDATE … WHERE key = ? AND token = ?`, which keeps the first result when the claim had already completed |
-//! | `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0` |
+//! | `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0`, on the renewal connection (below) |
 //! | `abort` | 1 `DELETE … WHERE key = ? AND token = ? AND state = 0` |
 //! | `evict` | 1 `DELETE` |
 //! | `get` | 1 `SELECT` |
@@ -52,6 +52,13 @@
 //! in autocommit mode SQLite commits when the statement finishes, and a commit can fail (a full
 //! disk, [`StoreErrorKind::Full`](crate::StoreErrorKind::Full)). Reading the claim's row and
 //! dropping the rest would report a claim as won whose commit failed and was rolled back.
+//!
+//! **Renewal has a connection of its own.** For a database file, `renew` runs on a second pool
+//! of one connection, opened on first use with the main pool's settings. Work that holds every
+//! connection of [`SqliteStore::pool`] (its own queries, a transaction) then still gets its
+//! lease renewed instead of losing it while the heartbeat waits for a connection. The renewal
+//! still needs SQLite's write lock: work that keeps a write transaction open longer than the
+//! busy timeout blocks it all the same. In-memory databases have one connection and renew on it.
 //!
 //! Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
 //! follows the traffic: it claims first while most recent `start`s found a new key and reads
@@ -207,6 +214,10 @@ const LEDGER: &str = r#"CREATE TABLE IF NOT EXISTS "{table}_migrations" (
 #[derive(Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// Where `renew` runs: a pool of one connection of its own for a database file, so that work
+    /// holding every connection of `pool` cannot starve its own heartbeat; `pool` itself for an
+    /// in-memory database, which lives in the one connection.
+    renew_pool: SqlitePool,
     table: TableName,
     sql: Arc<Statements>,
     claim_path: Arc<ClaimPath>,
@@ -257,7 +268,9 @@ impl SqliteStore {
 
     /// Uses a pool you configured, creating or upgrading the schema (table `idem_records`).
     ///
-    /// The pool's settings are kept as they are. Recommended: WAL journal mode, `synchronous =
+    /// The pool's settings are kept as they are; for a database file, `renew` runs on a second
+    /// pool of one connection made with the same settings (see the
+    /// [module docs](self#round-trips)). Recommended: WAL journal mode, `synchronous =
     /// NORMAL` (or `FULL`) and a busy timeout of a few seconds, as below. (With `journal_mode`
     /// in the options every new connection asks for the switch; processes opening a *new* file
     /// at the same moment may then fail with "database is locked", which
@@ -489,11 +502,24 @@ impl SqliteStoreBuilder {
         let mut conn = pool.acquire().await?;
         check_version(&mut conn).await?;
         migrate(&mut conn, &table).await?;
+        let in_file = is_file_backed(&mut conn).await?;
         drop(conn);
+        let renew_pool = if in_file {
+            // The main pool's settings (busy timeout, pragmas, callbacks), one connection, opened
+            // on the first renewal.
+            pool.options()
+                .clone()
+                .min_connections(0)
+                .max_connections(1)
+                .connect_lazy_with((*pool.connect_options()).clone())
+        } else {
+            pool.clone()
+        };
         Ok(SqliteStore {
             sql: Arc::new(Statements::new(&table)),
             claim_path: Arc::new(ClaimPath::new(self.claim_order)),
             pool,
+            renew_pool,
             table,
         })
     }
@@ -579,6 +605,18 @@ fn is_private_per_connection(url: &str) -> bool {
     let url = url.strip_prefix("//").unwrap_or(url);
     let (database, params) = url.split_once('?').unwrap_or((url, ""));
     database == ":memory:" || database.is_empty() || params.split('&').any(|p| p == "mode=memory")
+}
+
+/// Whether the connection's main database is a file (a second connection reaches the same
+/// records), rather than an in-memory or temporary database (file name empty).
+async fn is_file_backed(conn: &mut SqliteConnection) -> Result<bool, Error> {
+    let file: Option<String> =
+        sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
+            .persistent(false)
+            .fetch_optional(&mut *conn)
+            .await?
+            .flatten();
+    Ok(file.is_some_and(|f| !f.is_empty()))
 }
 
 /// Refuses a SQLite library too old for the statements below.
@@ -956,7 +994,7 @@ impl Store for SqliteStore {
 
     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
         let lease = Millis::new("lease", lease)?;
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.renew_pool.acquire().await?;
         renew(&mut conn, &self.sql, claim, lease).await
     }
 
