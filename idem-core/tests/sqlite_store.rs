@@ -524,6 +524,84 @@ async fn renewal_is_not_starved_by_work_holding_the_pool() {
     store.complete(&c, done(b"ok"), RETENTION).await.unwrap();
 }
 
+/// A records table dropped behind the store's back (its ledger still lists the migration) is
+/// created again when a store connects, instead of every call failing with "no such table".
+#[tokio::test]
+async fn a_dropped_records_table_is_created_again_on_connect() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    claim(&store, &key(1), LEASE).await;
+    sqlx::query("DROP TABLE idem_records")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let err = store.start(&key(2), None, LEASE).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Query),
+        "{err:?}"
+    );
+    store.pool().close().await;
+
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let c = claim(&store, &key(1), LEASE).await;
+    store.complete(&c, done(b"again"), RETENTION).await.unwrap();
+    let indexes: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'idem_records_expires_at'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(indexes, 1, "the expiry index is back too");
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM idem_records_migrations")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(versions, vec![1]);
+}
+
+/// Fills a database with completed records (so its tables span several pages), closes it, and
+/// returns the page size and the records table's root page.
+async fn populated_file(path: &Path, extra_sql: Option<&str>) -> (u64, u64) {
+    let store = SqliteStore::open(path).await.unwrap();
+    for n in 0..120 {
+        let c = claim(&store, &key(n), LEASE).await;
+        store
+            .complete(&c, done(&[b'r'; 300]), RETENTION)
+            .await
+            .unwrap();
+    }
+    if let Some(sql) = extra_sql {
+        sqlx::query(sql).execute(store.pool()).await.unwrap();
+    }
+    let page_size: i64 = sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let root: i64 =
+        sqlx::query_scalar("SELECT rootpage FROM sqlite_master WHERE name = 'idem_records'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    // Everything into the database file, so that what is overwritten there is what is read.
+    let (busy, _, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(busy, 0, "the checkpoint could not finish");
+    store.pool().close().await;
+    drop(store);
+    (page_size as u64, root as u64)
+}
+
+/// Overwrites `len` bytes of the file at `offset` with a pattern no valid page holds.
+fn scribble(path: &Path, offset: u64, len: u64) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.seek(SeekFrom::Start(offset)).unwrap();
+    file.write_all(&vec![0xA5; len as usize]).unwrap();
+    file.sync_all().unwrap();
+}
+
 /// The error of opening `path` and, if that succeeds, of its first use.
 async fn open_or_first_use(path: &Path) -> Error {
     match SqliteStore::open(path).await {
@@ -543,6 +621,42 @@ fn assert_damaged(err: &Error) {
         }
         other => panic!("expected a Corrupt store error naming damage, got {other:?}"),
     }
+}
+
+/// Bytes overwritten in the middle of the file (after the header page) make a `Corrupt` store
+/// error that says the file is damaged, not a configuration error about a newer idem.
+#[tokio::test]
+async fn a_damaged_file_is_a_corrupt_store_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    let (page_size, _) = populated_file(&path, None).await;
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert!(len >= 8 * page_size, "the file has {len} bytes");
+    scribble(&path, page_size, len / 2);
+    assert_damaged(&open_or_first_use(&path).await);
+}
+
+/// A file whose ledger still reads but lists a version no idem wrote, and which is damaged
+/// elsewhere: `PRAGMA quick_check` tells damage from a newer idem.
+#[tokio::test]
+async fn an_unknown_version_in_a_damaged_file_is_reported_as_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    let (page_size, root) = populated_file(
+        &path,
+        Some(
+            "INSERT INTO idem_records_migrations (version, description, applied_at) \
+             VALUES (999, 'garbage', 0)",
+        ),
+    )
+    .await;
+    // Cells of a page after the records table's root and its two indexes' (a page of rows),
+    // not its header: sqlite_master and the ledger still read, and `PRAGMA quick_check` lists
+    // what it finds instead of failing outright.
+    scribble(&path, (root + 2) * page_size + 100, 1500);
+    let err = open_or_first_use(&path).await;
+    assert_damaged(&err);
+    assert!(err.to_string().contains("quick_check"), "{err}");
 }
 
 /// A file that is not a database at all (SQLITE_NOTADB) is `Corrupt` too, and says so.

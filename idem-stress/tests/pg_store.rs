@@ -791,6 +791,71 @@ async fn a_commit_that_fails_after_the_rows_fails_the_call() {
     .unwrap();
 }
 
+/// A records table dropped under running nodes is created again by the next connect (the
+/// ledger still lists the migration), also when several nodes connect at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_records_table_is_created_again_on_connect() {
+    let Some(url) = env::pg_url("a_dropped_records_table_is_created_again_on_connect") else {
+        return;
+    };
+    let table = unique_name("idem_dropped");
+    let store = PostgresStore::builder()
+        .table(&table)
+        .connect(&url)
+        .await
+        .unwrap();
+    let Start::Started(_) = store.start(&key(1), None, LEASE).await.unwrap() else {
+        panic!("a new key starts");
+    };
+    sqlx::raw_sql(&format!("DROP TABLE \"{table}\""))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let err = store.start(&key(2), None, LEASE).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Query),
+        "{err:?}"
+    );
+
+    let connects: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, table) = (url.clone(), table.clone());
+            tokio::spawn(async move {
+                PostgresStore::builder()
+                    .table(table)
+                    .max_connections(1)
+                    .connect(&url)
+                    .await
+            })
+        })
+        .collect();
+    for c in connects {
+        c.await.unwrap().expect("connect re-creates the table");
+    }
+    // The running store works again too: same table name, same statements.
+    let Start::Started(c) = store.start(&key(1), None, LEASE).await.unwrap() else {
+        panic!("the key starts afresh: its record went with the table");
+    };
+    let done = idem_core::Completion {
+        response: Some(b"back"),
+        is_error: false,
+    };
+    store
+        .complete(&c, done, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let index: Option<String> =
+        sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE indexname = $1")
+            .bind(format!("{table}_expires_at_idx"))
+            .fetch_optional(store.pool())
+            .await
+            .unwrap();
+    assert!(index.is_some(), "the expiry index is back too");
+    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
+        .await
+        .unwrap();
+}
+
 /// A small tmpfs that the `postgres` user owns, for a tablespace that can fill up; unmounted when
 /// dropped, also when the test fails.
 struct Tmpfs {

@@ -43,6 +43,14 @@
 //! same moment waits on that row's unique index and then skips the version, so any number of
 //! nodes may start together.
 //!
+//! A records table that is missing although `<table>_migrations` lists its versions (someone
+//! dropped it) is created again on connect: the store checks `to_regclass(<table>)` and re-runs
+//! the applied migrations, whose statements are idempotent (`IF NOT EXISTS`), in a transaction
+//! that locks the ledger's rows so that nodes connecting together do it once. The records the
+//! table held are gone. A table dropped under running nodes makes their calls fail with
+//! [`StoreErrorKind::Query`](crate::StoreErrorKind::Query) errors (undefined table) until one of
+//! them connects again.
+//!
 //! # Time
 //!
 //! Every lease and expiry is computed from the database server's `clock_timestamp()`, never from
@@ -99,12 +107,13 @@
 //!
 //! # SQL the store needs
 //!
-//! Plain PostgreSQL 9.5 or later, or a PostgreSQL-compatible database with: `INSERT … ON CONFLICT
-//! (…) DO UPDATE … WHERE`, `RETURNING`, data-modifying CTEs (`WITH … AS (INSERT …) SELECT …`),
-//! `SELECT … FOR UPDATE SKIP LOCKED` (pruning only), `clock_timestamp()`, `bytea` and
-//! `timestamptz`, and transactional DDL with `CREATE … IF NOT EXISTS` (migrations only). No
-//! advisory locks, no `LOCK TABLE`, no extensions. Behind a connection pooler in transaction mode
-//! use one that supports prepared statements (PgBouncer 1.21 or later).
+//! Plain PostgreSQL 9.6 or later, or a PostgreSQL-compatible database with: `INSERT … ON
+//! CONFLICT (…) DO UPDATE … WHERE`, `RETURNING`, data-modifying CTEs (`WITH … AS (INSERT …)
+//! SELECT …`), `SELECT … FOR UPDATE SKIP LOCKED` (pruning only), `clock_timestamp()`, `bytea`
+//! and `timestamptz`, and transactional DDL with `CREATE … IF NOT EXISTS` and
+//! `to_regclass(text)` (migrations only; 9.6 made its argument `text`). No advisory locks, no
+//! `LOCK TABLE`, no extensions. Behind a connection pooler in transaction mode use one that
+//! supports prepared statements (PgBouncer 1.21 or later).
 //!
 //! # Errors
 //!
@@ -148,7 +157,8 @@ const RENEW_CONNECTIONS: u32 = 2;
 const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
 
 /// The embedded schema migrations. `{table}` and `{index}` are replaced by the quoted names.
-/// Versions only grow; an applied step is never edited.
+/// Versions only grow; an applied step is never edited. Statements are idempotent (`IF NOT
+/// EXISTS`): a records table found missing is re-created by running the applied steps again.
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
     description: "records table and expiry index",
@@ -596,6 +606,9 @@ impl Statements {
                 self.table
             )));
         }
+        if applied > 0 && !self.table_exists(conn).await? {
+            self.recreate_table(conn, applied).await?;
+        }
         for m in MIGRATIONS.iter().filter(|m| m.version > applied) {
             let mut tx = conn.begin().await?;
             // Inserting the version row first serialises concurrent migrators on its unique
@@ -622,6 +635,48 @@ impl Statements {
             }
             tx.commit().await?;
         }
+        Ok(())
+    }
+
+    /// Whether the records table exists (as the statements name it, so through the search path
+    /// when unqualified).
+    async fn table_exists(&self, conn: &mut PgConnection) -> Result<bool, Error> {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(&self.quoted_table)
+            .persistent(false)
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(exists)
+    }
+
+    /// Creates the records table again after it was dropped, by re-running the idempotent
+    /// statements of the migrations up to `applied`. Locking the ledger's rows makes nodes that
+    /// connect together queue here; the later ones find the table back and do nothing.
+    async fn recreate_table(&self, conn: &mut PgConnection, applied: i64) -> Result<(), Error> {
+        let mut tx = conn.begin().await?;
+        sqlx::query(&format!(
+            "SELECT version FROM {} FOR UPDATE",
+            self.migrations_table
+        ))
+        .persistent(false)
+        .fetch_all(&mut *tx)
+        .await?;
+        if !self.table_exists(&mut tx).await? {
+            tracing::warn!(
+                table = %self.table,
+                "the records table is missing although its migrations are recorded (dropped?); \
+                 creating it again: the records it held are gone"
+            );
+            for m in MIGRATIONS.iter().filter(|m| m.version <= applied) {
+                for stmt in m.statements {
+                    let stmt = stmt
+                        .replace("{table}", &self.quoted_table)
+                        .replace("{index}", &self.quoted_index);
+                    tx.execute(stmt.as_str()).await?;
+                }
+            }
+        }
+        tx.commit().await?;
         Ok(())
     }
 

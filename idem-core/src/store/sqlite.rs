@@ -102,7 +102,13 @@
 //! write lock (`BEGIN IMMEDIATE`), creates `<table>_migrations` if missing, applies the steps not
 //! recorded there and records them, then commits: running it twice, or from several pools or
 //! processes at once, applies each step once. A table migrated by a newer version of idem (a
-//! version this build does not know) is refused with [`Error::InvalidConfig`].
+//! version this build does not know) is refused with [`Error::InvalidConfig`], unless
+//! `PRAGMA quick_check` finds the file damaged (then the unknown version is garbage read from a
+//! damaged page, and the error says so; see below).
+//!
+//! A records table that is missing although the ledger lists its steps as applied (someone
+//! dropped it) is created again on connect by re-running the applied steps, whose statements
+//! are idempotent (`IF NOT EXISTS`); the records it held are gone.
 //!
 //! # Errors
 //!
@@ -161,12 +167,14 @@ const CLAIM_ATTEMPTS: usize = 3;
 
 const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The schema, oldest step first. Never edit an applied step; append a new one.
+/// The schema, oldest step first. Never change what an applied step creates; append a new step.
+/// Statements are idempotent (`IF NOT EXISTS`): a records table found missing is re-created by
+/// running the applied steps again.
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
     description: "create the records table and its expiry index",
     statements: &[
-        r#"CREATE TABLE "{table}" (
+        r#"CREATE TABLE IF NOT EXISTS "{table}" (
             key         BLOB    NOT NULL PRIMARY KEY CHECK (length(key) = 32),
             fingerprint BLOB             CHECK (fingerprint IS NULL OR length(fingerprint) = 32),
             token       BLOB    NOT NULL CHECK (length(token) = 16),
@@ -175,7 +183,7 @@ const MIGRATIONS: &[Migration] = &[Migration {
             response    BLOB,
             is_error    INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1))
         )"#,
-        r#"CREATE INDEX "{table}_expires_at" ON "{table}" (expires_at)"#,
+        r#"CREATE INDEX IF NOT EXISTS "{table}_expires_at" ON "{table}" (expires_at)"#,
     ],
 }];
 
@@ -654,11 +662,36 @@ async fn migrate(conn: &mut SqliteConnection, table: &TableName) -> Result<(), E
         .iter()
         .find(|v| !MIGRATIONS.iter().any(|m| m.version == **v))
     {
+        // Only here, where it is cheap next to the error: a version no idem wrote is as likely
+        // a damaged page read as a number as a newer idem.
+        check_integrity(&mut tx).await?;
         return Err(Error::InvalidConfig(format!(
             "table {:?} has schema version {unknown}, which this version of idem does not know: \
              it was migrated by a newer idem; upgrade idem or use another table",
             table.as_str()
         )));
+    }
+    let table_exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+    )
+    .persistent(false)
+    .bind(table.as_str())
+    .fetch_one(&mut *tx)
+    .await?;
+    if !applied.is_empty() && !table_exists {
+        tracing::warn!(
+            table = table.as_str(),
+            "the records table is missing although its migrations are recorded (dropped?); \
+             creating it again: the records it held are gone"
+        );
+        for step in MIGRATIONS.iter().filter(|m| applied.contains(&m.version)) {
+            for statement in step.statements {
+                sqlx::query(&table.render(statement))
+                    .persistent(false)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
     }
     for step in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
         for statement in step.statements {
@@ -679,6 +712,31 @@ async fn migrate(conn: &mut SqliteConnection, table: &TableName) -> Result<(), E
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// Runs `PRAGMA quick_check` and fails with a [`Corrupt`](crate::StoreErrorKind::Corrupt) store
+/// error if SQLite finds the file damaged.
+async fn check_integrity(conn: &mut SqliteConnection) -> Result<(), Error> {
+    let findings: Vec<String> = sqlx::query_scalar("PRAGMA quick_check")
+        .persistent(false)
+        .fetch_all(&mut *conn)
+        .await?;
+    if findings.len() == 1 && findings[0] == "ok" {
+        return Ok(());
+    }
+    // A finding may span lines, under a "*** in database main ***" heading.
+    let problems: Vec<&str> = findings
+        .iter()
+        .flat_map(|f| f.lines())
+        .filter(|line| !line.starts_with("***") && !line.trim().is_empty())
+        .collect();
+    let first = problems.first().copied().unwrap_or("no details");
+    Err(corrupt(format!(
+        "the SQLite database file is damaged (PRAGMA quick_check: {first}; {} problem(s) in \
+         all): restore it from a backup, or move it aside so that a new, empty one is created \
+         (completed keys are then forgotten)",
+        problems.len()
+    )))
 }
 
 /// A lease or retention checked by [`check_duration`], in whole milliseconds (rounded up, so a
