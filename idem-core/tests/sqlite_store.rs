@@ -501,3 +501,403 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
     assert!(replays_under_a_held_write_lock(&read_first, &path, &done_key).await);
     assert!(!replays_under_a_held_write_lock(&claim_first, &path, &done_key).await);
 }
+
+/// Renewal runs on a connection of its own: work that holds every connection of the store's
+/// pool still gets its lease renewed, instead of the heartbeat queueing for a connection until
+/// the lease is gone.
+#[tokio::test]
+async fn renewal_is_not_starved_by_work_holding_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::builder()
+        .max_connections(1)
+        .open(db(&dir))
+        .await
+        .unwrap();
+    let c = claim(&store, &key(1), LEASE).await;
+    let held = store.pool().acquire().await.unwrap();
+    let renewed = tokio::time::timeout(Duration::from_secs(5), store.renew(&c, LEASE)).await;
+    assert!(
+        matches!(renewed, Ok(Ok(()))),
+        "renewal while the pool is held: {renewed:?}"
+    );
+    drop(held);
+    store.complete(&c, done(b"ok"), RETENTION).await.unwrap();
+}
+
+/// A records table dropped behind the store's back (its ledger still lists the migration) is
+/// created again when a store connects, instead of every call failing with "no such table".
+#[tokio::test]
+async fn a_dropped_records_table_is_created_again_on_connect() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    claim(&store, &key(1), LEASE).await;
+    sqlx::query("DROP TABLE idem_records")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let err = store.start(&key(2), None, LEASE).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Query),
+        "{err:?}"
+    );
+    store.pool().close().await;
+
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let c = claim(&store, &key(1), LEASE).await;
+    store.complete(&c, done(b"again"), RETENTION).await.unwrap();
+    let indexes: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'idem_records_expires_at'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(indexes, 1, "the expiry index is back too");
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM idem_records_migrations")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(versions, vec![1]);
+}
+
+/// Fills a database with completed records (so its tables span several pages), closes it, and
+/// returns the page size and the records table's root page.
+async fn populated_file(path: &Path, extra_sql: Option<&str>) -> (u64, u64) {
+    let store = SqliteStore::open(path).await.unwrap();
+    for n in 0..120 {
+        let c = claim(&store, &key(n), LEASE).await;
+        store
+            .complete(&c, done(&[b'r'; 300]), RETENTION)
+            .await
+            .unwrap();
+    }
+    if let Some(sql) = extra_sql {
+        sqlx::query(sql).execute(store.pool()).await.unwrap();
+    }
+    let page_size: i64 = sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let root: i64 =
+        sqlx::query_scalar("SELECT rootpage FROM sqlite_master WHERE name = 'idem_records'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    // Everything into the database file, so that what is overwritten there is what is read.
+    let (busy, _, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(busy, 0, "the checkpoint could not finish");
+    store.pool().close().await;
+    drop(store);
+    (page_size as u64, root as u64)
+}
+
+/// Overwrites `len` bytes of the file at `offset` with a pattern no valid page holds.
+fn scribble(path: &Path, offset: u64, len: u64) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.seek(SeekFrom::Start(offset)).unwrap();
+    file.write_all(&vec![0xA5; len as usize]).unwrap();
+    file.sync_all().unwrap();
+}
+
+/// The error of opening `path` and, if that succeeds, of its first use.
+async fn open_or_first_use(path: &Path) -> Error {
+    match SqliteStore::open(path).await {
+        Err(e) => e,
+        Ok(store) => match store.start(&key(0), None, LEASE).await {
+            Err(e) => e,
+            Ok(start) => panic!("a damaged file served a start: {start:?}"),
+        },
+    }
+}
+
+fn assert_damaged(err: &Error) {
+    match err {
+        Error::Store(e) if e.kind() == StoreErrorKind::Corrupt => {
+            let message = err.to_string();
+            assert!(message.contains("damaged"), "{message}");
+        }
+        other => panic!("expected a Corrupt store error naming damage, got {other:?}"),
+    }
+}
+
+/// Bytes overwritten in the middle of the file (after the header page) make a `Corrupt` store
+/// error that says the file is damaged, not a configuration error about a newer idem.
+#[tokio::test]
+async fn a_damaged_file_is_a_corrupt_store_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    let (page_size, _) = populated_file(&path, None).await;
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert!(len >= 8 * page_size, "the file has {len} bytes");
+    scribble(&path, page_size, len / 2);
+    assert_damaged(&open_or_first_use(&path).await);
+}
+
+/// A file whose ledger still reads but lists a version no idem wrote, and which is damaged
+/// elsewhere: `PRAGMA quick_check` tells damage from a newer idem.
+#[tokio::test]
+async fn an_unknown_version_in_a_damaged_file_is_reported_as_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    let (page_size, root) = populated_file(
+        &path,
+        Some(
+            "INSERT INTO idem_records_migrations (version, description, applied_at) \
+             VALUES (999, 'garbage', 0)",
+        ),
+    )
+    .await;
+    // Cells of a page after the records table's root and its two indexes' (a page of rows),
+    // not its header: sqlite_master and the ledger still read, and `PRAGMA quick_check` lists
+    // what it finds instead of failing outright.
+    scribble(&path, (root + 2) * page_size + 100, 1500);
+    let err = open_or_first_use(&path).await;
+    assert_damaged(&err);
+    assert!(err.to_string().contains("quick_check"), "{err}");
+}
+
+/// A file that is not a database at all (SQLITE_NOTADB) is `Corrupt` too, and says so.
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_a_corrupt_store_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db(&dir);
+    std::fs::write(&path, vec![0x42; 8192]).unwrap();
+    assert_damaged(&open_or_first_use(&path).await);
+}
+
+/// A database opened read-only refuses the claim with a `ReadOnly` store error
+/// (SQLITE_READONLY), which is retryable, not a failed query.
+#[tokio::test]
+async fn a_read_only_database_is_a_read_only_store_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let mut ro =
+        sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=ro", db(&dir).display()))
+            .await
+            .unwrap();
+    let e = sqlx::query("DELETE FROM idem_records")
+        .execute(&mut ro)
+        .await
+        .unwrap_err();
+    let e = StoreError::from(e);
+    assert_eq!(e.kind(), StoreErrorKind::ReadOnly, "{e}");
+    assert!(Error::Store(e).is_retryable());
+    claim(&store, &key(1), LEASE).await;
+}
+
+/// A small tmpfs mounted for one test; unmounted when dropped, also when the test fails.
+struct Tmpfs {
+    dir: TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `bytes` on a new temporary directory (needs root), or says why not.
+    fn mount(bytes: u64) -> Result<Tmpfs, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        }
+        Ok(Tmpfs { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // A connection thread that is still closing keeps the file system busy: detach it then
+        // (`-l`), and the kernel frees it once the last file closes.
+        let unmounted = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+}
+
+/// Writes a file in `dir` until the file system has no room left; returns its path.
+fn fill(dir: &Path) -> std::path::PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut file = std::fs::File::create(&path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    // Bounded by the file system's size: a write that finds no room fails with ENOSPC (28).
+    loop {
+        if let Err(e) = file.write_all(&chunk) {
+            assert_eq!(
+                e.raw_os_error(),
+                Some(28),
+                "filling the disk failed otherwise: {e}"
+            );
+            return path;
+        }
+    }
+}
+
+/// Set in the child process that runs the full-disk test under `ulimit -f` when no tmpfs can be
+/// mounted.
+const SIZE_LIMITED_CHILD: &str = "IDEM_TEST_SIZE_LIMITED_CHILD";
+
+/// A claim whose COMMIT fails (SQLITE_FULL on a full disk) must be reported as failed. Reading
+/// only the claim's `RETURNING` row used to drop the COMMIT's error: the claim was reported as
+/// won, rolled back, and won again by the next caller, so the work ran once per caller and each
+/// completion found no record (`LeaseLost`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_claims_as_full_and_never_runs_the_work_twice() {
+    if std::env::var_os(SIZE_LIMITED_CHILD).is_some() {
+        let dir = tempfile::tempdir().unwrap();
+        full_disk(dir.path(), false).await;
+        return;
+    }
+    match Tmpfs::mount(2 << 20) {
+        Ok(fs) => full_disk(fs.path(), true).await,
+        Err(why) => {
+            eprintln!(
+                "cannot mount a tmpfs ({why}); running this test again in a child process whose \
+                 file size is limited with `ulimit -f` instead (SQLite then reports the EFBIG of \
+                 a short write as an I/O error, so the child checks for a store error of any kind)"
+            );
+            let exe = std::env::current_exe().unwrap();
+            let status = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(r#"trap "" XFSZ; ulimit -f 4096; exec "$0" "$@""#)
+                .arg(exe)
+                .args([
+                    "--exact",
+                    "a_full_disk_fails_claims_as_full_and_never_runs_the_work_twice",
+                    "--nocapture",
+                ])
+                .env(SIZE_LIMITED_CHILD, "1")
+                .status()
+                .unwrap();
+            assert!(status.success(), "the size-limited child failed: {status}");
+        }
+    }
+}
+
+/// The full-disk scenario on a store in `dir`. With `tmpfs` the disk is filled by a file and
+/// errors must be `Full`; without, the process's file size limit is reached by the store's own
+/// writes.
+async fn full_disk(dir: &Path, tmpfs: bool) {
+    use idem_core::{Idempotency, Outcome};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let path = dir.join("idem.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let engine = Idempotency::new(store.clone());
+    let before = Key::derive("full-disk", "", "done-before").unwrap();
+    let during = Key::derive("full-disk", "", "during").unwrap();
+    let out = engine
+        .run(Some(before), None, async {
+            Ok::<_, Error>("kept".to_string())
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, Outcome::Fresh("kept".to_string()));
+
+    let filler = if tmpfs {
+        Some(fill(dir))
+    } else {
+        // Grow the database until even the smallest commit fails at the size limit: large rows
+        // first, then ever smaller ones into the room they left.
+        sqlx::query("CREATE TABLE ballast (b BLOB)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        for size in [65536, 4096, 16] {
+            let grown = 'grow: {
+                for _ in 0..10_000 {
+                    let r = sqlx::query("INSERT INTO ballast VALUES (zeroblob(?1))")
+                        .bind(size)
+                        .execute(store.pool())
+                        .await;
+                    if r.is_err() {
+                        break 'grow true;
+                    }
+                }
+                false
+            };
+            assert!(grown, "the database never reached the file size limit");
+        }
+        None
+    };
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let (engine, runs) = (engine.clone(), runs.clone());
+            tokio::spawn(async move {
+                engine
+                    .run(Some(during), None, async {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, Error>("receipt".to_string())
+                    })
+                    .await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    let ran = runs.load(Ordering::SeqCst);
+    assert!(
+        ran <= 1,
+        "the work ran {ran} times on a full disk: {answers:?}"
+    );
+    let mut full = 0;
+    for answer in answers {
+        match answer {
+            Ok(out) => assert_eq!(out.into_inner(), "receipt"),
+            Err(Error::Store(e)) if !tmpfs || e.kind() == StoreErrorKind::Full => full += 1,
+            Err(other) => panic!("expected the result or a Full store error, got {other:?}"),
+        }
+    }
+    eprintln!(
+        "on the full disk: {full} of 20 calls failed with a store error, the work ran {ran} times"
+    );
+
+    // Reading needs no room: the key completed before the disk filled still replays.
+    let replay = engine
+        .run(Some(before), None, async {
+            Ok::<_, Error>("again".to_string())
+        })
+        .await
+        .unwrap();
+    assert_eq!(replay, Outcome::Replayed("kept".to_string()));
+
+    // Room again: the key runs (or replays), and its work has run once in all.
+    if let Some(filler) = filler {
+        std::fs::remove_file(filler).unwrap();
+        let out = engine
+            .run(Some(during), None, async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>("receipt".to_string())
+            })
+            .await
+            .unwrap();
+        assert_eq!(out.into_inner(), "receipt");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "the work ran more than once"
+        );
+    }
+    store.pool().close().await;
+}

@@ -16,6 +16,9 @@ use crate::store::{check_duration, check_fingerprint, Store};
 #[derive(Clone)]
 struct Entry {
     fingerprint: Option<Fingerprint>,
+    /// The token of the claim that wrote the record, kept after completion so that completing
+    /// the same claim again is recognised.
+    token: Token,
     state: RecordState,
 }
 
@@ -24,13 +27,6 @@ impl Entry {
         match &self.state {
             RecordState::InProgress { lease_until, .. } => *lease_until,
             RecordState::Completed(c) => c.expires_at,
-        }
-    }
-
-    fn token(&self) -> Option<Token> {
-        match self.state {
-            RecordState::InProgress { token, .. } => Some(token),
-            RecordState::Completed(_) => None,
         }
     }
 }
@@ -101,15 +97,22 @@ impl MemoryStore {
         self.records.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Applies `f` to the live entry still carrying `claim`'s token, or fails with `LeaseLost`.
+    /// Applies `f` to the entry still carrying `claim`'s token, or fails with `LeaseLost`. With
+    /// `in_progress`, a completed entry counts as lost too.
     fn with_owned<R>(
         &self,
         claim: &Claim,
+        in_progress: bool,
         f: impl FnOnce(&mut HashMap<Key, Entry>) -> R,
     ) -> Result<R, Error> {
         let mut records = self.lock();
         match records.get(claim.key()) {
-            Some(e) if e.token() == Some(claim.token()) => Ok(f(&mut records)),
+            Some(e)
+                if e.token == claim.token()
+                    && (!in_progress || matches!(e.state, RecordState::InProgress { .. })) =>
+            {
+                Ok(f(&mut records))
+            }
             _ => Err(Error::LeaseLost),
         }
     }
@@ -146,6 +149,7 @@ impl Store for MemoryStore {
             *key,
             Entry {
                 fingerprint: fingerprint.copied(),
+                token,
                 state: RecordState::InProgress {
                     token,
                     lease_until: now + lease,
@@ -163,8 +167,15 @@ impl Store for MemoryStore {
     ) -> Result<(), Error> {
         check_duration("retention", retention)?;
         let expires_at = self.clock.now() + retention;
-        self.with_owned(claim, |records| {
-            if let Some(e) = records.get_mut(claim.key()) {
+        // Completing the same claim again succeeds and keeps the first result.
+        self.with_owned(claim, false, |records| {
+            if let Some(
+                e @ Entry {
+                    state: RecordState::InProgress { .. },
+                    ..
+                },
+            ) = records.get_mut(claim.key())
+            {
                 e.state = RecordState::Completed(Cached {
                     response: completion.response.map(<[u8]>::to_vec),
                     is_error: completion.is_error,
@@ -175,7 +186,7 @@ impl Store for MemoryStore {
     }
 
     async fn abort(&self, claim: &Claim) -> Result<(), Error> {
-        self.with_owned(claim, |records| {
+        self.with_owned(claim, true, |records| {
             records.remove(claim.key());
         })
     }
@@ -183,7 +194,7 @@ impl Store for MemoryStore {
     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
         check_duration("lease", lease)?;
         let until = self.clock.now() + lease;
-        self.with_owned(claim, |records| {
+        self.with_owned(claim, true, |records| {
             if let Some(Entry {
                 state: RecordState::InProgress { lease_until, .. },
                 ..

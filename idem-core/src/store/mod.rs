@@ -30,6 +30,13 @@ pub mod sqlite;
 ///   [`Start::Started`]. SQL backends do it in one conditional statement, never read-then-write.
 /// - **Fencing.** `complete`, `abort` and `renew` change the record only while it still carries
 ///   the claim's token; otherwise they return [`Error::LeaseLost`].
+/// - **Completing is idempotent per claim.** Completing a claim that already completed returns
+///   `Ok` and keeps the first result, so a completion retried after its first attempt committed
+///   but its answer was lost (a connection cut after the commit) learns that it landed instead
+///   of reporting a lost lease. `abort` and `renew` of a completed claim are still
+///   [`Error::LeaseLost`], and change nothing.
+/// - **Observed commits.** An operation reports success only once its write has committed: a
+///   commit that fails (a full disk) is an error, never a claim reported as won.
 /// - **Lease is not retention.** An in-progress record blocks its key until its lease ends; a
 ///   completed one replays until its retention ends.
 /// - **Database time.** SQL backends compute leases and expiry with the server's clock.
@@ -49,7 +56,12 @@ pub mod sqlite;
 ///     unreachable!("a new key is always started");
 /// };
 /// store.complete(&claim, Completion { response: Some(b"ok"), is_error: false }, Duration::from_secs(3600)).await?;
-/// assert!(matches!(store.start(&key, None, Duration::from_secs(30)).await?, Start::Completed(_)));
+/// // Completing the same claim again (say, after a lost answer) is Ok; the first result stands.
+/// store.complete(&claim, Completion { response: Some(b"again"), is_error: false }, Duration::from_secs(3600)).await?;
+/// let Start::Completed(cached) = store.start(&key, None, Duration::from_secs(30)).await? else {
+///     unreachable!("a completed key replays");
+/// };
+/// assert_eq!(cached.response.as_deref(), Some(&b"ok"[..]));
 /// # Ok(()) }
 /// ```
 #[async_trait]
@@ -63,7 +75,13 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Start, Error>;
 
     /// Stores the response and keeps it for `retention`. Fails with [`Error::LeaseLost`] when the
-    /// record no longer carries the claim's token.
+    /// record no longer carries the claim's token (it was taken over after its lease ended,
+    /// aborted or evicted).
+    ///
+    /// Completing the same claim again returns `Ok` and changes nothing: the first response and
+    /// its retention stand. A caller whose `complete` failed with an
+    /// [`Unavailable`](crate::StoreErrorKind::Unavailable) store error, and so cannot tell
+    /// whether it committed, may therefore simply call it again.
     async fn complete(
         &self,
         claim: &Claim,
@@ -72,11 +90,12 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), Error>;
 
     /// Deletes the in-progress record so a retry may run again. [`Error::LeaseLost`] when the
-    /// record no longer carries the claim's token.
+    /// record no longer carries the claim's token or has completed (a completed record is never
+    /// deleted by `abort`).
     async fn abort(&self, claim: &Claim) -> Result<(), Error>;
 
     /// Extends the claim's lease to `lease` from now (a heartbeat for long work).
-    /// [`Error::LeaseLost`] when the record no longer carries the claim's token.
+    /// [`Error::LeaseLost`] when the record no longer carries the claim's token or has completed.
     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error>;
 
     /// The live record of `key`; expired records read as `None`.
@@ -151,7 +170,7 @@ pub(crate) fn check_fingerprint(
 }
 
 /// A fenced statement (complete, renew, abort) changed no row: the record no longer carries the
-/// claim's token.
+/// claim's token (or, for renew and abort, has completed).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn fenced(rows_affected: u64) -> Result<(), Error> {
     if rows_affected == 0 {

@@ -43,6 +43,14 @@
 //! same moment waits on that row's unique index and then skips the version, so any number of
 //! nodes may start together.
 //!
+//! A records table that is missing although `<table>_migrations` lists its versions (someone
+//! dropped it) is created again on connect: the store checks `to_regclass(<table>)` and re-runs
+//! the applied migrations, whose statements are idempotent (`IF NOT EXISTS`), in a transaction
+//! that locks the ledger's rows so that nodes connecting together do it once. The records the
+//! table held are gone. A table dropped under running nodes makes their calls fail with
+//! [`StoreErrorKind::Query`](crate::StoreErrorKind::Query) errors (undefined table) until one of
+//! them connects again.
+//!
 //! # Time
 //!
 //! Every lease and expiry is computed from the database server's `clock_timestamp()`, never from
@@ -57,12 +65,23 @@
 //! | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which meets the live row and changes nothing, then the `SELECT`) |
 //! | `start`, live row vanishing between the two statements | the claim again, at most three times in all |
 //! | `start` in transactional mode | 1 for every key: a data-modifying CTE that claims, or returns the live row unlocked (below) |
-//! | `complete`, `renew`, `abort` | 1: `UPDATE`/`DELETE … WHERE key = $1 AND token = $2 AND state = 0` |
+//! | `complete` | 1: `UPDATE … WHERE key = $1 AND token = $2`, which keeps the first result when the claim had already completed |
+//! | `renew` | 1: `UPDATE … WHERE key = $1 AND token = $2 AND state = 0`, on the renewal pool (below) |
+//! | `abort` | 1: `DELETE … WHERE key = $1 AND token = $2 AND state = 0` |
 //! | `get`, `evict` | 1 |
 //! | `prune_expired(limit)` | 1, deleting at most `limit` rows found through the expiry index |
 //!
 //! Statements are prepared once per pooled connection (sqlx's statement cache), so each of the
-//! above is one network round trip once a connection is warm.
+//! above is one network round trip once a connection is warm. Every statement's reply is read to
+//! its end (`ReadyForQuery`), so an error the server reports after the rows, at commit, fails
+//! the call instead of being dropped.
+//!
+//! **Renewal has a pool of its own.** `renew` runs on a second pool of at most two connections,
+//! opened on first use with the main pool's connect options and settings. Work that holds every
+//! connection of [`PostgresStore::pool`] (its own queries, a long transaction) then still gets
+//! its lease renewed, instead of losing it while the heartbeat queues for a connection and
+//! running twice. Budget for up to two more server connections per store; they close after the
+//! pool's idle timeout.
 //!
 //! Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
 //! follows the traffic: it claims first while most recent `start`s found a new key, and reads
@@ -88,12 +107,22 @@
 //!
 //! # SQL the store needs
 //!
-//! Plain PostgreSQL 9.5 or later, or a PostgreSQL-compatible database with: `INSERT … ON CONFLICT
-//! (…) DO UPDATE … WHERE`, `RETURNING`, data-modifying CTEs (`WITH … AS (INSERT …) SELECT …`),
-//! `SELECT … FOR UPDATE SKIP LOCKED` (pruning only), `clock_timestamp()`, `bytea` and
-//! `timestamptz`, and transactional DDL with `CREATE … IF NOT EXISTS` (migrations only). No
-//! advisory locks, no `LOCK TABLE`, no extensions. Behind a connection pooler in transaction mode
-//! use one that supports prepared statements (PgBouncer 1.21 or later).
+//! Plain PostgreSQL 9.6 or later, or a PostgreSQL-compatible database with: `INSERT … ON
+//! CONFLICT (…) DO UPDATE … WHERE`, `RETURNING`, data-modifying CTEs (`WITH … AS (INSERT …)
+//! SELECT …`), `SELECT … FOR UPDATE SKIP LOCKED` (pruning only), `clock_timestamp()`, `bytea`
+//! and `timestamptz`, and transactional DDL with `CREATE … IF NOT EXISTS` and
+//! `to_regclass(text)` (migrations only; 9.6 made its argument `text`). No advisory locks, no
+//! `LOCK TABLE`, no extensions. Behind a connection pooler in transaction mode use one that
+//! supports prepared statements (PgBouncer 1.21 or later).
+//!
+//! # Errors
+//!
+//! Failures are [`Error::Store`] with a [`StoreErrorKind`](crate::StoreErrorKind) taken from the
+//! SQLSTATE: connection errors (class 08, 57P01–57P05, 53300) are `Unavailable`; a statement or
+//! lock timeout (57014, 55P03), a serialization failure (40001) or a deadlock (40P01) is
+//! `Transient`; a full disk (53100) is `Full`; a read-only transaction (25006, as on a standby)
+//! is `ReadOnly`. [`StoreErrorKind::is_transient`](crate::StoreErrorKind::is_transient) says
+//! which are worth retrying.
 //!
 //! The crate enables only sqlx's `postgres` feature: no TLS. To reach a server over TLS, add
 //! `sqlx` with a TLS feature (`tls-rustls` or `tls-native-tls`) to your own dependencies; Cargo
@@ -119,12 +148,17 @@ use crate::store::{check_duration, check_fingerprint, corrupt, fenced, Store};
 /// three is plenty.
 const CLAIM_ATTEMPTS: usize = 3;
 
+/// The size of the pool `renew` runs on. Renewals are rare (one per third of a lease per running
+/// claim) and short; two keep one slow renewal from holding up the others.
+const RENEW_CONNECTIONS: u32 = 2;
+
 /// The longest table name: PostgreSQL truncates identifiers at 63 bytes, and the store derives
 /// `<table>_migrations` and `<table>_expires_at_idx` from it.
 const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
 
 /// The embedded schema migrations. `{table}` and `{index}` are replaced by the quoted names.
-/// Versions only grow; an applied step is never edited.
+/// Versions only grow; an applied step is never edited. Statements are idempotent (`IF NOT
+/// EXISTS`): a records table found missing is re-created by running the applied steps again.
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
     description: "records table and expiry index",
@@ -167,6 +201,9 @@ const MIGRATIONS: &[Migration] = &[Migration {
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// Where `renew` runs: at most two connections of its own, so that work holding every
+    /// connection of `pool` cannot starve its own heartbeat.
+    renew_pool: PgPool,
     sql: Arc<Statements>,
     claim_path: Arc<ClaimPath>,
 }
@@ -193,7 +230,9 @@ impl PostgresStore {
         PostgresStore::builder().connect(url).await
     }
 
-    /// Uses an existing pool and brings the table `idem_records` up to date.
+    /// Uses an existing pool and brings the table `idem_records` up to date. `renew` runs on a
+    /// second pool of at most two connections made with this pool's options (see the
+    /// [module docs](self#round-trips)).
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
@@ -361,7 +400,8 @@ impl PostgresStoreBuilder {
         finish(pool, sql, self.claim_order).await
     }
 
-    /// Uses `pool` (its own size and timeouts apply) and brings the table up to date.
+    /// Uses `pool` (its own size and timeouts apply) and brings the table up to date. `renew`
+    /// runs on a second pool of at most two connections made with `pool`'s options.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
@@ -383,8 +423,17 @@ async fn finish(
     let mut conn = pool.acquire().await?;
     sql.migrate(&mut conn).await?;
     drop(conn);
+    // The main pool's settings (timeouts, `after_connect` callbacks such as a search_path) and
+    // connect options, at most two connections, opened on the first renewal.
+    let renew_pool = pool
+        .options()
+        .clone()
+        .min_connections(0)
+        .max_connections(RENEW_CONNECTIONS)
+        .connect_lazy_with((*pool.connect_options()).clone());
     Ok(PostgresStore {
         pool,
+        renew_pool,
         sql: Arc::new(sql),
         claim_path: Arc::new(ClaimPath::new(claim_order)),
     })
@@ -496,10 +545,17 @@ impl Statements {
                 "SELECT {RECORD_COLUMNS} FROM {t} AS r \
                  WHERE r.key = $1 AND r.expires_at > clock_timestamp()"
             ),
+            // Fenced by the token alone, so that completing a claim again (a retry whose first
+            // commit landed but whose answer was lost) succeeds; the CASEs keep the first result
+            // and its retention. SET expressions read the row as it was before the update.
             complete: format!(
-                "UPDATE {t} SET state = 1, response = $3, is_error = $4, \
-                   expires_at = clock_timestamp() + $5::bigint::float8 * interval '1 microsecond' \
-                 WHERE key = $1 AND token = $2 AND state = 0"
+                "UPDATE {t} SET state = 1, \
+                   response = CASE WHEN state = 0 THEN $3 ELSE response END, \
+                   is_error = CASE WHEN state = 0 THEN $4 ELSE is_error END, \
+                   expires_at = CASE WHEN state = 0 \
+                     THEN clock_timestamp() + $5::bigint::float8 * interval '1 microsecond' \
+                     ELSE expires_at END \
+                 WHERE key = $1 AND token = $2"
             ),
             renew: format!(
                 "UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint::float8 * interval '1 microsecond' \
@@ -550,6 +606,9 @@ impl Statements {
                 self.table
             )));
         }
+        if applied > 0 && !self.table_exists(conn).await? {
+            self.recreate_table(conn, applied).await?;
+        }
         for m in MIGRATIONS.iter().filter(|m| m.version > applied) {
             let mut tx = conn.begin().await?;
             // Inserting the version row first serialises concurrent migrators on its unique
@@ -562,9 +621,9 @@ impl Statements {
             .bind(m.version)
             .bind(m.description)
             .persistent(false)
-            .fetch_optional(&mut *tx)
+            .fetch_all(&mut *tx)
             .await?;
-            if mine.is_none() {
+            if mine.is_empty() {
                 tx.rollback().await?;
                 continue;
             }
@@ -576,6 +635,48 @@ impl Statements {
             }
             tx.commit().await?;
         }
+        Ok(())
+    }
+
+    /// Whether the records table exists (as the statements name it, so through the search path
+    /// when unqualified).
+    async fn table_exists(&self, conn: &mut PgConnection) -> Result<bool, Error> {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(&self.quoted_table)
+            .persistent(false)
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(exists)
+    }
+
+    /// Creates the records table again after it was dropped, by re-running the idempotent
+    /// statements of the migrations up to `applied`. Locking the ledger's rows makes nodes that
+    /// connect together queue here; the later ones find the table back and do nothing.
+    async fn recreate_table(&self, conn: &mut PgConnection, applied: i64) -> Result<(), Error> {
+        let mut tx = conn.begin().await?;
+        sqlx::query(&format!(
+            "SELECT version FROM {} FOR UPDATE",
+            self.migrations_table
+        ))
+        .persistent(false)
+        .fetch_all(&mut *tx)
+        .await?;
+        if !self.table_exists(&mut tx).await? {
+            tracing::warn!(
+                table = %self.table,
+                "the records table is missing although its migrations are recorded (dropped?); \
+                 creating it again: the records it held are gone"
+            );
+            for m in MIGRATIONS.iter().filter(|m| m.version <= applied) {
+                for stmt in m.statements {
+                    let stmt = stmt
+                        .replace("{table}", &self.quoted_table)
+                        .replace("{index}", &self.quoted_index);
+                    tx.execute(stmt.as_str()).await?;
+                }
+            }
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -605,13 +706,17 @@ impl Statements {
         };
         for _ in 0..CLAIM_ATTEMPTS {
             let token = Token::random();
+            // Every row and the final ReadyForQuery are read (`fetch_all`), so an error the server
+            // sends after the row (at commit) fails the claim instead of being dropped.
             let row = sqlx::query(sql)
                 .bind(&key.as_bytes()[..])
                 .bind(fingerprint.map(|f| &f.as_bytes()[..]))
                 .bind(&token.to_bytes()[..])
                 .bind(micros(lease))
-                .fetch_optional(&mut *conn)
-                .await?;
+                .fetch_all(&mut *conn)
+                .await?
+                .into_iter()
+                .next();
             if let Some(row) = &row {
                 if row.try_get::<bool, _>("claimed")? {
                     return Ok(Start::Started(Claim::new(*key, token)));
@@ -871,7 +976,7 @@ impl Store for PostgresStore {
 
     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
         check_duration("lease", lease)?;
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.renew_pool.acquire().await?;
         self.sql.renew(&mut conn, claim, lease).await
     }
 
@@ -896,7 +1001,8 @@ impl Store for PostgresStore {
 /// duplicate's claim then waits on the first transaction's row and, once that commits, reads the
 /// committed result with a fresh snapshot and replays it. (Under `REPEATABLE READ` or
 /// `SERIALIZABLE` the duplicate fails with a serialization error instead, SQLSTATE 40001,
-/// surfaced as a [`StoreErrorKind::Query`](crate::StoreErrorKind::Query) error; retry the transaction.)
+/// surfaced as a [`StoreErrorKind::Transient`](crate::StoreErrorKind::Transient) error; retry the
+/// transaction.)
 #[async_trait]
 impl crate::transactional::TransactionalStore for PostgresStore {
     type Connection = PgConnection;

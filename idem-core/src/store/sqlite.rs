@@ -41,10 +41,24 @@
 //! |---|---|
 //! | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now RETURNING 1`; 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
 //! | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which finds the live row, then the `SELECT`) |
-//! | `complete`, `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0` |
-//! | `abort`, `evict` | 1 `DELETE` |
+//! | `complete` | 1 `UPDATE … WHERE key = ? AND token = ?`, which keeps the first result when the claim had already completed |
+//! | `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0`, on the renewal connection (below) |
+//! | `abort` | 1 `DELETE … WHERE key = ? AND token = ? AND state = 0` |
+//! | `evict` | 1 `DELETE` |
 //! | `get` | 1 `SELECT` |
 //! | `prune_expired` | 1 `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now ORDER BY expires_at LIMIT ?)` |
+//!
+//! Every statement runs to its end before its result is used, the claim's `RETURNING` included:
+//! in autocommit mode SQLite commits when the statement finishes, and a commit can fail (a full
+//! disk, [`StoreErrorKind::Full`](crate::StoreErrorKind::Full)). Reading the claim's row and
+//! dropping the rest would report a claim as won whose commit failed and was rolled back.
+//!
+//! **Renewal has a connection of its own.** For a database file, `renew` runs on a second pool
+//! of one connection, opened on first use with the main pool's settings. Work that holds every
+//! connection of [`SqliteStore::pool`] (its own queries, a transaction) then still gets its
+//! lease renewed instead of losing it while the heartbeat waits for a connection. The renewal
+//! still needs SQLite's write lock: work that keeps a write transaction open longer than the
+//! busy timeout blocks it all the same. In-memory databases have one connection and renew on it.
 //!
 //! Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
 //! follows the traffic: it claims first while most recent `start`s found a new key and reads
@@ -88,7 +102,21 @@
 //! write lock (`BEGIN IMMEDIATE`), creates `<table>_migrations` if missing, applies the steps not
 //! recorded there and records them, then commits: running it twice, or from several pools or
 //! processes at once, applies each step once. A table migrated by a newer version of idem (a
-//! version this build does not know) is refused with [`Error::InvalidConfig`].
+//! version this build does not know) is refused with [`Error::InvalidConfig`], unless
+//! `PRAGMA quick_check` finds the file damaged (then the unknown version is garbage read from a
+//! damaged page, and the error says so; see below).
+//!
+//! A records table that is missing although the ledger lists its steps as applied (someone
+//! dropped it) is created again on connect by re-running the applied steps, whose statements
+//! are idempotent (`IF NOT EXISTS`); the records it held are gone.
+//!
+//! # Errors
+//!
+//! Failures are [`Error::Store`] with a [`StoreErrorKind`](crate::StoreErrorKind) taken from
+//! SQLite's result code: `SQLITE_BUSY`/`SQLITE_LOCKED` (the lock was held past the busy timeout)
+//! are `Unavailable`, `SQLITE_FULL` is `Full`, `SQLITE_READONLY` is `ReadOnly`, and
+//! `SQLITE_CORRUPT`/`SQLITE_NOTADB` are `Corrupt`, with a message saying that the file is
+//! damaged and what to do.
 //!
 //! # SQLite version
 //!
@@ -139,12 +167,14 @@ const CLAIM_ATTEMPTS: usize = 3;
 
 const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The schema, oldest step first. Never edit an applied step; append a new one.
+/// The schema, oldest step first. Never change what an applied step creates; append a new step.
+/// Statements are idempotent (`IF NOT EXISTS`): a records table found missing is re-created by
+/// running the applied steps again.
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
     description: "create the records table and its expiry index",
     statements: &[
-        r#"CREATE TABLE "{table}" (
+        r#"CREATE TABLE IF NOT EXISTS "{table}" (
             key         BLOB    NOT NULL PRIMARY KEY CHECK (length(key) = 32),
             fingerprint BLOB             CHECK (fingerprint IS NULL OR length(fingerprint) = 32),
             token       BLOB    NOT NULL CHECK (length(token) = 16),
@@ -153,7 +183,7 @@ const MIGRATIONS: &[Migration] = &[Migration {
             response    BLOB,
             is_error    INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1))
         )"#,
-        r#"CREATE INDEX "{table}_expires_at" ON "{table}" (expires_at)"#,
+        r#"CREATE INDEX IF NOT EXISTS "{table}_expires_at" ON "{table}" (expires_at)"#,
     ],
 }];
 
@@ -192,6 +222,10 @@ const LEDGER: &str = r#"CREATE TABLE IF NOT EXISTS "{table}_migrations" (
 #[derive(Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// Where `renew` runs: a pool of one connection of its own for a database file, so that work
+    /// holding every connection of `pool` cannot starve its own heartbeat; `pool` itself for an
+    /// in-memory database, which lives in the one connection.
+    renew_pool: SqlitePool,
     table: TableName,
     sql: Arc<Statements>,
     claim_path: Arc<ClaimPath>,
@@ -242,7 +276,9 @@ impl SqliteStore {
 
     /// Uses a pool you configured, creating or upgrading the schema (table `idem_records`).
     ///
-    /// The pool's settings are kept as they are. Recommended: WAL journal mode, `synchronous =
+    /// The pool's settings are kept as they are; for a database file, `renew` runs on a second
+    /// pool of one connection made with the same settings (see the
+    /// [module docs](self#round-trips)). Recommended: WAL journal mode, `synchronous =
     /// NORMAL` (or `FULL`) and a busy timeout of a few seconds, as below. (With `journal_mode`
     /// in the options every new connection asks for the switch; processes opening a *new* file
     /// at the same moment may then fail with "database is locked", which
@@ -474,11 +510,24 @@ impl SqliteStoreBuilder {
         let mut conn = pool.acquire().await?;
         check_version(&mut conn).await?;
         migrate(&mut conn, &table).await?;
+        let in_file = is_file_backed(&mut conn).await?;
         drop(conn);
+        let renew_pool = if in_file {
+            // The main pool's settings (busy timeout, pragmas, callbacks), one connection, opened
+            // on the first renewal.
+            pool.options()
+                .clone()
+                .min_connections(0)
+                .max_connections(1)
+                .connect_lazy_with((*pool.connect_options()).clone())
+        } else {
+            pool.clone()
+        };
         Ok(SqliteStore {
             sql: Arc::new(Statements::new(&table)),
             claim_path: Arc::new(ClaimPath::new(self.claim_order)),
             pool,
+            renew_pool,
             table,
         })
     }
@@ -566,6 +615,18 @@ fn is_private_per_connection(url: &str) -> bool {
     database == ":memory:" || database.is_empty() || params.split('&').any(|p| p == "mode=memory")
 }
 
+/// Whether the connection's main database is a file (a second connection reaches the same
+/// records), rather than an in-memory or temporary database (file name empty).
+async fn is_file_backed(conn: &mut SqliteConnection) -> Result<bool, Error> {
+    let file: Option<String> =
+        sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
+            .persistent(false)
+            .fetch_optional(&mut *conn)
+            .await?
+            .flatten();
+    Ok(file.is_some_and(|f| !f.is_empty()))
+}
+
 /// Refuses a SQLite library too old for the statements below.
 async fn check_version(conn: &mut SqliteConnection) -> Result<(), Error> {
     let version: String = sqlx::query_scalar("SELECT sqlite_version()")
@@ -601,11 +662,36 @@ async fn migrate(conn: &mut SqliteConnection, table: &TableName) -> Result<(), E
         .iter()
         .find(|v| !MIGRATIONS.iter().any(|m| m.version == **v))
     {
+        // Only here, where it is cheap next to the error: a version no idem wrote is as likely
+        // a damaged page read as a number as a newer idem.
+        check_integrity(&mut tx).await?;
         return Err(Error::InvalidConfig(format!(
             "table {:?} has schema version {unknown}, which this version of idem does not know: \
              it was migrated by a newer idem; upgrade idem or use another table",
             table.as_str()
         )));
+    }
+    let table_exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+    )
+    .persistent(false)
+    .bind(table.as_str())
+    .fetch_one(&mut *tx)
+    .await?;
+    if !applied.is_empty() && !table_exists {
+        tracing::warn!(
+            table = table.as_str(),
+            "the records table is missing although its migrations are recorded (dropped?); \
+             creating it again: the records it held are gone"
+        );
+        for step in MIGRATIONS.iter().filter(|m| applied.contains(&m.version)) {
+            for statement in step.statements {
+                sqlx::query(&table.render(statement))
+                    .persistent(false)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
     }
     for step in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
         for statement in step.statements {
@@ -626,6 +712,31 @@ async fn migrate(conn: &mut SqliteConnection, table: &TableName) -> Result<(), E
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// Runs `PRAGMA quick_check` and fails with a [`Corrupt`](crate::StoreErrorKind::Corrupt) store
+/// error if SQLite finds the file damaged.
+async fn check_integrity(conn: &mut SqliteConnection) -> Result<(), Error> {
+    let findings: Vec<String> = sqlx::query_scalar("PRAGMA quick_check")
+        .persistent(false)
+        .fetch_all(&mut *conn)
+        .await?;
+    if findings.len() == 1 && findings[0] == "ok" {
+        return Ok(());
+    }
+    // A finding may span lines, under a "*** in database main ***" heading.
+    let problems: Vec<&str> = findings
+        .iter()
+        .flat_map(|f| f.lines())
+        .filter(|line| !line.starts_with("***") && !line.trim().is_empty())
+        .collect();
+    let first = problems.first().copied().unwrap_or("no details");
+    Err(corrupt(format!(
+        "the SQLite database file is damaged (PRAGMA quick_check: {first}; {} problem(s) in \
+         all): restore it from a backup, or move it aside so that a new, empty one is created \
+         (completed keys are then forgotten)",
+        problems.len()
+    )))
 }
 
 /// A lease or retention checked by [`check_duration`], in whole milliseconds (rounded up, so a
@@ -675,9 +786,16 @@ impl Statements {
                 r#"SELECT fingerprint, token, state, expires_at, response, is_error, {now} AS now
                    FROM "{table}" WHERE key = ?1 AND expires_at > {now}"#,
             ),
+            // Fenced by the token alone, so that completing a claim again (a retry whose first
+            // commit landed but whose answer was lost) succeeds; the CASEs keep the first result
+            // and its retention. SET expressions read the row as it was before the update.
             complete: render(
-                r#"UPDATE "{table}" SET state = 1, response = ?3, is_error = ?4, expires_at = {now} + ?5
-                   WHERE key = ?1 AND token = ?2 AND state = 0"#,
+                r#"UPDATE "{table}" SET
+                       state = 1,
+                       response = CASE WHEN state = 0 THEN ?3 ELSE response END,
+                       is_error = CASE WHEN state = 0 THEN ?4 ELSE is_error END,
+                       expires_at = CASE WHEN state = 0 THEN {now} + ?5 ELSE expires_at END
+                   WHERE key = ?1 AND token = ?2"#,
             ),
             renew: render(
                 r#"UPDATE "{table}" SET expires_at = {now} + ?3
@@ -769,14 +887,17 @@ pub(crate) async fn start(
     for _ in 0..CLAIM_ATTEMPTS {
         let token = Token::random();
         let token_bytes = token.to_bytes();
+        // `fetch_all`, not `fetch_optional`: sqlx stops a statement after the row it wants and
+        // ignores what SQLite reports then, and in autocommit mode that is the COMMIT's outcome
+        // (SQLITE_FULL on a full disk). A claim whose commit failed was rolled back.
         let claimed = sqlx::query(&sql.claim)
             .bind(&key.as_bytes()[..])
             .bind(fingerprint.map(|f| &f.as_bytes()[..]))
             .bind(&token_bytes[..])
             .bind(lease.0)
-            .fetch_optional(&mut *conn)
+            .fetch_all(&mut *conn)
             .await?;
-        if claimed.is_some() {
+        if !claimed.is_empty() {
             return Ok(Start::Started(Claim::new(*key, token)));
         }
         let Some(live) = read_live(conn, sql, key).await? else {
@@ -931,7 +1052,7 @@ impl Store for SqliteStore {
 
     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
         let lease = Millis::new("lease", lease)?;
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.renew_pool.acquire().await?;
         renew(&mut conn, &self.sql, claim, lease).await
     }
 

@@ -46,7 +46,7 @@ macro_rules! conformance {
                 get_reports_live_records_only,
                 evict_fences_running_claim,
                 bad_durations_change_nothing,
-                complete_twice_is_lease_lost,
+                complete_twice_keeps_the_first_result,
                 engine_storm_runs_each_key_once,
                 engine_renews_long_work,
                 engine_crashed_worker_frees_after_one_lease,

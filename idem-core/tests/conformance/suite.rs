@@ -370,18 +370,33 @@ pub async fn bad_durations_change_nothing(h: impl Harness) {
     s.complete(&c, done(b"r"), LONG).await.unwrap();
 }
 
-pub async fn complete_twice_is_lease_lost(h: impl Harness) {
+/// A completion retried after its first attempt committed (its answer lost on the way back)
+/// learns that it landed: `Ok`, and the first result stands. A completed claim can still be
+/// neither aborted nor renewed.
+pub async fn complete_twice_keeps_the_first_result(h: impl Harness) {
     let s = h.store();
     let k = key("a");
     let c = claim(&*s, &k, LONG).await;
     s.complete(&c, done(b"first"), LONG).await.unwrap();
-    assert!(matches!(
-        s.complete(&c, done(b"second"), LONG).await,
-        Err(Error::LeaseLost)
-    ));
+    s.complete(&c, done(b"second"), SHORT).await.unwrap();
     assert!(matches!(s.abort(&c).await, Err(Error::LeaseLost)));
+    assert!(matches!(s.renew(&c, LONG).await, Err(Error::LeaseLost)));
+    // The second completion's shorter retention did not replace the first one's either.
+    wait(PAST_SHORT).await;
     assert_eq!(
         replayed(&*s, &k).await.response.as_deref(),
         Some(&b"first"[..])
+    );
+    // Another claim's record is still fenced off: completing the old claim is a lost lease.
+    assert!(s.evict(&k).await.unwrap());
+    let next = claim(&*s, &k, LONG).await;
+    assert!(matches!(
+        s.complete(&c, done(b"stale"), LONG).await,
+        Err(Error::LeaseLost)
+    ));
+    s.complete(&next, done(b"next"), LONG).await.unwrap();
+    assert_eq!(
+        replayed(&*s, &k).await.response.as_deref(),
+        Some(&b"next"[..])
     );
 }
