@@ -1047,7 +1047,15 @@ async fn complete(
         response: Some(&sealed),
         is_error,
     };
-    match shared.store.complete(&claim, done, retention).await {
+    // The lease is still renewed while the completion waits (for a pooled connection taken by
+    // other work, say), so the key cannot be taken over in the meantime.
+    let stored = renewing(
+        &*shared.store,
+        &claim,
+        lease,
+        shared.store.complete(&claim, done, retention),
+    );
+    match stored.await {
         Err(Error::Store(e)) if e.kind().is_transient() => {
             tracing::warn!(key = %claim.key(), error = %e, "storing the result failed; retrying in the background");
             spawn_or_drop(Box::pin(keep_completing(

@@ -576,13 +576,12 @@ async fn renewal_is_not_starved_by_work_holding_the_pool() {
     assert_eq!(runs, vec![1; 3], "executions per key");
 }
 
-/// Twice as many keys as connections: the second wave's work takes the connections that the
-/// first wave's completions wait for, longer than the lease. Renewal on its own pool is not
-/// enough here: the engine must also keep renewing until the completion has landed (today the
-/// heartbeat stops when the work returns), or the duplicates take the keys over and run them
-/// again (10 executions for 6 keys; 11 without the renewal pool).
+/// Twice as many keys as connections (pool 3, lease 3 s, work holding a connection 5 s): the
+/// second wave's work takes the connections that the first wave's completions wait for, longer
+/// than the lease. Renewal on its own pool is not enough here: the engine also keeps renewing
+/// until the completion has landed, or the duplicates would take the keys over and run them
+/// again (11 executions for 6 keys before either).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the engine to keep renewing the lease until its completion lands"]
 async fn completions_queued_behind_work_keep_their_leases() {
     let Some(url) = env::pg_url("completions_queued_behind_work_keep_their_leases") else {
         return;
