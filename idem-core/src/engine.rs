@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::codec::{Codec, JsonCodec};
-use crate::envelope::{self, Kept};
+use crate::envelope;
 use crate::error::{BoxError, Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key};
 use crate::record::{Cached, Claim, Completion, Start};
@@ -780,25 +780,14 @@ pub(crate) fn replay<T, E: From<Error>>(
     decode_ok: impl FnOnce(&[u8]) -> Result<T, BoxError>,
     replay_err: impl FnOnce(Vec<u8>) -> E,
 ) -> Result<Outcome<T>, E> {
-    // A record completed through the raw Store API without a response reads as JSON `null`.
-    let Some(stored) = cached.response else {
-        return match cached.is_error {
-            true => Err(replay_err(b"null".to_vec())),
-            false => decode_ok(b"null")
-                .map(Outcome::Replayed)
-                .map_err(|e| Error::Codec(e).into()),
-        };
-    };
-    match envelope::open(&stored)? {
-        Kept::NotRetained(reason) => Err(Error::ResultNotRetained {
-            reason: reason.to_owned(),
-        }
-        .into()),
-        Kept::Result(bytes) if cached.is_error => Err(replay_err(bytes.to_vec())),
-        Kept::Result(bytes) => match decode_ok(bytes) {
-            Ok(value) => Ok(Outcome::Replayed(value)),
-            Err(e) => Err(Error::Codec(e).into()),
-        },
+    let is_error = cached.is_error;
+    let bytes = cached.result()?;
+    if is_error {
+        return Err(replay_err(bytes.to_vec()));
+    }
+    match decode_ok(bytes) {
+        Ok(value) => Ok(Outcome::Replayed(value)),
+        Err(e) => Err(Error::Codec(e).into()),
     }
 }
 

@@ -2,6 +2,8 @@
 
 use std::time::{Duration, SystemTime};
 
+use crate::envelope::{self, Kept};
+use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
 
 /// Proof that this caller owns a key until its lease ends: the key and the fencing token.
@@ -53,6 +55,43 @@ pub struct Cached {
     pub is_error: bool,
     /// When the retention ends and the key may run again.
     pub expires_at: SystemTime,
+}
+
+impl Cached {
+    /// The encoded result as an engine stored it, with its checksum checked: what the engine
+    /// replays (JSON with the default codec; an HTTP response in the layer's own format). For
+    /// tools and tests that read records directly.
+    ///
+    /// Errors: [`Error::ResultNotRetained`] when the work completed but its result was not kept
+    /// (too large, not encodable), with the reason; a [`StoreErrorKind::Corrupt`] store error
+    /// when the bytes are damaged or were not written by an engine. A record completed through
+    /// the raw [`Store`](crate::Store) API without a response reads as `null`.
+    ///
+    /// ```
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore, RecordState, Store};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "", "c-1")?;
+    /// engine.run(Some(key), None, async { Ok::<_, Error>(4200) }).await?;
+    /// let Some(RecordState::Completed(cached)) = engine.store().get(&key).await?.map(|r| r.state) else {
+    ///     unreachable!("the call completed");
+    /// };
+    /// assert_eq!(cached.result()?, b"4200");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`StoreErrorKind::Corrupt`]: crate::StoreErrorKind::Corrupt
+    pub fn result(&self) -> Result<&[u8], Error> {
+        let Some(stored) = &self.response else {
+            return Ok(b"null");
+        };
+        match envelope::open(stored)? {
+            Kept::Result(bytes) => Ok(bytes),
+            Kept::NotRetained(reason) => Err(Error::ResultNotRetained {
+                reason: reason.to_owned(),
+            }),
+        }
+    }
 }
 
 /// What to store when a claim completes.

@@ -130,15 +130,24 @@ fn responses(lines: &[String]) -> BTreeMap<String, Vec<String>> {
     by_key
 }
 
-/// The stored response of every key, which must be completed.
-async fn stored_responses(store: &PostgresStore, keys: usize) -> BTreeMap<String, String> {
+/// The stored response of every key, which must be completed: as the engine wrote it (in its
+/// checksummed envelope) when `engine`, else as the worker wrote it through the raw store API.
+async fn stored_responses(
+    store: &PostgresStore,
+    keys: usize,
+    engine: bool,
+) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for i in 0..keys {
         let record = store.get(&key(i)).await.unwrap();
         let Some(RecordState::Completed(cached)) = record.map(|r| r.state) else {
             panic!("{} is not completed in the store", key_name(i));
         };
-        let response = String::from_utf8(cached.response.unwrap()).unwrap();
+        let bytes = match engine {
+            true => cached.result().unwrap().to_vec(),
+            false => cached.response.unwrap(),
+        };
+        let response = String::from_utf8(bytes).unwrap();
         out.insert(key_name(i), response);
     }
     out
@@ -186,7 +195,7 @@ async fn duplicate_storm(test: &str, engine: bool) {
 
     let by_key = responses(&lines);
     assert_eq!(by_key.len(), KEYS);
-    let stored = stored_responses(&s.store().await, KEYS).await;
+    let stored = stored_responses(&s.store().await, KEYS, engine).await;
     for (k, got) in &by_key {
         assert_eq!(got.len(), PROCESSES * TASKS, "every caller of {k} answered");
         let first = &got[0];
@@ -296,7 +305,7 @@ async fn kill_9_mid_work_frees_keys_after_one_lease() {
         }
     }
     let by_key = responses(&lines);
-    let stored = stored_responses(&s.store().await, KEYS).await;
+    let stored = stored_responses(&s.store().await, KEYS, true).await;
     assert_eq!(by_key.len(), KEYS);
     for (k, got) in &by_key {
         assert_eq!(got.len(), 3 * 32, "every survivor caller of {k} answered");
