@@ -75,6 +75,18 @@ impl KeyPart for String {
     }
 }
 
+/// Strings users already hold in a shared or boxed form lend their text, as `String` does.
+macro_rules! key_part_str {
+    ($($t:ty),*) => {$(
+        impl KeyPart for $t {
+            fn key_part(&self) -> Option<Cow<'_, str>> {
+                Some(Cow::Borrowed(self))
+            }
+        }
+    )*};
+}
+key_part_str!(Box<str>, Arc<str>, std::rc::Rc<str>, Cow<'_, str>);
+
 impl KeyPart for uuid::Uuid {
     fn key_part(&self) -> Option<Cow<'_, str>> {
         Some(Cow::Owned(self.hyphenated().to_string()))

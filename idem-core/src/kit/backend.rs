@@ -172,8 +172,9 @@ macro_rules! impl_backend {
 impl_backend!(
     sqlx::Sqlite,
     private::Dialect {
-        // Milliseconds since the epoch, like the SQLite store.
-        now: "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+        // Milliseconds since the epoch: the SQLite store's own expression, so the two keep
+        // time alike (it rounds; a plain cast reads some instants one millisecond early).
+        now: crate::store::sqlite::NOW,
         timestamp: "INTEGER",
         bigint: "INTEGER",
         bytes: "BLOB",
@@ -205,4 +206,45 @@ impl_backend!(
 /// PostgreSQL, extended code 2067/1555 on SQLite), never by message text.
 pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use sqlx::{Connection, Row};
+
+    use super::private::Ops;
+
+    /// The SQLite clock must read whole milliseconds exactly. `unixepoch('subsec')` is the
+    /// float `ms / 1000.0`, and multiplying it back by 1000 lands just below `ms` for about one
+    /// instant in four between 2^30 s and 2^40 ms (2004) and between 2^31 s and 2^41 ms
+    /// (2038-39), where a plain cast reads one millisecond early. SQLite reads `'now'` once per
+    /// statement, at an instant the test cannot choose, so the expression is evaluated instead at
+    /// fixed instants in those stretches (and today's) by giving `unixepoch` an explicit time:
+    /// the same path as `'now'`, which SQLite also holds as whole milliseconds.
+    #[tokio::test]
+    async fn sqlite_clock_reads_whole_milliseconds_exactly() {
+        let now = <sqlx::Sqlite as Ops>::DIALECT.now;
+        assert_eq!(now.matches("unixepoch('subsec')").count(), 1, "{now}");
+        let at = now.replace(
+            "unixepoch('subsec')",
+            "unixepoch(ms / 1000.0, 'unixepoch', 'subsec')",
+        );
+        let sql = format!(
+            "WITH RECURSIVE i(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM i WHERE n < 4999), \
+                  t(ms) AS (SELECT 1090000000000 + n FROM i \
+                            UNION ALL SELECT 1700000000000 + n FROM i \
+                            UNION ALL SELECT 2147483645500 + n FROM i) \
+             SELECT count(*), sum({at} <> ms), min(CASE WHEN {at} <> ms THEN ms END) FROM t"
+        );
+        let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let row = sqlx::query(&sql).fetch_one(&mut conn).await.unwrap();
+        let (total, wrong, first): (i64, i64, Option<i64>) = (row.get(0), row.get(1), row.get(2));
+        assert_eq!(total, 15_000);
+        assert_eq!(
+            wrong, 0,
+            "{now} reads {wrong} of {total} instants one millisecond off, the first at {first:?} ms"
+        );
+    }
 }

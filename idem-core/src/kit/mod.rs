@@ -272,8 +272,11 @@ impl fmt::Display for Ident {
 /// Rejects a zero or absurd duration before it reaches the database.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn millis(what: &str, d: std::time::Duration) -> Result<i64, ConcurrencyError> {
-    crate::store::check_duration(what, d)
-        .map_err(|e| ConcurrencyError::InvalidConfig(e.to_string()))?;
+    crate::store::check_duration(what, d).map_err(|e| match e {
+        // Take the message, not the Display, which already says "invalid configuration: ".
+        crate::error::Error::InvalidConfig(message) => ConcurrencyError::InvalidConfig(message),
+        other => ConcurrencyError::InvalidConfig(other.to_string()),
+    })?;
     // check_duration caps at ten years, far inside i64 milliseconds.
     i64::try_from(d.as_millis()).map_err(|_| {
         ConcurrencyError::InvalidConfig(format!("{what} of {d:?} does not fit in milliseconds"))
@@ -300,6 +303,15 @@ mod tests {
         }
         let long = Ident::new("table", &"a".repeat(60)).unwrap();
         assert!(long.suffixed("lease table", "_pruner").is_err());
+    }
+
+    #[test]
+    fn a_zero_duration_names_the_error_once() {
+        let e = millis("retention", std::time::Duration::ZERO).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid configuration: retention must be between 1 ms and 10 years, got 0ns"
+        );
     }
 
     #[test]

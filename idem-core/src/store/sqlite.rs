@@ -156,8 +156,9 @@ use crate::store::claim_order::{ClaimOrder, ClaimPath};
 use crate::store::sql::{Migration, TableName, DEFAULT_TABLE};
 use crate::store::{check_duration, check_fingerprint, corrupt, fenced, Store};
 
-/// The database's clock in milliseconds since the Unix epoch (see the module docs).
-const NOW: &str = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
+/// The database's clock in milliseconds since the Unix epoch (see the module docs). The kit's
+/// SQLite dialect uses it too, so the two keep time alike.
+pub(crate) const NOW: &str = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
 
 /// The oldest SQLite whose SQL this store uses: `unixepoch('subsec')` came in 3.42.
 const MIN_SQLITE: (u32, u32) = (3, 42);
