@@ -60,8 +60,8 @@
 //! # async fn main() -> Result<(), Error> {
 //! let engine = Idempotency::new(MemoryStore::new());
 //! let key = Key::derive("charge", "tenant-7", "msg-1")?;
-//! let first = engine.run(Some(key), None, async { Ok::<_, Error>(500u64) }).await?;
-//! let again = engine.run(Some(key), None, async { Ok::<_, Error>(999u64) }).await?;
+//! let first = engine.call(key).run(async { Ok::<_, Error>(500u64) }).await?;
+//! let again = engine.call(key).run(async { Ok::<_, Error>(999u64) }).await?;
 //! assert!(!first.is_replayed());
 //! assert!(again.is_replayed());
 //! assert_eq!(again.into_inner(), 500); // the second future never ran

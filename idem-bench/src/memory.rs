@@ -42,7 +42,8 @@ pub async fn run(calls: u64) -> Result<MemoryReport, BenchError> {
     for (i, key) in keys.iter().enumerate() {
         let seed = i as u64;
         engine
-            .run(Some(*key), None, async move { Ok::<_, Error>(work(seed)) })
+            .call(*key)
+            .run(async move { Ok::<_, Error>(work(seed)) })
             .await?;
     }
     let engine_fresh = t.elapsed();
@@ -50,7 +51,8 @@ pub async fn run(calls: u64) -> Result<MemoryReport, BenchError> {
     let t = Instant::now();
     for key in &keys {
         let out = engine
-            .run(Some(*key), None, async { Ok::<_, Error>(work(0)) })
+            .call(*key)
+            .run(async { Ok::<_, Error>(work(0)) })
             .await?;
         if !out.is_replayed() {
             return Err(BenchError::Unexpected("a completed key ran again".into()));

@@ -78,9 +78,8 @@ impl Subject {
                 for (i, key) in keys.iter().enumerate().skip(w).step_by(workers) {
                     let seed = i as u64;
                     engine
-                        .run(Some(Key::from_bytes(*key)), None, async move {
-                            Ok::<_, Error>(work(seed))
-                        })
+                        .call(Key::from_bytes(*key))
+                        .run(async move { Ok::<_, Error>(work(seed)) })
                         .await?;
                     if let Some(raw) = &raw {
                         raw.fresh(key, seed).await?;
@@ -105,7 +104,8 @@ impl Subject {
                 let seed = fastrand::u64(..);
                 let key = Key::from_bytes(random_key());
                 let out = engine
-                    .run(Some(key), None, async move { Ok::<_, Error>(work(seed)) })
+                    .call(key)
+                    .run(async move { Ok::<_, Error>(work(seed)) })
                     .await?;
                 expect_fresh(out.is_replayed())
             }
@@ -133,7 +133,8 @@ impl Subject {
             async move {
                 let key = Key::from_bytes(keys[fastrand::usize(..keys.len())]);
                 let out = engine
-                    .run(Some(key), None, async {
+                    .call(key)
+                    .run(async {
                         Err::<Receipt, _>(BenchError::Unexpected("a replay ran its work".into()))
                     })
                     .await?;
@@ -156,9 +157,8 @@ impl Subject {
             async move {
                 let (key, seed) = next();
                 match engine
-                    .run(Some(Key::from_bytes(key)), None, async move {
-                        Ok::<_, Error>(work(seed))
-                    })
+                    .call(Key::from_bytes(key))
+                    .run(async move { Ok::<_, Error>(work(seed)) })
                     .await
                 {
                     Ok(out) if out.is_replayed() => Ok(Hit::Replayed),

@@ -141,6 +141,12 @@ pub fn validate_client_key(client_key: &str) -> Result<(), KeyError> {
     check("client key", client_key, false)
 }
 
+/// Checks a scope as [`Key::derive`] does, for configuration read before any key is derived.
+#[cfg(feature = "http")]
+pub(crate) fn check_scope(scope: &str) -> Result<(), KeyError> {
+    check("scope", scope, false)
+}
+
 /// The identity of one operation: SHA-256 over the length-prefixed `(scope, caller, client_key)`.
 ///
 /// - `scope` names the operation (`"deposit"`). Renaming a scope forgets every key stored under

@@ -18,9 +18,7 @@ mod key;
 pub mod kit;
 mod periodic;
 mod record;
-pub mod store;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod transactional;
+mod store;
 
 #[doc(hidden)]
 #[path = "private.rs"]
@@ -28,7 +26,9 @@ pub mod __private;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
-pub use engine::{Builder, CallOptions, Idempotency, OnLocked, Outcome, Policy};
+pub use engine::{Builder, Call, Idempotency, OnLocked, Outcome, Policy};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use engine::{Transactional, TransactionalStore, TxClaim, TxFuture, TxStart};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::{
     validate_client_key, Fingerprint, FingerprintError, Key, KeyError, Token,
@@ -44,5 +44,3 @@ pub use store::pruner::{RecordPruneReport, RecordPruner, RecordPrunerConfig, Rec
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use store::Store;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use transactional::{Transactional, TransactionalStore, TxClaim, TxFuture, TxStart};

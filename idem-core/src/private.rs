@@ -11,11 +11,14 @@ use serde::Serialize;
 pub use std::time::Duration;
 
 use crate::codec::Codec;
-use crate::engine::{CallOptions, Idempotency, OnLocked};
+pub use crate::engine::Overrides as CallOptions;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::engine::TransactionalStore;
+use crate::engine::{Idempotency, OnLocked};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::engine::{Transactional, TxClaim, TxStart};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-use crate::transactional::{Transactional, TransactionalStore, TxClaim, TxStart};
 
 /// What `store = …` may name: an engine, or a reference or `Arc` to one.
 #[diagnostic::on_unimplemented(
@@ -171,13 +174,10 @@ where
     T: Serialize + DeserializeOwned,
     E: From<Error>,
 {
-    let key = key?;
-    let fingerprint = fingerprint?;
-    engine
-        .as_engine()
-        .run_with(&options, key, fingerprint, body)
-        .await
-        .map(|o| o.into_inner())
+    let (key, fingerprint) = (key?, fingerprint?);
+    let call = engine.as_engine().call(key).fingerprint(fingerprint);
+    let outcome = call.overrides(options).run(body).await?;
+    Ok(outcome.into_inner())
 }
 
 /// [`run`] with `detach = true`: the body runs on a task of its own, so a cancelled caller
@@ -195,13 +195,10 @@ where
     T: Serialize + DeserializeOwned + Send + 'static,
     E: From<Error> + Send + 'static,
 {
-    let key = key?;
-    let fingerprint = fingerprint?;
-    engine
-        .as_engine()
-        .run_detached(&options, key, fingerprint, body)
-        .await
-        .map(|o| o.into_inner())
+    let (key, fingerprint) = (key?, fingerprint?);
+    let call = engine.as_engine().call(key).fingerprint(fingerprint);
+    let outcome = call.overrides(options).run_detached(body).await?;
+    Ok(outcome.into_inner())
 }
 
 /// What `store = …` may name together with `transaction = …`: a transactional engine, or a
@@ -289,13 +286,8 @@ where
     T: DeserializeOwned,
 {
     let (key, fingerprint) = (key?, fingerprint?);
-    let Some(key) = key else {
-        return Ok(TxBegun::Run(None));
-    };
-    let begun = engine
-        .as_transactional()
-        .begin_with(conn, &options, &key, fingerprint.as_ref())
-        .await?;
+    let call = engine.as_transactional().call(key).fingerprint(fingerprint);
+    let begun = call.overrides(options).begin(conn).await?;
     Ok(match begun {
         TxStart::Run(claim) => TxBegun::Run(Some(claim)),
         TxStart::Replayed(value) => TxBegun::Replayed(value),

@@ -72,7 +72,7 @@ impl Cached {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "c-1")?;
-    /// engine.run(Some(key), None, async { Ok::<_, Error>(4200) }).await?;
+    /// engine.call(key).run(async { Ok::<_, Error>(4200) }).await?;
     /// let Some(RecordState::Completed(cached)) = engine.store().get(&key).await?.map(|r| r.state) else {
     ///     unreachable!("the call completed");
     /// };

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    CallOptions, Error, Idempotency, Key, MemoryStore, OnLocked, Outcome, PostgresStore,
-    RecordState, SqliteStore, Store, TokioClock,
+    Call, Error, Idempotency, Key, MemoryStore, OnLocked, Outcome, PostgresStore, RecordState,
+    SqliteStore, Store, TokioClock,
 };
 use sqlx::Connection;
 
@@ -33,12 +33,9 @@ const LEASE: Duration = Duration::from_secs(30);
 const ESTIMATE_CEILING: Duration = Duration::from_secs(1);
 const ROUNDS: usize = 300;
 
-fn opts(on_locked: OnLocked) -> CallOptions {
-    CallOptions {
-        lease: Some(LEASE),
-        on_locked: Some(on_locked),
-        ..CallOptions::default()
-    }
+/// A call of these tests: the test's lease, and what to do on a locked key.
+fn guarded(engine: &Idempotency, k: Key, on_locked: OnLocked) -> Call<'_, Idempotency> {
+    engine.call(k).lease(LEASE).on_locked(on_locked)
 }
 
 fn key(test: &str, i: usize) -> Key {
@@ -76,21 +73,21 @@ async fn drop_table(store: &PostgresStore) {
 /// in its work), then retried at once, fail fast: the retry runs, never `Locked`.
 async fn cancelled_then_retried(store: Arc<dyn Store>, test: &str) {
     let engine = Idempotency::from_arc(store);
-    let fail_fast = opts(OnLocked::FailFast);
+    let fail_fast = OnLocked::FailFast;
     for i in 0..ROUNDS {
         let k = key(test, i);
         let cut = Duration::from_millis((i % 4) as u64);
         let cancelled = tokio::time::timeout(
             cut,
-            engine.run_with(&fail_fast, Some(k), None, async {
+            guarded(&engine, k, fail_fast).run(async {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 Ok::<_, Error>(0u32)
             }),
         )
         .await;
         assert!(cancelled.is_err(), "round {i}: the call was not cancelled");
-        let retry = engine
-            .run_with(&fail_fast, Some(k), None, async { Ok::<_, Error>(i) })
+        let retry = guarded(&engine, k, fail_fast)
+            .run(async { Ok::<_, Error>(i) })
             .await;
         match retry {
             Ok(out) => assert_eq!(out, Outcome::Fresh(i), "round {i}"),
@@ -108,10 +105,10 @@ async fn cancelled_then_retried(store: Arc<dyn Store>, test: &str) {
 /// be before the detached task claimed the key (then the retry may be the one that runs).
 async fn detached_cancelled_then_retried(store: Arc<dyn Store>, test: &str) {
     let engine = Idempotency::from_arc(store);
-    let fail_fast = opts(OnLocked::FailFast);
-    let wait = opts(OnLocked::Wait {
+    let fail_fast = OnLocked::FailFast;
+    let wait = OnLocked::Wait {
         timeout: Duration::from_secs(20),
-    });
+    };
     let mut locked = 0;
     for i in 0..ROUNDS {
         let k = key(test, i);
@@ -126,7 +123,7 @@ async fn detached_cancelled_then_retried(store: Arc<dyn Store>, test: &str) {
                 Ok::<_, Error>(i)
             }
         };
-        let call = engine.run_detached(&fail_fast, Some(k), None, work);
+        let call = guarded(&engine, k, fail_fast).run_detached(work);
         let started_first = i % 2 == 0;
         if started_first {
             tokio::select! {
@@ -147,10 +144,7 @@ async fn detached_cancelled_then_retried(store: Arc<dyn Store>, test: &str) {
                 Ok::<_, Error>(usize::MAX)
             }
         };
-        match engine
-            .run_detached(&fail_fast, Some(k), None, again())
-            .await
-        {
+        match guarded(&engine, k, fail_fast).run_detached(again()).await {
             Ok(Outcome::Replayed(v)) => assert_eq!(v, i, "round {i}"),
             Ok(Outcome::Fresh(v)) => assert!(!started_first, "round {i}: ran again: {v}"),
             Err(Error::Locked { retry_after }) => {
@@ -162,7 +156,7 @@ async fn detached_cancelled_then_retried(store: Arc<dyn Store>, test: &str) {
             }
             Err(e) => panic!("round {i}: {e}"),
         }
-        let replay = engine.run_detached(&wait, Some(k), None, again()).await;
+        let replay = guarded(&engine, k, wait).run_detached(again()).await;
         let replay = replay.unwrap();
         if started_first {
             assert_eq!(replay, Outcome::Replayed(i), "round {i}");
@@ -229,12 +223,12 @@ async fn claim_dropped_while_blocked(
     free: impl std::future::Future<Output = ()>,
 ) {
     let engine = Idempotency::from_arc(store.clone());
-    let fail_fast = opts(OnLocked::FailFast);
+    let fail_fast = OnLocked::FailFast;
     let runs = AtomicUsize::new(0);
     // The claim statement waits on the lock; the caller gives up first.
     let dropped = tokio::time::timeout(
         Duration::from_millis(300),
-        engine.run_with(&fail_fast, Some(k), None, async {
+        guarded(&engine, k, fail_fast).run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, Error>("dropped".to_string())
         }),
@@ -242,11 +236,11 @@ async fn claim_dropped_while_blocked(
     .await;
     assert!(dropped.is_err(), "the claim did not block: {dropped:?}");
     free.await;
-    let wait = opts(OnLocked::Wait {
+    let wait = OnLocked::Wait {
         timeout: Duration::from_secs(1),
-    });
-    let retry = engine
-        .run_with(&wait, Some(k), None, async {
+    };
+    let retry = guarded(&engine, k, wait)
+        .run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, Error>("retry".to_string())
         })
@@ -333,7 +327,10 @@ async fn sqlite_completion_retried_in_the_background() {
         .await
         .unwrap();
     let out = engine
-        .run_with(&opts(OnLocked::FailFast), Some(k), None, async {
+        .call(k)
+        .lease(LEASE)
+        .on_locked(OnLocked::FailFast)
+        .run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             // The work is done; now the store becomes busy for longer than its busy timeout.
             sqlx::query("BEGIN IMMEDIATE")
@@ -353,11 +350,11 @@ async fn sqlite_completion_retried_in_the_background() {
         RecordState::InProgress { .. }
     ));
     sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
-    let wait = opts(OnLocked::Wait {
+    let wait = OnLocked::Wait {
         timeout: Duration::from_secs(10),
-    });
-    let replay = engine
-        .run_with(&wait, Some(k), None, async {
+    };
+    let replay = guarded(&engine, k, wait)
+        .run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, Error>("charged again".to_string())
         })

@@ -803,9 +803,8 @@ async fn full_disk(dir: &Path, tmpfs: bool) {
     let before = Key::derive("full-disk", "", "done-before").unwrap();
     let during = Key::derive("full-disk", "", "during").unwrap();
     let out = engine
-        .run(Some(before), None, async {
-            Ok::<_, Error>("kept".to_string())
-        })
+        .call(before)
+        .run(async { Ok::<_, Error>("kept".to_string()) })
         .await
         .unwrap();
     assert_eq!(out, Outcome::Fresh("kept".to_string()));
@@ -843,7 +842,8 @@ async fn full_disk(dir: &Path, tmpfs: bool) {
             let (engine, runs) = (engine.clone(), runs.clone());
             tokio::spawn(async move {
                 engine
-                    .run(Some(during), None, async {
+                    .call(during)
+                    .run(async {
                         runs.fetch_add(1, Ordering::SeqCst);
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         Ok::<_, Error>("receipt".to_string())
@@ -875,9 +875,8 @@ async fn full_disk(dir: &Path, tmpfs: bool) {
 
     // Reading needs no room: the key completed before the disk filled still replays.
     let replay = engine
-        .run(Some(before), None, async {
-            Ok::<_, Error>("again".to_string())
-        })
+        .call(before)
+        .run(async { Ok::<_, Error>("again".to_string()) })
         .await
         .unwrap();
     assert_eq!(replay, Outcome::Replayed("kept".to_string()));
@@ -886,7 +885,8 @@ async fn full_disk(dir: &Path, tmpfs: bool) {
     if let Some(filler) = filler {
         std::fs::remove_file(filler).unwrap();
         let out = engine
-            .run(Some(during), None, async {
+            .call(during)
+            .run(async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, Error>("receipt".to_string())
             })

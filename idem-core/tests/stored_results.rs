@@ -17,14 +17,13 @@ async fn flipped_byte_is_a_typed_error(
     let engine = Idempotency::from_arc(store);
     let k = Key::derive("stored-results", "", "k1").unwrap();
     let first = engine
-        .run(Some(k), None, async { Ok::<_, Error>(4200u64) })
+        .call(k)
+        .run(async { Ok::<_, Error>(4200u64) })
         .await
         .unwrap();
     assert!(!first.is_replayed());
     flip.await;
-    let replay = engine
-        .run(Some(k), None, async { Ok::<_, Error>(9999u64) })
-        .await;
+    let replay = engine.call(k).run(async { Ok::<_, Error>(9999u64) }).await;
     match replay {
         Err(Error::Store(e)) => {
             assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{e}");

@@ -154,7 +154,8 @@ async fn deposit<D: Db>(
     let tables = db.tables().clone();
     let request_id = request_id.to_owned();
     db.idem()
-        .run(conn, Some(key), None, move |conn| {
+        .call(key)
+        .run(conn, move |conn| {
             Box::pin(async move {
                 let balance = D::apply(conn, &tables, &request_id, cents).await?;
                 Ok(Receipt {
@@ -179,7 +180,8 @@ async fn withdraw<D: Db>(
     let tables = db.tables().clone();
     let request_id = request_id.to_owned();
     db.idem()
-        .run(conn, Some(key), None, move |conn| {
+        .call(key)
+        .run(conn, move |conn| {
             Box::pin(async move {
                 let balance = D::balance_in(conn, &tables).await?;
                 if balance < cents {
@@ -214,12 +216,7 @@ async fn dropped_transaction_leaves_nothing<D: Db>(db: &D) {
 
     // Crash 1: claimed and written by hand, then the transaction is dropped.
     let mut tx = db.begin().await;
-    let TxStart::Run(_claim) = db
-        .idem()
-        .begin::<Receipt>(&mut tx, &key, None)
-        .await
-        .unwrap()
-    else {
+    let TxStart::Run(_claim) = db.idem().call(key).begin::<Receipt>(&mut tx).await.unwrap() else {
         panic!("a new key must be claimed");
     };
     let balance = D::apply(&mut tx, db.tables(), "req-1", 500).await.unwrap();
@@ -232,7 +229,7 @@ async fn dropped_transaction_leaves_nothing<D: Db>(db: &D) {
     let mut tx = db.begin().await;
     let (wrote, written) = tokio::sync::oneshot::channel::<()>();
     let tables = db.tables().clone();
-    let run = db.idem().run(&mut tx, Some(key), None, move |conn| {
+    let run = db.idem().call(key).run(&mut tx, move |conn| {
         Box::pin(async move {
             D::apply(conn, &tables, "req-1", 500).await?;
             wrote.send(()).unwrap();
@@ -360,7 +357,8 @@ async fn completed_key_replays_without_running<D: Db>(db: &D) {
     let flag = ran.clone();
     let replayed = db
         .idem()
-        .run(&mut tx, Some(key), None, move |_conn| {
+        .call(key)
+        .run(&mut tx, move |_conn| {
             Box::pin(async move {
                 flag.store(true, Ordering::SeqCst);
                 Ok::<Receipt, BankError>(Receipt {
@@ -378,12 +376,7 @@ async fn completed_key_replays_without_running<D: Db>(db: &D) {
     );
     assert_eq!(replayed, Outcome::Replayed(fresh.value().clone()));
 
-    match db
-        .idem()
-        .begin::<Receipt>(&mut tx, &key, None)
-        .await
-        .unwrap()
-    {
+    match db.idem().call(key).begin::<Receipt>(&mut tx).await.unwrap() {
         TxStart::Replayed(receipt) => assert_eq!(&receipt, fresh.value()),
         TxStart::Run(claim) => panic!("a completed key was claimed again: {claim:?}"),
     }

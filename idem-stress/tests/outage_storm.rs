@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::{CallOptions, Error, Idempotency, OnLocked, Outcome, PostgresStore, Store};
+use idem_core::{Error, Idempotency, OnLocked, Outcome, PostgresStore, Store};
 use idem_stress::cluster::TempCluster;
 use idem_stress::{env, key};
 
@@ -46,9 +46,11 @@ fn describe(e: &Error) -> String {
 }
 
 /// One call of key `i`; `Ok(true)` when it has an answer (fresh or replayed).
-async fn call(engine: &Idempotency, seen: &Seen, i: usize, opts: &CallOptions) -> bool {
+async fn call(engine: &Idempotency, seen: &Seen, i: usize, on_locked: OnLocked) -> bool {
     let out = engine
-        .run_with(opts, Some(key(i)), None, async {
+        .call(key(i))
+        .on_locked(on_locked)
+        .run(async {
             seen.runs[i].fetch_add(1, Ordering::SeqCst);
             // Work in flight when the server goes away.
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -97,11 +99,11 @@ async fn outage_mid_storm_runs_nothing_twice_and_loses_nothing() {
     for t in 0..TASKS {
         let (engine, seen, done) = (engine.clone(), seen.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
-            let fail_fast = CallOptions::default();
+            let fail_fast = OnLocked::FailFast;
             let mut failed = Vec::new();
             for j in 0..KEYS_PER_TASK {
                 let i = t + TASKS * j;
-                if !call(&engine, &seen, i, &fail_fast).await {
+                if !call(&engine, &seen, i, fail_fast).await {
                     failed.push(i);
                 }
                 done.fetch_add(1, Ordering::SeqCst);
@@ -138,12 +140,9 @@ async fn outage_mid_storm_runs_nothing_twice_and_loses_nothing() {
 
     // The clients retry what failed, waiting on keys still held (a claim whose completion is
     // still being retried, or one whose reply the outage swallowed, which frees within a lease).
-    let wait = CallOptions {
-        on_locked: Some(OnLocked::Wait { timeout: LEASE * 2 }),
-        ..CallOptions::default()
-    };
+    let wait = OnLocked::Wait { timeout: LEASE * 2 };
     for i in failed {
-        let answered = call(&engine, &seen, i, &wait).await;
+        let answered = call(&engine, &seen, i, wait).await;
         assert!(answered, "k{i}: the retry got no answer");
     }
 
@@ -167,15 +166,12 @@ async fn outage_mid_storm_runs_nothing_twice_and_loses_nothing() {
 
     // Nothing completed is lost: every key replays the value its one execution returned.
     let fresh = seen.fresh.lock().unwrap().clone();
-    let probe = CallOptions {
-        on_locked: Some(OnLocked::Wait { timeout: LEASE * 2 }),
-        ..CallOptions::default()
-    };
+    let probe = OnLocked::Wait { timeout: LEASE * 2 };
     for i in 0..KEYS {
         let replay = engine
-            .run_with(&probe, Some(key(i)), None, async {
-                Ok::<_, Error>(u64::MAX)
-            })
+            .call(key(i))
+            .on_locked(probe)
+            .run(async { Ok::<_, Error>(u64::MAX) })
             .await
             .unwrap_or_else(|e| panic!("k{i}: {e}"));
         match (replay, fresh.get(&i)) {

@@ -7,9 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{
-    CallOptions, Error, Idempotency, OnLocked, Outcome, PostgresStore, RecordState, Store,
-};
+use idem_core::{Error, Idempotency, OnLocked, Outcome, PostgresStore, RecordState, Store};
 use idem_stress::{env, key, unique_name};
 use sqlx::{Connection, PgConnection};
 
@@ -80,7 +78,8 @@ async fn run_with_completion_blocked(
         let (engine, runs) = (engine.clone(), runs.clone());
         tokio::spawn(async move {
             engine
-                .run_detached(&CallOptions::default(), Some(key(i)), None, async move {
+                .call(key(i))
+                .run_detached(async move {
                     runs.fetch_add(1, Ordering::SeqCst);
                     // The row is locked before the work returns, so the completion waits.
                     let _ = locked_tx.send(());
@@ -99,14 +98,11 @@ async fn run_with_completion_blocked(
 /// After the obstacle is gone: the record completes with the one result, and a waiting retry
 /// replays it without running the work.
 async fn completes_once(engine: &Idempotency, store: &PostgresStore, i: usize, runs: &AtomicUsize) {
-    let wait = CallOptions {
-        on_locked: Some(OnLocked::Wait { timeout: LEASE }),
-        ..CallOptions::default()
-    };
+    let wait = OnLocked::Wait { timeout: LEASE };
     let replay = engine
-        .run_with(&wait, Some(key(i)), None, async {
-            Ok::<_, Error>("ran again".to_string())
-        })
+        .call(key(i))
+        .on_locked(wait)
+        .run(async { Ok::<_, Error>("ran again".to_string()) })
         .await
         .unwrap();
     assert_eq!(replay, Outcome::Replayed(format!("charged {i}")));

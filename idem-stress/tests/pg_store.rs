@@ -464,7 +464,8 @@ async fn transactional_mode_applies_the_effect_once() {
     let mut tx = pool.begin().await.unwrap();
     let sql = insert.clone();
     let out = idem
-        .run(&mut tx, Some(key(1)), None, move |conn| {
+        .call(key(1))
+        .run(&mut tx, move |conn| {
             Box::pin(async move {
                 sqlx::query(&sql).execute(&mut *conn).await?;
                 Ok::<_, Error>(500u64)
@@ -483,7 +484,8 @@ async fn transactional_mode_applies_the_effect_once() {
             tokio::spawn(async move {
                 let mut tx = pool.begin().await.unwrap();
                 let out = idem
-                    .run(&mut tx, Some(key(1)), None, move |conn| {
+                    .call(key(1))
+                    .run(&mut tx, move |conn| {
                         Box::pin(async move {
                             sqlx::query(&sql).execute(&mut *conn).await?;
                             Ok::<_, Error>(500u64)
@@ -541,7 +543,8 @@ async fn run_while_work_holds_the_pool(url: &str, keys: usize) -> Vec<usize> {
             let k = i % keys;
             tokio::spawn(async move {
                 engine
-                    .run(Some(key(k)), None, async {
+                    .call(key(k))
+                    .run(async {
                         runs[k].fetch_add(1, Ordering::SeqCst);
                         let conn = store.pool().acquire().await?;
                         tokio::time::sleep(Duration::from_secs(5)).await;

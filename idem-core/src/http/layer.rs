@@ -12,9 +12,9 @@ use super::fingerprint::BodyFingerprint;
 use super::problem::ProblemConfig;
 use super::service::IdempotencyService;
 use crate::codec::{Codec, JsonCodec};
-use crate::engine::{CallOptions, Idempotency, OnLocked};
+use crate::engine::{Idempotency, OnLocked, Overrides};
 use crate::error::Error;
-use crate::key::Key;
+use crate::key::check_scope;
 use crate::store::check_duration;
 
 type CallerFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
@@ -42,7 +42,7 @@ pub fn stores_by_default(status: StatusCode) -> bool {
 /// The checked configuration every [`IdempotencyService`] of one layer shares.
 pub(crate) struct Config<C> {
     pub(crate) engine: Idempotency<C>,
-    pub(crate) options: CallOptions,
+    pub(crate) options: Overrides,
     pub(crate) methods: Vec<Method>,
     pub(crate) require_key: bool,
     pub(crate) accept_bare_keys: bool,
@@ -216,7 +216,7 @@ impl<C: Codec> LayerBuilder<C> {
         LayerBuilder {
             config: Config {
                 engine,
-                options: CallOptions::default(),
+                options: Overrides::default(),
                 methods: vec![Method::POST, Method::PATCH],
                 require_key: false,
                 accept_bare_keys: false,
@@ -542,7 +542,7 @@ impl<C: Codec> LayerBuilder<C> {
                 ))
             }
         }
-        if let Err(e) = Key::derive(&self.config.scope, "", "-") {
+        if let Err(e) = check_scope(&self.config.scope) {
             return Err(Error::InvalidConfig(format!("HTTP layer scope: {e}")));
         }
         check_problems(&mut self.config.problems)?;

@@ -207,7 +207,7 @@ where
     let fingerprint = config.fingerprint.of(&parts.method, &parts.uri, &body);
     let req = Request::from_parts(parts, ReqBody::from(body));
 
-    let limit = config.engine.policy().max_response_bytes;
+    let limit = config.engine.policy().max_response_bytes();
     let store_if = config.store_if.clone();
     // Detached from the connection: once claimed, the handler runs to its end and its response
     // is stored even if the client goes away, so the client's retry replays it instead of
@@ -230,14 +230,10 @@ where
     };
     let outcome = config
         .engine
-        .run_detached_encoded(
-            &config.options,
-            key,
-            Some(fingerprint),
-            work,
-            Reply::encode,
-            Reply::decode,
-        )
+        .call(key)
+        .fingerprint(fingerprint)
+        .overrides(config.options)
+        .run_detached_encoded(work, Reply::encode, Reply::decode)
         .await;
     match outcome {
         Ok(Outcome::Fresh(reply)) => Ok(reply.into_response()),

@@ -1004,7 +1004,7 @@ impl Store for PostgresStore {
 /// surfaced as a [`StoreErrorKind::Transient`](crate::StoreErrorKind::Transient) error; retry the
 /// transaction.)
 #[async_trait]
-impl crate::transactional::TransactionalStore for PostgresStore {
+impl crate::TransactionalStore for PostgresStore {
     type Connection = PgConnection;
 
     async fn start_in(

@@ -1074,7 +1074,7 @@ impl Store for SqliteStore {
 }
 
 #[async_trait]
-impl crate::transactional::TransactionalStore for SqliteStore {
+impl crate::TransactionalStore for SqliteStore {
     type Connection = SqliteConnection;
 
     async fn start_in(

@@ -5,27 +5,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{CallOptions, Error, Fingerprint, Idempotency, OnLocked, Outcome, RecordState};
+use idem_core::{Error, Fingerprint, Idempotency, OnLocked, Outcome, RecordState};
 
 use crate::harness::Harness;
 use crate::suite::{claim, key, wait, LONG, PAST_SHORT, SHORT};
 
 fn engine(h: &impl Harness) -> Idempotency {
     Idempotency::from_arc(h.store())
-}
-
-fn waiting(timeout: Duration) -> CallOptions {
-    CallOptions {
-        on_locked: Some(OnLocked::Wait { timeout }),
-        ..CallOptions::default()
-    }
-}
-
-fn lease(lease: Duration) -> CallOptions {
-    CallOptions {
-        lease: Some(lease),
-        ..CallOptions::default()
-    }
 }
 
 pub async fn engine_storm_runs_each_key_once(h: impl Harness) {
@@ -37,9 +23,12 @@ pub async fn engine_storm_runs_each_key_once(h: impl Harness) {
             let (engine, runs, serial) = (engine.clone(), runs.clone(), serial.clone());
             let k = i % 20;
             tokio::spawn(async move {
-                let opts = waiting(Duration::from_secs(60));
                 let out = engine
-                    .run_with(&opts, Some(key(&format!("storm-{k}"))), None, async {
+                    .call(key(&format!("storm-{k}")))
+                    .on_locked(OnLocked::Wait {
+                        timeout: Duration::from_secs(60),
+                    })
+                    .run(async {
                         runs[k].fetch_add(1, Ordering::SeqCst);
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         // A value unique to this execution: a second run would show.
@@ -86,7 +75,9 @@ pub async fn engine_renews_long_work(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .run_with(&lease(lease_len), Some(k), None, async {
+                .call(k)
+                .lease(lease_len)
+                .run(async {
                     let _ = started_tx.send(());
                     // Two and a half leases: only renewal keeps the key ours.
                     tokio::time::sleep(lease_len * 5 / 2).await;
@@ -98,7 +89,8 @@ pub async fn engine_renews_long_work(h: impl Harness) {
     started_rx.await.unwrap();
     wait(lease_len * 3 / 2).await;
     let probe = engine
-        .run(Some(k), None, async { Ok::<_, Error>("thief".to_string()) })
+        .call(k)
+        .run(async { Ok::<_, Error>("thief".to_string()) })
         .await;
     assert!(
         matches!(probe, Err(Error::Locked { .. })),
@@ -107,7 +99,8 @@ pub async fn engine_renews_long_work(h: impl Harness) {
     let out = worker.await.unwrap().unwrap();
     assert_eq!(out, Outcome::Fresh("slow result".to_string()));
     let replay = engine
-        .run(Some(k), None, async { Ok::<_, Error>("thief".to_string()) })
+        .call(k)
+        .run(async { Ok::<_, Error>("thief".to_string()) })
         .await
         .unwrap();
     assert_eq!(replay, Outcome::Replayed("slow result".to_string()));
@@ -118,11 +111,12 @@ pub async fn engine_crashed_worker_frees_after_one_lease(h: impl Harness) {
     let engine = engine(&h);
     let k = key("orphan");
     claim(&*h.store(), &k, SHORT).await;
-    let blocked = engine.run(Some(k), None, async { Ok::<_, Error>(1) }).await;
+    let blocked = engine.call(k).run(async { Ok::<_, Error>(1) }).await;
     assert!(matches!(blocked, Err(Error::Locked { .. })));
     wait(PAST_SHORT).await;
     let out = engine
-        .run(Some(k), None, async { Ok::<_, Error>(2) })
+        .call(k)
+        .run(async { Ok::<_, Error>(2) })
         .await
         .unwrap();
     assert_eq!(out, Outcome::Fresh(2));
@@ -133,7 +127,8 @@ pub async fn engine_error_aborts_so_retry_runs(h: impl Harness) {
     let k = key("flaky");
     let runs = AtomicUsize::new(0);
     let first: Result<Outcome<u32>, Error> = engine
-        .run(Some(k), None, async {
+        .call(k)
+        .run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Err(Error::InvalidConfig("downstream said no".into()))
         })
@@ -144,7 +139,8 @@ pub async fn engine_error_aborts_so_retry_runs(h: impl Harness) {
         "a failed call leaves no record"
     );
     let second = engine
-        .run(Some(k), None, async {
+        .call(k)
+        .run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, Error>(7u32)
         })
@@ -162,7 +158,9 @@ pub async fn engine_cancelled_call_releases_claim(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .run_with(&lease(LONG), Some(k), None, async {
+                .call(k)
+                .lease(LONG)
+                .run(async {
                     let _ = started_tx.send(());
                     std::future::pending::<Result<u32, Error>>().await
                 })
@@ -174,9 +172,11 @@ pub async fn engine_cancelled_call_releases_claim(h: impl Harness) {
     assert!(call.await.unwrap_err().is_cancelled());
     // The lease is 30 s; waiting at most 10 s succeeds only if cancelling released the claim.
     let out = engine
-        .run_with(&waiting(Duration::from_secs(10)), Some(k), None, async {
-            Ok::<_, Error>(3u32)
+        .call(k)
+        .on_locked(OnLocked::Wait {
+            timeout: Duration::from_secs(10),
         })
+        .run(async { Ok::<_, Error>(3u32) })
         .await
         .unwrap();
     assert_eq!(out, Outcome::Fresh(3));
@@ -189,7 +189,9 @@ pub async fn engine_panicking_call_releases_claim(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .run_with(&lease(LONG), Some(k), None, async {
+                .call(k)
+                .lease(LONG)
+                .run(async {
                     tokio::task::yield_now().await;
                     panic!("the work panicked");
                     #[allow(unreachable_code)]
@@ -200,9 +202,11 @@ pub async fn engine_panicking_call_releases_claim(h: impl Harness) {
     };
     assert!(call.await.unwrap_err().is_panic());
     let out = engine
-        .run_with(&waiting(Duration::from_secs(10)), Some(k), None, async {
-            Ok::<_, Error>(4u32)
+        .call(k)
+        .on_locked(OnLocked::Wait {
+            timeout: Duration::from_secs(10),
         })
+        .run(async { Ok::<_, Error>(4u32) })
         .await
         .unwrap();
     assert_eq!(out, Outcome::Fresh(4));
@@ -214,12 +218,16 @@ pub async fn engine_key_reused(h: impl Harness) {
     let a = Fingerprint::of_json(&serde_json::json!({"amount": 5})).unwrap();
     let b = Fingerprint::of_json(&serde_json::json!({"amount": 6})).unwrap();
     engine
-        .run(Some(k), Some(a), async { Ok::<_, Error>(5) })
+        .call(k)
+        .fingerprint(a)
+        .run(async { Ok::<_, Error>(5) })
         .await
         .unwrap();
     let runs = AtomicUsize::new(0);
     let second = engine
-        .run(Some(k), Some(b), async {
+        .call(k)
+        .fingerprint(b)
+        .run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, Error>(6)
         })
@@ -227,7 +235,9 @@ pub async fn engine_key_reused(h: impl Harness) {
     assert!(matches!(second, Err(Error::KeyReused)));
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     let same = engine
-        .run(Some(k), Some(a), async { Ok::<_, Error>(0) })
+        .call(k)
+        .fingerprint(a)
+        .run(async { Ok::<_, Error>(0) })
         .await
         .unwrap();
     assert_eq!(same, Outcome::Replayed(5));
@@ -238,7 +248,9 @@ pub async fn engine_bad_input_changes_nothing(h: impl Harness) {
     let k = key("bad-lease");
     let runs = AtomicUsize::new(0);
     let out = engine
-        .run_with(&lease(Duration::ZERO), Some(k), None, async {
+        .call(k)
+        .lease(Duration::ZERO)
+        .run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, Error>(1)
         })
@@ -263,7 +275,8 @@ pub async fn engine_unretained_result_never_reruns(h: impl Harness) {
     let runs = AtomicUsize::new(0);
     let big = || async {
         engine
-            .run(Some(k), None, async {
+            .call(k)
+            .run(async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, Error>("x".repeat(100))
             })
@@ -285,9 +298,8 @@ pub async fn engine_unretained_result_never_reruns(h: impl Harness) {
         RecordState::Completed(_)
     ));
     let other = engine
-        .run(Some(key("small")), None, async {
-            Ok::<_, Error>("ok".to_string())
-        })
+        .call(key("small"))
+        .run(async { Ok::<_, Error>("ok".to_string()) })
         .await
         .unwrap();
     assert_eq!(other, Outcome::Fresh("ok".to_string()));
@@ -302,9 +314,8 @@ pub async fn engine_retention_then_rerun(h: impl Harness) {
     let runs = AtomicUsize::new(0);
     let call = || async {
         engine
-            .run(Some(k), None, async {
-                Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst))
-            })
+            .call(k)
+            .run(async { Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst)) })
             .await
             .unwrap()
     };
@@ -324,7 +335,8 @@ pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .run(Some(k), None, async {
+                .call(k)
+                .run(async {
                     let _ = started_tx.send(());
                     let _ = finish_rx.await;
                     Ok::<_, Error>("stale".to_string())
@@ -336,14 +348,16 @@ pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
     // An operator evicts the stuck key and another worker takes over and finishes.
     assert!(store.evict(&k).await.unwrap());
     let owner = engine
-        .run(Some(k), None, async { Ok::<_, Error>("owner".to_string()) })
+        .call(k)
+        .run(async { Ok::<_, Error>("owner".to_string()) })
         .await
         .unwrap();
     assert_eq!(owner, Outcome::Fresh("owner".to_string()));
     finish_tx.send(()).unwrap();
     assert!(matches!(stale.await.unwrap(), Err(Error::LeaseLost)));
     let kept = engine
-        .run(Some(k), None, async { Ok::<_, Error>("thief".to_string()) })
+        .call(k)
+        .run(async { Ok::<_, Error>("thief".to_string()) })
         .await
         .unwrap();
     assert_eq!(kept, Outcome::Replayed("owner".to_string()));
@@ -358,7 +372,8 @@ pub async fn engine_wait_mode_replays(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .run(Some(k), None, async {
+                .call(k)
+                .run(async {
                     let _ = started_tx.send(());
                     let _ = finish_rx.await;
                     Ok::<_, Error>(11)
@@ -371,9 +386,11 @@ pub async fn engine_wait_mode_replays(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .run_with(&waiting(Duration::from_secs(20)), Some(k), None, async {
-                    Ok::<_, Error>(22)
+                .call(k)
+                .on_locked(OnLocked::Wait {
+                    timeout: Duration::from_secs(20),
                 })
+                .run(async { Ok::<_, Error>(22) })
                 .await
         })
     };
@@ -388,9 +405,11 @@ pub async fn engine_wait_mode_times_out(h: impl Harness) {
     let k = key("held");
     claim(&*h.store(), &k, LONG).await;
     let out = engine
-        .run_with(&waiting(Duration::from_millis(200)), Some(k), None, async {
-            Ok::<_, Error>(1)
+        .call(k)
+        .on_locked(OnLocked::Wait {
+            timeout: Duration::from_millis(200),
         })
+        .run(async { Ok::<_, Error>(1) })
         .await;
     match out {
         // An estimate of when the holder finishes, not the 30 s left on its lease: no work has
@@ -405,9 +424,8 @@ pub async fn engine_no_key_runs_every_time(h: impl Harness) {
     let runs = AtomicUsize::new(0);
     for i in 0..3 {
         let out = engine
-            .run(None, None, async {
-                Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst))
-            })
+            .call(None)
+            .run(async { Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst)) })
             .await
             .unwrap();
         assert_eq!(out, Outcome::Fresh(i));
@@ -433,7 +451,8 @@ pub async fn engine_stored_errors_replay(h: impl Harness) {
     let runs = AtomicUsize::new(0);
     for _ in 0..3 {
         let out = engine
-            .run_storing_errors(Some(k), None, async {
+            .call(k)
+            .run_storing_errors(async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Err::<u32, _>(PayError::Declined {
                     code: "insufficient_funds".into(),
@@ -449,8 +468,6 @@ pub async fn engine_stored_errors_replay(h: impl Harness) {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // The plain `run` cannot decode the stored error type, so it reports it as stored.
-    let plain = engine
-        .run(Some(k), None, async { Ok::<_, Error>(0u32) })
-        .await;
+    let plain = engine.call(k).run(async { Ok::<_, Error>(0u32) }).await;
     assert!(matches!(plain, Err(Error::StoredError(_))));
 }

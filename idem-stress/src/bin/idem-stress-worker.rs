@@ -38,8 +38,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_core::{
-    CallOptions, Claim, Completion, Error, Fingerprint, Idempotency, OnLocked, Outcome,
-    PostgresStore, Start, Store, StoreError, StoreErrorKind,
+    Claim, Completion, Error, Fingerprint, Idempotency, OnLocked, Outcome, PostgresStore, Start,
+    Store, StoreError, StoreErrorKind,
 };
 use idem_stress::{key, key_name};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -271,11 +271,6 @@ async fn call_engine(
     work: Duration,
 ) -> Result<String, String> {
     let name = key_name(i);
-    let opts = CallOptions {
-        lease: Some(node.lease),
-        retention: Some(RETENTION),
-        on_locked: Some(OnLocked::FailFast),
-    };
     let mut said_locked = false;
     loop {
         if node.past_deadline() {
@@ -292,7 +287,12 @@ async fn call_engine(
             Ok::<_, Error>(format!("{name}|{}|{run}", node.name))
         };
         match engine
-            .run_with(&opts, Some(key(i)), Some(fingerprint(&name)), business)
+            .call(key(i))
+            .fingerprint(fingerprint(&name))
+            .lease(node.lease)
+            .retention(RETENTION)
+            .on_locked(OnLocked::FailFast)
+            .run(business)
             .await
         {
             Ok(Outcome::Fresh(response)) => {

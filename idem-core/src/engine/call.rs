@@ -1,0 +1,300 @@
+//! One call through an engine: its key, fingerprint and options, then how it runs.
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{detach, Encoded, Errors, Format, Idempotency, OnLocked, Outcome, Overrides};
+use crate::codec::Codec;
+use crate::error::{BoxError, Error};
+use crate::key::{Fingerprint, Key};
+
+/// One call through an engine, made by [`Idempotency::call`] (or `Transactional::call`, features
+/// `sqlite`/`postgres`): set what differs from the engine's policy, then run it.
+///
+/// | step | what it sets | default |
+/// |---|---|---|
+/// | [`fingerprint`](Self::fingerprint) | what the request was, so a reused key with another request gets [`Error::KeyReused`] | none: any request under the key replays |
+/// | [`lease`](Self::lease) | how long the claim blocks the key without a heartbeat | the policy's |
+/// | [`retention`](Self::retention) | how long the result replays | the policy's |
+/// | [`on_locked`](Self::on_locked) | what a call meeting a live claim does | the policy's |
+///
+/// | how it runs | the work | when the caller goes away while it runs |
+/// |---|---|---|
+/// | [`run`](Self::run) | may borrow | stopped; its claim is released, so a retry runs it again |
+/// | [`run_detached`](Self::run_detached) | owns what it uses (`'static + Send`) | runs on to its end and its result is stored, so a retry replays it |
+/// | [`run_storing_errors`](Self::run_storing_errors) | may borrow | as `run`; an `Err` is stored and replayed too |
+///
+/// A duration is checked when the call runs: out of range (zero, or more than ten years), the
+/// call fails with [`Error::InvalidConfig`] before the store is touched.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{Error, Fingerprint, Idempotency, Key, MemoryStore, OnLocked};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+/// let engine = Idempotency::new(MemoryStore::new());
+/// let key = Key::derive("charge", "customer-7", "order-1001")?;
+/// let out = engine
+///     .call(key)
+///     .fingerprint(Fingerprint::of_json(&("EUR", 4200))?)
+///     .retention(Duration::from_secs(7 * 24 * 3600))
+///     .on_locked(OnLocked::Wait { timeout: Duration::from_secs(5) })
+///     .run(async { Ok::<_, Error>(4200u64) })
+///     .await?;
+/// assert!(!out.is_replayed());
+/// let reused = engine
+///     .call(key)
+///     .fingerprint(Fingerprint::of_json(&("EUR", 9900))?)
+///     .run(async { Ok::<_, Error>(9900u64) })
+///     .await;
+/// assert!(matches!(reused, Err(Error::KeyReused)));
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "a call does nothing until it is run and awaited"]
+pub struct Call<'e, En> {
+    pub(crate) engine: &'e En,
+    pub(crate) key: Option<Key>,
+    pub(crate) fingerprint: Option<Fingerprint>,
+    pub(crate) overrides: Overrides,
+}
+
+impl<'e, En> Call<'e, En> {
+    pub(crate) fn new(engine: &'e En, key: Option<Key>) -> Self {
+        Call {
+            engine,
+            key,
+            fingerprint: None,
+            overrides: Overrides::default(),
+        }
+    }
+
+    /// What the request was: a later call with the same key and another fingerprint gets
+    /// [`Error::KeyReused`] instead of the replay. `None` (the default) matches any request.
+    pub fn fingerprint(mut self, fingerprint: impl Into<Option<Fingerprint>>) -> Self {
+        self.fingerprint = fingerprint.into();
+        self
+    }
+
+    /// How long this call's claim blocks its key without a heartbeat (the policy's
+    /// [`lease`](crate::Policy::lease) otherwise).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.overrides.lease = Some(lease);
+        self
+    }
+
+    /// How long this call's result replays (the policy's
+    /// [`retention`](crate::Policy::retention) otherwise).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.overrides.retention = Some(retention);
+        self
+    }
+
+    /// Sets several options at once (the attribute's and the HTTP layer's way).
+    pub(crate) fn overrides(mut self, overrides: Overrides) -> Self {
+        self.overrides = overrides;
+        self
+    }
+}
+
+impl<C: Codec> Call<'_, Idempotency<C>> {
+    /// What this call does when another call holds a live claim on its key (the policy's
+    /// [`on_locked`](crate::Policy::on_locked) otherwise).
+    pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
+        self.overrides.on_locked = Some(on_locked);
+        self
+    }
+
+    /// Runs `work` once per key: the first call runs it and stores its `Ok` value; later calls
+    /// with the same key replay that value until the retention ends.
+    ///
+    /// - An `Err` from the work is not stored: the claim is released so a retry runs again.
+    ///   (To store errors too, use [`run_storing_errors`](Self::run_storing_errors).)
+    /// - The work is polled inside this call, so it may borrow. Dropping the returned future
+    ///   (cancellation) or a panic in the work stops the work and releases the claim, so a retry
+    ///   runs it again: use [`run_detached`](Self::run_detached) when a started call must finish
+    ///   whatever its caller does. A release that is under way is awaited by a retry in the same
+    ///   process, so the retry never sees a key that is being freed as locked.
+    /// - The lease is renewed in the background of this call every third of the lease.
+    /// - A result that cannot be stored (too large, not encodable) is still returned; a retry
+    ///   gets [`Error::ResultNotRetained`]. A completion that fails for a passing reason is
+    ///   retried in the background and the result is returned (see the table on
+    ///   [`Idempotency`]).
+    /// - [`Error::LeaseLost`] at completion means the key was taken over while the work ran: the
+    ///   work may have run twice.
+    ///
+    /// ```
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "customer-7", "order-1001")?;
+    /// let first = engine.call(key).run(async { Ok::<_, Error>(4200u64) }).await?;
+    /// let again = engine.call(key).run(async { Ok::<_, Error>(9999u64) }).await?;
+    /// assert!(again.is_replayed());
+    /// assert_eq!(again.into_inner(), 4200); // the second future never ran
+    /// # let _ = first; Ok(()) }
+    /// ```
+    pub async fn run<T, E, F>(self, work: F) -> Result<Outcome<T>, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+    {
+        let codec = self.engine.codec();
+        self.engine
+            .drive(
+                self.key,
+                self.fingerprint,
+                &self.overrides,
+                work,
+                codec_format(codec),
+                released(),
+            )
+            .await
+    }
+
+    /// [`run`](Self::run) for work that must finish once it has started, whatever happens to
+    /// its caller: the claim, the work and the completion run on a task of their own (spawned on
+    /// the current tokio runtime), and this call waits for it. If the caller is cancelled (a
+    /// `timeout`, a client that disconnects, a dropped future), the work goes on, its result is
+    /// stored, and a retry replays it (or, while it still runs, finds the key locked, or waits
+    /// for it under [`OnLocked::Wait`]). The work runs exactly once per key either way.
+    ///
+    /// The work must own what it uses (`'static + Send`). A panic in the work is resumed in this
+    /// call, and its claim is released. Outside a tokio runtime the work runs in this call, as
+    /// with [`run`](Self::run).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore, OnLocked};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "customer-7", "order-1001")?;
+    /// // The caller gives up after 10 ms, but the charge goes on and is stored.
+    /// let slow = engine.call(key).run_detached(async {
+    ///     tokio::time::sleep(Duration::from_millis(50)).await;
+    ///     Ok::<_, Error>(4200u64)
+    /// });
+    /// assert!(tokio::time::timeout(Duration::from_millis(10), slow).await.is_err());
+    /// // The retry waits for the charge that is under way and replays it: one charge.
+    /// let again = engine
+    ///     .call(key)
+    ///     .on_locked(OnLocked::Wait { timeout: Duration::from_secs(5) })
+    ///     .run_detached(async { Ok::<_, Error>(9999u64) })
+    ///     .await?;
+    /// assert!(again.is_replayed());
+    /// assert_eq!(again.into_inner(), 4200);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_detached<T, E, F>(self, work: F) -> Result<Outcome<T>, E>
+    where
+        F: Future<Output = Result<T, E>> + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        let engine = self.engine.clone();
+        let (key, fingerprint, overrides) = (self.key, self.fingerprint, self.overrides);
+        detach(async move {
+            Call {
+                engine: &engine,
+                key,
+                fingerprint,
+                overrides,
+            }
+            .run(work)
+            .await
+        })
+        .await
+    }
+
+    /// Like [`run`](Self::run), but an `Err` from the work is stored and replayed too (for
+    /// errors that are final answers, such as "card declined"). The error type must serialize;
+    /// a later [`run`](Self::run) of the same key, which cannot decode it, gets
+    /// [`Error::StoredError`] with its bytes.
+    ///
+    /// ```
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// #[derive(Debug, serde::Serialize, serde::Deserialize)]
+    /// enum PayError { Declined, Idem(String) }
+    /// impl From<Error> for PayError { fn from(e: Error) -> Self { PayError::Idem(e.to_string()) } }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("pay", "", "p-1")?;
+    /// let first = engine.call(key).run_storing_errors(async { Err::<u32, _>(PayError::Declined) }).await;
+    /// let again = engine.call(key).run_storing_errors(async { Ok::<u32, PayError>(1) }).await;
+    /// assert!(matches!(first, Err(PayError::Declined)));
+    /// assert!(matches!(again, Err(PayError::Declined))); // replayed, the body did not run
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_storing_errors<T, E, F>(self, work: F) -> Result<Outcome<T>, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: Serialize + DeserializeOwned + From<Error>,
+    {
+        let codec = self.engine.codec();
+        let errors = Errors {
+            encode: |e: &E| Some(Encoded::from(codec.encode(e))),
+            replay: |bytes: Vec<u8>| match codec.decode::<E>(&bytes) {
+                Ok(e) => e,
+                Err(err) => Error::Codec(err).into(),
+            },
+        };
+        self.engine
+            .drive(
+                self.key,
+                self.fingerprint,
+                &self.overrides,
+                work,
+                codec_format(codec),
+                errors,
+            )
+            .await
+    }
+
+    /// The HTTP layer's call: detached, with its own byte format, and a value that may say it
+    /// cannot be stored ([`Encoded::NotRetained`]).
+    #[cfg(feature = "http")]
+    pub(crate) async fn run_detached_encoded<T, E, F>(
+        self,
+        work: F,
+        encode: fn(&T) -> Encoded,
+        decode: fn(&[u8]) -> Result<T, BoxError>,
+    ) -> Result<Outcome<T>, E>
+    where
+        F: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        let engine = self.engine.clone();
+        let (key, fingerprint, overrides) = (self.key, self.fingerprint, self.overrides);
+        detach(async move {
+            let format = Format { encode, decode };
+            engine
+                .drive(key, fingerprint, &overrides, work, format, released())
+                .await
+        })
+        .await
+    }
+}
+
+/// Values stored and replayed with the engine's codec.
+fn codec_format<T: Serialize + DeserializeOwned, C: Codec>(
+    codec: &C,
+) -> Format<impl FnOnce(&T) -> Encoded + '_, impl FnOnce(&[u8]) -> Result<T, BoxError> + '_> {
+    Format {
+        encode: move |value: &T| Encoded::from(codec.encode(value)),
+        decode: move |bytes: &[u8]| codec.decode(bytes),
+    }
+}
+
+/// Errors are not stored: the claim is released so a retry runs again. (A stored error met by
+/// such a call is reported as [`Error::StoredError`].)
+fn released<E: From<Error>>() -> Errors<fn(&E) -> Option<Encoded>, fn(Vec<u8>) -> E> {
+    Errors {
+        encode: |_| None,
+        replay: |bytes| Error::StoredError(bytes).into(),
+    }
+}

@@ -1,0 +1,450 @@
+//! How a claimed call ends whatever its caller does: the claim attempt and the completion run to
+//! their end on a task of their own when the caller goes away, the lease is renewed while the
+//! work runs, a failed completion is retried in the background, and releases under way are
+//! visible to retries in this process.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::Shared;
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::key::{Fingerprint, Key};
+use crate::record::{Claim, Completion, Start};
+use crate::store::Store;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Runs `fut` to its end even when the caller stops waiting: polled in place while the caller
+/// polls, and when dropped unfinished, handed to `orphaned`, which returns what to spawn on the
+/// runtime in its place. Costs one allocation, no task, while the caller stays.
+struct RunToEnd<T, O>
+where
+    O: FnOnce(BoxFuture<T>) -> BoxFuture<()>,
+{
+    fut: Option<BoxFuture<T>>,
+    orphaned: Option<O>,
+}
+
+impl<T, O> RunToEnd<T, O>
+where
+    O: FnOnce(BoxFuture<T>) -> BoxFuture<()>,
+{
+    fn new(fut: BoxFuture<T>, orphaned: O) -> Self {
+        RunToEnd {
+            fut: Some(fut),
+            orphaned: Some(orphaned),
+        }
+    }
+}
+
+impl<T, O> Future for RunToEnd<T, O>
+where
+    O: FnOnce(BoxFuture<T>) -> BoxFuture<()> + Unpin,
+{
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self.get_mut();
+        let Some(fut) = this.fut.as_mut() else {
+            // Only reachable by polling after completion, which a caller never does.
+            return Poll::Pending;
+        };
+        let out = std::task::ready!(fut.as_mut().poll(cx));
+        this.fut = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<T, O> Drop for RunToEnd<T, O>
+where
+    O: FnOnce(BoxFuture<T>) -> BoxFuture<()>,
+{
+    fn drop(&mut self) {
+        if let (Some(fut), Some(orphaned)) = (self.fut.take(), self.orphaned.take()) {
+            spawn_or_drop(orphaned(fut));
+        }
+    }
+}
+
+/// Spawns `fut` on the current tokio runtime; without one it can only be dropped.
+fn spawn_or_drop(fut: BoxFuture<()>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(fut);
+        }
+        Err(_) => tracing::warn!(
+            "no tokio runtime to finish an idempotency store operation on; a claim it made frees \
+             when its lease ends"
+        ),
+    }
+}
+
+/// Runs `fut` on a task of its own and waits for it; the task goes on if this call is dropped.
+/// A panic in it is resumed here. Outside a tokio runtime `fut` runs in this call.
+pub(super) async fn detach<T, E>(
+    fut: impl Future<Output = Result<T, E>> + Send + 'static,
+) -> Result<T, E>
+where
+    T: Send + 'static,
+    E: From<Error> + Send + 'static,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return fut.await;
+    };
+    match runtime.spawn(fut).await {
+        Ok(out) => out,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(Error::Store(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "the tokio runtime shut down before the detached call finished",
+        ))
+        .into()),
+    }
+}
+
+/// One claim attempt that is finished even if its caller goes away: a claim statement in flight
+/// (waiting on a lock, say) may still commit, so an orphaned attempt runs on to its end on a task
+/// of its own, and whatever it claimed is released. A retry in this process waits for that.
+pub(super) async fn start(
+    shared: &Arc<Shared>,
+    key: &Key,
+    fingerprint: Option<&Fingerprint>,
+    lease: Duration,
+) -> Result<Start, Error> {
+    let attempt = {
+        let (store, key, fingerprint) = (shared.store.clone(), *key, fingerprint.copied());
+        Box::pin(async move { store.start(&key, fingerprint.as_ref(), lease).await })
+    };
+    let shared = shared.clone();
+    let key = *key;
+    RunToEnd::new(attempt, move |attempt: BoxFuture<Result<Start, Error>>| {
+        let releasing = shared.releases.begin(&shared, key);
+        Box::pin(async move {
+            if let Ok(Start::Started(claim)) = attempt.await {
+                release(&*releasing.shared.store, &claim).await;
+            }
+            drop(releasing);
+        })
+    })
+    .await
+}
+
+/// Polls `work` to completion while renewing the claim's lease every third of the lease, in the
+/// same task (so cancelling the call stops both). A renewal that fails for a passing reason is
+/// retried sooner, with backoff, for as long as the lease lasts.
+pub(super) async fn renewing<F: Future>(
+    store: &dyn Store,
+    claim: &Claim,
+    lease: Duration,
+    work: F,
+) -> F::Output {
+    let period = lease / 3;
+    let heartbeat = async {
+        let mut next = Instant::now() + period;
+        let mut backoff = RETRY_FIRST.min(period);
+        loop {
+            tokio::time::sleep_until(next).await;
+            match store.renew(claim, lease).await {
+                Ok(()) => {
+                    next += period;
+                    backoff = RETRY_FIRST.min(period);
+                }
+                Err(Error::LeaseLost) => {
+                    tracing::warn!(key = %claim.key(), "lease lost while the work runs; completion will fail");
+                    return std::future::pending::<Infallible>().await;
+                }
+                Err(e) => {
+                    tracing::warn!(key = %claim.key(), error = %e, "lease renewal failed; retrying");
+                    next = Instant::now() + backoff;
+                    backoff = (backoff * 2).min(period);
+                }
+            }
+        }
+    };
+    tokio::select! {
+        biased;
+        out = work => out,
+        never = heartbeat => match never {},
+    }
+}
+
+/// The first pause before a failed renewal or completion is tried again; it doubles each time.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+/// The longest pause between two tries of a completion that keeps failing.
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Owns a claim until it is completed or released; dropping it armed (cancellation, panic)
+/// releases the claim on a task of its own, and a retry in this process waits for that.
+pub(super) struct ClaimGuard {
+    shared: Arc<Shared>,
+    claim: Option<Claim>,
+}
+
+impl ClaimGuard {
+    pub(super) fn new(shared: Arc<Shared>, claim: Claim) -> ClaimGuard {
+        ClaimGuard {
+            shared,
+            claim: Some(claim),
+        }
+    }
+
+    /// Stores the sealed result. From here on the work has run, so this is finished even if the
+    /// caller goes away, and a failure that passes is retried in the background.
+    pub(super) async fn complete(
+        mut self,
+        sealed: Vec<u8>,
+        is_error: bool,
+        retention: Duration,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        let Some(claim) = self.claim.take() else {
+            return Ok(());
+        };
+        let completing = complete(
+            self.shared.clone(),
+            claim,
+            sealed,
+            is_error,
+            retention,
+            lease,
+        );
+        RunToEnd::new(
+            Box::pin(completing),
+            |rest: BoxFuture<Result<(), Error>>| {
+                Box::pin(async move {
+                    let _ = rest.await;
+                })
+            },
+        )
+        .await
+    }
+
+    /// Releases the claim so a retry runs again; visible at once to retries in this process.
+    pub(super) async fn release(mut self) {
+        if let Some(releasing) = self.releasing() {
+            RunToEnd::new(releasing, |rest: BoxFuture<()>| rest).await;
+        }
+    }
+
+    /// The release of the claim, if the guard still holds one; registered as under way at once.
+    fn releasing(&mut self) -> Option<BoxFuture<()>> {
+        let claim = self.claim.take()?;
+        let releasing = self.shared.releases.begin(&self.shared, *claim.key());
+        Some(Box::pin(async move {
+            release(&*releasing.shared.store, &claim).await;
+            drop(releasing);
+        }))
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        if let Some(releasing) = self.releasing() {
+            spawn_or_drop(releasing);
+        }
+    }
+}
+
+/// One try at storing the result; if it fails for a passing reason the result is the caller's
+/// anyway, and the completion goes on in the background.
+async fn complete(
+    shared: Arc<Shared>,
+    claim: Claim,
+    sealed: Vec<u8>,
+    is_error: bool,
+    retention: Duration,
+    lease: Duration,
+) -> Result<(), Error> {
+    let done = Completion {
+        response: Some(&sealed),
+        is_error,
+    };
+    // The lease is still renewed while the completion waits (for a pooled connection taken by
+    // other work, say), so the key cannot be taken over in the meantime.
+    let stored = renewing(
+        &*shared.store,
+        &claim,
+        lease,
+        shared.store.complete(&claim, done, retention),
+    );
+    match stored.await {
+        Err(Error::Store(e)) if e.kind().is_transient() => {
+            tracing::warn!(key = %claim.key(), error = %e, "storing the result failed; retrying in the background");
+            spawn_or_drop(Box::pin(keep_completing(
+                shared, claim, sealed, is_error, retention, lease,
+            )));
+            Ok(())
+        }
+        other => {
+            shared.waiters.wake(claim.key());
+            other
+        }
+    }
+}
+
+/// Retries a completion until it lands, the key is taken over, a definite error says it never
+/// will, or the retention (after which the result would not be replayed anyway) has passed. The
+/// claim's lease is renewed meanwhile, so the key stays this process's while the store is away.
+async fn keep_completing(
+    shared: Arc<Shared>,
+    claim: Claim,
+    sealed: Vec<u8>,
+    is_error: bool,
+    retention: Duration,
+    lease: Duration,
+) {
+    let key = *claim.key();
+    let give_up = Instant::now() + retention;
+    let mut renew_at = Instant::now() + lease / 3;
+    let mut backoff = RETRY_FIRST;
+    let done = Completion {
+        response: Some(&sealed),
+        is_error,
+    };
+    // Bounded by `give_up`: every pass sleeps at least RETRY_FIRST.
+    loop {
+        let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
+        tokio::time::sleep(backoff + jitter).await;
+        backoff = (backoff * 2).min(RETRY_MAX);
+        match shared.store.complete(&claim, done, retention).await {
+            Ok(()) => {
+                tracing::info!(%key, "the result was stored after a retry");
+                break;
+            }
+            Err(Error::LeaseLost) => {
+                tracing::error!(%key, "the key was taken over before its result could be stored: the work may run twice");
+                break;
+            }
+            Err(Error::Store(e)) if e.kind().is_transient() => {
+                if Instant::now() >= give_up {
+                    tracing::error!(%key, error = %e, "gave up storing the result after its retention");
+                    break;
+                }
+                if Instant::now() >= renew_at {
+                    // A failure here is decided by the next completion attempt.
+                    let _ = shared.store.renew(&claim, lease).await;
+                    renew_at = Instant::now() + lease / 3;
+                }
+            }
+            Err(e) => {
+                tracing::error!(%key, error = %e, "storing the result failed for good; the key frees when its lease ends");
+                break;
+            }
+        }
+    }
+    shared.waiters.wake(&key);
+}
+
+async fn release(store: &dyn Store, claim: &Claim) {
+    match store.abort(claim).await {
+        Ok(()) | Err(Error::LeaseLost) => {}
+        Err(e) => {
+            tracing::warn!(key = %claim.key(), error = %e, "releasing the claim failed; it frees when its lease ends")
+        }
+    }
+}
+
+/// The keys whose claims this process is releasing, so a retry here waits for the release
+/// instead of meeting the claim in the store.
+#[derive(Default)]
+pub(super) struct Releases {
+    /// How many releases are under way: zero lets every call skip the map.
+    pending: AtomicUsize,
+    keys: Mutex<HashMap<Key, ReleaseSlot>>,
+}
+
+struct ReleaseSlot {
+    done: Arc<Notify>,
+    count: usize,
+}
+
+/// A release under way; dropping it (done, or its task dropped) ends it and wakes whoever waits.
+struct Releasing {
+    shared: Arc<Shared>,
+    key: Key,
+}
+
+impl Releases {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, ReleaseSlot>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn begin(&self, shared: &Arc<Shared>, key: Key) -> Releasing {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        self.lock()
+            .entry(key)
+            .or_insert_with(|| ReleaseSlot {
+                done: Arc::new(Notify::new()),
+                count: 0,
+            })
+            .count += 1;
+        Releasing {
+            shared: shared.clone(),
+            key,
+        }
+    }
+
+    /// Waits until no release of `key` is under way in this process, for at most `bound`.
+    pub(super) async fn settled(&self, key: &Key, bound: Duration) {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let _ = tokio::time::timeout(bound, async {
+            // Bounded: each pass waits for one release of the key to end.
+            loop {
+                let done = match self.lock().get(key) {
+                    Some(slot) => slot.done.clone(),
+                    None => return,
+                };
+                let mut ended = pin!(done.notified());
+                ended.as_mut().enable();
+                // The release may have ended between the look-up and `enable`.
+                if !self
+                    .lock()
+                    .get(key)
+                    .is_some_and(|slot| Arc::ptr_eq(&slot.done, &done))
+                {
+                    continue;
+                }
+                ended.await;
+            }
+        })
+        .await;
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        let releases = &self.shared.releases;
+        let ended = {
+            let mut keys = releases.lock();
+            match keys.get_mut(&self.key) {
+                Some(slot) if slot.count > 1 => {
+                    slot.count -= 1;
+                    None
+                }
+                Some(_) => keys.remove(&self.key).map(|slot| slot.done),
+                None => None,
+            }
+        };
+        releases.pending.fetch_sub(1, Ordering::AcqRel);
+        if let Some(done) = ended {
+            done.notify_waiters();
+        }
+        self.shared.waiters.wake(&self.key);
+    }
+}

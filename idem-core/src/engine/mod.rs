@@ -1,0 +1,448 @@
+//! The engines: drive claim → run → complete (or abort) over a store.
+//!
+//! [`Idempotency`] (this file) holds a shared [`Store`] and runs calls with their own lease
+//! renewal, waiting and cancellation handling; `Transactional` runs them on the caller's
+//! database transaction. Both are built by one [`Builder`], take their calls through one
+//! [`Call`] builder, and share one [`Core`](policy::Core): the policy, the option resolution, and
+//! how results are sealed and replayed.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::codec::{Codec, JsonCodec};
+use crate::error::{BoxError, Error};
+use crate::key::{Fingerprint, Key};
+use crate::record::{Cached, Claim, Start};
+use crate::store::Store;
+
+mod call;
+mod finish;
+mod policy;
+mod stored;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod transactional;
+mod waiters;
+
+pub use call::Call;
+pub use policy::{Builder, OnLocked, Outcome, Policy};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use transactional::{Transactional, TransactionalStore, TxClaim, TxFuture, TxStart};
+
+#[doc(hidden)]
+pub use policy::Overrides;
+pub(crate) use policy::{Core, Resolved};
+pub(crate) use stored::Encoded;
+
+use finish::{detach, renewing, start, ClaimGuard, Releases};
+use stored::replay;
+use waiters::{PollerRole, Typical, Waiters};
+
+/// The engine: wraps work in claim → run → complete, so a duplicate call replays the stored
+/// result instead of running again. Cheap to clone (one `Arc`).
+///
+/// Round trips per call (on top of the work itself; a SQL store's `start` may add one read, see
+/// its [`ClaimOrder`](crate::ClaimOrder)):
+///
+/// | path | statements |
+/// |---|---|
+/// | new key | 1 claim + 1 complete (+ 1 renew per third of the lease the work runs) |
+/// | replay | 1 (the claim attempt returns the stored record) |
+/// | work fails, cancelled or panics (not detached) | 1 claim + 1 abort |
+/// | completion fails for a passing reason | 1 claim + 1 complete, then the completion again in the background until it lands |
+/// | locked, fail fast | 1 |
+///
+/// # What a call guarantees when things go wrong
+///
+/// | what happens | what the engine does |
+/// |---|---|
+/// | the caller is cancelled (a `timeout`, a dropped future) while the work runs | [`run_detached`](Self::run_detached): the work runs on to the end on its own task and its result is stored, so a retry replays it. The other `run*` methods cannot keep borrowed work alive: they release the claim, and a retry runs the work again |
+/// | the caller is cancelled while the claim statement is in flight | the statement is finished on a task of its own and whatever it claimed is released |
+/// | the caller is cancelled while the result is being stored | the completion is finished on a task of its own |
+/// | a retry in this process while a claim is being released | the retry waits for the release (one statement), never a [`Error::Locked`] for a key that is being freed |
+/// | the result is larger than [`Policy::max_response_bytes`] or cannot be encoded | the caller gets its result; the key is kept as "completed, result not retained" and a retry gets [`Error::ResultNotRetained`], never a second execution |
+/// | storing the result fails for a passing reason (store unreachable, statement timeout, disk full) | the caller gets its result; the completion is retried in the background, fenced by the claim's token and renewing the lease, until it lands, the key is taken over, or the retention ends |
+/// | the claim was taken over while the work ran (its lease ran out) | [`Error::LeaseLost`]: the work may have run twice |
+///
+/// A process that exits (or a runtime that shuts down) loses what it had not finished: a claim
+/// it held frees when its lease ends. Make the lease longer than the store outages you want to
+/// ride out without a second execution.
+///
+/// ```
+/// use idem_core::{Idempotency, Key, MemoryStore, Error};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+/// let engine = Idempotency::new(MemoryStore::new());
+/// let key = Key::derive("charge", "customer-7", "order-1001")?;
+/// let first = engine.call(key).run(async { Ok::<_, Error>(4200u64) }).await?;
+/// let again = engine.call(key).run(async { Ok::<_, Error>(9999u64) }).await?;
+/// assert!(!first.is_replayed());
+/// assert!(again.is_replayed());
+/// assert_eq!(again.into_inner(), 4200); // the second body never ran
+/// # Ok(()) }
+/// ```
+pub struct Idempotency<C = JsonCodec> {
+    inner: Arc<Inner<C>>,
+}
+
+impl<C> Clone for Idempotency<C> {
+    fn clone(&self) -> Self {
+        Idempotency {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<C> fmt::Debug for Idempotency<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("policy", &self.inner.core.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<C> {
+    shared: Arc<Shared>,
+    core: Core<C>,
+}
+
+/// What every call of one engine shares, and the tasks it leaves behind (releases, background
+/// completions) need: not generic over the codec.
+struct Shared {
+    store: Arc<dyn Store>,
+    /// Calls waiting on a key held by another call ([`OnLocked::Wait`]).
+    waiters: Waiters,
+    /// Keys whose claim this process is releasing right now.
+    releases: Releases,
+    /// How long recent work took: the basis of `retry_after`.
+    typical: Typical,
+}
+
+impl Shared {
+    fn new(store: Arc<dyn Store>) -> Arc<Shared> {
+        Arc::new(Shared {
+            store,
+            waiters: Waiters::default(),
+            releases: Releases::default(),
+            typical: Typical::default(),
+        })
+    }
+}
+
+impl Idempotency<JsonCodec> {
+    /// An engine over `store` with the default [`Policy`] and JSON codec.
+    pub fn new(store: impl Store) -> Idempotency<JsonCodec> {
+        Idempotency::from_arc(Arc::new(store))
+    }
+
+    /// An engine over a shared store.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use idem_core::{Idempotency, MemoryStore, Store};
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let engine = Idempotency::from_arc(store.clone());
+    /// # let _ = engine;
+    /// ```
+    pub fn from_arc(store: Arc<dyn Store>) -> Idempotency<JsonCodec> {
+        Idempotency::from_parts(
+            store,
+            Core {
+                policy: Policy::default(),
+                codec: JsonCodec,
+            },
+        )
+    }
+
+    /// A [`Builder`] to set the policy or codec.
+    pub fn builder(store: impl Store) -> Builder {
+        Builder::with(Arc::new(store), JsonCodec)
+    }
+}
+
+impl<C: Codec> Builder<Arc<dyn Store>, C> {
+    /// Checks the policy and builds the engine.
+    pub fn build(self) -> Result<Idempotency<C>, Error> {
+        let (store, core) = self.parts()?;
+        Ok(Idempotency::from_parts(store, core))
+    }
+}
+
+impl<C: Codec> Idempotency<C> {
+    fn from_parts(store: Arc<dyn Store>, core: Core<C>) -> Idempotency<C> {
+        Idempotency {
+            inner: Arc::new(Inner {
+                shared: Shared::new(store),
+                core,
+            }),
+        }
+    }
+
+    /// The store behind this engine.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.shared.store
+    }
+
+    /// The engine's policy.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.core.policy
+    }
+
+    /// The engine's codec.
+    pub fn codec(&self) -> &C {
+        &self.inner.core.codec
+    }
+
+    /// Starts a call guarded by `key`; set what differs from the policy on the returned
+    /// [`Call`], then [`run`](Call::run) it. `None` runs the work every time, without
+    /// deduplication (for requests that came without a key).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("report", "", "2026-11")?;
+    /// let out = engine.call(key).lease(Duration::from_secs(300)).run(async { Ok::<_, Error>(1) }).await?;
+    /// assert_eq!(out.into_inner(), 1);
+    /// let unguarded = engine.call(None).run(async { Ok::<_, Error>(2) }).await?;
+    /// assert!(!unguarded.is_replayed());
+    /// # Ok(()) }
+    /// ```
+    pub fn call(&self, key: impl Into<Option<Key>>) -> Call<'_, Self> {
+        Call::new(self, key.into())
+    }
+
+    /// Claims the call's key, runs `work` with its lease renewed, and stores its result; or
+    /// replays the stored one. `encode_err` says whether an `Err` is stored too.
+    pub(crate) async fn drive<T, E, F>(
+        &self,
+        key: Option<Key>,
+        fingerprint: Option<Fingerprint>,
+        overrides: &Overrides,
+        work: F,
+        format: Format<impl FnOnce(&T) -> Encoded, impl FnOnce(&[u8]) -> Result<T, BoxError>>,
+        errors: Errors<impl FnOnce(&E) -> Option<Encoded>, impl FnOnce(Vec<u8>) -> E>,
+    ) -> Result<Outcome<T>, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: From<Error>,
+    {
+        let Some(key) = key else {
+            return work.await.map(Outcome::Fresh);
+        };
+        let core = &self.inner.core;
+        let Resolved {
+            lease,
+            retention,
+            on_locked,
+        } = core.resolve(overrides)?;
+
+        let claim = match self
+            .acquire(&key, fingerprint.as_ref(), lease, on_locked)
+            .await?
+        {
+            Acquired::Claim(claim) => claim,
+            Acquired::Replay(cached) => return replay(cached, format.decode, errors.replay),
+        };
+        let shared = &self.inner.shared;
+        let guard = ClaimGuard::new(shared.clone(), claim.clone());
+        let began = Instant::now();
+        let result = renewing(&*shared.store, &claim, lease, work).await;
+        shared.typical.observe(began.elapsed());
+
+        let (encoded, is_error) = match &result {
+            Ok(value) => ((format.encode)(value), false),
+            Err(e) => match (errors.encode)(e) {
+                Some(encoded) => (encoded, true),
+                // An error that is not stored: free the key so a retry runs again.
+                None => {
+                    guard.release().await;
+                    return result.map(Outcome::Fresh);
+                }
+            },
+        };
+        let sealed = core.seal_encoded(encoded, claim.key());
+        guard.complete(sealed, is_error, retention, lease).await?;
+        result.map(Outcome::Fresh)
+    }
+
+    /// Claims the key, or returns the stored result, waiting on a live claim if the policy says so.
+    async fn acquire(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+        on_locked: OnLocked,
+    ) -> Result<Acquired, Error> {
+        let shared = &self.inner.shared;
+        // A claim this process is releasing is not another caller's: wait the one statement
+        // it takes (bounded by the lease, after which the claim would be free anyway).
+        shared.releases.settled(key, lease).await;
+        let timeout = match on_locked {
+            OnLocked::FailFast => {
+                return match start(shared, key, fingerprint, lease).await? {
+                    Start::Started(c) => Ok(Acquired::Claim(c)),
+                    Start::Completed(c) => Ok(Acquired::Replay(c)),
+                    Start::Locked { retry_after } => Err(Error::Locked {
+                        retry_after: shared.typical.retry_after(retry_after),
+                    }),
+                };
+            }
+            OnLocked::Wait { timeout } => timeout,
+        };
+        let deadline = Instant::now() + timeout;
+        let slot = shared.waiters.join(*key);
+        let mut poller: Option<PollerRole<'_>> = None;
+        let mut backoff = Duration::from_millis(5);
+        // Bounded: every pass either returns or sleeps until a wake-up or the deadline.
+        loop {
+            let mut woken = pin!(slot.notify.notified());
+            woken.as_mut().enable();
+            let retry_after = match start(shared, key, fingerprint, lease).await? {
+                Start::Started(c) => return Ok(Acquired::Claim(c)),
+                Start::Completed(c) => return Ok(Acquired::Replay(c)),
+                Start::Locked { retry_after } => retry_after,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Locked {
+                    retry_after: shared.typical.retry_after(retry_after),
+                });
+            }
+            if poller.is_none() {
+                poller = PollerRole::take(&slot);
+            }
+            // One waiter per key polls the store (for owners in other processes); the others
+            // sleep until it, or a local owner finishing, wakes them.
+            let wake_at = if poller.is_some() {
+                let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
+                (now + (backoff + jitter).min(retry_after.max(Duration::from_millis(1))))
+                    .min(deadline)
+            } else {
+                deadline
+            };
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+            tokio::select! {
+                _ = woken => {}
+                _ = tokio::time::sleep_until(wake_at) => {}
+            }
+        }
+    }
+}
+
+/// How a call's `Ok` value is stored and replayed.
+pub(crate) struct Format<En, De> {
+    pub(crate) encode: En,
+    pub(crate) decode: De,
+}
+
+/// Whether a call's `Err` is stored (`encode` returns its bytes) and how a stored one replays.
+pub(crate) struct Errors<En, Re> {
+    pub(crate) encode: En,
+    pub(crate) replay: Re,
+}
+
+enum Acquired {
+    Claim(Claim),
+    Replay(Cached),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::waiters::{FIRST_GUESS, MIN_RETRY_AFTER};
+    use super::*;
+    use crate::store::memory::MemoryStore;
+
+    fn key(i: u32) -> Key {
+        let mut bytes = [0; 32];
+        bytes[..4].copy_from_slice(&i.to_be_bytes());
+        Key::from_bytes(bytes)
+    }
+
+    /// A million contended joins: threads share keys, join, wake and leave in every order. The
+    /// last one out of a slot must remove it, whatever references a wake holds at that moment.
+    #[test]
+    fn waiter_slots_are_all_released_after_a_million_contended_keys() {
+        let waiters = Arc::new(Waiters::default());
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let waiters = waiters.clone();
+                std::thread::spawn(move || {
+                    for i in 0..250_000u32 {
+                        // Neighbouring threads share each key.
+                        let k = key((i + t * 7) % 1_000);
+                        let first = waiters.join(k);
+                        waiters.wake(&k);
+                        let second = waiters.join(k);
+                        drop(first);
+                        waiters.wake(&k);
+                        drop(second);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(waiters.len(), 0);
+    }
+
+    /// Contended keys through the engine: two callers per key, the second waiting on the first.
+    /// Afterwards no waiter slot and no release is left behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_slot_outlives_its_waiters() {
+        let engine = Idempotency::new(MemoryStore::new());
+        let wait = OnLocked::Wait {
+            timeout: Duration::from_secs(30),
+        };
+        let mut tasks = tokio::task::JoinSet::new();
+        for batch in 0..4u32 {
+            let engine = engine.clone();
+            tasks.spawn(async move {
+                for i in 0..25_000u32 {
+                    let k = key(batch * 25_000 + i);
+                    let (a, b) = tokio::join!(
+                        engine.call(k).on_locked(wait).run(async {
+                            tokio::task::yield_now().await;
+                            Ok::<_, Error>(i)
+                        }),
+                        engine
+                            .call(k)
+                            .on_locked(wait)
+                            .run(async { Ok::<_, Error>(i) }),
+                    );
+                    assert_eq!(a.unwrap().into_inner(), i);
+                    assert_eq!(b.unwrap().into_inner(), i);
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+        assert_eq!(engine.inner.shared.waiters.len(), 0);
+        assert_eq!(engine.inner.shared.releases.len(), 0);
+    }
+
+    #[test]
+    fn retry_after_is_the_typical_duration_within_the_lease() {
+        let typical = Typical::default();
+        let lease_left = Duration::from_secs(25);
+        assert_eq!(typical.retry_after(lease_left), FIRST_GUESS);
+        assert_eq!(
+            typical.retry_after(Duration::from_millis(300)),
+            Duration::from_millis(300)
+        );
+        typical.observe(Duration::from_millis(200));
+        assert_eq!(typical.retry_after(lease_left), Duration::from_millis(200));
+        typical.observe(Duration::from_micros(10));
+        assert!(typical.retry_after(lease_left) < Duration::from_millis(200));
+        for _ in 0..100 {
+            typical.observe(Duration::from_micros(10));
+        }
+        assert_eq!(typical.retry_after(lease_left), MIN_RETRY_AFTER);
+    }
+}

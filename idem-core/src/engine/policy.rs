@@ -1,0 +1,282 @@
+//! What both engines share: the policy, the builder, the outcome, and the core that resolves a
+//! call's options and encodes, seals and replays its result.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::stored::{seal, Encoded};
+use crate::codec::{Codec, JsonCodec};
+use crate::error::{BoxError, Error};
+use crate::key::Key;
+use crate::store::{check_duration, Store};
+
+/// What a call does when another call holds a live claim on its key.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::OnLocked;
+/// let wait = OnLocked::Wait { timeout: Duration::from_secs(5) };
+/// assert_ne!(wait, OnLocked::FailFast);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnLocked {
+    /// Return [`Error::Locked`] at once with a hint of when to retry (the default).
+    #[default]
+    FailFast,
+    /// Wait until the other call finishes, then replay its result (or run, if it failed), giving
+    /// up with [`Error::Locked`] after `timeout`. Waiters in one process share one poller per key
+    /// and are woken at once when a call in the same process finishes.
+    Wait {
+        /// How long to wait at most.
+        timeout: Duration,
+    },
+}
+
+/// How an engine treats every call, unless the call says otherwise (see
+/// [`Call`](crate::Call)). Set it with the engine's [`Builder`]; read it with
+/// [`Idempotency::policy`](crate::Idempotency::policy).
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{Idempotency, MemoryStore};
+/// let engine = Idempotency::builder(MemoryStore::new()).retention(Duration::from_secs(3600)).build()?;
+/// assert_eq!(engine.policy().retention(), Duration::from_secs(3600));
+/// assert_eq!(engine.policy().lease(), Duration::from_secs(30));
+/// # Ok::<(), idem_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) on_locked: OnLocked,
+    pub(crate) max_response_bytes: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(24 * 3600),
+            on_locked: OnLocked::FailFast,
+            max_response_bytes: 1 << 20,
+        }
+    }
+}
+
+impl Policy {
+    /// How long a claim blocks its key without a heartbeat. The engine renews it every third of
+    /// the lease while the work runs, so a crashed worker blocks its key for at most one lease.
+    /// Default 30 s.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// How long a completed result is replayed. Default 24 h.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// What to do when the key is locked by another call. Default [`OnLocked::FailFast`].
+    pub fn on_locked(&self) -> OnLocked {
+        self.on_locked
+    }
+
+    /// The largest encoded result stored, in bytes. Default 1 MiB. A larger result is not kept:
+    /// the caller still gets it, and the key is recorded as completed without its result, so a
+    /// retry gets [`Error::ResultNotRetained`] instead of running the work again.
+    pub fn max_response_bytes(&self) -> usize {
+        self.max_response_bytes
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        check_duration("lease", self.lease)?;
+        check_duration("retention", self.retention)?;
+        if self.max_response_bytes == 0 {
+            return Err(Error::InvalidConfig(
+                "max_response_bytes must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A result and whether it was computed now or replayed from the store.
+///
+/// ```
+/// use idem_core::Outcome;
+/// let o = Outcome::Replayed(7);
+/// assert!(o.is_replayed());
+/// assert_eq!(o.into_inner(), 7);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// The work ran in this call.
+    Fresh(T),
+    /// An earlier call's stored result.
+    Replayed(T),
+}
+
+impl<T> Outcome<T> {
+    /// The value, fresh or replayed.
+    pub fn into_inner(self) -> T {
+        match self {
+            Outcome::Fresh(v) | Outcome::Replayed(v) => v,
+        }
+    }
+
+    /// Borrows the value.
+    pub fn value(&self) -> &T {
+        match self {
+            Outcome::Fresh(v) | Outcome::Replayed(v) => v,
+        }
+    }
+
+    /// Whether the value was replayed from the store.
+    pub fn is_replayed(&self) -> bool {
+        matches!(self, Outcome::Replayed(_))
+    }
+}
+
+/// Builds an engine with a non-default policy or codec: an [`Idempotency`](crate::Idempotency)
+/// from [`Idempotency::builder`](crate::Idempotency::builder), or (features `sqlite`,
+/// `postgres`) a `Transactional` from `Transactional::builder`. The policy is checked once, by
+/// `build`.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{Idempotency, MemoryStore, OnLocked};
+/// let engine = Idempotency::builder(MemoryStore::new())
+///     .lease(Duration::from_secs(10))
+///     .retention(Duration::from_secs(3600))
+///     .on_locked(OnLocked::Wait { timeout: Duration::from_secs(5) })
+///     .build()?;
+/// assert_eq!(engine.policy().lease(), Duration::from_secs(10));
+///
+/// let zero = Idempotency::builder(MemoryStore::new()).retention(Duration::ZERO).build();
+/// assert!(matches!(zero, Err(idem_core::Error::InvalidConfig(_))));
+/// # Ok::<(), idem_core::Error>(())
+/// ```
+#[must_use = "call `build` to make the engine"]
+pub struct Builder<S = Arc<dyn Store>, C = JsonCodec> {
+    pub(crate) store: S,
+    pub(crate) policy: Policy,
+    pub(crate) codec: C,
+}
+
+impl<S, C: Codec> Builder<S, C> {
+    pub(crate) fn with(store: S, codec: C) -> Builder<S, C> {
+        Builder {
+            store,
+            policy: Policy::default(),
+            codec,
+        }
+    }
+
+    /// Sets [`Policy::lease`].
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.policy.lease = lease;
+        self
+    }
+
+    /// Sets [`Policy::retention`].
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.policy.retention = retention;
+        self
+    }
+
+    /// Sets [`Policy::on_locked`]. (A transactional engine has no use for it: a concurrent
+    /// duplicate waits on the database's lock.)
+    pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
+        self.policy.on_locked = on_locked;
+        self
+    }
+
+    /// Sets [`Policy::max_response_bytes`].
+    pub fn max_response_bytes(mut self, limit: usize) -> Self {
+        self.policy.max_response_bytes = limit;
+        self
+    }
+
+    /// Uses another codec for stored results.
+    pub fn codec<C2: Codec>(self, codec: C2) -> Builder<S, C2> {
+        Builder {
+            store: self.store,
+            policy: self.policy,
+            codec,
+        }
+    }
+
+    /// Checks the policy and hands over what the engine is made of.
+    pub(crate) fn parts(self) -> Result<(S, Core<C>), Error> {
+        self.policy.validate()?;
+        Ok((
+            self.store,
+            Core {
+                policy: self.policy,
+                codec: self.codec,
+            },
+        ))
+    }
+}
+
+/// The per-call choices of a [`Call`](crate::Call); `None` keeps the policy's. Public only for
+/// the attribute's expansion (`__private`).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overrides {
+    pub(crate) lease: Option<Duration>,
+    pub(crate) retention: Option<Duration>,
+    pub(crate) on_locked: Option<OnLocked>,
+}
+
+/// A call's options, resolved against the policy and checked.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Resolved {
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) on_locked: OnLocked,
+}
+
+/// What both engines are made of besides their store: the policy and the codec, and what they
+/// decide about a call (its options, how its result is stored and replayed).
+#[derive(Debug, Clone)]
+pub(crate) struct Core<C> {
+    pub(crate) policy: Policy,
+    pub(crate) codec: C,
+}
+
+impl<C: Codec> Core<C> {
+    /// The call's options. The policy was checked when the engine was built, so only what the
+    /// call overrides is checked here: each duration once per call.
+    pub(crate) fn resolve(&self, overrides: &Overrides) -> Result<Resolved, Error> {
+        let pick = |what, given: Option<Duration>, default| match given {
+            Some(d) => check_duration(what, d).map(|()| d),
+            None => Ok(default),
+        };
+        Ok(Resolved {
+            lease: pick("lease", overrides.lease, self.policy.lease)?,
+            retention: pick("retention", overrides.retention, self.policy.retention)?,
+            on_locked: overrides.on_locked.unwrap_or(self.policy.on_locked),
+        })
+    }
+
+    /// `value` in its stored form: encoded by the codec and sealed, or the note that it was not
+    /// retained (too large, not encodable).
+    pub(crate) fn seal<T: Serialize + ?Sized>(&self, value: &T, key: &Key) -> Vec<u8> {
+        self.seal_encoded(Encoded::from(self.codec.encode(value)), key)
+    }
+
+    /// An already encoded result in its stored form, within the policy's size limit.
+    pub(crate) fn seal_encoded(&self, encoded: Encoded, key: &Key) -> Vec<u8> {
+        seal(encoded, self.policy.max_response_bytes, key)
+    }
+
+    /// Decodes a stored value with the codec.
+    pub(crate) fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, BoxError> {
+        self.codec.decode(bytes)
+    }
+}
