@@ -20,6 +20,14 @@ mod periodic;
 mod record;
 mod store;
 
+/// The sqlx (0.8) this crate is built with: its pools and connections appear in the SQL stores'
+/// API (`SqliteStore::pool`, `TransactionalStore::Connection`) and the kit's. Use this path to
+/// name the very version idem uses. A major version of sqlx changes idem's major version.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sqlx;
+/// The uuid (1.x) whose `Uuid` can be part of a key.
+pub use uuid;
+
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;

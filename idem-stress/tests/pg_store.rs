@@ -695,7 +695,7 @@ async fn server_errors_map_to_typed_kinds() {
 
     // 25006: a read-only transaction, as on a standby; here through the store.
     let store = PostgresStore::builder()
-        .table(&unique_name("idem_ro"))
+        .table(unique_name("idem_ro"))
         .max_connections(1)
         .connect(&url)
         .await

@@ -149,8 +149,8 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
                 self.fingerprint,
                 &self.overrides,
                 work,
-                codec_format(codec),
-                released(),
+                WithCodec(codec),
+                Released,
             )
             .await
     }
@@ -235,21 +235,14 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
         E: Serialize + DeserializeOwned + From<Error>,
     {
         let codec = self.engine.codec();
-        let errors = Errors {
-            encode: |e: &E| Some(Encoded::from(codec.encode(e))),
-            replay: |bytes: Vec<u8>| match codec.decode::<E>(&bytes) {
-                Ok(e) => e,
-                Err(err) => Error::Codec(err).into(),
-            },
-        };
         self.engine
             .drive(
                 self.key,
                 self.fingerprint,
                 &self.overrides,
                 work,
-                codec_format(codec),
-                errors,
+                WithCodec(codec),
+                WithCodec(codec),
             )
             .await
     }
@@ -271,30 +264,70 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
         let engine = self.engine.clone();
         let (key, fingerprint, overrides) = (self.key, self.fingerprint, self.overrides);
         detach(async move {
-            let format = Format { encode, decode };
+            let format = Raw { encode, decode };
             engine
-                .drive(key, fingerprint, &overrides, work, format, released())
+                .drive(key, fingerprint, &overrides, work, format, Released)
                 .await
         })
         .await
     }
 }
 
-/// Values stored and replayed with the engine's codec.
-fn codec_format<T: Serialize + DeserializeOwned, C: Codec>(
-    codec: &C,
-) -> Format<impl FnOnce(&T) -> Encoded + '_, impl FnOnce(&[u8]) -> Result<T, BoxError> + '_> {
-    Format {
-        encode: move |value: &T| Encoded::from(codec.encode(value)),
-        decode: move |bytes: &[u8]| codec.decode(bytes),
+/// Values (and, for [`Call::run_storing_errors`], errors) stored and replayed with the
+/// engine's codec.
+struct WithCodec<'c, C>(&'c C);
+
+impl<T: Serialize + DeserializeOwned, C: Codec> Format<T> for WithCodec<'_, C> {
+    fn encode(&self, value: &T) -> Encoded {
+        Encoded::from(self.0.encode(value))
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<T, BoxError> {
+        self.0.decode(bytes)
+    }
+}
+
+impl<E: Serialize + DeserializeOwned + From<Error>, C: Codec> Errors<E> for WithCodec<'_, C> {
+    fn encode(&self, error: &E) -> Option<Encoded> {
+        Some(Encoded::from(self.0.encode(error)))
+    }
+
+    fn replay(&self, bytes: Vec<u8>) -> E {
+        match self.0.decode::<E>(&bytes) {
+            Ok(e) => e,
+            Err(err) => Error::Codec(err).into(),
+        }
     }
 }
 
 /// Errors are not stored: the claim is released so a retry runs again. (A stored error met by
 /// such a call is reported as [`Error::StoredError`].)
-fn released<E: From<Error>>() -> Errors<fn(&E) -> Option<Encoded>, fn(Vec<u8>) -> E> {
-    Errors {
-        encode: |_| None,
-        replay: |bytes| Error::StoredError(bytes).into(),
+struct Released;
+
+impl<E: From<Error>> Errors<E> for Released {
+    fn encode(&self, _: &E) -> Option<Encoded> {
+        None
+    }
+
+    fn replay(&self, bytes: Vec<u8>) -> E {
+        Error::StoredError(bytes).into()
+    }
+}
+
+/// A value with its own byte format (the HTTP layer's responses).
+#[cfg(feature = "http")]
+struct Raw<T> {
+    encode: fn(&T) -> Encoded,
+    decode: fn(&[u8]) -> Result<T, BoxError>,
+}
+
+#[cfg(feature = "http")]
+impl<T> Format<T> for Raw<T> {
+    fn encode(&self, value: &T) -> Encoded {
+        (self.encode)(value)
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<T, BoxError> {
+        (self.decode)(bytes)
     }
 }

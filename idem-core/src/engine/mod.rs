@@ -224,8 +224,8 @@ impl<C: Codec> Idempotency<C> {
         fingerprint: Option<Fingerprint>,
         overrides: &Overrides,
         work: F,
-        format: Format<impl FnOnce(&T) -> Encoded, impl FnOnce(&[u8]) -> Result<T, BoxError>>,
-        errors: Errors<impl FnOnce(&E) -> Option<Encoded>, impl FnOnce(Vec<u8>) -> E>,
+        format: impl Format<T>,
+        errors: impl Errors<E>,
     ) -> Result<Outcome<T>, E>
     where
         F: Future<Output = Result<T, E>>,
@@ -246,7 +246,9 @@ impl<C: Codec> Idempotency<C> {
             .await?
         {
             Acquired::Claim(claim) => claim,
-            Acquired::Replay(cached) => return replay(cached, format.decode, errors.replay),
+            Acquired::Replay(cached) => {
+                return replay(cached, |b| format.decode(b), |b| errors.replay(b))
+            }
         };
         let shared = &self.inner.shared;
         let guard = ClaimGuard::new(shared.clone(), claim.clone());
@@ -255,8 +257,8 @@ impl<C: Codec> Idempotency<C> {
         shared.typical.observe(began.elapsed());
 
         let (encoded, is_error) = match &result {
-            Ok(value) => ((format.encode)(value), false),
-            Err(e) => match (errors.encode)(e) {
+            Ok(value) => (format.encode(value), false),
+            Err(e) => match errors.encode(e) {
                 Some(encoded) => (encoded, true),
                 // An error that is not stored: free the key so a retry runs again.
                 None => {
@@ -335,15 +337,19 @@ impl<C: Codec> Idempotency<C> {
 }
 
 /// How a call's `Ok` value is stored and replayed.
-pub(crate) struct Format<En, De> {
-    pub(crate) encode: En,
-    pub(crate) decode: De,
+pub(crate) trait Format<T> {
+    /// The value as it is to be stored.
+    fn encode(&self, value: &T) -> Encoded;
+    /// A stored value.
+    fn decode(&self, bytes: &[u8]) -> Result<T, BoxError>;
 }
 
-/// Whether a call's `Err` is stored (`encode` returns its bytes) and how a stored one replays.
-pub(crate) struct Errors<En, Re> {
-    pub(crate) encode: En,
-    pub(crate) replay: Re,
+/// Whether a call's `Err` is stored, and how a stored one replays.
+pub(crate) trait Errors<E> {
+    /// The error as it is to be stored, or `None` to release the claim instead.
+    fn encode(&self, error: &E) -> Option<Encoded>;
+    /// A stored error.
+    fn replay(&self, bytes: Vec<u8>) -> E;
 }
 
 enum Acquired {

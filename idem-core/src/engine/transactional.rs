@@ -25,7 +25,8 @@
 //!     let key = Key::derive("deposit", "acct-1", "req-9")?;
 //!     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
 //!     let out = idem
-//!         .run(&mut tx, Some(key), None, |tx| Box::pin(async move {
+//!         .call(key)
+//!         .run(&mut tx, |tx| Box::pin(async move {
 //!             sqlx::query("INSERT INTO ledger VALUES ('req-9', 500)").execute(&mut *tx).await?;
 //!             Ok::<_, Error>(500u64)
 //!         }))

@@ -133,6 +133,15 @@
 //!
 //! The handler, its future and its response body must therefore be `Send + 'static`, which axum
 //! handlers are; the layer needs a tokio runtime to spawn on (axum's).
+//!
+//! # Public dependencies
+//!
+//! The layer takes and returns the types of three crates, re-exported here so that an
+//! application can name the very versions it was built with: [`types`] is `http` 1.x (requests,
+//! responses, status codes, headers), [`Body`] is axum-core 0.5's response body (what axum 0.8
+//! uses), and [`tower`] is tower 0.5 (the [`Layer`](tower::Layer) and
+//! [`Service`](tower::Service) traits). A major version of any of them changes idem's major
+//! version.
 
 mod body;
 mod fingerprint;
@@ -144,6 +153,9 @@ mod stored;
 
 use http::HeaderName;
 
+pub use ::http as types;
+pub use ::tower;
+pub use axum_core::body::Body;
 pub use fingerprint::BodyFingerprint;
 pub use layer::{stores_by_default, IdempotencyLayer, LayerBuilder};
 pub use problem::Problem;
