@@ -143,16 +143,7 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
         E: From<Error>,
     {
         let codec = self.engine.codec();
-        self.engine
-            .drive(
-                self.key,
-                self.fingerprint,
-                &self.overrides,
-                work,
-                WithCodec(codec),
-                Released,
-            )
-            .await
+        self.drive(work, WithCodec(codec), Released).await
     }
 
     /// [`run`](Self::run) for work that must finish once it has started, whatever happens to
@@ -235,16 +226,7 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
         E: Serialize + DeserializeOwned + From<Error>,
     {
         let codec = self.engine.codec();
-        self.engine
-            .drive(
-                self.key,
-                self.fingerprint,
-                &self.overrides,
-                work,
-                WithCodec(codec),
-                WithCodec(codec),
-            )
-            .await
+        self.drive(work, WithCodec(codec), WithCodec(codec)).await
     }
 
     /// The HTTP layer's call: detached, with its own byte format, and a value that may say it
@@ -264,12 +246,32 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
         let engine = self.engine.clone();
         let (key, fingerprint, overrides) = (self.key, self.fingerprint, self.overrides);
         detach(async move {
-            let format = Raw { encode, decode };
-            engine
-                .drive(key, fingerprint, &overrides, work, format, Released)
-                .await
+            let call = Call {
+                engine: &engine,
+                key,
+                fingerprint,
+                overrides,
+            };
+            call.drive(work, Raw { encode, decode }, Released).await
         })
         .await
+    }
+
+    /// Runs the call through the engine with the given result formats.
+    async fn drive<T, E, F>(
+        self,
+        work: F,
+        format: impl Format<T>,
+        errors: impl Errors<E>,
+    ) -> Result<Outcome<T>, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: From<Error>,
+    {
+        let (key, fingerprint) = (self.key, self.fingerprint);
+        self.engine
+            .drive(key, fingerprint, &self.overrides, work, format, errors)
+            .await
     }
 }
 

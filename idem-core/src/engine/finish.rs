@@ -209,16 +209,16 @@ impl ClaimGuard {
         let Some(claim) = self.claim.take() else {
             return Ok(());
         };
-        let completing = complete(
-            self.shared.clone(),
+        let completing = Completing {
+            shared: self.shared.clone(),
             claim,
             sealed,
             is_error,
             retention,
             lease,
-        );
+        };
         RunToEnd::new(
-            Box::pin(completing),
+            Box::pin(completing.first_try()),
             |rest: BoxFuture<Result<(), Error>>| {
                 Box::pin(async move {
                     let _ = rest.await;
@@ -254,94 +254,95 @@ impl Drop for ClaimGuard {
     }
 }
 
-/// One try at storing the result; if it fails for a passing reason the result is the caller's
-/// anyway, and the completion goes on in the background.
-async fn complete(
+/// A result on its way into the store, with what storing it needs.
+struct Completing {
     shared: Arc<Shared>,
     claim: Claim,
     sealed: Vec<u8>,
     is_error: bool,
     retention: Duration,
     lease: Duration,
-) -> Result<(), Error> {
-    let done = Completion {
-        response: Some(&sealed),
-        is_error,
-    };
-    // The lease is still renewed while the completion waits (for a pooled connection taken by
-    // other work, say), so the key cannot be taken over in the meantime.
-    let stored = renewing(
-        &*shared.store,
-        &claim,
-        lease,
-        shared.store.complete(&claim, done, retention),
-    );
-    match stored.await {
-        Err(Error::Store(e)) if e.kind().is_transient() => {
-            tracing::warn!(key = %claim.key(), error = %e, "storing the result failed; retrying in the background");
-            spawn_or_drop(Box::pin(keep_completing(
-                shared, claim, sealed, is_error, retention, lease,
-            )));
-            Ok(())
-        }
-        other => {
-            shared.waiters.wake(claim.key());
-            other
-        }
-    }
 }
 
-/// Retries a completion until it lands, the key is taken over, a definite error says it never
-/// will, or the retention (after which the result would not be replayed anyway) has passed. The
-/// claim's lease is renewed meanwhile, so the key stays this process's while the store is away.
-async fn keep_completing(
-    shared: Arc<Shared>,
-    claim: Claim,
-    sealed: Vec<u8>,
-    is_error: bool,
-    retention: Duration,
-    lease: Duration,
-) {
-    let key = *claim.key();
-    let give_up = Instant::now() + retention;
-    let mut renew_at = Instant::now() + lease / 3;
-    let mut backoff = RETRY_FIRST;
-    let done = Completion {
-        response: Some(&sealed),
-        is_error,
-    };
-    // Bounded by `give_up`: every pass sleeps at least RETRY_FIRST.
-    loop {
-        let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
-        tokio::time::sleep(backoff + jitter).await;
-        backoff = (backoff * 2).min(RETRY_MAX);
-        match shared.store.complete(&claim, done, retention).await {
-            Ok(()) => {
-                tracing::info!(%key, "the result was stored after a retry");
-                break;
-            }
-            Err(Error::LeaseLost) => {
-                tracing::error!(%key, "the key was taken over before its result could be stored: the work may run twice");
-                break;
-            }
+impl Completing {
+    /// One try at storing the result; if it fails for a passing reason the result is the
+    /// caller's anyway, and the completion goes on in the background.
+    async fn first_try(self) -> Result<(), Error> {
+        let done = Completion {
+            response: Some(&self.sealed),
+            is_error: self.is_error,
+        };
+        let store = &*self.shared.store;
+        // The lease is still renewed while the completion waits (for a pooled connection taken by
+        // other work, say), so the key cannot be taken over in the meantime.
+        let completing = store.complete(&self.claim, done, self.retention);
+        let stored = renewing(store, &self.claim, self.lease, completing).await;
+        match stored {
             Err(Error::Store(e)) if e.kind().is_transient() => {
-                if Instant::now() >= give_up {
-                    tracing::error!(%key, error = %e, "gave up storing the result after its retention");
-                    break;
-                }
-                if Instant::now() >= renew_at {
-                    // A failure here is decided by the next completion attempt.
-                    let _ = shared.store.renew(&claim, lease).await;
-                    renew_at = Instant::now() + lease / 3;
-                }
+                tracing::warn!(key = %self.claim.key(), error = %e, "storing the result failed; retrying in the background");
+                spawn_or_drop(Box::pin(self.keep_trying()));
+                Ok(())
             }
-            Err(e) => {
-                tracing::error!(%key, error = %e, "storing the result failed for good; the key frees when its lease ends");
-                break;
+            other => {
+                self.shared.waiters.wake(self.claim.key());
+                other
             }
         }
     }
-    shared.waiters.wake(&key);
+
+    /// Retries a completion until it lands, the key is taken over, a definite error says it never
+    /// will, or the retention (after which the result would not be replayed anyway) has passed. The
+    /// claim's lease is renewed meanwhile, so the key stays this process's while the store is away.
+    async fn keep_trying(self) {
+        let Completing {
+            ref shared,
+            ref claim,
+            ref sealed,
+            is_error,
+            retention,
+            lease,
+        } = self;
+        let key = *claim.key();
+        let give_up = Instant::now() + retention;
+        let mut renew_at = Instant::now() + lease / 3;
+        let mut backoff = RETRY_FIRST;
+        let done = Completion {
+            response: Some(sealed),
+            is_error,
+        };
+        // Bounded by `give_up`: every pass sleeps at least RETRY_FIRST.
+        loop {
+            let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
+            tokio::time::sleep(backoff + jitter).await;
+            backoff = (backoff * 2).min(RETRY_MAX);
+            match shared.store.complete(claim, done, retention).await {
+                Ok(()) => {
+                    tracing::info!(%key, "the result was stored after a retry");
+                    break;
+                }
+                Err(Error::LeaseLost) => {
+                    tracing::error!(%key, "the key was taken over before its result could be stored: the work may run twice");
+                    break;
+                }
+                Err(Error::Store(e)) if e.kind().is_transient() => {
+                    if Instant::now() >= give_up {
+                        tracing::error!(%key, error = %e, "gave up storing the result after its retention");
+                        break;
+                    }
+                    if Instant::now() >= renew_at {
+                        // A failure here is decided by the next completion attempt.
+                        let _ = shared.store.renew(claim, lease).await;
+                        renew_at = Instant::now() + lease / 3;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(%key, error = %e, "storing the result failed for good; the key frees when its lease ends");
+                    break;
+                }
+            }
+        }
+        shared.waiters.wake(&key);
+    }
 }
 
 async fn release(store: &dyn Store, claim: &Claim) {
