@@ -16,6 +16,7 @@ mod error;
 pub mod http;
 mod key;
 pub mod kit;
+mod observe;
 mod periodic;
 mod record;
 mod store;
@@ -42,6 +43,7 @@ pub use key::{
     validate_client_key, Fingerprint, FingerprintError, Key, KeyError, Token,
     MAX_FINGERPRINT_DEPTH, MAX_KEY_LEN,
 };
+pub use observe::{Event, Observer, Stage};
 pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::claim_order::ClaimOrder;

@@ -10,6 +10,7 @@ use super::{detach, Encoded, Errors, Format, Idempotency, OnLocked, Outcome, Ove
 use crate::codec::Codec;
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
+use crate::observe::Scope;
 
 /// One call through an engine, made by [`Idempotency::call`] (or `Transactional::call`, features
 /// `sqlite`/`postgres`): set what differs from the engine's policy, then run it.
@@ -59,6 +60,7 @@ pub struct Call<'e, En> {
     pub(crate) key: Option<Key>,
     pub(crate) fingerprint: Option<Fingerprint>,
     pub(crate) overrides: Overrides,
+    pub(crate) scope: Scope,
 }
 
 impl<'e, En> Call<'e, En> {
@@ -68,7 +70,24 @@ impl<'e, En> Call<'e, En> {
             key,
             fingerprint: None,
             overrides: Overrides::default(),
+            scope: Scope::default(),
         }
+    }
+
+    /// Names the operation in metrics, traces and [`Observer`](crate::Observer) events (keys
+    /// are hashes, so this is the only name they carry; `"unscoped"` otherwise). Use the scope
+    /// the key was derived with; keep it to a fixed set of names, as it labels metric series.
+    /// The attribute and the HTTP layer set it to their scope.
+    pub fn scope(mut self, scope: &'static str) -> Self {
+        self.scope = Scope::Static(scope);
+        self
+    }
+
+    /// [`scope`](Self::scope) from a name known only at run time (the HTTP layer's).
+    #[cfg(feature = "http")]
+    pub(crate) fn scope_shared(mut self, scope: std::sync::Arc<str>) -> Self {
+        self.scope = Scope::Shared(scope);
+        self
     }
 
     /// What the request was: a later call with the same key and another fingerprint gets
@@ -186,16 +205,22 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
         E: From<Error> + Send + 'static,
     {
         let engine = self.engine.clone();
-        let (key, fingerprint, overrides) = (self.key, self.fingerprint, self.overrides);
+        let Call {
+            key,
+            fingerprint,
+            overrides,
+            scope,
+            ..
+        } = self;
         detach(async move {
-            Call {
+            let call = Call {
                 engine: &engine,
                 key,
                 fingerprint,
                 overrides,
-            }
-            .run(work)
-            .await
+                scope,
+            };
+            call.run(work).await
         })
         .await
     }
@@ -244,13 +269,20 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
         E: From<Error> + Send + 'static,
     {
         let engine = self.engine.clone();
-        let (key, fingerprint, overrides) = (self.key, self.fingerprint, self.overrides);
+        let Call {
+            key,
+            fingerprint,
+            overrides,
+            scope,
+            ..
+        } = self;
         detach(async move {
             let call = Call {
                 engine: &engine,
                 key,
                 fingerprint,
                 overrides,
+                scope,
             };
             call.drive(work, Raw { encode, decode }, Released).await
         })
@@ -270,7 +302,15 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
     {
         let (key, fingerprint) = (self.key, self.fingerprint);
         self.engine
-            .drive(key, fingerprint, &self.overrides, work, format, errors)
+            .drive(
+                key,
+                fingerprint,
+                &self.overrides,
+                &self.scope,
+                work,
+                format,
+                errors,
+            )
             .await
     }
 }

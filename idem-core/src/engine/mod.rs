@@ -13,10 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::codec::{Codec, JsonCodec};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
+use crate::observe::{Probe, Scope, Stage};
 use crate::record::{Cached, Claim, Start};
 use crate::store::Store;
 
@@ -148,13 +150,7 @@ impl Idempotency<JsonCodec> {
     /// # let _ = engine;
     /// ```
     pub fn from_arc(store: Arc<dyn Store>) -> Idempotency<JsonCodec> {
-        Idempotency::from_parts(
-            store,
-            Core {
-                policy: Policy::default(),
-                codec: JsonCodec,
-            },
-        )
+        Idempotency::from_parts(store, Core::new(JsonCodec))
     }
 
     /// A [`Builder`] to set the policy or codec.
@@ -217,12 +213,15 @@ impl<C: Codec> Idempotency<C> {
     }
 
     /// Claims the call's key, runs `work` with its lease renewed, and stores its result; or
-    /// replays the stored one. `encode_err` says whether an `Err` is stored too.
+    /// replays the stored one. `format` encodes and decodes the `Ok` value, `errors` says
+    /// whether an `Err` is stored too. Reports to the observer, metrics and tracing.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn drive<T, E, F>(
         &self,
         key: Option<Key>,
         fingerprint: Option<Fingerprint>,
         overrides: &Overrides,
+        scope: &Scope,
         work: F,
         format: impl Format<T>,
         errors: impl Errors<E>,
@@ -234,27 +233,74 @@ impl<C: Codec> Idempotency<C> {
         let Some(key) = key else {
             return work.await.map(Outcome::Fresh);
         };
+        let mut probe = Probe::new(self.inner.core.observer.as_deref(), scope, key);
+        let span = probe.span().clone();
+        let call = Guarded {
+            key,
+            fingerprint,
+            overrides,
+            format,
+            errors,
+        };
+        self.guarded(&mut probe, call, work).instrument(span).await
+    }
+
+    async fn guarded<T, E, F>(
+        &self,
+        probe: &mut Probe<'_>,
+        call: Guarded<'_, impl Format<T>, impl Errors<E>>,
+        work: F,
+    ) -> Result<Outcome<T>, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: From<Error>,
+    {
+        let Guarded {
+            key,
+            fingerprint,
+            overrides,
+            format,
+            errors,
+        } = call;
         let core = &self.inner.core;
+        let resolved = core.resolve(overrides);
         let Resolved {
             lease,
             retention,
             on_locked,
-        } = core.resolve(overrides)?;
-
-        let claim = match self
-            .acquire(&key, fingerprint.as_ref(), lease, on_locked)
-            .await?
-        {
-            Acquired::Claim(claim) => claim,
-            Acquired::Replay(cached) => {
-                return replay(cached, |b| format.decode(b), |b| errors.replay(b))
+        } = match resolved {
+            Ok(resolved) => resolved,
+            Err(e) => {
+                probe.end(Stage::Failed);
+                return Err(e.into());
             }
         };
+
+        let asked = Instant::now();
+        let acquired = self
+            .acquire(&key, fingerprint.as_ref(), lease, on_locked)
+            .await;
+        let began = Instant::now();
+        probe.claim_took(began - asked);
+        let claim = match acquired {
+            Ok(Acquired::Claim(claim)) => claim,
+            Ok(Acquired::Replay(cached)) => {
+                let (stage, replayed) = replay(cached, |b| format.decode(b), |b| errors.replay(b));
+                probe.end(stage);
+                return replayed;
+            }
+            Err(e) => {
+                probe.end(Stage::of_error(&e));
+                return Err(e.into());
+            }
+        };
+        probe.claimed();
         let shared = &self.inner.shared;
         let guard = ClaimGuard::new(shared.clone(), claim.clone());
-        let began = Instant::now();
         let result = renewing(&*shared.store, &claim, lease, work).await;
-        shared.typical.observe(began.elapsed());
+        let ended = Instant::now();
+        shared.typical.observe(ended - began);
+        probe.work_took(ended - began);
 
         let (encoded, is_error) = match &result {
             Ok(value) => (format.encode(value), false),
@@ -263,12 +309,23 @@ impl<C: Codec> Idempotency<C> {
                 // An error that is not stored: free the key so a retry runs again.
                 None => {
                     guard.release().await;
+                    probe.end(Stage::Released);
                     return result.map(Outcome::Fresh);
                 }
             },
         };
         let sealed = core.seal_encoded(encoded, claim.key());
-        guard.complete(sealed, is_error, retention, lease).await?;
+        let kept = if sealed.retained {
+            Stage::Completed
+        } else {
+            Stage::NotRetained
+        };
+        let completed = guard
+            .complete(sealed.bytes, is_error, retention, lease)
+            .await;
+        probe.complete_took(ended.elapsed());
+        probe.end_with(&completed, kept);
+        completed?;
         result.map(Outcome::Fresh)
     }
 
@@ -334,6 +391,15 @@ impl<C: Codec> Idempotency<C> {
             }
         }
     }
+}
+
+/// What a guarded call is asked to do, besides its work.
+struct Guarded<'o, Fm, Er> {
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    overrides: &'o Overrides,
+    format: Fm,
+    errors: Er,
 }
 
 /// How a call's `Ok` value is stored and replayed.

@@ -7,10 +7,11 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::stored::{seal, Encoded};
+use super::stored::{seal, Encoded, Sealed};
 use crate::codec::{Codec, JsonCodec};
 use crate::error::{BoxError, Error};
 use crate::key::Key;
+use crate::observe::Observer;
 use crate::store::{check_duration, Store};
 
 /// What a call does when another call holds a live claim on its key.
@@ -165,6 +166,7 @@ pub struct Builder<S = Arc<dyn Store>, C = JsonCodec> {
     pub(crate) store: S,
     pub(crate) policy: Policy,
     pub(crate) codec: C,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
 }
 
 impl<S, C: Codec> Builder<S, C> {
@@ -173,6 +175,7 @@ impl<S, C: Codec> Builder<S, C> {
             store,
             policy: Policy::default(),
             codec,
+            observer: None,
         }
     }
 
@@ -207,19 +210,28 @@ impl<S, C: Codec> Builder<S, C> {
             store: self.store,
             policy: self.policy,
             codec,
+            observer: self.observer,
         }
+    }
+
+    /// Calls `observer` at each stage of every guarded call (claimed, then completed, replayed,
+    /// released, locked, …): for audit logs, alerts, tests. Unset (the default), nothing is
+    /// called. See [`Observer`](crate::Observer). (A transactional engine reports nothing: its
+    /// calls end with the caller's transaction.)
+    pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
     }
 
     /// Checks the policy and hands over what the engine is made of.
     pub(crate) fn parts(self) -> Result<(S, Core<C>), Error> {
         self.policy.validate()?;
-        Ok((
-            self.store,
-            Core {
-                policy: self.policy,
-                codec: self.codec,
-            },
-        ))
+        let core = Core {
+            policy: self.policy,
+            codec: self.codec,
+            observer: self.observer,
+        };
+        Ok((self.store, core))
     }
 }
 
@@ -241,12 +253,33 @@ pub(crate) struct Resolved {
     pub(crate) on_locked: OnLocked,
 }
 
-/// What both engines are made of besides their store: the policy and the codec, and what they
-/// decide about a call (its options, how its result is stored and replayed).
-#[derive(Debug, Clone)]
+/// What both engines are made of besides their store: the policy, the codec and the observer,
+/// and what they decide about a call (its options, how its result is stored and replayed).
+#[derive(Clone)]
 pub(crate) struct Core<C> {
     pub(crate) policy: Policy,
     pub(crate) codec: C,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
+}
+
+impl<C> Core<C> {
+    /// The default policy, no observer.
+    pub(crate) fn new(codec: C) -> Core<C> {
+        Core {
+            policy: Policy::default(),
+            codec,
+            observer: None,
+        }
+    }
+}
+
+impl<C> std::fmt::Debug for Core<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("policy", &self.policy)
+            .field("observer", &self.observer.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<C: Codec> Core<C> {
@@ -266,12 +299,12 @@ impl<C: Codec> Core<C> {
 
     /// `value` in its stored form: encoded by the codec and sealed, or the note that it was not
     /// retained (too large, not encodable).
-    pub(crate) fn seal<T: Serialize + ?Sized>(&self, value: &T, key: &Key) -> Vec<u8> {
+    pub(crate) fn seal<T: Serialize + ?Sized>(&self, value: &T, key: &Key) -> Sealed {
         self.seal_encoded(Encoded::from(self.codec.encode(value)), key)
     }
 
     /// An already encoded result in its stored form, within the policy's size limit.
-    pub(crate) fn seal_encoded(&self, encoded: Encoded, key: &Key) -> Vec<u8> {
+    pub(crate) fn seal_encoded(&self, encoded: Encoded, key: &Key) -> Sealed {
         seal(encoded, self.policy.max_response_bytes, key)
     }
 

@@ -3,6 +3,7 @@
 use crate::envelope;
 use crate::error::{BoxError, Error};
 use crate::key::Key;
+use crate::observe::Stage;
 use crate::record::Cached;
 
 use super::Outcome;
@@ -27,9 +28,14 @@ impl From<Result<Vec<u8>, BoxError>> for Encoded {
 /// The stored form of a result: its bytes in a checksummed envelope, or the note that it was not
 /// retained (too large, not encodable, not capturable), so a retry is told instead of running
 /// the work again.
-pub(crate) fn seal(encoded: Encoded, limit: usize, key: &Key) -> Vec<u8> {
+pub(crate) fn seal(encoded: Encoded, limit: usize, key: &Key) -> Sealed {
     let reason = match encoded {
-        Encoded::Bytes(bytes) if bytes.len() <= limit => return envelope::result(&bytes),
+        Encoded::Bytes(bytes) if bytes.len() <= limit => {
+            return Sealed {
+                bytes: envelope::result(&bytes),
+                retained: true,
+            }
+        }
         Encoded::Bytes(bytes) => format!(
             "it is {} bytes, more than max_response_bytes ({limit})",
             bytes.len()
@@ -37,23 +43,37 @@ pub(crate) fn seal(encoded: Encoded, limit: usize, key: &Key) -> Vec<u8> {
         Encoded::NotRetained(reason) => reason,
     };
     tracing::warn!(%key, %reason, "the result is not retained; a retry gets ResultNotRetained and the work does not run again");
-    envelope::not_retained(&reason)
+    Sealed {
+        bytes: envelope::not_retained(&reason),
+        retained: false,
+    }
+}
+
+/// A result in its stored form.
+pub(crate) struct Sealed {
+    /// The envelope to store.
+    pub(crate) bytes: Vec<u8>,
+    /// Whether it holds the result (or only the note that the result was not retained).
+    pub(crate) retained: bool,
 }
 
 /// What a stored record replays as: the decoded value, the stored error, or the news that the
-/// result was not retained.
+/// result was not retained; and the call's outcome for the observers.
 pub(crate) fn replay<T, E: From<Error>>(
     cached: Cached,
     decode_ok: impl FnOnce(&[u8]) -> Result<T, BoxError>,
     replay_err: impl FnOnce(Vec<u8>) -> E,
-) -> Result<Outcome<T>, E> {
+) -> (Stage, Result<Outcome<T>, E>) {
     let is_error = cached.is_error;
-    let bytes = cached.result()?;
+    let bytes = match cached.result() {
+        Ok(bytes) => bytes,
+        Err(e) => return (Stage::of_error(&e), Err(e.into())),
+    };
     if is_error {
-        return Err(replay_err(bytes.to_vec()));
+        return (Stage::Replayed, Err(replay_err(bytes.to_vec())));
     }
     match decode_ok(bytes) {
-        Ok(value) => Ok(Outcome::Replayed(value)),
-        Err(e) => Err(Error::Codec(e).into()),
+        Ok(value) => (Stage::Replayed, Ok(Outcome::Replayed(value))),
+        Err(e) => (Stage::Failed, Err(Error::Codec(e).into())),
     }
 }

@@ -146,10 +146,7 @@ impl<S: TransactionalStore> Transactional<S, JsonCodec> {
     pub fn new(store: S) -> Transactional<S, JsonCodec> {
         Transactional {
             store,
-            core: Core {
-                policy: Policy::default(),
-                codec: JsonCodec,
-            },
+            core: Core::new(JsonCodec),
         }
     }
 
@@ -201,7 +198,7 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
         };
         let sealed = self.core.seal(value, claim_.key());
         let done = Completion {
-            response: Some(&sealed),
+            response: Some(&sealed.bytes),
             is_error: false,
         };
         self.store
@@ -274,13 +271,11 @@ impl<S: TransactionalStore, C: Codec> Call<'_, Transactional<S, C>> {
                 claim: Some(claim),
                 retention: resolved.retention,
             })),
-            Start::Completed(cached) => super::replay(
-                cached,
-                |bytes| engine.core.decode(bytes),
-                Error::StoredError,
-            )
-            .map(Outcome::into_inner)
-            .map(TxStart::Replayed),
+            Start::Completed(cached) => {
+                let decode = |bytes: &[u8]| engine.core.decode(bytes);
+                let (_, replayed) = super::replay(cached, decode, Error::StoredError);
+                replayed.map(|outcome| TxStart::Replayed(outcome.into_inner()))
+            }
             Start::Locked { retry_after } => Err(Error::Locked { retry_after }),
         }
     }

@@ -46,7 +46,7 @@ pub(crate) struct Config<C> {
     pub(crate) methods: Vec<Method>,
     pub(crate) require_key: bool,
     pub(crate) accept_bare_keys: bool,
-    pub(crate) scope: String,
+    pub(crate) scope: Arc<str>,
     /// The caller extractor. `None` is the one shared key space, which
     /// [`LayerBuilder::build`] allows only after [`LayerBuilder::shared_key_space`].
     pub(crate) caller: Option<Box<CallerFn>>,
@@ -220,7 +220,7 @@ impl<C: Codec> LayerBuilder<C> {
                 methods: vec![Method::POST, Method::PATCH],
                 require_key: false,
                 accept_bare_keys: false,
-                scope: "http".to_owned(),
+                scope: Arc::from("http"),
                 caller: None,
                 fingerprint: BodyFingerprint::default(),
                 store_if: Arc::new(|status, _: &HeaderMap| stores_by_default(status)),
@@ -285,7 +285,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.config.scope = scope.into();
+        self.config.scope = Arc::from(scope.into());
         self
     }
 

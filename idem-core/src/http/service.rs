@@ -233,6 +233,7 @@ where
         .call(key)
         .fingerprint(fingerprint)
         .overrides(config.options)
+        .scope_shared(config.scope.clone())
         .run_detached_encoded(work, Reply::encode, Reply::decode)
         .await;
     match outcome {

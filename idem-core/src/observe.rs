@@ -1,0 +1,359 @@
+//! Seeing what the engine does: lifecycle hooks ([`Observer`]), metrics (feature `metrics`) and
+//! tracing.
+//!
+//! Every guarded call of an [`Idempotency`](crate::Idempotency) engine reports through one place:
+//!
+//! - **Hooks.** An [`Observer`] set with [`Builder::observer`](crate::Builder::observer) is
+//!   called when the call claims its key, and once when it ends (completed, replayed, released,
+//!   locked, …; see [`Stage`]). Without one, nothing is called.
+//! - **Metrics** (feature `metrics`), through the [`metrics`](https://docs.rs/metrics) facade, so
+//!   any exporter works. All are labelled by `scope` (the call's [`Call::scope`](crate::Call::scope);
+//!   never the key, so the number of series stays bounded):
+//!
+//!   | name | kind | labels | what |
+//!   |---|---|---|---|
+//!   | `idem_calls_total` | counter | `scope`, `outcome` | calls by how they ended: the [`Stage::as_str`] of their last stage |
+//!   | `idem_claim_seconds` | histogram | `scope` | from the call's start until it held the key, had the replay, or was refused (includes waiting under `OnLocked::Wait`) |
+//!   | `idem_work_seconds` | histogram | `scope` | how long the work ran |
+//!   | `idem_complete_seconds` | histogram | `scope` | storing the result (the first try) |
+//!   | `idem_claims_in_flight` | gauge | `scope` | claims held by running work in this process |
+//!   | `idem_pruned_total` | counter | `target` | records or ids deleted by a [`Pruner`](crate::Pruner) |
+//!
+//! - **Tracing.** Each guarded call runs in a span `idem.call` with the fields `scope`, `key` (the
+//!   first 8 bytes of the key's hash, in hex: the key is a SHA-256 of scope, caller and client
+//!   key, so this never shows what the client sent) and `outcome`; the store round trips are
+//!   `debug` events inside it. No response and no raw client key is ever recorded.
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use idem_core::{Error, Idempotency, Key, MemoryStore, Stage};
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+//! let seen = Arc::new(Mutex::new(Vec::new()));
+//! let log = seen.clone();
+//! let engine = Idempotency::builder(MemoryStore::new())
+//!     .observer(move |event: &idem_core::Event<'_>| log.lock().unwrap().push((event.stage(), event.key().to_string())))
+//!     .build()?;
+//! let key = Key::derive("charge", "", "order-1")?;
+//! engine.call(key).scope("charge").run(async { Ok::<_, Error>(1) }).await?;
+//! engine.call(key).scope("charge").run(async { Ok::<_, Error>(2) }).await?;
+//! let stages: Vec<Stage> = seen.lock().unwrap().iter().map(|(s, _)| *s).collect();
+//! assert_eq!(stages, [Stage::Claimed, Stage::Completed, Stage::Replayed]);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::key::Key;
+
+/// Where a guarded call is, as an [`Observer`] sees it. Every call reports [`Claimed`]
+/// (if it claimed its key) and then exactly one of the others, its outcome.
+///
+/// [`Claimed`]: Stage::Claimed
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Stage {
+    /// The call claimed its key; its work is about to run.
+    Claimed,
+    /// The work ran and its result was stored (or is being stored in the background after a
+    /// passing store failure).
+    Completed,
+    /// The work ran, but its result could not be kept (too large, not encodable): retries get
+    /// [`Error::ResultNotRetained`]. Also the outcome of a retry that met such a record.
+    NotRetained,
+    /// The call replayed a stored result; its work did not run.
+    Replayed,
+    /// The work failed (or its error was not to be stored): the claim was released, so a retry
+    /// runs again.
+    Released,
+    /// Another call held the key: [`Error::Locked`].
+    Locked,
+    /// The key was used before with another fingerprint: [`Error::KeyReused`].
+    KeyReused,
+    /// The key was taken over while the work ran: [`Error::LeaseLost`]. The work may have run
+    /// twice: alert on this.
+    LeaseLost,
+    /// The store failed ([`Error::Store`]), or the call was refused for another reason (an
+    /// invalid option, a stored result that cannot be decoded).
+    Failed,
+    /// The caller went away (a dropped future) before the call ended. A claim it held is
+    /// released; detached work is not cancelled and reports its own end.
+    Cancelled,
+}
+
+impl Stage {
+    /// The stage's name, as the `outcome` label of `idem_calls_total` and the span's `outcome`
+    /// field: `claimed`, `completed`, `not_retained`, `replayed`, `released`, `locked`,
+    /// `key_reused`, `lease_lost`, `failed`, `cancelled`.
+    ///
+    /// ```
+    /// assert_eq!(idem_core::Stage::LeaseLost.as_str(), "lease_lost");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Claimed => "claimed",
+            Stage::Completed => "completed",
+            Stage::NotRetained => "not_retained",
+            Stage::Replayed => "replayed",
+            Stage::Released => "released",
+            Stage::Locked => "locked",
+            Stage::KeyReused => "key_reused",
+            Stage::LeaseLost => "lease_lost",
+            Stage::Failed => "failed",
+            Stage::Cancelled => "cancelled",
+        }
+    }
+
+    /// The outcome an engine error gives a call.
+    pub(crate) fn of_error(error: &Error) -> Stage {
+        match error {
+            Error::Locked { .. } => Stage::Locked,
+            Error::KeyReused => Stage::KeyReused,
+            Error::LeaseLost => Stage::LeaseLost,
+            Error::ResultNotRetained { .. } => Stage::NotRetained,
+            _ => Stage::Failed,
+        }
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One stage of one guarded call, given to an [`Observer`].
+#[derive(Debug, Clone, Copy)]
+pub struct Event<'a> {
+    stage: Stage,
+    scope: &'a str,
+    key: &'a Key,
+    took: Option<Duration>,
+}
+
+impl Event<'_> {
+    /// Where the call is.
+    pub fn stage(&self) -> Stage {
+        self.stage
+    }
+
+    /// The call's [`scope`](crate::Call::scope) label (`"unscoped"` when none was given).
+    pub fn scope(&self) -> &str {
+        self.scope
+    }
+
+    /// The call's key (a hash: show it with `{}`, find the record with
+    /// [`Store::get`](crate::Store::get), remove it with [`Store::evict`](crate::Store::evict)).
+    pub fn key(&self) -> &Key {
+        self.key
+    }
+
+    /// For [`Stage::Completed`], [`Stage::NotRetained`] and [`Stage::Released`] after the work
+    /// ran: how long the work took.
+    pub fn took(&self) -> Option<Duration> {
+        self.took
+    }
+}
+
+/// A lifecycle hook: called with each [`Event`] of every guarded call of an engine (audit logs,
+/// tests, finding the key of one request). Set it with
+/// [`Builder::observer`](crate::Builder::observer); any `Fn(&Event)` closure is one.
+///
+/// It runs inline on the call's task, so keep it short and never block in it.
+///
+/// ```
+/// use idem_core::{Event, Observer, Stage};
+/// struct LeaseLostAlarm;
+/// impl Observer for LeaseLostAlarm {
+///     fn observe(&self, event: &Event<'_>) {
+///         if event.stage() == Stage::LeaseLost {
+///             eprintln!("key {} ({}) may have run twice", event.key(), event.scope());
+///         }
+///     }
+/// }
+/// let engine = idem_core::Idempotency::builder(idem_core::MemoryStore::new())
+///     .observer(LeaseLostAlarm)
+///     .build()?;
+/// # let _ = engine; Ok::<(), idem_core::Error>(())
+/// ```
+pub trait Observer: Send + Sync + 'static {
+    /// One stage of one call.
+    fn observe(&self, event: &Event<'_>);
+}
+
+impl<F: Fn(&Event<'_>) + Send + Sync + 'static> Observer for F {
+    fn observe(&self, event: &Event<'_>) {
+        self(event)
+    }
+}
+
+/// The label a call carries in metrics, traces and hooks.
+#[derive(Debug, Clone)]
+pub(crate) enum Scope {
+    Static(&'static str),
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    Shared(Arc<str>),
+}
+
+impl Default for Scope {
+    fn default() -> Self {
+        Scope::Static("unscoped")
+    }
+}
+
+impl Scope {
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            Scope::Static(s) => s,
+            Scope::Shared(s) => s,
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    fn label(&self) -> metrics::SharedString {
+        match self {
+            Scope::Static(s) => metrics::SharedString::from(*s),
+            Scope::Shared(s) => metrics::SharedString::from(s.clone()),
+        }
+    }
+}
+
+/// The first 8 bytes of a key, in hex: enough to find it in logs, nothing of what the client
+/// sent.
+pub(crate) struct ShortKey<'a>(pub(crate) &'a Key);
+
+impl fmt::Display for ShortKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in &self.0.as_bytes()[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What one guarded call reports, wherever it ends; dropped before it ended, it reports
+/// [`Stage::Cancelled`].
+pub(crate) struct Probe<'a> {
+    observer: Option<&'a dyn Observer>,
+    scope: &'a Scope,
+    key: Key,
+    span: tracing::Span,
+    ended: bool,
+    claimed: bool,
+    work_took: Option<Duration>,
+}
+
+impl<'a> Probe<'a> {
+    pub(crate) fn new(observer: Option<&'a dyn Observer>, scope: &'a Scope, key: Key) -> Self {
+        let span = tracing::info_span!(
+            "idem.call",
+            scope = scope.as_str(),
+            key = %ShortKey(&key),
+            outcome = tracing::field::Empty,
+        );
+        Probe {
+            observer,
+            scope,
+            key,
+            span,
+            ended: false,
+            claimed: false,
+            work_took: None,
+        }
+    }
+
+    /// The span the call's store round trips are reported in.
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    fn emit(&self, stage: Stage, took: Option<Duration>) {
+        if let Some(observer) = self.observer {
+            observer.observe(&Event {
+                stage,
+                scope: self.scope.as_str(),
+                key: &self.key,
+                took,
+            });
+        }
+    }
+
+    /// The claim attempt ended after `took` (claimed, replayed or refused).
+    pub(crate) fn claim_took(&self, took: Duration) {
+        tracing::debug!(parent: &self.span, op = "claim", took_us = took.as_micros() as u64);
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("idem_claim_seconds", "scope" => self.scope.label())
+            .record(took.as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = took;
+    }
+
+    /// The call holds its key; its work starts.
+    pub(crate) fn claimed(&mut self) {
+        self.claimed = true;
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("idem_claims_in_flight", "scope" => self.scope.label()).increment(1.0);
+        self.emit(Stage::Claimed, None);
+    }
+
+    /// The work ended after `took`.
+    pub(crate) fn work_took(&mut self, took: Duration) {
+        self.work_took = Some(took);
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("idem_work_seconds", "scope" => self.scope.label())
+            .record(took.as_secs_f64());
+    }
+
+    /// The first try at storing the result ended after `took`.
+    pub(crate) fn complete_took(&self, took: Duration) {
+        tracing::debug!(parent: &self.span, op = "complete", took_us = took.as_micros() as u64);
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("idem_complete_seconds", "scope" => self.scope.label())
+            .record(took.as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = took;
+    }
+
+    /// The call ended this way.
+    pub(crate) fn end(&mut self, stage: Stage) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        self.span.record("outcome", stage.as_str());
+        #[cfg(feature = "metrics")]
+        {
+            let labels = [
+                ("scope", self.scope.label()),
+                ("outcome", metrics::SharedString::from(stage.as_str())),
+            ];
+            metrics::counter!("idem_calls_total", &labels).increment(1);
+            if self.claimed {
+                metrics::gauge!("idem_claims_in_flight", "scope" => self.scope.label())
+                    .decrement(1.0);
+            }
+        }
+        let took = match stage {
+            Stage::Completed | Stage::NotRetained | Stage::Released | Stage::LeaseLost => {
+                self.work_took
+            }
+            _ => None,
+        };
+        self.emit(stage, took);
+    }
+
+    /// The call ended with this result: its error's outcome, or `ok`.
+    pub(crate) fn end_with<T>(&mut self, result: &Result<T, Error>, ok: Stage) {
+        self.end(match result {
+            Ok(_) => ok,
+            Err(e) => Stage::of_error(e),
+        });
+    }
+}
+
+impl Drop for Probe<'_> {
+    fn drop(&mut self) {
+        self.end(Stage::Cancelled);
+    }
+}

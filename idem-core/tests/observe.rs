@@ -1,0 +1,280 @@
+//! What operators see: the metrics, the observer's events and the tracing span of guarded calls,
+//! checked against storms and failures whose outcomes are known exactly.
+#![cfg(all(feature = "metrics", feature = "sqlite", feature = "postgres"))]
+
+#[path = "support/pg_env.rs"]
+mod pg_env;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_core::{
+    Error, Event, Idempotency, Key, MemoryStore, OnLocked, PostgresStore, SqliteStore, Stage, Store,
+};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
+
+const KEYS: usize = 20;
+const CALLS: usize = 1_000;
+
+/// Runs `body` on a current-thread runtime with `recorder` as this thread's metrics recorder, so
+/// every metric of every task lands in it.
+fn with_recorder<F: Future>(recorder: &DebuggingRecorder, body: impl FnOnce() -> F) -> F::Output {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(recorder, || runtime.block_on(body()))
+}
+
+/// The metrics recorded so far, by name and sorted labels; counters and gauges as their value,
+/// histograms as how many samples they hold.
+fn snapshot(recorder: &DebuggingRecorder) -> BTreeMap<String, f64> {
+    recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let (kind, key) = key.into_parts();
+            let mut labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            let name = format!("{}{{{}}}", key.name(), labels.join(","));
+            let value = match (kind, value) {
+                (MetricKind::Counter, DebugValue::Counter(n)) => n as f64,
+                (MetricKind::Gauge, DebugValue::Gauge(g)) => g.into_inner(),
+                (MetricKind::Histogram, DebugValue::Histogram(h)) => h.len() as f64,
+                other => panic!("unexpected metric {name}: {other:?}"),
+            };
+            (name, value)
+        })
+        .collect()
+}
+
+/// An observer that keeps the stages it saw, in order.
+fn stages() -> (
+    Arc<Mutex<Vec<Stage>>>,
+    impl Fn(&Event<'_>) + Send + Sync + 'static,
+) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    (seen, move |event: &Event<'_>| {
+        log.lock().unwrap().push(event.stage())
+    })
+}
+
+fn count(seen: &Mutex<Vec<Stage>>, stage: Stage) -> usize {
+    seen.lock().unwrap().iter().filter(|s| **s == stage).count()
+}
+
+/// 1,000 calls over 20 keys at once, every duplicate waiting for the first: exactly 20 run and
+/// 980 replay, and every metric says so.
+async fn storm(store: Arc<dyn Store>) -> Arc<Mutex<Vec<Stage>>> {
+    let (seen, observer) = stages();
+    let engine = Idempotency::builder(store)
+        .observer(observer)
+        .build()
+        .unwrap();
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..CALLS {
+        let engine = engine.clone();
+        calls.spawn(async move {
+            let key = Key::derive("storm", "", &format!("k{}", i % KEYS)).unwrap();
+            engine
+                .call(key)
+                .scope("storm")
+                .on_locked(OnLocked::Wait {
+                    timeout: Duration::from_secs(60),
+                })
+                .run(async {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    Ok::<_, Error>(i)
+                })
+                .await
+                .unwrap();
+        });
+    }
+    while let Some(done) = calls.join_next().await {
+        done.unwrap();
+    }
+    seen
+}
+
+fn assert_storm(recorder: &DebuggingRecorder, seen: &Mutex<Vec<Stage>>) {
+    let metrics = snapshot(recorder);
+    let expected: BTreeMap<String, f64> = [
+        (
+            "idem_calls_total{outcome=completed,scope=storm}",
+            KEYS as f64,
+        ),
+        (
+            "idem_calls_total{outcome=replayed,scope=storm}",
+            (CALLS - KEYS) as f64,
+        ),
+        ("idem_claim_seconds{scope=storm}", CALLS as f64),
+        ("idem_work_seconds{scope=storm}", KEYS as f64),
+        ("idem_complete_seconds{scope=storm}", KEYS as f64),
+        ("idem_claims_in_flight{scope=storm}", 0.0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    assert_eq!(metrics, expected);
+    assert_eq!(count(seen, Stage::Claimed), KEYS);
+    assert_eq!(count(seen, Stage::Completed), KEYS);
+    assert_eq!(count(seen, Stage::Replayed), CALLS - KEYS);
+    assert_eq!(seen.lock().unwrap().len(), CALLS + KEYS);
+}
+
+#[test]
+fn memory_storm_metrics_are_exact() {
+    let recorder = DebuggingRecorder::new();
+    let seen = with_recorder(&recorder, || storm(Arc::new(MemoryStore::new())));
+    assert_storm(&recorder, &seen);
+}
+
+#[test]
+fn sqlite_storm_metrics_are_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = DebuggingRecorder::new();
+    let seen = with_recorder(&recorder, || async {
+        let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
+        storm(Arc::new(store)).await
+    });
+    assert_storm(&recorder, &seen);
+}
+
+#[test]
+fn postgres_storm_metrics_are_exact() {
+    let Some(url) = pg_env::pg_url("postgres_storm_metrics_are_exact") else {
+        return;
+    };
+    let recorder = DebuggingRecorder::new();
+    let seen = with_recorder(&recorder, || async {
+        let table = format!("idem_observe_{}", uuid::Uuid::new_v4().simple());
+        let store = PostgresStore::builder()
+            .table(&table)
+            .connect(&url)
+            .await
+            .unwrap();
+        let seen = storm(Arc::new(store.clone())).await;
+        for t in [table.clone(), format!("{table}_migrations")] {
+            sqlx::query(&format!("DROP TABLE \"{t}\""))
+                .execute(store.pool())
+                .await
+                .unwrap();
+        }
+        seen
+    });
+    assert_storm(&recorder, &seen);
+}
+
+/// Each outcome once, on purpose: locked, key reused, released, not retained (and its retry),
+/// lease lost, cancelled. Each is counted under its own label and reported to the observer.
+#[test]
+fn every_outcome_is_counted_once() {
+    let recorder = DebuggingRecorder::new();
+    let (seen, observer) = stages();
+    with_recorder(&recorder, || async {
+        let store = Arc::new(MemoryStore::new());
+        let engine = Idempotency::builder(store.clone())
+            .observer(observer)
+            .max_response_bytes(64)
+            .build()
+            .unwrap();
+        let key = |k: &str| Key::derive("outcomes", "", k).unwrap();
+        let call = |k: &str| engine.call(key(k)).scope("outcomes");
+
+        // locked: a call holds the key while another fails fast.
+        let (hold, release) = tokio::sync::oneshot::channel::<()>();
+        let holder = call("held").run(async {
+            let _ = release.await;
+            Ok::<_, Error>(1)
+        });
+        let locked = async {
+            tokio::task::yield_now().await;
+            let out = call("held").run(async { Ok::<_, Error>(2) }).await;
+            assert!(matches!(out, Err(Error::Locked { .. })));
+            hold.send(()).unwrap();
+        };
+        let (held, ()) = tokio::join!(holder, locked);
+        held.unwrap();
+
+        // key reused: same key, another fingerprint.
+        let fp = |v: u32| idem_core::Fingerprint::of_json(&v).unwrap();
+        call("fp")
+            .fingerprint(fp(1))
+            .run(async { Ok::<_, Error>(1) })
+            .await
+            .unwrap();
+        let reused = call("fp")
+            .fingerprint(fp(2))
+            .run(async { Ok::<_, Error>(2) });
+        assert!(matches!(reused.await, Err(Error::KeyReused)));
+
+        // released: the work fails.
+        let failed = call("fails").run(async { Err::<u32, _>(Error::InvalidConfig("no".into())) });
+        assert!(failed.await.is_err());
+
+        // not retained, then its retry.
+        call("big")
+            .run(async { Ok::<_, Error>("x".repeat(100)) })
+            .await
+            .unwrap();
+        let retry = call("big").run(async { Ok::<_, Error>(String::new()) });
+        assert!(matches!(retry.await, Err(Error::ResultNotRetained { .. })));
+
+        // lease lost: the record is evicted while the work runs.
+        let evicting = store.clone();
+        let lost = call("evicted").run(async move {
+            evicting.evict(&key("evicted")).await.unwrap();
+            Ok::<_, Error>(1)
+        });
+        assert!(matches!(lost.await, Err(Error::LeaseLost)));
+
+        // cancelled: the caller goes away while the work runs.
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(10),
+            call("cancelled").run(std::future::pending::<Result<u32, Error>>()),
+        );
+        assert!(cancelled.await.is_err());
+    });
+    let metrics = snapshot(&recorder);
+    let calls: BTreeMap<&str, f64> = metrics
+        .iter()
+        .filter_map(|(k, v)| {
+            let outcome = k.strip_prefix("idem_calls_total{outcome=")?;
+            Some((outcome.strip_suffix(",scope=outcomes}")?, *v))
+        })
+        .collect();
+    let expected: BTreeMap<&str, f64> = [
+        ("cancelled", 1.0),
+        ("completed", 2.0), // "held" and the first "fp"
+        ("key_reused", 1.0),
+        ("lease_lost", 1.0),
+        ("locked", 1.0),
+        ("not_retained", 2.0), // the oversized result and its retry
+        ("released", 1.0),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(calls, expected);
+    assert_eq!(metrics["idem_claims_in_flight{scope=outcomes}"], 0.0);
+    for (stage, n) in [
+        (Stage::Claimed, 6),
+        (Stage::Completed, 2),
+        (Stage::Locked, 1),
+        (Stage::KeyReused, 1),
+        (Stage::Released, 1),
+        (Stage::NotRetained, 2),
+        (Stage::LeaseLost, 1),
+        (Stage::Cancelled, 1),
+    ] {
+        assert_eq!(count(&seen, stage), n, "{stage}");
+    }
+}
