@@ -18,6 +18,50 @@ pub struct MemoryReport {
     pub engine_fresh: Duration,
     /// `Idempotency::run` on a completed key: the claim attempt returns it, JSON decode.
     pub engine_replay: Duration,
+    /// The engine's full path (new key, then its replay) on a current-thread runtime, with
+    /// nothing installed: best of the rounds.
+    pub plain_full: Duration,
+    /// The same with a Prometheus recorder and a JSON tracing subscriber (INFO) installed and
+    /// every call scoped: best of the rounds.
+    pub observed_full: Duration,
+}
+
+/// Rounds of the plain/observed comparison, alternating.
+const ROUNDS: usize = 5;
+
+/// Mean time of one new-key call plus its replay, on a fresh engine and a current-thread
+/// runtime, with or without a recorder and a subscriber.
+fn full_path(keys: &[Key], observed: bool) -> Result<Duration, BenchError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let body = || {
+        runtime.block_on(async {
+            let engine = Idempotency::new(MemoryStore::new());
+            let t = Instant::now();
+            for (i, key) in keys.iter().enumerate() {
+                let seed = i as u64;
+                for _ in 0..2 {
+                    engine
+                        .call(*key)
+                        .scope("bench")
+                        .run(async move { Ok::<_, Error>(work(seed)) })
+                        .await?;
+                }
+            }
+            Ok::<_, BenchError>(t.elapsed() / u32::try_from(keys.len().max(1)).unwrap_or(u32::MAX))
+        })
+    };
+    if !observed {
+        return body();
+    }
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(std::io::sink)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || metrics::with_local_recorder(&recorder, body))
 }
 
 pub async fn run(calls: u64) -> Result<MemoryReport, BenchError> {
@@ -60,11 +104,25 @@ pub async fn run(calls: u64) -> Result<MemoryReport, BenchError> {
     }
     let engine_replay = t.elapsed();
 
+    let sample: Vec<Key> = keys.iter().take(100_000).copied().collect();
+    let (plain_full, observed_full) = tokio::task::spawn_blocking(move || {
+        let (mut plain, mut observed) = (Duration::MAX, Duration::MAX);
+        for _ in 0..ROUNDS {
+            plain = plain.min(full_path(&sample, false)?);
+            observed = observed.min(full_path(&sample, true)?);
+        }
+        Ok::<_, BenchError>((plain, observed))
+    })
+    .await
+    .map_err(|e| BenchError::Unexpected(format!("the comparison task failed: {e}")))??;
+
     let per_call = |d: Duration| d / u32::try_from(calls.max(1)).unwrap_or(u32::MAX);
     Ok(MemoryReport {
         calls,
         store_claim_complete: per_call(store_claim_complete),
         engine_fresh: per_call(engine_fresh),
         engine_replay: per_call(engine_replay),
+        plain_full,
+        observed_full,
     })
 }

@@ -233,31 +233,121 @@ impl fmt::Display for ShortKey<'_> {
     }
 }
 
+/// The metric handles of one scope, registered once per engine and scope: recording through a
+/// handle is an atomic operation, where the `metrics` macros would build and look up a key on
+/// every call.
+#[cfg(feature = "metrics")]
+pub(crate) struct Instruments {
+    scope: metrics::SharedString,
+    /// `idem_calls_total` by outcome, registered on first use.
+    calls: [std::sync::OnceLock<metrics::Counter>; STAGES],
+    claim: metrics::Histogram,
+    work: metrics::Histogram,
+    complete: metrics::Histogram,
+    in_flight: metrics::Gauge,
+}
+
+#[cfg(feature = "metrics")]
+const STAGES: usize = Stage::Cancelled as usize + 1;
+
+#[cfg(feature = "metrics")]
+impl Instruments {
+    fn new(scope: &Scope) -> Instruments {
+        let scope = scope.label();
+        let label = |name: &'static str| metrics::histogram!(name, "scope" => scope.clone());
+        Instruments {
+            calls: std::array::from_fn(|_| std::sync::OnceLock::new()),
+            claim: label("idem_claim_seconds"),
+            work: label("idem_work_seconds"),
+            complete: label("idem_complete_seconds"),
+            in_flight: metrics::gauge!("idem_claims_in_flight", "scope" => scope.clone()),
+            scope,
+        }
+    }
+
+    fn ended(&self, stage: Stage) {
+        self.calls[stage as usize]
+            .get_or_init(|| {
+                metrics::counter!(
+                    "idem_calls_total",
+                    "scope" => self.scope.clone(),
+                    "outcome" => stage.as_str()
+                )
+            })
+            .increment(1);
+    }
+}
+
+/// An engine's [`Instruments`], by scope.
+#[cfg(feature = "metrics")]
+#[derive(Default)]
+pub(crate) struct Meters {
+    by_scope: std::sync::RwLock<std::collections::HashMap<Box<str>, Arc<Instruments>>>,
+}
+
+#[cfg(feature = "metrics")]
+impl Meters {
+    pub(crate) fn of(&self, scope: &Scope) -> Arc<Instruments> {
+        use std::sync::PoisonError;
+        if let Some(found) = self
+            .by_scope
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(scope.as_str())
+        {
+            return found.clone();
+        }
+        self.by_scope
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(scope.as_str().into())
+            .or_insert_with(|| Arc::new(Instruments::new(scope)))
+            .clone()
+    }
+}
+
+/// Without the `metrics` feature there is nothing to record.
+#[cfg(not(feature = "metrics"))]
+#[derive(Default)]
+pub(crate) struct Meters;
+
 /// What one guarded call reports, wherever it ends; dropped before it ended, it reports
-/// [`Stage::Cancelled`].
+/// [`Stage::Cancelled`]. Costs nothing beyond a disabled span when there is no observer, no
+/// `metrics` feature and no subscriber for the span.
 pub(crate) struct Probe<'a> {
     observer: Option<&'a dyn Observer>,
     scope: &'a Scope,
     key: Key,
     span: tracing::Span,
+    #[cfg(feature = "metrics")]
+    instruments: Arc<Instruments>,
     ended: bool,
     claimed: bool,
     work_took: Option<Duration>,
 }
 
 impl<'a> Probe<'a> {
-    pub(crate) fn new(observer: Option<&'a dyn Observer>, scope: &'a Scope, key: Key) -> Self {
-        let span = tracing::info_span!(
+    pub(crate) fn new(
+        observer: Option<&'a dyn Observer>,
+        meters: &Meters,
+        scope: &'a Scope,
+        key: Key,
+    ) -> Self {
+        let span = tracing::debug_span!(
             "idem.call",
             scope = scope.as_str(),
             key = %ShortKey(&key),
             outcome = tracing::field::Empty,
         );
+        #[cfg(not(feature = "metrics"))]
+        let _ = meters;
         Probe {
             observer,
             scope,
             key,
             span,
+            #[cfg(feature = "metrics")]
+            instruments: meters.of(scope),
             ended: false,
             claimed: false,
             work_took: None,
@@ -267,6 +357,12 @@ impl<'a> Probe<'a> {
     /// The span the call's store round trips are reported in.
     pub(crate) fn span(&self) -> &tracing::Span {
         &self.span
+    }
+
+    /// Whether anything reads the durations of this call; if not, the clock is not read for
+    /// them.
+    pub(crate) fn timed(&self) -> bool {
+        cfg!(feature = "metrics") || self.observer.is_some() || !self.span.is_disabled()
     }
 
     fn emit(&self, stage: Stage, took: Option<Duration>) {
@@ -284,17 +380,14 @@ impl<'a> Probe<'a> {
     pub(crate) fn claim_took(&self, took: Duration) {
         tracing::debug!(parent: &self.span, op = "claim", took_us = took.as_micros() as u64);
         #[cfg(feature = "metrics")]
-        metrics::histogram!("idem_claim_seconds", "scope" => self.scope.label())
-            .record(took.as_secs_f64());
-        #[cfg(not(feature = "metrics"))]
-        let _ = took;
+        self.instruments.claim.record(took.as_secs_f64());
     }
 
     /// The call holds its key; its work starts.
     pub(crate) fn claimed(&mut self) {
         self.claimed = true;
         #[cfg(feature = "metrics")]
-        metrics::gauge!("idem_claims_in_flight", "scope" => self.scope.label()).increment(1.0);
+        self.instruments.in_flight.increment(1.0);
         self.emit(Stage::Claimed, None);
     }
 
@@ -302,18 +395,14 @@ impl<'a> Probe<'a> {
     pub(crate) fn work_took(&mut self, took: Duration) {
         self.work_took = Some(took);
         #[cfg(feature = "metrics")]
-        metrics::histogram!("idem_work_seconds", "scope" => self.scope.label())
-            .record(took.as_secs_f64());
+        self.instruments.work.record(took.as_secs_f64());
     }
 
     /// The first try at storing the result ended after `took`.
     pub(crate) fn complete_took(&self, took: Duration) {
         tracing::debug!(parent: &self.span, op = "complete", took_us = took.as_micros() as u64);
         #[cfg(feature = "metrics")]
-        metrics::histogram!("idem_complete_seconds", "scope" => self.scope.label())
-            .record(took.as_secs_f64());
-        #[cfg(not(feature = "metrics"))]
-        let _ = took;
+        self.instruments.complete.record(took.as_secs_f64());
     }
 
     /// The call ended this way.
@@ -324,14 +413,9 @@ impl<'a> Probe<'a> {
         self.span.record("outcome", stage.as_str());
         #[cfg(feature = "metrics")]
         {
-            let labels = [
-                ("scope", self.scope.label()),
-                ("outcome", metrics::SharedString::from(stage.as_str())),
-            ];
-            metrics::counter!("idem_calls_total", &labels).increment(1);
+            self.instruments.ended(stage);
             if self.claimed {
-                metrics::gauge!("idem_claims_in_flight", "scope" => self.scope.label())
-                    .decrement(1.0);
+                self.instruments.in_flight.decrement(1.0);
             }
         }
         let took = match stage {

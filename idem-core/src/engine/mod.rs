@@ -233,7 +233,8 @@ impl<C: Codec> Idempotency<C> {
         let Some(key) = key else {
             return work.await.map(Outcome::Fresh);
         };
-        let mut probe = Probe::new(self.inner.core.observer.as_deref(), scope, key);
+        let core = &self.inner.core;
+        let mut probe = Probe::new(core.observer.as_deref(), &core.meters, scope, key);
         let span = probe.span().clone();
         let call = Guarded {
             key,
@@ -276,12 +277,14 @@ impl<C: Codec> Idempotency<C> {
             }
         };
 
-        let asked = Instant::now();
+        let asked = probe.timed().then(Instant::now);
         let acquired = self
             .acquire(&key, fingerprint.as_ref(), lease, on_locked)
             .await;
         let began = Instant::now();
-        probe.claim_took(began - asked);
+        if let Some(asked) = asked {
+            probe.claim_took(began - asked);
+        }
         let claim = match acquired {
             Ok(Acquired::Claim(claim)) => claim,
             Ok(Acquired::Replay(cached)) => {
@@ -323,7 +326,9 @@ impl<C: Codec> Idempotency<C> {
         let completed = guard
             .complete(sealed.bytes, is_error, retention, lease)
             .await;
-        probe.complete_took(ended.elapsed());
+        if probe.timed() {
+            probe.complete_took(ended.elapsed());
+        }
         probe.end_with(&completed, kept);
         completed?;
         result.map(Outcome::Fresh)

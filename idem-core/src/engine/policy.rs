@@ -11,7 +11,7 @@ use super::stored::{seal, Encoded, Sealed};
 use crate::codec::{Codec, JsonCodec};
 use crate::error::{BoxError, Error};
 use crate::key::Key;
-use crate::observe::Observer;
+use crate::observe::{Meters, Observer};
 use crate::store::{check_duration, Store};
 
 /// What a call does when another call holds a live claim on its key.
@@ -230,6 +230,7 @@ impl<S, C: Codec> Builder<S, C> {
             policy: self.policy,
             codec: self.codec,
             observer: self.observer,
+            meters: Arc::default(),
         };
         Ok((self.store, core))
     }
@@ -260,6 +261,8 @@ pub(crate) struct Core<C> {
     pub(crate) policy: Policy,
     pub(crate) codec: C,
     pub(crate) observer: Option<Arc<dyn Observer>>,
+    /// The metric handles of the calls' scopes (feature `metrics`).
+    pub(crate) meters: Arc<Meters>,
 }
 
 impl<C> Core<C> {
@@ -269,6 +272,7 @@ impl<C> Core<C> {
             policy: Policy::default(),
             codec,
             observer: None,
+            meters: Arc::default(),
         }
     }
 }
