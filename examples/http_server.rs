@@ -11,6 +11,10 @@
 //! `DATABASE_URL`; needs the `postgres` feature). The port comes from `--port` or env `PORT`
 //! (default 3000). Payments themselves live in memory to keep the example short; the idempotency
 //! records survive a restart. The server prints a curl session to try.
+//!
+//! With the `metrics` feature (`--features http,sqlite,metrics`), `GET /metrics` serves idem's
+//! metrics in the Prometheus text format: calls by outcome, claim/work/complete latency and the
+//! claims in flight, labelled by scope (`payments`). docs/operations.md says what to alert on.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -181,6 +185,10 @@ fn print_session(base: &str) {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let port: u16 = setting("--port", "PORT", || "3000".into()).parse()?;
+    // The recorder goes in before the first request: the engine registers its metric handles
+    // once per scope, with the recorder installed at that moment.
+    #[cfg(feature = "metrics")]
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     let (store, described) = open_store().await?;
     let engine = Idempotency::from_arc(store);
     let idempotency = IdempotencyLayer::builder(engine)
@@ -193,12 +201,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .fingerprint(BodyFingerprint::Json)
         .lease(Duration::from_secs(10))
         .retention(Duration::from_secs(24 * 3600))
+        .scope("payments")
         .build()?;
     let app = Router::new()
         .route("/payments", post(create_payment))
         .route("/payments/{id}", get(get_payment))
         .layer(idempotency)
         .with_state(Payments::default());
+    #[cfg(feature = "metrics")]
+    let app = app.route(
+        "/metrics",
+        get(move || std::future::ready(metrics.render())),
+    );
 
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let listener = tokio::net::TcpListener::bind(addr).await?;

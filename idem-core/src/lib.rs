@@ -35,7 +35,7 @@ pub mod __private;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
-pub use engine::{Builder, Call, Idempotency, OnLocked, Outcome, Policy};
+pub use engine::{Builder, Call, Idempotency, OnLocked, Outcome, Policy, ReplayCache};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use engine::{Transactional, TransactionalStore, TxClaim, TxFuture, TxStart};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};

@@ -22,6 +22,7 @@ use crate::observe::{Probe, Scope, Stage};
 use crate::record::{Cached, Claim, Start};
 use crate::store::Store;
 
+mod cache;
 mod call;
 mod finish;
 mod policy;
@@ -30,6 +31,7 @@ mod stored;
 mod transactional;
 mod waiters;
 
+pub use cache::ReplayCache;
 pub use call::Call;
 pub use policy::{Builder, OnLocked, Outcome, Policy};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -40,6 +42,7 @@ pub use policy::Overrides;
 pub(crate) use policy::{Core, Resolved};
 pub(crate) use stored::Encoded;
 
+use cache::{Cache, Hit};
 use finish::{detach, renewing, start, ClaimGuard, Releases};
 use stored::replay;
 use waiters::{PollerRole, Typical, Waiters};
@@ -109,6 +112,8 @@ impl<C> fmt::Debug for Idempotency<C> {
 struct Inner<C> {
     shared: Arc<Shared>,
     core: Core<C>,
+    /// Completed records kept in this process, if the replay cache is on.
+    cache: Option<Cache>,
 }
 
 /// What every call of one engine shares, and the tasks it leaves behind (releases, background
@@ -172,6 +177,7 @@ impl<C: Codec> Idempotency<C> {
         Idempotency {
             inner: Arc::new(Inner {
                 shared: Shared::new(store),
+                cache: core.replay_cache.map(Cache::new),
                 core,
             }),
         }
@@ -190,6 +196,32 @@ impl<C: Codec> Idempotency<C> {
     /// The engine's codec.
     pub fn codec(&self) -> &C {
         &self.inner.core.codec
+    }
+
+    /// Deletes the record of `key` (whatever its state) from the store and from this engine's
+    /// replay cache, so the next call runs the work again; returns whether the store held one.
+    /// A running claim on the key gets [`Error::LeaseLost`] when it completes.
+    ///
+    /// ```
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "", "order-1")?;
+    /// engine.call(key).run(async { Ok::<_, Error>(1) }).await?;
+    /// assert!(engine.evict(&key).await?);
+    /// assert!(!engine.call(key).run(async { Ok::<_, Error>(2) }).await?.is_replayed());
+    /// # Ok(()) }
+    /// ```
+    pub async fn evict(&self, key: &Key) -> Result<bool, Error> {
+        if let Some(cache) = &self.inner.cache {
+            cache.remove(key);
+        }
+        let evicted = self.inner.shared.store.evict(key).await;
+        // A replay read from the store in the meantime may have been cached again.
+        if let Some(cache) = &self.inner.cache {
+            cache.remove(key);
+        }
+        evicted
     }
 
     /// Starts a call guarded by `key`; set what differs from the policy on the returned
@@ -288,6 +320,15 @@ impl<C: Codec> Idempotency<C> {
         let claim = match acquired {
             Ok(Acquired::Claim(claim)) => claim,
             Ok(Acquired::Replay(cached)) => {
+                if let Some(cache) = &self.inner.cache {
+                    let until = cache::until(cached.expires_at);
+                    cache.put(key, fingerprint, &cached, until);
+                }
+                let (stage, replayed) = replay(cached, |b| format.decode(b), |b| errors.replay(b));
+                probe.end(stage);
+                return replayed;
+            }
+            Ok(Acquired::Cached(cached)) => {
                 let (stage, replayed) = replay(cached, |b| format.decode(b), |b| errors.replay(b));
                 probe.end(stage);
                 return replayed;
@@ -323,9 +364,20 @@ impl<C: Codec> Idempotency<C> {
         } else {
             Stage::NotRetained
         };
+        let kept_here = self.inner.cache.as_ref().map(|cache| {
+            let record = Cached {
+                response: Some(sealed.bytes.clone()),
+                is_error,
+                expires_at: std::time::SystemTime::now() + retention,
+            };
+            (cache, record, Instant::now() + retention)
+        });
         let completed = guard
             .complete(sealed.bytes, is_error, retention, lease)
             .await;
+        if let (Ok(()), Some((cache, record, until))) = (&completed, kept_here) {
+            cache.put(key, fingerprint, &record, until);
+        }
         if probe.timed() {
             probe.complete_took(ended.elapsed());
         }
@@ -343,6 +395,13 @@ impl<C: Codec> Idempotency<C> {
         on_locked: OnLocked,
     ) -> Result<Acquired, Error> {
         let shared = &self.inner.shared;
+        if let Some(cache) = &self.inner.cache {
+            match cache.get(key, fingerprint) {
+                Some(Hit::Replay(cached)) => return Ok(Acquired::Cached(cached)),
+                Some(Hit::Reused) => return Err(Error::KeyReused),
+                None => {}
+            }
+        }
         // A claim this process is releasing is not another caller's: wait the one statement
         // it takes (bounded by the lease, after which the claim would be free anyway).
         shared.releases.settled(key, lease).await;
@@ -425,7 +484,10 @@ pub(crate) trait Errors<E> {
 
 enum Acquired {
     Claim(Claim),
+    /// The record, from the store.
     Replay(Cached),
+    /// The record, from the replay cache.
+    Cached(Cached),
 }
 
 #[cfg(test)]

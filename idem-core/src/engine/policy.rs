@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::cache::ReplayCache;
 use super::stored::{seal, Encoded, Sealed};
 use crate::codec::{Codec, JsonCodec};
 use crate::error::{BoxError, Error};
@@ -167,6 +168,7 @@ pub struct Builder<S = Arc<dyn Store>, C = JsonCodec> {
     pub(crate) policy: Policy,
     pub(crate) codec: C,
     pub(crate) observer: Option<Arc<dyn Observer>>,
+    pub(crate) replay_cache: Option<ReplayCache>,
 }
 
 impl<S, C: Codec> Builder<S, C> {
@@ -176,6 +178,7 @@ impl<S, C: Codec> Builder<S, C> {
             policy: Policy::default(),
             codec,
             observer: None,
+            replay_cache: None,
         }
     }
 
@@ -211,7 +214,17 @@ impl<S, C: Codec> Builder<S, C> {
             policy: self.policy,
             codec,
             observer: self.observer,
+            replay_cache: self.replay_cache,
         }
+    }
+
+    /// Keeps completed records in this process, so a replay of a hot key costs no round trip;
+    /// see [`ReplayCache`] for its bounds and what a cached entry can and cannot cause across
+    /// nodes. Off by default. (A transactional engine does not use it: its replays are read in
+    /// the caller's transaction.)
+    pub fn replay_cache(mut self, cache: ReplayCache) -> Self {
+        self.replay_cache = Some(cache);
+        self
     }
 
     /// Calls `observer` at each stage of every guarded call (claimed, then completed, replayed,
@@ -231,6 +244,7 @@ impl<S, C: Codec> Builder<S, C> {
             codec: self.codec,
             observer: self.observer,
             meters: Arc::default(),
+            replay_cache: self.replay_cache,
         };
         Ok((self.store, core))
     }
@@ -263,6 +277,8 @@ pub(crate) struct Core<C> {
     pub(crate) observer: Option<Arc<dyn Observer>>,
     /// The metric handles of the calls' scopes (feature `metrics`).
     pub(crate) meters: Arc<Meters>,
+    /// The replay cache's settings, if it is on.
+    pub(crate) replay_cache: Option<ReplayCache>,
 }
 
 impl<C> Core<C> {
@@ -273,6 +289,7 @@ impl<C> Core<C> {
             codec,
             observer: None,
             meters: Arc::default(),
+            replay_cache: None,
         }
     }
 }
