@@ -385,7 +385,10 @@ async fn run_subject(mut s: Subject, plan: &Plan, rows: &mut Vec<Row>) -> Result
             rows,
         )
         .await?;
-        let replay = [("engine", s.replay_engine())];
+        let replay = [
+            ("engine", s.replay_engine()),
+            ("engine+cache", s.replay_cached()),
+        ];
         compare(
             &s,
             Workload::Replay,

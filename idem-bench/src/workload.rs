@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{idempotent, Error, Idempotency, Key};
+use idem::{idempotent, Error, Idempotency, Key, ReplayCache};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
@@ -145,6 +145,28 @@ impl Subject {
                 }
             }
         })
+    }
+
+    /// [`replay_engine`](Self::replay_engine) through an engine with the replay cache on (over
+    /// the same store): after a key's first replay, no round trip.
+    pub fn replay_cached(&self) -> Op {
+        let engine = Idempotency::builder(self.engine.store().clone())
+            .replay_cache(ReplayCache::new(1 << 20, 1 << 30))
+            .build()
+            .map(|engine| Subject::new(self.name, Cpu::default(), engine, None));
+        match engine {
+            Ok(mut cached) => {
+                cached.replay_keys = self.replay_keys.clone();
+                cached.replay_engine()
+            }
+            Err(e) => {
+                let e = e.to_string();
+                op(move || {
+                    let e = e.clone();
+                    async move { Err(BenchError::Unexpected(e)) }
+                })
+            }
+        }
     }
 
     /// Many tasks on few keys: consecutive calls share a key, so concurrent calls meet on it;
