@@ -13,6 +13,8 @@ use crate::key::{Fingerprint, Key};
 use crate::record::{Claim, Completion, Record, Start};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) mod admin;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod claim_order;
 pub mod memory;
 #[cfg(feature = "postgres")]
