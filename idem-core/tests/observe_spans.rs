@@ -146,3 +146,60 @@ fn spans_carry_scope_short_key_and_outcome_never_the_key_or_response() {
     );
     assert!(!all.contains(RESPONSE), "the response leaked: {all}");
 }
+
+/// Everything a JSON subscriber writes, line by line.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// With tracing-subscriber's JSON output at DEBUG, every line is JSON and the store round trips
+/// carry the call's span with its scope and short key.
+#[test]
+fn json_output_shows_the_call_span() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_current_span(true)
+        .with_writer(move || writer.clone())
+        .finish();
+    let key = Key::derive("charge", "tenant-1", "client-key-1").unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let engine = Idempotency::new(MemoryStore::new());
+            engine
+                .call(key)
+                .scope("charge")
+                .run(async { Ok::<_, Error>(1) })
+                .await
+                .unwrap();
+        });
+    });
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let claim = events
+        .iter()
+        .find(|e| e["fields"]["op"] == "claim")
+        .unwrap_or_else(|| panic!("no claim event: {text}"));
+    assert_eq!(claim["span"]["name"], "idem.call");
+    assert_eq!(claim["span"]["scope"], "charge");
+    assert_eq!(claim["span"]["key"], key.to_string()[..16]);
+    assert!(!text.contains("client-key-1"));
+}
