@@ -60,12 +60,13 @@ use waiters::{PollerRole, Typical, Waiters};
 /// | work fails, cancelled or panics (not detached) | 1 claim + 1 abort |
 /// | completion fails for a passing reason | 1 claim + 1 complete, then the completion again in the background until it lands |
 /// | locked, fail fast | 1 |
+/// | replay with the [`ReplayCache`] on, after the key's first replay in this process | 0 |
 ///
 /// # What a call guarantees when things go wrong
 ///
 /// | what happens | what the engine does |
 /// |---|---|
-/// | the caller is cancelled (a `timeout`, a dropped future) while the work runs | [`run_detached`](Self::run_detached): the work runs on to the end on its own task and its result is stored, so a retry replays it. The other `run*` methods cannot keep borrowed work alive: they release the claim, and a retry runs the work again |
+/// | the caller is cancelled (a `timeout`, a dropped future) while the work runs | [`Call::run_detached`]: the work runs on to the end on its own task and its result is stored, so a retry replays it. [`Call::run`] and [`Call::run_storing_errors`] cannot keep borrowed work alive: they release the claim, and a retry runs the work again |
 /// | the caller is cancelled while the claim statement is in flight | the statement is finished on a task of its own and whatever it claimed is released |
 /// | the caller is cancelled while the result is being stored | the completion is finished on a task of its own |
 /// | a retry in this process while a claim is being released | the retry waits for the release (one statement), never a [`Error::Locked`] for a key that is being freed |
