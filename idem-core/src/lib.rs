@@ -41,8 +41,10 @@ pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
 pub use store::pruner::{RecordPruneReport, RecordPruner, RecordPrunerConfig, RecordPrunerHandle};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use store::sql::protocol::TransactionalStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use store::Store;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use transactional::{Transactional, TransactionalStore, TxClaim, TxFuture, TxStart};
+pub use transactional::{Transactional, TxClaim, TxFuture, TxStart};
