@@ -37,7 +37,7 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
 pub use engine::{Builder, Call, Idempotency, OnLocked, Outcome, Policy, ReplayCache};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use engine::{Transactional, TransactionalStore, TxClaim, TxFuture, TxStart};
+pub use engine::{Transactional, TxClaim, TxFuture, TxStart};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::{
     validate_client_key, Fingerprint, FingerprintError, Key, KeyError, Token,
@@ -53,6 +53,8 @@ pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
 pub use store::pruner::{RecordPruneReport, RecordPruner, RecordPrunerConfig, RecordPrunerHandle};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use store::sql::protocol::TransactionalStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use store::Store;

@@ -13,7 +13,7 @@ pub use std::time::Duration;
 use crate::codec::Codec;
 pub use crate::engine::Overrides as CallOptions;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-use crate::engine::TransactionalStore;
+use crate::store::TransactionalStore;
 use crate::engine::{Idempotency, OnLocked};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::engine::{Transactional, TxClaim, TxStart};

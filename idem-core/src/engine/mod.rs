@@ -35,7 +35,7 @@ pub use cache::ReplayCache;
 pub use call::Call;
 pub use policy::{Builder, OnLocked, Outcome, Policy};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use transactional::{Transactional, TransactionalStore, TxClaim, TxFuture, TxStart};
+pub use transactional::{Transactional, TxClaim, TxFuture, TxStart};
 
 #[doc(hidden)]
 pub use policy::Overrides;

@@ -43,55 +43,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{Builder, Call, Core, Outcome, Policy};
 use crate::codec::{Codec, JsonCodec};
 use crate::error::Error;
-use crate::key::{Fingerprint, Key};
+use crate::key::Key;
 use crate::record::{Claim, Completion, Start};
-use crate::store::Store;
-
-/// A store whose claim and completion can run on a caller's transaction.
-///
-/// Implemented by [`SqliteStore`](crate::SqliteStore) (on `SqliteConnection`) and, with the
-/// `postgres` feature, by `PostgresStore` (on `PgConnection`). A `sqlx::Transaction` derefs to
-/// its connection, so pass `&mut tx`.
-///
-/// ```
-/// fn takes<S: idem_core::TransactionalStore>(_: &S) {}
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-/// takes(&idem_core::SqliteStore::open(":memory:").await?);
-/// # Ok(()) }
-/// ```
-#[async_trait]
-pub trait TransactionalStore: Store {
-    /// The connection the caller's transaction runs on.
-    type Connection: Send;
-
-    /// [`Store::start`] inside the caller's transaction.
-    async fn start_in(
-        &self,
-        conn: &mut Self::Connection,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error>;
-
-    /// [`Store::complete`] inside the caller's transaction.
-    async fn complete_in(
-        &self,
-        conn: &mut Self::Connection,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error>;
-
-    /// [`Store::abort`] inside the caller's transaction.
-    async fn abort_in(&self, conn: &mut Self::Connection, claim: &Claim) -> Result<(), Error>;
-}
+use crate::store::TransactionalStore;
 
 /// A boxed future borrowing the connection, as a transactional [`Call::run`]'s work returns.
 pub type TxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;

@@ -4,8 +4,29 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use super::backend::Backend;
-use super::{ConcurrencyError, Ident, Recorded};
+use super::{migrate, name, suffixed, ConcurrencyError, Recorded};
 use crate::key::Key;
+use crate::store::sql::migrate::{Migration, Schema};
+use crate::store::sql::name::TableName;
+
+/// The history's schema, oldest step first; `{index}` is `<table>_created_at`, `{lease_table}`
+/// the pruner's `<table>_pruner`.
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "history table, its created_at index and the pruner's lease table",
+    statements: &[
+        "CREATE TABLE IF NOT EXISTS {table} (\
+            scope TEXT NOT NULL, \
+            request_id TEXT NOT NULL, \
+            created_at {timestamp} NOT NULL, \
+            PRIMARY KEY (scope, request_id))",
+        "CREATE INDEX IF NOT EXISTS {index} ON {table} (created_at)",
+        "CREATE TABLE IF NOT EXISTS {lease_table} (\
+            id INTEGER PRIMARY KEY, \
+            holder TEXT NOT NULL, \
+            lease_until {timestamp} NOT NULL)",
+    ],
+}];
 
 /// The table of processed request ids: `(scope, request_id)` is the primary key, `created_at`
 /// the database time of the insert (indexed, for the [`Pruner`](super::Pruner)).
@@ -43,9 +64,9 @@ use crate::key::Key;
 /// # }
 /// ```
 pub struct RequestHistory<DB> {
-    table: Ident,
-    lease_table: Ident,
-    created_at_index: Ident,
+    table: TableName,
+    lease_table: TableName,
+    created_at_index: TableName,
     _db: PhantomData<fn() -> DB>,
 }
 
@@ -69,8 +90,9 @@ impl<DB> Clone for RequestHistory<DB> {
 }
 
 impl<DB: Backend> RequestHistory<DB> {
-    /// The history kept in the table `table`. The pruner's lease lives in `<table>_pruner`, so
-    /// `table` must be a plain SQL identifier of at most 52 bytes.
+    /// The history kept in the table `table`. The pruner's lease lives in `<table>_pruner` and
+    /// the applied migrations in `<table>_migrations`, so `table` must be a plain SQL identifier
+    /// of at most 52 bytes.
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
@@ -80,18 +102,20 @@ impl<DB: Backend> RequestHistory<DB> {
     /// # }
     /// ```
     pub fn new(table: &str) -> Result<RequestHistory<DB>, ConcurrencyError> {
-        let table = Ident::new("history table", table)?;
+        let table = name("history table", table)?;
+        suffixed(&table, "migrations table", "_migrations")?;
         Ok(RequestHistory {
-            lease_table: table.suffixed("pruner lease table", "_pruner")?,
-            created_at_index: table.suffixed("created_at index", "_created_at")?,
+            lease_table: suffixed(&table, "pruner lease table", "_pruner")?,
+            created_at_index: suffixed(&table, "created_at index", "_created_at")?,
             table,
             _db: PhantomData,
         })
     }
 
     /// Creates the history table, its `created_at` index and the pruner's lease table, if they
-    /// do not exist. Three statements. Run it once at startup: on PostgreSQL two concurrent
-    /// `CREATE TABLE IF NOT EXISTS` of one table can still collide.
+    /// do not exist: the history's migrations, applied once in one transaction and recorded in
+    /// `<table>_migrations` (the stores' migrator), so any number of processes may run it at
+    /// startup together.
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
@@ -105,33 +129,15 @@ impl<DB: Backend> RequestHistory<DB> {
     /// # }
     /// ```
     pub async fn ensure_schema(&self, conn: &mut DB::Connection) -> Result<(), ConcurrencyError> {
-        let ts = DB::DIALECT.timestamp;
-        let statements = [
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (\
-                    scope TEXT NOT NULL, \
-                    request_id TEXT NOT NULL, \
-                    created_at {ts} NOT NULL, \
-                    PRIMARY KEY (scope, request_id))",
-                t = self.table
-            ),
-            format!(
-                "CREATE INDEX IF NOT EXISTS {i} ON {t} (created_at)",
-                i = self.created_at_index,
-                t = self.table
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (\
-                    id INTEGER PRIMARY KEY, \
-                    holder TEXT NOT NULL, \
-                    lease_until {ts} NOT NULL)",
-                t = self.lease_table
-            ),
-        ];
-        for sql in &statements {
-            DB::execute(conn, sqlx::query(sql)).await?;
-        }
-        Ok(())
+        let schema = Schema {
+            table: &self.table,
+            names: &[
+                ("{index}", &self.created_at_index),
+                ("{lease_table}", &self.lease_table),
+            ],
+            migrations: MIGRATIONS,
+        };
+        migrate::<DB>(conn, &schema).await
     }
 
     /// Records that `request_id` of `scope` is being done, in the transaction `conn`:
@@ -192,11 +198,11 @@ impl<DB: Backend> RequestHistory<DB> {
         Ok(DB::fetch_optional(conn, query).await?.is_some())
     }
 
-    pub(crate) fn table(&self) -> &Ident {
+    pub(crate) fn table(&self) -> &TableName {
         &self.table
     }
 
-    pub(crate) fn lease_table(&self) -> &Ident {
+    pub(crate) fn lease_table(&self) -> &TableName {
         &self.lease_table
     }
 }

@@ -40,8 +40,11 @@
 //! transaction fail the `Send` check that `tokio::spawn` and web frameworks require.)
 //!
 //! Table and column names are validated as plain SQL identifiers (`[A-Za-z_][A-Za-z0-9_]{0,62}`)
-//! and used unquoted, so PostgreSQL folds them to lower case and a reserved word cannot be one.
-//! Every value is a bound parameter.
+//! and quoted, as the stores quote theirs: a reserved word works as a name, and on PostgreSQL a
+//! name is case-sensitive (`Accounts` is not `accounts`; the kit's default names are lower
+//! case). Every value is a bound parameter. The tables the kit creates are versioned like the
+//! stores': [`RequestHistory::ensure_schema`] and [`EventStreams::ensure_schema`] apply their
+//! migrations once and record them in `<table>_migrations`.
 
 use std::fmt;
 
@@ -50,8 +53,13 @@ use serde::{Deserialize, Serialize};
 use crate::error::StoreError;
 use crate::key::KeyError;
 
+/// The databases the kit runs on: the SQL stores' own dialects (`store/sql/dialect.rs`), so the
+/// kit keeps time and quotes names exactly as the stores do.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod backend;
+mod backend {
+    pub(crate) use crate::store::sql::dialect::is_unique_violation;
+    pub use crate::store::sql::dialect::{Backend, SqlQuery};
+}
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod history;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -232,55 +240,52 @@ pub enum Recorded {
     Duplicate,
 }
 
-/// A table or column name checked to be a plain SQL identifier, so it can be spliced into SQL.
+/// The kit's name for [`TableName`](crate::store::sql::name::TableName) (the pruner's).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Ident(String);
+pub(crate) type Ident = crate::store::sql::name::TableName;
 
+/// A table or column name, validated (see [`Ident`]); `what` names it in the error.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl Ident {
-    /// Accepts `[A-Za-z_][A-Za-z0-9_]{0,62}`: 63 bytes is PostgreSQL's identifier limit.
-    pub(crate) fn new(what: &str, name: &str) -> Result<Ident, ConcurrencyError> {
-        let mut bytes = name.bytes();
-        let valid_start = bytes
-            .next()
-            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
-        let valid_rest = bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
-        if valid_start && valid_rest && name.len() <= 63 {
-            Ok(Ident(name.to_owned()))
-        } else {
-            Err(ConcurrencyError::InvalidConfig(format!(
-                "{what} {name:?} is not a plain SQL identifier: use 1 to 63 ASCII letters, digits \
-                 or underscores, not starting with a digit"
-            )))
-        }
-    }
-
-    /// A name derived from this one (`<table>_pruner`), validated in turn.
-    pub(crate) fn suffixed(&self, what: &str, suffix: &str) -> Result<Ident, ConcurrencyError> {
-        Ident::new(what, &format!("{}{suffix}", self.0))
-    }
+pub(crate) fn name(what: &str, name: &str) -> Result<Ident, ConcurrencyError> {
+    Ident::new(what, name).map_err(invalid_config)
 }
 
+/// A name derived from `base` (`<table>_pruner`), validated in turn.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl fmt::Display for Ident {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+pub(crate) fn suffixed(base: &Ident, what: &str, suffix: &str) -> Result<Ident, ConcurrencyError> {
+    base.suffixed(what, suffix).map_err(invalid_config)
 }
 
-/// Rejects a zero or absurd duration before it reaches the database.
+/// A duration checked and converted by the stores' one conversion
+/// ([`millis`](crate::store::sql::millis): whole milliseconds, rounded up).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn millis(what: &str, d: std::time::Duration) -> Result<i64, ConcurrencyError> {
-    crate::store::check_duration(what, d).map_err(|e| match e {
-        // Take the message, not the Display, which already says "invalid configuration: ".
+    crate::store::sql::millis(what, d).map_err(invalid_config)
+}
+
+/// A store error as the kit's. A configuration error keeps its message, not its Display, which
+/// already says "invalid configuration: ".
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn invalid_config(e: crate::error::Error) -> ConcurrencyError {
+    match e {
         crate::error::Error::InvalidConfig(message) => ConcurrencyError::InvalidConfig(message),
+        crate::error::Error::Store(e) => ConcurrencyError::Store(e),
         other => ConcurrencyError::InvalidConfig(other.to_string()),
-    })?;
-    // check_duration caps at ten years, far inside i64 milliseconds.
-    i64::try_from(d.as_millis()).map_err(|_| {
-        ConcurrencyError::InvalidConfig(format!("{what} of {d:?} does not fit in milliseconds"))
-    })
+    }
+}
+
+/// Brings a kit table up to date with the stores' migrator (see
+/// [`Schema::migrate`](crate::store::sql::migrate::Schema::migrate)).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) async fn migrate<DB: Backend>(
+    conn: &mut DB::Connection,
+    schema: &crate::store::sql::migrate::Schema<'_>,
+) -> Result<(), ConcurrencyError> {
+    use crate::store::sql::migrate::{unknown_version, Migrated};
+    match schema.migrate::<DB>(conn).await.map_err(invalid_config)? {
+        Migrated::UpToDate => Ok(()),
+        Migrated::UnknownVersion(v) => Err(invalid_config(unknown_version(schema.table, v))),
+    }
 }
 
 #[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
@@ -289,20 +294,20 @@ mod tests {
 
     #[test]
     fn identifiers_are_plain() {
-        assert!(Ident::new("table", "idem_events").is_ok());
-        assert!(Ident::new("table", "_t1").is_ok());
-        assert!(Ident::new("table", &"a".repeat(63)).is_ok());
+        assert!(name("table", "idem_events").is_ok());
+        assert!(name("table", "_t1").is_ok());
+        assert!(name("table", &"a".repeat(63)).is_ok());
         for bad in ["", "1t", "t-1", "t;drop", "\"t\"", "tä", &"a".repeat(64)] {
             assert!(
-                matches!(
-                    Ident::new("table", bad),
-                    Err(ConcurrencyError::InvalidConfig(_))
-                ),
+                matches!(name("table", bad), Err(ConcurrencyError::InvalidConfig(_))),
                 "{bad:?} was accepted"
             );
         }
-        let long = Ident::new("table", &"a".repeat(60)).unwrap();
-        assert!(long.suffixed("lease table", "_pruner").is_err());
+        let long = name("table", &"a".repeat(60)).unwrap();
+        assert!(matches!(
+            suffixed(&long, "lease table", "_pruner"),
+            Err(ConcurrencyError::InvalidConfig(_))
+        ));
     }
 
     #[test]

@@ -9,8 +9,10 @@ use sqlx::Connection;
 use uuid::Uuid;
 
 use super::backend::{is_unique_violation, Backend, SqlQuery};
-use super::{ConcurrencyError, Ident, Version};
+use super::{migrate, name, suffixed, ConcurrencyError, Version};
 use crate::error::{StoreError, StoreErrorKind};
+use crate::store::sql::migrate::{Migration, Schema};
+use crate::store::sql::name::TableName;
 
 /// The UUID v5 namespace of the first event id of every request
 /// (`uuid5(NAMESPACE_URL, "https://docs.rs/idem/kit/events")`).
@@ -300,7 +302,7 @@ impl Appended {
 /// # }
 /// ```
 pub struct EventStreams<DB> {
-    table: Ident,
+    table: TableName,
     _db: PhantomData<fn() -> DB>,
 }
 
@@ -322,7 +324,8 @@ impl<DB> Clone for EventStreams<DB> {
 }
 
 impl<DB: Backend> EventStreams<DB> {
-    /// Streams kept in the table `table` (validated as a plain SQL identifier).
+    /// Streams kept in the table `table`: a plain SQL identifier of at most 52 bytes, leaving
+    /// room for its ledger `<table>_migrations`.
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
@@ -333,13 +336,18 @@ impl<DB: Backend> EventStreams<DB> {
     /// ```
     pub fn new(table: &str) -> Result<EventStreams<DB>, ConcurrencyError> {
         Ok(EventStreams {
-            table: Ident::new("event table", table)?,
+            table: {
+                let table = name("event table", table)?;
+                suffixed(&table, "migrations table", "_migrations")?;
+                table
+            },
             _db: PhantomData,
         })
     }
 
-    /// Creates the table if it does not exist. One statement. Run it once at startup: on
-    /// PostgreSQL two concurrent `CREATE TABLE IF NOT EXISTS` of one table can still collide.
+    /// Creates the table if it does not exist: the event table's migrations, applied once in
+    /// one transaction and recorded in `<table>_migrations` (the stores' migrator), so any
+    /// number of processes may run it at startup together.
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
@@ -353,25 +361,12 @@ impl<DB: Backend> EventStreams<DB> {
     /// # }
     /// ```
     pub async fn ensure_schema(&self, conn: &mut DB::Connection) -> Result<(), ConcurrencyError> {
-        let d = &DB::DIALECT;
-        let sql = format!(
-            "CREATE TABLE IF NOT EXISTS {t} (\
-                stream TEXT NOT NULL, \
-                version {bigint} NOT NULL, \
-                event_id {uuid} NOT NULL UNIQUE, \
-                request_id TEXT NOT NULL, \
-                event_type TEXT NOT NULL, \
-                payload {bytes} NOT NULL, \
-                recorded_at {ts} NOT NULL, \
-                PRIMARY KEY (stream, version))",
-            t = self.table,
-            bigint = d.bigint,
-            uuid = d.uuid,
-            bytes = d.bytes,
-            ts = d.timestamp,
-        );
-        DB::execute(conn, sqlx::query(&sql)).await?;
-        Ok(())
+        let schema = Schema {
+            table: &self.table,
+            names: &[],
+            migrations: MIGRATIONS,
+        };
+        migrate::<DB>(conn, &schema).await
     }
 
     /// Appends `events` to `stream` on behalf of the request `request_id`, if the stream is at
@@ -608,6 +603,21 @@ impl<DB: Backend> EventStreams<DB> {
         )
     }
 }
+
+/// The event table's schema, oldest step first.
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "event table",
+    statements: &["CREATE TABLE IF NOT EXISTS {table} (\
+        stream TEXT NOT NULL, \
+        version {bigint} NOT NULL, \
+        event_id {uuid} NOT NULL UNIQUE, \
+        request_id TEXT NOT NULL, \
+        event_type TEXT NOT NULL, \
+        payload {bytes} NOT NULL, \
+        recorded_at {timestamp} NOT NULL, \
+        PRIMARY KEY (stream, version))"],
+}];
 
 const EVENT_COLUMNS: &str = "stream, version, event_id, request_id, event_type, payload";
 

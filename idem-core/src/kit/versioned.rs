@@ -8,7 +8,7 @@ use std::ops::{Deref, DerefMut};
 use sqlx::{Encode, Type};
 
 use super::backend::{Backend, SqlQuery};
-use super::{ConcurrencyError, Ident, Version};
+use super::{name, ConcurrencyError, Version};
 
 /// A type stored in one row of a table with an id column and a version column.
 ///
@@ -259,12 +259,12 @@ impl<T: Entity<DB>, DB: Backend> VersionedTableBuilder<T, DB> {
 
     /// Validates every name and prepares the statements.
     pub fn build(self) -> Result<VersionedTable<T, DB>, ConcurrencyError> {
-        let table = Ident::new("table", &self.table)?;
-        let id = Ident::new("id column", &self.id_column)?;
-        let version = Ident::new("version column", &self.version_column)?;
+        let table = name("table", &self.table)?;
+        let id = name("id column", &self.id_column)?;
+        let version = name("version column", &self.version_column)?;
         let columns = T::COLUMNS
             .iter()
-            .map(|c| Ident::new("column", c))
+            .map(|c| name("column", c))
             .collect::<Result<Vec<_>, _>>()?;
         let n = columns.len();
 

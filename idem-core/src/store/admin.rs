@@ -9,6 +9,8 @@ use crate::error::Error;
 use crate::key::Key;
 use crate::record::Record;
 use crate::store::Store;
+#[cfg(feature = "sqlite")]
+use crate::store::sql::dialect::private::Ops;
 
 /// Which records [`StoreAdmin::list`] lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +76,7 @@ async fn records(store: &dyn Store, keys: Vec<Vec<u8>>) -> Result<Vec<Record>, E
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
         let key = <[u8; 32]>::try_from(key.as_slice()).map_err(|_| {
-            super::corrupt(format!("a stored key is {} bytes, expected 32", key.len()))
+            super::sql::corrupt(format!("a stored key is {} bytes, expected 32", key.len()))
         })?;
         if let Some(record) = store.get(&Key::from_bytes(key)).await? {
             out.push(record);
@@ -103,7 +105,7 @@ impl StoreAdmin for crate::SqliteStore {
         after: Option<&Key>,
         limit: u32,
     ) -> Result<Vec<Record>, Error> {
-        let now = super::sqlite::NOW;
+        let now = <sqlx::Sqlite as Ops>::DIALECT.now;
         let sql = format!(
             r#"SELECT key FROM "{}" WHERE expires_at > {now}
                AND (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR key > ?2)
@@ -120,7 +122,7 @@ impl StoreAdmin for crate::SqliteStore {
     }
 
     async fn stats(&self) -> Result<StoreStats, Error> {
-        let now = super::sqlite::NOW;
+        let now = <sqlx::Sqlite as Ops>::DIALECT.now;
         let sql = format!(
             r#"SELECT
                  coalesce(sum(state = 0 AND expires_at > {now}), 0),

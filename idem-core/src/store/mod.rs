@@ -1,8 +1,12 @@
 //! The [`Store`] trait and its backends.
 //!
-//! Each backend is one file: [`memory`], `sqlite` (feature `sqlite`), `postgres` (feature
-//! `postgres`). All of them pass the same conformance suite (`idem-core/tests/conformance`).
-//! [`pruner`] deletes their expired records in the background.
+//! The backends: [`memory`], `sqlite` (feature `sqlite`) and `postgres` (feature `postgres`). The
+//! two SQL stores are laid out alike (`mod.rs` the store and its builder, `schema.rs` its
+//! migrations, `protocol.rs` its tie to the shared store protocol) and share everything else in
+//! `store/sql/`: the protocol, written once against a connection, the dialect, the table name,
+//! the duration conversion, the row decoding and the migrator. All of them pass the same
+//! conformance suite (`idem-core/tests/conformance`). [`pruner`] deletes their expired records
+//! in the background.
 
 use std::time::Duration;
 
@@ -15,12 +19,15 @@ use crate::record::{Claim, Completion, Record, Start};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod admin;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) use sql::protocol::TransactionalStore;
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod claim_order;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod pruner;
-// Shared by the SQL stores.
+// Shared by the SQL stores and the kit.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
@@ -169,24 +176,4 @@ pub(crate) fn check_fingerprint(
         (Some(stored), Some(given)) if stored != given => Err(Error::KeyReused),
         _ => Ok(()),
     }
-}
-
-/// A fenced statement (complete, renew, abort) changed no row: the record no longer carries the
-/// claim's token (or, for renew and abort, has completed).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn fenced(rows_affected: u64) -> Result<(), Error> {
-    if rows_affected == 0 {
-        Err(Error::LeaseLost)
-    } else {
-        Ok(())
-    }
-}
-
-/// A stored row that does not have the shape the store writes.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn corrupt(what: String) -> Error {
-    Error::Store(crate::error::StoreError::new(
-        crate::error::StoreErrorKind::Corrupt,
-        what,
-    ))
 }

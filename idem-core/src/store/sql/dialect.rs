@@ -1,9 +1,10 @@
-//! The databases the kit runs on, and the few things that differ between them.
+//! The databases the SQL stores and the kit run on, and the few things that differ between them.
 //!
-//! The kit's logic is written once, generic over [`Backend`]. What differs per database (the
-//! clock expression, column types, how a failed statement affects a transaction) is a
-//! [`Dialect`](private::Dialect), and the handful of sqlx calls that cannot be made generic
-//! without a wall of bounds are methods of a sealed trait, stamped out per database.
+//! The store protocol, the migrator and the kit are written once, generic over [`Backend`]. What
+//! differs per database (the clock expression, placeholders, column types, how a failed
+//! statement affects a transaction) is a [`Dialect`], and the handful of sqlx calls that cannot
+//! be made generic without a wall of bounds are methods of a sealed trait, stamped out per
+//! database.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,7 +14,7 @@ use uuid::Uuid;
 /// A boxed, `Send` future borrowing a connection for `'a`.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// A query with its bound arguments, as [`Entity::bind`](super::Entity::bind) receives it.
+/// A query with its bound arguments, as [`Entity::bind`](crate::kit::Entity::bind) receives it.
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")] {
@@ -38,45 +39,87 @@ pub type SqlQuery<'q, DB> = sqlx::query::Query<'q, DB, <DB as sqlx::Database>::A
 /// ```
 pub trait Backend: sqlx::Database + private::Ops {}
 
+/// SQL fragments that differ between databases. Statements are written once with PostgreSQL's
+/// numbered placeholders (`$1`) and rendered for the database by [`Dialect::sql`].
+pub struct Dialect {
+    /// The database's current time, read at each statement (never frozen per transaction).
+    pub now: &'static str,
+    /// Column type of a timestamp.
+    pub timestamp: &'static str,
+    /// Column type of a 64-bit integer.
+    pub bigint: &'static str,
+    /// Column type of a byte string.
+    pub bytes: &'static str,
+    /// Column type of a UUID.
+    pub uuid: &'static str,
+    /// Turns a bound BIGINT of milliseconds into something `now` can be offset by.
+    pub millis: &'static str,
+    /// `{}` is a timestamp expression or a difference of two: its microseconds (since the Unix
+    /// epoch, or in the difference) as a BIGINT.
+    pub micros: &'static str,
+    /// Appended to the subselect that picks a batch to delete.
+    pub lock_batch: &'static str,
+    /// Appended to a `SELECT` whose rows the transaction locks until it ends.
+    pub lock_rows: &'static str,
+    /// Whether a failed statement aborts the whole enclosing transaction (PostgreSQL) rather
+    /// than only itself (SQLite).
+    pub failed_statement_aborts_transaction: bool,
+    /// The statement that opens a transaction which takes the write lock at once (migrations).
+    pub begin_write: &'static str,
+    /// Whether a numbered placeholder is `?1` (SQLite, whose `$1` is a *named* parameter
+    /// numbered by first appearance) rather than `$1`.
+    pub question_placeholders: bool,
+    /// A query of whether a table exists, naming it `{table}` (quoted) and `{name}` (bare),
+    /// each inside a string literal (a validated name holds no quote).
+    pub table_exists: &'static str,
+    /// Whether a claim can read the live row in the same statement (a data-modifying CTE).
+    pub claim_reads_live: bool,
+}
+
+impl Dialect {
+    /// `now + $param milliseconds`.
+    pub fn now_plus(&self, param: &str) -> String {
+        format!("({} + {param}{})", self.now, self.millis)
+    }
+
+    /// `now - $param milliseconds`.
+    pub fn now_minus(&self, param: &str) -> String {
+        format!("({} - {param}{})", self.now, self.millis)
+    }
+
+    /// The microseconds of the timestamp (or interval) `expr`, as a BIGINT.
+    pub(crate) fn micros_of(&self, expr: &str) -> String {
+        self.micros.replace("{}", expr)
+    }
+
+    /// `statement` with its `$N` placeholders in this database's spelling.
+    pub(crate) fn sql(&self, statement: &str) -> String {
+        if self.question_placeholders {
+            // Statements hold no `$` other than placeholders.
+            statement.replace('$', "?")
+        } else {
+            statement.to_owned()
+        }
+    }
+
+    /// `template` with `{now}` and the column types (`{timestamp}`, `{bigint}`, `{bytes}`,
+    /// `{uuid}`) of this database in place.
+    pub(crate) fn render(&self, template: &str) -> String {
+        template
+            .replace("{now}", self.now)
+            .replace("{timestamp}", self.timestamp)
+            .replace("{bigint}", self.bigint)
+            .replace("{bytes}", self.bytes)
+            .replace("{uuid}", self.uuid)
+    }
+}
+
 pub(crate) mod private {
     use super::*;
 
-    /// SQL fragments that differ between databases.
-    pub struct Dialect {
-        /// The database's current time, read at each statement (never frozen per transaction).
-        pub now: &'static str,
-        /// Column type of a timestamp.
-        pub timestamp: &'static str,
-        /// Column type of a 64-bit integer.
-        pub bigint: &'static str,
-        /// Column type of a byte string.
-        pub bytes: &'static str,
-        /// Column type of a UUID.
-        pub uuid: &'static str,
-        /// Turns a bound BIGINT of milliseconds into something `now` can be offset by.
-        pub millis: &'static str,
-        /// Appended to the subselect that picks a batch to delete.
-        pub lock_batch: &'static str,
-        /// Whether a failed statement aborts the whole enclosing transaction (PostgreSQL) rather
-        /// than only itself (SQLite).
-        pub failed_statement_aborts_transaction: bool,
-    }
-
-    impl Dialect {
-        /// `now + $param milliseconds`.
-        pub fn now_plus(&self, param: &str) -> String {
-            format!("({} + {param}{})", self.now, self.millis)
-        }
-
-        /// `now - $param milliseconds`.
-        pub fn now_minus(&self, param: &str) -> String {
-            format!("({} - {param}{})", self.now, self.millis)
-        }
-    }
-
-    /// The sqlx calls the kit makes, one implementation per database. Not nameable outside the
-    /// crate, which seals [`Backend`].
-    pub trait Ops: sqlx::Database {
+    /// The sqlx calls the stores and the kit make, one implementation per database. Not
+    /// nameable outside the crate, which seals [`Backend`].
+    pub trait Ops: sqlx::Database + sqlx::database::HasStatementCache {
         const DIALECT: Dialect;
 
         fn execute<'e, 'q: 'e>(
@@ -95,23 +138,32 @@ pub(crate) mod private {
         ) -> BoxFuture<'e, Result<Vec<Self::Row>, sqlx::Error>>;
 
         fn bind_i64(query: SqlQuery<'_, Self>, value: i64) -> SqlQuery<'_, Self>;
+        fn bind_bool(query: SqlQuery<'_, Self>, value: bool) -> SqlQuery<'_, Self>;
         fn bind_str<'q>(query: SqlQuery<'q, Self>, value: &'q str) -> SqlQuery<'q, Self>;
         fn bind_bytes<'q>(query: SqlQuery<'q, Self>, value: &'q [u8]) -> SqlQuery<'q, Self>;
+        fn bind_opt_bytes<'q>(
+            query: SqlQuery<'q, Self>,
+            value: Option<&'q [u8]>,
+        ) -> SqlQuery<'q, Self>;
         fn bind_uuid(query: SqlQuery<'_, Self>, value: Uuid) -> SqlQuery<'_, Self>;
 
         fn get_i64(row: &Self::Row, index: usize) -> Result<i64, sqlx::Error>;
         fn get_opt_i64(row: &Self::Row, index: usize) -> Result<Option<i64>, sqlx::Error>;
+        fn get_bool(row: &Self::Row, index: usize) -> Result<bool, sqlx::Error>;
         fn get_string(row: &Self::Row, index: usize) -> Result<String, sqlx::Error>;
         fn get_bytes(row: &Self::Row, index: usize) -> Result<Vec<u8>, sqlx::Error>;
+        fn get_opt_bytes(row: &Self::Row, index: usize) -> Result<Option<Vec<u8>>, sqlx::Error>;
         fn get_uuid(row: &Self::Row, index: usize) -> Result<Uuid, sqlx::Error>;
     }
 }
+
+pub(crate) use private::Ops;
 
 /// The bodies are the same text for every database; only the types they resolve to differ.
 macro_rules! impl_backend {
     ($db:ty, $dialect:expr) => {
         impl private::Ops for $db {
-            const DIALECT: private::Dialect = $dialect;
+            const DIALECT: Dialect = $dialect;
 
             fn execute<'e, 'q: 'e>(
                 conn: &'e mut Self::Connection,
@@ -137,10 +189,19 @@ macro_rules! impl_backend {
             fn bind_i64(query: SqlQuery<'_, Self>, value: i64) -> SqlQuery<'_, Self> {
                 query.bind(value)
             }
+            fn bind_bool(query: SqlQuery<'_, Self>, value: bool) -> SqlQuery<'_, Self> {
+                query.bind(value)
+            }
             fn bind_str<'q>(query: SqlQuery<'q, Self>, value: &'q str) -> SqlQuery<'q, Self> {
                 query.bind(value)
             }
             fn bind_bytes<'q>(query: SqlQuery<'q, Self>, value: &'q [u8]) -> SqlQuery<'q, Self> {
+                query.bind(value)
+            }
+            fn bind_opt_bytes<'q>(
+                query: SqlQuery<'q, Self>,
+                value: Option<&'q [u8]>,
+            ) -> SqlQuery<'q, Self> {
                 query.bind(value)
             }
             fn bind_uuid(query: SqlQuery<'_, Self>, value: Uuid) -> SqlQuery<'_, Self> {
@@ -153,10 +214,19 @@ macro_rules! impl_backend {
             fn get_opt_i64(row: &Self::Row, index: usize) -> Result<Option<i64>, sqlx::Error> {
                 sqlx::Row::try_get(row, index)
             }
+            fn get_bool(row: &Self::Row, index: usize) -> Result<bool, sqlx::Error> {
+                sqlx::Row::try_get(row, index)
+            }
             fn get_string(row: &Self::Row, index: usize) -> Result<String, sqlx::Error> {
                 sqlx::Row::try_get(row, index)
             }
             fn get_bytes(row: &Self::Row, index: usize) -> Result<Vec<u8>, sqlx::Error> {
+                sqlx::Row::try_get(row, index)
+            }
+            fn get_opt_bytes(
+                row: &Self::Row,
+                index: usize,
+            ) -> Result<Option<Vec<u8>>, sqlx::Error> {
                 sqlx::Row::try_get(row, index)
             }
             fn get_uuid(row: &Self::Row, index: usize) -> Result<Uuid, sqlx::Error> {
@@ -171,25 +241,35 @@ macro_rules! impl_backend {
 #[cfg(feature = "sqlite")]
 impl_backend!(
     sqlx::Sqlite,
-    private::Dialect {
-        // Milliseconds since the epoch: the SQLite store's own expression, so the two keep
-        // time alike (it rounds; a plain cast reads some instants one millisecond early).
-        now: crate::store::sqlite::NOW,
+    Dialect {
+        // Milliseconds since the epoch. `round`, not a plain cast: `unixepoch('subsec')` is a
+        // float that may land just below the millisecond. SQLite evaluates `'now'` once per
+        // statement, so every comparison inside one statement sees the same instant.
+        now: "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)",
         timestamp: "INTEGER",
         bigint: "INTEGER",
         bytes: "BLOB",
         uuid: "BLOB",
         millis: "",
+        micros: "(({}) * 1000)",
         // A single writer: nothing to skip.
         lock_batch: "",
+        // `BEGIN IMMEDIATE` already holds the one write lock.
+        lock_rows: "",
         failed_statement_aborts_transaction: false,
+        begin_write: "BEGIN IMMEDIATE",
+        question_placeholders: true,
+        table_exists:
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{name}')",
+        // No data-modifying CTE in SQLite.
+        claim_reads_live: false,
     }
 );
 
 #[cfg(feature = "postgres")]
 impl_backend!(
     sqlx::Postgres,
-    private::Dialect {
+    Dialect {
         // clock_timestamp(), not now(): now() is frozen for a whole transaction.
         now: "clock_timestamp()",
         timestamp: "TIMESTAMPTZ",
@@ -197,8 +277,15 @@ impl_backend!(
         bytes: "BYTEA",
         uuid: "UUID",
         millis: " * interval '1 millisecond'",
+        micros: "(extract(epoch from ({})) * 1000000)::bigint",
         lock_batch: " FOR UPDATE SKIP LOCKED",
+        lock_rows: " FOR UPDATE",
         failed_statement_aborts_transaction: true,
+        begin_write: "BEGIN",
+        question_placeholders: false,
+        // Through the search path when unqualified, as the statements name it.
+        table_exists: "SELECT to_regclass('{table}') IS NOT NULL",
+        claim_reads_live: true,
     }
 );
 
@@ -246,5 +333,11 @@ mod tests {
             wrong, 0,
             "{now} reads {wrong} of {total} instants one millisecond off, the first at {first:?} ms"
         );
+    }
+
+    #[test]
+    fn sqlite_placeholders_are_numbered_question_marks() {
+        let d = <sqlx::Sqlite as Ops>::DIALECT;
+        assert_eq!(d.sql("SELECT $2, $1"), "SELECT ?2, ?1");
     }
 }

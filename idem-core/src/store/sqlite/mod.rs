@@ -140,59 +140,25 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Connection, Row};
 
 use crate::error::Error;
-use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
-use crate::store::claim_order::{ClaimOrder, ClaimPath};
-use crate::store::sql::{Migration, TableName, DEFAULT_TABLE};
-use crate::store::{check_duration, check_fingerprint, corrupt, fenced, Store};
+use crate::store::claim_order::ClaimOrder;
+use crate::store::sql::name::TableName;
+use crate::store::sql::protocol::Protocol;
+use crate::store::sql::DEFAULT_TABLE;
 
-/// The database's clock in milliseconds since the Unix epoch (see the module docs). The kit's
-/// SQLite dialect uses it too, so the two keep time alike.
-pub(crate) const NOW: &str = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
+mod protocol;
+mod schema;
 
 /// The oldest SQLite whose SQL this store uses: `unixepoch('subsec')` came in 3.42.
 const MIN_SQLITE: (u32, u32) = (3, 42);
 
-/// How often `start` claims again when the live row it lost to vanished before it could be read.
-const CLAIM_ATTEMPTS: usize = 3;
-
 const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The schema, oldest step first. Never change what an applied step creates; append a new step.
-/// Statements are idempotent (`IF NOT EXISTS`): a records table found missing is re-created by
-/// running the applied steps again.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "create the records table and its expiry index",
-    statements: &[
-        r#"CREATE TABLE IF NOT EXISTS "{table}" (
-            key         BLOB    NOT NULL PRIMARY KEY CHECK (length(key) = 32),
-            fingerprint BLOB             CHECK (fingerprint IS NULL OR length(fingerprint) = 32),
-            token       BLOB    NOT NULL CHECK (length(token) = 16),
-            state       INTEGER NOT NULL CHECK (state IN (0, 1)),
-            expires_at  INTEGER NOT NULL,
-            response    BLOB,
-            is_error    INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1))
-        )"#,
-        r#"CREATE INDEX IF NOT EXISTS "{table}_expires_at" ON "{table}" (expires_at)"#,
-    ],
-}];
-
-const LEDGER: &str = r#"CREATE TABLE IF NOT EXISTS "{table}_migrations" (
-    version     INTEGER NOT NULL PRIMARY KEY,
-    description TEXT    NOT NULL,
-    applied_at  INTEGER NOT NULL
-)"#;
 
 /// Records in a SQLite database: durable across restarts, shared by every process that opens the
 /// same file.
@@ -227,16 +193,14 @@ pub struct SqliteStore {
     /// holding every connection of `pool` cannot starve its own heartbeat; `pool` itself for an
     /// in-memory database, which lives in the one connection.
     renew_pool: SqlitePool,
-    table: TableName,
-    sql: Arc<Statements>,
-    claim_path: Arc<ClaimPath>,
+    protocol: Arc<Protocol<sqlx::Sqlite>>,
 }
 
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore")
-            .field("table", &self.table.as_str())
-            .field("claim_order", &self.claim_path.order())
+            .field("table", &self.table())
+            .field("claim_order", &self.claim_order())
             .field("pool", &self.pool)
             .finish()
     }
@@ -346,7 +310,7 @@ impl SqliteStore {
     /// # Ok(()) }
     /// ```
     pub fn table(&self) -> &str {
-        self.table.as_str()
+        self.protocol.table().as_configured()
     }
 
     /// The claim order `start` follows (see [`ClaimOrder`]).
@@ -358,7 +322,7 @@ impl SqliteStore {
     /// # Ok(()) }
     /// ```
     pub fn claim_order(&self) -> ClaimOrder {
-        self.claim_path.order()
+        self.protocol.claim_order()
     }
 }
 
@@ -510,7 +474,7 @@ impl SqliteStoreBuilder {
         let table = self.table_name()?;
         let mut conn = pool.acquire().await?;
         check_version(&mut conn).await?;
-        migrate(&mut conn, &table).await?;
+        schema::migrate(&mut conn, &table).await?;
         let in_file = is_file_backed(&mut conn).await?;
         drop(conn);
         let renew_pool = if in_file {
@@ -525,11 +489,9 @@ impl SqliteStoreBuilder {
             pool.clone()
         };
         Ok(SqliteStore {
-            sql: Arc::new(Statements::new(&table)),
-            claim_path: Arc::new(ClaimPath::new(self.claim_order)),
+            protocol: Arc::new(Protocol::new(table, self.claim_order)),
             pool,
             renew_pool,
-            table,
         })
     }
 
@@ -540,7 +502,7 @@ impl SqliteStoreBuilder {
                 self.table
             )));
         }
-        TableName::new(&self.table)
+        TableName::new("table name", &self.table)
     }
 
     async fn connect_with(
@@ -645,477 +607,6 @@ async fn check_version(conn: &mut SqliteConnection) -> Result<(), Error> {
     Ok(())
 }
 
-/// Applies the [`MIGRATIONS`] not yet recorded in `<table>_migrations`, all in one transaction
-/// that holds the write lock from its first statement, so concurrent runners queue and the
-/// later ones find nothing left to do.
-async fn migrate(conn: &mut SqliteConnection, table: &TableName) -> Result<(), Error> {
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    sqlx::query(&table.render(LEDGER))
-        .persistent(false)
-        .execute(&mut *tx)
-        .await?;
-    let applied: Vec<i64> =
-        sqlx::query_scalar(&table.render(r#"SELECT version FROM "{table}_migrations""#))
-            .persistent(false)
-            .fetch_all(&mut *tx)
-            .await?;
-    if let Some(unknown) = applied
-        .iter()
-        .find(|v| !MIGRATIONS.iter().any(|m| m.version == **v))
-    {
-        // Only here, where it is cheap next to the error: a version no idem wrote is as likely
-        // a damaged page read as a number as a newer idem.
-        check_integrity(&mut tx).await?;
-        return Err(Error::InvalidConfig(format!(
-            "table {:?} has schema version {unknown}, which this version of idem does not know: \
-             it was migrated by a newer idem; upgrade idem or use another table",
-            table.as_str()
-        )));
-    }
-    let table_exists: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
-    )
-    .persistent(false)
-    .bind(table.as_str())
-    .fetch_one(&mut *tx)
-    .await?;
-    if !applied.is_empty() && !table_exists {
-        tracing::warn!(
-            table = table.as_str(),
-            "the records table is missing although its migrations are recorded (dropped?); \
-             creating it again: the records it held are gone"
-        );
-        for step in MIGRATIONS.iter().filter(|m| applied.contains(&m.version)) {
-            for statement in step.statements {
-                sqlx::query(&table.render(statement))
-                    .persistent(false)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
-    }
-    for step in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
-        for statement in step.statements {
-            sqlx::query(&table.render(statement))
-                .persistent(false)
-                .execute(&mut *tx)
-                .await?;
-        }
-        sqlx::query(&table.render(&format!(
-            r#"INSERT INTO "{{table}}_migrations" (version, description, applied_at)
-               VALUES (?1, ?2, {NOW})"#
-        )))
-        .persistent(false)
-        .bind(step.version)
-        .bind(step.description)
-        .execute(&mut *tx)
-        .await?;
-    }
-    tx.commit().await?;
-    Ok(())
-}
-
-/// Runs `PRAGMA quick_check` and fails with a [`Corrupt`](crate::StoreErrorKind::Corrupt) store
-/// error if SQLite finds the file damaged.
-async fn check_integrity(conn: &mut SqliteConnection) -> Result<(), Error> {
-    let findings: Vec<String> = sqlx::query_scalar("PRAGMA quick_check")
-        .persistent(false)
-        .fetch_all(&mut *conn)
-        .await?;
-    if findings.len() == 1 && findings[0] == "ok" {
-        return Ok(());
-    }
-    // A finding may span lines, under a "*** in database main ***" heading.
-    let problems: Vec<&str> = findings
-        .iter()
-        .flat_map(|f| f.lines())
-        .filter(|line| !line.starts_with("***") && !line.trim().is_empty())
-        .collect();
-    let first = problems.first().copied().unwrap_or("no details");
-    Err(corrupt(format!(
-        "the SQLite database file is damaged (PRAGMA quick_check: {first}; {} problem(s) in \
-         all): restore it from a backup, or move it aside so that a new, empty one is created \
-         (completed keys are then forgotten)",
-        problems.len()
-    )))
-}
-
-/// A lease or retention checked by [`check_duration`], in whole milliseconds (rounded up, so a
-/// lease is never shorter than asked).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Millis(i64);
-
-impl Millis {
-    pub(crate) fn new(what: &str, d: Duration) -> Result<Millis, Error> {
-        check_duration(what, d)?;
-        // check_duration caps `d` at ten years, far below i64::MAX milliseconds.
-        let ms = d.as_nanos().div_ceil(1_000_000);
-        Ok(Millis(i64::try_from(ms).unwrap_or(i64::MAX)))
-    }
-}
-
-/// The store's SQL, rendered once for its table.
-#[derive(Debug)]
-pub(crate) struct Statements {
-    claim: String,
-    read_live: String,
-    complete: String,
-    renew: String,
-    abort: String,
-    evict: String,
-    prune: String,
-}
-
-impl Statements {
-    pub(crate) fn new(table: &TableName) -> Statements {
-        let render = |template: &str| table.render(&template.replace("{now}", NOW));
-        Statements {
-            claim: render(
-                r#"INSERT INTO "{table}" (key, fingerprint, token, state, expires_at, response, is_error)
-                   VALUES (?1, ?2, ?3, 0, {now} + ?4, NULL, 0)
-                   ON CONFLICT (key) DO UPDATE SET
-                       fingerprint = excluded.fingerprint,
-                       token = excluded.token,
-                       state = 0,
-                       expires_at = excluded.expires_at,
-                       response = NULL,
-                       is_error = 0
-                   WHERE "{table}".expires_at <= {now}
-                   RETURNING 1"#,
-            ),
-            read_live: render(
-                r#"SELECT fingerprint, token, state, expires_at, response, is_error, {now} AS now
-                   FROM "{table}" WHERE key = ?1 AND expires_at > {now}"#,
-            ),
-            // Fenced by the token alone, so that completing a claim again (a retry whose first
-            // commit landed but whose answer was lost) succeeds; the CASEs keep the first result
-            // and its retention. SET expressions read the row as it was before the update.
-            complete: render(
-                r#"UPDATE "{table}" SET
-                       state = 1,
-                       response = CASE WHEN state = 0 THEN ?3 ELSE response END,
-                       is_error = CASE WHEN state = 0 THEN ?4 ELSE is_error END,
-                       expires_at = CASE WHEN state = 0 THEN {now} + ?5 ELSE expires_at END
-                   WHERE key = ?1 AND token = ?2"#,
-            ),
-            renew: render(
-                r#"UPDATE "{table}" SET expires_at = {now} + ?3
-                   WHERE key = ?1 AND token = ?2 AND state = 0"#,
-            ),
-            abort: render(r#"DELETE FROM "{table}" WHERE key = ?1 AND token = ?2 AND state = 0"#),
-            evict: render(r#"DELETE FROM "{table}" WHERE key = ?1"#),
-            prune: render(
-                r#"DELETE FROM "{table}" WHERE key IN (
-                       SELECT key FROM "{table}" WHERE expires_at <= {now}
-                       ORDER BY expires_at LIMIT ?1
-                   )"#,
-            ),
-        }
-    }
-}
-
-/// A live row as read back, with the database's time of the read.
-struct Live {
-    record: Record,
-    remaining: Duration,
-}
-
-fn fixed<const N: usize>(what: &str, bytes: Vec<u8>) -> Result<[u8; N], Error> {
-    <[u8; N]>::try_from(bytes.as_slice())
-        .map_err(|_| corrupt(format!("{what} is {} bytes, expected {N}", bytes.len())))
-}
-
-fn time(ms: i64) -> Result<SystemTime, Error> {
-    u64::try_from(ms)
-        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
-        .map_err(|_| corrupt(format!("expires_at is {ms} ms, before 1970")))
-}
-
-fn decode(key: &Key, row: &SqliteRow) -> Result<Live, Error> {
-    let fingerprint = row
-        .try_get::<Option<Vec<u8>>, _>("fingerprint")?
-        .map(|b| fixed("fingerprint", b).map(Fingerprint::from_bytes))
-        .transpose()?;
-    let token = Token::from_bytes(fixed("token", row.try_get("token")?)?);
-    let expires_ms: i64 = row.try_get("expires_at")?;
-    let now_ms: i64 = row.try_get("now")?;
-    let expires_at = time(expires_ms)?;
-    let state = match row.try_get::<i64, _>("state")? {
-        0 => RecordState::InProgress {
-            token,
-            lease_until: expires_at,
-        },
-        1 => RecordState::Completed(Cached {
-            response: row.try_get("response")?,
-            is_error: row.try_get("is_error")?,
-            expires_at,
-        }),
-        other => return Err(corrupt(format!("state is {other}, expected 0 or 1"))),
-    };
-    Ok(Live {
-        record: Record {
-            key: *key,
-            fingerprint,
-            state,
-        },
-        remaining: Duration::from_millis(
-            u64::try_from(expires_ms.saturating_sub(now_ms)).unwrap_or(0),
-        ),
-    })
-}
-
-/// The live (unexpired) record of `key`.
-async fn read_live(
-    conn: &mut SqliteConnection,
-    sql: &Statements,
-    key: &Key,
-) -> Result<Option<Live>, Error> {
-    let row = sqlx::query(&sql.read_live)
-        .bind(&key.as_bytes()[..])
-        .fetch_optional(&mut *conn)
-        .await?;
-    row.map(|row| decode(key, &row)).transpose()
-}
-
-/// [`Store::start`] on `conn`: one claim statement; on a live record, one read of it.
-pub(crate) async fn start(
-    conn: &mut SqliteConnection,
-    sql: &Statements,
-    key: &Key,
-    fingerprint: Option<&Fingerprint>,
-    lease: Millis,
-) -> Result<Start, Error> {
-    for _ in 0..CLAIM_ATTEMPTS {
-        let token = Token::random();
-        let token_bytes = token.to_bytes();
-        // `fetch_all`, not `fetch_optional`: sqlx stops a statement after the row it wants and
-        // ignores what SQLite reports then, and in autocommit mode that is the COMMIT's outcome
-        // (SQLITE_FULL on a full disk). A claim whose commit failed was rolled back.
-        let claimed = sqlx::query(&sql.claim)
-            .bind(&key.as_bytes()[..])
-            .bind(fingerprint.map(|f| &f.as_bytes()[..]))
-            .bind(&token_bytes[..])
-            .bind(lease.0)
-            .fetch_all(&mut *conn)
-            .await?;
-        if !claimed.is_empty() {
-            return Ok(Start::Started(Claim::new(*key, token)));
-        }
-        let Some(live) = read_live(conn, sql, key).await? else {
-            // The record that won was aborted, evicted or expired meanwhile: claim again.
-            continue;
-        };
-        return answer(live, fingerprint);
-    }
-    // Other callers keep claiming and releasing this key faster than we can look: it is busy.
-    Ok(Start::Locked {
-        retry_after: Duration::ZERO,
-    })
-}
-
-/// What `start` returns for a live record that it did not claim.
-fn answer(live: Live, fingerprint: Option<&Fingerprint>) -> Result<Start, Error> {
-    check_fingerprint(live.record.fingerprint.as_ref(), fingerprint)?;
-    Ok(match live.record.state {
-        RecordState::InProgress { .. } => Start::Locked {
-            retry_after: live.remaining,
-        },
-        RecordState::Completed(cached) => Start::Completed(cached),
-    })
-}
-
-/// [`Store::complete`] on `conn`.
-pub(crate) async fn complete(
-    conn: &mut SqliteConnection,
-    sql: &Statements,
-    claim: &Claim,
-    completion: Completion<'_>,
-    retention: Millis,
-) -> Result<(), Error> {
-    let token = claim.token().to_bytes();
-    let done = sqlx::query(&sql.complete)
-        .bind(&claim.key().as_bytes()[..])
-        .bind(&token[..])
-        .bind(completion.response)
-        .bind(completion.is_error)
-        .bind(retention.0)
-        .execute(&mut *conn)
-        .await?;
-    fenced(done.rows_affected())
-}
-
-/// [`Store::renew`] on `conn`.
-pub(crate) async fn renew(
-    conn: &mut SqliteConnection,
-    sql: &Statements,
-    claim: &Claim,
-    lease: Millis,
-) -> Result<(), Error> {
-    let token = claim.token().to_bytes();
-    let done = sqlx::query(&sql.renew)
-        .bind(&claim.key().as_bytes()[..])
-        .bind(&token[..])
-        .bind(lease.0)
-        .execute(&mut *conn)
-        .await?;
-    fenced(done.rows_affected())
-}
-
-/// [`Store::abort`] on `conn`.
-pub(crate) async fn abort(
-    conn: &mut SqliteConnection,
-    sql: &Statements,
-    claim: &Claim,
-) -> Result<(), Error> {
-    let token = claim.token().to_bytes();
-    let done = sqlx::query(&sql.abort)
-        .bind(&claim.key().as_bytes()[..])
-        .bind(&token[..])
-        .execute(&mut *conn)
-        .await?;
-    fenced(done.rows_affected())
-}
-
-/// [`Store::get`] on `conn`.
-pub(crate) async fn get(
-    conn: &mut SqliteConnection,
-    sql: &Statements,
-    key: &Key,
-) -> Result<Option<Record>, Error> {
-    Ok(read_live(conn, sql, key).await?.map(|live| live.record))
-}
-
-/// [`Store::evict`] on `conn`.
-pub(crate) async fn evict(
-    conn: &mut SqliteConnection,
-    sql: &Statements,
-    key: &Key,
-) -> Result<bool, Error> {
-    let done = sqlx::query(&sql.evict)
-        .bind(&key.as_bytes()[..])
-        .execute(&mut *conn)
-        .await?;
-    Ok(done.rows_affected() > 0)
-}
-
-/// [`Store::prune_expired`] on `conn`.
-pub(crate) async fn prune_expired(
-    conn: &mut SqliteConnection,
-    sql: &Statements,
-    limit: u32,
-) -> Result<u64, Error> {
-    let done = sqlx::query(&sql.prune)
-        .bind(i64::from(limit))
-        .execute(&mut *conn)
-        .await?;
-    Ok(done.rows_affected())
-}
-
-#[async_trait]
-impl Store for SqliteStore {
-    async fn start(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        let lease = Millis::new("lease", lease)?;
-        let mut conn = self.pool.acquire().await?;
-        // Reading first, a live record (a replay, a locked key) is answered by one read, which
-        // never waits for the write lock; only a key that reads as free goes on to the claim.
-        let live = match self.claim_path.read_first() {
-            true => read_live(&mut conn, &self.sql, key).await?,
-            false => None,
-        };
-        let result = match live {
-            Some(live) => answer(live, fingerprint),
-            None => start(&mut conn, &self.sql, key, fingerprint, lease).await,
-        };
-        self.claim_path.observe(&result);
-        result
-    }
-
-    async fn complete(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        let retention = Millis::new("retention", retention)?;
-        let mut conn = self.pool.acquire().await?;
-        complete(&mut conn, &self.sql, claim, completion, retention).await
-    }
-
-    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
-        let mut conn = self.pool.acquire().await?;
-        abort(&mut conn, &self.sql, claim).await
-    }
-
-    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
-        let lease = Millis::new("lease", lease)?;
-        let mut conn = self.renew_pool.acquire().await?;
-        renew(&mut conn, &self.sql, claim, lease).await
-    }
-
-    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        let mut conn = self.pool.acquire().await?;
-        get(&mut conn, &self.sql, key).await
-    }
-
-    async fn evict(&self, key: &Key) -> Result<bool, Error> {
-        let mut conn = self.pool.acquire().await?;
-        evict(&mut conn, &self.sql, key).await
-    }
-
-    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
-        let mut conn = self.pool.acquire().await?;
-        prune_expired(&mut conn, &self.sql, limit).await
-    }
-}
-
-#[async_trait]
-impl crate::TransactionalStore for SqliteStore {
-    type Connection = SqliteConnection;
-
-    async fn start_in(
-        &self,
-        conn: &mut SqliteConnection,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        start(
-            conn,
-            &self.sql,
-            key,
-            fingerprint,
-            Millis::new("lease", lease)?,
-        )
-        .await
-    }
-
-    async fn complete_in(
-        &self,
-        conn: &mut SqliteConnection,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        complete(
-            conn,
-            &self.sql,
-            claim,
-            completion,
-            Millis::new("retention", retention)?,
-        )
-        .await
-    }
-
-    async fn abort_in(&self, conn: &mut SqliteConnection, claim: &Claim) -> Result<(), Error> {
-        abort(conn, &self.sql, claim).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1139,20 +630,6 @@ mod tests {
             let rest = url.strip_prefix("sqlite:").unwrap();
             assert!(!is_private_per_connection(rest), "{url}");
         }
-    }
-
-    #[test]
-    fn millis_round_up_and_check_range() {
-        assert_eq!(
-            Millis::new("lease", Duration::from_micros(1500)).unwrap().0,
-            2
-        );
-        assert_eq!(
-            Millis::new("lease", Duration::from_secs(3)).unwrap().0,
-            3000
-        );
-        assert!(Millis::new("lease", Duration::ZERO).is_err());
-        assert!(Millis::new("lease", Duration::from_secs(u64::MAX)).is_err());
     }
 
     #[test]

@@ -1,0 +1,486 @@
+//! [`PostgresStore`]: records in a PostgreSQL table, shared by every node of a service
+//! (feature `postgres`).
+//!
+//! # Pointing idem at your database
+//!
+//! ```no_run
+//! use idem_core::PostgresStore;
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+//! // Creates (or upgrades) the table `idem_records` and its expiry index on first connect.
+//! let store = PostgresStore::connect("postgres://app:secret@db.internal/app").await?;
+//!
+//! // Or: your own table name (optionally schema-qualified), on a pool you already have.
+//! let pool = sqlx::PgPool::connect("postgres://app:secret@db.internal/app").await?;
+//! let store = PostgresStore::builder().table("billing.idem_payments").from_pool(pool).await?;
+//! # let _ = store; Ok(()) }
+//! ```
+//!
+//! The role needs `CREATE` on the schema for the first connect (it creates two tables and an
+//! index) and `SELECT, INSERT, UPDATE, DELETE` on them afterwards. The schema itself must exist.
+//!
+//! # Schema
+//!
+//! For the default table name `idem_records` (every name below follows the configured one):
+//!
+//! ```sql
+//! CREATE TABLE idem_records (
+//!     key         bytea       PRIMARY KEY,   -- 32 bytes: SHA-256 of (scope, caller, client key)
+//!     fingerprint bytea       NULL,          -- 32 bytes: SHA-256 of the request, if given
+//!     token       bytea       NOT NULL,      -- 16 bytes: the claim's random fencing token
+//!     state       smallint    NOT NULL,      -- 0 in progress, 1 completed
+//!     expires_at  timestamptz NOT NULL,      -- lease end (in progress), retention end (completed)
+//!     response    bytea       NULL,          -- the encoded response once completed
+//!     is_error    boolean     NOT NULL DEFAULT false
+//! );
+//! CREATE INDEX idem_records_expires_at_idx ON idem_records (expires_at);
+//! -- applied migrations, one row per version
+//! CREATE TABLE idem_records_migrations (version bigint PRIMARY KEY, description text NOT NULL,
+//!                                       applied_at timestamptz NOT NULL);
+//! ```
+//!
+//! Migrations are embedded and versioned. On connect each pending version is applied in one
+//! transaction that first inserts its row into `<table>_migrations`: a node that connects at the
+//! same moment waits on that row's unique index and then skips the version, so any number of
+//! nodes may start together.
+//!
+//! A records table that is missing although `<table>_migrations` lists its versions (someone
+//! dropped it) is created again on connect: the store checks `to_regclass(<table>)` and re-runs
+//! the applied migrations, whose statements are idempotent (`IF NOT EXISTS`), in a transaction
+//! that locks the ledger's rows so that nodes connecting together do it once. The records the
+//! table held are gone. A table dropped under running nodes makes their calls fail with
+//! [`StoreErrorKind::Query`](crate::StoreErrorKind::Query) errors (undefined table) until one of
+//! them connects again.
+//!
+//! # Time
+//!
+//! Every lease and expiry is computed from the database server's `clock_timestamp()`, never from
+//! the application node's clock, so nodes with skewed clocks agree on who holds a key.
+//! (`now()` would not do: it stands still for a whole transaction.)
+//!
+//! # Round trips
+//!
+//! | call | statements |
+//! |---|---|
+//! | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= clock_timestamp() RETURNING …`; 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
+//! | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which meets the live row and changes nothing, then the `SELECT`) |
+//! | `start`, live row vanishing between the two statements | the claim again, at most three times in all |
+//! | `start` in transactional mode | 1 for every key: a data-modifying CTE that claims, or returns the live row unlocked (below) |
+//! | `complete` | 1: `UPDATE … WHERE key = $1 AND token = $2`, which keeps the first result when the claim had already completed |
+//! | `renew` | 1: `UPDATE … WHERE key = $1 AND token = $2 AND state = 0`, on the renewal pool (below) |
+//! | `abort` | 1: `DELETE … WHERE key = $1 AND token = $2 AND state = 0` |
+//! | `get`, `evict` | 1 |
+//! | `prune_expired(limit)` | 1, deleting at most `limit` rows found through the expiry index |
+//!
+//! Statements are prepared once per pooled connection (sqlx's statement cache), so each of the
+//! above is one network round trip once a connection is warm. Every statement's reply is read to
+//! its end (`ReadyForQuery`), so an error the server reports after the rows, at commit, fails
+//! the call instead of being dropped.
+//!
+//! **Renewal has a pool of its own.** `renew` runs on a second pool of at most two connections,
+//! opened on first use with the main pool's connect options and settings. Work that holds every
+//! connection of [`PostgresStore::pool`] (its own queries, a long transaction) then still gets
+//! its lease renewed, instead of losing it while the heartbeat queues for a connection and
+//! running twice. Budget for up to two more server connections per store; they close after the
+//! pool's idle timeout.
+//!
+//! Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
+//! follows the traffic: it claims first while most recent `start`s found a new key, and reads
+//! first while most found a live record (a storm of retries, a queue redelivering). Either way
+//! the conditional claim alone decides who owns a key. Reading first matters for replays: a claim
+//! that meets a live row locks it for the moment of the statement, which costs a transaction id,
+//! WAL and a commit, while a `SELECT` by primary key costs none of these. Measured on the
+//! benchmark's server (`docs/performance.md`), a `SELECT` of a live row costs about half the
+//! server CPU of the one-statement alternative, a CTE that reads and claims together (used in
+//! transactional mode), and the bare claim costs a new key less than that CTE.
+//!
+//! In transactional mode the claim is one statement that reads the key first, inside the same
+//! statement, and inserts only when the read found no live row. A live row is returned without
+//! a lock, so your transaction holds no lock on another caller's record while it replays.
+//!
+//! # Transactional mode
+//!
+//! `PostgresStore` is a [`TransactionalStore`](crate::TransactionalStore): with
+//! [`Transactional`](crate::Transactional) the claim and the completion run on your own
+//! transaction next to your business writes, and commit or roll back with them. Keep the default
+//! `READ COMMITTED` isolation: a duplicate then waits on the first transaction's row and replays
+//! its committed result.
+//!
+//! # SQL the store needs
+//!
+//! Plain PostgreSQL 9.6 or later, or a PostgreSQL-compatible database with: `INSERT … ON
+//! CONFLICT (…) DO UPDATE … WHERE`, `RETURNING`, data-modifying CTEs (`WITH … AS (INSERT …)
+//! SELECT …`), `SELECT … FOR UPDATE SKIP LOCKED` (pruning only), `clock_timestamp()`, `bytea`
+//! and `timestamptz`, and transactional DDL with `CREATE … IF NOT EXISTS` and
+//! `to_regclass(text)` (migrations only; 9.6 made its argument `text`). No advisory locks, no
+//! `LOCK TABLE`, no extensions. Behind a connection pooler in transaction mode use one that
+//! supports prepared statements (PgBouncer 1.21 or later).
+//!
+//! # Errors
+//!
+//! Failures are [`Error::Store`] with a [`StoreErrorKind`](crate::StoreErrorKind) taken from the
+//! SQLSTATE: connection errors (class 08, 57P01–57P05, 53300) are `Unavailable`; a statement or
+//! lock timeout (57014, 55P03), a serialization failure (40001) or a deadlock (40P01) is
+//! `Transient`; a full disk (53100) is `Full`; a read-only transaction (25006, as on a standby)
+//! is `ReadOnly`. [`StoreErrorKind::is_transient`](crate::StoreErrorKind::is_transient) says
+//! which are worth retrying.
+//!
+//! The crate enables only sqlx's `postgres` feature: no TLS. To reach a server over TLS, add
+//! `sqlx` with a TLS feature (`tls-rustls` or `tls-native-tls`) to your own dependencies; Cargo
+//! unifies the features.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+use crate::error::Error;
+use crate::store::claim_order::ClaimOrder;
+use crate::store::sql::name::TableName;
+use crate::store::sql::protocol::Protocol;
+use crate::store::sql::DEFAULT_TABLE;
+
+mod protocol;
+mod schema;
+
+/// The size of the pool `renew` runs on. Renewals are rare (one per third of a lease per running
+/// claim) and short; two keep one slow renewal from holding up the others.
+const RENEW_CONNECTIONS: u32 = 2;
+
+/// The longest table name: PostgreSQL truncates identifiers at 63 bytes, and the store derives
+/// `<table>_migrations` and `<table>_expires_at_idx` from it.
+const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
+
+/// Records in a PostgreSQL table: the store for services with more than one process or node.
+///
+/// A claim is one conditional `INSERT … ON CONFLICT DO UPDATE` statement, leases and expiry use
+/// the server's clock, and a replay costs one round trip while most traffic is replays (see
+/// [`ClaimOrder`]). See the [module docs](self) for the
+/// schema, the round trips of each call and the SQL features it relies on.
+///
+/// Cloning is cheap: clones share the connection pool.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use idem_core::{Key, PostgresStore, Start, Store};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// let store = PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
+/// let key = Key::derive("deposit", "alice", "req-1")?;
+/// match store.start(&key, None, Duration::from_secs(30)).await? {
+///     Start::Started(claim) => { /* run the work, then store.complete(&claim, …) */ }
+///     Start::Completed(cached) => { /* replay cached.response */ }
+///     Start::Locked { retry_after } => { /* another node is running it */ }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    /// Where `renew` runs: at most two connections of its own, so that work holding every
+    /// connection of `pool` cannot starve its own heartbeat.
+    renew_pool: PgPool,
+    protocol: Arc<Protocol<sqlx::Postgres>>,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("table", &self.table())
+            .field("claim_order", &self.claim_order())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects to `url` with a pool of 10 connections and brings the table `idem_records` up
+    /// to date. Use [`builder`](Self::builder) for another table or pool size.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<PostgresStore, Error> {
+        PostgresStore::builder().connect(url).await
+    }
+
+    /// Uses an existing pool and brings the table `idem_records` up to date. `renew` runs on a
+    /// second pool of at most two connections made with this pool's options (see the
+    /// [module docs](self#round-trips)).
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/postgres").await?;
+    /// let store = idem_core::PostgresStore::from_pool(pool).await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub async fn from_pool(pool: PgPool) -> Result<PostgresStore, Error> {
+        PostgresStore::builder().from_pool(pool).await
+    }
+
+    /// Options: table name, pool size, acquire timeout.
+    ///
+    /// ```
+    /// let builder = idem_core::PostgresStore::builder().table("idem_orders").max_connections(20);
+    /// # let _ = builder;
+    /// ```
+    pub fn builder() -> PostgresStoreBuilder {
+        PostgresStoreBuilder::default()
+    }
+
+    /// The connection pool, for your own queries next to the store's.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # let store = idem_core::PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
+    /// let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records").fetch_one(store.pool()).await?;
+    /// # let _ = n; Ok(()) }
+    /// ```
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The table name as configured (`schema.table` or `table`).
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
+    /// assert_eq!(store.table(), "idem_records");
+    /// # Ok(()) }
+    /// ```
+    pub fn table(&self) -> &str {
+        self.protocol.table().as_configured()
+    }
+
+    /// The claim order `start` follows (see [`ClaimOrder`]).
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
+    /// assert_eq!(store.claim_order(), idem_core::ClaimOrder::Adaptive);
+    /// # Ok(()) }
+    /// ```
+    pub fn claim_order(&self) -> ClaimOrder {
+        self.protocol.claim_order()
+    }
+}
+
+/// Options for a [`PostgresStore`]; finish with [`connect`](Self::connect) or
+/// [`from_pool`](Self::from_pool).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// let store = idem_core::PostgresStore::builder()
+///     .table("billing.idem_payments")
+///     .max_connections(32)
+///     .acquire_timeout(Duration::from_secs(2))
+///     .connect("postgres://app@db.internal/app")
+///     .await?;
+/// # let _ = store; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PostgresStoreBuilder {
+    table: String,
+    max_connections: u32,
+    acquire_timeout: Duration,
+    claim_order: ClaimOrder,
+}
+
+impl Default for PostgresStoreBuilder {
+    fn default() -> Self {
+        PostgresStoreBuilder {
+            table: DEFAULT_TABLE.to_owned(),
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(10),
+            claim_order: ClaimOrder::Adaptive,
+        }
+    }
+}
+
+impl PostgresStoreBuilder {
+    /// The table holding the records: `name` or `schema.name`, each part an identifier of
+    /// ASCII letters, digits and `_` not starting with a digit (the table name at most 48
+    /// bytes, leaving room for the derived `<table>_migrations` and `<table>_expires_at_idx`;
+    /// the schema at most 63). Names are quoted, so they are case-sensitive: `Idem` and `idem`
+    /// are two tables. The schema must exist. A bad name fails `connect`/`from_pool` with
+    /// [`Error::InvalidConfig`] before anything touches the database.
+    ///
+    /// ```
+    /// let builder = idem_core::PostgresStore::builder().table("app.idem_records");
+    /// # let _ = builder;
+    /// ```
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// The pool size used by [`connect`](Self::connect) (default 10).
+    ///
+    /// ```
+    /// let builder = idem_core::PostgresStore::builder().max_connections(32);
+    /// # let _ = builder;
+    /// ```
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// How long a call used by [`connect`](Self::connect)'s pool waits for a connection before
+    /// failing with a [`StoreErrorKind::Unavailable`](crate::StoreErrorKind::Unavailable) error (default 10 s). While the server is
+    /// down, calls fail after this long; a server that comes back sooner serves them.
+    ///
+    /// ```
+    /// let builder = idem_core::PostgresStore::builder().acquire_timeout(std::time::Duration::from_secs(2));
+    /// # let _ = builder;
+    /// ```
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Whether `start` claims first, reads first, or picks by the recent traffic (the default,
+    /// [`ClaimOrder::Adaptive`]). See [`ClaimOrder`] for what each costs.
+    ///
+    /// ```
+    /// let builder = idem_core::PostgresStore::builder().claim_order(idem_core::ClaimOrder::ReadFirst);
+    /// # let _ = builder;
+    /// ```
+    pub fn claim_order(mut self, order: ClaimOrder) -> Self {
+        self.claim_order = order;
+        self
+    }
+
+    /// Connects to `url` and brings the table up to date.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::PostgresStore::builder().table("idem_orders")
+    ///     .connect("postgres://postgres@127.0.0.1/postgres").await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub async fn connect(self, url: &str) -> Result<PostgresStore, Error> {
+        let table = table_name(&self.table)?;
+        if self.max_connections == 0 {
+            return Err(Error::InvalidConfig(
+                "max_connections must be at least 1".to_owned(),
+            ));
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
+            .connect(url)
+            .await?;
+        finish(pool, table, self.claim_order).await
+    }
+
+    /// Uses `pool` (its own size and timeouts apply) and brings the table up to date. `renew`
+    /// runs on a second pool of at most two connections made with `pool`'s options.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/postgres").await?;
+    /// let store = idem_core::PostgresStore::builder().table("idem_orders").from_pool(pool).await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub async fn from_pool(self, pool: PgPool) -> Result<PostgresStore, Error> {
+        let table = table_name(&self.table)?;
+        finish(pool, table, self.claim_order).await
+    }
+}
+
+async fn finish(
+    pool: PgPool,
+    table: TableName,
+    claim_order: ClaimOrder,
+) -> Result<PostgresStore, Error> {
+    let mut conn = pool.acquire().await?;
+    schema::migrate(&mut conn, &table).await?;
+    drop(conn);
+    // The main pool's settings (timeouts, `after_connect` callbacks such as a search_path) and
+    // connect options, at most two connections, opened on the first renewal.
+    let renew_pool = pool
+        .options()
+        .clone()
+        .min_connections(0)
+        .max_connections(RENEW_CONNECTIONS)
+        .connect_lazy_with((*pool.connect_options()).clone());
+    Ok(PostgresStore {
+        pool,
+        renew_pool,
+        protocol: Arc::new(Protocol::new(table, claim_order)),
+    })
+}
+
+/// Validates `table` (`name` or `schema.name`, each a plain identifier), the name short enough
+/// for the names derived from it.
+fn table_name(table: &str) -> Result<TableName, Error> {
+    let table = TableName::qualified("table name", table)?;
+    let name = table.name();
+    if name.len() > MAX_TABLE_LEN {
+        return Err(Error::InvalidConfig(format!(
+            "PostgreSQL table name {name:?} is {} bytes; at most {MAX_TABLE_LEN} leave room for \
+             the names derived from it (`<table>_expires_at_idx`) within PostgreSQL's 63",
+            name.len()
+        )));
+    }
+    Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_validated() {
+        for ok in ["idem_records", "_x", "app.idem", "A1_b2", &"t".repeat(48)] {
+            assert!(table_name(ok).is_ok(), "{ok} should be accepted");
+        }
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a b",
+            "a\"b",
+            "a;drop table x",
+            "a.b.c",
+            ".t",
+            "s.",
+            "é",
+            &"t".repeat(49),
+        ] {
+            assert!(
+                matches!(table_name(bad), Err(Error::InvalidConfig(_))),
+                "{bad:?} should be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn names_are_quoted_and_derived() {
+        let t = table_name("app.Idem").unwrap();
+        assert_eq!(t.to_string(), "\"app\".\"Idem\"");
+        assert_eq!(
+            t.suffixed("ledger", "_migrations").unwrap().to_string(),
+            "\"app\".\"Idem_migrations\""
+        );
+        assert_eq!(
+            t.suffixed("index", "_expires_at_idx")
+                .unwrap()
+                .unqualified()
+                .to_string(),
+            "\"Idem_expires_at_idx\""
+        );
+    }
+
+    #[tokio::test]
+    async fn bad_table_name_fails_before_connecting() {
+        // Port 1 is never a PostgreSQL server: reaching it would fail with a store error.
+        let err = PostgresStore::builder()
+            .table("no-dashes")
+            .connect("postgres://nobody@127.0.0.1:1/none")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
+    }
+}

@@ -1,0 +1,527 @@
+//! The store protocol, written once: the statements of a SQL store and each operation against a
+//! connection, generic over the database ([`Ops`]). Both the pool path ([`Store`] on a pooled
+//! connection) and the caller's-transaction path ([`TransactionalStore`]) call it; the
+//! [`sql_store!`] macro writes those two impls once for every SQL store.
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::dialect::{Dialect, Ops};
+use super::fenced;
+use super::name::TableName;
+use super::row::{columns, StoredRow};
+use crate::error::Error;
+use crate::key::{Fingerprint, Key, Token};
+use crate::record::{Claim, Completion, Record, Start};
+use crate::store::claim_order::{ClaimOrder, ClaimPath};
+use crate::store::Store;
+
+/// How often `start` claims again when the live row it lost to vanished before it could be
+/// read (aborted, evicted, pruned or expired in between). Each retry needs another writer to
+/// interleave, so three is plenty.
+const CLAIM_ATTEMPTS: usize = 3;
+
+/// A store whose claim and completion can run on a caller's transaction: the SQL stores, on
+/// their connection type (`SqliteConnection`, `PgConnection`). Sealed: implemented by
+/// [`SqliteStore`](crate::SqliteStore) and, with the `postgres` feature, `PostgresStore`; use
+/// it through [`Transactional`](crate::Transactional). A `sqlx::Transaction` derefs to its
+/// connection, so pass `&mut tx`.
+///
+/// ```
+/// fn takes<S: idem_core::TransactionalStore>(_: &S) {}
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// takes(&idem_core::SqliteStore::open(":memory:").await?);
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait TransactionalStore: Store + Sealed {
+    /// The connection the caller's transaction runs on.
+    type Connection: Send;
+
+    /// The store protocol's claim, on the caller's transaction.
+    #[doc(hidden)]
+    async fn start_in(
+        &self,
+        conn: &mut Self::Connection,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error>;
+
+    /// The store protocol's completion, on the caller's transaction.
+    #[doc(hidden)]
+    async fn complete_in(
+        &self,
+        conn: &mut Self::Connection,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error>;
+
+    /// The store protocol's abort, on the caller's transaction.
+    #[doc(hidden)]
+    async fn abort_in(&self, conn: &mut Self::Connection, claim: &Claim) -> Result<(), Error>;
+}
+
+/// Not nameable outside the crate: seals [`TransactionalStore`].
+pub trait Sealed {}
+
+/// A SQL store: its pools and its [`Protocol`]. [`sql_store!`] turns it into a [`Store`] and a
+/// [`TransactionalStore`].
+pub(crate) trait SqlBackend: Send + Sync + 'static {
+    /// The database.
+    type Db: Ops;
+
+    /// The statements and the claim order.
+    fn protocol(&self) -> &Protocol<Self::Db>;
+
+    /// Where every operation but `renew` takes its connection.
+    fn pool(&self) -> &sqlx::Pool<Self::Db>;
+
+    /// Where `renew` takes its connection: a pool of its own, so that work holding every
+    /// connection of [`pool`](Self::pool) cannot starve its own heartbeat.
+    fn renew_pool(&self) -> &sqlx::Pool<Self::Db>;
+}
+
+/// Writes `impl Store` (each operation on a connection from the store's pool) and
+/// `impl TransactionalStore` (each on the caller's connection `$conn`) for a [`SqlBackend`].
+macro_rules! sql_store {
+    ($store:ty, $conn:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::store::Store for $store {
+            async fn start(
+                &self,
+                key: &$crate::Key,
+                fingerprint: Option<&$crate::Fingerprint>,
+                lease: std::time::Duration,
+            ) -> Result<$crate::Start, $crate::Error> {
+                let lease = $crate::store::sql::millis("lease", lease)?;
+                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                    .acquire()
+                    .await?;
+                self.protocol()
+                    .start_pooled(&mut conn, key, fingerprint, lease)
+                    .await
+            }
+
+            async fn complete(
+                &self,
+                claim: &$crate::Claim,
+                completion: $crate::Completion<'_>,
+                retention: std::time::Duration,
+            ) -> Result<(), $crate::Error> {
+                let retention = $crate::store::sql::millis("retention", retention)?;
+                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                    .acquire()
+                    .await?;
+                self.protocol()
+                    .complete(&mut conn, claim, completion, retention)
+                    .await
+            }
+
+            async fn abort(&self, claim: &$crate::Claim) -> Result<(), $crate::Error> {
+                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                    .acquire()
+                    .await?;
+                self.protocol().abort(&mut conn, claim).await
+            }
+
+            async fn renew(
+                &self,
+                claim: &$crate::Claim,
+                lease: std::time::Duration,
+            ) -> Result<(), $crate::Error> {
+                let lease = $crate::store::sql::millis("lease", lease)?;
+                let mut conn = $crate::store::sql::protocol::SqlBackend::renew_pool(self)
+                    .acquire()
+                    .await?;
+                self.protocol().renew(&mut conn, claim, lease).await
+            }
+
+            async fn get(
+                &self,
+                key: &$crate::Key,
+            ) -> Result<Option<$crate::Record>, $crate::Error> {
+                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                    .acquire()
+                    .await?;
+                self.protocol().get(&mut conn, key).await
+            }
+
+            async fn evict(&self, key: &$crate::Key) -> Result<bool, $crate::Error> {
+                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                    .acquire()
+                    .await?;
+                self.protocol().evict(&mut conn, key).await
+            }
+
+            async fn prune_expired(&self, limit: u32) -> Result<u64, $crate::Error> {
+                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                    .acquire()
+                    .await?;
+                self.protocol().prune_expired(&mut conn, limit).await
+            }
+        }
+
+        impl $crate::store::sql::protocol::Sealed for $store {}
+
+        #[async_trait::async_trait]
+        impl $crate::store::TransactionalStore for $store {
+            type Connection = $conn;
+
+            async fn start_in(
+                &self,
+                conn: &mut $conn,
+                key: &$crate::Key,
+                fingerprint: Option<&$crate::Fingerprint>,
+                lease: std::time::Duration,
+            ) -> Result<$crate::Start, $crate::Error> {
+                let lease = $crate::store::sql::millis("lease", lease)?;
+                self.protocol()
+                    .start_in_transaction(conn, key, fingerprint, lease)
+                    .await
+            }
+
+            async fn complete_in(
+                &self,
+                conn: &mut $conn,
+                claim: &$crate::Claim,
+                completion: $crate::Completion<'_>,
+                retention: std::time::Duration,
+            ) -> Result<(), $crate::Error> {
+                let retention = $crate::store::sql::millis("retention", retention)?;
+                self.protocol()
+                    .complete(conn, claim, completion, retention)
+                    .await
+            }
+
+            async fn abort_in(
+                &self,
+                conn: &mut $conn,
+                claim: &$crate::Claim,
+            ) -> Result<(), $crate::Error> {
+                self.protocol().abort(conn, claim).await
+            }
+        }
+    };
+}
+pub(crate) use sql_store;
+
+/// The SQL of every operation, rendered once for a table and a database.
+#[derive(Debug)]
+struct Statements {
+    /// Insert, or take over a row whose lease or retention has ended; a row back (`claimed`)
+    /// only when it claimed.
+    claim: String,
+    /// The claim of transactional mode: where the database can, one statement that also
+    /// returns the live row it did not claim; otherwise `claim`.
+    claim_in_transaction: String,
+    read_live: String,
+    complete: String,
+    renew: String,
+    abort: String,
+    evict: String,
+    prune: String,
+}
+
+impl Statements {
+    fn new(d: &Dialect, t: &TableName) -> Statements {
+        let now = d.now;
+        let lease_end = d.now_plus("$4");
+        let columns = columns(d);
+        // Meeting a live row, the bare claim locks it for the moment of the statement (on
+        // PostgreSQL), as any `ON CONFLICT DO UPDATE` does, and changes nothing.
+        let take_over = format!(
+            "ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
+               token = excluded.token, state = 0, expires_at = excluded.expires_at, \
+               response = NULL, is_error = false \
+             WHERE r.expires_at <= {now}"
+        );
+        let claim = format!(
+            "INSERT INTO {t} AS r (key, fingerprint, token, state, expires_at, response, is_error) \
+             VALUES ($1, $2, $3, 0, {lease_end}, NULL, false) {take_over} \
+             RETURNING true AS claimed"
+        );
+        let claim_in_transaction = if d.claim_reads_live {
+            // A live row in the statement's snapshot is returned as it is and nothing is
+            // written: a replay then takes no row lock, so the caller's transaction holds no
+            // lock on another caller's record, needs no transaction id and writes no WAL. A live
+            // row the snapshot cannot see (committed after the statement began, or still
+            // uncommitted) meets the insert's conflict check instead, which leaves it alone and
+            // returns no row; `start` then reads it afresh.
+            format!(
+                "WITH live AS ( \
+                   SELECT {columns} FROM {t} AS r WHERE r.key = $1 AND r.expires_at > {now}), \
+                 claimed AS ( \
+                   INSERT INTO {t} AS r (key, fingerprint, token, state, expires_at, response, is_error) \
+                   SELECT $1, $2, $3, 0, {lease_end}, NULL, false WHERE NOT EXISTS (SELECT 1 FROM live) \
+                   {take_over} RETURNING r.key) \
+                 SELECT true AS claimed, CAST(NULL AS {bytes}) AS fingerprint, \
+                   CAST(NULL AS {bytes}) AS token, CAST(0 AS {bigint}) AS state, \
+                   CAST(NULL AS {bytes}) AS response, false AS is_error, \
+                   CAST(0 AS {bigint}) AS expires_us, CAST(0 AS {bigint}) AS remaining_us \
+                 FROM claimed \
+                 UNION ALL \
+                 SELECT false, live.* FROM live WHERE NOT EXISTS (SELECT 1 FROM claimed)",
+                bytes = d.bytes,
+                bigint = d.bigint,
+            )
+        } else {
+            claim.clone()
+        };
+        Statements {
+            claim: d.sql(&claim),
+            claim_in_transaction: d.sql(&claim_in_transaction),
+            read_live: d.sql(&format!(
+                "SELECT {columns} FROM {t} AS r WHERE r.key = $1 AND r.expires_at > {now}"
+            )),
+            // Fenced by the token alone, so that completing a claim again (a retry whose first
+            // commit landed but whose answer was lost) succeeds; the CASEs keep the first result
+            // and its retention. SET expressions read the row as it was before the update.
+            complete: d.sql(&format!(
+                "UPDATE {t} SET state = 1, \
+                   response = CASE WHEN state = 0 THEN $3 ELSE response END, \
+                   is_error = CASE WHEN state = 0 THEN $4 ELSE is_error END, \
+                   expires_at = CASE WHEN state = 0 THEN {retention_end} ELSE expires_at END \
+                 WHERE key = $1 AND token = $2",
+                retention_end = d.now_plus("$5"),
+            )),
+            renew: d.sql(&format!(
+                "UPDATE {t} SET expires_at = {lease_end} WHERE key = $1 AND token = $2 AND state = 0",
+                lease_end = d.now_plus("$3"),
+            )),
+            abort: d.sql(&format!(
+                "DELETE FROM {t} WHERE key = $1 AND token = $2 AND state = 0"
+            )),
+            evict: d.sql(&format!("DELETE FROM {t} WHERE key = $1")),
+            // PostgreSQL's SKIP LOCKED lets several pruners (and live claims holding row locks)
+            // run side by side; the row locks keep a key from being re-claimed between choosing
+            // and deleting.
+            prune: d.sql(&format!(
+                "DELETE FROM {t} WHERE key IN ( \
+                   SELECT key FROM {t} WHERE expires_at <= {now} \
+                   ORDER BY expires_at LIMIT $1{lock})",
+                lock = d.lock_batch,
+            )),
+        }
+    }
+}
+
+/// A SQL store's protocol: its table, its statements and its claim order, with each operation
+/// written once against a connection of `DB`. Durations arrive converted by
+/// [`millis`](super::millis).
+pub(crate) struct Protocol<DB> {
+    table: TableName,
+    sql: Statements,
+    claim_path: ClaimPath,
+    db: PhantomData<fn() -> DB>,
+}
+
+impl<DB: Ops> Protocol<DB> {
+    pub(crate) fn new(table: TableName, claim_order: ClaimOrder) -> Protocol<DB> {
+        Protocol {
+            sql: Statements::new(&DB::DIALECT, &table),
+            table,
+            claim_path: ClaimPath::new(claim_order),
+            db: PhantomData,
+        }
+    }
+
+    /// The records table.
+    pub(crate) fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// The claim order of the pool path.
+    pub(crate) fn claim_order(&self) -> ClaimOrder {
+        self.claim_path.order()
+    }
+
+    /// [`Store::start`] on a pooled connection: reading first (by the [`ClaimOrder`]), a live
+    /// record is answered by one read, which never waits for a write lock; only a key that reads
+    /// as free goes on to the claim.
+    pub(crate) async fn start_pooled(
+        &self,
+        conn: &mut DB::Connection,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease_ms: i64,
+    ) -> Result<Start, Error> {
+        let live = match self.claim_path.read_first() {
+            true => self.read_live(conn, key).await?,
+            false => None,
+        };
+        let result = match live {
+            Some(stored) => stored.into_start(fingerprint),
+            None => {
+                self.start(conn, &self.sql.claim, key, fingerprint, lease_ms)
+                    .await
+            }
+        };
+        self.claim_path.observe(&result);
+        result
+    }
+
+    /// [`Store::start`] on the caller's transaction: always claims first, since a read before
+    /// the write would make the transaction's write wait or fail on a row it read.
+    pub(crate) async fn start_in_transaction(
+        &self,
+        conn: &mut DB::Connection,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease_ms: i64,
+    ) -> Result<Start, Error> {
+        let claim = &self.sql.claim_in_transaction;
+        self.start(conn, claim, key, fingerprint, lease_ms).await
+    }
+
+    /// Runs the claim `sql`; on a live record, answers from the row it returned or from one
+    /// read of it; claims again if that record vanished meanwhile.
+    async fn start(
+        &self,
+        conn: &mut DB::Connection,
+        sql: &str,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease_ms: i64,
+    ) -> Result<Start, Error> {
+        for _ in 0..CLAIM_ATTEMPTS {
+            let token = Token::random();
+            let token_bytes = token.to_bytes();
+            let query = DB::bind_bytes(sqlx::query(sql), &key.as_bytes()[..]);
+            let query = DB::bind_opt_bytes(query, fingerprint.map(|f| &f.as_bytes()[..]));
+            let query = DB::bind_i64(DB::bind_bytes(query, &token_bytes[..]), lease_ms);
+            // `fetch_all`, never `fetch_optional`: every row and the end of the reply are read,
+            // so an error the database reports after the row (the COMMIT of SQLite's autocommit
+            // mode on a full disk, PostgreSQL's at commit) fails the claim instead of being
+            // dropped, and a claim whose commit failed is never reported as won.
+            let row = DB::fetch_all(&mut *conn, query).await?.into_iter().next();
+            if let Some(row) = &row {
+                if DB::get_bool(row, 0)? {
+                    return Ok(Start::Started(Claim::new(*key, token)));
+                }
+            }
+            // Not claimed. A transactional claim may return the row that was live in its
+            // snapshot; one committed after the snapshot began is invisible there (no row), and
+            // one whose time ran out while the statement ran has nothing left: read it afresh.
+            let live = match row.map(|r| StoredRow::decode::<DB>(&r, 1)).transpose()? {
+                Some(stored) if stored.is_live() => Some(stored),
+                _ => self.read_live(conn, key).await?,
+            };
+            if let Some(stored) = live {
+                return stored.into_start(fingerprint);
+            }
+            // It vanished (aborted, evicted, pruned or expired) before we could read it: the key
+            // may be free now, so claim again.
+        }
+        // Other callers keep claiming and releasing this key faster than we can look: it is
+        // busy.
+        Ok(Start::Locked {
+            retry_after: Duration::ZERO,
+        })
+    }
+
+    /// The live (unexpired) record row of `key`.
+    async fn read_live(
+        &self,
+        conn: &mut DB::Connection,
+        key: &Key,
+    ) -> Result<Option<StoredRow>, Error> {
+        let query = DB::bind_bytes(sqlx::query(&self.sql.read_live), &key.as_bytes()[..]);
+        let row = DB::fetch_optional(conn, query).await?;
+        row.map(|row| StoredRow::decode::<DB>(&row, 0)).transpose()
+    }
+
+    /// [`Store::complete`].
+    pub(crate) async fn complete(
+        &self,
+        conn: &mut DB::Connection,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention_ms: i64,
+    ) -> Result<(), Error> {
+        let token = claim.token().to_bytes();
+        let query = self.fenced_query(&self.sql.complete, claim.key(), &token);
+        let query = DB::bind_bool(
+            DB::bind_opt_bytes(query, completion.response),
+            completion.is_error,
+        );
+        fenced(DB::execute(conn, DB::bind_i64(query, retention_ms)).await?)
+    }
+
+    /// [`Store::renew`].
+    pub(crate) async fn renew(
+        &self,
+        conn: &mut DB::Connection,
+        claim: &Claim,
+        lease_ms: i64,
+    ) -> Result<(), Error> {
+        let token = claim.token().to_bytes();
+        let query = self.fenced_query(&self.sql.renew, claim.key(), &token);
+        fenced(DB::execute(conn, DB::bind_i64(query, lease_ms)).await?)
+    }
+
+    /// [`Store::abort`].
+    pub(crate) async fn abort(
+        &self,
+        conn: &mut DB::Connection,
+        claim: &Claim,
+    ) -> Result<(), Error> {
+        let token = claim.token().to_bytes();
+        let query = self.fenced_query(&self.sql.abort, claim.key(), &token);
+        fenced(DB::execute(conn, query).await?)
+    }
+
+    /// A statement fenced by the claim's key (`$1`) and token (`$2`).
+    fn fenced_query<'q>(
+        &self,
+        sql: &'q str,
+        key: &'q Key,
+        token: &'q [u8],
+    ) -> crate::store::sql::dialect::SqlQuery<'q, DB> {
+        DB::bind_bytes(DB::bind_bytes(sqlx::query(sql), &key.as_bytes()[..]), token)
+    }
+
+    /// [`Store::get`].
+    pub(crate) async fn get(
+        &self,
+        conn: &mut DB::Connection,
+        key: &Key,
+    ) -> Result<Option<Record>, Error> {
+        self.read_live(conn, key)
+            .await?
+            .map(|stored| stored.into_record(*key))
+            .transpose()
+    }
+
+    /// [`Store::evict`].
+    pub(crate) async fn evict(&self, conn: &mut DB::Connection, key: &Key) -> Result<bool, Error> {
+        let query = DB::bind_bytes(sqlx::query(&self.sql.evict), &key.as_bytes()[..]);
+        Ok(DB::execute(conn, query).await? > 0)
+    }
+
+    /// [`Store::prune_expired`].
+    pub(crate) async fn prune_expired(
+        &self,
+        conn: &mut DB::Connection,
+        limit: u32,
+    ) -> Result<u64, Error> {
+        let query = DB::bind_i64(sqlx::query(&self.sql.prune), i64::from(limit));
+        Ok(DB::execute(conn, query).await?)
+    }
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_statements_name_the_quoted_table() {
+        let t = TableName::qualified("table name", "app.Idem").unwrap();
+        let p = Protocol::<sqlx::Postgres>::new(t, ClaimOrder::Adaptive);
+        assert!(p.sql.claim.contains("INSERT INTO \"app\".\"Idem\" AS r"));
+        assert!(p.sql.claim_in_transaction.starts_with("WITH live AS"));
+    }
+}
