@@ -12,13 +12,13 @@ pub use std::time::Duration;
 
 use crate::codec::Codec;
 pub use crate::engine::Overrides as CallOptions;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-use crate::store::TransactionalStore;
 use crate::engine::{Idempotency, OnLocked};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::engine::{Transactional, TxClaim, TxStart};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::store::TransactionalStore;
 
 /// What `store = …` may name: an engine, or a reference or `Arc` to one.
 #[diagnostic::on_unimplemented(

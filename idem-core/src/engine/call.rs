@@ -6,11 +6,13 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{detach, Encoded, Errors, Format, Idempotency, OnLocked, Outcome, Overrides};
+use tracing::Instrument;
+
+use super::{detach, Encoded, Errors, Format, Guarded, Idempotency, OnLocked, Outcome, Overrides};
 use crate::codec::Codec;
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
-use crate::observe::Scope;
+use crate::observe::{Probe, Scope};
 
 /// One call through an engine, made by [`Idempotency::call`] (or `Transactional::call`, features
 /// `sqlite`/`postgres`): set what differs from the engine's policy, then run it.
@@ -204,25 +206,8 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
         T: Serialize + DeserializeOwned + Send + 'static,
         E: From<Error> + Send + 'static,
     {
-        let engine = self.engine.clone();
-        let Call {
-            key,
-            fingerprint,
-            overrides,
-            scope,
-            ..
-        } = self;
-        detach(async move {
-            let call = Call {
-                engine: &engine,
-                key,
-                fingerprint,
-                overrides,
-                scope,
-            };
-            call.run(work).await
-        })
-        .await
+        let owned = self.into_owned();
+        detach(async move { owned.call().run(work).await }).await
     }
 
     /// Like [`run`](Self::run), but an `Err` from the work is stored and replayed too (for
@@ -268,28 +253,13 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
         T: Send + 'static,
         E: From<Error> + Send + 'static,
     {
-        let engine = self.engine.clone();
-        let Call {
-            key,
-            fingerprint,
-            overrides,
-            scope,
-            ..
-        } = self;
-        detach(async move {
-            let call = Call {
-                engine: &engine,
-                key,
-                fingerprint,
-                overrides,
-                scope,
-            };
-            call.drive(work, Raw { encode, decode }, Released).await
-        })
-        .await
+        let owned = self.into_owned();
+        let format = Raw { encode, decode };
+        detach(async move { owned.call().drive(work, format, Released).await }).await
     }
 
-    /// Runs the call through the engine with the given result formats.
+    /// Runs the call through the engine with the given result formats, reporting to the
+    /// observer, metrics and tracing.
     async fn drive<T, E, F>(
         self,
         work: F,
@@ -300,18 +270,55 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
         F: Future<Output = Result<T, E>>,
         E: From<Error>,
     {
-        let (key, fingerprint) = (self.key, self.fingerprint);
-        self.engine
-            .drive(
-                key,
-                fingerprint,
-                &self.overrides,
-                &self.scope,
-                work,
-                format,
-                errors,
-            )
+        let Some(key) = self.key else {
+            return work.await.map(Outcome::Fresh);
+        };
+        let (engine, core) = (self.engine, &self.engine.inner.core);
+        let mut probe = Probe::new(core.observer.as_deref(), &core.meters, &self.scope, key);
+        let span = probe.span().clone();
+        let call = Guarded {
+            key,
+            fingerprint: self.fingerprint,
+            overrides: &self.overrides,
+            format,
+            errors,
+        };
+        engine
+            .guarded(&mut probe, call, work)
+            .instrument(span)
             .await
+    }
+
+    /// The call with its own handle on the engine, to run on a task of its own.
+    fn into_owned(self) -> Owned<C> {
+        Owned {
+            engine: self.engine.clone(),
+            key: self.key,
+            fingerprint: self.fingerprint,
+            overrides: self.overrides,
+            scope: self.scope,
+        }
+    }
+}
+
+/// A [`Call`] that owns its engine handle (for detached calls).
+struct Owned<C> {
+    engine: Idempotency<C>,
+    key: Option<Key>,
+    fingerprint: Option<Fingerprint>,
+    overrides: Overrides,
+    scope: Scope,
+}
+
+impl<C: Codec> Owned<C> {
+    fn call(&self) -> Call<'_, Idempotency<C>> {
+        Call {
+            engine: &self.engine,
+            key: self.key,
+            fingerprint: self.fingerprint,
+            overrides: self.overrides,
+            scope: self.scope.clone(),
+        }
     }
 }
 

@@ -13,12 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::codec::{Codec, JsonCodec};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
-use crate::observe::{Probe, Scope, Stage};
+use crate::observe::{Probe, Stage};
 use crate::record::{Cached, Claim, Start};
 use crate::store::Store;
 
@@ -246,39 +245,8 @@ impl<C: Codec> Idempotency<C> {
     }
 
     /// Claims the call's key, runs `work` with its lease renewed, and stores its result; or
-    /// replays the stored one. `format` encodes and decodes the `Ok` value, `errors` says
-    /// whether an `Err` is stored too. Reports to the observer, metrics and tracing.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn drive<T, E, F>(
-        &self,
-        key: Option<Key>,
-        fingerprint: Option<Fingerprint>,
-        overrides: &Overrides,
-        scope: &Scope,
-        work: F,
-        format: impl Format<T>,
-        errors: impl Errors<E>,
-    ) -> Result<Outcome<T>, E>
-    where
-        F: Future<Output = Result<T, E>>,
-        E: From<Error>,
-    {
-        let Some(key) = key else {
-            return work.await.map(Outcome::Fresh);
-        };
-        let core = &self.inner.core;
-        let mut probe = Probe::new(core.observer.as_deref(), &core.meters, scope, key);
-        let span = probe.span().clone();
-        let call = Guarded {
-            key,
-            fingerprint,
-            overrides,
-            format,
-            errors,
-        };
-        self.guarded(&mut probe, call, work).instrument(span).await
-    }
-
+    /// replays the stored one, reporting to `probe`. `format` encodes and decodes the `Ok`
+    /// value, `errors` says whether an `Err` is stored too.
     async fn guarded<T, E, F>(
         &self,
         probe: &mut Probe<'_>,
@@ -459,12 +427,12 @@ impl<C: Codec> Idempotency<C> {
 }
 
 /// What a guarded call is asked to do, besides its work.
-struct Guarded<'o, Fm, Er> {
-    key: Key,
-    fingerprint: Option<Fingerprint>,
-    overrides: &'o Overrides,
-    format: Fm,
-    errors: Er,
+pub(crate) struct Guarded<'o, Fm, Er> {
+    pub(crate) key: Key,
+    pub(crate) fingerprint: Option<Fingerprint>,
+    pub(crate) overrides: &'o Overrides,
+    pub(crate) format: Fm,
+    pub(crate) errors: Er,
 }
 
 /// How a call's `Ok` value is stored and replayed.

@@ -8,9 +8,9 @@ use async_trait::async_trait;
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::Record;
-use crate::store::Store;
 #[cfg(feature = "sqlite")]
 use crate::store::sql::dialect::private::Ops;
+use crate::store::Store;
 
 /// Which records [`StoreAdmin::list`] lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
