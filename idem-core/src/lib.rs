@@ -30,6 +30,7 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
 pub use engine::{Builder, CallOptions, Idempotency, OnLocked, Outcome, Policy};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
+pub use key::KeyPart;
 pub use key::{
     validate_client_key, Fingerprint, FingerprintError, Key, KeyError, Token,
     MAX_FINGERPRINT_DEPTH, MAX_KEY_LEN,
