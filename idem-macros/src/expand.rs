@@ -361,8 +361,8 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
 
     let call = match detach {
         // The body owns what it uses (`async move`) and must be `'static + Send`.
-        true => quote!(::idem::__private::call_detached),
-        false => quote!(::idem::__private::call),
+        true => quote_spanned!(returns=> ::idem::__private::call_detached),
+        false => quote_spanned!(returns=> ::idem::__private::call),
     };
     // The return type appears once, as `call`'s first type argument: what it must satisfy is
     // reported there, on the return type the user wrote.
