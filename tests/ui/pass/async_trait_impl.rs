@@ -66,7 +66,10 @@ async fn main() {
 
     assert_eq!(consumer.handle_owned("m-1".into()).await.unwrap(), 3);
     assert_eq!(consumer.handle_owned("m-1".into()).await.unwrap(), 3);
-    let scope = format!("<{0}::Consumer as {0}::Handler>::handle_owned", module_path!());
+    let scope = format!(
+        "<{0}::Consumer as {0}::Handler>::handle_owned",
+        module_path!()
+    );
     let key = idem::Key::derive(&scope, "", "m-1").unwrap();
     assert!(consumer.idem.store().get(&key).await.unwrap().is_some());
 }

@@ -92,7 +92,13 @@ async fn main() {
         .await
         .unwrap();
         assert_eq!(status, StatusCode::CREATED);
-        assert_eq!(order, Order { order_no: 1, cents: 500 });
+        assert_eq!(
+            order,
+            Order {
+                order_no: 1,
+                cents: 500
+            }
+        );
     }
     let missing = post_order(State(app), HeaderMap::new(), Json(NewOrder { cents: 1 })).await;
     assert_eq!(

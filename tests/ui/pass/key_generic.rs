@@ -22,9 +22,20 @@ async fn main() {
     let engine = Idempotency::new(MemoryStore::new());
     assert_eq!(ship(&engine, "acme", "o-1").await.unwrap(), 1);
     assert_eq!(ship(&engine, "acme", String::from("o-1")).await.unwrap(), 1);
-    assert_eq!(ship(&engine, Arc::<str>::from("acme"), Box::<str>::from("o-1")).await.unwrap(), 1);
-    assert_eq!(ship(&engine, "acme", Cow::Borrowed("o-1")).await.unwrap(), 1);
-    assert_eq!(ship(&engine, "acme", &&String::from("o-1")).await.unwrap(), 1);
+    assert_eq!(
+        ship(&engine, Arc::<str>::from("acme"), Box::<str>::from("o-1"))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        ship(&engine, "acme", Cow::Borrowed("o-1")).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        ship(&engine, "acme", &&String::from("o-1")).await.unwrap(),
+        1
+    );
     assert_eq!(ship(&engine, "acme", 7_u64).await.unwrap(), 2);
     assert_eq!(ship(&engine, "acme", "7").await.unwrap(), 2);
     assert_eq!(ship(&engine, "acme", None::<&str>).await.unwrap(), 3);
