@@ -449,9 +449,8 @@ fn deprecation((keyword, new): &(Ident, &'static str)) -> TokenStream {
     quote_spanned! {keyword.span()=>
         {
             #[deprecated(note = #note)]
-            #[allow(non_upper_case_globals)]
-            const #item: () = ();
-            let _ = #item;
+            fn #item() {}
+            #item();
         }
     }
 }

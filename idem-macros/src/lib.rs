@@ -305,7 +305,7 @@ use proc_macro::TokenStream;
 /// evaluated after the key is derived, as `__idem_body`, and the method returns
 /// `Box::pin(async move { call::<R, _, _>(…, __idem_body).await })`.
 ///
-/// An old argument name adds `{ #[deprecated] const store: () = (); let _ = store; }`, spanned
+/// An old argument name adds `{ #[deprecated] fn store() {} store(); }`, spanned
 /// on the name, so the compiler's `deprecated` warning points at it.
 ///
 /// # Transactional mode
