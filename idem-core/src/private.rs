@@ -320,8 +320,8 @@ pub trait CarriesIdemError: From<Error> {}
 
 impl<E: From<Error>> CarriesIdemError for E {}
 
-/// Checks the return type `R` of an idempotent function, as [`call`] does; with
-/// `transaction = …`, where the body runs between [`tx_begin`] and [`tx_end`].
+/// Checks the return type `R` of an idempotent function, as [`call`] does, where the expansion
+/// calls [`run_detached`] (`detach = true`) or [`tx_begin`] and [`tx_end`] (`transaction = …`).
 pub fn check_return<R>()
 where
     R: IdempotentResult,
@@ -348,25 +348,6 @@ where
 {
     let body = async move { body.await.into_result() };
     R::from_result(run(engine, key, fingerprint, options, body).await)
-}
-
-/// [`call`] with `detach = true`, through [`run_detached`].
-pub async fn call_detached<R, En, F>(
-    engine: &En,
-    key: Result<Option<Key>, Error>,
-    fingerprint: Result<Option<Fingerprint>, Error>,
-    options: CallOptions,
-    body: F,
-) -> R
-where
-    R: IdempotentResult,
-    R::Value: Storable + Send + 'static,
-    R::Error: CarriesIdemError + Send + 'static,
-    En: AsEngine + ?Sized,
-    F: Future<Output = R> + Send + 'static,
-{
-    let body = async move { body.await.into_result() };
-    R::from_result(run_detached(engine, key, fingerprint, options, body).await)
 }
 
 /// The default scope of an idempotent function: its path, read from the type name of an item

@@ -359,16 +359,12 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
         let __idem_options = ::idem::__private::options(#lease, #retention, #on_locked);
     };
 
-    let call = match detach {
-        // The body owns what it uses (`async move`) and must be `'static + Send`.
-        true => quote_spanned!(returns=> ::idem::__private::call_detached),
-        false => quote_spanned!(returns=> ::idem::__private::call),
-    };
-    // The return type appears once, as `call`'s first type argument: what it must satisfy is
-    // reported there, on the return type the user wrote.
-    let call = |work: TokenStream| {
-        quote_spanned! {returns=>
-            #call::<#return_type, _, _>(
+    // The return type appears as the first type argument of `call` (or of `check_return`, where
+    // `run_detached` runs the body): what it must satisfy is reported there, on the return type
+    // the user wrote, and the rest of the call is spanned there too.
+    let call = |work: TokenStream| match detach {
+        false => quote_spanned! {returns=>
+            ::idem::__private::call::<#return_type, _, _>(
                 &__idem_engine,
                 __idem_key,
                 __idem_fingerprint,
@@ -376,7 +372,19 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
                 #work,
             )
             .await
-        }
+        },
+        // The body owns what it uses (`async move`) and must be `'static + Send`.
+        true => quote_spanned! {returns=>
+            ::idem::__private::check_return::<#return_type>();
+            ::idem::__private::run_detached(
+                &__idem_engine,
+                __idem_key,
+                __idem_fingerprint,
+                __idem_options,
+                ::idem::__private::body::<#return_type, _>(#work),
+            )
+            .await
+        },
     };
     let body = match (transaction, form) {
         (None, Form::Async) => {

@@ -290,8 +290,9 @@ use proc_macro::TokenStream;
 ///     async move { <the original body> }).await
 /// ```
 ///
-/// where `key`, `fingerprint`, `options` and `call` (a thin layer over `run`; `call_detached`
-/// over `run_detached` with `detach = true`) are in `::idem::__private`. Without `scope`,
+/// where `key`, `fingerprint`, `options` and `call` (a thin layer over `run`; with
+/// `detach = true`, `check_return::<ReturnType>()` then `run_detached(…, body::<ReturnType,
+/// _>(…))`) are in `::idem::__private`. Without `scope`,
 /// `<scope>` is `default_scope(__idem_scope)` for an empty `fn __idem_scope() {}` declared in
 /// the body: that item's path less its own name. The key, caller and fingerprint are computed
 /// from borrows before the body starts, and the engine is cloned, so the body may still move
