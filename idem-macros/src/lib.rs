@@ -251,6 +251,9 @@ use proc_macro::TokenStream;
 /// releases. So give every function whose results must outlive a deploy an explicit
 /// `scope = "…"`, and keep it when you rename the function.
 ///
+/// Before this rule the default scope was the bare function name; a function without `scope`
+/// keeps the results it stored then by naming it: `scope = "create"` for `fn create`.
+///
 /// # What a call returns
 ///
 /// | situation | result |
