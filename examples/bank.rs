@@ -712,10 +712,10 @@ where
         key = request.id,
         caller = account_id,
         scope = "bank",
-        store = self.idem,
+        engine = self.idem,
         transaction = tx,
         fingerprint = request.change,
-        ttl = "7d",
+        retention = "7d",
     )]
     async fn apply_in_transaction(
         &self,

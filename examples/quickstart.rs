@@ -37,7 +37,7 @@ impl Payments {
     #[idempotent(
         key = payment_id,
         scope = "charge",
-        store = self.idem,
+        engine = self.idem,
         fingerprint = amount_cents,
         on_locked = OnLocked::Wait { timeout: Duration::from_secs(30) }
     )]

@@ -32,7 +32,7 @@
 //! #[idempotent(
 //!     key = message_id,
 //!     scope = "charge",
-//!     store = engine,
+//!     engine = engine,
 //!     on_locked = OnLocked::Wait { timeout: Duration::from_secs(10) },
 //! )]
 //! async fn charge(engine: &Idempotency, message_id: &str, cents: u64) -> Result<Charge, PayError> {

@@ -82,12 +82,12 @@ struct Timed {
 }
 
 impl Timed {
-    #[idempotent(key = key, scope = "short_lived", store = self.idem, ttl = "2s")]
+    #[idempotent(key = key, scope = "short_lived", engine = self.idem, retention = "2s")]
     async fn short_lived(&self, key: &str) -> Result<u32, idem::Error> {
         Ok(self.runs.fetch_add(1, Ordering::SeqCst) + 1)
     }
 
-    #[idempotent(key = key, scope = "long_work", store = self.idem, lease = "3s")]
+    #[idempotent(key = key, scope = "long_work", engine = self.idem, lease = "3s")]
     async fn long_work(&self, key: &str) -> Result<u32, idem::Error> {
         let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
         tokio::time::sleep(Duration::from_secs(10)).await;
@@ -103,20 +103,20 @@ fn timed() -> Arc<Timed> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn ttl_sets_the_retention() {
+async fn retention_sets_how_long_a_result_is_replayed() {
     let t = timed();
     assert_eq!(t.short_lived("k").await.unwrap(), 1);
     tokio::time::sleep(Duration::from_millis(1_900)).await;
     assert_eq!(
         t.short_lived("k").await.unwrap(),
         1,
-        "replayed within the ttl"
+        "replayed within the retention"
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         t.short_lived("k").await.unwrap(),
         2,
-        "runs again after the ttl"
+        "runs again after the retention"
     );
 }
 
@@ -164,4 +164,78 @@ async fn cancelled_then_retried_is_never_locked() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn detached_body_survives_its_caller() {
     macro_support::detached_body_survives_its_caller(&paused()).await;
+}
+
+/// Two types with a `create` method each, neither with a `scope`: the default scope is the
+/// function's path, which holds the type, so the same client key does not make one replay the
+/// other's result.
+mod default_scope {
+    use super::*;
+
+    pub struct Orders {
+        pub idem: Idempotency,
+        pub runs: AtomicU32,
+    }
+
+    pub struct Refunds {
+        pub idem: Idempotency,
+        pub runs: AtomicU32,
+    }
+
+    impl Orders {
+        #[idempotent(key = id, engine = self.idem)]
+        pub async fn create(&self, id: &str) -> Result<String, idem::Error> {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            Ok(format!("order {id}"))
+        }
+    }
+
+    impl Refunds {
+        #[idempotent(key = id, engine = self.idem)]
+        pub async fn create(&self, id: &str) -> Result<String, idem::Error> {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            Ok(format!("refund {id}"))
+        }
+    }
+
+    /// A free function of the same name, in this module.
+    #[idempotent(key = id, engine = engine)]
+    pub async fn create(engine: &Idempotency, id: &str) -> Result<String, idem::Error> {
+        Ok(format!("free {id}"))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn methods_of_the_same_name_on_two_types_do_not_share_keys() {
+    use default_scope::{Orders, Refunds};
+    let engine = paused().engine;
+    let orders = Orders {
+        idem: engine.clone(),
+        runs: AtomicU32::new(0),
+    };
+    let refunds = Refunds {
+        idem: engine.clone(),
+        runs: AtomicU32::new(0),
+    };
+    assert_eq!(orders.create("42").await.unwrap(), "order 42");
+    assert_eq!(refunds.create("42").await.unwrap(), "refund 42");
+    assert_eq!(
+        default_scope::create(&engine, "42").await.unwrap(),
+        "free 42"
+    );
+    // Each replays its own result.
+    assert_eq!(orders.create("42").await.unwrap(), "order 42");
+    assert_eq!(refunds.create("42").await.unwrap(), "refund 42");
+    assert_eq!(orders.runs.load(Ordering::SeqCst), 1);
+    assert_eq!(refunds.runs.load(Ordering::SeqCst), 1);
+    // The default scopes are the paths, so a key can be derived outside the function.
+    let module = concat!(module_path!(), "::default_scope");
+    for scope in [
+        format!("{module}::Orders::create"),
+        format!("{module}::Refunds::create"),
+        format!("{module}::create"),
+    ] {
+        let key = idem::Key::derive(&scope, "", "42").unwrap();
+        assert!(engine.store().get(&key).await.unwrap().is_some(), "{scope}");
+    }
 }

@@ -1,5 +1,5 @@
 //! `#[idempotent]` end to end on SQLite (a database file in a temporary directory), with the
-//! same scenarios as on the memory store. Time-driven cases (ttl, lease renewal) run on the
+//! same scenarios as on the memory store. Time-driven cases (retention, lease renewal) run on the
 //! memory store only, where tokio's paused clock controls them.
 #![cfg(feature = "sqlite")]
 

@@ -241,7 +241,7 @@ fn expect_fresh(replayed: bool) -> Result<Hit, BenchError> {
 }
 
 /// The attribute under test: a deposit keyed by the client's request id.
-#[idempotent(key = request_id, scope = "bench_deposit", store = engine)]
+#[idempotent(key = request_id, scope = "bench_deposit", engine = engine)]
 async fn deposit(
     engine: &Idempotency,
     request_id: &str,

@@ -5,7 +5,10 @@
 //! [`Fingerprint`] is SHA-256 of the canonical request payload and detects a key that a client
 //! reused for a different request.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -415,5 +418,102 @@ mod tests {
             a,
             Fingerprint::of_json(&serde_json::json!({"a": 2})).unwrap()
         );
+    }
+}
+
+/// A value that can be part of a key: what `key = …` and `caller = …` of `#[idempotent]` take.
+///
+/// Text in every form users hold it (`str`, `String`, `Box<str>`, `Arc<str>`, `Rc<str>`,
+/// `Cow<str>`), the integer types (as decimal text) and `uuid::Uuid` (hyphenated, lower case)
+/// are key parts, and so are references to them and an `Option` of one: `None` means "no key"
+/// (the call runs without deduplication) or "no caller" (the caller is empty).
+///
+/// A function generic over its key bounds it by `KeyPart` (with `#[idempotent]`:
+/// `async fn ship<K: idem::KeyPart>(engine: &Idempotency, id: K)` and `key = id`):
+///
+/// ```
+/// use idem_core::{Key, KeyError, KeyPart};
+///
+/// fn key_of<K: KeyPart>(id: K) -> Result<Option<Key>, KeyError> {
+///     id.key_part().map(|id| Key::derive("ship", "", &id)).transpose()
+/// }
+///
+/// let by_str = key_of("order-1")?;
+/// assert_eq!(by_str, key_of(String::from("order-1"))?);
+/// assert_eq!(by_str, key_of(std::sync::Arc::<str>::from("order-1"))?);
+/// assert_eq!(key_of(42_u64)?, key_of("42")?);
+/// assert_eq!(key_of(None::<&str>)?, None);
+/// # Ok::<(), KeyError>(())
+/// ```
+///
+/// `K: Into<String>` is not enough: the key is read from a borrow before the body runs (so the
+/// body may still move the argument), and `Into<String>` can only consume its value. Every type
+/// that is `Into<String>` and holds text (`&str`, `String`, `Box<str>`, `Cow<str>`) is a
+/// `KeyPart`; for another type, implement `KeyPart` or format it into a `String` first.
+///
+/// ```
+/// use std::borrow::Cow;
+/// use idem_core::KeyPart;
+///
+/// struct OrderNo(u64);
+///
+/// impl KeyPart for OrderNo {
+///     fn key_part(&self) -> Option<Cow<'_, str>> {
+///         Some(Cow::Owned(format!("order-{}", self.0)))
+///     }
+/// }
+///
+/// assert_eq!(OrderNo(7).key_part().as_deref(), Some("order-7"));
+/// assert_eq!(Some(7_u8).key_part().as_deref(), Some("7"));
+/// assert_eq!(None::<&str>.key_part(), None);
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be part of an idempotency key",
+    label = "not text, an integer or a UUID",
+    note = "`key` and `caller` take an `idem::KeyPart`: `&str`, `String`, `Box<str>`, `Arc<str>`, `Cow<str>`, an integer, a `uuid::Uuid`, or an `Option` of one; implement `idem::KeyPart` for your type or format it into a `String` first"
+)]
+pub trait KeyPart {
+    /// The text of the part, or `None` for no part.
+    fn key_part(&self) -> Option<Cow<'_, str>>;
+}
+
+/// Text lends itself, in whatever form it is held.
+macro_rules! key_part_str {
+    ($($t:ty),*) => {$(
+        impl KeyPart for $t {
+            fn key_part(&self) -> Option<Cow<'_, str>> {
+                Some(Cow::Borrowed(self))
+            }
+        }
+    )*};
+}
+key_part_str!(str, String, Box<str>, Arc<str>, Rc<str>, Cow<'_, str>);
+
+impl KeyPart for uuid::Uuid {
+    fn key_part(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Owned(self.hyphenated().to_string()))
+    }
+}
+
+macro_rules! key_part_display {
+    ($($t:ty),*) => {$(
+        impl KeyPart for $t {
+            fn key_part(&self) -> Option<Cow<'_, str>> {
+                Some(Cow::Owned(self.to_string()))
+            }
+        }
+    )*};
+}
+key_part_display!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
+
+impl<T: KeyPart + ?Sized> KeyPart for &T {
+    fn key_part(&self) -> Option<Cow<'_, str>> {
+        (**self).key_part()
+    }
+}
+
+impl<T: KeyPart> KeyPart for Option<T> {
+    fn key_part(&self) -> Option<Cow<'_, str>> {
+        self.as_ref().and_then(KeyPart::key_part)
     }
 }

@@ -39,6 +39,7 @@ pub use engine::{Builder, Call, Idempotency, OnLocked, Outcome, Policy, ReplayCa
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use engine::{Transactional, TxClaim, TxFuture, TxStart};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
+pub use key::KeyPart;
 pub use key::{
     validate_client_key, Fingerprint, FingerprintError, Key, KeyError, Token,
     MAX_FINGERPRINT_DEPTH, MAX_KEY_LEN,

@@ -1,7 +1,6 @@
 //! Support for the code `#[idempotent]` expands to. Not a public API: it may change in any
 //! release.
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -20,11 +19,11 @@ use crate::key::{Fingerprint, Key};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::store::TransactionalStore;
 
-/// What `store = …` may name: an engine, or a reference or `Arc` to one.
+/// What `engine = …` may name: an engine, or a reference or `Arc` to one.
 #[diagnostic::on_unimplemented(
-    message = "`store = …` must be an idem engine, not `{Self}`",
+    message = "`engine = …` must be an idem engine, not `{Self}`",
     label = "not an `Idempotency` engine",
-    note = "`store` takes an `idem::Idempotency`, a reference to one, or an `Arc` of one"
+    note = "`engine` takes an `idem::Idempotency`, a reference to one, or an `Arc` of one"
 )]
 pub trait AsEngine {
     /// The engine's codec.
@@ -54,70 +53,7 @@ impl<T: AsEngine + ?Sized> AsEngine for Arc<T> {
     }
 }
 
-/// What `key = …` and `caller = …` may be: text, a number, a UUID, or an `Option` of one
-/// (`None`: no key, so the call runs without deduplication; no caller, so the caller is empty).
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be part of an idempotency key",
-    label = "not text, an integer or a UUID",
-    note = "`key` and `caller` take `&str`, `String`, an integer, a `uuid::Uuid`, or an `Option` of one; format other values into a `String` first"
-)]
-pub trait KeyPart {
-    /// The text of the part, if any.
-    fn key_part(&self) -> Option<Cow<'_, str>>;
-}
-
-impl KeyPart for str {
-    fn key_part(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Borrowed(self))
-    }
-}
-
-impl KeyPart for String {
-    fn key_part(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Borrowed(self))
-    }
-}
-
-/// Strings users already hold in a shared or boxed form lend their text, as `String` does.
-macro_rules! key_part_str {
-    ($($t:ty),*) => {$(
-        impl KeyPart for $t {
-            fn key_part(&self) -> Option<Cow<'_, str>> {
-                Some(Cow::Borrowed(self))
-            }
-        }
-    )*};
-}
-key_part_str!(Box<str>, Arc<str>, std::rc::Rc<str>, Cow<'_, str>);
-
-impl KeyPart for uuid::Uuid {
-    fn key_part(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Owned(self.hyphenated().to_string()))
-    }
-}
-
-macro_rules! key_part_display {
-    ($($t:ty),*) => {$(
-        impl KeyPart for $t {
-            fn key_part(&self) -> Option<Cow<'_, str>> {
-                Some(Cow::Owned(self.to_string()))
-            }
-        }
-    )*};
-}
-key_part_display!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
-
-impl<T: KeyPart + ?Sized> KeyPart for &T {
-    fn key_part(&self) -> Option<Cow<'_, str>> {
-        (**self).key_part()
-    }
-}
-
-impl<T: KeyPart> KeyPart for Option<T> {
-    fn key_part(&self) -> Option<Cow<'_, str>> {
-        self.as_ref().and_then(KeyPart::key_part)
-    }
-}
+pub use crate::key::KeyPart;
 
 /// Derives the call's key; `Ok(None)` when the client sent no key.
 pub fn key(
@@ -147,7 +83,7 @@ pub fn body<R, F: Future<Output = R>>(f: F) -> F {
     f
 }
 
-/// The per-call options the attribute's `lease`, `ttl` and `on_locked` set.
+/// The per-call options the attribute's `lease`, `retention` and `on_locked` set.
 pub fn options(
     lease: Option<Duration>,
     retention: Option<Duration>,
@@ -157,6 +93,7 @@ pub fn options(
         lease,
         retention,
         on_locked,
+        scope: None,
     }
 }
 
@@ -201,13 +138,13 @@ where
     Ok(outcome.into_inner())
 }
 
-/// What `store = …` may name together with `transaction = …`: a transactional engine, or a
+/// What `engine = …` may name together with `transaction = …`: a transactional engine, or a
 /// reference or `Arc` to one.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[diagnostic::on_unimplemented(
-    message = "with `transaction = …`, `store = …` must be an idem `Transactional` engine, not `{Self}`",
+    message = "with `transaction = …`, `engine = …` must be an idem `Transactional` engine, not `{Self}`",
     label = "not a `Transactional` engine",
-    note = "`store` then takes an `idem::Transactional` (such as `Transactional::new(sqlite_store)`), a reference to one, or an `Arc` of one"
+    note = "`engine` then takes an `idem::Transactional` (such as `Transactional::new(sqlite_store)`), a reference to one, or an `Arc` of one"
 )]
 pub trait AsTransactional {
     /// The engine's store.
@@ -322,4 +259,105 @@ where
             Err(e)
         }
     }
+}
+
+/// What `#[idempotent]` needs of a function's return type: a `Result<T, E>`, written as such or
+/// through an alias. The expansion names the return type `R` only as the first type argument
+/// of [`call`] (or [`check_return`]), spanned on the return type, so every unmet bound on `R`,
+/// `T` or `E` is reported there, once.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]` needs a function returning `Result<T, E>`, not `{Self}`",
+    label = "not a `Result`",
+    note = "an alias of `Result` (`type AppResult<T> = Result<T, AppError>`) works too; idem's own errors reach the caller through `E`, and only `Ok` values are stored"
+)]
+pub trait IdempotentResult: Sized {
+    /// `T`: what is stored and replayed.
+    type Value;
+    /// `E`: what carries idem's own errors.
+    type Error;
+    /// `self` as a `Result`.
+    fn into_result(self) -> Result<Self::Value, Self::Error>;
+    /// A `Result` as `Self`.
+    fn from_result(result: Result<Self::Value, Self::Error>) -> Self;
+}
+
+impl<T, E> IdempotentResult for Result<T, E> {
+    type Value = T;
+    type Error = E;
+    fn into_result(self) -> Result<T, E> {
+        self
+    }
+    fn from_result(result: Result<T, E>) -> Self {
+        result
+    }
+}
+
+/// What the `Ok` type of an idempotent function must be: stored (as JSON by default) and
+/// replayed.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored and replayed by `#[idempotent]`",
+    label = "the `Ok` type must be `Serialize + DeserializeOwned`",
+    note = "derive `serde::Serialize` and `serde::Deserialize` on it; an axum `Json<T>` is neither: return `Result<T, E>` from the idempotent function and wrap the value in `Json` in the handler (see the `#[idempotent]` docs)"
+)]
+pub trait Storable: Serialize + DeserializeOwned {}
+
+impl<T: Serialize + DeserializeOwned> Storable for T {}
+
+/// What the `Err` type of an idempotent function must be: able to carry idem's own errors.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot carry idem's errors",
+    label = "the `Err` type must implement `From<idem::Error>`",
+    note = "add a variant such as `#[error(transparent)] Idem(#[from] idem::Error)` (with thiserror), or implement `From<idem::Error>` for it"
+)]
+pub trait CarriesIdemError: From<Error> {}
+
+impl<E: From<Error>> CarriesIdemError for E {}
+
+/// Checks the return type `R` of an idempotent function, as [`call`] does, where the expansion
+/// calls [`run_detached`] (`detach = true`) or [`tx_begin`] and [`tx_end`] (`transaction = …`).
+pub fn check_return<R>()
+where
+    R: IdempotentResult,
+    R::Value: Storable,
+    R::Error: CarriesIdemError,
+{
+}
+
+/// [`run`] for a body resolving to the function's return type `R` (given explicitly, so `?` in
+/// the body converts errors as in the original function, and unmet bounds are reported on `R`).
+pub async fn call<R, En, F>(
+    engine: &En,
+    key: Result<Option<Key>, Error>,
+    fingerprint: Result<Option<Fingerprint>, Error>,
+    options: CallOptions,
+    body: F,
+) -> R
+where
+    R: IdempotentResult,
+    R::Value: Storable,
+    R::Error: CarriesIdemError,
+    En: AsEngine + ?Sized,
+    F: Future<Output = R>,
+{
+    let body = async move { body.await.into_result() };
+    R::from_result(run(engine, key, fingerprint, options, body).await)
+}
+
+/// The default scope of an idempotent function: its path, read from the type name of an item
+/// `item` declared in its body (`my_app::orders::Orders::create::__idem_scope`, with any
+/// `{{closure}}` segments of an async body) with the item's own segment dropped. A path longer
+/// than a key part may be keeps its last 255 bytes, the most specific ones.
+pub fn default_scope<F>(_item: F) -> &'static str {
+    let mut path = std::any::type_name::<F>();
+    if let Some((parent, _item)) = path.rsplit_once("::") {
+        path = parent;
+    }
+    while let Some(parent) = path.strip_suffix("::{{closure}}") {
+        path = parent;
+    }
+    let mut start = path.len().saturating_sub(crate::key::MAX_KEY_LEN);
+    while !path.is_char_boundary(start) {
+        start += 1;
+    }
+    &path[start..]
 }

@@ -3,82 +3,84 @@
 //! Every argument keeps its keyword token next to its value, so an error about the argument
 //! (given twice, missing a value) points at the keyword the user wrote.
 
-use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::parse::{discouraged::Speculative, Parse, ParseStream};
 use syn::{Expr, Ident, LitBool, LitStr, Token};
 
 use crate::duration::DurationLit;
 
-mod kw {
-    syn::custom_keyword!(key);
-    syn::custom_keyword!(scope);
-    syn::custom_keyword!(store);
-    syn::custom_keyword!(caller);
-    syn::custom_keyword!(fingerprint);
-    syn::custom_keyword!(lease);
-    syn::custom_keyword!(ttl);
-    syn::custom_keyword!(on_locked);
-    syn::custom_keyword!(transaction);
-    syn::custom_keyword!(detach);
-}
+/// The arguments, in the order the docs list them.
+const NAMES: [&str; 10] = [
+    "key",
+    "scope",
+    "engine",
+    "caller",
+    "fingerprint",
+    "lease",
+    "retention",
+    "on_locked",
+    "transaction",
+    "detach",
+];
 
-const KNOWN: &str = "`key`, `scope`, `store`, `caller`, `fingerprint`, `lease`, `ttl`, \
-                     `on_locked`, `transaction`, `detach`";
+/// Old spellings that still work, with a deprecation warning: `(old, new)`.
+const ALIASES: [(&str, &str); 2] = [("store", "engine"), ("ttl", "retention")];
 
 /// The longest scope, in bytes (as for every key part).
 const MAX_SCOPE_LEN: usize = 255;
 
+/// An argument as written: the keyword (kept for spans) and its value.
+pub(crate) type Arg<V> = Option<(Ident, V)>;
+
 /// The arguments as written, each with its keyword.
 #[derive(Default)]
 pub(crate) struct Args {
-    pub(crate) key: Option<(kw::key, Expr)>,
-    pub(crate) scope: Option<(kw::scope, LitStr)>,
-    pub(crate) store: Option<(kw::store, Expr)>,
-    pub(crate) caller: Option<(kw::caller, Expr)>,
-    pub(crate) fingerprint: Option<(kw::fingerprint, Expr)>,
-    pub(crate) lease: Option<(kw::lease, DurationLit)>,
-    pub(crate) ttl: Option<(kw::ttl, DurationLit)>,
-    pub(crate) on_locked: Option<(kw::on_locked, Expr)>,
-    pub(crate) transaction: Option<(kw::transaction, Ident)>,
-    pub(crate) detach: Option<(kw::detach, LitBool)>,
+    pub(crate) key: Arg<Expr>,
+    pub(crate) scope: Arg<LitStr>,
+    pub(crate) engine: Arg<Expr>,
+    pub(crate) caller: Arg<Expr>,
+    pub(crate) fingerprint: Arg<Expr>,
+    pub(crate) lease: Arg<DurationLit>,
+    pub(crate) retention: Arg<DurationLit>,
+    pub(crate) on_locked: Arg<Expr>,
+    pub(crate) transaction: Arg<Ident>,
+    pub(crate) detach: Arg<LitBool>,
+    /// Old spellings used (`store`, `ttl`), each with the name that replaces it.
+    pub(crate) deprecated: Vec<(Ident, &'static str)>,
 }
 
 impl Parse for Args {
     fn parse(input: ParseStream<'_>) -> syn::Result<Args> {
         let mut args = Args::default();
         while !input.is_empty() {
-            let lookahead = input.lookahead1();
-            if lookahead.peek(kw::key) {
-                assign(input, &mut args.key, "key", parse_expr)?;
-            } else if lookahead.peek(kw::scope) {
-                assign(input, &mut args.scope, "scope", parse_scope)?;
-            } else if lookahead.peek(kw::store) {
-                assign(input, &mut args.store, "store", parse_expr)?;
-            } else if lookahead.peek(kw::caller) {
-                assign(input, &mut args.caller, "caller", parse_expr)?;
-            } else if lookahead.peek(kw::fingerprint) {
-                assign(input, &mut args.fingerprint, "fingerprint", parse_expr)?;
-            } else if lookahead.peek(kw::lease) {
-                assign(input, &mut args.lease, "lease", parse_duration("lease"))?;
-            } else if lookahead.peek(kw::ttl) {
-                assign(input, &mut args.ttl, "ttl", parse_duration("ttl"))?;
-            } else if lookahead.peek(kw::on_locked) {
-                assign(input, &mut args.on_locked, "on_locked", parse_expr)?;
-            } else if lookahead.peek(kw::transaction) {
-                assign(input, &mut args.transaction, "transaction", parse_parameter)?;
-            } else if lookahead.peek(kw::detach) {
-                assign(input, &mut args.detach, "detach", parse_bool)?;
-            } else if input.peek(Ident::peek_any) {
-                let unknown = input.call(Ident::parse_any)?;
-                return Err(syn::Error::new(
-                    unknown.span(),
-                    format!(
-                        "unknown argument `{unknown}` of `#[idempotent]`; the arguments are {KNOWN}"
-                    ),
-                ));
-            } else {
-                return Err(lookahead.error());
+            if !input.peek(Ident::peek_any) {
+                return Err(input.error(format!(
+                    "expected an argument of `#[idempotent]`, such as `key = …`; the arguments \
+                     are {}",
+                    list(&NAMES)
+                )));
+            }
+            let keyword = input.call(Ident::parse_any)?;
+            let written = keyword.unraw().to_string();
+            let name = match ALIASES.iter().find(|(old, _)| *old == written) {
+                Some((_, new)) => {
+                    args.deprecated.push((keyword.clone(), new));
+                    *new
+                }
+                None => written.as_str(),
+            };
+            match name {
+                "key" => assign(input, &mut args.key, keyword, parse_expr)?,
+                "scope" => assign(input, &mut args.scope, keyword, parse_scope)?,
+                "engine" => assign(input, &mut args.engine, keyword, parse_expr)?,
+                "caller" => assign(input, &mut args.caller, keyword, parse_expr)?,
+                "fingerprint" => assign(input, &mut args.fingerprint, keyword, parse_expr)?,
+                "lease" => assign(input, &mut args.lease, keyword, parse_duration)?,
+                "retention" => assign(input, &mut args.retention, keyword, parse_duration)?,
+                "on_locked" => assign(input, &mut args.on_locked, keyword, parse_expr)?,
+                "transaction" => assign(input, &mut args.transaction, keyword, parse_parameter)?,
+                "detach" => assign(input, &mut args.detach, keyword, parse_bool)?,
+                _ => return Err(unknown(&keyword)),
             }
             if input.is_empty() {
                 break;
@@ -89,42 +91,99 @@ impl Parse for Args {
     }
 }
 
-/// Parses `<keyword> = <value>` into `slot`, refusing a second occurrence of the keyword.
-fn assign<K, V>(
+/// The error for an argument that does not exist, with the closest known name when one is near.
+fn unknown(keyword: &Ident) -> syn::Error {
+    let written = keyword.unraw().to_string();
+    let closest = NAMES
+        .iter()
+        .chain(ALIASES.iter().map(|(old, _)| old))
+        .map(|name| (edit_distance(&written, name), *name))
+        .min()
+        .filter(|(distance, _)| *distance <= written.chars().count().div_ceil(3))
+        .map(|(_, name)| new_name(name));
+    let message = match closest {
+        Some(name) => {
+            format!("unknown argument `{written}` of `#[idempotent]`: did you mean `{name}`?")
+        }
+        None => format!(
+            "unknown argument `{written}` of `#[idempotent]`; the arguments are {}",
+            list(&NAMES)
+        ),
+    };
+    syn::Error::new(keyword.span(), message)
+}
+
+/// The current name of an argument written under its old name, or the name itself.
+fn new_name(name: &str) -> &str {
+    ALIASES
+        .iter()
+        .find(|(old, _)| *old == name)
+        .map_or(name, |(_, new)| new)
+}
+
+fn list(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|name| format!("`{name}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The Levenshtein distance between `a` and `b`, in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// Parses `= <value>` after `keyword` into `slot`, refusing a second occurrence of the argument
+/// (under either of its names).
+fn assign<V>(
     input: ParseStream<'_>,
-    slot: &mut Option<(K, V)>,
-    name: &str,
-    value: impl FnOnce(ParseStream<'_>) -> syn::Result<V>,
-) -> syn::Result<()>
-where
-    K: Parse + ToTokens,
-{
-    let keyword: K = input.parse()?;
-    if slot.is_some() {
-        return Err(syn::Error::new_spanned(
-            keyword,
-            format!("`{name}` given twice: keep one `{name} = …`"),
-        ));
+    slot: &mut Arg<V>,
+    keyword: Ident,
+    value: impl FnOnce(ParseStream<'_>, &str) -> syn::Result<V>,
+) -> syn::Result<()> {
+    let written = keyword.unraw().to_string();
+    let name = new_name(&written);
+    if let Some((first, _)) = slot {
+        let message = if *first == keyword {
+            format!("`{name}` given twice: keep one `{name} = …`")
+        } else {
+            format!("`{name}` given twice, as `{first}` and as `{keyword}`: keep one `{name} = …`")
+        };
+        return Err(syn::Error::new(keyword.span(), message));
     }
     if !input.peek(Token![=]) {
-        return Err(syn::Error::new_spanned(
-            keyword,
-            format!("`{name}` needs a value: write `{name} = …`"),
+        return Err(syn::Error::new(
+            keyword.span(),
+            format!("`{written}` needs a value: write `{name} = …`"),
         ));
     }
     input.parse::<Token![=]>()?;
-    let value = value(input)?;
+    let value = value(input, name)?;
     *slot = Some((keyword, value));
     Ok(())
 }
 
-fn parse_expr(input: ParseStream<'_>) -> syn::Result<Expr> {
+fn parse_expr(input: ParseStream<'_>, _name: &str) -> syn::Result<Expr> {
     input.parse()
 }
 
 /// The name of a parameter (`transaction = tx`), or an error spanned on whatever expression
 /// stands in its place.
-fn parse_parameter(input: ParseStream<'_>) -> syn::Result<Ident> {
+fn parse_parameter(input: ParseStream<'_>, _name: &str) -> syn::Result<Ident> {
     let fork = input.fork();
     if let Ok(ident) = fork.parse::<Ident>() {
         if fork.is_empty() || fork.peek(Token![,]) {
@@ -141,7 +200,7 @@ fn parse_parameter(input: ParseStream<'_>) -> syn::Result<Ident> {
 }
 
 /// `true` or `false`, or an error spanned on whatever expression stands in its place.
-fn parse_bool(input: ParseStream<'_>) -> syn::Result<LitBool> {
+fn parse_bool(input: ParseStream<'_>, _name: &str) -> syn::Result<LitBool> {
     if input.peek(LitBool) {
         return input.parse();
     }
@@ -161,7 +220,7 @@ fn parse_lit_str(input: ParseStream<'_>, expected: &str) -> syn::Result<LitStr> 
     Err(syn::Error::new_spanned(expr, expected))
 }
 
-fn parse_scope(input: ParseStream<'_>) -> syn::Result<LitStr> {
+fn parse_scope(input: ParseStream<'_>, _name: &str) -> syn::Result<LitStr> {
     let lit = parse_lit_str(
         input,
         "`scope` takes a string literal, such as `scope = \"deposit\"`, so it is checked at \
@@ -173,17 +232,15 @@ fn parse_scope(input: ParseStream<'_>) -> syn::Result<LitStr> {
     Ok(lit)
 }
 
-fn parse_duration(name: &'static str) -> impl FnOnce(ParseStream<'_>) -> syn::Result<DurationLit> {
-    move |input| {
-        let lit = parse_lit_str(
-            input,
-            &format!(
-                "`{name}` takes a string literal with a unit, such as `{name} = \"30s\"` or \
-                 `{name} = \"1h30m\"`"
-            ),
-        )?;
-        DurationLit::parse(lit)
-    }
+fn parse_duration(input: ParseStream<'_>, name: &str) -> syn::Result<DurationLit> {
+    let lit = parse_lit_str(
+        input,
+        &format!(
+            "`{name}` takes a string literal with a unit, such as `{name} = \"30s\"` or \
+             `{name} = \"1h30m\"`"
+        ),
+    )?;
+    DurationLit::parse(lit)
 }
 
 /// Checks a scope as the runtime checks every key part: 1..=255 bytes of printable ASCII.
@@ -208,7 +265,16 @@ pub(crate) fn check_scope(scope: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::check_scope;
+    use super::{check_scope, edit_distance};
+
+    #[test]
+    fn edit_distance_counts_characters() {
+        assert_eq!(edit_distance("retension", "retention"), 1);
+        assert_eq!(edit_distance("engnie", "engine"), 2);
+        assert_eq!(edit_distance("", "key"), 3);
+        assert_eq!(edit_distance("key", "key"), 0);
+        assert_eq!(edit_distance("clé", "cle"), 1);
+    }
 
     #[test]
     fn scopes_are_printable_ascii_of_1_to_255_bytes() {

@@ -1,12 +1,17 @@
 //! Checks the annotated function and rewrites its body into a call of
 //! `::idem::__private::run`, or, with `transaction = …`, into `tx_begin`, the body and `tx_end`
-//! on the caller's connection.
+//! on the caller's connection. A method that `#[async_trait]` has already rewritten (a plain `fn`
+//! returning `Pin<Box<dyn Future<Output = R> + …>>`) keeps that form: the boxed body becomes the
+//! work of a new boxed future.
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{AttrStyle, Expr, FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Type};
+use syn::{
+    AttrStyle, Expr, FnArg, GenericArgument, Ident, ItemFn, LitStr, Pat, PathArguments, ReturnType,
+    Type, TypeParamBound,
+};
 
 use crate::attr::{check_scope, Args};
 use crate::duration::DurationLit;
@@ -42,54 +47,80 @@ fn with_error(mut item: TokenStream, error: syn::Error) -> TokenStream {
     item
 }
 
+/// How the function delivers its result.
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    /// `async fn … -> R`.
+    Async,
+    /// `fn … -> Pin<Box<dyn Future<Output = R> + …>>` with a body that builds the boxed future:
+    /// an `async fn` that `#[async_trait]` has rewritten before this attribute sees it.
+    Boxed,
+}
+
 /// Everything the expansion needs, checked.
 struct Call {
+    form: Form,
+    /// `R`: the `Result<T, E>` (or an alias of one) the function's future resolves to.
     return_type: Type,
-    scope: LitStr,
+    /// `None`: the default scope, the function's path, computed in the expansion.
+    scope: Option<LitStr>,
     key: Expr,
-    store: Expr,
+    engine: Expr,
     caller: Option<Expr>,
     fingerprint: Option<Expr>,
     lease: Option<DurationLit>,
-    ttl: Option<DurationLit>,
+    retention: Option<DurationLit>,
     on_locked: Option<Expr>,
     /// The parameter holding the caller's connection or transaction: transactional mode.
     transaction: Option<Ident>,
     /// Run the body on a task of its own, so cancelling the caller cannot stop it.
     detach: bool,
+    /// Old argument names used, each with its new name: each becomes a deprecation warning.
+    deprecated: Vec<(Ident, &'static str)>,
 }
 
 /// Checks the function and the required arguments, reporting every problem at once.
 fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
     let sig = &func.sig;
-    let asyncness = match sig.asyncness {
-        Some(_) => Ok(()),
-        None => Err(syn::Error::new_spanned(
+    let boxed_output = match &sig.output {
+        ReturnType::Type(_, ty) => boxed_future_output(ty),
+        ReturnType::Default => None,
+    };
+    let form = match (&sig.asyncness, &sig.output, boxed_output) {
+        (Some(_), ReturnType::Type(_, ty), _) => Ok((Form::Async, (**ty).clone())),
+        (Some(_), ReturnType::Default, _) => Err(syn::Error::new_spanned(
+            sig,
+            "`#[idempotent]` needs a return type `Result<T, E>` (T: Serialize + \
+             DeserializeOwned, E: From<idem::Error>); this function returns `()`",
+        )),
+        (None, _, Some(output)) => Ok((Form::Boxed, output.clone())),
+        (None, _, None) => Err(syn::Error::new_spanned(
             sig.fn_token,
             "`#[idempotent]` needs an `async fn`: it waits on the store before and after the \
              body; add `async` before `fn`",
         )),
     };
-    let return_type = match &sig.output {
-        ReturnType::Type(_, ty) if is_result(ty) => Ok((**ty).clone()),
-        ReturnType::Type(_, ty) => Err(syn::Error::new_spanned(
-            ty,
-            "`#[idempotent]` needs a return type `Result<T, E>` (T: Serialize + \
-             DeserializeOwned, E: From<idem::Error>): idem's own errors reach the caller \
-             through `E`, and only `Ok` values are stored",
-        )),
-        ReturnType::Default => Err(syn::Error::new_spanned(
-            sig,
-            "`#[idempotent]` needs a return type `Result<T, E>` (T: Serialize + \
-             DeserializeOwned, E: From<idem::Error>); this function returns `()`",
-        )),
-    };
     let scope = match &args.scope {
-        Some((_, lit)) => Ok(lit.clone()),
-        None => default_scope(func),
+        Some((_, lit)) => Ok(Some(lit.clone())),
+        None => check_default_scope(func).map(|()| None),
     };
     let transactional = match &args.transaction {
-        Some((_, parameter)) => check_transaction(func, parameter, &args),
+        Some((keyword, parameter)) => {
+            let boxed = matches!(form, Ok((Form::Boxed, _))).then(|| {
+                syn::Error::new(
+                    keyword.span(),
+                    "`transaction` does not work on a method that `#[async_trait]` has \
+                     rewritten: its boxed body owns the connection, so the claim could not be \
+                     finished on it afterwards; write the trait with a native `async fn` \
+                     (without `#[async_trait]`) to use `transaction`",
+                )
+            });
+            combine_errors(
+                boxed
+                    .into_iter()
+                    .chain(check_transaction(func, parameter, &args).err()),
+            )
+        }
         None => Ok(()),
     };
     let detach = match (&args.detach, &args.transaction) {
@@ -108,42 +139,83 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
              `key = req.request_id` (an `Option` makes idempotency optional)",
         )
     });
-    let store = args.store.map(|(_, store)| store).ok_or_else(|| {
+    let engine = args.engine.map(|(_, engine)| engine).ok_or_else(|| {
         let message = if args.transaction.is_some() {
-            "missing `store = …`: the `idem::Transactional` engine to record calls in, such as \
-             `store = self.idem` (an engine, a reference to one, or an `Arc` of one)"
+            "missing `engine = …`: the `idem::Transactional` engine to record calls in, such as \
+             `engine = self.idem` (an engine, a reference to one, or an `Arc` of one)"
         } else {
-            "missing `store = …`: the `idem::Idempotency` engine to record calls in, such as \
-             `store = self.idem` (an engine, a reference to one, or an `Arc` of one)"
+            "missing `engine = …`: the `idem::Idempotency` engine to record calls in, such as \
+             `engine = self.idem` (an engine, a reference to one, or an `Arc` of one)"
         };
         syn::Error::new(Span::call_site(), message)
     });
     combine_errors(
         [
-            asyncness.err(),
-            return_type.as_ref().err().cloned(),
+            form.as_ref().err().cloned(),
             scope.as_ref().err().cloned(),
             key.as_ref().err().cloned(),
-            store.as_ref().err().cloned(),
+            engine.as_ref().err().cloned(),
             transactional.err(),
             detach.as_ref().err().cloned(),
         ]
         .into_iter()
         .flatten(),
     )?;
+    let (form, return_type) = form?;
     Ok(Call {
-        return_type: return_type?,
+        form,
+        return_type,
         scope: scope?,
         key: key?,
-        store: store?,
+        engine: engine?,
         caller: args.caller.map(|(_, caller)| caller),
         fingerprint: args.fingerprint.map(|(_, fp)| fp),
         lease: args.lease.map(|(_, lease)| lease),
-        ttl: args.ttl.map(|(_, ttl)| ttl),
+        retention: args.retention.map(|(_, retention)| retention),
         on_locked: args.on_locked.map(|(_, on_locked)| on_locked),
         transaction: args.transaction.map(|(_, parameter)| parameter),
         detach: detach?,
+        deprecated: args.deprecated,
     })
+}
+
+/// `R` of `Pin<Box<dyn Future<Output = R> + …>>`, the return type `#[async_trait]` gives the
+/// methods it rewrites (paths may be qualified, as `::core::pin::Pin`).
+fn boxed_future_output(ty: &Type) -> Option<&Type> {
+    let Type::Path(pin) = ty else { return None };
+    let pin = pin.path.segments.last().filter(|s| s.ident == "Pin")?;
+    let boxed = single_type_argument(&pin.arguments)?;
+    let Type::Path(boxed) = boxed else {
+        return None;
+    };
+    let boxed = boxed.path.segments.last().filter(|s| s.ident == "Box")?;
+    let Type::TraitObject(object) = single_type_argument(&boxed.arguments)? else {
+        return None;
+    };
+    object.bounds.iter().find_map(|bound| {
+        let TypeParamBound::Trait(bound) = bound else {
+            return None;
+        };
+        let future = bound.path.segments.last().filter(|s| s.ident == "Future")?;
+        let PathArguments::AngleBracketed(args) = &future.arguments else {
+            return None;
+        };
+        args.args.iter().find_map(|arg| match arg {
+            GenericArgument::AssocType(output) if output.ident == "Output" => Some(&output.ty),
+            _ => None,
+        })
+    })
+}
+
+/// `T` of `<T>`.
+fn single_type_argument(arguments: &PathArguments) -> Option<&Type> {
+    let PathArguments::AngleBracketed(args) = arguments else {
+        return None;
+    };
+    match (args.args.len(), args.args.first()) {
+        (1, Some(GenericArgument::Type(ty))) => Some(ty),
+        _ => None,
+    }
 }
 
 /// With `transaction = <parameter>`: the parameter exists, and no argument that only the
@@ -197,35 +269,20 @@ fn combine_errors(errors: impl IntoIterator<Item = syn::Error>) -> syn::Result<(
     }
 }
 
-/// Whether `ty` names a `Result`: `Result<…>`, `std::result::Result<…>`, `io::Result<…>` or any
-/// other alias whose last path segment is `Result`.
-fn is_result(ty: &Type) -> bool {
-    match ty {
-        Type::Path(path) => path
-            .path
-            .segments
-            .last()
-            .is_some_and(|segment| segment.ident == "Result"),
-        Type::Group(group) => is_result(&group.elem),
-        Type::Paren(paren) => is_result(&paren.elem),
-        _ => false,
-    }
-}
-
-/// Without `scope = …`, the scope is the function's name.
-fn default_scope(func: &ItemFn) -> syn::Result<LitStr> {
+/// Without `scope = …`, the scope is the function's path, which holds its name: the name must
+/// be ASCII, as every scope is.
+fn check_default_scope(func: &ItemFn) -> syn::Result<()> {
     let ident = &func.sig.ident;
     let name = ident.unraw().to_string();
     check_scope(&name).map_err(|msg| {
         syn::Error::new(
             ident.span(),
             format!(
-                "without `scope = …` the scope is the function name `{name}`, and {msg}: add \
-                 `scope = \"…\"`"
+                "without `scope = …` the scope is the function's path, which ends in its name \
+                 `{name}`, and {msg}: add `scope = \"…\"`"
             ),
         )
-    })?;
-    Ok(LitStr::new(&name, ident.span()))
+    })
 }
 
 fn expand(func: ItemFn, call: Call) -> TokenStream {
@@ -239,27 +296,40 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
         .into_iter()
         .partition(|attr| matches!(attr.style, AttrStyle::Inner(_)));
     let Call {
+        form,
         return_type,
         scope,
         key,
-        store,
+        engine,
         caller,
         fingerprint,
         lease,
-        ttl,
+        retention,
         on_locked,
         transaction,
         detach,
+        deprecated,
     } = call;
 
-    // User expressions keep their spans, so a type error points at what the user wrote.
+    // User expressions keep their spans, so a type error points at what the user wrote; what
+    // the return type must satisfy is checked, and reported, on the return type.
+    let returns = return_type.span();
+    let deprecated = deprecated.iter().map(deprecation);
+    let scope = match scope {
+        Some(lit) => quote!(#lit),
+        // The path of an item declared here is the function's path plus the item's name.
+        None => quote! {{
+            fn __idem_scope() {}
+            ::idem::__private::default_scope(__idem_scope)
+        }},
+    };
     let engine = match &transaction {
-        None => quote_spanned! {store.span()=>
-            ::core::clone::Clone::clone(::idem::__private::AsEngine::as_engine(&(#store)))
+        None => quote_spanned! {engine.span()=>
+            ::core::clone::Clone::clone(::idem::__private::AsEngine::as_engine(&(#engine)))
         },
-        Some(_) => quote_spanned! {store.span()=>
+        Some(_) => quote_spanned! {engine.span()=>
             ::core::clone::Clone::clone(::idem::__private::AsTransactional::as_transactional(
-                &(#store)
+                &(#engine)
             ))
         },
     };
@@ -275,48 +345,76 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
         None => quote!(::core::result::Result::Ok(::core::option::Option::None)),
     };
     let lease = duration(lease);
-    let ttl = duration(ttl);
+    let retention = duration(retention);
     let on_locked = typed_on_locked(on_locked);
-
-    let run = match detach {
-        // The body owns what it uses (`async move`) and must be `'static + Send`.
-        true => quote!(::idem::__private::run_detached),
-        false => quote!(::idem::__private::run),
+    // Everything the record needs is computed from borrows before the body starts, so the body
+    // may still move the function's arguments. With `transaction`, `lease` and `on_locked` are
+    // refused, so the options hold the retention only.
+    let prelude = quote! {
+        #(#inner_attrs)*
+        #(#deprecated)*
+        let __idem_engine = #engine;
+        let __idem_scope: &'static str = #scope;
+        let __idem_key = ::idem::__private::key(__idem_scope, #caller, #key);
+        let __idem_fingerprint = #fingerprint;
+        let __idem_options =
+            ::idem::__private::options(#lease, #retention, #on_locked).scoped(__idem_scope);
     };
-    let body = match transaction {
-        None => quote! {
-            #(#inner_attrs)*
-            // Everything the record needs is computed from borrows before the body starts, so
-            // the body may still move the function's arguments.
-            let __idem_engine = #engine;
-            let __idem_key = ::idem::__private::key(#scope, #caller, #key);
-            let __idem_fingerprint = #fingerprint;
-            let __idem_options = ::idem::__private::options(#lease, #ttl, #on_locked);
-            #run(
+
+    // The return type appears as the first type argument of `call` (or of `check_return`, where
+    // `run_detached` runs the body): what it must satisfy is reported there, on the return type
+    // the user wrote, and the rest of the call is spanned there too.
+    let call = |work: TokenStream| match detach {
+        false => quote_spanned! {returns=>
+            ::idem::__private::call::<#return_type, _, _>(
                 &__idem_engine,
                 __idem_key,
                 __idem_fingerprint,
                 __idem_options,
-                ::idem::__private::body::<#return_type, _>(async move #block),
+                #work,
             )
             .await
         },
-        Some(tx) => {
+        // The body owns what it uses (`async move`) and must be `'static + Send`.
+        true => quote_spanned! {returns=>
+            ::idem::__private::check_return::<#return_type>();
+            ::idem::__private::run_detached(
+                &__idem_engine,
+                __idem_key,
+                __idem_fingerprint,
+                __idem_options,
+                ::idem::__private::body::<#return_type, _>(#work),
+            )
+            .await
+        },
+    };
+    let body = match (transaction, form) {
+        (None, Form::Async) => {
+            let call = call(quote!(async move #block));
+            quote! {
+                #prelude
+                #call
+            }
+        }
+        // `#[async_trait]` made the body build a boxed future that owns the arguments: build
+        // it after the key is derived, and return a boxed future that runs it through idem.
+        (None, Form::Boxed) => {
+            let call = call(quote!(__idem_body));
+            quote! {
+                #prelude
+                let __idem_body = #block;
+                ::std::boxed::Box::pin(async move { #call })
+            }
+        }
+        (Some(tx), _) => {
             // `&mut *tx` reborrows the parameter, so `tx` stays usable, and coerces to the
             // store's connection type from a `&mut` connection or a `&mut Transaction`.
             let conn = quote_spanned! {tx.span()=>
                 ::idem::__private::tx_connection(&__idem_engine, &mut *#tx)
             };
             quote! {
-                #(#inner_attrs)*
-                let __idem_engine = #engine;
-                let __idem_key = ::idem::__private::key(#scope, #caller, #key);
-                let __idem_fingerprint = #fingerprint;
-                let __idem_options = ::idem::__private::options(
-                    ::core::option::Option::None,
-                    #ttl,
-                    ::core::option::Option::None,
-                );
+                #prelude
+                ::idem::__private::check_return::<#return_type>();
                 let __idem_claim = match ::idem::__private::tx_begin(
                     &__idem_engine,
                     #conn,
@@ -350,6 +448,20 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
     quote! {
         #(#outer_attrs)*
         #vis #sig #body
+    }
+}
+
+/// A use of an old argument name: a deprecated item used at the keyword, so the compiler warns
+/// there (a proc macro on stable Rust has no other way to emit a warning).
+fn deprecation((keyword, new): &(Ident, &'static str)) -> TokenStream {
+    let note = format!("`{keyword} = …` is now `{new} = …`: rename the argument");
+    let item = Ident::new(&keyword.unraw().to_string(), keyword.span());
+    quote_spanned! {keyword.span()=>
+        {
+            #[deprecated(note = #note)]
+            fn #item() {}
+            #item();
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use proc_macro::TokenStream;
 
 /// Runs an `async fn` once per key: the first call runs the body and stores its `Ok` value;
 /// a later call with the same key gets that value back without running the body, until the
-/// retention (`ttl`) ends.
+/// `retention` ends.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,9 +43,9 @@ use proc_macro::TokenStream;
 ///         key = req.request_id,
 ///         caller = self.tenant,
 ///         scope = "deposit",
-///         store = self.idem,
+///         engine = self.idem,
 ///         fingerprint = req,
-///         ttl = "24h",
+///         retention = "24h",
 ///     )]
 ///     async fn deposit(&self, req: Deposit) -> Result<Receipt, BankError> {
 ///         let deposit_no = self.deposits.fetch_add(1, Ordering::SeqCst) + 1;
@@ -75,32 +75,120 @@ use proc_macro::TokenStream;
 /// # Where it applies
 ///
 /// An `async fn` with a body: a free function, or a method in an `impl` block (inherent or
-/// trait) with any receiver (`&self`, `&mut self`, `self`, `self: Arc<Self>`). Generics,
-/// visibility, other attributes and doc comments are kept. The function returns
-/// `Result<T, E>` where
+/// trait, including an `#[async_trait]` impl) with any receiver (`&self`, `&mut self`, `self`,
+/// `self: Arc<Self>`). Generics, visibility, other attributes and doc comments are kept. The
+/// function returns `Result<T, E>`, written so or through an alias of any name
+/// (`type AppResult<T> = Result<T, AppError>`), where
 ///
 /// - `T: Serialize + DeserializeOwned`: the `Ok` value is stored (as JSON by default) and
 ///   replayed;
 /// - `E: From<idem::Error>`: idem's own errors (invalid key, key reused, locked, store down)
 ///   reach the caller through the function's error type.
 ///
-/// The return type is checked by name: it must be written `Result<…>` (a path ending in
-/// `Result`, such as `std::io::Result<T>`); an alias of another name is refused.
+/// The return type is checked by these bounds, not by its name; an unmet one is reported on
+/// the return type.
+///
+/// **`#[async_trait]`.** Put `#[async_trait]` on the trait and on the impl, as usual, and
+/// `#[idempotent(…)]` on the method in the impl, before or after its other attributes.
+/// `#[async_trait]` on the impl runs first and turns the method into a plain `fn` returning
+/// `Pin<Box<dyn Future<Output = R> + Send + 'async_trait>>`; the attribute recognises that form,
+/// derives the key from the arguments, then runs the boxed body through idem. `transaction`
+/// does not work in that form (the boxed body owns the connection): use a native `async fn` in
+/// the trait instead.
+///
+/// ```
+/// use async_trait::async_trait;
+/// use idem::{idempotent, Idempotency, MemoryStore};
+///
+/// #[async_trait]
+/// trait Handler {
+///     async fn handle(&self, message_id: &str) -> Result<u32, idem::Error>;
+/// }
+///
+/// struct Consumer { idem: Idempotency }
+///
+/// #[async_trait]
+/// impl Handler for Consumer {
+///     #[idempotent(key = message_id, scope = "consume", engine = self.idem)]
+///     async fn handle(&self, message_id: &str) -> Result<u32, idem::Error> {
+///         Ok(7)
+///     }
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let consumer = Consumer { idem: Idempotency::new(MemoryStore::new()) };
+/// # assert_eq!(consumer.handle("m-1").await.unwrap(), 7);
+/// # }
+/// ```
+///
+/// **axum handlers.** axum's `Json<T>` is neither `Serialize` nor `Deserialize`, so it cannot
+/// be the stored value. Let the idempotent function return the value (`Result<Order,
+/// ApiError>`) and the handler wrap it, with the status it chooses:
+///
+/// ```
+/// use axum::{extract::State, http::{HeaderMap, StatusCode}, Json};
+/// use idem::{idempotent, Idempotency};
+/// use serde::{Deserialize, Serialize};
+/// # #[derive(Debug, thiserror::Error)]
+/// # enum ApiError {
+/// #     #[error(transparent)] Idem(#[from] idem::Error),
+/// #     #[error("missing Idempotency-Key")] MissingKey,
+/// # }
+/// # impl axum::response::IntoResponse for ApiError {
+/// #     fn into_response(self) -> axum::response::Response {
+/// #         (StatusCode::BAD_REQUEST, self.to_string()).into_response()
+/// #     }
+/// # }
+/// #[derive(Deserialize)]
+/// struct NewOrder { cents: u64 }
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Order { cents: u64 }
+///
+/// #[idempotent(key = request_id, scope = "create-order", engine = engine)]
+/// async fn create_order(engine: &Idempotency, request_id: &str, new: NewOrder) -> Result<Order, ApiError> {
+///     Ok(Order { cents: new.cents })
+/// }
+///
+/// async fn post_order(
+///     State(engine): State<Idempotency>,
+///     headers: HeaderMap,
+///     Json(new): Json<NewOrder>,
+/// ) -> Result<(StatusCode, Json<Order>), ApiError> {
+///     let request_id = headers
+///         .get("idempotency-key")
+///         .and_then(|v| v.to_str().ok())
+///         .ok_or(ApiError::MissingKey)?;
+///     let order = create_order(&engine, request_id, new).await?; // replayed on a retry
+///     Ok((StatusCode::CREATED, Json(order)))
+/// }
+/// # let _app: axum::Router = axum::Router::new()
+/// #     .route("/orders", axum::routing::post(post_order))
+/// #     .with_state(Idempotency::new(idem::MemoryStore::new()));
+/// ```
+///
+/// A `Json<T>` as the `Ok` type is refused on the return type with a note saying this. To store
+/// and replay whole HTTP responses, status and headers included, use the HTTP layer of the
+/// `http` feature instead of the attribute.
 ///
 /// # Arguments
 ///
 /// | argument | required | value | meaning |
 /// |---|---|---|---|
-/// | `key` | yes | expression: `&str`, `String`, an integer, a `uuid::Uuid`, or an `Option` of one | The client key: what the caller sent (request id, `Idempotency-Key` header, message id). `None` runs the body without deduplication. |
-/// | `store` | yes | expression: an `idem::Idempotency`, a reference to one, or an `Arc` of one | The engine: the store plus its policy (lease, retention, waiting, size limit, codec). |
-/// | `scope` | no | string literal, 1 to 255 bytes of printable ASCII, checked at compile time | Names the operation. Default: the function's name. |
+/// | `key` | yes | expression of an `idem::KeyPart` type: `&str`, `String`, `Box<str>`, `Arc<str>`, `Rc<str>`, `Cow<str>`, an integer, a `uuid::Uuid`, a reference to one or an `Option` of one | The client key: what the caller sent (request id, `Idempotency-Key` header, message id). `None` runs the body without deduplication. A function generic over its key bounds it `K: idem::KeyPart` (`K: Into<String>` is not enough: the key is read from a borrow, before the body may move it). |
+/// | `engine` | yes | expression: an `idem::Idempotency`, a reference to one, or an `Arc` of one | The engine: the store plus its policy (lease, retention, waiting, size limit, codec). |
+/// | `scope` | no | string literal, 1 to 255 bytes of printable ASCII, checked at compile time | Names the operation. Default: the function's path (below). |
 /// | `caller` | no | expression, as for `key` | Who asks (tenant, user, token id). Two callers sending the same key never share a record. Default: empty. |
 /// | `fingerprint` | no | expression of a `Serialize` type | Hashed as canonical JSON. A call reusing a key with another fingerprint gets `idem::Error::KeyReused`. |
 /// | `lease` | no | duration literal | How long a claim blocks its key without a heartbeat; renewed every third of it while the body runs. Default: the engine's policy (30 s). |
-/// | `ttl` | no | duration literal | How long a completed result is replayed. Default: the engine's policy (24 h). |
+/// | `retention` | no | duration literal | How long a completed result is replayed. Default: the engine's policy (24 h). |
 /// | `on_locked` | no | expression of type `idem::OnLocked` | What a call does while another call runs the same key: `OnLocked::FailFast` (`idem::Error::Locked`) or `OnLocked::Wait { timeout }` (then replay). Default: the engine's policy (fail fast). |
-/// | `transaction` | no | the name of a parameter: `&mut sqlx::Transaction<'_, DB>` or `&mut` connection | Transactional mode (below): the claim, the body and the stored result share this transaction. `store` is then an `idem::Transactional`; `lease` and `on_locked` are refused. |
+/// | `transaction` | no | the name of a parameter: `&mut sqlx::Transaction<'_, DB>` or `&mut` connection | Transactional mode (below): the claim, the body and the stored result share this transaction. `engine` is then an `idem::Transactional`; `lease` and `on_locked` are refused. |
 /// | `detach` | no | `true` or `false` | `true`: once the call has claimed its key, the body runs to its end on a task of its own, and its result is stored, even if the caller is cancelled (a `timeout`, a client that disconnects); a retry replays it. The body must own what it uses (`'static + Send`): take arguments by value and `self: Arc<Self>` rather than `&self`. Refused with `transaction`. Default `false`: a cancelled call stops the body and releases the claim, so a retry runs it again. |
+///
+/// `store` and `ttl`, the old names of `engine` and `retention`, still work but are deprecated:
+/// the compiler warns on them (a `deprecated` warning, so `#![deny(deprecated)]` makes it an
+/// error). A misspelt argument gets "did you mean" with the closest name.
 ///
 /// Arguments are `name = value`, separated by commas, in any order. Duration literals are a
 /// number and a unit (`ms`, `s`, `m`, `h`, `d`), or several from the largest unit to the
@@ -111,17 +199,67 @@ use proc_macro::TokenStream;
 /// parts); the key and caller must be 1 to 255 bytes of printable ASCII, otherwise the call
 /// returns `idem::Error::InvalidKey` without running the body or touching the store.
 ///
-/// **Renaming forgets.** Stored results are found by scope. Renaming the scope forgets every
-/// key stored under the old one, and so does renaming the function when `scope` is not given.
-/// For a method the default scope is the bare method name, not the type's: two methods of the
-/// same name sharing an engine share their keys, so give each a `scope`.
+/// # The default scope, and what a rename does
+///
+/// Without `scope`, the scope is the function's path as Rust names it, from the crate down:
+/// `my_app::billing::charge` for a free function, `my_app::billing::Orders::create` for a
+/// method or associated function of `Orders`, `<my_app::Orders as my_app::Handler>::handle` in
+/// a trait impl, `my_app::Cache<_>::fill` in a generic impl (all instances share it). Two
+/// different functions therefore never share keys, even with the same name: `Orders::create`
+/// and `Refunds::create` keep apart. (A path longer than 255 bytes keeps its last 255.)
+///
+/// ```
+/// use idem::{Idempotency, MemoryStore};
+///
+/// mod billing {
+///     use idem::{idempotent, Idempotency};
+///
+///     pub struct Orders;
+///     pub struct Refunds;
+///
+///     impl Orders {
+///         #[idempotent(key = id, engine = engine)]
+///         pub async fn create(engine: &Idempotency, id: &str) -> Result<String, idem::Error> {
+///             Ok(format!("order {id}"))
+///         }
+///     }
+///
+///     impl Refunds {
+///         #[idempotent(key = id, engine = engine)]
+///         pub async fn create(engine: &Idempotency, id: &str) -> Result<String, idem::Error> {
+///             Ok(format!("refund {id}"))
+///         }
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let engine = Idempotency::new(MemoryStore::new());
+/// assert_eq!(billing::Orders::create(&engine, "42").await?, "order 42");
+/// assert_eq!(billing::Refunds::create(&engine, "42").await?, "refund 42"); // its own result
+/// let scope = concat!(module_path!(), "::billing::Refunds::create");
+/// let key = idem::Key::derive(scope, "", "42")?;
+/// assert!(engine.store().get(&key).await?.is_some());
+/// # Ok(()) }
+/// ```
+///
+/// **Renaming forgets.** Stored results are found by scope. Renaming or moving the function,
+/// its module, its crate or its type (or the trait it implements) changes the default scope,
+/// and so does editing an explicit `scope`: every result stored under the old scope is then
+/// forgotten, and a retry of an old request runs the body again. The default path is also the
+/// compiler's wording (`std::any::type_name`), which Rust does not promise to keep across
+/// releases. So give every function whose results must outlive a deploy an explicit
+/// `scope = "…"`, and keep it when you rename the function.
+///
+/// Before this rule the default scope was the bare function name; a function without `scope`
+/// keeps the results it stored then by naming it: `scope = "create"` for `fn create`.
 ///
 /// # What a call returns
 ///
 /// | situation | result |
 /// |---|---|
 /// | new key | the body runs; its `Ok` value is stored and returned |
-/// | key completed before, within `ttl` | the stored value, deserialized; the body does not run |
+/// | key completed before, within `retention` | the stored value, deserialized; the body does not run |
 /// | the body returns `Err` | that error; nothing is stored and the claim is released, so a retry runs again |
 /// | the call is cancelled (its future dropped) while the body runs | without `detach`: the body stops and the claim is released at once (by lease expiry when no tokio runtime is left), so a retry runs it again; with `detach = true`: the body runs on, its result is stored, and a retry replays it |
 /// | the call is cancelled while its claim or its result is being written | that statement is finished on a task of its own; a claim it made is released (or, for the result, kept) |
@@ -147,26 +285,38 @@ use proc_macro::TokenStream;
 /// prefixed `__idem_` so they never clash with yours):
 ///
 /// ```text
-/// let __idem_engine = <clone of the engine named by `store`>;           // one Arc clone
+/// let __idem_engine = <clone of the engine named by `engine`>;        // one Arc clone
 /// let __idem_key = key(<scope>, <Some(&caller) or None>, &<key>);     // Result<Option<Key>, Error>
 /// let __idem_fingerprint = fingerprint(&<fingerprint>);               // or Ok(None)
-/// let __idem_options = options(<lease>, <ttl>, <on_locked>);          // None: engine's policy
-/// run(&__idem_engine, __idem_key, __idem_fingerprint, __idem_options,
-///     body::<ReturnType, _>(async move { <the original body> })).await
+/// let __idem_options = options(<lease>, <retention>, <on_locked>);    // None: engine's policy
+/// call::<ReturnType, _, _>(&__idem_engine, __idem_key, __idem_fingerprint, __idem_options,
+///     async move { <the original body> }).await
 /// ```
 ///
-/// where `key`, `fingerprint`, `options`, `run` and `body` are in `::idem::__private`.
-/// The key, caller and fingerprint are computed from borrows before the body starts, and the
-/// engine is cloned, so the body may still move the function's arguments (including one that
-/// `store` or `key` names). `body::<ReturnType, _>` pins the body's output to the declared
-/// return type, so `?` and `return` inside the body behave as in the original function.
-/// The generated future is `Send` whenever the original body's future is.
+/// where `key`, `fingerprint`, `options` and `call` (a thin layer over `run`; with
+/// `detach = true`, `check_return::<ReturnType>()` then `run_detached(…, body::<ReturnType,
+/// _>(…))`) are in `::idem::__private`. Without `scope`,
+/// `<scope>` is `default_scope(__idem_scope)` for an empty `fn __idem_scope() {}` declared in
+/// the body: that item's path less its own name. The key, caller and fingerprint are computed
+/// from borrows before the body starts, and the engine is cloned, so the body may still move
+/// the function's arguments (including one that `engine` or `key` names).
+/// `call::<ReturnType, _, _>` pins the body's output to the declared return type, so `?` and
+/// `return` inside the body behave as in the original function, and carries the bounds on `T`
+/// and `E`, so an unmet one is reported on the return type. The generated future is `Send`
+/// whenever the original body's future is.
+///
+/// For an `#[async_trait]` method, the original body (which builds the boxed future) is
+/// evaluated after the key is derived, as `__idem_body`, and the method returns
+/// `Box::pin(async move { call::<R, _, _>(…, __idem_body).await })`.
+///
+/// An old argument name adds `{ #[deprecated] fn store() {} store(); }`, spanned
+/// on the name, so the compiler's `deprecated` warning points at it.
 ///
 /// # Transactional mode
 ///
 /// When the body writes to the same SQL database as the idempotency records (SQLite or
 /// PostgreSQL), `transaction = tx` names the parameter holding the caller's transaction (or
-/// connection), and `store` names an `idem::Transactional` engine over that database's store.
+/// connection), and `engine` names an `idem::Transactional` engine over that database's store.
 /// The claim, the body's writes and the stored result then commit together or not at all: a
 /// crash or a dropped transaction before the commit leaves nothing, so the retry applies the
 /// work exactly once. A concurrent duplicate waits on the database's lock until the first
@@ -182,7 +332,7 @@ use proc_macro::TokenStream;
 /// #     #[error(transparent)] Sql(#[from] sqlx::Error),
 /// # }
 ///
-/// #[idempotent(key = request_id, scope = "deposit", store = idem, transaction = tx)]
+/// #[idempotent(key = request_id, scope = "deposit", engine = idem, transaction = tx)]
 /// async fn deposit(
 ///     idem: &Transactional<SqliteStore>,
 ///     tx: &mut Transaction<'_, Sqlite>,
@@ -218,6 +368,7 @@ use proc_macro::TokenStream;
 ///     Ok(TxBegun::Replayed(value)) => return Ok(value),
 ///     Err(e) => return Err(From::from(e)),
 /// };
+/// check_return::<ReturnType>();                      // the bounds on T and E, on the return type
 /// let __idem_result = body::<ReturnType, _>(async { <the original body> }).await;
 /// tx_end(&engine, &mut *tx, __idem_claim, __idem_result).await  // Ok: store it; Err: release
 /// ```
@@ -225,7 +376,7 @@ use proc_macro::TokenStream;
 /// The body is not a `move` block: it borrows the transaction while it runs, so `tx` is usable
 /// in the body and after it (it must not be moved away, for instance committed, inside the
 /// body). An `Err` releases the claim inside the transaction, so committing leaves the key free;
-/// rolling back does too. `ttl` sets how long the result is kept. `lease` and `on_locked` do
+/// rolling back does too. `retention` sets how long the result is kept. `lease` and `on_locked` do
 /// not apply: the claim is invisible to other calls until the commit, and a duplicate waits on
 /// the database's lock rather than on the lease. A plain connection outside a transaction also
 /// works, but then every statement commits on its own and the one-transaction guarantee is
@@ -237,14 +388,18 @@ use proc_macro::TokenStream;
 /// # Compile errors
 ///
 /// Each mistake is reported on the token that causes it, and the function is still emitted
-/// unchanged next to the error, so only that one error shows: a function that is not
-/// `async`; a missing `key` or `store`; an unknown argument (the message lists the known
-/// ones); an argument given twice (on the second one); an argument without a value; a
-/// malformed, zero or too long duration; a `scope` that is not a string literal, is empty,
-/// longer than 255 bytes or not printable ASCII (and, without `scope`, a function name that is
-/// not ASCII); a return type that is not `Result<…>`; a `transaction` that is not the name of a
-/// parameter, or given with `lease` or `on_locked`. A `key`, `caller`, `store`, `on_locked` or
-/// `transaction` of the wrong type is reported by the type checker on that expression.
+/// unchanged next to the error, so only that one error shows: a function that is not `async`
+/// (nor rewritten by `#[async_trait]`); a missing `key` or `engine`; an unknown argument (with
+/// "did you mean" when a known name is close, otherwise the list of the known ones); an
+/// argument given twice, also under its old name (on the second one); an argument without a
+/// value; a malformed, zero or too long duration; a `scope` that is not a string literal, is
+/// empty, longer than 255 bytes or not printable ASCII (and, without `scope`, a function name
+/// that is not ASCII); a `transaction` that is not the name of a parameter, given with `lease`
+/// or `on_locked`, or on an `#[async_trait]` method. The type checker reports, on the return
+/// type, a return type that is not a `Result`, an `Ok` type that is not `Serialize +
+/// DeserializeOwned` (such as axum's `Json<T>`) and an `Err` type without `From<idem::Error>`;
+/// and a `key`, `caller`, `engine`, `on_locked` or `transaction` of the wrong type on that
+/// expression. The old names `store` and `ttl` get a `deprecated` warning on the name.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()

@@ -94,7 +94,7 @@ impl Service {
         key = payment.key,
         caller = self.tenant,
         scope = "pay",
-        store = self.idem,
+        engine = self.idem,
         fingerprint = payment,
         on_locked = OnLocked::Wait { timeout: Duration::from_secs(60) },
     )]
@@ -112,7 +112,7 @@ impl Service {
     }
 
     /// Optional idempotency: `None` runs every time. Fails fast on a live claim.
-    #[idempotent(key = key, caller = self.tenant, scope = "note", store = self.idem, lease = "3s")]
+    #[idempotent(key = key, caller = self.tenant, scope = "note", engine = self.idem, lease = "3s")]
     pub async fn note(&self, key: Option<&str>, work: Duration) -> Result<u64, PayError> {
         self.count_run(key.unwrap_or("<none>"));
         tokio::time::sleep(work).await;
@@ -120,7 +120,7 @@ impl Service {
     }
 
     /// Returns a text of `len` bytes, to exceed the engine's response limit.
-    #[idempotent(key = key, scope = "report", store = self.idem)]
+    #[idempotent(key = key, scope = "report", engine = self.idem)]
     pub async fn report(&self, key: &str, len: usize) -> Result<String, PayError> {
         self.count_run(key);
         Ok("x".repeat(len))
@@ -132,7 +132,7 @@ impl Service {
         key = payment.key,
         caller = self.tenant,
         scope = "pay-detached",
-        store = self.idem,
+        engine = self.idem,
         on_locked = OnLocked::Wait { timeout: Duration::from_secs(60) },
         detach = true,
     )]

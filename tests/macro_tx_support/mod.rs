@@ -80,10 +80,10 @@ pub struct Receipt {
     key = request_id,
     caller = account,
     scope = "deposit",
-    store = bank.idem(),
+    engine = bank.idem(),
     transaction = tx,
     fingerprint = cents,
-    ttl = "7d",
+    retention = "7d",
 )]
 pub async fn deposit<B: Bank>(
     bank: &B,
@@ -101,7 +101,7 @@ pub async fn deposit<B: Bank>(
 }
 
 /// Withdraws once per request; more than the balance is an error, which releases the claim.
-#[idempotent(key = request_id, scope = "withdraw", store = bank.idem(), transaction = tx)]
+#[idempotent(key = request_id, scope = "withdraw", engine = bank.idem(), transaction = tx)]
 pub async fn withdraw<B: Bank>(
     bank: &B,
     tx: &mut B::Conn,

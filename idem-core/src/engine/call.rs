@@ -115,6 +115,9 @@ impl<'e, En> Call<'e, En> {
 
     /// Sets several options at once (the attribute's and the HTTP layer's way).
     pub(crate) fn overrides(mut self, overrides: Overrides) -> Self {
+        if let Some(scope) = overrides.scope {
+            self.scope = Scope::Static(scope);
+        }
         self.overrides = overrides;
         self
     }

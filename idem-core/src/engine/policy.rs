@@ -258,6 +258,16 @@ pub struct Overrides {
     pub(crate) lease: Option<Duration>,
     pub(crate) retention: Option<Duration>,
     pub(crate) on_locked: Option<OnLocked>,
+    /// The call's label in metrics, traces and hooks (the attribute's scope).
+    pub(crate) scope: Option<&'static str>,
+}
+
+impl Overrides {
+    /// Labels the call with the attribute's scope.
+    pub fn scoped(mut self, scope: &'static str) -> Overrides {
+        self.scope = Some(scope);
+        self
+    }
 }
 
 /// A call's options, resolved against the policy and checked.

@@ -1,6 +1,6 @@
 use idem::{idempotent, Idempotency};
 
-#[idempotent(key = id, store = engine, lease = "30sec")]
+#[idempotent(key = id, engine = engine, lease = "30sec")]
 async fn charge(engine: &Idempotency, id: &str) -> Result<u64, idem::Error> {
     let _ = (engine, id);
     Ok(1)

@@ -1,7 +1,7 @@
 use idem::{idempotent, SqliteStore, Transactional};
 use sqlx::{Sqlite, Transaction};
 
-#[idempotent(key = id, store = idem, transaction = tx, detach = true)]
+#[idempotent(key = id, engine = idem, transaction = tx, detach = true)]
 async fn credit(
     idem: &Transactional<SqliteStore>,
     tx: &mut Transaction<'_, Sqlite>,

@@ -1,6 +1,6 @@
 use idem::{idempotent, Idempotency};
 
-#[idempotent(key = id, store = engine)]
+#[idempotent(key = id, engine = engine)]
 async fn charge(engine: &Idempotency, id: &str) {
     let _ = (engine, id);
 }

@@ -1,6 +1,6 @@
 use idem::idempotent;
 
-#[idempotent(key = id, store = engine)]
+#[idempotent(key = id, engine = engine)]
 struct Charge {
     id: String,
 }

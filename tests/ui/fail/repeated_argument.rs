@@ -1,6 +1,6 @@
 use idem::{idempotent, Idempotency};
 
-#[idempotent(key = id, store = engine, key = other)]
+#[idempotent(key = id, engine = engine, key = other)]
 async fn charge(engine: &Idempotency, id: &str, other: &str) -> Result<u64, idem::Error> {
     let _ = (engine, id, other);
     Ok(1)

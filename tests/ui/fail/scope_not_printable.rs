@@ -1,6 +1,6 @@
 use idem::{idempotent, Idempotency};
 
-#[idempotent(key = id, scope = "charge\tcard", store = engine)]
+#[idempotent(key = id, scope = "charge\tcard", engine = engine)]
 async fn charge(engine: &Idempotency, id: &str) -> Result<u64, idem::Error> {
     let _ = (engine, id);
     Ok(1)

@@ -1,6 +1,6 @@
 use idem::{idempotent, Idempotency};
 
-#[idempotent(store = engine)]
+#[idempotent(engine = engine)]
 fn charge(engine: &Idempotency, id: &str) -> u64 {
     let _ = (engine, id);
     1

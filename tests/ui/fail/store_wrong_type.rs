@@ -1,6 +1,6 @@
 use idem::{idempotent, MemoryStore};
 
-#[idempotent(key = id, store = store)]
+#[idempotent(key = id, engine = store)]
 async fn charge(store: &MemoryStore, id: &str) -> Result<u64, idem::Error> {
     let _ = (store, id);
     Ok(1)

@@ -1,7 +1,7 @@
 use idem::{idempotent, SqliteStore, Transactional};
 use sqlx::{Sqlite, Transaction};
 
-#[idempotent(key = id, store = idem, transaction = &mut *tx)]
+#[idempotent(key = id, engine = idem, transaction = &mut *tx)]
 async fn deposit(
     idem: &Transactional<SqliteStore>,
     tx: &mut Transaction<'_, Sqlite>,

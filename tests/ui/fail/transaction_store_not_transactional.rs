@@ -1,7 +1,7 @@
 use idem::{idempotent, Idempotency};
 use sqlx::{Sqlite, Transaction};
 
-#[idempotent(key = id, store = engine, transaction = tx)]
+#[idempotent(key = id, engine = engine, transaction = tx)]
 async fn deposit(
     engine: &Idempotency,
     tx: &mut Transaction<'_, Sqlite>,

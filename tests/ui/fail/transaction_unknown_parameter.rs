@@ -1,7 +1,7 @@
 use idem::{idempotent, SqliteStore, Transactional};
 use sqlx::{Sqlite, Transaction};
 
-#[idempotent(key = id, store = idem, transaction = txn)]
+#[idempotent(key = id, engine = idem, transaction = txn)]
 async fn deposit(
     idem: &Transactional<SqliteStore>,
     tx: &mut Transaction<'_, Sqlite>,

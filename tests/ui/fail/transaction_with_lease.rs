@@ -1,7 +1,7 @@
 use idem::{idempotent, SqliteStore, Transactional};
 use sqlx::{Sqlite, Transaction};
 
-#[idempotent(key = id, store = idem, transaction = tx, lease = "10s", ttl = "1h")]
+#[idempotent(key = id, engine = idem, transaction = tx, lease = "10s", retention = "1h")]
 async fn deposit(
     idem: &Transactional<SqliteStore>,
     tx: &mut Transaction<'_, Sqlite>,

@@ -3,7 +3,7 @@ use sqlx::{Sqlite, Transaction};
 
 #[idempotent(
     key = id,
-    store = idem,
+    engine = idem,
     transaction = tx,
     on_locked = idem::OnLocked::Wait { timeout: std::time::Duration::from_secs(5) },
 )]

@@ -1,6 +1,6 @@
 use idem::{idempotent, SqliteStore, Transactional};
 
-#[idempotent(key = id, store = idem, transaction = conn)]
+#[idempotent(key = id, engine = idem, transaction = conn)]
 async fn deposit(
     idem: &Transactional<SqliteStore>,
     conn: &mut String,

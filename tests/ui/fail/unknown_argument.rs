@@ -1,6 +1,6 @@
 use idem::{idempotent, Idempotency};
 
-#[idempotent(key = id, store = engine, retention = "24h")]
+#[idempotent(key = id, engine = engine, timeout = "5s")]
 async fn charge(engine: &Idempotency, id: &str) -> Result<u64, idem::Error> {
     let _ = (engine, id);
     Ok(1)

@@ -1,6 +1,6 @@
 use idem::{idempotent, Idempotency};
 
-#[idempotent(key = id, store = engine, ttl = "0s")]
+#[idempotent(key = id, engine = engine, retention = "0s")]
 async fn charge(engine: &Idempotency, id: &str) -> Result<u64, idem::Error> {
     let _ = (engine, id);
     Ok(1)

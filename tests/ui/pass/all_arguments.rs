@@ -1,4 +1,4 @@
-// Every argument at once: caller, fingerprint, lease, ttl and on_locked.
+// Every argument at once: caller, fingerprint, lease, retention and on_locked.
 use std::time::Duration;
 
 use idem::{idempotent, Idempotency, MemoryStore, OnLocked};
@@ -22,10 +22,10 @@ enum TransferError {
     key = t.id,
     caller = user_id,
     scope = "transfer",
-    store = engine,
+    engine = engine,
     fingerprint = t,
     lease = "10s",
-    ttl = "1h30m",
+    retention = "1h30m",
     on_locked = OnLocked::Wait { timeout: Duration::from_secs(5) },
 )]
 async fn transfer(

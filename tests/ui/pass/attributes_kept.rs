@@ -5,7 +5,7 @@
 use idem::{idempotent, Idempotency};
 
 /// Sends the welcome mail once per user.
-#[idempotent(key = user_id, scope = "welcome", store = engine, ttl = "7d")]
+#[idempotent(key = user_id, scope = "welcome", engine = engine, retention = "7d")]
 #[must_use = "the mail may not have been sent"]
 pub async fn send_welcome(engine: &Idempotency, user_id: u64) -> Result<(), idem::Error> {
     #![allow(unused_variables)]

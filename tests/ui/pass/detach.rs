@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use idem::{idempotent, Idempotency, MemoryStore};
 
-#[idempotent(key = id, store = idem, detach = true)]
+#[idempotent(key = id, engine = idem, detach = true)]
 async fn charge(idem: Idempotency, id: String, cents: u64) -> Result<u64, idem::Error> {
     Ok(cents)
 }
@@ -13,7 +13,7 @@ struct Shop {
 }
 
 impl Shop {
-    #[idempotent(key = id, store = self.idem, detach = true)]
+    #[idempotent(key = id, engine = self.idem, detach = true)]
     async fn order(self: Arc<Self>, id: String) -> Result<String, idem::Error> {
         Ok(format!("order {id}"))
     }

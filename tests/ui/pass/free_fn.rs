@@ -1,11 +1,11 @@
-// A free function: the engine comes in as an argument, the default scope is the function name.
+// A free function: the engine comes in as an argument, the default scope is the function's path.
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use idem::{idempotent, Idempotency, MemoryStore};
 
 static RUNS: AtomicU32 = AtomicU32::new(0);
 
-#[idempotent(key = order_id, store = engine)]
+#[idempotent(key = order_id, engine = engine)]
 async fn charge(engine: &Idempotency, order_id: &str, cents: u64) -> Result<u64, idem::Error> {
     RUNS.fetch_add(1, Ordering::SeqCst);
     Ok(cents)
@@ -18,7 +18,8 @@ async fn main() {
     // Same key: the first result is replayed and the body does not run again.
     assert_eq!(charge(&engine, "order-1", 999).await.unwrap(), 500);
     assert_eq!(RUNS.load(Ordering::SeqCst), 1);
-    // The default scope is the function name.
-    let key = idem::Key::derive("charge", "", "order-1").unwrap();
+    // The default scope is the function's path: the module path and the name.
+    let scope = concat!(module_path!(), "::charge");
+    let key = idem::Key::derive(scope, "", "order-1").unwrap();
     assert!(engine.store().get(&key).await.unwrap().is_some());
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use idem::{idempotent, Idempotency, Key, MemoryStore};
 
-#[idempotent(key = id, caller = tenant, scope = "arc", store = engine)]
+#[idempotent(key = id, caller = tenant, scope = "arc", engine = engine)]
 async fn by_arc(
     engine: &Idempotency,
     tenant: Arc<str>,
@@ -15,7 +15,7 @@ async fn by_arc(
     Ok(format!("{tenant}/{id}"))
 }
 
-#[idempotent(key = id, scope = "rc", store = engine)]
+#[idempotent(key = id, scope = "rc", engine = engine)]
 async fn by_rc(engine: &Idempotency, id: Rc<str>) -> Result<usize, idem::Error> {
     Ok(id.len())
 }
@@ -26,12 +26,12 @@ struct Request {
     id: Box<str>,
 }
 
-#[idempotent(key = req.id, caller = req.tenant, scope = "boxed", store = engine)]
+#[idempotent(key = req.id, caller = req.tenant, scope = "boxed", engine = engine)]
 async fn by_box(engine: &Idempotency, req: &Request) -> Result<String, idem::Error> {
     Ok(format!("{}/{}", req.tenant, req.id))
 }
 
-#[idempotent(key = id, scope = "cow", store = engine)]
+#[idempotent(key = id, scope = "cow", engine = engine)]
 async fn by_cow(
     engine: &Idempotency,
     id: Cow<'_, str>,
@@ -41,7 +41,7 @@ async fn by_cow(
     Ok(runs.get())
 }
 
-#[idempotent(key = id, scope = "maybe", store = engine)]
+#[idempotent(key = id, scope = "maybe", engine = engine)]
 async fn maybe(
     engine: &Idempotency,
     id: Option<Arc<str>>,

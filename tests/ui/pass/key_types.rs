@@ -2,22 +2,22 @@
 use idem::{idempotent, Idempotency, MemoryStore};
 use uuid::Uuid;
 
-#[idempotent(key = message_id, store = engine)]
+#[idempotent(key = message_id, engine = engine)]
 async fn by_number(engine: &Idempotency, message_id: u64) -> Result<u64, idem::Error> {
     Ok(message_id * 2)
 }
 
-#[idempotent(key = event_id, store = engine)]
+#[idempotent(key = event_id, engine = engine)]
 async fn by_uuid(engine: &Idempotency, event_id: Uuid) -> Result<String, idem::Error> {
     Ok(event_id.to_string())
 }
 
-#[idempotent(key = header.as_deref(), scope = "by_header", store = engine)]
+#[idempotent(key = header.as_deref(), scope = "by_header", engine = engine)]
 async fn by_header(engine: &Idempotency, header: Option<String>) -> Result<bool, idem::Error> {
     Ok(header.is_some())
 }
 
-#[idempotent(key = "constant", scope = "once", store = engine)]
+#[idempotent(key = "constant", scope = "once", engine = engine)]
 async fn once(engine: &Idempotency, value: i32) -> Result<i32, idem::Error> {
     Ok(value)
 }
@@ -33,6 +33,7 @@ async fn main() {
     assert_eq!(once(&engine, 1).await.unwrap(), 1);
     assert_eq!(once(&engine, 2).await.unwrap(), 1);
     // The number key is stored under its decimal text.
-    let key = idem::Key::derive("by_number", "", "21").unwrap();
+    let scope = concat!(module_path!(), "::by_number");
+    let key = idem::Key::derive(scope, "", "21").unwrap();
     assert!(engine.store().get(&key).await.unwrap().is_some());
 }

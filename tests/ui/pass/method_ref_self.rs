@@ -28,7 +28,7 @@ struct Bank {
 
 impl Bank {
     /// Deposits once per request id.
-    #[idempotent(key = req.request_id, caller = self.tenant, scope = "deposit", store = self.idem)]
+    #[idempotent(key = req.request_id, caller = self.tenant, scope = "deposit", engine = self.idem)]
     pub async fn deposit(&self, req: Deposit) -> Result<Receipt, BankError> {
         let mut balance = self.balance.lock().unwrap();
         *balance += req.amount;

@@ -1,7 +1,7 @@
 // An `Option` key: `None` runs every time, `Some` deduplicates.
 use idem::{idempotent, Idempotency, MemoryStore};
 
-#[idempotent(key = key, scope = "count", store = engine)]
+#[idempotent(key = key, scope = "count", engine = engine)]
 async fn count(
     engine: &Idempotency,
     key: Option<String>,

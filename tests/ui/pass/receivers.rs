@@ -9,19 +9,19 @@ struct Counter {
 }
 
 impl Counter {
-    #[idempotent(key = id, scope = "bump", store = self.idem)]
+    #[idempotent(key = id, scope = "bump", engine = self.idem)]
     async fn bump(&mut self, id: &str) -> Result<u32, idem::Error> {
         self.count += 1;
         Ok(self.count)
     }
 
-    #[idempotent(key = id, scope = "finish", store = self.idem)]
+    #[idempotent(key = id, scope = "finish", engine = self.idem)]
     async fn finish(self, id: &str) -> Result<u32, idem::Error> {
         Ok(self.count)
     }
 }
 
-#[idempotent(key = id.as_ref(), scope = "generic", store = engine)]
+#[idempotent(key = id.as_ref(), scope = "generic", engine = engine)]
 async fn generic<K: AsRef<str>, V>(
     engine: Arc<Idempotency>,
     id: K,

@@ -11,7 +11,7 @@ enum AppError {
 
 type Result<T> = std::result::Result<T, AppError>;
 
-#[idempotent(key = id, scope = "parse", store = engine)]
+#[idempotent(key = id, scope = "parse", engine = engine)]
 async fn parse(engine: &Idempotency, id: &str, text: &str) -> Result<u32> {
     if text.is_empty() {
         return Ok(0);

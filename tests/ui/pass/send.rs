@@ -8,7 +8,7 @@ struct Service {
 }
 
 impl Service {
-    #[idempotent(key = id, scope = "work", store = self.idem)]
+    #[idempotent(key = id, scope = "work", engine = self.idem)]
     async fn work(self: Arc<Self>, id: String) -> Result<usize, idem::Error> {
         tokio::task::yield_now().await;
         Ok(id.len())

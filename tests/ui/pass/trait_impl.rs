@@ -11,7 +11,7 @@ struct Consumer {
 }
 
 impl Handler for Consumer {
-    #[idempotent(key = message_id, scope = "consume", store = self.idem)]
+    #[idempotent(key = message_id, scope = "consume", engine = self.idem)]
     async fn handle(&self, message_id: &str) -> Result<u32, idem::Error> {
         Ok(self
             .handled

@@ -24,7 +24,7 @@ struct Bank {
 }
 
 impl Bank {
-    #[idempotent(key = request_id, scope = "deposit", store = self.idem, transaction = tx, ttl = "7d")]
+    #[idempotent(key = request_id, scope = "deposit", engine = self.idem, transaction = tx, retention = "7d")]
     async fn deposit(
         &self,
         tx: &mut Transaction<'_, Sqlite>,
@@ -43,7 +43,7 @@ impl Bank {
 }
 
 /// A plain connection works too; so does an `Arc` or reference as `store`.
-#[idempotent(key = request_id, store = idem, transaction = conn, fingerprint = cents)]
+#[idempotent(key = request_id, engine = idem, transaction = conn, fingerprint = cents)]
 async fn withdraw(
     idem: std::sync::Arc<Transactional<SqliteStore>>,
     conn: &mut SqliteConnection,
@@ -60,7 +60,7 @@ async fn withdraw(
 }
 
 /// An optional key: `None` runs the body without deduplication.
-#[idempotent(key = request_id, scope = "note", store = &idem, transaction = tx)]
+#[idempotent(key = request_id, scope = "note", engine = &idem, transaction = tx)]
 async fn note(
     idem: Transactional<SqliteStore>,
     tx: &mut Transaction<'_, Sqlite>,
