@@ -101,8 +101,9 @@ macro_rules! sql_store {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await?;
+                let via = $crate::store::sql::protocol::Via::Pool;
                 self.protocol()
-                    .start_pooled(&mut conn, key, fingerprint, lease)
+                    .start(via, &mut conn, key, fingerprint, lease)
                     .await
             }
 
@@ -179,8 +180,9 @@ macro_rules! sql_store {
                 lease: std::time::Duration,
             ) -> Result<$crate::Start, $crate::Error> {
                 let lease = $crate::store::sql::millis("lease", lease)?;
+                let via = $crate::store::sql::protocol::Via::Transaction;
                 self.protocol()
-                    .start_in_transaction(conn, key, fingerprint, lease)
+                    .start(via, conn, key, fingerprint, lease)
                     .await
             }
 
@@ -309,6 +311,14 @@ impl Statements {
     }
 }
 
+/// Where an operation runs: on a connection of the store's pool, or on the caller's
+/// transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    Pool,
+    Transaction,
+}
+
 /// A SQL store's protocol: its table, its statements and its claim order, with each operation
 /// written once against a connection of `DB`. Durations arrive converted by
 /// [`millis`](super::millis).
@@ -339,16 +349,24 @@ impl<DB: Ops> Protocol<DB> {
         self.claim_path.order()
     }
 
-    /// [`Store::start`] on a pooled connection: reading first (by the [`ClaimOrder`]), a live
-    /// record is answered by one read, which never waits for a write lock; only a key that reads
-    /// as free goes on to the claim.
-    pub(crate) async fn start_pooled(
+    /// [`Store::start`], on a pooled connection or on the caller's transaction (`via`).
+    ///
+    /// On a pooled connection, while the [`ClaimOrder`] reads first, a live record is answered
+    /// by one read, which never waits for a write lock; only a key that reads as free goes on
+    /// to the claim. A transaction always claims first, since a read before the write would make
+    /// the transaction's write wait or fail on a row it read.
+    pub(crate) async fn start(
         &self,
+        via: Via,
         conn: &mut DB::Connection,
         key: &Key,
         fingerprint: Option<&Fingerprint>,
         lease_ms: i64,
     ) -> Result<Start, Error> {
+        if via == Via::Transaction {
+            let sql = &self.sql.claim_in_transaction;
+            return self.claim(conn, sql, key, fingerprint, lease_ms).await;
+        }
         let live = match self.claim_path.read_first() {
             true => self.read_live(conn, key).await?,
             false => None,
@@ -356,30 +374,17 @@ impl<DB: Ops> Protocol<DB> {
         let result = match live {
             Some(stored) => stored.into_start(fingerprint),
             None => {
-                self.start(conn, &self.sql.claim, key, fingerprint, lease_ms)
-                    .await
+                let sql = &self.sql.claim;
+                self.claim(conn, sql, key, fingerprint, lease_ms).await
             }
         };
         self.claim_path.observe(&result);
         result
     }
 
-    /// [`Store::start`] on the caller's transaction: always claims first, since a read before
-    /// the write would make the transaction's write wait or fail on a row it read.
-    pub(crate) async fn start_in_transaction(
-        &self,
-        conn: &mut DB::Connection,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease_ms: i64,
-    ) -> Result<Start, Error> {
-        let claim = &self.sql.claim_in_transaction;
-        self.start(conn, claim, key, fingerprint, lease_ms).await
-    }
-
-    /// Runs the claim `sql`; on a live record, answers from the row it returned or from one
-    /// read of it; claims again if that record vanished meanwhile.
-    async fn start(
+    /// Runs the claim statement `sql`; on a live record, answers from the row it returned or
+    /// from one read of it; claims again if that record vanished meanwhile.
+    async fn claim(
         &self,
         conn: &mut DB::Connection,
         sql: &str,
