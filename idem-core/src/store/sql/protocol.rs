@@ -211,6 +211,75 @@ macro_rules! sql_store {
 }
 pub(crate) use sql_store;
 
+/// Writes the public accessors both SQL stores share (`pool`, `table`, `claim_order`, and the
+/// builder's `claim_order`), so their two copies cannot drift. The doc examples make the store
+/// with the expression `$connect` and are fenced with `$fence` (`no_run` where a server is
+/// needed).
+macro_rules! sql_store_api {
+    ($store:ident, $builder:ty, $pool:ty, $fence:literal, $connect:literal) => {
+        impl $store {
+            /// The connection pool, for running your own statements on the same database.
+            ///
+            #[doc = concat!("```", $fence)]
+            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+            #[doc = concat!("let store = ", $connect, ".await?;")]
+            /// let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+            ///     .fetch_one(store.pool())
+            ///     .await?;
+            /// println!("{n} records");
+            /// # Ok(()) }
+            /// ```
+            pub fn pool(&self) -> &$pool {
+                &self.pool
+            }
+
+            /// The name of the records table, as configured.
+            ///
+            #[doc = concat!("```", $fence)]
+            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+            #[doc = concat!("let store = ", $connect, ".await?;")]
+            /// assert_eq!(store.table(), "idem_records");
+            /// # Ok(()) }
+            /// ```
+            pub fn table(&self) -> &str {
+                self.protocol.table().as_configured()
+            }
+
+            /// The claim order `start` follows (see [`ClaimOrder`](crate::ClaimOrder)).
+            ///
+            #[doc = concat!("```", $fence)]
+            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+            #[doc = concat!("let store = ", $connect, ".await?;")]
+            /// assert_eq!(store.claim_order(), idem_core::ClaimOrder::Adaptive);
+            /// # Ok(()) }
+            /// ```
+            pub fn claim_order(&self) -> $crate::ClaimOrder {
+                self.protocol.claim_order()
+            }
+        }
+
+        impl $builder {
+            /// Whether `start` claims first, reads first, or picks by the recent traffic (the
+            /// default, [`ClaimOrder::Adaptive`](crate::ClaimOrder::Adaptive)). See
+            /// [`ClaimOrder`](crate::ClaimOrder) for what each costs.
+            ///
+            /// ```
+            #[doc = concat!(
+                        "let builder = idem_core::",
+                        stringify!($store),
+                        "::builder().claim_order(idem_core::ClaimOrder::ReadFirst);"
+                    )]
+            /// # let _ = builder;
+            /// ```
+            pub fn claim_order(mut self, order: $crate::ClaimOrder) -> Self {
+                self.claim_order = order;
+                self
+            }
+        }
+    };
+}
+pub(crate) use sql_store_api;
+
 /// The SQL of every operation, rendered once for a table and a database.
 #[derive(Debug)]
 struct Statements {
