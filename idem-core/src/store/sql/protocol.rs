@@ -265,10 +265,10 @@ macro_rules! sql_store_api {
             ///
             /// ```
             #[doc = concat!(
-                        "let builder = idem_core::",
-                        stringify!($store),
-                        "::builder().claim_order(idem_core::ClaimOrder::ReadFirst);"
-                    )]
+                                "let builder = idem_core::",
+                                stringify!($store),
+                                "::builder().claim_order(idem_core::ClaimOrder::ReadFirst);"
+                            )]
             /// # let _ = builder;
             /// ```
             pub fn claim_order(mut self, order: $crate::ClaimOrder) -> Self {
@@ -343,39 +343,39 @@ impl Statements {
             claim.clone()
         };
         Statements {
-            claim: d.sql(&claim),
-            claim_in_transaction: d.sql(&claim_in_transaction),
-            read_live: d.sql(&format!(
+            claim,
+            claim_in_transaction,
+            read_live: format!(
                 "SELECT {columns} FROM {t} AS r WHERE r.key = $1 AND r.expires_at > {now}"
-            )),
+            ),
             // Fenced by the token alone, so that completing a claim again (a retry whose first
             // commit landed but whose answer was lost) succeeds; the CASEs keep the first result
             // and its retention. SET expressions read the row as it was before the update.
-            complete: d.sql(&format!(
+            complete: format!(
                 "UPDATE {t} SET state = 1, \
                    response = CASE WHEN state = 0 THEN $3 ELSE response END, \
                    is_error = CASE WHEN state = 0 THEN $4 ELSE is_error END, \
                    expires_at = CASE WHEN state = 0 THEN {retention_end} ELSE expires_at END \
                  WHERE key = $1 AND token = $2",
                 retention_end = d.now_plus("$5"),
-            )),
-            renew: d.sql(&format!(
+            ),
+            renew: format!(
                 "UPDATE {t} SET expires_at = {lease_end} WHERE key = $1 AND token = $2 AND state = 0",
                 lease_end = d.now_plus("$3"),
-            )),
-            abort: d.sql(&format!(
+            ),
+            abort: format!(
                 "DELETE FROM {t} WHERE key = $1 AND token = $2 AND state = 0"
-            )),
-            evict: d.sql(&format!("DELETE FROM {t} WHERE key = $1")),
+            ),
+            evict: format!("DELETE FROM {t} WHERE key = $1"),
             // PostgreSQL's SKIP LOCKED lets several pruners (and live claims holding row locks)
             // run side by side; the row locks keep a key from being re-claimed between choosing
             // and deleting.
-            prune: d.sql(&format!(
+            prune: format!(
                 "DELETE FROM {t} WHERE key IN ( \
                    SELECT key FROM {t} WHERE expires_at <= {now} \
                    ORDER BY expires_at LIMIT $1{lock})",
                 lock = d.lock_batch,
-            )),
+            ),
         }
     }
 }
