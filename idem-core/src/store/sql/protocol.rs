@@ -265,10 +265,10 @@ macro_rules! sql_store_api {
             ///
             /// ```
             #[doc = concat!(
-                                "let builder = idem_core::",
-                                stringify!($store),
-                                "::builder().claim_order(idem_core::ClaimOrder::ReadFirst);"
-                            )]
+                                        "let builder = idem_core::",
+                                        stringify!($store),
+                                        "::builder().claim_order(idem_core::ClaimOrder::ReadFirst);"
+                                    )]
             /// # let _ = builder;
             /// ```
             pub fn claim_order(mut self, order: $crate::ClaimOrder) -> Self {

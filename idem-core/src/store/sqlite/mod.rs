@@ -18,7 +18,7 @@
 //! CREATE INDEX "idem_records_expires_at" ON "idem_records" (expires_at);
 //! ```
 //!
-//! `key` is the 32-byte [`Key`], `token` the claim's random 128-bit [`Token`] (kept after
+//! `key` is the 32-byte [`Key`](crate::Key), `token` the claim's random 128-bit [`Token`](crate::Token) (kept after
 //! completion, so a token is never reused for a key). It is an ordinary rowid table rather than
 //! `WITHOUT ROWID` because responses can be large, and SQLite advises against `WITHOUT ROWID`
 //! for large rows.
@@ -74,7 +74,7 @@
 //!
 //! When the claim finds a live row (another caller claimed the key first), `start` reads it; if
 //! it vanished meanwhile (aborted, evicted or expired), `start` claims again, at most three
-//! times; a key churned that fast by other callers reads as [`Start::Locked`] with a zero
+//! times; a key churned that fast by other callers reads as [`Start::Locked`](crate::Start::Locked) with a zero
 //! `retry_after`. In transactional mode `start` always claims first: a read before the write
 //! would leave the transaction unable to take the write lock once another connection had
 //! committed.
