@@ -119,39 +119,28 @@ pub trait Store: Send + Sync + 'static {
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error>;
 }
 
-#[async_trait]
-impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
-    async fn start(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        (**self).start(key, fingerprint, lease).await
-    }
-    async fn complete(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        (**self).complete(claim, completion, retention).await
-    }
-    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
-        (**self).abort(claim).await
-    }
-    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
-        (**self).renew(claim, lease).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        (**self).get(key).await
-    }
-    async fn evict(&self, key: &Key) -> Result<bool, Error> {
-        (**self).evict(key).await
-    }
-    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
-        (**self).prune_expired(limit).await
-    }
+/// Writes a `Store` impl for `Arc<S>` whose every method forwards to the store inside.
+macro_rules! forward_to_inner {
+    ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
+        #[async_trait]
+        impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+            $(
+                async fn $name(&self $(, $arg: $ty)*) -> $ret {
+                    (**self).$name($($arg),*).await
+                }
+            )*
+        }
+    };
+}
+
+forward_to_inner! {
+    fn start(&self, key: &Key, fingerprint: Option<&Fingerprint>, lease: Duration) -> Result<Start, Error>;
+    fn complete(&self, claim: &Claim, completion: Completion<'_>, retention: Duration) -> Result<(), Error>;
+    fn abort(&self, claim: &Claim) -> Result<(), Error>;
+    fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error>;
+    fn get(&self, key: &Key) -> Result<Option<Record>, Error>;
+    fn evict(&self, key: &Key) -> Result<bool, Error>;
+    fn prune_expired(&self, limit: u32) -> Result<u64, Error>;
 }
 
 /// Rejects a zero or absurd lease/retention before it reaches a store.

@@ -38,10 +38,11 @@
 //!                                       applied_at timestamptz NOT NULL);
 //! ```
 //!
-//! Migrations are embedded and versioned. On connect each pending version is applied in one
-//! transaction that first inserts its row into `<table>_migrations`: a node that connects at the
-//! same moment waits on that row's unique index and then skips the version, so any number of
-//! nodes may start together.
+//! Migrations are embedded and versioned (`schema.rs`) and applied by the migrator that the
+//! SQLite store and the kit share. On connect the pending versions are applied in one
+//! transaction, each after first inserting its row into `<table>_migrations`: a node that
+//! connects at the same moment waits on that row's unique index and then skips the version, so
+//! any number of nodes may start together.
 //!
 //! A records table that is missing although `<table>_migrations` lists its versions (someone
 //! dropped it) is created again on connect: the store checks `to_regclass(<table>)` and re-runs
@@ -55,7 +56,9 @@
 //!
 //! Every lease and expiry is computed from the database server's `clock_timestamp()`, never from
 //! the application node's clock, so nodes with skewed clocks agree on who holds a key.
-//! (`now()` would not do: it stands still for a whole transaction.)
+//! (`now()` would not do: it stands still for a whole transaction.) A lease or retention is
+//! added to it as whole milliseconds, rounded up (so a lease is never shorter than asked), as in
+//! the SQLite store.
 //!
 //! # Round trips
 //!
@@ -137,11 +140,19 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use crate::error::Error;
 use crate::store::claim_order::ClaimOrder;
 use crate::store::sql::name::TableName;
-use crate::store::sql::protocol::Protocol;
+use crate::store::sql::protocol::{sql_store_api, Protocol};
 use crate::store::sql::DEFAULT_TABLE;
 
 mod protocol;
 mod schema;
+
+sql_store_api!(
+    PostgresStore,
+    PostgresStoreBuilder,
+    PgPool,
+    "no_run",
+    "idem_core::PostgresStore::connect(\"postgres://postgres@127.0.0.1/postgres\")"
+);
 
 /// The size of the pool `renew` runs on. Renewals are rare (one per third of a lease per running
 /// claim) and short; two keep one slow renewal from holding up the others.
@@ -227,42 +238,6 @@ impl PostgresStore {
     pub fn builder() -> PostgresStoreBuilder {
         PostgresStoreBuilder::default()
     }
-
-    /// The connection pool, for your own queries next to the store's.
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-    /// # let store = idem_core::PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
-    /// let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records").fetch_one(store.pool()).await?;
-    /// # let _ = n; Ok(()) }
-    /// ```
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// The table name as configured (`schema.table` or `table`).
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
-    /// assert_eq!(store.table(), "idem_records");
-    /// # Ok(()) }
-    /// ```
-    pub fn table(&self) -> &str {
-        self.protocol.table().as_configured()
-    }
-
-    /// The claim order `start` follows (see [`ClaimOrder`]).
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
-    /// assert_eq!(store.claim_order(), idem_core::ClaimOrder::Adaptive);
-    /// # Ok(()) }
-    /// ```
-    pub fn claim_order(&self) -> ClaimOrder {
-        self.protocol.claim_order()
-    }
 }
 
 /// Options for a [`PostgresStore`]; finish with [`connect`](Self::connect) or
@@ -336,18 +311,6 @@ impl PostgresStoreBuilder {
     /// ```
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
-        self
-    }
-
-    /// Whether `start` claims first, reads first, or picks by the recent traffic (the default,
-    /// [`ClaimOrder::Adaptive`]). See [`ClaimOrder`] for what each costs.
-    ///
-    /// ```
-    /// let builder = idem_core::PostgresStore::builder().claim_order(idem_core::ClaimOrder::ReadFirst);
-    /// # let _ = builder;
-    /// ```
-    pub fn claim_order(mut self, order: ClaimOrder) -> Self {
-        self.claim_order = order;
         self
     }
 

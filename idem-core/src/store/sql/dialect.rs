@@ -39,8 +39,9 @@ pub type SqlQuery<'q, DB> = sqlx::query::Query<'q, DB, <DB as sqlx::Database>::A
 /// ```
 pub trait Backend: sqlx::Database + private::Ops {}
 
-/// SQL fragments that differ between databases. Statements are written once with PostgreSQL's
-/// numbered placeholders (`$1`) and rendered for the database by [`Dialect::sql`].
+/// SQL fragments that differ between databases. Placeholders are not among them: statements are
+/// written once with numbered placeholders (`$1`), which sqlx binds by their number on SQLite as
+/// on PostgreSQL, whatever order they appear in.
 pub struct Dialect {
     /// The database's current time, read at each statement (never frozen per transaction).
     pub now: &'static str,
@@ -66,9 +67,6 @@ pub struct Dialect {
     pub failed_statement_aborts_transaction: bool,
     /// The statement that opens a transaction which takes the write lock at once (migrations).
     pub begin_write: &'static str,
-    /// Whether a numbered placeholder is `?1` (SQLite, whose `$1` is a *named* parameter
-    /// numbered by first appearance) rather than `$1`.
-    pub question_placeholders: bool,
     /// A query of whether a table exists, naming it `{table}` (quoted) and `{name}` (bare),
     /// each inside a string literal (a validated name holds no quote).
     pub table_exists: &'static str,
@@ -90,16 +88,6 @@ impl Dialect {
     /// The microseconds of the timestamp (or interval) `expr`, as a BIGINT.
     pub(crate) fn micros_of(&self, expr: &str) -> String {
         self.micros.replace("{}", expr)
-    }
-
-    /// `statement` with its `$N` placeholders in this database's spelling.
-    pub(crate) fn sql(&self, statement: &str) -> String {
-        if self.question_placeholders {
-            // Statements hold no `$` other than placeholders.
-            statement.replace('$', "?")
-        } else {
-            statement.to_owned()
-        }
     }
 
     /// `template` with `{now}` and the column types (`{timestamp}`, `{bigint}`, `{bytes}`,
@@ -258,7 +246,6 @@ impl_backend!(
         lock_rows: "",
         failed_statement_aborts_transaction: false,
         begin_write: "BEGIN IMMEDIATE",
-        question_placeholders: true,
         table_exists:
             "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{name}')",
         // No data-modifying CTE in SQLite.
@@ -282,7 +269,6 @@ impl_backend!(
         lock_rows: " FOR UPDATE",
         failed_statement_aborts_transaction: true,
         begin_write: "BEGIN",
-        question_placeholders: false,
         // Through the search path when unqualified, as the statements name it.
         table_exists: "SELECT to_regclass('{table}') IS NOT NULL",
         claim_reads_live: true,
@@ -333,11 +319,5 @@ mod tests {
             wrong, 0,
             "{now} reads {wrong} of {total} instants one millisecond off, the first at {first:?} ms"
         );
-    }
-
-    #[test]
-    fn sqlite_placeholders_are_numbered_question_marks() {
-        let d = <sqlx::Sqlite as Ops>::DIALECT;
-        assert_eq!(d.sql("SELECT $2, $1"), "SELECT ?2, ?1");
     }
 }

@@ -138,11 +138,11 @@ impl Schema<'_> {
                 }
             }
         }
-        let record = d.sql(&format!(
+        let record = format!(
             "INSERT INTO {ledger} (version, description, applied_at) VALUES ($1, $2, {now}) \
              ON CONFLICT (version) DO NOTHING RETURNING version",
             now = d.now
-        ));
+        );
         for step in self
             .migrations
             .iter()

@@ -66,6 +66,7 @@ impl TableName {
 
     /// The same name without its schema: an index always lives in its table's schema, so its
     /// name is never qualified.
+    #[cfg(feature = "postgres")]
     pub(crate) fn unqualified(&self) -> TableName {
         TableName {
             schema: None,

@@ -101,8 +101,9 @@ macro_rules! sql_store {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await?;
+                let via = $crate::store::sql::protocol::Via::Pool;
                 self.protocol()
-                    .start_pooled(&mut conn, key, fingerprint, lease)
+                    .start(via, &mut conn, key, fingerprint, lease)
                     .await
             }
 
@@ -179,8 +180,9 @@ macro_rules! sql_store {
                 lease: std::time::Duration,
             ) -> Result<$crate::Start, $crate::Error> {
                 let lease = $crate::store::sql::millis("lease", lease)?;
+                let via = $crate::store::sql::protocol::Via::Transaction;
                 self.protocol()
-                    .start_in_transaction(conn, key, fingerprint, lease)
+                    .start(via, conn, key, fingerprint, lease)
                     .await
             }
 
@@ -208,6 +210,75 @@ macro_rules! sql_store {
     };
 }
 pub(crate) use sql_store;
+
+/// Writes the public accessors both SQL stores share (`pool`, `table`, `claim_order`, and the
+/// builder's `claim_order`), so their two copies cannot drift. The doc examples make the store
+/// with the expression `$connect` and are fenced with `$fence` (`no_run` where a server is
+/// needed).
+macro_rules! sql_store_api {
+    ($store:ident, $builder:ty, $pool:ty, $fence:literal, $connect:literal) => {
+        impl $store {
+            /// The connection pool, for running your own statements on the same database.
+            ///
+            #[doc = concat!("```", $fence)]
+            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+            #[doc = concat!("let store = ", $connect, ".await?;")]
+            /// let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+            ///     .fetch_one(store.pool())
+            ///     .await?;
+            /// println!("{n} records");
+            /// # Ok(()) }
+            /// ```
+            pub fn pool(&self) -> &$pool {
+                &self.pool
+            }
+
+            /// The name of the records table, as configured.
+            ///
+            #[doc = concat!("```", $fence)]
+            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+            #[doc = concat!("let store = ", $connect, ".await?;")]
+            /// assert_eq!(store.table(), "idem_records");
+            /// # Ok(()) }
+            /// ```
+            pub fn table(&self) -> &str {
+                self.protocol.table().as_configured()
+            }
+
+            /// The claim order `start` follows (see [`ClaimOrder`](crate::ClaimOrder)).
+            ///
+            #[doc = concat!("```", $fence)]
+            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+            #[doc = concat!("let store = ", $connect, ".await?;")]
+            /// assert_eq!(store.claim_order(), idem_core::ClaimOrder::Adaptive);
+            /// # Ok(()) }
+            /// ```
+            pub fn claim_order(&self) -> $crate::ClaimOrder {
+                self.protocol.claim_order()
+            }
+        }
+
+        impl $builder {
+            /// Whether `start` claims first, reads first, or picks by the recent traffic (the
+            /// default, [`ClaimOrder::Adaptive`](crate::ClaimOrder::Adaptive)). See
+            /// [`ClaimOrder`](crate::ClaimOrder) for what each costs.
+            ///
+            /// ```
+            #[doc = concat!(
+                                        "let builder = idem_core::",
+                                        stringify!($store),
+                                        "::builder().claim_order(idem_core::ClaimOrder::ReadFirst);"
+                                    )]
+            /// # let _ = builder;
+            /// ```
+            pub fn claim_order(mut self, order: $crate::ClaimOrder) -> Self {
+                self.claim_order = order;
+                self
+            }
+        }
+    };
+}
+pub(crate) use sql_store_api;
 
 /// The SQL of every operation, rendered once for a table and a database.
 #[derive(Debug)]
@@ -272,41 +343,49 @@ impl Statements {
             claim.clone()
         };
         Statements {
-            claim: d.sql(&claim),
-            claim_in_transaction: d.sql(&claim_in_transaction),
-            read_live: d.sql(&format!(
+            claim,
+            claim_in_transaction,
+            read_live: format!(
                 "SELECT {columns} FROM {t} AS r WHERE r.key = $1 AND r.expires_at > {now}"
-            )),
+            ),
             // Fenced by the token alone, so that completing a claim again (a retry whose first
             // commit landed but whose answer was lost) succeeds; the CASEs keep the first result
             // and its retention. SET expressions read the row as it was before the update.
-            complete: d.sql(&format!(
+            complete: format!(
                 "UPDATE {t} SET state = 1, \
                    response = CASE WHEN state = 0 THEN $3 ELSE response END, \
                    is_error = CASE WHEN state = 0 THEN $4 ELSE is_error END, \
                    expires_at = CASE WHEN state = 0 THEN {retention_end} ELSE expires_at END \
                  WHERE key = $1 AND token = $2",
                 retention_end = d.now_plus("$5"),
-            )),
-            renew: d.sql(&format!(
+            ),
+            renew: format!(
                 "UPDATE {t} SET expires_at = {lease_end} WHERE key = $1 AND token = $2 AND state = 0",
                 lease_end = d.now_plus("$3"),
-            )),
-            abort: d.sql(&format!(
+            ),
+            abort: format!(
                 "DELETE FROM {t} WHERE key = $1 AND token = $2 AND state = 0"
-            )),
-            evict: d.sql(&format!("DELETE FROM {t} WHERE key = $1")),
+            ),
+            evict: format!("DELETE FROM {t} WHERE key = $1"),
             // PostgreSQL's SKIP LOCKED lets several pruners (and live claims holding row locks)
             // run side by side; the row locks keep a key from being re-claimed between choosing
             // and deleting.
-            prune: d.sql(&format!(
+            prune: format!(
                 "DELETE FROM {t} WHERE key IN ( \
                    SELECT key FROM {t} WHERE expires_at <= {now} \
                    ORDER BY expires_at LIMIT $1{lock})",
                 lock = d.lock_batch,
-            )),
+            ),
         }
     }
+}
+
+/// Where an operation runs: on a connection of the store's pool, or on the caller's
+/// transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    Pool,
+    Transaction,
 }
 
 /// A SQL store's protocol: its table, its statements and its claim order, with each operation
@@ -339,16 +418,24 @@ impl<DB: Ops> Protocol<DB> {
         self.claim_path.order()
     }
 
-    /// [`Store::start`] on a pooled connection: reading first (by the [`ClaimOrder`]), a live
-    /// record is answered by one read, which never waits for a write lock; only a key that reads
-    /// as free goes on to the claim.
-    pub(crate) async fn start_pooled(
+    /// [`Store::start`], on a pooled connection or on the caller's transaction (`via`).
+    ///
+    /// On a pooled connection, while the [`ClaimOrder`] reads first, a live record is answered
+    /// by one read, which never waits for a write lock; only a key that reads as free goes on
+    /// to the claim. A transaction always claims first, since a read before the write would make
+    /// the transaction's write wait or fail on a row it read.
+    pub(crate) async fn start(
         &self,
+        via: Via,
         conn: &mut DB::Connection,
         key: &Key,
         fingerprint: Option<&Fingerprint>,
         lease_ms: i64,
     ) -> Result<Start, Error> {
+        if via == Via::Transaction {
+            let sql = &self.sql.claim_in_transaction;
+            return self.claim(conn, sql, key, fingerprint, lease_ms).await;
+        }
         let live = match self.claim_path.read_first() {
             true => self.read_live(conn, key).await?,
             false => None,
@@ -356,30 +443,17 @@ impl<DB: Ops> Protocol<DB> {
         let result = match live {
             Some(stored) => stored.into_start(fingerprint),
             None => {
-                self.start(conn, &self.sql.claim, key, fingerprint, lease_ms)
-                    .await
+                let sql = &self.sql.claim;
+                self.claim(conn, sql, key, fingerprint, lease_ms).await
             }
         };
         self.claim_path.observe(&result);
         result
     }
 
-    /// [`Store::start`] on the caller's transaction: always claims first, since a read before
-    /// the write would make the transaction's write wait or fail on a row it read.
-    pub(crate) async fn start_in_transaction(
-        &self,
-        conn: &mut DB::Connection,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease_ms: i64,
-    ) -> Result<Start, Error> {
-        let claim = &self.sql.claim_in_transaction;
-        self.start(conn, claim, key, fingerprint, lease_ms).await
-    }
-
-    /// Runs the claim `sql`; on a live record, answers from the row it returned or from one
-    /// read of it; claims again if that record vanished meanwhile.
-    async fn start(
+    /// Runs the claim statement `sql`; on a live record, answers from the row it returned or
+    /// from one read of it; claims again if that record vanished meanwhile.
+    async fn claim(
         &self,
         conn: &mut DB::Connection,
         sql: &str,

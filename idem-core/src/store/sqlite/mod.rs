@@ -18,14 +18,15 @@
 //! CREATE INDEX "idem_records_expires_at" ON "idem_records" (expires_at);
 //! ```
 //!
-//! `key` is the 32-byte [`Key`], `token` the claim's random 128-bit [`Token`] (kept after
+//! `key` is the 32-byte [`Key`](crate::Key), `token` the claim's random 128-bit [`Token`](crate::Token) (kept after
 //! completion, so a token is never reused for a key). It is an ordinary rowid table rather than
 //! `WITHOUT ROWID` because responses can be large, and SQLite advises against `WITHOUT ROWID`
 //! for large rows.
 //!
 //! # Time
 //!
-//! Leases and retention are computed with the database's clock, in milliseconds:
+//! Leases and retention are computed with the database's clock, in milliseconds (a lease or
+//! retention is whole milliseconds, rounded up, so a lease is never shorter than asked):
 //! `CAST(round(unixepoch('subsec') * 1000) AS INTEGER)`. SQLite evaluates `'now'` once per
 //! statement, so every comparison inside one statement sees the same instant. (`round` rather
 //! than a plain cast because `unixepoch('subsec')` is a float that may land just below the
@@ -73,7 +74,7 @@
 //!
 //! When the claim finds a live row (another caller claimed the key first), `start` reads it; if
 //! it vanished meanwhile (aborted, evicted or expired), `start` claims again, at most three
-//! times; a key churned that fast by other callers reads as [`Start::Locked`] with a zero
+//! times; a key churned that fast by other callers reads as [`Start::Locked`](crate::Start::Locked) with a zero
 //! `retry_after`. In transactional mode `start` always claims first: a read before the write
 //! would leave the transaction unable to take the write lock once another connection had
 //! committed.
@@ -98,7 +99,8 @@
 //!
 //! # Migrations
 //!
-//! The schema is a versioned list of steps kept in this file. On connect the store takes the
+//! The schema is a versioned list of steps kept in `schema.rs`, applied by the migrator that the
+//! PostgreSQL store and the kit share. On connect the store takes the
 //! write lock (`BEGIN IMMEDIATE`), creates `<table>_migrations` if missing, applies the steps not
 //! recorded there and records them, then commits: running it twice, or from several pools or
 //! processes at once, applies each step once. A table migrated by a newer version of idem (a
@@ -149,11 +151,19 @@ use sqlx::sqlite::{
 use crate::error::Error;
 use crate::store::claim_order::ClaimOrder;
 use crate::store::sql::name::TableName;
-use crate::store::sql::protocol::Protocol;
+use crate::store::sql::protocol::{sql_store_api, Protocol};
 use crate::store::sql::DEFAULT_TABLE;
 
 mod protocol;
 mod schema;
+
+sql_store_api!(
+    SqliteStore,
+    SqliteStoreBuilder,
+    SqlitePool,
+    "",
+    "idem_core::SqliteStore::connect(\"sqlite::memory:\")"
+);
 
 /// The oldest SQLite whose SQL this store uses: `unixepoch('subsec')` came in 3.42.
 const MIN_SQLITE: (u32, u32) = (3, 42);
@@ -285,45 +295,6 @@ impl SqliteStore {
     pub fn builder() -> SqliteStoreBuilder {
         SqliteStoreBuilder::default()
     }
-
-    /// The connection pool, for running your own statements on the same database.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::SqliteStore::connect("sqlite::memory:").await?;
-    /// let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
-    ///     .fetch_one(store.pool())
-    ///     .await?;
-    /// assert_eq!(n, 0);
-    /// # Ok(()) }
-    /// ```
-    pub fn pool(&self) -> &SqlitePool {
-        &self.pool
-    }
-
-    /// The name of the records table.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::SqliteStore::connect("sqlite::memory:").await?;
-    /// assert_eq!(store.table(), "idem_records");
-    /// # Ok(()) }
-    /// ```
-    pub fn table(&self) -> &str {
-        self.protocol.table().as_configured()
-    }
-
-    /// The claim order `start` follows (see [`ClaimOrder`]).
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::SqliteStore::connect("sqlite::memory:").await?;
-    /// assert_eq!(store.claim_order(), idem_core::ClaimOrder::Adaptive);
-    /// # Ok(()) }
-    /// ```
-    pub fn claim_order(&self) -> ClaimOrder {
-        self.protocol.claim_order()
-    }
 }
 
 /// Configures a [`SqliteStore`] before connecting; made by [`SqliteStore::builder`].
@@ -399,18 +370,6 @@ impl SqliteStoreBuilder {
     /// ```
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
-        self
-    }
-
-    /// Whether `start` claims first, reads first, or picks by the recent traffic (the default,
-    /// [`ClaimOrder::Adaptive`]). See [`ClaimOrder`] for what each costs.
-    ///
-    /// ```
-    /// let builder = idem_core::SqliteStore::builder().claim_order(idem_core::ClaimOrder::ClaimFirst);
-    /// # let _ = builder;
-    /// ```
-    pub fn claim_order(mut self, order: ClaimOrder) -> Self {
-        self.claim_order = order;
         self
     }
 
