@@ -1,136 +1,4 @@
-//! [`PostgresStore`]: records in a PostgreSQL table, shared by every node of a service
-//! (feature `postgres`).
-//!
-//! # Pointing idem at your database
-//!
-//! ```no_run
-//! use idem_core::PostgresStore;
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-//! // Creates (or upgrades) the table `idem_records` and its expiry index on first connect.
-//! let store = PostgresStore::connect("postgres://app:secret@db.internal/app").await?;
-//!
-//! // Or: your own table name (optionally schema-qualified), on a pool you already have.
-//! let pool = sqlx::PgPool::connect("postgres://app:secret@db.internal/app").await?;
-//! let store = PostgresStore::builder().table("billing.idem_payments").from_pool(pool).await?;
-//! # let _ = store; Ok(()) }
-//! ```
-//!
-//! The role needs `CREATE` on the schema for the first connect (it creates two tables and an
-//! index) and `SELECT, INSERT, UPDATE, DELETE` on them afterwards. The schema itself must exist.
-//!
-//! # Schema
-//!
-//! For the default table name `idem_records` (every name below follows the configured one):
-//!
-//! ```sql
-//! CREATE TABLE idem_records (
-//!     key         bytea       PRIMARY KEY,   -- 32 bytes: SHA-256 of (scope, caller, client key)
-//!     fingerprint bytea       NULL,          -- 32 bytes: SHA-256 of the request, if given
-//!     token       bytea       NOT NULL,      -- 16 bytes: the claim's random fencing token
-//!     state       smallint    NOT NULL,      -- 0 in progress, 1 completed
-//!     expires_at  timestamptz NOT NULL,      -- lease end (in progress), retention end (completed)
-//!     response    bytea       NULL,          -- the encoded response once completed
-//!     is_error    boolean     NOT NULL DEFAULT false
-//! );
-//! CREATE INDEX idem_records_expires_at_idx ON idem_records (expires_at);
-//! -- applied migrations, one row per version
-//! CREATE TABLE idem_records_migrations (version bigint PRIMARY KEY, description text NOT NULL,
-//!                                       applied_at timestamptz NOT NULL);
-//! ```
-//!
-//! Migrations are embedded and versioned (`schema.rs`) and applied by the migrator that the
-//! SQLite store and the kit share. On connect the pending versions are applied in one
-//! transaction, each after first inserting its row into `<table>_migrations`: a node that
-//! connects at the same moment waits on that row's unique index and then skips the version, so
-//! any number of nodes may start together.
-//!
-//! A records table that is missing although `<table>_migrations` lists its versions (someone
-//! dropped it) is created again on connect: the store checks `to_regclass(<table>)` and re-runs
-//! the applied migrations, whose statements are idempotent (`IF NOT EXISTS`), in a transaction
-//! that locks the ledger's rows so that nodes connecting together do it once. The records the
-//! table held are gone. A table dropped under running nodes makes their calls fail with
-//! [`StoreErrorKind::Query`](crate::StoreErrorKind::Query) errors (undefined table) until one of
-//! them connects again.
-//!
-//! # Time
-//!
-//! Every lease and expiry is computed from the database server's `clock_timestamp()`, never from
-//! the application node's clock, so nodes with skewed clocks agree on who holds a key.
-//! (`now()` would not do: it stands still for a whole transaction.) A lease or retention is
-//! added to it as whole milliseconds, rounded up (so a lease is never shorter than asked), as in
-//! the SQLite store.
-//!
-//! # Round trips
-//!
-//! | call | statements |
-//! |---|---|
-//! | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= clock_timestamp() RETURNING …`; 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
-//! | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which meets the live row and changes nothing, then the `SELECT`) |
-//! | `start`, live row vanishing between the two statements | the claim again, at most three times in all |
-//! | `start` in transactional mode | 1 for every key: a data-modifying CTE that claims, or returns the live row unlocked (below) |
-//! | `complete` | 1: `UPDATE … WHERE key = $1 AND token = $2`, which keeps the first result when the claim had already completed |
-//! | `renew` | 1: `UPDATE … WHERE key = $1 AND token = $2 AND state = 0`, on the renewal pool (below) |
-//! | `abort` | 1: `DELETE … WHERE key = $1 AND token = $2 AND state = 0` |
-//! | `get`, `evict` | 1 |
-//! | `prune_expired(limit)` | 1, deleting at most `limit` rows found through the expiry index |
-//!
-//! Statements are prepared once per pooled connection (sqlx's statement cache), so each of the
-//! above is one network round trip once a connection is warm. Every statement's reply is read to
-//! its end (`ReadyForQuery`), so an error the server reports after the rows, at commit, fails
-//! the call instead of being dropped.
-//!
-//! **Renewal has a pool of its own.** `renew` runs on a second pool of at most two connections,
-//! opened on first use with the main pool's connect options and settings. Work that holds every
-//! connection of [`PostgresStore::pool`] (its own queries, a long transaction) then still gets
-//! its lease renewed, instead of losing it while the heartbeat queues for a connection and
-//! running twice. Budget for up to two more server connections per store; they close after the
-//! pool's idle timeout.
-//!
-//! Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
-//! follows the traffic: it claims first while most recent `start`s found a new key, and reads
-//! first while most found a live record (a storm of retries, a queue redelivering). Either way
-//! the conditional claim alone decides who owns a key. Reading first matters for replays: a claim
-//! that meets a live row locks it for the moment of the statement, which costs a transaction id,
-//! WAL and a commit, while a `SELECT` by primary key costs none of these. Measured on the
-//! benchmark's server (`docs/performance.md`), a `SELECT` of a live row costs about half the
-//! server CPU of the one-statement alternative, a CTE that reads and claims together (used in
-//! transactional mode), and the bare claim costs a new key less than that CTE.
-//!
-//! In transactional mode the claim is one statement that reads the key first, inside the same
-//! statement, and inserts only when the read found no live row. A live row is returned without
-//! a lock, so your transaction holds no lock on another caller's record while it replays.
-//!
-//! # Transactional mode
-//!
-//! `PostgresStore` is a [`TransactionalStore`](crate::TransactionalStore): with
-//! [`Transactional`](crate::Transactional) the claim and the completion run on your own
-//! transaction next to your business writes, and commit or roll back with them. Keep the default
-//! `READ COMMITTED` isolation: a duplicate then waits on the first transaction's row and replays
-//! its committed result.
-//!
-//! # SQL the store needs
-//!
-//! Plain PostgreSQL 9.6 or later, or a PostgreSQL-compatible database with: `INSERT … ON
-//! CONFLICT (…) DO UPDATE … WHERE`, `RETURNING`, data-modifying CTEs (`WITH … AS (INSERT …)
-//! SELECT …`), `SELECT … FOR UPDATE SKIP LOCKED` (pruning only), `clock_timestamp()`, `bytea`
-//! and `timestamptz`, and transactional DDL with `CREATE … IF NOT EXISTS` and
-//! `to_regclass(text)` (migrations only; 9.6 made its argument `text`). No advisory locks, no
-//! `LOCK TABLE`, no extensions. Behind a connection pooler in transaction mode use one that
-//! supports prepared statements (PgBouncer 1.21 or later).
-//!
-//! # Errors
-//!
-//! Failures are [`Error::Store`] with a [`StoreErrorKind`](crate::StoreErrorKind) taken from the
-//! SQLSTATE: connection errors (class 08, 57P01–57P05, 53300) are `Unavailable`; a statement or
-//! lock timeout (57014, 55P03), a serialization failure (40001) or a deadlock (40P01) is
-//! `Transient`; a full disk (53100) is `Full`; a read-only transaction (25006, as on a standby)
-//! is `ReadOnly`. [`StoreErrorKind::is_transient`](crate::StoreErrorKind::is_transient) says
-//! which are worth retrying.
-//!
-//! The crate enables only sqlx's `postgres` feature: no TLS. To reach a server over TLS, add
-//! `sqlx` with a TLS feature (`tls-rustls` or `tls-native-tls`) to your own dependencies; Cargo
-//! unifies the features.
-
+//! The PostgresStore (its docs hold the schema, the time source and the round trips).
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -166,7 +34,7 @@ const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
 ///
 /// A claim is one conditional `INSERT … ON CONFLICT DO UPDATE` statement, leases and expiry use
 /// the server's clock, and a replay costs one round trip while most traffic is replays (see
-/// [`ClaimOrder`]). See the [module docs](self) for the
+/// [`ClaimOrder`]). See the sections below for the
 /// schema, the round trips of each call and the SQL features it relies on.
 ///
 /// Cloning is cheap: clones share the connection pool.
@@ -184,6 +52,138 @@ const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
 /// }
 /// # Ok(()) }
 /// ```
+///
+/// (feature `postgres`).
+///
+/// # Pointing idem at your database
+///
+/// ```no_run
+/// use idem_core::PostgresStore;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// // Creates (or upgrades) the table `idem_records` and its expiry index on first connect.
+/// let store = PostgresStore::connect("postgres://app:secret@db.internal/app").await?;
+///
+/// // Or: your own table name (optionally schema-qualified), on a pool you already have.
+/// let pool = sqlx::PgPool::connect("postgres://app:secret@db.internal/app").await?;
+/// let store = PostgresStore::builder().table("billing.idem_payments").from_pool(pool).await?;
+/// # let _ = store; Ok(()) }
+/// ```
+///
+/// The role needs `CREATE` on the schema for the first connect (it creates two tables and an
+/// index) and `SELECT, INSERT, UPDATE, DELETE` on them afterwards. The schema itself must exist.
+///
+/// # Schema
+///
+/// For the default table name `idem_records` (every name below follows the configured one):
+///
+/// ```sql
+/// CREATE TABLE idem_records (
+///     key         bytea       PRIMARY KEY,   -- 32 bytes: SHA-256 of (scope, caller, client key)
+///     fingerprint bytea       NULL,          -- 32 bytes: SHA-256 of the request, if given
+///     token       bytea       NOT NULL,      -- 16 bytes: the claim's random fencing token
+///     state       smallint    NOT NULL,      -- 0 in progress, 1 completed
+///     expires_at  timestamptz NOT NULL,      -- lease end (in progress), retention end (completed)
+///     response    bytea       NULL,          -- the encoded response once completed
+///     is_error    boolean     NOT NULL DEFAULT false
+/// );
+/// CREATE INDEX idem_records_expires_at_idx ON idem_records (expires_at);
+/// -- applied migrations, one row per version
+/// CREATE TABLE idem_records_migrations (version bigint PRIMARY KEY, description text NOT NULL,
+///                                       applied_at timestamptz NOT NULL);
+/// ```
+///
+/// Migrations are embedded and versioned (`schema.rs`) and applied by the migrator that the
+/// SQLite store and the kit share. On connect the pending versions are applied in one
+/// transaction, each after first inserting its row into `<table>_migrations`: a node that
+/// connects at the same moment waits on that row's unique index and then skips the version, so
+/// any number of nodes may start together.
+///
+/// A records table that is missing although `<table>_migrations` lists its versions (someone
+/// dropped it) is created again on connect: the store checks `to_regclass(<table>)` and re-runs
+/// the applied migrations, whose statements are idempotent (`IF NOT EXISTS`), in a transaction
+/// that locks the ledger's rows so that nodes connecting together do it once. The records the
+/// table held are gone. A table dropped under running nodes makes their calls fail with
+/// [`StoreErrorKind::Query`](crate::StoreErrorKind::Query) errors (undefined table) until one of
+/// them connects again.
+///
+/// # Time
+///
+/// Every lease and expiry is computed from the database server's `clock_timestamp()`, never from
+/// the application node's clock, so nodes with skewed clocks agree on who holds a key.
+/// (`now()` would not do: it stands still for a whole transaction.) A lease or retention is
+/// added to it as whole milliseconds, rounded up (so a lease is never shorter than asked), as in
+/// the SQLite store.
+///
+/// # Round trips
+///
+/// | call | statements |
+/// |---|---|
+/// | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= clock_timestamp() RETURNING …`; 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
+/// | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which meets the live row and changes nothing, then the `SELECT`) |
+/// | `start`, live row vanishing between the two statements | the claim again, at most three times in all |
+/// | `start` in transactional mode | 1 for every key: a data-modifying CTE that claims, or returns the live row unlocked (below) |
+/// | `complete` | 1: `UPDATE … WHERE key = $1 AND token = $2`, which keeps the first result when the claim had already completed |
+/// | `renew` | 1: `UPDATE … WHERE key = $1 AND token = $2 AND state = 0`, on the renewal pool (below) |
+/// | `abort` | 1: `DELETE … WHERE key = $1 AND token = $2 AND state = 0` |
+/// | `get`, `evict` | 1 |
+/// | `prune_expired(limit)` | 1, deleting at most `limit` rows found through the expiry index |
+///
+/// Statements are prepared once per pooled connection (sqlx's statement cache), so each of the
+/// above is one network round trip once a connection is warm. Every statement's reply is read to
+/// its end (`ReadyForQuery`), so an error the server reports after the rows, at commit, fails
+/// the call instead of being dropped.
+///
+/// **Renewal has a pool of its own.** `renew` runs on a second pool of at most two connections,
+/// opened on first use with the main pool's connect options and settings. Work that holds every
+/// connection of [`PostgresStore::pool`] (its own queries, a long transaction) then still gets
+/// its lease renewed, instead of losing it while the heartbeat queues for a connection and
+/// running twice. Budget for up to two more server connections per store; they close after the
+/// pool's idle timeout.
+///
+/// Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
+/// follows the traffic: it claims first while most recent `start`s found a new key, and reads
+/// first while most found a live record (a storm of retries, a queue redelivering). Either way
+/// the conditional claim alone decides who owns a key. Reading first matters for replays: a claim
+/// that meets a live row locks it for the moment of the statement, which costs a transaction id,
+/// WAL and a commit, while a `SELECT` by primary key costs none of these. Measured on the
+/// benchmark's server (`docs/performance.md`), a `SELECT` of a live row costs about half the
+/// server CPU of the one-statement alternative, a CTE that reads and claims together (used in
+/// transactional mode), and the bare claim costs a new key less than that CTE.
+///
+/// In transactional mode the claim is one statement that reads the key first, inside the same
+/// statement, and inserts only when the read found no live row. A live row is returned without
+/// a lock, so your transaction holds no lock on another caller's record while it replays.
+///
+/// # Transactional mode
+///
+/// `PostgresStore` is a [`TransactionalStore`](crate::TransactionalStore): with
+/// [`Transactional`](crate::Transactional) the claim and the completion run on your own
+/// transaction next to your business writes, and commit or roll back with them. Keep the default
+/// `READ COMMITTED` isolation: a duplicate then waits on the first transaction's row and replays
+/// its committed result.
+///
+/// # SQL the store needs
+///
+/// Plain PostgreSQL 9.6 or later, or a PostgreSQL-compatible database with: `INSERT … ON
+/// CONFLICT (…) DO UPDATE … WHERE`, `RETURNING`, data-modifying CTEs (`WITH … AS (INSERT …)
+/// SELECT …`), `SELECT … FOR UPDATE SKIP LOCKED` (pruning only), `clock_timestamp()`, `bytea`
+/// and `timestamptz`, and transactional DDL with `CREATE … IF NOT EXISTS` and
+/// `to_regclass(text)` (migrations only; 9.6 made its argument `text`). No advisory locks, no
+/// `LOCK TABLE`, no extensions. Behind a connection pooler in transaction mode use one that
+/// supports prepared statements (PgBouncer 1.21 or later).
+///
+/// # Errors
+///
+/// Failures are [`Error::Store`] with a [`StoreErrorKind`](crate::StoreErrorKind) taken from the
+/// SQLSTATE: connection errors (class 08, 57P01–57P05, 53300) are `Unavailable`; a statement or
+/// lock timeout (57014, 55P03), a serialization failure (40001) or a deadlock (40P01) is
+/// `Transient`; a full disk (53100) is `Full`; a read-only transaction (25006, as on a standby)
+/// is `ReadOnly`. [`StoreErrorKind::is_transient`](crate::StoreErrorKind::is_transient) says
+/// which are worth retrying.
+///
+/// The crate enables only sqlx's `postgres` feature: no TLS. To reach a server over TLS, add
+/// `sqlx` with a TLS feature (`tls-rustls` or `tls-native-tls`) to your own dependencies; Cargo
+/// unifies the features.
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
@@ -217,7 +217,7 @@ impl PostgresStore {
 
     /// Uses an existing pool and brings the table `idem_records` up to date. `renew` runs on a
     /// second pool of at most two connections made with this pool's options (see the
-    /// [module docs](self#round-trips)).
+    /// [round trips](PostgresStore#round-trips)).
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {

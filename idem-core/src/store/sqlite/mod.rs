@@ -1,143 +1,4 @@
-//! [`SqliteStore`]: records in a SQLite database (feature `sqlite`).
-//!
-//! # Schema
-//!
-//! Created on connect by the store's own migrations (see below), for the default table name
-//! `idem_records`:
-//!
-//! ```sql
-//! CREATE TABLE "idem_records" (
-//!     key         BLOB    NOT NULL PRIMARY KEY CHECK (length(key) = 32),
-//!     fingerprint BLOB             CHECK (fingerprint IS NULL OR length(fingerprint) = 32),
-//!     token       BLOB    NOT NULL CHECK (length(token) = 16),
-//!     state       INTEGER NOT NULL CHECK (state IN (0, 1)),   -- 0 in progress, 1 completed
-//!     expires_at  INTEGER NOT NULL,  -- ms since the Unix epoch: lease end, then retention end
-//!     response    BLOB,
-//!     is_error    INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1))
-//! );
-//! CREATE INDEX "idem_records_expires_at" ON "idem_records" (expires_at);
-//! ```
-//!
-//! `key` is the 32-byte [`Key`](crate::Key), `token` the claim's random 128-bit [`Token`](crate::Token) (kept after
-//! completion, so a token is never reused for a key). It is an ordinary rowid table rather than
-//! `WITHOUT ROWID` because responses can be large, and SQLite advises against `WITHOUT ROWID`
-//! for large rows.
-//!
-//! # Time
-//!
-//! Leases and retention are computed with the database's clock, in milliseconds (a lease or
-//! retention is whole milliseconds, rounded up, so a lease is never shorter than asked):
-//! `CAST(round(unixepoch('subsec') * 1000) AS INTEGER)`. SQLite evaluates `'now'` once per
-//! statement, so every comparison inside one statement sees the same instant. (`round` rather
-//! than a plain cast because `unixepoch('subsec')` is a float that may land just below the
-//! millisecond.) With SQLite every connection is in-process, so "database time" is the clock of
-//! the host running the store.
-//!
-//! # Round trips
-//!
-//! Every operation takes a pooled connection and runs these statements on it; all of them are
-//! calls into the in-process SQLite library, none crosses a network.
-//!
-//! | operation | statements |
-//! |---|---|
-//! | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now RETURNING 1`; 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
-//! | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which finds the live row, then the `SELECT`) |
-//! | `complete` | 1 `UPDATE … WHERE key = ? AND token = ?`, which keeps the first result when the claim had already completed |
-//! | `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0`, on the renewal connection (below) |
-//! | `abort` | 1 `DELETE … WHERE key = ? AND token = ? AND state = 0` |
-//! | `evict` | 1 `DELETE` |
-//! | `get` | 1 `SELECT` |
-//! | `prune_expired` | 1 `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now ORDER BY expires_at LIMIT ?)` |
-//!
-//! Every statement runs to its end before its result is used, the claim's `RETURNING` included:
-//! in autocommit mode SQLite commits when the statement finishes, and a commit can fail (a full
-//! disk, [`StoreErrorKind::Full`](crate::StoreErrorKind::Full)). Reading the claim's row and
-//! dropping the rest would report a claim as won whose commit failed and was rolled back.
-//!
-//! **Renewal has a connection of its own.** For a database file, `renew` runs on a second pool
-//! of one connection, opened on first use with the main pool's settings. Work that holds every
-//! connection of [`SqliteStore::pool`] (its own queries, a transaction) then still gets its
-//! lease renewed instead of losing it while the heartbeat waits for a connection. The renewal
-//! still needs SQLite's write lock: work that keeps a write transaction open longer than the
-//! busy timeout blocks it all the same. In-memory databases have one connection and renew on it.
-//!
-//! Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
-//! follows the traffic: it claims first while most recent `start`s found a new key and reads
-//! first while most found a live one. The read matters on SQLite because any `INSERT` takes the
-//! single write lock, even one that ends up changing nothing: claiming first would make every
-//! replay and every duplicate of a running call queue behind all writers (and sleep in SQLite's
-//! busy handler when it meets one), while a read runs alongside them (WAL). Measured: reading
-//! first makes a replay about twice as fast and a storm of duplicates about 1.5 times as fast,
-//! and costs a new key 10–15 % (see `docs/performance.md`); following the traffic gets both.
-//! SQLite has no data-modifying CTE, so the two cannot be folded into one statement as
-//! PostgreSQL's transactional claim does.
-//!
-//! When the claim finds a live row (another caller claimed the key first), `start` reads it; if
-//! it vanished meanwhile (aborted, evicted or expired), `start` claims again, at most three
-//! times; a key churned that fast by other callers reads as [`Start::Locked`](crate::Start::Locked) with a zero
-//! `retry_after`. In transactional mode `start` always claims first: a read before the write
-//! would leave the transaction unable to take the write lock once another connection had
-//! committed.
-//!
-//! # Journal mode and locking
-//!
-//! [`SqliteStore::open`] and [`SqliteStore::connect`] set:
-//!
-//! - `journal_mode = WAL` (stored in the database file, set once): readers never block the
-//!   writer nor the writer readers, so `get` and replays' reads proceed while a claim commits,
-//!   and a commit is one append to the log. Switching a new file to WAL needs an exclusive lock
-//!   that SQLite does not wait for, so when several processes open a new file at once the store
-//!   retries the switch for up to the busy timeout.
-//! - `synchronous = NORMAL` on every connection: in WAL mode this is safe against corruption
-//!   and against the application crashing; only a power loss or OS crash may roll back the last
-//!   few commits (a completed record may be forgotten, so the work could run once more). Build
-//!   the pool yourself with `synchronous = FULL` and use [`SqliteStore::from_pool`] if that
-//!   matters.
-//! - `busy_timeout = 5 s` (configurable) on every connection: a writer waits for the lock
-//!   instead of failing at once. A statement still blocked after the timeout fails with a
-//!   [`StoreErrorKind::Unavailable`](crate::StoreErrorKind::Unavailable) error, which [`Error::is_retryable`] reports as retryable.
-//!
-//! # Migrations
-//!
-//! The schema is a versioned list of steps kept in `schema.rs`, applied by the migrator that the
-//! PostgreSQL store and the kit share. On connect the store takes the
-//! write lock (`BEGIN IMMEDIATE`), creates `<table>_migrations` if missing, applies the steps not
-//! recorded there and records them, then commits: running it twice, or from several pools or
-//! processes at once, applies each step once. A table migrated by a newer version of idem (a
-//! version this build does not know) is refused with [`Error::InvalidConfig`], unless
-//! `PRAGMA quick_check` finds the file damaged (then the unknown version is garbage read from a
-//! damaged page, and the error says so; see below).
-//!
-//! A records table that is missing although the ledger lists its steps as applied (someone
-//! dropped it) is created again on connect by re-running the applied steps, whose statements
-//! are idempotent (`IF NOT EXISTS`); the records it held are gone.
-//!
-//! # Errors
-//!
-//! Failures are [`Error::Store`] with a [`StoreErrorKind`](crate::StoreErrorKind) taken from
-//! SQLite's result code: `SQLITE_BUSY`/`SQLITE_LOCKED` (the lock was held past the busy timeout)
-//! are `Unavailable`, `SQLITE_FULL` is `Full`, `SQLITE_READONLY` is `ReadOnly`, and
-//! `SQLITE_CORRUPT`/`SQLITE_NOTADB` are `Corrupt`, with a message saying that the file is
-//! damaged and what to do.
-//!
-//! # SQLite version
-//!
-//! The statements need SQLite 3.35 (`RETURNING`) and 3.42 (`unixepoch('subsec')`). sqlx 0.8's
-//! `sqlite` feature, which this crate enables, compiles in the SQLite bundled with
-//! `libsqlite3-sys` 0.30: SQLite 3.46.0. The store checks `sqlite_version()` on connect and
-//! refuses an older library (as a system SQLite linked through `sqlite-unbundled` might be)
-//! with [`Error::InvalidConfig`].
-//!
-//! # In-memory databases
-//!
-//! An in-memory SQLite database belongs to the connection that opened it (sqlx gives the
-//! connections of one pool a shared cache, but the database still vanishes with the last of
-//! them). For `sqlite::memory:` URLs, `mode=memory` URLs, URLs with an empty file name (a
-//! private temporary database) and [`SqliteStore::open`] of `":memory:"`, the store therefore
-//! uses a pool of exactly one connection that is never closed for idleness or age: records live
-//! as long as the store, and operations are serialised. Use in-memory databases for tests; use a
-//! file for anything that must survive a restart.
-
+//! The SqliteStore (its docs hold the schema, the time source and the round trips).
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
@@ -173,7 +34,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Records in a SQLite database: durable across restarts, shared by every process that opens the
 /// same file.
 ///
-/// Cloning is cheap and shares the connection pool. See the [module docs](self) for the schema,
+/// Cloning is cheap and shares the connection pool. See the sections below for the schema,
 /// the statements each operation runs and the connection settings.
 ///
 /// ```
@@ -196,6 +57,144 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// assert_eq!(cached.response.as_deref(), Some(&b"receipt-7"[..]));
 /// # Ok(()) }
 /// ```
+///
+/// # Schema
+///
+/// Created on connect by the store's own migrations (see below), for the default table name
+/// `idem_records`:
+///
+/// ```sql
+/// CREATE TABLE "idem_records" (
+///     key         BLOB    NOT NULL PRIMARY KEY CHECK (length(key) = 32),
+///     fingerprint BLOB             CHECK (fingerprint IS NULL OR length(fingerprint) = 32),
+///     token       BLOB    NOT NULL CHECK (length(token) = 16),
+///     state       INTEGER NOT NULL CHECK (state IN (0, 1)),   -- 0 in progress, 1 completed
+///     expires_at  INTEGER NOT NULL,  -- ms since the Unix epoch: lease end, then retention end
+///     response    BLOB,
+///     is_error    INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1))
+/// );
+/// CREATE INDEX "idem_records_expires_at" ON "idem_records" (expires_at);
+/// ```
+///
+/// `key` is the 32-byte [`Key`](crate::Key), `token` the claim's random 128-bit [`Token`](crate::Token) (kept after
+/// completion, so a token is never reused for a key). It is an ordinary rowid table rather than
+/// `WITHOUT ROWID` because responses can be large, and SQLite advises against `WITHOUT ROWID`
+/// for large rows.
+///
+/// # Time
+///
+/// Leases and retention are computed with the database's clock, in milliseconds (a lease or
+/// retention is whole milliseconds, rounded up, so a lease is never shorter than asked):
+/// `CAST(round(unixepoch('subsec') * 1000) AS INTEGER)`. SQLite evaluates `'now'` once per
+/// statement, so every comparison inside one statement sees the same instant. (`round` rather
+/// than a plain cast because `unixepoch('subsec')` is a float that may land just below the
+/// millisecond.) With SQLite every connection is in-process, so "database time" is the clock of
+/// the host running the store.
+///
+/// # Round trips
+///
+/// Every operation takes a pooled connection and runs these statements on it; all of them are
+/// calls into the in-process SQLite library, none crosses a network.
+///
+/// | operation | statements |
+/// |---|---|
+/// | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now RETURNING 1`; 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
+/// | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which finds the live row, then the `SELECT`) |
+/// | `complete` | 1 `UPDATE … WHERE key = ? AND token = ?`, which keeps the first result when the claim had already completed |
+/// | `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0`, on the renewal connection (below) |
+/// | `abort` | 1 `DELETE … WHERE key = ? AND token = ? AND state = 0` |
+/// | `evict` | 1 `DELETE` |
+/// | `get` | 1 `SELECT` |
+/// | `prune_expired` | 1 `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now ORDER BY expires_at LIMIT ?)` |
+///
+/// Every statement runs to its end before its result is used, the claim's `RETURNING` included:
+/// in autocommit mode SQLite commits when the statement finishes, and a commit can fail (a full
+/// disk, [`StoreErrorKind::Full`](crate::StoreErrorKind::Full)). Reading the claim's row and
+/// dropping the rest would report a claim as won whose commit failed and was rolled back.
+///
+/// **Renewal has a connection of its own.** For a database file, `renew` runs on a second pool
+/// of one connection, opened on first use with the main pool's settings. Work that holds every
+/// connection of [`SqliteStore::pool`] (its own queries, a transaction) then still gets its
+/// lease renewed instead of losing it while the heartbeat waits for a connection. The renewal
+/// still needs SQLite's write lock: work that keeps a write transaction open longer than the
+/// busy timeout blocks it all the same. In-memory databases have one connection and renew on it.
+///
+/// Whether `start` claims first or reads first is the store's [`ClaimOrder`]. By default it
+/// follows the traffic: it claims first while most recent `start`s found a new key and reads
+/// first while most found a live one. The read matters on SQLite because any `INSERT` takes the
+/// single write lock, even one that ends up changing nothing: claiming first would make every
+/// replay and every duplicate of a running call queue behind all writers (and sleep in SQLite's
+/// busy handler when it meets one), while a read runs alongside them (WAL). Measured: reading
+/// first makes a replay about twice as fast and a storm of duplicates about 1.5 times as fast,
+/// and costs a new key 10–15 % (see `docs/performance.md`); following the traffic gets both.
+/// SQLite has no data-modifying CTE, so the two cannot be folded into one statement as
+/// PostgreSQL's transactional claim does.
+///
+/// When the claim finds a live row (another caller claimed the key first), `start` reads it; if
+/// it vanished meanwhile (aborted, evicted or expired), `start` claims again, at most three
+/// times; a key churned that fast by other callers reads as [`Start::Locked`](crate::Start::Locked) with a zero
+/// `retry_after`. In transactional mode `start` always claims first: a read before the write
+/// would leave the transaction unable to take the write lock once another connection had
+/// committed.
+///
+/// # Journal mode and locking
+///
+/// [`SqliteStore::open`] and [`SqliteStore::connect`] set:
+///
+/// - `journal_mode = WAL` (stored in the database file, set once): readers never block the
+///   writer nor the writer readers, so `get` and replays' reads proceed while a claim commits,
+///   and a commit is one append to the log. Switching a new file to WAL needs an exclusive lock
+///   that SQLite does not wait for, so when several processes open a new file at once the store
+///   retries the switch for up to the busy timeout.
+/// - `synchronous = NORMAL` on every connection: in WAL mode this is safe against corruption
+///   and against the application crashing; only a power loss or OS crash may roll back the last
+///   few commits (a completed record may be forgotten, so the work could run once more). Build
+///   the pool yourself with `synchronous = FULL` and use [`SqliteStore::from_pool`] if that
+///   matters.
+/// - `busy_timeout = 5 s` (configurable) on every connection: a writer waits for the lock
+///   instead of failing at once. A statement still blocked after the timeout fails with a
+///   [`StoreErrorKind::Unavailable`](crate::StoreErrorKind::Unavailable) error, which [`Error::is_retryable`] reports as retryable.
+///
+/// # Migrations
+///
+/// The schema is a versioned list of steps kept in `schema.rs`, applied by the migrator that the
+/// PostgreSQL store and the kit share. On connect the store takes the
+/// write lock (`BEGIN IMMEDIATE`), creates `<table>_migrations` if missing, applies the steps not
+/// recorded there and records them, then commits: running it twice, or from several pools or
+/// processes at once, applies each step once. A table migrated by a newer version of idem (a
+/// version this build does not know) is refused with [`Error::InvalidConfig`], unless
+/// `PRAGMA quick_check` finds the file damaged (then the unknown version is garbage read from a
+/// damaged page, and the error says so; see below).
+///
+/// A records table that is missing although the ledger lists its steps as applied (someone
+/// dropped it) is created again on connect by re-running the applied steps, whose statements
+/// are idempotent (`IF NOT EXISTS`); the records it held are gone.
+///
+/// # Errors
+///
+/// Failures are [`Error::Store`] with a [`StoreErrorKind`](crate::StoreErrorKind) taken from
+/// SQLite's result code: `SQLITE_BUSY`/`SQLITE_LOCKED` (the lock was held past the busy timeout)
+/// are `Unavailable`, `SQLITE_FULL` is `Full`, `SQLITE_READONLY` is `ReadOnly`, and
+/// `SQLITE_CORRUPT`/`SQLITE_NOTADB` are `Corrupt`, with a message saying that the file is
+/// damaged and what to do.
+///
+/// # SQLite version
+///
+/// The statements need SQLite 3.35 (`RETURNING`) and 3.42 (`unixepoch('subsec')`). sqlx 0.8's
+/// `sqlite` feature, which this crate enables, compiles in the SQLite bundled with
+/// `libsqlite3-sys` 0.30: SQLite 3.46.0. The store checks `sqlite_version()` on connect and
+/// refuses an older library (as a system SQLite linked through `sqlite-unbundled` might be)
+/// with [`Error::InvalidConfig`].
+///
+/// # In-memory databases
+///
+/// An in-memory SQLite database belongs to the connection that opened it (sqlx gives the
+/// connections of one pool a shared cache, but the database still vanishes with the last of
+/// them). For `sqlite::memory:` URLs, `mode=memory` URLs, URLs with an empty file name (a
+/// private temporary database) and [`SqliteStore::open`] of `":memory:"`, the store therefore
+/// uses a pool of exactly one connection that is never closed for idleness or age: records live
+/// as long as the store, and operations are serialised. Use in-memory databases for tests; use a
+/// file for anything that must survive a restart.
 #[derive(Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
@@ -220,7 +219,7 @@ impl SqliteStore {
     /// Opens (creating it if missing) the database file at `path` with the default settings and
     /// table `idem_records`, and creates or upgrades the schema.
     ///
-    /// `":memory:"` opens a private in-memory database (see the [module docs](self)).
+    /// `":memory:"` opens a private in-memory database (see [Time](#time) and [Schema](#schema) below).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -253,7 +252,7 @@ impl SqliteStore {
     ///
     /// The pool's settings are kept as they are; for a database file, `renew` runs on a second
     /// pool of one connection made with the same settings (see the
-    /// [module docs](self#round-trips)). Recommended: WAL journal mode, `synchronous =
+    /// [round trips](SqliteStore#round-trips)). Recommended: WAL journal mode, `synchronous =
     /// NORMAL` (or `FULL`) and a busy timeout of a few seconds, as below. (With `journal_mode`
     /// in the options every new connection asks for the switch; processes opening a *new* file
     /// at the same moment may then fail with "database is locked", which
