@@ -122,8 +122,9 @@ impl Opened {
     async fn open(url: &str, table: &str) -> Result<Opened, Failure> {
         if let Some(rest) = url.strip_prefix("sqlite:") {
             let path = rest.trim_start_matches("//");
-            let path = path.split('?').next().unwrap_or(path);
-            if !path.is_empty() && !path.starts_with(':') && !std::path::Path::new(path).exists() {
+            let (path, query) = path.split_once('?').unwrap_or((path, ""));
+            let creates = query.split('&').any(|p| p == "mode=rwc");
+            if !creates && !path.starts_with(':') && !std::path::Path::new(path).exists() {
                 return Err(Failure::Usage(format!("no SQLite database at {path:?}")));
             }
             let store = SqliteStore::builder().table(table).connect(url).await?;

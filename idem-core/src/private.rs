@@ -39,19 +39,20 @@ impl<C: Codec> AsEngine for Idempotency<C> {
     }
 }
 
-impl<T: AsEngine + ?Sized> AsEngine for &T {
-    type Codec = T::Codec;
-    fn as_engine(&self) -> &Idempotency<T::Codec> {
-        (**self).as_engine()
-    }
+/// `&T` and `Arc<T>` name the engine `T` names.
+macro_rules! through_pointers {
+    ($trait:ident { $($item:tt)* }) => {
+        impl<T: $trait + ?Sized> $trait for &T { $($item)* }
+        impl<T: $trait + ?Sized> $trait for Arc<T> { $($item)* }
+    };
 }
 
-impl<T: AsEngine + ?Sized> AsEngine for Arc<T> {
+through_pointers!(AsEngine {
     type Codec = T::Codec;
     fn as_engine(&self) -> &Idempotency<T::Codec> {
         (**self).as_engine()
     }
-}
+});
 
 pub use crate::key::KeyPart;
 
@@ -165,22 +166,13 @@ impl<S: TransactionalStore, C: Codec> AsTransactional for Transactional<S, C> {
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<T: AsTransactional + ?Sized> AsTransactional for &T {
+through_pointers!(AsTransactional {
     type Store = T::Store;
     type Codec = T::Codec;
     fn as_transactional(&self) -> &Transactional<T::Store, T::Codec> {
         (**self).as_transactional()
     }
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<T: AsTransactional + ?Sized> AsTransactional for Arc<T> {
-    type Store = T::Store;
-    type Codec = T::Codec;
-    fn as_transactional(&self) -> &Transactional<T::Store, T::Codec> {
-        (**self).as_transactional()
-    }
-}
+});
 
 /// The connection type of the transactional engine `En`.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::Record;
-#[cfg(feature = "sqlite")]
 use crate::store::sql::dialect::private::Ops;
+use crate::store::sql::protocol::SqlBackend;
 use crate::store::Store;
 
 /// Which records [`StoreAdmin::list`] lists.
@@ -85,147 +85,121 @@ async fn records(store: &dyn Store, keys: Vec<Vec<u8>>) -> Result<Vec<Record>, E
     Ok(out)
 }
 
-fn state_code(state: Option<ListState>) -> Option<i16> {
+/// The statements of [`StoreAdmin`] for one database, from its dialect and the store's table.
+struct AdminSql {
+    list: String,
+    stats: String,
+    version: String,
+}
+
+impl AdminSql {
+    fn new<S: SqlBackend>(store: &S) -> Result<AdminSql, Error> {
+        let d = &<S::Db as Ops>::DIALECT;
+        let t = store.protocol().table();
+        let now = d.now;
+        let live = format!("expires_at > {now}");
+        Ok(AdminSql {
+            list: format!(
+                "SELECT key FROM {t} WHERE {live} \
+                 AND (CAST($1 AS {bigint}) IS NULL OR state = $1) \
+                 AND (CAST($2 AS {bytes}) IS NULL OR key > $2) \
+                 ORDER BY key LIMIT $3",
+                bigint = d.bigint,
+                bytes = d.bytes,
+            ),
+            stats: format!(
+                "SELECT \
+                   CAST(coalesce(sum(CASE WHEN state = 0 AND {live} THEN 1 ELSE 0 END), 0) AS {b}), \
+                   CAST(coalesce(sum(CASE WHEN state = 1 AND {live} THEN 1 ELSE 0 END), 0) AS {b}), \
+                   CAST(coalesce(sum(CASE WHEN {live} THEN 0 ELSE 1 END), 0) AS {b}), \
+                   {oldest} \
+                 FROM {t}",
+                b = d.bigint,
+                oldest = d.micros_of(&format!("min(CASE WHEN {live} THEN expires_at END)")),
+            ),
+            version: format!(
+                "SELECT CAST(coalesce(max(version), 0) AS {}) FROM {}",
+                d.bigint,
+                t.suffixed("table", "_migrations")?
+            ),
+        })
+    }
+}
+
+fn state_code(state: Option<ListState>) -> Option<i64> {
     state.map(|s| match s {
         ListState::InProgress => 0,
         ListState::Completed => 1,
     })
 }
 
-fn count(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
+fn stats(
+    (in_progress, completed, expired, oldest_us): (i64, i64, i64, Option<i64>),
+    table_bytes: Option<i64>,
+) -> StoreStats {
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    StoreStats {
+        in_progress: count(in_progress),
+        completed: count(completed),
+        expired: count(expired),
+        oldest_expiry: oldest_us
+            .and_then(|us| u64::try_from(us).ok())
+            .map(|us| UNIX_EPOCH + Duration::from_micros(us)),
+        table_bytes: table_bytes.and_then(|b| u64::try_from(b).ok()),
+    }
+}
+
+/// `impl StoreAdmin` for a SQL store; `$size` asks the database for the table's size on disk
+/// (`$1`: the table's name as configured), or fails where it cannot tell.
+macro_rules! sql_admin {
+    ($store:ty, $size:expr) => {
+        #[async_trait]
+        impl StoreAdmin for $store {
+            async fn list(
+                &self,
+                state: Option<ListState>,
+                after: Option<&Key>,
+                limit: u32,
+            ) -> Result<Vec<Record>, Error> {
+                let keys: Vec<Vec<u8>> = sqlx::query_scalar(&AdminSql::new(self)?.list)
+                    .bind(state_code(state))
+                    .bind(after.map(|k| k.as_bytes().to_vec()))
+                    .bind(i64::from(limit))
+                    .fetch_all(self.pool())
+                    .await?;
+                records(self, keys).await
+            }
+
+            async fn stats(&self) -> Result<StoreStats, Error> {
+                let counts = sqlx::query_as(&AdminSql::new(self)?.stats)
+                    .fetch_one(self.pool())
+                    .await?;
+                // Not every build of SQLite can tell (dbstat is a compile-time option).
+                let size: Option<i64> = sqlx::query_scalar($size)
+                    .bind(self.table())
+                    .fetch_one(self.pool())
+                    .await
+                    .ok()
+                    .flatten();
+                Ok(stats(counts, size))
+            }
+
+            async fn schema_version(&self) -> Result<i64, Error> {
+                let version = AdminSql::new(self)?.version;
+                Ok(sqlx::query_scalar(&version).fetch_one(self.pool()).await?)
+            }
+        }
+    };
 }
 
 #[cfg(feature = "sqlite")]
-#[async_trait]
-impl StoreAdmin for crate::SqliteStore {
-    async fn list(
-        &self,
-        state: Option<ListState>,
-        after: Option<&Key>,
-        limit: u32,
-    ) -> Result<Vec<Record>, Error> {
-        let now = <sqlx::Sqlite as Ops>::DIALECT.now;
-        let sql = format!(
-            r#"SELECT key FROM "{}" WHERE expires_at > {now}
-               AND (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR key > ?2)
-               ORDER BY key LIMIT ?3"#,
-            self.table()
-        );
-        let keys: Vec<Vec<u8>> = sqlx::query_scalar(&sql)
-            .bind(state_code(state))
-            .bind(after.map(|k| k.as_bytes().to_vec()))
-            .bind(i64::from(limit))
-            .fetch_all(self.pool())
-            .await?;
-        records(self, keys).await
-    }
-
-    async fn stats(&self) -> Result<StoreStats, Error> {
-        let now = <sqlx::Sqlite as Ops>::DIALECT.now;
-        let sql = format!(
-            r#"SELECT
-                 coalesce(sum(state = 0 AND expires_at > {now}), 0),
-                 coalesce(sum(state = 1 AND expires_at > {now}), 0),
-                 coalesce(sum(expires_at <= {now}), 0),
-                 (SELECT min(expires_at) FROM "{t}" WHERE expires_at > {now})
-               FROM "{t}""#,
-            t = self.table()
-        );
-        let (in_progress, completed, expired, oldest): (i64, i64, i64, Option<i64>) =
-            sqlx::query_as(&sql).fetch_one(self.pool()).await?;
-        // dbstat is a compile-time option of SQLite; without it the size is unknown.
-        let table_bytes: Option<i64> =
-            sqlx::query_scalar("SELECT sum(pgsize) FROM dbstat WHERE name = ?1 OR tbl_name = ?1")
-                .bind(self.table())
-                .fetch_one(self.pool())
-                .await
-                .ok()
-                .flatten();
-        Ok(StoreStats {
-            in_progress: count(in_progress),
-            completed: count(completed),
-            expired: count(expired),
-            oldest_expiry: oldest
-                .and_then(|ms| u64::try_from(ms).ok())
-                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
-            table_bytes: table_bytes.and_then(|b| u64::try_from(b).ok()),
-        })
-    }
-
-    async fn schema_version(&self) -> Result<i64, Error> {
-        let sql = format!(
-            r#"SELECT coalesce(max(version), 0) FROM "{}_migrations""#,
-            self.table()
-        );
-        Ok(sqlx::query_scalar(&sql).fetch_one(self.pool()).await?)
-    }
-}
-
-/// `schema.table` or `table`, each part quoted (validated names hold no quote).
-#[cfg(feature = "postgres")]
-fn pg_quoted(table: &str, suffix: &str) -> String {
-    match table.split_once('.') {
-        Some((schema, name)) => format!("\"{schema}\".\"{name}{suffix}\""),
-        None => format!("\"{table}{suffix}\""),
-    }
-}
+sql_admin!(
+    crate::SqliteStore,
+    "SELECT sum(pgsize) FROM dbstat WHERE name = $1 OR tbl_name = $1"
+);
 
 #[cfg(feature = "postgres")]
-#[async_trait]
-impl StoreAdmin for crate::PostgresStore {
-    async fn list(
-        &self,
-        state: Option<ListState>,
-        after: Option<&Key>,
-        limit: u32,
-    ) -> Result<Vec<Record>, Error> {
-        let sql = format!(
-            "SELECT key FROM {} WHERE expires_at > clock_timestamp() \
-             AND ($1::smallint IS NULL OR state = $1) AND ($2::bytea IS NULL OR key > $2) \
-             ORDER BY key LIMIT $3",
-            pg_quoted(self.table(), "")
-        );
-        let keys: Vec<Vec<u8>> = sqlx::query_scalar(&sql)
-            .bind(state_code(state))
-            .bind(after.map(|k| k.as_bytes().to_vec()))
-            .bind(i64::from(limit))
-            .fetch_all(self.pool())
-            .await?;
-        records(self, keys).await
-    }
-
-    async fn stats(&self) -> Result<StoreStats, Error> {
-        let t = pg_quoted(self.table(), "");
-        let sql = format!(
-            "SELECT \
-               count(*) FILTER (WHERE state = 0 AND expires_at > clock_timestamp()), \
-               count(*) FILTER (WHERE state = 1 AND expires_at > clock_timestamp()), \
-               count(*) FILTER (WHERE expires_at <= clock_timestamp()), \
-               (extract(epoch FROM min(expires_at) FILTER (WHERE expires_at > clock_timestamp())) \
-                 * 1000)::bigint, \
-               pg_total_relation_size('{}') \
-             FROM {t}",
-            t.replace('\'', "''")
-        );
-        let (in_progress, completed, expired, oldest, bytes): (i64, i64, i64, Option<i64>, i64) =
-            sqlx::query_as(&sql).fetch_one(self.pool()).await?;
-        Ok(StoreStats {
-            in_progress: count(in_progress),
-            completed: count(completed),
-            expired: count(expired),
-            oldest_expiry: oldest
-                .and_then(|ms| u64::try_from(ms).ok())
-                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
-            table_bytes: u64::try_from(bytes).ok(),
-        })
-    }
-
-    async fn schema_version(&self) -> Result<i64, Error> {
-        let sql = format!(
-            "SELECT coalesce(max(version), 0)::bigint FROM {}",
-            pg_quoted(self.table(), "_migrations")
-        );
-        Ok(sqlx::query_scalar(&sql).fetch_one(self.pool()).await?)
-    }
-}
+sql_admin!(
+    crate::PostgresStore,
+    "SELECT pg_total_relation_size(to_regclass($1))"
+);
