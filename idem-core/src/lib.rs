@@ -16,7 +16,7 @@ mod error;
 pub mod http;
 mod key;
 pub mod kit;
-mod periodic;
+mod pruner;
 mod record;
 pub mod store;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -34,13 +34,13 @@ pub use key::{
     validate_client_key, Fingerprint, FingerprintError, Key, KeyError, Token,
     MAX_FINGERPRINT_DEPTH, MAX_KEY_LEN,
 };
+pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
 pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::claim_order::ClaimOrder;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
-pub use store::pruner::{RecordPruneReport, RecordPruner, RecordPrunerConfig, RecordPrunerHandle};
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use store::Store;

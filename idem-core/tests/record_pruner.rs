@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Claim, Completion, Error, Fingerprint, Key, ManualClock, MemoryStore, Record, RecordPruner,
-    RecordPrunerConfig, Start, Store, StoreError, StoreErrorKind,
+    Claim, Completion, Error, Fingerprint, Key, ManualClock, MemoryStore, Pruner, PrunerConfig,
+    Record, Start, Store, StoreError, StoreErrorKind,
 };
 use tokio::time::Instant;
 
@@ -69,16 +69,14 @@ async fn memory_store(expired: usize, live: usize) -> (MemoryStore, ManualClock,
     (store, clock, live)
 }
 
-fn config(batch_size: u32) -> RecordPrunerConfig {
-    RecordPrunerConfig::new()
-        .batch_size(batch_size)
-        .pause(PAUSE)
+fn config(batch_size: u32) -> PrunerConfig {
+    PrunerConfig::new().batch_size(batch_size).pause(PAUSE)
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_run_deletes_exactly_the_expired_records_in_batches() {
     let (store, _clock, live) = memory_store(250, 40).await;
-    let pruner = RecordPruner::new(store.clone(), config(100)).unwrap();
+    let pruner = Pruner::records(store.clone(), config(100)).unwrap();
 
     let report = pruner.run_once().await.unwrap();
 
@@ -102,7 +100,7 @@ async fn pauses_come_between_full_batches_only() {
     // elapsed time is exactly the pauses.
     let (store, _clock, _) = memory_store(250, 0).await;
     let started = Instant::now();
-    let report = RecordPruner::new(store, config(100))
+    let report = Pruner::records(store, config(100))
         .unwrap()
         .run_once()
         .await
@@ -112,7 +110,7 @@ async fn pauses_come_between_full_batches_only() {
 
     // An exact multiple: the third full batch is followed by a pause and an empty batch.
     let (store, _clock, _) = memory_store(300, 0).await;
-    let report = RecordPruner::new(store, config(100))
+    let report = Pruner::records(store, config(100))
         .unwrap()
         .run_once()
         .await
@@ -122,7 +120,7 @@ async fn pauses_come_between_full_batches_only() {
 
     // No pause configured: back to back.
     let (store, _clock, _) = memory_store(250, 0).await;
-    let report = RecordPruner::new(store, config(100).pause(Duration::ZERO))
+    let report = Pruner::records(store, config(100).pause(Duration::ZERO))
         .unwrap()
         .run_once()
         .await
@@ -133,7 +131,7 @@ async fn pauses_come_between_full_batches_only() {
 #[tokio::test(start_paused = true)]
 async fn max_batches_ends_a_run_and_the_next_run_goes_on() {
     let (store, _clock, _) = memory_store(500, 10).await;
-    let pruner = RecordPruner::new(store.clone(), config(100).max_batches(2)).unwrap();
+    let pruner = Pruner::records(store.clone(), config(100).max_batches(2)).unwrap();
 
     let first = pruner.run_once().await.unwrap();
     assert_eq!(
@@ -163,7 +161,7 @@ async fn a_spawned_pruner_runs_at_once_and_then_every_interval() {
     let interval = Duration::from_secs(60);
     let (store, clock, _) = memory_store(250, 5).await;
     let started = Instant::now();
-    let mut handle = RecordPruner::new(store.clone(), config(100).interval(interval))
+    let mut handle = Pruner::records(store.clone(), config(100).interval(interval))
         .unwrap()
         .spawn();
 
@@ -193,9 +191,9 @@ async fn a_spawned_pruner_runs_at_once_and_then_every_interval() {
 async fn shutdown_stops_a_run_midway_and_for_good() {
     // 1,000 records in batches of 100, one second apart: a run takes 9 s.
     let (store, clock, _) = memory_store(1_000, 0).await;
-    let pruner = RecordPruner::new(
+    let pruner = Pruner::records(
         store.clone(),
-        RecordPrunerConfig::new()
+        PrunerConfig::new()
             .batch_size(100)
             .pause(SHORT)
             .interval(Duration::from_secs(60)),
@@ -223,16 +221,100 @@ async fn shutdown_stops_a_run_midway_and_for_good() {
 #[tokio::test(start_paused = true)]
 async fn dropping_the_handle_stops_the_pruner() {
     let (store, clock, _) = memory_store(10, 0).await;
-    let mut handle = RecordPruner::new(store.clone(), config(100))
-        .unwrap()
-        .spawn();
+    let mut handle = Pruner::records(store.clone(), config(100)).unwrap().spawn();
     assert_eq!(handle.next_report().await.map(|r| r.deleted), Some(10));
     drop(handle);
 
     add_expiring(&store, "later", 10).await;
     clock.advance(SHORT * 2);
-    tokio::time::sleep(RecordPrunerConfig::DEFAULT_INTERVAL * 10).await;
+    tokio::time::sleep(PrunerConfig::DEFAULT_INTERVAL * 10).await;
     assert_eq!(store.len(), 10, "a dropped handle's pruner kept running");
+}
+
+/// The record that is the records' pruners' lease (documented on `Pruner::records`).
+fn lease_key() -> Key {
+    Key::derive("idem.pruner", "", "records").unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_pruner_skips_while_another_holds_the_lease() {
+    let (store, _clock, _) = memory_store(250, 0).await;
+    let a = Pruner::records(store.clone(), config(100)).unwrap();
+    let b = Pruner::records(store.clone(), config(100)).unwrap();
+
+    // A's run takes 2 pauses; B runs in A's first pause.
+    let running = tokio::spawn(async move { a.run_once().await.unwrap() });
+    tokio::time::sleep(PAUSE / 2).await;
+    assert_eq!(store.len(), 150 + 1, "A's first batch and its lease record");
+    let skipped = b.run_once().await.unwrap();
+    assert!(skipped.skipped && !skipped.drained, "{skipped:?}");
+    assert_eq!((skipped.deleted, skipped.batches), (0, 0));
+
+    let ran = running.await.unwrap();
+    assert_eq!(
+        (ran.deleted, ran.batches, ran.skipped, ran.drained),
+        (250, 3, false, true)
+    );
+    // A released its lease on the way out: B may run at once, and finds nothing.
+    assert_eq!(store.len(), 0, "the lease record was released");
+    let after = b.run_once().await.unwrap();
+    assert_eq!(
+        (after.skipped, after.deleted, after.drained),
+        (false, 0, true)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_holder_blocks_record_pruning_for_one_lease() {
+    let (store, clock, _) = memory_store(10, 0).await;
+    // A pruner elsewhere took the lease and vanished.
+    claim(&store, &lease_key(), PrunerConfig::DEFAULT_LEASE).await;
+    let pruner = Pruner::records(store.clone(), config(100)).unwrap();
+    assert!(pruner.run_once().await.unwrap().skipped);
+    assert_eq!(store.len(), 11);
+
+    clock.advance(PrunerConfig::DEFAULT_LEASE + SHORT);
+    let ran = pruner.run_once().await.unwrap();
+    assert_eq!((ran.skipped, ran.deleted), (false, 10));
+    assert_eq!(store.len(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_pruner_that_loses_its_lease_midway_stops() {
+    let (store, _clock, _) = memory_store(250, 0).await;
+    let pruner = Pruner::records(store.clone(), config(100)).unwrap();
+    let running = tokio::spawn(async move { pruner.run_once().await.unwrap() });
+    tokio::time::sleep(PAUSE / 2).await;
+    // An operator evicts the lease and another pruner takes it during the pause.
+    assert!(store.evict(&lease_key()).await.unwrap());
+    claim(&store, &lease_key(), LONG).await;
+
+    let stopped = running.await.unwrap();
+    assert_eq!(
+        (stopped.deleted, stopped.batches, stopped.drained),
+        (100, 1, false)
+    );
+    assert_eq!(store.len(), 150 + 1, "the other holder's lease stays");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_lease_record_pruners_run_side_by_side() {
+    let (store, _clock, _) = memory_store(250, 0).await;
+    let a = Pruner::records(store.clone(), config(100).without_lease()).unwrap();
+    let b = Pruner::records(store.clone(), config(100).without_lease()).unwrap();
+    let running = tokio::spawn(async move { a.run_once().await.unwrap() });
+    tokio::time::sleep(PAUSE / 2).await;
+    assert_eq!(store.len(), 150, "no lease record");
+    // B deletes a batch in A's pause (t = 10 ms), A the last 50 in B's (t = 20 ms), and B's
+    // next batch (t = 30 ms) finds nothing.
+    let b_report = b.run_once().await.unwrap();
+    assert_eq!(
+        (b_report.skipped, b_report.deleted, b_report.drained),
+        (false, 100, true)
+    );
+    let a_report = running.await.unwrap();
+    assert_eq!((a_report.deleted, a_report.drained), (150, true));
+    assert_eq!(store.len(), 0);
 }
 
 /// A memory store whose `prune_expired` fails while `failing` is set, to show a spawned pruner
@@ -294,7 +376,7 @@ async fn a_store_error_is_survived_and_the_next_interval_tries_again() {
         failing: AtomicBool::new(true),
         prune_calls: AtomicU32::new(0),
     });
-    let pruner = RecordPruner::new(store.clone(), config(100).interval(interval)).unwrap();
+    let pruner = Pruner::records(store.clone(), config(100).interval(interval)).unwrap();
     assert!(matches!(pruner.run_once().await, Err(Error::Store(_))));
     assert_eq!(store.prune_calls.swap(0, Ordering::SeqCst), 1);
 
@@ -318,22 +400,22 @@ async fn a_store_error_is_survived_and_the_next_interval_tries_again() {
 #[test]
 fn bad_config_is_a_typed_error() {
     let bad = [
-        (RecordPrunerConfig::new().batch_size(0), "batch size"),
-        (RecordPrunerConfig::new().batch_size(100_001), "batch size"),
-        (RecordPrunerConfig::new().max_batches(0), "max_batches"),
-        (
-            RecordPrunerConfig::new().interval(Duration::ZERO),
-            "interval",
-        ),
+        (PrunerConfig::new().batch_size(0), "batch size"),
+        (PrunerConfig::new().batch_size(100_001), "batch size"),
+        (PrunerConfig::new().max_batches(0), "max_batches"),
+        (PrunerConfig::new().interval(Duration::ZERO), "interval"),
+        (PrunerConfig::new().lease(Duration::ZERO), "lease"),
+        (PrunerConfig::new().lease(PAUSE).pause(PAUSE), "lease"),
     ];
     for (config, what) in bad {
-        match RecordPruner::new(MemoryStore::new(), config.clone()) {
+        match Pruner::records(MemoryStore::new(), config.clone()) {
             Err(Error::InvalidConfig(msg)) => assert!(msg.contains(what), "{config:?}: {msg}"),
             other => panic!("{config:?} was accepted: {other:?}"),
         }
     }
-    assert!(RecordPruner::new(MemoryStore::new(), RecordPrunerConfig::default()).is_ok());
-    assert!(RecordPruner::new(MemoryStore::new(), config(1).max_batches(1)).is_ok());
+    assert!(Pruner::records(MemoryStore::new(), PrunerConfig::default()).is_ok());
+    assert!(Pruner::records(MemoryStore::new(), config(1).max_batches(1)).is_ok());
+    assert!(Pruner::records(MemoryStore::new(), config(1).pause(LONG).without_lease()).is_ok());
 }
 
 /// Adds 35 records whose leases really end (SQL stores use the database's clock) and 6 live
@@ -353,9 +435,9 @@ async fn fill_sql(store: &dyn Store) -> Vec<Key> {
 /// Prunes in batches of 10 and checks that exactly the 35 expired records went.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 async fn prune_sql(store: Arc<dyn Store>, live: &[Key]) {
-    let pruner = RecordPruner::new(
+    let pruner = Pruner::records(
         store.clone(),
-        RecordPrunerConfig::new()
+        PrunerConfig::new()
             .batch_size(10)
             .pause(Duration::from_millis(1)),
     )

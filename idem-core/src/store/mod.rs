@@ -2,7 +2,7 @@
 //!
 //! Each backend is one file: [`memory`], `sqlite` (feature `sqlite`), `postgres` (feature
 //! `postgres`). All of them pass the same conformance suite (`idem-core/tests/conformance`).
-//! [`pruner`] deletes their expired records in the background.
+//! [`Pruner::records`](crate::Pruner::records) deletes their expired records in the background.
 
 use std::time::Duration;
 
@@ -17,7 +17,6 @@ pub(crate) mod claim_order;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-pub mod pruner;
 // Shared by the SQL stores.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql;
