@@ -9,6 +9,8 @@
 mod canonical;
 mod clock;
 mod codec;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod engine;
 mod envelope;
 mod error;

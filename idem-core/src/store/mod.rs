@@ -1,7 +1,8 @@
 //! The [`Store`] trait and its backends.
 //!
 //! Each backend is one file: [`memory`], `sqlite` (feature `sqlite`), `postgres` (feature
-//! `postgres`). All of them pass the same conformance suite (`idem-core/tests/conformance`).
+//! `postgres`). All of them pass the same conformance suite (`idem_core::conformance`,
+//! feature `conformance`).
 //! [`Pruner::records`](crate::Pruner::records) deletes their expired records in the background.
 
 use std::time::Duration;

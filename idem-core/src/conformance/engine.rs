@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{CallOptions, Error, Fingerprint, Idempotency, OnLocked, Outcome, RecordState};
+use crate::{CallOptions, Error, Fingerprint, Idempotency, OnLocked, Outcome, RecordState};
 
-use crate::harness::Harness;
-use crate::suite::{claim, key, wait, LONG, PAST_SHORT, SHORT};
+use super::store::{claim, key, wait, LONG, PAST_SHORT, SHORT};
+use super::Harness;
 
 fn engine(h: &impl Harness) -> Idempotency {
     Idempotency::from_arc(h.store())
@@ -28,6 +28,7 @@ fn lease(lease: Duration) -> CallOptions {
     }
 }
 
+/// 1,000 concurrent engine calls over 20 keys: each key's work runs once, and all its callers get the same result.
 pub async fn engine_storm_runs_each_key_once(h: impl Harness) {
     let engine = engine(&h);
     let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..20).map(|_| AtomicUsize::new(0)).collect());
@@ -77,6 +78,7 @@ pub async fn engine_storm_runs_each_key_once(h: impl Harness) {
     }
 }
 
+/// The engine renews the lease of work that outlasts it, so nobody takes the key over.
 pub async fn engine_renews_long_work(h: impl Harness) {
     let engine = engine(&h);
     let k = key("long");
@@ -113,6 +115,7 @@ pub async fn engine_renews_long_work(h: impl Harness) {
     assert_eq!(replay, Outcome::Replayed("slow result".to_string()));
 }
 
+/// A crashed worker's key is blocked for one lease, not for the retention.
 pub async fn engine_crashed_worker_frees_after_one_lease(h: impl Harness) {
     // A worker that claimed and then vanished (process killed): nothing renews or releases.
     let engine = engine(&h);
@@ -128,6 +131,7 @@ pub async fn engine_crashed_worker_frees_after_one_lease(h: impl Harness) {
     assert_eq!(out, Outcome::Fresh(2));
 }
 
+/// Work that fails leaves no record, so a retry runs.
 pub async fn engine_error_aborts_so_retry_runs(h: impl Harness) {
     let engine = engine(&h);
     let k = key("flaky");
@@ -154,6 +158,7 @@ pub async fn engine_error_aborts_so_retry_runs(h: impl Harness) {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+/// Cancelling a call releases its claim at once.
 pub async fn engine_cancelled_call_releases_claim(h: impl Harness) {
     let engine = engine(&h);
     let k = key("cancelled");
@@ -182,6 +187,7 @@ pub async fn engine_cancelled_call_releases_claim(h: impl Harness) {
     assert_eq!(out, Outcome::Fresh(3));
 }
 
+/// A panicking call releases its claim.
 pub async fn engine_panicking_call_releases_claim(h: impl Harness) {
     let engine = engine(&h);
     let k = key("panics");
@@ -208,6 +214,7 @@ pub async fn engine_panicking_call_releases_claim(h: impl Harness) {
     assert_eq!(out, Outcome::Fresh(4));
 }
 
+/// A key reused with another fingerprint is refused without running the work.
 pub async fn engine_key_reused(h: impl Harness) {
     let engine = engine(&h);
     let k = key("reused");
@@ -233,6 +240,7 @@ pub async fn engine_key_reused(h: impl Harness) {
     assert_eq!(same, Outcome::Replayed(5));
 }
 
+/// A zero lease is refused before anything is stored or run.
 pub async fn engine_bad_input_changes_nothing(h: impl Harness) {
     let engine = engine(&h);
     let k = key("bad-lease");
@@ -254,6 +262,7 @@ pub async fn engine_bad_input_changes_nothing(h: impl Harness) {
     ));
 }
 
+/// A result too large to keep is returned once and never runs again: retries get `ResultNotRetained`.
 pub async fn engine_unretained_result_never_reruns(h: impl Harness) {
     let engine = Idempotency::builder(h.store())
         .max_response_bytes(16)
@@ -293,6 +302,7 @@ pub async fn engine_unretained_result_never_reruns(h: impl Harness) {
     assert_eq!(other, Outcome::Fresh("ok".to_string()));
 }
 
+/// A call replays until the retention ends, then runs again.
 pub async fn engine_retention_then_rerun(h: impl Harness) {
     let engine = Idempotency::builder(h.store())
         .retention(SHORT)
@@ -314,6 +324,7 @@ pub async fn engine_retention_then_rerun(h: impl Harness) {
     assert_eq!(call().await, Outcome::Fresh(1));
 }
 
+/// A worker whose key was evicted and taken over gets `LeaseLost`; the new owner's result stands.
 pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
     let engine = engine(&h);
     let store = h.store();
@@ -349,6 +360,7 @@ pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
     assert_eq!(kept, Outcome::Replayed("owner".to_string()));
 }
 
+/// In wait mode a second caller waits for the first and replays its result.
 pub async fn engine_wait_mode_replays(h: impl Harness) {
     let engine = engine(&h);
     let k = key("waited");
@@ -383,6 +395,7 @@ pub async fn engine_wait_mode_replays(h: impl Harness) {
     assert_eq!(second.await.unwrap().unwrap(), Outcome::Replayed(11));
 }
 
+/// In wait mode a caller that waits in vain gets `Locked` with an estimate, not the holder's whole lease.
 pub async fn engine_wait_mode_times_out(h: impl Harness) {
     let engine = engine(&h);
     let k = key("held");
@@ -400,6 +413,7 @@ pub async fn engine_wait_mode_times_out(h: impl Harness) {
     }
 }
 
+/// A call without a key runs every time and stores nothing.
 pub async fn engine_no_key_runs_every_time(h: impl Harness) {
     let engine = engine(&h);
     let runs = AtomicUsize::new(0);
@@ -427,6 +441,7 @@ impl From<Error> for PayError {
     }
 }
 
+/// A stored error replays as the error, without running the work again.
 pub async fn engine_stored_errors_replay(h: impl Harness) {
     let engine = engine(&h);
     let k = key("declined");
