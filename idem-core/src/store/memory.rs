@@ -36,14 +36,25 @@ impl Entry {
 /// creates: expiry outpaces creation, and a backlog left by a burst drains as traffic goes on.
 const SWEEP: usize = 8;
 
-/// Below this capacity the map is never shrunk: a small map costs little, and shrinking it would
+/// Below this capacity a shard is never shrunk: a small map costs little, and shrinking it would
 /// only make it grow again at the next burst.
-const MIN_CAPACITY: usize = 1024;
+const MIN_CAPACITY: usize = 128;
+
+/// How many hash maps the records are split over. A hash map grows and shrinks by rehashing all
+/// its entries in one call; split 64 ways, that call moves a 64th of the records (a shrink after
+/// a burst of a million records held the lock 286 ms in one map).
+const SHARDS: usize = 64;
+
+/// The shard of `key`. Keys are SHA-256 digests, so any bits would do; folding all 32 bytes also
+/// spreads keys built with [`Key::from_bytes`] that differ in a few bytes only.
+fn shard_of(key: &Key) -> usize {
+    usize::from(key.as_bytes().iter().fold(0u8, |acc, b| acc ^ b)) % SHARDS
+}
 
 /// The records and their expiry index, always changed together under the store's one lock.
-#[derive(Default)]
 struct Records {
-    map: HashMap<Key, Entry>,
+    shards: Vec<HashMap<Key, Entry>>,
+    len: usize,
     /// Every record's `(expires_at, key)`, exactly one per record, earliest first: expired
     /// records are found at the front without looking at any live one.
     by_expiry: BTreeSet<(SystemTime, Key)>,
@@ -53,29 +64,47 @@ struct Records {
     examined: usize,
 }
 
+impl Default for Records {
+    fn default() -> Self {
+        Records {
+            // An empty `HashMap` allocates nothing, so idle shards cost a few words each.
+            shards: (0..SHARDS).map(|_| HashMap::new()).collect(),
+            len: 0,
+            by_expiry: BTreeSet::new(),
+            #[cfg(test)]
+            examined: 0,
+        }
+    }
+}
+
 impl Records {
     fn get(&self, key: &Key) -> Option<&Entry> {
-        self.map.get(key)
+        self.shards[shard_of(key)].get(key)
     }
 
     fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
     /// Inserts or replaces the record of `key`, moving its index entry.
     fn insert(&mut self, key: Key, entry: Entry) {
         let at = entry.expires_at();
-        if let Some(old) = self.map.insert(key, entry) {
-            self.by_expiry.remove(&(old.expires_at(), key));
+        match self.shards[shard_of(&key)].insert(key, entry) {
+            Some(old) => {
+                self.by_expiry.remove(&(old.expires_at(), key));
+            }
+            None => self.len += 1,
         }
         self.by_expiry.insert((at, key));
     }
 
     fn remove(&mut self, key: &Key) -> Option<Entry> {
-        let entry = self.map.remove(key)?;
+        let shard = shard_of(key);
+        let entry = self.shards[shard].remove(key)?;
+        self.len -= 1;
         self.by_expiry.remove(&(entry.expires_at(), *key));
         // Aborts and evictions empty the map too, not only expiry.
-        self.shrink();
+        self.shrink(shard);
         Some(entry)
     }
 
@@ -88,7 +117,7 @@ impl Records {
         f: impl FnOnce(&mut Entry),
     ) -> Result<(), Error> {
         let key = claim.key();
-        let entry = match self.map.get_mut(key) {
+        let entry = match self.shards[shard_of(key)].get_mut(key) {
             Some(e)
                 if e.token == claim.token()
                     && (!in_progress || matches!(e.state, RecordState::InProgress { .. })) =>
@@ -120,26 +149,28 @@ impl Records {
             match self.by_expiry.first() {
                 Some(&(at, key)) if at <= now => {
                     self.by_expiry.pop_first();
-                    self.map.remove(&key);
+                    let shard = shard_of(&key);
+                    if self.shards[shard].remove(&key).is_some() {
+                        self.len -= 1;
+                        self.shrink(shard);
+                    }
                     freed += 1;
                 }
                 _ => break,
             }
         }
-        if freed > 0 {
-            self.shrink();
-        }
         freed
     }
 
-    /// Gives memory back after a burst: when under a quarter of the map's capacity is used, the
-    /// map is rehashed into twice its length. That rehash is paid by one call, but only after the
-    /// map lost three quarters of its capacity, so it costs O(1) per record freed. The index
-    /// needs nothing: a B-tree frees its nodes as they empty.
-    fn shrink(&mut self) {
-        let capacity = self.map.capacity();
-        if capacity > MIN_CAPACITY && self.map.len() < capacity / 4 {
-            self.map.shrink_to(self.map.len() * 2);
+    /// Gives memory back after a burst: when under a quarter of a shard's capacity is used, the
+    /// shard is rehashed into twice its length. That rehash is paid by one call, but only after
+    /// the shard lost three quarters of its capacity, so it costs O(1) per record freed. The
+    /// index needs nothing: a B-tree frees its nodes as they empty.
+    fn shrink(&mut self, shard: usize) {
+        let map = &mut self.shards[shard];
+        let capacity = map.capacity();
+        if capacity > MIN_CAPACITY && map.len() < capacity / 4 {
+            map.shrink_to(map.len() * 2);
         }
     }
 }
@@ -154,20 +185,22 @@ impl Records {
 /// The store frees expired records by itself, so its memory stays bounded under steady load
 /// without a [`RecordPruner`](crate::RecordPruner):
 ///
-/// - An index of records by expiry (a B-tree of `(expires_at, key)`) sits next to the map and
-///   moves with every `start`, `complete`, `renew`, `abort` and `evict`.
+/// - The records are split over 64 hash maps by key, still under one lock, and an index of
+///   records by expiry (a B-tree of `(expires_at, key)`) sits next to them. The index moves with
+///   every `start`, `complete`, `renew`, `abort` and `evict`.
 /// - After its own work, each of those calls frees up to 8 records whose lease or retention has
 ///   ended, earliest first. A new key is two such calls, so the store frees up to 16 expired
 ///   records per record it creates: expiry keeps pace with any rate of new keys, and a burst's
 ///   backlog drains as traffic goes on. `get` frees nothing.
-/// - When under a quarter of the map's capacity is in use (and it holds more than 1024 slots),
-///   the map shrinks to twice its length, so the memory of a burst is returned.
+/// - When under a quarter of a map's capacity is in use (and it has more than 128 slots), the
+///   map shrinks to twice its length, so the memory of a burst is returned.
 ///
 /// Cost per mutating call, with `n` records held: O(log n) to keep the index, plus up to 8
-/// removals of O(log n) each; no call looks at a live record other than the earliest one. The
-/// shrink rehashes the remaining records in the call that triggers it, at most once per halving
-/// of the store. [`prune_expired(limit)`](Store::prune_expired) takes from the front of the index
-/// in O(limit · log n) and is only needed to drain at once (say, after a burst with no traffic
+/// removals of O(log n) each; no call looks at a live record other than the earliest one. A map
+/// grows or shrinks by rehashing its entries in the call that triggers it; with 64 maps that is
+/// about `n / 64` entries, at most once per doubling or halving of that map.
+/// [`prune_expired(limit)`](Store::prune_expired) takes from the front of the index in
+/// O(limit · log n) and is only needed to drain at once (say, after a burst with no traffic
 /// after it).
 ///
 /// As with a pruner, a claim whose lease has ended may find its record freed by another call,
@@ -409,13 +442,25 @@ mod tests {
         }
     }
 
+    impl Records {
+        fn capacity(&self) -> usize {
+            self.shards.iter().map(HashMap::capacity).sum()
+        }
+    }
+
     /// The index holds exactly one entry per record, at the record's expiry.
     fn assert_in_step(store: &MemoryStore) {
         let records = store.lock();
-        assert_eq!(records.by_expiry.len(), records.map.len());
-        for (k, e) in &records.map {
-            assert!(records.by_expiry.contains(&(e.expires_at(), *k)));
+        assert_eq!(records.by_expiry.len(), records.len);
+        let mut held = 0;
+        for (shard, map) in records.shards.iter().enumerate() {
+            for (k, e) in map {
+                assert_eq!(shard_of(k), shard);
+                assert!(records.by_expiry.contains(&(e.expires_at(), *k)));
+                held += 1;
+            }
         }
+        assert_eq!(held, records.len);
     }
 
     #[tokio::test]
@@ -501,7 +546,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let peak = store.lock().map.capacity();
+        let peak = store.lock().capacity();
         assert!(peak >= 100_000);
         clock.advance(Duration::from_secs(2));
         for i in 100_000..106_250 {
@@ -509,12 +554,12 @@ mod tests {
             store.complete(&c, done(), LONG).await.unwrap();
         }
         let records = store.lock();
-        assert_eq!(records.map.len(), 6_250);
-        let capacity = records.map.capacity();
+        assert_eq!(records.len(), 6_250);
+        let capacity = records.capacity();
         assert!(
-            capacity <= 4 * records.map.len() && capacity * 4 <= peak,
+            capacity <= 4 * records.len() && capacity * 4 <= peak,
             "capacity {capacity} for {} records after a peak of {peak}",
-            records.map.len()
+            records.len()
         );
     }
 }
