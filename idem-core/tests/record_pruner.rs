@@ -1,7 +1,8 @@
-//! The background pruner of idempotency records: what a run deletes, its pacing, a spawned
-//! pruner's schedule and shutdown, and its configuration. The memory store's tests run on a
+//! The background pruner of idempotency records: what a run deletes, its pacing, its lease, a
+//! spawned pruner's schedule and shutdown, and its configuration. The memory tests run on a
 //! paused tokio clock (pauses and intervals are exact) with a [`ManualClock`] for record
-//! expiry, so the two move independently; the SQL tests wait out short leases for real.
+//! expiry, so the two move independently, on a [`TestStore`] that keeps the pruner's counts
+//! exact; the SQL tests wait out short leases for real.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -59,13 +60,97 @@ async fn add_live(store: &dyn Store, scope: &str, n: usize) -> Vec<Key> {
     keys
 }
 
-/// A memory store on a manual clock holding `expired` expired records and `live` live ones.
-async fn memory_store(expired: usize, live: usize) -> (MemoryStore, ManualClock, Vec<Key>) {
+/// The record that is the records' pruners' lease (documented on `Pruner::records`).
+fn lease_key() -> Key {
+    Key::derive("idem.pruner", "", "records").unwrap()
+}
+
+/// The records of a memory store, with the pruners' lease in a memory store of its own.
+///
+/// A memory store frees a few expired records by itself in every mutating call, so on one store
+/// the lease's own claims and renewals would free records that these tests count the pruner
+/// deleting. With the lease kept apart, nothing but the pruner touches the records once they
+/// have expired. `prune_expired` fails while `failing` is set, and `prune_calls` counts its
+/// calls.
+struct TestStore {
+    records: MemoryStore,
+    leases: MemoryStore,
+    failing: AtomicBool,
+    prune_calls: AtomicU32,
+}
+
+impl TestStore {
+    fn of(key: &Key, store: &TestStore) -> MemoryStore {
+        if *key == lease_key() {
+            store.leases.clone()
+        } else {
+            store.records.clone()
+        }
+    }
+
+    /// Records held, the lease aside.
+    fn len(&self) -> usize {
+        self.records.len()
+    }
+}
+
+#[async_trait]
+impl Store for TestStore {
+    async fn start(
+        &self,
+        key: &Key,
+        fp: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        TestStore::of(key, self).start(key, fp, lease).await
+    }
+    async fn complete(
+        &self,
+        c: &Claim,
+        done: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        TestStore::of(c.key(), self)
+            .complete(c, done, retention)
+            .await
+    }
+    async fn abort(&self, c: &Claim) -> Result<(), Error> {
+        TestStore::of(c.key(), self).abort(c).await
+    }
+    async fn renew(&self, c: &Claim, lease: Duration) -> Result<(), Error> {
+        TestStore::of(c.key(), self).renew(c, lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        TestStore::of(key, self).get(key).await
+    }
+    async fn evict(&self, key: &Key) -> Result<bool, Error> {
+        TestStore::of(key, self).evict(key).await
+    }
+    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
+        self.prune_calls.fetch_add(1, Ordering::SeqCst);
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(Error::Store(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the database is down",
+            )));
+        }
+        self.records.prune_expired(limit).await
+    }
+}
+
+/// A [`TestStore`] on a manual clock holding `expired` expired records and `live` live ones.
+/// The clock moves after the last record is added, so no call frees an expired one.
+async fn memory_store(expired: usize, live: usize) -> (Arc<TestStore>, ManualClock, Vec<Key>) {
     let clock = ManualClock::new();
-    let store = MemoryStore::with_clock(clock.clone());
-    add_expiring(&store, "expired", expired).await;
+    let store = Arc::new(TestStore {
+        records: MemoryStore::with_clock(clock.clone()),
+        leases: MemoryStore::with_clock(clock.clone()),
+        failing: AtomicBool::new(false),
+        prune_calls: AtomicU32::new(0),
+    });
+    add_expiring(&*store, "expired", expired).await;
+    let live = add_live(&*store, "live", live).await;
     clock.advance(SHORT * 2);
-    let live = add_live(&store, "live", live).await;
     (store, clock, live)
 }
 
@@ -170,7 +255,7 @@ async fn a_spawned_pruner_runs_at_once_and_then_every_interval() {
     assert_eq!(started.elapsed(), PAUSE * 2, "the first run starts at once");
     assert_eq!(handle.last_report(), Some(first));
 
-    add_expiring(&store, "later", 30).await;
+    add_expiring(&*store, "later", 30).await;
     clock.advance(SHORT * 2);
     // Nothing runs before the interval is over.
     let early = tokio::time::timeout(interval - Duration::from_secs(1), handle.next_report()).await;
@@ -211,11 +296,13 @@ async fn shutdown_stops_a_run_midway_and_for_good() {
     );
     assert_eq!(store.len(), 700);
 
-    // Expired records pile up, and no later run deletes them.
-    add_expiring(&store, "later", 10).await;
+    // Expired records pile up, and no later run prunes them. (The memory store frees some by
+    // itself as records are added, so it is the pruner's calls that are counted.)
+    let calls = store.prune_calls.load(Ordering::SeqCst);
+    add_expiring(&*store, "later", 10).await;
     clock.advance(SHORT * 2);
     tokio::time::sleep(Duration::from_secs(600)).await;
-    assert_eq!(store.len(), 710);
+    assert_eq!(store.prune_calls.load(Ordering::SeqCst), calls);
 }
 
 #[tokio::test(start_paused = true)]
@@ -225,15 +312,10 @@ async fn dropping_the_handle_stops_the_pruner() {
     assert_eq!(handle.next_report().await.map(|r| r.deleted), Some(10));
     drop(handle);
 
-    add_expiring(&store, "later", 10).await;
+    add_expiring(&*store, "later", 10).await;
     clock.advance(SHORT * 2);
     tokio::time::sleep(PrunerConfig::DEFAULT_INTERVAL * 10).await;
     assert_eq!(store.len(), 10, "a dropped handle's pruner kept running");
-}
-
-/// The record that is the records' pruners' lease (documented on `Pruner::records`).
-fn lease_key() -> Key {
-    Key::derive("idem.pruner", "", "records").unwrap()
 }
 
 #[tokio::test(start_paused = true)]
@@ -245,7 +327,8 @@ async fn a_record_pruner_skips_while_another_holds_the_lease() {
     // A's run takes 2 pauses; B runs in A's first pause.
     let running = tokio::spawn(async move { a.run_once().await.unwrap() });
     tokio::time::sleep(PAUSE / 2).await;
-    assert_eq!(store.len(), 150 + 1, "A's first batch and its lease record");
+    assert_eq!(store.len(), 150, "A's first batch");
+    assert_eq!(store.leases.len(), 1, "A's lease");
     let skipped = b.run_once().await.unwrap();
     assert!(skipped.skipped && !skipped.drained, "{skipped:?}");
     assert_eq!((skipped.deleted, skipped.batches), (0, 0));
@@ -256,7 +339,8 @@ async fn a_record_pruner_skips_while_another_holds_the_lease() {
         (250, 3, false, true)
     );
     // A released its lease on the way out: B may run at once, and finds nothing.
-    assert_eq!(store.len(), 0, "the lease record was released");
+    assert_eq!(store.len(), 0);
+    assert_eq!(store.leases.len(), 0, "the lease record was released");
     let after = b.run_once().await.unwrap();
     assert_eq!(
         (after.skipped, after.deleted, after.drained),
@@ -268,10 +352,10 @@ async fn a_record_pruner_skips_while_another_holds_the_lease() {
 async fn a_crashed_holder_blocks_record_pruning_for_one_lease() {
     let (store, clock, _) = memory_store(10, 0).await;
     // A pruner elsewhere took the lease and vanished.
-    claim(&store, &lease_key(), PrunerConfig::DEFAULT_LEASE).await;
+    claim(&*store, &lease_key(), PrunerConfig::DEFAULT_LEASE).await;
     let pruner = Pruner::records(store.clone(), config(100)).unwrap();
     assert!(pruner.run_once().await.unwrap().skipped);
-    assert_eq!(store.len(), 11);
+    assert_eq!((store.len(), store.leases.len()), (10, 1));
 
     clock.advance(PrunerConfig::DEFAULT_LEASE + SHORT);
     let ran = pruner.run_once().await.unwrap();
@@ -287,14 +371,15 @@ async fn a_record_pruner_that_loses_its_lease_midway_stops() {
     tokio::time::sleep(PAUSE / 2).await;
     // An operator evicts the lease and another pruner takes it during the pause.
     assert!(store.evict(&lease_key()).await.unwrap());
-    claim(&store, &lease_key(), LONG).await;
+    claim(&*store, &lease_key(), LONG).await;
 
     let stopped = running.await.unwrap();
     assert_eq!(
         (stopped.deleted, stopped.batches, stopped.drained),
         (100, 1, false)
     );
-    assert_eq!(store.len(), 150 + 1, "the other holder's lease stays");
+    assert_eq!(store.len(), 150);
+    assert_eq!(store.leases.len(), 1, "the other holder's lease stays");
 }
 
 #[tokio::test(start_paused = true)]
@@ -304,7 +389,8 @@ async fn without_a_lease_record_pruners_run_side_by_side() {
     let b = Pruner::records(store.clone(), config(100).without_lease()).unwrap();
     let running = tokio::spawn(async move { a.run_once().await.unwrap() });
     tokio::time::sleep(PAUSE / 2).await;
-    assert_eq!(store.len(), 150, "no lease record");
+    assert_eq!(store.len(), 150);
+    assert_eq!(store.leases.len(), 0, "no lease record");
     // B deletes a batch in A's pause (t = 10 ms), A the last 50 in B's (t = 20 ms), and B's
     // next batch (t = 30 ms) finds nothing.
     let b_report = b.run_once().await.unwrap();
@@ -317,65 +403,11 @@ async fn without_a_lease_record_pruners_run_side_by_side() {
     assert_eq!(store.len(), 0);
 }
 
-/// A memory store whose `prune_expired` fails while `failing` is set, to show a spawned pruner
-/// outliving a store error.
-struct Failing {
-    inner: MemoryStore,
-    failing: AtomicBool,
-    prune_calls: AtomicU32,
-}
-
-#[async_trait]
-impl Store for Failing {
-    async fn start(
-        &self,
-        key: &Key,
-        fp: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        self.inner.start(key, fp, lease).await
-    }
-    async fn complete(
-        &self,
-        c: &Claim,
-        done: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        self.inner.complete(c, done, retention).await
-    }
-    async fn abort(&self, c: &Claim) -> Result<(), Error> {
-        self.inner.abort(c).await
-    }
-    async fn renew(&self, c: &Claim, lease: Duration) -> Result<(), Error> {
-        self.inner.renew(c, lease).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        self.inner.get(key).await
-    }
-    async fn evict(&self, key: &Key) -> Result<bool, Error> {
-        self.inner.evict(key).await
-    }
-    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
-        self.prune_calls.fetch_add(1, Ordering::SeqCst);
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(Error::Store(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "the database is down",
-            )));
-        }
-        self.inner.prune_expired(limit).await
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_store_error_is_survived_and_the_next_interval_tries_again() {
     let interval = Duration::from_secs(60);
-    let (inner, _clock, _) = memory_store(120, 3).await;
-    let store = Arc::new(Failing {
-        inner,
-        failing: AtomicBool::new(true),
-        prune_calls: AtomicU32::new(0),
-    });
+    let (store, _clock, _) = memory_store(120, 3).await;
+    store.failing.store(true, Ordering::SeqCst);
     let pruner = Pruner::records(store.clone(), config(100).interval(interval)).unwrap();
     assert!(matches!(pruner.run_once().await, Err(Error::Store(_))));
     assert_eq!(store.prune_calls.swap(0, Ordering::SeqCst), 1);
@@ -393,8 +425,30 @@ async fn a_store_error_is_survived_and_the_next_interval_tries_again() {
     store.failing.store(false, Ordering::SeqCst);
     let next = handle.next_report().await.expect("the pruner kept going");
     assert_eq!((next.deleted, next.batches, next.drained), (120, 2, true));
-    assert_eq!(store.inner.len(), 3);
+    assert_eq!(store.len(), 3);
     handle.shutdown().await;
+}
+
+/// On a plain memory store, which frees up to 8 expired records in every mutating call, the
+/// lease's own calls (a claim, then a renewal before each later batch) free some of the
+/// backlog, and the pruner deletes the rest.
+#[tokio::test(start_paused = true)]
+async fn on_a_plain_memory_store_the_lease_calls_free_some_and_the_pruner_the_rest() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    add_expiring(&store, "expired", 250).await;
+    clock.advance(SHORT * 2);
+    let report = Pruner::records(store.clone(), config(100))
+        .unwrap()
+        .run_once()
+        .await
+        .unwrap();
+    // Claim: 8 freed, batch of 100; renewal: 8, batch of 100; renewal: 8, batch of 26.
+    assert_eq!(
+        (report.deleted, report.batches, report.drained),
+        (226, 3, true)
+    );
+    assert_eq!(store.len(), 0, "the lease was released too");
 }
 
 #[test]
