@@ -183,7 +183,7 @@ impl Records {
 /// # Expiry on its own
 ///
 /// The store frees expired records by itself, so its memory stays bounded under steady load
-/// without a [`RecordPruner`](crate::RecordPruner):
+/// without a [`Pruner`](crate::Pruner):
 ///
 /// - The records are split over 64 hash maps by key, still under one lock, and an index of
 ///   records by expiry (a B-tree of `(expires_at, key)`) sits next to them. The index moves with
@@ -497,40 +497,70 @@ mod tests {
         assert_in_step(&store);
     }
 
+    /// Claims of keys `0..n`, with the lease `lease(i)`, put straight into the records (a million
+    /// calls through the trait would only be slower); the count of examined index entries starts
+    /// at zero.
+    fn fill(store: &MemoryStore, n: u64, lease: impl Fn(u64) -> Duration) {
+        let now = store.clock.now();
+        let mut records = store.lock();
+        for i in 0..n {
+            let token = Token::random();
+            let state = RecordState::InProgress {
+                token,
+                lease_until: now + lease(i),
+            };
+            let entry = Entry {
+                fingerprint: None,
+                token,
+                state,
+            };
+            records.insert(key(i), entry);
+        }
+        records.examined = 0;
+    }
+
     /// `prune_expired(100)` among a million live records looks at the 5 expired ones and the first
     /// live one, nothing more: it cost 22 ms of lock time when it scanned the map.
     #[tokio::test]
     async fn prune_does_not_scan_live_records() {
         let clock = ManualClock::new();
         let store = MemoryStore::with_clock(clock.clone());
-        let now = clock.now();
-        {
-            // Straight into the records: a million calls through the trait would only be slower.
-            let mut records = store.lock();
-            for i in 0..1_000_005u64 {
-                let lease = if i % 200_000 == 0 {
-                    Duration::from_millis(10)
-                } else {
-                    LONG
-                };
-                let token = Token::random();
-                let state = RecordState::InProgress {
-                    token,
-                    lease_until: now + lease,
-                };
-                let entry = Entry {
-                    fingerprint: None,
-                    token,
-                    state,
-                };
-                records.insert(key(i), entry);
+        fill(&store, 1_000_005, |i| {
+            if i % 200_000 == 0 {
+                Duration::from_millis(10)
+            } else {
+                LONG
             }
-            records.examined = 0;
-        }
+        });
         clock.advance(Duration::from_millis(20));
         assert_eq!(store.prune_expired(100).await.unwrap(), 6);
         assert_eq!(store.lock().examined, 7);
         assert_eq!(store.len(), 999_999);
+    }
+
+    /// While a million expired records wait, a call costs its own work plus [`SWEEP`] freed
+    /// records: it looks at `SWEEP` index entries, never the million (no scan under the lock).
+    #[tokio::test]
+    async fn a_claim_among_a_million_expired_records_does_bounded_work() {
+        const EXPIRED: u64 = 1_000_000;
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        fill(&store, EXPIRED, |_| Duration::from_millis(10));
+        clock.advance(Duration::from_millis(20));
+
+        let fresh = key(EXPIRED);
+        let c = claim(&store, &fresh, LONG).await;
+        assert_eq!(store.lock().examined, SWEEP);
+        assert_eq!(store.len(), (EXPIRED as usize) - SWEEP + 1);
+        store.complete(&c, done(), LONG).await.unwrap();
+        assert_eq!(store.lock().examined, 2 * SWEEP);
+        // A replay frees its few as well, and reads the record in one lookup.
+        assert!(matches!(
+            store.start(&fresh, None, LONG).await.unwrap(),
+            Start::Completed(_)
+        ));
+        assert_eq!(store.lock().examined, 3 * SWEEP);
+        assert_eq!(store.len(), (EXPIRED as usize) - 3 * SWEEP + 1);
     }
 
     /// A burst's memory is returned once later calls have freed it: the map's capacity follows
