@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Claim, Completion, Error, Fingerprint, Key, ManualClock, MemoryStore, Pruner, PrunerConfig,
-    Record, Start, Store, StoreError, StoreErrorKind,
+    Claim, Completion, Error, Fingerprint, Key, ManualClock, MemoryStore, PruneReport, Pruner,
+    PrunerConfig, Record, Start, Store, StoreError, StoreErrorKind,
 };
 use tokio::time::Instant;
 
@@ -152,6 +152,13 @@ async fn memory_store(expired: usize, live: usize) -> (Arc<TestStore>, ManualClo
     let live = add_live(&*store, "live", live).await;
     clock.advance(SHORT * 2);
     (store, clock, live)
+}
+
+/// Starts `pruner`'s run in a task and returns in its first pause, after its first batch.
+async fn run_into_first_pause(pruner: Pruner) -> tokio::task::JoinHandle<PruneReport> {
+    let running = tokio::spawn(async move { pruner.run_once().await.unwrap() });
+    tokio::time::sleep(PAUSE / 2).await;
+    running
 }
 
 fn config(batch_size: u32) -> PrunerConfig {
@@ -325,8 +332,7 @@ async fn a_record_pruner_skips_while_another_holds_the_lease() {
     let b = Pruner::records(store.clone(), config(100)).unwrap();
 
     // A's run takes 2 pauses; B runs in A's first pause.
-    let running = tokio::spawn(async move { a.run_once().await.unwrap() });
-    tokio::time::sleep(PAUSE / 2).await;
+    let running = run_into_first_pause(a).await;
     assert_eq!(store.len(), 150, "A's first batch");
     assert_eq!(store.leases.len(), 1, "A's lease");
     let skipped = b.run_once().await.unwrap();
@@ -367,8 +373,7 @@ async fn a_crashed_holder_blocks_record_pruning_for_one_lease() {
 async fn a_record_pruner_that_loses_its_lease_midway_stops() {
     let (store, _clock, _) = memory_store(250, 0).await;
     let pruner = Pruner::records(store.clone(), config(100)).unwrap();
-    let running = tokio::spawn(async move { pruner.run_once().await.unwrap() });
-    tokio::time::sleep(PAUSE / 2).await;
+    let running = run_into_first_pause(pruner).await;
     // An operator evicts the lease and another pruner takes it during the pause.
     assert!(store.evict(&lease_key()).await.unwrap());
     claim(&*store, &lease_key(), LONG).await;
@@ -387,8 +392,7 @@ async fn without_a_lease_record_pruners_run_side_by_side() {
     let (store, _clock, _) = memory_store(250, 0).await;
     let a = Pruner::records(store.clone(), config(100).without_lease()).unwrap();
     let b = Pruner::records(store.clone(), config(100).without_lease()).unwrap();
-    let running = tokio::spawn(async move { a.run_once().await.unwrap() });
-    tokio::time::sleep(PAUSE / 2).await;
+    let running = run_into_first_pause(a).await;
     assert_eq!(store.len(), 150);
     assert_eq!(store.leases.len(), 0, "no lease record");
     // B deletes a batch in A's pause (t = 10 ms), A the last 50 in B's (t = 20 ms), and B's

@@ -421,6 +421,7 @@ mod tests {
     use crate::clock::ManualClock;
 
     const LONG: Duration = Duration::from_secs(3600);
+    const RETENTION: Duration = Duration::from_secs(1);
 
     fn key(i: u64) -> Key {
         let mut bytes = [0u8; 32];
@@ -519,8 +520,9 @@ mod tests {
         records.examined = 0;
     }
 
-    /// `prune_expired(100)` among a million live records looks at the 5 expired ones and the first
-    /// live one, nothing more: it cost 22 ms of lock time when it scanned the map.
+    /// `prune_expired(100)` among a million live records removes exactly the 6 expired ones and
+    /// looks at them and the first live one, nothing more: it cost 22 ms of lock time when it
+    /// scanned the map.
     #[tokio::test]
     async fn prune_does_not_scan_live_records() {
         let clock = ManualClock::new();
@@ -536,6 +538,14 @@ mod tests {
         assert_eq!(store.prune_expired(100).await.unwrap(), 6);
         assert_eq!(store.lock().examined, 7);
         assert_eq!(store.len(), 999_999);
+        assert_eq!(store.prune_expired(100).await.unwrap(), 0);
+        // Exactly the expired ones went, and every live one stays.
+        for i in [0, 1_000_000] {
+            assert!(store.get(&key(i)).await.unwrap().is_none());
+        }
+        for i in [1, 500_001, 1_000_004] {
+            assert!(store.get(&key(i)).await.unwrap().is_some());
+        }
     }
 
     /// While a million expired records wait, a call costs its own work plus [`SWEEP`] freed
@@ -563,33 +573,72 @@ mod tests {
         assert_eq!(store.len(), (EXPIRED as usize) - 3 * SWEEP + 1);
     }
 
-    /// A burst's memory is returned once later calls have freed it: the map's capacity follows
-    /// the records held, not the peak.
+    /// A burst of 100,000 keys whose retention then ends is freed by the calls that follow, a few
+    /// per call, with nobody calling `prune_expired`, and its memory is returned: the maps'
+    /// capacity follows the records held, not the peak.
     #[tokio::test]
-    async fn capacity_is_returned_after_a_burst() {
+    async fn a_burst_is_freed_by_later_calls_and_its_memory_returned() {
+        const BURST: u64 = 100_000;
         let clock = ManualClock::new();
         let store = MemoryStore::with_clock(clock.clone());
-        for i in 0..100_000 {
+        for i in 0..BURST {
             let c = claim(&store, &key(i), LONG).await;
-            store
-                .complete(&c, done(), Duration::from_secs(1))
-                .await
-                .unwrap();
+            store.complete(&c, done(), RETENTION).await.unwrap();
         }
+        assert_eq!(store.len(), BURST as usize);
         let peak = store.lock().capacity();
-        assert!(peak >= 100_000);
-        clock.advance(Duration::from_secs(2));
-        for i in 100_000..106_250 {
+        assert!(peak >= BURST as usize);
+        clock.advance(RETENTION * 2);
+        // Each new key is two calls (start, complete), and each call frees up to 8 expired
+        // records: 16 per key, so 6,250 new keys free the whole burst.
+        let after = BURST / 16;
+        for i in BURST..BURST + after {
             let c = claim(&store, &key(i), LONG).await;
             store.complete(&c, done(), LONG).await.unwrap();
         }
-        let records = store.lock();
-        assert_eq!(records.len(), 6_250);
-        let capacity = records.capacity();
+        assert_eq!(store.len(), after as usize, "only the new keys are held");
+        let capacity = store.lock().capacity();
         assert!(
-            capacity <= 4 * records.len() && capacity * 4 <= peak,
-            "capacity {capacity} for {} records after a peak of {peak}",
-            records.len()
+            capacity <= 4 * after as usize && capacity * 4 <= peak,
+            "capacity {capacity} for {after} records after a peak of {peak}"
         );
+        assert_eq!(store.prune_expired(u32::MAX).await.unwrap(), 0);
+    }
+
+    /// 200,000 keys, one per millisecond, each kept for one second: about 1,000 are live at any
+    /// time. The store holds about that many, however many keys have gone by (it held all 200,000
+    /// before it expired records by itself).
+    #[tokio::test]
+    async fn steady_load_stays_bounded() {
+        const KEYS: u64 = 200_000;
+        const LIVE: usize = 1_000;
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        let mut peak = 0;
+        for i in 0..KEYS {
+            let c = claim(&store, &key(i), LONG).await;
+            store.complete(&c, done(), RETENTION).await.unwrap();
+            clock.advance(Duration::from_millis(1));
+            peak = peak.max(store.len());
+        }
+        // Each call frees what expired before its own record is added, so the store never holds
+        // more than the last second's keys.
+        assert_eq!(peak, LIVE, "held {peak} records for {LIVE} live ones");
+        // Only expired records went: the keys of the last second (less the one whose retention ends
+        // right now) still replay, and the key before them runs again.
+        let now_expiring = KEYS - LIVE as u64;
+        for i in now_expiring + 1..KEYS {
+            assert!(
+                matches!(
+                    store.start(&key(i), None, LONG).await.unwrap(),
+                    Start::Completed(_)
+                ),
+                "key {i} is still retained"
+            );
+        }
+        assert!(matches!(
+            store.start(&key(now_expiring), None, LONG).await.unwrap(),
+            Start::Started(_)
+        ));
     }
 }
