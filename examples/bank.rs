@@ -37,10 +37,10 @@ use std::time::Duration;
 
 use idem::kit::{
     event_ids, retry_on_conflict, Appended, Backend, ConcurrencyError, Entity, EventStreams,
-    ExpectedVersion, Inserted, IsConflict, NewEvent, Pruner, PrunerConfig, RecentIds, Recorded,
-    RequestHistory, RetryPolicy, SqlQuery, Versioned, VersionedTable,
+    ExpectedVersion, Inserted, IsConflict, NewEvent, RecentIds, Recorded, RequestHistory,
+    RetryPolicy, SqlQuery, Versioned, VersionedTable,
 };
-use idem::{idempotent, SqliteStore, Transactional, TransactionalStore};
+use idem::{idempotent, Pruner, PrunerConfig, SqliteStore, Transactional, TransactionalStore};
 use serde::{Deserialize, Serialize};
 use sqlx::{Pool, Row};
 use tokio::task::JoinSet;
@@ -484,10 +484,11 @@ where
         }
         self.check_final_balance("acct-3").await?;
 
-        let pruner = Pruner::new(
+        let pruner = Pruner::history(
             self.pool.clone(),
             &self.history,
-            PrunerConfig::new(Duration::from_secs(24 * 3600)),
+            Duration::from_secs(24 * 3600),
+            PrunerConfig::new(),
         )?;
         let report = pruner.run_once().await?;
         ensure(report.deleted == 0, || {

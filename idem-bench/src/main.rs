@@ -20,7 +20,7 @@ mod workload;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem::{Idempotency, MemoryStore, PostgresStore, RecordPrunerConfig, SqliteStore};
+use idem::{Idempotency, MemoryStore, PostgresStore, PrunerConfig, SqliteStore};
 use sqlx::postgres::PgPoolOptions;
 
 use crate::cpu::Cpu;
@@ -145,12 +145,8 @@ impl Args {
             rows: self.scale_rows.unwrap_or(plan.scale_rows),
             timing: plan.scale_timing,
             prune_cap: plan.prune_cap,
-            prune_batch: self
-                .prune_batch
-                .unwrap_or(RecordPrunerConfig::DEFAULT_BATCH_SIZE),
-            prune_pause: self
-                .prune_pause
-                .unwrap_or(RecordPrunerConfig::DEFAULT_PAUSE),
+            prune_batch: self.prune_batch.unwrap_or(PrunerConfig::DEFAULT_BATCH_SIZE),
+            prune_pause: self.prune_pause.unwrap_or(PrunerConfig::DEFAULT_PAUSE),
             cpu,
         }
     }

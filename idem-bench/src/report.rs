@@ -215,7 +215,7 @@ impl Results {
         }
         out.push_str(
             "\nThe same claims on a table of N expired records, alternating slices with the pruner \
-             stopped and running (idem's `RecordPruner`, batches of `batch` with `pause` between \
+             stopped and running (idem's `Pruner`, batches of `batch` with `pause` between \
              them; prune time is the time spent in its `prune_expired` calls):\n\n\
              | store | batch | pause | pruned | prune time | rows/s | claim p99 without | claim p99 during | p99 ratio | p50 without | p50 during |\n\
              |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",

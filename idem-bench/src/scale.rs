@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem::{
-    Claim, Completion, Fingerprint, Key, PostgresStore, Record, RecordPruner, RecordPrunerConfig,
-    SqliteStore, Start, Store,
+    Claim, Completion, Fingerprint, Key, PostgresStore, Pruner, PrunerConfig, Record, SqliteStore,
+    Start, Store,
 };
 use sqlx::{PgPool, SqlitePool};
 use tokio::time::Instant;
@@ -40,9 +40,9 @@ pub struct ScalePlan {
     pub timing: Timing,
     /// The most time alternating slices before the run gives up draining.
     pub prune_cap: Duration,
-    /// The pruner's batch size ([`RecordPrunerConfig::DEFAULT_BATCH_SIZE`] unless overridden).
+    /// The pruner's batch size ([`PrunerConfig::DEFAULT_BATCH_SIZE`] unless overridden).
     pub prune_batch: u32,
-    /// The pruner's pause between batches ([`RecordPrunerConfig::DEFAULT_PAUSE`] unless
+    /// The pruner's pause between batches ([`PrunerConfig::DEFAULT_PAUSE`] unless
     /// overridden; zero: back to back).
     pub prune_pause: Duration,
     pub cpu: Cpu,
@@ -247,7 +247,7 @@ struct PruneRun {
 
 /// Alternates slices of claims with the pruner stopped and running, until the pruner has
 /// drained the expired records or `plan.prune_cap` of run time has passed. The pruner is
-/// idem's own [`RecordPruner`] with its default pacing unless `--prune-batch` /
+/// idem's own [`Pruner`] with its default pacing unless `--prune-batch` /
 /// `--prune-pause-ms` override it: spawned for each running slice (its first run starts at
 /// once) and shut down for each stopped one.
 async fn prune_while_claiming(
@@ -260,9 +260,9 @@ async fn prune_while_claiming(
         rows: AtomicU64::new(0),
         busy_nanos: AtomicU64::new(0),
     });
-    let pruner = RecordPruner::new(
+    let pruner = Pruner::records(
         metered.clone(),
-        RecordPrunerConfig::new()
+        PrunerConfig::new()
             .batch_size(plan.prune_batch)
             .pause(plan.prune_pause),
     )?;

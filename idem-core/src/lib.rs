@@ -9,6 +9,8 @@
 mod canonical;
 mod clock;
 mod codec;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod engine;
 mod envelope;
 mod error;
@@ -17,7 +19,7 @@ pub mod http;
 mod key;
 pub mod kit;
 mod observe;
-mod periodic;
+mod pruner;
 mod record;
 mod store;
 
@@ -45,6 +47,7 @@ pub use key::{
     MAX_FINGERPRINT_DEPTH, MAX_KEY_LEN,
 };
 pub use observe::{Event, Observer, Stage};
+pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
 pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::admin::{ListState, StoreAdmin, StoreStats};
@@ -53,7 +56,6 @@ pub use store::claim_order::ClaimOrder;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
-pub use store::pruner::{RecordPruneReport, RecordPruner, RecordPrunerConfig, RecordPrunerHandle};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::sql::protocol::TransactionalStore;
 #[cfg(feature = "sqlite")]

@@ -46,9 +46,9 @@ macro_rules! suite {
 
             use idem_core::kit::{
                 retry_on_conflict, Appended, ConcurrencyError, Entity, EventStreams,
-                ExpectedVersion, Inserted, NewEvent, PruneReport, Pruner, PrunerConfig,
-                RecentIds, Recorded, RequestHistory, SqlQuery, Version, VersionedTable,
+                ExpectedVersion, Inserted, NewEvent, RecentIds, Recorded, RequestHistory, SqlQuery, Version, VersionedTable,
             };
+            use idem_core::{PruneReport, Pruner, PrunerConfig};
             use sqlx::{Pool, Row};
             use tokio::task::JoinSet;
 
@@ -498,6 +498,11 @@ macro_rules! suite {
                 Duration::from_secs(3600)
             }
 
+            /// Batches without a pause between them: these tests drain whole tables.
+            fn back_to_back() -> PrunerConfig {
+                PrunerConfig::new().pause(Duration::ZERO)
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn two_pruners_delete_exactly_the_expired_ids_while_new_ones_arrive() {
                 let Some((pool, _dir)) = $pool(
@@ -509,9 +514,9 @@ macro_rules! suite {
                 };
                 let (table, history) = history_with(&pool).await;
                 exec(&pool, &$expired(&table, 5_000)).await;
-                let config = PrunerConfig::new(hour()).batch_size(500).interval(hour());
-                let mut a = Pruner::new(pool.clone(), &history, config.clone()).unwrap().spawn();
-                let mut b = Pruner::new(pool.clone(), &history, config).unwrap().spawn();
+                let config = back_to_back().batch_size(500).interval(hour());
+                let mut a = Pruner::history(pool.clone(), &history, hour(), config.clone()).unwrap().spawn();
+                let mut b = Pruner::history(pool.clone(), &history, hour(), config).unwrap().spawn();
 
                 let history = Arc::new(history);
                 let mut inserts = JoinSet::new();
@@ -558,10 +563,11 @@ macro_rules! suite {
                 for i in 0..10 {
                     let _ = history.record(&mut *pool.acquire().await.unwrap(), "deposit", &format!("fresh-{i}")).await.unwrap();
                 }
-                let pruner = Pruner::new(
+                let pruner = Pruner::history(
                     pool.clone(),
                     &history,
-                    PrunerConfig::new(hour()).batch_size(1_000),
+                    hour(),
+                    back_to_back().batch_size(1_000),
                 )
                 .unwrap();
 
@@ -574,6 +580,49 @@ macro_rules! suite {
 
                 let again = pruner.run_once().await.unwrap();
                 assert_eq!((again.deleted, again.batches, again.drained), (0, 0, true));
+                drop_tables(&pool, &[&table, &format!("{table}_pruner")]).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_history_pruner_paces_and_caps_its_batches() {
+                let Some((pool, _dir)) =
+                    $pool("a_history_pruner_paces_and_caps_its_batches").await
+                else {
+                    return;
+                };
+                let (table, history) = history_with(&pool).await;
+                exec(&pool, &$expired(&table, 250)).await;
+                let pause = Duration::from_millis(100);
+                let config = PrunerConfig::new().batch_size(100).pause(pause);
+                let capped = Pruner::history(pool.clone(), &history, hour(), config.clone().max_batches(2))
+                    .unwrap();
+
+                let first = capped.run_once().await.unwrap();
+                assert_eq!((first.deleted, first.batches, first.drained), (200, 2, false));
+                assert!(first.elapsed >= pause, "one pause between the two batches: {first:?}");
+                assert_eq!(count(&pool, &format!("SELECT COUNT(*) FROM {table}")).await, 50);
+                let rest = capped.run_once().await.unwrap();
+                assert_eq!((rest.deleted, rest.batches, rest.drained), (50, 1, true));
+
+                // Without a lease a pruner runs even while another holds it, and leaves it be.
+                exec(&pool, &$expired(&table, 250)).await;
+                exec(
+                    &pool,
+                    &format!("UPDATE {table}_pruner SET holder = 'elsewhere', lease_until = {}", $future),
+                )
+                .await;
+                let unleased = Pruner::history(pool.clone(), &history, hour(), config.without_lease())
+                    .unwrap();
+                let paced = unleased.run_once().await.unwrap();
+                assert_eq!(
+                    (paced.deleted, paced.batches, paced.drained, paced.skipped),
+                    (250, 3, true, false)
+                );
+                assert!(paced.elapsed >= pause * 2, "a pause after each full batch: {paced:?}");
+                assert_eq!(
+                    count(&pool, &format!("SELECT COUNT(*) FROM {table}_pruner WHERE holder = 'elsewhere'")).await,
+                    1
+                );
                 drop_tables(&pool, &[&table, &format!("{table}_pruner")]).await;
             }
 
@@ -595,7 +644,7 @@ macro_rules! suite {
                 )
                 .await;
                 let pruner =
-                    Pruner::new(pool.clone(), &history, PrunerConfig::new(hour())).unwrap();
+                    Pruner::history(pool.clone(), &history, hour(), PrunerConfig::new()).unwrap();
 
                 let skipped = pruner.run_once().await.unwrap();
                 assert!(skipped.skipped && !skipped.drained);
@@ -618,8 +667,8 @@ macro_rules! suite {
                 };
                 let (table, history) = history_with(&pool).await;
                 exec(&pool, &$expired(&table, 3)).await;
-                let config = PrunerConfig::new(hour()).interval(Duration::from_millis(50));
-                let mut handle = Pruner::new(pool.clone(), &history, config).unwrap().spawn();
+                let config = PrunerConfig::new().interval(Duration::from_millis(50));
+                let mut handle = Pruner::history(pool.clone(), &history, hour(), config).unwrap().spawn();
 
                 let on_start = tokio::time::timeout(Duration::from_secs(30), handle.next_report())
                     .await
@@ -643,7 +692,7 @@ macro_rules! suite {
                 assert_eq!(later, 4);
                 handle.shutdown().await;
                 // The lease was released on the way out: another pruner may run at once.
-                let next = Pruner::new(pool.clone(), &history, PrunerConfig::new(hour()))
+                let next = Pruner::history(pool.clone(), &history, hour(), PrunerConfig::new())
                     .unwrap()
                     .run_once()
                     .await

@@ -1,7 +1,8 @@
-//! The background pruner of idempotency records: what a run deletes, its pacing, a spawned
-//! pruner's schedule and shutdown, and its configuration. The memory store's tests run on a
+//! The background pruner of idempotency records: what a run deletes, its pacing, its lease, a
+//! spawned pruner's schedule and shutdown, and its configuration. The memory tests run on a
 //! paused tokio clock (pauses and intervals are exact) with a [`ManualClock`] for record
-//! expiry, so the two move independently; the SQL tests wait out short leases for real.
+//! expiry, so the two move independently, on a [`TestStore`] that keeps the pruner's counts
+//! exact; the SQL tests wait out short leases for real.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -9,8 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Claim, Completion, Error, Fingerprint, Key, ManualClock, MemoryStore, Record, RecordPruner,
-    RecordPrunerConfig, Start, Store, StoreError, StoreErrorKind,
+    Claim, Completion, Error, Fingerprint, Key, ManualClock, MemoryStore, PruneReport, Pruner,
+    PrunerConfig, Record, Start, Store, StoreError, StoreErrorKind,
 };
 use tokio::time::Instant;
 
@@ -59,26 +60,115 @@ async fn add_live(store: &dyn Store, scope: &str, n: usize) -> Vec<Key> {
     keys
 }
 
-/// A memory store on a manual clock holding `expired` expired records and `live` live ones.
-async fn memory_store(expired: usize, live: usize) -> (MemoryStore, ManualClock, Vec<Key>) {
+/// The record that is the records' pruners' lease (documented on `Pruner::records`).
+fn lease_key() -> Key {
+    Key::derive("idem.pruner", "", "records").unwrap()
+}
+
+/// The records of a memory store, with the pruners' lease in a memory store of its own.
+///
+/// A memory store frees a few expired records by itself in every mutating call, so on one store
+/// the lease's own claims and renewals would free records that these tests count the pruner
+/// deleting. With the lease kept apart, nothing but the pruner touches the records once they
+/// have expired. `prune_expired` fails while `failing` is set, and `prune_calls` counts its
+/// calls.
+struct TestStore {
+    records: MemoryStore,
+    leases: MemoryStore,
+    failing: AtomicBool,
+    prune_calls: AtomicU32,
+}
+
+impl TestStore {
+    fn of(key: &Key, store: &TestStore) -> MemoryStore {
+        if *key == lease_key() {
+            store.leases.clone()
+        } else {
+            store.records.clone()
+        }
+    }
+
+    /// Records held, the lease aside.
+    fn len(&self) -> usize {
+        self.records.len()
+    }
+}
+
+#[async_trait]
+impl Store for TestStore {
+    async fn start(
+        &self,
+        key: &Key,
+        fp: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        TestStore::of(key, self).start(key, fp, lease).await
+    }
+    async fn complete(
+        &self,
+        c: &Claim,
+        done: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        TestStore::of(c.key(), self)
+            .complete(c, done, retention)
+            .await
+    }
+    async fn abort(&self, c: &Claim) -> Result<(), Error> {
+        TestStore::of(c.key(), self).abort(c).await
+    }
+    async fn renew(&self, c: &Claim, lease: Duration) -> Result<(), Error> {
+        TestStore::of(c.key(), self).renew(c, lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        TestStore::of(key, self).get(key).await
+    }
+    async fn evict(&self, key: &Key) -> Result<bool, Error> {
+        TestStore::of(key, self).evict(key).await
+    }
+    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
+        self.prune_calls.fetch_add(1, Ordering::SeqCst);
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(Error::Store(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the database is down",
+            )));
+        }
+        self.records.prune_expired(limit).await
+    }
+}
+
+/// A [`TestStore`] on a manual clock holding `expired` expired records and `live` live ones.
+/// The clock moves after the last record is added, so no call frees an expired one.
+async fn memory_store(expired: usize, live: usize) -> (Arc<TestStore>, ManualClock, Vec<Key>) {
     let clock = ManualClock::new();
-    let store = MemoryStore::with_clock(clock.clone());
-    add_expiring(&store, "expired", expired).await;
+    let store = Arc::new(TestStore {
+        records: MemoryStore::with_clock(clock.clone()),
+        leases: MemoryStore::with_clock(clock.clone()),
+        failing: AtomicBool::new(false),
+        prune_calls: AtomicU32::new(0),
+    });
+    add_expiring(&*store, "expired", expired).await;
+    let live = add_live(&*store, "live", live).await;
     clock.advance(SHORT * 2);
-    let live = add_live(&store, "live", live).await;
     (store, clock, live)
 }
 
-fn config(batch_size: u32) -> RecordPrunerConfig {
-    RecordPrunerConfig::new()
-        .batch_size(batch_size)
-        .pause(PAUSE)
+/// Starts `pruner`'s run in a task and returns in its first pause, after its first batch.
+async fn run_into_first_pause(pruner: Pruner) -> tokio::task::JoinHandle<PruneReport> {
+    let running = tokio::spawn(async move { pruner.run_once().await.unwrap() });
+    tokio::time::sleep(PAUSE / 2).await;
+    running
+}
+
+fn config(batch_size: u32) -> PrunerConfig {
+    PrunerConfig::new().batch_size(batch_size).pause(PAUSE)
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_run_deletes_exactly_the_expired_records_in_batches() {
     let (store, _clock, live) = memory_store(250, 40).await;
-    let pruner = RecordPruner::new(store.clone(), config(100)).unwrap();
+    let pruner = Pruner::records(store.clone(), config(100)).unwrap();
 
     let report = pruner.run_once().await.unwrap();
 
@@ -102,7 +192,7 @@ async fn pauses_come_between_full_batches_only() {
     // elapsed time is exactly the pauses.
     let (store, _clock, _) = memory_store(250, 0).await;
     let started = Instant::now();
-    let report = RecordPruner::new(store, config(100))
+    let report = Pruner::records(store, config(100))
         .unwrap()
         .run_once()
         .await
@@ -112,7 +202,7 @@ async fn pauses_come_between_full_batches_only() {
 
     // An exact multiple: the third full batch is followed by a pause and an empty batch.
     let (store, _clock, _) = memory_store(300, 0).await;
-    let report = RecordPruner::new(store, config(100))
+    let report = Pruner::records(store, config(100))
         .unwrap()
         .run_once()
         .await
@@ -122,7 +212,7 @@ async fn pauses_come_between_full_batches_only() {
 
     // No pause configured: back to back.
     let (store, _clock, _) = memory_store(250, 0).await;
-    let report = RecordPruner::new(store, config(100).pause(Duration::ZERO))
+    let report = Pruner::records(store, config(100).pause(Duration::ZERO))
         .unwrap()
         .run_once()
         .await
@@ -133,7 +223,7 @@ async fn pauses_come_between_full_batches_only() {
 #[tokio::test(start_paused = true)]
 async fn max_batches_ends_a_run_and_the_next_run_goes_on() {
     let (store, _clock, _) = memory_store(500, 10).await;
-    let pruner = RecordPruner::new(store.clone(), config(100).max_batches(2)).unwrap();
+    let pruner = Pruner::records(store.clone(), config(100).max_batches(2)).unwrap();
 
     let first = pruner.run_once().await.unwrap();
     assert_eq!(
@@ -163,7 +253,7 @@ async fn a_spawned_pruner_runs_at_once_and_then_every_interval() {
     let interval = Duration::from_secs(60);
     let (store, clock, _) = memory_store(250, 5).await;
     let started = Instant::now();
-    let mut handle = RecordPruner::new(store.clone(), config(100).interval(interval))
+    let mut handle = Pruner::records(store.clone(), config(100).interval(interval))
         .unwrap()
         .spawn();
 
@@ -172,7 +262,7 @@ async fn a_spawned_pruner_runs_at_once_and_then_every_interval() {
     assert_eq!(started.elapsed(), PAUSE * 2, "the first run starts at once");
     assert_eq!(handle.last_report(), Some(first));
 
-    add_expiring(&store, "later", 30).await;
+    add_expiring(&*store, "later", 30).await;
     clock.advance(SHORT * 2);
     // Nothing runs before the interval is over.
     let early = tokio::time::timeout(interval - Duration::from_secs(1), handle.next_report()).await;
@@ -193,9 +283,9 @@ async fn a_spawned_pruner_runs_at_once_and_then_every_interval() {
 async fn shutdown_stops_a_run_midway_and_for_good() {
     // 1,000 records in batches of 100, one second apart: a run takes 9 s.
     let (store, clock, _) = memory_store(1_000, 0).await;
-    let pruner = RecordPruner::new(
+    let pruner = Pruner::records(
         store.clone(),
-        RecordPrunerConfig::new()
+        PrunerConfig::new()
             .batch_size(100)
             .pause(SHORT)
             .interval(Duration::from_secs(60)),
@@ -213,88 +303,116 @@ async fn shutdown_stops_a_run_midway_and_for_good() {
     );
     assert_eq!(store.len(), 700);
 
-    // Expired records pile up, and no later run deletes them.
-    add_expiring(&store, "later", 10).await;
+    // Expired records pile up, and no later run prunes them. (The memory store frees some by
+    // itself as records are added, so it is the pruner's calls that are counted.)
+    let calls = store.prune_calls.load(Ordering::SeqCst);
+    add_expiring(&*store, "later", 10).await;
     clock.advance(SHORT * 2);
     tokio::time::sleep(Duration::from_secs(600)).await;
-    assert_eq!(store.len(), 710);
+    assert_eq!(store.prune_calls.load(Ordering::SeqCst), calls);
 }
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_handle_stops_the_pruner() {
     let (store, clock, _) = memory_store(10, 0).await;
-    let mut handle = RecordPruner::new(store.clone(), config(100))
-        .unwrap()
-        .spawn();
+    let mut handle = Pruner::records(store.clone(), config(100)).unwrap().spawn();
     assert_eq!(handle.next_report().await.map(|r| r.deleted), Some(10));
     drop(handle);
 
-    add_expiring(&store, "later", 10).await;
+    add_expiring(&*store, "later", 10).await;
     clock.advance(SHORT * 2);
-    tokio::time::sleep(RecordPrunerConfig::DEFAULT_INTERVAL * 10).await;
+    tokio::time::sleep(PrunerConfig::DEFAULT_INTERVAL * 10).await;
     assert_eq!(store.len(), 10, "a dropped handle's pruner kept running");
 }
 
-/// A memory store whose `prune_expired` fails while `failing` is set, to show a spawned pruner
-/// outliving a store error.
-struct Failing {
-    inner: MemoryStore,
-    failing: AtomicBool,
-    prune_calls: AtomicU32,
+#[tokio::test(start_paused = true)]
+async fn a_record_pruner_skips_while_another_holds_the_lease() {
+    let (store, _clock, _) = memory_store(250, 0).await;
+    let a = Pruner::records(store.clone(), config(100)).unwrap();
+    let b = Pruner::records(store.clone(), config(100)).unwrap();
+
+    // A's run takes 2 pauses; B runs in A's first pause.
+    let running = run_into_first_pause(a).await;
+    assert_eq!(store.len(), 150, "A's first batch");
+    assert_eq!(store.leases.len(), 1, "A's lease");
+    let skipped = b.run_once().await.unwrap();
+    assert!(skipped.skipped && !skipped.drained, "{skipped:?}");
+    assert_eq!((skipped.deleted, skipped.batches), (0, 0));
+
+    let ran = running.await.unwrap();
+    assert_eq!(
+        (ran.deleted, ran.batches, ran.skipped, ran.drained),
+        (250, 3, false, true)
+    );
+    // A released its lease on the way out: B may run at once, and finds nothing.
+    assert_eq!(store.len(), 0);
+    assert_eq!(store.leases.len(), 0, "the lease record was released");
+    let after = b.run_once().await.unwrap();
+    assert_eq!(
+        (after.skipped, after.deleted, after.drained),
+        (false, 0, true)
+    );
 }
 
-#[async_trait]
-impl Store for Failing {
-    async fn start(
-        &self,
-        key: &Key,
-        fp: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        self.inner.start(key, fp, lease).await
-    }
-    async fn complete(
-        &self,
-        c: &Claim,
-        done: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        self.inner.complete(c, done, retention).await
-    }
-    async fn abort(&self, c: &Claim) -> Result<(), Error> {
-        self.inner.abort(c).await
-    }
-    async fn renew(&self, c: &Claim, lease: Duration) -> Result<(), Error> {
-        self.inner.renew(c, lease).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        self.inner.get(key).await
-    }
-    async fn evict(&self, key: &Key) -> Result<bool, Error> {
-        self.inner.evict(key).await
-    }
-    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
-        self.prune_calls.fetch_add(1, Ordering::SeqCst);
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(Error::Store(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "the database is down",
-            )));
-        }
-        self.inner.prune_expired(limit).await
-    }
+#[tokio::test(start_paused = true)]
+async fn a_crashed_holder_blocks_record_pruning_for_one_lease() {
+    let (store, clock, _) = memory_store(10, 0).await;
+    // A pruner elsewhere took the lease and vanished.
+    claim(&*store, &lease_key(), PrunerConfig::DEFAULT_LEASE).await;
+    let pruner = Pruner::records(store.clone(), config(100)).unwrap();
+    assert!(pruner.run_once().await.unwrap().skipped);
+    assert_eq!((store.len(), store.leases.len()), (10, 1));
+
+    clock.advance(PrunerConfig::DEFAULT_LEASE + SHORT);
+    let ran = pruner.run_once().await.unwrap();
+    assert_eq!((ran.skipped, ran.deleted), (false, 10));
+    assert_eq!(store.len(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_pruner_that_loses_its_lease_midway_stops() {
+    let (store, _clock, _) = memory_store(250, 0).await;
+    let pruner = Pruner::records(store.clone(), config(100)).unwrap();
+    let running = run_into_first_pause(pruner).await;
+    // An operator evicts the lease and another pruner takes it during the pause.
+    assert!(store.evict(&lease_key()).await.unwrap());
+    claim(&*store, &lease_key(), LONG).await;
+
+    let stopped = running.await.unwrap();
+    assert_eq!(
+        (stopped.deleted, stopped.batches, stopped.drained),
+        (100, 1, false)
+    );
+    assert_eq!(store.len(), 150);
+    assert_eq!(store.leases.len(), 1, "the other holder's lease stays");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_lease_record_pruners_run_side_by_side() {
+    let (store, _clock, _) = memory_store(250, 0).await;
+    let a = Pruner::records(store.clone(), config(100).without_lease()).unwrap();
+    let b = Pruner::records(store.clone(), config(100).without_lease()).unwrap();
+    let running = run_into_first_pause(a).await;
+    assert_eq!(store.len(), 150);
+    assert_eq!(store.leases.len(), 0, "no lease record");
+    // B deletes a batch in A's pause (t = 10 ms), A the last 50 in B's (t = 20 ms), and B's
+    // next batch (t = 30 ms) finds nothing.
+    let b_report = b.run_once().await.unwrap();
+    assert_eq!(
+        (b_report.skipped, b_report.deleted, b_report.drained),
+        (false, 100, true)
+    );
+    let a_report = running.await.unwrap();
+    assert_eq!((a_report.deleted, a_report.drained), (150, true));
+    assert_eq!(store.len(), 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_store_error_is_survived_and_the_next_interval_tries_again() {
     let interval = Duration::from_secs(60);
-    let (inner, _clock, _) = memory_store(120, 3).await;
-    let store = Arc::new(Failing {
-        inner,
-        failing: AtomicBool::new(true),
-        prune_calls: AtomicU32::new(0),
-    });
-    let pruner = RecordPruner::new(store.clone(), config(100).interval(interval)).unwrap();
+    let (store, _clock, _) = memory_store(120, 3).await;
+    store.failing.store(true, Ordering::SeqCst);
+    let pruner = Pruner::records(store.clone(), config(100).interval(interval)).unwrap();
     assert!(matches!(pruner.run_once().await, Err(Error::Store(_))));
     assert_eq!(store.prune_calls.swap(0, Ordering::SeqCst), 1);
 
@@ -311,29 +429,51 @@ async fn a_store_error_is_survived_and_the_next_interval_tries_again() {
     store.failing.store(false, Ordering::SeqCst);
     let next = handle.next_report().await.expect("the pruner kept going");
     assert_eq!((next.deleted, next.batches, next.drained), (120, 2, true));
-    assert_eq!(store.inner.len(), 3);
+    assert_eq!(store.len(), 3);
     handle.shutdown().await;
+}
+
+/// On a plain memory store, which frees up to 8 expired records in every mutating call, the
+/// lease's own calls (a claim, then a renewal before each later batch) free some of the
+/// backlog, and the pruner deletes the rest.
+#[tokio::test(start_paused = true)]
+async fn on_a_plain_memory_store_the_lease_calls_free_some_and_the_pruner_the_rest() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    add_expiring(&store, "expired", 250).await;
+    clock.advance(SHORT * 2);
+    let report = Pruner::records(store.clone(), config(100))
+        .unwrap()
+        .run_once()
+        .await
+        .unwrap();
+    // Claim: 8 freed, batch of 100; renewal: 8, batch of 100; renewal: 8, batch of 26.
+    assert_eq!(
+        (report.deleted, report.batches, report.drained),
+        (226, 3, true)
+    );
+    assert_eq!(store.len(), 0, "the lease was released too");
 }
 
 #[test]
 fn bad_config_is_a_typed_error() {
     let bad = [
-        (RecordPrunerConfig::new().batch_size(0), "batch size"),
-        (RecordPrunerConfig::new().batch_size(100_001), "batch size"),
-        (RecordPrunerConfig::new().max_batches(0), "max_batches"),
-        (
-            RecordPrunerConfig::new().interval(Duration::ZERO),
-            "interval",
-        ),
+        (PrunerConfig::new().batch_size(0), "batch size"),
+        (PrunerConfig::new().batch_size(100_001), "batch size"),
+        (PrunerConfig::new().max_batches(0), "max_batches"),
+        (PrunerConfig::new().interval(Duration::ZERO), "interval"),
+        (PrunerConfig::new().lease(Duration::ZERO), "lease"),
+        (PrunerConfig::new().lease(PAUSE).pause(PAUSE), "lease"),
     ];
     for (config, what) in bad {
-        match RecordPruner::new(MemoryStore::new(), config.clone()) {
+        match Pruner::records(MemoryStore::new(), config.clone()) {
             Err(Error::InvalidConfig(msg)) => assert!(msg.contains(what), "{config:?}: {msg}"),
             other => panic!("{config:?} was accepted: {other:?}"),
         }
     }
-    assert!(RecordPruner::new(MemoryStore::new(), RecordPrunerConfig::default()).is_ok());
-    assert!(RecordPruner::new(MemoryStore::new(), config(1).max_batches(1)).is_ok());
+    assert!(Pruner::records(MemoryStore::new(), PrunerConfig::default()).is_ok());
+    assert!(Pruner::records(MemoryStore::new(), config(1).max_batches(1)).is_ok());
+    assert!(Pruner::records(MemoryStore::new(), config(1).pause(LONG).without_lease()).is_ok());
 }
 
 /// Adds 35 records whose leases really end (SQL stores use the database's clock) and 6 live
@@ -353,9 +493,9 @@ async fn fill_sql(store: &dyn Store) -> Vec<Key> {
 /// Prunes in batches of 10 and checks that exactly the 35 expired records went.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 async fn prune_sql(store: Arc<dyn Store>, live: &[Key]) {
-    let pruner = RecordPruner::new(
+    let pruner = Pruner::records(
         store.clone(),
-        RecordPrunerConfig::new()
+        PrunerConfig::new()
             .batch_size(10)
             .pause(Duration::from_millis(1)),
     )

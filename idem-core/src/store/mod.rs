@@ -5,8 +5,8 @@
 //! migrations, `protocol.rs` its tie to the shared store protocol) and share everything else in
 //! `store/sql/`: the protocol, written once against a connection, the dialect, the table name,
 //! the duration conversion, the row decoding and the migrator. All of them pass the same
-//! conformance suite (`idem-core/tests/conformance`). [`pruner`] deletes their expired records
-//! in the background.
+//! conformance suite (`idem_core::conformance`, feature `conformance`).
+//! [`Pruner::records`](crate::Pruner::records) deletes their expired records in the background.
 
 use std::time::Duration;
 
@@ -26,7 +26,6 @@ pub(crate) mod claim_order;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-pub mod pruner;
 // Shared by the SQL stores and the kit.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql;

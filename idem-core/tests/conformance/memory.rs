@@ -1,9 +1,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use idem_core::conformance::Harness;
 use idem_core::{MemoryStore, Store, TokioClock};
-
-use crate::harness::Harness;
 
 /// The memory store on tokio's (paused) clock.
 pub struct MemoryHarness(MemoryStore);

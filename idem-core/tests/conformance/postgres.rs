@@ -1,10 +1,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use idem_core::conformance::Harness;
 use idem_core::{PostgresStore, Store};
 use sqlx::Connection;
 
-use crate::harness::{claim_order, Harness};
+use crate::harness::claim_order;
 
 /// A PostgreSQL store on a table of its own in the server named by `IDEM_TEST_PG_URL` (other
 /// tests share that server). Without the variable the test prints why and skips, unless

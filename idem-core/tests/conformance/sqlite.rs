@@ -1,12 +1,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use idem_core::conformance::Harness;
 use idem_core::{SqliteStore, Store};
-
-use crate::harness::claim_order;
 use tempfile::TempDir;
 
-use crate::harness::Harness;
+use crate::harness::claim_order;
 
 /// A SQLite store on a fresh database file; the directory lives (and is deleted) with the harness.
 /// `ORDER` picks the store's claim order (see [`claim_order`]).

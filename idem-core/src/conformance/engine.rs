@@ -5,15 +5,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Error, Fingerprint, Idempotency, OnLocked, Outcome, RecordState};
+use crate::{Error, Fingerprint, Idempotency, OnLocked, Outcome, RecordState};
 
-use crate::harness::Harness;
-use crate::suite::{claim, key, wait, LONG, PAST_SHORT, SHORT};
+use super::store::{claim, key, wait, LONG, PAST_SHORT, SHORT};
+use super::Harness;
 
 fn engine(h: &impl Harness) -> Idempotency {
     Idempotency::from_arc(h.store())
 }
 
+/// 1,000 concurrent engine calls over 20 keys: each key's work runs once, and all its callers get the same result.
 pub async fn engine_storm_runs_each_key_once(h: impl Harness) {
     let engine = engine(&h);
     let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..20).map(|_| AtomicUsize::new(0)).collect());
@@ -66,6 +67,7 @@ pub async fn engine_storm_runs_each_key_once(h: impl Harness) {
     }
 }
 
+/// The engine renews the lease of work that outlasts it, so nobody takes the key over.
 pub async fn engine_renews_long_work(h: impl Harness) {
     let engine = engine(&h);
     let k = key("long");
@@ -75,9 +77,7 @@ pub async fn engine_renews_long_work(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .call(k)
-                .lease(lease_len)
-                .run(async {
+                .call(k).lease(lease_len).run(async {
                     let _ = started_tx.send(());
                     // Two and a half leases: only renewal keeps the key ours.
                     tokio::time::sleep(lease_len * 5 / 2).await;
@@ -89,8 +89,7 @@ pub async fn engine_renews_long_work(h: impl Harness) {
     started_rx.await.unwrap();
     wait(lease_len * 3 / 2).await;
     let probe = engine
-        .call(k)
-        .run(async { Ok::<_, Error>("thief".to_string()) })
+        .call(k).run(async { Ok::<_, Error>("thief".to_string()) })
         .await;
     assert!(
         matches!(probe, Err(Error::Locked { .. })),
@@ -99,13 +98,13 @@ pub async fn engine_renews_long_work(h: impl Harness) {
     let out = worker.await.unwrap().unwrap();
     assert_eq!(out, Outcome::Fresh("slow result".to_string()));
     let replay = engine
-        .call(k)
-        .run(async { Ok::<_, Error>("thief".to_string()) })
+        .call(k).run(async { Ok::<_, Error>("thief".to_string()) })
         .await
         .unwrap();
     assert_eq!(replay, Outcome::Replayed("slow result".to_string()));
 }
 
+/// A crashed worker's key is blocked for one lease, not for the retention.
 pub async fn engine_crashed_worker_frees_after_one_lease(h: impl Harness) {
     // A worker that claimed and then vanished (process killed): nothing renews or releases.
     let engine = engine(&h);
@@ -115,20 +114,19 @@ pub async fn engine_crashed_worker_frees_after_one_lease(h: impl Harness) {
     assert!(matches!(blocked, Err(Error::Locked { .. })));
     wait(PAST_SHORT).await;
     let out = engine
-        .call(k)
-        .run(async { Ok::<_, Error>(2) })
+        .call(k).run(async { Ok::<_, Error>(2) })
         .await
         .unwrap();
     assert_eq!(out, Outcome::Fresh(2));
 }
 
+/// Work that fails leaves no record, so a retry runs.
 pub async fn engine_error_aborts_so_retry_runs(h: impl Harness) {
     let engine = engine(&h);
     let k = key("flaky");
     let runs = AtomicUsize::new(0);
     let first: Result<Outcome<u32>, Error> = engine
-        .call(k)
-        .run(async {
+        .call(k).run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Err(Error::InvalidConfig("downstream said no".into()))
         })
@@ -139,8 +137,7 @@ pub async fn engine_error_aborts_so_retry_runs(h: impl Harness) {
         "a failed call leaves no record"
     );
     let second = engine
-        .call(k)
-        .run(async {
+        .call(k).run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, Error>(7u32)
         })
@@ -150,6 +147,7 @@ pub async fn engine_error_aborts_so_retry_runs(h: impl Harness) {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+/// Cancelling a call releases its claim at once.
 pub async fn engine_cancelled_call_releases_claim(h: impl Harness) {
     let engine = engine(&h);
     let k = key("cancelled");
@@ -158,9 +156,7 @@ pub async fn engine_cancelled_call_releases_claim(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .call(k)
-                .lease(LONG)
-                .run(async {
+                .call(k).lease(LONG).run(async {
                     let _ = started_tx.send(());
                     std::future::pending::<Result<u32, Error>>().await
                 })
@@ -172,16 +168,15 @@ pub async fn engine_cancelled_call_releases_claim(h: impl Harness) {
     assert!(call.await.unwrap_err().is_cancelled());
     // The lease is 30 s; waiting at most 10 s succeeds only if cancelling released the claim.
     let out = engine
-        .call(k)
-        .on_locked(OnLocked::Wait {
-            timeout: Duration::from_secs(10),
+        .call(k).on_locked(OnLocked::Wait { timeout: Duration::from_secs(10) }).run(async {
+            Ok::<_, Error>(3u32)
         })
-        .run(async { Ok::<_, Error>(3u32) })
         .await
         .unwrap();
     assert_eq!(out, Outcome::Fresh(3));
 }
 
+/// A panicking call releases its claim.
 pub async fn engine_panicking_call_releases_claim(h: impl Harness) {
     let engine = engine(&h);
     let k = key("panics");
@@ -189,9 +184,7 @@ pub async fn engine_panicking_call_releases_claim(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .call(k)
-                .lease(LONG)
-                .run(async {
+                .call(k).lease(LONG).run(async {
                     tokio::task::yield_now().await;
                     panic!("the work panicked");
                     #[allow(unreachable_code)]
@@ -202,32 +195,27 @@ pub async fn engine_panicking_call_releases_claim(h: impl Harness) {
     };
     assert!(call.await.unwrap_err().is_panic());
     let out = engine
-        .call(k)
-        .on_locked(OnLocked::Wait {
-            timeout: Duration::from_secs(10),
+        .call(k).on_locked(OnLocked::Wait { timeout: Duration::from_secs(10) }).run(async {
+            Ok::<_, Error>(4u32)
         })
-        .run(async { Ok::<_, Error>(4u32) })
         .await
         .unwrap();
     assert_eq!(out, Outcome::Fresh(4));
 }
 
+/// A key reused with another fingerprint is refused without running the work.
 pub async fn engine_key_reused(h: impl Harness) {
     let engine = engine(&h);
     let k = key("reused");
     let a = Fingerprint::of_json(&serde_json::json!({"amount": 5})).unwrap();
     let b = Fingerprint::of_json(&serde_json::json!({"amount": 6})).unwrap();
     engine
-        .call(k)
-        .fingerprint(a)
-        .run(async { Ok::<_, Error>(5) })
+        .call(k).fingerprint(a).run(async { Ok::<_, Error>(5) })
         .await
         .unwrap();
     let runs = AtomicUsize::new(0);
     let second = engine
-        .call(k)
-        .fingerprint(b)
-        .run(async {
+        .call(k).fingerprint(b).run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, Error>(6)
         })
@@ -235,22 +223,19 @@ pub async fn engine_key_reused(h: impl Harness) {
     assert!(matches!(second, Err(Error::KeyReused)));
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     let same = engine
-        .call(k)
-        .fingerprint(a)
-        .run(async { Ok::<_, Error>(0) })
+        .call(k).fingerprint(a).run(async { Ok::<_, Error>(0) })
         .await
         .unwrap();
     assert_eq!(same, Outcome::Replayed(5));
 }
 
+/// A zero lease is refused before anything is stored or run.
 pub async fn engine_bad_input_changes_nothing(h: impl Harness) {
     let engine = engine(&h);
     let k = key("bad-lease");
     let runs = AtomicUsize::new(0);
     let out = engine
-        .call(k)
-        .lease(Duration::ZERO)
-        .run(async {
+        .call(k).lease(Duration::ZERO).run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, Error>(1)
         })
@@ -266,6 +251,7 @@ pub async fn engine_bad_input_changes_nothing(h: impl Harness) {
     ));
 }
 
+/// A result too large to keep is returned once and never runs again: retries get `ResultNotRetained`.
 pub async fn engine_unretained_result_never_reruns(h: impl Harness) {
     let engine = Idempotency::builder(h.store())
         .max_response_bytes(16)
@@ -275,8 +261,7 @@ pub async fn engine_unretained_result_never_reruns(h: impl Harness) {
     let runs = AtomicUsize::new(0);
     let big = || async {
         engine
-            .call(k)
-            .run(async {
+            .call(k).run(async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, Error>("x".repeat(100))
             })
@@ -298,13 +283,15 @@ pub async fn engine_unretained_result_never_reruns(h: impl Harness) {
         RecordState::Completed(_)
     ));
     let other = engine
-        .call(key("small"))
-        .run(async { Ok::<_, Error>("ok".to_string()) })
+        .call(key("small")).run(async {
+            Ok::<_, Error>("ok".to_string())
+        })
         .await
         .unwrap();
     assert_eq!(other, Outcome::Fresh("ok".to_string()));
 }
 
+/// A call replays until the retention ends, then runs again.
 pub async fn engine_retention_then_rerun(h: impl Harness) {
     let engine = Idempotency::builder(h.store())
         .retention(SHORT)
@@ -314,8 +301,9 @@ pub async fn engine_retention_then_rerun(h: impl Harness) {
     let runs = AtomicUsize::new(0);
     let call = || async {
         engine
-            .call(k)
-            .run(async { Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst)) })
+            .call(k).run(async {
+                Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst))
+            })
             .await
             .unwrap()
     };
@@ -325,6 +313,7 @@ pub async fn engine_retention_then_rerun(h: impl Harness) {
     assert_eq!(call().await, Outcome::Fresh(1));
 }
 
+/// A worker whose key was evicted and taken over gets `LeaseLost`; the new owner's result stands.
 pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
     let engine = engine(&h);
     let store = h.store();
@@ -335,8 +324,7 @@ pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .call(k)
-                .run(async {
+                .call(k).run(async {
                     let _ = started_tx.send(());
                     let _ = finish_rx.await;
                     Ok::<_, Error>("stale".to_string())
@@ -348,21 +336,20 @@ pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
     // An operator evicts the stuck key and another worker takes over and finishes.
     assert!(store.evict(&k).await.unwrap());
     let owner = engine
-        .call(k)
-        .run(async { Ok::<_, Error>("owner".to_string()) })
+        .call(k).run(async { Ok::<_, Error>("owner".to_string()) })
         .await
         .unwrap();
     assert_eq!(owner, Outcome::Fresh("owner".to_string()));
     finish_tx.send(()).unwrap();
     assert!(matches!(stale.await.unwrap(), Err(Error::LeaseLost)));
     let kept = engine
-        .call(k)
-        .run(async { Ok::<_, Error>("thief".to_string()) })
+        .call(k).run(async { Ok::<_, Error>("thief".to_string()) })
         .await
         .unwrap();
     assert_eq!(kept, Outcome::Replayed("owner".to_string()));
 }
 
+/// In wait mode a second caller waits for the first and replays its result.
 pub async fn engine_wait_mode_replays(h: impl Harness) {
     let engine = engine(&h);
     let k = key("waited");
@@ -372,8 +359,7 @@ pub async fn engine_wait_mode_replays(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .call(k)
-                .run(async {
+                .call(k).run(async {
                     let _ = started_tx.send(());
                     let _ = finish_rx.await;
                     Ok::<_, Error>(11)
@@ -386,11 +372,9 @@ pub async fn engine_wait_mode_replays(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .call(k)
-                .on_locked(OnLocked::Wait {
-                    timeout: Duration::from_secs(20),
+                .call(k).on_locked(OnLocked::Wait { timeout: Duration::from_secs(20) }).run(async {
+                    Ok::<_, Error>(22)
                 })
-                .run(async { Ok::<_, Error>(22) })
                 .await
         })
     };
@@ -400,16 +384,15 @@ pub async fn engine_wait_mode_replays(h: impl Harness) {
     assert_eq!(second.await.unwrap().unwrap(), Outcome::Replayed(11));
 }
 
+/// In wait mode a caller that waits in vain gets `Locked` with an estimate, not the holder's whole lease.
 pub async fn engine_wait_mode_times_out(h: impl Harness) {
     let engine = engine(&h);
     let k = key("held");
     claim(&*h.store(), &k, LONG).await;
     let out = engine
-        .call(k)
-        .on_locked(OnLocked::Wait {
-            timeout: Duration::from_millis(200),
+        .call(k).on_locked(OnLocked::Wait { timeout: Duration::from_millis(200) }).run(async {
+            Ok::<_, Error>(1)
         })
-        .run(async { Ok::<_, Error>(1) })
         .await;
     match out {
         // An estimate of when the holder finishes, not the 30 s left on its lease: no work has
@@ -419,13 +402,15 @@ pub async fn engine_wait_mode_times_out(h: impl Harness) {
     }
 }
 
+/// A call without a key runs every time and stores nothing.
 pub async fn engine_no_key_runs_every_time(h: impl Harness) {
     let engine = engine(&h);
     let runs = AtomicUsize::new(0);
     for i in 0..3 {
         let out = engine
-            .call(None)
-            .run(async { Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst)) })
+            .call(None).run(async {
+                Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst))
+            })
             .await
             .unwrap();
         assert_eq!(out, Outcome::Fresh(i));
@@ -445,14 +430,14 @@ impl From<Error> for PayError {
     }
 }
 
+/// A stored error replays as the error, without running the work again.
 pub async fn engine_stored_errors_replay(h: impl Harness) {
     let engine = engine(&h);
     let k = key("declined");
     let runs = AtomicUsize::new(0);
     for _ in 0..3 {
         let out = engine
-            .call(k)
-            .run_storing_errors(async {
+            .call(k).run_storing_errors(async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Err::<u32, _>(PayError::Declined {
                     code: "insufficient_funds".into(),
@@ -468,6 +453,8 @@ pub async fn engine_stored_errors_replay(h: impl Harness) {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // The plain `run` cannot decode the stored error type, so it reports it as stored.
-    let plain = engine.call(k).run(async { Ok::<_, Error>(0u32) }).await;
+    let plain = engine
+        .call(k).run(async { Ok::<_, Error>(0u32) })
+        .await;
     assert!(matches!(plain, Err(Error::StoredError(_))));
 }

@@ -2,46 +2,47 @@
 
 use std::time::Duration;
 
-use idem_core::{Cached, Claim, Completion, Error, Fingerprint, Key, RecordState, Start, Store};
+use crate::{Cached, Claim, Completion, Error, Fingerprint, Key, RecordState, Start, Store};
 
-use crate::harness::Harness;
+use super::Harness;
 
 /// A lease that outlives any test.
-pub const LONG: Duration = Duration::from_secs(30);
+pub(super) const LONG: Duration = Duration::from_secs(30);
 /// A lease short enough to wait out.
-pub const SHORT: Duration = Duration::from_millis(300);
+pub(super) const SHORT: Duration = Duration::from_millis(300);
 /// Comfortably past `SHORT`.
-pub const PAST_SHORT: Duration = Duration::from_millis(450);
+pub(super) const PAST_SHORT: Duration = Duration::from_millis(450);
 
-pub fn key(name: &str) -> Key {
+pub(super) fn key(name: &str) -> Key {
     Key::derive("conformance", "", name).unwrap()
 }
 
-pub fn done(response: &[u8]) -> Completion<'_> {
+pub(super) fn done(response: &[u8]) -> Completion<'_> {
     Completion {
         response: Some(response),
         is_error: false,
     }
 }
 
-pub async fn claim(store: &dyn Store, key: &Key, lease: Duration) -> Claim {
+pub(super) async fn claim(store: &dyn Store, key: &Key, lease: Duration) -> Claim {
     match store.start(key, None, lease).await.unwrap() {
         Start::Started(c) => c,
         other => panic!("expected Started, got {other:?}"),
     }
 }
 
-pub async fn replayed(store: &dyn Store, key: &Key) -> Cached {
+pub(super) async fn replayed(store: &dyn Store, key: &Key) -> Cached {
     match store.start(key, None, LONG).await.unwrap() {
         Start::Completed(c) => c,
         other => panic!("expected Completed, got {other:?}"),
     }
 }
 
-pub async fn wait(d: Duration) {
+pub(super) async fn wait(d: Duration) {
     tokio::time::sleep(d).await;
 }
 
+/// A new key is started, and the claim names it.
 pub async fn new_key_starts(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -49,6 +50,7 @@ pub async fn new_key_starts(h: impl Harness) {
     assert_eq!(c.key(), &k);
 }
 
+/// **Atomic claim**: of 64 concurrent starts of one key exactly one is `Started`, the rest `Locked`.
 pub async fn concurrent_starts_claim_once(h: impl Harness) {
     let s = h.store();
     let k = key("race");
@@ -72,6 +74,7 @@ pub async fn concurrent_starts_claim_once(h: impl Harness) {
     );
 }
 
+/// A live claim locks its key; `retry_after` is bounded by the lease and not far below it.
 pub async fn live_claim_locks(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -91,6 +94,7 @@ pub async fn live_claim_locks(h: impl Harness) {
     }
 }
 
+/// A completed record replays its response and error flag, every time.
 pub async fn completed_replays(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -112,6 +116,7 @@ pub async fn completed_replays(h: impl Harness) {
     }
 }
 
+/// A record completed without a response replays as such.
 pub async fn completed_without_response_replays(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -131,6 +136,7 @@ pub async fn completed_without_response_replays(h: impl Harness) {
     assert!(!cached.is_error);
 }
 
+/// A different fingerprint is `KeyReused`, in progress or completed, and changes nothing.
 pub async fn fingerprint_mismatch_is_key_reused(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -153,6 +159,7 @@ pub async fn fingerprint_mismatch_is_key_reused(h: impl Harness) {
     assert!(matches!(rec.state, RecordState::Completed(_)));
 }
 
+/// The same fingerprint, or none, replays.
 pub async fn matching_or_absent_fingerprint_replays(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -171,6 +178,7 @@ pub async fn matching_or_absent_fingerprint_replays(h: impl Harness) {
     ));
 }
 
+/// **Lease is not retention**: a claim whose lease ended is taken over, with a new token.
 pub async fn expired_lease_is_taken_over(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -180,6 +188,7 @@ pub async fn expired_lease_is_taken_over(h: impl Harness) {
     assert_ne!(first.token(), second.token());
 }
 
+/// **Fencing**: a claim taken over can neither renew, complete nor abort, before or after the new owner completes.
 pub async fn stale_claim_is_fenced(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -204,6 +213,7 @@ pub async fn stale_claim_is_fenced(h: impl Harness) {
     );
 }
 
+/// Tokens are unique across a key's whole history: an aborted claim stays fenced after the key is claimed again.
 pub async fn token_is_unique_across_abort_and_reclaim(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -224,6 +234,7 @@ pub async fn token_is_unique_across_abort_and_reclaim(h: impl Harness) {
     );
 }
 
+/// Abort deletes the record, so the key can be claimed again.
 pub async fn abort_frees_key(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -233,6 +244,7 @@ pub async fn abort_frees_key(h: impl Harness) {
     claim(&*s, &k, LONG).await;
 }
 
+/// Renewing extends a lease past its first end.
 pub async fn renew_extends_lease(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -246,6 +258,7 @@ pub async fn renew_extends_lease(h: impl Harness) {
     s.complete(&c, done(b"r"), LONG).await.unwrap();
 }
 
+/// A claim whose lease ended may still complete while nobody took the key over.
 pub async fn complete_after_lease_end_without_takeover(h: impl Harness) {
     // Nobody else claimed the key, so the record still carries this token: completing is safe.
     let s = h.store();
@@ -259,6 +272,7 @@ pub async fn complete_after_lease_end_without_takeover(h: impl Harness) {
     );
 }
 
+/// A completed record replays until its retention ends; then the key starts again.
 pub async fn retention_ends_then_runs_again(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -269,6 +283,7 @@ pub async fn retention_ends_then_runs_again(h: impl Harness) {
     claim(&*s, &k, LONG).await;
 }
 
+/// `prune_expired` deletes ended leases and retentions, and nothing live.
 pub async fn prune_deletes_only_expired(h: impl Harness) {
     let s = h.store();
     for i in 0..4 {
@@ -292,6 +307,7 @@ pub async fn prune_deletes_only_expired(h: impl Harness) {
     replayed(&*s, &key("done-long")).await;
 }
 
+/// `prune_expired(limit)` deletes at most `limit` records per call.
 pub async fn prune_respects_limit(h: impl Harness) {
     let s = h.store();
     for i in 0..5 {
@@ -305,6 +321,7 @@ pub async fn prune_respects_limit(h: impl Harness) {
     assert_eq!(s.prune_expired(2).await.unwrap(), 0);
 }
 
+/// `get` reports live records with key, fingerprint and state; an expired one reads as absent.
 pub async fn get_reports_live_records_only(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -333,6 +350,7 @@ pub async fn get_reports_live_records_only(h: impl Harness) {
     }
 }
 
+/// `evict` deletes a record, fencing the claim that was running on it.
 pub async fn evict_fences_running_claim(h: impl Harness) {
     let s = h.store();
     let k = key("a");
@@ -346,6 +364,7 @@ pub async fn evict_fences_running_claim(h: impl Harness) {
     assert!(s.get(&k).await.unwrap().is_none());
 }
 
+/// **Bounded input**: a zero lease or retention is `InvalidConfig` and changes nothing.
 pub async fn bad_durations_change_nothing(h: impl Harness) {
     let s = h.store();
     let k = key("a");

@@ -1,0 +1,233 @@
+//! The store conformance suite (feature `conformance`): the rules every [`Store`] keeps,
+//! written once, for your own store to run.
+//!
+//! idem runs this suite against each of its stores (memory, SQLite and PostgreSQL, the SQL
+//! stores in each claim order). A store of yours passes it before it can stand in for them. It
+//! checks the [`Store`] contract (atomic claim, fencing, lease is not retention, replay,
+//! fingerprints, pruning, eviction, bounded input) through the trait, and the engine's promises
+//! ([`Idempotency`](crate::Idempotency): work runs once under a storm, long work is renewed,
+//! cancelled and failed calls release their claim, unretained results never re-run) on top of
+//! your store.
+//!
+//! Write a [`Harness`] that makes a fresh, empty store, then either
+//!
+//! - [`suite!`] in a test file: one `#[tokio::test]` per rule, so each rule passes or fails on
+//!   its own and runs in parallel with the others; or
+//! - [`run_all`]: every rule in turn, inside one test or program.
+//!
+//! Time passes through `tokio::time::sleep`. Rules wait out short leases of 300 ms (and
+//! a lease of 1 s that must be renewed) and allow leases of 30 s to outlive them. A store on
+//! the database's own clock really waits (a few seconds in all); a store with an injectable
+//! clock can run on [`TokioClock`](crate::TokioClock) in a paused runtime
+//! (`start_paused = true`, tokio's `test-util` feature), where the waits are instant and exact.
+//! Each rule takes one or two keys in the scope `conformance`. A rule that fails panics, with
+//! what it expected and what it got.
+//!
+//! The macro expands to `#[tokio::test]` functions, so the crate that calls it needs `tokio`
+//! (features `macros` and `rt`, plus `rt-multi-thread` for a multi-threaded runtime and
+//! `test-util` for a paused one) among its dev-dependencies, and `async-trait` for the harness.
+//!
+//! # Example
+//!
+//! A store of your own (here a newtype that hands every call to a [`MemoryStore`](crate::MemoryStore)),
+//! its harness, and the whole suite:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use async_trait::async_trait;
+//! use idem_core::conformance::{self, Harness};
+//! use idem_core::{Claim, Completion, Error, Fingerprint, Key, MemoryStore, Record, Start, Store, TokioClock};
+//!
+//! #[derive(Clone)]
+//! struct MyStore(MemoryStore);
+//!
+//! #[async_trait]
+//! impl Store for MyStore {
+//!     async fn start(&self, key: &Key, fp: Option<&Fingerprint>, lease: Duration) -> Result<Start, Error> {
+//!         self.0.start(key, fp, lease).await
+//!     }
+//!     async fn complete(&self, claim: &Claim, done: Completion<'_>, retention: Duration) -> Result<(), Error> {
+//!         self.0.complete(claim, done, retention).await
+//!     }
+//!     async fn abort(&self, claim: &Claim) -> Result<(), Error> {
+//!         self.0.abort(claim).await
+//!     }
+//!     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
+//!         self.0.renew(claim, lease).await
+//!     }
+//!     async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+//!         self.0.get(key).await
+//!     }
+//!     async fn evict(&self, key: &Key) -> Result<bool, Error> {
+//!         self.0.evict(key).await
+//!     }
+//!     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
+//!         self.0.prune_expired(limit).await
+//!     }
+//! }
+//!
+//! /// A fresh store per rule, on tokio's clock (paused in the tests below).
+//! struct MyHarness(MyStore);
+//!
+//! #[async_trait]
+//! impl Harness for MyHarness {
+//!     async fn new() -> Option<Self> {
+//!         Some(MyHarness(MyStore(MemoryStore::with_clock(TokioClock::new()))))
+//!     }
+//!     fn store(&self) -> Arc<dyn Store> {
+//!         Arc::new(self.0.clone())
+//!     }
+//! }
+//!
+//! // In a test file: `mod my_store` with one test per rule, each on a paused runtime.
+//! idem_core::conformance::suite!(my_store, MyHarness, (start_paused = true));
+//!
+//! // Or all rules in one go.
+//! #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! async fn main() {
+//!     conformance::run_all::<MyHarness>().await;
+//! }
+//! ```
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::store::Store;
+
+mod engine;
+mod store;
+
+pub use engine::*;
+pub use store::*;
+
+/// Makes the stores a conformance run tests: a fresh, empty one per rule.
+///
+/// `new` returns `None` to skip the rule (after saying why, for instance that the test
+/// database is not configured); `store` hands out the store, as many times as a rule asks, all
+/// handles on the same data.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_core::{conformance::Harness, MemoryStore, Store};
+///
+/// struct Memory(MemoryStore);
+///
+/// #[async_trait::async_trait]
+/// impl Harness for Memory {
+///     async fn new() -> Option<Self> {
+///         Some(Memory(MemoryStore::new()))
+///     }
+///     fn store(&self) -> Arc<dyn Store> {
+///         Arc::new(self.0.clone())
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait Harness: Sized + Send + Sync + 'static {
+    /// A fresh, empty store, or `None` to skip the rule.
+    async fn new() -> Option<Self>;
+
+    /// The store under test.
+    fn store(&self) -> Arc<dyn Store>;
+}
+
+/// Runs every rule in turn against a fresh store from `H` each, on the current runtime;
+/// panics at the first rule that fails. A rule whose [`Harness::new`] gives `None` is skipped.
+/// See [the module](self) for an example; [`suite!`] runs the rules as separate tests instead.
+pub async fn run_all<H: Harness>() {
+    crate::__conformance!(@rules run_all H);
+}
+
+/// Instantiates the conformance suite: `suite!(module, Harness, (tokio::test arguments))`
+/// expands to `mod module` holding one `#[tokio::test(arguments)]` per rule, named after the
+/// rule, each on a fresh store of the [`Harness`] (a type in scope where the macro is called).
+/// See [the module](self) for an example.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use idem_core::{conformance::Harness, MemoryStore, Store};
+/// # struct MyHarness(MemoryStore);
+/// # #[async_trait::async_trait]
+/// # impl Harness for MyHarness {
+/// #     async fn new() -> Option<Self> { Some(MyHarness(MemoryStore::new())) }
+/// #     fn store(&self) -> Arc<dyn Store> { Arc::new(self.0.clone()) }
+/// # }
+/// // Tests `my_store::new_key_starts`, `my_store::engine_storm_runs_each_key_once`, … on a
+/// // multi-threaded runtime each.
+/// idem_core::conformance::suite!(my_store, MyHarness, (flavor = "multi_thread", worker_threads = 2));
+/// # fn main() {}
+/// ```
+#[doc(inline)]
+pub use crate::__conformance as suite;
+
+/// The list of rules, written once for [`suite!`] and [`run_all`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance {
+    ($module:ident, $harness:ty, $rt:tt $(,)?) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__conformance!(@rules tests $harness, $rt);
+        }
+    };
+    (@rules $($then:tt)*) => {
+        $crate::__conformance!(@ $($then)*;
+            new_key_starts,
+            concurrent_starts_claim_once,
+            live_claim_locks,
+            completed_replays,
+            completed_without_response_replays,
+            fingerprint_mismatch_is_key_reused,
+            matching_or_absent_fingerprint_replays,
+            expired_lease_is_taken_over,
+            stale_claim_is_fenced,
+            token_is_unique_across_abort_and_reclaim,
+            abort_frees_key,
+            renew_extends_lease,
+            complete_after_lease_end_without_takeover,
+            retention_ends_then_runs_again,
+            prune_deletes_only_expired,
+            prune_respects_limit,
+            get_reports_live_records_only,
+            evict_fences_running_claim,
+            bad_durations_change_nothing,
+            complete_twice_keeps_the_first_result,
+            engine_storm_runs_each_key_once,
+            engine_renews_long_work,
+            engine_crashed_worker_frees_after_one_lease,
+            engine_error_aborts_so_retry_runs,
+            engine_cancelled_call_releases_claim,
+            engine_panicking_call_releases_claim,
+            engine_key_reused,
+            engine_bad_input_changes_nothing,
+            engine_unretained_result_never_reruns,
+            engine_retention_then_rerun,
+            engine_stale_completion_is_lease_lost,
+            engine_wait_mode_replays,
+            engine_wait_mode_times_out,
+            engine_no_key_runs_every_time,
+            engine_stored_errors_replay
+        );
+    };
+    (@tests $harness:ty, $rt:tt; $($rule:ident),*) => {
+        $(
+            #[::tokio::test $rt]
+            async fn $rule() {
+                if let Some(h) = <$harness as $crate::conformance::Harness>::new().await {
+                    $crate::conformance::$rule(h).await;
+                }
+            }
+        )*
+    };
+    (@run_all $harness:ident; $($rule:ident),*) => {
+        $(
+            if let Some(h) = <$harness as $crate::conformance::Harness>::new().await {
+                $crate::conformance::$rule(h).await;
+            }
+        )*
+    };
+}

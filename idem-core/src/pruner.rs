@@ -1,0 +1,673 @@
+//! The one background pruner: it deletes what has expired, either idempotency records from any
+//! [`Store`] or request ids from a kit [`RequestHistory`](crate::kit::RequestHistory), in
+//! bounded batches, optionally paced and optionally under a lease so that one node prunes at a
+//! time.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::error::Error;
+use crate::key::Key;
+use crate::record::{Claim, Start};
+use crate::store::{check_duration, Store};
+
+/// The largest batch a pruner deletes in one call.
+const MAX_BATCH_SIZE: u32 = 100_000;
+
+/// How a [`Pruner`] runs: batches of [`batch_size`](PrunerConfig::batch_size) with a
+/// [`pause`](PrunerConfig::pause) after each full one, a run every
+/// [`interval`](PrunerConfig::interval), under a [`lease`](PrunerConfig::lease) unless
+/// [`without_lease`](PrunerConfig::without_lease).
+///
+/// The pacing defaults (100 entries, 200 ms) come from the benchmark's scale run
+/// (`docs/performance.md`): batches of 1,000 back to back made the claim p99 10 to 50 × worse
+/// while a large backlog drained. On SQLite every batch, small or large, costs claims about the
+/// same (a claim that meets the single write lock sleeps at least 1 ms), so it is the number of
+/// batches per second that counts: 100-entry batches 100 ms apart kept it near 3 × on SQLite,
+/// 200 ms apart about 2 ×, and PostgreSQL within 1.1 × either way, still removing about 500
+/// entries a second, 1.8 million an hour. PostgreSQL alone stays within 3 × with 20 ms pauses:
+/// a busy PostgreSQL store with a large backlog can take `pause(Duration::from_millis(20))`,
+/// and a table that nothing else writes at the same time can take `pause(Duration::ZERO)`.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::PrunerConfig;
+/// let config = PrunerConfig::new()
+///     .batch_size(50)
+///     .pause(Duration::from_millis(50))
+///     .interval(Duration::from_secs(300))
+///     .max_batches(1_000)
+///     .lease(Duration::from_secs(30));
+/// # let _ = config;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrunerConfig {
+    batch_size: u32,
+    pause: Duration,
+    interval: Duration,
+    max_batches: Option<u32>,
+    lease: Option<Duration>,
+}
+
+impl PrunerConfig {
+    /// Entries one batch deletes at most, by default.
+    ///
+    /// ```
+    /// assert_eq!(idem_core::PrunerConfig::DEFAULT_BATCH_SIZE, 100);
+    /// ```
+    pub const DEFAULT_BATCH_SIZE: u32 = 100;
+
+    /// The pause after a full batch, by default.
+    ///
+    /// ```
+    /// assert_eq!(idem_core::PrunerConfig::DEFAULT_PAUSE.as_millis(), 200);
+    /// ```
+    pub const DEFAULT_PAUSE: Duration = Duration::from_millis(200);
+
+    /// The time between the starts of two runs, by default.
+    ///
+    /// ```
+    /// assert_eq!(idem_core::PrunerConfig::DEFAULT_INTERVAL.as_secs(), 60);
+    /// ```
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+
+    /// How long a run holds its lease without renewing it, by default.
+    ///
+    /// ```
+    /// assert_eq!(idem_core::PrunerConfig::DEFAULT_LEASE.as_secs(), 60);
+    /// ```
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
+    /// The defaults: batches of [100](Self::DEFAULT_BATCH_SIZE) entries,
+    /// [200 ms](Self::DEFAULT_PAUSE) apart, a run every [60 s](Self::DEFAULT_INTERVAL), no cap
+    /// on batches per run (a run goes on until nothing expired is left), and a
+    /// [60 s](Self::DEFAULT_LEASE) lease so that one pruner runs at a time.
+    ///
+    /// ```
+    /// use idem_core::PrunerConfig;
+    /// assert_eq!(PrunerConfig::new(), PrunerConfig::default());
+    /// ```
+    pub fn new() -> PrunerConfig {
+        PrunerConfig {
+            batch_size: Self::DEFAULT_BATCH_SIZE,
+            pause: Self::DEFAULT_PAUSE,
+            interval: Self::DEFAULT_INTERVAL,
+            max_batches: None,
+            lease: Some(Self::DEFAULT_LEASE),
+        }
+    }
+
+    /// The most entries one batch deletes (1 to 100,000). Smaller batches hold locks (SQLite:
+    /// the database's only write lock) for less time.
+    ///
+    /// ```
+    /// let _ = idem_core::PrunerConfig::new().batch_size(500);
+    /// ```
+    pub fn batch_size(mut self, batch_size: u32) -> PrunerConfig {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// How long to wait after a full batch before the next one, leaving the database to
+    /// claims. Zero runs the batches back to back, which drains fastest but slows claims most.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let _ = idem_core::PrunerConfig::new().pause(Duration::from_millis(50));
+    /// ```
+    pub fn pause(mut self, pause: Duration) -> PrunerConfig {
+        self.pause = pause;
+        self
+    }
+
+    /// The time between the starts of two runs of a [spawned](Pruner::spawn) pruner
+    /// (1 ms to 10 years); a run that takes longer delays the next.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let _ = idem_core::PrunerConfig::new().interval(Duration::from_secs(600));
+    /// ```
+    pub fn interval(mut self, interval: Duration) -> PrunerConfig {
+        self.interval = interval;
+        self
+    }
+
+    /// Ends a run after `max_batches` full batches even if expired entries remain; the next
+    /// run goes on from there. Bounds how long one run takes when entries expire faster than
+    /// the pace allows. By default a run has no cap.
+    ///
+    /// ```
+    /// let _ = idem_core::PrunerConfig::new().max_batches(600);
+    /// ```
+    pub fn max_batches(mut self, max_batches: u32) -> PrunerConfig {
+        self.max_batches = Some(max_batches);
+        self
+    }
+
+    /// Runs under a lease of this length (1 ms to 10 years, longer than the
+    /// [pause](Self::pause)): a run first takes the lease, renews it before each batch and
+    /// releases it at the end, so of any number of pruners (threads, processes, machines) on
+    /// one store or history one works at a time and the others report
+    /// [`skipped`](PruneReport::skipped). A crashed runner blocks the others for at most one
+    /// lease. Make it longer than one batch plus one pause take.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let _ = idem_core::PrunerConfig::new().lease(Duration::from_secs(10));
+    /// ```
+    pub fn lease(mut self, lease: Duration) -> PrunerConfig {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Runs without a lease: every pruner deletes whenever it runs. Safe (each batch is one
+    /// bounded delete; PostgreSQL skips rows another pruner has locked), only redundant when
+    /// several run; it saves the lease's statements when only one pruner exists.
+    ///
+    /// ```
+    /// let _ = idem_core::PrunerConfig::new().without_lease();
+    /// ```
+    pub fn without_lease(mut self) -> PrunerConfig {
+        self.lease = None;
+        self
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        if !(1..=MAX_BATCH_SIZE).contains(&self.batch_size) {
+            return Err(Error::InvalidConfig(format!(
+                "pruner batch size must be 1 to {MAX_BATCH_SIZE}, got {}; the default is {}",
+                self.batch_size,
+                Self::DEFAULT_BATCH_SIZE
+            )));
+        }
+        if self.max_batches == Some(0) {
+            return Err(Error::InvalidConfig(
+                "pruner max_batches must be at least 1; leave it unset for no cap".into(),
+            ));
+        }
+        check_duration("pruner interval", self.interval)?;
+        if let Some(lease) = self.lease {
+            check_duration("pruner lease", lease)?;
+            if lease <= self.pause {
+                return Err(Error::InvalidConfig(format!(
+                    "pruner lease ({lease:?}) must be longer than the pause between batches \
+                     ({:?}), or another pruner takes over in every pause",
+                    self.pause
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for PrunerConfig {
+    fn default() -> Self {
+        PrunerConfig::new()
+    }
+}
+
+/// What one run of a [`Pruner`] did.
+///
+/// ```
+/// use idem_core::PruneReport;
+/// let nothing = PruneReport::default();
+/// assert_eq!((nothing.deleted, nothing.batches, nothing.skipped, nothing.drained), (0, 0, false, false));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PruneReport {
+    /// Entries deleted.
+    pub deleted: u64,
+    /// Batches that deleted at least one entry.
+    pub batches: u32,
+    /// The most entries one batch deleted (at most the batch size).
+    pub largest_batch: u64,
+    /// From the first batch to the end of the last, pauses included.
+    pub elapsed: Duration,
+    /// Another pruner held the lease, so this run deleted nothing.
+    pub skipped: bool,
+    /// The run stopped because a batch came back short: nothing expired was left. `false`
+    /// when it was skipped, hit [`max_batches`](PrunerConfig::max_batches), was shut down
+    /// midway or lost its lease.
+    pub drained: bool,
+}
+
+/// Deletes what has expired, in bounded batches, in the background or on demand: expired
+/// idempotency records from any [`Store`] ([`Pruner::records`]), or request ids older than a
+/// retention window from a kit [`RequestHistory`](crate::kit::RequestHistory)
+/// ([`Pruner::history`], features `sqlite` or `postgres`).
+///
+/// A store keeps an expired record until something deletes it (a new claim of the same key
+/// replaces it, but most keys never come back), and a history keeps every id it recorded. A
+/// run takes the [lease](PrunerConfig::lease) (or reports [`skipped`](PruneReport::skipped)),
+/// deletes a batch, [pauses](PrunerConfig::pause), renews the lease and deletes again until a
+/// batch comes back short, then releases the lease. Every run emits one `tracing` event with
+/// what it deleted (`INFO`, or `DEBUG` when it deleted nothing) and returns a [`PruneReport`].
+///
+/// ```
+/// use idem_core::{Idempotency, MemoryStore, Pruner, PrunerConfig};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// let engine = Idempotency::new(MemoryStore::new());
+/// let pruner = Pruner::records(engine.store().clone(), PrunerConfig::default())?;
+///
+/// // One run now...
+/// let report = pruner.run_once().await?;
+/// assert!(report.drained);
+///
+/// // ...or in the background: a run now and one every interval, until shut down.
+/// let mut handle = pruner.spawn();
+/// assert_eq!(handle.next_report().await.map(|r| r.deleted), Some(0));
+/// handle.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Pruner {
+    target: Arc<dyn Target>,
+    config: PrunerConfig,
+}
+
+impl fmt::Debug for Pruner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pruner")
+            .field("target", &self.target.name())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pruner {
+    /// A pruner of the expired records of `store` (any store, or the `Arc<dyn Store>` an
+    /// [`Idempotency`](crate::Idempotency) holds), through [`Store::prune_expired`].
+    ///
+    /// Its lease is a record of the store itself, under the reserved key
+    /// `Key::derive("idem.pruner", "", "records")`: claimed with [`Store::start`], renewed with
+    /// [`Store::renew`], released with [`Store::abort`], so it keeps the store's own rules
+    /// (atomic claim, fencing, database time). Checks `config` (see [`PrunerConfig`]);
+    /// otherwise [`Error::InvalidConfig`].
+    ///
+    /// ```
+    /// use idem_core::{Error, MemoryStore, Pruner, PrunerConfig};
+    /// let bad = PrunerConfig::new().batch_size(0);
+    /// assert!(matches!(Pruner::records(MemoryStore::new(), bad), Err(Error::InvalidConfig(_))));
+    /// ```
+    pub fn records(store: impl Store, config: PrunerConfig) -> Result<Pruner, Error> {
+        Pruner::new(Arc::new(Records(Arc::new(store))), config)
+    }
+
+    /// A pruner of the request ids in `history` (on `pool`) recorded more than `retention`
+    /// ago. Each batch is one statement,
+    /// `DELETE … WHERE (scope, request_id) IN (SELECT … WHERE created_at < now - retention LIMIT n)`
+    /// (`FOR UPDATE SKIP LOCKED` on PostgreSQL), so no statement holds many locks for long; its
+    /// lease is the one row of `<table>_pruner`. Checks `retention` (1 ms to 10 years) and
+    /// `config` (see [`PrunerConfig`]); otherwise [`Error::InvalidConfig`].
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")] {
+    /// use std::time::Duration;
+    /// use idem_core::{kit::RequestHistory, Pruner, PrunerConfig};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+    /// let history = RequestHistory::<sqlx::Sqlite>::new("request_history")?;
+    /// history.ensure_schema(&mut *pool.acquire().await?).await?;
+    /// let _ = history.record(&mut *pool.acquire().await?, "deposit", "fresh").await?;
+    /// // An id recorded two hours ago.
+    /// sqlx::query("INSERT INTO request_history VALUES ('deposit', 'old', CAST(unixepoch('subsec') * 1000 AS INTEGER) - 7200000)")
+    ///     .execute(&pool).await?;
+    ///
+    /// let hour = Duration::from_secs(3600);
+    /// let pruner = Pruner::history(pool.clone(), &history, hour, PrunerConfig::default())?;
+    /// let report = pruner.run_once().await?;
+    /// assert_eq!((report.deleted, report.batches, report.drained), (1, 1, true));
+    /// assert!(history.contains(&mut *pool.acquire().await?, "deposit", "fresh").await?);
+    /// # Ok(()) }
+    /// # }
+    /// ```
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub fn history<DB: crate::kit::Backend>(
+        pool: sqlx::Pool<DB>,
+        history: &crate::kit::RequestHistory<DB>,
+        retention: Duration,
+        config: PrunerConfig,
+    ) -> Result<Pruner, Error> {
+        let target = crate::kit::pruner::History::new(pool, history, retention)?;
+        Pruner::new(Arc::new(target), config)
+    }
+
+    fn new(target: Arc<dyn Target>, config: PrunerConfig) -> Result<Pruner, Error> {
+        config.validate()?;
+        Ok(Pruner { target, config })
+    }
+
+    /// Runs once now: takes the lease (or reports [`skipped`](PruneReport::skipped)), deletes
+    /// batch by batch, pausing after each full batch, until a batch comes back short (or
+    /// `max_batches` is reached), and releases the lease. On an error the run stops and returns
+    /// it; what earlier batches deleted stays deleted. See [`Pruner`] for an example.
+    pub async fn run_once(&self) -> Result<PruneReport, Error> {
+        let mut report = PruneReport::default();
+        self.run(None, &mut report).await?;
+        Ok(report)
+    }
+
+    /// Runs in a tokio task (call it inside a runtime): once now and then every interval,
+    /// until [`PrunerHandle::shutdown`] or the handle is dropped. A failed run is logged
+    /// (`tracing`, `WARN`) and the next interval tries again. See [`Pruner`] for an example.
+    pub fn spawn(self) -> PrunerHandle {
+        PrunerHandle::spawn(self)
+    }
+
+    /// One run, filling `report` as it goes so a failed run still tells what it did.
+    async fn run(
+        &self,
+        stop: Option<&mut watch::Receiver<bool>>,
+        report: &mut PruneReport,
+    ) -> Result<(), Error> {
+        let mut lease = match self.config.lease {
+            Some(length) => {
+                let mut lease = self.target.clone().lease(length);
+                if !lease.acquire().await? {
+                    report.skipped = true;
+                    tracing::debug!(
+                        target_name = self.target.name(),
+                        "another pruner holds the lease; skipping this run"
+                    );
+                    return Ok(());
+                }
+                Some(lease)
+            }
+            None => None,
+        };
+        let outcome = self.delete_batches(stop, &mut lease, report).await;
+        let released = match lease.as_mut() {
+            Some(lease) => lease.release().await,
+            None => Ok(()),
+        };
+        outcome?;
+        released?;
+        if report.deleted > 0 {
+            tracing::info!(
+                target_name = self.target.name(),
+                deleted = report.deleted,
+                batches = report.batches,
+                elapsed_ms = report.elapsed.as_millis() as u64,
+                drained = report.drained,
+                "pruned expired entries"
+            );
+        } else {
+            tracing::debug!(
+                target_name = self.target.name(),
+                elapsed_ms = report.elapsed.as_millis() as u64,
+                drained = report.drained,
+                "nothing expired to prune"
+            );
+        }
+        Ok(())
+    }
+
+    async fn delete_batches(
+        &self,
+        mut stop: Option<&mut watch::Receiver<bool>>,
+        lease: &mut Option<Box<dyn Lease>>,
+        report: &mut PruneReport,
+    ) -> Result<(), Error> {
+        let started = Instant::now();
+        let batch_size = self.config.batch_size;
+        let mut calls = 0u32;
+        loop {
+            if stop.as_deref().is_some_and(stop_requested) {
+                return Ok(());
+            }
+            // Taking the lease again renews it; failing means another pruner took over after
+            // ours ran out, so leave the rest to it.
+            if calls > 0 {
+                if let Some(lease) = lease.as_mut() {
+                    if !lease.acquire().await? {
+                        tracing::warn!(
+                            target_name = self.target.name(),
+                            "pruner lease lost midway; stopping this run"
+                        );
+                        return Ok(());
+                    }
+                }
+            }
+            let deleted = self.target.delete_expired(batch_size).await;
+            report.elapsed = started.elapsed();
+            let deleted = deleted?;
+            calls = calls.saturating_add(1);
+            if deleted > 0 {
+                report.deleted += deleted;
+                report.batches += 1;
+                report.largest_batch = report.largest_batch.max(deleted);
+            }
+            if deleted < u64::from(batch_size) {
+                report.drained = true;
+                return Ok(());
+            }
+            if self.config.max_batches.is_some_and(|max| calls >= max) {
+                return Ok(());
+            }
+            if !self.pause(stop.as_deref_mut()).await {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Waits out the pause between batches; `false` when a stop came first.
+    async fn pause(&self, stop: Option<&mut watch::Receiver<bool>>) -> bool {
+        if self.config.pause.is_zero() {
+            return true;
+        }
+        let sleep = tokio::time::sleep(self.config.pause);
+        match stop {
+            None => {
+                sleep.await;
+                true
+            }
+            Some(stop) => tokio::select! {
+                _ = sleep => true,
+                _ = stop.changed() => false,
+            },
+        }
+    }
+}
+
+/// What a [`Pruner`] deletes from: the only part that differs between records and history ids.
+#[async_trait]
+pub(crate) trait Target: Send + Sync + 'static {
+    /// What it prunes, for log events.
+    fn name(&self) -> &str;
+
+    /// Deletes at most `limit` expired entries; how many went.
+    async fn delete_expired(&self, limit: u32) -> Result<u64, Error>;
+
+    /// A lease of `length` that a run takes, renews and releases (not yet taken).
+    fn lease(self: Arc<Self>, length: Duration) -> Box<dyn Lease>;
+}
+
+/// The lease of one run, so that one pruner of a target works at a time.
+#[async_trait]
+pub(crate) trait Lease: Send {
+    /// Takes the lease if it is free or expired, or extends it if this run holds it; `false`
+    /// when another holder has it.
+    async fn acquire(&mut self) -> Result<bool, Error>;
+
+    /// Gives the lease up, so the next pruner may run at once.
+    async fn release(&mut self) -> Result<(), Error>;
+}
+
+/// The expired records of a store.
+struct Records(Arc<dyn Store>);
+
+/// The record that is the lease of the records' pruners.
+fn records_lease_key() -> Result<Key, Error> {
+    Ok(Key::derive("idem.pruner", "", "records")?)
+}
+
+#[async_trait]
+impl Target for Records {
+    fn name(&self) -> &str {
+        "idempotency records"
+    }
+
+    async fn delete_expired(&self, limit: u32) -> Result<u64, Error> {
+        self.0.prune_expired(limit).await
+    }
+
+    fn lease(self: Arc<Self>, length: Duration) -> Box<dyn Lease> {
+        Box::new(RecordsLease {
+            store: self.0.clone(),
+            length,
+            claim: None,
+        })
+    }
+}
+
+/// A claim of the reserved lease key in the store itself.
+struct RecordsLease {
+    store: Arc<dyn Store>,
+    length: Duration,
+    claim: Option<Claim>,
+}
+
+#[async_trait]
+impl Lease for RecordsLease {
+    async fn acquire(&mut self) -> Result<bool, Error> {
+        if let Some(claim) = &self.claim {
+            return match self.store.renew(claim, self.length).await {
+                Ok(()) => Ok(true),
+                Err(Error::LeaseLost) => {
+                    self.claim = None;
+                    Ok(false)
+                }
+                Err(e) => Err(e),
+            };
+        }
+        match self
+            .store
+            .start(&records_lease_key()?, None, self.length)
+            .await?
+        {
+            Start::Started(claim) => {
+                self.claim = Some(claim);
+                Ok(true)
+            }
+            // A live lease elsewhere; a completed record cannot be a pruner's, but it holds
+            // the key as firmly until its retention ends.
+            Start::Locked { .. } | Start::Completed(_) => Ok(false),
+        }
+    }
+
+    async fn release(&mut self) -> Result<(), Error> {
+        match self.claim.take() {
+            // Lost already: another pruner holds it now, which is all a release wants.
+            Some(claim) => match self.store.abort(&claim).await {
+                Ok(()) | Err(Error::LeaseLost) => Ok(()),
+                Err(e) => Err(e),
+            },
+            None => Ok(()),
+        }
+    }
+}
+
+/// Controls a [spawned](Pruner::spawn) pruner. Dropping it stops the pruner too (after the
+/// batch in progress); [`shutdown`](PrunerHandle::shutdown) also waits for that.
+///
+/// ```
+/// use idem_core::{MemoryStore, Pruner, PrunerConfig};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// let mut handle = Pruner::records(MemoryStore::new(), PrunerConfig::default())?.spawn();
+/// let first = handle.next_report().await;
+/// assert_eq!(first, handle.last_report());
+/// handle.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct PrunerHandle {
+    stop: watch::Sender<bool>,
+    reports: watch::Receiver<Option<PruneReport>>,
+    task: JoinHandle<()>,
+}
+
+impl PrunerHandle {
+    /// Runs `pruner` at once and then every interval until the handle stops it. A run that
+    /// overruns the interval delays the next.
+    fn spawn(pruner: Pruner) -> PrunerHandle {
+        let (stop_tx, mut stop_rx) = watch::channel(false);
+        let (report_tx, report_rx) = watch::channel(None);
+        let task = tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(pruner.config.interval);
+            ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    // A `true` sent or the handle dropped: stop either way.
+                    _ = stop_rx.changed() => break,
+                }
+                let mut report = PruneReport::default();
+                match pruner.run(Some(&mut stop_rx), &mut report).await {
+                    Ok(()) => {
+                        report_tx.send_replace(Some(report));
+                    }
+                    Err(e) => tracing::warn!(
+                        target_name = pruner.target.name(),
+                        error = %e,
+                        deleted = report.deleted,
+                        batches = report.batches,
+                        "pruning failed; trying again at the next interval"
+                    ),
+                }
+                if stop_requested(&stop_rx) {
+                    break;
+                }
+            }
+        });
+        PrunerHandle {
+            stop: stop_tx,
+            reports: report_rx,
+            task,
+        }
+    }
+
+    /// The report of the latest successful run, if any.
+    ///
+    /// ```
+    /// use idem_core::{MemoryStore, Pruner, PrunerConfig};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let handle = Pruner::records(MemoryStore::new(), PrunerConfig::default())?.spawn();
+    /// // The first run has not had a chance to start yet.
+    /// assert_eq!(handle.last_report(), None);
+    /// # Ok(()) }
+    /// ```
+    pub fn last_report(&self) -> Option<PruneReport> {
+        *self.reports.borrow()
+    }
+
+    /// Waits for the next successful run and returns its report; `None` once the pruner has
+    /// stopped. See [`PrunerHandle`] for an example.
+    pub async fn next_report(&mut self) -> Option<PruneReport> {
+        self.reports.changed().await.ok()?;
+        *self.reports.borrow_and_update()
+    }
+
+    /// Stops the pruner after the batch in progress (a pause is cut short), lets it release
+    /// its lease, and waits for it. A panic inside the pruner task is resumed here. See
+    /// [`PrunerHandle`] for an example.
+    pub async fn shutdown(self) {
+        self.stop.send_replace(true);
+        if let Err(e) = self.task.await {
+            if e.is_panic() {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
+    }
+}
+
+/// Whether the handle asked the pruner to stop (sent `true` or was dropped).
+fn stop_requested(stop: &watch::Receiver<bool>) -> bool {
+    *stop.borrow() || stop.has_changed().is_err()
+}
