@@ -17,6 +17,7 @@
 //!   | `idem_work_seconds` | histogram | `scope` | how long the work ran |
 //!   | `idem_complete_seconds` | histogram | `scope` | storing the result (the first try) |
 //!   | `idem_claims_in_flight` | gauge | `scope` | claims held by running work in this process |
+//!   | `idem_pruned_total` | counter | `target` | records (`records`) or request ids (`history`) deleted by a `Pruner` |
 //!
 //! - **Tracing.** Each guarded call runs in a span `idem.call` with the fields `scope`, `key` (the
 //!   first 8 bytes of the key's hash, in hex: the key is a SHA-256 of scope, caller and client

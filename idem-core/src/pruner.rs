@@ -440,6 +440,9 @@ impl Pruner {
             let deleted = deleted?;
             calls = calls.saturating_add(1);
             if deleted > 0 {
+                #[cfg(feature = "metrics")]
+                metrics::counter!("idem_pruned_total", "target" => self.target.label())
+                    .increment(deleted);
                 report.deleted += deleted;
                 report.batches += 1;
                 report.largest_batch = report.largest_batch.max(deleted);
@@ -482,6 +485,10 @@ pub(crate) trait Target: Send + Sync + 'static {
     /// What it prunes, for log events.
     fn name(&self) -> &str;
 
+    /// The `target` label of `idem_pruned_total`: `records` or `history`.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn label(&self) -> &'static str;
+
     /// Deletes at most `limit` expired entries; how many went.
     async fn delete_expired(&self, limit: u32) -> Result<u64, Error>;
 
@@ -512,6 +519,10 @@ fn records_lease_key() -> Result<Key, Error> {
 impl Target for Records {
     fn name(&self) -> &str {
         "idempotency records"
+    }
+
+    fn label(&self) -> &'static str {
+        "records"
     }
 
     async fn delete_expired(&self, limit: u32) -> Result<u64, Error> {

@@ -278,3 +278,40 @@ fn every_outcome_is_counted_once() {
         assert_eq!(count(&seen, stage), n, "{stage}");
     }
 }
+
+/// The pruner counts what it deletes under `idem_pruned_total{target="records"}`.
+#[test]
+fn pruner_deletions_are_counted() {
+    let recorder = DebuggingRecorder::new();
+    let report = with_recorder(&recorder, || async {
+        let clock = idem_core::ManualClock::new();
+        let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+        let engine = Idempotency::builder(store.clone())
+            .retention(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        for i in 0..25 {
+            let key = Key::derive("prune", "", &i.to_string()).unwrap();
+            engine
+                .call(key)
+                .run(async { Ok::<_, Error>(i) })
+                .await
+                .unwrap();
+        }
+        clock.advance(Duration::from_secs(2));
+        let config = idem_core::PrunerConfig::new()
+            .batch_size(10)
+            .pause(Duration::ZERO)
+            .without_lease();
+        idem_core::Pruner::records(store, config)
+            .unwrap()
+            .run_once()
+            .await
+            .unwrap()
+    });
+    assert_eq!(report.deleted, 25);
+    assert_eq!(
+        snapshot(&recorder)["idem_pruned_total{target=records}"],
+        25.0
+    );
+}

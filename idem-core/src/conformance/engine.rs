@@ -77,7 +77,9 @@ pub async fn engine_renews_long_work(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .call(k).lease(lease_len).run(async {
+                .call(k)
+                .lease(lease_len)
+                .run(async {
                     let _ = started_tx.send(());
                     // Two and a half leases: only renewal keeps the key ours.
                     tokio::time::sleep(lease_len * 5 / 2).await;
@@ -89,7 +91,8 @@ pub async fn engine_renews_long_work(h: impl Harness) {
     started_rx.await.unwrap();
     wait(lease_len * 3 / 2).await;
     let probe = engine
-        .call(k).run(async { Ok::<_, Error>("thief".to_string()) })
+        .call(k)
+        .run(async { Ok::<_, Error>("thief".to_string()) })
         .await;
     assert!(
         matches!(probe, Err(Error::Locked { .. })),
@@ -98,7 +101,8 @@ pub async fn engine_renews_long_work(h: impl Harness) {
     let out = worker.await.unwrap().unwrap();
     assert_eq!(out, Outcome::Fresh("slow result".to_string()));
     let replay = engine
-        .call(k).run(async { Ok::<_, Error>("thief".to_string()) })
+        .call(k)
+        .run(async { Ok::<_, Error>("thief".to_string()) })
         .await
         .unwrap();
     assert_eq!(replay, Outcome::Replayed("slow result".to_string()));
@@ -114,7 +118,8 @@ pub async fn engine_crashed_worker_frees_after_one_lease(h: impl Harness) {
     assert!(matches!(blocked, Err(Error::Locked { .. })));
     wait(PAST_SHORT).await;
     let out = engine
-        .call(k).run(async { Ok::<_, Error>(2) })
+        .call(k)
+        .run(async { Ok::<_, Error>(2) })
         .await
         .unwrap();
     assert_eq!(out, Outcome::Fresh(2));
@@ -126,7 +131,8 @@ pub async fn engine_error_aborts_so_retry_runs(h: impl Harness) {
     let k = key("flaky");
     let runs = AtomicUsize::new(0);
     let first: Result<Outcome<u32>, Error> = engine
-        .call(k).run(async {
+        .call(k)
+        .run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Err(Error::InvalidConfig("downstream said no".into()))
         })
@@ -137,7 +143,8 @@ pub async fn engine_error_aborts_so_retry_runs(h: impl Harness) {
         "a failed call leaves no record"
     );
     let second = engine
-        .call(k).run(async {
+        .call(k)
+        .run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, Error>(7u32)
         })
@@ -156,7 +163,9 @@ pub async fn engine_cancelled_call_releases_claim(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .call(k).lease(LONG).run(async {
+                .call(k)
+                .lease(LONG)
+                .run(async {
                     let _ = started_tx.send(());
                     std::future::pending::<Result<u32, Error>>().await
                 })
@@ -168,9 +177,11 @@ pub async fn engine_cancelled_call_releases_claim(h: impl Harness) {
     assert!(call.await.unwrap_err().is_cancelled());
     // The lease is 30 s; waiting at most 10 s succeeds only if cancelling released the claim.
     let out = engine
-        .call(k).on_locked(OnLocked::Wait { timeout: Duration::from_secs(10) }).run(async {
-            Ok::<_, Error>(3u32)
+        .call(k)
+        .on_locked(OnLocked::Wait {
+            timeout: Duration::from_secs(10),
         })
+        .run(async { Ok::<_, Error>(3u32) })
         .await
         .unwrap();
     assert_eq!(out, Outcome::Fresh(3));
@@ -184,7 +195,9 @@ pub async fn engine_panicking_call_releases_claim(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .call(k).lease(LONG).run(async {
+                .call(k)
+                .lease(LONG)
+                .run(async {
                     tokio::task::yield_now().await;
                     panic!("the work panicked");
                     #[allow(unreachable_code)]
@@ -195,9 +208,11 @@ pub async fn engine_panicking_call_releases_claim(h: impl Harness) {
     };
     assert!(call.await.unwrap_err().is_panic());
     let out = engine
-        .call(k).on_locked(OnLocked::Wait { timeout: Duration::from_secs(10) }).run(async {
-            Ok::<_, Error>(4u32)
+        .call(k)
+        .on_locked(OnLocked::Wait {
+            timeout: Duration::from_secs(10),
         })
+        .run(async { Ok::<_, Error>(4u32) })
         .await
         .unwrap();
     assert_eq!(out, Outcome::Fresh(4));
@@ -210,12 +225,16 @@ pub async fn engine_key_reused(h: impl Harness) {
     let a = Fingerprint::of_json(&serde_json::json!({"amount": 5})).unwrap();
     let b = Fingerprint::of_json(&serde_json::json!({"amount": 6})).unwrap();
     engine
-        .call(k).fingerprint(a).run(async { Ok::<_, Error>(5) })
+        .call(k)
+        .fingerprint(a)
+        .run(async { Ok::<_, Error>(5) })
         .await
         .unwrap();
     let runs = AtomicUsize::new(0);
     let second = engine
-        .call(k).fingerprint(b).run(async {
+        .call(k)
+        .fingerprint(b)
+        .run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, Error>(6)
         })
@@ -223,7 +242,9 @@ pub async fn engine_key_reused(h: impl Harness) {
     assert!(matches!(second, Err(Error::KeyReused)));
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     let same = engine
-        .call(k).fingerprint(a).run(async { Ok::<_, Error>(0) })
+        .call(k)
+        .fingerprint(a)
+        .run(async { Ok::<_, Error>(0) })
         .await
         .unwrap();
     assert_eq!(same, Outcome::Replayed(5));
@@ -235,7 +256,9 @@ pub async fn engine_bad_input_changes_nothing(h: impl Harness) {
     let k = key("bad-lease");
     let runs = AtomicUsize::new(0);
     let out = engine
-        .call(k).lease(Duration::ZERO).run(async {
+        .call(k)
+        .lease(Duration::ZERO)
+        .run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<_, Error>(1)
         })
@@ -261,7 +284,8 @@ pub async fn engine_unretained_result_never_reruns(h: impl Harness) {
     let runs = AtomicUsize::new(0);
     let big = || async {
         engine
-            .call(k).run(async {
+            .call(k)
+            .run(async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, Error>("x".repeat(100))
             })
@@ -283,9 +307,8 @@ pub async fn engine_unretained_result_never_reruns(h: impl Harness) {
         RecordState::Completed(_)
     ));
     let other = engine
-        .call(key("small")).run(async {
-            Ok::<_, Error>("ok".to_string())
-        })
+        .call(key("small"))
+        .run(async { Ok::<_, Error>("ok".to_string()) })
         .await
         .unwrap();
     assert_eq!(other, Outcome::Fresh("ok".to_string()));
@@ -301,9 +324,8 @@ pub async fn engine_retention_then_rerun(h: impl Harness) {
     let runs = AtomicUsize::new(0);
     let call = || async {
         engine
-            .call(k).run(async {
-                Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst))
-            })
+            .call(k)
+            .run(async { Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst)) })
             .await
             .unwrap()
     };
@@ -324,7 +346,8 @@ pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .call(k).run(async {
+                .call(k)
+                .run(async {
                     let _ = started_tx.send(());
                     let _ = finish_rx.await;
                     Ok::<_, Error>("stale".to_string())
@@ -336,14 +359,16 @@ pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
     // An operator evicts the stuck key and another worker takes over and finishes.
     assert!(store.evict(&k).await.unwrap());
     let owner = engine
-        .call(k).run(async { Ok::<_, Error>("owner".to_string()) })
+        .call(k)
+        .run(async { Ok::<_, Error>("owner".to_string()) })
         .await
         .unwrap();
     assert_eq!(owner, Outcome::Fresh("owner".to_string()));
     finish_tx.send(()).unwrap();
     assert!(matches!(stale.await.unwrap(), Err(Error::LeaseLost)));
     let kept = engine
-        .call(k).run(async { Ok::<_, Error>("thief".to_string()) })
+        .call(k)
+        .run(async { Ok::<_, Error>("thief".to_string()) })
         .await
         .unwrap();
     assert_eq!(kept, Outcome::Replayed("owner".to_string()));
@@ -359,7 +384,8 @@ pub async fn engine_wait_mode_replays(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .call(k).run(async {
+                .call(k)
+                .run(async {
                     let _ = started_tx.send(());
                     let _ = finish_rx.await;
                     Ok::<_, Error>(11)
@@ -372,9 +398,11 @@ pub async fn engine_wait_mode_replays(h: impl Harness) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .call(k).on_locked(OnLocked::Wait { timeout: Duration::from_secs(20) }).run(async {
-                    Ok::<_, Error>(22)
+                .call(k)
+                .on_locked(OnLocked::Wait {
+                    timeout: Duration::from_secs(20),
                 })
+                .run(async { Ok::<_, Error>(22) })
                 .await
         })
     };
@@ -390,9 +418,11 @@ pub async fn engine_wait_mode_times_out(h: impl Harness) {
     let k = key("held");
     claim(&*h.store(), &k, LONG).await;
     let out = engine
-        .call(k).on_locked(OnLocked::Wait { timeout: Duration::from_millis(200) }).run(async {
-            Ok::<_, Error>(1)
+        .call(k)
+        .on_locked(OnLocked::Wait {
+            timeout: Duration::from_millis(200),
         })
+        .run(async { Ok::<_, Error>(1) })
         .await;
     match out {
         // An estimate of when the holder finishes, not the 30 s left on its lease: no work has
@@ -408,9 +438,8 @@ pub async fn engine_no_key_runs_every_time(h: impl Harness) {
     let runs = AtomicUsize::new(0);
     for i in 0..3 {
         let out = engine
-            .call(None).run(async {
-                Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst))
-            })
+            .call(None)
+            .run(async { Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst)) })
             .await
             .unwrap();
         assert_eq!(out, Outcome::Fresh(i));
@@ -437,7 +466,8 @@ pub async fn engine_stored_errors_replay(h: impl Harness) {
     let runs = AtomicUsize::new(0);
     for _ in 0..3 {
         let out = engine
-            .call(k).run_storing_errors(async {
+            .call(k)
+            .run_storing_errors(async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Err::<u32, _>(PayError::Declined {
                     code: "insufficient_funds".into(),
@@ -453,8 +483,6 @@ pub async fn engine_stored_errors_replay(h: impl Harness) {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // The plain `run` cannot decode the stored error type, so it reports it as stored.
-    let plain = engine
-        .call(k).run(async { Ok::<_, Error>(0u32) })
-        .await;
+    let plain = engine.call(k).run(async { Ok::<_, Error>(0u32) }).await;
     assert!(matches!(plain, Err(Error::StoredError(_))));
 }

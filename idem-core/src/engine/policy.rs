@@ -4,13 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
 use super::cache::ReplayCache;
 use super::stored::{seal, Encoded, Sealed};
 use crate::codec::{Codec, JsonCodec};
-use crate::error::{BoxError, Error};
+use crate::error::Error;
 use crate::key::Key;
 use crate::observe::{Meters, Observer};
 use crate::store::{check_duration, Store};
@@ -330,7 +327,8 @@ impl<C: Codec> Core<C> {
 
     /// `value` in its stored form: encoded by the codec and sealed, or the note that it was not
     /// retained (too large, not encodable).
-    pub(crate) fn seal<T: Serialize + ?Sized>(&self, value: &T, key: &Key) -> Sealed {
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn seal<T: serde::Serialize + ?Sized>(&self, value: &T, key: &Key) -> Sealed {
         self.seal_encoded(Encoded::from(self.codec.encode(value)), key)
     }
 
@@ -340,7 +338,11 @@ impl<C: Codec> Core<C> {
     }
 
     /// Decodes a stored value with the codec.
-    pub(crate) fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, BoxError> {
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn decode<T: serde::de::DeserializeOwned>(
+        &self,
+        bytes: &[u8],
+    ) -> Result<T, crate::error::BoxError> {
         self.codec.decode(bytes)
     }
 }

@@ -79,6 +79,10 @@ impl<DB: Backend> Target for History<DB> {
         &self.name
     }
 
+    fn label(&self) -> &'static str {
+        "history"
+    }
+
     async fn delete_expired(&self, limit: u32) -> Result<u64, Error> {
         let query = DB::bind_i64(
             DB::bind_i64(sqlx::query(&self.delete_sql), self.retention_ms),

@@ -77,7 +77,8 @@ impl Leftover {
             let drop = format!("DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\"");
             let _ = sqlx::raw_sql(&drop).execute(store.pool()).await;
         }
-        drop(self);
+        // A directory is deleted as `self` goes out of scope here.
+        let _ = self;
     }
 }
 
