@@ -1,17 +1,90 @@
 //! Engine behaviour from DESIGN.md ("The engine"), driven over each store.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{Error, Fingerprint, Idempotency, OnLocked, Outcome, RecordState};
+use crate::{Call, Error, Fingerprint, Idempotency, Key, OnLocked, Outcome, RecordState};
 
 use super::store::{claim, key, wait, LONG, PAST_SHORT, SHORT};
 use super::Harness;
 
 fn engine(h: &impl Harness) -> Idempotency {
     Idempotency::from_arc(h.store())
+}
+
+/// Another caller of `k`, whose work (never meant to run) would return "thief".
+async fn thief(engine: &Idempotency, k: Key) -> Result<Outcome<String>, Error> {
+    engine
+        .call(k)
+        .run(async { Ok::<_, Error>("thief".to_string()) })
+        .await
+}
+
+/// `work` under `k` with a long lease, on a task of its own.
+fn spawn_long(
+    engine: &Idempotency,
+    k: Key,
+    work: impl Future<Output = Result<u32, Error>> + Send + 'static,
+) -> tokio::task::JoinHandle<Result<Outcome<u32>, Error>> {
+    let engine = engine.clone();
+    tokio::spawn(async move { engine.call(k).lease(LONG).run(work).await })
+}
+
+/// After a call of `k` was stopped, a retry waiting at most 10 s runs `value`'s work: the lease
+/// is 30 s, so it runs only if the stopped call released its claim.
+async fn retry_runs(engine: &Idempotency, k: Key, value: u32) {
+    let out = waiting(engine, k, Duration::from_secs(10))
+        .run(async move { Ok::<_, Error>(value) })
+        .await
+        .unwrap();
+    assert_eq!(out, Outcome::Fresh(value));
+}
+
+/// A call of `k` whose work returns `value`, which must not fail.
+async fn run_value(engine: &Idempotency, k: Key, value: u32) -> Outcome<u32> {
+    engine
+        .call(k)
+        .run(async move { Ok::<_, Error>(value) })
+        .await
+        .unwrap()
+}
+
+/// A call of `k` on a task of its own, holding the key once this returns: its work returns
+/// `value` when the returned sender fires (or is dropped).
+async fn hold<T>(
+    engine: &Idempotency,
+    k: Key,
+    value: T,
+) -> (
+    tokio::task::JoinHandle<Result<Outcome<T>, Error>>,
+    tokio::sync::oneshot::Sender<()>,
+)
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+{
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let engine = engine.clone();
+    let call = tokio::spawn(async move {
+        engine
+            .call(k)
+            .run(async move {
+                let _ = started_tx.send(());
+                let _ = finish_rx.await;
+                Ok::<_, Error>(value)
+            })
+            .await
+    });
+    started_rx.await.unwrap();
+    (call, finish_tx)
+}
+
+/// A call of `k` that waits up to `timeout` for a live claim on it.
+fn waiting(engine: &Idempotency, k: Key, timeout: Duration) -> Call<'_, Idempotency> {
+    engine.call(k).on_locked(OnLocked::Wait { timeout })
 }
 
 /// 1,000 concurrent engine calls over 20 keys: each key's work runs once, and all its callers get the same result.
@@ -90,21 +163,14 @@ pub async fn engine_renews_long_work(h: impl Harness) {
     };
     started_rx.await.unwrap();
     wait(lease_len * 3 / 2).await;
-    let probe = engine
-        .call(k)
-        .run(async { Ok::<_, Error>("thief".to_string()) })
-        .await;
+    let probe = thief(&engine, k).await;
     assert!(
         matches!(probe, Err(Error::Locked { .. })),
         "a live worker was taken over: {probe:?}"
     );
     let out = worker.await.unwrap().unwrap();
     assert_eq!(out, Outcome::Fresh("slow result".to_string()));
-    let replay = engine
-        .call(k)
-        .run(async { Ok::<_, Error>("thief".to_string()) })
-        .await
-        .unwrap();
+    let replay = thief(&engine, k).await.unwrap();
     assert_eq!(replay, Outcome::Replayed("slow result".to_string()));
 }
 
@@ -117,11 +183,7 @@ pub async fn engine_crashed_worker_frees_after_one_lease(h: impl Harness) {
     let blocked = engine.call(k).run(async { Ok::<_, Error>(1) }).await;
     assert!(matches!(blocked, Err(Error::Locked { .. })));
     wait(PAST_SHORT).await;
-    let out = engine
-        .call(k)
-        .run(async { Ok::<_, Error>(2) })
-        .await
-        .unwrap();
+    let out = run_value(&engine, k, 2).await;
     assert_eq!(out, Outcome::Fresh(2));
 }
 
@@ -159,63 +221,28 @@ pub async fn engine_cancelled_call_releases_claim(h: impl Harness) {
     let engine = engine(&h);
     let k = key("cancelled");
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let call = {
-        let engine = engine.clone();
-        tokio::spawn(async move {
-            engine
-                .call(k)
-                .lease(LONG)
-                .run(async {
-                    let _ = started_tx.send(());
-                    std::future::pending::<Result<u32, Error>>().await
-                })
-                .await
-        })
-    };
+    let call = spawn_long(&engine, k, async {
+        let _ = started_tx.send(());
+        std::future::pending::<Result<u32, Error>>().await
+    });
     started_rx.await.unwrap();
     call.abort();
     assert!(call.await.unwrap_err().is_cancelled());
-    // The lease is 30 s; waiting at most 10 s succeeds only if cancelling released the claim.
-    let out = engine
-        .call(k)
-        .on_locked(OnLocked::Wait {
-            timeout: Duration::from_secs(10),
-        })
-        .run(async { Ok::<_, Error>(3u32) })
-        .await
-        .unwrap();
-    assert_eq!(out, Outcome::Fresh(3));
+    retry_runs(&engine, k, 3).await;
 }
 
 /// A panicking call releases its claim.
 pub async fn engine_panicking_call_releases_claim(h: impl Harness) {
     let engine = engine(&h);
     let k = key("panics");
-    let call = {
-        let engine = engine.clone();
-        tokio::spawn(async move {
-            engine
-                .call(k)
-                .lease(LONG)
-                .run(async {
-                    tokio::task::yield_now().await;
-                    panic!("the work panicked");
-                    #[allow(unreachable_code)]
-                    Ok::<u32, Error>(0)
-                })
-                .await
-        })
-    };
+    let call = spawn_long(&engine, k, async {
+        tokio::task::yield_now().await;
+        panic!("the work panicked");
+        #[allow(unreachable_code)]
+        Ok::<u32, Error>(0)
+    });
     assert!(call.await.unwrap_err().is_panic());
-    let out = engine
-        .call(k)
-        .on_locked(OnLocked::Wait {
-            timeout: Duration::from_secs(10),
-        })
-        .run(async { Ok::<_, Error>(4u32) })
-        .await
-        .unwrap();
-    assert_eq!(out, Outcome::Fresh(4));
+    retry_runs(&engine, k, 4).await;
 }
 
 /// A key reused with another fingerprint is refused without running the work.
@@ -340,22 +367,7 @@ pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
     let engine = engine(&h);
     let store = h.store();
     let k = key("stale");
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
-    let stale = {
-        let engine = engine.clone();
-        tokio::spawn(async move {
-            engine
-                .call(k)
-                .run(async {
-                    let _ = started_tx.send(());
-                    let _ = finish_rx.await;
-                    Ok::<_, Error>("stale".to_string())
-                })
-                .await
-        })
-    };
-    started_rx.await.unwrap();
+    let (stale, finish_tx) = hold(&engine, k, "stale".to_string()).await;
     // An operator evicts the stuck key and another worker takes over and finishes.
     assert!(store.evict(&k).await.unwrap());
     let owner = engine
@@ -366,11 +378,7 @@ pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
     assert_eq!(owner, Outcome::Fresh("owner".to_string()));
     finish_tx.send(()).unwrap();
     assert!(matches!(stale.await.unwrap(), Err(Error::LeaseLost)));
-    let kept = engine
-        .call(k)
-        .run(async { Ok::<_, Error>("thief".to_string()) })
-        .await
-        .unwrap();
+    let kept = thief(&engine, k).await.unwrap();
     assert_eq!(kept, Outcome::Replayed("owner".to_string()));
 }
 
@@ -378,30 +386,11 @@ pub async fn engine_stale_completion_is_lease_lost(h: impl Harness) {
 pub async fn engine_wait_mode_replays(h: impl Harness) {
     let engine = engine(&h);
     let k = key("waited");
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
-    let first = {
-        let engine = engine.clone();
-        tokio::spawn(async move {
-            engine
-                .call(k)
-                .run(async {
-                    let _ = started_tx.send(());
-                    let _ = finish_rx.await;
-                    Ok::<_, Error>(11)
-                })
-                .await
-        })
-    };
-    started_rx.await.unwrap();
+    let (first, finish_tx) = hold(&engine, k, 11).await;
     let second = {
         let engine = engine.clone();
         tokio::spawn(async move {
-            engine
-                .call(k)
-                .on_locked(OnLocked::Wait {
-                    timeout: Duration::from_secs(20),
-                })
+            waiting(&engine, k, Duration::from_secs(20))
                 .run(async { Ok::<_, Error>(22) })
                 .await
         })
@@ -417,11 +406,7 @@ pub async fn engine_wait_mode_times_out(h: impl Harness) {
     let engine = engine(&h);
     let k = key("held");
     claim(&*h.store(), &k, LONG).await;
-    let out = engine
-        .call(k)
-        .on_locked(OnLocked::Wait {
-            timeout: Duration::from_millis(200),
-        })
+    let out = waiting(&engine, k, Duration::from_millis(200))
         .run(async { Ok::<_, Error>(1) })
         .await;
     match out {

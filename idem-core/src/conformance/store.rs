@@ -38,6 +38,20 @@ pub(super) async fn replayed(store: &dyn Store, key: &Key) -> Cached {
     }
 }
 
+/// `key` replays `response`.
+async fn assert_replays(store: &dyn Store, key: &Key, response: &[u8]) {
+    assert_eq!(
+        replayed(store, key).await.response.as_deref(),
+        Some(response)
+    );
+}
+
+/// A fenced operation was refused: the claim no longer owns its record.
+#[track_caller]
+fn assert_lease_lost(result: Result<(), Error>) {
+    assert!(matches!(result, Err(Error::LeaseLost)), "{result:?}");
+}
+
 pub(super) async fn wait(d: Duration) {
     tokio::time::sleep(d).await;
 }
@@ -195,22 +209,13 @@ pub async fn stale_claim_is_fenced(h: impl Harness) {
     let stale = claim(&*s, &k, SHORT).await;
     wait(PAST_SHORT).await;
     let owner = claim(&*s, &k, LONG).await;
-    assert!(matches!(s.renew(&stale, LONG).await, Err(Error::LeaseLost)));
-    assert!(matches!(
-        s.complete(&stale, done(b"stale"), LONG).await,
-        Err(Error::LeaseLost)
-    ));
-    assert!(matches!(s.abort(&stale).await, Err(Error::LeaseLost)));
+    assert_lease_lost(s.renew(&stale, LONG).await);
+    assert_lease_lost(s.complete(&stale, done(b"stale"), LONG).await);
+    assert_lease_lost(s.abort(&stale).await);
     s.complete(&owner, done(b"owner"), LONG).await.unwrap();
-    assert!(matches!(
-        s.complete(&stale, done(b"stale"), LONG).await,
-        Err(Error::LeaseLost)
-    ));
-    assert!(matches!(s.abort(&stale).await, Err(Error::LeaseLost)));
-    assert_eq!(
-        replayed(&*s, &k).await.response.as_deref(),
-        Some(&b"owner"[..])
-    );
+    assert_lease_lost(s.complete(&stale, done(b"stale"), LONG).await);
+    assert_lease_lost(s.abort(&stale).await);
+    assert_replays(&*s, &k, b"owner").await;
 }
 
 /// Tokens are unique across a key's whole history: an aborted claim stays fenced after the key is claimed again.
@@ -221,17 +226,11 @@ pub async fn token_is_unique_across_abort_and_reclaim(h: impl Harness) {
     s.abort(&old).await.unwrap();
     let new = claim(&*s, &k, LONG).await;
     assert_ne!(old.token(), new.token());
-    assert!(matches!(
-        s.complete(&old, done(b"old"), LONG).await,
-        Err(Error::LeaseLost)
-    ));
-    assert!(matches!(s.renew(&old, LONG).await, Err(Error::LeaseLost)));
-    assert!(matches!(s.abort(&old).await, Err(Error::LeaseLost)));
+    assert_lease_lost(s.complete(&old, done(b"old"), LONG).await);
+    assert_lease_lost(s.renew(&old, LONG).await);
+    assert_lease_lost(s.abort(&old).await);
     s.complete(&new, done(b"new"), LONG).await.unwrap();
-    assert_eq!(
-        replayed(&*s, &k).await.response.as_deref(),
-        Some(&b"new"[..])
-    );
+    assert_replays(&*s, &k, b"new").await;
 }
 
 /// Abort deletes the record, so the key can be claimed again.
@@ -266,10 +265,7 @@ pub async fn complete_after_lease_end_without_takeover(h: impl Harness) {
     let c = claim(&*s, &k, SHORT).await;
     wait(PAST_SHORT).await;
     s.complete(&c, done(b"late"), LONG).await.unwrap();
-    assert_eq!(
-        replayed(&*s, &k).await.response.as_deref(),
-        Some(&b"late"[..])
-    );
+    assert_replays(&*s, &k, b"late").await;
 }
 
 /// A completed record replays until its retention ends; then the key starts again.
@@ -357,10 +353,7 @@ pub async fn evict_fences_running_claim(h: impl Harness) {
     let c = claim(&*s, &k, LONG).await;
     assert!(s.evict(&k).await.unwrap());
     assert!(!s.evict(&k).await.unwrap());
-    assert!(matches!(
-        s.complete(&c, done(b"r"), LONG).await,
-        Err(Error::LeaseLost)
-    ));
+    assert_lease_lost(s.complete(&c, done(b"r"), LONG).await);
     assert!(s.get(&k).await.unwrap().is_none());
 }
 
@@ -398,24 +391,15 @@ pub async fn complete_twice_keeps_the_first_result(h: impl Harness) {
     let c = claim(&*s, &k, LONG).await;
     s.complete(&c, done(b"first"), LONG).await.unwrap();
     s.complete(&c, done(b"second"), SHORT).await.unwrap();
-    assert!(matches!(s.abort(&c).await, Err(Error::LeaseLost)));
-    assert!(matches!(s.renew(&c, LONG).await, Err(Error::LeaseLost)));
+    assert_lease_lost(s.abort(&c).await);
+    assert_lease_lost(s.renew(&c, LONG).await);
     // The second completion's shorter retention did not replace the first one's either.
     wait(PAST_SHORT).await;
-    assert_eq!(
-        replayed(&*s, &k).await.response.as_deref(),
-        Some(&b"first"[..])
-    );
+    assert_replays(&*s, &k, b"first").await;
     // Another claim's record is still fenced off: completing the old claim is a lost lease.
     assert!(s.evict(&k).await.unwrap());
     let next = claim(&*s, &k, LONG).await;
-    assert!(matches!(
-        s.complete(&c, done(b"stale"), LONG).await,
-        Err(Error::LeaseLost)
-    ));
+    assert_lease_lost(s.complete(&c, done(b"stale"), LONG).await);
     s.complete(&next, done(b"next"), LONG).await.unwrap();
-    assert_eq!(
-        replayed(&*s, &k).await.response.as_deref(),
-        Some(&b"next"[..])
-    );
+    assert_replays(&*s, &k, b"next").await;
 }

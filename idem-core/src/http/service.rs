@@ -93,8 +93,97 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         // The clone takes the place of the service that was polled ready, which serves this call.
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(handle(self.config.clone(), inner, req))
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let config = self.config.clone();
+        Box::pin(async move {
+            if !config.methods.contains(req.method()) {
+                return pass(inner, req).await;
+            }
+            let client_key = match client_key(
+                req.headers().get_all(IDEMPOTENCY_KEY),
+                config.accept_bare_keys,
+            ) {
+                Ok(Some(k)) => k,
+                Ok(None) if config.require_key => {
+                    return Ok(Problem::KeyMissing.response(
+                        &config.problems,
+                        format!(
+                            "{} requests to this API need an Idempotency-Key header, e.g. \
+                         Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
+                            req.method()
+                        ),
+                    ))
+                }
+                Ok(None) => return pass(inner, req).await,
+                Err(e) => return Ok(Problem::KeyMalformed.response(&config.problems, e)),
+            };
+            let (parts, body) = req.into_parts();
+            let key = match record_key(&config, &parts, &client_key) {
+                Ok(key) => key,
+                Err((problem, detail)) => return Ok(problem.response(&config.problems, detail)),
+            };
+            let body = match read_request(body, &parts.headers, config.max_request_body).await {
+                Ok(body) => body,
+                Err(ReadError::TooLarge) => {
+                    return Ok(Problem::BodyTooLarge.response(
+                        &config.problems,
+                        format!(
+                            "requests with an Idempotency-Key may carry at most {} bytes of body",
+                            config.max_request_body
+                        ),
+                    ))
+                }
+                Err(ReadError::Failed(e)) => {
+                    return Ok(Problem::BodyUnreadable
+                        .response(&config.problems, format!("reading the body failed: {e}")))
+                }
+            };
+            let fingerprint = config.fingerprint.of(&parts.method, &parts.uri, &body);
+            let req = Request::from_parts(parts, ReqBody::from(body));
+
+            let limit = config.engine.policy().max_response_bytes();
+            let store_if = config.store_if.clone();
+            // Detached from the connection: once claimed, the handler runs to its end and its response
+            // is stored even if the client goes away, so the client's retry replays it instead of
+            // running the handler a second time.
+            let work = async move {
+                let response = inner.call(req).await.map_err(Failure::Service)?;
+                let (parts, body) = response.into_parts();
+                let body = Body::new(body);
+                if !store_if(parts.status, &parts.headers) {
+                    return Err(Failure::Pass(Response::from_parts(parts, body)));
+                }
+                let room = limit.saturating_sub(stored::head_len(&parts));
+                Ok(match read_response(body, room).await {
+                    Buffered::Whole(body) => Reply::Stored(Captured { parts, body }),
+                    Buffered::Unstorable { body, why } => Reply::Unstorable {
+                        response: Response::from_parts(parts, body),
+                        why,
+                    },
+                })
+            };
+            let outcome = config
+                .engine
+                .call(key)
+                .fingerprint(fingerprint)
+                .overrides(config.options)
+                .scope_shared(config.scope.clone())
+                .run_detached_encoded(work, Reply::encode, Reply::decode)
+                .await;
+            match outcome {
+                Ok(Outcome::Fresh(reply)) => Ok(reply.into_response()),
+                Ok(Outcome::Replayed(reply)) => {
+                    let mut response = reply.into_response();
+                    response
+                        .headers_mut()
+                        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                    Ok(response)
+                }
+                Err(Failure::Pass(response)) => Ok(response),
+                Err(Failure::Service(e)) => Err(e),
+                Err(Failure::Idem(e)) => Ok(from_engine(&config.problems, e)),
+            }
+        })
     }
 }
 
@@ -144,110 +233,6 @@ enum Failure<E> {
 impl<E> From<Error> for Failure<E> {
     fn from(e: Error) -> Self {
         Failure::Idem(e)
-    }
-}
-
-async fn handle<S, C, ReqBody, ResBody>(
-    config: Arc<Config<C>>,
-    mut inner: S,
-    req: Request<ReqBody>,
-) -> Result<Response<Body>, S::Error>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    C: Codec,
-    ReqBody: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
-{
-    if !config.methods.contains(req.method()) {
-        return pass(inner, req).await;
-    }
-    let client_key = match client_key(
-        req.headers().get_all(IDEMPOTENCY_KEY),
-        config.accept_bare_keys,
-    ) {
-        Ok(Some(k)) => k,
-        Ok(None) if config.require_key => {
-            return Ok(Problem::KeyMissing.response(
-                &config.problems,
-                format!(
-                    "{} requests to this API need an Idempotency-Key header, e.g. \
-                     Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
-                    req.method()
-                ),
-            ))
-        }
-        Ok(None) => return pass(inner, req).await,
-        Err(e) => return Ok(Problem::KeyMalformed.response(&config.problems, e)),
-    };
-    let (parts, body) = req.into_parts();
-    let key = match record_key(&config, &parts, &client_key) {
-        Ok(key) => key,
-        Err((problem, detail)) => return Ok(problem.response(&config.problems, detail)),
-    };
-    let body = match read_request(body, &parts.headers, config.max_request_body).await {
-        Ok(body) => body,
-        Err(ReadError::TooLarge) => {
-            return Ok(Problem::BodyTooLarge.response(
-                &config.problems,
-                format!(
-                    "requests with an Idempotency-Key may carry at most {} bytes of body",
-                    config.max_request_body
-                ),
-            ))
-        }
-        Err(ReadError::Failed(e)) => {
-            return Ok(Problem::BodyUnreadable
-                .response(&config.problems, format!("reading the body failed: {e}")))
-        }
-    };
-    let fingerprint = config.fingerprint.of(&parts.method, &parts.uri, &body);
-    let req = Request::from_parts(parts, ReqBody::from(body));
-
-    let limit = config.engine.policy().max_response_bytes();
-    let store_if = config.store_if.clone();
-    // Detached from the connection: once claimed, the handler runs to its end and its response
-    // is stored even if the client goes away, so the client's retry replays it instead of
-    // running the handler a second time.
-    let work = async move {
-        let response = inner.call(req).await.map_err(Failure::Service)?;
-        let (parts, body) = response.into_parts();
-        let body = Body::new(body);
-        if !store_if(parts.status, &parts.headers) {
-            return Err(Failure::Pass(Response::from_parts(parts, body)));
-        }
-        let room = limit.saturating_sub(stored::head_len(&parts));
-        Ok(match read_response(body, room).await {
-            Buffered::Whole(body) => Reply::Stored(Captured { parts, body }),
-            Buffered::Unstorable { body, why } => Reply::Unstorable {
-                response: Response::from_parts(parts, body),
-                why,
-            },
-        })
-    };
-    let outcome = config
-        .engine
-        .call(key)
-        .fingerprint(fingerprint)
-        .overrides(config.options)
-        .scope_shared(config.scope.clone())
-        .run_detached_encoded(work, Reply::encode, Reply::decode)
-        .await;
-    match outcome {
-        Ok(Outcome::Fresh(reply)) => Ok(reply.into_response()),
-        Ok(Outcome::Replayed(reply)) => {
-            let mut response = reply.into_response();
-            response
-                .headers_mut()
-                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-            Ok(response)
-        }
-        Err(Failure::Pass(response)) => Ok(response),
-        Err(Failure::Service(e)) => Err(e),
-        Err(Failure::Idem(e)) => Ok(from_engine(&config.problems, e)),
     }
 }
 
