@@ -31,6 +31,14 @@ pub(super) async fn claim(store: &dyn Store, key: &Key, lease: Duration) -> Clai
     }
 }
 
+/// The harness's store, the key `a`, and a claim on it for `lease`.
+async fn claimed(h: &impl Harness, lease: Duration) -> (std::sync::Arc<dyn Store>, Key, Claim) {
+    let s = h.store();
+    let k = key("a");
+    let c = claim(&*s, &k, lease).await;
+    (s, k, c)
+}
+
 pub(super) async fn replayed(store: &dyn Store, key: &Key) -> Cached {
     match store.start(key, None, LONG).await.unwrap() {
         Start::Completed(c) => c,
@@ -46,6 +54,18 @@ async fn assert_replays(store: &dyn Store, key: &Key, response: &[u8]) {
     );
 }
 
+/// A live claim holds `key`: a start is refused.
+async fn assert_locked(store: &dyn Store, key: &Key) {
+    let start = store.start(key, None, LONG).await.unwrap();
+    assert!(matches!(start, Start::Locked { .. }), "{start:?}");
+}
+
+/// Bad input was refused as such.
+#[track_caller]
+fn assert_invalid<T: std::fmt::Debug>(result: Result<T, Error>) {
+    assert!(matches!(result, Err(Error::InvalidConfig(_))), "{result:?}");
+}
+
 /// A fenced operation was refused: the claim no longer owns its record.
 #[track_caller]
 fn assert_lease_lost(result: Result<(), Error>) {
@@ -58,9 +78,7 @@ pub(super) async fn wait(d: Duration) {
 
 /// A new key is started, and the claim names it.
 pub async fn new_key_starts(h: impl Harness) {
-    let s = h.store();
-    let k = key("a");
-    let c = claim(&*s, &k, LONG).await;
+    let (_, k, c) = claimed(&h, LONG).await;
     assert_eq!(c.key(), &k);
 }
 
@@ -110,9 +128,7 @@ pub async fn live_claim_locks(h: impl Harness) {
 
 /// A completed record replays its response and error flag, every time.
 pub async fn completed_replays(h: impl Harness) {
-    let s = h.store();
-    let k = key("a");
-    let c = claim(&*s, &k, LONG).await;
+    let (s, k, c) = claimed(&h, LONG).await;
     s.complete(
         &c,
         Completion {
@@ -132,9 +148,7 @@ pub async fn completed_replays(h: impl Harness) {
 
 /// A record completed without a response replays as such.
 pub async fn completed_without_response_replays(h: impl Harness) {
-    let s = h.store();
-    let k = key("a");
-    let c = claim(&*s, &k, LONG).await;
+    let (s, k, c) = claimed(&h, LONG).await;
     s.complete(
         &c,
         Completion {
@@ -194,9 +208,7 @@ pub async fn matching_or_absent_fingerprint_replays(h: impl Harness) {
 
 /// **Lease is not retention**: a claim whose lease ended is taken over, with a new token.
 pub async fn expired_lease_is_taken_over(h: impl Harness) {
-    let s = h.store();
-    let k = key("a");
-    let first = claim(&*s, &k, SHORT).await;
+    let (s, k, first) = claimed(&h, SHORT).await;
     wait(PAST_SHORT).await;
     let second = claim(&*s, &k, LONG).await;
     assert_ne!(first.token(), second.token());
@@ -204,9 +216,7 @@ pub async fn expired_lease_is_taken_over(h: impl Harness) {
 
 /// **Fencing**: a claim taken over can neither renew, complete nor abort, before or after the new owner completes.
 pub async fn stale_claim_is_fenced(h: impl Harness) {
-    let s = h.store();
-    let k = key("a");
-    let stale = claim(&*s, &k, SHORT).await;
+    let (s, k, stale) = claimed(&h, SHORT).await;
     wait(PAST_SHORT).await;
     let owner = claim(&*s, &k, LONG).await;
     assert_lease_lost(s.renew(&stale, LONG).await);
@@ -220,9 +230,7 @@ pub async fn stale_claim_is_fenced(h: impl Harness) {
 
 /// Tokens are unique across a key's whole history: an aborted claim stays fenced after the key is claimed again.
 pub async fn token_is_unique_across_abort_and_reclaim(h: impl Harness) {
-    let s = h.store();
-    let k = key("a");
-    let old = claim(&*s, &k, LONG).await;
+    let (s, k, old) = claimed(&h, LONG).await;
     s.abort(&old).await.unwrap();
     let new = claim(&*s, &k, LONG).await;
     assert_ne!(old.token(), new.token());
@@ -235,9 +243,7 @@ pub async fn token_is_unique_across_abort_and_reclaim(h: impl Harness) {
 
 /// Abort deletes the record, so the key can be claimed again.
 pub async fn abort_frees_key(h: impl Harness) {
-    let s = h.store();
-    let k = key("a");
-    let c = claim(&*s, &k, LONG).await;
+    let (s, k, c) = claimed(&h, LONG).await;
     s.abort(&c).await.unwrap();
     assert!(s.get(&k).await.unwrap().is_none());
     claim(&*s, &k, LONG).await;
@@ -245,24 +251,17 @@ pub async fn abort_frees_key(h: impl Harness) {
 
 /// Renewing extends a lease past its first end.
 pub async fn renew_extends_lease(h: impl Harness) {
-    let s = h.store();
-    let k = key("a");
-    let c = claim(&*s, &k, SHORT).await;
+    let (s, k, c) = claimed(&h, SHORT).await;
     s.renew(&c, LONG).await.unwrap();
     wait(PAST_SHORT).await;
-    assert!(matches!(
-        s.start(&k, None, LONG).await.unwrap(),
-        Start::Locked { .. }
-    ));
+    assert_locked(&*s, &k).await;
     s.complete(&c, done(b"r"), LONG).await.unwrap();
 }
 
 /// A claim whose lease ended may still complete while nobody took the key over.
 pub async fn complete_after_lease_end_without_takeover(h: impl Harness) {
     // Nobody else claimed the key, so the record still carries this token: completing is safe.
-    let s = h.store();
-    let k = key("a");
-    let c = claim(&*s, &k, SHORT).await;
+    let (s, k, c) = claimed(&h, SHORT).await;
     wait(PAST_SHORT).await;
     s.complete(&c, done(b"late"), LONG).await.unwrap();
     assert_replays(&*s, &k, b"late").await;
@@ -270,9 +269,7 @@ pub async fn complete_after_lease_end_without_takeover(h: impl Harness) {
 
 /// A completed record replays until its retention ends; then the key starts again.
 pub async fn retention_ends_then_runs_again(h: impl Harness) {
-    let s = h.store();
-    let k = key("a");
-    let c = claim(&*s, &k, LONG).await;
+    let (s, k, c) = claimed(&h, LONG).await;
     s.complete(&c, done(b"r"), SHORT).await.unwrap();
     replayed(&*s, &k).await;
     wait(PAST_SHORT).await;
@@ -348,9 +345,7 @@ pub async fn get_reports_live_records_only(h: impl Harness) {
 
 /// `evict` deletes a record, fencing the claim that was running on it.
 pub async fn evict_fences_running_claim(h: impl Harness) {
-    let s = h.store();
-    let k = key("a");
-    let c = claim(&*s, &k, LONG).await;
+    let (s, k, c) = claimed(&h, LONG).await;
     assert!(s.evict(&k).await.unwrap());
     assert!(!s.evict(&k).await.unwrap());
     assert_lease_lost(s.complete(&c, done(b"r"), LONG).await);
@@ -361,20 +356,11 @@ pub async fn evict_fences_running_claim(h: impl Harness) {
 pub async fn bad_durations_change_nothing(h: impl Harness) {
     let s = h.store();
     let k = key("a");
-    assert!(matches!(
-        s.start(&k, None, Duration::ZERO).await,
-        Err(Error::InvalidConfig(_))
-    ));
+    assert_invalid(s.start(&k, None, Duration::ZERO).await);
     assert!(s.get(&k).await.unwrap().is_none());
     let c = claim(&*s, &k, LONG).await;
-    assert!(matches!(
-        s.complete(&c, done(b"r"), Duration::ZERO).await,
-        Err(Error::InvalidConfig(_))
-    ));
-    assert!(matches!(
-        s.renew(&c, Duration::ZERO).await,
-        Err(Error::InvalidConfig(_))
-    ));
+    assert_invalid(s.complete(&c, done(b"r"), Duration::ZERO).await);
+    assert_invalid(s.renew(&c, Duration::ZERO).await);
     assert!(matches!(
         s.get(&k).await.unwrap().unwrap().state,
         RecordState::InProgress { .. }
@@ -386,9 +372,7 @@ pub async fn bad_durations_change_nothing(h: impl Harness) {
 /// learns that it landed: `Ok`, and the first result stands. A completed claim can still be
 /// neither aborted nor renewed.
 pub async fn complete_twice_keeps_the_first_result(h: impl Harness) {
-    let s = h.store();
-    let k = key("a");
-    let c = claim(&*s, &k, LONG).await;
+    let (s, k, c) = claimed(&h, LONG).await;
     s.complete(&c, done(b"first"), LONG).await.unwrap();
     s.complete(&c, done(b"second"), SHORT).await.unwrap();
     assert_lease_lost(s.abort(&c).await);
