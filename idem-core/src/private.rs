@@ -39,20 +39,21 @@ impl<C: Codec> AsEngine for Idempotency<C> {
     }
 }
 
-/// `&T` and `Arc<T>` name the engine `T` names.
-macro_rules! through_pointers {
-    ($trait:ident { $($item:tt)* }) => {
-        impl<T: $trait + ?Sized> $trait for &T { $($item)* }
-        impl<T: $trait + ?Sized> $trait for Arc<T> { $($item)* }
-    };
-}
-
-through_pointers!(AsEngine {
+// `&T` and `Arc<T>` name the engine `T` names. Written out, not by a macro: rustc lists these
+// impls in the attribute's diagnostics, and a macro's body would show there instead.
+impl<T: AsEngine + ?Sized> AsEngine for &T {
     type Codec = T::Codec;
     fn as_engine(&self) -> &Idempotency<T::Codec> {
         (**self).as_engine()
     }
-});
+}
+
+impl<T: AsEngine + ?Sized> AsEngine for Arc<T> {
+    type Codec = T::Codec;
+    fn as_engine(&self) -> &Idempotency<T::Codec> {
+        (**self).as_engine()
+    }
+}
 
 pub use crate::key::KeyPart;
 
@@ -166,13 +167,22 @@ impl<S: TransactionalStore, C: Codec> AsTransactional for Transactional<S, C> {
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-through_pointers!(AsTransactional {
+impl<T: AsTransactional + ?Sized> AsTransactional for &T {
     type Store = T::Store;
     type Codec = T::Codec;
     fn as_transactional(&self) -> &Transactional<T::Store, T::Codec> {
         (**self).as_transactional()
     }
-});
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<T: AsTransactional + ?Sized> AsTransactional for Arc<T> {
+    type Store = T::Store;
+    type Codec = T::Codec;
+    fn as_transactional(&self) -> &Transactional<T::Store, T::Codec> {
+        (**self).as_transactional()
+    }
+}
 
 /// The connection type of the transactional engine `En`.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
