@@ -171,8 +171,8 @@ impl Results {
              | `Idempotency::run`, new key (claim + work + JSON + complete) | {} |\n\
              | `Idempotency::run`, replay | {} |\n\n\
              Metrics and tracing left on (feature `metrics`, a Prometheus recorder and a JSON \
-             subscriber at INFO installed), new key + replay on one current-thread runtime, best of \
-             the rounds: {} ns off, {} ns on, overhead {:+.1} %.\n",
+             subscriber at INFO installed), new key + replay on one current-thread runtime, the round \
+             with the median ratio of 9: {} ns off, {} ns on, overhead {:+.1} %.\n",
             m.calls,
             m.store_claim_complete.as_nanos(),
             m.engine_fresh.as_nanos(),
