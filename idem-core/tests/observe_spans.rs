@@ -7,6 +7,17 @@ use std::sync::{Arc, Mutex};
 
 use idem_core::{Error, Idempotency, Key, MemoryStore};
 
+/// Runs `body` on a current-thread runtime with `subscriber` as this thread's default.
+fn under(subscriber: impl tracing::Subscriber + Send + Sync, body: impl std::future::Future) {
+    tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(body);
+    });
+}
+
 /// Whatever a tracing subscriber receives: span names with their fields, and event fields.
 #[derive(Default, Clone)]
 struct Captured(Arc<Mutex<Vec<Record>>>);
@@ -89,34 +100,28 @@ fn spans_carry_scope_short_key_and_outcome_never_the_key_or_response() {
     let captured = Captured::default();
     let subscriber = tracing_subscriber::registry().with(captured.clone());
     let key = Key::derive("charge", "tenant-1", CLIENT_KEY).unwrap();
-    tracing::subscriber::with_default(subscriber, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
+    under(subscriber, async {
+        let engine = Idempotency::builder(MemoryStore::new())
+            .max_response_bytes(64)
             .build()
             .unwrap();
-        runtime.block_on(async {
-            let engine = Idempotency::builder(MemoryStore::new())
-                .max_response_bytes(64)
-                .build()
-                .unwrap();
-            for _ in 0..2 {
-                engine
-                    .call(key)
-                    .scope("charge")
-                    .run(async { Ok::<_, Error>(RESPONSE.to_owned()) })
-                    .await
-                    .unwrap();
-            }
-            // Not retained: the path that logs a warning with its reason.
-            let big = Key::derive("charge", "tenant-1", "big").unwrap();
-            let body = format!("{RESPONSE}{}", "x".repeat(100));
+        for _ in 0..2 {
             engine
-                .call(big)
+                .call(key)
                 .scope("charge")
-                .run(async { Ok::<_, Error>(body) })
+                .run(async { Ok::<_, Error>(RESPONSE.to_owned()) })
                 .await
                 .unwrap();
-        });
+        }
+        // Not retained: the path that logs a warning with its reason.
+        let big = Key::derive("charge", "tenant-1", "big").unwrap();
+        let body = format!("{RESPONSE}{}", "x".repeat(100));
+        engine
+            .call(big)
+            .scope("charge")
+            .run(async { Ok::<_, Error>(body) })
+            .await
+            .unwrap();
     });
     let records = captured.0.lock().unwrap().clone();
     let spans: Vec<&BTreeMap<String, String>> = records
@@ -174,20 +179,14 @@ fn json_output_shows_the_call_span() {
         .with_writer(move || writer.clone())
         .finish();
     let key = Key::derive("charge", "tenant-1", "client-key-1").unwrap();
-    tracing::subscriber::with_default(subscriber, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
+    under(subscriber, async {
+        let engine = Idempotency::new(MemoryStore::new());
+        engine
+            .call(key)
+            .scope("charge")
+            .run(async { Ok::<_, Error>(1) })
+            .await
             .unwrap();
-        runtime.block_on(async {
-            let engine = Idempotency::new(MemoryStore::new());
-            engine
-                .call(key)
-                .scope("charge")
-                .run(async { Ok::<_, Error>(1) })
-                .await
-                .unwrap();
-        });
     });
     let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
     let events: Vec<serde_json::Value> = text
