@@ -132,6 +132,14 @@ pub trait Harness: Sized + Send + Sync + 'static {
 
     /// The store under test.
     fn store(&self) -> Arc<dyn Store>;
+
+    /// Whether the store deletes expired records by itself, as Redis does with key expiry, so
+    /// that [`Store::prune_expired`] has nothing left to delete and returns 0. The prune rules
+    /// then check that expired records are gone and live ones stay, instead of counting what
+    /// `prune_expired` deleted. `false` unless overridden.
+    fn expires_by_itself(&self) -> bool {
+        false
+    }
 }
 
 /// Runs every rule in turn against a fresh store from `H` each, on the current runtime;
