@@ -169,6 +169,10 @@ pub(crate) fn check_scope(scope: &str) -> Result<(), KeyError> {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key([u8; 32]);
 
+/// A map keyed by [`Key`]s, hashed with foldhash (seeded per process) rather than SipHash: a key
+/// is already a digest, and SipHash cost more than the rest of a memory-store lookup.
+pub(crate) type KeyMap<V> = std::collections::HashMap<Key, V, foldhash::fast::RandomState>;
+
 impl Key {
     /// Derives the key of `client_key` sent by `caller` for the operation `scope`.
     ///

@@ -282,7 +282,9 @@ impl Instruments {
 #[cfg(feature = "metrics")]
 #[derive(Default)]
 pub(crate) struct Meters {
-    by_scope: std::sync::RwLock<std::collections::HashMap<Box<str>, Arc<Instruments>>>,
+    by_scope: std::sync::RwLock<
+        std::collections::HashMap<Box<str>, Arc<Instruments>, foldhash::fast::RandomState>,
+    >,
 }
 
 #[cfg(feature = "metrics")]

@@ -1,12 +1,12 @@
 //! An in-process cache of completed records, so a replay of a hot key costs no round trip.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::key::{Fingerprint, Key};
+use crate::key::{Fingerprint, Key, KeyMap};
 use crate::record::Cached;
 
 /// Settings of an engine's in-process cache of completed records, set with
@@ -90,7 +90,7 @@ struct Entry {
 
 #[derive(Default)]
 struct Entries {
-    map: HashMap<Key, Entry>,
+    map: KeyMap<Entry>,
     /// Keys in insertion order, with the generation inserted; stale places are skipped.
     order: VecDeque<(Key, u64)>,
     bytes: usize,

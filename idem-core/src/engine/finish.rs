@@ -3,7 +3,6 @@
 //! work runs, a failed completion is retried in the background, and releases under way are
 //! visible to retries in this process.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::{pin, Pin};
@@ -17,7 +16,7 @@ use tokio::time::Instant;
 
 use super::Shared;
 use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::key::{Fingerprint, Key};
+use crate::key::{Fingerprint, Key, KeyMap};
 use crate::record::{Claim, Completion, Start};
 use crate::store::Store;
 
@@ -360,7 +359,7 @@ async fn release(store: &dyn Store, claim: &Claim) {
 pub(super) struct Releases {
     /// How many releases are under way: zero lets every call skip the map.
     pending: AtomicUsize,
-    keys: Mutex<HashMap<Key, ReleaseSlot>>,
+    keys: Mutex<KeyMap<ReleaseSlot>>,
 }
 
 struct ReleaseSlot {
@@ -375,7 +374,7 @@ struct Releasing {
 }
 
 impl Releases {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, ReleaseSlot>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeyMap<ReleaseSlot>> {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

@@ -1,13 +1,12 @@
 //! Who waits for a key in this process, and how long work typically takes (for `retry_after`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::key::Key;
+use crate::key::{Key, KeyMap};
 
 /// A running estimate of how long this engine's work takes, for `retry_after`: an exponentially
 /// weighted mean over recent calls (weight 1/8), in microseconds; zero until the first call.
@@ -47,7 +46,7 @@ impl Typical {
 /// Per-key wake-ups shared by the waiters of one engine.
 #[derive(Default)]
 pub(super) struct Waiters {
-    slots: Mutex<HashMap<Key, Arc<Slot>>>,
+    slots: Mutex<KeyMap<Arc<Slot>>>,
 }
 
 #[derive(Default)]
@@ -60,7 +59,7 @@ pub(super) struct Slot {
 }
 
 impl Waiters {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<Slot>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeyMap<Arc<Slot>>> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

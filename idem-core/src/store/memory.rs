@@ -1,6 +1,6 @@
 //! [`MemoryStore`]: records in a hash map, for tests and single-process services.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
-use crate::key::{Fingerprint, Key, Token};
+use crate::key::{Fingerprint, Key, KeyMap, Token};
 use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
 use crate::store::{check_duration, check_fingerprint, Store};
 
@@ -53,7 +53,7 @@ fn shard_of(key: &Key) -> usize {
 
 /// The records and their expiry index, always changed together under the store's one lock.
 struct Records {
-    shards: Vec<HashMap<Key, Entry>>,
+    shards: Vec<KeyMap<Entry>>,
     len: usize,
     /// Every record's `(expires_at, key)`, exactly one per record, earliest first: expired
     /// records are found at the front without looking at any live one.
@@ -68,7 +68,7 @@ impl Default for Records {
     fn default() -> Self {
         Records {
             // An empty `HashMap` allocates nothing, so idle shards cost a few words each.
-            shards: (0..SHARDS).map(|_| HashMap::new()).collect(),
+            shards: (0..SHARDS).map(|_| KeyMap::default()).collect(),
             len: 0,
             by_expiry: BTreeSet::new(),
             #[cfg(test)]
@@ -445,7 +445,7 @@ mod tests {
 
     impl Records {
         fn capacity(&self) -> usize {
-            self.shards.iter().map(HashMap::capacity).sum()
+            self.shards.iter().map(KeyMap::capacity).sum()
         }
     }
 
