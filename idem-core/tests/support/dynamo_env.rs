@@ -39,7 +39,12 @@ pub fn current_test() -> String {
 /// A client of the server at `endpoint` with static test credentials, bounded timeouts and the
 /// SDK's standard retries.
 pub fn client(endpoint: &str) -> Client {
-    let config = aws_sdk_dynamodb::Config::builder()
+    Client::from_conf(config(endpoint).build())
+}
+
+/// The configuration of [`client`], to add to.
+pub fn config(endpoint: &str) -> aws_sdk_dynamodb::config::Builder {
+    aws_sdk_dynamodb::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new(
@@ -57,8 +62,6 @@ pub fn client(endpoint: &str) -> Client {
                 .operation_timeout(Duration::from_secs(30))
                 .build(),
         )
-        .build();
-    Client::from_conf(config)
 }
 
 /// A table name no other test uses.
