@@ -23,6 +23,10 @@ mod pruner;
 mod record;
 mod store;
 
+/// The aws-sdk-dynamodb (1.x) whose `Client` a [`DynamoStore`] is built on. Use this path to
+/// name the very version idem uses.
+#[cfg(feature = "dynamodb")]
+pub use aws_sdk_dynamodb;
 /// The sqlx (0.8) this crate is built with: its pools and connections appear in the SQL stores'
 /// API (`SqliteStore::pool`, `TransactionalStore::Connection`) and the kit's. Use this path to
 /// name the very version idem uses. A major version of sqlx changes idem's major version.
@@ -53,6 +57,8 @@ pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
 pub use store::admin::{ListState, StoreAdmin, StoreStats};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::claim_order::ClaimOrder;
+#[cfg(feature = "dynamodb")]
+pub use store::dynamodb::{DynamoStore, DynamoStoreBuilder};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder};

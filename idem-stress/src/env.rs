@@ -80,3 +80,23 @@ pub fn faketime_lib(test: &str) -> Option<PathBuf> {
         }
     }
 }
+
+/// The shared DynamoDB-compatible server's endpoint (`IDEM_TEST_DYNAMODB_URL`, e.g.
+/// `http://127.0.0.1:8000`), or `None` after printing why the test skips; a failure instead
+/// under `IDEM_REQUIRE_DYNAMODB=1` (set by `scripts/test`).
+///
+/// ```
+/// let _url = idem_stress::env::dynamodb_url("doc_example");
+/// ```
+pub fn dynamodb_url(test: &str) -> Option<String> {
+    match std::env::var("IDEM_TEST_DYNAMODB_URL") {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ if std::env::var("IDEM_REQUIRE_DYNAMODB").is_ok_and(|v| v == "1") => panic!(
+            "{test}: IDEM_TEST_DYNAMODB_URL is not set, and IDEM_REQUIRE_DYNAMODB=1 requires it"
+        ),
+        _ => {
+            eprintln!("skipping {test}: IDEM_TEST_DYNAMODB_URL is not set");
+            None
+        }
+    }
+}

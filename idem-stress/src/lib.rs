@@ -6,11 +6,13 @@
 //! or clock-skew them, and compare their reports with what the database holds.
 //!
 //! This library holds what the tests share: the environment rules ([`env`]), a handle on a
-//! running worker ([`worker`]) and a throwaway PostgreSQL cluster ([`cluster`]).
+//! running worker ([`worker`]), a throwaway PostgreSQL cluster ([`cluster`]) and opening any
+//! store by URL ([`stores`], for the `storm-kv` mode that runs against every backend).
 #![forbid(unsafe_code)]
 
 pub mod cluster;
 pub mod env;
+pub mod stores;
 pub mod worker;
 
 /// The key of the `i`-th test key, as every worker and test derives it.

@@ -1,6 +1,7 @@
 //! The [`Store`] trait and its backends.
 //!
-//! The backends: [`memory`], `sqlite` (feature `sqlite`) and `postgres` (feature `postgres`). The
+//! The backends: [`memory`], `sqlite` (feature `sqlite`), `postgres` (feature `postgres`) and
+//! `dynamodb` (feature `dynamodb`, laid out on its own: DynamoDB speaks no SQL). The
 //! two SQL stores are laid out alike (`mod.rs` the store and its builder, `schema.rs` its
 //! migrations, `protocol.rs` its tie to the shared store protocol) and share everything else in
 //! `store/sql/`: the protocol, written once against a connection, the dialect, the table name,
@@ -23,6 +24,8 @@ pub(crate) use sql::protocol::TransactionalStore;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod claim_order;
+#[cfg(feature = "dynamodb")]
+pub mod dynamodb;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -10,6 +10,11 @@
 
 use idem_core::conformance::suite;
 
+#[cfg(feature = "dynamodb")]
+#[path = "../support/dynamo_env.rs"]
+mod dynamo_env;
+#[cfg(feature = "dynamodb")]
+mod dynamodb;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod harness;
 mod memory;
@@ -66,5 +71,12 @@ suite!(
 suite!(
     postgres_read_first,
     crate::postgres::PgHarness<2>,
+    (flavor = "multi_thread", worker_threads = 2)
+);
+
+#[cfg(feature = "dynamodb")]
+suite!(
+    dynamodb_store,
+    crate::dynamodb::DynamoHarness,
     (flavor = "multi_thread", worker_threads = 2)
 );

@@ -5,6 +5,9 @@
 
 mod cases;
 mod config;
+#[cfg(feature = "dynamodb")]
+#[path = "../support/dynamo_env.rs"]
+mod dynamo_env;
 #[cfg(feature = "postgres")]
 #[path = "../support/pg_env.rs"]
 mod pg_env;
@@ -66,6 +69,9 @@ enum Leftover {
     /// A table of its own on the shared PostgreSQL server.
     #[cfg(feature = "postgres")]
     PgTable(idem_core::PostgresStore),
+    /// A server of the test's own (stopped when dropped), or a table on the shared one.
+    #[cfg(feature = "dynamodb")]
+    Dynamo(Option<dynamo_env::Server>, String, String),
 }
 
 impl Leftover {
@@ -109,8 +115,28 @@ async fn postgres() -> Option<(Arc<dyn Store>, Leftover)> {
     Some((Arc::new(store.clone()), Leftover::PgTable(store)))
 }
 
+/// A server of the test's own when `scripts/test` gave the command to start one (see
+/// `tests/conformance/dynamodb.rs` for why), else a fresh table on `IDEM_TEST_DYNAMODB_URL`.
+#[cfg(feature = "dynamodb")]
+async fn dynamodb() -> Option<(Arc<dyn Store>, Leftover)> {
+    let (url, server) = match dynamo_env::Server::command() {
+        Some(cmd) => {
+            let server = tokio::task::spawn_blocking(move || dynamo_env::Server::start(&cmd))
+                .await
+                .unwrap();
+            (server.url(), Some(server))
+        }
+        None => (dynamo_env::dynamo_url(&dynamo_env::current_test())?, None),
+    };
+    let store = dynamo_env::fresh_store(&url, |b| b).await;
+    let table = store.table().to_owned();
+    Some((Arc::new(store), Leftover::Dynamo(server, url, table)))
+}
+
 http_suite!(memory_store, crate::memory);
 #[cfg(feature = "sqlite")]
 http_suite!(sqlite_store, crate::sqlite);
 #[cfg(feature = "postgres")]
 http_suite!(postgres_store, crate::postgres);
+#[cfg(feature = "dynamodb")]
+http_suite!(dynamodb_store, crate::dynamodb);

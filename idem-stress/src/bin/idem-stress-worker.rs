@@ -25,9 +25,17 @@
 //!     it prints `waiting`, waits for a line on stdin (a stalled node), then tries
 //!     `renew <result>`, `complete <result>`, `abort <result>`; result is `ok`, `lease_lost` or
 //!     `error:<message>`.
+//!
+//! idem-stress-worker storm-kv --url U --namespace NS --name N --keys 100 --tasks 64
+//!                             [--lease-ms 2000] [--deadline-ms 300000]
+//!     the storm against any store, opened by URL (`idem_stress::stores::open`: postgres://,
+//!     dynamodb://…); the business function's side effect is a line, not a row:
+//!       exec <key> <token>         this process ran the work of <key> (one line per execution)
+//!       resp <key> <response>     the response a caller got (fresh or replayed)
+//!       lost <key>, locked <key>, error <key> <message> as in `storm`, and `done` at the end.
 //! ```
 //!
-//! Every mode first prints `clock <local unix µs> <server unix µs>` (how skewed this node is).
+//! Every mode but `storm-kv` first prints `clock <local unix µs> <server unix µs>` (how skewed this node is).
 //! Business executions go to the exec table (see `idem_stress::create_exec_table`): one row per
 //! execution, marked `completed` once `complete` succeeded.
 
@@ -41,6 +49,7 @@ use idem_core::{
     Claim, Completion, Error, Fingerprint, Idempotency, OnLocked, Outcome, PostgresStore, Start,
     Store, StoreError, StoreErrorKind,
 };
+use idem_stress::stores;
 use idem_stress::{key, key_name};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -54,7 +63,9 @@ struct Opts {
 impl Opts {
     fn parse() -> Result<Opts, String> {
         let mut args = std::env::args().skip(1);
-        let mode = args.next().ok_or("missing mode: storm, hold or claim")?;
+        let mode = args
+            .next()
+            .ok_or("missing mode: storm, storm-kv, hold or claim")?;
         let mut flags = HashMap::new();
         while let Some(flag) = args.next() {
             let name = flag
@@ -359,6 +370,91 @@ async fn storm(opts: &Opts) -> Result<(), String> {
     Ok(())
 }
 
+/// One caller of `key(i)` against any store: claims or waits until it has the key's response.
+/// The work is printing `exec <key> <token>`.
+async fn call_kv(
+    store: &dyn Store,
+    node: &str,
+    lease: Duration,
+    deadline: tokio::time::Instant,
+    i: usize,
+) -> Result<String, String> {
+    let name = key_name(i);
+    let (k, fp) = (key(i), fingerprint(&name));
+    let mut said_locked = false;
+    loop {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("deadline passed while {name} stayed locked"));
+        }
+        match store.start(&k, Some(&fp), lease).await {
+            Ok(Start::Started(claim)) => {
+                let token = token_hex(&claim);
+                println!("exec {name} {token}");
+                let response = format!("{name}|{node}|{token}");
+                let done = Completion {
+                    response: Some(response.as_bytes()),
+                    is_error: false,
+                };
+                match store.complete(&claim, done, RETENTION).await {
+                    Ok(()) => return Ok(response),
+                    Err(Error::LeaseLost) => println!("lost {name}"),
+                    Err(e) => return Err(format!("complete {name}: {e}")),
+                }
+            }
+            Ok(Start::Completed(cached)) => {
+                let bytes = cached.response.unwrap_or_default();
+                return String::from_utf8(bytes).map_err(|e| format!("response of {name}: {e}"));
+            }
+            Ok(Start::Locked { retry_after }) => {
+                if !said_locked {
+                    println!("locked {name}");
+                    said_locked = true;
+                }
+                tokio::time::sleep(backoff(retry_after)).await;
+            }
+            Err(e) => return Err(format!("start {name}: {e}")),
+        }
+    }
+}
+
+async fn storm_kv(opts: &Opts) -> Result<(), String> {
+    let keys = opts.num("keys", 100)? as usize;
+    let tasks = opts.num("tasks", 64)?;
+    let lease = opts.ms("lease-ms", 2000)?;
+    let node: Arc<str> = opts.str("name")?.into();
+    let store = stores::open(opts.str("url")?, opts.str("namespace")?).await;
+    println!("ready");
+    wait_for_stdin_line().await?;
+    let deadline = tokio::time::Instant::now() + opts.ms("deadline-ms", 300_000)?;
+    let failed = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (store, node, failed) = (store.clone(), node.clone(), failed.clone());
+        handles.push(tokio::spawn(async move {
+            let mut order: Vec<usize> = (0..keys).collect();
+            fastrand::shuffle(&mut order);
+            for i in order {
+                match call_kv(&*store, &node, lease, deadline, i).await {
+                    Ok(response) => println!("resp {} {response}", key_name(i)),
+                    Err(e) => {
+                        println!("error {} {e}", key_name(i));
+                        failed.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+    for h in handles {
+        h.await.map_err(|e| format!("task panicked: {e}"))?;
+    }
+    if failed.load(Ordering::SeqCst) {
+        return Err("some calls failed".to_owned());
+    }
+    println!("done");
+    Ok(())
+}
+
 async fn hold(opts: &Opts) -> Result<ExitCode, String> {
     let keys = opts.num("keys", 16)? as usize;
     let from = opts.num("from", 0)? as usize;
@@ -463,9 +559,12 @@ async fn main() -> ExitCode {
         Err(e) => Err(e),
         Ok(opts) => match opts.mode.as_str() {
             "storm" => storm(&opts).await.map(|()| ExitCode::SUCCESS),
+            "storm-kv" => storm_kv(&opts).await.map(|()| ExitCode::SUCCESS),
             "hold" => hold(&opts).await,
             "claim" => claim(&opts).await.map(|()| ExitCode::SUCCESS),
-            other => Err(format!("unknown mode {other}: storm, hold or claim")),
+            other => Err(format!(
+                "unknown mode {other}: storm, storm-kv, hold or claim"
+            )),
         },
     };
     match result {

@@ -1,0 +1,847 @@
+//! The DynamoStore (its docs hold the item layout, the requests of each call, the clock-skew
+//! bound, the item size rule and what DynamoDB cannot keep of the store rules).
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
+use aws_sdk_dynamodb::Client;
+
+use crate::clock::{Clock, SystemClock};
+use crate::envelope;
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::key::{Fingerprint, Key, Token};
+use crate::record::{Cached, Claim, Completion, Record, Start};
+use crate::store::{check_duration, check_fingerprint, Store};
+
+use item::{
+    duration_millis, millis, number, pk, time_of, token, ttl_seconds, Item, State, COMPLETED,
+    EXPIRES, FINGERPRINT, IN_PROGRESS, MAX_ITEM_BYTES, PK, STATE, TOKEN, TTL,
+};
+
+mod errors;
+mod item;
+mod table;
+
+/// The largest clock-skew margin the builder accepts.
+const MAX_CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(3600);
+
+/// How often `start` sends its claim again when a duplicate's old item did not come back with
+/// the failed condition (see "Round trips" on [`DynamoStore`]).
+const CLAIM_ATTEMPTS: usize = 3;
+
+/// The most items one `prune_expired` call examines per record it may delete, and at least.
+const PRUNE_EXAMINE_PER_LIMIT: usize = 4;
+const PRUNE_EXAMINE_MIN: usize = 1_000;
+/// Items evaluated per Scan page while pruning.
+const PRUNE_PAGE: i32 = 1_000;
+
+// The expressions, written once. `:cutoff` is "now minus the clock-skew margin" in epoch
+// milliseconds: a record whose expiry is at or before it has ended for every node whose clock is
+// at most the margin ahead of the writer's.
+const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_ms <= :cutoff";
+const OWNED_IN_PROGRESS: &str = "token_b = :token AND state_n = :in_progress";
+const COMPLETE_WITH_RESPONSE: &str =
+    "SET state_n = :completed, expires_ms = :expires, ttl_s = :ttl, is_error = :is_error, response_b = :response";
+const COMPLETE_WITHOUT_RESPONSE: &str =
+    "SET state_n = :completed, expires_ms = :expires, ttl_s = :ttl, is_error = :is_error REMOVE response_b";
+const RENEW: &str = "SET expires_ms = :expires, ttl_s = :ttl";
+const EXPIRED: &str = "expires_ms <= :cutoff";
+
+/// Records in a DynamoDB table: the store for serverless and scale-out services (feature
+/// `dynamodb`).
+///
+/// A claim is one conditional `PutItem`; a duplicate (locked, replay, key reused) is decided
+/// from the old item that the same failed write returns, so it costs no second read. Leases and
+/// expiry are judged from the times inside each item, on the client's clock, with a
+/// [clock-skew margin](#time-and-clock-skew). The caller brings the [`aws_sdk_dynamodb::Client`]
+/// (built with `aws-config`, or by hand as below); idem-core does not depend on `aws-config`.
+///
+/// Cloning is cheap: clones share the client.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use idem_core::{DynamoStore, Idempotency, Key};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// // In a service: `aws_sdk_dynamodb::Client::new(&aws_config::load_from_env().await)`.
+/// let config = aws_sdk_dynamodb::Config::builder()
+///     .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+///     .region(aws_sdk_dynamodb::config::Region::new("eu-west-1"))
+///     .credentials_provider(aws_sdk_dynamodb::config::Credentials::new("AKID", "SECRET", None, None, "static"))
+///     .build();
+/// let client = aws_sdk_dynamodb::Client::from_conf(config);
+///
+/// let store = DynamoStore::builder()
+///     .table("idem_records")
+///     .create_table_if_missing(true) // on-demand billing, TTL enabled
+///     .build(client)
+///     .await?;
+/// let engine = Idempotency::new(store);
+/// let receipt = engine
+///     .call(Key::derive("deposit", "alice", "req-1")?)
+///     .run(async { Ok::<_, idem_core::Error>(4200u64) })
+///     .await?;
+/// # let _ = receipt; Ok(()) }
+/// ```
+///
+/// # Pointing idem at DynamoDB
+///
+/// 1. Create the table once, with [`DynamoStore::create_table`] or the builder's
+///    [`create_table_if_missing`](DynamoStoreBuilder::create_table_if_missing), or with your
+///    infrastructure tool: a string hash key named `pk`, no sort key, on-demand billing (or
+///    provisioned capacity sized for two writes per new key), and **TTL enabled on the attribute
+///    `ttl_s`**.
+/// 2. Build the store on your client with [`DynamoStore::builder`]. `build` checks the table's
+///    key with one `DescribeTable`.
+/// 3. The role needs `dynamodb:PutItem`, `UpdateItem`, `DeleteItem`, `GetItem`, `Scan` (for
+///    [`prune_expired`](Store::prune_expired) only) and `DescribeTable` on the table; creating
+///    it also needs `CreateTable`, `DescribeTimeToLive` and `UpdateTimeToLive`.
+///
+/// # Item
+///
+/// | attribute | type | holds |
+/// |---|---|---|
+/// | `pk` | S (hash key) | the record's key, 64 hex digits |
+/// | `token_b` | B | the claim's random 128-bit fencing token |
+/// | `fingerprint_b` | B | the request's fingerprint, when given |
+/// | `state_n` | N | 0 in progress, 1 completed |
+/// | `expires_ms` | N | lease end (in progress) or retention end (completed), epoch milliseconds on the writer's clock |
+/// | `response_b` | B | the stored response, once completed with one |
+/// | `is_error` | BOOL | whether the response is an error result |
+/// | `ttl_s` | N | epoch seconds after which DynamoDB's TTL may delete the item |
+///
+/// # Round trips
+///
+/// | call | requests |
+/// |---|---|
+/// | `start`, new or expired key | 1: `PutItem` conditioned on `attribute_not_exists(pk) OR expires_ms <= :cutoff` |
+/// | `start`, live key (replay, locked, key reused) | the same 1 `PutItem`: its condition fails and, with `ReturnValuesOnConditionCheckFailure=ALL_OLD`, returns the live item that decides the outcome |
+/// | `complete` | 1: `UpdateItem` conditioned on the token and the in-progress state; a failed condition returns the old item, which tells "already completed by this claim" (Ok) from a lost lease |
+/// | `renew` | 1: `UpdateItem` conditioned on the token and the in-progress state |
+/// | `abort` | 1: `DeleteItem` conditioned on the token and the in-progress state |
+/// | `get` | 1: `GetItem` with a strongly consistent read |
+/// | `evict` | 1: unconditional `DeleteItem` with `ReturnValues=ALL_OLD` |
+/// | `prune_expired(limit)` | Scan pages (below) plus one conditional `DeleteItem` per expired item |
+///
+/// A server that does not return the old item with a failed condition (DynamoDB does; an old
+/// emulator may not) costs a duplicate one consistent `GetItem` more, and the claim is sent again
+/// (at most three times) if that read finds the item gone or expired.
+///
+/// Each request builds its item or values afresh (the SDK takes them by value); the expression
+/// strings are constants.
+///
+/// # Time and clock skew
+///
+/// DynamoDB has no server clock that a condition could read, so the store keeps the
+/// **"Database time" rule of the design only approximately**: leases and retentions are computed
+/// from this node's clock (the builder's [`clock`](DynamoStoreBuilder::clock), the system clock
+/// by default) and written into the item, and every condition and read judges expiry from those
+/// stored times against the reading node's clock. To tolerate nodes whose clocks differ, a
+/// record counts as ended for every node only once `expires_at + margin` has passed on that
+/// node's clock, where `margin` is the [clock-skew margin](DynamoStoreBuilder::clock_skew_margin)
+/// (1 s by default). So:
+///
+/// - **Within the margin, fencing holds.** If no node's clock is more than `margin` ahead of the
+///   clock of the node that last wrote a lease (its claim or renewal), no node takes the key over
+///   before the lease has ended by the owner's own clock. A crashed owner's key is free again
+///   `lease + margin` after its last renewal.
+/// - **Beyond the margin, it does not.** A node whose clock is `margin + d` ahead of the owner's
+///   may take over a lease `d` before it ends, and the work may then run twice (the old owner's
+///   `complete` gets [`Error::LeaseLost`], as with any takeover). Likewise it treats a completed
+///   record's retention as over `d` early. Keep clocks synchronised (NTP, Amazon Time Sync) well
+///   within the margin, and keep leases much longer than the margin.
+/// - A node whose clock is *behind* only waits longer before taking over.
+///
+/// The margin also delays the `ttl_s` attribute, so DynamoDB's own deletion never removes an item
+/// that a node within the margin still treats as live.
+///
+/// # Item size: the 400 KB rule
+///
+/// DynamoDB refuses items larger than 400 KB. A result whose item would be larger is never
+/// stored as such and never lets the work run again: `complete` stores the "result not
+/// retained" note instead, with the reason ("it is N bytes, more than DynamoDB's 400 KB item
+/// limit"), the caller of the fresh call still gets its result, and every retry gets
+/// [`Error::ResultNotRetained`] until the retention ends. Set
+/// [`Policy::max_response_bytes`](crate::Policy::max_response_bytes) below 400 KB to make that
+/// limit explicit.
+///
+/// # TTL lag
+///
+/// DynamoDB's TTL deletes expired items in the background, typically within a few days of
+/// expiry (AWS gives no bound; 48 hours is common). The store never relies on it: an expired item
+/// that TTL has not yet deleted is taken over by the claim's condition, reads as absent through
+/// `get`, and is deleted by `prune_expired`. TTL keeps the table from growing without anyone
+/// running a pruner; a [`Pruner`](crate::Pruner) is optional here. TTL deletions consume no
+/// write capacity, while `prune_expired` pays for its Scan and deletes.
+///
+/// # Pruning
+///
+/// `prune_expired(limit)` scans the table with the filter `expires_ms <= :cutoff`, in pages of up
+/// to 1,000 evaluated items, examining at most `max(4 × limit, 1000)` items per call, and deletes
+/// each expired item with a `DeleteItem` conditioned on the same expiry (an item claimed again
+/// meanwhile stays). A Scan reads (and bills) every item it examines, live or not, so a call on
+/// a large table is expensive: prefer TTL, and prune rarely if at all. Successive calls continue
+/// where the previous one stopped, so a call returning less than `limit` may have stopped at
+/// its examination budget rather than at the end of the table; the next call goes on from there.
+///
+/// # Consistency
+///
+/// Every request addresses one item by its key; conditional writes on one item are atomic and
+/// `get` reads with `ConsistentRead=true`, so a single-region table gives the same guarantees
+/// as the SQL stores. **Global tables are not supported**: replication between regions is
+/// asynchronous and resolves conflicting writes by "last writer wins", so two regions can each
+/// win the claim of a key (each condition sees only its own region) and one region's completion
+/// can silently overwrite the other's, which defeats fencing. Use one region's table for every
+/// node, or a separate table (or key scope) per region.
+///
+/// # Errors
+///
+/// Failures are [`Error::Store`] with a [`StoreErrorKind`](crate::StoreErrorKind): a connection
+/// refused, a timeout or any other dispatch failure, and a response that could not be read, is
+/// `Unavailable`; throttling (`ProvisionedThroughputExceededException`, `ThrottlingException`,
+/// `RequestLimitExceeded`), `TransactionConflictException`, `LimitExceededException` and any
+/// 5xx answer are `Transient`; a validation error, a missing table (the message names it) or
+/// any other refusal is `Query`; an item that the store did not write in its layout is
+/// `Corrupt`. Failed conditions are not errors: they decide `Locked`, `Completed`,
+/// `KeyReused` and `LeaseLost`. The SDK's own retry policy (from your client's configuration)
+/// runs first.
+///
+/// # Dependencies
+///
+/// The feature enables `aws-sdk-dynamodb` with `rt-tokio` and `rustls` (HTTPS through rustls
+/// with ring) only. For the SDK's newer HTTPS client, enable its `default-https-client` feature
+/// in your own dependencies; Cargo unifies the features. aws-sdk-dynamodb needs a recent Rust
+/// (1.91 or later at the time of writing), newer than idem's own minimum.
+#[derive(Clone)]
+pub struct DynamoStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    table: String,
+    margin: Duration,
+    margin_ms: i64,
+    clock: Arc<dyn Clock>,
+    /// Where the next `prune_expired` goes on scanning: the start of the page it stopped in.
+    prune_cursor: Mutex<Option<HashMap<String, AttributeValue>>>,
+}
+
+impl fmt::Debug for DynamoStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DynamoStore")
+            .field("table", &self.inner.table)
+            .field("clock_skew_margin", &self.inner.margin)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DynamoStore {
+    /// The table name used unless [`DynamoStoreBuilder::table`] says otherwise.
+    pub const DEFAULT_TABLE: &'static str = "idem_records";
+
+    /// The clock-skew margin used unless [`DynamoStoreBuilder::clock_skew_margin`] says
+    /// otherwise.
+    pub const DEFAULT_CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(1);
+
+    /// Options: table name, clock-skew margin, clock, table creation.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let builder = idem_core::DynamoStore::builder()
+    ///     .table("idem_orders")
+    ///     .clock_skew_margin(Duration::from_secs(2));
+    /// # let _ = builder;
+    /// ```
+    pub fn builder() -> DynamoStoreBuilder {
+        DynamoStoreBuilder::default()
+    }
+
+    /// Creates the table `table` unless it exists: on-demand billing, a string hash key `pk`,
+    /// and TTL enabled on `ttl_s` where the server supports it (a server that does not gets a
+    /// warning in the log, not an error). Waits up to two minutes for the table to become
+    /// `ACTIVE`. Safe to call from several nodes at once. Fails with
+    /// [`Error::InvalidConfig`] for a name DynamoDB would refuse, or for an existing table with
+    /// another key.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
+    /// idem_core::DynamoStore::create_table(&client, "idem_records").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_table(client: &Client, table: &str) -> Result<(), Error> {
+        table::create(client, table).await
+    }
+
+    /// The table's name.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
+    /// let store = idem_core::DynamoStore::builder().build(client).await?;
+    /// assert_eq!(store.table(), "idem_records");
+    /// # Ok(()) }
+    /// ```
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// The client the store sends its requests with.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
+    /// let store = idem_core::DynamoStore::builder().build(client).await?;
+    /// let same_client = store.client().clone();
+    /// # let _ = same_client; Ok(()) }
+    /// ```
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The clock-skew margin (see [the store's docs](DynamoStore#time-and-clock-skew)).
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
+    /// let store = idem_core::DynamoStore::builder().build(client).await?;
+    /// assert_eq!(store.clock_skew_margin(), idem_core::DynamoStore::DEFAULT_CLOCK_SKEW_MARGIN);
+    /// # Ok(()) }
+    /// ```
+    pub fn clock_skew_margin(&self) -> Duration {
+        self.inner.margin
+    }
+}
+
+/// Options for a [`DynamoStore`]; finish with [`build`](Self::build).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// # let client: aws_sdk_dynamodb::Client = unimplemented!();
+/// let store = idem_core::DynamoStore::builder()
+///     .table("billing-idem")
+///     .clock_skew_margin(Duration::from_millis(500))
+///     .build(client)
+///     .await?;
+/// # let _ = store; Ok(()) }
+/// ```
+pub struct DynamoStoreBuilder {
+    table: String,
+    margin: Duration,
+    clock: Arc<dyn Clock>,
+    create_table: bool,
+}
+
+impl Default for DynamoStoreBuilder {
+    fn default() -> Self {
+        DynamoStoreBuilder {
+            table: DynamoStore::DEFAULT_TABLE.to_owned(),
+            margin: DynamoStore::DEFAULT_CLOCK_SKEW_MARGIN,
+            clock: Arc::new(SystemClock),
+            create_table: false,
+        }
+    }
+}
+
+impl fmt::Debug for DynamoStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DynamoStoreBuilder")
+            .field("table", &self.table)
+            .field("clock_skew_margin", &self.margin)
+            .field("create_table_if_missing", &self.create_table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DynamoStoreBuilder {
+    /// The table's name ([`DynamoStore::DEFAULT_TABLE`], `idem_records`, by default): 3 to 255 characters of
+    /// `a-z A-Z 0-9 _ - .`, checked by [`build`](Self::build).
+    ///
+    /// ```
+    /// let builder = idem_core::DynamoStore::builder().table("idem_payments");
+    /// # let _ = builder;
+    /// ```
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// How far ahead of the lease writer's clock another node's clock may be without taking over
+    /// a live lease (1 s by default; at most one hour). A record ends for everyone only once
+    /// `expires_at + margin` has passed; see
+    /// [the store's docs](DynamoStore#time-and-clock-skew) for the exact bound. A crashed owner's
+    /// key stays blocked `margin` longer than its lease.
+    ///
+    /// ```
+    /// let builder = idem_core::DynamoStore::builder().clock_skew_margin(std::time::Duration::from_secs(2));
+    /// # let _ = builder;
+    /// ```
+    pub fn clock_skew_margin(mut self, margin: Duration) -> Self {
+        self.margin = margin;
+        self
+    }
+
+    /// The clock the store reads time from ([`SystemClock`] by default). Tests inject a
+    /// [`ManualClock`](crate::ManualClock) or [`TokioClock`](crate::TokioClock); two stores on
+    /// the same table with different clocks act as two nodes with skewed clocks.
+    ///
+    /// ```
+    /// let builder = idem_core::DynamoStore::builder().clock(idem_core::ManualClock::new());
+    /// # let _ = builder;
+    /// ```
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Whether [`build`](Self::build) creates the table when it is missing (as
+    /// [`DynamoStore::create_table`] does). Off by default: a missing table is an error that
+    /// names it.
+    ///
+    /// ```
+    /// let builder = idem_core::DynamoStore::builder().create_table_if_missing(true);
+    /// # let _ = builder;
+    /// ```
+    pub fn create_table_if_missing(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// Checks the options, creates the table if asked, and checks that the table exists with
+    /// the store's key (one `DescribeTable`).
+    ///
+    /// Errors: [`Error::InvalidConfig`] for a bad table name or margin, or a table with another
+    /// key; a [`Query`](crate::StoreErrorKind::Query) store error naming the table when it does
+    /// not exist; [`Unavailable`](crate::StoreErrorKind::Unavailable) when DynamoDB cannot be
+    /// reached.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
+    /// let store = idem_core::DynamoStore::builder().build(client).await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub async fn build(self, client: Client) -> Result<DynamoStore, Error> {
+        table::validate_name(&self.table)?;
+        if self.margin > MAX_CLOCK_SKEW_MARGIN {
+            return Err(Error::InvalidConfig(format!(
+                "clock_skew_margin must be at most {MAX_CLOCK_SKEW_MARGIN:?}, got {:?}",
+                self.margin
+            )));
+        }
+        if self.create_table {
+            table::create(&client, &self.table).await?;
+        } else {
+            table::check(&client, &self.table).await?;
+        }
+        Ok(DynamoStore {
+            inner: Arc::new(Inner {
+                client,
+                table: self.table,
+                margin_ms: duration_millis(self.margin),
+                margin: self.margin,
+                clock: self.clock,
+                prune_cursor: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+fn remaining(until_ms: i64, now_ms: i64) -> Duration {
+    Duration::from_millis(until_ms.saturating_sub(now_ms).max(0).unsigned_abs())
+}
+
+impl Inner {
+    fn now_ms(&self) -> i64 {
+        millis(self.clock.now())
+    }
+
+    /// Records whose expiry is at or before this ended for every node within the margin.
+    fn cutoff(&self, now_ms: i64) -> AttributeValue {
+        number(now_ms.saturating_sub(self.margin_ms))
+    }
+
+    fn is_live(&self, item: &Item, now_ms: i64) -> bool {
+        item.expires_ms > now_ms.saturating_sub(self.margin_ms)
+    }
+
+    fn error<E>(
+        &self,
+        op: &'static str,
+        e: SdkError<E, aws_sdk_dynamodb::config::http::HttpResponse>,
+    ) -> Error
+    where
+        E: aws_sdk_dynamodb::error::ProvideErrorMetadata
+            + std::error::Error
+            + Send
+            + Sync
+            + 'static,
+    {
+        errors::store_error(op, &self.table, e)
+    }
+
+    /// What a duplicate `start` gets from the live item it met.
+    fn duplicate(
+        &self,
+        item: Item,
+        fingerprint: Option<&Fingerprint>,
+        now_ms: i64,
+    ) -> Result<Start, Error> {
+        check_fingerprint(item.fingerprint.as_ref(), fingerprint)?;
+        Ok(match item.state {
+            State::InProgress => Start::Locked {
+                // Until the lease ends; once it has, until this node may take it over.
+                retry_after: if item.expires_ms > now_ms {
+                    remaining(item.expires_ms, now_ms)
+                } else {
+                    remaining(item.expires_ms.saturating_add(self.margin_ms), now_ms)
+                },
+            },
+            State::Completed { response, is_error } => Start::Completed(Cached {
+                response,
+                is_error,
+                expires_at: time_of(item.expires_ms),
+            }),
+        })
+    }
+
+    /// One consistent read of `key`'s item, decoded.
+    async fn read(&self, key: &Key) -> Result<Option<Item>, Error> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key(PK, pk(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.error("GetItem", e))?;
+        out.item.map(|attrs| Item::decode(key, attrs)).transpose()
+    }
+}
+
+/// The reason a result too large for one item is not retained.
+fn too_large(item_bytes: usize) -> String {
+    format!("it is {item_bytes} bytes, more than DynamoDB's 400 KB item limit")
+}
+
+#[async_trait]
+impl Store for DynamoStore {
+    async fn start(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        check_duration("lease", lease)?;
+        let s = &*self.inner;
+        let lease_ms = duration_millis(lease);
+        for _ in 0..CLAIM_ATTEMPTS {
+            let now_ms = s.now_ms();
+            let expires_ms = now_ms.saturating_add(lease_ms);
+            let claim = Token::random();
+            let mut item = HashMap::with_capacity(6);
+            item.insert(PK.to_owned(), pk(key));
+            item.insert(TOKEN.to_owned(), token(claim));
+            if let Some(f) = fingerprint {
+                item.insert(
+                    FINGERPRINT.to_owned(),
+                    AttributeValue::B(Blob::new(f.as_bytes().to_vec())),
+                );
+            }
+            item.insert(STATE.to_owned(), AttributeValue::N(IN_PROGRESS.to_owned()));
+            item.insert(EXPIRES.to_owned(), number(expires_ms));
+            item.insert(TTL.to_owned(), ttl_seconds(expires_ms, s.margin_ms));
+            let put = s
+                .client
+                .put_item()
+                .table_name(&s.table)
+                .set_item(Some(item))
+                .condition_expression(CLAIM_CONDITION)
+                .expression_attribute_values(":cutoff", s.cutoff(now_ms))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .send()
+                .await;
+            let old =
+                match put {
+                    Ok(_) => return Ok(Start::Started(Claim::new(*key, claim))),
+                    Err(SdkError::ServiceError(ctx))
+                        if ctx.err().is_conditional_check_failed_exception() =>
+                    {
+                        match ctx.into_err() {
+                        aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(e) => e.item,
+                        _ => None,
+                    }
+                    }
+                    Err(e) => return Err(s.error("PutItem", e)),
+                };
+            let old = match old {
+                Some(attrs) => Some(Item::decode(key, attrs)?),
+                // A server that does not return the old item: read it.
+                None => s.read(key).await?,
+            };
+            // The condition failed, so the item was live when it was checked; one that has
+            // ended since (or a read-back item that is gone or expired) is claimed again.
+            let now_ms = s.now_ms();
+            match old {
+                Some(item) if s.is_live(&item, now_ms) => {
+                    return s.duplicate(item, fingerprint, now_ms);
+                }
+                _ => continue,
+            }
+        }
+        Err(Error::Store(StoreError::new(
+            StoreErrorKind::Transient,
+            format!(
+                "DynamoDB PutItem: the claim's condition failed {CLAIM_ATTEMPTS} times but the \
+                 item read back was gone or expired each time"
+            ),
+        )))
+    }
+
+    async fn complete(
+        &self,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        check_duration("retention", retention)?;
+        let s = &*self.inner;
+        let now_ms = s.now_ms();
+        let expires_ms = now_ms.saturating_add(duration_millis(retention));
+        let not_retained;
+        let response = match completion.response {
+            Some(bytes) if item::completed_size(bytes.len()) > MAX_ITEM_BYTES => {
+                let reason = too_large(item::completed_size(bytes.len()));
+                tracing::warn!(key = %claim.key(), %reason, "the result is not retained; a retry gets ResultNotRetained and the work does not run again");
+                not_retained = envelope::not_retained(&reason);
+                Some(&not_retained[..])
+            }
+            other => other,
+        };
+        let update = s
+            .client
+            .update_item()
+            .table_name(&s.table)
+            .key(PK, pk(claim.key()))
+            .condition_expression(OWNED_IN_PROGRESS)
+            .expression_attribute_values(":token", token(claim.token()))
+            .expression_attribute_values(":in_progress", AttributeValue::N(IN_PROGRESS.to_owned()))
+            .expression_attribute_values(":completed", AttributeValue::N(COMPLETED.to_owned()))
+            .expression_attribute_values(":expires", number(expires_ms))
+            .expression_attribute_values(":ttl", ttl_seconds(expires_ms, s.margin_ms))
+            .expression_attribute_values(":is_error", AttributeValue::Bool(completion.is_error))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        let update = match response {
+            Some(bytes) => update
+                .update_expression(COMPLETE_WITH_RESPONSE)
+                .expression_attribute_values(
+                    ":response",
+                    AttributeValue::B(Blob::new(bytes.to_vec())),
+                ),
+            None => update.update_expression(COMPLETE_WITHOUT_RESPONSE),
+        };
+        let old = match update.send().await {
+            Ok(_) => return Ok(()),
+            Err(SdkError::ServiceError(ctx)) if ctx.err().is_conditional_check_failed_exception() => {
+                match ctx.into_err() {
+                    aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(e) => e.item,
+                    _ => None,
+                }
+            }
+            Err(e) => return Err(s.error("UpdateItem", e)),
+        };
+        let old = match old {
+            Some(attrs) => Some(Item::decode(claim.key(), attrs)?),
+            None => s.read(claim.key()).await?,
+        };
+        // Completed by this very claim before (its answer was lost): the first result stands.
+        match old {
+            Some(item)
+                if item.token == claim.token() && matches!(item.state, State::Completed { .. }) =>
+            {
+                Ok(())
+            }
+            _ => Err(Error::LeaseLost),
+        }
+    }
+
+    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
+        let s = &*self.inner;
+        let deleted = s
+            .client
+            .delete_item()
+            .table_name(&s.table)
+            .key(PK, pk(claim.key()))
+            .condition_expression(OWNED_IN_PROGRESS)
+            .expression_attribute_values(":token", token(claim.token()))
+            .expression_attribute_values(":in_progress", AttributeValue::N(IN_PROGRESS.to_owned()))
+            .send()
+            .await;
+        match deleted {
+            Ok(_) => Ok(()),
+            Err(SdkError::ServiceError(ctx))
+                if ctx.err().is_conditional_check_failed_exception() =>
+            {
+                Err(Error::LeaseLost)
+            }
+            Err(e) => Err(s.error("DeleteItem", e)),
+        }
+    }
+
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
+        check_duration("lease", lease)?;
+        let s = &*self.inner;
+        let expires_ms = s.now_ms().saturating_add(duration_millis(lease));
+        let updated = s
+            .client
+            .update_item()
+            .table_name(&s.table)
+            .key(PK, pk(claim.key()))
+            .update_expression(RENEW)
+            .condition_expression(OWNED_IN_PROGRESS)
+            .expression_attribute_values(":token", token(claim.token()))
+            .expression_attribute_values(":in_progress", AttributeValue::N(IN_PROGRESS.to_owned()))
+            .expression_attribute_values(":expires", number(expires_ms))
+            .expression_attribute_values(":ttl", ttl_seconds(expires_ms, s.margin_ms))
+            .send()
+            .await;
+        match updated {
+            Ok(_) => Ok(()),
+            Err(SdkError::ServiceError(ctx))
+                if ctx.err().is_conditional_check_failed_exception() =>
+            {
+                Err(Error::LeaseLost)
+            }
+            Err(e) => Err(s.error("UpdateItem", e)),
+        }
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        let s = &*self.inner;
+        let item = s.read(key).await?;
+        let now_ms = s.now_ms();
+        Ok(item
+            .filter(|item| s.is_live(item, now_ms))
+            .map(|item| item.into_record(key)))
+    }
+
+    async fn evict(&self, key: &Key) -> Result<bool, Error> {
+        let s = &*self.inner;
+        let out = s
+            .client
+            .delete_item()
+            .table_name(&s.table)
+            .key(PK, pk(key))
+            .return_values(ReturnValue::AllOld)
+            .send()
+            .await
+            .map_err(|e| s.error("DeleteItem", e))?;
+        Ok(out.attributes.is_some_and(|a| !a.is_empty()))
+    }
+
+    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
+        let s = &*self.inner;
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        if limit == 0 {
+            return Ok(0);
+        }
+        let budget = limit
+            .saturating_mul(PRUNE_EXAMINE_PER_LIMIT)
+            .max(PRUNE_EXAMINE_MIN);
+        let now_ms = s.now_ms();
+        let cutoff = s.cutoff(now_ms);
+        let mut start = s
+            .prune_cursor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let mut examined = 0usize;
+        let mut expired: Vec<HashMap<String, AttributeValue>> = Vec::new();
+        // Where the next call goes on: the start of the page this one stopped in, or after the
+        // last page it finished, or (at the end of the table) the beginning.
+        let mut resume = None;
+        loop {
+            let page = s
+                .client
+                .scan()
+                .table_name(&s.table)
+                .filter_expression(EXPIRED)
+                .projection_expression(PK)
+                .expression_attribute_values(":cutoff", cutoff.clone())
+                .consistent_read(true)
+                .limit(PRUNE_PAGE)
+                .set_exclusive_start_key(start.clone())
+                .send()
+                .await
+                .map_err(|e| s.error("Scan", e))?;
+            examined += usize::try_from(page.scanned_count).unwrap_or(0);
+            let found = page.items.unwrap_or_default();
+            let room = limit - expired.len();
+            if found.len() > room {
+                expired.extend(found.into_iter().take(room));
+                resume = start;
+                break;
+            }
+            expired.extend(found);
+            match page.last_evaluated_key {
+                Some(next) if expired.len() < limit && examined < budget => start = Some(next),
+                Some(next) => {
+                    resume = Some(next);
+                    break;
+                }
+                None => break,
+            }
+        }
+        *s.prune_cursor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = resume;
+        let mut deleted = 0;
+        for key in expired {
+            let outcome = s
+                .client
+                .delete_item()
+                .table_name(&s.table)
+                .set_key(Some(key))
+                .condition_expression(EXPIRED)
+                .expression_attribute_values(":cutoff", cutoff.clone())
+                .send()
+                .await;
+            match outcome {
+                Ok(_) => deleted += 1,
+                // Claimed again or renewed since the scan: it stays.
+                Err(SdkError::ServiceError(ctx))
+                    if ctx.err().is_conditional_check_failed_exception() => {}
+                Err(e) => return Err(s.error("DeleteItem", e)),
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_not_retained_reason_names_the_size_and_the_limit() {
+        let reason = too_large(item::completed_size(500 * 1024));
+        assert!(reason.contains("400 KB item limit"), "{reason}");
+        assert!(reason.starts_with("it is 5"), "{reason}");
+        assert!(item::completed_size(MAX_ITEM_BYTES - 1024) <= MAX_ITEM_BYTES);
+    }
+
+    #[test]
+    fn remaining_never_goes_negative() {
+        assert_eq!(remaining(10, 20), Duration::ZERO);
+        assert_eq!(remaining(1_500, 500), Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,547 @@
+//! DynamoStore against a DynamoDB-compatible server (moto under `scripts/test`): what the shared
+//! conformance suite cannot show. The clock-skew bound with two nodes whose clocks differ, the
+//! 400 KB item rule, the requests each call costs, stale owners on real time, typed failures
+//! (server stopped, restarted, missing table, malformed item, bad names) and the table helper.
+//!
+//! Every test uses a fresh table; the tests that stop a server start one of their own with
+//! `IDEM_DYNAMODB_SERVER_CMD`.
+#![cfg(feature = "dynamodb")]
+
+#[path = "support/dynamo_env.rs"]
+mod dynamo_env;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use idem_core::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
+use idem_core::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use idem_core::aws_sdk_dynamodb::primitives::Blob;
+use idem_core::aws_sdk_dynamodb::types::{AttributeValue, TimeToLiveStatus};
+use idem_core::aws_sdk_dynamodb::Client;
+use idem_core::{
+    Claim, Clock, Completion, DynamoStore, Error, Idempotency, Key, ManualClock, Outcome,
+    RecordState, Start, Store, StoreErrorKind,
+};
+
+use dynamo_env::{client, dynamo_url, fresh_store, fresh_table, Server};
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn url() -> Option<String> {
+    dynamo_url(&dynamo_env::current_test())
+}
+
+fn key(name: &str) -> Key {
+    Key::derive("dynamodb", "", name).unwrap()
+}
+
+fn done(bytes: &'static [u8]) -> Completion<'static> {
+    Completion {
+        response: Some(bytes),
+        is_error: false,
+    }
+}
+
+async fn claim(store: &DynamoStore, k: &Key, lease: Duration) -> Claim {
+    match store.start(k, None, lease).await.unwrap() {
+        Start::Started(c) => c,
+        other => panic!("expected Started, got {other:?}"),
+    }
+}
+
+fn kind(e: &Error) -> Option<StoreErrorKind> {
+    match e {
+        Error::Store(s) => Some(s.kind()),
+        _ => None,
+    }
+}
+
+/// A node's clock: a shared manual clock, `ahead` in front of it.
+#[derive(Clone)]
+struct Skewed {
+    base: ManualClock,
+    ahead: Duration,
+}
+
+impl Clock for Skewed {
+    fn now(&self) -> SystemTime {
+        self.base.now() + self.ahead
+    }
+}
+
+/// Two nodes on one table: `a` on the true clock, `b` with its clock `ahead`, both with `margin`.
+async fn two_nodes(
+    url: &str,
+    margin: Duration,
+    ahead: Duration,
+) -> (ManualClock, DynamoStore, DynamoStore) {
+    let base = ManualClock::new();
+    let a = fresh_store(url, |b| {
+        b.clock_skew_margin(margin).clock(Skewed {
+            base: base.clone(),
+            ahead: Duration::ZERO,
+        })
+    })
+    .await;
+    let b = DynamoStore::builder()
+        .table(a.table())
+        .clock_skew_margin(margin)
+        .clock(Skewed {
+            base: base.clone(),
+            ahead,
+        })
+        .build(client(url))
+        .await
+        .unwrap();
+    (base, a, b)
+}
+
+/// **Within the margin, fencing holds**: node B's clock is 1.9 s ahead of A's and the margin is
+/// 2 s. Up to the last millisecond of A's 10 s lease (by A's clock) B is Locked; A's work
+/// completes and B replays it. Only once the lease has ended by A's clock, plus what is left of
+/// the margin after the skew, can B take over a crashed owner's key.
+#[tokio::test]
+async fn skew_within_the_margin_never_takes_over_a_live_lease() {
+    let Some(url) = url() else { return };
+    let margin = Duration::from_secs(2);
+    let (clock, a, b) = two_nodes(&url, margin, Duration::from_millis(1900)).await;
+    let lease = Duration::from_secs(10);
+
+    let k = key("within");
+    let owner = claim(&a, &k, lease).await;
+    let claimed_at = clock.now();
+    for at in [Duration::ZERO, lease / 2, lease - Duration::from_millis(1)] {
+        clock.advance(at - clock.now().duration_since(claimed_at).unwrap());
+        assert!(
+            matches!(b.start(&k, None, LONG).await.unwrap(), Start::Locked { .. }),
+            "B took over A's live lease {at:?} into it"
+        );
+    }
+    a.complete(&owner, done(b"a's result"), LONG).await.unwrap();
+    let Start::Completed(cached) = b.start(&k, None, LONG).await.unwrap() else {
+        panic!("B must replay A's result");
+    };
+    assert_eq!(cached.response.as_deref(), Some(&b"a's result"[..]));
+
+    // A crashed owner: its key frees for B at lease + margin - skew after the claim (by A's
+    // clock), i.e. 0.1 s after the lease, and not a millisecond before.
+    let k = key("crashed");
+    let crashed = claim(&a, &k, lease).await;
+    clock.advance(lease + Duration::from_millis(99));
+    assert!(matches!(
+        b.start(&k, None, LONG).await.unwrap(),
+        Start::Locked { .. }
+    ));
+    clock.advance(Duration::from_millis(2));
+    claim(&b, &k, LONG).await;
+    assert!(matches!(
+        a.complete(&crashed, done(b"late"), LONG).await,
+        Err(Error::LeaseLost)
+    ));
+}
+
+/// **Beyond the margin, it does not**, as documented: node B's clock is 2.5 s ahead with a 2 s
+/// margin, so B takes over A's lease 0.5 s before it ends by A's clock. A's completion is then
+/// fenced (`LeaseLost`), so the double run is at least reported.
+#[tokio::test]
+async fn skew_beyond_the_margin_takes_over_early_as_documented() {
+    let Some(url) = url() else { return };
+    let (clock, a, b) = two_nodes(&url, Duration::from_secs(2), Duration::from_millis(2500)).await;
+    let lease = Duration::from_secs(10);
+    let k = key("beyond");
+    let owner = claim(&a, &k, lease).await;
+    clock.advance(lease - Duration::from_millis(499));
+    // A still holds a live lease by its own clock...
+    assert!(matches!(
+        a.get(&k).await.unwrap().map(|r| r.state),
+        Some(RecordState::InProgress { .. })
+    ));
+    // ...but B, 0.5 s past the margin, takes it over: the documented failure.
+    let thief = claim(&b, &k, LONG).await;
+    assert!(matches!(
+        a.complete(&owner, done(b"a"), LONG).await,
+        Err(Error::LeaseLost)
+    ));
+    b.complete(&thief, done(b"b"), LONG).await.unwrap();
+}
+
+/// A 500 KB result is more than DynamoDB's 400 KB item limit: the caller gets it, the key
+/// completes as "result not retained", and retries are told so and never run the work again.
+#[tokio::test]
+async fn a_result_over_400_kb_is_returned_once_and_never_reruns() {
+    let Some(url) = url() else { return };
+    let store = fresh_store(&url, |b| b).await;
+    let engine = Idempotency::new(store.clone());
+    let k = key("big");
+    let runs = AtomicUsize::new(0);
+    let big = || async {
+        engine
+            .call(k)
+            .run(async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>("x".repeat(500 * 1024))
+            })
+            .await
+    };
+    let first = big().await.unwrap();
+    assert!(matches!(&first, Outcome::Fresh(s) if s.len() == 500 * 1024));
+    for _ in 0..3 {
+        let again = big().await;
+        assert!(
+            matches!(&again, Err(Error::ResultNotRetained { reason })
+                if reason.contains("400 KB item limit") && reason.contains("bytes")),
+            "{again:?}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let Some(RecordState::Completed(cached)) = store.get(&k).await.unwrap().map(|r| r.state) else {
+        panic!("the key completed");
+    };
+    assert!(matches!(
+        cached.result(),
+        Err(Error::ResultNotRetained { .. })
+    ));
+}
+
+/// A result just under the limit is stored and replayed whole.
+#[tokio::test]
+async fn a_result_under_400_kb_replays() {
+    let Some(url) = url() else { return };
+    let engine = Idempotency::new(fresh_store(&url, |b| b).await);
+    let k = key("fits");
+    let value = "y".repeat(390 * 1024);
+    let first = engine
+        .call(k)
+        .run(async { Ok::<_, Error>(value.clone()) })
+        .await
+        .unwrap();
+    assert!(!first.is_replayed());
+    let again = engine
+        .call(k)
+        .run(async { Ok::<_, Error>(String::new()) })
+        .await
+        .unwrap();
+    assert_eq!(again, Outcome::Replayed(value));
+}
+
+/// Counts the requests a client sends, by operation.
+#[derive(Debug, Default, Clone)]
+struct Requests(Arc<Mutex<HashMap<String, usize>>>);
+
+impl Requests {
+    fn take(&self) -> HashMap<String, usize> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+impl Intercept for Requests {
+    fn name(&self) -> &'static str {
+        "Requests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), idem_core::BoxError> {
+        let target = context
+            .request()
+            .headers()
+            .get("x-amz-target")
+            .unwrap_or("?");
+        let op = target.rsplit('.').next().unwrap_or(target).to_owned();
+        *self.0.lock().unwrap().entry(op).or_default() += 1;
+        Ok(())
+    }
+}
+
+fn only(op: &str) -> HashMap<String, usize> {
+    HashMap::from([(op.to_owned(), 1)])
+}
+
+/// **Round trips**: a new key is one PutItem to claim and one UpdateItem to complete; a
+/// duplicate (locked, replay, key reused) is the same one PutItem, its outcome read from the
+/// old item that the failed condition returns; renew and abort are one request each.
+#[tokio::test]
+async fn each_call_is_one_request() {
+    let Some(url) = url() else { return };
+    let table = fresh_table();
+    DynamoStore::create_table(&client(&url), &table)
+        .await
+        .unwrap();
+    let requests = Requests::default();
+    let counted = Client::from_conf(
+        dynamo_env::config(&url)
+            .interceptor(requests.clone())
+            .build(),
+    );
+    let store = DynamoStore::builder()
+        .table(&table)
+        .build(counted)
+        .await
+        .unwrap();
+    requests.take();
+
+    let k = key("counted");
+    let f1 = idem_core::Fingerprint::of_bytes(b"one");
+    let f2 = idem_core::Fingerprint::of_bytes(b"two");
+    let Start::Started(c) = store.start(&k, Some(&f1), LONG).await.unwrap() else {
+        panic!("new key");
+    };
+    assert_eq!(requests.take(), only("PutItem"), "claim");
+    assert!(matches!(
+        store.start(&k, Some(&f1), LONG).await.unwrap(),
+        Start::Locked { .. }
+    ));
+    assert_eq!(requests.take(), only("PutItem"), "locked duplicate");
+    assert!(matches!(
+        store.start(&k, Some(&f2), LONG).await,
+        Err(Error::KeyReused)
+    ));
+    assert_eq!(requests.take(), only("PutItem"), "key reused");
+    store.renew(&c, LONG).await.unwrap();
+    assert_eq!(requests.take(), only("UpdateItem"), "renew");
+    store.complete(&c, done(b"r"), LONG).await.unwrap();
+    assert_eq!(requests.take(), only("UpdateItem"), "complete");
+    store.complete(&c, done(b"again"), LONG).await.unwrap();
+    assert_eq!(requests.take(), only("UpdateItem"), "complete again");
+    assert!(matches!(
+        store.start(&k, Some(&f1), LONG).await.unwrap(),
+        Start::Completed(_)
+    ));
+    assert_eq!(requests.take(), only("PutItem"), "replay");
+    assert!(matches!(store.abort(&c).await, Err(Error::LeaseLost)));
+    assert_eq!(
+        requests.take(),
+        only("DeleteItem"),
+        "abort of a completed claim"
+    );
+    store.get(&k).await.unwrap();
+    assert_eq!(requests.take(), only("GetItem"), "get");
+    assert!(store.evict(&k).await.unwrap());
+    assert_eq!(requests.take(), only("DeleteItem"), "evict");
+}
+
+/// A stale owner, on real time against the server: its 300 ms lease ends, another handle takes
+/// the key over, and every call of the stale claim is `LeaseLost` and changes nothing.
+#[tokio::test]
+async fn stale_owner_is_rejected_on_real_time() {
+    let Some(url) = url() else { return };
+    let margin = Duration::from_millis(50);
+    let a = fresh_store(&url, |b| b.clock_skew_margin(margin)).await;
+    let b = DynamoStore::builder()
+        .table(a.table())
+        .clock_skew_margin(margin)
+        .build(client(&url))
+        .await
+        .unwrap();
+    let k = key("stale");
+    let lease = Duration::from_millis(300);
+    let stale = claim(&a, &k, lease).await;
+    assert!(matches!(
+        b.start(&k, None, LONG).await.unwrap(),
+        Start::Locked { .. }
+    ));
+    tokio::time::sleep(lease + margin + Duration::from_millis(100)).await;
+    let owner = claim(&b, &k, LONG).await;
+    assert!(matches!(a.renew(&stale, LONG).await, Err(Error::LeaseLost)));
+    assert!(matches!(
+        a.complete(&stale, done(b"stale"), LONG).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(a.abort(&stale).await, Err(Error::LeaseLost)));
+    match a.get(&k).await.unwrap().map(|r| r.state) {
+        Some(RecordState::InProgress { token, .. }) => assert_eq!(token, owner.token()),
+        other => panic!("the new owner's claim must stand: {other:?}"),
+    }
+    b.complete(&owner, done(b"owner"), LONG).await.unwrap();
+    assert!(matches!(
+        a.complete(&stale, done(b"stale"), LONG).await,
+        Err(Error::LeaseLost)
+    ));
+}
+
+/// Nothing listening on the endpoint: building a store, and every call of a store whose server
+/// went away, fails with a typed `Unavailable` error (within the client's timeouts).
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable() {
+    if url().is_none() {
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let nowhere = format!("http://127.0.0.1:{port}");
+    let err = DynamoStore::builder()
+        .build(client(&nowhere))
+        .await
+        .unwrap_err();
+    assert_eq!(kind(&err), Some(StoreErrorKind::Unavailable), "{err}");
+    assert!(err.is_retryable());
+}
+
+/// A server stopped mid-run, then restarted on the same port: while it is down every call is
+/// `Unavailable`; after the restart (moto keeps nothing across one) the table is gone, and the
+/// error names it; creating it again brings the store back.
+#[tokio::test]
+async fn a_server_stopped_and_restarted_mid_run() {
+    let Some(cmd) = Server::command() else {
+        if url().is_some() {
+            eprintln!("skipping: IDEM_DYNAMODB_SERVER_CMD is not set");
+        }
+        assert!(
+            std::env::var("IDEM_REQUIRE_DYNAMODB").map_or(true, |v| v != "1"),
+            "IDEM_REQUIRE_DYNAMODB=1 requires IDEM_DYNAMODB_SERVER_CMD"
+        );
+        return;
+    };
+    let server = {
+        let cmd = cmd.clone();
+        tokio::task::spawn_blocking(move || Server::start(&cmd))
+            .await
+            .unwrap()
+    };
+    let (url, port) = (server.url(), server.port());
+    let store = fresh_store(&url, |b| b).await;
+    let k = key("outage");
+    let c = claim(&store, &k, LONG).await;
+
+    tokio::task::spawn_blocking(move || server.stop())
+        .await
+        .unwrap();
+    let failures = [
+        store.start(&k, None, LONG).await.unwrap_err(),
+        store.complete(&c, done(b"r"), LONG).await.unwrap_err(),
+        store.get(&k).await.unwrap_err(),
+    ];
+    for e in &failures {
+        assert_eq!(kind(e), Some(StoreErrorKind::Unavailable), "{e}");
+    }
+
+    let _server = tokio::task::spawn_blocking(move || Server::start_on(&cmd, port))
+        .await
+        .unwrap();
+    let e = store.start(&k, None, LONG).await.unwrap_err();
+    assert_eq!(kind(&e), Some(StoreErrorKind::Query), "{e}");
+    assert!(
+        e.to_string().contains(store.table()),
+        "the error names the table: {e}"
+    );
+    DynamoStore::create_table(store.client(), store.table())
+        .await
+        .unwrap();
+    claim(&store, &k, LONG).await;
+}
+
+/// Building on a table that does not exist names it; a bad table name is `InvalidConfig` with
+/// DynamoDB's rule; a margin over an hour is refused.
+#[tokio::test]
+async fn missing_table_and_bad_names_are_clear_errors() {
+    let Some(url) = url() else { return };
+    let missing = fresh_table();
+    let err = DynamoStore::builder()
+        .table(&missing)
+        .build(client(&url))
+        .await
+        .unwrap_err();
+    assert_eq!(kind(&err), Some(StoreErrorKind::Query), "{err}");
+    assert!(err.to_string().contains(&missing), "{err}");
+    for bad in ["ab", "no spaces", "slash/es"] {
+        let err = DynamoStore::builder()
+            .table(bad)
+            .build(client(&url))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidConfig(m) if m.contains("3 to 255")),
+            "{err}"
+        );
+    }
+    let err = DynamoStore::builder()
+        .table(fresh_table())
+        .clock_skew_margin(Duration::from_secs(7200))
+        .build(client(&url))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
+}
+
+/// An item the store did not write in its layout reads as `Corrupt`, never as a record.
+#[tokio::test]
+async fn a_malformed_item_is_corrupt() {
+    let Some(url) = url() else { return };
+    let store = fresh_store(&url, |b| b).await;
+    let k = key("malformed");
+    store
+        .client()
+        .put_item()
+        .table_name(store.table())
+        .item("pk", AttributeValue::S(k.to_string()))
+        .item("token_b", AttributeValue::B(Blob::new(vec![1, 2, 3])))
+        .item("state_n", AttributeValue::N("0".into()))
+        .item("expires_ms", AttributeValue::N("99999999999999".into()))
+        .send()
+        .await
+        .unwrap();
+    for e in [
+        store.get(&k).await.unwrap_err(),
+        store.start(&k, None, LONG).await.unwrap_err(),
+    ] {
+        assert_eq!(kind(&e), Some(StoreErrorKind::Corrupt), "{e}");
+    }
+}
+
+/// The table helper enables TTL on `ttl_s`, and every item carries a TTL at or after its
+/// expiry plus the margin, so DynamoDB's own deletion never removes a live record.
+#[tokio::test]
+async fn items_carry_a_ttl_and_the_table_has_it_enabled() {
+    let Some(url) = url() else { return };
+    let store = fresh_store(&url, |b| b.clock_skew_margin(Duration::from_secs(1))).await;
+    let ttl = store
+        .client()
+        .describe_time_to_live()
+        .table_name(store.table())
+        .send()
+        .await
+        .unwrap();
+    let ttl = ttl.time_to_live_description().unwrap();
+    assert_eq!(ttl.attribute_name(), Some("ttl_s"));
+    assert_eq!(ttl.time_to_live_status(), Some(&TimeToLiveStatus::Enabled));
+    // Creating it again is a no-op.
+    DynamoStore::create_table(store.client(), store.table())
+        .await
+        .unwrap();
+
+    let k = key("ttl");
+    let c = claim(&store, &k, Duration::from_secs(60)).await;
+    store
+        .complete(&c, done(b"r"), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let item = store
+        .client()
+        .get_item()
+        .table_name(store.table())
+        .key("pk", AttributeValue::S(k.to_string()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    let number = |name: &str| match &item[name] {
+        AttributeValue::N(n) => n.parse::<i64>().unwrap(),
+        other => panic!("{name}: {other:?}"),
+    };
+    let (expires_ms, ttl_s) = (number("expires_ms"), number("ttl_s"));
+    assert!(
+        ttl_s * 1000 >= expires_ms + 1000,
+        "ttl {ttl_s} s for expiry {expires_ms} ms"
+    );
+    assert!(ttl_s * 1000 <= expires_ms + 3000);
+}

@@ -1,0 +1,118 @@
+//! The multi-process storm against DynamoDB: 4 worker processes × 64 tasks × 100 keys, every
+//! task calling every key through `idem_stress::stores::open("dynamodb://…")`. Exactly 100
+//! executions happen across the processes, and every caller in every process gets the stored
+//! result of every key, the same one.
+//!
+//! Needs `IDEM_TEST_DYNAMODB_URL` (the shared server that `scripts/test` starts); skips without
+//! it unless `IDEM_REQUIRE_DYNAMODB=1`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use idem_stress::worker::Worker;
+use idem_stress::{env, key_name, unique_name};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_idem-stress-worker");
+const PROCESSES: usize = 4;
+const TASKS: usize = 64;
+const KEYS: usize = 100;
+/// Generous bounds for a loaded 2-core machine and an emulator answering one request at a time;
+/// the test never asserts speed.
+const STARTUP: Duration = Duration::from_secs(60);
+const RUN: Duration = Duration::from_secs(480);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_run_each_key_once() {
+    let Some(endpoint) = env::dynamodb_url("four_processes_run_each_key_once") else {
+        return;
+    };
+    let rest = endpoint
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("IDEM_TEST_DYNAMODB_URL {endpoint} is not http://HOST:PORT"));
+    let url = format!("dynamodb://{rest}");
+    let table = unique_name("idem_storm");
+
+    let mut workers: Vec<Worker> = (0..PROCESSES)
+        .map(|p| {
+            let name = format!("w{p}");
+            let args: Vec<String> = [
+                "storm-kv",
+                "--url",
+                &url,
+                "--namespace",
+                &table,
+                "--name",
+                &name,
+                "--keys",
+                &KEYS.to_string(),
+                "--tasks",
+                &TASKS.to_string(),
+                "--lease-ms",
+                "10000",
+                "--deadline-ms",
+                &RUN.as_millis().to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            Worker::spawn(&name, WORKER, &args, &[])
+        })
+        .collect();
+    // Every process opens the store (the first creates the table) before any starts.
+    for w in &mut workers {
+        w.wait_for("ready", STARTUP).await;
+    }
+    for w in &mut workers {
+        w.send("go").await;
+    }
+
+    let mut executions: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut responses: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for w in workers {
+        let name = w.name().to_owned();
+        let lines = w.finish(RUN + STARTUP).await;
+        let mut per_key: BTreeMap<String, usize> = BTreeMap::new();
+        for line in &lines {
+            let mut parts = line.splitn(3, ' ');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some("exec"), Some(k), Some(token)) => executions
+                    .entry(k.to_owned())
+                    .or_default()
+                    .push(format!("{name}:{token}")),
+                (Some("resp"), Some(k), Some(r)) => {
+                    *per_key.entry(k.to_owned()).or_default() += 1;
+                    responses
+                        .entry(k.to_owned())
+                        .or_default()
+                        .insert(r.to_owned());
+                }
+                (Some("lost" | "error"), ..) => panic!("{name}: {line}"),
+                _ => {}
+            }
+        }
+        assert!(lines.iter().any(|l| l == "done"), "{name} did not finish");
+        // Every task of this process got a response for every key.
+        for i in 0..KEYS {
+            assert_eq!(
+                per_key.get(&key_name(i)).copied(),
+                Some(TASKS),
+                "{name}: responses for {}",
+                key_name(i)
+            );
+        }
+    }
+
+    let total: usize = executions.values().map(Vec::len).sum();
+    assert_eq!(total, KEYS, "executions: {executions:?}");
+    for i in 0..KEYS {
+        let k = key_name(i);
+        let runs = &executions[&k];
+        assert_eq!(runs.len(), 1, "{k} ran {runs:?}");
+        // The one stored result, from the one execution, reached all 256 callers.
+        let seen = &responses[&k];
+        assert_eq!(seen.len(), 1, "{k}: callers saw {seen:?}");
+        let (node, token) = runs[0].split_once(':').unwrap();
+        assert_eq!(seen.iter().next().unwrap(), &format!("{k}|{node}|{token}"));
+    }
+    assert_eq!(responses.len(), KEYS);
+}
