@@ -62,6 +62,8 @@ pub use store::dynamodb::{DynamoStore, DynamoStoreBuilder};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "redis")]
+pub use store::redis::{RedisStore, RedisStoreBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::sql::protocol::TransactionalStore;
 #[cfg(feature = "sqlite")]

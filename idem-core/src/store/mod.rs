@@ -1,7 +1,8 @@
 //! The [`Store`] trait and its backends.
 //!
-//! The backends: [`memory`], `sqlite` (feature `sqlite`), `postgres` (feature `postgres`) and
-//! `dynamodb` (feature `dynamodb`, laid out on its own: DynamoDB speaks no SQL). The
+//! The backends: [`memory`], `sqlite` (feature `sqlite`), `postgres` (feature `postgres`),
+//! `dynamodb` (feature `dynamodb`) and `redis` (feature `redis`), the last two laid out on their
+//! own: they speak no SQL. The
 //! two SQL stores are laid out alike (`mod.rs` the store and its builder, `schema.rs` its
 //! migrations, `protocol.rs` its tie to the shared store protocol) and share everything else in
 //! `store/sql/`: the protocol, written once against a connection, the dialect, the table name,
@@ -29,6 +30,8 @@ pub mod dynamodb;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
 // Shared by the SQL stores and the kit.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql;

@@ -23,6 +23,11 @@ mod memory;
 mod pg_env;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(feature = "redis")]
+#[path = "../support/redis_env.rs"]
+mod redis_env;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -78,5 +83,19 @@ suite!(
 suite!(
     dynamodb_store,
     crate::dynamodb::DynamoHarness,
+    (flavor = "multi_thread", worker_threads = 2)
+);
+
+#[cfg(feature = "redis")]
+suite!(
+    redis_store,
+    crate::redis::RedisHarness<false>,
+    (flavor = "multi_thread", worker_threads = 2)
+);
+
+#[cfg(feature = "redis")]
+suite!(
+    redis_cluster,
+    crate::redis::RedisHarness<true>,
     (flavor = "multi_thread", worker_threads = 2)
 );

@@ -1,0 +1,732 @@
+//! The Redis/Valkey store (feature `redis`): one server or a Redis Cluster, through one type.
+
+mod scripts;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
+
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::key::{Fingerprint, Key, Token};
+use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
+use crate::store::{check_duration, Store};
+
+use scripts::{Lua, Scripts};
+
+/// Records in Redis or Valkey, one server or a Redis Cluster (feature `redis`).
+///
+/// ```no_run
+/// use idem_core::{Idempotency, RedisStore};
+/// # async fn f() -> Result<(), idem_core::Error> {
+/// // One server (or a primary with replicas behind one address):
+/// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// // A Redis Cluster, from any of its nodes:
+/// let cluster = RedisStore::builder()
+///     .prefix("payments")
+///     .connect_cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+///     .await?;
+/// let engine = Idempotency::new(store);
+/// # let _ = (engine, cluster); Ok(()) }
+/// ```
+///
+/// # How records are kept
+///
+/// Each record is one Redis hash under `<prefix>:{<key in hex>}`. The braces are a hash tag:
+/// in a cluster, a record lives in one slot, so every operation on it is served by one node.
+/// Every state change is one Lua script, atomic on the server:
+///
+/// | operation | round trips | what runs on the server |
+/// |---|---|---|
+/// | `start` (new key, replay, locked, key reused) | 1 | the claim script: reads the record and, when it is absent or ended, writes the claim |
+/// | `complete` | 1 | the fenced completion script |
+/// | `abort`, `renew` | 1 | a fenced script each |
+/// | `get` | 1 | a read-only script (it needs the server's clock) |
+/// | `evict` | 1 | `DEL` |
+/// | `prune_expired` | 0 | nothing: Redis deletes ended records itself |
+///
+/// So a new key costs two round trips (claim, complete) and a replay one; with
+/// [`wait_for_replicas`](RedisStoreBuilder::wait_for_replicas) the claim and the completion
+/// each carry a `WAIT` in the same round trip. The scripts are sent by their SHA-1
+/// (`EVALSHA`); a server that does not know them yet (a restart, a new node) gets them once in
+/// full.
+///
+/// # Time and expiry
+///
+/// Leases and retention are measured on the server's clock (`TIME` inside the scripts), never
+/// the application's. A completed record's key expires (`PEXPIREAT`) when its retention ends,
+/// and a running claim's key one lease after its lease ends, so Redis deletes ended records by
+/// itself and no [`Pruner`](crate::Pruner) is needed. A record counts as ended at its lease or
+/// retention end, whatever Redis has deleted yet; a claim's owner may still complete it during
+/// the extra lease if nobody claimed the key since (as on the SQL stores).
+///
+/// # What a failover can lose
+///
+/// Redis replicates asynchronously. A master acknowledges a claim or a completion before any
+/// replica has it, and if it fails in that window, the replica that takes over never saw the
+/// write: the claim vanishes (another caller may then claim the key and run the work a second
+/// time) or the completion vanishes (the record reads as running, or as absent, and a retry
+/// runs the work again). This is the one rule of `DESIGN.md` this store keeps only as long as
+/// the master lives: **observed commits** hold on the master, not across a failover.
+///
+/// [`wait_for_replicas(n, timeout)`](RedisStoreBuilder::wait_for_replicas) narrows the window:
+/// after each claim and completion the store sends `WAIT n timeout` in the same round trip,
+/// and reports the operation as failed ([`StoreErrorKind::Unavailable`]) unless `n` replicas
+/// acknowledged it. A claim so refused never runs its work (the key stays held for one lease),
+/// and a completion so refused is retried by the engine until it lands. `WAIT` does not make
+/// Redis strongly consistent (a replica that acknowledged may still not be the one promoted),
+/// but a failover then loses only writes that the store reported as failed. The cost is
+/// measured in `docs/performance.md`.
+///
+/// Durability across a restart of the whole server follows its persistence settings (`appendonly
+/// yes` with `appendfsync everysec` loses up to a second; without persistence, everything).
+///
+/// # Errors
+///
+/// | Redis says | kind |
+/// |---|---|
+/// | connection refused, dropped or timed out; `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`; fewer replicas than asked for acknowledged | [`Unavailable`](StoreErrorKind::Unavailable) |
+/// | `TRYAGAIN`, `MOVED`/`ASK` left after the client's redirects | [`Transient`](StoreErrorKind::Transient) |
+/// | `OOM` (maxmemory reached) | [`Full`](StoreErrorKind::Full) |
+/// | `READONLY` (a replica) | [`ReadOnly`](StoreErrorKind::ReadOnly) |
+/// | a record of the wrong shape | [`Corrupt`](StoreErrorKind::Corrupt) |
+/// | anything else | [`Query`](StoreErrorKind::Query) |
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    prefix: String,
+    scripts: Scripts,
+    wait: Option<(u32, Duration)>,
+}
+
+/// A connection to one server or to a cluster; both multiplex every caller over one socket
+/// per node and are cheap to clone.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        match self.clone() {
+            Conn::Single(mut c) => cmd.query_async(&mut c).await,
+            Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
+        }
+    }
+
+    async fn pipe(&self, pipe: &Pipeline) -> Result<Vec<Value>, RedisError> {
+        match self.clone() {
+            Conn::Single(mut c) => pipe.query_async(&mut c).await,
+            Conn::Cluster(mut c) => pipe.query_async(&mut c).await,
+        }
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field(
+                "kind",
+                &match self.inner.conn {
+                    Conn::Single(_) => "single",
+                    Conn::Cluster(_) => "cluster",
+                },
+            )
+            .field("prefix", &self.inner.prefix)
+            .field("wait", &self.inner.wait)
+            .finish()
+    }
+}
+
+/// Builds a [`RedisStore`]: the key prefix, timeouts and replica acknowledgements, then
+/// [`connect`](Self::connect) (one server) or [`connect_cluster`](Self::connect_cluster).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use idem_core::RedisStore;
+/// # async fn f() -> Result<(), idem_core::Error> {
+/// let store = RedisStore::builder()
+///     .prefix("orders")
+///     .response_timeout(Duration::from_secs(1))
+///     .wait_for_replicas(1, Duration::from_millis(50))
+///     .connect("redis://127.0.0.1:6379")
+///     .await?;
+/// # let _ = store; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    wait: Option<(u32, Duration)>,
+}
+
+impl Default for RedisStoreBuilder {
+    fn default() -> Self {
+        RedisStoreBuilder {
+            prefix: "idem".to_owned(),
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(5),
+            wait: None,
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The namespace of the store's keys (default `idem`): records live under
+    /// `<prefix>:{<key>}`. 1 to 64 characters of ASCII letters, digits and `_ - . :`; two stores
+    /// with different prefixes share a server without seeing each other's records.
+    ///
+    /// ```
+    /// let _ = idem_core::RedisStore::builder().prefix("billing");
+    /// ```
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long to wait for a connection to a node (default 2 s).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let _ = idem_core::RedisStore::builder().connect_timeout(Duration::from_millis(500));
+    /// ```
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for a reply before the operation fails as
+    /// [`Unavailable`](StoreErrorKind::Unavailable) (default 5 s). Whether a write that timed out
+    /// took effect is unknown; the engine treats it so.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let _ = idem_core::RedisStore::builder().response_timeout(Duration::from_secs(1));
+    /// ```
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// After each claim and completion, waits until `replicas` replicas acknowledged it (Redis
+    /// `WAIT`, in the same round trip), for at most `timeout`; an operation fewer replicas
+    /// acknowledged fails as [`Unavailable`](StoreErrorKind::Unavailable). See
+    /// [what a failover can lose](RedisStore#what-a-failover-can-lose).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let _ = idem_core::RedisStore::builder().wait_for_replicas(1, Duration::from_millis(100));
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait = Some((replicas, timeout));
+        self
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        let ok = |c: char| c.is_ascii_alphanumeric() || "_-.:".contains(c);
+        if self.prefix.is_empty() || self.prefix.len() > 64 || !self.prefix.chars().all(ok) {
+            return Err(Error::InvalidConfig(format!(
+                "Redis key prefix {:?} must be 1 to 64 characters of ASCII letters, digits and \
+                 `_ - . :` (braces would change the cluster slot of every record)",
+                self.prefix
+            )));
+        }
+        check_duration("the Redis connect timeout", self.connect_timeout)?;
+        check_duration("the Redis response timeout", self.response_timeout)?;
+        if let Some((replicas, timeout)) = self.wait {
+            if replicas == 0 {
+                return Err(Error::InvalidConfig(
+                    "wait_for_replicas needs at least 1 replica; leave it unset to not wait".into(),
+                ));
+            }
+            check_duration("the Redis replica wait", timeout)?;
+        }
+        Ok(())
+    }
+
+    /// Connects to one server (`redis://[user:password@]host[:port][/db]`, or `rediss://` for
+    /// TLS when the `redis` crate is built with it) and loads the scripts. The connection comes
+    /// back by itself after the server does; calls in between fail as
+    /// [`Unavailable`](StoreErrorKind::Unavailable).
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::RedisStore::builder().connect("redis://127.0.0.1:6379").await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub async fn connect(self, url: &str) -> Result<RedisStore, Error> {
+        self.check()?;
+        let client = redis::Client::open(url).map_err(|e| bad_url(url, e))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(2);
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| store_error("connect", e))?;
+        self.finish(Conn::Single(conn)).await
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes (`redis://host:port` each); the
+    /// client learns the others and follows the slots as they move.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::RedisStore::builder()
+    ///     .connect_cluster(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])
+    ///     .await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub async fn connect_cluster<I, S>(self, urls: I) -> Result<RedisStore, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.check()?;
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        if urls.is_empty() {
+            return Err(Error::InvalidConfig(
+                "connect_cluster needs the URL of at least one cluster node".into(),
+            ));
+        }
+        let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.response_timeout)
+            .retries(3)
+            .build()
+            .map_err(|e| bad_url(&urls.join(","), e))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| store_error("connect", e))?;
+        self.finish(Conn::Cluster(conn)).await
+    }
+
+    async fn finish(self, conn: Conn) -> Result<RedisStore, Error> {
+        let store = RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                prefix: self.prefix,
+                scripts: Scripts::new(),
+                wait: self.wait,
+            }),
+        };
+        // One round trip that proves the server answers (and, in a cluster, every slot has a
+        // master): a missing or half-made cluster fails here rather than at the first call.
+        let probe = store.inner.key(&Key::from_bytes([0; 32]));
+        store
+            .inner
+            .conn
+            .query(redis::cmd("EXISTS").arg(&probe))
+            .await
+            .map_err(|e| store_error("connect", e))?;
+        Ok(store)
+    }
+}
+
+impl RedisStore {
+    /// A builder: prefix `idem`, connect timeout 2 s, response timeout 5 s, no replica wait.
+    ///
+    /// ```
+    /// let _ = idem_core::RedisStore::builder().prefix("idem");
+    /// ```
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
+    }
+
+    /// Connects to one server with the defaults; see [`RedisStoreBuilder::connect`].
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<RedisStore, Error> {
+        Self::builder().connect(url).await
+    }
+
+    /// The key prefix.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// assert_eq!(store.prefix(), "idem");
+    /// # Ok(()) }
+    /// ```
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The Redis key holding the record of `key`: `<prefix>:{<key in hex>}`.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idem_core::Error> {
+    /// let store = idem_core::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// let key = idem_core::Key::from_bytes([0xab; 32]);
+    /// assert!(store.redis_key(&key).starts_with("idem:{abab"));
+    /// # Ok(()) }
+    /// ```
+    pub fn redis_key(&self, key: &Key) -> String {
+        self.inner.key(key)
+    }
+}
+
+impl Inner {
+    fn key(&self, key: &Key) -> String {
+        use fmt::Write;
+        let mut out = String::with_capacity(self.prefix.len() + 67);
+        out.push_str(&self.prefix);
+        out.push_str(":{");
+        for b in key.as_bytes() {
+            let _ = write!(out, "{b:02x}");
+        }
+        out.push('}');
+        out
+    }
+
+    /// Runs `lua` on `key` with `args`: by SHA-1, and in full when the server does not know
+    /// it yet. With `replicated` and a replica wait configured, a `WAIT` follows in the same
+    /// round trip and its answer is checked.
+    async fn eval(
+        &self,
+        op: &'static str,
+        lua: &Lua,
+        key: &Key,
+        args: &[&[u8]],
+        replicated: bool,
+    ) -> Result<Value, Error> {
+        let key = self.key(key);
+        let command = |verb: &str, script: &str| {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(script).arg(1).arg(&key);
+            for a in args {
+                cmd.arg(*a);
+            }
+            cmd
+        };
+        let wait = self.wait.filter(|_| replicated);
+        let run = |cmd: Cmd| async move {
+            match wait {
+                None => self.conn.query(&cmd).await.map(|v| (v, None)),
+                Some((replicas, timeout)) => {
+                    let mut pipe = redis::pipe();
+                    pipe.add_command(cmd)
+                        .cmd("WAIT")
+                        .arg(replicas)
+                        .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+                    let mut values = self.conn.pipe(&pipe).await?.into_iter();
+                    let value = values.next().unwrap_or(Value::Nil);
+                    let acked = match values.next() {
+                        Some(Value::Int(n)) => n,
+                        _ => -1,
+                    };
+                    Ok((value, Some((replicas, timeout, acked))))
+                }
+            }
+        };
+        let (value, waited) = match run(command("EVALSHA", &lua.sha)).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                run(command("EVAL", &lua.body)).await
+            }
+            other => other,
+        }
+        .map_err(|e| store_error(op, e))?;
+        if let Some((replicas, timeout, acked)) = waited {
+            if acked < i64::from(replicas) {
+                return Err(Error::Store(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    format!(
+                        "Redis {op}: the master applied it, but only {acked} of the {replicas} \
+                         replicas asked for acknowledged it within {timeout:?}; a failover now \
+                         could lose it"
+                    ),
+                )));
+            }
+        }
+        Ok(value)
+    }
+
+    /// A fenced script's answer: 1 done, 0 the claim is lost.
+    async fn fenced(
+        &self,
+        op: &'static str,
+        lua: &Lua,
+        claim: &Claim,
+        args: &[&[u8]],
+        replicated: bool,
+    ) -> Result<(), Error> {
+        match self.eval(op, lua, claim.key(), args, replicated).await? {
+            Value::Int(1) => Ok(()),
+            Value::Int(0) => Err(Error::LeaseLost),
+            other => Err(corrupt(format!("the {op} script answered {other:?}"))),
+        }
+    }
+}
+
+/// Milliseconds as the scripts take them: rounded up, so a lease is never shorter than asked.
+fn millis(d: Duration) -> Vec<u8> {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    ms.to_string().into_bytes()
+}
+
+fn time(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        _ => None,
+    }
+}
+
+fn corrupt(why: String) -> Error {
+    Error::Store(StoreError::new(StoreErrorKind::Corrupt, why))
+}
+
+fn bad_url(url: &str, e: RedisError) -> Error {
+    Error::InvalidConfig(format!(
+        "cannot use the Redis URL {url:?}: {e} (expected redis://[user:password@]host[:port][/db])"
+    ))
+}
+
+/// The kind of a Redis failure; see [`RedisStore#errors`].
+fn kind_of(e: &RedisError) -> StoreErrorKind {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        return StoreErrorKind::Unavailable;
+    }
+    match e.kind() {
+        ErrorKind::Server(
+            ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::BusyLoading,
+        )
+        | ErrorKind::ClusterConnectionNotFound => StoreErrorKind::Unavailable,
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain | ServerErrorKind::Moved | ServerErrorKind::Ask,
+        ) => StoreErrorKind::Transient,
+        ErrorKind::Server(ServerErrorKind::ReadOnly) => StoreErrorKind::ReadOnly,
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreErrorKind::Corrupt,
+        _ if e.code() == Some("OOM") => StoreErrorKind::Full,
+        _ => StoreErrorKind::Query,
+    }
+}
+
+fn store_error(op: &'static str, e: RedisError) -> Error {
+    Error::Store(StoreError::new(kind_of(&e), RedisFailure { op, source: e }))
+}
+
+/// A Redis error with the operation it failed.
+#[derive(Debug)]
+struct RedisFailure {
+    op: &'static str,
+    source: RedisError,
+}
+
+impl fmt::Display for RedisFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Redis {} failed: {}", self.op, self.source)
+    }
+}
+
+impl std::error::Error for RedisFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// A stored completion as the scripts return it: expiry, has response, response, is error.
+fn cached(v: &[Value]) -> Result<Cached, Error> {
+    match v {
+        [at, has, response, is_error] => {
+            let at = int(at).ok_or_else(|| corrupt(format!("expiry {at:?}")))?;
+            let response = match int(has) {
+                Some(1) => Some(bytes(response).unwrap_or_default().to_vec()),
+                _ => None,
+            };
+            Ok(Cached {
+                response,
+                is_error: matches!(int(is_error), Some(1))
+                    || bytes(is_error) == Some(b"1".as_slice()),
+                expires_at: time(at),
+            })
+        }
+        _ => Err(corrupt(format!("a completed record answered {v:?}"))),
+    }
+}
+
+fn token(v: &Value) -> Result<Token, Error> {
+    bytes(v)
+        .and_then(|b| <[u8; 16]>::try_from(b).ok())
+        .map(Token::from_bytes)
+        .ok_or_else(|| corrupt(format!("a stored token is {v:?}, not 16 bytes")))
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn start(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        check_duration("lease", lease)?;
+        let token = Token::random();
+        let token_bytes = token.to_bytes();
+        let fp: &[u8] = fingerprint.map_or(&[], |f| f.as_bytes());
+        let lease_ms = millis(lease);
+        let inner = &self.inner;
+        let answer = inner
+            .eval(
+                "claim",
+                &inner.scripts.claim,
+                key,
+                &[&token_bytes, &lease_ms, fp],
+                true,
+            )
+            .await?;
+        let Value::Array(parts) = answer else {
+            return Err(corrupt(format!("the claim script answered {answer:?}")));
+        };
+        match parts.split_first() {
+            Some((tag, rest)) => match bytes(tag) {
+                Some(b"started") => Ok(Start::Started(Claim::new(*key, token))),
+                Some(b"locked") => {
+                    let left = rest.first().and_then(int).unwrap_or(0);
+                    Ok(Start::Locked {
+                        retry_after: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
+                    })
+                }
+                Some(b"reused") => Err(Error::KeyReused),
+                Some(b"done") => Ok(Start::Completed(cached(rest)?)),
+                _ => Err(corrupt(format!("the claim script answered {parts:?}"))),
+            },
+            None => Err(corrupt("the claim script answered nothing".into())),
+        }
+    }
+
+    async fn complete(
+        &self,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        check_duration("retention", retention)?;
+        let token = claim.token().to_bytes();
+        let retention = millis(retention);
+        let (has, response): (&[u8], &[u8]) = match completion.response {
+            Some(r) => (b"1", r),
+            None => (b"0", b""),
+        };
+        let is_error: &[u8] = if completion.is_error { b"1" } else { b"0" };
+        let inner = &self.inner;
+        inner
+            .fenced(
+                "complete",
+                &inner.scripts.complete,
+                claim,
+                &[&token, &retention, has, response, is_error],
+                true,
+            )
+            .await
+    }
+
+    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
+        let token = claim.token().to_bytes();
+        let inner = &self.inner;
+        inner
+            .fenced("abort", &inner.scripts.abort, claim, &[&token], false)
+            .await
+    }
+
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
+        check_duration("lease", lease)?;
+        let token = claim.token().to_bytes();
+        let lease = millis(lease);
+        let inner = &self.inner;
+        inner
+            .fenced(
+                "renew",
+                &inner.scripts.renew,
+                claim,
+                &[&token, &lease],
+                false,
+            )
+            .await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        let inner = &self.inner;
+        let answer = inner
+            .eval("get", &inner.scripts.get, key, &[], false)
+            .await?;
+        let Value::Array(parts) = answer else {
+            return Err(corrupt(format!("the get script answered {answer:?}")));
+        };
+        let [state, tok, at, fp, response, is_error] = parts.as_slice() else {
+            if parts.is_empty() {
+                return Ok(None);
+            }
+            return Err(corrupt(format!("the get script answered {parts:?}")));
+        };
+        let at = int(at).ok_or_else(|| corrupt(format!("expiry {at:?}")))?;
+        let fingerprint = match bytes(fp) {
+            Some(b) => Some(Fingerprint::from_bytes(<[u8; 32]>::try_from(b).map_err(
+                |_| corrupt(format!("a stored fingerprint is {} bytes", b.len())),
+            )?)),
+            None => None,
+        };
+        let state = match bytes(state) {
+            Some(b"p") => RecordState::InProgress {
+                token: token(tok)?,
+                lease_until: time(at),
+            },
+            Some(b"c") => RecordState::Completed(Cached {
+                response: bytes(response).map(<[u8]>::to_vec),
+                is_error: bytes(is_error) == Some(b"1".as_slice()),
+                expires_at: time(at),
+            }),
+            _ => return Err(corrupt(format!("a stored state is {state:?}"))),
+        };
+        Ok(Some(Record {
+            key: *key,
+            fingerprint,
+            state,
+        }))
+    }
+
+    async fn evict(&self, key: &Key) -> Result<bool, Error> {
+        let deleted = self
+            .inner
+            .conn
+            .query(redis::cmd("DEL").arg(self.inner.key(key)))
+            .await
+            .map_err(|e| store_error("evict", e))?;
+        Ok(int(&deleted).unwrap_or(0) > 0)
+    }
+
+    /// Redis deletes ended records itself (key expiry): nothing to do, 0.
+    async fn prune_expired(&self, _limit: u32) -> Result<u64, Error> {
+        Ok(0)
+    }
+}
