@@ -100,3 +100,29 @@ pub fn dynamodb_url(test: &str) -> Option<String> {
         }
     }
 }
+
+/// The URL of the Redis server (`cluster = false`, `IDEM_TEST_REDIS_URL`) or the node URLs of
+/// the Redis Cluster (`cluster = true`, `IDEM_TEST_REDIS_CLUSTER_URLS`, comma-separated) that
+/// `scripts/test` starts, or `None` after printing why `test` skips; a failure instead under
+/// `IDEM_REQUIRE_REDIS=1` (set by `scripts/test`).
+///
+/// ```
+/// let _urls = idem_stress::env::redis_urls("doc_example", false);
+/// ```
+pub fn redis_urls(test: &str, cluster: bool) -> Option<String> {
+    let var = if cluster {
+        "IDEM_TEST_REDIS_CLUSTER_URLS"
+    } else {
+        "IDEM_TEST_REDIS_URL"
+    };
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ if std::env::var("IDEM_REQUIRE_REDIS").is_ok_and(|v| v == "1") => {
+            panic!("{test}: {var} is not set, and IDEM_REQUIRE_REDIS=1 requires it")
+        }
+        _ => {
+            eprintln!("skipping {test}: {var} is not set");
+            None
+        }
+    }
+}

@@ -13,6 +13,7 @@
 pub mod cluster;
 pub mod env;
 pub mod stores;
+pub mod storm;
 pub mod worker;
 
 /// The key of the `i`-th test key, as every worker and test derives it.

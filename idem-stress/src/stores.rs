@@ -5,6 +5,8 @@
 //! | `postgres://…` | [`idem_core::PostgresStore`] | its table (created on connect) |
 //! | `dynamodb://HOST:PORT`, `dynamodb+http://HOST:PORT` | [`idem_core::DynamoStore`] on the endpoint `http://HOST:PORT` | its table (created if missing) |
 //! | `dynamodb+https://HOST[:PORT]` | the same over HTTPS | |
+//! | `redis://HOST:PORT` | [`idem_core::RedisStore`] on one server | its key prefix |
+//! | `redis-cluster://HOST:PORT,HOST:PORT,…` | [`idem_core::RedisStore`] on a Redis Cluster, from those nodes | its key prefix |
 //!
 //! DynamoDB clients take their credentials from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`
 //! (static test values when unset) and their region from `AWS_REGION` (`us-east-1` when unset);
@@ -16,7 +18,7 @@ use std::time::Duration;
 use idem_core::aws_sdk_dynamodb::config::{
     timeout::TimeoutConfig, BehaviorVersion, Credentials, Region,
 };
-use idem_core::{DynamoStore, PostgresStore, Store};
+use idem_core::{DynamoStore, PostgresStore, RedisStore, Store};
 
 /// The store behind `url`, its records under `namespace`. Panics with the reason when the URL's
 /// scheme is unknown or the store cannot be opened (this crate only runs tests).
@@ -43,8 +45,24 @@ pub async fn open(url: &str, namespace: &str) -> Arc<dyn Store> {
                 .build(dynamodb_client(&endpoint))
                 .await
                 .map(|s| Arc::new(s) as Arc<dyn Store>)
+        } else if url.starts_with("redis://") {
+            RedisStore::builder()
+                .prefix(namespace)
+                .connect(url)
+                .await
+                .map(|s| Arc::new(s) as Arc<dyn Store>)
+        } else if let Some(nodes) = url.strip_prefix("redis-cluster://") {
+            let nodes: Vec<String> = nodes.split(',').map(|n| format!("redis://{n}")).collect();
+            RedisStore::builder()
+                .prefix(namespace)
+                .connect_cluster(&nodes)
+                .await
+                .map(|s| Arc::new(s) as Arc<dyn Store>)
         } else {
-            panic!("unknown store URL {url:?}: use postgres://, dynamodb:// or dynamodb+http(s)://")
+            panic!(
+                "unknown store URL {url:?}: use postgres://, dynamodb://, dynamodb+http(s)://, \
+                 redis:// or redis-cluster://"
+            )
         };
     opened.unwrap_or_else(|e| panic!("open the store at {url}: {e}"))
 }

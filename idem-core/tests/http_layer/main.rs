@@ -11,6 +11,9 @@ mod dynamo_env;
 #[cfg(feature = "postgres")]
 #[path = "../support/pg_env.rs"]
 mod pg_env;
+#[cfg(feature = "redis")]
+#[path = "../support/redis_env.rs"]
+mod redis_env;
 mod server;
 
 use std::sync::Arc;
@@ -133,6 +136,20 @@ async fn dynamodb() -> Option<(Arc<dyn Store>, Leftover)> {
     Some((Arc::new(store), Leftover::Dynamo(server, url, table)))
 }
 
+/// A Redis store under a fresh key prefix on the shared server (or cluster) that
+/// `scripts/test` starts; its records expire by themselves, so nothing is left to remove.
+#[cfg(feature = "redis")]
+async fn redis_single() -> Option<(Arc<dyn Store>, Leftover)> {
+    let store = redis_env::fresh_store(redis_env::Flavor::Single, |b| b).await?;
+    Some((Arc::new(store), Leftover::Nothing))
+}
+
+#[cfg(feature = "redis")]
+async fn redis_cluster() -> Option<(Arc<dyn Store>, Leftover)> {
+    let store = redis_env::fresh_store(redis_env::Flavor::Cluster, |b| b).await?;
+    Some((Arc::new(store), Leftover::Nothing))
+}
+
 http_suite!(memory_store, crate::memory);
 #[cfg(feature = "sqlite")]
 http_suite!(sqlite_store, crate::sqlite);
@@ -140,3 +157,7 @@ http_suite!(sqlite_store, crate::sqlite);
 http_suite!(postgres_store, crate::postgres);
 #[cfg(feature = "dynamodb")]
 http_suite!(dynamodb_store, crate::dynamodb);
+#[cfg(feature = "redis")]
+http_suite!(redis_store, crate::redis_single);
+#[cfg(feature = "redis")]
+http_suite!(redis_cluster_store, crate::redis_cluster);

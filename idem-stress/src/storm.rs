@@ -1,37 +1,36 @@
-//! The multi-process storm against DynamoDB: 4 worker processes × 64 tasks × 100 keys, every
-//! task calling every key through `idem_stress::stores::open("dynamodb://…")`. Exactly 100
-//! executions happen across the processes, and every caller in every process gets the stored
-//! result of every key, the same one.
-//!
-//! Needs `IDEM_TEST_DYNAMODB_URL` (the shared server that `scripts/test` starts); skips without
-//! it unless `IDEM_REQUIRE_DYNAMODB=1`.
+//! The multi-process storm, for any store a worker opens by URL: 4 worker processes × 64
+//! tasks × 100 keys, every task calling every key. Exactly 100 executions happen across the
+//! processes, and every caller in every process gets the stored result of every key, the same
+//! one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use idem_stress::worker::Worker;
-use idem_stress::{env, key_name, unique_name};
+use crate::key_name;
+use crate::worker::Worker;
 
-const WORKER: &str = env!("CARGO_BIN_EXE_idem-stress-worker");
 const PROCESSES: usize = 4;
 const TASKS: usize = 64;
 const KEYS: usize = 100;
 /// Generous bounds for a loaded 2-core machine and an emulator answering one request at a time;
-/// the test never asserts speed.
+/// the storm never asserts speed.
 const STARTUP: Duration = Duration::from_secs(60);
 const RUN: Duration = Duration::from_secs(480);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_processes_run_each_key_once() {
-    let Some(endpoint) = env::dynamodb_url("four_processes_run_each_key_once") else {
-        return;
-    };
-    let rest = endpoint
-        .strip_prefix("http://")
-        .unwrap_or_else(|| panic!("IDEM_TEST_DYNAMODB_URL {endpoint} is not http://HOST:PORT"));
-    let url = format!("dynamodb://{rest}");
-    let table = unique_name("idem_storm");
-
+/// Runs the storm with the worker binary `worker` against the store at `url` (see
+/// [`stores::open`](crate::stores::open)), its records under `namespace`; panics with what
+/// went wrong.
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() {
+/// idem_stress::storm::four_processes(
+///     "target/debug/idem-stress-worker",
+///     "redis://127.0.0.1:6379",
+///     "idem_storm",
+/// ).await;
+/// # }
+/// ```
+pub async fn four_processes(worker: &str, url: &str, namespace: &str) {
     let mut workers: Vec<Worker> = (0..PROCESSES)
         .map(|p| {
             let name = format!("w{p}");
@@ -40,7 +39,7 @@ async fn four_processes_run_each_key_once() {
                 "--url",
                 &url,
                 "--namespace",
-                &table,
+                namespace,
                 "--name",
                 &name,
                 "--keys",
@@ -55,7 +54,7 @@ async fn four_processes_run_each_key_once() {
             .iter()
             .map(|s| s.to_string())
             .collect();
-            Worker::spawn(&name, WORKER, &args, &[])
+            Worker::spawn(&name, worker, &args, &[])
         })
         .collect();
     // Every process opens the store (the first creates the table) before any starts.

@@ -1,0 +1,44 @@
+//! The multi-process storm ([`idem_stress::storm`]) against DynamoDB, Redis and a Redis
+//! Cluster: 4 worker processes × 64 tasks × 100 keys → exactly 100 executions, and every caller
+//! gets the one stored result.
+//!
+//! Needs the servers `scripts/test` starts (`IDEM_TEST_DYNAMODB_URL`, `IDEM_TEST_REDIS_URL`,
+//! `IDEM_TEST_REDIS_CLUSTER_URLS`); each test skips without its variable unless
+//! `IDEM_REQUIRE_DYNAMODB=1` / `IDEM_REQUIRE_REDIS=1`.
+
+use idem_stress::{env, storm, unique_name};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_idem-stress-worker");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_four_processes_run_each_key_once() {
+    let Some(endpoint) = env::dynamodb_url("dynamodb_four_processes_run_each_key_once") else {
+        return;
+    };
+    let rest = endpoint
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("IDEM_TEST_DYNAMODB_URL {endpoint} is not http://HOST:PORT"));
+    let url = format!("dynamodb://{rest}");
+    storm::four_processes(WORKER, &url, &unique_name("idem_storm")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_four_processes_run_each_key_once() {
+    let Some(url) = env::redis_urls("redis_four_processes_run_each_key_once", false) else {
+        return;
+    };
+    storm::four_processes(WORKER, &url, &unique_name("idem_storm")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_four_processes_run_each_key_once() {
+    let Some(urls) = env::redis_urls("redis_cluster_four_processes_run_each_key_once", true) else {
+        return;
+    };
+    let nodes: Vec<&str> = urls
+        .split(',')
+        .map(|u| u.strip_prefix("redis://").unwrap_or(u))
+        .collect();
+    let url = format!("redis-cluster://{}", nodes.join(","));
+    storm::four_processes(WORKER, &url, &unique_name("idem_storm")).await;
+}
