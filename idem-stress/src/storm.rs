@@ -37,7 +37,7 @@ pub async fn four_processes(worker: &str, url: &str, namespace: &str) {
             let args: Vec<String> = [
                 "storm-kv",
                 "--url",
-                &url,
+                url,
                 "--namespace",
                 namespace,
                 "--name",
