@@ -1,0 +1,679 @@
+//! The Redis store against real servers: the stale owner fenced on the server's clock, typed
+//! errors for an unreachable, restarted or failed-over server, replica acknowledgements, and
+//! the configuration it refuses.
+//!
+//! The shared servers come from `scripts/test` (`IDEM_TEST_REDIS_URL`,
+//! `IDEM_TEST_REDIS_CLUSTER_URLS`); the restart, replica and failover tests start servers of
+//! their own from `IDEM_REDIS_BINDIR` in a temp dir. Without the variables a test prints why
+//! and skips, unless `IDEM_REQUIRE_REDIS=1` makes that a failure.
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_env.rs"]
+mod redis_env;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_core::{
+    Completion, Error, Idempotency, Key, OnLocked, RecordState, RedisStore, Start, Store,
+    StoreErrorKind,
+};
+use redis_env::Flavor;
+use tokio::time::{sleep, Instant};
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn key(name: &str) -> Key {
+    Key::derive("redis-test", "", name).unwrap()
+}
+
+fn done(r: &[u8]) -> Completion<'_> {
+    Completion {
+        response: Some(r),
+        is_error: false,
+    }
+}
+
+fn kind(result: &Result<impl std::fmt::Debug, Error>) -> Option<StoreErrorKind> {
+    match result {
+        Err(Error::Store(e)) => Some(e.kind()),
+        _ => None,
+    }
+}
+
+async fn stale_owner_is_fenced(flavor: Flavor) {
+    let Some(store) = redis_env::fresh_store(flavor, |b| b).await else {
+        return;
+    };
+    let k = key("stale");
+    let Start::Started(old) = store
+        .start(&k, None, Duration::from_millis(200))
+        .await
+        .unwrap()
+    else {
+        panic!("a new key starts");
+    };
+    // Within the lease the key is held; the server's clock decides when it ends.
+    assert!(matches!(
+        store.start(&k, None, LONG).await.unwrap(),
+        Start::Locked { .. }
+    ));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let new = loop {
+        match store.start(&k, None, LONG).await.unwrap() {
+            Start::Started(c) => break c,
+            Start::Locked { retry_after } => {
+                assert!(retry_after <= Duration::from_millis(200), "{retry_after:?}");
+                assert!(Instant::now() < deadline, "the 200 ms lease never ended");
+                sleep(retry_after.max(Duration::from_millis(5))).await;
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(matches!(
+        store.complete(&old, done(b"stale"), LONG).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(
+        store.renew(&old, LONG).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(store.abort(&old).await, Err(Error::LeaseLost)));
+    store.complete(&new, done(b"new"), LONG).await.unwrap();
+    let Start::Completed(c) = store.start(&k, None, LONG).await.unwrap() else {
+        panic!("the new owner's result replays");
+    };
+    assert_eq!(c.response.as_deref(), Some(&b"new"[..]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_owner_is_fenced_single() {
+    stale_owner_is_fenced(Flavor::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_owner_is_fenced_cluster() {
+    stale_owner_is_fenced(Flavor::Cluster).await;
+}
+
+#[tokio::test]
+async fn bad_configuration_is_invalid_config() {
+    for prefix in ["", "a{b}", "with space", &"x".repeat(65)] {
+        let e = RedisStore::builder()
+            .prefix(prefix)
+            .connect("redis://127.0.0.1:1")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidConfig(m) if m.contains("prefix")),
+            "{e}"
+        );
+    }
+    let e = RedisStore::connect("http://127.0.0.1:1").await.unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidConfig(m) if m.contains("Redis URL")),
+        "{e}"
+    );
+    let e = RedisStore::builder()
+        .wait_for_replicas(0, Duration::from_millis(10))
+        .connect("redis://127.0.0.1:1")
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, Error::InvalidConfig(_)), "{e}");
+    let none: [&str; 0] = [];
+    let e = RedisStore::builder()
+        .connect_cluster(none)
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, Error::InvalidConfig(_)), "{e}");
+}
+
+/// A port nothing listens on.
+fn dead_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[tokio::test]
+async fn unreachable_server_is_unavailable() {
+    let url = format!("redis://127.0.0.1:{}", dead_port());
+    let result = RedisStore::connect(&url).await;
+    assert_eq!(
+        kind(&result),
+        Some(StoreErrorKind::Unavailable),
+        "{result:?}"
+    );
+    let result = RedisStore::builder().connect_cluster([url.as_str()]).await;
+    assert_eq!(
+        kind(&result),
+        Some(StoreErrorKind::Unavailable),
+        "{result:?}"
+    );
+}
+
+/// `redis-server` and `redis-cli` from `IDEM_REDIS_BINDIR`, or `None` after printing why the
+/// test skips (a failure under `IDEM_REQUIRE_REDIS=1`).
+fn bindir(test: &str) -> Option<PathBuf> {
+    match std::env::var("IDEM_REDIS_BINDIR") {
+        Ok(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
+        _ if std::env::var("IDEM_REQUIRE_REDIS").is_ok_and(|v| v == "1") => {
+            panic!("{test}: IDEM_REDIS_BINDIR is not set, and IDEM_REQUIRE_REDIS=1 requires it")
+        }
+        _ => {
+            eprintln!("skipping {test}: IDEM_REDIS_BINDIR is not set");
+            None
+        }
+    }
+}
+
+/// A `redis-server` of the test's own, killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(bin: &Path, dir: &Path, port: u16, extra: &[&str]) -> Server {
+        let dir = dir.join(port.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = Command::new(bin.join("redis-server"))
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "no", "--dir"])
+            .arg(&dir)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start redis-server");
+        let server = Server { child, port };
+        server.wait_ready(bin);
+        server
+    }
+
+    fn cli(bin: &Path, port: u16, args: &[&str]) -> String {
+        let out = Command::new(bin.join("redis-cli"))
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn wait_ready(&self, bin: &Path) {
+        for _ in 0..200 {
+            if Self::cli(bin, self.port, &["ping"]).contains("PONG") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("redis-server on {} did not answer within 5 s", self.port);
+    }
+
+    /// `kill -9`: the server dies at once, without saving or telling its replicas.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A free port whose cluster bus port (port + 10000) is free too.
+fn free_port_pair() -> u16 {
+    for _ in 0..200 {
+        let port = 20000 + fastrand::u16(..9000);
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 10000) {
+            return port;
+        }
+    }
+    panic!("no free port pair after 200 tries");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_server_is_unavailable_then_serves_again() {
+    let Some(bin) = bindir("restarted_server_is_unavailable_then_serves_again") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port_pair();
+    let mut server = Server::start(&bin, dir.path(), port, &[]);
+    let store = RedisStore::builder()
+        .response_timeout(Duration::from_secs(1))
+        .connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let engine = Idempotency::new(store.clone());
+    let runs = AtomicUsize::new(0);
+    let call = |name: &'static str| {
+        let engine = &engine;
+        let runs = &runs;
+        async move {
+            engine
+                .call(key(name))
+                .run(async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(name.to_owned())
+                })
+                .await
+        }
+    };
+    call("before").await.unwrap();
+
+    server.kill();
+    let down = call("during").await;
+    assert_eq!(kind(&down), Some(StoreErrorKind::Unavailable), "{down:?}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "no work runs without a claim"
+    );
+
+    // The same port again: the connection comes back by itself, and the new server, which
+    // knows no scripts, is sent them in full.
+    let _server = Server::start(&bin, dir.path(), port, &[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match call("after").await {
+            Ok(out) => {
+                assert!(!out.is_replayed());
+                break;
+            }
+            Err(e) => {
+                assert_eq!(kind(&Err::<(), _>(e)), Some(StoreErrorKind::Unavailable));
+                assert!(Instant::now() < deadline, "no reconnection within 20 s");
+                sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    assert!(call("after").await.unwrap().is_replayed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acknowledgements_are_checked() {
+    let Some(bin) = bindir("replica_acknowledgements_are_checked") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let master = Server::start(&bin, dir.path(), free_port_pair(), &[]);
+    let url = format!("redis://127.0.0.1:{}", master.port);
+
+    // No replica: a claim is applied on the master but fails closed, and its work never runs.
+    let store = RedisStore::builder()
+        .wait_for_replicas(1, Duration::from_millis(50))
+        .connect(&url)
+        .await
+        .unwrap();
+    let k = key("unreplicated");
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    let result = Idempotency::new(store.clone())
+        .call(k)
+        .run(async {
+            ran.store(true, Ordering::SeqCst);
+            Ok::<_, Error>(1)
+        })
+        .await;
+    assert_eq!(
+        kind(&result),
+        Some(StoreErrorKind::Unavailable),
+        "{result:?}"
+    );
+    assert!(format!("{:?}", result.unwrap_err()).contains("0 of the 1"));
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "the work of an unacknowledged claim ran"
+    );
+
+    // One replica: claims and completions go through, acknowledged.
+    let replica = Server::start(
+        &bin,
+        dir.path(),
+        free_port_pair(),
+        &["--replicaof", "127.0.0.1", &master.port.to_string()],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !Server::cli(&bin, replica.port, &["info", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the replica did not sync in 20 s"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    let engine = Idempotency::new(store.clone());
+    let out = engine
+        .call(key("replicated"))
+        .run(async { Ok::<_, Error>(7) })
+        .await
+        .unwrap();
+    assert!(!out.is_replayed());
+    // The replica holds the completed record.
+    let on_replica = Server::cli(
+        &bin,
+        replica.port,
+        &["hget", &store.redis_key(&key("replicated")), "s"],
+    );
+    assert_eq!(on_replica.trim(), "c");
+}
+
+/// A 3-master, 3-replica cluster of the test's own, with a short node timeout.
+struct Cluster {
+    nodes: Vec<Server>,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// The arguments of the cluster node on `port`, its config file in `dir`.
+    fn node_args(dir: &Path, port: u16) -> Vec<String> {
+        let conf = dir.join(format!("nodes-{port}.conf"));
+        [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "1000",
+            // A replica takes over however long ago it last heard its master.
+            "--cluster-replica-validity-factor",
+            "0",
+            // Replicas sync at once instead of after Redis's 5 s default delay.
+            "--repl-diskless-sync-delay",
+            "0",
+            "--cluster-config-file",
+            conf.to_str().unwrap(),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
+
+    fn node(bin: &Path, dir: &Path, port: u16) -> Server {
+        let args = Self::node_args(dir, port);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Server::start(bin, dir, port, &args)
+    }
+
+    fn start(bin: &Path) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes: Vec<Server> = (0..6)
+            .map(|_| Self::node(bin, dir.path(), free_port_pair()))
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "1", "--cluster-yes"]);
+        Server::cli(bin, nodes[0].port, &args);
+        let cluster = Cluster { nodes, dir };
+        cluster.wait_ok(bin, Duration::from_secs(30));
+        cluster.wait_synced(bin);
+        cluster
+    }
+
+    /// Waits until every replica has synced with its master.
+    fn wait_synced(&self, bin: &Path) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        for node in &self.nodes {
+            loop {
+                let info = Server::cli(bin, node.port, &["info", "replication"]);
+                if info.contains("role:master") || info.contains("master_link_status:up") {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "a replica did not sync within 30 s"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Starts the node `i` again (after [`Server::kill`]): it rejoins as a replica.
+    fn restart(&mut self, bin: &Path, i: usize) {
+        let port = self.nodes[i].port;
+        self.nodes[i] = Self::node(bin, self.dir.path(), port);
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}", n.port))
+            .collect()
+    }
+
+    /// Waits until every live node reports `cluster_state:ok` and all 3 masters are live.
+    fn wait_ok(&self, bin: &Path, within: Duration) {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let live: Vec<&Server> = self
+                .nodes
+                .iter()
+                .filter(|n| Server::cli(bin, n.port, &["ping"]).contains("PONG"))
+                .collect();
+            let ok = live.iter().all(|n| {
+                Server::cli(bin, n.port, &["cluster", "info"]).contains("cluster_state:ok")
+            });
+            if ok && !live.is_empty() {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the cluster was not ok within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The index of a live master.
+    fn a_master(&self, bin: &Path) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| {
+                Server::cli(bin, n.port, &["info", "replication"]).contains("role:master")
+            })
+            .expect("a master")
+    }
+}
+
+/// What a storm across a master's death saw.
+#[derive(Debug, Default)]
+#[allow(dead_code)] // `ran_twice` and `errors` are printed, not asserted.
+struct Failover {
+    /// Keys whose work ran more than once.
+    ran_twice: usize,
+    /// Keys that ran again after a call had already returned their result as completed.
+    ran_after_ok: usize,
+    /// Errors by kind during the storm.
+    errors: HashMap<String, usize>,
+}
+
+/// Runs 4 tasks over 300 keys against a fresh 3+3 cluster, kills one master with `kill -9`
+/// after the first 100 keys, waits for its replica to take over, and then calls every key
+/// again until each one answers.
+async fn storm_across_failover(bin: &Path, wait: bool) -> Failover {
+    let cluster = Cluster::start(bin);
+    let mut builder = RedisStore::builder()
+        .prefix("failover")
+        .response_timeout(Duration::from_millis(500));
+    if wait {
+        builder = builder.wait_for_replicas(1, Duration::from_millis(500));
+    }
+    let store = builder.connect_cluster(cluster.urls()).await.unwrap();
+    let engine = Arc::new(
+        Idempotency::builder(store)
+            // Longer than the failover and the old master's return: a completion refused during
+            // it is retried by the engine while the key stays claimed.
+            .lease(Duration::from_secs(30))
+            .on_locked(OnLocked::FailFast)
+            .build()
+            .unwrap(),
+    );
+    const KEYS: usize = 300;
+    let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
+    let ok_before_run: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
+    let errors: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let ran_after_ok = Arc::new(AtomicUsize::new(0));
+
+    let call = {
+        let (engine, runs, ok_before_run, errors, ran_after_ok) = (
+            engine.clone(),
+            runs.clone(),
+            ok_before_run.clone(),
+            errors.clone(),
+            ran_after_ok.clone(),
+        );
+        move |i: usize| {
+            let (engine, runs, ok_before_run, errors, ran_after_ok) = (
+                engine.clone(),
+                runs.clone(),
+                ok_before_run.clone(),
+                errors.clone(),
+                ran_after_ok.clone(),
+            );
+            async move {
+                let result = engine
+                    .call(key(&format!("k{i}")))
+                    .run(async {
+                        if runs[i].fetch_add(1, Ordering::SeqCst) > 0
+                            && ok_before_run[i].load(Ordering::SeqCst) > 0
+                        {
+                            ran_after_ok.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Ok::<_, Error>(i)
+                    })
+                    .await;
+                match result {
+                    Ok(out) => {
+                        assert_eq!(out.into_inner(), i);
+                        ok_before_run[i].fetch_add(1, Ordering::SeqCst);
+                        true
+                    }
+                    Err(e) => {
+                        let what = match &e {
+                            Error::Store(s) => format!("{:?}", s.kind()),
+                            Error::LeaseLost => "LeaseLost".to_owned(),
+                            Error::Locked { .. } => "Locked".to_owned(),
+                            other => panic!("an untyped failure across a failover: {other:?}"),
+                        };
+                        if let Error::Store(s) = &e {
+                            assert!(
+                                matches!(
+                                    s.kind(),
+                                    StoreErrorKind::Unavailable | StoreErrorKind::Transient
+                                ),
+                                "{e:?}"
+                            );
+                        }
+                        *errors.lock().unwrap().entry(what).or_default() += 1;
+                        false
+                    }
+                }
+            }
+        }
+    };
+
+    // Keys 0..100 before the failure, two callers each.
+    for i in 0..100 {
+        let (a, b) = tokio::join!(call(i), call(i));
+        assert!(a || b, "key {i} failed on a healthy cluster");
+    }
+    // Keys 100..300 while a master dies: 4 tasks, started before the kill.
+    let victim = cluster.a_master(bin);
+    let tasks: Vec<_> = (0..4)
+        .map(|t| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                for i in (100 + t..KEYS).step_by(4) {
+                    call(i).await;
+                }
+            })
+        })
+        .collect();
+    sleep(Duration::from_millis(20)).await;
+    let mut cluster = cluster;
+    cluster.nodes[victim].kill();
+    for t in tasks {
+        t.await.expect("no call panics across a failover");
+    }
+    cluster.wait_ok(bin, Duration::from_secs(60));
+    // The dead master comes back as a replica of the one that took over, so that its shard has
+    // a replica again (with `wait_for_replicas(1, …)`, a shard without one refuses every claim).
+    cluster.restart(bin, victim);
+    cluster.wait_ok(bin, Duration::from_secs(60));
+    cluster.wait_synced(bin);
+    // Every key answers again (its replay, or its first run if its record was lost).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in 0..KEYS {
+        while !call(i).await {
+            assert!(
+                Instant::now() < deadline,
+                "key {i} did not recover within 60 s"
+            );
+            sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let ran_twice = runs.iter().filter(|r| r.load(Ordering::SeqCst) > 1).count();
+    let errors = errors.lock().unwrap().clone();
+    Failover {
+        ran_twice,
+        ran_after_ok: ran_after_ok.load(Ordering::SeqCst),
+        errors,
+    }
+}
+
+/// A master killed mid-storm: calls in flight fail with typed errors and nothing panics; the
+/// replica takes over and every key answers again. Without replica acknowledgements, writes
+/// acknowledged just before the kill may be lost (the test prints how many keys ran twice);
+/// with `wait_for_replicas(1, …)`, no key whose result a caller received runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn master_killed_mid_storm() {
+    let Some(bin) = bindir("master_killed_mid_storm") else {
+        return;
+    };
+    let plain = storm_across_failover(&bin, false).await;
+    eprintln!("failover without WAIT: {plain:?}");
+    let waited = storm_across_failover(&bin, true).await;
+    eprintln!("failover with wait_for_replicas(1): {waited:?}");
+    assert!(
+        !plain.errors.is_empty() || !waited.errors.is_empty(),
+        "the failover was not felt by any call: {plain:?} {waited:?}"
+    );
+    assert_eq!(waited.ran_after_ok, 0, "{waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evict_and_get_on_a_cluster() {
+    let Some(store) = redis_env::fresh_store(Flavor::Cluster, |b| b).await else {
+        return;
+    };
+    // Keys spread over every master: each record lives in one slot, by its hash tag.
+    for i in 0..50 {
+        let k = key(&format!("spread-{i}"));
+        let Start::Started(c) = store.start(&k, None, LONG).await.unwrap() else {
+            panic!("new key");
+        };
+        assert!(matches!(
+            store.get(&k).await.unwrap().unwrap().state,
+            RecordState::InProgress { .. }
+        ));
+        store.complete(&c, done(b"r"), LONG).await.unwrap();
+        assert!(store.evict(&k).await.unwrap());
+        assert!(store.get(&k).await.unwrap().is_none());
+    }
+}
