@@ -2,14 +2,17 @@
 //! same database and pool, in one run. See docs/performance.md; run it with `scripts/bench`.
 //!
 //! ```text
-//! idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres]
+//! idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb]
+//!            [--dynamodb-url URL]
 //!            [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]
 //! ```
 //!
-//! The PostgreSQL URL defaults to `IDEM_TEST_PG_URL`.
+//! The PostgreSQL URL defaults to `IDEM_TEST_PG_URL`, the DynamoDB endpoint to
+//! `IDEM_TEST_DYNAMODB_URL`; DynamoDB is among the default stores when an endpoint is known.
 #![forbid(unsafe_code)]
 
 mod cpu;
+mod dynamo;
 mod harness;
 mod memory;
 mod raw;
@@ -42,9 +45,11 @@ pub enum BenchError {
     Join(#[from] tokio::task::JoinError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("DynamoDB: {0}")]
+    Dynamo(String),
     #[error("the benchmark measured the wrong thing: {0}")]
     Unexpected(String),
-    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]")]
+    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb] [--dynamodb-url URL] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]")]
     Usage(String),
 }
 
@@ -57,6 +62,7 @@ struct Args {
     quick: bool,
     out: Option<String>,
     pg_url: Option<String>,
+    dynamodb_url: Option<String>,
     stores: Vec<String>,
     scale: bool,
     main: bool,
@@ -74,6 +80,7 @@ impl Args {
             quick: false,
             out: None,
             pg_url: std::env::var("IDEM_TEST_PG_URL").ok(),
+            dynamodb_url: std::env::var("IDEM_TEST_DYNAMODB_URL").ok(),
             stores: vec!["memory".into(), "sqlite".into(), "postgres".into()],
             scale: true,
             main: true,
@@ -88,11 +95,12 @@ impl Args {
             if std::mem::take(&mut skip) {
                 continue;
             }
-            skip = matches!(a.as_str(), "--pg-url" | "--out");
+            skip = matches!(a.as_str(), "--pg-url" | "--out" | "--dynamodb-url");
             if !skip {
                 args.shown.push(a.clone());
             }
         }
+        let mut stores_given = false;
         let mut it = argv.into_iter();
         while let Some(arg) = it.next() {
             let mut value = |name: &str| {
@@ -105,6 +113,7 @@ impl Args {
                 "--scale-only" => args.main = false,
                 "--out" => args.out = Some(value("--out")?),
                 "--pg-url" => args.pg_url = Some(value("--pg-url")?),
+                "--dynamodb-url" => args.dynamodb_url = Some(value("--dynamodb-url")?),
                 "--scale-rows" => {
                     args.scale_rows = Some(number("--scale-rows", value("--scale-rows")?)?)
                 }
@@ -116,12 +125,11 @@ impl Args {
                     args.prune_pause = Some(Duration::from_millis(ms));
                 }
                 "--stores" => {
+                    stores_given = true;
                     args.stores = value("--stores")?.split(',').map(str::to_owned).collect();
-                    if let Some(bad) = args
-                        .stores
-                        .iter()
-                        .find(|s| !["memory", "sqlite", "postgres"].contains(&s.as_str()))
-                    {
+                    if let Some(bad) = args.stores.iter().find(|s| {
+                        !["memory", "sqlite", "postgres", "dynamodb"].contains(&s.as_str())
+                    }) {
                         return Err(BenchError::Usage(format!("unknown store {bad:?}")));
                     }
                 }
@@ -134,6 +142,16 @@ impl Args {
         if args.wants("postgres") && args.pg_url.is_none() {
             return Err(BenchError::Usage(
                 "no PostgreSQL URL: pass --pg-url, set IDEM_TEST_PG_URL, or run scripts/bench"
+                    .into(),
+            ));
+        }
+        // DynamoDB joins the default stores when an endpoint is known (scripts/bench starts one).
+        if !stores_given && args.dynamodb_url.is_some() {
+            args.stores.push("dynamodb".into());
+        }
+        if args.wants("dynamodb") && args.dynamodb_url.is_none() {
+            return Err(BenchError::Usage(
+                "no DynamoDB endpoint: pass --dynamodb-url, set IDEM_TEST_DYNAMODB_URL, or run scripts/bench"
                     .into(),
             ));
         }
@@ -324,6 +342,10 @@ async fn bench() -> Result<(), BenchError> {
                 report,
             });
         }
+    }
+
+    if let (true, true, Some(url)) = (args.main, args.wants("dynamodb"), &args.dynamodb_url) {
+        dynamo::run(url, &plan, &mut results.rows, &mut versions).await?;
     }
 
     let table = results.markdown();

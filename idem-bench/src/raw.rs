@@ -11,8 +11,21 @@ use crate::BenchError;
 /// Raw statements on one backend.
 #[derive(Clone)]
 pub enum Raw {
-    Sqlite { pool: SqlitePool, sql: Statements },
-    Postgres { pool: PgPool, sql: Statements },
+    Sqlite {
+        pool: SqlitePool,
+        sql: Statements,
+    },
+    Postgres {
+        pool: PgPool,
+        sql: Statements,
+    },
+    /// DynamoDB's requests, written by hand in `dynamo.rs`.
+    Dynamo(crate::dynamo::RawDynamo),
+}
+
+/// The statement helpers below are SQL's; DynamoDB's baseline dispatches before them.
+fn not_sql() -> BenchError {
+    BenchError::Unexpected("a SQL statement on DynamoDB's baseline".into())
 }
 
 /// The three statements, rendered for one table.
@@ -90,6 +103,7 @@ impl Raw {
                 .execute(pool)
                 .await?
                 .rows_affected(),
+            Raw::Dynamo(_) => return Err(not_sql()),
         };
         Ok(rows == 1)
     }
@@ -118,6 +132,7 @@ impl Raw {
                 .execute(pool)
                 .await?
                 .rows_affected(),
+            Raw::Dynamo(_) => return Err(not_sql()),
         };
         if rows == 1 {
             Ok(())
@@ -143,11 +158,15 @@ impl Raw {
                     Ok::<_, sqlx::Error>((i64::from(row.try_get::<i16, _>(0)?), row.try_get(1)?))
                 })
                 .transpose()?,
+            Raw::Dynamo(_) => return Err(not_sql()),
         })
     }
 
     /// Insert, trivial work, update: a new key the hand-written way (two statements).
     pub async fn fresh(&self, key: &[u8; 32], seed: u64) -> Result<Hit, BenchError> {
+        if let Raw::Dynamo(d) = self {
+            return d.fresh(key, seed).await;
+        }
         let token: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
         if !self.insert(key, &token).await? {
             return Err(BenchError::Unexpected(
@@ -161,6 +180,9 @@ impl Raw {
 
     /// One SELECT by primary key, decoding the stored response (one statement).
     pub async fn replay(&self, key: &[u8; 32]) -> Result<Hit, BenchError> {
+        if let Raw::Dynamo(d) = self {
+            return d.replay(key).await;
+        }
         match self.select(key).await? {
             Some((1, Some(bytes))) => {
                 let _: Receipt = serde_json::from_slice(&bytes)?;
@@ -174,6 +196,9 @@ impl Raw {
 
     /// Claim or read: insert; on a new key run and update, otherwise read what is there.
     pub async fn storm(&self, key: &[u8; 32], seed: u64) -> Result<Hit, BenchError> {
+        if let Raw::Dynamo(d) = self {
+            return d.storm(key, seed).await;
+        }
         let token: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
         if self.insert(key, &token).await? {
             let response = serde_json::to_vec(&work(seed))?;

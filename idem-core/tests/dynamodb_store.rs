@@ -545,3 +545,88 @@ async fn items_carry_a_ttl_and_the_table_has_it_enabled() {
     );
     assert!(ttl_s * 1000 <= expires_ms + 3000);
 }
+
+/// `prune_expired` examines a bounded number of items per call (here 1,000 for `limit` 1) and
+/// goes on where the previous call stopped: among 1,500 live items, the 5 expired ones are all
+/// deleted within a few calls, and no live item is touched.
+#[tokio::test]
+async fn prune_goes_on_where_it_stopped_and_spares_live_items() {
+    let Some(url) = url() else { return };
+    let clock = ManualClock::new();
+    let store = fresh_store(&url, |b| {
+        b.clock(clock.clone())
+            .clock_skew_margin(Duration::from_millis(100))
+    })
+    .await;
+    const LIVE: usize = 1_500;
+    // Live items written 25 at a time, in the store's layout, expiring in 2100.
+    let live: Vec<_> = (0..LIVE)
+        .map(|i| {
+            let item = HashMap::from([
+                (
+                    "pk".to_owned(),
+                    AttributeValue::S(key(&format!("live-{i}")).to_string()),
+                ),
+                (
+                    "token_b".to_owned(),
+                    AttributeValue::B(Blob::new(vec![7; 16])),
+                ),
+                ("state_n".to_owned(), AttributeValue::N("0".into())),
+                (
+                    "expires_ms".to_owned(),
+                    AttributeValue::N("4102444800000".into()),
+                ),
+            ]);
+            idem_core::aws_sdk_dynamodb::types::WriteRequest::builder()
+                .put_request(
+                    idem_core::aws_sdk_dynamodb::types::PutRequest::builder()
+                        .set_item(Some(item))
+                        .build()
+                        .unwrap(),
+                )
+                .build()
+        })
+        .collect();
+    for batch in live.chunks(25) {
+        let out = store
+            .client()
+            .batch_write_item()
+            .request_items(store.table(), batch.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert!(out.unprocessed_items().is_none_or(|u| u.is_empty()));
+    }
+    for i in 0..5 {
+        claim(
+            &store,
+            &key(&format!("expired-{i}")),
+            Duration::from_secs(1),
+        )
+        .await;
+    }
+    clock.advance(Duration::from_secs(2));
+
+    let mut deleted = 0;
+    let mut calls = 0;
+    while deleted < 5 {
+        calls += 1;
+        assert!(calls <= 20, "5 expired items not pruned in 20 calls");
+        let n = store.prune_expired(1).await.unwrap();
+        assert!(n <= 1);
+        deleted += n;
+    }
+    let remaining = store
+        .client()
+        .scan()
+        .table_name(store.table())
+        .select(idem_core::aws_sdk_dynamodb::types::Select::Count)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        remaining.count(),
+        LIVE as i32,
+        "only the expired items went"
+    );
+}

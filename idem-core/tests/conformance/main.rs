@@ -4,7 +4,8 @@
 //! Each store contributes a [`Harness`](idem_core::conformance::Harness) (a fresh empty store
 //! per test) and one `suite!` line below. Time passes through `tokio::time::sleep`: the memory
 //! store runs on a paused runtime with [`idem_core::TokioClock`], so its waits are instant and
-//! exact; SQL stores use short leases on the database's own clock and really wait them out.
+//! exact; SQL stores use short leases on the database's own clock and really wait them out, and
+//! DynamoDB (moto under `scripts/test`, a server per rule: see `dynamodb.rs`) on the client's.
 
 #![cfg(feature = "conformance")]
 

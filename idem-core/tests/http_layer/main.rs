@@ -74,7 +74,11 @@ enum Leftover {
     PgTable(idem_core::PostgresStore),
     /// A server of the test's own (stopped when dropped), or a table on the shared one.
     #[cfg(feature = "dynamodb")]
-    Dynamo(Option<dynamo_env::Server>, String, String),
+    Dynamo(
+        #[allow(dead_code)] Option<dynamo_env::Server>,
+        String,
+        String,
+    ),
 }
 
 impl Leftover {
@@ -85,6 +89,11 @@ impl Leftover {
             let table = store.table();
             let drop = format!("DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\"");
             let _ = sqlx::raw_sql(&drop).execute(store.pool()).await;
+        }
+        #[cfg(feature = "dynamodb")]
+        if let Leftover::Dynamo(None, url, table) = &self {
+            let client = dynamo_env::client(url);
+            let _ = client.delete_table().table_name(table).send().await;
         }
         // A directory is deleted as `self` goes out of scope here.
         let _ = self;

@@ -37,7 +37,8 @@ pub fn current_test() -> String {
 }
 
 /// A client of the server at `endpoint` with static test credentials, bounded timeouts and the
-/// SDK's standard retries.
+/// SDK's standard retries. The timeouts are generous: moto answers one request at a time, so in
+/// the storm rule a request may queue behind a thousand others on a loaded machine.
 pub fn client(endpoint: &str) -> Client {
     Client::from_conf(config(endpoint).build())
 }
@@ -57,9 +58,9 @@ pub fn config(endpoint: &str) -> aws_sdk_dynamodb::config::Builder {
         .endpoint_url(endpoint)
         .timeout_config(
             TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(2))
-                .operation_attempt_timeout(Duration::from_secs(10))
-                .operation_timeout(Duration::from_secs(30))
+                .connect_timeout(Duration::from_secs(5))
+                .operation_attempt_timeout(Duration::from_secs(30))
+                .operation_timeout(Duration::from_secs(60))
                 .build(),
         )
 }

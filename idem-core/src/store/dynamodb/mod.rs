@@ -214,8 +214,8 @@ const EXPIRED: &str = "expires_ms <= :cutoff";
 ///
 /// The feature enables `aws-sdk-dynamodb` with `rt-tokio` and `rustls` (HTTPS through rustls
 /// with ring) only. For the SDK's newer HTTPS client, enable its `default-https-client` feature
-/// in your own dependencies; Cargo unifies the features. aws-sdk-dynamodb needs a recent Rust
-/// (1.91 or later at the time of writing), newer than idem's own minimum.
+/// in your own dependencies; Cargo unifies the features. aws-sdk-dynamodb follows a recent Rust
+/// (1.94.1 or later for the 1.136 release this was built with), newer than idem's own minimum.
 #[derive(Clone)]
 pub struct DynamoStore {
     inner: Arc<Inner>,
