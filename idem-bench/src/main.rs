@@ -3,12 +3,14 @@
 //!
 //! ```text
 //! idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb]
-//!            [--dynamodb-url URL]
+//!            [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,URL,…]
 //!            [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]
 //! ```
 //!
 //! The PostgreSQL URL defaults to `IDEM_TEST_PG_URL`, the DynamoDB endpoint to
-//! `IDEM_TEST_DYNAMODB_URL`; DynamoDB is among the default stores when an endpoint is known.
+//! `IDEM_TEST_DYNAMODB_URL`, the Redis ones to `IDEM_TEST_REDIS_URL` and
+//! `IDEM_TEST_REDIS_CLUSTER_URLS`; DynamoDB, Redis and Redis Cluster (`redis-cluster`) are among
+//! the default stores when their servers are known.
 #![forbid(unsafe_code)]
 
 mod cpu;
@@ -16,6 +18,7 @@ mod dynamo;
 mod harness;
 mod memory;
 mod raw;
+mod redis_rows;
 mod report;
 mod scale;
 mod workload;
@@ -47,9 +50,11 @@ pub enum BenchError {
     Io(#[from] std::io::Error),
     #[error("DynamoDB: {0}")]
     Dynamo(String),
+    #[error("Redis: {0}")]
+    Redis(String),
     #[error("the benchmark measured the wrong thing: {0}")]
     Unexpected(String),
-    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb] [--dynamodb-url URL] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]")]
+    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster] [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]")]
     Usage(String),
 }
 
@@ -63,6 +68,8 @@ struct Args {
     out: Option<String>,
     pg_url: Option<String>,
     dynamodb_url: Option<String>,
+    redis_url: Option<String>,
+    redis_cluster_urls: Option<Vec<String>>,
     stores: Vec<String>,
     scale: bool,
     main: bool,
@@ -81,6 +88,10 @@ impl Args {
             out: None,
             pg_url: std::env::var("IDEM_TEST_PG_URL").ok(),
             dynamodb_url: std::env::var("IDEM_TEST_DYNAMODB_URL").ok(),
+            redis_url: std::env::var("IDEM_TEST_REDIS_URL").ok(),
+            redis_cluster_urls: std::env::var("IDEM_TEST_REDIS_CLUSTER_URLS")
+                .ok()
+                .map(|v| v.split(',').map(str::to_owned).collect()),
             stores: vec!["memory".into(), "sqlite".into(), "postgres".into()],
             scale: true,
             main: true,
@@ -95,7 +106,10 @@ impl Args {
             if std::mem::take(&mut skip) {
                 continue;
             }
-            skip = matches!(a.as_str(), "--pg-url" | "--out" | "--dynamodb-url");
+            skip = matches!(
+                a.as_str(),
+                "--pg-url" | "--out" | "--dynamodb-url" | "--redis-url" | "--redis-cluster-urls"
+            );
             if !skip {
                 args.shown.push(a.clone());
             }
@@ -114,6 +128,15 @@ impl Args {
                 "--out" => args.out = Some(value("--out")?),
                 "--pg-url" => args.pg_url = Some(value("--pg-url")?),
                 "--dynamodb-url" => args.dynamodb_url = Some(value("--dynamodb-url")?),
+                "--redis-url" => args.redis_url = Some(value("--redis-url")?),
+                "--redis-cluster-urls" => {
+                    args.redis_cluster_urls = Some(
+                        value("--redis-cluster-urls")?
+                            .split(',')
+                            .map(str::to_owned)
+                            .collect(),
+                    )
+                }
                 "--scale-rows" => {
                     args.scale_rows = Some(number("--scale-rows", value("--scale-rows")?)?)
                 }
@@ -128,7 +151,15 @@ impl Args {
                     stores_given = true;
                     args.stores = value("--stores")?.split(',').map(str::to_owned).collect();
                     if let Some(bad) = args.stores.iter().find(|s| {
-                        !["memory", "sqlite", "postgres", "dynamodb"].contains(&s.as_str())
+                        ![
+                            "memory",
+                            "sqlite",
+                            "postgres",
+                            "dynamodb",
+                            "redis",
+                            "redis-cluster",
+                        ]
+                        .contains(&s.as_str())
                     }) {
                         return Err(BenchError::Usage(format!("unknown store {bad:?}")));
                     }
@@ -148,6 +179,20 @@ impl Args {
         // DynamoDB joins the default stores when an endpoint is known (scripts/bench starts one).
         if !stores_given && args.dynamodb_url.is_some() {
             args.stores.push("dynamodb".into());
+        }
+        if !stores_given && args.redis_url.is_some() {
+            args.stores.push("redis".into());
+        }
+        if !stores_given && args.redis_cluster_urls.is_some() {
+            args.stores.push("redis-cluster".into());
+        }
+        if args.wants("redis") && args.redis_url.is_none()
+            || args.wants("redis-cluster") && args.redis_cluster_urls.is_none()
+        {
+            return Err(BenchError::Usage(
+                "no Redis server: pass --redis-url / --redis-cluster-urls, set IDEM_TEST_REDIS_URL / IDEM_TEST_REDIS_CLUSTER_URLS, or run scripts/bench"
+                    .into(),
+            ));
         }
         if args.wants("dynamodb") && args.dynamodb_url.is_none() {
             return Err(BenchError::Usage(
@@ -346,6 +391,14 @@ async fn bench() -> Result<(), BenchError> {
 
     if let (true, true, Some(url)) = (args.main, args.wants("dynamodb"), &args.dynamodb_url) {
         dynamo::run(url, &plan, &mut results.rows, &mut versions).await?;
+    }
+    if args.main && (args.wants("redis") || args.wants("redis-cluster")) {
+        let url = args.redis_url.as_deref().filter(|_| args.wants("redis"));
+        let cluster = args
+            .redis_cluster_urls
+            .as_deref()
+            .filter(|_| args.wants("redis-cluster"));
+        redis_rows::run(url, cluster, &plan, &mut results.rows, &mut versions).await?;
     }
 
     let table = results.markdown();

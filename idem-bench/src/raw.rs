@@ -21,11 +21,13 @@ pub enum Raw {
     },
     /// DynamoDB's requests, written by hand in `dynamo.rs`.
     Dynamo(crate::dynamo::RawDynamo),
+    /// Redis commands, written by hand in `redis_rows.rs`.
+    Redis(crate::redis_rows::RawRedis),
 }
 
-/// The statement helpers below are SQL's; DynamoDB's baseline dispatches before them.
+/// The statement helpers below are SQL's; DynamoDB's and Redis's baselines dispatch before them.
 fn not_sql() -> BenchError {
-    BenchError::Unexpected("a SQL statement on DynamoDB's baseline".into())
+    BenchError::Unexpected("a SQL statement on a key-value baseline".into())
 }
 
 /// The three statements, rendered for one table.
@@ -103,7 +105,7 @@ impl Raw {
                 .execute(pool)
                 .await?
                 .rows_affected(),
-            Raw::Dynamo(_) => return Err(not_sql()),
+            Raw::Dynamo(_) | Raw::Redis(_) => return Err(not_sql()),
         };
         Ok(rows == 1)
     }
@@ -132,7 +134,7 @@ impl Raw {
                 .execute(pool)
                 .await?
                 .rows_affected(),
-            Raw::Dynamo(_) => return Err(not_sql()),
+            Raw::Dynamo(_) | Raw::Redis(_) => return Err(not_sql()),
         };
         if rows == 1 {
             Ok(())
@@ -158,14 +160,16 @@ impl Raw {
                     Ok::<_, sqlx::Error>((i64::from(row.try_get::<i16, _>(0)?), row.try_get(1)?))
                 })
                 .transpose()?,
-            Raw::Dynamo(_) => return Err(not_sql()),
+            Raw::Dynamo(_) | Raw::Redis(_) => return Err(not_sql()),
         })
     }
 
     /// Insert, trivial work, update: a new key the hand-written way (two statements).
     pub async fn fresh(&self, key: &[u8; 32], seed: u64) -> Result<Hit, BenchError> {
-        if let Raw::Dynamo(d) = self {
-            return d.fresh(key, seed).await;
+        match self {
+            Raw::Dynamo(d) => return d.fresh(key, seed).await,
+            Raw::Redis(r) => return r.fresh(key, seed).await,
+            _ => {}
         }
         let token: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
         if !self.insert(key, &token).await? {
@@ -180,8 +184,10 @@ impl Raw {
 
     /// One SELECT by primary key, decoding the stored response (one statement).
     pub async fn replay(&self, key: &[u8; 32]) -> Result<Hit, BenchError> {
-        if let Raw::Dynamo(d) = self {
-            return d.replay(key).await;
+        match self {
+            Raw::Dynamo(d) => return d.replay(key).await,
+            Raw::Redis(r) => return r.replay(key).await,
+            _ => {}
         }
         match self.select(key).await? {
             Some((1, Some(bytes))) => {
@@ -196,8 +202,10 @@ impl Raw {
 
     /// Claim or read: insert; on a new key run and update, otherwise read what is there.
     pub async fn storm(&self, key: &[u8; 32], seed: u64) -> Result<Hit, BenchError> {
-        if let Raw::Dynamo(d) = self {
-            return d.storm(key, seed).await;
+        match self {
+            Raw::Dynamo(d) => return d.storm(key, seed).await,
+            Raw::Redis(r) => return r.storm(key, seed).await,
+            _ => {}
         }
         let token: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
         if self.insert(key, &token).await? {
