@@ -1,4 +1,5 @@
-//! Cross-process and failure tests of idem's PostgreSQL store.
+//! Cross-process and failure tests of idem's PostgreSQL store (and, through the worker's
+//! `storm-kv` mode, of any store opened by URL).
 //!
 //! The crate is not published. Its binary `idem-stress-worker` is one application node: it
 //! talks to PostgreSQL through [`idem_core::PostgresStore`] and reports what it saw on stdout,
