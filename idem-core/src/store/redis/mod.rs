@@ -381,16 +381,37 @@ impl RedisStore {
     pub fn redis_key(&self, key: &Key) -> String {
         self.inner.key(key)
     }
+
+    /// The Lua scripts this store runs on the server, by name (`claim`, `complete`, `abort`,
+    /// `renew`, `get`): to review them, or to pre-load them with `SCRIPT LOAD` (the store also
+    /// sends one in full to a server that does not know it). Each takes the record's key as
+    /// `KEYS[1]`; their arguments are listed in the store's source (`store/redis/scripts.rs`).
+    ///
+    /// ```
+    /// let scripts = idem_core::RedisStore::script_sources();
+    /// assert!(scripts.iter().any(|(name, source)| *name == "claim" && source.contains("TIME")));
+    /// ```
+    pub fn script_sources() -> Vec<(&'static str, String)> {
+        let s = Scripts::new();
+        vec![
+            ("claim", s.claim.body),
+            ("complete", s.complete.body),
+            ("abort", s.abort.body),
+            ("renew", s.renew.body),
+            ("get", s.get.body),
+        ]
+    }
 }
 
 impl Inner {
     fn key(&self, key: &Key) -> String {
-        use fmt::Write;
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut out = String::with_capacity(self.prefix.len() + 67);
         out.push_str(&self.prefix);
         out.push_str(":{");
         for b in key.as_bytes() {
-            let _ = write!(out, "{b:02x}");
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
         }
         out.push('}');
         out
