@@ -21,11 +21,17 @@ use idem::{DynamoStore, Idempotency};
 use crate::cpu::Cpu;
 use crate::harness::Hit;
 use crate::raw::Raw;
-use crate::report::{Row, Workload};
+use crate::report::Row;
 use crate::workload::{work, Receipt, Subject, LEASE, RETENTION};
-use crate::{compare, BenchError, Plan};
+use crate::{run_subject, Baselines, BenchError, Plan};
 
-const CONCURRENCY: [usize; 3] = [1, 8, 32];
+/// The baselines of these rows, the storm at 1, 8 and 32 tasks.
+const BASELINES: Baselines = Baselines {
+    fresh: "raw PutItem+UpdateItem",
+    replay: "raw PutItem (ALL_OLD)",
+    storm_concurrency: &[1, 8, 32],
+    max_replay_keys: REPLAY_KEYS,
+};
 /// Keys completed ahead of the replay rows: every seeded key costs four requests (idem's and the
 /// baseline's claim and completion), and the emulator answers a few hundred per second.
 const REPLAY_KEYS: usize = 1_000;
@@ -218,7 +224,7 @@ pub async fn run(
         client: client.clone(),
         table: raw_table.clone(),
     });
-    let outcome = measure(
+    let outcome = run_subject(
         Subject::new(
             "DynamoDB",
             Cpu::default(),
@@ -227,41 +233,11 @@ pub async fn run(
         ),
         plan,
         rows,
+        &BASELINES,
     )
     .await;
     for t in [&idem_table, &raw_table] {
         let _ = client.delete_table().table_name(t.as_str()).send().await;
     }
     outcome
-}
-
-async fn measure(mut s: Subject, plan: &Plan, rows: &mut Vec<Row>) -> Result<(), BenchError> {
-    s.seed_replays(REPLAY_KEYS.min(plan.replay_keys)).await?;
-    for c in CONCURRENCY {
-        eprintln!("{}: fresh, replay and storm, {c} tasks", s.name);
-        let fresh = [
-            ("engine", s.fresh_engine()),
-            ("#[idempotent]", s.fresh_attribute()),
-        ];
-        let baseline = ("raw PutItem+UpdateItem", s.fresh_raw());
-        compare(&s, Workload::Fresh, &fresh, baseline, c, plan, rows).await?;
-        let replay = [
-            ("engine", s.replay_engine()),
-            ("engine+cache", s.replay_cached()),
-        ];
-        let baseline = ("raw PutItem (ALL_OLD)", s.replay_raw());
-        compare(&s, Workload::Replay, &replay, baseline, c, plan, rows).await?;
-        let storm = [("engine", s.storm_engine())];
-        compare(
-            &s,
-            Workload::Storm,
-            &storm,
-            ("raw", s.storm_raw()),
-            c,
-            plan,
-            rows,
-        )
-        .await?;
-    }
-    Ok(())
 }

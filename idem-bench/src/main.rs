@@ -306,7 +306,7 @@ async fn bench() -> Result<(), BenchError> {
             None,
         );
         if args.main {
-            run_subject(subject, &plan, &mut results.rows).await?;
+            run_subject(subject, &plan, &mut results.rows, &SQL).await?;
             eprintln!("memory: ns per call");
             results.memory = Some(memory::run(plan.memory_calls).await?);
         }
@@ -332,7 +332,7 @@ async fn bench() -> Result<(), BenchError> {
         };
         let subject = Subject::new("SQLite", Cpu::default(), Idempotency::new(store), Some(raw));
         if args.main {
-            run_subject(subject, &plan, &mut results.rows).await?;
+            run_subject(subject, &plan, &mut results.rows, &SQL).await?;
         }
         if args.scale {
             let scale_plan = args.scale_plan(&plan, Cpu::default());
@@ -434,56 +434,57 @@ async fn run_postgres(
         sql: raw::Statements::postgres(raw_table),
     };
     let subject = Subject::new("PostgreSQL", cpu, Idempotency::new(store), Some(raw));
-    run_subject(subject, plan, &mut results.rows).await
+    run_subject(subject, plan, &mut results.rows, &SQL).await
 }
 
-/// Every workload of the main table on one store.
-async fn run_subject(mut s: Subject, plan: &Plan, rows: &mut Vec<Row>) -> Result<(), BenchError> {
-    s.seed_replays(plan.replay_keys).await?;
+/// The baselines of one store's rows: the labels of its hand-written fresh and replay paths,
+/// and the task counts of its storm rows.
+pub(crate) struct Baselines {
+    pub(crate) fresh: &'static str,
+    pub replay: &'static str,
+    pub storm_concurrency: &'static [usize],
+    /// At most this many keys are completed ahead of the replay rows.
+    pub max_replay_keys: usize,
+}
+
+/// The SQL stores' baselines.
+const SQL: Baselines = Baselines {
+    fresh: "raw INSERT+UPDATE",
+    replay: "raw SELECT",
+    storm_concurrency: &STORM_CONCURRENCY,
+    max_replay_keys: usize::MAX,
+};
+
+/// Every workload of the main table on one store: fresh and replay at 1, 8 and 32 tasks, then
+/// the storm, idem's variants and the baseline interleaved.
+pub(crate) async fn run_subject(
+    mut s: Subject,
+    plan: &Plan,
+    rows: &mut Vec<Row>,
+    baselines: &Baselines,
+) -> Result<(), BenchError> {
+    s.seed_replays(plan.replay_keys.min(baselines.max_replay_keys))
+        .await?;
     for c in CONCURRENCY {
         eprintln!("{}: fresh and replay, {c} tasks", s.name);
         let fresh = [
             ("engine", s.fresh_engine()),
             ("#[idempotent]", s.fresh_attribute()),
         ];
-        compare(
-            &s,
-            Workload::Fresh,
-            &fresh,
-            ("raw INSERT+UPDATE", s.fresh_raw()),
-            c,
-            plan,
-            rows,
-        )
-        .await?;
+        let baseline = (baselines.fresh, s.fresh_raw());
+        compare(&s, Workload::Fresh, &fresh, baseline, c, plan, rows).await?;
         let replay = [
             ("engine", s.replay_engine()),
             ("engine+cache", s.replay_cached()),
         ];
-        compare(
-            &s,
-            Workload::Replay,
-            &replay,
-            ("raw SELECT", s.replay_raw()),
-            c,
-            plan,
-            rows,
-        )
-        .await?;
+        let baseline = (baselines.replay, s.replay_raw());
+        compare(&s, Workload::Replay, &replay, baseline, c, plan, rows).await?;
     }
-    for c in STORM_CONCURRENCY {
+    for &c in baselines.storm_concurrency {
         eprintln!("{}: storm, {c} tasks", s.name);
         let storm = [("engine", s.storm_engine())];
-        compare(
-            &s,
-            Workload::Storm,
-            &storm,
-            ("raw", s.storm_raw()),
-            c,
-            plan,
-            rows,
-        )
-        .await?;
+        let baseline = ("raw", s.storm_raw());
+        compare(&s, Workload::Storm, &storm, baseline, c, plan, rows).await?;
     }
     Ok(())
 }

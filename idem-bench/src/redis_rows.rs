@@ -23,11 +23,17 @@ use idem::{Idempotency, RedisStore};
 use crate::cpu::Cpu;
 use crate::harness::Hit;
 use crate::raw::Raw;
-use crate::report::{Row, Workload};
+use crate::report::Row;
 use crate::workload::{work, Receipt, Subject, LEASE, RETENTION};
-use crate::{compare, BenchError, Plan};
+use crate::{run_subject, Baselines, BenchError, Plan};
 
-const CONCURRENCY: [usize; 3] = [1, 8, 32];
+/// The baselines of these rows, the storm at 1, 8 and 32 tasks.
+const BASELINES: Baselines = Baselines {
+    fresh: "raw, same commands",
+    replay: "raw, same command",
+    storm_concurrency: &[1, 8, 32],
+    max_replay_keys: usize::MAX,
+};
 
 /// One server or a cluster, multiplexed and cheap to clone.
 #[derive(Clone)]
@@ -222,7 +228,7 @@ pub async fn run(
                 prefix: format!("bench_raw_{tag}_{}", scripts.is_some()),
                 scripts,
             };
-            measure(subject(name, store, raw), plan, rows).await?;
+            run_subject(subject(name, store, raw), plan, rows, &BASELINES).await?;
         }
     }
     if let Some(urls) = cluster_urls {
@@ -239,7 +245,7 @@ pub async fn run(
             prefix: format!("bench_raw_{tag}"),
             scripts: Some(scripts),
         };
-        measure(subject("Redis Cluster", store, raw), plan, rows).await?;
+        run_subject(subject("Redis Cluster", store, raw), plan, rows, &BASELINES).await?;
     }
     Ok(())
 }
@@ -251,35 +257,4 @@ fn subject(name: &'static str, store: RedisStore, raw: RawRedis) -> Subject {
         Idempotency::new(store),
         Some(Raw::Redis(raw)),
     )
-}
-
-async fn measure(mut s: Subject, plan: &Plan, rows: &mut Vec<Row>) -> Result<(), BenchError> {
-    s.seed_replays(plan.replay_keys).await?;
-    for c in CONCURRENCY {
-        eprintln!("{}: fresh, replay and storm, {c} tasks", s.name);
-        let fresh = [
-            ("engine", s.fresh_engine()),
-            ("#[idempotent]", s.fresh_attribute()),
-        ];
-        let baseline = ("raw, same commands", s.fresh_raw());
-        compare(&s, Workload::Fresh, &fresh, baseline, c, plan, rows).await?;
-        let replay = [
-            ("engine", s.replay_engine()),
-            ("engine+cache", s.replay_cached()),
-        ];
-        let baseline = ("raw, same command", s.replay_raw());
-        compare(&s, Workload::Replay, &replay, baseline, c, plan, rows).await?;
-        let storm = [("engine", s.storm_engine())];
-        compare(
-            &s,
-            Workload::Storm,
-            &storm,
-            ("raw", s.storm_raw()),
-            c,
-            plan,
-            rows,
-        )
-        .await?;
-    }
-    Ok(())
 }
