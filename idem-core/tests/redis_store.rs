@@ -356,6 +356,12 @@ async fn replica_acknowledgements_are_checked() {
         );
         sleep(Duration::from_millis(50)).await;
     }
+    // A timeout that a loaded machine's replica meets (it acknowledges at once when asked).
+    let store = RedisStore::builder()
+        .wait_for_replicas(1, Duration::from_secs(5))
+        .connect(&url)
+        .await
+        .unwrap();
     let engine = Idempotency::new(store.clone());
     let out = engine
         .call(key("replicated"))
