@@ -11,8 +11,7 @@
 //!   commandstats`).
 //!
 //! Rows for one server and for a 3-master cluster, as `--redis-url` and `--redis-cluster-urls`
-//! name them (under `scripts/bench`, the servers of `scripts/redis-servers.sh`), plus the cost of
-//! `wait_for_replicas` when a replica is reachable.
+//! name them (under `scripts/bench`, the servers of `scripts/redis-servers.sh`).
 
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
@@ -157,15 +156,10 @@ impl RawRedis {
 
     /// Claim, trivial work, complete: two commands.
     pub async fn fresh(&self, key: &[u8; 32], seed: u64) -> Result<Hit, BenchError> {
-        let key = self.key(key);
-        let token: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
-        match self.claim(&key, &token).await? {
-            None => {
-                self.complete(&key, &token, seed).await?;
-                Ok(Hit::Fresh)
-            }
-            Some(_) => Err(BenchError::Unexpected(
-                "raw SET NX found the key taken".into(),
+        match self.storm(key, seed).await? {
+            Hit::Fresh => Ok(Hit::Fresh),
+            _ => Err(BenchError::Unexpected(
+                "raw claim found the key taken".into(),
             )),
         }
     }
@@ -195,8 +189,8 @@ impl RawRedis {
 }
 
 /// The Redis rows: one server (`url`) and a cluster (`cluster_urls`), each: fresh, replay and
-/// storm at 1, 8 and 32 tasks, idem and the baseline interleaved; then, on one server with a
-/// replica, the cost of `wait_for_replicas(1, …)`.
+/// storm at 1, 8 and 32 tasks, idem and the baseline interleaved. (The cost of
+/// `wait_for_replicas` is not measured here: the benchmark's server has no replica.)
 pub async fn run(
     url: Option<&str>,
     cluster_urls: Option<&[String]>,
