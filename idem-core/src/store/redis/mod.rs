@@ -80,8 +80,11 @@ use scripts::{Lua, Scripts};
 /// acknowledged it. A claim so refused never runs its work (the key stays held for one lease),
 /// and a completion so refused is retried by the engine until it lands. `WAIT` does not make
 /// Redis strongly consistent (a replica that acknowledged may still not be the one promoted),
-/// but a failover then loses only writes that the store reported as failed. The cost is
-/// measured in `docs/performance.md`.
+/// but a failover then loses only writes that the store reported as failed, provided the
+/// lease outlasts the failover (a completion refused meanwhile is retried while the key stays
+/// claimed). A shard whose master failed has no replica until one rejoins, and meanwhile every
+/// claim and completion there is refused. Each claim and completion waits for the replicas'
+/// acknowledgement, so its latency includes a replica round trip.
 ///
 /// Durability across a restart of the whole server follows its persistence settings (`appendonly
 /// yes` with `appendfsync everysec` loses up to a second; without persistence, everything).
