@@ -336,20 +336,35 @@ async fn storm(opts: &Opts) -> Result<(), String> {
     let runs = Arc::new(AtomicU64::new(0));
     println!("ready");
     wait_for_stdin_line().await?;
+    storm_tasks(tasks, keys, move |i| {
+        let (node, engine, runs) = (node.clone(), engine.clone(), runs.clone());
+        async move {
+            match &engine {
+                Some(engine) => call_engine(&node, engine, &runs, i, work).await,
+                None => call(&node, i, work).await,
+            }
+        }
+    })
+    .await
+}
+
+/// `tasks` tasks, each calling every one of `keys` keys in its own shuffled order through
+/// `call`, printing `resp <key> <response>` or `error <key> <message>` (which stops that task
+/// and fails the run), then `done`.
+async fn storm_tasks<F, Fut>(tasks: u64, keys: usize, call: F) -> Result<(), String>
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<String, String>> + Send,
+{
     let failed = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     for _ in 0..tasks {
-        let (node, engine, runs) = (node.clone(), engine.clone(), runs.clone());
-        let failed = failed.clone();
+        let (call, failed) = (call.clone(), failed.clone());
         handles.push(tokio::spawn(async move {
             let mut order: Vec<usize> = (0..keys).collect();
             fastrand::shuffle(&mut order);
             for i in order {
-                let result = match &engine {
-                    Some(engine) => call_engine(&node, engine, &runs, i, work).await,
-                    None => call(&node, i, work).await,
-                };
-                match result {
+                match call(i).await {
                     Ok(response) => println!("resp {} {response}", key_name(i)),
                     Err(e) => {
                         println!("error {} {e}", key_name(i));
@@ -426,33 +441,11 @@ async fn storm_kv(opts: &Opts) -> Result<(), String> {
     println!("ready");
     wait_for_stdin_line().await?;
     let deadline = tokio::time::Instant::now() + opts.ms("deadline-ms", 300_000)?;
-    let failed = Arc::new(AtomicBool::new(false));
-    let mut handles = Vec::new();
-    for _ in 0..tasks {
-        let (store, node, failed) = (store.clone(), node.clone(), failed.clone());
-        handles.push(tokio::spawn(async move {
-            let mut order: Vec<usize> = (0..keys).collect();
-            fastrand::shuffle(&mut order);
-            for i in order {
-                match call_kv(&*store, &node, lease, deadline, i).await {
-                    Ok(response) => println!("resp {} {response}", key_name(i)),
-                    Err(e) => {
-                        println!("error {} {e}", key_name(i));
-                        failed.store(true, Ordering::SeqCst);
-                        return;
-                    }
-                }
-            }
-        }));
-    }
-    for h in handles {
-        h.await.map_err(|e| format!("task panicked: {e}"))?;
-    }
-    if failed.load(Ordering::SeqCst) {
-        return Err("some calls failed".to_owned());
-    }
-    println!("done");
-    Ok(())
+    storm_tasks(tasks, keys, move |i| {
+        let (store, node) = (store.clone(), node.clone());
+        async move { call_kv(&*store, &node, lease, deadline, i).await }
+    })
+    .await
 }
 
 async fn hold(opts: &Opts) -> Result<ExitCode, String> {
