@@ -10,6 +10,10 @@
 #                   `cluster_state:ok`, and exports IDEM_TEST_REDIS_URL,
 #                   IDEM_TEST_REDIS_CLUSTER_URLS (comma-separated), IDEM_REDIS_BINDIR (for tests
 #                   that start servers of their own) and IDEM_REQUIRE_REDIS=1
+#   redis_replica_start
+#                   after redis_start: a replica of the standalone server (REPLICAOF), waited
+#                   for (bounded) until its link is up and the master counts it, so `WAIT 1`
+#                   has a replica to wait for (scripts/bench's `wait_for_replicas` rows)
 #   redis_stop      stops every server started here and deletes the temp dir; safe at any time
 #
 # The caller traps EXIT to call redis_stop.
@@ -95,6 +99,25 @@ redis_start() {
     export IDEM_REDIS_BINDIR="$redis_bindir"
     export IDEM_REQUIRE_REDIS=1
     say "IDEM_TEST_REDIS_URL=$IDEM_TEST_REDIS_URL IDEM_TEST_REDIS_CLUSTER_URLS=$IDEM_TEST_REDIS_CLUSTER_URLS"
+}
+
+redis_replica_start() {
+    local master_port=${IDEM_TEST_REDIS_URL##*:} port tries
+    port=$(redis_free_port)
+    redis_server_start standalone-replica "$port"
+    "$redis_bindir/redis-cli" -p "$port" replicaof 127.0.0.1 "$master_port" >/dev/null ||
+        die "redis-cli replicaof failed on port $port"
+    for tries in $(seq 1 100); do
+        if "$redis_bindir/redis-cli" -p "$port" info replication 2>/dev/null |
+            grep -q 'master_link_status:up' &&
+            "$redis_bindir/redis-cli" -p "$master_port" info replication 2>/dev/null |
+            grep -q 'connected_slaves:1'; then
+            say "a replica of 127.0.0.1:$master_port on 127.0.0.1:$port"
+            return 0
+        fi
+        sleep 0.1
+    done
+    die "the replica on port $port did not sync with 127.0.0.1:$master_port within 10 s"
 }
 
 redis_stop() {

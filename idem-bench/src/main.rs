@@ -445,6 +445,9 @@ pub(crate) struct Baselines {
     pub storm_concurrency: &'static [usize],
     /// At most this many keys are completed ahead of the replay rows.
     pub max_replay_keys: usize,
+    /// Each comparison runs this many times the plan's slices: a slow, noisy server (moto
+    /// answers a few hundred requests a second) needs more of them for a stable ratio.
+    pub rounds_factor: u32,
 }
 
 /// The SQL stores' baselines.
@@ -453,6 +456,7 @@ const SQL: Baselines = Baselines {
     replay: "raw SELECT",
     storm_concurrency: &STORM_CONCURRENCY,
     max_replay_keys: usize::MAX,
+    rounds_factor: 1,
 };
 
 /// Every workload of the main table on one store: fresh and replay at 1, 8 and 32 tasks, then
@@ -465,6 +469,10 @@ pub(crate) async fn run_subject(
 ) -> Result<(), BenchError> {
     s.seed_replays(plan.replay_keys.min(baselines.max_replay_keys))
         .await?;
+    let timing = Timing {
+        rounds: plan.timing.rounds * baselines.rounds_factor.max(1),
+        ..plan.timing
+    };
     for c in CONCURRENCY {
         eprintln!("{}: fresh and replay, {c} tasks", s.name);
         let fresh = [
@@ -472,19 +480,19 @@ pub(crate) async fn run_subject(
             ("#[idempotent]", s.fresh_attribute()),
         ];
         let baseline = (baselines.fresh, s.fresh_raw());
-        compare(&s, Workload::Fresh, &fresh, baseline, c, plan, rows).await?;
+        compare(&s, Workload::Fresh, &fresh, baseline, c, timing, rows).await?;
         let replay = [
             ("engine", s.replay_engine()),
             ("engine+cache", s.replay_cached()),
         ];
         let baseline = (baselines.replay, s.replay_raw());
-        compare(&s, Workload::Replay, &replay, baseline, c, plan, rows).await?;
+        compare(&s, Workload::Replay, &replay, baseline, c, timing, rows).await?;
     }
     for &c in baselines.storm_concurrency {
         eprintln!("{}: storm, {c} tasks", s.name);
         let storm = [("engine", s.storm_engine())];
         let baseline = ("raw", s.storm_raw());
-        compare(&s, Workload::Storm, &storm, baseline, c, plan, rows).await?;
+        compare(&s, Workload::Storm, &storm, baseline, c, timing, rows).await?;
     }
     Ok(())
 }
@@ -496,14 +504,14 @@ async fn compare(
     idem: &[(&'static str, Op)],
     baseline: (&'static str, Option<Op>),
     concurrency: usize,
-    plan: &Plan,
+    timing: Timing,
     rows: &mut Vec<Row>,
 ) -> Result<(), BenchError> {
     let mut ops: Vec<&Op> = idem.iter().map(|(_, op)| op).collect();
     if let Some(raw) = &baseline.1 {
         ops.push(raw);
     }
-    let mut samples = interleaved(&ops, concurrency, plan.timing, s.cpu).await?;
+    let mut samples = interleaved(&ops, concurrency, timing, s.cpu).await?;
     let mut base = baseline.1.as_ref().and_then(|_| samples.pop());
     for ((variant, _), sample) in idem.iter().zip(&mut samples) {
         rows.push(Row::new(

@@ -32,6 +32,7 @@ const BASELINES: Baselines = Baselines {
     replay: "raw, same command",
     storm_concurrency: &[1, 8, 32],
     max_replay_keys: usize::MAX,
+    rounds_factor: 1,
 };
 
 /// One server or a cluster, multiplexed and cheap to clone.
@@ -47,6 +48,9 @@ pub struct RawRedis {
     conn: Conn,
     prefix: String,
     scripts: Option<std::sync::Arc<(redis::Script, redis::Script)>>,
+    /// With the scripts: `WAIT n timeout` after each, in the same round trip, as
+    /// `wait_for_replicas` sends it.
+    wait: Option<(u32, u64)>,
 }
 
 /// What the claim script answered: `None` when this caller took the key.
@@ -80,6 +84,42 @@ impl RawRedis {
         .map_err(failed)
     }
 
+    /// Runs a script by hand: `EVALSHA` through the client's `Script` (which loads it on
+    /// `NOSCRIPT`), or, with a replica wait, `EVALSHA` and `WAIT` pipelined (the scripts were
+    /// loaded ahead, see [`load`](Self::load)).
+    async fn invoke(
+        &self,
+        call: &redis::ScriptInvocation<'_>,
+        script: &redis::Script,
+        key: &str,
+        args: &[Vec<u8>],
+    ) -> Result<Value, BenchError> {
+        let Some((replicas, timeout_ms)) = self.wait else {
+            return match self.conn.clone() {
+                Conn::Single(mut c) => call.invoke_async(&mut c).await,
+                Conn::Cluster(mut c) => call.invoke_async(&mut c).await,
+            }
+            .map_err(failed);
+        };
+        let mut pipe = redis::pipe();
+        let evalsha = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(1).arg(key);
+        for a in args {
+            evalsha.arg(&a[..]);
+        }
+        pipe.cmd("WAIT").arg(replicas).arg(timeout_ms);
+        let values: Vec<Value> = match self.conn.clone() {
+            Conn::Single(mut c) => pipe.query_async(&mut c).await,
+            Conn::Cluster(mut c) => pipe.query_async(&mut c).await,
+        }
+        .map_err(failed)?;
+        match values.as_slice() {
+            [v, Value::Int(acked)] if *acked >= i64::from(replicas) => Ok(v.clone()),
+            other => Err(BenchError::Unexpected(format!(
+                "EVALSHA + WAIT gave {other:?}"
+            ))),
+        }
+    }
+
     fn key(&self, key: &[u8; 32]) -> String {
         let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
         format!("{}:{{{hex}}}", self.prefix)
@@ -89,16 +129,14 @@ impl RawRedis {
     /// stored.
     async fn claim(&self, key: &str, token: &[u8; 16]) -> Result<Option<Vec<u8>>, BenchError> {
         if let Some(scripts) = &self.scripts {
+            let args = [
+                token.to_vec(),
+                (LEASE.as_millis() as u64).to_string().into_bytes(),
+                Vec::new(),
+            ];
             let mut call = scripts.0.key(key);
-            call.arg(&token[..])
-                .arg(LEASE.as_millis() as u64)
-                .arg(&b""[..]);
-            let v = match self.conn.clone() {
-                Conn::Single(mut c) => call.invoke_async(&mut c).await,
-                Conn::Cluster(mut c) => call.invoke_async(&mut c).await,
-            }
-            .map_err(failed)?;
-            return claim_answer(v);
+            call.arg(&args[..]);
+            return claim_answer(self.invoke(&call, &scripts.0, key, &args).await?);
         }
         let mut value = b"p".to_vec();
         value.extend_from_slice(token);
@@ -118,18 +156,16 @@ impl RawRedis {
 
     async fn complete(&self, key: &str, token: &[u8; 16], seed: u64) -> Result<(), BenchError> {
         if let Some(scripts) = &self.scripts {
-            let response = serde_json::to_vec(&work(seed))?;
+            let args = [
+                token.to_vec(),
+                (RETENTION.as_millis() as u64).to_string().into_bytes(),
+                b"1".to_vec(),
+                serde_json::to_vec(&work(seed))?,
+                b"0".to_vec(),
+            ];
             let mut call = scripts.1.key(key);
-            call.arg(&token[..])
-                .arg(RETENTION.as_millis() as u64)
-                .arg("1")
-                .arg(response)
-                .arg("0");
-            let _: Value = match self.conn.clone() {
-                Conn::Single(mut c) => call.invoke_async(&mut c).await,
-                Conn::Cluster(mut c) => call.invoke_async(&mut c).await,
-            }
-            .map_err(failed)?;
+            call.arg(&args[..]);
+            self.invoke(&call, &scripts.1, key, &args).await?;
             return Ok(());
         }
         let mut value = b"c".to_vec();
@@ -188,9 +224,28 @@ impl RawRedis {
     }
 }
 
+/// How long the `wait_for_replicas` rows let `WAIT` wait for the replica.
+const WAIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `connected_slaves` from `INFO replication`.
+async fn connected_replicas(conn: &mut ConnectionManager) -> Result<u32, BenchError> {
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(conn)
+        .await
+        .map_err(failed)?;
+    Ok(info
+        .lines()
+        .find_map(|l| l.strip_prefix("connected_slaves:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0))
+}
+
 /// The Redis rows: one server (`url`) and a cluster (`cluster_urls`), each: fresh, replay and
-/// storm at 1, 8 and 32 tasks, idem and the baseline interleaved. (The cost of
-/// `wait_for_replicas` is not measured here: the benchmark's server has no replica.)
+/// storm at 1, 8 and 32 tasks, idem and the baseline interleaved. When the one server has a
+/// replica (`scripts/bench` starts one), the same rows again with `wait_for_replicas(1, 1 s)`
+/// against the same scripts followed by the same `WAIT` by hand: what `WAIT` costs is those
+/// rows beside the plain "Redis" rows.
 pub async fn run(
     url: Option<&str>,
     cluster_urls: Option<&[String]>,
@@ -211,16 +266,41 @@ pub async fn run(
     if let Some(url) = url {
         versions.push(format!("Redis at {url}"));
         let client = redis::Client::open(url).map_err(failed)?;
-        let conn = Conn::Single(client.get_connection_manager().await.map_err(failed)?);
-        for (name, scripts) in [("Redis", Some(scripts.clone())), ("Redis vs SET", None)] {
-            let store = RedisStore::builder()
-                .prefix(format!("bench_idem_{tag}_{}", scripts.is_some()))
-                .connect(url)
-                .await?;
+        let mut manager = client.get_connection_manager().await.map_err(failed)?;
+        let replicas = connected_replicas(&mut manager).await?;
+        let conn = Conn::Single(manager.clone());
+        let mut subjects = vec![
+            ("Redis", Some(scripts.clone()), None),
+            ("Redis vs SET", None, None),
+        ];
+        if replicas > 0 {
+            // The scripts go out by SHA-1 in the pipeline, so the server must know them.
+            for script in [&scripts.0, &scripts.1] {
+                script
+                    .prepare_invoke()
+                    .load_async(&mut manager)
+                    .await
+                    .map_err(failed)?;
+            }
+            subjects.push((
+                "Redis + WAIT 1",
+                Some(scripts.clone()),
+                Some((1, WAIT_TIMEOUT)),
+            ));
+        } else {
+            eprintln!("Redis: the server at {url} has no replica, so no `wait_for_replicas` rows");
+        }
+        for (i, (name, scripts, wait)) in subjects.into_iter().enumerate() {
+            let mut builder = RedisStore::builder().prefix(format!("bench_idem_{tag}_{i}"));
+            if let Some((n, timeout)) = wait {
+                builder = builder.wait_for_replicas(n, timeout);
+            }
+            let store = builder.connect(url).await?;
             let raw = RawRedis {
                 conn: conn.clone(),
-                prefix: format!("bench_raw_{tag}_{}", scripts.is_some()),
+                prefix: format!("bench_raw_{tag}_{i}"),
                 scripts,
+                wait: wait.map(|(n, t)| (n, t.as_millis() as u64)),
             };
             run_subject(subject(name, store, raw), plan, rows, &BASELINES).await?;
         }
@@ -238,6 +318,7 @@ pub async fn run(
             conn,
             prefix: format!("bench_raw_{tag}"),
             scripts: Some(scripts),
+            wait: None,
         };
         run_subject(subject("Redis Cluster", store, raw), plan, rows, &BASELINES).await?;
     }
