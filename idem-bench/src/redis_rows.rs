@@ -45,7 +45,10 @@ enum Conn {
 /// The hand-written commands: idem's scripts, or plain `SET`s.
 #[derive(Clone)]
 pub struct RawRedis {
-    conn: Conn,
+    /// One connection, or (beside a store with `wait_for_replicas`) as many as the store
+    /// opens, taken in turn.
+    conns: std::sync::Arc<[Conn]>,
+    next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     prefix: String,
     scripts: Option<std::sync::Arc<(redis::Script, redis::Script)>>,
     /// With the scripts: `WAIT n timeout` after each, in the same round trip, as
@@ -77,7 +80,7 @@ fn failed(e: redis::RedisError) -> BenchError {
 
 impl RawRedis {
     async fn query(&self, cmd: &Cmd) -> Result<Value, BenchError> {
-        match self.conn.clone() {
+        match self.conn() {
             Conn::Single(mut c) => cmd.query_async(&mut c).await,
             Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
         }
@@ -95,7 +98,7 @@ impl RawRedis {
         args: &[Vec<u8>],
     ) -> Result<Value, BenchError> {
         let Some((replicas, timeout_ms)) = self.wait else {
-            return match self.conn.clone() {
+            return match self.conn() {
                 Conn::Single(mut c) => call.invoke_async(&mut c).await,
                 Conn::Cluster(mut c) => call.invoke_async(&mut c).await,
             }
@@ -107,7 +110,7 @@ impl RawRedis {
             evalsha.arg(&a[..]);
         }
         pipe.cmd("WAIT").arg(replicas).arg(timeout_ms);
-        let values: Vec<Value> = match self.conn.clone() {
+        let values: Vec<Value> = match self.conn() {
             Conn::Single(mut c) => pipe.query_async(&mut c).await,
             Conn::Cluster(mut c) => pipe.query_async(&mut c).await,
         }
@@ -118,6 +121,11 @@ impl RawRedis {
                 "EVALSHA + WAIT gave {other:?}"
             ))),
         }
+    }
+
+    fn conn(&self) -> Conn {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.conns[i % self.conns.len()].clone()
     }
 
     fn key(&self, key: &[u8; 32]) -> String {
@@ -224,6 +232,9 @@ impl RawRedis {
     }
 }
 
+/// The connections a `RedisStore` opens with `wait_for_replicas` (its default).
+const WAIT_CONNECTIONS: usize = 8;
+
 /// How long the `wait_for_replicas` rows let `WAIT` wait for the replica.
 const WAIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -268,7 +279,6 @@ pub async fn run(
         let client = redis::Client::open(url).map_err(failed)?;
         let mut manager = client.get_connection_manager().await.map_err(failed)?;
         let replicas = connected_replicas(&mut manager).await?;
-        let conn = Conn::Single(manager.clone());
         let mut subjects = vec![
             ("Redis", Some(scripts.clone()), None),
             ("Redis vs SET", None, None),
@@ -296,8 +306,16 @@ pub async fn run(
                 builder = builder.wait_for_replicas(n, timeout);
             }
             let store = builder.connect(url).await?;
+            // As many connections as the store opens: 1, or 8 with a replica wait.
+            let mut conns = vec![Conn::Single(manager.clone())];
+            for _ in 1..if wait.is_some() { WAIT_CONNECTIONS } else { 1 } {
+                conns.push(Conn::Single(
+                    client.get_connection_manager().await.map_err(failed)?,
+                ));
+            }
             let raw = RawRedis {
-                conn: conn.clone(),
+                conns: conns.into(),
+                next: Default::default(),
                 prefix: format!("bench_raw_{tag}_{i}"),
                 scripts,
                 wait: wait.map(|(n, t)| (n, t.as_millis() as u64)),
@@ -315,7 +333,8 @@ pub async fn run(
             .connect_cluster(urls)
             .await?;
         let raw = RawRedis {
-            conn,
+            conns: vec![conn].into(),
+            next: Default::default(),
             prefix: format!("bench_raw_{tag}"),
             scripts: Some(scripts),
             wait: None,

@@ -124,6 +124,17 @@ async fn bad_configuration_is_invalid_config() {
         .await
         .unwrap_err();
     assert!(matches!(&e, Error::InvalidConfig(_)), "{e}");
+    for connections in [0, 65] {
+        let e = RedisStore::builder()
+            .connections(connections)
+            .connect("redis://127.0.0.1:1")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidConfig(m) if m.contains("connections")),
+            "{e}"
+        );
+    }
     let none: [&str; 0] = [];
     let e = RedisStore::builder()
         .connect_cluster(none)
@@ -376,6 +387,47 @@ async fn replica_acknowledgements_are_checked() {
         &["hget", &store.redis_key(&key("replicated")), "s"],
     );
     assert_eq!(on_replica.trim(), "c");
+
+    // WAIT blocks the connection it is sent on, so a store that waits opens 8 connections by
+    // default (or as many as asked), and concurrent calls spread over them.
+    let clients = || {
+        let info = Server::cli(&bin, master.port, &["info", "clients"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("connected_clients:"))
+            .and_then(|n| n.trim().parse::<i64>().ok())
+            .unwrap()
+    };
+    for (asked, opened) in [(None, 8), (Some(3), 3)] {
+        let before = clients();
+        let mut builder = RedisStore::builder().wait_for_replicas(1, Duration::from_secs(5));
+        if let Some(n) = asked {
+            builder = builder.connections(n);
+        }
+        let pooled = builder.connect(&url).await.unwrap();
+        assert_eq!(
+            clients() - before,
+            opened,
+            "connections opened for {asked:?}"
+        );
+        let engine = Idempotency::new(pooled);
+        let mut calls = tokio::task::JoinSet::new();
+        for i in 0..16 {
+            let engine = engine.clone();
+            calls.spawn(async move {
+                let out = engine
+                    .call(key(&format!("pooled-{opened}-{i}")))
+                    .run(async move { Ok::<_, Error>(i) })
+                    .await;
+                (i, out)
+            });
+        }
+        while let Some(joined) = calls.join_next().await {
+            let (i, out) = joined.unwrap();
+            let out = out.unwrap();
+            assert!(!out.is_replayed());
+            assert_eq!(out.into_inner(), i);
+        }
+    }
 }
 
 /// A 3-master, 3-replica cluster of the test's own, with a short node timeout.

@@ -3,6 +3,7 @@
 mod scripts;
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -83,8 +84,15 @@ use scripts::{Lua, Scripts};
 /// but a failover then loses only writes that the store reported as failed, provided the
 /// lease outlasts the failover (a completion refused meanwhile is retried while the key stays
 /// claimed). A shard whose master failed has no replica until one rejoins, and meanwhile every
-/// claim and completion there is refused. Each claim and completion waits for the replicas'
-/// acknowledgement, so its latency includes a replica round trip.
+/// claim and completion there is refused.
+///
+/// What it costs: each claim and completion waits for the replica's acknowledgement, so its
+/// latency includes a replica round trip, and `WAIT` blocks the connection it is sent on, so
+/// the store opens [8 connections](RedisStoreBuilder::connections) when it waits (1 otherwise).
+/// On the benchmark's machine (one server and one replica on loopback, `scripts/bench`), new
+/// keys ran at 0.48, 0.59 and 0.58 of the throughput without `WAIT` at 1, 8 and 32 tasks; with
+/// a single connection it had been 0.47, 0.40 and 0.13. A replay writes nothing, so its `WAIT`
+/// returns at once: replays ran at the same speed. `docs/performance.md` has the rows.
 ///
 /// Durability across a restart of the whole server follows its persistence settings (`appendonly
 /// yes` with `appendfsync everysec` loses up to a second; without persistence, everything).
@@ -111,26 +119,74 @@ struct Inner {
     wait: Option<(u32, Duration)>,
 }
 
-/// A connection to one server or to a cluster; both multiplex every caller over one socket
-/// per node and are cheap to clone.
+/// Connections to one server or to a cluster. Each multiplexes its callers over one socket per
+/// node; calls take the connections in turn (see [`RedisStoreBuilder::connections`]).
 #[derive(Clone)]
 enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Single(Pool<ConnectionManager>),
+    Cluster(Pool<ClusterConnection>),
+}
+
+/// A few multiplexed connections, handed out in turn.
+#[derive(Clone)]
+struct Pool<C> {
+    conns: Arc<[C]>,
+    next: Arc<AtomicUsize>,
+}
+
+impl<C: Clone> Pool<C> {
+    fn new(conns: Vec<C>) -> Pool<C> {
+        Pool {
+            conns: conns.into(),
+            next: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// The next connection (the builder never makes an empty pool; `None` if it did).
+    fn pick(&self) -> Option<C> {
+        let n = match self.conns.len() {
+            0 | 1 => 0,
+            len => self.next.fetch_add(1, Ordering::Relaxed) % len,
+        };
+        self.conns.get(n).cloned()
+    }
+}
+
+fn no_connection() -> RedisError {
+    RedisError::from((ErrorKind::Io, "the store has no connection"))
 }
 
 impl Conn {
     async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
-        match self.clone() {
-            Conn::Single(mut c) => cmd.query_async(&mut c).await,
-            Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
+        match self {
+            Conn::Single(p) => {
+                cmd.query_async(&mut p.pick().ok_or_else(no_connection)?)
+                    .await
+            }
+            Conn::Cluster(p) => {
+                cmd.query_async(&mut p.pick().ok_or_else(no_connection)?)
+                    .await
+            }
         }
     }
 
     async fn pipe(&self, pipe: &Pipeline) -> Result<Vec<Value>, RedisError> {
-        match self.clone() {
-            Conn::Single(mut c) => pipe.query_async(&mut c).await,
-            Conn::Cluster(mut c) => pipe.query_async(&mut c).await,
+        match self {
+            Conn::Single(p) => {
+                pipe.query_async(&mut p.pick().ok_or_else(no_connection)?)
+                    .await
+            }
+            Conn::Cluster(p) => {
+                pipe.query_async(&mut p.pick().ok_or_else(no_connection)?)
+                    .await
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Conn::Single(p) => p.conns.len(),
+            Conn::Cluster(p) => p.conns.len(),
         }
     }
 }
@@ -145,6 +201,7 @@ impl fmt::Debug for RedisStore {
                     Conn::Cluster(_) => "cluster",
                 },
             )
+            .field("connections", &self.inner.conn.len())
             .field("prefix", &self.inner.prefix)
             .field("wait", &self.inner.wait)
             .finish()
@@ -172,6 +229,7 @@ pub struct RedisStoreBuilder {
     connect_timeout: Duration,
     response_timeout: Duration,
     wait: Option<(u32, Duration)>,
+    connections: Option<usize>,
 }
 
 impl Default for RedisStoreBuilder {
@@ -181,9 +239,14 @@ impl Default for RedisStoreBuilder {
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(5),
             wait: None,
+            connections: None,
         }
     }
 }
+
+/// Connections opened with [`RedisStoreBuilder::wait_for_replicas`] and no
+/// [`connections`](RedisStoreBuilder::connections) given.
+const WAIT_CONNECTIONS: usize = 8;
 
 impl RedisStoreBuilder {
     /// The namespace of the store's keys (default `idem`): records live under
@@ -236,6 +299,35 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// How many connections the store opens (to the server, or to each node of a cluster), 1
+    /// to 64; calls take them in turn. Default: 1, or 8 with
+    /// [`wait_for_replicas`](Self::wait_for_replicas).
+    ///
+    /// One multiplexed connection carries every call of the process, and without `WAIT` it is
+    /// rarely the limit. `WAIT` blocks the connection it is sent on until the replicas answer,
+    /// so every call behind it on that connection waits too: with one connection, the store
+    /// does one claim or completion per replica round trip, whatever the number of tasks
+    /// (`docs/performance.md` has the figures). More connections let that many waits overlap.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let _ = idem_core::RedisStore::builder()
+    ///     .wait_for_replicas(1, Duration::from_millis(100))
+    ///     .connections(16);
+    /// ```
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = Some(connections);
+        self
+    }
+
+    fn connection_count(&self) -> usize {
+        self.connections.unwrap_or(if self.wait.is_some() {
+            WAIT_CONNECTIONS
+        } else {
+            1
+        })
+    }
+
     fn check(&self) -> Result<(), Error> {
         let ok = |c: char| c.is_ascii_alphanumeric() || "_-.:".contains(c);
         if self.prefix.is_empty() || self.prefix.len() > 64 || !self.prefix.chars().all(ok) {
@@ -254,6 +346,12 @@ impl RedisStoreBuilder {
                 ));
             }
             check_duration("the Redis replica wait", timeout)?;
+        }
+        if !(1..=64).contains(&self.connection_count()) {
+            return Err(Error::InvalidConfig(format!(
+                "a RedisStore opens 1 to 64 connections, not {}",
+                self.connection_count()
+            )));
         }
         Ok(())
     }
@@ -275,11 +373,16 @@ impl RedisStoreBuilder {
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.response_timeout))
             .set_number_of_retries(2);
-        let conn = client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(|e| store_error("connect", e))?;
-        self.finish(Conn::Single(conn)).await
+        let mut conns = Vec::with_capacity(self.connection_count());
+        for _ in 0..self.connection_count() {
+            conns.push(
+                client
+                    .get_connection_manager_with_config(config.clone())
+                    .await
+                    .map_err(|e| store_error("connect", e))?,
+            );
+        }
+        self.finish(Conn::Single(Pool::new(conns))).await
     }
 
     /// Connects to a Redis Cluster through any of its nodes (`redis://host:port` each); the
@@ -310,11 +413,16 @@ impl RedisStoreBuilder {
             .retries(3)
             .build()
             .map_err(|e| bad_url(&urls.join(","), e))?;
-        let conn = client
-            .get_async_connection()
-            .await
-            .map_err(|e| store_error("connect", e))?;
-        self.finish(Conn::Cluster(conn)).await
+        let mut conns = Vec::with_capacity(self.connection_count());
+        for _ in 0..self.connection_count() {
+            conns.push(
+                client
+                    .get_async_connection()
+                    .await
+                    .map_err(|e| store_error("connect", e))?,
+            );
+        }
+        self.finish(Conn::Cluster(Pool::new(conns))).await
     }
 
     async fn finish(self, conn: Conn) -> Result<RedisStore, Error> {
