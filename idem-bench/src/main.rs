@@ -209,7 +209,7 @@ impl Args {
             timing: plan.scale_timing,
             prune_cap: plan.prune_cap,
             prune_batch: self.prune_batch.unwrap_or(PrunerConfig::DEFAULT_BATCH_SIZE),
-            prune_pause: self.prune_pause.unwrap_or(PrunerConfig::DEFAULT_PAUSE),
+            prune_pause: self.prune_pause,
             cpu,
         }
     }

@@ -233,10 +233,15 @@ impl Results {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} ms | {}{} | {:.1} s | {} | {} | {} | {:.2} | {} | {} |",
+                "| {} | {} | {} | {}{} | {:.1} s | {} | {} | {} | {:.2} | {} | {} |",
                 s.store,
                 r.plan.prune_batch,
-                r.plan.prune_pause.as_millis(),
+                r.plan
+                    .prune_pause
+                    .map_or("paced by cost".to_owned(), |p| format!(
+                        "{} ms",
+                        p.as_millis()
+                    )),
                 thousands(r.pruned as f64),
                 unfinished,
                 r.prune_time.as_secs_f64(),

@@ -42,9 +42,8 @@ pub struct ScalePlan {
     pub prune_cap: Duration,
     /// The pruner's batch size ([`PrunerConfig::DEFAULT_BATCH_SIZE`] unless overridden).
     pub prune_batch: u32,
-    /// The pruner's pause between batches ([`PrunerConfig::DEFAULT_PAUSE`] unless
-    /// overridden; zero: back to back).
-    pub prune_pause: Duration,
+    /// A fixed pause between the pruner's batches; `None`: paced by cost (the default).
+    pub prune_pause: Option<Duration>,
     pub cpu: Cpu,
 }
 
@@ -260,12 +259,11 @@ async fn prune_while_claiming(
         rows: AtomicU64::new(0),
         busy_nanos: AtomicU64::new(0),
     });
-    let pruner = Pruner::records(
-        metered.clone(),
-        PrunerConfig::new()
-            .batch_size(plan.prune_batch)
-            .pause(plan.prune_pause),
-    )?;
+    let mut config = PrunerConfig::new().batch_size(plan.prune_batch);
+    if let Some(pause) = plan.prune_pause {
+        config = config.pause(pause);
+    }
+    let pruner = Pruner::records(metered.clone(), config)?;
     let done = Arc::new(AtomicBool::new(false));
 
     let claims = claim(store);

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::key::Key;
@@ -20,36 +20,55 @@ use crate::store::{check_duration, Store};
 /// The largest batch a pruner deletes in one call.
 const MAX_BATCH_SIZE: u32 = 100_000;
 
-/// How a [`Pruner`] runs: batches of [`batch_size`](PrunerConfig::batch_size) with a
-/// [`pause`](PrunerConfig::pause) after each full one, a run every
-/// [`interval`](PrunerConfig::interval), under a [`lease`](PrunerConfig::lease) unless
-/// [`without_lease`](PrunerConfig::without_lease).
+/// A spawned pruner paced by cost starts its next run when about this many batches have
+/// expired since the last one started.
+const RUN_BATCHES: f64 = 4.0;
+
+/// The shortest wait between two runs paced by cost.
+const MIN_RUN_WAIT: Duration = Duration::from_millis(10);
+
+/// How a [`Pruner`] runs: batches of at most [`batch_size`](PrunerConfig::batch_size) entries,
+/// paced by what they cost, in runs scheduled by how fast entries expire, under a
+/// [`lease`](PrunerConfig::lease) unless [`without_lease`](PrunerConfig::without_lease).
 ///
-/// The pacing defaults (100 entries, 200 ms) come from the benchmark's scale run
-/// (`docs/performance.md`): batches of 1,000 back to back made the claim p99 10 to 50 × worse
-/// while a large backlog drained. On SQLite every batch, small or large, costs claims about the
-/// same (a claim that meets the single write lock sleeps at least 1 ms), so it is the number of
-/// batches per second that counts: 100-entry batches 100 ms apart kept it near 3 × on SQLite,
-/// 200 ms apart about 2 ×, and PostgreSQL within 1.1 × either way, still removing about 500
-/// entries a second, 1.8 million an hour. PostgreSQL alone stays within 3 × with 20 ms pauses:
-/// a busy PostgreSQL store with a large backlog can take `pause(Duration::from_millis(20))`,
-/// and a table that nothing else writes at the same time can take `pause(Duration::ZERO)`.
+/// **Paced by cost, not by a fixed pause (the default).** After a full batch the pruner waits
+/// in proportion to how long that batch took, so that it holds the store for at most its
+/// [`share`](PrunerConfig::share) of the time (20 % by default: a batch that took 2 ms is
+/// followed by 8 ms for the claims). A cheap store is pruned fast and a loaded one gently, and
+/// no pause caps the rate: the pruner deletes up to `share` of what the store can delete in a
+/// second.
+///
+/// **Runs as often as entries expire.** A spawned pruner measures the rate at which entries
+/// expired (what each run deleted over the time since the run before it) and starts the next
+/// run when about four batches have expired again, at least 10 ms and at
+/// most [`interval`](PrunerConfig::interval) later.
+///
+/// **The steady-state bound.** While entries expire no faster than the pruner deletes at its
+/// share of the store's time, the expired entries left in the store stay below about five
+/// batches plus what expires during one run (500 plus a few milliseconds of expiries with the
+/// defaults), whatever the rate. Above that rate the pruner runs continuously at its share and
+/// the backlog grows by the difference; a larger `share` or `batch_size` raises the ceiling.
+///
+/// A fixed [`pause`](PrunerConfig::pause) restores the older pacing: that pause after every
+/// full batch, and a run every `interval`, which caps the rate at `batch_size` per pause.
 ///
 /// ```
 /// use std::time::Duration;
 /// use idem_core::PrunerConfig;
 /// let config = PrunerConfig::new()
 ///     .batch_size(50)
-///     .pause(Duration::from_millis(50))
+///     .share(0.1)
 ///     .interval(Duration::from_secs(300))
 ///     .max_batches(1_000)
 ///     .lease(Duration::from_secs(30));
 /// # let _ = config;
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PrunerConfig {
     batch_size: u32,
-    pause: Duration,
+    /// A fixed pause after each full batch; `None` paces by cost.
+    pause: Option<Duration>,
+    share: f64,
     interval: Duration,
     max_batches: Option<u32>,
     lease: Option<Duration>,
@@ -63,14 +82,15 @@ impl PrunerConfig {
     /// ```
     pub const DEFAULT_BATCH_SIZE: u32 = 100;
 
-    /// The pause after a full batch, by default.
+    /// The largest share of the time the pruner spends deleting while it catches up, by
+    /// default.
     ///
     /// ```
-    /// assert_eq!(idem_core::PrunerConfig::DEFAULT_PAUSE.as_millis(), 200);
+    /// assert_eq!(idem_core::PrunerConfig::DEFAULT_SHARE, 0.2);
     /// ```
-    pub const DEFAULT_PAUSE: Duration = Duration::from_millis(200);
+    pub const DEFAULT_SHARE: f64 = 0.2;
 
-    /// The time between the starts of two runs, by default.
+    /// The longest time between the starts of two runs, by default.
     ///
     /// ```
     /// assert_eq!(idem_core::PrunerConfig::DEFAULT_INTERVAL.as_secs(), 60);
@@ -84,10 +104,11 @@ impl PrunerConfig {
     /// ```
     pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
-    /// The defaults: batches of [100](Self::DEFAULT_BATCH_SIZE) entries,
-    /// [200 ms](Self::DEFAULT_PAUSE) apart, a run every [60 s](Self::DEFAULT_INTERVAL), no cap
-    /// on batches per run (a run goes on until nothing expired is left), and a
-    /// [60 s](Self::DEFAULT_LEASE) lease so that one pruner runs at a time.
+    /// The defaults: batches of [100](Self::DEFAULT_BATCH_SIZE) entries paced to a
+    /// [20 %](Self::DEFAULT_SHARE) share of the store's time, runs as often as entries expire
+    /// and at least every [60 s](Self::DEFAULT_INTERVAL), no cap on batches per run (a run goes
+    /// on until nothing expired is left), and a [60 s](Self::DEFAULT_LEASE) lease so that one
+    /// pruner runs at a time.
     ///
     /// ```
     /// use idem_core::PrunerConfig;
@@ -96,7 +117,8 @@ impl PrunerConfig {
     pub fn new() -> PrunerConfig {
         PrunerConfig {
             batch_size: Self::DEFAULT_BATCH_SIZE,
-            pause: Self::DEFAULT_PAUSE,
+            pause: None,
+            share: Self::DEFAULT_SHARE,
             interval: Self::DEFAULT_INTERVAL,
             max_batches: None,
             lease: Some(Self::DEFAULT_LEASE),
@@ -114,20 +136,34 @@ impl PrunerConfig {
         self
     }
 
-    /// How long to wait after a full batch before the next one, leaving the database to
-    /// claims. Zero runs the batches back to back, which drains fastest but slows claims most.
+    /// The largest share of the time (above 0, at most 1) the pruner spends deleting while it
+    /// catches up: after a batch that took `t`, it waits `t × (1 − share) / share`. 1 runs the
+    /// batches back to back, which drains fastest but slows claims most.
+    ///
+    /// ```
+    /// let _ = idem_core::PrunerConfig::new().share(0.5);
+    /// ```
+    pub fn share(mut self, share: f64) -> PrunerConfig {
+        self.share = share;
+        self
+    }
+
+    /// A fixed pause after each full batch instead of pacing by cost, and a run every
+    /// [`interval`](Self::interval) instead of as often as entries expire. It caps the rate at
+    /// `batch_size` entries per pause; zero runs the batches back to back.
     ///
     /// ```
     /// use std::time::Duration;
     /// let _ = idem_core::PrunerConfig::new().pause(Duration::from_millis(50));
     /// ```
     pub fn pause(mut self, pause: Duration) -> PrunerConfig {
-        self.pause = pause;
+        self.pause = Some(pause);
         self
     }
 
-    /// The time between the starts of two runs of a [spawned](Pruner::spawn) pruner
-    /// (1 ms to 10 years); a run that takes longer delays the next.
+    /// The longest time between the starts of two runs of a [spawned](Pruner::spawn) pruner
+    /// (1 ms to 10 years; with a fixed [`pause`](Self::pause), the time between them); a run
+    /// that takes longer delays the next.
     ///
     /// ```
     /// use std::time::Duration;
@@ -150,8 +186,8 @@ impl PrunerConfig {
         self
     }
 
-    /// Runs under a lease of this length (1 ms to 10 years, longer than the
-    /// [pause](Self::pause)): a run first takes the lease, renews it before each batch and
+    /// Runs under a lease of this length (1 ms to 10 years, longer than a fixed
+    /// [pause](Self::pause); a paced pause is at most a quarter of it): a run first takes the lease, renews it before each batch and
     /// releases it at the end, so of any number of pruners (threads, processes, machines) on
     /// one store or history one works at a time and the others report
     /// [`skipped`](PruneReport::skipped). A crashed runner blocks the others for at most one
@@ -192,13 +228,20 @@ impl PrunerConfig {
             ));
         }
         check_duration("pruner interval", self.interval)?;
-        if let Some(lease) = self.lease {
+        if !(self.share > 0.0 && self.share <= 1.0) {
+            return Err(Error::InvalidConfig(format!(
+                "pruner share must be above 0 and at most 1 (a fraction of the time), got {}; \
+                 the default is {}",
+                self.share,
+                Self::DEFAULT_SHARE
+            )));
+        }
+        if let (Some(lease), pause) = (self.lease, self.pause) {
             check_duration("pruner lease", lease)?;
-            if lease <= self.pause {
+            if pause.is_some_and(|pause| lease <= pause) {
                 return Err(Error::InvalidConfig(format!(
                     "pruner lease ({lease:?}) must be longer than the pause between batches \
-                     ({:?}), or another pruner takes over in every pause",
-                    self.pause
+                     ({pause:?}), or another pruner takes over in every pause"
                 )));
             }
         }
@@ -435,7 +478,9 @@ impl Pruner {
                     }
                 }
             }
+            let batch_started = Instant::now();
             let deleted = self.target.delete_expired(batch_size).await;
+            let batch_took = batch_started.elapsed();
             report.elapsed = started.elapsed();
             let deleted = deleted?;
             calls = calls.saturating_add(1);
@@ -454,18 +499,61 @@ impl Pruner {
             if self.config.max_batches.is_some_and(|max| calls >= max) {
                 return Ok(());
             }
-            if !self.pause(stop.as_deref_mut()).await {
+            if !self
+                .pause(self.pause_after(batch_took), stop.as_deref_mut())
+                .await
+            {
                 return Ok(());
             }
         }
     }
 
+    /// The pause after a full batch that took `took`: the fixed pause, or what leaves the store
+    /// `1 − share` of the time, at most a quarter of the lease (so it is renewed in time) and
+    /// at most the interval.
+    fn pause_after(&self, took: Duration) -> Duration {
+        if let Some(pause) = self.config.pause {
+            return pause;
+        }
+        let share = self.config.share;
+        let mut pause = took.mul_f64((1.0 - share) / share);
+        if let Some(lease) = self.config.lease {
+            pause = pause.min(lease / 4);
+        }
+        pause.min(self.config.interval)
+    }
+
+    /// How long a spawned pruner waits, from the start of a run that went as `report` says,
+    /// before the next: the interval with a fixed pause, after a skipped run or when nothing
+    /// expired; otherwise the time about [`RUN_BATCHES`] batches take to expire at the rate
+    /// measured over `window` (the time since the previous run started; unknown before the
+    /// second run), at least [`MIN_RUN_WAIT`].
+    fn next_run(&self, report: &PruneReport, window: Option<Duration>) -> Duration {
+        let interval = self.config.interval;
+        if self.config.pause.is_some() || report.skipped || report.deleted == 0 {
+            return interval;
+        }
+        if !report.drained {
+            // Cut short (max_batches, a lost lease): entries are waiting.
+            return MIN_RUN_WAIT.min(interval);
+        }
+        let Some(window) = window.filter(|w| !w.is_zero()) else {
+            // The first run's backlog says nothing of the rate: measure it over a short window.
+            return MIN_RUN_WAIT.min(interval);
+        };
+        let rate = report.deleted as f64 / window.as_secs_f64();
+        let wait =
+            Duration::try_from_secs_f64(RUN_BATCHES * f64::from(self.config.batch_size) / rate)
+                .unwrap_or(interval);
+        wait.clamp(MIN_RUN_WAIT.min(interval), interval)
+    }
+
     /// Waits out the pause between batches; `false` when a stop came first.
-    async fn pause(&self, stop: Option<&mut watch::Receiver<bool>>) -> bool {
-        if self.config.pause.is_zero() {
+    async fn pause(&self, pause: Duration, stop: Option<&mut watch::Receiver<bool>>) -> bool {
+        if pause.is_zero() {
             return true;
         }
-        let sleep = tokio::time::sleep(self.config.pause);
+        let sleep = tokio::time::sleep(pause);
         match stop {
             None => {
                 sleep.await;
@@ -611,30 +699,40 @@ impl PrunerHandle {
         let (stop_tx, mut stop_rx) = watch::channel(false);
         let (report_tx, report_rx) = watch::channel(None);
         let task = tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(pruner.config.interval);
-            ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            let mut wait = Duration::ZERO;
+            let mut previous: Option<Instant> = None;
             loop {
                 tokio::select! {
-                    _ = ticker.tick() => {}
+                    _ = tokio::time::sleep(wait) => {}
                     // A `true` sent or the handle dropped: stop either way.
                     _ = stop_rx.changed() => break,
                 }
+                let started = Instant::now();
                 let mut report = PruneReport::default();
-                match pruner.run(Some(&mut stop_rx), &mut report).await {
+                let window = previous.map(|p| started.duration_since(p));
+                previous = Some(started);
+                let next = match pruner.run(Some(&mut stop_rx), &mut report).await {
                     Ok(()) => {
+                        let next = pruner.next_run(&report, window);
                         report_tx.send_replace(Some(report));
+                        next
                     }
-                    Err(e) => tracing::warn!(
-                        target_name = pruner.target.name(),
-                        error = %e,
-                        deleted = report.deleted,
-                        batches = report.batches,
-                        "pruning failed; trying again at the next interval"
-                    ),
-                }
+                    Err(e) => {
+                        tracing::warn!(
+                            target_name = pruner.target.name(),
+                            error = %e,
+                            deleted = report.deleted,
+                            batches = report.batches,
+                            "pruning failed; trying again at the next interval"
+                        );
+                        pruner.config.interval
+                    }
+                };
                 if stop_requested(&stop_rx) {
                     break;
                 }
+                // Measured from this run's start; a run that took longer starts the next at once.
+                wait = next.saturating_sub(started.elapsed());
             }
         });
         PrunerHandle {

@@ -77,6 +77,8 @@ struct TestStore {
     leases: MemoryStore,
     failing: AtomicBool,
     prune_calls: AtomicU32,
+    /// How long each `prune_expired` takes (on the paused tokio clock).
+    prune_cost: Duration,
 }
 
 impl TestStore {
@@ -128,6 +130,9 @@ impl Store for TestStore {
     }
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
         self.prune_calls.fetch_add(1, Ordering::SeqCst);
+        if !self.prune_cost.is_zero() {
+            tokio::time::sleep(self.prune_cost).await;
+        }
         if self.failing.load(Ordering::SeqCst) {
             return Err(Error::Store(StoreError::new(
                 StoreErrorKind::Unavailable,
@@ -147,6 +152,7 @@ async fn memory_store(expired: usize, live: usize) -> (Arc<TestStore>, ManualClo
         leases: MemoryStore::with_clock(clock.clone()),
         failing: AtomicBool::new(false),
         prune_calls: AtomicU32::new(0),
+        prune_cost: Duration::ZERO,
     });
     add_expiring(&*store, "expired", expired).await;
     let live = add_live(&*store, "live", live).await;
@@ -572,4 +578,118 @@ async fn prunes_expired_postgres_records_in_batches() {
     .execute(store.pool())
     .await
     .unwrap();
+}
+
+/// A [`TestStore`] whose `prune_expired` takes `cost`, holding `expired` expired records.
+async fn costly_store(expired: usize, cost: Duration) -> (Arc<TestStore>, ManualClock) {
+    let clock = ManualClock::new();
+    let store = Arc::new(TestStore {
+        records: MemoryStore::with_clock(clock.clone()),
+        leases: MemoryStore::with_clock(clock.clone()),
+        failing: AtomicBool::new(false),
+        prune_calls: AtomicU32::new(0),
+        prune_cost: cost,
+    });
+    add_expiring(&*store, "expired", expired).await;
+    clock.advance(SHORT * 2);
+    (store, clock)
+}
+
+#[tokio::test(start_paused = true)]
+async fn paced_by_cost_a_pause_is_in_proportion_to_the_batch_before_it() {
+    // Batches of 100 over 250 records, each call taking 2 ms: three calls, two pauses.
+    for (share, pauses) in [
+        (PrunerConfig::DEFAULT_SHARE, Duration::from_millis(8)),
+        (0.5, Duration::from_millis(2)),
+        (1.0, Duration::ZERO),
+    ] {
+        let (store, _clock) = costly_store(250, Duration::from_millis(2)).await;
+        let config = PrunerConfig::new().batch_size(100).share(share);
+        let report = Pruner::records(store.clone(), config)
+            .unwrap()
+            .run_once()
+            .await
+            .unwrap();
+        assert_eq!((report.deleted, report.batches), (250, 3));
+        assert!(report.drained);
+        assert_eq!(
+            report.elapsed,
+            Duration::from_millis(6) + pauses * 2,
+            "share {share}"
+        );
+        assert_eq!(store.len(), 0);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn paced_by_cost_a_pause_is_at_most_a_quarter_of_the_lease() {
+    // A 1 s batch would be followed by 4 s at a 20 % share; the lease of 2 s caps it at 0.5 s.
+    let (store, _clock) = costly_store(150, Duration::from_secs(1)).await;
+    let config = PrunerConfig::new()
+        .batch_size(100)
+        .lease(Duration::from_secs(2));
+    let report = Pruner::records(store, config)
+        .unwrap()
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(report.elapsed, Duration::from_millis(2_500));
+}
+
+/// Records expiring at a steady 3,000 a second for 3 s: a spawned pruner with the default
+/// pacing and a 60 s interval keeps the expired backlog near four batches, where one that ran
+/// every interval would leave all of them.
+#[tokio::test(start_paused = true)]
+async fn a_spawned_pruner_keeps_pace_with_the_rate_records_expire_at() {
+    const RATE: u64 = 3_000;
+    const SECONDS: u64 = 3;
+    let clock = ManualClock::new();
+    let store = Arc::new(TestStore {
+        records: MemoryStore::with_clock(clock.clone()),
+        leases: MemoryStore::with_clock(clock.clone()),
+        failing: AtomicBool::new(false),
+        prune_calls: AtomicU32::new(0),
+        prune_cost: Duration::from_millis(1),
+    });
+    // Record i's lease ends 1 ms + i/RATE s from now; nothing has expired yet, so adding them
+    // frees nothing, and afterwards only the pruner touches them.
+    let total = RATE * SECONDS;
+    let leases: Vec<u64> = (0..total).map(|i| 1_000 + i * 1_000_000 / RATE).collect();
+    for (i, &micros) in leases.iter().enumerate() {
+        claim(&*store, &key("steady", i), Duration::from_micros(micros)).await;
+    }
+    let expired_by = |ms: u64| leases.partition_point(|&l| l <= ms * 1_000);
+    let handle = Pruner::records(store.clone(), PrunerConfig::default())
+        .unwrap()
+        .spawn();
+    let mut worst = 0;
+    for ms in 1..=(SECONDS * 1_000 + 200) {
+        // The records' clock moves with the tokio clock, a millisecond at a time.
+        clock.advance(Duration::from_millis(1));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let live = leases.len() - expired_by(ms);
+        let backlog = store.len() - live;
+        if ms > 500 {
+            worst = worst.max(backlog);
+        }
+    }
+    // About four batches of 100 expire between runs, plus what expires while one runs.
+    assert!(worst <= 600, "the expired backlog reached {worst}");
+    assert_eq!(store.len(), 0, "everything expired was pruned");
+    // Not a busy loop either: one run per ~133 ms, each a few calls.
+    let calls = store.prune_calls.load(Ordering::SeqCst);
+    assert!(calls <= 200, "{calls} prune calls");
+    assert!(handle.last_report().is_some());
+    handle.shutdown().await;
+}
+
+#[test]
+fn a_share_outside_0_to_1_is_invalid() {
+    for share in [0.0, -0.5, 1.5, f64::NAN] {
+        let e = Pruner::records(MemoryStore::new(), PrunerConfig::new().share(share)).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidConfig(m) if m.contains("share")),
+            "{share}: {e}"
+        );
+    }
 }
