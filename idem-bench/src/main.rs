@@ -5,6 +5,7 @@
 //! idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb]
 //!            [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,URL,…]
 //!            [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]
+//!            [--sustain [--sustain-rate N] [--sustain-secs N]]
 //! ```
 //!
 //! The PostgreSQL URL defaults to `IDEM_TEST_PG_URL`, the DynamoDB endpoint to
@@ -21,6 +22,7 @@ mod raw;
 mod redis_rows;
 mod report;
 mod scale;
+mod sustain;
 mod workload;
 
 use std::process::ExitCode;
@@ -54,7 +56,7 @@ pub enum BenchError {
     Redis(String),
     #[error("the benchmark measured the wrong thing: {0}")]
     Unexpected(String),
-    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster] [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]")]
+    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster] [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--sustain [--sustain-rate N] [--sustain-secs N]]")]
     Usage(String),
 }
 
@@ -77,6 +79,10 @@ struct Args {
     /// Overrides of the library pruner's batch size and pause.
     prune_batch: Option<u32>,
     prune_pause: Option<Duration>,
+    /// `--sustain`: only the sustained runs, at this rate for this long.
+    sustain: bool,
+    sustain_rate: u32,
+    sustain_secs: u64,
     /// The arguments that shape the run (not `--pg-url` and `--out`), for the report.
     shown: Vec<String>,
 }
@@ -98,6 +104,9 @@ impl Args {
             scale_rows: None,
             prune_batch: None,
             prune_pause: None,
+            sustain: false,
+            sustain_rate: 3_000,
+            sustain_secs: 300,
             shown: Vec::new(),
         };
         let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -124,6 +133,13 @@ impl Args {
             match arg.as_str() {
                 "--quick" => args.quick = true,
                 "--no-scale" => args.scale = false,
+                "--sustain" => args.sustain = true,
+                "--sustain-rate" => {
+                    args.sustain_rate = number("--sustain-rate", value("--sustain-rate")?)?
+                }
+                "--sustain-secs" => {
+                    args.sustain_secs = number("--sustain-secs", value("--sustain-secs")?)?
+                }
                 "--scale-only" => args.main = false,
                 "--out" => args.out = Some(value("--out")?),
                 "--pg-url" => args.pg_url = Some(value("--pg-url")?),
@@ -166,6 +182,11 @@ impl Args {
                 }
                 other => return Err(BenchError::Usage(format!("unknown argument {other:?}"))),
             }
+        }
+        if args.sustain_rate == 0 || args.sustain_secs == 0 {
+            return Err(BenchError::Usage(
+                "--sustain-rate and --sustain-secs must be at least 1".into(),
+            ));
         }
         if args.prune_batch == Some(0) {
             return Err(BenchError::Usage("--prune-batch must be at least 1".into()));
@@ -223,6 +244,51 @@ fn number<T: std::str::FromStr>(flag: &str, value: String) -> Result<T, BenchErr
     value
         .parse()
         .map_err(|_| BenchError::Usage(format!("{flag} takes a number, not {value:?}")))
+}
+
+/// `--sustain`: the sustained runs on SQLite and PostgreSQL (as `--stores` asks), printed and
+/// written to `--out`.
+async fn sustained(args: &Args) -> Result<(), BenchError> {
+    if std::env::var_os("IDEM_BENCH_LOG").is_some() {
+        let _ = tracing::subscriber::set_global_default(
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::DEBUG)
+                .with_writer(std::io::stderr)
+                .finish(),
+        );
+    }
+    let plan = sustain::SustainPlan {
+        rate: args.sustain_rate,
+        secs: args.sustain_secs,
+        // The run without the pruner: a fifth as long, at least a minute (or the whole run).
+        baseline_secs: (args.sustain_secs / 5).max(60).min(args.sustain_secs),
+        retention: Duration::from_secs(5),
+    };
+    let mut runs = Vec::new();
+    if args.wants("sqlite") {
+        runs.extend(sustain::sqlite(plan).await?);
+    }
+    if let (true, Some(url)) = (args.wants("postgres"), &args.pg_url) {
+        let pool = PgPoolOptions::new()
+            .max_connections(PG_POOL)
+            .connect(url)
+            .await?;
+        runs.extend(sustain::postgres(&pool, plan).await?);
+    }
+    let table = sustain::markdown(plan, &runs);
+    println!("{table}");
+    if let Some(path) = &args.out {
+        let command = format!("`scripts/bench {}`", args.shown.join(" "));
+        std::fs::write(
+            path,
+            format!(
+                "# idem-bench sustained run\n\n- machine: {}\n- command: {command}\n\n{table}",
+                machine()
+            ),
+        )?;
+        eprintln!("idem-bench: wrote {path}");
+    }
+    Ok(())
 }
 
 /// How long and how big, per mode.
@@ -289,6 +355,9 @@ async fn main() -> ExitCode {
 
 async fn bench() -> Result<(), BenchError> {
     let args = Args::parse()?;
+    if args.sustain {
+        return sustained(&args).await;
+    }
     let plan = Plan::new(args.quick);
     let started = std::time::Instant::now();
     let mut results = Results {
@@ -529,7 +598,8 @@ async fn compare(
     Ok(())
 }
 
-fn header(args: &Args, plan: &Plan, versions: &[String], took: Duration) -> String {
+/// The machine, as the reports name it: cores and CPU model.
+fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|info| {
@@ -540,15 +610,20 @@ fn header(args: &Args, plan: &Plan, versions: &[String], took: Duration) -> Stri
         })
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {cpu}")
+}
+
+fn header(args: &Args, plan: &Plan, versions: &[String], took: Duration) -> String {
     let t = plan.timing;
     format!(
         "# idem-bench {mode} run, {date}\n\n\
-         - machine: {cores} cores, {cpu}\n\
+         - machine: {machine}\n\
          - databases: {dbs}\n\
          - command: `scripts/bench{flags}` (stores: {stores}); took {took:.0} s\n\
          - each variant: {warm:.1} s warm-up, then {rounds} slices of {slice:.1} s interleaved with \
            the variants it is compared with; ratios are throughput (ops/s) ratios measured in the same run\n",
         mode = if args.quick { "quick" } else { "full" },
+        machine = machine(),
         date = utc_date(),
         dbs = versions.join("; "),
         flags = args.shown.iter().map(|a| format!(" {a}")).collect::<String>(),

@@ -39,9 +39,11 @@ const MIN_RUN_WAIT: Duration = Duration::from_millis(10);
 /// second.
 ///
 /// **Runs as often as entries expire.** A spawned pruner measures the rate at which entries
-/// expired (what each run deleted over the time since the run before it) and starts the next
+/// expired (what each run deleted over the time since the run before it ended) and starts the next
 /// run when about four batches have expired again, at least 10 ms and at
-/// most [`interval`](PrunerConfig::interval) later.
+/// most [`interval`](PrunerConfig::interval) later. After a run that found nothing it waits
+/// twice as long as before (from 10 ms up to the interval), so an idle store is looked at
+/// rarely and one that just got busy within about the time it has been idle.
 ///
 /// **The steady-state bound.** While entries expire no faster than the pruner deletes at its
 /// share of the store's time, the expired entries left in the store stay below about five
@@ -524,28 +526,45 @@ impl Pruner {
     }
 
     /// How long a spawned pruner waits, from the start of a run that went as `report` says,
-    /// before the next: the interval with a fixed pause, after a skipped run or when nothing
-    /// expired; otherwise the time about [`RUN_BATCHES`] batches take to expire at the rate
-    /// measured over `window` (the time since the previous run started; unknown before the
-    /// second run), at least [`MIN_RUN_WAIT`].
-    fn next_run(&self, report: &PruneReport, window: Option<Duration>) -> Duration {
+    /// before the next; `last` is the wait chosen before this run, `rate` the expiry rate
+    /// measured so far (entries a second, smoothed; updated here). With a fixed pause, or after
+    /// a skipped run: the interval. After a run that deleted nothing: twice `last`, from
+    /// [`MIN_RUN_WAIT`] up to the interval, so an idle store is looked at less and less often
+    /// and a store that just got busy soon. Otherwise the time about [`RUN_BATCHES`] batches
+    /// take to expire at the measured rate, at least [`MIN_RUN_WAIT`]. What a drained run
+    /// deleted expired over `window`: since the previous run ended (unknown before the
+    /// second run).
+    fn next_run(
+        &self,
+        report: &PruneReport,
+        window: Option<Duration>,
+        last: Duration,
+        rate: &mut Option<f64>,
+    ) -> Duration {
         let interval = self.config.interval;
-        if self.config.pause.is_some() || report.skipped || report.deleted == 0 {
+        let shortest = MIN_RUN_WAIT.min(interval);
+        if self.config.pause.is_some() || report.skipped {
             return interval;
+        }
+        if report.deleted == 0 {
+            return (last * 2).clamp(shortest, interval);
         }
         if !report.drained {
             // Cut short (max_batches, a lost lease): entries are waiting.
-            return MIN_RUN_WAIT.min(interval);
+            return shortest;
         }
         let Some(window) = window.filter(|w| !w.is_zero()) else {
             // The first run's backlog says nothing of the rate: measure it over a short window.
-            return MIN_RUN_WAIT.min(interval);
+            return shortest;
         };
-        let rate = report.deleted as f64 / window.as_secs_f64();
+        let measured = report.deleted as f64 / window.as_secs_f64();
+        // Half the old estimate, half the new: one short window does not swing the schedule.
+        let smoothed = rate.map_or(measured, |old| (old + measured) / 2.0);
+        *rate = Some(smoothed);
         let wait =
-            Duration::try_from_secs_f64(RUN_BATCHES * f64::from(self.config.batch_size) / rate)
+            Duration::try_from_secs_f64(RUN_BATCHES * f64::from(self.config.batch_size) / smoothed)
                 .unwrap_or(interval);
-        wait.clamp(MIN_RUN_WAIT.min(interval), interval)
+        wait.clamp(shortest, interval)
     }
 
     /// Waits out the pause between batches; `false` when a stop came first.
@@ -700,7 +719,11 @@ impl PrunerHandle {
         let (report_tx, report_rx) = watch::channel(None);
         let task = tokio::spawn(async move {
             let mut wait = Duration::ZERO;
+            // The wait chosen after the previous run (its start to this one's).
+            let mut last = Duration::ZERO;
+            // When the previous run ended, and the expiry rate measured so far.
             let mut previous: Option<Instant> = None;
+            let mut rate = None;
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
@@ -710,10 +733,9 @@ impl PrunerHandle {
                 let started = Instant::now();
                 let mut report = PruneReport::default();
                 let window = previous.map(|p| started.duration_since(p));
-                previous = Some(started);
                 let next = match pruner.run(Some(&mut stop_rx), &mut report).await {
                     Ok(()) => {
-                        let next = pruner.next_run(&report, window);
+                        let next = pruner.next_run(&report, window, last, &mut rate);
                         report_tx.send_replace(Some(report));
                         next
                     }
@@ -732,6 +754,8 @@ impl PrunerHandle {
                     break;
                 }
                 // Measured from this run's start; a run that took longer starts the next at once.
+                previous = Some(Instant::now());
+                last = next;
                 wait = next.saturating_sub(started.elapsed());
             }
         });

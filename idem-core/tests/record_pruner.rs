@@ -693,3 +693,26 @@ fn a_share_outside_0_to_1_is_invalid() {
         );
     }
 }
+
+/// An idle store is looked at less and less often (10 ms, 20 ms, 40 ms, … up to the interval),
+/// and what expires after a quiet spell is pruned within about that spell.
+#[tokio::test(start_paused = true)]
+async fn an_idle_pruner_backs_off_and_wakes_up_within_the_quiet_spell() {
+    let (store, clock) = costly_store(0, Duration::ZERO).await;
+    let handle = Pruner::records(store.clone(), PrunerConfig::default())
+        .unwrap()
+        .spawn();
+    // Runs at 0, 10, 30, 70, 150, 310 and 630 ms; the next at 1,270 ms.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(store.prune_calls.load(Ordering::SeqCst), 7);
+    add_expiring(&*store, "after a quiet spell", 50).await;
+    clock.advance(SHORT * 2);
+    tokio::time::sleep(Duration::from_millis(280)).await;
+    assert_eq!(store.len(), 0, "pruned at the 1,270 ms run");
+    // Idle for an hour: the waits grow to the 60 s interval, so about 60 runs, not thousands.
+    let before = store.prune_calls.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3_600)).await;
+    let calls = store.prune_calls.load(Ordering::SeqCst) - before;
+    assert!((55..=75).contains(&calls), "{calls} runs in an idle hour");
+    handle.shutdown().await;
+}
