@@ -143,17 +143,22 @@ impl Store for TestStore {
     }
 }
 
-/// A [`TestStore`] on a manual clock holding `expired` expired records and `live` live ones.
-/// The clock moves after the last record is added, so no call frees an expired one.
-async fn memory_store(expired: usize, live: usize) -> (Arc<TestStore>, ManualClock, Vec<Key>) {
-    let clock = ManualClock::new();
-    let store = Arc::new(TestStore {
+/// An empty [`TestStore`] on `clock` whose `prune_expired` takes `cost`.
+fn test_store(clock: &ManualClock, cost: Duration) -> Arc<TestStore> {
+    Arc::new(TestStore {
         records: MemoryStore::with_clock(clock.clone()),
         leases: MemoryStore::with_clock(clock.clone()),
         failing: AtomicBool::new(false),
         prune_calls: AtomicU32::new(0),
-        prune_cost: Duration::ZERO,
-    });
+        prune_cost: cost,
+    })
+}
+
+/// A [`TestStore`] on a manual clock holding `expired` expired records and `live` live ones.
+/// The clock moves after the last record is added, so no call frees an expired one.
+async fn memory_store(expired: usize, live: usize) -> (Arc<TestStore>, ManualClock, Vec<Key>) {
+    let clock = ManualClock::new();
+    let store = test_store(&clock, Duration::ZERO);
     add_expiring(&*store, "expired", expired).await;
     let live = add_live(&*store, "live", live).await;
     clock.advance(SHORT * 2);
@@ -583,13 +588,7 @@ async fn prunes_expired_postgres_records_in_batches() {
 /// A [`TestStore`] whose `prune_expired` takes `cost`, holding `expired` expired records.
 async fn costly_store(expired: usize, cost: Duration) -> (Arc<TestStore>, ManualClock) {
     let clock = ManualClock::new();
-    let store = Arc::new(TestStore {
-        records: MemoryStore::with_clock(clock.clone()),
-        leases: MemoryStore::with_clock(clock.clone()),
-        failing: AtomicBool::new(false),
-        prune_calls: AtomicU32::new(0),
-        prune_cost: cost,
-    });
+    let store = test_store(&clock, cost);
     add_expiring(&*store, "expired", expired).await;
     clock.advance(SHORT * 2);
     (store, clock)
@@ -644,13 +643,7 @@ async fn a_spawned_pruner_keeps_pace_with_the_rate_records_expire_at() {
     const RATE: u64 = 3_000;
     const SECONDS: u64 = 3;
     let clock = ManualClock::new();
-    let store = Arc::new(TestStore {
-        records: MemoryStore::with_clock(clock.clone()),
-        leases: MemoryStore::with_clock(clock.clone()),
-        failing: AtomicBool::new(false),
-        prune_calls: AtomicU32::new(0),
-        prune_cost: Duration::from_millis(1),
-    });
+    let store = test_store(&clock, Duration::from_millis(1));
     // Record i's lease ends 1 ms + i/RATE s from now; nothing has expired yet, so adding them
     // frees nothing, and afterwards only the pruner touches them.
     let total = RATE * SECONDS;
