@@ -1,40 +1,64 @@
-//! `idem`: look at and act on the idempotency records of a SQLite or PostgreSQL store, the way
-//! the application sees them.
+//! `idem`: look at and act on the idempotency records of a store, the way the application sees
+//! them: SQLite, PostgreSQL, Redis (one server or a cluster) or DynamoDB.
 //!
 //! ```text
 //! idem --url sqlite:///var/lib/app/idem.db inspect --scope charge --caller tenant-7 order-1001
 //! idem --url postgres://… evict --hash 089346aca28d14ac…
-//! idem --url postgres://… list --in-progress --limit 50
-//! idem --url postgres://… stats --json
-//! idem --url postgres://… prune --batch 1000
-//! idem --url postgres://… migrate
+//! idem --url redis://10.0.0.5:6379 --table payments list --in-progress --limit 50
+//! idem --url redis-cluster://10.0.0.1:7000,10.0.0.2:7000 stats --json
+//! idem --url dynamodb+https://dynamodb.eu-west-1.amazonaws.com --table idem_records prune
+//! idem --url dynamodb://127.0.0.1:8000 migrate
 //! ```
+//!
+//! | `--url` | store | `--table` (alias `--prefix`) names |
+//! |---|---|---|
+//! | `sqlite://PATH` | SQLite (the file must exist) | the table (default `idem_records`) |
+//! | `postgres://USER@HOST/DB` | PostgreSQL | the table, `schema.table` allowed (default `idem_records`) |
+//! | `redis://[USER:PASSWORD@]HOST:PORT[/DB]` | Redis or Valkey, one server | the key prefix (default `idem`) |
+//! | `redis-cluster://[USER:PASSWORD@]HOST:PORT,HOST:PORT,…` | a Redis Cluster, from any of its nodes | the key prefix (default `idem`) |
+//! | `dynamodb://HOST:PORT`, `dynamodb+http://HOST:PORT` | DynamoDB at `http://HOST:PORT` (a local emulator) | the table (default `idem_records`) |
+//! | `dynamodb+https://HOST[:PORT]` | DynamoDB at `https://HOST[:PORT]` | the table (default `idem_records`) |
+//!
+//! DynamoDB credentials come from `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and
+//! `AWS_SESSION_TOKEN` (placeholders over plain HTTP when unset), the region from `AWS_REGION`,
+//! `AWS_DEFAULT_REGION` or an endpoint `dynamodb.REGION.amazonaws.com` (else `us-east-1`); no
+//! profile is read.
 //!
 //! Output is a table for people, or JSON with `--json`. An error is one line on stderr and exit
 //! status 1 (2 for a command line that does not parse). Every command opens the store as the
-//! application does, which applies the store's migrations first.
+//! application does, which applies a SQL store's migrations first; only `migrate` creates a
+//! missing DynamoDB table. On Redis and DynamoDB, `list` and `stats` scan every record of the
+//! prefix or table (the stores' `StoreAdmin` docs give the cost), and `prune` says what the
+//! store deletes by itself: Redis everything (key expiry), DynamoDB eventually (TTL).
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
-use idem::{Key, PostgresStore, Record, RecordState, SqliteStore, Store, StoreAdmin, StoreStats};
+use idem::{Key, Record, RecordState, StoreStats};
 use serde_json::{json, Value};
 
 mod render;
+mod stores;
 
 use render::{hex, Table};
+use stores::{Opened, StoreUrl, Upkeep};
 
 /// Look at and act on idempotency records.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version)]
 struct Cli {
-    /// The store: `sqlite://PATH` (the file must exist) or `postgres://USER@HOST/DB`.
+    /// The store: `sqlite://PATH` (the file must exist), `postgres://USER@HOST/DB`,
+    /// `redis://HOST:PORT` (one server), `redis-cluster://HOST:PORT,HOST:PORT,…` (a cluster,
+    /// from any of its nodes), `dynamodb://HOST:PORT` or `dynamodb+http://HOST:PORT` (an
+    /// endpoint over HTTP, such as a local emulator) or `dynamodb+https://HOST[:PORT]`.
     #[arg(long, env = "IDEM_URL", global = true)]
     url: Option<String>,
-    /// The records table (as configured in the application; a `schema.table` on PostgreSQL).
-    #[arg(long, default_value = "idem_records", global = true)]
-    table: String,
+    /// Where the records are, as configured in the application: the table on SQLite,
+    /// PostgreSQL (`schema.table` allowed) and DynamoDB (default `idem_records`); the key
+    /// prefix on Redis (default `idem`).
+    #[arg(long, visible_alias = "prefix", global = true)]
+    table: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -49,13 +73,18 @@ enum Command {
     Inspect(Which),
     /// Delete one record, whatever its state: the key runs again on its next call.
     Evict(Which),
-    /// List live records in key order, a page at a time.
+    /// List live records in key order, a page at a time (on Redis and DynamoDB each page scans
+    /// every record).
     List(ListArgs),
-    /// Count records by state, and show the oldest and the table's size.
+    /// Count records by state, and show the oldest and the store's size (on Redis and DynamoDB
+    /// a scan of every record).
     Stats,
-    /// Delete every expired record, in batches, reporting as it goes.
+    /// Delete every expired record, in batches, reporting as it goes. Redis deletes ended
+    /// records itself (nothing to do); DynamoDB's TTL does too, in its own time, and this scans
+    /// the table to delete them now.
     Prune(PruneArgs),
-    /// Apply the store's migrations (every command does so first) and show the schema version.
+    /// SQL: apply the migrations (every command does so first). DynamoDB: create the table if
+    /// it is missing. Redis: nothing to do. Shows the schema version.
     Migrate,
 }
 
@@ -110,55 +139,6 @@ enum Failure {
     Idem(#[from] idem::Error),
     #[error(transparent)]
     Key(#[from] idem::KeyError),
-}
-
-/// The store named by `--url`.
-enum Opened {
-    Sqlite(SqliteStore),
-    Postgres(PostgresStore),
-}
-
-impl Opened {
-    async fn open(url: &str, table: &str) -> Result<Opened, Failure> {
-        if let Some(rest) = url.strip_prefix("sqlite:") {
-            let path = rest.trim_start_matches("//");
-            let (path, query) = path.split_once('?').unwrap_or((path, ""));
-            let creates = query.split('&').any(|p| p == "mode=rwc");
-            if !creates && !path.starts_with(':') && !std::path::Path::new(path).exists() {
-                return Err(Failure::Usage(format!("no SQLite database at {path:?}")));
-            }
-            let store = SqliteStore::builder().table(table).connect(url).await?;
-            Ok(Opened::Sqlite(store))
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            // One connection first: its error says why (refused, bad password, no database),
-            // where the pool would only report a timeout.
-            use idem::sqlx::Connection;
-            let probe = idem::sqlx::PgConnection::connect(url)
-                .await
-                .map_err(|e| Failure::Usage(format!("cannot connect to PostgreSQL: {e}")))?;
-            let _ = probe.close().await;
-            let store = PostgresStore::builder().table(table).connect(url).await?;
-            Ok(Opened::Postgres(store))
-        } else {
-            Err(Failure::Usage(format!(
-                "unsupported store URL {url:?}: use sqlite://PATH or postgres://USER@HOST/DB"
-            )))
-        }
-    }
-
-    fn store(&self) -> &dyn Store {
-        match self {
-            Opened::Sqlite(s) => s,
-            Opened::Postgres(s) => s,
-        }
-    }
-
-    fn admin(&self) -> &dyn StoreAdmin {
-        match self {
-            Opened::Sqlite(s) => s,
-            Opened::Postgres(s) => s,
-        }
-    }
 }
 
 fn key_of(which: &Which) -> Result<Key, Failure> {
@@ -338,28 +318,58 @@ async fn stats(opened: &Opened, as_json: bool) -> Result<String, Failure> {
         })
         .to_string());
     }
+    let (expired_label, size_label) = opened.stats_labels();
     let mut table = Table::new(["what", "value"]);
     table.row(["in progress", &in_progress.to_string()]);
     table.row(["completed", &completed.to_string()]);
-    table.row(["expired (to prune)", &expired.to_string()]);
+    table.row([expired_label, &expired.to_string()]);
     table.row([
         "oldest expiry",
         &oldest.map(seconds).unwrap_or_else(|| "none".into()),
     ]);
     table.row([
-        "table size",
-        &table_bytes.map_or_else(|| "unknown".into(), |b| format!("{b} bytes")),
+        size_label,
+        &table_bytes.map_or_else(|| "not reported".into(), |b| format!("{b} bytes")),
     ]);
     Ok(table.render())
 }
+
+/// What `prune` says of a store that deletes ended records itself.
+#[cfg(feature = "redis")]
+const REDIS_PRUNES_ITSELF: &str = "nothing to prune: Redis deletes each record itself when its \
+    lease or retention ends (key expiry); `idem stats` counts the ended ones it has not deleted yet";
+#[cfg(feature = "dynamodb")]
+const DYNAMO_TTL: &str = "DynamoDB's TTL also deletes expired items by itself, typically within \
+    two days; this scan read (and billed) the whole table";
 
 async fn prune(opened: &Opened, args: &PruneArgs, as_json: bool) -> Result<String, Failure> {
     if args.batch == 0 {
         return Err(Failure::Usage("--batch must be at least 1".into()));
     }
+    let note = match opened.upkeep() {
+        #[cfg(feature = "redis")]
+        Upkeep::Redis => {
+            return Ok(if as_json {
+                json!({
+                    "deleted": 0,
+                    "batches": 0,
+                    "seconds": 0.0,
+                    "deletes_expired_itself": true,
+                    "note": REDIS_PRUNES_ITSELF,
+                })
+                .to_string()
+            } else {
+                format!("{REDIS_PRUNES_ITSELF}\n")
+            });
+        }
+        #[cfg(feature = "dynamodb")]
+        Upkeep::Dynamo { .. } => Some(DYNAMO_TTL),
+        Upkeep::Sql => None,
+    };
     let started = Instant::now();
     let (mut deleted, mut batches) = (0u64, 0u64);
-    // Bounded: every pass but the last deletes a whole batch of the finite expired rows.
+    // Bounded: every pass but the last deletes a whole batch of the finite expired records, or
+    // (DynamoDB) goes on scanning the table where the previous one stopped.
     loop {
         let n = opened.store().prune_expired(args.batch).await?;
         deleted += n;
@@ -367,27 +377,72 @@ async fn prune(opened: &Opened, args: &PruneArgs, as_json: bool) -> Result<Strin
         if !as_json {
             eprintln!("batch {batches}: deleted {n} (total {deleted})");
         }
-        if n < u64::from(args.batch) {
+        if n < u64::from(args.batch) && !opened.prune_unfinished() {
             break;
         }
     }
     let took = started.elapsed();
     Ok(if as_json {
-        json!({ "deleted": deleted, "batches": batches, "seconds": took.as_secs_f64() }).to_string()
+        let mut out = json!({
+            "deleted": deleted,
+            "batches": batches,
+            "seconds": took.as_secs_f64(),
+            "deletes_expired_itself": note.is_some(),
+        });
+        if let Some(note) = note {
+            out["note"] = json!(note);
+        }
+        out.to_string()
     } else {
-        format!(
+        let mut text = format!(
             "pruned {deleted} expired records in {batches} batches, {:.2} s\n",
             took.as_secs_f64()
-        )
+        );
+        if let Some(note) = note {
+            text.push_str(note);
+            text.push('\n');
+        }
+        text
     })
 }
 
 async fn migrate(opened: &Opened, as_json: bool) -> Result<String, Failure> {
     let version = opened.admin().schema_version().await?;
+    // What was done, and (DynamoDB) whether the table was created.
+    let (done, created): (String, Option<bool>) = match opened.upkeep() {
+        Upkeep::Sql => (
+            format!("the records table is at schema version {version}"),
+            None,
+        ),
+        #[cfg(feature = "redis")]
+        Upkeep::Redis => (
+            format!("nothing to migrate on Redis: records are hashes of layout version {version}"),
+            None,
+        ),
+        #[cfg(feature = "dynamodb")]
+        Upkeep::Dynamo { created, table } => (
+            if created {
+                format!(
+                    "created the DynamoDB table {table:?} (on-demand, key `pk`, TTL on `ttl_s`); \
+                     item layout version {version}"
+                )
+            } else {
+                format!(
+                    "the DynamoDB table {table:?} exists with the store's key; item layout \
+                     version {version}"
+                )
+            },
+            Some(created),
+        ),
+    };
     Ok(if as_json {
-        json!({ "schema_version": version }).to_string()
+        let mut out = json!({ "schema_version": version, "done": done });
+        if let Some(created) = created {
+            out["created_table"] = json!(created);
+        }
+        out.to_string()
     } else {
-        format!("the records table is at schema version {version}\n")
+        format!("{done}\n")
     })
 }
 
@@ -395,9 +450,19 @@ async fn run(cli: Cli) -> Result<String, Failure> {
     let url = cli
         .url
         .ok_or_else(|| Failure::Usage("give the store with --url (or IDEM_URL)".into()))?;
-    let opened = tokio::time::timeout(Duration::from_secs(30), Opened::open(&url, &cli.table))
+    let table = match &cli.table {
+        Some(table) => table.clone(),
+        None => StoreUrl::parse(&url)?.default_table().to_owned(),
+    };
+    let create = matches!(cli.command, Command::Migrate);
+    let opened = tokio::time::timeout(stores::OPEN_WITHIN, Opened::open(&url, &table, create))
         .await
-        .map_err(|_| Failure::Usage(format!("could not reach {url:?} within 30 s")))??;
+        .map_err(|_| {
+            Failure::Usage(format!(
+                "could not reach {url:?} within {} s",
+                stores::OPEN_WITHIN.as_secs()
+            ))
+        })??;
     match &cli.command {
         Command::Inspect(which) => inspect(&opened, which, cli.json).await,
         Command::Evict(which) => evict(&opened, which, cli.json).await,

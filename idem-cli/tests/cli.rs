@@ -1,8 +1,19 @@
-//! The `idem` binary itself, run against a SQLite file and the test PostgreSQL: every command,
-//! its JSON, and its errors.
+//! The `idem` binary itself, run against a SQLite file, the test PostgreSQL, the test Redis (one
+//! server and the cluster) and the test DynamoDB (moto): every command, its JSON, and its
+//! errors. A server's variable missing skips its test, or fails it under `IDEM_REQUIRE_PG=1`,
+//! `IDEM_REQUIRE_REDIS=1` or `IDEM_REQUIRE_DYNAMODB=1` (as `scripts/test` sets them).
 
+// The shared test-environment helpers name the runtime crate `idem_core`.
+extern crate idem as idem_core;
+
+#[cfg(feature = "dynamodb")]
+#[path = "../../idem-core/tests/support/dynamo_env.rs"]
+mod dynamo_env;
 #[path = "../../idem-core/tests/support/pg_env.rs"]
 mod pg_env;
+#[cfg(feature = "redis")]
+#[path = "../../idem-core/tests/support/redis_env.rs"]
+mod redis_env;
 
 use std::process::Command;
 use std::sync::Arc;
@@ -58,8 +69,19 @@ async fn seed(store: Arc<dyn Store>) {
     };
 }
 
+/// How a store keeps its expired records: the SQL stores and DynamoDB until they are pruned,
+/// Redis until it deletes them itself.
+#[derive(Debug, Clone)]
+enum Kind {
+    Sql,
+    #[cfg(feature = "redis")]
+    Redis(idem::RedisStore, Vec<String>),
+    #[cfg(feature = "dynamodb")]
+    Dynamo(idem::DynamoStore),
+}
+
 /// What every store must show through the binary; `expire` moves `old`'s expiry into the past.
-async fn every_command(url: &str, table: &str, store: Arc<dyn Store>) {
+async fn every_command(url: &str, table: &str, store: Arc<dyn Store>, kind: Kind) {
     let inspect = json(
         url,
         table,
@@ -105,18 +127,47 @@ async fn every_command(url: &str, table: &str, store: Arc<dyn Store>) {
     );
     assert_eq!(stats["expired"], 0);
 
-    expire(store.as_ref(), url, table).await;
+    expire(url, table, &kind).await;
     let stats = json(url, table, &["stats"]);
     assert_eq!(
         (stats["completed"].as_u64(), stats["expired"].as_u64()),
         (Some(1), Some(1))
     );
+    assert!(stats["oldest_expires_in_ms"].as_i64().unwrap() > 0);
     let (ok, text, _) = idem(url, table, &["stats"]);
-    assert!(ok && text.contains("expired (to prune)"), "{text}");
+    assert!(
+        ok && (text.contains("expired") || text.contains("ended")),
+        "{text}"
+    );
 
+    let (ok, text, progress) = idem(url, table, &["prune", "--batch", "1"]);
+    assert!(ok, "{progress}");
     let pruned = json(url, table, &["prune", "--batch", "1"]);
-    assert_eq!(pruned["deleted"], 1);
-    assert_eq!(json(url, table, &["stats"])["expired"], 0);
+    match &kind {
+        #[cfg(feature = "redis")]
+        Kind::Redis(..) => {
+            // Redis deletes ended records itself: the command says so and deletes nothing.
+            assert!(
+                text.starts_with("nothing to prune: Redis deletes"),
+                "{text}"
+            );
+            assert_eq!(pruned["deleted"], 0);
+            assert_eq!(pruned["deletes_expired_itself"], true);
+            assert!(pruned["note"].as_str().unwrap().contains("key expiry"));
+            assert_eq!(json(url, table, &["stats"])["expired"], 1);
+        }
+        _ => {
+            assert!(text.starts_with("pruned 1 expired records in"), "{text}");
+            assert!(progress.contains("batch 1: deleted"), "{progress}");
+            assert_eq!(pruned["deleted"], 0, "the first prune took it");
+            assert_eq!(json(url, table, &["stats"])["expired"], 0);
+        }
+    }
+    #[cfg(feature = "dynamodb")]
+    if let Kind::Dynamo(_) = &kind {
+        assert!(text.contains("DynamoDB's TTL also deletes"), "{text}");
+        assert_eq!(pruned["deletes_expired_itself"], true);
+    }
 
     // Evict: the key runs again on its next call.
     let evicted = json(
@@ -146,28 +197,62 @@ async fn every_command(url: &str, table: &str, store: Arc<dyn Store>) {
     assert!(!ok && err.contains("not 64 hex digits"), "{err}");
 }
 
-/// Moves the expiry of `old` into the past, as time would.
-async fn expire(store: &dyn Store, url: &str, table: &str) {
-    let _ = store;
+/// Moves the expiry of `old` into the past, as time would (leaving the record in place, as a
+/// store does until it is pruned, or until Redis gets to deleting it).
+async fn expire(url: &str, table: &str, kind: &Kind) {
     let k = key("old");
-    if url.starts_with("sqlite:") {
-        let pool = idem::sqlx::SqlitePool::connect(url).await.unwrap();
-        idem::sqlx::query(&format!(
-            "UPDATE \"{table}\" SET expires_at = 0 WHERE key = ?1"
-        ))
-        .bind(&k.as_bytes()[..])
-        .execute(&pool)
-        .await
-        .unwrap();
-    } else {
-        let pool = idem::sqlx::PgPool::connect(url).await.unwrap();
-        idem::sqlx::query(&format!(
-            "UPDATE \"{table}\" SET expires_at = clock_timestamp() - interval '1 second' WHERE key = $1"
-        ))
-        .bind(&k.as_bytes()[..])
-        .execute(&pool)
-        .await
-        .unwrap();
+    match kind {
+        Kind::Sql if url.starts_with("sqlite:") => {
+            let pool = idem::sqlx::SqlitePool::connect(url).await.unwrap();
+            idem::sqlx::query(&format!(
+                "UPDATE \"{table}\" SET expires_at = 0 WHERE key = ?1"
+            ))
+            .bind(&k.as_bytes()[..])
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        Kind::Sql => {
+            let pool = idem::sqlx::PgPool::connect(url).await.unwrap();
+            idem::sqlx::query(&format!(
+                "UPDATE \"{table}\" SET expires_at = clock_timestamp() - interval '1 second' WHERE key = $1"
+            ))
+            .bind(&k.as_bytes()[..])
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        #[cfg(feature = "redis")]
+        Kind::Redis(store, urls) => {
+            // The record's end (field `e`, epoch ms) in the past; its key stays until Redis
+            // deletes it at its own expiry.
+            let mut hset = redis::cmd("HSET");
+            hset.arg(store.redis_key(&k)).arg("e").arg("1");
+            let changed: i64 = if urls.len() > 1 {
+                let client = redis::cluster::ClusterClient::new(urls.clone()).unwrap();
+                let mut conn = client.get_async_connection().await.unwrap();
+                hset.query_async(&mut conn).await.unwrap()
+            } else {
+                let client = redis::Client::open(urls[0].as_str()).unwrap();
+                let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+                hset.query_async(&mut conn).await.unwrap()
+            };
+            assert_eq!(changed, 0, "the field existed");
+        }
+        #[cfg(feature = "dynamodb")]
+        Kind::Dynamo(store) => {
+            use idem::aws_sdk_dynamodb::types::AttributeValue;
+            store
+                .client()
+                .update_item()
+                .table_name(table)
+                .key("pk", AttributeValue::S(k.to_string()))
+                .update_expression("SET expires_ms = :past")
+                .expression_attribute_values(":past", AttributeValue::N("1".into()))
+                .send()
+                .await
+                .unwrap();
+        }
     }
 }
 
@@ -178,7 +263,7 @@ async fn sqlite_every_command() {
     let store = SqliteStore::open(&path).await.unwrap();
     seed(Arc::new(store.clone())).await;
     let url = format!("sqlite://{}", path.display());
-    every_command(&url, "idem_records", Arc::new(store)).await;
+    every_command(&url, "idem_records", Arc::new(store), Kind::Sql).await;
 }
 
 #[tokio::test]
@@ -193,7 +278,7 @@ async fn postgres_every_command() {
         .await
         .unwrap();
     seed(Arc::new(store.clone())).await;
-    every_command(&url, &table, Arc::new(store.clone())).await;
+    every_command(&url, &table, Arc::new(store.clone()), Kind::Sql).await;
     for t in [table.clone(), format!("{table}_migrations")] {
         idem::sqlx::query(&format!("DROP TABLE \"{t}\""))
             .execute(store.pool())
@@ -224,4 +309,153 @@ fn bad_urls_are_one_clear_line() {
     assert!(!ok);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.starts_with("idem: "), "{err}");
+}
+
+#[cfg(feature = "redis")]
+async fn redis_every_command(flavor: redis_env::Flavor) {
+    let Some(urls) = redis_env::redis_urls(flavor, &redis_env::current_test()) else {
+        return;
+    };
+    let prefix = redis_env::fresh_prefix();
+    let builder = idem::RedisStore::builder().prefix(&prefix);
+    let (store, url) = match flavor {
+        redis_env::Flavor::Single => (builder.connect(&urls[0]).await.unwrap(), urls[0].clone()),
+        redis_env::Flavor::Cluster => {
+            let nodes: Vec<&str> = urls
+                .iter()
+                .map(|u| u.trim_start_matches("redis://"))
+                .collect();
+            (
+                builder.connect_cluster(&urls).await.unwrap(),
+                format!("redis-cluster://{}", nodes.join(",")),
+            )
+        }
+    };
+    seed(Arc::new(store.clone())).await;
+    let kind = Kind::Redis(store.clone(), urls);
+    every_command(&url, &prefix, Arc::new(store), kind).await;
+    // Another prefix on the same server sees none of these records.
+    let other = json(&url, &redis_env::fresh_prefix(), &["stats"]);
+    assert_eq!(
+        (other["in_progress"].as_u64(), other["completed"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert_eq!(
+        json(&url, &prefix, &["migrate"])["done"],
+        "nothing to migrate on Redis: records are hashes of layout version 1"
+    );
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_single_every_command() {
+    redis_every_command(redis_env::Flavor::Single).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_cluster_every_command() {
+    redis_every_command(redis_env::Flavor::Cluster).await;
+}
+
+/// Many records over the cluster's three masters: `list` pages through all of them in key order,
+/// each once, and `stats` counts them.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_cluster_lists_every_master_in_key_order() {
+    let Some(urls) = redis_env::redis_urls(redis_env::Flavor::Cluster, "redis_cluster_lists")
+    else {
+        return;
+    };
+    let prefix = redis_env::fresh_prefix();
+    let store = idem::RedisStore::builder()
+        .prefix(&prefix)
+        .connect_cluster(&urls)
+        .await
+        .unwrap();
+    let mut keys: Vec<String> = Vec::new();
+    for i in 0..40 {
+        let k = key(&format!("many-{i}"));
+        let Start::Started(_) = store
+            .start(&k, None, Duration::from_secs(600))
+            .await
+            .unwrap()
+        else {
+            panic!("a new key starts");
+        };
+        keys.push(k.to_string());
+    }
+    keys.sort();
+    let nodes: Vec<&str> = urls
+        .iter()
+        .map(|u| u.trim_start_matches("redis://"))
+        .collect();
+    let url = format!("redis-cluster://{}", nodes.join(","));
+    let mut seen: Vec<String> = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut args = vec!["list", "--in-progress", "--limit", "7"];
+        if let Some(a) = &after {
+            args.extend(["--after", a.as_str()]);
+        }
+        let page = json(&url, &prefix, &args);
+        for r in page["records"].as_array().unwrap() {
+            seen.push(r["key"].as_str().unwrap().to_owned());
+        }
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, keys);
+    assert_eq!(json(&url, &prefix, &["stats"])["in_progress"], 40);
+}
+
+#[cfg(feature = "dynamodb")]
+#[tokio::test]
+async fn dynamodb_every_command() {
+    let Some(endpoint) = dynamo_env::dynamo_url("dynamodb_every_command") else {
+        return;
+    };
+    let url = format!("dynamodb://{}", endpoint.trim_start_matches("http://"));
+    let table = dynamo_env::fresh_table();
+    // The table does not exist yet: an error that says so, then `migrate` creates it.
+    let (ok, _, err) = idem(&url, &table, &["stats"]);
+    assert!(!ok);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("no DynamoDB table") && err.contains("idem migrate"),
+        "{err}"
+    );
+    let created = json(&url, &table, &["migrate"]);
+    assert_eq!(created["created_table"], true);
+    assert_eq!(created["schema_version"], 1);
+    let store = idem::DynamoStore::builder()
+        .table(&table)
+        .build(dynamo_env::client(&endpoint))
+        .await
+        .unwrap();
+    seed(Arc::new(store.clone())).await;
+    every_command(&url, &table, Arc::new(store.clone()), Kind::Dynamo(store)).await;
+    assert_eq!(json(&url, &table, &["migrate"])["created_table"], false);
+    dynamo_env::drop_table(&endpoint, &table);
+}
+
+#[test]
+fn distributed_store_urls_fail_in_one_line() {
+    for url in [
+        "redis://127.0.0.1:1",
+        "redis-cluster://127.0.0.1:1,127.0.0.1:2",
+        "redis-cluster://",
+        "dynamodb://127.0.0.1:1",
+    ] {
+        let (ok, _, err) = idem(url, "idem_records", &["stats"]);
+        assert!(!ok, "{url}");
+        assert_eq!(err.lines().count(), 1, "{url}: {err}");
+        assert!(err.starts_with("idem: "), "{url}: {err}");
+    }
+    let (ok, _, err) = idem("redis-cluster://", "idem_records", &["stats"]);
+    assert!(!ok && err.contains("names no node"), "{err}");
+    let (ok, _, err) = idem("redis://127.0.0.1:1", "bad prefix{", &["stats"]);
+    assert!(!ok && err.contains("prefix"), "{err}");
 }

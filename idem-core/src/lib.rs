@@ -53,7 +53,6 @@ pub use key::{
 pub use observe::{Event, Observer, Stage};
 pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
 pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::admin::{ListState, StoreAdmin, StoreStats};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::claim_order::ClaimOrder;

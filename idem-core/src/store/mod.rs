@@ -18,7 +18,6 @@ use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::record::{Claim, Completion, Record, Start};
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod admin;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use sql::protocol::TransactionalStore;

@@ -23,6 +23,7 @@ use item::{
     EXPIRES, FINGERPRINT, IN_PROGRESS, MAX_ITEM_BYTES, PK, STATE, TOKEN, TTL,
 };
 
+mod admin;
 mod errors;
 mod item;
 mod table;
@@ -98,7 +99,8 @@ const EXPIRED: &str = "expires_ms <= :cutoff";
 /// 2. Build the store on your client with [`DynamoStore::builder`]. `build` checks the table's
 ///    key with one `DescribeTable`.
 /// 3. The role needs `dynamodb:PutItem`, `UpdateItem`, `DeleteItem`, `GetItem`, `Scan` (for
-///    [`prune_expired`](Store::prune_expired) only) and `DescribeTable` on the table; creating
+///    [`prune_expired`](Store::prune_expired) and the [`StoreAdmin`](crate::StoreAdmin) reads
+///    only) and `DescribeTable` on the table; creating
 ///    it also needs `CreateTable`, `DescribeTimeToLive` and `UpdateTimeToLive`.
 ///
 /// # Item
@@ -126,6 +128,7 @@ const EXPIRED: &str = "expires_ms <= :cutoff";
 /// | `get` | 1: `GetItem` with a strongly consistent read |
 /// | `evict` | 1: unconditional `DeleteItem` with `ReturnValues=ALL_OLD` |
 /// | `prune_expired(limit)` | Scan pages (below) plus one conditional `DeleteItem` per expired item |
+/// | [`StoreAdmin`](crate::StoreAdmin) `list`, `stats` | a `Scan` of the whole table each ([below](#impl-StoreAdmin-for-DynamoStore)) |
 ///
 /// A server that does not return the old item with a failed condition (DynamoDB does; an old
 /// emulator may not) costs a duplicate one consistent `GetItem` more, and the claim is sent again
@@ -302,6 +305,34 @@ impl DynamoStore {
     /// ```
     pub fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    /// Whether the last [`prune_expired`](Store::prune_expired) stopped before the end of the
+    /// table (at its examination budget or its `limit`): the next call goes on from there. A
+    /// call that returned less than its `limit` with this `false` scanned to the end of the
+    /// table, so a loop that prunes a whole table (the `idem prune` command) stops there.
+    ///
+    /// ```no_run
+    /// use idem_core::Store;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
+    /// let store = idem_core::DynamoStore::builder().build(client).await?;
+    /// let mut deleted = 0;
+    /// loop {
+    ///     let n = store.prune_expired(1000).await?;
+    ///     deleted += n;
+    ///     if n < 1000 && !store.prune_scan_unfinished() {
+    ///         break;
+    ///     }
+    /// }
+    /// # let _ = deleted; Ok(()) }
+    /// ```
+    pub fn prune_scan_unfinished(&self) -> bool {
+        self.inner
+            .prune_cursor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
     }
 
     /// The clock-skew margin (see [the store's docs](DynamoStore#time-and-clock-skew)).

@@ -1,5 +1,6 @@
 //! The Redis/Valkey store (feature `redis`): one server or a Redis Cluster, through one type.
 
+mod admin;
 mod scripts;
 
 use std::fmt;
@@ -50,6 +51,7 @@ use scripts::{Lua, Scripts};
 /// | `get` | 1 | a read-only script (it needs the server's clock) |
 /// | `evict` | 1 | `DEL` |
 /// | `prune_expired` | 0 | nothing: Redis deletes ended records itself |
+/// | [`StoreAdmin`](crate::StoreAdmin) `list`, `stats` | about 2 per 1,000 keys of the prefix | `SCAN` on every master, each step's keys read with pipelined `HMGET`s ([below](#impl-StoreAdmin-for-RedisStore)) |
 ///
 /// So a new key costs two round trips (claim, complete) and a replay one; with
 /// [`wait_for_replicas`](RedisStoreBuilder::wait_for_replicas) the claim and the completion

@@ -1,0 +1,235 @@
+//! [`StoreAdmin`] for DynamoDB: paginated `Scan`s of the table, projected to the few attributes
+//! each call needs.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::item::{number, time_of, COMPLETED, EXPIRES, IN_PROGRESS, PK, STATE};
+use super::{DynamoStore, Inner};
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::key::Key;
+use crate::record::Record;
+use crate::store::admin::scan::{key_from_hex, live_records, Smallest};
+use crate::store::admin::{ListState, StoreAdmin, StoreStats};
+
+/// A live record: its lease or retention has not ended for a node within the clock-skew margin
+/// (`:cutoff` is now minus the margin), as [`Store::get`](crate::Store::get) judges it.
+const LIVE: &str = "expires_ms > :cutoff";
+
+impl DynamoStore {
+    /// The version of the item layout this store writes (the attributes in the
+    /// [store's docs](DynamoStore#item)), as [`StoreAdmin::schema_version`] reports it. The table
+    /// has no schema to migrate beyond its key: the number changes only if a release changes
+    /// that layout, and the release notes then say how to move.
+    ///
+    /// ```
+    /// assert_eq!(idem_core::DynamoStore::SCHEMA_VERSION, 1);
+    /// ```
+    pub const SCHEMA_VERSION: i64 = 1;
+}
+
+type Attrs = HashMap<String, AttributeValue>;
+
+impl Inner {
+    /// Every item of the table that passes `filter`, projected to `projection`, page by page:
+    /// `visit` sees each page's items and drops them before the next page is read.
+    async fn scan_all(
+        &self,
+        filter: Option<&str>,
+        projection: &str,
+        values: HashMap<String, AttributeValue>,
+        mut visit: impl FnMut(Vec<Attrs>) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .set_filter_expression(filter.map(str::to_owned))
+                .projection_expression(projection)
+                .set_expression_attribute_values((!values.is_empty()).then(|| values.clone()))
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| self.error("Scan", e))?;
+            visit(page.items.unwrap_or_default())?;
+            match page.last_evaluated_key {
+                Some(next) if !next.is_empty() => start = Some(next),
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    fn cutoff_ms(&self) -> i64 {
+        self.now_ms().saturating_sub(self.margin_ms)
+    }
+}
+
+/// An item the store did not write in its layout.
+fn malformed(pk: Option<&AttributeValue>, what: &str) -> Error {
+    Error::Store(StoreError::new(
+        StoreErrorKind::Corrupt,
+        format!(
+            "the DynamoDB item {pk:?} is malformed ({what}); evict the key, or check that nothing \
+             else writes to this table"
+        ),
+    ))
+}
+
+fn key_of(item: &Attrs) -> Result<Key, Error> {
+    match item.get(PK) {
+        Some(AttributeValue::S(hex)) => key_from_hex(hex),
+        _ => None,
+    }
+    .ok_or_else(|| malformed(item.get(PK), "its key is not 64 hex digits"))
+}
+
+fn number_of(item: &Attrs, name: &str) -> Result<i64, Error> {
+    match item.get(name) {
+        Some(AttributeValue::N(n)) => n.parse().ok(),
+        _ => None,
+    }
+    .ok_or_else(|| malformed(item.get(PK), &format!("`{name}` is not an integer")))
+}
+
+/// `StoreAdmin` over paginated `Scan`s of the table (DynamoDB has no index in key order, and the
+/// store adds none), each page dropped before the next is read.
+///
+/// | call | requests | memory |
+/// |---|---|---|
+/// | `list(state, after, limit)` | one `Scan` page per 1 MB of the table, filtered on the server to live records of the state after `after` and projected to the key; then one consistent `GetItem` per record of the page | the `limit` smallest keys, plus one page of keys |
+/// | `stats` | one `Scan` page per 1 MB of the table, projected to state and expiry; one `DescribeTable` for the size | one page |
+/// | `schema_version` | 0: [`DynamoStore::SCHEMA_VERSION`] | |
+///
+/// The scans read with `ConsistentRead=true`, and DynamoDB bills a `Scan` for every item it
+/// reads, whatever the filter and the projection: each `list` page and each `stats` costs a
+/// read of the whole table (about one read capacity unit per 2 KB). These are tools for an
+/// operator, not for a service's hot path.
+///
+/// **Departures from the trait's contract, and why.** `list` reads the whole table to find each
+/// page (O(items) requests and capacity, O(`limit`) memory); the page itself is in key order
+/// (the keys' hex digits sort as their bytes) and continues exactly after `after`. A record
+/// counts as live until its expiry plus the [clock-skew margin](DynamoStore#time-and-clock-skew),
+/// as `get` does; `expired` counts the items past that which neither DynamoDB's TTL nor
+/// [`prune_expired`](crate::Store::prune_expired) has deleted yet. `table_bytes` is DynamoDB's
+/// `TableSizeBytes`, which it updates about every six hours (an emulator may report 0).
+///
+/// ```no_run
+/// use idem_core::{DynamoStore, ListState, StoreAdmin};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// # let client: idem_core::aws_sdk_dynamodb::Client = unimplemented!();
+/// let store = DynamoStore::builder().table("idem_records").build(client).await?;
+/// let running = store.list(Some(ListState::InProgress), None, 50).await?;
+/// let stats = store.stats().await?;
+/// println!("{} running, {} completed", stats.in_progress, stats.completed);
+/// # let _ = running; Ok(()) }
+/// ```
+#[async_trait]
+impl StoreAdmin for DynamoStore {
+    async fn list(
+        &self,
+        state: Option<ListState>,
+        after: Option<&Key>,
+        limit: u32,
+    ) -> Result<Vec<Record>, Error> {
+        let s = &*self.inner;
+        let mut page = Smallest::new(after, limit);
+        if limit > 0 {
+            let mut filter = LIVE.to_owned();
+            let mut values = HashMap::from([(":cutoff".to_owned(), number(s.cutoff_ms()))]);
+            if let Some(state) = state {
+                filter.push_str(" AND state_n = :state");
+                let code = match state {
+                    ListState::InProgress => IN_PROGRESS,
+                    ListState::Completed => COMPLETED,
+                };
+                values.insert(":state".to_owned(), AttributeValue::N(code.to_owned()));
+            }
+            if let Some(after) = after {
+                filter.push_str(" AND pk > :after");
+                values.insert(":after".to_owned(), AttributeValue::S(after.to_string()));
+            }
+            s.scan_all(Some(&filter), PK, values, |items| {
+                for item in &items {
+                    page.offer(key_of(item)?);
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        live_records(self, page.into_keys()).await
+    }
+
+    async fn stats(&self) -> Result<StoreStats, Error> {
+        let s = &*self.inner;
+        let cutoff = s.cutoff_ms();
+        let (mut in_progress, mut completed, mut expired) = (0u64, 0u64, 0u64);
+        let mut oldest: Option<i64> = None;
+        let projection = format!("{PK}, {STATE}, {EXPIRES}");
+        s.scan_all(None, &projection, HashMap::new(), |items| {
+            for item in &items {
+                let expires_ms = number_of(item, EXPIRES)?;
+                let state = number_of(item, STATE)?;
+                if expires_ms <= cutoff {
+                    expired += 1;
+                    continue;
+                }
+                match state {
+                    0 => in_progress += 1,
+                    1 => completed += 1,
+                    _ => return Err(malformed(item.get(PK), "its state is neither 0 nor 1")),
+                }
+                oldest = Some(oldest.map_or(expires_ms, |o| o.min(expires_ms)));
+            }
+            Ok(())
+        })
+        .await?;
+        let described = s
+            .client
+            .describe_table()
+            .table_name(&s.table)
+            .send()
+            .await
+            .map_err(|e| s.error("DescribeTable", e))?;
+        let table_bytes = described
+            .table()
+            .and_then(|t| t.table_size_bytes())
+            .and_then(|b| u64::try_from(b).ok());
+        Ok(StoreStats {
+            in_progress,
+            completed,
+            expired,
+            oldest_expiry: oldest.map(time_of),
+            table_bytes,
+        })
+    }
+
+    async fn schema_version(&self) -> Result<i64, Error> {
+        Ok(DynamoStore::SCHEMA_VERSION)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_decode_or_are_named_malformed() {
+        let key = Key::from_bytes([0xab; 32]);
+        let mut item = Attrs::new();
+        item.insert(PK.to_owned(), AttributeValue::S(key.to_string()));
+        item.insert(EXPIRES.to_owned(), AttributeValue::N("42".into()));
+        assert_eq!(key_of(&item).ok(), Some(key));
+        assert_eq!(number_of(&item, EXPIRES).ok(), Some(42));
+        let Err(Error::Store(e)) = number_of(&item, STATE) else {
+            panic!("a missing state is malformed");
+        };
+        assert_eq!(e.kind(), StoreErrorKind::Corrupt);
+        item.insert(PK.to_owned(), AttributeValue::S("xyz".into()));
+        assert!(key_of(&item).is_err());
+    }
+}
