@@ -44,9 +44,17 @@ mod stores;
 use render::{hex, Table};
 use stores::{Opened, StoreUrl, Upkeep};
 
+/// What `--help` adds below the options.
+const AFTER_HELP: &str = "\
+DynamoDB: credentials come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN \
+(placeholders over plain HTTP when unset), the region from AWS_REGION, AWS_DEFAULT_REGION or an \
+endpoint dynamodb.REGION.amazonaws.com (else us-east-1); no profile is read. Only `migrate` \
+creates a missing table.
+Redis: `redis-cluster://USER:PASSWORD@HOST:PORT,…` gives the credentials once for every node.";
+
 /// Look at and act on idempotency records.
 #[derive(Debug, Parser)]
-#[command(name = "idem", version)]
+#[command(name = "idem", version, after_help = AFTER_HELP)]
 struct Cli {
     /// The store: `sqlite://PATH` (the file must exist), `postgres://USER@HOST/DB`,
     /// `redis://HOST:PORT` (one server), `redis-cluster://HOST:PORT,HOST:PORT,…` (a cluster,
@@ -123,7 +131,8 @@ struct ListArgs {
 
 #[derive(Debug, Args)]
 struct PruneArgs {
-    /// Records deleted per statement.
+    /// Records deleted per call (one statement on SQL; on DynamoDB, Scan pages with one
+    /// DeleteItem per expired item).
     #[arg(long, default_value_t = 1000)]
     batch: u32,
 }

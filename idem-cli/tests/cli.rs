@@ -333,6 +333,13 @@ async fn redis_every_command(flavor: redis_env::Flavor) {
     };
     seed(Arc::new(store.clone())).await;
     let kind = Kind::Redis(store.clone(), urls);
+    // The size is the records' memory (`MEMORY USAGE`), reported when there are records.
+    assert!(
+        json(&url, &prefix, &["stats"])["table_bytes"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
     every_command(&url, &prefix, Arc::new(store), kind).await;
     // Another prefix on the same server sees none of these records.
     let other = json(&url, &redis_env::fresh_prefix(), &["stats"]);

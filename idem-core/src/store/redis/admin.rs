@@ -277,7 +277,8 @@ fn decode(key: Key, replies: &[Value], now_ms: i64) -> Result<Option<Seen>, Erro
 /// `StoreAdmin` over a `SCAN` of the prefix on every master (the server, or each cluster
 /// primary), without loading the keyspace: each `SCAN` step returns about 1,000 keys and their
 /// state is read with one pipelined `HMGET` per key, in one round trip per step, on the master
-/// that holds them; a record counts as live by that master's clock, as [`Store::get`](crate::Store::get) judges it.
+/// that holds them; a record counts as live by that master's clock, as
+/// [`Store::get`](crate::Store::get) judges it.
 ///
 /// | call | round trips | memory |
 /// |---|---|---|
