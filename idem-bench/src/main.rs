@@ -2,7 +2,7 @@
 //! same database and pool, in one run. See docs/performance.md; run it with `scripts/bench`.
 //!
 //! ```text
-//! idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb]
+//! idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,peers]
 //!            [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,URL,…]
 //!            [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]
 //!            [--sustain [--sustain-rate N] [--sustain-secs N]]
@@ -11,13 +11,15 @@
 //! The PostgreSQL URL defaults to `IDEM_TEST_PG_URL`, the DynamoDB endpoint to
 //! `IDEM_TEST_DYNAMODB_URL`, the Redis ones to `IDEM_TEST_REDIS_URL` and
 //! `IDEM_TEST_REDIS_CLUSTER_URLS`; DynamoDB, Redis and Redis Cluster (`redis-cluster`) are among
-//! the default stores when their servers are known.
+//! the default stores when their servers are known. `peers` (a default) compares idem's HTTP layer
+//! and engine with `axum-idempotent` and the `idempotent` crate (see `peers.rs`).
 #![forbid(unsafe_code)]
 
 mod cpu;
 mod dynamo;
 mod harness;
 mod memory;
+mod peers;
 mod raw;
 mod redis_rows;
 mod report;
@@ -56,11 +58,11 @@ pub enum BenchError {
     Redis(String),
     #[error("the benchmark measured the wrong thing: {0}")]
     Unexpected(String),
-    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster] [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--sustain [--sustain-rate N] [--sustain-secs N]]")]
+    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers] [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--sustain [--sustain-rate N] [--sustain-secs N]]")]
     Usage(String),
 }
 
-const CONCURRENCY: [usize; 3] = [1, 8, 32];
+pub(crate) const CONCURRENCY: [usize; 3] = [1, 8, 32];
 const STORM_CONCURRENCY: [usize; 2] = [8, 32];
 /// PostgreSQL pool size: enough that 32 tasks never wait for a connection.
 const PG_POOL: u32 = 32;
@@ -98,7 +100,12 @@ impl Args {
             redis_cluster_urls: std::env::var("IDEM_TEST_REDIS_CLUSTER_URLS")
                 .ok()
                 .map(|v| v.split(',').map(str::to_owned).collect()),
-            stores: vec!["memory".into(), "sqlite".into(), "postgres".into()],
+            stores: vec![
+                "memory".into(),
+                "sqlite".into(),
+                "postgres".into(),
+                "peers".into(),
+            ],
             scale: true,
             main: true,
             scale_rows: None,
@@ -174,6 +181,7 @@ impl Args {
                             "dynamodb",
                             "redis",
                             "redis-cluster",
+                            "peers",
                         ]
                         .contains(&s.as_str())
                     }) {
@@ -364,6 +372,7 @@ async fn bench() -> Result<(), BenchError> {
         rows: Vec::new(),
         memory: None,
         scale: Vec::new(),
+        same_key: Vec::new(),
     };
     let mut versions = Vec::new();
 
@@ -468,6 +477,13 @@ async fn bench() -> Result<(), BenchError> {
             .as_deref()
             .filter(|_| args.wants("redis-cluster"));
         redis_rows::run(url, cluster, &plan, &mut results.rows, &mut versions).await?;
+    }
+
+    if args.main && args.wants("peers") {
+        versions.push(
+            "peers: axum-idempotent 0.6.0 over ruts 0.13 MokaStore, idempotent 0.3.0 memory store, axum 0.8".into(),
+        );
+        results.same_key = peers::run(&plan, &mut results.rows).await?;
     }
 
     let table = results.markdown();

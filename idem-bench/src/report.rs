@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::harness::Sample;
 use crate::memory::MemoryReport;
+use crate::peers::{self, SameKey};
 use crate::scale::{ScaleReport, CLAIM_CONCURRENCY};
 
 /// One line of the main table.
@@ -88,6 +89,8 @@ pub struct Results {
     pub rows: Vec<Row>,
     pub memory: Option<MemoryReport>,
     pub scale: Vec<Scale>,
+    /// The peers' same-key runs.
+    pub same_key: Vec<SameKey>,
 }
 
 pub fn micros(d: Duration) -> String {
@@ -130,6 +133,7 @@ impl Results {
         self.main_table(&mut out);
         self.memory_table(&mut out);
         self.scale_tables(&mut out);
+        self.same_key_table(&mut out);
         self.targets(&mut out);
         out
     }
@@ -139,7 +143,7 @@ impl Results {
             return;
         }
         out.push_str(
-            "| store | workload | variant | tasks | ops/s | p50 | p99 | idem ÷ raw (ops/s) | CPU/call here | CPU/call server | notes |\n\
+            "| store | workload | variant | tasks | ops/s | p50 | p99 | ÷ baseline (ops/s) | CPU/call here | CPU/call server | notes |\n\
              |---|---|---|--:|--:|--:|--:|--:|--:|--:|---|\n",
         );
         for r in &self.rows {
@@ -255,6 +259,103 @@ impl Results {
         }
     }
 
+    fn same_key_table(&self, out: &mut String) {
+        if self.same_key.is_empty() {
+            return;
+        }
+        let _ = write!(
+            out,
+            "\n{} concurrent calls with one key (one session), whose handler counts its runs and \
+             works {} ms:\n\n| library | handler ran | what the calls got |\n|---|--:|---|\n",
+            peers::SAME_KEY_CALLS,
+            peers::SAME_KEY_WORK.as_millis()
+        );
+        for s in &self.same_key {
+            let _ = writeln!(out, "| {} | {} | {} |", s.library, s.ran, s.others);
+        }
+    }
+
+    /// The peers' targets: the idem layer against the bare app and axum-idempotent, the engine
+    /// against `idempotent`, and the handler runs under one key.
+    fn peer_targets(&self, out: &mut String) {
+        let find = |store: &str, workload: Workload, variant: &str, c: usize| {
+            self.rows.iter().find(|r| {
+                r.store == store
+                    && r.workload == workload
+                    && r.variant == variant
+                    && r.concurrency == c
+            })
+        };
+        for workload in [Workload::Fresh, Workload::Replay] {
+            let name = workload.name();
+            let mut over_bare = Vec::new();
+            let mut over_peer = Vec::new();
+            let mut engine = Vec::new();
+            for c in crate::CONCURRENCY {
+                if let Some(idem) = find(peers::HTTP, workload, peers::IDEM_LAYER, c) {
+                    if let Some(x) = idem.ratio {
+                        over_bare.push((c, x));
+                    }
+                    if let Some(peer) = find(peers::HTTP, workload, peers::AXUM_IDEMPOTENT, c) {
+                        over_peer.push((c, idem.ops_per_sec / peer.ops_per_sec.max(1e-9)));
+                    }
+                }
+                if let Some(x) =
+                    find(peers::ENGINE, workload, peers::IDEM_ENGINE, c).and_then(|r| r.ratio)
+                {
+                    engine.push((c, x));
+                }
+            }
+            let listed = |v: &[(usize, f64)]| {
+                v.iter()
+                    .map(|(c, x)| format!("@{c} {x:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let all = |v: &[(usize, f64)], min: f64| v.iter().all(|(_, x)| *x >= min);
+            for (what, v, min) in [
+                (
+                    format!("HTTP {name}: idem layer ≥ 0.95 × bare app (memory store), every concurrency"),
+                    &over_bare,
+                    0.95,
+                ),
+                (
+                    format!("HTTP {name}: idem layer ahead of axum-idempotent, every concurrency"),
+                    &over_peer,
+                    1.0,
+                ),
+                (
+                    format!("engine {name}: idem ahead of idempotent 0.3's memory store, every concurrency"),
+                    &engine,
+                    1.0,
+                ),
+            ] {
+                if !v.is_empty() {
+                    let _ = writeln!(out, "| {what} | {} | {} |", listed(v), verdict(all(v, min)));
+                }
+            }
+        }
+        if !self.same_key.is_empty() {
+            let measured: Vec<String> = self
+                .same_key
+                .iter()
+                .map(|s| format!("{} {}", s.library, s.ran))
+                .collect();
+            let idem_once = self
+                .same_key
+                .iter()
+                .filter(|s| s.library == peers::IDEM_LAYER || s.library == peers::IDEM_ENGINE)
+                .all(|s| s.ran == 1);
+            let _ = writeln!(
+                out,
+                "| idem runs the handler once under {} same-key calls (peers printed as measured) | {} | {} |",
+                peers::SAME_KEY_CALLS,
+                measured.join(", "),
+                verdict(idem_once)
+            );
+        }
+    }
+
     fn targets(&mut self, out: &mut String) {
         out.push_str("\nTargets:\n\n| target | measured | verdict |\n|---|---|---|\n");
         for store in ["SQLite", "PostgreSQL"] {
@@ -323,6 +424,7 @@ impl Results {
                 verdict(ns < 2000)
             );
         }
+        self.peer_targets(out);
     }
 }
 
