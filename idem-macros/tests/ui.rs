@@ -9,7 +9,7 @@
 //! the version below:
 //!
 //! ```text
-//! TRYBUILD=overwrite cargo test --test ui
+//! TRYBUILD=overwrite cargo test -p idem-macros --test ui
 //! ```
 
 #[rustversion::stable(1.95)]
