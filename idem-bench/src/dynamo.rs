@@ -10,12 +10,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem::aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use idem::aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
 use idem::aws_sdk_dynamodb::operation::put_item::PutItemError;
 use idem::aws_sdk_dynamodb::primitives::Blob;
 use idem::aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
-use idem::aws_sdk_dynamodb::{Client, Config};
+use idem::aws_sdk_dynamodb::Client;
 use idem::{DynamoStore, Idempotency};
 
 use crate::cpu::Cpu;
@@ -190,22 +189,6 @@ impl RawDynamo {
     }
 }
 
-fn client(endpoint: &str) -> Client {
-    let config = Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(
-            "idem-bench",
-            "idem-bench",
-            None,
-            None,
-            "idem-bench",
-        ))
-        .endpoint_url(endpoint)
-        .build();
-    Client::from_conf(config)
-}
-
 /// The DynamoDB rows: fresh, replay and storm at 1, 8 and 32 tasks, idem and the baseline
 /// interleaved. Creates two tables and deletes them at the end.
 pub async fn run(
@@ -214,7 +197,7 @@ pub async fn run(
     rows: &mut Vec<Row>,
     versions: &mut Vec<String>,
 ) -> Result<(), BenchError> {
-    let client = client(endpoint);
+    let client = DynamoStore::client_from_env(endpoint)?;
     let tag = format!("{:08x}", fastrand::u32(..));
     let (idem_table, raw_table) = (format!("bench_idem_{tag}"), format!("bench_raw_{tag}"));
     versions.push(format!("DynamoDB API at {endpoint}"));

@@ -744,28 +744,19 @@ pub(crate) async fn run(plan: &Plan, rows: &mut Vec<Row>) -> Result<Vec<SameKey>
         complete_ahead(&idem, &completed).await?;
         complete_ahead(&axum, &completed).await?;
         let outcome = async {
-            let fresh = [
-                (IDEM_LAYER, http_fresh(&idem, &sessions), note(IDEM_LAYER)),
-                (
-                    AXUM_IDEMPOTENT,
-                    http_fresh(&axum, &sessions),
-                    note(AXUM_IDEMPOTENT),
-                ),
-            ];
-            let baseline = (BARE, http_fresh(&bare, &sessions), note(BARE));
-            compare(HTTP, Workload::Fresh, &fresh, baseline, c, timing, rows).await?;
-            note_idem_over_peer(rows);
-            let replay = [
-                (IDEM_LAYER, http_replay(&idem, &completed), note(IDEM_LAYER)),
-                (
-                    AXUM_IDEMPOTENT,
-                    http_replay(&axum, &completed),
-                    note(AXUM_IDEMPOTENT),
-                ),
-            ];
-            let baseline = (BARE, http_replay(&bare, &completed), note(BARE));
-            compare(HTTP, Workload::Replay, &replay, baseline, c, timing, rows).await?;
-            note_idem_over_peer(rows);
+            for workload in [Workload::Fresh, Workload::Replay] {
+                let op = |server: &Server| match workload {
+                    Workload::Replay => http_replay(server, &completed),
+                    _ => http_fresh(server, &sessions),
+                };
+                let variants = [
+                    (IDEM_LAYER, op(&idem), note(IDEM_LAYER)),
+                    (AXUM_IDEMPOTENT, op(&axum), note(AXUM_IDEMPOTENT)),
+                ];
+                let baseline = (BARE, op(&bare), note(BARE));
+                compare(HTTP, workload, &variants, baseline, c, timing, rows).await?;
+                note_idem_over_peer(rows);
+            }
             Ok::<_, BenchError>(())
         }
         .await;

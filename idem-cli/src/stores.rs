@@ -228,19 +228,15 @@ pub const OPEN_WITHIN: Duration = Duration::from_secs(30);
 mod dynamo {
     //! DynamoDB: the client from the environment, and the table.
 
-    use std::time::Duration;
-
-    use idem::aws_sdk_dynamodb::config::{
-        timeout::TimeoutConfig, BehaviorVersion, Credentials, Region,
-    };
-    use idem::aws_sdk_dynamodb::{Client, Config};
     use idem::DynamoStore;
 
     use super::Opened;
     use crate::Failure;
 
     pub async fn open(endpoint: &str, table: &str, create: bool) -> Result<Opened, Failure> {
-        let client = client(endpoint)?;
+        // Credentials and region from the environment: `DynamoStore::client_from_env`.
+        let client =
+            DynamoStore::client_from_env(endpoint).map_err(|e| Failure::Usage(e.to_string()))?;
         let described = client.describe_table().table_name(table).send().await;
         let missing = matches!(&described, Err(e) if e
             .as_service_error()
@@ -257,56 +253,6 @@ mod dynamo {
         }
         let store = DynamoStore::builder().table(table).build(client).await?;
         Ok(Opened::Dynamo { store, created })
-    }
-
-    fn var(name: &str) -> Option<String> {
-        std::env::var(name).ok().filter(|v| !v.is_empty())
-    }
-
-    /// A client of `endpoint`. Credentials come from `AWS_ACCESS_KEY_ID`,
-    /// `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` (over plain HTTP, a local emulator's,
-    /// static placeholders when unset); the region from `AWS_REGION`, `AWS_DEFAULT_REGION`, an
-    /// endpoint `dynamodb.REGION.amazonaws.com`, or `us-east-1`. No profile or SSO is read.
-    fn client(endpoint: &str) -> Result<Client, Failure> {
-        let host = endpoint
-            .split_once("://")
-            .map_or(endpoint, |(_, rest)| rest);
-        let region = var("AWS_REGION")
-            .or_else(|| var("AWS_DEFAULT_REGION"))
-            .or_else(|| {
-                host.strip_prefix("dynamodb.")
-                    .and_then(|h| h.split_once(".amazonaws.com"))
-                    .map(|(region, _)| region.to_owned())
-            })
-            .unwrap_or_else(|| "us-east-1".to_owned());
-        let credentials =
-            match (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) {
-                (Some(id), Some(secret)) => {
-                    Credentials::new(id, secret, var("AWS_SESSION_TOKEN"), None, "environment")
-                }
-                _ if endpoint.starts_with("http://") => {
-                    Credentials::new("idem-local", "idem-local", None, None, "placeholder")
-                }
-                _ => return Err(Failure::Usage(
-                    "DynamoDB over HTTPS needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and \
-                     AWS_SESSION_TOKEN for temporary credentials) in the environment; idem reads \
-                     no profile"
-                        .into(),
-                )),
-            };
-        let config = Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new(region))
-            .credentials_provider(credentials)
-            .endpoint_url(endpoint)
-            .timeout_config(
-                TimeoutConfig::builder()
-                    .connect_timeout(Duration::from_secs(5))
-                    .operation_attempt_timeout(Duration::from_secs(20))
-                    .build(),
-            )
-            .build();
-        Ok(Client::from_conf(config))
     }
 }
 

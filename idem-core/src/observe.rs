@@ -356,6 +356,41 @@ impl<'a> Probe<'a> {
         }
     }
 
+    /// Hands the call's report over to another task: what it has recorded so far, without
+    /// ending it (a suspended probe reports nothing when dropped). [`Probe::resume`] takes it
+    /// back up.
+    #[cfg(feature = "http")]
+    pub(crate) fn suspend(mut self) -> Suspended {
+        self.ended = true;
+        Suspended {
+            key: self.key,
+            span: std::mem::replace(&mut self.span, tracing::Span::none()),
+            #[cfg(feature = "metrics")]
+            instruments: self.instruments.clone(),
+            claimed: self.claimed,
+        }
+    }
+
+    /// Takes up a suspended call's report, with the engine's observer and the call's scope.
+    #[cfg(feature = "http")]
+    pub(crate) fn resume(
+        suspended: Suspended,
+        observer: Option<&'a dyn Observer>,
+        scope: &'a Scope,
+    ) -> Self {
+        Probe {
+            observer,
+            scope,
+            key: suspended.key,
+            span: suspended.span,
+            #[cfg(feature = "metrics")]
+            instruments: suspended.instruments,
+            ended: false,
+            claimed: suspended.claimed,
+            work_took: None,
+        }
+    }
+
     /// The span the call's store round trips are reported in.
     pub(crate) fn span(&self) -> &tracing::Span {
         &self.span
@@ -436,6 +471,16 @@ impl<'a> Probe<'a> {
             Err(e) => Stage::of_error(e),
         });
     }
+}
+
+/// A [`Probe`] between two tasks: see [`Probe::suspend`].
+#[cfg(feature = "http")]
+pub(crate) struct Suspended {
+    key: Key,
+    span: tracing::Span,
+    #[cfg(feature = "metrics")]
+    instruments: Arc<Instruments>,
+    claimed: bool,
 }
 
 impl Drop for Probe<'_> {

@@ -8,16 +8,13 @@
 //! | `redis://HOST:PORT` | [`idem_core::RedisStore`] on one server | its key prefix |
 //! | `redis-cluster://HOST:PORT,HOST:PORT,…` | [`idem_core::RedisStore`] on a Redis Cluster, from those nodes | its key prefix |
 //!
-//! DynamoDB clients take their credentials from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`
-//! (static test values when unset) and their region from `AWS_REGION` (`us-east-1` when unset);
-//! nothing else is looked up.
+//! DynamoDB clients come from [`DynamoStore::client_from_env`]: credentials from
+//! `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (placeholders over plain HTTP when unset), the
+//! region from `AWS_REGION`; nothing else is looked up.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::aws_sdk_dynamodb::config::{
-    timeout::TimeoutConfig, BehaviorVersion, Credentials, Region,
-};
 use idem_core::{DynamoStore, PostgresStore, RedisStore, Store};
 
 /// The store behind `url`, its records under `namespace`. Panics with the reason when the URL's
@@ -38,11 +35,13 @@ pub async fn open(url: &str, namespace: &str) -> Arc<dyn Store> {
                 .connect(url)
                 .await
                 .map(|s| Arc::new(s) as Arc<dyn Store>)
-        } else if let Some(endpoint) = dynamodb_endpoint(url) {
+        } else if let Some(endpoint) = DynamoStore::endpoint_of_url(url) {
+            let client = DynamoStore::client_from_env(&endpoint)
+                .unwrap_or_else(|e| panic!("a DynamoDB client for {url}: {e}"));
             DynamoStore::builder()
                 .table(namespace)
                 .create_table_if_missing(true)
-                .build(dynamodb_client(&endpoint))
+                .build(client)
                 .await
                 .map(|s| Arc::new(s) as Arc<dyn Store>)
         } else if url.starts_with("redis://") {
@@ -65,50 +64,4 @@ pub async fn open(url: &str, namespace: &str) -> Arc<dyn Store> {
             )
         };
     opened.unwrap_or_else(|e| panic!("open the store at {url}: {e}"))
-}
-
-/// The HTTP endpoint of a `dynamodb://`, `dynamodb+http://` or `dynamodb+https://` URL.
-///
-/// ```
-/// use idem_stress::stores::dynamodb_endpoint;
-/// assert_eq!(dynamodb_endpoint("dynamodb://127.0.0.1:8000").as_deref(), Some("http://127.0.0.1:8000"));
-/// assert_eq!(dynamodb_endpoint("dynamodb+https://dynamodb.eu-west-1.amazonaws.com").as_deref(),
-///            Some("https://dynamodb.eu-west-1.amazonaws.com"));
-/// assert_eq!(dynamodb_endpoint("postgres://x"), None);
-/// ```
-pub fn dynamodb_endpoint(url: &str) -> Option<String> {
-    if let Some(rest) = url.strip_prefix("dynamodb+https://") {
-        return Some(format!("https://{rest}"));
-    }
-    url.strip_prefix("dynamodb+http://")
-        .or_else(|| url.strip_prefix("dynamodb://"))
-        .map(|rest| format!("http://{rest}"))
-}
-
-fn dynamodb_client(endpoint: &str) -> idem_core::aws_sdk_dynamodb::Client {
-    let var = |name: &str, default: &str| {
-        std::env::var(name)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| default.to_owned())
-    };
-    let config = idem_core::aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new(var("AWS_REGION", "us-east-1")))
-        .credentials_provider(Credentials::new(
-            var("AWS_ACCESS_KEY_ID", "idem-test"),
-            var("AWS_SECRET_ACCESS_KEY", "idem-test"),
-            None,
-            None,
-            "idem-stress",
-        ))
-        .endpoint_url(endpoint)
-        .timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(5))
-                .operation_attempt_timeout(Duration::from_secs(20))
-                .build(),
-        )
-        .build();
-    idem_core::aws_sdk_dynamodb::Client::from_conf(config)
 }

@@ -8,6 +8,8 @@ use serde::Serialize;
 
 use tracing::Instrument;
 
+#[cfg(feature = "http")]
+use super::Claimed;
 use super::{detach, Encoded, Errors, Format, Guarded, Idempotency, OnLocked, Outcome, Overrides};
 use crate::codec::Codec;
 use crate::error::{BoxError, Error};
@@ -256,9 +258,50 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
         T: Send + 'static,
         E: From<Error> + Send + 'static,
     {
-        let owned = self.into_owned();
+        let Some(key) = self.key else {
+            return detach(work).await.map(Outcome::Fresh);
+        };
+        // The claim is made in the caller's task: a replay, a refusal or a failure costs no task
+        // of its own. A claim attempt the caller abandons is finished and released all the same
+        // (see `finish::start`).
         let format = Raw { encode, decode };
-        detach(async move { owned.call().drive(work, format, Released).await }).await
+        let owned = self.into_owned();
+        let (suspended, holding) = {
+            let core = &owned.engine.inner.core;
+            let mut probe = Probe::new(core.observer.as_deref(), &core.meters, &owned.scope, key);
+            let span = probe.span().clone();
+            let claimed = owned
+                .engine
+                .claim_half(
+                    &mut probe,
+                    key,
+                    owned.fingerprint,
+                    &owned.overrides,
+                    &format,
+                    &Released,
+                )
+                .instrument(span)
+                .await;
+            match claimed {
+                Claimed::Ended(out) => return out,
+                Claimed::Holding(holding) => (probe.suspend(), holding),
+            }
+        };
+        // It holds the key: from here the work and the storing of its result run on a task of
+        // their own, to their end, even if the caller goes away. Nothing is awaited between the
+        // claim and the spawn, so there is no point at which a dropped caller leaves the claim
+        // held with no work running.
+        detach(async move {
+            let core = &owned.engine.inner.core;
+            let mut probe = Probe::resume(suspended, core.observer.as_deref(), &owned.scope);
+            let span = probe.span().clone();
+            owned
+                .engine
+                .work_half(&mut probe, holding, work, format, Released)
+                .instrument(span)
+                .await
+        })
+        .await
     }
 
     /// Runs the call through the engine with the given result formats, reporting to the

@@ -121,7 +121,9 @@ pub(super) async fn start(
 ) -> Result<Start, Error> {
     let attempt = {
         let (store, key, fingerprint) = (shared.store.clone(), *key, fingerprint.copied());
-        Box::pin(async move { store.start(&key, fingerprint.as_ref(), lease).await })
+        // Through `&dyn Store`: on the `Arc` itself, the call would go through `Arc`'s
+        // forwarding impl and box its future twice.
+        Box::pin(async move { (*store).start(&key, fingerprint.as_ref(), lease).await })
     };
     let shared = shared.clone();
     let key = *key;
@@ -314,7 +316,7 @@ impl Completing {
             let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
             tokio::time::sleep(backoff + jitter).await;
             backoff = (backoff * 2).min(RETRY_MAX);
-            match shared.store.complete(claim, done, retention).await {
+            match (*shared.store).complete(claim, done, retention).await {
                 Ok(()) => {
                     tracing::info!(%key, "the result was stored after a retry");
                     break;
@@ -330,7 +332,7 @@ impl Completing {
                     }
                     if Instant::now() >= renew_at {
                         // A failure here is decided by the next completion attempt.
-                        let _ = shared.store.renew(claim, lease).await;
+                        let _ = (*shared.store).renew(claim, lease).await;
                         renew_at = Instant::now() + lease / 3;
                     }
                 }

@@ -216,7 +216,7 @@ impl<C: Codec> Idempotency<C> {
         if let Some(cache) = &self.inner.cache {
             cache.remove(key);
         }
-        let evicted = self.inner.shared.store.evict(key).await;
+        let evicted = (*self.inner.shared.store).evict(key).await;
         // A replay read from the store in the meantime may have been cached again.
         if let Some(cache) = &self.inner.cache {
             cache.remove(key);
@@ -264,50 +264,100 @@ impl<C: Codec> Idempotency<C> {
             format,
             errors,
         } = call;
+        match self
+            .claim_half(probe, key, fingerprint, overrides, &format, &errors)
+            .await
+        {
+            Claimed::Ended(out) => out,
+            Claimed::Holding(holding) => self.work_half(probe, holding, work, format, errors).await,
+        }
+    }
+
+    /// The first half of a guarded call: claims the key, or ends the call with the stored
+    /// result (or a refusal, or an error).
+    pub(crate) async fn claim_half<T, E: From<Error>>(
+        &self,
+        probe: &mut Probe<'_>,
+        key: Key,
+        fingerprint: Option<Fingerprint>,
+        overrides: &Overrides,
+        format: &impl Format<T>,
+        errors: &impl Errors<E>,
+    ) -> Claimed<T, E> {
         let core = &self.inner.core;
-        let resolved = core.resolve(overrides);
-        let Resolved {
-            lease,
-            retention,
-            on_locked,
-        } = match resolved {
+        let resolved = match core.resolve(overrides) {
             Ok(resolved) => resolved,
             Err(e) => {
                 probe.end(Stage::Failed);
-                return Err(e.into());
+                return Claimed::Ended(Err(e.into()));
             }
         };
 
         let asked = probe.timed().then(Instant::now);
         let acquired = self
-            .acquire(&key, fingerprint.as_ref(), lease, on_locked)
+            .acquire(
+                &key,
+                fingerprint.as_ref(),
+                resolved.lease,
+                resolved.on_locked,
+            )
             .await;
         let began = Instant::now();
         if let Some(asked) = asked {
             probe.claim_took(began - asked);
         }
-        let claim = match acquired {
-            Ok(Acquired::Claim(claim)) => claim,
+        let cached = match acquired {
+            Ok(Acquired::Claim(claim)) => {
+                probe.claimed();
+                return Claimed::Holding(Holding {
+                    claim,
+                    fingerprint,
+                    resolved,
+                    began,
+                });
+            }
             Ok(Acquired::Replay(cached)) => {
                 if let Some(cache) = &self.inner.cache {
                     let until = cache::until(cached.expires_at);
                     cache.put(key, fingerprint, &cached, until);
                 }
-                let (stage, replayed) = replay(cached, |b| format.decode(b), |b| errors.replay(b));
-                probe.end(stage);
-                return replayed;
+                cached
             }
-            Ok(Acquired::Cached(cached)) => {
-                let (stage, replayed) = replay(cached, |b| format.decode(b), |b| errors.replay(b));
-                probe.end(stage);
-                return replayed;
-            }
+            Ok(Acquired::Cached(cached)) => cached,
             Err(e) => {
                 probe.end(Stage::of_error(&e));
-                return Err(e.into());
+                return Claimed::Ended(Err(e.into()));
             }
         };
-        probe.claimed();
+        let (stage, replayed) = replay(cached, |b| format.decode(b), |b| errors.replay(b));
+        probe.end(stage);
+        Claimed::Ended(replayed)
+    }
+
+    /// The second half of a guarded call, once it holds its key: runs `work` with the lease
+    /// renewed, and stores its result (or releases the key for an error that is not stored).
+    pub(crate) async fn work_half<T, E, F>(
+        &self,
+        probe: &mut Probe<'_>,
+        holding: Holding,
+        work: F,
+        format: impl Format<T>,
+        errors: impl Errors<E>,
+    ) -> Result<Outcome<T>, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: From<Error>,
+    {
+        let Holding {
+            claim,
+            fingerprint,
+            resolved: Resolved {
+                lease, retention, ..
+            },
+            began,
+        } = holding;
+        let key = *claim.key();
+        let core = &self.inner.core;
         let shared = &self.inner.shared;
         let guard = ClaimGuard::new(shared.clone(), claim.clone());
         let result = renewing(&*shared.store, &claim, lease, work).await;
@@ -449,6 +499,23 @@ pub(crate) trait Errors<E> {
     fn encode(&self, error: &E) -> Option<Encoded>;
     /// A stored error.
     fn replay(&self, bytes: Vec<u8>) -> E;
+}
+
+/// What the first half of a guarded call came to.
+pub(crate) enum Claimed<T, E> {
+    /// The call ended there: replayed, refused, or failed.
+    Ended(Result<Outcome<T>, E>),
+    /// It holds its key; the work comes next.
+    Holding(Holding),
+}
+
+/// A call that holds its key, between its two halves.
+pub(crate) struct Holding {
+    claim: Claim,
+    fingerprint: Option<Fingerprint>,
+    resolved: Resolved,
+    /// When the claim came back: the work's time runs from here.
+    began: Instant,
 }
 
 enum Acquired {

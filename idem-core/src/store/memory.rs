@@ -1,6 +1,7 @@
 //! [`MemoryStore`]: records in a hash map, for tests and single-process services.
 
-use std::collections::BTreeSet;
+use std::collections::hash_map::Entry as Slot;
+use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -31,9 +32,10 @@ impl Entry {
     }
 }
 
-/// How many expired records each mutating call frees after its own work. A new key costs two
-/// mutating calls (start, complete), so the store frees up to 16 expired records per record it
-/// creates: expiry outpaces creation, and a backlog left by a burst drains as traffic goes on.
+/// How many due index entries each mutating call takes after its own work (freeing their
+/// records, or dropping them as stale). A new key costs two mutating calls (start, complete) and
+/// adds two entries, so the store takes up to 16 entries per record it creates: expiry outpaces
+/// creation, and a backlog left by a burst drains as traffic goes on.
 const SWEEP: usize = 8;
 
 /// Below this capacity a shard is never shrunk: a small map costs little, and shrinking it would
@@ -48,16 +50,96 @@ const SHARDS: usize = 64;
 /// The shard of `key`. Keys are SHA-256 digests, so any bits would do; folding all 32 bytes also
 /// spreads keys built with [`Key::from_bytes`] that differ in a few bytes only.
 fn shard_of(key: &Key) -> usize {
-    usize::from(key.as_bytes().iter().fold(0u8, |acc, b| acc ^ b)) % SHARDS
+    let (low, high) = key.words();
+    let folded = (low ^ high)
+        .to_le_bytes()
+        .iter()
+        .fold(0u8, |acc, b| acc ^ b);
+    usize::from(folded) % SHARDS
+}
+
+/// How many distinct durations (leases, retentions) get a queue of their own in the expiry
+/// index; entries of any further duration go to a sorted set. A service uses a few.
+const QUEUES: usize = 8;
+
+/// Where the store finds records whose lease or retention has ended, earliest first.
+///
+/// Every expiry is `now + d`, with `d` the lease or retention of the call that set it and `now`
+/// read under the store's lock, so the entries of one duration arrive in expiry order: a queue
+/// per duration stays sorted by appending, O(1) and no allocation per entry, where a sorted set
+/// of every entry cost O(log n), a node allocation and two thirds of a claim's time.
+///
+/// Entries are never looked up: when a record changes (completed, renewed, aborted, evicted,
+/// taken over) the entry of its old expiry stays, and is dropped as stale when it reaches the
+/// front, because its record is gone or now expires at another time. So the index holds at most
+/// one entry per record plus one per change made within the longest lease or retention in use.
+/// If the wall clock steps back, a queue's later entries may be due before its front; they are
+/// then freed when the front is, at most one step late (reads still judge each record by its own
+/// expiry, so a late free never makes a record count as live).
+#[derive(Default)]
+struct ExpiryIndex {
+    queues: Vec<(Duration, VecDeque<(SystemTime, Key)>)>,
+    /// Entries of durations beyond the first [`QUEUES`], sorted.
+    others: BTreeSet<(SystemTime, Key)>,
+}
+
+impl ExpiryIndex {
+    fn push(&mut self, duration: Duration, at: SystemTime, key: Key) {
+        if let Some((_, queue)) = self.queues.iter_mut().find(|(d, _)| *d == duration) {
+            queue.push_back((at, key));
+        } else if self.queues.len() < QUEUES {
+            self.queues.push((duration, VecDeque::from([(at, key)])));
+        } else {
+            self.others.insert((at, key));
+        }
+    }
+
+    /// Takes the earliest entry due at `now`, if any.
+    fn pop_due(&mut self, now: SystemTime) -> Option<(SystemTime, Key)> {
+        // The queue holding it, or `None` for the sorted set, and when it is due.
+        let mut earliest: Option<(Option<usize>, SystemTime)> = None;
+        for (i, (_, queue)) in self.queues.iter().enumerate() {
+            if let Some(&(at, _)) = queue.front() {
+                if at <= now && earliest.map_or(true, |(_, e)| at < e) {
+                    earliest = Some((Some(i), at));
+                }
+            }
+        }
+        if let Some(&(at, _)) = self.others.first() {
+            if at <= now && earliest.map_or(true, |(_, e)| at < e) {
+                earliest = Some((None, at));
+            }
+        }
+        let Some(from) = earliest?.0 else {
+            return self.others.pop_first();
+        };
+        let queue = &mut self.queues[from].1;
+        let entry = queue.pop_front();
+        if queue.is_empty() {
+            // Frees its slot for another duration, and its memory.
+            self.queues.swap_remove(from);
+        } else if queue.capacity() > MIN_CAPACITY && queue.len() < queue.capacity() / 4 {
+            queue.shrink_to(queue.len() * 2);
+        }
+        entry
+    }
+
+    #[cfg(test)]
+    fn entries(&self) -> impl Iterator<Item = &(SystemTime, Key)> {
+        self.queues
+            .iter()
+            .flat_map(|(_, q)| q.iter())
+            .chain(self.others.iter())
+    }
 }
 
 /// The records and their expiry index, always changed together under the store's one lock.
 struct Records {
     shards: Vec<KeyMap<Entry>>,
     len: usize,
-    /// Every record's `(expires_at, key)`, exactly one per record, earliest first: expired
-    /// records are found at the front without looking at any live one.
-    by_expiry: BTreeSet<(SystemTime, Key)>,
+    /// An entry at every record's expiry (and stale ones): expired records are found at the
+    /// front without looking at any live one.
+    by_expiry: ExpiryIndex,
     /// How many index entries `expire` looked at, so a unit test can count that pruning does not
     /// scan.
     #[cfg(test)]
@@ -70,7 +152,7 @@ impl Default for Records {
             // An empty `HashMap` allocates nothing, so idle shards cost a few words each.
             shards: (0..SHARDS).map(|_| KeyMap::default()).collect(),
             len: 0,
-            by_expiry: BTreeSet::new(),
+            by_expiry: ExpiryIndex::default(),
             #[cfg(test)]
             examined: 0,
         }
@@ -86,34 +168,57 @@ impl Records {
         self.len
     }
 
-    /// Inserts or replaces the record of `key`, moving its index entry.
-    fn insert(&mut self, key: Key, entry: Entry) {
-        let at = entry.expires_at();
-        match self.shards[shard_of(&key)].insert(key, entry) {
-            Some(old) => {
-                self.by_expiry.remove(&(old.expires_at(), key));
+    /// Claims `key` at `now` for `lease` unless a live record holds it, with one hash lookup:
+    /// `Err(existing)` is that record; an expired one is replaced.
+    fn claim(
+        &mut self,
+        key: Key,
+        now: SystemTime,
+        lease: Duration,
+        fingerprint: Option<Fingerprint>,
+    ) -> Result<Token, &Entry> {
+        let token = Token::random();
+        let lease_until = now + lease;
+        let entry = Entry {
+            fingerprint,
+            token,
+            state: RecordState::InProgress { token, lease_until },
+        };
+        match self.shards[shard_of(&key)].entry(key) {
+            Slot::Occupied(slot) if slot.get().expires_at() > now => Err(slot.into_mut()),
+            Slot::Occupied(mut slot) => {
+                // Its old index entry is now stale.
+                slot.insert(entry);
+                self.by_expiry.push(lease, lease_until, key);
+                Ok(token)
             }
-            None => self.len += 1,
+            Slot::Vacant(slot) => {
+                slot.insert(entry);
+                self.len += 1;
+                self.by_expiry.push(lease, lease_until, key);
+                Ok(token)
+            }
         }
-        self.by_expiry.insert((at, key));
     }
 
     fn remove(&mut self, key: &Key) -> Option<Entry> {
         let shard = shard_of(key);
+        // Its index entry becomes stale.
         let entry = self.shards[shard].remove(key)?;
         self.len -= 1;
-        self.by_expiry.remove(&(entry.expires_at(), *key));
         // Aborts and evictions empty the map too, not only expiry.
         self.shrink(shard);
         Some(entry)
     }
 
     /// Applies `f` to the entry still carrying `claim`'s token, or fails with `LeaseLost`; with
-    /// `in_progress`, a completed entry counts as lost too. The index follows the new expiry.
+    /// `in_progress`, a completed entry counts as lost too. When `f` moves the expiry (to now
+    /// plus `duration`), the index gets an entry there.
     fn update_owned(
         &mut self,
         claim: &Claim,
         in_progress: bool,
+        duration: Duration,
         f: impl FnOnce(&mut Entry),
     ) -> Result<(), Error> {
         let key = claim.key();
@@ -130,33 +235,35 @@ impl Records {
         f(entry);
         let after = entry.expires_at();
         if after != before {
-            self.by_expiry.remove(&(before, *key));
-            self.by_expiry.insert((after, *key));
+            self.by_expiry.push(duration, after, *key);
         }
         Ok(())
     }
 
-    /// Frees up to `limit` records whose lease or retention ended at or before `now`, earliest
-    /// first, and returns how many. It looks at `limit + 1` index entries at most, whatever the
-    /// number of live records.
-    fn expire(&mut self, now: SystemTime, limit: usize) -> usize {
+    /// Takes index entries due at `now`, earliest first, freeing the records they point at,
+    /// until `limit` records are freed or, with `look_at`, that many entries were taken. Returns
+    /// how many records it freed. A stale entry (its record gone or expiring at another time)
+    /// is dropped; a live record is never looked at, whatever their number.
+    fn expire(&mut self, now: SystemTime, limit: usize, look_at: Option<usize>) -> usize {
         let mut freed = 0;
-        while freed < limit {
+        let mut taken = 0;
+        while freed < limit && look_at.map_or(true, |most| taken < most) {
             #[cfg(test)]
             {
                 self.examined += 1;
             }
-            match self.by_expiry.first() {
-                Some(&(at, key)) if at <= now => {
-                    self.by_expiry.pop_first();
-                    let shard = shard_of(&key);
-                    if self.shards[shard].remove(&key).is_some() {
-                        self.len -= 1;
-                        self.shrink(shard);
-                    }
+            let Some((at, key)) = self.by_expiry.pop_due(now) else {
+                break;
+            };
+            taken += 1;
+            let shard = shard_of(&key);
+            if let Slot::Occupied(slot) = self.shards[shard].entry(key) {
+                if slot.get().expires_at() == at {
+                    slot.remove();
+                    self.len -= 1;
+                    self.shrink(shard);
                     freed += 1;
                 }
-                _ => break,
             }
         }
         freed
@@ -165,7 +272,7 @@ impl Records {
     /// Gives memory back after a burst: when under a quarter of a shard's capacity is used, the
     /// shard is rehashed into twice its length. That rehash is paid by one call, but only after
     /// the shard lost three quarters of its capacity, so it costs O(1) per record freed. The
-    /// index needs nothing: a B-tree frees its nodes as they empty.
+    /// index shrinks its own queues as they empty.
     fn shrink(&mut self, shard: usize) {
         let map = &mut self.shards[shard];
         let capacity = map.capacity();
@@ -186,22 +293,27 @@ impl Records {
 /// without a [`Pruner`](crate::Pruner):
 ///
 /// - The records are split over 64 hash maps by key, still under one lock, and an index of
-///   records by expiry (a B-tree of `(expires_at, key)`) sits next to them. The index moves with
-///   every `start`, `complete`, `renew`, `abort` and `evict`.
-/// - After its own work, each of those calls frees up to 8 records whose lease or retention has
-///   ended, earliest first. A new key is two such calls, so the store frees up to 16 expired
-///   records per record it creates: expiry keeps pace with any rate of new keys, and a burst's
-///   backlog drains as traffic goes on. `get` frees nothing.
+///   records by expiry sits next to them: a queue per lease or retention duration in use (up to
+///   8, then a sorted set), appended to by every `start`, `complete` and `renew` that sets an
+///   expiry. An entry whose record has since changed is dropped when it comes due.
+/// - After its own work, each mutating call takes up to 8 due entries from the index, freeing
+///   the records they point at, earliest first. A new key is two such calls and adds two
+///   entries, so expiry keeps pace with any rate of new keys, and a burst's backlog drains as
+///   traffic goes on. `get` frees nothing.
 /// - When under a quarter of a map's capacity is in use (and it has more than 128 slots), the
 ///   map shrinks to twice its length, so the memory of a burst is returned.
 ///
-/// Cost per mutating call, with `n` records held: O(log n) to keep the index, plus up to 8
-/// removals of O(log n) each; no call looks at a live record other than the earliest one. A map
-/// grows or shrinks by rehashing its entries in the call that triggers it; with 64 maps that is
-/// about `n / 64` entries, at most once per doubling or halving of that map.
-/// [`prune_expired(limit)`](Store::prune_expired) takes from the front of the index in
-/// O(limit · log n) and is only needed to drain at once (say, after a burst with no traffic
-/// after it).
+/// Cost per mutating call: one hash lookup and, when it sets an expiry, one append to a queue
+/// (no allocation, O(1)); then up to 8 entries taken from the index, O(1) each. No call looks
+/// at a live record other than the earliest one. The index holds one entry per record plus one
+/// per change made within the longest lease or retention (48 bytes each). A map grows or shrinks
+/// by rehashing its entries in the call that triggers it; with 64 maps that is about `n / 64`
+/// entries, at most once per doubling or halving of that map.
+/// [`prune_expired(limit)`](Store::prune_expired) frees up to `limit` records from the front of
+/// the index, and is only needed to drain at once (say, after a burst with no traffic after it).
+///
+/// The full path of a new key (claim, then complete) costs about 0.5 µs here; see
+/// `docs/performance.md`.
 ///
 /// As with a pruner, a claim whose lease has ended may find its record freed by another call,
 /// and its `complete` is then [`Error::LeaseLost`]; the engine renews leases while work runs, so
@@ -305,7 +417,7 @@ impl MemoryStore {
         let mut records = self.lock();
         let now = self.clock.now();
         let out = f(&mut records, now);
-        records.expire(now, SWEEP);
+        records.expire(now, SWEEP, Some(SWEEP));
         out
     }
 }
@@ -323,32 +435,20 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> Result<Start, Error> {
         check_duration("lease", lease)?;
-        self.mutate(|records, now| {
-            if let Some(e) = records.get(key) {
-                if e.expires_at() > now {
+        self.mutate(
+            |records, now| match records.claim(*key, now, lease, fingerprint.copied()) {
+                Ok(token) => Ok(Start::Started(Claim::new(*key, token))),
+                Err(e) => {
                     check_fingerprint(e.fingerprint.as_ref(), fingerprint)?;
-                    return Ok(match &e.state {
+                    Ok(match &e.state {
                         RecordState::InProgress { lease_until, .. } => Start::Locked {
                             retry_after: remaining(*lease_until, now),
                         },
                         RecordState::Completed(c) => Start::Completed(c.clone()),
-                    });
+                    })
                 }
-            }
-            let token = Token::random();
-            records.insert(
-                *key,
-                Entry {
-                    fingerprint: fingerprint.copied(),
-                    token,
-                    state: RecordState::InProgress {
-                        token,
-                        lease_until: now + lease,
-                    },
-                },
-            );
-            Ok(Start::Started(Claim::new(*key, token)))
-        })
+            },
+        )
     }
 
     async fn complete(
@@ -359,7 +459,7 @@ impl Store for MemoryStore {
     ) -> Result<(), Error> {
         check_duration("retention", retention)?;
         self.mutate(|records, now| {
-            records.update_owned(claim, false, |e| {
+            records.update_owned(claim, false, retention, |e| {
                 // Completing the same claim again succeeds and keeps the first result.
                 if matches!(e.state, RecordState::InProgress { .. }) {
                     e.state = RecordState::Completed(Cached {
@@ -374,7 +474,7 @@ impl Store for MemoryStore {
 
     async fn abort(&self, claim: &Claim) -> Result<(), Error> {
         self.mutate(|records, _| {
-            records.update_owned(claim, true, |_| ())?;
+            records.update_owned(claim, true, Duration::ZERO, |_| ())?;
             records.remove(claim.key());
             Ok(())
         })
@@ -383,7 +483,7 @@ impl Store for MemoryStore {
     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
         check_duration("lease", lease)?;
         self.mutate(|records, now| {
-            records.update_owned(claim, true, |e| {
+            records.update_owned(claim, true, lease, |e| {
                 if let RecordState::InProgress { lease_until, .. } = &mut e.state {
                     *lease_until = now + lease;
                 }
@@ -411,7 +511,10 @@ impl Store for MemoryStore {
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
         let now = self.clock.now();
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        Ok(self.lock().expire(now, limit) as u64)
+        // Stale index entries do not count against `limit`, so a batch that comes back short
+        // means nothing expired is left. Each stale entry is taken once, so they add O(1) per
+        // call that made one.
+        Ok(self.lock().expire(now, limit, None) as u64)
     }
 }
 
@@ -449,19 +552,23 @@ mod tests {
         }
     }
 
-    /// The index holds exactly one entry per record, at the record's expiry.
+    /// The index holds an entry at every record's expiry, and `len` counts the records.
     fn assert_in_step(store: &MemoryStore) {
         let records = store.lock();
-        assert_eq!(records.by_expiry.len(), records.len);
+        let index: std::collections::HashSet<_> = records.by_expiry.entries().copied().collect();
         let mut held = 0;
         for (shard, map) in records.shards.iter().enumerate() {
             for (k, e) in map {
                 assert_eq!(shard_of(k), shard);
-                assert!(records.by_expiry.contains(&(e.expires_at(), *k)));
+                assert!(index.contains(&(e.expires_at(), *k)));
                 held += 1;
             }
         }
         assert_eq!(held, records.len);
+    }
+
+    fn index_len(store: &MemoryStore) -> usize {
+        store.lock().by_expiry.entries().count()
     }
 
     #[tokio::test]
@@ -496,6 +603,58 @@ mod tests {
         assert_eq!(store.prune_expired(100).await.unwrap(), 2);
         assert!(store.get(&key(5)).await.unwrap().is_some());
         assert_in_step(&store);
+        // Once every lease and retention has ended, the records and every stale entry left by
+        // the changes above (renewal, completion, abort, eviction, takeover) are gone.
+        clock.advance(LONG);
+        assert_eq!(store.prune_expired(100).await.unwrap(), 1);
+        assert_eq!(store.len(), 0);
+        assert_eq!(index_len(&store), 0);
+    }
+
+    /// Stale entries are dropped as they come due, never counted as freed records, and never
+    /// make a batch come back short while expired records remain.
+    #[tokio::test]
+    async fn stale_entries_neither_count_nor_cut_a_batch_short() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        // 300 records completed with a 1 s retention: 300 lease entries (stale once completed,
+        // due at 0.5 s) and 300 retention entries.
+        for i in 0..300 {
+            let c = claim(&store, &key(i), Duration::from_millis(500)).await;
+            store.complete(&c, done(), RETENTION).await.unwrap();
+        }
+        assert_eq!(index_len(&store), 600);
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(store.prune_expired(100).await.unwrap(), 100);
+        assert_eq!(store.prune_expired(100).await.unwrap(), 100);
+        assert_eq!(store.prune_expired(100).await.unwrap(), 100);
+        assert_eq!(store.prune_expired(100).await.unwrap(), 0);
+        assert_eq!((store.len(), index_len(&store)), (0, 0));
+    }
+
+    /// Durations beyond the first few share a sorted set, and records of every duration are
+    /// freed in expiry order across queues and set.
+    #[tokio::test]
+    async fn many_durations_expire_in_order() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        // 40 distinct leases, longest first: 1 s ..= 40 s, given in reverse.
+        for i in (1..=40u64).rev() {
+            claim(&store, &key(i), Duration::from_secs(i)).await;
+        }
+        assert_eq!(store.lock().by_expiry.queues.len(), QUEUES);
+        assert_eq!(store.lock().by_expiry.others.len(), 40 - QUEUES);
+        for second in 1..=40u64 {
+            clock.advance(Duration::from_secs(1));
+            assert_eq!(store.prune_expired(100).await.unwrap(), 1, "at {second} s");
+            assert!(store.get(&key(second)).await.unwrap().is_none());
+            if second < 40 {
+                assert!(
+                    store.lock().shards[shard_of(&key(second + 1))].contains_key(&key(second + 1))
+                );
+            }
+        }
+        assert_eq!((store.len(), index_len(&store)), (0, 0));
     }
 
     /// Claims of keys `0..n`, with the lease `lease(i)`, put straight into the records (a million
@@ -505,17 +664,7 @@ mod tests {
         let now = store.clock.now();
         let mut records = store.lock();
         for i in 0..n {
-            let token = Token::random();
-            let state = RecordState::InProgress {
-                token,
-                lease_until: now + lease(i),
-            };
-            let entry = Entry {
-                fingerprint: None,
-                token,
-                state,
-            };
-            records.insert(key(i), entry);
+            assert!(records.claim(key(i), now, lease(i), None).is_ok());
         }
         records.examined = 0;
     }

@@ -24,6 +24,7 @@ use item::{
 };
 
 mod admin;
+mod endpoint;
 mod errors;
 mod item;
 mod table;
