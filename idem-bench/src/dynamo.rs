@@ -21,7 +21,7 @@ use crate::cpu::Cpu;
 use crate::harness::Hit;
 use crate::raw::Raw;
 use crate::report::Row;
-use crate::workload::{work, Receipt, Subject, LEASE, RETENTION};
+use crate::workload::{hex, work, Receipt, Subject, LEASE, RETENTION};
 use crate::{run_subject, Baselines, BenchError, Plan};
 
 /// The baselines of these rows, the storm at 1, 8 and 32 tasks.
@@ -63,10 +63,6 @@ fn ms(d: Duration) -> i64 {
 
 fn n(v: i64) -> AttributeValue {
     AttributeValue::N(v.to_string())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn failed<E: std::error::Error + 'static>(e: SdkError<E, impl std::fmt::Debug>) -> BenchError {

@@ -47,6 +47,10 @@ impl Typical {
 #[derive(Default)]
 pub(super) struct Waiters {
     slots: Mutex<KeyMap<Arc<Slot>>>,
+    /// How many slots the map holds, changed under its lock: zero lets a completion skip the
+    /// lock. A waiter that joins after a completion read zero polls the store after joining, and
+    /// finds the result there.
+    held: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -66,7 +70,10 @@ impl Waiters {
     pub(super) fn join(&self, key: Key) -> SlotRef<'_> {
         let slot = {
             let mut slots = self.lock();
-            let slot = slots.entry(key).or_default();
+            let slot = slots.entry(key).or_insert_with(|| {
+                self.held.fetch_add(1, Ordering::SeqCst);
+                Arc::default()
+            });
             slot.members.fetch_add(1, Ordering::Relaxed);
             slot.clone()
         };
@@ -78,6 +85,9 @@ impl Waiters {
     }
 
     pub(super) fn wake(&self, key: &Key) {
+        if self.held.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         if let Some(slot) = self.lock().get(key) {
             slot.notify.notify_waiters();
         }
@@ -85,7 +95,13 @@ impl Waiters {
 
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.lock().len()
+        let len = self.lock().len();
+        assert_eq!(
+            len,
+            self.held.load(Ordering::SeqCst),
+            "the slot count is off"
+        );
+        len
     }
 }
 
@@ -108,6 +124,7 @@ impl Drop for SlotRef<'_> {
         let mut slots = self.waiters.lock();
         if self.slot.members.fetch_sub(1, Ordering::Relaxed) == 1 {
             slots.remove(&self.key);
+            self.waiters.held.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }

@@ -128,8 +128,12 @@
 //! runs to its end, its response is stored, and the client's retry replays it: fail fast, the
 //! retry gets `409` with `Retry-After` while the handler still runs and the replay afterwards;
 //! waiting, it gets the replay. The handler runs once. (Before its claim, a request whose
-//! client went away is simply dropped: nothing ran.) If the process itself dies while the
-//! handler runs, the key frees when the lease ends.
+//! client went away is simply dropped: nothing ran, and a claim statement it left in flight is
+//! finished and released.) If the process itself dies while the handler runs, the key frees
+//! when the lease ends.
+//!
+//! The claim itself runs in the request's own task, and only a request that won its claim
+//! spawns one: replays, `409`s and refusals cost no task.
 //!
 //! The handler, its future and its response body must therefore be `Send + 'static`, which axum
 //! handlers are; the layer needs a tokio runtime to spawn on (axum's).
