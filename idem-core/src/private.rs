@@ -350,7 +350,12 @@ where
     // the attribute.
     let call = engine.as_engine().call(key).fingerprint(fingerprint);
     let body = async move { body.await.into_result() };
-    R::from_result(call.overrides(options).run(body).await.map(Outcome::into_inner))
+    R::from_result(
+        call.overrides(options)
+            .run(body)
+            .await
+            .map(Outcome::into_inner),
+    )
 }
 
 /// The default scope of an idempotent function: its path, read from the type name of an item

@@ -32,7 +32,7 @@ pub(crate) fn seal(encoded: Encoded, limit: usize, key: &Key) -> Sealed {
     let reason = match encoded {
         Encoded::Bytes(bytes) if bytes.len() <= limit => {
             return Sealed {
-                bytes: envelope::result(&bytes),
+                bytes: envelope::result(bytes),
                 retained: true,
             }
         }
