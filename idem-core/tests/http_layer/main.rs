@@ -1,6 +1,7 @@
 //! The HTTP layer driven through a real axum server on a loopback port with a real HTTP client,
 //! once per store: every case in `cases.rs` runs against each store listed at the bottom.
-//! `config.rs` checks what the layer's builder refuses, which needs no store.
+//! `config.rs` checks what the layer's builder refuses, which needs no store; `tasks.rs` which task
+//! runs the claim, the handler and a replay.
 #![cfg(feature = "http")]
 
 mod cases;
@@ -15,6 +16,7 @@ mod pg_env;
 #[path = "../support/redis_env.rs"]
 mod redis_env;
 mod server;
+mod tasks;
 
 use std::sync::Arc;
 
