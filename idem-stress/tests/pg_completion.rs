@@ -42,13 +42,18 @@ async fn lock_row(url: &str, store: &PostgresStore, i: usize) -> PgConnection {
 }
 
 /// The pid of the backend whose completion waits on the row lock, once there is one.
-async fn waiting_completion(locker: &mut PgConnection, table: &str) -> i32 {
+///
+/// Backends in `killed` are skipped: one that was terminated can still be listed, waiting, for a
+/// moment before it exits, and terminating it again would find it gone.
+async fn waiting_completion(locker: &mut PgConnection, table: &str, killed: &[i32]) -> i32 {
     for _ in 0..1000 {
         let pid: Option<i32> = sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity \
-             WHERE wait_event_type = 'Lock' AND query LIKE '%SET state = 1%' AND query LIKE $1",
+             WHERE wait_event_type = 'Lock' AND query LIKE '%SET state = 1%' AND query LIKE $1 \
+             AND pid <> ALL($2)",
         )
         .bind(format!("%{table}%"))
+        .bind(killed)
         .fetch_optional(&mut *locker)
         .await
         .unwrap();
@@ -131,8 +136,10 @@ async fn backend_killed_three_times_during_complete() {
     let (call, mut locker) = run_with_completion_blocked(&url, &store, &engine, 1, &runs).await;
     let mut call = Some(call);
     let mut admin = PgConnection::connect(&url).await.unwrap();
+    let mut killed = Vec::new();
     for kill in 1..=3 {
-        let pid = waiting_completion(&mut admin, store.table()).await;
+        let pid = waiting_completion(&mut admin, store.table(), &killed).await;
+        killed.push(pid);
         let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
             .bind(pid)
             .fetch_one(&mut admin)
@@ -147,7 +154,7 @@ async fn backend_killed_three_times_during_complete() {
         }
     }
     // The fourth attempt waits on the lock too; releasing it lets it land.
-    waiting_completion(&mut admin, store.table()).await;
+    waiting_completion(&mut admin, store.table(), &killed).await;
     sqlx::raw_sql("ROLLBACK")
         .execute(&mut locker)
         .await
