@@ -10,6 +10,7 @@
 //! - Same key: 50 concurrent calls of one key per library, whose handler counts its runs and
 //!   sleeps a little so the calls overlap; how many times it ran is printed beside the figures.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -493,11 +494,13 @@ fn peer_key(client_key: &str) -> Result<IdempotencyKey, BenchError> {
     IdempotencyKey::new(client_key).map_err(|e| BenchError::Unexpected(e.to_string()))
 }
 
-/// Claim, work, JSON, complete on the peer's store, as its README does it.
+/// Claim, work, JSON, complete on the peer's store, as its README does it; `working` is awaited
+/// between the claim and the completion (only when the call claimed).
 async fn peer_run(
     store: &PeerStore,
     client_key: &str,
     seed: u64,
+    working: impl Future<Output = ()>,
 ) -> Result<Option<ExistingEntry>, BenchError> {
     let key = peer_key(client_key)?;
     let entry = peer_entry();
@@ -507,6 +510,7 @@ async fn peer_run(
         .unwrap_or_else(|never| match never {});
     match inserted {
         InsertResult::Claimed { fencing_token } => {
+            working.await;
             let body = Bytes::from(serde_json::to_vec(&work(seed))?);
             let done = entry.complete(CachedResponse {
                 status_code: 200,
@@ -529,7 +533,7 @@ fn peer_fresh(store: &Arc<PeerStore>) -> Op {
         let store = store.clone();
         async move {
             let client_key = format!("{:032x}", fastrand::u128(..));
-            match peer_run(&store, &client_key, fastrand::u64(..)).await? {
+            match peer_run(&store, &client_key, fastrand::u64(..), async {}).await? {
                 None => Ok(Hit::Fresh),
                 Some(_) => Err(BenchError::Unexpected("a new key existed".into())),
             }
@@ -606,30 +610,14 @@ async fn peer_same_key(store: &Arc<PeerStore>) -> Result<SameKey, BenchError> {
         let client_key = client_key.clone();
         tasks.spawn(async move {
             barrier.wait().await;
-            let key = peer_key(&client_key)?;
-            let entry = peer_entry();
-            let inserted = store
-                .try_insert(&key, entry.clone())
-                .await
-                .unwrap_or_else(|never| match never {});
-            match inserted {
-                InsertResult::Claimed { fencing_token } => {
-                    ran.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(SAME_KEY_WORK).await;
-                    let body = Bytes::from(serde_json::to_vec(&work(1))?);
-                    let done = entry.complete(CachedResponse {
-                        status_code: 200,
-                        metadata: Metadata::default(),
-                        body,
-                    });
-                    store
-                        .complete(&key, done, fencing_token)
-                        .await
-                        .unwrap_or_else(|never| match never {});
-                    Ok("ran")
-                }
-                InsertResult::Exists(ExistingEntry::Processing(_)) => Ok("found in progress"),
-                InsertResult::Exists(ExistingEntry::Completed(_)) => Ok("replayed"),
+            let working = async {
+                ran.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(SAME_KEY_WORK).await;
+            };
+            match peer_run(&store, &client_key, 1, working).await? {
+                None => Ok("ran"),
+                Some(ExistingEntry::Processing(_)) => Ok("found in progress"),
+                Some(ExistingEntry::Completed(_)) => Ok("replayed"),
             }
         });
     }
@@ -780,7 +768,7 @@ pub(crate) async fn run(plan: &Plan, rows: &mut Vec<Row>) -> Result<Vec<SameKey>
                 .call(key)
                 .run(async move { Ok::<_, Error>(work(seed)) })
                 .await?;
-            peer_run(&peer, client_key, seed).await?;
+            peer_run(&peer, client_key, seed, async {}).await?;
         }
         let fresh = [(IDEM_ENGINE, engine_fresh(&engine), note(IDEM_ENGINE))];
         let baseline = (IDEMPOTENT, peer_fresh(&peer), note(IDEMPOTENT));
