@@ -177,28 +177,26 @@ impl Records {
         lease: Duration,
         fingerprint: Option<Fingerprint>,
     ) -> Result<Token, &Entry> {
-        let token = Token::random();
         let lease_until = now + lease;
+        let token = Token::random();
         let entry = Entry {
             fingerprint,
             token,
             state: RecordState::InProgress { token, lease_until },
         };
         match self.shards[shard_of(&key)].entry(key) {
-            Slot::Occupied(slot) if slot.get().expires_at() > now => Err(slot.into_mut()),
+            Slot::Occupied(slot) if slot.get().expires_at() > now => return Err(slot.into_mut()),
+            // An expired record is replaced; its old index entry is now stale.
             Slot::Occupied(mut slot) => {
-                // Its old index entry is now stale.
                 slot.insert(entry);
-                self.by_expiry.push(lease, lease_until, key);
-                Ok(token)
             }
             Slot::Vacant(slot) => {
                 slot.insert(entry);
                 self.len += 1;
-                self.by_expiry.push(lease, lease_until, key);
-                Ok(token)
             }
         }
+        self.by_expiry.push(lease, lease_until, key);
+        Ok(token)
     }
 
     fn remove(&mut self, key: &Key) -> Option<Entry> {
