@@ -1,9 +1,12 @@
 //! Nanoseconds per call of the memory store's paths, from one task in a tight loop (no boxing,
 //! no per-call clock reads).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Completion, Error, Idempotency, Key, MemoryStore, Start, Store};
+use idem::{
+    Completion, Error, Idempotency, Key, MemoryStore, Start, Store, DEFAULT_LATENCIES_ONE_IN,
+};
 use tokio::time::Instant;
 
 use crate::workload::{random_key, work, LEASE, RETENTION};
@@ -18,50 +21,95 @@ pub struct MemoryReport {
     pub engine_fresh: Duration,
     /// `Idempotency::run` on a completed key: the claim attempt returns it, JSON decode.
     pub engine_replay: Duration,
-    /// The engine's full path (new key, then its replay) on a current-thread runtime, with
-    /// nothing installed: in the round with the median ratio.
-    pub plain_full: Duration,
-    /// The same with a Prometheus recorder and a JSON tracing subscriber (INFO) installed and
-    /// every call scoped: in the round with the median ratio.
-    pub observed_full: Duration,
+    /// The engine's full path (new key, then its replay) with and without metrics and tracing,
+    /// at the default latency sampling.
+    pub observed: Observed,
+    /// The same with every call's latencies recorded (`sample_latencies(1)`).
+    pub observed_every: Observed,
 }
 
-/// Rounds of the plain/observed comparison, alternating.
-const ROUNDS: usize = 9;
+/// Keys per slice of the plain/observed comparison: the two engines take turns every slice.
+const SLICE: usize = 1_000;
 
-/// Mean time of one new-key call plus its replay, on a fresh engine and a current-thread
-/// runtime, with or without a recorder and a subscriber.
-fn full_path(keys: &[Key], observed: bool) -> Result<Duration, BenchError> {
+/// One new-key call plus its replay, for each of `keys`, through `engine`.
+async fn full_path(engine: &Idempotency, keys: &[Key]) -> Result<(), BenchError> {
+    for (i, key) in keys.iter().enumerate() {
+        let seed = i as u64;
+        for _ in 0..2 {
+            engine
+                .call(*key)
+                .scope("bench")
+                .run(async move { Ok::<_, Error>(work(seed)) })
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The engine's full path (a new key, then its replay) with nothing installed and with a
+/// Prometheus recorder and a JSON tracing subscriber (INFO) installed, one call in `one_in`
+/// recording its latencies: mean time per key of each, and the median over slices of the
+/// observed ÷ plain time. Two engines over two memory stores on one current-thread runtime take
+/// turns every [`SLICE`] keys, in alternating order, so a machine whose speed drifts over
+/// seconds weighs on both alike.
+fn compare_observed(keys: &[Key], one_in: u32) -> Result<Observed, BenchError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let body = || {
-        runtime.block_on(async {
-            let engine = Idempotency::new(MemoryStore::new());
-            let t = Instant::now();
-            for (i, key) in keys.iter().enumerate() {
-                let seed = i as u64;
-                for _ in 0..2 {
-                    engine
-                        .call(*key)
-                        .scope("bench")
-                        .run(async move { Ok::<_, Error>(work(seed)) })
-                        .await?;
-                }
-            }
-            Ok::<_, BenchError>(t.elapsed() / u32::try_from(keys.len().max(1)).unwrap_or(u32::MAX))
-        })
-    };
-    if !observed {
-        return body();
-    }
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let subscriber = tracing_subscriber::fmt()
-        .json()
-        .with_max_level(tracing::Level::INFO)
-        .with_writer(std::io::sink)
-        .finish();
-    tracing::subscriber::with_default(subscriber, || metrics::with_local_recorder(&recorder, body))
+    let tracing = tracing::Dispatch::new(
+        tracing_subscriber::fmt()
+            .json()
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(std::io::sink)
+            .finish(),
+    );
+    let engine = || {
+        Idempotency::builder(MemoryStore::new())
+            .sample_latencies(one_in)
+            .build()
+    };
+    let (plain, observed) = (engine()?, engine()?);
+    let timed = |engine: &Idempotency, slice: &[Key], on: bool| {
+        // The engine registers its metric handles with the recorder installed at its first call
+        // of a scope, so the observed engine only ever runs with the recorder in place.
+        let _recorder = on.then(|| metrics::set_default_local_recorder(&recorder));
+        let _tracing = on.then(|| tracing::dispatcher::set_default(&tracing));
+        let t = Instant::now();
+        runtime.block_on(full_path(engine, slice))?;
+        Ok::<_, BenchError>(t.elapsed())
+    };
+    let (mut off, mut on, mut ratios) = (Duration::ZERO, Duration::ZERO, Vec::new());
+    for (i, slice) in keys.chunks(SLICE).enumerate() {
+        let (p, o) = if i % 2 == 0 {
+            let p = timed(&plain, slice, false)?;
+            (p, timed(&observed, slice, true)?)
+        } else {
+            let o = timed(&observed, slice, true)?;
+            (timed(&plain, slice, false)?, o)
+        };
+        off += p;
+        on += o;
+        ratios.push(o.as_secs_f64() / p.as_secs_f64().max(1e-12));
+    }
+    ratios.sort_by(f64::total_cmp);
+    let per_key = |d: Duration| d / u32::try_from(keys.len().max(1)).unwrap_or(u32::MAX);
+    Ok(Observed {
+        off: per_key(off),
+        on: per_key(on),
+        ratio: ratios.get(ratios.len() / 2).copied().unwrap_or(1.0),
+    })
+}
+
+/// The plain/observed comparison at one sampling.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed {
+    /// Mean time per key (new key + replay) with nothing installed.
+    pub off: Duration,
+    /// The same with the recorder and the subscriber.
+    pub on: Duration,
+    /// The median over slices of on ÷ off.
+    pub ratio: f64,
 }
 
 pub async fn run(calls: u64) -> Result<MemoryReport, BenchError> {
@@ -104,27 +152,16 @@ pub async fn run(calls: u64) -> Result<MemoryReport, BenchError> {
     }
     let engine_replay = t.elapsed();
 
-    let sample: Vec<Key> = keys.iter().take(100_000).copied().collect();
-    let (plain_full, observed_full) = tokio::task::spawn_blocking(move || {
-        // Each round measures both back to back, in alternating order; the round with the
-        // median ratio is reported, so one disturbed round moves neither figure.
-        let mut rounds = Vec::with_capacity(ROUNDS);
-        for round in 0..ROUNDS {
-            let (plain, observed) = if round % 2 == 0 {
-                let plain = full_path(&sample, false)?;
-                (plain, full_path(&sample, true)?)
-            } else {
-                let observed = full_path(&sample, true)?;
-                (full_path(&sample, false)?, observed)
-            };
-            rounds.push((plain, observed));
-        }
-        let ratio = |(p, o): &(Duration, Duration)| o.as_secs_f64() / p.as_secs_f64().max(1e-12);
-        rounds.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
-        Ok::<_, BenchError>(rounds[ROUNDS / 2])
-    })
-    .await
-    .map_err(|e| BenchError::Unexpected(format!("the comparison task failed: {e}")))??;
+    let sample: Arc<Vec<Key>> = Arc::new(keys.iter().take(100_000).copied().collect());
+    let compare = |one_in: u32| {
+        let sample = sample.clone();
+        tokio::task::spawn_blocking(move || compare_observed(&sample, one_in))
+    };
+    let failed = |e: tokio::task::JoinError| {
+        BenchError::Unexpected(format!("the comparison task failed: {e}"))
+    };
+    let observed = compare(DEFAULT_LATENCIES_ONE_IN).await.map_err(failed)??;
+    let observed_every = compare(1).await.map_err(failed)??;
 
     let per_call = |d: Duration| d / u32::try_from(calls.max(1)).unwrap_or(u32::MAX);
     Ok(MemoryReport {
@@ -132,7 +169,7 @@ pub async fn run(calls: u64) -> Result<MemoryReport, BenchError> {
         store_claim_complete: per_call(store_claim_complete),
         engine_fresh: per_call(engine_fresh),
         engine_replay: per_call(engine_replay),
-        plain_full,
-        observed_full,
+        observed,
+        observed_every,
     })
 }

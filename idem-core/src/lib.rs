@@ -41,7 +41,9 @@ pub mod __private;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
-pub use engine::{Builder, Call, Idempotency, OnLocked, Outcome, Policy, ReplayCache};
+pub use engine::{
+    Builder, Call, Idempotency, OnLocked, Outcome, Policy, ReplayCache, DEFAULT_LATENCIES_ONE_IN,
+};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use engine::{Transactional, TxClaim, TxFuture, TxStart};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};

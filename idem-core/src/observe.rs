@@ -19,6 +19,11 @@
 //!   | `idem_claims_in_flight` | gauge | `scope` | claims held by running work in this process |
 //!   | `idem_pruned_total` | counter | `target` | records (`records`) or request ids (`history`) deleted by a `Pruner` |
 //!
+//!   The three histograms record one call in
+//!   [`DEFAULT_LATENCIES_ONE_IN`](crate::DEFAULT_LATENCIES_ONE_IN), drawn at random
+//!   ([`Builder::sample_latencies`](crate::Builder::sample_latencies) changes it; `1` records
+//!   every call); the counters and the gauge count every call.
+//!
 //! - **Tracing.** Each guarded call runs in a span `idem.call` with the fields `scope`, `key` (the
 //!   first 8 bytes of the key's hash, in hex: the key is a SHA-256 of scope, caller and client
 //!   key, so this never shows what the client sent) and `outcome`; the store round trips are
@@ -278,17 +283,24 @@ impl Instruments {
     }
 }
 
-/// An engine's [`Instruments`], by scope.
+/// An engine's [`Instruments`], by scope, and how many calls in one record their latencies.
 #[cfg(feature = "metrics")]
-#[derive(Default)]
 pub(crate) struct Meters {
     by_scope: std::sync::RwLock<
         std::collections::HashMap<Box<str>, Arc<Instruments>, foldhash::fast::RandomState>,
     >,
+    latencies_one_in: u32,
 }
 
 #[cfg(feature = "metrics")]
 impl Meters {
+    pub(crate) fn new(latencies_one_in: u32) -> Meters {
+        Meters {
+            by_scope: Default::default(),
+            latencies_one_in,
+        }
+    }
+
     pub(crate) fn of(&self, scope: &Scope) -> Arc<Instruments> {
         use std::sync::PoisonError;
         if let Some(found) = self
@@ -306,12 +318,30 @@ impl Meters {
             .or_insert_with(|| Arc::new(Instruments::new(scope)))
             .clone()
     }
+
+    /// Whether this call records its latencies: one in `latencies_one_in`, at random (a
+    /// per-thread generator, no atomic).
+    fn sampled(&self) -> bool {
+        self.latencies_one_in <= 1 || fastrand::u32(..self.latencies_one_in) == 0
+    }
 }
 
 /// Without the `metrics` feature there is nothing to record.
 #[cfg(not(feature = "metrics"))]
-#[derive(Default)]
 pub(crate) struct Meters;
+
+#[cfg(not(feature = "metrics"))]
+impl Meters {
+    pub(crate) fn new(_latencies_one_in: u32) -> Meters {
+        Meters
+    }
+}
+
+impl Default for Meters {
+    fn default() -> Meters {
+        Meters::new(crate::engine::DEFAULT_LATENCIES_ONE_IN)
+    }
+}
 
 /// What one guarded call reports, wherever it ends; dropped before it ended, it reports
 /// [`Stage::Cancelled`]. Costs nothing beyond a disabled span when there is no observer, no
@@ -323,6 +353,8 @@ pub(crate) struct Probe<'a> {
     span: tracing::Span,
     #[cfg(feature = "metrics")]
     instruments: Arc<Instruments>,
+    /// Whether this call records its latencies (always false without `metrics`).
+    sampled: bool,
     ended: bool,
     claimed: bool,
     work_took: Option<Duration>,
@@ -350,6 +382,10 @@ impl<'a> Probe<'a> {
             span,
             #[cfg(feature = "metrics")]
             instruments: meters.of(scope),
+            #[cfg(feature = "metrics")]
+            sampled: meters.sampled(),
+            #[cfg(not(feature = "metrics"))]
+            sampled: false,
             ended: false,
             claimed: false,
             work_took: None,
@@ -367,6 +403,7 @@ impl<'a> Probe<'a> {
             span: std::mem::replace(&mut self.span, tracing::Span::none()),
             #[cfg(feature = "metrics")]
             instruments: self.instruments.clone(),
+            sampled: self.sampled,
             claimed: self.claimed,
         }
     }
@@ -385,6 +422,7 @@ impl<'a> Probe<'a> {
             span: suspended.span,
             #[cfg(feature = "metrics")]
             instruments: suspended.instruments,
+            sampled: suspended.sampled,
             ended: false,
             claimed: suspended.claimed,
             work_took: None,
@@ -399,7 +437,7 @@ impl<'a> Probe<'a> {
     /// Whether anything reads the durations of this call; if not, the clock is not read for
     /// them.
     pub(crate) fn timed(&self) -> bool {
-        cfg!(feature = "metrics") || self.observer.is_some() || !self.span.is_disabled()
+        self.sampled || self.observer.is_some() || !self.span.is_disabled()
     }
 
     fn emit(&self, stage: Stage, took: Option<Duration>) {
@@ -417,7 +455,9 @@ impl<'a> Probe<'a> {
     pub(crate) fn claim_took(&self, took: Duration) {
         tracing::debug!(parent: &self.span, op = "claim", took_us = took.as_micros() as u64);
         #[cfg(feature = "metrics")]
-        self.instruments.claim.record(took.as_secs_f64());
+        if self.sampled {
+            self.instruments.claim.record(took.as_secs_f64());
+        }
     }
 
     /// The call holds its key; its work starts.
@@ -432,14 +472,18 @@ impl<'a> Probe<'a> {
     pub(crate) fn work_took(&mut self, took: Duration) {
         self.work_took = Some(took);
         #[cfg(feature = "metrics")]
-        self.instruments.work.record(took.as_secs_f64());
+        if self.sampled {
+            self.instruments.work.record(took.as_secs_f64());
+        }
     }
 
     /// The first try at storing the result ended after `took`.
     pub(crate) fn complete_took(&self, took: Duration) {
         tracing::debug!(parent: &self.span, op = "complete", took_us = took.as_micros() as u64);
         #[cfg(feature = "metrics")]
-        self.instruments.complete.record(took.as_secs_f64());
+        if self.sampled {
+            self.instruments.complete.record(took.as_secs_f64());
+        }
     }
 
     /// The call ended this way.
@@ -480,6 +524,7 @@ pub(crate) struct Suspended {
     span: tracing::Span,
     #[cfg(feature = "metrics")]
     instruments: Arc<Instruments>,
+    sampled: bool,
     claimed: bool,
 }
 

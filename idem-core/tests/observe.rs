@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{
-    Error, Event, Idempotency, Key, MemoryStore, OnLocked, PostgresStore, SqliteStore, Stage, Store,
+    Error, Event, Idempotency, Key, MemoryStore, OnLocked, PostgresStore, SqliteStore, Stage,
+    Store, DEFAULT_LATENCIES_ONE_IN,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
@@ -76,8 +77,10 @@ fn count(seen: &Mutex<Vec<Stage>>, stage: Stage) -> usize {
 /// 980 replay, and every metric says so.
 async fn storm(store: Arc<dyn Store>) -> Arc<Mutex<Vec<Stage>>> {
     let (seen, observer) = stages();
+    // Every call's latencies, so the histograms' counts are exact too.
     let engine = Idempotency::builder(store)
         .observer(observer)
+        .sample_latencies(1)
         .build()
         .unwrap();
     let mut calls = tokio::task::JoinSet::new();
@@ -277,6 +280,87 @@ fn every_outcome_is_counted_once() {
     ] {
         assert_eq!(count(&seen, stage), n, "{stage}");
     }
+}
+
+/// By default one call in [`DEFAULT_LATENCIES_ONE_IN`] records its latencies, drawn at random:
+/// the counters still count every call, a fresh call records its work and its completion
+/// together or not at all, and the histograms hold about one call's samples in sixteen. (The draw comes
+/// from this thread's generator, seeded here, and every call runs on this thread: the counts are
+/// the same on every run.)
+#[test]
+fn latencies_are_sampled_by_default_and_counts_are_not() {
+    const N: usize = 800;
+    let recorder = DebuggingRecorder::new();
+    with_recorder(&recorder, || async {
+        fastrand::seed(7);
+        let engine = Idempotency::new(MemoryStore::new());
+        for i in 0..N {
+            let key = Key::derive("sampled", "", &i.to_string()).unwrap();
+            for _ in 0..2 {
+                engine
+                    .call(key)
+                    .scope("sampled")
+                    .run(async { Ok::<_, Error>(i) })
+                    .await
+                    .unwrap();
+            }
+        }
+    });
+    let metrics = snapshot(&recorder);
+    assert_eq!(
+        metrics["idem_calls_total{outcome=completed,scope=sampled}"],
+        N as f64
+    );
+    assert_eq!(
+        metrics["idem_calls_total{outcome=replayed,scope=sampled}"],
+        N as f64
+    );
+    assert_eq!(metrics["idem_claims_in_flight{scope=sampled}"], 0.0);
+    let (claim, work, complete) = (
+        metrics["idem_claim_seconds{scope=sampled}"],
+        metrics["idem_work_seconds{scope=sampled}"],
+        metrics["idem_complete_seconds{scope=sampled}"],
+    );
+    assert_eq!(work, complete, "a fresh call records both or neither");
+    let expected = (2 * N) as f64 / f64::from(DEFAULT_LATENCIES_ONE_IN);
+    // About one call in eight: 200 of 1,600 expected, σ ≈ 13; the bounds are 5 σ wide.
+    assert!(
+        (claim - expected).abs() < 70.0,
+        "{claim} claim samples, expected about {expected}"
+    );
+    assert!(work > 0.0 && work < claim, "{work} work samples of {claim}");
+}
+
+/// `sample_latencies(1)` times every call; `0` is refused before anything is recorded.
+#[test]
+fn sampling_every_call_and_refusing_zero() {
+    let refused = Idempotency::builder(MemoryStore::new())
+        .sample_latencies(0)
+        .build();
+    match refused {
+        Err(Error::InvalidConfig(why)) => assert!(why.contains("sample_latencies"), "{why}"),
+        other => panic!("expected InvalidConfig, got {:?}", other.map(|_| ())),
+    }
+    let recorder = DebuggingRecorder::new();
+    with_recorder(&recorder, || async {
+        let engine = Idempotency::builder(MemoryStore::new())
+            .sample_latencies(1)
+            .build()
+            .unwrap();
+        for i in 0..10 {
+            let key = Key::derive("every", "", &i.to_string()).unwrap();
+            engine
+                .call(key)
+                .scope("every")
+                .run(async { Ok::<_, Error>(i) })
+                .await
+                .unwrap();
+        }
+    });
+    let metrics = snapshot(&recorder);
+    assert_eq!(metrics["idem_claim_seconds{scope=every}"], 10.0);
+    assert_eq!(metrics["idem_work_seconds{scope=every}"], 10.0);
+    assert_eq!(metrics["idem_complete_seconds{scope=every}"], 10.0);
 }
 
 /// The pruner counts what it deletes under `idem_pruned_total{target="records"}`.

@@ -32,7 +32,7 @@ mod waiters;
 
 pub use cache::ReplayCache;
 pub use call::Call;
-pub use policy::{Builder, OnLocked, Outcome, Policy};
+pub use policy::{Builder, OnLocked, Outcome, Policy, DEFAULT_LATENCIES_ONE_IN};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use transactional::{Transactional, TxClaim, TxFuture, TxStart};
 
