@@ -9,7 +9,7 @@ use idem::{
 };
 use tokio::time::Instant;
 
-use crate::workload::{random_key, work, LEASE, RETENTION};
+use crate::workload::{deposit, random_key, work, RequestId, LEASE, RETENTION};
 use crate::BenchError;
 
 /// Mean time per call of each memory path.
@@ -21,6 +21,15 @@ pub struct MemoryReport {
     pub engine_fresh: Duration,
     /// `Idempotency::run` on a completed key: the claim attempt returns it, JSON decode.
     pub engine_replay: Duration,
+    /// A function with `#[idempotent]` on a new client key (a 32-character request id): key
+    /// derivation (SHA-256) inside, then what `engine_fresh` does.
+    pub attribute_fresh: Duration,
+    /// What the attribute expands to, written by hand: `Key::derive` of the same request id,
+    /// then `Idempotency::run` with the same scope.
+    pub derived_fresh: Duration,
+    /// The median over turns of 10,000 calls of the by-hand time ÷ the attribute's time (1.0:
+    /// the same speed; below 1: the attribute is slower).
+    pub attribute_speed: f64,
     /// The engine's full path (new key, then its replay) with and without metrics and tracing,
     /// at the default latency sampling.
     pub observed: Observed,
@@ -152,6 +161,47 @@ pub async fn run(calls: u64) -> Result<MemoryReport, BenchError> {
     }
     let engine_replay = t.elapsed();
 
+    // The attribute against the same calls by hand, on request ids made ahead, in turns of
+    // 10,000 calls so a drifting machine weighs on both alike.
+    let ids: Vec<RequestId> = (0..calls).map(|_| RequestId::random()).collect();
+    let (by_attribute, by_hand) = (
+        Idempotency::new(MemoryStore::new()),
+        Idempotency::new(MemoryStore::new()),
+    );
+    let (mut attribute_fresh, mut derived_fresh) = (Duration::ZERO, Duration::ZERO);
+    let mut speeds = Vec::new();
+    for (turn, slice) in ids.chunks(10_000).enumerate() {
+        let attribute = async {
+            let t = Instant::now();
+            for (i, id) in slice.iter().enumerate() {
+                deposit(&by_attribute, id.as_str(), i as u64).await?;
+            }
+            Ok::<_, BenchError>(t.elapsed())
+        };
+        let hand = async {
+            let t = Instant::now();
+            for (i, id) in slice.iter().enumerate() {
+                let seed = i as u64;
+                by_hand
+                    .call(Key::derive("bench_deposit", "", id.as_str()).map_err(Error::from)?)
+                    .scope("bench_deposit")
+                    .run(async move { Ok::<_, BenchError>(work(seed)) })
+                    .await?;
+            }
+            Ok::<_, BenchError>(t.elapsed())
+        };
+        let (a, h) = if turn % 2 == 0 {
+            let a = attribute.await?;
+            (a, hand.await?)
+        } else {
+            let h = hand.await?;
+            (attribute.await?, h)
+        };
+        attribute_fresh += a;
+        derived_fresh += h;
+        speeds.push(h.as_secs_f64() / a.as_secs_f64().max(1e-12));
+    }
+
     let sample: Arc<Vec<Key>> = Arc::new(keys.iter().take(100_000).copied().collect());
     let compare = |one_in: u32| {
         let sample = sample.clone();
@@ -169,6 +219,12 @@ pub async fn run(calls: u64) -> Result<MemoryReport, BenchError> {
         store_claim_complete: per_call(store_claim_complete),
         engine_fresh: per_call(engine_fresh),
         engine_replay: per_call(engine_replay),
+        attribute_fresh: per_call(attribute_fresh),
+        derived_fresh: per_call(derived_fresh),
+        attribute_speed: {
+            speeds.sort_by(f64::total_cmp);
+            speeds.get(speeds.len() / 2).copied().unwrap_or(1.0)
+        },
         observed,
         observed_every,
     })

@@ -40,16 +40,40 @@ pub fn random_key() -> [u8; 32] {
     std::array::from_fn(|_| fastrand::u8(..))
 }
 
-/// Lower-case hex of `bytes`, in one allocation: the client side of an attribute call makes one
-/// such key per call, and a `format!` per byte cost more than the attribute itself.
+/// Lower-case hex of `bytes`, in one allocation.
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {
         out.push(char::from(DIGITS[usize::from(b >> 4)]));
         out.push(char::from(DIGITS[usize::from(b & 0xf)]));
     }
     out
+}
+
+const DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// A client's request id: 16 random bytes in lower-case hex, on the stack. The client side of an
+/// attribute call makes one per call, and the engine rows it is compared with allocate nothing
+/// for their keys, so neither does this.
+pub(crate) struct RequestId([u8; 32]);
+
+impl RequestId {
+    pub(crate) fn random() -> RequestId {
+        let mut out = [0u8; 32];
+        for (pair, b) in out
+            .chunks_exact_mut(2)
+            .zip(fastrand::u128(..).to_le_bytes())
+        {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
+        }
+        RequestId(out)
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        // Hex digits are ASCII, so this never fails.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
 }
 
 /// A store under test: its engine, the raw baseline on the same pool (none for memory), and
@@ -126,8 +150,8 @@ impl Subject {
         op(move || {
             let engine = engine.clone();
             async move {
-                let request_id = hex(&random_key()[..16]);
-                deposit(&engine, &request_id, fastrand::u64(..)).await?;
+                let request_id = RequestId::random();
+                deposit(&engine, request_id.as_str(), fastrand::u64(..)).await?;
                 Ok(Hit::Fresh)
             }
         })
@@ -250,7 +274,7 @@ fn expect_fresh(replayed: bool) -> Result<Hit, BenchError> {
 
 /// The attribute under test: a deposit keyed by the client's request id.
 #[idempotent(key = request_id, scope = "bench_deposit", engine = engine)]
-async fn deposit(
+pub(crate) async fn deposit(
     engine: &Idempotency,
     request_id: &str,
     cents: u64,
@@ -264,5 +288,13 @@ mod tests {
     fn hex_is_lower_case_two_digits_a_byte() {
         assert_eq!(super::hex(&[0x00, 0x0f, 0xa0, 0xff]), "000fa0ff");
         assert_eq!(super::hex(&[]), "");
+    }
+
+    #[test]
+    fn request_ids_are_32_hex_digits() {
+        let (a, b) = (super::RequestId::random(), super::RequestId::random());
+        assert_eq!(a.as_str().len(), 32);
+        assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a.as_str(), b.as_str());
     }
 }

@@ -11,7 +11,7 @@ pub use std::time::Duration;
 
 use crate::codec::Codec;
 pub use crate::engine::Overrides as CallOptions;
-use crate::engine::{Idempotency, OnLocked, Outcome};
+use crate::engine::{Idempotency, OnLocked};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::engine::{Transactional, TxClaim, TxStart};
 use crate::error::Error;
@@ -327,35 +327,35 @@ where
 
 /// [`run`] for a body resolving to the function's return type `R` (given explicitly, so `?` in
 /// the body converts errors as in the original function, and unmet bounds are reported on `R`).
-pub async fn call<R, En, F>(
-    engine: &En,
+///
+/// Not an `async fn`: it prepares the call and returns the engine's own future for it, so the
+/// attribute's function awaits the engine with no layer between them. Every async layer moves
+/// the engine's future (about 2 KB) once more when it starts, and those moves cost more than the
+/// rest of the attribute.
+pub fn call<'a, R, En, F>(
+    engine: &'a En,
     key: Result<Option<Key>, Error>,
     fingerprint: Result<Option<Fingerprint>, Error>,
     options: CallOptions,
     body: F,
-) -> R
+) -> impl Future<Output = R> + 'a
 where
-    R: IdempotentResult,
+    R: IdempotentResult + 'a,
     R::Value: Storable,
     R::Error: CarriesIdemError,
     En: AsEngine + ?Sized,
-    F: Future<Output = R>,
+    F: Future<Output = R> + 'a,
 {
-    let (key, fingerprint) = match (key, fingerprint) {
-        (Ok(key), Ok(fingerprint)) => (key, fingerprint),
-        (Err(e), _) | (_, Err(e)) => return R::from_result(Err(e.into())),
+    let (key, fingerprint, refused) = match (key, fingerprint) {
+        (Ok(key), Ok(fingerprint)) => (key, fingerprint, None),
+        (Err(e), _) | (_, Err(e)) => (None, None, Some(e)),
     };
-    // The engine's call directly, not through `run`: every async layer moves the engine's
-    // future (about 2 KB) once more when it starts, and the moves cost more than the rest of
-    // the attribute.
-    let call = engine.as_engine().call(key).fingerprint(fingerprint);
-    let body = async move { body.await.into_result() };
-    R::from_result(
-        call.overrides(options)
-            .run(body)
-            .await
-            .map(Outcome::into_inner),
-    )
+    engine
+        .as_engine()
+        .call(key)
+        .fingerprint(fingerprint)
+        .overrides(options)
+        .run_into(refused, body)
 }
 
 /// The default scope of an idempotent function: its path, read from the type name of an item

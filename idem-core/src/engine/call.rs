@@ -172,6 +172,30 @@ impl<C: Codec> Call<'_, Idempotency<C>> {
         self.drive(work, WithCodec(codec), Released).await
     }
 
+    /// What `#[idempotent]` runs (through `__private::call`): [`run`](Self::run) for a body
+    /// that resolves to the function's own return type `R`, giving `R` back; or `R` with the
+    /// error `refused` (a key or fingerprint that could not be made) without claiming anything.
+    /// One async layer, as `run` is: `__private::call` only prepares the call and returns this
+    /// future, since every async layer moves the engine's future (about 2 KB) once more.
+    pub(crate) async fn run_into<R, F>(self, refused: Option<Error>, body: F) -> R
+    where
+        R: crate::__private::IdempotentResult,
+        R::Value: Serialize + DeserializeOwned,
+        R::Error: From<Error>,
+        F: Future<Output = R>,
+    {
+        if let Some(e) = refused {
+            return R::from_result(Err(e.into()));
+        }
+        let codec = self.engine.codec();
+        let body = async move { body.await.into_result() };
+        R::from_result(
+            self.drive(body, WithCodec(codec), Released)
+                .await
+                .map(Outcome::into_inner),
+        )
+    }
+
     /// [`run`](Self::run) for work that must finish once it has started, whatever happens to
     /// its caller: the claim, the work and the completion run on a task of their own (spawned on
     /// the current tokio runtime), and this call waits for it. If the caller is cancelled (a
