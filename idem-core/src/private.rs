@@ -332,6 +332,7 @@ where
 /// attribute's function awaits the engine with no layer between them. Every async layer moves
 /// the engine's future (about 2 KB) once more when it starts, and those moves cost more than the
 /// rest of the attribute.
+#[inline(always)]
 pub fn call<'a, R, En, F>(
     engine: &'a En,
     key: Result<Option<Key>, Error>,
