@@ -24,6 +24,14 @@ const MAX_BATCH_SIZE: u32 = 100_000;
 /// expired since the last one started.
 const RUN_BATCHES: f64 = 4.0;
 
+/// A pruner paced by cost that knows the rate entries expire at steps up when a run deletes
+/// more slowly than this many times that rate (it would gain on its backlog too slowly).
+const KEEP_AHEAD: f64 = 1.25;
+
+/// How many times the configured batch size a pruner that has stepped up to its whole share may
+/// delete in one batch.
+const MAX_STEP_UP_BATCH: u32 = 16;
+
 /// The shortest wait between two runs paced by cost.
 const MIN_RUN_WAIT: Duration = Duration::from_millis(10);
 
@@ -48,8 +56,18 @@ const MIN_RUN_WAIT: Duration = Duration::from_millis(10);
 /// **The steady-state bound.** While entries expire no faster than the pruner deletes at its
 /// share of the store's time, the expired entries left in the store stay below about five
 /// batches plus what expires during one run (500 plus a few milliseconds of expiries with the
-/// defaults), whatever the rate. Above that rate the pruner runs continuously at its share and
-/// the backlog grows by the difference; a larger `share` or `batch_size` raises the ceiling.
+/// defaults), whatever the rate.
+///
+/// **Steps up when it falls behind.** When a run deletes more slowly than 1.25 times the
+/// measured rate (a store that slowed down under load: every statement then waits behind the
+/// claims, and pausing four times that wait starves the pruner), or when a run has gone on
+/// without draining the store for twice the wait the schedule chose before it (the rate was
+/// measured low; before any rate is known, two intervals), the pruner steps up one step: its
+/// share doubles up to the whole of the time, then its batch doubles up to 16 times
+/// `batch_size`. Each run that drains the store steps back one step. So the backlog stays
+/// bounded as long as the store can delete, at full speed and in batches of 16 × `batch_size`,
+/// faster than entries expire; the claims pay for it only while the pruner is behind. A
+/// [`pause`](Self::pause) turns all of this off.
 ///
 /// A fixed [`pause`](PrunerConfig::pause) restores the older pacing: that pause after every
 /// full batch, and a run every `interval`, which caps the rate at `batch_size` per pause.
@@ -283,6 +301,87 @@ pub struct PruneReport {
     pub drained: bool,
 }
 
+/// How fast a pruner paced by cost goes: its share of the store's time and its batch size.
+/// It starts at the configured ones, steps up when it falls behind what expires (the share
+/// doubles up to the whole of the time, then the batch doubles up to
+/// [`MAX_STEP_UP_BATCH`] times the configured size) and steps back one step after each run
+/// that drained the store.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Pace {
+    share: f64,
+    batch: u32,
+}
+
+impl Pace {
+    fn of(config: &PrunerConfig) -> Pace {
+        Pace {
+            share: config.share,
+            batch: config.batch_size,
+        }
+    }
+
+    /// One step faster; `false` when already at the fastest.
+    fn faster(&mut self, config: &PrunerConfig) -> bool {
+        if self.share < 1.0 {
+            self.share = (self.share * 2.0).min(1.0);
+            return true;
+        }
+        let most = config
+            .batch_size
+            .saturating_mul(MAX_STEP_UP_BATCH)
+            .min(MAX_BATCH_SIZE);
+        if self.batch < most {
+            self.batch = self.batch.saturating_mul(2).min(most);
+            return true;
+        }
+        false
+    }
+
+    /// One step back toward the configured pace: the batch first, then the share.
+    fn slower(&mut self, config: &PrunerConfig) {
+        if self.batch > config.batch_size {
+            self.batch = (self.batch / 2).max(config.batch_size);
+        } else if self.share > config.share {
+            self.share = (self.share / 2.0).max(config.share);
+        }
+    }
+}
+
+/// When a run that has not drained the store counts as falling behind by its length alone:
+/// after twice the wait the schedule chose before it (at least a second; an interval when the
+/// rate is not known yet), and again after each further wait.
+#[derive(Debug, Clone, Copy)]
+struct Overdue {
+    at: Duration,
+    every: Duration,
+}
+
+impl Overdue {
+    fn new(scheduled: Duration, interval: Duration) -> Overdue {
+        let every = scheduled.clamp(Duration::from_secs(1).min(interval), interval);
+        Overdue {
+            at: every * 2,
+            every,
+        }
+    }
+}
+
+/// Whether a run paced by cost that has deleted `report.deleted` in `calls` full batches so far
+/// is falling behind what expires: with a measured `rate`, when it deletes more slowly than
+/// [`KEEP_AHEAD`] times that rate (from its second batch on); and, rate or not, when it has run
+/// longer than `overdue` allows without draining the store (the rate may have been measured
+/// low, or not at all).
+fn behind(report: &PruneReport, calls: u32, rate: Option<f64>, overdue: &mut Overdue) -> bool {
+    if report.elapsed >= overdue.at {
+        overdue.at += overdue.every;
+        return true;
+    }
+    let took = report.elapsed.as_secs_f64();
+    rate.is_some_and(|rate| {
+        calls >= 2 && took > 0.0 && (report.deleted as f64) < rate * KEEP_AHEAD * took
+    })
+}
+
 /// Deletes what has expired, in bounded batches, in the background or on demand: expired
 /// idempotency records from any [`Store`] ([`Pruner::records`]), or request ids older than a
 /// retention window from a kit [`RequestHistory`](crate::kit::RequestHistory)
@@ -395,7 +494,15 @@ impl Pruner {
     /// it; what earlier batches deleted stays deleted. See [`Pruner`] for an example.
     pub async fn run_once(&self) -> Result<PruneReport, Error> {
         let mut report = PruneReport::default();
-        self.run(None, &mut report).await?;
+        let scheduled = self.config.interval;
+        self.run(
+            None,
+            &mut Pace::of(&self.config),
+            None,
+            scheduled,
+            &mut report,
+        )
+        .await?;
         Ok(report)
     }
 
@@ -407,9 +514,15 @@ impl Pruner {
     }
 
     /// One run, filling `report` as it goes so a failed run still tells what it did.
+    /// `pace` is where the pruner's pace stands (stepped up or back here); `rate` the rate
+    /// entries expire at, if a spawned pruner has measured it; `scheduled` the wait the
+    /// schedule chose before this run.
     async fn run(
         &self,
         stop: Option<&mut watch::Receiver<bool>>,
+        pace: &mut Pace,
+        rate: Option<f64>,
+        scheduled: Duration,
         report: &mut PruneReport,
     ) -> Result<(), Error> {
         let mut lease = match self.config.lease {
@@ -427,7 +540,9 @@ impl Pruner {
             }
             None => None,
         };
-        let outcome = self.delete_batches(stop, &mut lease, report).await;
+        let outcome = self
+            .delete_batches(stop, &mut lease, pace, rate, scheduled, report)
+            .await;
         let released = match lease.as_mut() {
             Some(lease) => lease.release().await,
             None => Ok(()),
@@ -441,6 +556,8 @@ impl Pruner {
                 batches = report.batches,
                 elapsed_ms = report.elapsed.as_millis() as u64,
                 drained = report.drained,
+                share = pace.share,
+                batch_size = pace.batch,
                 "pruned expired entries"
             );
         } else {
@@ -458,12 +575,16 @@ impl Pruner {
         &self,
         mut stop: Option<&mut watch::Receiver<bool>>,
         lease: &mut Option<Box<dyn Lease>>,
+        pace: &mut Pace,
+        rate: Option<f64>,
+        scheduled: Duration,
         report: &mut PruneReport,
     ) -> Result<(), Error> {
         let started = Instant::now();
-        let batch_size = self.config.batch_size;
         let mut calls = 0u32;
+        let mut overdue = Overdue::new(scheduled, self.config.interval);
         loop {
+            let batch_size = pace.batch;
             if stop.as_deref().is_some_and(stop_requested) {
                 return Ok(());
             }
@@ -501,8 +622,14 @@ impl Pruner {
             if self.config.max_batches.is_some_and(|max| calls >= max) {
                 return Ok(());
             }
+            if self.config.pause.is_none() && behind(report, calls, rate, &mut overdue) {
+                pace.faster(&self.config);
+            }
             if !self
-                .pause(self.pause_after(batch_took), stop.as_deref_mut())
+                .pause(
+                    self.pause_after(batch_took, pace.share),
+                    stop.as_deref_mut(),
+                )
                 .await
             {
                 return Ok(());
@@ -511,13 +638,12 @@ impl Pruner {
     }
 
     /// The pause after a full batch that took `took`: the fixed pause, or what leaves the store
-    /// `1 − share` of the time, at most a quarter of the lease (so it is renewed in time) and
+    /// `1 − share` of the time (the pace's share), at most a quarter of the lease (so it is renewed in time) and
     /// at most the interval.
-    fn pause_after(&self, took: Duration) -> Duration {
+    fn pause_after(&self, took: Duration, share: f64) -> Duration {
         if let Some(pause) = self.config.pause {
             return pause;
         }
-        let share = self.config.share;
         let mut pause = took.mul_f64((1.0 - share) / share);
         if let Some(lease) = self.config.lease {
             pause = pause.min(lease / 4);
@@ -724,6 +850,7 @@ impl PrunerHandle {
             // When the previous run ended, and the expiry rate measured so far.
             let mut previous: Option<Instant> = None;
             let mut rate = None;
+            let mut pace = Pace::of(&pruner.config);
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
@@ -733,8 +860,20 @@ impl PrunerHandle {
                 let started = Instant::now();
                 let mut report = PruneReport::default();
                 let window = previous.map(|p| started.duration_since(p));
-                let next = match pruner.run(Some(&mut stop_rx), &mut report).await {
+                // Before the rate is known, the schedule says nothing of how long a run may take.
+                let scheduled = if rate.is_some() {
+                    last
+                } else {
+                    pruner.config.interval
+                };
+                let next = match pruner
+                    .run(Some(&mut stop_rx), &mut pace, rate, scheduled, &mut report)
+                    .await
+                {
                     Ok(()) => {
+                        if report.drained {
+                            pace.slower(&pruner.config);
+                        }
                         let next = pruner.next_run(&report, window, last, &mut rate);
                         report_tx.send_replace(Some(report));
                         next

@@ -4,7 +4,7 @@
 //! expiry, so the two move independently, on a [`TestStore`] that keeps the pruner's counts
 //! exact; the SQL tests wait out short leases for real.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,8 +77,9 @@ struct TestStore {
     leases: MemoryStore,
     failing: AtomicBool,
     prune_calls: AtomicU32,
-    /// How long each `prune_expired` takes (on the paused tokio clock).
-    prune_cost: Duration,
+    /// How long each `prune_expired` takes (on the paused tokio clock), in microseconds; a
+    /// test may change it midway.
+    prune_cost: AtomicU64,
 }
 
 impl TestStore {
@@ -130,8 +131,9 @@ impl Store for TestStore {
     }
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
         self.prune_calls.fetch_add(1, Ordering::SeqCst);
-        if !self.prune_cost.is_zero() {
-            tokio::time::sleep(self.prune_cost).await;
+        let cost = Duration::from_micros(self.prune_cost.load(Ordering::SeqCst));
+        if !cost.is_zero() {
+            tokio::time::sleep(cost).await;
         }
         if self.failing.load(Ordering::SeqCst) {
             return Err(Error::Store(StoreError::new(
@@ -150,7 +152,7 @@ fn test_store(clock: &ManualClock, cost: Duration) -> Arc<TestStore> {
         leases: MemoryStore::with_clock(clock.clone()),
         failing: AtomicBool::new(false),
         prune_calls: AtomicU32::new(0),
-        prune_cost: cost,
+        prune_cost: AtomicU64::new(u64::try_from(cost.as_micros()).unwrap()),
     })
 }
 
@@ -673,6 +675,56 @@ async fn a_spawned_pruner_keeps_pace_with_the_rate_records_expire_at() {
     let calls = store.prune_calls.load(Ordering::SeqCst);
     assert!(calls <= 200, "{calls} prune calls");
     assert!(handle.last_report().is_some());
+    handle.shutdown().await;
+}
+
+/// The same steady 3,000 a second, and after a second the store slows down: every
+/// `prune_expired` takes 50 ms from then on (a saturated database, where each statement waits
+/// behind the claims for a connection or the write lock). At the configured pace (batches of
+/// 100, a 20 % share: a 200 ms pause after each 50 ms batch) the pruner would delete 400 a
+/// second and the backlog would grow by 2,600 every second. Having measured the rate while the
+/// store was fast, it sees that it deletes more slowly than records expire and steps up: its
+/// share to the whole of the time, then its batches up to 16 times the configured size, so the
+/// backlog stays bounded and everything is pruned at the end.
+#[tokio::test(start_paused = true)]
+async fn when_the_store_slows_down_the_pruner_steps_up_until_it_keeps_pace() {
+    const RATE: u64 = 3_000;
+    const SECONDS: u64 = 5;
+    const SLOW_FROM_MS: u64 = 1_000;
+    let clock = ManualClock::new();
+    let store = test_store(&clock, Duration::from_millis(1));
+    let total = RATE * SECONDS;
+    let leases: Vec<u64> = (0..total).map(|i| 1_000 + i * 1_000_000 / RATE).collect();
+    for (i, &micros) in leases.iter().enumerate() {
+        claim(&*store, &key("saturated", i), Duration::from_micros(micros)).await;
+    }
+    let expired_by = |ms: u64| leases.partition_point(|&l| l <= ms * 1_000);
+    let handle = Pruner::records(store.clone(), PrunerConfig::default())
+        .unwrap()
+        .spawn();
+    let (mut worst, mut at_end) = (0, 0);
+    for ms in 1..=(SECONDS * 1_000 + 1_000) {
+        if ms == SLOW_FROM_MS {
+            store.prune_cost.store(50_000, Ordering::SeqCst);
+        }
+        clock.advance(Duration::from_millis(1));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let live = leases.len() - expired_by(ms);
+        let backlog = store.len() - live;
+        worst = worst.max(backlog);
+        if ms == SECONDS * 1_000 {
+            at_end = backlog;
+        }
+    }
+    // At 400 a second the backlog would be 10,400 when the last record expires. Stepping up
+    // takes seven steps of about one batch each (under a second): the backlog peaks near a
+    // second of expiries and stays below that afterwards.
+    assert!(worst <= 3_000, "the expired backlog reached {worst}");
+    assert!(
+        at_end <= 2_000,
+        "{at_end} expired records left when the last one expired"
+    );
+    assert_eq!(store.len(), 0, "everything expired was pruned");
     handle.shutdown().await;
 }
 
