@@ -62,7 +62,7 @@ const MIN_RUN_WAIT: Duration = Duration::from_millis(10);
 /// measured rate (a store that slowed down under load: every statement then waits behind the
 /// claims, and pausing four times that wait starves the pruner), or when a run has gone on
 /// without draining the store for twice the wait the schedule chose before it (the rate was
-/// measured low; before any rate is known, two intervals), the pruner steps up one step: its
+/// measured low; before any rate is known, 5 s and then every 2 s), the pruner steps up one step: its
 /// share doubles up to the whole of the time, then its batch doubles up to 16 times
 /// `batch_size`. Each run that drains the store steps back one step. So the backlog stays
 /// bounded as long as the store can delete, at full speed and in batches of 16 × `batch_size`,
@@ -347,21 +347,37 @@ impl Pace {
     }
 }
 
-/// When a run that has not drained the store counts as falling behind by its length alone:
-/// after twice the wait the schedule chose before it (at least a second; an interval when the
-/// rate is not known yet), and again after each further wait.
+/// When a run that has not drained the store counts as falling behind by its length alone: with
+/// a measured rate, after twice the wait the schedule chose before it and again after each
+/// further such wait (at least a second each); before any rate is known (a pruner that has not
+/// yet drained a store while entries expired), after [`OVERDUE_UNMEASURED`] and then every
+/// [`OVERDUE_UNMEASURED_EVERY`].
 #[derive(Debug, Clone, Copy)]
 struct Overdue {
     at: Duration,
     every: Duration,
 }
 
+/// See [`Overdue`].
+const OVERDUE_UNMEASURED: Duration = Duration::from_secs(5);
+/// See [`Overdue`].
+const OVERDUE_UNMEASURED_EVERY: Duration = Duration::from_secs(2);
+
 impl Overdue {
-    fn new(scheduled: Duration, interval: Duration) -> Overdue {
-        let every = scheduled.clamp(Duration::from_secs(1).min(interval), interval);
-        Overdue {
-            at: every * 2,
-            every,
+    fn new(scheduled: Option<Duration>, interval: Duration) -> Overdue {
+        let least = Duration::from_secs(1).min(interval);
+        match scheduled {
+            Some(scheduled) => {
+                let every = scheduled.clamp(least, interval);
+                Overdue {
+                    at: every * 2,
+                    every,
+                }
+            }
+            None => Overdue {
+                at: OVERDUE_UNMEASURED.min(interval * 2),
+                every: OVERDUE_UNMEASURED_EVERY.min(interval),
+            },
         }
     }
 }
@@ -494,15 +510,8 @@ impl Pruner {
     /// it; what earlier batches deleted stays deleted. See [`Pruner`] for an example.
     pub async fn run_once(&self) -> Result<PruneReport, Error> {
         let mut report = PruneReport::default();
-        let scheduled = self.config.interval;
-        self.run(
-            None,
-            &mut Pace::of(&self.config),
-            None,
-            scheduled,
-            &mut report,
-        )
-        .await?;
+        self.run(None, &mut Pace::of(&self.config), None, None, &mut report)
+            .await?;
         Ok(report)
     }
 
@@ -515,14 +524,14 @@ impl Pruner {
 
     /// One run, filling `report` as it goes so a failed run still tells what it did.
     /// `pace` is where the pruner's pace stands (stepped up or back here); `rate` the rate
-    /// entries expire at, if a spawned pruner has measured it; `scheduled` the wait the
-    /// schedule chose before this run.
+    /// entries expire at, if a spawned pruner has measured it, and `scheduled` the wait the
+    /// schedule chose from it before this run.
     async fn run(
         &self,
         stop: Option<&mut watch::Receiver<bool>>,
         pace: &mut Pace,
         rate: Option<f64>,
-        scheduled: Duration,
+        scheduled: Option<Duration>,
         report: &mut PruneReport,
     ) -> Result<(), Error> {
         let mut lease = match self.config.lease {
@@ -577,7 +586,7 @@ impl Pruner {
         lease: &mut Option<Box<dyn Lease>>,
         pace: &mut Pace,
         rate: Option<f64>,
-        scheduled: Duration,
+        scheduled: Option<Duration>,
         report: &mut PruneReport,
     ) -> Result<(), Error> {
         let started = Instant::now();
@@ -658,8 +667,8 @@ impl Pruner {
     /// [`MIN_RUN_WAIT`] up to the interval, so an idle store is looked at less and less often
     /// and a store that just got busy soon. Otherwise the time about [`RUN_BATCHES`] batches
     /// take to expire at the measured rate, at least [`MIN_RUN_WAIT`]. What a drained run
-    /// deleted expired over `window`: since the previous run ended (unknown before the
-    /// second run).
+    /// deleted expired over `window`: from the end of the last run that drained the store
+    /// (nothing expired was left then) to the end of this one; unknown until one has.
     fn next_run(
         &self,
         report: &PruneReport,
@@ -847,8 +856,9 @@ impl PrunerHandle {
             let mut wait = Duration::ZERO;
             // The wait chosen after the previous run (its start to this one's).
             let mut last = Duration::ZERO;
-            // When the previous run ended, and the expiry rate measured so far.
-            let mut previous: Option<Instant> = None;
+            // When the last run that drained the store ended (nothing expired was left then),
+            // and the expiry rate measured so far.
+            let mut drained_at: Option<Instant> = None;
             let mut rate = None;
             let mut pace = Pace::of(&pruner.config);
             loop {
@@ -859,20 +869,23 @@ impl PrunerHandle {
                 }
                 let started = Instant::now();
                 let mut report = PruneReport::default();
-                let window = previous.map(|p| started.duration_since(p));
                 // Before the rate is known, the schedule says nothing of how long a run may take.
-                let scheduled = if rate.is_some() {
-                    last
-                } else {
-                    pruner.config.interval
-                };
+                let scheduled = rate.map(|_| last);
                 let next = match pruner
                     .run(Some(&mut stop_rx), &mut pace, rate, scheduled, &mut report)
                     .await
                 {
                     Ok(()) => {
+                        // Everything this run deleted expired since the last drained run ended:
+                        // that is the window of the rate.
+                        let ended = Instant::now();
+                        let window = drained_at.map(|at| ended.duration_since(at));
                         if report.drained {
                             pace.slower(&pruner.config);
+                            drained_at = Some(ended);
+                        } else if report.skipped {
+                            // Another pruner deletes meanwhile: measure afresh.
+                            drained_at = None;
                         }
                         let next = pruner.next_run(&report, window, last, &mut rate);
                         report_tx.send_replace(Some(report));
@@ -893,7 +906,6 @@ impl PrunerHandle {
                     break;
                 }
                 // Measured from this run's start; a run that took longer starts the next at once.
-                previous = Some(Instant::now());
                 last = next;
                 wait = next.saturating_sub(started.elapsed());
             }

@@ -2,8 +2,14 @@
 //! checked against storms and failures whose outcomes are known exactly.
 #![cfg(all(feature = "metrics", feature = "sqlite", feature = "postgres"))]
 
+#[cfg(feature = "dynamodb")]
+#[path = "support/dynamo_env.rs"]
+mod dynamo_env;
 #[path = "support/pg_env.rs"]
 mod pg_env;
+#[cfg(feature = "redis")]
+#[path = "support/redis_env.rs"]
+mod redis_env;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -174,6 +180,39 @@ fn postgres_storm_metrics_are_exact() {
         }
         seen
     });
+    assert_storm(&recorder, &seen);
+}
+
+/// The same storm on one Redis server and on the 3-master cluster, as `scripts/test` starts
+/// them.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_storm_metrics_are_exact() {
+    for flavor in [redis_env::Flavor::Single, redis_env::Flavor::Cluster] {
+        let recorder = DebuggingRecorder::new();
+        let seen = with_recorder(&recorder, || async {
+            let store = redis_env::fresh_store(flavor, |b| b).await?;
+            Some(storm(Arc::new(store)).await)
+        });
+        let Some(seen) = seen else { return };
+        assert_storm(&recorder, &seen);
+    }
+}
+
+/// The same storm on the DynamoDB-compatible server `scripts/test` starts.
+#[cfg(feature = "dynamodb")]
+#[test]
+fn dynamodb_storm_metrics_are_exact() {
+    let Some(url) = dynamo_env::dynamo_url("dynamodb_storm_metrics_are_exact") else {
+        return;
+    };
+    let recorder = DebuggingRecorder::new();
+    let (seen, table) = with_recorder(&recorder, || async {
+        let store = dynamo_env::fresh_store(&url, |b| b).await;
+        let table = store.table().to_owned();
+        (storm(Arc::new(store)).await, table)
+    });
+    dynamo_env::drop_table(&url, &table);
     assert_storm(&recorder, &seen);
 }
 

@@ -728,6 +728,48 @@ async fn when_the_store_slows_down_the_pruner_steps_up_until_it_keeps_pace() {
     handle.shutdown().await;
 }
 
+/// A store that is slow from the start (every `prune_expired` takes 50 ms) under 3,000
+/// expiries a second: the pruner never drains it at the configured pace (400 a second), so it
+/// never measures the rate; a run that has gone on for 5 s without draining steps up all the
+/// same, and again every 2 s, until it catches up. Without that the backlog would be 52,000
+/// after 20 s.
+#[tokio::test(start_paused = true)]
+async fn a_pruner_that_never_drained_the_store_steps_up_too() {
+    const RATE: u64 = 3_000;
+    const SECONDS: u64 = 20;
+    let clock = ManualClock::new();
+    let store = test_store(&clock, Duration::from_millis(50));
+    let total = RATE * SECONDS;
+    let leases: Vec<u64> = (0..total).map(|i| 1_000 + i * 1_000_000 / RATE).collect();
+    for (i, &micros) in leases.iter().enumerate() {
+        claim(&*store, &key("slow", i), Duration::from_micros(micros)).await;
+    }
+    let expired_by = |ms: u64| leases.partition_point(|&l| l <= ms * 1_000);
+    let handle = Pruner::records(store.clone(), PrunerConfig::default())
+        .unwrap()
+        .spawn();
+    let (mut worst, mut at_end) = (0, 0);
+    for ms in 1..=(SECONDS * 1_000 + 1_000) {
+        clock.advance(Duration::from_millis(1));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let live = leases.len() - expired_by(ms);
+        let backlog = store.len() - live;
+        worst = worst.max(backlog);
+        if ms == SECONDS * 1_000 {
+            at_end = backlog;
+        }
+    }
+    // 5 s at 400 a second leave 13,000; the steps at 5, 7 and 9 s bring the whole share, the one
+    // at 11 s batches of 200 (4,000 a second), and the backlog turns there.
+    assert!(worst <= 25_000, "the expired backlog reached {worst}");
+    assert!(
+        at_end <= 3_000,
+        "{at_end} expired records left when the last one expired"
+    );
+    assert_eq!(store.len(), 0, "everything expired was pruned");
+    handle.shutdown().await;
+}
+
 #[test]
 fn a_share_outside_0_to_1_is_invalid() {
     for share in [0.0, -0.5, 1.5, f64::NAN] {
