@@ -62,8 +62,8 @@ const MIN_RUN_WAIT: Duration = Duration::from_millis(10);
 /// measured rate (a store that slowed down under load: every statement then waits behind the
 /// claims, and pausing four times that wait starves the pruner), or when a run has gone on
 /// without draining the store for twice the wait the schedule chose before it (the rate was
-/// measured low; before any rate is known, 5 s and then every 2 s), the pruner steps up one step: its
-/// share doubles up to the whole of the time, then its batch doubles up to 16 times
+/// measured low; before any rate is known, 5 s and then every 2 s), the pruner steps up one
+/// step: its share doubles up to the whole of the time, then its batch doubles up to 16 times
 /// `batch_size`. Each run that drains the store steps back one step. So the backlog stays
 /// bounded as long as the store can delete, at full speed and in batches of 16 × `batch_size`,
 /// faster than entries expire; the claims pay for it only while the pruner is behind. A
@@ -320,21 +320,17 @@ impl Pace {
         }
     }
 
-    /// One step faster; `false` when already at the fastest.
-    fn faster(&mut self, config: &PrunerConfig) -> bool {
+    /// One step faster (none when already at the fastest): the share first, then the batch.
+    fn faster(&mut self, config: &PrunerConfig) {
         if self.share < 1.0 {
             self.share = (self.share * 2.0).min(1.0);
-            return true;
-        }
-        let most = config
-            .batch_size
-            .saturating_mul(MAX_STEP_UP_BATCH)
-            .min(MAX_BATCH_SIZE);
-        if self.batch < most {
+        } else {
+            let most = config
+                .batch_size
+                .saturating_mul(MAX_STEP_UP_BATCH)
+                .min(MAX_BATCH_SIZE);
             self.batch = self.batch.saturating_mul(2).min(most);
-            return true;
         }
-        false
     }
 
     /// One step back toward the configured pace: the batch first, then the share.
@@ -345,6 +341,14 @@ impl Pace {
             self.share = (self.share / 2.0).max(config.share);
         }
     }
+}
+
+/// What a spawned pruner has measured before a run: the rate entries expire at (a second) and
+/// the wait the schedule chose from it before this run.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    rate: f64,
+    scheduled: Duration,
 }
 
 /// When a run that has not drained the store counts as falling behind by its length alone: with
@@ -364,10 +368,10 @@ const OVERDUE_UNMEASURED: Duration = Duration::from_secs(5);
 const OVERDUE_UNMEASURED_EVERY: Duration = Duration::from_secs(2);
 
 impl Overdue {
-    fn new(scheduled: Option<Duration>, interval: Duration) -> Overdue {
+    fn new(measured: Option<Measured>, interval: Duration) -> Overdue {
         let least = Duration::from_secs(1).min(interval);
-        match scheduled {
-            Some(scheduled) => {
+        match measured {
+            Some(Measured { scheduled, .. }) => {
                 let every = scheduled.clamp(least, interval);
                 Overdue {
                     at: every * 2,
@@ -383,18 +387,23 @@ impl Overdue {
 }
 
 /// Whether a run paced by cost that has deleted `report.deleted` in `calls` full batches so far
-/// is falling behind what expires: with a measured `rate`, when it deletes more slowly than
-/// [`KEEP_AHEAD`] times that rate (from its second batch on); and, rate or not, when it has run
-/// longer than `overdue` allows without draining the store (the rate may have been measured
+/// is falling behind what expires: with a measured rate, when it deletes more slowly than
+/// [`KEEP_AHEAD`] times that rate (from its second batch on); and, measured or not, when it has
+/// run longer than `overdue` allows without draining the store (the rate may have been measured
 /// low, or not at all).
-fn behind(report: &PruneReport, calls: u32, rate: Option<f64>, overdue: &mut Overdue) -> bool {
+fn behind(
+    report: &PruneReport,
+    calls: u32,
+    measured: Option<Measured>,
+    overdue: &mut Overdue,
+) -> bool {
     if report.elapsed >= overdue.at {
         overdue.at += overdue.every;
         return true;
     }
     let took = report.elapsed.as_secs_f64();
-    rate.is_some_and(|rate| {
-        calls >= 2 && took > 0.0 && (report.deleted as f64) < rate * KEEP_AHEAD * took
+    measured.is_some_and(|m| {
+        calls >= 2 && took > 0.0 && (report.deleted as f64) < m.rate * KEEP_AHEAD * took
     })
 }
 
@@ -510,7 +519,7 @@ impl Pruner {
     /// it; what earlier batches deleted stays deleted. See [`Pruner`] for an example.
     pub async fn run_once(&self) -> Result<PruneReport, Error> {
         let mut report = PruneReport::default();
-        self.run(None, &mut Pace::of(&self.config), None, None, &mut report)
+        self.run(None, &mut Pace::of(&self.config), None, &mut report)
             .await?;
         Ok(report)
     }
@@ -523,15 +532,13 @@ impl Pruner {
     }
 
     /// One run, filling `report` as it goes so a failed run still tells what it did.
-    /// `pace` is where the pruner's pace stands (stepped up or back here); `rate` the rate
-    /// entries expire at, if a spawned pruner has measured it, and `scheduled` the wait the
-    /// schedule chose from it before this run.
+    /// `pace` is where the pruner's pace stands (stepped up or back here); `measured` what a
+    /// spawned pruner has measured so far.
     async fn run(
         &self,
         stop: Option<&mut watch::Receiver<bool>>,
         pace: &mut Pace,
-        rate: Option<f64>,
-        scheduled: Option<Duration>,
+        measured: Option<Measured>,
         report: &mut PruneReport,
     ) -> Result<(), Error> {
         let mut lease = match self.config.lease {
@@ -550,7 +557,7 @@ impl Pruner {
             None => None,
         };
         let outcome = self
-            .delete_batches(stop, &mut lease, pace, rate, scheduled, report)
+            .delete_batches(stop, &mut lease, pace, measured, report)
             .await;
         let released = match lease.as_mut() {
             Some(lease) => lease.release().await,
@@ -585,13 +592,12 @@ impl Pruner {
         mut stop: Option<&mut watch::Receiver<bool>>,
         lease: &mut Option<Box<dyn Lease>>,
         pace: &mut Pace,
-        rate: Option<f64>,
-        scheduled: Option<Duration>,
+        measured: Option<Measured>,
         report: &mut PruneReport,
     ) -> Result<(), Error> {
         let started = Instant::now();
         let mut calls = 0u32;
-        let mut overdue = Overdue::new(scheduled, self.config.interval);
+        let mut overdue = Overdue::new(measured, self.config.interval);
         loop {
             let batch_size = pace.batch;
             if stop.as_deref().is_some_and(stop_requested) {
@@ -631,7 +637,7 @@ impl Pruner {
             if self.config.max_batches.is_some_and(|max| calls >= max) {
                 return Ok(());
             }
-            if self.config.pause.is_none() && behind(report, calls, rate, &mut overdue) {
+            if self.config.pause.is_none() && behind(report, calls, measured, &mut overdue) {
                 pace.faster(&self.config);
             }
             if !self
@@ -647,8 +653,8 @@ impl Pruner {
     }
 
     /// The pause after a full batch that took `took`: the fixed pause, or what leaves the store
-    /// `1 − share` of the time (the pace's share), at most a quarter of the lease (so it is renewed in time) and
-    /// at most the interval.
+    /// `1 − share` of the time (the pace's share), at most a quarter of the lease (so it is
+    /// renewed in time) and at most the interval.
     fn pause_after(&self, took: Duration, share: f64) -> Duration {
         if let Some(pause) = self.config.pause {
             return pause;
@@ -869,10 +875,12 @@ impl PrunerHandle {
                 }
                 let started = Instant::now();
                 let mut report = PruneReport::default();
-                // Before the rate is known, the schedule says nothing of how long a run may take.
-                let scheduled = rate.map(|_| last);
+                let measured = rate.map(|rate| Measured {
+                    rate,
+                    scheduled: last,
+                });
                 let next = match pruner
-                    .run(Some(&mut stop_rx), &mut pace, rate, scheduled, &mut report)
+                    .run(Some(&mut stop_rx), &mut pace, measured, &mut report)
                     .await
                 {
                     Ok(()) => {

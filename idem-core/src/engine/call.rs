@@ -172,7 +172,13 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
         E: From<Error> + 'e,
     {
         let codec = self.engine.codec();
-        self.drive(None, work, WithCodec(codec), Released, identity)
+        self.drive(
+            None,
+            work,
+            WithCodec(codec),
+            Released,
+            std::convert::identity,
+        )
     }
 
     /// What `#[idempotent]` runs (through `__private::call`): [`run`](Self::run) for a body
@@ -263,15 +269,25 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     /// assert!(matches!(again, Err(PayError::Declined))); // replayed, the body did not run
     /// # Ok(()) }
     /// ```
-    pub async fn run_storing_errors<T, E, F>(self, work: F) -> Result<Outcome<T>, E>
+    // Not an `async fn`, as `run`.
+    #[inline(always)]
+    pub fn run_storing_errors<T, E, F>(
+        self,
+        work: F,
+    ) -> impl Future<Output = Result<Outcome<T>, E>> + 'e
     where
-        F: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
-        E: Serialize + DeserializeOwned + From<Error>,
+        F: Future<Output = Result<T, E>> + 'e,
+        T: Serialize + DeserializeOwned + 'e,
+        E: Serialize + DeserializeOwned + From<Error> + 'e,
     {
         let codec = self.engine.codec();
-        self.drive(None, work, WithCodec(codec), WithCodec(codec), identity)
-            .await
+        self.drive(
+            None,
+            work,
+            WithCodec(codec),
+            WithCodec(codec),
+            std::convert::identity,
+        )
     }
 
     /// The HTTP layer's call: detached, with its own byte format, and a value that may say it
@@ -384,11 +400,6 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
             scope: self.scope,
         }
     }
-}
-
-/// What [`Call::run`] makes of an outcome: the outcome.
-fn identity<T>(outcome: T) -> T {
-    outcome
 }
 
 /// A [`Call`] that owns its engine handle (for detached calls).
