@@ -9,6 +9,8 @@ use serde::Serialize;
 use tracing::Instrument;
 
 #[cfg(feature = "http")]
+use super::run_to_end;
+#[cfg(feature = "http")]
 use super::Claimed;
 use super::{detach, Encoded, Errors, Format, Guarded, Idempotency, OnLocked, Outcome, Overrides};
 use crate::codec::Codec;
@@ -305,7 +307,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
         E: From<Error> + Send + 'static,
     {
         let Some(key) = self.key else {
-            return detach(work).await.map(Outcome::Fresh);
+            return run_to_end(work).await.map(Outcome::Fresh);
         };
         // The claim is made in the caller's task: a replay, a refusal or a failure costs no task
         // of its own. A claim attempt the caller abandons is finished and released all the same
@@ -333,11 +335,12 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                 Claimed::Holding(holding) => (probe.suspend(), holding),
             }
         };
-        // It holds the key: from here the work and the storing of its result run on a task of
-        // their own, to their end, even if the caller goes away. Nothing is awaited between the
-        // claim and the spawn, so there is no point at which a dropped caller leaves the claim
-        // held with no work running.
-        detach(async move {
+        // It holds the key: from here the work and the storing of its result run to their end,
+        // even if the caller goes away: in the caller's task while it waits, and on a task of
+        // their own once it is dropped (`run_to_end`). Nothing is awaited between the claim and
+        // this, so there is no point at which a dropped caller leaves the claim held with no work
+        // running.
+        run_to_end(async move {
             let core = &owned.engine.inner.core;
             let mut probe = Probe::resume(suspended, core.observer.as_deref(), &owned.scope);
             let span = probe.span().clone();

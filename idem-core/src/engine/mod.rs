@@ -42,6 +42,8 @@ pub(crate) use policy::{Core, Resolved};
 pub(crate) use stored::Encoded;
 
 use cache::{Cache, Hit};
+#[cfg(feature = "http")]
+use finish::run_to_end;
 use finish::{detach, renewing, start, ClaimGuard, Releases};
 use stored::replay;
 use waiters::{PollerRole, Typical, Waiters};

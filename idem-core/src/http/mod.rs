@@ -123,20 +123,21 @@
 //!
 //! # Disconnects
 //!
-//! Once a request has claimed its key, the handler runs on a task of its own, detached from the
-//! connection: a client that disconnects (or a proxy that times out) does not cancel it. It
-//! runs to its end, its response is stored, and the client's retry replays it: fail fast, the
-//! retry gets `409` with `Retry-After` while the handler still runs and the replay afterwards;
-//! waiting, it gets the replay. The handler runs once. (Before its claim, a request whose
-//! client went away is simply dropped: nothing ran, and a claim statement it left in flight is
-//! finished and released.) If the process itself dies while the handler runs, the key frees
-//! when the lease ends.
+//! Once a request has claimed its key, the handler is detached from the connection: a client
+//! that disconnects (or a proxy that times out) does not cancel it. It runs to its end, its
+//! response is stored, and the client's retry replays it: fail fast, the retry gets `409` with
+//! `Retry-After` while the handler still runs and the replay afterwards; waiting, it gets the
+//! replay. The handler runs once. (Before its claim, a request whose client went away is simply
+//! dropped: nothing ran, and a claim statement it left in flight is finished and released.) If
+//! the process itself dies while the handler runs, the key frees when the lease ends.
 //!
-//! The claim itself runs in the request's own task, and only a request that won its claim
-//! spawns one: replays, `409`s and refusals cost no task.
+//! The whole call runs in the request's own task while the request is there: the claim, the
+//! handler and the storing of its response (or the replay, `409` or refusal). Only a request
+//! dropped after it won its claim hands the rest to a task of its own. A handler that panics
+//! frees its key at once, and the panic goes on to the connection as without the layer.
 //!
 //! The handler, its future and its response body must therefore be `Send + 'static`, which axum
-//! handlers are; the layer needs a tokio runtime to spawn on (axum's).
+//! handlers are; the layer needs a tokio runtime to spawn on when a request is dropped (axum's).
 //!
 //! # Public dependencies
 //!

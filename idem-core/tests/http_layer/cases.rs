@@ -393,6 +393,38 @@ pub async fn server_error_frees_key(store: Arc<dyn Store>) {
     assert_eq!(server.runs(), 2);
 }
 
+/// A handler that panics stores nothing and frees its key at once, not after its lease: the
+/// panic ends the connection (as it does without the layer), and the retry runs the handler
+/// again and is answered.
+pub async fn handler_panic_frees_key(store: Arc<dyn Store>) {
+    let server = Server::start(store, |b| {
+        b.on_locked(OnLocked::Wait {
+            timeout: Duration::from_secs(10),
+        })
+    })
+    .await;
+    let first = server
+        .client
+        .post(format!("{}/panics", server.base))
+        .header("idempotency-key", quoted("k-panic"))
+        .header("x-caller", CALLER)
+        .body("{}")
+        .send();
+    let first = within("the panicking request", first).await;
+    assert!(first.is_err(), "the panic ends the connection: {first:?}");
+    // The release may still be under way; the retry waits for it instead of failing fast.
+    let retry = within("the retry", server.post("/panics", Some("k-panic"), "{}")).await;
+    assert_eq!(
+        retry.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert!(!retry.replayed(), "nothing was stored for the panic");
+    assert_eq!(retry.body, b"run 2");
+    assert_eq!(server.runs(), 2);
+}
+
 /// A client that goes away after the handler began its side effect cannot cause a second run:
 /// the handler runs on, detached from the connection, and the retry waits for it and replays.
 pub async fn disconnect_runs_once_then_replays(store: Arc<dyn Store>) {

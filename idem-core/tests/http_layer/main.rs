@@ -42,12 +42,13 @@ macro_rules! http_suite {
                 bare_keys_when_accepted,
                 optional_key_runs_unguarded,
                 server_error_frees_key,
+                handler_panic_frees_key,
                 disconnect_runs_once_then_replays,
-            disconnect_then_fail_fast_gets_409_then_replay,
+                disconnect_then_fail_fast_gets_409_then_replay,
                 oversized_body_is_413,
                 oversized_response_is_not_run_again,
-            five_megabyte_response_is_not_run_again,
-            response_with_trailers_is_not_run_again,
+                five_megabyte_response_is_not_run_again,
+                response_with_trailers_is_not_run_again,
                 completed_response_is_stored
             );
         }

@@ -172,6 +172,7 @@ impl Server {
             .route("/payments", post(create).get(list))
             .route("/hold", post(hold))
             .route("/flaky", post(flaky))
+            .route("/panics", post(panics))
             .route("/big", post(big))
             .route("/trailers", post(trailers))
             .route("/huge", post(huge))
@@ -327,6 +328,16 @@ async fn flaky(State(app): State<App>) -> Response<Body> {
     };
     Response::builder()
         .status(status)
+        .body(Body::from(format!("run {run}")))
+        .unwrap()
+}
+
+/// Panics on its first run, succeeds afterwards.
+async fn panics(State(app): State<App>) -> Response<Body> {
+    let run = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    assert!(run > 1, "the handler panics on its first run");
+    Response::builder()
+        .status(StatusCode::CREATED)
         .body(Body::from(format!("run {run}")))
         .unwrap()
 }
