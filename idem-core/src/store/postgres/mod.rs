@@ -118,7 +118,7 @@ const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
 ///
 /// | call | statements |
 /// |---|---|
-/// | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= clock_timestamp() RETURNING …`; 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
+/// | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= clock_timestamp()`, which claimed if it wrote a row (the command tag's count, so no row comes back); 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
 /// | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which meets the live row and changes nothing, then the `SELECT`) |
 /// | `start`, live row vanishing between the two statements | the claim again, at most three times in all |
 /// | `start` in transactional mode | 1 for every key: a data-modifying CTE that claims, or returns the live row unlocked (below) |

@@ -283,9 +283,10 @@ pub(crate) use sql_store_api;
 /// The SQL of every operation, rendered once for a table and a database.
 #[derive(Debug)]
 struct Statements {
-    /// Insert, or take over a row whose lease or retention has ended; a row back (`claimed`)
-    /// only when it claimed.
-    claim: String,
+    /// Insert, or take over a row whose lease or retention has ended. The pool path reads
+    /// whether it claimed from the count of rows it wrote (1 inserted or taken over, 0 left
+    /// alone), so the database builds no row and the driver decodes none.
+    claim_counted: String,
     /// The claim of transactional mode: where the database can, one statement that also
     /// returns the live row it did not claim; otherwise `claim`.
     claim_in_transaction: String,
@@ -310,11 +311,12 @@ impl Statements {
                response = NULL, is_error = false \
              WHERE r.expires_at <= {now}"
         );
-        let claim = format!(
+        let claim_counted = format!(
             "INSERT INTO {t} AS r (key, fingerprint, token, state, expires_at, response, is_error) \
-             VALUES ($1, $2, $3, 0, {lease_end}, NULL, false) {take_over} \
-             RETURNING true AS claimed"
+             VALUES ($1, $2, $3, 0, {lease_end}, NULL, false) {take_over}"
         );
+        // A row back (`claimed`) only when it claimed.
+        let claim = format!("{claim_counted} RETURNING true AS claimed");
         let claim_in_transaction = if d.claim_reads_live {
             // A live row in the statement's snapshot is returned as it is and nothing is
             // written: a replay then takes no row lock, so the caller's transaction holds no
@@ -340,10 +342,10 @@ impl Statements {
                 bigint = d.bigint,
             )
         } else {
-            claim.clone()
+            claim
         };
         Statements {
-            claim,
+            claim_counted,
             claim_in_transaction,
             read_live: format!(
                 "SELECT {columns} FROM {t} AS r WHERE r.key = $1 AND r.expires_at > {now}"
@@ -378,6 +380,15 @@ impl Statements {
             ),
         }
     }
+}
+
+/// A claim statement and how it tells that it claimed.
+#[derive(Clone, Copy)]
+enum ClaimSql<'a> {
+    /// By the count of rows it wrote.
+    Counted(&'a str),
+    /// By the row it returns (`claimed`), which may be followed by the live row it met.
+    Returning(&'a str),
 }
 
 /// Where an operation runs: on a connection of the store's pool, or on the caller's
@@ -433,7 +444,7 @@ impl<DB: Ops> Protocol<DB> {
         lease_ms: i64,
     ) -> Result<Start, Error> {
         if via == Via::Transaction {
-            let sql = &self.sql.claim_in_transaction;
+            let sql = ClaimSql::Returning(&self.sql.claim_in_transaction);
             return self.claim(conn, sql, key, fingerprint, lease_ms).await;
         }
         let live = match self.claim_path.read_first() {
@@ -443,7 +454,7 @@ impl<DB: Ops> Protocol<DB> {
         let result = match live {
             Some(stored) => stored.into_start(fingerprint),
             None => {
-                let sql = &self.sql.claim;
+                let sql = ClaimSql::Counted(&self.sql.claim_counted);
                 self.claim(conn, sql, key, fingerprint, lease_ms).await
             }
         };
@@ -456,7 +467,7 @@ impl<DB: Ops> Protocol<DB> {
     async fn claim(
         &self,
         conn: &mut DB::Connection,
-        sql: &str,
+        sql: ClaimSql<'_>,
         key: &Key,
         fingerprint: Option<&Fingerprint>,
         lease_ms: i64,
@@ -464,19 +475,34 @@ impl<DB: Ops> Protocol<DB> {
         for _ in 0..CLAIM_ATTEMPTS {
             let token = Token::random();
             let token_bytes = token.to_bytes();
-            let query = DB::bind_bytes(sqlx::query(sql), &key.as_bytes()[..]);
+            let text = match sql {
+                ClaimSql::Counted(text) | ClaimSql::Returning(text) => text,
+            };
+            let query = DB::bind_bytes(sqlx::query(text), &key.as_bytes()[..]);
             let query = DB::bind_opt_bytes(query, fingerprint.map(|f| &f.as_bytes()[..]));
             let query = DB::bind_i64(DB::bind_bytes(query, &token_bytes[..]), lease_ms);
-            // `fetch_all`, never `fetch_optional`: every row and the end of the reply are read,
-            // so an error the database reports after the row (the COMMIT of SQLite's autocommit
-            // mode on a full disk, PostgreSQL's at commit) fails the claim instead of being
-            // dropped, and a claim whose commit failed is never reported as won.
-            let row = DB::fetch_all(&mut *conn, query).await?.into_iter().next();
-            if let Some(row) = &row {
-                if DB::get_bool(row, 0)? {
-                    return Ok(Start::Started(Claim::new(*key, token)));
+            // Both run the statement to its end, so an error the database reports at its end
+            // (the COMMIT of SQLite's autocommit mode on a full disk, PostgreSQL's at commit)
+            // fails the claim instead of being dropped, and a claim whose commit failed is never
+            // reported as won: `execute` waits for the statement's completion, and `fetch_all`
+            // (never `fetch_optional`) reads every row and the end of the reply.
+            let row = match sql {
+                ClaimSql::Counted(_) => {
+                    if DB::execute(&mut *conn, query).await? == 1 {
+                        return Ok(Start::Started(Claim::new(*key, token)));
+                    }
+                    None
                 }
-            }
+                ClaimSql::Returning(_) => {
+                    let row = DB::fetch_all(&mut *conn, query).await?.into_iter().next();
+                    if let Some(row) = &row {
+                        if DB::get_bool(row, 0)? {
+                            return Ok(Start::Started(Claim::new(*key, token)));
+                        }
+                    }
+                    row
+                }
+            };
             // Not claimed. A transactional claim may return the row that was live in its
             // snapshot; one committed after the snapshot began is invisible there (no row), and
             // one whose time ran out while the statement ran has nothing left: read it afresh.
@@ -595,7 +621,10 @@ mod tests {
     fn postgres_statements_name_the_quoted_table() {
         let t = TableName::qualified("table name", "app.Idem").unwrap();
         let p = Protocol::<sqlx::Postgres>::new(t, ClaimOrder::Adaptive);
-        assert!(p.sql.claim.contains("INSERT INTO \"app\".\"Idem\" AS r"));
+        assert!(p
+            .sql
+            .claim_counted
+            .contains("INSERT INTO \"app\".\"Idem\" AS r"));
         assert!(p.sql.claim_in_transaction.starts_with("WITH live AS"));
     }
 }

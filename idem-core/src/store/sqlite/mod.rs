@@ -98,7 +98,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// | operation | statements |
 /// |---|---|
-/// | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now RETURNING 1`; 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
+/// | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now`, which claimed if it wrote a row (its count of changed rows, so no row comes back to decode); 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
 /// | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which finds the live row, then the `SELECT`) |
 /// | `complete` | 1 `UPDATE … WHERE key = ? AND token = ?`, which keeps the first result when the claim had already completed |
 /// | `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0`, on the renewal connection (below) |
@@ -107,10 +107,11 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// | `get` | 1 `SELECT` |
 /// | `prune_expired` | 1 `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now ORDER BY expires_at LIMIT ?)` |
 ///
-/// Every statement runs to its end before its result is used, the claim's `RETURNING` included:
-/// in autocommit mode SQLite commits when the statement finishes, and a commit can fail (a full
-/// disk, [`StoreErrorKind::Full`](crate::StoreErrorKind::Full)). Reading the claim's row and
-/// dropping the rest would report a claim as won whose commit failed and was rolled back.
+/// Every statement runs to its end before its result is used (the claim's count of rows, the
+/// transactional claim's `RETURNING` row): in autocommit mode SQLite commits when the statement
+/// finishes, and a commit can fail (a full disk,
+/// [`StoreErrorKind::Full`](crate::StoreErrorKind::Full)). Reading a claim's row and dropping
+/// the rest would report a claim as won whose commit failed and was rolled back.
 ///
 /// **Renewal has a connection of its own.** For a database file, `renew` runs on a second pool
 /// of one connection, opened on first use with the main pool's settings. Work that holds every
