@@ -360,6 +360,13 @@ pub(crate) struct Probe<'a> {
     work_took: Option<Duration>,
 }
 
+/// Whether `tracing`'s `log` fallback could print a line of a disabled DEBUG span: only while no
+/// `tracing` subscriber has been set, and `log` lets DEBUG lines through
+/// (`tests/observe_log.rs`).
+fn log_could_print_spans() -> bool {
+    !tracing::dispatcher::has_been_set() && log::max_level() >= log::LevelFilter::Debug
+}
+
 impl<'a> Probe<'a> {
     pub(crate) fn new(
         observer: Option<&'a dyn Observer>,
@@ -367,12 +374,19 @@ impl<'a> Probe<'a> {
         scope: &'a Scope,
         key: Key,
     ) -> Self {
-        let span = tracing::debug_span!(
+        let mut span = tracing::debug_span!(
             "idem.call",
             scope = scope.as_str(),
             key = %ShortKey(&key),
             outcome = tracing::field::Empty,
         );
+        if span.is_disabled() && !log_could_print_spans() {
+            // A disabled span keeps its metadata for `tracing`'s `log` fallback (the `log`
+            // feature, which sqlx turns on), and checks `log`'s level each time it is entered
+            // (every poll) or a field is recorded: about 280 instructions a call. When nothing
+            // could come of it, the empty span checks nothing.
+            span = tracing::Span::none();
+        }
         #[cfg(not(feature = "metrics"))]
         let _ = meters;
         Probe {
