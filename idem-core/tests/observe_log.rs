@@ -30,32 +30,25 @@ static KEPT: Kept = Kept(Mutex::new(Vec::new()));
 async fn the_span_reaches_a_log_logger_only_when_it_lets_debug_through() {
     log::set_logger(&KEPT).unwrap();
     let engine = Idempotency::new(MemoryStore::new());
-    let span_lines = || {
-        KEPT.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, message)| message.contains("idem.call"))
-            .count()
+    // One new key through the engine at `level`; the lines kept meanwhile.
+    let call_at = |level: log::LevelFilter, client_key: &'static str| {
+        log::set_max_level(level);
+        KEPT.0.lock().unwrap().clear();
+        let key = Key::derive("log", "", client_key).unwrap();
+        let call = engine.call(key).run(async { Ok::<_, Error>(1u32) });
+        async move {
+            call.await.unwrap();
+            KEPT.0.lock().unwrap().clone()
+        }
     };
 
-    log::set_max_level(log::LevelFilter::Info);
-    let key = Key::derive("log", "", "at-info").unwrap();
-    engine
-        .call(key)
-        .run(async { Ok::<_, Error>(1u32) })
-        .await
-        .unwrap();
-    assert_eq!(span_lines(), 0, "nothing at INFO");
+    let kept = call_at(log::LevelFilter::Info, "at-info").await;
+    assert!(
+        !kept.iter().any(|(_, m)| m.contains("idem.call")),
+        "nothing at INFO: {kept:?}"
+    );
 
-    log::set_max_level(log::LevelFilter::Trace);
-    let key = Key::derive("log", "", "at-trace").unwrap();
-    engine
-        .call(key)
-        .run(async { Ok::<_, Error>(2u32) })
-        .await
-        .unwrap();
-    let kept = KEPT.0.lock().unwrap().clone();
+    let kept = call_at(log::LevelFilter::Trace, "at-trace").await;
     assert!(
         kept.iter()
             .any(|(_, m)| m.starts_with("idem.call;") && m.contains("key=")),
