@@ -4,6 +4,7 @@
 //! runs on and its response is stored, out of the connection's reach.
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -11,8 +12,6 @@ use axum::routing::post;
 use axum::Router;
 use idem_core::http::{IdempotencyLayer, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use idem_core::{Event, Idempotency, MemoryStore, Stage};
-use std::time::Duration;
-
 use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::Semaphore;
 use tokio::task::Id;

@@ -288,7 +288,8 @@ struct Statements {
     /// alone), so the database builds no row and the driver decodes none.
     claim_counted: String,
     /// The claim of transactional mode: where the database can, one statement that also
-    /// returns the live row it did not claim; otherwise `claim`.
+    /// returns the live row it did not claim; otherwise `claim_counted` with `RETURNING true AS
+    /// claimed`.
     claim_in_transaction: String,
     read_live: String,
     complete: String,
