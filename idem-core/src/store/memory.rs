@@ -106,9 +106,11 @@ const QUEUES: usize = 8;
 /// of every entry cost O(log n), a node allocation and two thirds of a claim's time.
 ///
 /// Entries are never looked up: when a record changes (completed, renewed, aborted, evicted,
-/// taken over) the entry of its old expiry stays, and is dropped as stale when it reaches the
-/// front, because its record is gone or now expires at another time. So the index holds at most
-/// one entry per record plus one per change made within the longest lease or retention in use.
+/// taken over) the entry of its old expiry is taken back if it is still the newest of its queue
+/// (nothing of its duration came after it: a claim completed before the next claim, as on one
+/// task); otherwise it stays, and is dropped as stale when it reaches the front, because its
+/// record is gone or now expires at another time. So the index holds at most one entry per record
+/// plus one per change made within the longest lease or retention in use.
 /// If the wall clock steps back, a queue's later entries may be due before its front; they are
 /// then freed when the front is, at most one step late (reads still judge each record by its own
 /// expiry, so a late free never makes a record count as live).
@@ -127,6 +129,24 @@ impl ExpiryIndex {
             self.queues.push((duration, VecDeque::from([(at, key)])));
         } else {
             self.others.insert((at, key));
+        }
+    }
+
+    /// Takes back the entry `(at, key)` if it is the newest of its queue: the entry a change to
+    /// `key`'s record is about to make stale, when no entry of the same duration came after it (a
+    /// claim completed before the next claim, as on one task). Then the change leaves no stale
+    /// entry behind, and a new key costs one entry instead of two. O(1) for each queue in use; a
+    /// stale entry it does not find is dropped when due, as before.
+    fn retract(&mut self, at: SystemTime, key: &Key) {
+        let newest = |(_, queue): &(Duration, VecDeque<(SystemTime, Key)>)| {
+            queue.back().is_some_and(|(t, k)| *t == at && k == key)
+        };
+        if let Some(i) = self.queues.iter().position(newest) {
+            let queue = &mut self.queues[i].1;
+            queue.pop_back();
+            if queue.is_empty() {
+                self.queues.swap_remove(i);
+            }
         }
     }
 
@@ -241,6 +261,7 @@ impl Records {
         let shard = shard_of(key);
         // Its index entry becomes stale.
         let entry = self.shards[shard].remove(key)?;
+        self.by_expiry.retract(entry.expires_at(), key);
         self.len -= 1;
         // Aborts and evictions empty the map too, not only expiry.
         self.shrink(shard);
@@ -266,6 +287,7 @@ impl Records {
         f(entry);
         let after = entry.expires_at();
         if after != before {
+            self.by_expiry.retract(before, key);
             self.by_expiry.push(duration, after, *key);
         }
         Ok(())
@@ -326,7 +348,8 @@ impl Records {
 /// - The records are split over 64 hash maps by key, still under one lock, and an index of
 ///   records by expiry sits next to them: a queue per lease or retention duration in use (up to
 ///   8, then a sorted set), appended to by every `start`, `complete` and `renew` that sets an
-///   expiry. An entry whose record has since changed is dropped when it comes due.
+///   expiry. An entry whose record has since changed is dropped when it comes due, or at once
+///   if it is still the newest of its queue.
 /// - After its own work, each mutating call takes up to 8 due entries from the index, freeing
 ///   the records they point at, earliest first. A new key is two such calls and adds two
 ///   entries, so expiry keeps pace with any rate of new keys, and a burst's backlog drains as
@@ -345,9 +368,9 @@ impl Records {
 ///
 /// Memory: a record takes a 96-byte slot (its key and entry) in a map kept between a quarter
 /// and seven eighths full, its stored response on the heap (and its fingerprint, if it has one),
-/// and two 48-byte index entries while its lease and retention run. A million records with
-/// 22-byte responses took about 330 bytes each: 200 in the maps (half full at that count), 100
-/// in the index, 32 for the response.
+/// and a 48-byte index entry at its expiry (two while a stale one waits to come due). A million
+/// records with 22-byte responses, each claimed and completed in turn, took about 280 bytes
+/// each: 200 in the maps (half full at that count), 50 in the index, 32 for the response.
 ///
 /// Speed: the full path of a new key (claim, then complete) costs about 1 µs at a million
 /// records, most of it the memory those records take; see `docs/performance.md`.
@@ -653,19 +676,59 @@ mod tests {
         assert_eq!(index_len(&store), 0);
     }
 
+    /// A change made before any other entry of its duration came takes its stale entry back:
+    /// claims completed one after another leave one entry each, and an abort or an eviction
+    /// right after its claim leaves none.
+    #[tokio::test]
+    async fn a_change_with_nothing_after_it_leaves_no_stale_entry() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        for i in 0..100 {
+            let c = claim(&store, &key(i), LONG).await;
+            store.complete(&c, done(), RETENTION).await.unwrap();
+        }
+        assert_eq!(index_len(&store), 100);
+        let renewed = claim(&store, &key(100), LONG).await;
+        clock.advance(Duration::from_millis(1));
+        store.renew(&renewed, LONG).await.unwrap();
+        assert_eq!(index_len(&store), 101);
+        let aborted = claim(&store, &key(101), LONG).await;
+        store.abort(&aborted).await.unwrap();
+        claim(&store, &key(102), LONG).await;
+        assert!(store.evict(&key(102)).await.unwrap());
+        assert_eq!(index_len(&store), 101);
+        assert_in_step(&store);
+        // Interleaved, the first claim's entry is not the newest when it completes: it stays,
+        // stale, and goes when due.
+        let (first, second) = (
+            claim(&store, &key(103), LONG).await,
+            claim(&store, &key(104), LONG).await,
+        );
+        store.complete(&first, done(), RETENTION).await.unwrap();
+        store.complete(&second, done(), RETENTION).await.unwrap();
+        assert_eq!(index_len(&store), 101 + 3);
+        assert_in_step(&store);
+        clock.advance(LONG * 2);
+        assert_eq!(store.prune_expired(1000).await.unwrap(), 103);
+        assert_eq!((store.len(), index_len(&store)), (0, 0));
+    }
+
     /// Stale entries are dropped as they come due, never counted as freed records, and never
     /// make a batch come back short while expired records remain.
     #[tokio::test]
     async fn stale_entries_neither_count_nor_cut_a_batch_short() {
         let clock = ManualClock::new();
         let store = MemoryStore::with_clock(clock.clone());
-        // 300 records completed with a 1 s retention: 300 lease entries (stale once completed,
-        // due at 0.5 s) and 300 retention entries.
+        // 300 records claimed, then completed with a 1 s retention: 299 lease entries (stale
+        // once completed, due at 0.5 s; only the newest is taken back) and 300 retention entries.
+        let mut claims = Vec::new();
         for i in 0..300 {
-            let c = claim(&store, &key(i), Duration::from_millis(500)).await;
-            store.complete(&c, done(), RETENTION).await.unwrap();
+            claims.push(claim(&store, &key(i), Duration::from_millis(500)).await);
         }
-        assert_eq!(index_len(&store), 600);
+        for c in &claims {
+            store.complete(c, done(), RETENTION).await.unwrap();
+        }
+        assert_eq!(index_len(&store), 599);
         clock.advance(Duration::from_secs(2));
         assert_eq!(store.prune_expired(100).await.unwrap(), 100);
         assert_eq!(store.prune_expired(100).await.unwrap(), 100);
