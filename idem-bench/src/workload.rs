@@ -180,7 +180,11 @@ impl Subject {
     }
 
     /// [`replay_engine`](Self::replay_engine) through an engine with the replay cache on (over
-    /// the same store): after a key's first replay, no round trip.
+    /// the same store), every replay key already in the cache: a hot key's replay, no round trip.
+    /// The first call replays each key once to fill the cache (the other tasks wait for it), so
+    /// that pass falls in the variant's warm-up, not in its timed slices: left to fill as it went,
+    /// the 10,000 keys drawn at random took seconds to be seen once on a store answering a few
+    /// thousand reads a second, and the slices timed store reads as much as the cache.
     pub fn replay_cached(&self) -> Op {
         let engine = Idempotency::builder(self.engine.store().clone())
             .replay_cache(ReplayCache::new(1 << 20, 1 << 30))
@@ -189,7 +193,17 @@ impl Subject {
         match engine {
             Ok(mut cached) => {
                 cached.replay_keys = self.replay_keys.clone();
-                cached.replay_engine()
+                let replay = cached.replay_engine();
+                let filled = Arc::new(tokio::sync::OnceCell::new());
+                let (engine, keys) = (cached.engine, self.replay_keys.clone());
+                op(move || {
+                    let (replay, filled) = (replay.clone(), filled.clone());
+                    let (engine, keys) = (engine.clone(), keys.clone());
+                    async move {
+                        filled.get_or_try_init(|| fill(&engine, &keys)).await?;
+                        replay().await
+                    }
+                })
             }
             Err(e) => {
                 let e = e.to_string();
@@ -297,4 +311,20 @@ mod tests {
         assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a.as_str(), b.as_str());
     }
+}
+
+/// Replays each of `keys` once through `engine`, filling its replay cache.
+async fn fill(engine: &Idempotency, keys: &[[u8; 32]]) -> Result<(), BenchError> {
+    for key in keys {
+        let out = engine
+            .call(Key::from_bytes(*key))
+            .run(async {
+                Err::<Receipt, _>(BenchError::Unexpected("a replay ran its work".into()))
+            })
+            .await?;
+        if !out.is_replayed() {
+            return Err(BenchError::Unexpected("a replay ran its work".into()));
+        }
+    }
+    Ok(())
 }
