@@ -296,6 +296,22 @@ pub(crate) async fn deposit(
     Ok(work(cents))
 }
 
+/// Replays each of `keys` once through `engine`, filling its replay cache.
+async fn fill(engine: &Idempotency, keys: &[[u8; 32]]) -> Result<(), BenchError> {
+    for key in keys {
+        let out = engine
+            .call(Key::from_bytes(*key))
+            .run(async {
+                Err::<Receipt, _>(BenchError::Unexpected("a replay ran its work".into()))
+            })
+            .await?;
+        if !out.is_replayed() {
+            return Err(BenchError::Unexpected("a replay ran its work".into()));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -311,20 +327,4 @@ mod tests {
         assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a.as_str(), b.as_str());
     }
-}
-
-/// Replays each of `keys` once through `engine`, filling its replay cache.
-async fn fill(engine: &Idempotency, keys: &[[u8; 32]]) -> Result<(), BenchError> {
-    for key in keys {
-        let out = engine
-            .call(Key::from_bytes(*key))
-            .run(async {
-                Err::<Receipt, _>(BenchError::Unexpected("a replay ran its work".into()))
-            })
-            .await?;
-        if !out.is_replayed() {
-            return Err(BenchError::Unexpected("a replay ran its work".into()));
-        }
-    }
-    Ok(())
 }
