@@ -31,7 +31,6 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::{Idempotency, MemoryStore, PostgresStore, PrunerConfig, SqliteStore};
-use sqlx::postgres::PgPoolOptions;
 
 use crate::cpu::Cpu;
 use crate::harness::{interleaved, Op, Timing};
@@ -277,8 +276,9 @@ async fn sustained(args: &Args) -> Result<(), BenchError> {
         runs.extend(sustain::sqlite(plan).await?);
     }
     if let (true, Some(url)) = (args.wants("postgres"), &args.pg_url) {
-        let pool = PgPoolOptions::new()
+        let pool = PostgresStore::builder()
             .max_connections(PG_POOL)
+            .pool_options()
             .connect(url)
             .await?;
         runs.extend(sustain::postgres(&pool, plan).await?);
@@ -426,14 +426,17 @@ async fn bench() -> Result<(), BenchError> {
     }
 
     if let (true, Some(url)) = (args.wants("postgres"), &args.pg_url) {
-        let pool = PgPoolOptions::new()
+        let pool = PostgresStore::builder()
             .max_connections(PG_POOL)
+            .pool_options()
             .connect(url)
             .await?;
         let version: String = sqlx::query_scalar("SHOW server_version")
             .fetch_one(&pool)
             .await?;
-        versions.push(format!("PostgreSQL {version} (pool of {PG_POOL})"));
+        versions.push(format!(
+            "PostgreSQL {version} (pool of {PG_POOL}, `PostgresStore` pool options: a connection idle over 1 s is pinged before use, others not)"
+        ));
         let tag = format!("{:08x}", fastrand::u32(..));
         let (idem_table, raw_table) = (format!("bench_idem_{tag}"), format!("bench_raw_{tag}"));
         let backend_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")

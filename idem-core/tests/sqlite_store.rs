@@ -91,8 +91,13 @@ async fn open_creates_the_file_and_connect_honours_the_url() {
     assert!(missing.exists());
 
     let opened = dir.path().join("opened.db");
-    SqliteStore::open(&opened).await.unwrap();
+    let store = SqliteStore::open(&opened).await.unwrap();
     assert!(opened.exists());
+    // The pools the store makes hand out connections without a ping first (sqlx's default
+    // would hand each statement's connection over to its worker thread twice).
+    assert!(!store.pool().options().get_test_before_acquire());
+    let in_memory = SqliteStore::connect("sqlite::memory:").await.unwrap();
+    assert!(!in_memory.pool().options().get_test_before_acquire());
 }
 
 #[tokio::test]

@@ -1167,3 +1167,93 @@ async fn a_completion_whose_reply_was_lost_is_completed_again_ok() {
         .await
         .unwrap();
 }
+
+/// The backend pid of the store's one pooled connection, once it is back in the pool (sqlx
+/// returns a connection on a task of its own, pinging it first).
+async fn idle_backend(store: &PostgresStore) -> i32 {
+    let mut conn = store.pool().acquire().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+    for _ in 0..5_000 {
+        if store.pool().num_idle() == 1 {
+            return pid;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the connection never went back to the pool");
+}
+
+/// Ends the session `pid` and waits until the server has let it go.
+async fn terminate(pool: &PgPool, pid: i32) {
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(pool)
+        .await
+        .unwrap();
+    for _ in 0..5_000 {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+            .bind(pid)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if left == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("backend {pid} outlived its termination");
+}
+
+/// `ping_idle_after`: a connection used within it is handed out unpinged (no round trip before
+/// the statement), so one whose session ended meanwhile fails the call that gets it, as an
+/// `Unavailable` store error that claims nothing, and is then replaced; a connection idle for
+/// longer (here `ZERO`: every one) is pinged, found dead and replaced before the call uses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_is_pinged_only_after_ping_idle_after() {
+    let Some(url) = env::pg_url("a_connection_is_pinged_only_after_ping_idle_after") else {
+        return;
+    };
+    let admin = pool(&url).await;
+    let table = unique_name("idem_ping");
+    let unpinged = PostgresStore::builder()
+        .table(&table)
+        .max_connections(1)
+        .ping_idle_after(Duration::from_secs(3600))
+        .connect(&url)
+        .await
+        .unwrap();
+    assert!(!unpinged.pool().options().get_test_before_acquire());
+    terminate(&admin, idle_backend(&unpinged).await).await;
+    let err = unpinged.start(&key(1), None, LEASE).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Unavailable),
+        "{err:?}"
+    );
+    assert!(err.is_retryable());
+    // Nothing was claimed, and the next call gets a new connection.
+    assert!(matches!(
+        unpinged.start(&key(1), None, LEASE).await.unwrap(),
+        Start::Started(_)
+    ));
+
+    let pinged = PostgresStore::builder()
+        .table(&table)
+        .max_connections(1)
+        .ping_idle_after(Duration::ZERO)
+        .connect(&url)
+        .await
+        .unwrap();
+    assert!(pinged.pool().options().get_test_before_acquire());
+    terminate(&admin, idle_backend(&pinged).await).await;
+    assert!(matches!(
+        pinged.start(&key(2), None, LEASE).await.unwrap(),
+        Start::Started(_)
+    ));
+
+    drop_tables(&admin, &[&table, &format!("{table}_migrations")])
+        .await
+        .unwrap();
+}

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::Connection;
 
 use crate::error::Error;
 use crate::store::claim_order::ClaimOrder;
@@ -63,9 +64,11 @@ const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
 /// // Creates (or upgrades) the table `idem_records` and its expiry index on first connect.
 /// let store = PostgresStore::connect("postgres://app:secret@db.internal/app").await?;
 ///
-/// // Or: your own table name (optionally schema-qualified), on a pool you already have.
-/// let pool = sqlx::PgPool::connect("postgres://app:secret@db.internal/app").await?;
-/// let store = PostgresStore::builder().table("billing.idem_payments").from_pool(pool).await?;
+/// // Or: your own table name (optionally schema-qualified), on a pool you share with your own
+/// // queries, made with the store's pool options (no ping before every statement).
+/// let builder = PostgresStore::builder().table("billing.idem_payments");
+/// let pool = builder.pool_options().connect("postgres://app:secret@db.internal/app").await?;
+/// let store = builder.from_pool(pool.clone()).await?;
 /// # let _ = store; Ok(()) }
 /// ```
 ///
@@ -132,6 +135,15 @@ const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
 /// above is one network round trip once a connection is warm. Every statement's reply is read to
 /// its end (`ReadyForQuery`), so an error the server reports after the rows, at commit, fails
 /// the call instead of being dropped.
+///
+/// **No ping before a statement.** sqlx pings a connection as it goes back to the pool (a round
+/// trip on a task of its own, off the call's path) and, by default, once more before it hands it
+/// out: a second round trip before every statement, which the call waits for. The pool that
+/// [`connect`](PostgresStoreBuilder::connect) makes pings before use only a connection idle for
+/// longer than [`ping_idle_after`](PostgresStoreBuilder::ping_idle_after) (1 s), so under
+/// traffic each statement above is the call's one round trip. A pool you pass to
+/// [`from_pool`](PostgresStoreBuilder::from_pool) keeps its own settings; make it from
+/// [`pool_options`](PostgresStoreBuilder::pool_options) to get the same.
 ///
 /// **Renewal has a pool of its own.** `renew` runs on a second pool of at most two connections,
 /// opened on first use with the main pool's connect options and settings. Work that holds every
@@ -259,6 +271,7 @@ pub struct PostgresStoreBuilder {
     table: String,
     max_connections: u32,
     acquire_timeout: Duration,
+    ping_idle_after: Duration,
     claim_order: ClaimOrder,
 }
 
@@ -268,6 +281,7 @@ impl Default for PostgresStoreBuilder {
             table: DEFAULT_TABLE.to_owned(),
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
+            ping_idle_after: Duration::from_secs(1),
             claim_order: ClaimOrder::Adaptive,
         }
     }
@@ -314,6 +328,57 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// How long a pooled connection may sit idle and still be handed out without a ping, in the
+    /// pool [`connect`](Self::connect) makes (default 1 s).
+    ///
+    /// sqlx's own default pings every connection before handing it out: one more network round
+    /// trip before every statement, which doubled the round trips of every call. sqlx already
+    /// pings a connection when it goes back to the pool (on a task of its own, off the call's
+    /// path), so one used a moment ago is known to have been alive then. The trade: a connection
+    /// whose server side died within the last `ping_idle_after` is handed out unchecked, and the
+    /// call using it fails with a [`StoreErrorKind::Unavailable`](crate::StoreErrorKind::Unavailable)
+    /// error (a claim that fails never runs its work; a completion is retried); sqlx then drops
+    /// that connection, and the next call gets a new one. `Duration::ZERO` pings every time, as
+    /// sqlx does.
+    ///
+    /// ```
+    /// let builder = idem_core::PostgresStore::builder().ping_idle_after(std::time::Duration::from_secs(5));
+    /// # let _ = builder;
+    /// ```
+    pub fn ping_idle_after(mut self, idle: Duration) -> Self {
+        self.ping_idle_after = idle;
+        self
+    }
+
+    /// The pool options [`connect`](Self::connect) uses: this builder's pool size, acquire
+    /// timeout and [`ping_idle_after`](Self::ping_idle_after), sqlx's defaults otherwise. Build
+    /// a pool with them to share it with your own queries, and give it to
+    /// [`from_pool`](Self::from_pool); a pool made with sqlx's defaults costs one more round trip
+    /// per statement.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let builder = idem_core::PostgresStore::builder().max_connections(20);
+    /// let pool = builder.pool_options().connect("postgres://app@db.internal/app").await?;
+    /// let store = builder.from_pool(pool.clone()).await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub fn pool_options(&self) -> PgPoolOptions {
+        let ping_idle_after = self.ping_idle_after;
+        PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .acquire_timeout(self.acquire_timeout)
+            .test_before_acquire(ping_idle_after.is_zero())
+            .before_acquire(move |conn, meta| {
+                Box::pin(async move {
+                    if !ping_idle_after.is_zero() && meta.idle_for > ping_idle_after {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+    }
+
     /// Connects to `url` and brings the table up to date.
     ///
     /// ```no_run
@@ -329,11 +394,7 @@ impl PostgresStoreBuilder {
                 "max_connections must be at least 1".to_owned(),
             ));
         }
-        let pool = PgPoolOptions::new()
-            .max_connections(self.max_connections)
-            .acquire_timeout(self.acquire_timeout)
-            .connect(url)
-            .await?;
+        let pool = self.pool_options().connect(url).await?;
         finish(pool, table, self.claim_order).await
     }
 

@@ -94,7 +94,12 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// # Round trips
 ///
 /// Every operation takes a pooled connection and runs these statements on it; all of them are
-/// calls into the in-process SQLite library, none crosses a network.
+/// calls into the in-process SQLite library, none crosses a network. sqlx runs each connection on
+/// a thread of its own, so a statement is one hand-over to that thread and back. The pool that
+/// [`open`](SqliteStore::open) and [`connect`](SqliteStore::connect) make hands out connections
+/// without pinging them first (sqlx's default, `test_before_acquire(true)`, would add a hand-over
+/// before every statement); a pool you give [`from_pool`](SqliteStore::from_pool) keeps its own
+/// setting.
 ///
 /// | operation | statements |
 /// |---|---|
@@ -254,7 +259,9 @@ impl SqliteStore {
     /// The pool's settings are kept as they are; for a database file, `renew` runs on a second
     /// pool of one connection made with the same settings (see the
     /// [round trips](SqliteStore#round-trips)). Recommended: WAL journal mode, `synchronous =
-    /// NORMAL` (or `FULL`) and a busy timeout of a few seconds, as below. (With `journal_mode`
+    /// NORMAL` (or `FULL`), a busy timeout of a few seconds and `test_before_acquire(false)` (sqlx's
+    /// default pings each connection before handing it out, one more hand-over to its thread per
+    /// statement; see the [round trips](SqliteStore#round-trips)), as below. (With `journal_mode`
     /// in the options every new connection asks for the switch; processes opening a *new* file
     /// at the same moment may then fail with "database is locked", which
     /// [`open`](SqliteStore::open) and [`connect`](SqliteStore::connect) retry for you.) An
@@ -271,7 +278,11 @@ impl SqliteStore {
     ///     .journal_mode(SqliteJournalMode::Wal)
     ///     .synchronous(SqliteSynchronous::Full)
     ///     .busy_timeout(Duration::from_secs(5));
-    /// let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+    /// let pool = SqlitePoolOptions::new()
+    ///     .max_connections(4)
+    ///     .test_before_acquire(false)
+    ///     .connect_with(options)
+    ///     .await?;
     /// let store = idem_core::SqliteStore::from_pool(pool).await?;
     /// # let _ = store;
     /// # Ok(()) }
@@ -486,6 +497,10 @@ impl SqliteStoreBuilder {
         } else {
             SqlitePoolOptions::new().max_connections(self.max_connections)
         }
+        // sqlx's default pings every connection before handing it out: a round trip to the
+        // connection's worker thread before every statement, for a connection that cannot go
+        // away (it is a file this process opened; sqlx also pings it when it goes back).
+        .test_before_acquire(false)
         .connect_with(options)
         .await?;
         if !single_connection {
