@@ -49,9 +49,13 @@ pub const ENGINE: &str = "engine, memory";
 pub const IDEM_LAYER: &str = "idem layer";
 pub const AXUM_IDEMPOTENT: &str = "axum-idempotent 0.6";
 pub const BARE: &str = "bare app";
+pub const BARE_SPIN: &str = "bare app, handler +5 µs CPU";
 pub const IDEM_ENGINE: &str = "idem engine";
 pub const IDEMPOTENT: &str = "idempotent 0.3";
 
+/// The CPU the calibration app's handler burns on top of the bare app's: its row shows what a
+/// fixed cost per request weighs on this host's loopback server, next to what the layers cost.
+pub const SPIN: Duration = Duration::from_micros(5);
 /// How many calls share one key in the same-key run.
 pub const SAME_KEY_CALLS: usize = 50;
 /// How long the same-key handler works, so that the 50 calls really overlap.
@@ -93,6 +97,15 @@ async fn deposit(Json(d): Json<Deposit>) -> Json<Receipt> {
     Json(work(d.cents ^ d.account))
 }
 
+/// `deposit` after spinning for [`SPIN`] (a busy loop on the clock, no sleep).
+async fn spinning_deposit(Json(d): Json<Deposit>) -> Json<Receipt> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < SPIN {
+        std::hint::spin_loop();
+    }
+    Json(work(d.cents ^ d.account))
+}
+
 async fn slow_deposit(State(ran): State<Arc<AtomicU64>>, Json(d): Json<Deposit>) -> Json<Receipt> {
     ran.fetch_add(1, Ordering::SeqCst);
     tokio::time::sleep(SAME_KEY_WORK).await;
@@ -121,6 +134,8 @@ fn session_of(headers: &HeaderMap) -> Option<String> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Flavor {
     Bare,
+    /// The bare app whose `/deposits` handler also spins for [`SPIN`].
+    BareSpin,
     Idem,
     AxumIdempotent,
 }
@@ -129,7 +144,7 @@ impl Flavor {
     /// The header a replay carries, if the server replays.
     fn replay_header(self) -> Option<&'static str> {
         match self {
-            Flavor::Bare => None,
+            Flavor::Bare | Flavor::BareSpin => None,
             Flavor::Idem => Some(IDEM_REPLAYED),
             Flavor::AxumIdempotent => Some(AXUM_REPLAYED),
         }
@@ -137,9 +152,12 @@ impl Flavor {
 }
 
 fn router(flavor: Flavor, ran: Arc<AtomicU64>) -> Result<Router, BenchError> {
+    if flavor == Flavor::BareSpin {
+        return Ok(Router::new().route("/deposits", post(spinning_deposit)));
+    }
     let app = app(ran);
     Ok(match flavor {
-        Flavor::Bare => app,
+        Flavor::Bare | Flavor::BareSpin => app,
         Flavor::Idem => app.layer(
             IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
                 .require_key(true)
@@ -722,6 +740,7 @@ pub(crate) async fn run(plan: &Plan, rows: &mut Vec<Row>) -> Result<Vec<SameKey>
         // not weigh on these.
         eprintln!("peers: HTTP fresh and replay, {c} tasks");
         let bare = Server::start(Flavor::Bare).await?;
+        let spin = Server::start(Flavor::BareSpin).await?;
         let idem = Server::start(Flavor::Idem).await?;
         let axum = Server::start(Flavor::AxumIdempotent).await?;
         let completed: Arc<Vec<Call>> = Arc::new(
@@ -737,7 +756,9 @@ pub(crate) async fn run(plan: &Plan, rows: &mut Vec<Row>) -> Result<Vec<SameKey>
                     Workload::Replay => http_replay(server, &completed),
                     _ => http_fresh(server, &sessions),
                 };
+                // The calibration row first: `note_idem_over_peer` reads the last three.
                 let variants = [
+                    (BARE_SPIN, op(&spin), String::new()),
                     (IDEM_LAYER, op(&idem), note(IDEM_LAYER)),
                     (AXUM_IDEMPOTENT, op(&axum), note(AXUM_IDEMPOTENT)),
                 ];
@@ -748,7 +769,7 @@ pub(crate) async fn run(plan: &Plan, rows: &mut Vec<Row>) -> Result<Vec<SameKey>
             Ok::<_, BenchError>(())
         }
         .await;
-        for server in [bare, idem, axum] {
+        for server in [bare, spin, idem, axum] {
             server.shut_down().await?;
         }
         outcome?;
