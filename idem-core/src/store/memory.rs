@@ -70,8 +70,8 @@ impl Entry {
 
 /// How many due index entries each mutating call takes after its own work (freeing their
 /// records, or dropping them as stale). A new key costs two mutating calls (start, complete) and
-/// adds two entries, so the store takes up to 16 entries per record it creates: expiry outpaces
-/// creation, and a backlog left by a burst drains as traffic goes on.
+/// adds at most two entries, so the store takes up to 16 entries per record it creates: expiry
+/// outpaces creation, and a backlog left by a burst drains as traffic goes on.
 const SWEEP: usize = 8;
 
 /// Below this capacity a shard is never shrunk: a small map costs little, and shrinking it would
@@ -351,8 +351,8 @@ impl Records {
 ///   expiry. An entry whose record has since changed is dropped when it comes due, or at once
 ///   if it is still the newest of its queue.
 /// - After its own work, each mutating call takes up to 8 due entries from the index, freeing
-///   the records they point at, earliest first. A new key is two such calls and adds two
-///   entries, so expiry keeps pace with any rate of new keys, and a burst's backlog drains as
+///   the records they point at, earliest first. A new key is two such calls and adds at most
+///   two entries, so expiry keeps pace with any rate of new keys, and a burst's backlog drains as
 ///   traffic goes on. `get` frees nothing.
 /// - When under a quarter of a map's capacity is in use (and it has more than 128 slots), the
 ///   map shrinks to twice its length, so the memory of a burst is returned.
