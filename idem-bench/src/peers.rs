@@ -152,12 +152,10 @@ impl Flavor {
 }
 
 fn router(flavor: Flavor, ran: Arc<AtomicU64>) -> Result<Router, BenchError> {
-    if flavor == Flavor::BareSpin {
-        return Ok(Router::new().route("/deposits", post(spinning_deposit)));
-    }
     let app = app(ran);
     Ok(match flavor {
-        Flavor::Bare | Flavor::BareSpin => app,
+        Flavor::Bare => app,
+        Flavor::BareSpin => Router::new().route("/deposits", post(spinning_deposit)),
         Flavor::Idem => app.layer(
             IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
                 .require_key(true)

@@ -364,14 +364,19 @@ impl PostgresStoreBuilder {
     /// # let _ = store; Ok(()) }
     /// ```
     pub fn pool_options(&self) -> PgPoolOptions {
-        let ping_idle_after = self.ping_idle_after;
-        PgPoolOptions::new()
+        let options = PgPoolOptions::new()
             .max_connections(self.max_connections)
-            .acquire_timeout(self.acquire_timeout)
-            .test_before_acquire(ping_idle_after.is_zero())
+            .acquire_timeout(self.acquire_timeout);
+        let ping_idle_after = self.ping_idle_after;
+        if ping_idle_after.is_zero() {
+            // sqlx's own `test_before_acquire`: a ping every time.
+            return options;
+        }
+        options
+            .test_before_acquire(false)
             .before_acquire(move |conn, meta| {
                 Box::pin(async move {
-                    if !ping_idle_after.is_zero() && meta.idle_for > ping_idle_after {
+                    if meta.idle_for > ping_idle_after {
                         conn.ping().await?;
                     }
                     Ok(true)
