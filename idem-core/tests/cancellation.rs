@@ -71,8 +71,7 @@ async fn drop_table(store: &PostgresStore) {
 
 /// A call cancelled by `timeout` (after 0 to 3 ms: sometimes in its claim statement, sometimes
 /// in its work), then retried at once, fail fast: the retry runs, never `Locked`.
-async fn cancelled_then_retried(store: Arc<dyn Store>, test: &str) {
-    let engine = Idempotency::from_arc(store);
+async fn cancelled_then_retried(engine: Idempotency, test: &str) {
     let fail_fast = OnLocked::FailFast;
     for i in 0..ROUNDS {
         let k = key(test, i);
@@ -103,8 +102,7 @@ async fn cancelled_then_retried(store: Arc<dyn Store>, test: &str) {
 /// finds it running with a `retry_after` within the estimate, and a waiting retry replays it.
 /// Even rounds cancel the caller once the work has started; odd ones after 0 to 3 ms, which may
 /// be before the detached task claimed the key (then the retry may be the one that runs).
-async fn detached_cancelled_then_retried(store: Arc<dyn Store>, test: &str) {
-    let engine = Idempotency::from_arc(store);
+async fn detached_cancelled_then_retried(engine: Idempotency, test: &str) {
     let fail_fast = OnLocked::FailFast;
     let wait = OnLocked::Wait {
         timeout: Duration::from_secs(20),
@@ -172,28 +170,41 @@ async fn detached_cancelled_then_retried(store: Arc<dyn Store>, test: &str) {
     eprintln!("{test}: {locked} retries met the work still running");
 }
 
+/// A `MemoryStore` given by value: the engine calls its claims and completions directly
+/// (they never wait).
+fn memory_engine() -> Idempotency {
+    Idempotency::new(MemoryStore::with_clock(TokioClock::new()))
+}
+
+/// The same store behind `Arc<dyn Store>`: the engine goes through the `Store` trait, as for
+/// every other store.
+fn memory_engine_via_trait() -> Idempotency {
+    Idempotency::from_arc(Arc::new(MemoryStore::with_clock(TokioClock::new())))
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn memory_cancelled_then_retried() {
-    let store = Arc::new(MemoryStore::with_clock(TokioClock::new()));
-    cancelled_then_retried(store, "memory").await;
+    cancelled_then_retried(memory_engine(), "memory").await;
+    cancelled_then_retried(memory_engine_via_trait(), "memory-via-trait").await;
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn memory_detached_cancelled_then_retried() {
-    let store = Arc::new(MemoryStore::with_clock(TokioClock::new()));
-    detached_cancelled_then_retried(store, "memory-detached").await;
+    detached_cancelled_then_retried(memory_engine(), "memory-detached").await;
+    detached_cancelled_then_retried(memory_engine_via_trait(), "memory-detached-via-trait").await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn sqlite_cancelled_then_retried() {
     let dir = tempfile::tempdir().unwrap();
-    cancelled_then_retried(sqlite(&dir).await, "sqlite").await;
+    cancelled_then_retried(Idempotency::from_arc(sqlite(&dir).await), "sqlite").await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn sqlite_detached_cancelled_then_retried() {
     let dir = tempfile::tempdir().unwrap();
-    detached_cancelled_then_retried(sqlite(&dir).await, "sqlite-detached").await;
+    detached_cancelled_then_retried(Idempotency::from_arc(sqlite(&dir).await), "sqlite-detached")
+        .await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -201,7 +212,7 @@ async fn postgres_cancelled_then_retried() {
     let Some((store, pg)) = postgres("postgres_cancelled_then_retried").await else {
         return;
     };
-    cancelled_then_retried(store, "postgres").await;
+    cancelled_then_retried(Idempotency::from_arc(store), "postgres").await;
     drop_table(&pg).await;
 }
 
@@ -210,7 +221,7 @@ async fn postgres_detached_cancelled_then_retried() {
     let Some((store, pg)) = postgres("postgres_detached_cancelled_then_retried").await else {
         return;
     };
-    detached_cancelled_then_retried(store, "postgres-detached").await;
+    detached_cancelled_then_retried(Idempotency::from_arc(store), "postgres-detached").await;
     drop_table(&pg).await;
 }
 

@@ -146,6 +146,10 @@ pub(super) async fn start(
     fingerprint: Option<&Fingerprint>,
     lease: Duration,
 ) -> Result<Start, Error> {
+    if let Some(memory) = &shared.in_process {
+        // Done before this returns: nothing to run on after a caller that goes away.
+        return memory.start_now(key, fingerprint, lease);
+    }
     let attempt = {
         let (store, key, fingerprint) = (shared.store.clone(), *key, fingerprint.copied());
         // Through `&dyn Store`: on the `Arc` itself, the call would go through `Arc`'s
@@ -245,6 +249,11 @@ impl ClaimGuard {
             retention,
             lease,
         };
+        if let Some(memory) = &self.shared.in_process {
+            // Done before this returns, so finished whatever the caller does next.
+            let stored = memory.complete_now(&completing.claim, completing.completion(), retention);
+            return completing.settle(stored);
+        }
         RunToEnd::new(
             Box::pin(completing.first_try()),
             |rest: BoxFuture<Result<(), Error>>| {
@@ -296,15 +305,25 @@ impl Completing {
     /// One try at storing the result; if it fails for a passing reason the result is the
     /// caller's anyway, and the completion goes on in the background.
     async fn first_try(self) -> Result<(), Error> {
-        let done = Completion {
-            response: Some(&self.sealed),
-            is_error: self.is_error,
-        };
         let store = &*self.shared.store;
         // The lease is still renewed while the completion waits (for a pooled connection taken by
         // other work, say), so the key cannot be taken over in the meantime.
-        let completing = store.complete(&self.claim, done, self.retention);
+        let completing = store.complete(&self.claim, self.completion(), self.retention);
         let stored = renewing(store, &self.claim, self.lease, completing).await;
+        self.settle(stored)
+    }
+
+    fn completion(&self) -> Completion<'_> {
+        Completion {
+            response: Some(&self.sealed),
+            is_error: self.is_error,
+        }
+    }
+
+    /// What the first try's outcome `stored` means for the caller: a passing store failure is
+    /// retried in the background (the result is the caller's anyway); otherwise calls waiting on
+    /// the key are woken and the outcome is the caller's.
+    fn settle(self, stored: Result<(), Error>) -> Result<(), Error> {
         match stored {
             Err(Error::Store(e)) if e.kind().is_transient() => {
                 tracing::warn!(key = %self.claim.key(), error = %e, "storing the result failed; retrying in the background");
@@ -422,9 +441,15 @@ impl Releases {
         }
     }
 
+    /// Whether any release is under way in this process; if not, [`settled`](Self::settled)
+    /// would return at once.
+    pub(super) fn under_way(&self) -> bool {
+        self.pending.load(Ordering::Acquire) != 0
+    }
+
     /// Waits until no release of `key` is under way in this process, for at most `bound`.
     pub(super) async fn settled(&self, key: &Key, bound: Duration) {
-        if self.pending.load(Ordering::Acquire) == 0 {
+        if !self.under_way() {
             return;
         }
         let _ = tokio::time::timeout(bound, async {

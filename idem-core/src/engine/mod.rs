@@ -19,6 +19,7 @@ use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{Probe, Stage};
 use crate::record::{Cached, Claim, Start};
+use crate::store::memory::MemoryStore;
 use crate::store::Store;
 
 mod cache;
@@ -122,6 +123,11 @@ struct Inner<C> {
 /// completions) need: not generic over the codec.
 struct Shared {
     store: Arc<dyn Store>,
+    /// `store` itself when it is a [`MemoryStore`] given to [`Idempotency::new`] or
+    /// [`Idempotency::builder`]. Its claims and completions never wait, so the engine calls them
+    /// directly: no future boxed to be run to its end, since a caller cannot go away half way
+    /// through a call that does not wait.
+    in_process: Option<MemoryStore>,
     /// Calls waiting on a key held by another call ([`OnLocked::Wait`]).
     waiters: Waiters,
     /// Keys whose claim this process is releasing right now.
@@ -131,9 +137,10 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(store: Arc<dyn Store>) -> Arc<Shared> {
+    fn new(store: Arc<dyn Store>, in_process: Option<MemoryStore>) -> Arc<Shared> {
         Arc::new(Shared {
             store,
+            in_process,
             waiters: Waiters::default(),
             releases: Releases::default(),
             typical: Typical::default(),
@@ -141,13 +148,43 @@ impl Shared {
     }
 }
 
+/// `store` as this process's own [`MemoryStore`], if it is one, by value or in an `Arc` (see
+/// `Shared::in_process`). Behind `Arc<dyn Store>` it is not recognised, and goes through the
+/// `Store` trait like every other store.
+fn in_process<S: Store>(store: &S) -> Option<MemoryStore> {
+    let store = store as &dyn std::any::Any;
+    store
+        .downcast_ref::<MemoryStore>()
+        .or_else(|| store.downcast_ref::<Arc<MemoryStore>>().map(|s| &**s))
+        .cloned()
+}
+
 impl Idempotency<JsonCodec> {
     /// An engine over `store` with the default [`Policy`] and JSON codec.
+    ///
+    /// A [`MemoryStore`] given here (or to [`builder`](Self::builder)), by value or in an
+    /// `Arc`, is called directly: its claims and completions never wait, so the engine makes
+    /// them plain function calls, with no future boxed to be finished after a caller that goes
+    /// away (a fresh call allocates only the encoded result and the store's copy of it). Behind
+    /// `Arc<dyn Store>` ([`from_arc`](Self::from_arc)) it goes through the [`Store`] trait like
+    /// every other store; the guarantees are the same either way.
+    ///
+    /// ```
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "", "order-1")?;
+    /// assert!(!engine.call(key).run(async { Ok::<_, Error>(1) }).await?.is_replayed());
+    /// # Ok(()) }
+    /// ```
     pub fn new(store: impl Store) -> Idempotency<JsonCodec> {
-        Idempotency::from_arc(Arc::new(store))
+        let mut core = Core::new(JsonCodec);
+        core.in_process = in_process(&store);
+        Idempotency::from_parts(Arc::new(store), core)
     }
 
-    /// An engine over a shared store.
+    /// An engine over a shared store. A [`MemoryStore`] behind `Arc<dyn Store>` is called
+    /// through the trait, not directly as by [`new`](Self::new).
     ///
     /// ```
     /// use std::sync::Arc;
@@ -162,7 +199,10 @@ impl Idempotency<JsonCodec> {
 
     /// A [`Builder`] to set the policy or codec.
     pub fn builder(store: impl Store) -> Builder {
-        Builder::with(Arc::new(store), JsonCodec)
+        let in_process = in_process(&store);
+        let mut builder = Builder::with(Arc::new(store) as Arc<dyn Store>, JsonCodec);
+        builder.in_process = in_process;
+        builder
     }
 }
 
@@ -175,10 +215,11 @@ impl<C: Codec> Builder<Arc<dyn Store>, C> {
 }
 
 impl<C: Codec> Idempotency<C> {
-    fn from_parts(store: Arc<dyn Store>, core: Core<C>) -> Idempotency<C> {
+    fn from_parts(store: Arc<dyn Store>, mut core: Core<C>) -> Idempotency<C> {
+        let in_process = core.in_process.take();
         Idempotency {
             inner: Arc::new(Inner {
-                shared: Shared::new(store),
+                shared: Shared::new(store, in_process),
                 cache: core.replay_cache.map(Cache::new),
                 core,
             }),
@@ -304,8 +345,13 @@ impl<C: Codec> Idempotency<C> {
                 resolved.on_locked,
             )
             .await;
-        let began = Instant::now();
-        if let Some(asked) = asked {
+        // The clock is read when something uses it: the work's time (a claim), or the claim's
+        // (a timed call); a replay that is not timed does not read it.
+        let began = match (&acquired, asked) {
+            (Ok(Acquired::Claim(_)), _) | (_, Some(_)) => Some(Instant::now()),
+            _ => None,
+        };
+        if let (Some(asked), Some(began)) = (asked, began) {
             probe.claim_took(began - asked);
         }
         let cached = match acquired {
@@ -315,7 +361,7 @@ impl<C: Codec> Idempotency<C> {
                     claim,
                     fingerprint,
                     resolved,
-                    began,
+                    began: began.unwrap_or_else(Instant::now),
                 });
             }
             Ok(Acquired::Replay(cached)) => {
@@ -424,20 +470,36 @@ impl<C: Codec> Idempotency<C> {
             }
         }
         // A claim this process is releasing is not another caller's: wait the one statement
-        // it takes (bounded by the lease, after which the claim would be free anyway).
-        shared.releases.settled(key, lease).await;
-        let timeout = match on_locked {
-            OnLocked::FailFast => {
-                return match start(shared, key, fingerprint, lease).await? {
-                    Start::Started(c) => Ok(Acquired::Claim(c)),
-                    Start::Completed(c) => Ok(Acquired::Replay(c)),
-                    Start::Locked { retry_after } => Err(Error::Locked {
-                        retry_after: shared.typical.retry_after(retry_after),
-                    }),
-                };
+        // it takes (bounded by the lease, after which the claim would be free anyway). Boxed,
+        // as the waiting below: kept out of every call's future, which is moved whole each time
+        // it is wrapped, for the calls that wait.
+        if shared.releases.under_way() {
+            Box::pin(shared.releases.settled(key, lease)).await;
+        }
+        match on_locked {
+            OnLocked::FailFast => match start(shared, key, fingerprint, lease).await? {
+                Start::Started(c) => Ok(Acquired::Claim(c)),
+                Start::Completed(c) => Ok(Acquired::Replay(c)),
+                Start::Locked { retry_after } => Err(Error::Locked {
+                    retry_after: shared.typical.retry_after(retry_after),
+                }),
+            },
+            OnLocked::Wait { timeout } => {
+                Box::pin(self.wait_for(key, fingerprint, lease, timeout)).await
             }
-            OnLocked::Wait { timeout } => timeout,
-        };
+        }
+    }
+
+    /// [`acquire`](Self::acquire) under [`OnLocked::Wait`]: claims the key or returns the
+    /// stored result, waiting up to `timeout` for a live claim on it to end.
+    async fn wait_for(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Result<Acquired, Error> {
+        let shared = &self.inner.shared;
         let deadline = Instant::now() + timeout;
         let slot = shared.waiters.join(*key);
         let mut poller: Option<PollerRole<'_>> = None;

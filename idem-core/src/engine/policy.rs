@@ -10,6 +10,7 @@ use crate::codec::{Codec, JsonCodec};
 use crate::error::Error;
 use crate::key::Key;
 use crate::observe::{Meters, Observer};
+use crate::store::memory::MemoryStore;
 use crate::store::{check_duration, Store};
 
 /// What a call does when another call holds a live claim on its key.
@@ -175,6 +176,8 @@ pub struct Builder<S = Arc<dyn Store>, C = JsonCodec> {
     pub(crate) observer: Option<Arc<dyn Observer>>,
     pub(crate) replay_cache: Option<ReplayCache>,
     pub(crate) latencies_one_in: u32,
+    /// The store, if it is this process's own [`MemoryStore`].
+    pub(crate) in_process: Option<MemoryStore>,
 }
 
 impl<S, C: Codec> Builder<S, C> {
@@ -186,6 +189,7 @@ impl<S, C: Codec> Builder<S, C> {
             observer: None,
             replay_cache: None,
             latencies_one_in: DEFAULT_LATENCIES_ONE_IN,
+            in_process: None,
         }
     }
 
@@ -223,6 +227,7 @@ impl<S, C: Codec> Builder<S, C> {
             observer: self.observer,
             replay_cache: self.replay_cache,
             latencies_one_in: self.latencies_one_in,
+            in_process: self.in_process,
         }
     }
 
@@ -288,6 +293,7 @@ impl<S, C: Codec> Builder<S, C> {
             observer: self.observer,
             meters: Arc::new(Meters::new(self.latencies_one_in)),
             replay_cache: self.replay_cache,
+            in_process: self.in_process,
         };
         Ok((self.store, core))
     }
@@ -332,6 +338,8 @@ pub(crate) struct Core<C> {
     pub(crate) meters: Arc<Meters>,
     /// The replay cache's settings, if it is on.
     pub(crate) replay_cache: Option<ReplayCache>,
+    /// The store, if it is this process's own [`MemoryStore`]: see `Shared::in_process`.
+    pub(crate) in_process: Option<MemoryStore>,
 }
 
 impl<C> Core<C> {
@@ -343,6 +351,7 @@ impl<C> Core<C> {
             observer: None,
             meters: Arc::default(),
             replay_cache: None,
+            in_process: None,
         }
     }
 }

@@ -127,6 +127,10 @@ impl ExpiryIndex {
             queue.push_back((at, key));
         } else if self.queues.len() < QUEUES {
             self.queues.push((duration, VecDeque::from([(at, key)])));
+        } else if let Some(slot) = self.queues.iter_mut().find(|(_, q)| q.is_empty()) {
+            // A queue `retract` emptied: its slot goes to this duration.
+            slot.0 = duration;
+            slot.1.push_back((at, key));
         } else {
             self.others.insert((at, key));
         }
@@ -141,12 +145,11 @@ impl ExpiryIndex {
         let newest = |(_, queue): &(Duration, VecDeque<(SystemTime, Key)>)| {
             queue.back().is_some_and(|(t, k)| *t == at && k == key)
         };
-        if let Some(i) = self.queues.iter().position(newest) {
-            let queue = &mut self.queues[i].1;
+        if let Some((_, queue)) = self.queues.iter_mut().find(|q| newest(q)) {
+            // An emptied queue keeps its slot and its memory: on one task the next claim pushes
+            // to it again, and freeing it would cost an allocation a key. `push` hands its slot
+            // to another duration when all are taken.
             queue.pop_back();
-            if queue.is_empty() {
-                self.queues.swap_remove(i);
-            }
         }
     }
 
@@ -480,15 +483,10 @@ impl MemoryStore {
         records.expire(now, SWEEP, Some(SWEEP));
         out
     }
-}
 
-fn remaining(until: SystemTime, now: SystemTime) -> Duration {
-    until.duration_since(now).unwrap_or(Duration::ZERO)
-}
-
-#[async_trait]
-impl Store for MemoryStore {
-    async fn start(
+    /// [`Store::start`], done at once. Nothing in this store waits, so the engine calls this
+    /// directly: no future to box, and nothing left half done when a caller goes away.
+    pub(crate) fn start_now(
         &self,
         key: &Key,
         fingerprint: Option<&Fingerprint>,
@@ -511,7 +509,8 @@ impl Store for MemoryStore {
         )
     }
 
-    async fn complete(
+    /// [`Store::complete`], done at once (see [`start_now`](Self::start_now)).
+    pub(crate) fn complete_now(
         &self,
         claim: &Claim,
         completion: Completion<'_>,
@@ -530,6 +529,31 @@ impl Store for MemoryStore {
                 }
             })
         })
+    }
+}
+
+fn remaining(until: SystemTime, now: SystemTime) -> Duration {
+    until.duration_since(now).unwrap_or(Duration::ZERO)
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn start(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        self.start_now(key, fingerprint, lease)
+    }
+
+    async fn complete(
+        &self,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        self.complete_now(claim, completion, retention)
     }
 
     async fn abort(&self, claim: &Claim) -> Result<(), Error> {
@@ -735,6 +759,56 @@ mod tests {
         assert_eq!(store.prune_expired(100).await.unwrap(), 100);
         assert_eq!(store.prune_expired(100).await.unwrap(), 0);
         assert_eq!((store.len(), index_len(&store)), (0, 0));
+    }
+
+    /// A queue emptied by a take-back keeps its slot (the next claim of that duration reuses
+    /// it), and hands the slot to a new duration when all are taken; expiry order holds across
+    /// the handed-over slot and the sorted set.
+    #[tokio::test]
+    async fn an_emptied_queue_keeps_its_slot_until_another_duration_needs_it() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        // One record for each of QUEUES leases (2 s, 4 s, …); the 2 s claim then completes with
+        // a 1 h retention, which takes its lease entry back and empties the 2 s queue.
+        let mut first = None;
+        for i in 1..=QUEUES as u64 {
+            let c = claim(&store, &key(i), Duration::from_secs(2 * i)).await;
+            first.get_or_insert(c);
+        }
+        let first = first.unwrap();
+        store.complete(&first, done(), LONG).await.unwrap();
+        {
+            let records = store.lock();
+            let index = &records.by_expiry;
+            // The retention took the slot emptied by the take-back (all were taken).
+            assert_eq!(index.queues.len(), QUEUES);
+            assert!(index.queues.iter().any(|(d, q)| *d == LONG && q.len() == 1));
+            assert!(index
+                .queues
+                .iter()
+                .all(|(d, _)| *d != Duration::from_secs(2)));
+            assert!(index.others.is_empty());
+        }
+        // A new lease of 3 s finds no free slot: the sorted set.
+        claim(&store, &key(100), Duration::from_secs(3)).await;
+        assert_eq!(store.lock().by_expiry.others.len(), 1);
+        assert_in_step(&store);
+        // Freed in expiry order: 3 s (set), 4 s, 6 s, … (queues); the completed one lasts.
+        clock.advance(Duration::from_secs(3));
+        assert_eq!(store.prune_expired(100).await.unwrap(), 1);
+        assert!(store.get(&key(100)).await.unwrap().is_none());
+        for i in 2..=QUEUES as u64 {
+            clock.advance(Duration::from_secs(2) - Duration::from_secs(u64::from(i == 2)));
+            assert_eq!(
+                store.prune_expired(100).await.unwrap(),
+                1,
+                "lease {} s",
+                2 * i
+            );
+            assert!(store.get(&key(i)).await.unwrap().is_none());
+        }
+        assert!(store.get(&key(1)).await.unwrap().is_some());
+        assert_eq!((store.len(), index_len(&store)), (1, 1));
     }
 
     /// Durations beyond the first few share a sorted set, and records of every duration are
