@@ -346,7 +346,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
             let span = probe.span().clone();
             owned
                 .engine
-                .work_half(&mut probe, holding, work, format, Released)
+                .work_half(&mut probe, &holding, work, &format, &Released)
                 .instrument(span)
                 .await
         })
@@ -357,40 +357,48 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     /// observer, metrics and tracing, and gives what `finish` makes of the outcome; or, with
     /// `refused`, that error without claiming anything. The one async layer of a call between
     /// its caller and the engine.
-    async fn drive<T, E, F, R>(
+    // A plain function returning an `async` block, not an `async fn`: an `async fn` keeps its
+    // arguments twice in its future (as arguments and as the locals they are moved into), and
+    // this future is moved whole by every layer that wraps it.
+    #[allow(clippy::manual_async_fn)]
+    fn drive<T, E, F, R>(
         self,
         refused: Option<Error>,
         work: F,
-        format: impl Format<T>,
-        errors: impl Errors<E>,
-        finish: impl FnOnce(Result<Outcome<T>, E>) -> R,
-    ) -> R
+        format: impl Format<T> + 'e,
+        errors: impl Errors<E> + 'e,
+        finish: impl FnOnce(Result<Outcome<T>, E>) -> R + 'e,
+    ) -> impl Future<Output = R> + 'e
     where
-        F: Future<Output = Result<T, E>>,
-        E: From<Error>,
+        F: Future<Output = Result<T, E>> + 'e,
+        E: From<Error> + 'e,
+        T: 'e,
+        R: 'e,
     {
-        if let Some(e) = refused {
-            return finish(Err(e.into()));
+        async move {
+            if let Some(e) = refused {
+                return finish(Err(e.into()));
+            }
+            let Some(key) = self.key else {
+                return finish(work.await.map(Outcome::Fresh));
+            };
+            let (engine, core) = (self.engine, &self.engine.inner.core);
+            let mut probe = Probe::new(core.observer.as_deref(), &core.meters, &self.scope, key);
+            let span = probe.span().clone();
+            let call = Guarded {
+                key,
+                fingerprint: self.fingerprint,
+                overrides: &self.overrides,
+                format,
+                errors,
+            };
+            finish(
+                engine
+                    .guarded(&mut probe, call, work)
+                    .instrument(span)
+                    .await,
+            )
         }
-        let Some(key) = self.key else {
-            return finish(work.await.map(Outcome::Fresh));
-        };
-        let (engine, core) = (self.engine, &self.engine.inner.core);
-        let mut probe = Probe::new(core.observer.as_deref(), &core.meters, &self.scope, key);
-        let span = probe.span().clone();
-        let call = Guarded {
-            key,
-            fingerprint: self.fingerprint,
-            overrides: &self.overrides,
-            format,
-            errors,
-        };
-        finish(
-            engine
-                .guarded(&mut probe, call, work)
-                .instrument(span)
-                .await,
-        )
     }
 
     /// The call with its own handle on the engine, to run on a task of its own.
