@@ -376,7 +376,11 @@ impl Records {
 /// each: 200 in the maps (half full at that count), 50 in the index, 32 for the response.
 ///
 /// Speed: the full path of a new key (claim, then complete) costs about 1 µs at a million
-/// records, most of it the memory those records take; see `docs/performance.md`.
+/// records, most of it the memory those records take; see `docs/performance.md`. Given to
+/// [`Idempotency::new`](crate::Idempotency::new) or [`Idempotency::builder`](crate::Idempotency::builder)
+/// (by value or in an `Arc`), the engine calls its claims and completions directly instead of
+/// through the [`Store`] trait's boxed futures: a new key through the engine allocates its
+/// encoded result and this store's copy of it, nothing else.
 ///
 /// As with a pruner, a claim whose lease has ended may find its record freed by another call,
 /// and its `complete` is then [`Error::LeaseLost`]; the engine renews leases while work runs, so
