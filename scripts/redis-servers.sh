@@ -122,9 +122,22 @@ redis_replica_start() {
 
 redis_stop() {
     [ -n "$redis_dir" ] && [ -d "$redis_dir" ] || return 0
-    local pidfile
+    local pidfile pid
+    local pids=()
     for pidfile in "$redis_dir"/*/redis.pid; do
-        [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+        [ -f "$pidfile" ] || continue
+        pid=$(cat "$pidfile")
+        kill "$pid" 2>/dev/null && pids+=("$pid")
+    done
+    # A server writes to its directory as it shuts down (its log's last lines; a cluster node
+    # also its nodes.conf): deleting the directory before it has exited races with those writes
+    # ("Directory not empty", seen once in CI). Wait for each, 10 s at most.
+    for pid in ${pids[@]+"${pids[@]}"}; do
+        for _ in $(seq 100); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -9 "$pid" 2>/dev/null || true
     done
     rm -rf "$redis_dir"
     redis_dir=""
