@@ -178,9 +178,8 @@ impl Idempotency<JsonCodec> {
     /// # Ok(()) }
     /// ```
     pub fn new(store: impl Store) -> Idempotency<JsonCodec> {
-        let mut core = Core::new(JsonCodec);
-        core.in_process = in_process(&store);
-        Idempotency::from_parts(Arc::new(store), core)
+        let in_process = in_process(&store);
+        Idempotency::from_parts(Arc::new(store), in_process, Core::new(JsonCodec))
     }
 
     /// An engine over a shared store. A [`MemoryStore`] behind `Arc<dyn Store>` is called
@@ -194,7 +193,7 @@ impl Idempotency<JsonCodec> {
     /// # let _ = engine;
     /// ```
     pub fn from_arc(store: Arc<dyn Store>) -> Idempotency<JsonCodec> {
-        Idempotency::from_parts(store, Core::new(JsonCodec))
+        Idempotency::from_parts(store, None, Core::new(JsonCodec))
     }
 
     /// A [`Builder`] to set the policy or codec.
@@ -208,15 +207,19 @@ impl Idempotency<JsonCodec> {
 
 impl<C: Codec> Builder<Arc<dyn Store>, C> {
     /// Checks the policy and builds the engine.
-    pub fn build(self) -> Result<Idempotency<C>, Error> {
+    pub fn build(mut self) -> Result<Idempotency<C>, Error> {
+        let in_process = self.in_process.take();
         let (store, core) = self.parts()?;
-        Ok(Idempotency::from_parts(store, core))
+        Ok(Idempotency::from_parts(store, in_process, core))
     }
 }
 
 impl<C: Codec> Idempotency<C> {
-    fn from_parts(store: Arc<dyn Store>, mut core: Core<C>) -> Idempotency<C> {
-        let in_process = core.in_process.take();
+    fn from_parts(
+        store: Arc<dyn Store>,
+        in_process: Option<MemoryStore>,
+        core: Core<C>,
+    ) -> Idempotency<C> {
         Idempotency {
             inner: Arc::new(Inner {
                 shared: Shared::new(store, in_process),

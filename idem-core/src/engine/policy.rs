@@ -293,7 +293,6 @@ impl<S, C: Codec> Builder<S, C> {
             observer: self.observer,
             meters: Arc::new(Meters::new(self.latencies_one_in)),
             replay_cache: self.replay_cache,
-            in_process: self.in_process,
         };
         Ok((self.store, core))
     }
@@ -338,8 +337,6 @@ pub(crate) struct Core<C> {
     pub(crate) meters: Arc<Meters>,
     /// The replay cache's settings, if it is on.
     pub(crate) replay_cache: Option<ReplayCache>,
-    /// The store, if it is this process's own [`MemoryStore`]: see `Shared::in_process`.
-    pub(crate) in_process: Option<MemoryStore>,
 }
 
 impl<C> Core<C> {
@@ -351,7 +348,6 @@ impl<C> Core<C> {
             observer: None,
             meters: Arc::default(),
             replay_cache: None,
-            in_process: None,
         }
     }
 }
