@@ -445,6 +445,12 @@ impl Results {
                 m.store_claim_complete.as_nanos(),
                 verdict(ns < 2000)
             );
+            let _ = writeln!(
+                out,
+                "| memory full path (`Idempotency::run`, new key: claim, work, encode, complete) \
+                 < 1 µs | {ns} ns | {} |",
+                verdict(ns < 1000)
+            );
         }
         self.peer_targets(out);
     }
