@@ -286,22 +286,53 @@ impl Instruments {
 /// An engine's [`Instruments`], by scope, and how many calls in one record their latencies.
 #[cfg(feature = "metrics")]
 pub(crate) struct Meters {
+    /// Unique among the process's `Meters`: what a thread's cache of recent instruments is keyed
+    /// by (an address could be reused by a later engine).
+    id: u64,
     by_scope: std::sync::RwLock<
         std::collections::HashMap<Box<str>, Arc<Instruments>, foldhash::fast::RandomState>,
     >,
     latencies_one_in: u32,
 }
 
+/// How many (engine, scope) pairs each thread keeps the instruments of.
+#[cfg(feature = "metrics")]
+const RECENT: usize = 4;
+
+/// One entry of a thread's cache: the instruments of one scope of one engine.
+#[cfg(feature = "metrics")]
+struct Recent {
+    meters: u64,
+    scope: Box<str>,
+    instruments: Arc<Instruments>,
+}
+
+#[cfg(feature = "metrics")]
+thread_local! {
+    /// The instruments this thread used last, by engine ([`Meters::id`]) and scope. Found here,
+    /// a call reads them with no write to memory that other threads share: the shared map's
+    /// lock and an `Arc`'s count, taken on every call, made each worker thread of a busy
+    /// runtime pull those cache lines from the other (a tenth of a microsecond a call). An
+    /// entry keeps its instruments (metric handles) alive after its engine is gone, at most
+    /// [`RECENT`] per thread.
+    static RECENT_INSTRUMENTS: std::cell::RefCell<Vec<Recent>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 #[cfg(feature = "metrics")]
 impl Meters {
     pub(crate) fn new(latencies_one_in: u32) -> Meters {
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Meters {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             by_scope: Default::default(),
             latencies_one_in,
         }
     }
 
-    pub(crate) fn of(&self, scope: &Scope) -> Arc<Instruments> {
+    /// The instruments of `scope` from the shared map, registered (with the recorder installed
+    /// now) at the scope's first call.
+    fn of(&self, scope: &Scope) -> Arc<Instruments> {
         use std::sync::PoisonError;
         if let Some(found) = self
             .by_scope
@@ -317,6 +348,46 @@ impl Meters {
             .entry(scope.as_str().into())
             .or_insert_with(|| Arc::new(Instruments::new(scope)))
             .clone()
+    }
+
+    /// Runs `record` on the instruments of `scope`: from this thread's cache when they are in
+    /// it, otherwise from the shared map, then kept in the cache (the oldest of [`RECENT`]
+    /// entries gives way).
+    fn with(&self, scope: &Scope, record: impl FnOnce(&Instruments)) {
+        let name = scope.as_str();
+        let found = |recent: &[Recent]| {
+            recent
+                .iter()
+                .position(|r| r.meters == self.id && *r.scope == *name)
+        };
+        let mut record = Some(record);
+        // `try_with`: a probe dropped while its thread's locals are being torn down goes to the
+        // map instead.
+        let _ = RECENT_INSTRUMENTS.try_with(|recent| {
+            let Ok(mut recent) = recent.try_borrow_mut() else {
+                return;
+            };
+            let at = match found(&recent) {
+                Some(at) => at,
+                None => {
+                    if recent.len() == RECENT {
+                        recent.remove(0);
+                    }
+                    recent.push(Recent {
+                        meters: self.id,
+                        scope: name.into(),
+                        instruments: self.of(scope),
+                    });
+                    recent.len() - 1
+                }
+            };
+            if let (Some(record), Some(entry)) = (record.take(), recent.get(at)) {
+                record(&entry.instruments);
+            }
+        });
+        if let Some(record) = record {
+            record(&self.of(scope));
+        }
     }
 
     /// Whether this call records its latencies: one in `latencies_one_in`, at random (a
@@ -352,7 +423,7 @@ pub(crate) struct Probe<'a> {
     key: Key,
     span: tracing::Span,
     #[cfg(feature = "metrics")]
-    instruments: Arc<Instruments>,
+    meters: &'a Meters,
     /// Whether this call records its latencies (always false without `metrics`).
     sampled: bool,
     ended: bool,
@@ -370,7 +441,7 @@ fn log_could_print_spans() -> bool {
 impl<'a> Probe<'a> {
     pub(crate) fn new(
         observer: Option<&'a dyn Observer>,
-        meters: &Meters,
+        meters: &'a Meters,
         scope: &'a Scope,
         key: Key,
     ) -> Self {
@@ -395,7 +466,7 @@ impl<'a> Probe<'a> {
             key,
             span,
             #[cfg(feature = "metrics")]
-            instruments: meters.of(scope),
+            meters,
             #[cfg(feature = "metrics")]
             sampled: meters.sampled(),
             #[cfg(not(feature = "metrics"))]
@@ -415,27 +486,29 @@ impl<'a> Probe<'a> {
         Suspended {
             key: self.key,
             span: std::mem::replace(&mut self.span, tracing::Span::none()),
-            #[cfg(feature = "metrics")]
-            instruments: self.instruments.clone(),
             sampled: self.sampled,
             claimed: self.claimed,
         }
     }
 
-    /// Takes up a suspended call's report, with the engine's observer and the call's scope.
+    /// Takes up a suspended call's report, with the engine's observer and meters and the call's
+    /// scope.
     #[cfg(feature = "http")]
     pub(crate) fn resume(
         suspended: Suspended,
         observer: Option<&'a dyn Observer>,
+        meters: &'a Meters,
         scope: &'a Scope,
     ) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = meters;
         Probe {
             observer,
             scope,
             key: suspended.key,
             span: suspended.span,
             #[cfg(feature = "metrics")]
-            instruments: suspended.instruments,
+            meters,
             sampled: suspended.sampled,
             ended: false,
             claimed: suspended.claimed,
@@ -470,7 +543,8 @@ impl<'a> Probe<'a> {
         tracing::debug!(parent: &self.span, op = "claim", took_us = took.as_micros() as u64);
         #[cfg(feature = "metrics")]
         if self.sampled {
-            self.instruments.claim.record(took.as_secs_f64());
+            self.meters
+                .with(self.scope, |i| i.claim.record(took.as_secs_f64()));
         }
     }
 
@@ -478,7 +552,7 @@ impl<'a> Probe<'a> {
     pub(crate) fn claimed(&mut self) {
         self.claimed = true;
         #[cfg(feature = "metrics")]
-        self.instruments.in_flight.increment(1.0);
+        self.meters.with(self.scope, |i| i.in_flight.increment(1.0));
         self.emit(Stage::Claimed, None);
     }
 
@@ -487,7 +561,8 @@ impl<'a> Probe<'a> {
         self.work_took = Some(took);
         #[cfg(feature = "metrics")]
         if self.sampled {
-            self.instruments.work.record(took.as_secs_f64());
+            self.meters
+                .with(self.scope, |i| i.work.record(took.as_secs_f64()));
         }
     }
 
@@ -496,7 +571,8 @@ impl<'a> Probe<'a> {
         tracing::debug!(parent: &self.span, op = "complete", took_us = took.as_micros() as u64);
         #[cfg(feature = "metrics")]
         if self.sampled {
-            self.instruments.complete.record(took.as_secs_f64());
+            self.meters
+                .with(self.scope, |i| i.complete.record(took.as_secs_f64()));
         }
     }
 
@@ -508,10 +584,13 @@ impl<'a> Probe<'a> {
         self.span.record("outcome", stage.as_str());
         #[cfg(feature = "metrics")]
         {
-            self.instruments.ended(stage);
-            if self.claimed {
-                self.instruments.in_flight.decrement(1.0);
-            }
+            let claimed = self.claimed;
+            self.meters.with(self.scope, |i| {
+                i.ended(stage);
+                if claimed {
+                    i.in_flight.decrement(1.0);
+                }
+            });
         }
         let took = match stage {
             Stage::Completed | Stage::NotRetained | Stage::Released | Stage::LeaseLost => {
@@ -536,8 +615,6 @@ impl<'a> Probe<'a> {
 pub(crate) struct Suspended {
     key: Key,
     span: tracing::Span,
-    #[cfg(feature = "metrics")]
-    instruments: Arc<Instruments>,
     sampled: bool,
     claimed: bool,
 }

@@ -370,6 +370,73 @@ fn latencies_are_sampled_by_default_and_counts_are_not() {
     assert!(work > 0.0 && work < claim, "{work} work samples of {claim}");
 }
 
+/// Each call's metrics land in the instruments its own engine registered for its scope, whatever
+/// the thread ran before. A thread keeps the instruments it used last (four pairs of engine and
+/// scope), so that a call touches no lock or count shared with other threads; two engines taking
+/// turns over six scopes on one thread go through that cache's hits, misses and evictions. Each
+/// engine registered its scopes under a recorder of its own, so a count that went to the other
+/// engine's instruments (or to another scope's) shows in the wrong recorder or label.
+#[test]
+fn each_engine_and_scope_count_into_their_own_instruments() {
+    const SCOPES: [&str; 6] = ["s0", "s1", "s2", "s3", "s4", "s5"];
+    const ROUNDS: usize = 5;
+    let recorders = [DebuggingRecorder::new(), DebuggingRecorder::new()];
+    let engines = [
+        Idempotency::new(MemoryStore::new()),
+        Idempotency::new(MemoryStore::new()),
+    ];
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let call = |engine: usize, scope: &'static str, n: usize| {
+        let engine = &engines[engine];
+        async move {
+            let key = Key::derive(scope, "", &format!("{n}")).unwrap();
+            engine
+                .call(key)
+                .scope(scope)
+                .run(async { Ok::<_, Error>(n) })
+                .await
+                .unwrap();
+        }
+    };
+    // Each engine's first call of each scope, under its own recorder, registers its instruments.
+    for (e, recorder) in recorders.iter().enumerate() {
+        metrics::with_local_recorder(recorder, || {
+            runtime.block_on(async {
+                for scope in SCOPES {
+                    call(e, scope, 0).await;
+                }
+            })
+        });
+    }
+    // Then, with no recorder installed, the two engines take turns over every scope.
+    runtime.block_on(async {
+        for round in 1..=ROUNDS {
+            for scope in SCOPES {
+                for e in 0..2 {
+                    call(e, scope, round * 10 + e).await;
+                }
+            }
+        }
+    });
+    for recorder in &recorders {
+        let metrics = snapshot(recorder);
+        for scope in SCOPES {
+            assert_eq!(
+                metrics[&format!("idem_calls_total{{outcome=completed,scope={scope}}}")],
+                (1 + ROUNDS) as f64,
+                "{metrics:?}"
+            );
+            assert_eq!(
+                metrics[&format!("idem_claims_in_flight{{scope={scope}}}")],
+                0.0
+            );
+        }
+    }
+}
+
 /// `sample_latencies(1)` times every call; `0` is refused before anything is recorded.
 #[test]
 fn sampling_every_call_and_refusing_zero() {

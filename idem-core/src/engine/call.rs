@@ -342,7 +342,12 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
         // running.
         run_to_end(async move {
             let core = &owned.engine.inner.core;
-            let mut probe = Probe::resume(suspended, core.observer.as_deref(), &owned.scope);
+            let mut probe = Probe::resume(
+                suspended,
+                core.observer.as_deref(),
+                &core.meters,
+                &owned.scope,
+            );
             let span = probe.span().clone();
             owned
                 .engine
