@@ -19,6 +19,12 @@ const FORMAT: u8 = 0xE1;
 const NOT_RETAINED: u8 = 1;
 const HEAD: usize = 6;
 
+/// An empty buffer for an encoder to write a payload of about `len` bytes into, with room to
+/// spare for the head [`result`] puts in front of it (so that it does not reallocate and copy).
+pub(crate) fn payload_buffer(len: usize) -> Vec<u8> {
+    Vec::with_capacity(len + HEAD)
+}
+
 /// What a completed record holds, as the engines read it back.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Kept<'a> {

@@ -95,6 +95,15 @@ pub(crate) async fn read_response(mut body: Body, limit: usize) -> Buffered {
             };
         }
     }
+    // A body of one frame (what a handler's `Json` or `String` makes) is kept as it is: no copy.
+    if read.len() == 1 {
+        if let Some(frame) = read.pop_front() {
+            match frame.into_data() {
+                Ok(data) => return Buffered::Whole(data),
+                Err(frame) => read.push_front(frame),
+            }
+        }
+    }
     let mut bytes = BytesMut::with_capacity(len);
     for frame in read {
         if let Ok(data) = frame.into_data() {

@@ -119,7 +119,8 @@ impl Parser<'_> {
 
     fn string(&mut self) -> Result<String, KeyHeaderError> {
         self.next();
-        let mut out = String::new();
+        // At most the rest of the input: one allocation instead of a doubling per few bytes.
+        let mut out = String::with_capacity(self.input.len().saturating_sub(self.pos));
         loop {
             match self.next() {
                 None => return Err(malformed("the closing double quote is missing")),

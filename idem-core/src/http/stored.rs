@@ -63,17 +63,21 @@ pub(crate) fn head_len(parts: &Parts) -> usize {
 /// Version byte, status (u16), header count (u32), then per header the name (u16 length) and
 /// value (u32 length), then the body to the end. Big-endian lengths.
 pub(crate) fn encode(c: &Captured) -> Result<Vec<u8>, BoxError> {
-    let mut out = Vec::with_capacity(head_len(&c.parts) + c.body.len());
+    let mut out = crate::envelope::payload_buffer(head_len(&c.parts) + c.body.len());
     out.push(VERSION);
     out.extend_from_slice(&c.parts.status.as_u16().to_be_bytes());
-    let headers: Vec<_> = stored_headers(&c.parts.headers).collect();
-    out.extend_from_slice(&u32::try_from(headers.len())?.to_be_bytes());
-    for (name, value) in headers {
+    // The header count goes in front of the headers: written once they are counted.
+    let count_at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    let mut count = 0usize;
+    for (name, value) in stored_headers(&c.parts.headers) {
         out.extend_from_slice(&u16::try_from(name.as_str().len())?.to_be_bytes());
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(&u32::try_from(value.len())?.to_be_bytes());
         out.extend_from_slice(value.as_bytes());
+        count += 1;
     }
+    out[count_at..count_at + 4].copy_from_slice(&u32::try_from(count)?.to_be_bytes());
     out.extend_from_slice(&c.body);
     Ok(out)
 }

@@ -49,6 +49,7 @@ macro_rules! http_suite {
                 oversized_response_is_not_run_again,
                 five_megabyte_response_is_not_run_again,
                 response_with_trailers_is_not_run_again,
+                response_in_frames_is_replayed_whole,
                 completed_response_is_stored
             );
         }

@@ -175,6 +175,7 @@ impl Server {
             .route("/panics", post(panics))
             .route("/big", post(big))
             .route("/trailers", post(trailers))
+            .route("/frames", post(frames))
             .route("/huge", post(huge))
             .layer(layer)
             .layer(tower::util::MapRequestLayer::new(
@@ -369,6 +370,16 @@ async fn trailers(State(app): State<App>) -> Response<Body> {
             http_body::Frame::trailers(trailers),
         ]
         .into(),
+    )))
+}
+
+/// A body in three data frames (a streamed response), which the layer stores as one.
+async fn frames(State(app): State<App>) -> Response<Body> {
+    let run = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    Response::new(Body::new(Frames(
+        [format!("run {run}"), " in three".into(), " frames".into()]
+            .map(|part| http_body::Frame::data(bytes::Bytes::from(part)))
+            .into(),
     )))
 }
 
