@@ -294,68 +294,73 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
 
     /// The HTTP layer's call: detached, with its own byte format, and a value that may say it
     /// cannot be stored ([`Encoded::NotRetained`]).
+    // A plain function returning an `async` block, for the reason given at `drive`.
     #[cfg(feature = "http")]
-    pub(crate) async fn run_detached_encoded<T, E, F>(
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn run_detached_encoded<T, E, F>(
         self,
         work: F,
         encode: fn(&T) -> Encoded,
         decode: fn(&[u8]) -> Result<T, BoxError>,
-    ) -> Result<Outcome<T>, E>
+    ) -> impl Future<Output = Result<Outcome<T>, E>> + Send + 'e
     where
         F: Future<Output = Result<T, E>> + Send + 'static,
         T: Send + 'static,
         E: From<Error> + Send + 'static,
     {
-        let Some(key) = self.key else {
-            return run_to_end(work).await.map(Outcome::Fresh);
-        };
-        // The claim is made in the caller's task: a replay, a refusal or a failure costs no task
-        // of its own. A claim attempt the caller abandons is finished and released all the same
-        // (see `finish::start`).
-        let format = Raw { encode, decode };
-        let owned = self.into_owned();
-        let (suspended, holding) = {
-            let core = &owned.engine.inner.core;
-            let mut probe = Probe::new(core.observer.as_deref(), &core.meters, &owned.scope, key);
-            let span = probe.span().clone();
-            let claimed = owned
-                .engine
-                .claim_half(
-                    &mut probe,
-                    key,
-                    owned.fingerprint,
-                    &owned.overrides,
-                    &format,
-                    &Released,
-                )
-                .instrument(span)
-                .await;
-            match claimed {
-                Claimed::Ended(out) => return out,
-                Claimed::Holding(holding) => (probe.suspend(), holding),
-            }
-        };
-        // It holds the key: from here the work and the storing of its result run to their end,
-        // even if the caller goes away: in the caller's task while it waits, and on a task of
-        // their own once it is dropped (`run_to_end`). Nothing is awaited between the claim and
-        // this, so there is no point at which a dropped caller leaves the claim held with no work
-        // running.
-        run_to_end(async move {
-            let core = &owned.engine.inner.core;
-            let mut probe = Probe::resume(
-                suspended,
-                core.observer.as_deref(),
-                &core.meters,
-                &owned.scope,
-            );
-            let span = probe.span().clone();
-            owned
-                .engine
-                .work_half(&mut probe, &holding, work, &format, &Released)
-                .instrument(span)
-                .await
-        })
-        .await
+        async move {
+            let Some(key) = self.key else {
+                return run_to_end(work).await.map(Outcome::Fresh);
+            };
+            // The claim is made in the caller's task: a replay, a refusal or a failure costs no task
+            // of its own. A claim attempt the caller abandons is finished and released all the same
+            // (see `finish::start`).
+            let format = Raw { encode, decode };
+            let owned = self.into_owned();
+            let (suspended, holding) = {
+                let core = &owned.engine.inner.core;
+                let mut probe =
+                    Probe::new(core.observer.as_deref(), &core.meters, &owned.scope, key);
+                let span = probe.span().clone();
+                let claimed = owned
+                    .engine
+                    .claim_half(
+                        &mut probe,
+                        key,
+                        owned.fingerprint,
+                        &owned.overrides,
+                        &format,
+                        &Released,
+                    )
+                    .instrument(span)
+                    .await;
+                match claimed {
+                    Claimed::Ended(out) => return out,
+                    Claimed::Holding(holding) => (probe.suspend(), holding),
+                }
+            };
+            // It holds the key: from here the work and the storing of its result run to their end,
+            // even if the caller goes away: in the caller's task while it waits, and on a task of
+            // their own once it is dropped (`run_to_end`). Nothing is awaited between the claim and
+            // this, so there is no point at which a dropped caller leaves the claim held with no work
+            // running.
+            run_to_end(async move {
+                let core = &owned.engine.inner.core;
+                let mut probe = Probe::resume(
+                    suspended,
+                    core.observer.as_deref(),
+                    &core.meters,
+                    &owned.scope,
+                );
+                let span = probe.span().clone();
+                owned
+                    .engine
+                    .work_half(&mut probe, &holding, work, &format, &Released)
+                    .instrument(span)
+                    .await
+            })
+            .await
+        }
     }
 
     /// Runs the call through the engine with the given result formats, reporting to the

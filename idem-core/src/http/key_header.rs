@@ -119,17 +119,24 @@ impl Parser<'_> {
 
     fn string(&mut self) -> Result<String, KeyHeaderError> {
         self.next();
-        // At most the rest of the input: one allocation instead of a doubling per few bytes.
-        let mut out = String::with_capacity(self.input.len().saturating_sub(self.pos));
+        // At most the rest of the input: one allocation.
+        let mut out = Vec::with_capacity(self.input.len().saturating_sub(self.pos));
         loop {
+            // A run of plain characters at once, then the one that ends it.
+            let rest = self.input.get(self.pos..).unwrap_or_default();
+            let run = rest
+                .iter()
+                .position(|&c| c == b'"' || c == b'\\' || !(0x20..=0x7e).contains(&c))
+                .unwrap_or(rest.len());
+            out.extend_from_slice(&rest[..run]);
+            self.pos += run;
             match self.next() {
                 None => return Err(malformed("the closing double quote is missing")),
-                Some(b'"') => return Ok(out),
+                Some(b'"') => break,
                 Some(b'\\') => match self.next() {
-                    Some(c @ (b'"' | b'\\')) => out.push(c as char),
+                    Some(c @ (b'"' | b'\\')) => out.push(c),
                     _ => return Err(malformed("a backslash may only escape '\"' or '\\'")),
                 },
-                Some(c @ 0x20..=0x7e) => out.push(c as char),
                 Some(_) => {
                     return Err(malformed(
                         "the string holds a character outside printable ASCII",
@@ -137,6 +144,9 @@ impl Parser<'_> {
                 }
             }
         }
+        // Only printable ASCII was kept, so this cannot fail.
+        String::from_utf8(out)
+            .map_err(|_| malformed("the string holds a character outside printable ASCII"))
     }
 
     fn parameters(&mut self) -> Result<(), KeyHeaderError> {
