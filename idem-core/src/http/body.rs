@@ -86,6 +86,14 @@ pub(crate) async fn read_response(mut body: Body, limit: usize) -> Buffered {
             }
             None => Some("it has trailers"),
         };
+        // The whole body in one frame, its end known (what a handler's `Json` or `String`
+        // makes): kept as it is, with no copy and no list of frames.
+        let whole = why.is_none() && read.is_empty() && http_body::Body::is_end_stream(&body);
+        let frame = match frame.into_data() {
+            Ok(data) if whole => return Buffered::Whole(data),
+            Ok(data) => Frame::data(data),
+            Err(frame) => frame,
+        };
         read.push_back(frame);
         if let Some(why) = why {
             let tail = Tail::Body(body);
@@ -95,7 +103,7 @@ pub(crate) async fn read_response(mut body: Body, limit: usize) -> Buffered {
             };
         }
     }
-    // A body of one frame (what a handler's `Json` or `String` makes) is kept as it is: no copy.
+    // One frame whose end only showed at the next read (a stream's) is kept as it is too.
     if read.len() == 1 {
         if let Some(frame) = read.pop_front() {
             match frame.into_data() {

@@ -176,6 +176,7 @@ impl Server {
             .route("/big", post(big))
             .route("/trailers", post(trailers))
             .route("/frames", post(frames))
+            .route("/one-frame", post(one_frame))
             .route("/huge", post(huge))
             .layer(layer)
             .layer(tower::util::MapRequestLayer::new(
@@ -380,6 +381,17 @@ async fn frames(State(app): State<App>) -> Response<Body> {
         [format!("run {run}"), " in three".into(), " frames".into()]
             .map(|part| http_body::Frame::data(bytes::Bytes::from(part)))
             .into(),
+    )))
+}
+
+/// A streamed body of one frame, whose end shows only when the next is asked for.
+async fn one_frame(State(app): State<App>) -> Response<Body> {
+    let run = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    Response::new(Body::new(Frames(
+        [http_body::Frame::data(bytes::Bytes::from(format!(
+            "run {run} streamed"
+        )))]
+        .into(),
     )))
 }
 
