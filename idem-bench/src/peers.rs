@@ -4,6 +4,9 @@
 //!   loopback: bare, behind idem's `IdempotencyLayer` over `MemoryStore`, and behind
 //!   `axum-idempotent` 0.6 over ruts' in-memory `MokaStore` (with the session and cookie layers
 //!   it needs). One hyper client on keep-alive connections sends the same requests to each.
+//!   Two calibration apps run beside them: the bare app whose handler burns 5 µs more CPU (what a
+//!   fixed cost per request weighs here), and the bare app whose handler does not read the
+//!   request body (what a replay that skips the body, as axum-idempotent's does, saves).
 //! - Engine: `Idempotency` over `MemoryStore` against the `idempotent` 0.3 crate's memory store,
 //!   each doing claim + trivial work + JSON + complete on a new key, and the replay of a
 //!   completed key.
@@ -50,6 +53,7 @@ pub const IDEM_LAYER: &str = "idem layer";
 pub const AXUM_IDEMPOTENT: &str = "axum-idempotent 0.6";
 pub const BARE: &str = "bare app";
 pub const BARE_SPIN: &str = "bare app, handler +5 µs CPU";
+pub const BARE_UNREAD: &str = "bare app, body not read";
 pub const IDEM_ENGINE: &str = "idem engine";
 pub const IDEMPOTENT: &str = "idempotent 0.3";
 
@@ -97,6 +101,15 @@ async fn deposit(Json(d): Json<Deposit>) -> Json<Receipt> {
     Json(work(d.cents ^ d.account))
 }
 
+/// `deposit` without reading the request body: the answer a replay that skips the body (as
+/// axum-idempotent's does) is measured against. hyper wakes the connection's task when a
+/// handler takes the body, which tokio runs as a yield that also wakes an idle worker: at one
+/// client task this doubles the bare app's latency on a multi-thread runtime (docs/performance.md,
+/// "What reading the request body costs").
+async fn unread_deposit() -> Json<Receipt> {
+    Json(work(7))
+}
+
 /// `deposit` after spinning for [`SPIN`] (a busy loop on the clock, no sleep).
 async fn spinning_deposit(Json(d): Json<Deposit>) -> Json<Receipt> {
     let start = std::time::Instant::now();
@@ -136,6 +149,8 @@ enum Flavor {
     Bare,
     /// The bare app whose `/deposits` handler also spins for [`SPIN`].
     BareSpin,
+    /// The bare app whose `/deposits` handler does not read the request body.
+    BareUnread,
     Idem,
     AxumIdempotent,
 }
@@ -144,7 +159,7 @@ impl Flavor {
     /// The header a replay carries, if the server replays.
     fn replay_header(self) -> Option<&'static str> {
         match self {
-            Flavor::Bare | Flavor::BareSpin => None,
+            Flavor::Bare | Flavor::BareSpin | Flavor::BareUnread => None,
             Flavor::Idem => Some(IDEM_REPLAYED),
             Flavor::AxumIdempotent => Some(AXUM_REPLAYED),
         }
@@ -156,6 +171,7 @@ fn router(flavor: Flavor, ran: Arc<AtomicU64>) -> Result<Router, BenchError> {
     Ok(match flavor {
         Flavor::Bare => app,
         Flavor::BareSpin => Router::new().route("/deposits", post(spinning_deposit)),
+        Flavor::BareUnread => Router::new().route("/deposits", post(unread_deposit)),
         Flavor::Idem => app.layer(
             IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
                 .require_key(true)
@@ -739,6 +755,7 @@ pub(crate) async fn run(plan: &Plan, rows: &mut Vec<Row>) -> Result<Vec<SameKey>
         eprintln!("peers: HTTP fresh and replay, {c} tasks");
         let bare = Server::start(Flavor::Bare).await?;
         let spin = Server::start(Flavor::BareSpin).await?;
+        let unread = Server::start(Flavor::BareUnread).await?;
         let idem = Server::start(Flavor::Idem).await?;
         let axum = Server::start(Flavor::AxumIdempotent).await?;
         let completed: Arc<Vec<Call>> = Arc::new(
@@ -754,9 +771,10 @@ pub(crate) async fn run(plan: &Plan, rows: &mut Vec<Row>) -> Result<Vec<SameKey>
                     Workload::Replay => http_replay(server, &completed),
                     _ => http_fresh(server, &sessions),
                 };
-                // The calibration row first: `note_idem_over_peer` reads the last three.
+                // The calibration rows first: `note_idem_over_peer` reads the last three.
                 let variants = [
                     (BARE_SPIN, op(&spin), String::new()),
+                    (BARE_UNREAD, op(&unread), String::new()),
                     (IDEM_LAYER, op(&idem), note(IDEM_LAYER)),
                     (AXUM_IDEMPOTENT, op(&axum), note(AXUM_IDEMPOTENT)),
                 ];
@@ -767,7 +785,7 @@ pub(crate) async fn run(plan: &Plan, rows: &mut Vec<Row>) -> Result<Vec<SameKey>
             Ok::<_, BenchError>(())
         }
         .await;
-        for server in [bare, spin, idem, axum] {
+        for server in [bare, spin, unread, idem, axum] {
             server.shut_down().await?;
         }
         outcome?;
