@@ -511,6 +511,58 @@ pub async fn oversized_body_is_413(store: Arc<dyn Store>) {
     assert_eq!(server.runs(), 1);
 }
 
+/// A client that goes away while its body is still arriving leaves neither a claim nor a stored
+/// error behind (the layer reads the whole body before it claims), so its retry runs the handler
+/// at once instead of meeting a claim held for a lease.
+pub async fn upload_cut_short_claims_nothing(store: Arc<dyn Store>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start(store, |b| b).await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let cut = format!(
+        "POST /payments HTTP/1.1\r\nhost: {addr}\r\nidempotency-key: \"k-cut\"\r\n\
+         x-caller: {CALLER}\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n\
+         {{\"amount\":"
+    );
+    tcp.write_all(cut.as_bytes()).await.unwrap();
+    // 90 bytes short of its length, the client stops sending: its half of the connection closes.
+    tcp.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    within(
+        "the server to answer the cut request and close",
+        tcp.read_to_end(&mut answer),
+    )
+    .await
+    .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert!(
+        answer.contains(Problem::BodyUnreadable.type_uri()),
+        "{answer}"
+    );
+    assert_eq!(server.runs(), 0);
+    assert!(
+        server
+            .store
+            .get(&record_key(CALLER, "k-cut"))
+            .await
+            .unwrap()
+            .is_none(),
+        "the cut request left a record behind"
+    );
+    let retry = server
+        .post("/payments", Some("k-cut"), r#"{"amount":5}"#)
+        .await;
+    assert_eq!(
+        retry.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert!(!retry.replayed());
+    assert_eq!(server.runs(), 1);
+}
+
 /// A response too large to keep goes to the first client, and its retry gets a problem
 /// response instead of a second run.
 pub async fn oversized_response_is_not_run_again(store: Arc<dyn Store>) {

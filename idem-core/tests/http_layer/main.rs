@@ -46,6 +46,7 @@ macro_rules! http_suite {
                 disconnect_runs_once_then_replays,
                 disconnect_then_fail_fast_gets_409_then_replay,
                 oversized_body_is_413,
+                upload_cut_short_claims_nothing,
                 oversized_response_is_not_run_again,
                 five_megabyte_response_is_not_run_again,
                 response_with_trailers_is_not_run_again,
