@@ -656,23 +656,37 @@ async fn expire_steadily(
     rate: u64,
     seconds: u64,
     from_ms: u64,
+    each_ms: impl FnMut(u64),
+) -> Backlog {
+    let config = PrunerConfig::default();
+    expire_steadily_after(store, clock, (rate, seconds), 1, config, from_ms, each_ms).await
+}
+
+/// [`expire_steadily`] with the first lease ending at `quiet_ms` (nothing expires before) and
+/// a pruner spawned with `config`.
+async fn expire_steadily_after(
+    store: &Arc<TestStore>,
+    clock: &ManualClock,
+    (rate, seconds): (u64, u64),
+    quiet_ms: u64,
+    config: PrunerConfig,
+    from_ms: u64,
     mut each_ms: impl FnMut(u64),
 ) -> Backlog {
     let leases: Vec<u64> = (0..rate * seconds)
-        .map(|i| 1_000 + i * 1_000_000 / rate)
+        .map(|i| quiet_ms * 1_000 + i * 1_000_000 / rate)
         .collect();
     for (i, &micros) in leases.iter().enumerate() {
         claim(&**store, &key("steady", i), Duration::from_micros(micros)).await;
     }
     let expired_by = |ms: u64| leases.partition_point(|&l| l <= ms * 1_000);
-    let handle = Pruner::records(store.clone(), PrunerConfig::default())
-        .unwrap()
-        .spawn();
+    let handle = Pruner::records(store.clone(), config).unwrap().spawn();
     let mut found = Backlog {
         worst: 0,
         at_end: 0,
     };
-    for ms in 1..=(seconds * 1_000 + 1_000) {
+    let last_expiry_ms = quiet_ms + seconds * 1_000;
+    for ms in 1..=(last_expiry_ms + 1_000) {
         each_ms(ms);
         clock.advance(Duration::from_millis(1));
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -680,7 +694,7 @@ async fn expire_steadily(
         if ms > from_ms {
             found.worst = found.worst.max(backlog);
         }
-        if ms == seconds * 1_000 {
+        if ms == last_expiry_ms {
             found.at_end = backlog;
         }
     }
@@ -707,6 +721,28 @@ async fn a_spawned_pruner_keeps_pace_with_the_rate_records_expire_at() {
     // Not a busy loop either: one run per ~133 ms, each a few calls.
     let calls = store.prune_calls.load(Ordering::SeqCst);
     assert!(calls <= 200, "{calls} prune calls");
+}
+
+/// Records that start to expire only after a quiet spell (5 s), then at 3,000 a second, with
+/// batches of 1,000. The runs during the spell find nothing, and their waits double (10 ms, 20
+/// ms, … 2.56 s). A rate measured from the last of them would take in the spell: a few hundred
+/// records over 2.5 s, about 130 a second, and a wait of four batches at that rate, 30 s, while
+/// 90,000 records expire. The rate is measured from the first run that found some instead, so
+/// the backlog stays near four batches.
+#[tokio::test(start_paused = true)]
+async fn a_rate_is_not_measured_across_a_quiet_spell() {
+    let clock = ManualClock::new();
+    let store = test_store(&clock, Duration::from_millis(1));
+    let config = PrunerConfig::default().batch_size(1_000);
+    let found = expire_steadily_after(&store, &clock, (3_000, 10), 5_000, config, 0, |_| {}).await;
+    // Four batches of 1,000 expire between runs, plus what expires while one runs and the
+    // 2.56 s the last wait of the spell may overlap with the first expiries.
+    assert!(
+        found.worst <= 9_000,
+        "the expired backlog reached {}",
+        found.worst
+    );
+    assert!(found.at_end <= 5_000, "{} left at the end", found.at_end);
 }
 
 /// The same steady 3,000 a second, and after a second the store slows down: every
