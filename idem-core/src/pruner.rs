@@ -148,8 +148,8 @@ impl PrunerConfig {
     /// The most entries one batch deletes (1 to 100,000). Smaller batches hold locks (SQLite:
     /// the database's only write lock) for less time; fewer, larger batches meet fewer claims.
     /// The default (100) suits SQLite. On PostgreSQL at thousands of expiries a second, 1,000
-    /// kept the claims' p99 within 1.3 × of a run without pruning where 100 gave 1.45-2.2 ×
-    /// (docs/performance.md, "The sustained run").
+    /// kept the claims' p99 within 1.3 × of a run without pruning (one run), where 100 gave
+    /// 1.45-2.2 × (six runs; docs/performance.md, "The sustained run").
     ///
     /// ```
     /// // A pruner for a PostgreSQL store with thousands of keys expiring a second.
