@@ -355,11 +355,6 @@ impl Meters {
     /// entries gives way).
     fn with(&self, scope: &Scope, record: impl FnOnce(&Instruments)) {
         let name = scope.as_str();
-        let found = |recent: &[Recent]| {
-            recent
-                .iter()
-                .position(|r| r.meters == self.id && *r.scope == *name)
-        };
         let mut record = Some(record);
         // `try_with`: a probe dropped while its thread's locals are being torn down goes to the
         // map instead.
@@ -367,7 +362,10 @@ impl Meters {
             let Ok(mut recent) = recent.try_borrow_mut() else {
                 return;
             };
-            let at = match found(&recent) {
+            let found = recent
+                .iter()
+                .position(|r| r.meters == self.id && *r.scope == *name);
+            let at = match found {
                 Some(at) => at,
                 None => {
                     if recent.len() == RECENT {

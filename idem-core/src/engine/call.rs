@@ -312,9 +312,9 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
             let Some(key) = self.key else {
                 return run_to_end(work).await.map(Outcome::Fresh);
             };
-            // The claim is made in the caller's task: a replay, a refusal or a failure costs no task
-            // of its own. A claim attempt the caller abandons is finished and released all the same
-            // (see `finish::start`).
+            // The claim is made in the caller's task: a replay, a refusal or a failure costs no
+            // task of its own. A claim attempt the caller abandons is finished and released all
+            // the same (see `finish::start`).
             let format = Raw { encode, decode };
             let owned = self.into_owned();
             let (suspended, holding) = {
@@ -339,11 +339,11 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                     Claimed::Holding(holding) => (probe.suspend(), holding),
                 }
             };
-            // It holds the key: from here the work and the storing of its result run to their end,
-            // even if the caller goes away: in the caller's task while it waits, and on a task of
-            // their own once it is dropped (`run_to_end`). Nothing is awaited between the claim and
-            // this, so there is no point at which a dropped caller leaves the claim held with no work
-            // running.
+            // It holds the key: from here the work and the storing of its result run to their
+            // end, even if the caller goes away: in the caller's task while it waits, and on a
+            // task of their own once it is dropped (`run_to_end`). Nothing is awaited between the
+            // claim and this, so there is no point at which a dropped caller leaves the claim
+            // held with no work running.
             run_to_end(async move {
                 let core = &owned.engine.inner.core;
                 let mut probe = Probe::resume(
