@@ -30,7 +30,7 @@ mod workload;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem::{Idempotency, MemoryStore, PostgresStore, PrunerConfig, SqliteStore};
+use idem::{Idempotency, MemoryStore, PostgresStore, SqliteStore};
 
 use crate::cpu::Cpu;
 use crate::harness::{interleaved, Op, Timing};
@@ -236,7 +236,7 @@ impl Args {
             rows: self.scale_rows.unwrap_or(plan.scale_rows),
             timing: plan.scale_timing,
             prune_cap: plan.prune_cap,
-            prune_batch: self.prune_batch.unwrap_or(PrunerConfig::DEFAULT_BATCH_SIZE),
+            prune_batch: self.prune_batch,
             prune_pause: self.prune_pause,
             cpu,
         }

@@ -251,7 +251,9 @@ impl Results {
                 out,
                 "| {} | {} | {} | {}{} | {:.1} s | {} | {} | {} | {:.2} | {} | {} |",
                 s.store,
-                r.plan.prune_batch,
+                r.plan
+                    .prune_batch
+                    .map_or("store's".to_owned(), |b| thousands(f64::from(b))),
                 r.plan
                     .prune_pause
                     .map_or("paced by cost".to_owned(), |p| format!(

@@ -40,8 +40,9 @@ pub struct ScalePlan {
     pub timing: Timing,
     /// The most time alternating slices before the run gives up draining.
     pub prune_cap: Duration,
-    /// The pruner's batch size ([`PrunerConfig::DEFAULT_BATCH_SIZE`] unless overridden).
-    pub prune_batch: u32,
+    /// The pruner's batch size: `None` for the store's own ([`Store::prune_batch_size`]),
+    /// set to it once the run knows the store.
+    pub prune_batch: Option<u32>,
     /// A fixed pause between the pruner's batches; `None`: paced by cost (the default).
     pub prune_pause: Option<Duration>,
     pub cpu: Cpu,
@@ -222,6 +223,10 @@ async fn measure(
         .try_into()
         .map_err(|_| BenchError::Unexpected("two samples expected".into()))?;
 
+    let plan = ScalePlan {
+        prune_batch: Some(plan.prune_batch.unwrap_or(doomed.prune_batch_size())),
+        ..plan
+    };
     let prune = prune_while_claiming(doomed, plan).await?;
     Ok(ScaleReport {
         plan,
@@ -259,7 +264,10 @@ async fn prune_while_claiming(
         rows: AtomicU64::new(0),
         busy_nanos: AtomicU64::new(0),
     });
-    let mut config = PrunerConfig::new().batch_size(plan.prune_batch);
+    let mut config = PrunerConfig::new();
+    if let Some(batch) = plan.prune_batch {
+        config = config.batch_size(batch);
+    }
     if let Some(pause) = plan.prune_pause {
         config = config.pause(pause);
     }
@@ -346,5 +354,8 @@ impl Store for Metered {
         self.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
         self.rows.fetch_add(deleted, Ordering::Relaxed);
         Ok(deleted)
+    }
+    fn prune_batch_size(&self) -> u32 {
+        self.inner.prune_batch_size()
     }
 }

@@ -1,8 +1,9 @@
 //! The sustained run: new keys at a steady rate with a short retention, for minutes, on SQLite
-//! and PostgreSQL, once with the library's `Pruner` (its defaults) and once without it. Every few
-//! seconds it counts the records, the expired ones and the table's bytes, and it keeps every
-//! claim's latency: does the pruner keep pace (expired rows bounded, the table no longer
-//! growing), and what does it cost the claims (p99 against the run without it)?
+//! and PostgreSQL, once with the library's `Pruner` (its defaults, so the store's batch size)
+//! and once without it. Every few seconds it counts the records, the expired ones and the
+//! table's bytes, and it keeps every claim's latency: does the pruner keep pace (expired rows
+//! bounded, the table no longer growing), and what does it cost the claims (p99 against the run
+//! without it)?
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -54,7 +55,8 @@ pub struct Point {
 #[derive(Debug, Clone)]
 pub struct SustainRun {
     pub store: &'static str,
-    pub pruner: bool,
+    /// The pruner's batch size, or `None` when it was stopped.
+    pub pruner: Option<u32>,
     pub wall: Duration,
     pub calls: u64,
     pub p50: Duration,
@@ -138,10 +140,12 @@ async fn run_one(
         plan.rate,
         if pruner { "running" } else { "stopped" }
     );
-    let handle = if pruner {
-        Some(Pruner::records(store.clone(), PrunerConfig::default())?.spawn())
+    let (handle, batch) = if pruner {
+        let pruner = Pruner::records(store.clone(), PrunerConfig::default())?;
+        let batch = pruner.batch_size();
+        (Some(pruner.spawn()), Some(batch))
     } else {
-        None
+        (None, None)
     };
     let latencies = Arc::new(Mutex::new(Vec::<u64>::with_capacity(
         plan.rate as usize * secs as usize,
@@ -222,7 +226,7 @@ async fn run_one(
     };
     Ok(SustainRun {
         store: name,
-        pruner,
+        pruner: batch,
         wall,
         calls: lat.len() as u64,
         p50: at(50.0),
@@ -293,7 +297,8 @@ pub fn markdown(plan: SustainPlan, runs: &[SustainRun]) -> String {
             out,
             "| {} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
             r.store,
-            if r.pruner { "running" } else { "stopped" },
+            r.pruner
+                .map_or("stopped".to_owned(), |b| format!("running, batches of {b}")),
             r.wall.as_secs_f64(),
             r.calls as f64 / r.wall.as_secs_f64().max(1e-9),
             ms(r.p50),
@@ -312,8 +317,8 @@ pub fn markdown(plan: SustainPlan, runs: &[SustainRun]) -> String {
     );
     for store in ["SQLite", "PostgreSQL"] {
         let (Some(with), Some(without)) = (
-            runs.iter().find(|r| r.store == store && r.pruner),
-            runs.iter().find(|r| r.store == store && !r.pruner),
+            runs.iter().find(|r| r.store == store && r.pruner.is_some()),
+            runs.iter().find(|r| r.store == store && r.pruner.is_none()),
         ) else {
             continue;
         };
@@ -361,7 +366,11 @@ pub fn markdown(plan: SustainPlan, runs: &[SustainRun]) -> String {
             out,
             "- {} (pruner {}): {}",
             r.store,
-            if r.pruner { "running" } else { "stopped" },
+            if r.pruner.is_some() {
+                "running"
+            } else {
+                "stopped"
+            },
             series.join("; ")
         );
     }

@@ -35,9 +35,10 @@ const MAX_STEP_UP_BATCH: u32 = 16;
 /// The shortest wait between two runs paced by cost.
 const MIN_RUN_WAIT: Duration = Duration::from_millis(10);
 
-/// How a [`Pruner`] runs: batches of at most [`batch_size`](PrunerConfig::batch_size) entries,
-/// paced by what they cost, in runs scheduled by how fast entries expire, under a
-/// [`lease`](PrunerConfig::lease) unless [`without_lease`](PrunerConfig::without_lease).
+/// How a [`Pruner`] runs: batches of at most [`batch_size`](PrunerConfig::batch_size) entries
+/// (unless set, the store's [`prune_batch_size`](Store::prune_batch_size)), paced by what they
+/// cost, in runs scheduled by how fast entries expire, under a [`lease`](PrunerConfig::lease)
+/// unless [`without_lease`](PrunerConfig::without_lease).
 ///
 /// **Paced by cost, not by a fixed pause (the default).** After a full batch the pruner waits
 /// in proportion to how long that batch took, so that it holds the store for at most its
@@ -85,7 +86,8 @@ const MIN_RUN_WAIT: Duration = Duration::from_millis(10);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrunerConfig {
-    batch_size: u32,
+    /// `None`: the target's own (see [`Pruner::batch_size`]); always `Some` in a [`Pruner`].
+    batch_size: Option<u32>,
     /// A fixed pause after each full batch; `None` paces by cost.
     pause: Option<Duration>,
     share: f64,
@@ -95,7 +97,10 @@ pub struct PrunerConfig {
 }
 
 impl PrunerConfig {
-    /// Entries one batch deletes at most, by default.
+    /// Entries one batch deletes at most, by default: the default of
+    /// [`Store::prune_batch_size`], which the memory and SQLite stores keep
+    /// ([`PostgresStore`](crate::PostgresStore) says 1,000), and the batch size of a
+    /// [history](Pruner::history) pruner.
     ///
     /// ```
     /// assert_eq!(idem_core::PrunerConfig::DEFAULT_BATCH_SIZE, 100);
@@ -124,7 +129,8 @@ impl PrunerConfig {
     /// ```
     pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
-    /// The defaults: batches of [100](Self::DEFAULT_BATCH_SIZE) entries paced to a
+    /// The defaults: batches of the store's [size](Store::prune_batch_size)
+    /// ([100](Self::DEFAULT_BATCH_SIZE) entries; 1,000 on PostgreSQL) paced to a
     /// [20 %](Self::DEFAULT_SHARE) share of the store's time, runs as often as entries expire
     /// and at least every [60 s](Self::DEFAULT_INTERVAL), no cap on batches per run (a run goes
     /// on until nothing expired is left), and a [60 s](Self::DEFAULT_LEASE) lease so that one
@@ -136,7 +142,7 @@ impl PrunerConfig {
     /// ```
     pub fn new() -> PrunerConfig {
         PrunerConfig {
-            batch_size: Self::DEFAULT_BATCH_SIZE,
+            batch_size: None,
             pause: None,
             share: Self::DEFAULT_SHARE,
             interval: Self::DEFAULT_INTERVAL,
@@ -145,18 +151,22 @@ impl PrunerConfig {
         }
     }
 
-    /// The most entries one batch deletes (1 to 100,000). Smaller batches hold locks (SQLite:
-    /// the database's only write lock) for less time; fewer, larger batches meet fewer claims.
-    /// The default (100) suits SQLite. On PostgreSQL at thousands of expiries a second, 1,000
-    /// kept the claims' p99 within 1.3 × of a run without pruning (one run), where 100 gave
-    /// 1.45-2.2 × (six runs; docs/performance.md, "The sustained run").
+    /// The most entries one batch deletes (1 to 100,000), in place of the store's
+    /// [`prune_batch_size`](Store::prune_batch_size). Smaller batches hold locks (SQLite: the
+    /// database's only write lock) for less time; fewer, larger batches meet fewer claims. The
+    /// stores' own sizes came from the sustained run (3,000 keys/s expiring;
+    /// docs/performance.md, "The sustained run"): on SQLite, batches of 100 left the claims' p99
+    /// as it was without pruning; on PostgreSQL, 100 raised it 1.45-2.2 × and 1,000 kept it near
+    /// 1.3 ×.
     ///
     /// ```
-    /// // A pruner for a PostgreSQL store with thousands of keys expiring a second.
-    /// let _ = idem_core::PrunerConfig::new().batch_size(1_000);
+    /// use idem_core::{MemoryStore, Pruner, PrunerConfig};
+    /// let pruner = Pruner::records(MemoryStore::new(), PrunerConfig::new().batch_size(500))?;
+    /// assert_eq!(pruner.batch_size(), 500);
+    /// # Ok::<(), idem_core::Error>(())
     /// ```
     pub fn batch_size(mut self, batch_size: u32) -> PrunerConfig {
-        self.batch_size = batch_size;
+        self.batch_size = Some(batch_size);
         self
     }
 
@@ -238,13 +248,19 @@ impl PrunerConfig {
         self
     }
 
+    /// The batch size; set (by the user, or from the target by [`Pruner::new`]) in a pruner.
+    fn batch(&self) -> u32 {
+        self.batch_size.unwrap_or(Self::DEFAULT_BATCH_SIZE)
+    }
+
     fn validate(&self) -> Result<(), Error> {
-        if !(1..=MAX_BATCH_SIZE).contains(&self.batch_size) {
-            return Err(Error::InvalidConfig(format!(
-                "pruner batch size must be 1 to {MAX_BATCH_SIZE}, got {}; the default is {}",
-                self.batch_size,
-                Self::DEFAULT_BATCH_SIZE
-            )));
+        if let Some(batch_size) = self.batch_size {
+            if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
+                return Err(Error::InvalidConfig(format!(
+                    "pruner batch size must be 1 to {MAX_BATCH_SIZE}, got {batch_size}; \
+                     leave it unset for the store's own (100; 1,000 on PostgreSQL)"
+                )));
+            }
         }
         if self.max_batches == Some(0) {
             return Err(Error::InvalidConfig(
@@ -320,7 +336,7 @@ impl Pace {
     fn of(config: &PrunerConfig) -> Pace {
         Pace {
             share: config.share,
-            batch: config.batch_size,
+            batch: config.batch(),
         }
     }
 
@@ -330,7 +346,7 @@ impl Pace {
             self.share = (self.share * 2.0).min(1.0);
         } else {
             let most = config
-                .batch_size
+                .batch()
                 .saturating_mul(MAX_STEP_UP_BATCH)
                 .min(MAX_BATCH_SIZE);
             self.batch = self.batch.saturating_mul(2).min(most);
@@ -339,8 +355,8 @@ impl Pace {
 
     /// One step back toward the configured pace: the batch first, then the share.
     fn slower(&mut self, config: &PrunerConfig) {
-        if self.batch > config.batch_size {
-            self.batch = (self.batch / 2).max(config.batch_size);
+        if self.batch > config.batch() {
+            self.batch = (self.batch / 2).max(config.batch());
         } else if self.share > config.share {
             self.share = (self.share / 2.0).max(config.share);
         }
@@ -512,9 +528,35 @@ impl Pruner {
         Pruner::new(Arc::new(target), config)
     }
 
-    fn new(target: Arc<dyn Target>, config: PrunerConfig) -> Result<Pruner, Error> {
+    /// Checks `config` and settles its batch size: the one it names, or the target's.
+    fn new(target: Arc<dyn Target>, mut config: PrunerConfig) -> Result<Pruner, Error> {
         config.validate()?;
+        if config.batch_size.is_none() {
+            let own = target.batch_size();
+            if !(1..=MAX_BATCH_SIZE).contains(&own) {
+                return Err(Error::InvalidConfig(format!(
+                    "the store's prune_batch_size() is {own}, not 1 to {MAX_BATCH_SIZE}; \
+                     set PrunerConfig::batch_size"
+                )));
+            }
+            config.batch_size = Some(own);
+        }
         Ok(Pruner { target, config })
+    }
+
+    /// The most entries one batch deletes before the pruner [steps up](PrunerConfig): the
+    /// config's [`batch_size`](PrunerConfig::batch_size) if it names one, otherwise the store's
+    /// [`prune_batch_size`](Store::prune_batch_size) (for a [history](Pruner::history),
+    /// [`PrunerConfig::DEFAULT_BATCH_SIZE`]).
+    ///
+    /// ```
+    /// use idem_core::{MemoryStore, Pruner, PrunerConfig};
+    /// let pruner = Pruner::records(MemoryStore::new(), PrunerConfig::new())?;
+    /// assert_eq!(pruner.batch_size(), PrunerConfig::DEFAULT_BATCH_SIZE);
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
+    pub fn batch_size(&self) -> u32 {
+        self.config.batch()
     }
 
     /// Runs once now: takes the lease (or reports [`skipped`](PruneReport::skipped)), deletes
@@ -708,7 +750,7 @@ impl Pruner {
         let smoothed = rate.map_or(measured, |old| (old + measured) / 2.0);
         *rate = Some(smoothed);
         let wait =
-            Duration::try_from_secs_f64(RUN_BATCHES * f64::from(self.config.batch_size) / smoothed)
+            Duration::try_from_secs_f64(RUN_BATCHES * f64::from(self.config.batch()) / smoothed)
                 .unwrap_or(interval);
         wait.clamp(shortest, interval)
     }
@@ -745,6 +787,11 @@ pub(crate) trait Target: Send + Sync + 'static {
     /// Deletes at most `limit` expired entries; how many went.
     async fn delete_expired(&self, limit: u32) -> Result<u64, Error>;
 
+    /// The batch size when the config names none.
+    fn batch_size(&self) -> u32 {
+        PrunerConfig::DEFAULT_BATCH_SIZE
+    }
+
     /// A lease of `length` that a run takes, renews and releases (not yet taken).
     fn lease(self: Arc<Self>, length: Duration) -> Box<dyn Lease>;
 }
@@ -780,6 +827,10 @@ impl Target for Records {
 
     async fn delete_expired(&self, limit: u32) -> Result<u64, Error> {
         self.0.prune_expired(limit).await
+    }
+
+    fn batch_size(&self) -> u32 {
+        self.0.prune_batch_size()
     }
 
     fn lease(self: Arc<Self>, length: Duration) -> Box<dyn Lease> {

@@ -80,6 +80,8 @@ struct TestStore {
     /// How long each `prune_expired` takes (on the paused tokio clock), in microseconds; a
     /// test may change it midway.
     prune_cost: AtomicU64,
+    /// What `prune_batch_size` says.
+    batch: AtomicU32,
 }
 
 impl TestStore {
@@ -143,6 +145,9 @@ impl Store for TestStore {
         }
         self.records.prune_expired(limit).await
     }
+    fn prune_batch_size(&self) -> u32 {
+        self.batch.load(Ordering::SeqCst)
+    }
 }
 
 /// An empty [`TestStore`] on `clock` whose `prune_expired` takes `cost`.
@@ -153,6 +158,7 @@ fn test_store(clock: &ManualClock, cost: Duration) -> Arc<TestStore> {
         failing: AtomicBool::new(false),
         prune_calls: AtomicU32::new(0),
         prune_cost: AtomicU64::new(u64::try_from(cost.as_micros()).unwrap()),
+        batch: AtomicU32::new(PrunerConfig::DEFAULT_BATCH_SIZE),
     })
 }
 
@@ -489,6 +495,48 @@ fn bad_config_is_a_typed_error() {
     assert!(Pruner::records(MemoryStore::new(), config(1).pause(LONG).without_lease()).is_ok());
 }
 
+/// Without a batch size in its config a pruner takes the store's, through an `Arc<dyn Store>`
+/// as through the store itself; one the config names wins; a store's outside 1 to 100,000 is a
+/// typed error, and not used.
+#[tokio::test(start_paused = true)]
+async fn the_batch_size_is_the_stores_unless_the_config_names_one() {
+    let (store, _clock, _) = memory_store(350, 0).await;
+    store.batch.store(150, Ordering::SeqCst);
+    let dynamic: Arc<dyn Store> = store.clone();
+    let pruner = Pruner::records(dynamic.clone(), PrunerConfig::new().pause(PAUSE)).unwrap();
+    assert_eq!(pruner.batch_size(), 150);
+    let report = pruner.run_once().await.unwrap();
+    assert_eq!(
+        (report.deleted, report.batches, report.largest_batch),
+        (350, 3, 150)
+    );
+    assert_eq!(store.len(), 0);
+    assert_eq!(
+        Pruner::records(store.clone(), config(40))
+            .unwrap()
+            .batch_size(),
+        40
+    );
+    for bad in [0, 100_001] {
+        store.batch.store(bad, Ordering::SeqCst);
+        match Pruner::records(dynamic.clone(), PrunerConfig::new()) {
+            Err(Error::InvalidConfig(msg)) => assert!(
+                msg.contains("prune_batch_size") && msg.contains(&bad.to_string()),
+                "{msg}"
+            ),
+            other => panic!("a store's batch size of {bad} was accepted: {other:?}"),
+        }
+        assert_eq!(
+            Pruner::records(dynamic.clone(), config(10))
+                .unwrap()
+                .batch_size(),
+            10
+        );
+    }
+    let plain = Pruner::records(MemoryStore::new(), PrunerConfig::new()).unwrap();
+    assert_eq!(plain.batch_size(), PrunerConfig::DEFAULT_BATCH_SIZE);
+}
+
 /// Adds 35 records whose leases really end (SQL stores use the database's clock) and 6 live
 /// ones; returns the live keys.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -550,9 +598,80 @@ async fn prunes_expired_sqlite_records_in_batches() {
     assert_eq!(rows, 6);
 }
 
+/// A SQLite store's own batch is the default, 100: with nothing in the config, a run over 150
+/// expired records deletes them in a batch of 100 and one of 50.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_sqlite_pruner_deletes_100_records_a_batch_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem_core::SqliteStore::open(dir.path().join("idem.db"))
+        .await
+        .unwrap();
+    // 150 completed records whose retention ended in 1970.
+    sqlx::query(&format!(
+        "INSERT INTO \"{}\" (key, token, state, expires_at) \
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 150) \
+         SELECT randomblob(32), randomblob(16), 1, 0 FROM n",
+        store.table()
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let dynamic: Arc<dyn Store> = Arc::new(store.clone());
+    let pruner = Pruner::records(dynamic, PrunerConfig::new()).unwrap();
+    assert_eq!(pruner.batch_size(), 100);
+    let report = pruner.run_once().await.unwrap();
+    assert_eq!(
+        (report.deleted, report.batches, report.largest_batch),
+        (150, 2, 100)
+    );
+}
+
 #[cfg(feature = "postgres")]
 #[path = "support/pg_env.rs"]
 mod pg_env;
+
+/// A PostgreSQL store's own batch is 1,000 (docs/performance.md, "The sustained run"): with
+/// nothing in the config, a run over 1,500 expired records deletes them in a batch of 1,000 and
+/// one of 500, through an `Arc<dyn Store>` as an engine holds it.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_postgres_pruner_deletes_1000_records_a_batch_by_default() {
+    let Some(url) = pg_env::pg_url("a_postgres_pruner_deletes_1000_records_a_batch_by_default")
+    else {
+        return;
+    };
+    let table = format!("idem_pruner_{:016x}", fastrand::u64(..));
+    let store = idem_core::PostgresStore::builder()
+        .table(&table)
+        .connect(&url)
+        .await
+        .unwrap();
+    // 1,500 completed records whose retention ended an hour ago.
+    sqlx::query(&format!(
+        "INSERT INTO \"{table}\" (key, token, state, expires_at) \
+         SELECT sha256(('k' || i)::bytea), substring(sha256(('t' || i)::bytea) FROM 1 FOR 16), \
+                1, now() - interval '1 hour' \
+         FROM generate_series(1, 1500) AS i"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let engine = idem_core::Idempotency::new(store.clone());
+    let pruner = Pruner::records(engine.store().clone(), PrunerConfig::new()).unwrap();
+    assert_eq!(pruner.batch_size(), 1_000);
+    let report = pruner.run_once().await.unwrap();
+    assert_eq!(
+        (report.deleted, report.batches, report.largest_batch),
+        (1_500, 2, 1_000)
+    );
+    sqlx::raw_sql(&format!(
+        "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\""
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
 
 #[cfg(feature = "postgres")]
 #[tokio::test]

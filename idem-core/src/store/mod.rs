@@ -121,9 +121,26 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes up to `limit` records whose lease or retention has ended; returns how many.
     /// Call it until it returns less than `limit` to drain.
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error>;
+
+    /// The batch size a [`Pruner`](crate::Pruner) of this store uses when its
+    /// [`PrunerConfig`](crate::PrunerConfig) names none: the largest `limit` it passes to
+    /// [`prune_expired`](Self::prune_expired) before it steps up. By default
+    /// [`PrunerConfig::DEFAULT_BATCH_SIZE`](crate::PrunerConfig::DEFAULT_BATCH_SIZE) (100), which
+    /// the memory and SQLite stores keep (a SQLite batch holds the database's only write lock);
+    /// [`PostgresStore`](crate::PostgresStore) says 1,000, where fewer, larger batches meet
+    /// fewer claims. A store that wraps another should return the inner store's.
+    ///
+    /// ```
+    /// use idem_core::{MemoryStore, PrunerConfig, Store};
+    /// assert_eq!(MemoryStore::new().prune_batch_size(), PrunerConfig::DEFAULT_BATCH_SIZE);
+    /// ```
+    fn prune_batch_size(&self) -> u32 {
+        crate::PrunerConfig::DEFAULT_BATCH_SIZE
+    }
 }
 
-/// Writes a `Store` impl for `Arc<S>` whose every method forwards to the store inside.
+/// Writes a `Store` impl for `Arc<S>` whose every method forwards to the store inside (the
+/// async ones listed, and `prune_batch_size`).
 macro_rules! forward_to_inner {
     ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
         #[async_trait]
@@ -133,6 +150,10 @@ macro_rules! forward_to_inner {
                     (**self).$name($($arg),*).await
                 }
             )*
+
+            fn prune_batch_size(&self) -> u32 {
+                (**self).prune_batch_size()
+            }
         }
     };
 }

@@ -83,6 +83,9 @@ pub(crate) trait SqlBackend: Send + Sync + 'static {
     /// Where `renew` takes its connection: a pool of its own, so that work holding every
     /// connection of [`pool`](Self::pool) cannot starve its own heartbeat.
     fn renew_pool(&self) -> &sqlx::Pool<Self::Db>;
+
+    /// What [`Store::prune_batch_size`](crate::Store::prune_batch_size) returns.
+    const PRUNE_BATCH_SIZE: u32;
 }
 
 /// Writes `impl Store` (each operation on a connection from the store's pool) and
@@ -163,6 +166,10 @@ macro_rules! sql_store {
                     .acquire()
                     .await?;
                 self.protocol().prune_expired(&mut conn, limit).await
+            }
+
+            fn prune_batch_size(&self) -> u32 {
+                <Self as $crate::store::sql::protocol::SqlBackend>::PRUNE_BATCH_SIZE
             }
         }
 

@@ -19,6 +19,9 @@ impl SqlBackend for SqliteStore {
     fn renew_pool(&self) -> &SqlitePool {
         &self.renew_pool
     }
+
+    /// The default: a batch holds the database's only write lock, so every claim waits for it.
+    const PRUNE_BATCH_SIZE: u32 = crate::PrunerConfig::DEFAULT_BATCH_SIZE;
 }
 
 sql_store!(SqliteStore, SqliteConnection);
