@@ -5,6 +5,7 @@
 //! idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,peers]
 //!            [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,URL,…]
 //!            [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]
+//!            [--prune-share F]
 //!            [--sustain [--sustain-rate N] [--sustain-secs N]]
 //! ```
 //!
@@ -57,7 +58,7 @@ pub enum BenchError {
     Redis(String),
     #[error("the benchmark measured the wrong thing: {0}")]
     Unexpected(String),
-    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers] [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--sustain [--sustain-rate N] [--sustain-secs N]]")]
+    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers] [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]]")]
     Usage(String),
 }
 
@@ -80,6 +81,8 @@ struct Args {
     /// Overrides of the library pruner's batch size and pause.
     prune_batch: Option<u32>,
     prune_pause: Option<Duration>,
+    /// An override of the pruner's share of the store's time (paced by cost).
+    prune_share: Option<f64>,
     /// `--sustain`: only the sustained runs, at this rate for this long.
     sustain: bool,
     sustain_rate: u32,
@@ -110,6 +113,7 @@ impl Args {
             scale_rows: None,
             prune_batch: None,
             prune_pause: None,
+            prune_share: None,
             sustain: false,
             sustain_rate: 3_000,
             sustain_secs: 300,
@@ -168,6 +172,9 @@ impl Args {
                 "--prune-pause-ms" => {
                     let ms = number("--prune-pause-ms", value("--prune-pause-ms")?)?;
                     args.prune_pause = Some(Duration::from_millis(ms));
+                }
+                "--prune-share" => {
+                    args.prune_share = Some(number("--prune-share", value("--prune-share")?)?);
                 }
                 "--stores" => {
                     stores_given = true;
@@ -238,6 +245,7 @@ impl Args {
             prune_cap: plan.prune_cap,
             prune_batch: self.prune_batch,
             prune_pause: self.prune_pause,
+            prune_share: self.prune_share,
             cpu,
         }
     }

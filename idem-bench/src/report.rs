@@ -254,12 +254,11 @@ impl Results {
                 r.plan
                     .prune_batch
                     .map_or("store's".to_owned(), |b| thousands(f64::from(b))),
-                r.plan
-                    .prune_pause
-                    .map_or("paced by cost".to_owned(), |p| format!(
-                        "{} ms",
-                        p.as_millis()
-                    )),
+                match (r.plan.prune_pause, r.plan.prune_share) {
+                    (Some(p), _) => format!("{} ms", p.as_millis()),
+                    (None, Some(share)) => format!("paced by cost, {:.1} % share", share * 100.0),
+                    (None, None) => "paced by cost".to_owned(),
+                },
                 thousands(r.pruned as f64),
                 unfinished,
                 r.prune_time.as_secs_f64(),

@@ -45,6 +45,8 @@ pub struct ScalePlan {
     pub prune_batch: Option<u32>,
     /// A fixed pause between the pruner's batches; `None`: paced by cost (the default).
     pub prune_pause: Option<Duration>,
+    /// The pruner's share of the store's time; `None`: its default.
+    pub prune_share: Option<f64>,
     pub cpu: Cpu,
 }
 
@@ -267,6 +269,9 @@ async fn prune_while_claiming(
     let mut config = PrunerConfig::new();
     if let Some(batch) = plan.prune_batch {
         config = config.batch_size(batch);
+    }
+    if let Some(share) = plan.prune_share {
+        config = config.share(share);
     }
     if let Some(pause) = plan.prune_pause {
         config = config.pause(pause);
