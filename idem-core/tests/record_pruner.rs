@@ -631,22 +631,42 @@ async fn a_sqlite_pruner_deletes_100_records_a_batch_by_default() {
 #[path = "support/pg_env.rs"]
 mod pg_env;
 
-/// A PostgreSQL store's own batch is 1,000 (docs/performance.md, "The sustained run"): with
-/// nothing in the config, a run over 1,500 expired records deletes them in a batch of 1,000 and
-/// one of 500, through an `Arc<dyn Store>` as an engine holds it.
+/// A PostgreSQL store on a table of its own (for `test`), and the table's name; `None` when the
+/// test skips.
 #[cfg(feature = "postgres")]
-#[tokio::test]
-async fn a_postgres_pruner_deletes_1000_records_a_batch_by_default() {
-    let Some(url) = pg_env::pg_url("a_postgres_pruner_deletes_1000_records_a_batch_by_default")
-    else {
-        return;
-    };
+async fn pg_store(test: &str) -> Option<(idem_core::PostgresStore, String)> {
+    let url = pg_env::pg_url(test)?;
     let table = format!("idem_pruner_{:016x}", fastrand::u64(..));
     let store = idem_core::PostgresStore::builder()
         .table(&table)
         .connect(&url)
         .await
         .unwrap();
+    Some((store, table))
+}
+
+/// Drops the table [`pg_store`] made.
+#[cfg(feature = "postgres")]
+async fn drop_pg_table(store: &idem_core::PostgresStore, table: &str) {
+    sqlx::raw_sql(&format!(
+        "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\""
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
+/// A PostgreSQL store's own batch is 1,000 (docs/performance.md, "The sustained run"): with
+/// nothing in the config, a run over 1,500 expired records deletes them in a batch of 1,000 and
+/// one of 500, through an `Arc<dyn Store>` as an engine holds it.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_postgres_pruner_deletes_1000_records_a_batch_by_default() {
+    let Some((store, table)) =
+        pg_store("a_postgres_pruner_deletes_1000_records_a_batch_by_default").await
+    else {
+        return;
+    };
     // 1,500 completed records whose retention ended an hour ago.
     sqlx::query(&format!(
         "INSERT INTO \"{table}\" (key, token, state, expires_at) \
@@ -665,26 +685,15 @@ async fn a_postgres_pruner_deletes_1000_records_a_batch_by_default() {
         (report.deleted, report.batches, report.largest_batch),
         (1_500, 2, 1_000)
     );
-    sqlx::raw_sql(&format!(
-        "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\""
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
+    drop_pg_table(&store, &table).await;
 }
 
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn prunes_expired_postgres_records_in_batches() {
-    let Some(url) = pg_env::pg_url("prunes_expired_postgres_records_in_batches") else {
+    let Some((store, table)) = pg_store("prunes_expired_postgres_records_in_batches").await else {
         return;
     };
-    let table = format!("idem_pruner_{:016x}", fastrand::u64(..));
-    let store = idem_core::PostgresStore::builder()
-        .table(&table)
-        .connect(&url)
-        .await
-        .unwrap();
     let count = format!("SELECT count(*) FROM \"{table}\"");
     let live = fill_sql(&store).await;
     let rows: i64 = sqlx::query_scalar(&count)
@@ -698,12 +707,7 @@ async fn prunes_expired_postgres_records_in_batches() {
         .await
         .unwrap();
     assert_eq!(rows, 6);
-    sqlx::raw_sql(&format!(
-        "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\""
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
+    drop_pg_table(&store, &table).await;
 }
 
 /// A [`TestStore`] whose `prune_expired` takes `cost`, holding `expired` expired records.
