@@ -55,6 +55,22 @@ impl ManualClock {
         }
     }
 
+    /// A clock standing at `t` (at the Unix epoch if `t` is before it), for a test whose store
+    /// keeps time on the system clock while the test moves this one.
+    ///
+    /// ```
+    /// use std::time::{Duration, UNIX_EPOCH};
+    /// use idem_core::{Clock, ManualClock};
+    /// let t = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    /// assert_eq!(ManualClock::at(t).now(), t);
+    /// ```
+    pub fn at(t: SystemTime) -> ManualClock {
+        let micros = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_micros();
+        ManualClock {
+            micros: Arc::new(AtomicU64::new(u64::try_from(micros).unwrap_or(u64::MAX))),
+        }
+    }
+
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
         self.micros

@@ -166,7 +166,15 @@ impl Event<'_> {
 /// tests, finding the key of one request). Set it with
 /// [`Builder::observer`](crate::Builder::observer); any `Fn(&Event)` closure is one.
 ///
-/// It runs inline on the call's task, so keep it short and never block in it.
+/// It runs inline on the call's task, so keep it short and never block in it: a slow observer
+/// slows the call (and a blocked one stops it, lease renewal included, as any blocking code in
+/// an async task does).
+///
+/// **An observer cannot change a call's outcome.** A panic in it, at any stage, is caught and
+/// reported through `tracing` (an `error` event in the call's span, with the stage and the
+/// panic's message), and the call goes on as if the observer had returned: its work runs once,
+/// its claim is completed or released as without an observer, and its caller gets the work's
+/// result or the typed error it would have had.
 ///
 /// ```
 /// use idem_core::{Event, Observer, Stage};
@@ -525,14 +533,34 @@ impl<'a> Probe<'a> {
         self.sampled || self.observer.is_some() || !self.span.is_disabled()
     }
 
+    /// Calls the observer. A panic in it is caught and reported through `tracing`: an
+    /// observer is the user's code, and a call ends as it would without one whatever it does
+    /// (a panic at `Claimed` would otherwise leave the key claimed until its lease ends).
     fn emit(&self, stage: Stage, took: Option<Duration>) {
-        if let Some(observer) = self.observer {
-            observer.observe(&Event {
-                stage,
-                scope: self.scope.as_str(),
-                key: &self.key,
-                took,
-            });
+        let Some(observer) = self.observer else {
+            return;
+        };
+        let event = Event {
+            stage,
+            scope: self.scope.as_str(),
+            key: &self.key,
+            took,
+        };
+        let observed =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observer.observe(&event)));
+        if let Err(panic) = observed {
+            let message = panic
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("a panic without a message");
+            tracing::error!(
+                parent: &self.span,
+                key = %ShortKey(&self.key),
+                stage = stage.as_str(),
+                panic = message,
+                "the idempotency observer panicked; the call goes on as if it had returned"
+            );
         }
     }
 

@@ -72,16 +72,16 @@ async fn a_cached_replay_needs_no_database() {
     assert!(matches!(down, Err(Error::Store(_))), "{down:?}");
 }
 
-/// An entry leaves with its record's retention: the key then runs again.
+/// An entry leaves with its record's retention: the key then runs again. The store and the
+/// cache read one clock (tokio's, paused).
 #[tokio::test(start_paused = true)]
 async fn a_cached_entry_ends_with_its_retention() {
-    let engine = Idempotency::builder(idem_core::MemoryStore::with_clock(
-        idem_core::TokioClock::new(),
-    ))
-    .retention(Duration::from_secs(2))
-    .replay_cache(ReplayCache::new(100, 1 << 20))
-    .build()
-    .unwrap();
+    let clock = idem_core::TokioClock::new();
+    let engine = Idempotency::builder(idem_core::MemoryStore::with_clock(clock.clone()))
+        .retention(Duration::from_secs(2))
+        .replay_cache(ReplayCache::new(100, 1 << 20).clock(clock))
+        .build()
+        .unwrap();
     let key = Key::derive("charge", "", "order-1").unwrap();
     engine
         .call(key)

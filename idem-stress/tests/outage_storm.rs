@@ -1,8 +1,11 @@
 //! PostgreSQL stops for 10 s in the middle of a storm of engine calls (64 tasks, thousands of
-//! keys, a lease longer than the outage), then comes back. What "Never twice" asks of it:
+//! keys), then comes back; once with a lease longer than the outage, once with one shorter. What
+//! "Never twice" asks of it, in one process:
 //!
 //! - no key's work runs twice: a call whose completion met the outage hands it to the
-//!   background and returns its result, and the completion lands when the server is back;
+//!   background and returns its result, and the completion lands when the server is back. With
+//!   the shorter lease the claims run out in the database during the outage; a retry of this
+//!   process meets the completion pending here, waits for it and replays, and never claims;
 //! - every caller gets its real result, a replay, or a typed error (never `LeaseLost`, never a
 //!   "did not run" for work that ran);
 //! - nothing completed is lost: every key ends completed with the one result its work produced.
@@ -21,8 +24,6 @@ use idem_stress::{env, key};
 const TASKS: usize = 64;
 const KEYS_PER_TASK: usize = 150;
 const KEYS: usize = TASKS * KEYS_PER_TASK;
-/// Longer than the outage, so no claim held across it runs out.
-const LEASE: Duration = Duration::from_secs(15);
 const OUTAGE: Duration = Duration::from_secs(10);
 
 /// What the callers saw, per key.
@@ -70,10 +71,29 @@ async fn call(engine: &Idempotency, seen: &Seen, i: usize, on_locked: OnLocked) 
     }
 }
 
+/// A lease longer than the outage: no claim held across it runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outage_mid_storm_runs_nothing_twice_and_loses_nothing() {
-    let Some(bindir) = env::pg_bindir("outage_mid_storm_runs_nothing_twice_and_loses_nothing")
-    else {
+    storm(
+        "outage_mid_storm_runs_nothing_twice_and_loses_nothing",
+        Duration::from_secs(15),
+    )
+    .await;
+}
+
+/// A lease half the outage: every claim held across it runs out in the database, and the one
+/// process's own retries must not take the keys whose results it is still storing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_longer_than_the_lease_runs_nothing_twice_in_one_process() {
+    storm(
+        "outage_longer_than_the_lease_runs_nothing_twice_in_one_process",
+        Duration::from_secs(5),
+    )
+    .await;
+}
+
+async fn storm(test: &str, lease: Duration) {
+    let Some(bindir) = env::pg_bindir(test) else {
         return;
     };
     let cluster = TempCluster::init(&bindir);
@@ -85,7 +105,7 @@ async fn outage_mid_storm_runs_nothing_twice_and_loses_nothing() {
         .await
         .unwrap();
     let engine = Idempotency::builder(store.clone())
-        .lease(LEASE)
+        .lease(lease)
         .build()
         .unwrap();
     let seen = Arc::new(Seen {
@@ -140,7 +160,7 @@ async fn outage_mid_storm_runs_nothing_twice_and_loses_nothing() {
 
     // The clients retry what failed, waiting on keys still held (a claim whose completion is
     // still being retried, or one whose reply the outage swallowed, which frees within a lease).
-    let wait = OnLocked::Wait { timeout: LEASE * 2 };
+    let wait = OnLocked::Wait { timeout: lease * 2 };
     for i in failed {
         let answered = call(&engine, &seen, i, wait).await;
         assert!(answered, "k{i}: the retry got no answer");
@@ -166,7 +186,7 @@ async fn outage_mid_storm_runs_nothing_twice_and_loses_nothing() {
 
     // Nothing completed is lost: every key replays the value its one execution returned.
     let fresh = seen.fresh.lock().unwrap().clone();
-    let probe = OnLocked::Wait { timeout: LEASE * 2 };
+    let probe = OnLocked::Wait { timeout: lease * 2 };
     for i in 0..KEYS {
         let replay = engine
             .call(key(i))

@@ -471,3 +471,106 @@ pub async fn engine_stored_errors_replay(h: impl Harness) {
     let plain = engine.call(k).run(async { Ok::<_, Error>(0u32) }).await;
     assert!(matches!(plain, Err(Error::StoredError(_))));
 }
+
+/// An observer that panics, at any stage, changes nothing: the work runs once, no key stays
+/// claimed after a call returns, and every caller gets the work's result or the typed error it
+/// would have had without an observer.
+pub async fn engine_panicking_observer_changes_nothing(h: impl Harness) {
+    use crate::Stage;
+    for stage in [
+        Stage::Claimed,
+        Stage::Completed,
+        Stage::Replayed,
+        Stage::Released,
+        Stage::Locked,
+        Stage::KeyReused,
+        Stage::NotRetained,
+    ] {
+        let engine = Idempotency::builder(h.store())
+            .max_response_bytes(64)
+            .observer(move |event: &crate::Event<'_>| {
+                if event.stage() == stage {
+                    panic!("the observer panicked at {stage}");
+                }
+            })
+            .build()
+            .unwrap();
+        let k = key(&format!("observer-panics-{stage}"));
+        let runs = AtomicUsize::new(0);
+        let a = Fingerprint::of_bytes(b"a");
+        let call = |fingerprint: Fingerprint, value: Result<String, ()>| {
+            let runs = &runs;
+            engine.call(k).fingerprint(fingerprint).run(async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                value.map_err(|()| Error::InvalidConfig("the work failed".into()))
+            })
+        };
+        let not_claimed = || async {
+            let record = h.store().get(&k).await.unwrap();
+            assert!(
+                !matches!(
+                    record.map(|r| r.state),
+                    Some(RecordState::InProgress { .. })
+                ),
+                "{stage}: the key stayed claimed"
+            );
+        };
+
+        // Released: an error that is not stored frees the key, and the retry runs.
+        let failed = call(a, Err(())).await;
+        assert!(
+            matches!(failed, Err(Error::InvalidConfig(_))),
+            "{stage}: {failed:?}"
+        );
+        not_claimed().await;
+        // Claimed, Completed.
+        let fresh = call(a, Ok("one".into())).await.unwrap();
+        assert_eq!(fresh, Outcome::Fresh("one".to_string()), "{stage}");
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{stage}");
+        not_claimed().await;
+        // Replayed, KeyReused.
+        let again = call(a, Ok("two".into())).await.unwrap();
+        assert_eq!(again, Outcome::Replayed("one".to_string()), "{stage}");
+        let reused = call(Fingerprint::of_bytes(b"b"), Ok("three".into())).await;
+        assert!(
+            matches!(reused, Err(Error::KeyReused)),
+            "{stage}: {reused:?}"
+        );
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "{stage}: the work ran again"
+        );
+        // NotRetained: the caller gets its result, a retry is told.
+        let big = key(&format!("observer-panics-big-{stage}"));
+        let large = engine
+            .call(big)
+            .run(async { Ok::<_, Error>("x".repeat(100)) })
+            .await
+            .unwrap();
+        assert_eq!(large, Outcome::Fresh("x".repeat(100)), "{stage}");
+        let told = engine
+            .call(big)
+            .run(async { Ok::<_, Error>(String::new()) })
+            .await;
+        assert!(
+            matches!(told, Err(Error::ResultNotRetained { .. })),
+            "{stage}: {told:?}"
+        );
+        // Locked: a call meeting a live claim is refused, and the holder finishes as usual.
+        let held = key(&format!("observer-panics-held-{stage}"));
+        let (holder, finish) = hold(&engine, held, 7u32).await;
+        let locked = engine.call(held).run(async { Ok::<_, Error>(8u32) }).await;
+        assert!(
+            matches!(locked, Err(Error::Locked { .. })),
+            "{stage}: {locked:?}"
+        );
+        let _ = finish.send(());
+        assert_eq!(holder.await.unwrap().unwrap(), Outcome::Fresh(7), "{stage}");
+        assert_eq!(
+            run_value(&engine, held, 9).await,
+            Outcome::Replayed(7),
+            "{stage}"
+        );
+    }
+}

@@ -218,7 +218,8 @@ macro_rules! __conformance {
             engine_wait_mode_replays,
             engine_wait_mode_times_out,
             engine_no_key_runs_every_time,
-            engine_stored_errors_replay
+            engine_stored_errors_replay,
+            engine_panicking_observer_changes_nothing
         );
     };
     (@tests $harness:ty, $rt:tt; $($rule:ident),*) => {

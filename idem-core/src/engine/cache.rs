@@ -1,11 +1,11 @@
 //! An in-process cache of completed records, so a replay of a hot key costs no round trip.
 
 use std::collections::VecDeque;
-use std::sync::{Mutex, PoisonError};
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use tokio::time::Instant;
-
+use crate::clock::{Clock, SystemClock};
 use crate::key::{Fingerprint, Key, KeyMap};
 use crate::record::Cached;
 
@@ -16,6 +16,18 @@ use crate::record::Cached;
 /// store by this process) replays from memory: zero round trips. The cache holds at most
 /// `max_entries` records and `max_bytes` bytes of stored results (the oldest entries leave
 /// first). An entry never outlives its record's retention, nor `max_age` (1 minute by default).
+///
+/// **The same answers as the store.** The cache changes what a replay costs, never what a call
+/// gets: an entry keeps what its record holds, including its fingerprint (or that it has none),
+/// and a call the entry cannot answer as the store would (a fingerprint it cannot compare) goes
+/// to the store. `tests/replay_cache_differential.rs` runs random sequences of calls against an
+/// engine with the cache and one without and compares every answer.
+///
+/// **Clocks.** An entry's lifetime is measured on the cache's [`clock`](Self::clock) (the
+/// system clock by default), which also turns a record's expiry, read from the store, into how
+/// long the entry may replay. A store that keeps time on another clock (a SQL server whose clock
+/// is ahead of this machine's) can see a record expire up to that difference earlier than the
+/// cache does, never more than `max_age` earlier.
 ///
 /// **Across nodes.** An entry is a copy of a completed record, and a completed record never
 /// changes until it expires, so a cached replay is always the result the work returned: the
@@ -43,28 +55,93 @@ use crate::record::Cached;
 /// assert_eq!(fresh.into_inner(), 7);
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct ReplayCache {
     max_entries: usize,
     max_bytes: usize,
     max_age: Duration,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for ReplayCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplayCache")
+            .field("max_entries", &self.max_entries)
+            .field("max_bytes", &self.max_bytes)
+            .field("max_age", &self.max_age)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ReplayCache {
     /// A cache of at most `max_entries` completed records and `max_bytes` bytes of results.
+    ///
+    /// ```
+    /// use idem_core::ReplayCache;
+    /// let cache = ReplayCache::new(10_000, 16 << 20);
+    /// # let _ = cache;
+    /// ```
     pub fn new(max_entries: usize, max_bytes: usize) -> ReplayCache {
         ReplayCache {
             max_entries,
             max_bytes,
             max_age: Duration::from_secs(60),
+            clock: Arc::new(SystemClock),
         }
     }
 
     /// How long an entry may be replayed at most, whatever its retention (default 1 minute):
     /// the bound on how long a record deleted elsewhere still replays here.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::ReplayCache;
+    /// let cache = ReplayCache::new(10_000, 16 << 20).max_age(Duration::from_secs(5));
+    /// # let _ = cache;
+    /// ```
     pub fn max_age(mut self, max_age: Duration) -> ReplayCache {
         self.max_age = max_age;
         self
+    }
+
+    /// The clock entries age on and records' expiry is compared with (the system clock by
+    /// default). Tests that control a [`MemoryStore`](crate::MemoryStore)'s clock give the
+    /// cache the same one, so that both see a retention end at the same moment.
+    ///
+    /// ```
+    /// use idem_core::{ManualClock, MemoryStore, ReplayCache};
+    /// let clock = ManualClock::new();
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let cache = ReplayCache::new(100, 1 << 20).clock(clock);
+    /// # let _ = (store, cache);
+    /// ```
+    pub fn clock(mut self, clock: impl Clock) -> ReplayCache {
+        self.clock = Arc::new(clock);
+        self
+    }
+}
+
+/// What the cache knows of a record's fingerprint: the store compares the fingerprint a call
+/// gives with the record's, so the cache answers a call with a fingerprint only when it knows
+/// what the store would answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Known {
+    /// The record has this fingerprint, or none (`None`): this process completed it.
+    Exactly(Option<Fingerprint>),
+    /// The record has this fingerprint or none: the store replayed it to a call that gave this
+    /// one, which it does in both cases.
+    ThisOrNone(Fingerprint),
+    /// Nothing: the store replayed it to a call that gave no fingerprint.
+    Nothing,
+}
+
+impl Known {
+    /// What a replay from the store to a call that gave `given` tells of the record.
+    pub(super) fn from_replay(given: Option<Fingerprint>) -> Known {
+        match given {
+            Some(given) => Known::ThisOrNone(given),
+            None => Known::Nothing,
+        }
     }
 }
 
@@ -80,10 +157,10 @@ struct Entry {
     response: Option<Vec<u8>>,
     is_error: bool,
     expires_at: SystemTime,
-    /// The fingerprint the record is known to have; `None` when unknown (it was replayed to a
-    /// call that gave none), so a call with a fingerprint asks the store.
-    fingerprint: Option<Fingerprint>,
-    until: Instant,
+    fingerprint: Known,
+    /// The entry's end on the cache's clock: its record's retention end, or `max_age` after it
+    /// was kept, whichever is sooner.
+    until: SystemTime,
     /// Which insertion of the key this is, to tell its place in `order` from older ones.
     generation: u64,
 }
@@ -115,35 +192,46 @@ impl Cache {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The record of `key`, if cached and still live, for a call with `fingerprint`.
+    /// The cache's time now.
+    pub(super) fn now(&self) -> SystemTime {
+        self.settings.clock.now()
+    }
+
+    /// The record of `key`, if cached and still live, for a call with `fingerprint`; `None`
+    /// when the store is to be asked.
     pub(super) fn get(&self, key: &Key, fingerprint: Option<&Fingerprint>) -> Option<Hit> {
+        let now = self.now();
         let mut entries = self.lock();
         let entry = entries.map.get(key)?;
-        if Instant::now() >= entry.until {
+        if now >= entry.until {
             entries.remove(key);
             return None;
         }
-        match (entry.fingerprint.as_ref(), fingerprint) {
-            (Some(known), Some(given)) if known != given => Some(Hit::Reused),
-            (None, Some(_)) => None,
-            _ => Some(Hit::Replay(Cached {
+        let replay = || {
+            Some(Hit::Replay(Cached {
                 response: entry.response.clone(),
                 is_error: entry.is_error,
                 expires_at: entry.expires_at,
-            })),
+            }))
+        };
+        let Some(given) = fingerprint else {
+            // The store replays a completed record to a call without a fingerprint.
+            return replay();
+        };
+        match entry.fingerprint {
+            Known::Exactly(None) => replay(),
+            Known::Exactly(Some(known)) if known == *given => replay(),
+            Known::Exactly(Some(_)) => Some(Hit::Reused),
+            Known::ThisOrNone(known) if known == *given => replay(),
+            // The record's fingerprint is another or none: only the store knows which.
+            Known::ThisOrNone(_) | Known::Nothing => None,
         }
     }
 
-    /// Keeps a completed record of `key`, replayable until `until` (and never past its
-    /// retention or the cache's `max_age`).
-    pub(super) fn put(
-        &self,
-        key: Key,
-        fingerprint: Option<Fingerprint>,
-        cached: &Cached,
-        until: Instant,
-    ) {
-        let until = until.min(Instant::now() + self.settings.max_age);
+    /// Keeps a completed record of `key`, replayable until `until` on the cache's clock (and
+    /// never past `max_age` from now).
+    pub(super) fn put(&self, key: Key, fingerprint: Known, cached: &Cached, until: SystemTime) {
+        let until = until.min(self.now() + self.settings.max_age);
         let size = cached.response.as_ref().map_or(0, Vec::len);
         if size > self.settings.max_bytes || self.settings.max_entries == 0 {
             return;
@@ -203,18 +291,10 @@ impl Entries {
     }
 }
 
-/// When a record replayed from the store stops being replayable, on the engine's clock: its
-/// retention end (read from the store's clock) as seen from now.
-pub(super) fn until(expires_at: SystemTime) -> Instant {
-    let left = expires_at
-        .duration_since(SystemTime::now())
-        .unwrap_or(Duration::ZERO);
-    Instant::now() + left
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
 
     fn key(i: u32) -> Key {
         Key::derive("cache", "", &i.to_string()).unwrap()
@@ -228,63 +308,81 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn bounded_by_entries_and_bytes_oldest_first() {
-        let cache = Cache::new(ReplayCache::new(3, 250));
-        let later = Instant::now() + Duration::from_secs(30);
+    fn cache(settings: ReplayCache) -> (Cache, ManualClock) {
+        let clock = ManualClock::new();
+        (Cache::new(settings.clock(clock.clone())), clock)
+    }
+
+    #[test]
+    fn bounded_by_entries_and_bytes_oldest_first() {
+        let (cache, clock) = cache(ReplayCache::new(3, 250));
+        let later = clock.now() + Duration::from_secs(30);
+        let none = Known::Exactly(None);
         for i in 0..5 {
-            cache.put(key(i), None, &record(100), later);
+            cache.put(key(i), none, &record(100), later);
         }
         // 250 bytes hold two 100-byte results: the three oldest are gone.
         assert_eq!(cache.len(), (2, 200));
         assert!(cache.get(&key(2), None).is_none());
         assert!(matches!(cache.get(&key(4), None), Some(Hit::Replay(_))));
-        let cache = Cache::new(ReplayCache::new(3, 1 << 20));
+        let (cache, _) = self::cache(ReplayCache::new(3, 1 << 20));
         for i in 0..1_000 {
-            cache.put(key(i), None, &record(1), later);
+            cache.put(key(i), none, &record(1), later);
         }
         assert_eq!(cache.len(), (3, 3));
         assert!(matches!(cache.get(&key(999), None), Some(Hit::Replay(_))));
         // A result larger than the whole cache is not kept.
-        cache.put(key(5_000), None, &record(2 << 20), later);
+        cache.put(key(5_000), none, &record(2 << 20), later);
         assert!(cache.get(&key(5_000), None).is_none());
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn an_entry_never_outlives_its_retention_nor_max_age() {
-        let cache = Cache::new(ReplayCache::new(10, 1 << 20).max_age(Duration::from_secs(60)));
+    #[test]
+    fn an_entry_never_outlives_its_retention_nor_max_age() {
+        let (cache, clock) = cache(ReplayCache::new(10, 1 << 20).max_age(Duration::from_secs(60)));
+        let none = Known::Exactly(None);
         cache.put(
             key(1),
-            None,
+            none,
             &record(1),
-            Instant::now() + Duration::from_secs(5),
+            clock.now() + Duration::from_secs(5),
         );
         cache.put(
             key(2),
-            None,
+            none,
             &record(1),
-            Instant::now() + Duration::from_secs(600),
+            clock.now() + Duration::from_secs(600),
         );
-        tokio::time::advance(Duration::from_secs(5)).await;
+        clock.advance(Duration::from_secs(5));
         assert!(cache.get(&key(1), None).is_none(), "past its retention");
         assert!(cache.get(&key(2), None).is_some());
-        tokio::time::advance(Duration::from_secs(55)).await;
+        clock.advance(Duration::from_secs(55));
         assert!(cache.get(&key(2), None).is_none(), "past max_age");
         assert_eq!(cache.len(), (0, 0));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn fingerprints_are_checked_or_left_to_the_store() {
-        let cache = Cache::new(ReplayCache::new(10, 1 << 20));
-        let later = Instant::now() + Duration::from_secs(30);
+    #[test]
+    fn fingerprints_are_answered_as_the_store_would_or_left_to_it() {
+        let (cache, clock) = cache(ReplayCache::new(10, 1 << 20));
+        let later = clock.now() + Duration::from_secs(30);
         let (a, b) = (Fingerprint::of_bytes(b"a"), Fingerprint::of_bytes(b"b"));
-        cache.put(key(1), Some(a), &record(1), later);
-        assert!(matches!(cache.get(&key(1), Some(&a)), Some(Hit::Replay(_))));
-        assert!(matches!(cache.get(&key(1), None), Some(Hit::Replay(_))));
+        let replays = |k, given: Option<&Fingerprint>| {
+            matches!(cache.get(&key(k), given), Some(Hit::Replay(_)))
+        };
+        // Completed here with `a`: the record has `a`.
+        cache.put(key(1), Known::Exactly(Some(a)), &record(1), later);
+        assert!(replays(1, Some(&a)) && replays(1, None));
         assert!(matches!(cache.get(&key(1), Some(&b)), Some(Hit::Reused)));
-        // Unknown fingerprint: a call that gives one asks the store.
-        cache.put(key(2), None, &record(1), later);
-        assert!(cache.get(&key(2), Some(&a)).is_none());
+        // Completed here without one: the store replays it to any call.
+        cache.put(key(2), Known::Exactly(None), &record(1), later);
+        assert!(replays(2, Some(&a)) && replays(2, Some(&b)) && replays(2, None));
+        // Replayed by the store to a call with `a`: the record has `a` or none, so `b` asks.
+        cache.put(key(3), Known::ThisOrNone(a), &record(1), later);
+        assert!(replays(3, Some(&a)) && replays(3, None));
+        assert!(cache.get(&key(3), Some(&b)).is_none());
+        // Replayed to a call without one: a call that gives one asks the store.
+        cache.put(key(4), Known::Nothing, &record(1), later);
+        assert!(replays(4, None));
+        assert!(cache.get(&key(4), Some(&a)).is_none());
         cache.remove(&key(1));
         assert!(cache.get(&key(1), Some(&a)).is_none());
     }

@@ -10,7 +10,7 @@ use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::Shared;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key, KeyMap};
-use crate::record::{Claim, Completion, Start};
+use crate::record::{Cached, Claim, Completion, Start};
 use crate::store::Store;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -159,7 +159,7 @@ pub(super) async fn start(
     let shared = shared.clone();
     let key = *key;
     RunToEnd::new(attempt, move |attempt: BoxFuture<Result<Start, Error>>| {
-        let releasing = shared.releases.begin(&shared, key);
+        let releasing = Releasing::begin(&shared, key);
         Box::pin(async move {
             if let Ok(Start::Started(claim)) = attempt.await {
                 release(&*releasing.shared.store, &claim).await;
@@ -230,22 +230,25 @@ impl ClaimGuard {
     }
 
     /// Stores the sealed result. From here on the work has run, so this is finished even if the
-    /// caller goes away, and a failure that passes is retried in the background.
+    /// caller goes away, and a failure that passes is retried in the background: `Ok` says
+    /// whether the result is in the store already or still on its way there.
     pub(super) async fn complete(
         mut self,
         sealed: Vec<u8>,
         is_error: bool,
+        fingerprint: Option<Fingerprint>,
         retention: Duration,
         lease: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<Stored, Error> {
         let Some(claim) = self.claim.take() else {
-            return Ok(());
+            return Ok(Stored::Landed);
         };
         let completing = Completing {
             shared: self.shared.clone(),
             claim,
             sealed,
             is_error,
+            fingerprint,
             retention,
             lease,
         };
@@ -256,7 +259,7 @@ impl ClaimGuard {
         }
         RunToEnd::new(
             Box::pin(completing.first_try()),
-            |rest: BoxFuture<Result<(), Error>>| {
+            |rest: BoxFuture<Result<Stored, Error>>| {
                 Box::pin(async move {
                     let _ = rest.await;
                 })
@@ -275,7 +278,7 @@ impl ClaimGuard {
     /// The release of the claim, if the guard still holds one; registered as under way at once.
     fn releasing(&mut self) -> Option<BoxFuture<()>> {
         let claim = self.claim.take()?;
-        let releasing = self.shared.releases.begin(&self.shared, *claim.key());
+        let releasing = Releasing::begin(&self.shared, *claim.key());
         Some(Box::pin(async move {
             release(&*releasing.shared.store, &claim).await;
             drop(releasing);
@@ -291,12 +294,25 @@ impl Drop for ClaimGuard {
     }
 }
 
+/// Where a completed call's result is when the call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stored {
+    /// In the store.
+    Landed,
+    /// On its way: the store failed for a passing reason and the completion is retried in the
+    /// background (see [`Completions`]).
+    Pending,
+}
+
 /// A result on its way into the store, with what storing it needs.
 struct Completing {
     shared: Arc<Shared>,
     claim: Claim,
     sealed: Vec<u8>,
     is_error: bool,
+    /// The fingerprint the claim was made with: a call here that meets the pending completion
+    /// with another one is refused as the store would refuse it.
+    fingerprint: Option<Fingerprint>,
     retention: Duration,
     lease: Duration,
 }
@@ -304,7 +320,7 @@ struct Completing {
 impl Completing {
     /// One try at storing the result; if it fails for a passing reason the result is the
     /// caller's anyway, and the completion goes on in the background.
-    async fn first_try(self) -> Result<(), Error> {
+    async fn first_try(self) -> Result<Stored, Error> {
         let store = &*self.shared.store;
         // The lease is still renewed while the completion waits (for a pooled connection taken by
         // other work, say), so the key cannot be taken over in the meantime.
@@ -321,74 +337,110 @@ impl Completing {
     }
 
     /// What the first try's outcome `stored` means for the caller: a passing store failure is
-    /// retried in the background (the result is the caller's anyway); otherwise calls waiting on
+    /// retried in the background (the result is the caller's anyway), and until it lands, calls
+    /// in this process meet the pending result instead of the store; otherwise calls waiting on
     /// the key are woken and the outcome is the caller's.
-    fn settle(self, stored: Result<(), Error>) -> Result<(), Error> {
+    fn settle(self, stored: Result<(), Error>) -> Result<Stored, Error> {
         match stored {
             Err(Error::Store(e)) if e.kind().is_transient() => {
                 tracing::warn!(key = %self.claim.key(), error = %e, "storing the result failed; retrying in the background");
-                spawn_or_drop(Box::pin(self.keep_trying()));
-                Ok(())
+                let key = *self.claim.key();
+                let pending = Arc::new(PendingResult {
+                    record: Cached {
+                        response: Some(self.sealed),
+                        is_error: self.is_error,
+                        expires_at: SystemTime::now() + self.retention,
+                    },
+                    fingerprint: self.fingerprint,
+                });
+                // Registered before this returns, so no call of this process that starts after
+                // the caller has its result can miss it.
+                self.shared.completions.begin(key, pending.clone());
+                let retrying = Retrying {
+                    shared: self.shared,
+                    claim: self.claim,
+                    pending,
+                    retention: self.retention,
+                    lease: self.lease,
+                };
+                spawn_or_drop(Box::pin(retrying.until_landed()));
+                Ok(Stored::Pending)
             }
             other => {
                 self.shared.waiters.wake(self.claim.key());
-                other
+                other.map(|()| Stored::Landed)
             }
         }
     }
+}
 
-    /// Retries a completion until it lands, the key is taken over, a definite error says it never
-    /// will, or the retention (after which the result would not be replayed anyway) has passed. The
-    /// claim's lease is renewed meanwhile, so the key stays this process's while the store is away.
-    async fn keep_trying(self) {
-        let Completing {
-            ref shared,
-            ref claim,
-            ref sealed,
-            is_error,
-            retention,
-            lease,
-        } = self;
-        let key = *claim.key();
-        let give_up = Instant::now() + retention;
-        let mut renew_at = Instant::now() + lease / 3;
-        let mut backoff = RETRY_FIRST;
+/// A result whose completion failed for a passing reason, as calls of this process replay it
+/// while the completion is retried.
+pub(super) struct PendingResult {
+    /// The result as it will be stored.
+    pub(super) record: Cached,
+    /// The fingerprint the claim was made with.
+    pub(super) fingerprint: Option<Fingerprint>,
+}
+
+/// A completion retried in the background.
+struct Retrying {
+    shared: Arc<Shared>,
+    claim: Claim,
+    pending: Arc<PendingResult>,
+    retention: Duration,
+    lease: Duration,
+}
+
+impl Retrying {
+    /// Retries the completion until it lands, the key is taken over, a definite error says it
+    /// never will, or the retention (after which the result would not be replayed anyway) has
+    /// passed. The lease is renewed on its own schedule meanwhile (every third of it, whatever
+    /// the pause between two tries), so while the store answers renewals the key stays this
+    /// process's; and the pause between tries never exceeds a third of the lease, so once the
+    /// store answers again the completion lands within that.
+    async fn until_landed(self) {
+        let key = *self.claim.key();
+        let store = &*self.shared.store;
+        let response = self.pending.record.response.as_deref();
         let done = Completion {
-            response: Some(sealed),
-            is_error,
+            response,
+            is_error: self.pending.record.is_error,
         };
-        // Bounded by `give_up`: every pass sleeps at least RETRY_FIRST.
-        loop {
-            let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
-            tokio::time::sleep(backoff + jitter).await;
-            backoff = (backoff * 2).min(RETRY_MAX);
-            match (*shared.store).complete(claim, done, retention).await {
-                Ok(()) => {
-                    tracing::info!(%key, "the result was stored after a retry");
-                    break;
-                }
-                Err(Error::LeaseLost) => {
-                    tracing::error!(%key, "the key was taken over before its result could be stored: the work may run twice");
-                    break;
-                }
-                Err(Error::Store(e)) if e.kind().is_transient() => {
-                    if Instant::now() >= give_up {
-                        tracing::error!(%key, error = %e, "gave up storing the result after its retention");
-                        break;
+        let give_up = Instant::now() + self.retention;
+        let longest = RETRY_MAX.min(self.lease / 3);
+        let tries = async {
+            let mut backoff = RETRY_FIRST.min(longest);
+            // Bounded by `give_up`: every pass sleeps before its try.
+            loop {
+                let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
+                tokio::time::sleep((backoff + jitter).min(longest)).await;
+                backoff = (backoff * 2).min(longest);
+                match store.complete(&self.claim, done, self.retention).await {
+                    Ok(()) => {
+                        tracing::info!(%key, "the result was stored after a retry");
+                        return;
                     }
-                    if Instant::now() >= renew_at {
-                        // A failure here is decided by the next completion attempt.
-                        let _ = (*shared.store).renew(claim, lease).await;
-                        renew_at = Instant::now() + lease / 3;
+                    Err(Error::LeaseLost) => {
+                        tracing::error!(%key, "the key was taken over before its result could be stored (the store was unreachable for longer than the lease): the work may have run twice");
+                        return;
                     }
-                }
-                Err(e) => {
-                    tracing::error!(%key, error = %e, "storing the result failed for good; the key frees when its lease ends");
-                    break;
+                    Err(Error::Store(e)) if e.kind().is_transient() => {
+                        if Instant::now() >= give_up {
+                            tracing::error!(%key, error = %e, "gave up storing the result after its retention");
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(%key, error = %e, "storing the result failed for good; the key frees when its lease ends");
+                        return;
+                    }
                 }
             }
-        }
-        shared.waiters.wake(&key);
+        };
+        renewing(store, &self.claim, self.lease, tries).await;
+        self.shared.completions.end(&key);
+        self.shared.waiters.wake(&key);
     }
 }
 
@@ -401,59 +453,94 @@ async fn release(store: &dyn Store, claim: &Claim) {
     }
 }
 
-/// The keys whose claims this process is releasing, so a retry here waits for the release
-/// instead of meeting the claim in the store.
-#[derive(Default)]
-pub(super) struct Releases {
-    /// How many releases are under way: zero lets every call skip the map.
-    pending: AtomicUsize,
-    keys: Mutex<KeyMap<ReleaseSlot>>,
+/// Keys with something under way in this process that a call of the key must wait for instead
+/// of meeting the key's claim in the store: a release ([`Releases`]), or a completion retried in
+/// the background ([`Completions`]), each with what the call needs of it (`V`).
+pub(super) struct Underway<V> {
+    /// How many are under way: zero lets every call skip the map.
+    count: AtomicUsize,
+    keys: Mutex<KeyMap<Slot<V>>>,
 }
 
-struct ReleaseSlot {
+/// The keys whose claims this process is releasing.
+pub(super) type Releases = Underway<()>;
+
+/// The keys whose completions this process retries in the background, with their results.
+pub(super) type Completions = Underway<Arc<PendingResult>>;
+
+struct Slot<V> {
     done: Arc<Notify>,
     count: usize,
+    value: V,
 }
 
-/// A release under way; dropping it (done, or its task dropped) ends it and wakes whoever waits.
-struct Releasing {
-    shared: Arc<Shared>,
-    key: Key,
+impl<V> Default for Underway<V> {
+    fn default() -> Self {
+        Underway {
+            count: AtomicUsize::new(0),
+            keys: Mutex::new(KeyMap::default()),
+        }
+    }
 }
 
-impl Releases {
-    fn lock(&self) -> std::sync::MutexGuard<'_, KeyMap<ReleaseSlot>> {
+impl<V: Clone> Underway<V> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeyMap<Slot<V>>> {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn begin(&self, shared: &Arc<Shared>, key: Key) -> Releasing {
-        self.pending.fetch_add(1, Ordering::AcqRel);
+    /// One more under way for `key` (the first one's `value` is the key's).
+    fn begin(&self, key: Key, value: V) {
+        self.count.fetch_add(1, Ordering::AcqRel);
         self.lock()
             .entry(key)
-            .or_insert_with(|| ReleaseSlot {
+            .or_insert_with(|| Slot {
                 done: Arc::new(Notify::new()),
                 count: 0,
+                value,
             })
             .count += 1;
-        Releasing {
-            shared: shared.clone(),
-            key,
+    }
+
+    /// One fewer under way for `key`; the last one wakes whoever waits.
+    fn end(&self, key: &Key) {
+        let ended = {
+            let mut keys = self.lock();
+            match keys.get_mut(key) {
+                Some(slot) if slot.count > 1 => {
+                    slot.count -= 1;
+                    None
+                }
+                Some(_) => keys.remove(key).map(|slot| slot.done),
+                None => None,
+            }
+        };
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        if let Some(done) = ended {
+            done.notify_waiters();
         }
     }
 
-    /// Whether any release is under way in this process; if not, [`settled`](Self::settled)
-    /// would return at once.
+    /// Whether anything is under way in this process; if not, [`get`](Self::get) finds nothing
+    /// and [`settled`](Self::settled) returns at once.
     pub(super) fn under_way(&self) -> bool {
-        self.pending.load(Ordering::Acquire) != 0
+        self.count.load(Ordering::Acquire) != 0
     }
 
-    /// Waits until no release of `key` is under way in this process, for at most `bound`.
+    /// What is under way for `key`, if anything.
+    pub(super) fn get(&self, key: &Key) -> Option<V> {
+        if !self.under_way() {
+            return None;
+        }
+        self.lock().get(key).map(|slot| slot.value.clone())
+    }
+
+    /// Waits until nothing is under way for `key` in this process, for at most `bound`.
     pub(super) async fn settled(&self, key: &Key, bound: Duration) {
         if !self.under_way() {
             return;
         }
         let _ = tokio::time::timeout(bound, async {
-            // Bounded: each pass waits for one release of the key to end.
+            // Bounded: each pass waits for one end of what is under way for the key.
             loop {
                 let done = match self.lock().get(key) {
                     Some(slot) => slot.done.clone(),
@@ -461,7 +548,7 @@ impl Releases {
                 };
                 let mut ended = pin!(done.notified());
                 ended.as_mut().enable();
-                // The release may have ended between the look-up and `enable`.
+                // It may have ended between the look-up and `enable`.
                 if !self
                     .lock()
                     .get(key)
@@ -481,24 +568,25 @@ impl Releases {
     }
 }
 
+/// A release under way; dropping it (done, or its task dropped) ends it and wakes whoever waits.
+struct Releasing {
+    shared: Arc<Shared>,
+    key: Key,
+}
+
+impl Releasing {
+    fn begin(shared: &Arc<Shared>, key: Key) -> Releasing {
+        shared.releases.begin(key, ());
+        Releasing {
+            shared: shared.clone(),
+            key,
+        }
+    }
+}
+
 impl Drop for Releasing {
     fn drop(&mut self) {
-        let releases = &self.shared.releases;
-        let ended = {
-            let mut keys = releases.lock();
-            match keys.get_mut(&self.key) {
-                Some(slot) if slot.count > 1 => {
-                    slot.count -= 1;
-                    None
-                }
-                Some(_) => keys.remove(&self.key).map(|slot| slot.done),
-                None => None,
-            }
-        };
-        releases.pending.fetch_sub(1, Ordering::AcqRel);
-        if let Some(done) = ended {
-            done.notify_waiters();
-        }
+        self.shared.releases.end(&self.key);
         self.shared.waiters.wake(&self.key);
     }
 }

@@ -42,10 +42,10 @@ pub use policy::Overrides;
 pub(crate) use policy::{Core, Resolved};
 pub(crate) use stored::Encoded;
 
-use cache::{Cache, Hit};
+use cache::{Cache, Hit, Known};
 #[cfg(feature = "http")]
 use finish::run_to_end;
-use finish::{detach, renewing, start, ClaimGuard, Releases};
+use finish::{detach, renewing, start, ClaimGuard, Completions, PendingResult, Releases, Stored};
 use stored::replay;
 use waiters::{PollerRole, Typical, Waiters};
 
@@ -73,12 +73,15 @@ use waiters::{PollerRole, Typical, Waiters};
 /// | the caller is cancelled while the result is being stored | the completion is finished on a task of its own |
 /// | a retry in this process while a claim is being released | the retry waits for the release (one statement), never a [`Error::Locked`] for a key that is being freed |
 /// | the result is larger than [`Policy::max_response_bytes`] or cannot be encoded | the caller gets its result; the key is kept as "completed, result not retained" and a retry gets [`Error::ResultNotRetained`], never a second execution |
-/// | storing the result fails for a passing reason (store unreachable, statement timeout, disk full) | the caller gets its result; the completion is retried in the background, fenced by the claim's token and renewing the lease, until it lands, the key is taken over, or the retention ends |
+/// | storing the result fails for a passing reason (store unreachable, statement timeout, disk full) | the caller gets its result; the completion is retried in the background, fenced by the claim's token, with the lease renewed every third of it meanwhile, until it lands, the key is taken over, or the retention ends |
+/// | a call in this process meets a result still being stored in the background | it waits for that completion (at most a lease) and replays the result; it never claims the key |
 /// | the claim was taken over while the work ran (its lease ran out) | [`Error::LeaseLost`]: the work may have run twice |
 ///
 /// A process that exits (or a runtime that shuts down) loses what it had not finished: a claim
-/// it held frees when its lease ends. Make the lease longer than the store outages you want to
-/// ride out without a second execution.
+/// it held frees when its lease ends. A store outage longer than the lease lets the lease run
+/// out in the store, and a retry from another process may then claim the key and run the work
+/// again: make the lease longer than the store outages you want to ride out, plus a third of the
+/// lease (docs/never-twice.md).
 ///
 /// ```
 /// use idem_core::{Idempotency, Key, MemoryStore, Error};
@@ -132,6 +135,8 @@ struct Shared {
     waiters: Waiters,
     /// Keys whose claim this process is releasing right now.
     releases: Releases,
+    /// Keys whose result this process is still storing in the background, with the result.
+    completions: Completions,
     /// How long recent work took: the basis of `retry_after`.
     typical: Typical,
 }
@@ -143,6 +148,7 @@ impl Shared {
             in_process,
             waiters: Waiters::default(),
             releases: Releases::default(),
+            completions: Completions::default(),
             typical: Typical::default(),
         })
     }
@@ -223,7 +229,7 @@ impl<C: Codec> Idempotency<C> {
         Idempotency {
             inner: Arc::new(Inner {
                 shared: Shared::new(store, in_process),
-                cache: core.replay_cache.map(Cache::new),
+                cache: core.replay_cache.clone().map(Cache::new),
                 core,
             }),
         }
@@ -373,12 +379,12 @@ impl<C: Codec> Idempotency<C> {
             }
             Ok(Acquired::Replay(cached)) => {
                 if let Some(cache) = &self.inner.cache {
-                    let until = cache::until(cached.expires_at);
-                    cache.put(key, fingerprint, &cached, until);
+                    let known = Known::from_replay(fingerprint);
+                    cache.put(key, known, &cached, cached.expires_at);
                 }
                 cached
             }
-            Ok(Acquired::Cached(cached)) => cached,
+            Ok(Acquired::Cached(cached) | Acquired::Pending(cached)) => cached,
             Err(e) => {
                 probe.end(Stage::of_error(&e));
                 return Claimed::Ended(Err(e.into()));
@@ -439,18 +445,21 @@ impl<C: Codec> Idempotency<C> {
             Stage::NotRetained
         };
         let kept_here = self.inner.cache.as_ref().map(|cache| {
+            let until = cache.now() + retention;
             let record = Cached {
                 response: Some(sealed.bytes.clone()),
                 is_error,
-                expires_at: std::time::SystemTime::now() + retention,
+                expires_at: until,
             };
-            (cache, record, Instant::now() + retention)
+            (cache, record, until)
         });
         let completed = guard
-            .complete(sealed.bytes, is_error, retention, lease)
+            .complete(sealed.bytes, is_error, *fingerprint, retention, lease)
             .await;
-        if let (Ok(()), Some((cache, record, until))) = (&completed, kept_here) {
-            cache.put(*claim.key(), *fingerprint, &record, until);
+        // Cached only once it is in the store: until then, calls here meet the pending result,
+        // which the store may yet refuse (the key taken over after a long outage).
+        if let (Ok(Stored::Landed), Some((cache, record, until))) = (&completed, kept_here) {
+            cache.put(*claim.key(), Known::Exactly(*fingerprint), &record, until);
         }
         if probe.timed() {
             probe.complete_took(ended.elapsed());
@@ -482,6 +491,9 @@ impl<C: Codec> Idempotency<C> {
         // it is wrapped, for the calls that wait.
         if shared.releases.under_way() {
             Box::pin(shared.releases.settled(key, lease)).await;
+        }
+        if let Some(pending) = shared.completions.get(key) {
+            return Box::pin(self.pending(key, fingerprint, lease, pending)).await;
         }
         match on_locked {
             OnLocked::FailFast => match start(shared, key, fingerprint, lease).await? {
@@ -515,6 +527,9 @@ impl<C: Codec> Idempotency<C> {
         loop {
             let mut woken = pin!(slot.notify.notified());
             woken.as_mut().enable();
+            if let Some(pending) = shared.completions.get(key) {
+                return self.pending(key, fingerprint, lease, pending).await;
+            }
             let retry_after = match start(shared, key, fingerprint, lease).await? {
                 Start::Started(c) => return Ok(Acquired::Claim(c)),
                 Start::Completed(c) => return Ok(Acquired::Replay(c)),
@@ -544,6 +559,23 @@ impl<C: Codec> Idempotency<C> {
                 _ = tokio::time::sleep_until(wake_at) => {}
             }
         }
+    }
+}
+
+impl<C: Codec> Idempotency<C> {
+    /// A call that meets a result this process is still storing in the background: it waits
+    /// for that completion (at most a lease) and replays the result, whether or not it landed;
+    /// it never claims the key, so the work that produced the result does not run again here.
+    async fn pending(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+        pending: Arc<PendingResult>,
+    ) -> Result<Acquired, Error> {
+        crate::store::check_fingerprint(pending.fingerprint.as_ref(), fingerprint)?;
+        self.inner.shared.completions.settled(key, lease).await;
+        Ok(Acquired::Pending(pending.record.clone()))
     }
 }
 
@@ -595,6 +627,8 @@ enum Acquired {
     Replay(Cached),
     /// The record, from the replay cache.
     Cached(Cached),
+    /// The result this process is still storing in the background.
+    Pending(Cached),
 }
 
 #[cfg(test)]
