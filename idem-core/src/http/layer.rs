@@ -20,22 +20,33 @@ use crate::store::check_duration;
 type CallerFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type StoreIfFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
 
-/// Whether the layer stores a response by default: every status but 5xx, `408 Request Timeout`,
-/// `409 Conflict` and `429 Too Many Requests`, which say "try again" rather than give an answer.
-/// A response that is not stored frees the key, so a retry runs the handler again.
+/// Whether the layer stores a response by default: every status but 5xx, `400 Bad Request`,
+/// `408 Request Timeout`, `409 Conflict`, `422 Unprocessable Content` and `429 Too Many
+/// Requests`. A response that is not stored frees the key, so a retry runs the handler again.
+///
+/// 5xx, 408, 409 and 429 say "try again" rather than give an answer. 400 and 422 say the request
+/// was refused before it did anything (axum's `Json` extractor answers a body that is not JSON
+/// with 400, one of the wrong shape with 422): like Stripe, the layer does not keep such a
+/// refusal, so the client can correct the request and send it again under the same key. A
+/// handler whose 400 or 422 follows a side effect should be stored with
+/// [`store_if`](LayerBuilder::store_if).
 ///
 /// ```
 /// use idem_core::http::stores_by_default;
 /// use http::StatusCode;
 /// assert!(stores_by_default(StatusCode::CREATED));
-/// assert!(stores_by_default(StatusCode::UNPROCESSABLE_ENTITY));
+/// assert!(stores_by_default(StatusCode::NOT_FOUND));
+/// assert!(!stores_by_default(StatusCode::UNPROCESSABLE_ENTITY));
+/// assert!(!stores_by_default(StatusCode::BAD_REQUEST));
 /// assert!(!stores_by_default(StatusCode::SERVICE_UNAVAILABLE));
 /// assert!(!stores_by_default(StatusCode::TOO_MANY_REQUESTS));
 /// ```
 pub fn stores_by_default(status: StatusCode) -> bool {
     !(status.is_server_error()
+        || status == StatusCode::BAD_REQUEST
         || status == StatusCode::REQUEST_TIMEOUT
         || status == StatusCode::CONFLICT
+        || status == StatusCode::UNPROCESSABLE_ENTITY
         || status == StatusCode::TOO_MANY_REQUESTS)
 }
 

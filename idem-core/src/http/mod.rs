@@ -45,7 +45,7 @@
 //!
 //! | request | response |
 //! |---|---|
-//! | new key | the handler's response; stored unless [`store_if`](LayerBuilder::store_if) says no (default: 5xx, 408, 409 and 429 are not stored, and free the key for a retry) |
+//! | new key | the handler's response; stored unless [`store_if`](LayerBuilder::store_if) says no (default: 5xx, 400, 408, 409, 422 and 429 are not stored, and free the key for a retry) |
 //! | same key, same request, after it completed | the stored status, headers and body, plus `Idempotent-Replayed: true` |
 //! | same key while the first request still runs | `409 Conflict` with `Retry-After`; or, with [`OnLocked::Wait`](crate::OnLocked::Wait), the first request's response once it is done |
 //! | same key, different method, path, query or body | `422 Unprocessable Content` |

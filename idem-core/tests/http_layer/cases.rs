@@ -368,6 +368,69 @@ pub async fn bare_keys_when_accepted(store: Arc<dyn Store>) {
     assert_eq!(server.runs(), 1);
 }
 
+/// Bodies axum's `Json` refuses before the handler runs, with their status and a key for each:
+/// the wrong shape (422) and not JSON at all (400).
+const REFUSED_BODIES: [(&str, &str, u16); 2] = [
+    ("k-422", r#"{"amount":"five"}"#, 422),
+    ("k-400", r#"{"amount":"#, 400),
+];
+
+/// axum's `Json` refuses a body of the wrong shape with 422 and one that is not JSON with 400
+/// before the handler runs. Neither is stored: the corrected retry under the same key runs the
+/// handler and gets its answer, not `KeyReused`.
+pub async fn extractor_rejections_are_not_stored(store: Arc<dyn Store>) {
+    let server = Server::start(store.clone(), |b| b).await;
+    for (key, broken, status) in REFUSED_BODIES {
+        let refused = server.post_json("/json", &quoted(key), broken).await;
+        assert_eq!(refused.status, status, "{key}");
+        assert!(!refused.replayed());
+        assert!(
+            store.get(&record_key(CALLER, key)).await.unwrap().is_none(),
+            "{key}: the refusal was stored"
+        );
+        // The same broken body again is refused afresh, not replayed.
+        let again = server.post_json("/json", &quoted(key), broken).await;
+        assert_eq!(again.status, status);
+        assert!(!again.replayed());
+        let corrected = server
+            .post_json("/json", &quoted(key), r#"{"amount":5}"#)
+            .await;
+        assert_eq!(
+            corrected.status,
+            201,
+            "{key}: {}",
+            String::from_utf8_lossy(&corrected.body)
+        );
+        assert!(!corrected.replayed());
+        let replay = server
+            .post_json("/json", &quoted(key), r#"{"amount":5}"#)
+            .await;
+        assert!(replay.replayed());
+        assert_eq!(replay.body, corrected.body);
+    }
+    assert_eq!(server.runs(), 2);
+}
+
+/// `store_if` still decides: told to store every answer but 5xx, a 422 or 400 refusal is kept,
+/// replayed to the same request and `KeyReused` for a corrected one.
+pub async fn store_if_can_store_rejections(store: Arc<dyn Store>) {
+    let server = Server::start(store, |b| b.store_if(|status, _| !status.is_server_error())).await;
+    for (key, broken, status) in REFUSED_BODIES {
+        let refused = server.post_json("/json", &quoted(key), broken).await;
+        assert_eq!(refused.status, status);
+        let again = server.post_json("/json", &quoted(key), broken).await;
+        assert_eq!(again.status, status);
+        assert!(again.replayed(), "{key}");
+        assert_eq!(again.body, refused.body);
+        let corrected = server
+            .post_json("/json", &quoted(key), r#"{"amount":5}"#)
+            .await;
+        let problem = corrected.problem(422);
+        assert_eq!(problem["type"], Problem::KeyReused.type_uri());
+    }
+    assert_eq!(server.runs(), 0);
+}
+
 pub async fn optional_key_runs_unguarded(store: Arc<dyn Store>) {
     let server = Server::start(store, |b| b).await;
     let a = server.post("/payments", None, "{}").await;

@@ -40,6 +40,8 @@ macro_rules! http_suite {
                 problem_base_sets_type_and_link,
                 bad_keys_are_400,
                 bare_keys_when_accepted,
+                extractor_rejections_are_not_stored,
+                store_if_can_store_rejections,
                 optional_key_runs_unguarded,
                 server_error_frees_key,
                 handler_panic_frees_key,

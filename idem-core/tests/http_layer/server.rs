@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, Response, StatusCode};
 use axum::routing::post;
-use axum::Router;
+use axum::{Json, Router};
 use idem_core::http::{IdempotencyLayer, LayerBuilder, IDEMPOTENT_REPLAYED};
 use idem_core::{Idempotency, Key, Store};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -85,6 +85,23 @@ impl Reply {
             .filter(|(n, _)| n != IDEMPOTENT_REPLAYED.as_str())
             .cloned()
             .collect()
+    }
+
+    /// Reads a response whole.
+    async fn of(response: reqwest::Response) -> Reply {
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .filter(|(n, _)| n.as_str() != "date")
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect();
+        let body = response.bytes().await.unwrap().to_vec();
+        Reply {
+            status,
+            headers,
+            body,
+        }
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -178,6 +195,7 @@ impl Server {
             .route("/frames", post(frames))
             .route("/one-frame", post(one_frame))
             .route("/huge", post(huge))
+            .route("/json", post(json_payment))
             .layer(layer)
             .layer(tower::util::MapRequestLayer::new(
                 move |req: axum::http::Request<Body>| {
@@ -233,22 +251,25 @@ impl Server {
         if let Some(caller) = caller {
             req = req.header("x-caller", caller);
         }
-        async move {
-            let response = req.send().await.unwrap();
-            let status = response.status().as_u16();
-            let headers = response
-                .headers()
-                .iter()
-                .filter(|(n, _)| n.as_str() != "date")
-                .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-                .collect();
-            let body = response.bytes().await.unwrap().to_vec();
-            Reply {
-                status,
-                headers,
-                body,
-            }
-        }
+        async move { Reply::of(req.send().await.unwrap()).await }
+    }
+
+    /// `POST path` with a JSON body (`Content-Type: application/json`) and one raw key, as
+    /// [`CALLER`].
+    pub fn post_json(
+        &self,
+        path: &str,
+        key: &str,
+        body: &str,
+    ) -> impl Future<Output = Reply> + Send + 'static {
+        let req = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .header("x-caller", CALLER)
+            .body(body.to_owned());
+        async move { Reply::of(req.send().await.unwrap()).await }
     }
 
     /// `POST path` with one quoted key (or none) as [`CALLER`].
@@ -289,6 +310,23 @@ async fn create(State(app): State<App>, headers: HeaderMap, body: String) -> Res
         .header("x-run", id.to_string())
         .body(Body::from(json.to_string()))
         .unwrap()
+}
+
+/// What `/json` takes: an amount, which axum's `Json` extractor checks before the handler runs
+/// (a syntax error gets 400, a wrong type 422).
+#[derive(serde::Deserialize)]
+struct Amount {
+    amount: u64,
+}
+
+/// Creates a payment from a JSON body; a new id per run.
+async fn json_payment(State(app): State<App>, Json(new): Json<Amount>) -> (StatusCode, String) {
+    app.runs.fetch_add(1, Ordering::SeqCst);
+    let id = app.serial.fetch_add(1, Ordering::SeqCst) + 1;
+    (
+        StatusCode::CREATED,
+        format!("payment {id} of {}", new.amount),
+    )
 }
 
 async fn list() -> &'static str {
