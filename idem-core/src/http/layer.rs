@@ -172,7 +172,7 @@ impl<S, C> Layer<S> for IdempotencyLayer<C> {
 /// |---|---|
 /// | [`methods`](Self::methods) | `POST`, `PATCH` |
 /// | [`require_key`](Self::require_key) | `false`: a request without the header runs unguarded |
-/// | [`accept_bare_keys`](Self::accept_bare_keys) | `false`: the key must be a quoted sf-string |
+/// | [`accept_bare_keys`](Self::accept_bare_keys) | `true`: `abc` and `"abc"` are the same key; `false` is the draft's strict form |
 /// | [`scope`](Self::scope) | `"http"` |
 /// | [`caller`](Self::caller) or [`shared_key_space`](Self::shared_key_space) | none: [`build`](Self::build) refuses until one is chosen |
 /// | [`caller_missing_status`](Self::caller_missing_status) | `401 Unauthorized`, without [`www_authenticate`](Self::www_authenticate) |
@@ -230,7 +230,7 @@ impl<C: Codec> LayerBuilder<C> {
                 options: Overrides::default(),
                 methods: vec![Method::POST, Method::PATCH],
                 require_key: false,
-                accept_bare_keys: false,
+                accept_bare_keys: true,
                 scope: Arc::from("http"),
                 caller: None,
                 fingerprint: BodyFingerprint::default(),
@@ -271,14 +271,18 @@ impl<C: Codec> LayerBuilder<C> {
     }
 
     /// Whether to accept an unquoted key such as `Idempotency-Key: 8e03978e-40d5-…`, as Stripe
-    /// and most existing clients send it. The draft standard requires a structured-field string
-    /// (`Idempotency-Key: "8e03978e-40d5-…"`), so the default is `false` and an unquoted key gets
-    /// `400`. When accepted, an unquoted key must be 1 to 255 visible ASCII characters, and
-    /// `abc` and `"abc"` name the same key.
+    /// and most existing clients send it. Default `true`: an unquoted key must be 1 to 255
+    /// visible ASCII characters, and `abc` and `"abc"` name the same key (the same record).
+    ///
+    /// `false` is the strict mode: the draft standard makes the value a structured-field string
+    /// (`Idempotency-Key: "8e03978e-40d5-…"`), and an unquoted key gets `400`
+    /// ([`Problem::KeyMalformed`](super::Problem::KeyMalformed)). Either way a quoted key is read
+    /// the same, so switching modes keeps every stored response.
     ///
     /// ```
     /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).accept_bare_keys(true);
+    /// // Strict: only `Idempotency-Key: "…"`.
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).accept_bare_keys(false);
     /// # let _ = b;
     /// ```
     pub fn accept_bare_keys(mut self, accept: bool) -> Self {

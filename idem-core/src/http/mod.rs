@@ -1,7 +1,8 @@
 //! A tower/axum layer speaking the `Idempotency-Key` header (IETF httpapi draft "The
 //! Idempotency-Key HTTP Header Field"), on any [`Store`](crate::Store). Feature `http`.
 //!
-//! A client sends `POST /payments` with `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`.
+//! A client sends `POST /payments` with `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`
+//! (or the same key unquoted, as most clients send it).
 //! The first request runs the handler and stores its response; a retry with the same key gets
 //! that response again, marked `Idempotent-Replayed: true`, and the handler does not run again.
 //!
@@ -51,7 +52,7 @@
 //! | same key, different method, path, query or body | `422 Unprocessable Content` |
 //! | no key, key required | `400 Bad Request` |
 //! | no key, key optional | the handler's response, nothing stored |
-//! | malformed key: not one RFC 8941 string (unless [bare keys](LayerBuilder::accept_bare_keys) are accepted), empty, over 255 characters, header sent twice | `400 Bad Request` |
+//! | malformed key: empty, over 255 characters, header sent twice, not visible ASCII; or, in [strict mode](LayerBuilder::accept_bare_keys), not one RFC 8941 string | `400 Bad Request` |
 //! | key, but the [caller extractor](LayerBuilder::caller) finds no identity | `401 Unauthorized` (or `400`, by [`caller_missing_status`](LayerBuilder::caller_missing_status)); nothing runs or is stored |
 //! | key, but the identity is empty, over 255 bytes or holds a byte outside printable ASCII | `400 Bad Request`; nothing runs or is stored |
 //! | body over [`max_request_body`](LayerBuilder::max_request_body) | `413 Content Too Large`, nothing runs or is stored |

@@ -319,12 +319,15 @@ pub async fn bad_keys_are_400(store: Arc<dyn Store>) {
     let missing = send(&[]).await.problem(400);
     assert_eq!(missing["type"], Problem::KeyMissing.type_uri());
     let long = quoted(&"k".repeat(256));
-    let malformed: [&[&str]; 6] = [
-        &["k-bare"],
+    let bare_long = "k".repeat(256);
+    let malformed: [&[&str]; 8] = [
+        &["k bare"],
         &["\"unterminated"],
         &["\"\""],
         &[&long],
+        &[&bare_long],
         &["\"a\"", "\"a\""],
+        &["a", "a"],
         &["\"tab\\x\""],
     ];
     for keys in malformed {
@@ -341,30 +344,47 @@ pub async fn bad_keys_are_400(store: Arc<dyn Store>) {
     assert_eq!(send(&[&longest]).await.status, 201);
     // Unguarded methods ignore the header.
     let get = server
-        .request(Method::GET, "/payments", &["k-bare"], None, "")
+        .request(Method::GET, "/payments", &["k bare"], None, "")
         .await;
     assert_eq!(get.status, 200);
     assert!(!get.replayed());
 }
 
-pub async fn bare_keys_when_accepted(store: Arc<dyn Store>) {
-    let server = Server::start(store, |b| b.accept_bare_keys(true)).await;
-    let uuid = "8e03978e-40d5-43e8-bc93-6894a57f9324";
-    let bare = server
-        .request(Method::POST, "/payments", &[uuid], Some(CALLER), "{}")
-        .await;
-    let quoted_again = server
-        .request(
-            Method::POST,
-            "/payments",
-            &[&quoted(uuid)],
-            Some(CALLER),
-            "{}",
-        )
-        .await;
+/// A UUID key, as most clients send one.
+const UUID: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+
+/// `POST /payments` with this raw `Idempotency-Key` value.
+fn post_raw_key(server: &Server, key: &str) -> impl std::future::Future<Output = Reply> {
+    server.request(Method::POST, "/payments", &[key], Some(CALLER), "{}")
+}
+
+/// Most clients send a bare UUID: by default it is accepted, and is the same key as its quoted
+/// form.
+pub async fn bare_keys_by_default(store: Arc<dyn Store>) {
+    let server = Server::start(store.clone(), |b| b).await;
+    let bare = post_raw_key(&server, UUID).await;
+    let quoted_again = post_raw_key(&server, &quoted(UUID)).await;
     assert_eq!(bare.status, 201);
+    assert!(!bare.replayed());
     assert!(quoted_again.replayed());
     assert_eq!(quoted_again.body, bare.body);
+    assert_eq!(server.runs(), 1);
+    // One record, under the key without quotes.
+    let record = store.get(&record_key(CALLER, UUID)).await.unwrap();
+    assert!(record.is_some());
+}
+
+/// `accept_bare_keys(false)` is the draft's strict form: a bare key gets 400, a quoted one runs.
+pub async fn strict_mode_refuses_bare_keys(store: Arc<dyn Store>) {
+    let server = Server::start(store, |b| b.accept_bare_keys(false)).await;
+    let problem = post_raw_key(&server, UUID).await.problem(400);
+    assert_eq!(problem["type"], Problem::KeyMalformed.type_uri());
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("double quotes"), "{detail}");
+    assert_eq!(server.runs(), 0);
+    let quoted_key = post_raw_key(&server, &quoted(UUID)).await;
+    assert_eq!(quoted_key.status, 201);
+    assert!(!quoted_key.replayed());
     assert_eq!(server.runs(), 1);
 }
 
