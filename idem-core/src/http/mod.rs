@@ -73,6 +73,31 @@
 //! running request ends ([`Error::Locked`](crate::Error::Locked)), rounded up so a client that
 //! waits as told never comes back early, and at least 1. A `503` says 1.
 //!
+//! # The key in the handler
+//!
+//! A handler behind the layer reads the key the layer checked with the [`IdempotencyKey`]
+//! extractor (without its quotes): `IdempotencyKey` refuses a request without one (`400`),
+//! `Option<IdempotencyKey>` reads `None`. Only the key of a request the layer guarded is given
+//! out: a request that carries the header on a route outside the layer, or with a method the
+//! layer does not guard, is refused with `500` ([`Problem::KeyUnguarded`]).
+//!
+//! ```
+//! use axum::{routing::post, Router};
+//! use idem_core::http::{IdempotencyKey, IdempotencyLayer};
+//! use idem_core::{Idempotency, MemoryStore};
+//!
+//! async fn create(key: IdempotencyKey) -> String {
+//!     format!("payment made under {key}")
+//! }
+//!
+//! # fn main() -> Result<(), idem_core::Error> {
+//! let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+//!     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+//!     .build()?;
+//! let app: Router = Router::new().route("/payments", post(create)).layer(layer);
+//! # let _ = app; Ok(()) }
+//! ```
+//!
 //! # Key expiry
 //!
 //! The draft asks an API to publish how long it keeps keys; with this layer that is:
@@ -150,6 +175,7 @@
 //! version.
 
 mod body;
+mod extract;
 mod fingerprint;
 mod key_header;
 mod layer;
@@ -162,6 +188,7 @@ use http::HeaderName;
 pub use ::http as types;
 pub use ::tower;
 pub use axum_core::body::Body;
+pub use extract::{IdempotencyKey, IdempotencyKeyRejection};
 pub use fingerprint::BodyFingerprint;
 pub use layer::{stores_by_default, IdempotencyLayer, LayerBuilder};
 pub use problem::Problem;

@@ -11,8 +11,9 @@ use http::{HeaderValue, Response, StatusCode};
 use crate::error::Error;
 
 /// A problem the layer answers itself, without calling the handler (or, for
-/// [`LeaseLost`](Self::LeaseLost), after it). The body is `application/problem+json` with
-/// `type`, `title`, `status` and `detail`.
+/// [`LeaseLost`](Self::LeaseLost), after it), or that the [`IdempotencyKey`](super::IdempotencyKey)
+/// extractor answers for the handler. The body is `application/problem+json` with `type`,
+/// `title`, `status` and `detail`.
 ///
 /// `type` is the documentation link of the variant: [`type_uri`](Self::type_uri) on docs.rs by
 /// default, or `{base}#{slug}` (see [`slug`](Self::slug)) when the layer has a
@@ -64,6 +65,11 @@ pub enum Problem {
     /// 400: the caller identity the extractor returned cannot scope a key (empty, over 255
     /// bytes, or a byte outside printable ASCII). Nothing ran.
     CallerInvalid,
+    /// 500: a handler asked for the [`IdempotencyKey`](super::IdempotencyKey) of a request that
+    /// carries the header but that no layer checked (the route is outside the layer, or the
+    /// layer does not guard its method). A mistake in the server's setup, not the client's: the
+    /// key deduplicated nothing. Nothing was stored.
+    KeyUnguarded,
 }
 
 impl Problem {
@@ -87,7 +93,9 @@ impl Problem {
             Problem::KeyReused | Problem::ResponseNotRetained => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Problem::LeaseLost | Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Problem::LeaseLost | Problem::Internal | Problem::KeyUnguarded => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -111,6 +119,7 @@ impl Problem {
             Problem::Internal => "Idempotency layer failed",
             Problem::CallerMissing => "Caller identity is missing",
             Problem::CallerInvalid => "Caller identity is invalid",
+            Problem::KeyUnguarded => "Idempotency-Key was not checked by an idempotency layer",
         }
     }
 
@@ -137,6 +146,7 @@ impl Problem {
             Problem::Internal => "internal",
             Problem::CallerMissing => "caller-missing",
             Problem::CallerInvalid => "caller-invalid",
+            Problem::KeyUnguarded => "key-unguarded",
         }
     }
 
@@ -170,6 +180,7 @@ impl Problem {
             Problem::Internal => doc!("Internal"),
             Problem::CallerMissing => doc!("CallerMissing"),
             Problem::CallerInvalid => doc!("CallerInvalid"),
+            Problem::KeyUnguarded => doc!("KeyUnguarded"),
         }
     }
 
@@ -421,6 +432,7 @@ mod tests {
             Problem::Internal,
             Problem::CallerMissing,
             Problem::CallerInvalid,
+            Problem::KeyUnguarded,
         ];
         let slugs: std::collections::HashSet<_> = all.iter().map(|p| p.slug()).collect();
         assert_eq!(slugs.len(), all.len());

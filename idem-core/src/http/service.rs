@@ -13,6 +13,7 @@ use http::{HeaderValue, Request, Response};
 use tower::Service;
 
 use super::body::{read_request, read_response, Buffered, ReadError};
+use super::extract::KeyChecked;
 use super::key_header::client_key;
 use super::layer::Config;
 use super::problem::{from_engine, Problem};
@@ -139,7 +140,7 @@ where
                 }
             };
             let fingerprint = config.fingerprint.of(&parts.method, &parts.uri, &body);
-            let req = Request::from_parts(parts, ReqBody::from(body));
+            let mut req = Request::from_parts(parts, ReqBody::from(body));
 
             let limit = config.engine.policy().max_response_bytes();
             let store_if = config.store_if.clone();
@@ -147,6 +148,8 @@ where
             // is stored even if the client goes away, so the client's retry replays it instead of
             // running the handler a second time.
             let work = async move {
+                // Marked only here, as its handler is about to run: a replay pays nothing for it.
+                req.extensions_mut().insert(KeyChecked);
                 let response = inner.call(req).await.map_err(Failure::Service)?;
                 let (parts, body) = response.into_parts();
                 let body = Body::new(body);

@@ -451,6 +451,65 @@ pub async fn store_if_can_store_rejections(store: Arc<dyn Store>) {
     assert_eq!(server.runs(), 0);
 }
 
+/// A handler reads the key the layer checked through the `IdempotencyKey` extractor, without
+/// quotes whether it came quoted or bare.
+pub async fn handler_reads_the_checked_key(store: Arc<dyn Store>) {
+    let server = Server::start(store, |b| b).await;
+    let send = |method: Method, path: &str, keys: &[&str]| {
+        server.request(method, path, keys, Some(CALLER), "{}")
+    };
+    let first = send(Method::POST, "/keyed", &["\"k-x\""]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body, b"run 1 under k-x");
+    let bare = send(Method::POST, "/keyed", &["k-y"]).await;
+    assert_eq!(bare.body, b"run 2 under k-y");
+    // A retry is replayed: the handler does not run to read the key again.
+    let replay = send(Method::POST, "/keyed", &["k-x"]).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(server.runs(), 2);
+
+    // Optional form: the key, or None without one.
+    let some = send(Method::POST, "/maybe-keyed", &["\"k-z\""]).await;
+    assert_eq!((some.status, some.body.as_slice()), (200, &b"key k-z"[..]));
+    let none = send(Method::POST, "/maybe-keyed", &[]).await;
+    assert_eq!((none.status, none.body.as_slice()), (200, &b"no key"[..]));
+    assert_eq!(server.runs(), 4);
+}
+
+/// The required form refuses a request without a key with a problem response; both forms
+/// refuse a key that no layer checked (a method the layer does not guard) with 500 rather than
+/// hand the handler a key that deduplicated nothing.
+pub async fn key_extractor_refusals(store: Arc<dyn Store>) {
+    let server = Server::start(store, |b| b).await;
+    let send = |method: Method, path: &str, keys: &[&str]| {
+        server.request(method, path, keys, Some(CALLER), "{}")
+    };
+    let missing = send(Method::POST, "/keyed", &[]).await.problem(400);
+    assert_eq!(missing["type"], Problem::KeyMissing.type_uri());
+    assert!(
+        missing["detail"]
+            .as_str()
+            .unwrap()
+            .contains("needs an Idempotency-Key"),
+        "{missing}"
+    );
+    let missing_get = send(Method::GET, "/keyed", &[]).await.problem(400);
+    assert_eq!(missing_get["type"], Problem::KeyMissing.type_uri());
+    for path in ["/keyed", "/maybe-keyed"] {
+        let unguarded = send(Method::GET, path, &["\"k-get\""]).await.problem(500);
+        assert_eq!(
+            unguarded["type"],
+            Problem::KeyUnguarded.type_uri(),
+            "{path}"
+        );
+        assert_eq!(unguarded["title"], Problem::KeyUnguarded.title());
+    }
+    let none_get = send(Method::GET, "/maybe-keyed", &[]).await;
+    assert_eq!(none_get.body, b"no key");
+    assert_eq!(server.runs(), 1);
+}
+
 pub async fn optional_key_runs_unguarded(store: Arc<dyn Store>) {
     let server = Server::start(store, |b| b).await;
     let a = server.post("/payments", None, "{}").await;

@@ -43,6 +43,8 @@ macro_rules! http_suite {
                 strict_mode_refuses_bare_keys,
                 extractor_rejections_are_not_stored,
                 store_if_can_store_rejections,
+                handler_reads_the_checked_key,
+                key_extractor_refusals,
                 optional_key_runs_unguarded,
                 server_error_frees_key,
                 handler_panic_frees_key,

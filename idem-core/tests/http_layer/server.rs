@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Response, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_core::http::{IdempotencyLayer, LayerBuilder, IDEMPOTENT_REPLAYED};
+use idem_core::http::{IdempotencyKey, IdempotencyLayer, LayerBuilder, IDEMPOTENT_REPLAYED};
 use idem_core::{Idempotency, Key, Store};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::Semaphore;
@@ -196,6 +196,8 @@ impl Server {
             .route("/one-frame", post(one_frame))
             .route("/huge", post(huge))
             .route("/json", post(json_payment))
+            .route("/keyed", post(keyed).get(keyed))
+            .route("/maybe-keyed", post(maybe_keyed).get(maybe_keyed))
             .layer(layer)
             .layer(tower::util::MapRequestLayer::new(
                 move |req: axum::http::Request<Body>| {
@@ -327,6 +329,22 @@ async fn json_payment(State(app): State<App>, Json(new): Json<Amount>) -> (Statu
         StatusCode::CREATED,
         format!("payment {id} of {}", new.amount),
     )
+}
+
+/// Answers with the key the layer checked; refused by the extractor without one.
+async fn keyed(State(app): State<App>, key: IdempotencyKey) -> String {
+    app.runs.fetch_add(1, Ordering::SeqCst);
+    let id = app.serial.fetch_add(1, Ordering::SeqCst) + 1;
+    format!("run {id} under {key}")
+}
+
+/// Answers with the key the layer checked, or says there is none.
+async fn maybe_keyed(State(app): State<App>, key: Option<IdempotencyKey>) -> String {
+    app.runs.fetch_add(1, Ordering::SeqCst);
+    match key {
+        Some(key) => format!("key {}", key.as_str()),
+        None => "no key".to_owned(),
+    }
 }
 
 async fn list() -> &'static str {
