@@ -27,7 +27,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::http::{BodyFingerprint, IdempotencyLayer};
+use idem::http::{BodyFingerprint, IdempotencyKey, IdempotencyLayer};
 use idem::{Idempotency, SqliteStore, Store};
 use serde::{Deserialize, Serialize};
 
@@ -46,6 +46,9 @@ struct Payment {
     currency: String,
     description: String,
     status: &'static str,
+    /// The request's `Idempotency-Key`, so the payment can be traced to the request (and its
+    /// idempotency record looked up with the CLI).
+    idempotency_key: String,
 }
 
 #[derive(Clone, Default)]
@@ -72,8 +75,13 @@ impl Payments {
 }
 
 /// Creates a payment. Not idempotent by itself: every run makes a new id. The layer makes a
-/// retry with the same key replay the first response instead of running this again.
-async fn create_payment(State(payments): State<Payments>, Json(new): Json<NewPayment>) -> Response {
+/// retry with the same key replay the first response instead of running this again. The key is
+/// the one the layer checked, without its quotes.
+async fn create_payment(
+    State(payments): State<Payments>,
+    key: IdempotencyKey,
+    Json(new): Json<NewPayment>,
+) -> Response {
     if new.amount == 0 {
         let problem = serde_json::json!({
             "type": "about:blank",
@@ -95,6 +103,7 @@ async fn create_payment(State(payments): State<Payments>, Json(new): Json<NewPay
         currency: new.currency,
         description: new.description,
         status: "succeeded",
+        idempotency_key: key.into_string(),
     };
     payments.insert(payment.clone());
     let location = format!("/payments/{}", payment.id);
@@ -123,8 +132,14 @@ fn setting(flag: &str, env: &str, default: impl FnOnce() -> String) -> String {
         .unwrap_or_else(default)
 }
 
+/// Where the records are, for people: what it is, and the `--url` the `idem` CLI takes.
+struct Described {
+    what: String,
+    cli_url: String,
+}
+
 /// The store for idempotency records: PostgreSQL when a URL is given, else SQLite.
-async fn open_store() -> Result<(Arc<dyn Store>, String), Box<dyn std::error::Error>> {
+async fn open_store() -> Result<(Arc<dyn Store>, Described), Box<dyn std::error::Error>> {
     let url = setting("--database-url", "DATABASE_URL", String::new);
     if !url.is_empty() {
         return open_postgres(&url).await;
@@ -136,18 +151,28 @@ async fn open_store() -> Result<(Arc<dyn Store>, String), Box<dyn std::error::Er
             .to_string()
     });
     let store = SqliteStore::open(&path).await?;
-    Ok((Arc::new(store), format!("SQLite at {path}")))
+    let described = Described {
+        what: format!("SQLite at {path}"),
+        cli_url: format!("sqlite://{path}"),
+    };
+    Ok((Arc::new(store), described))
 }
 
 #[cfg(feature = "postgres")]
-async fn open_postgres(url: &str) -> Result<(Arc<dyn Store>, String), Box<dyn std::error::Error>> {
+async fn open_postgres(
+    url: &str,
+) -> Result<(Arc<dyn Store>, Described), Box<dyn std::error::Error>> {
     let store = idem::PostgresStore::connect(url).await?;
-    let described = format!("PostgreSQL table {}", store.table());
+    let described = Described {
+        what: format!("PostgreSQL table {}", store.table()),
+        // Not the URL itself: it may hold a password.
+        cli_url: "\"$DATABASE_URL\"".to_owned(),
+    };
     Ok((Arc::new(store), described))
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(_: &str) -> Result<(Arc<dyn Store>, String), Box<dyn std::error::Error>> {
+async fn open_postgres(_: &str) -> Result<(Arc<dyn Store>, Described), Box<dyn std::error::Error>> {
     Err(
         "a database URL was given, but this build has no PostgreSQL store: \
          run with --features http,sqlite,postgres"
@@ -155,8 +180,9 @@ async fn open_postgres(_: &str) -> Result<(Arc<dyn Store>, String), Box<dyn std:
     )
 }
 
-/// Prints the curl session from docs/http.md, pointed at this server.
-fn print_session(base: &str) {
+/// Prints the curl session from docs/http.md, pointed at this server, and how to look at a
+/// record with the `idem` CLI.
+fn print_session(base: &str, cli_url: &str) {
     let post = format!(
         "curl -i -X POST {base}/payments -H 'Content-Type: application/json' -H 'X-Api-Key: team-a'"
     );
@@ -174,11 +200,17 @@ fn print_session(base: &str) {
          # 401: no X-Api-Key, so no telling whose key this is\n\
          curl -i -X POST {base}/payments -H 'Content-Type: application/json' \
          -H 'Idempotency-Key: \"order-1001\"' -d '{{\"amount\": 4200, \"currency\": \"EUR\"}}'\n\n\
-         # 400: no key (keys are required here), then an unquoted one\n\
-         {post} -d '{{\"amount\": 4200, \"currency\": \"EUR\"}}'\n\
+         # 400: no key (keys are required here)\n\
+         {post} -d '{{\"amount\": 4200, \"currency\": \"EUR\"}}'\n\n\
+         # 422 from axum's Json (amount is a string), not stored: the corrected retry with the\n\
+         # same key, unquoted as most clients send it, makes the payment (201)\n\
+         {post} -H 'Idempotency-Key: order-1002' -d '{{\"amount\": \"4200\", \"currency\": \"EUR\"}}'\n\
          {post} -H 'Idempotency-Key: order-1002' -d '{{\"amount\": 4200, \"currency\": \"EUR\"}}'\n\n\
          # 200: read the payment back\n\
-         curl -i {base}/payments/pay_000001\n"
+         curl -i {base}/payments/pay_000001\n\n\
+         # The idempotency record of the first request: scope payments, the caller, the key\n\
+         # without its quotes (the response is shown in hex: the layer's own format)\n\
+         cargo run -p idem-cli -- --url {cli_url} inspect --scope payments --caller team-a order-1001\n"
     );
 }
 
@@ -217,8 +249,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let base = format!("http://{}", listener.local_addr()?);
-    println!("payments API on {base}, idempotency records in {described}\n");
-    print_session(&base);
+    println!(
+        "payments API on {base}, idempotency records in {}\n",
+        described.what
+    );
+    print_session(&base, &described.cli_url);
     axum::serve(listener, app).await?;
     Ok(())
 }
