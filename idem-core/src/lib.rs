@@ -69,4 +69,4 @@ pub use store::redis::{RedisStore, RedisStoreBuilder};
 pub use store::sql::protocol::TransactionalStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
-pub use store::Store;
+pub use store::{Immediate, Store};

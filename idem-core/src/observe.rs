@@ -486,7 +486,6 @@ impl<'a> Probe<'a> {
     /// Hands the call's report over to another task: what it has recorded so far, without
     /// ending it (a suspended probe reports nothing when dropped). [`Probe::resume`] takes it
     /// back up.
-    #[cfg(feature = "http")]
     pub(crate) fn suspend(mut self) -> Suspended {
         self.ended = true;
         Suspended {
@@ -499,7 +498,6 @@ impl<'a> Probe<'a> {
 
     /// Takes up a suspended call's report, with the engine's observer and meters and the call's
     /// scope.
-    #[cfg(feature = "http")]
     pub(crate) fn resume(
         suspended: Suspended,
         observer: Option<&'a dyn Observer>,
@@ -637,7 +635,6 @@ impl<'a> Probe<'a> {
 }
 
 /// A [`Probe`] between two tasks: see [`Probe::suspend`].
-#[cfg(feature = "http")]
 pub(crate) struct Suspended {
     key: Key,
     span: tracing::Span,

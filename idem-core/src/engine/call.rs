@@ -8,11 +8,10 @@ use serde::Serialize;
 
 use tracing::Instrument;
 
-#[cfg(feature = "http")]
-use super::run_to_end;
-#[cfg(feature = "http")]
-use super::Claimed;
-use super::{detach, Encoded, Errors, Format, Guarded, Idempotency, OnLocked, Outcome, Overrides};
+use super::{
+    run_to_end, Claimed, Encoded, Errors, Format, Guarded, Idempotency, OnLocked, Outcome,
+    Overrides,
+};
 use crate::codec::Codec;
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
@@ -31,7 +30,7 @@ use crate::observe::{Probe, Scope};
 /// | how it runs | the work | when the caller goes away while it runs |
 /// |---|---|---|
 /// | [`run`](Self::run) | may borrow | stopped; its claim is released, so a retry runs it again |
-/// | [`run_detached`](Self::run_detached) | owns what it uses (`'static + Send`) | runs on to its end and its result is stored, so a retry replays it |
+/// | [`run_detached`](Self::run_detached) | owns what it uses (`'static + Send`) | once its claim is won, runs on to its end and its result is stored, so a retry replays it |
 /// | [`run_storing_errors`](Self::run_storing_errors) | may borrow | as `run`; an `Err` is stored and replayed too |
 ///
 /// A duration is checked when the call runs: out of range (zero, or more than ten years), the
@@ -89,10 +88,21 @@ impl<'e, En> Call<'e, En> {
         self
     }
 
-    /// [`scope`](Self::scope) from a name known only at run time (the HTTP layer's).
-    #[cfg(feature = "http")]
-    pub(crate) fn scope_shared(mut self, scope: std::sync::Arc<str>) -> Self {
-        self.scope = Scope::Shared(scope);
+    /// [`scope`](Self::scope) from a name known only at run time (an HTTP layer's scope, a
+    /// queue's name). It labels metric series as `scope` does: keep the set of names small.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let queue: Arc<str> = Arc::from("orders");
+    /// let key = Key::derive(&queue, "", "message-1")?;
+    /// engine.call(key).scope_named(queue).run(async { Ok::<_, Error>(1) }).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn scope_named(mut self, scope: impl Into<std::sync::Arc<str>>) -> Self {
+        self.scope = Scope::Shared(scope.into());
         self
     }
 
@@ -210,15 +220,22 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     }
 
     /// [`run`](Self::run) for work that must finish once it has started, whatever happens to
-    /// its caller: the claim, the work and the completion run on a task of their own (spawned on
-    /// the current tokio runtime), and this call waits for it. If the caller is cancelled (a
-    /// `timeout`, a client that disconnects, a dropped future), the work goes on, its result is
-    /// stored, and a retry replays it (or, while it still runs, finds the key locked, or waits
-    /// for it under [`OnLocked::Wait`]). The work runs exactly once per key either way.
+    /// its caller. The claim is made in the caller's task; once it is won, the work and the
+    /// storing of its result run to their end: in the caller's task while the caller waits (no
+    /// task spawned, no other worker woken), and on a task of their own (spawned on the current
+    /// tokio runtime) from the moment the caller drops this future. So if the caller is
+    /// cancelled (a `timeout`, a client that disconnects, a dropped future) after the claim, the
+    /// work goes on, its result is stored, and a retry replays it (or, while it still runs, finds
+    /// the key locked, or waits for it under [`OnLocked::Wait`]); cancelled before or during
+    /// the claim, nothing ran, a claim the statement made is released, and a retry runs the
+    /// work. The work runs at most once per key either way. The HTTP layer runs its handlers
+    /// this way.
     ///
     /// The work must own what it uses (`'static + Send`). A panic in the work is resumed in this
-    /// call, and its claim is released. Outside a tokio runtime the work runs in this call, as
-    /// with [`run`](Self::run).
+    /// call, and its claim is released. Like every future, this one makes progress only while it
+    /// is polled: hold it without polling it and the work waits too (drop it, and the work goes
+    /// on by itself). Outside a tokio runtime, work whose caller drops it cannot go on: its
+    /// claim frees when its lease ends.
     ///
     /// ```
     /// use std::time::Duration;
@@ -242,14 +259,19 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     /// assert_eq!(again.into_inner(), 4200);
     /// # Ok(()) }
     /// ```
-    pub async fn run_detached<T, E, F>(self, work: F) -> Result<Outcome<T>, E>
+    // A plain function returning the engine's future, as `run`.
+    #[inline(always)]
+    pub fn run_detached<T, E, F>(
+        self,
+        work: F,
+    ) -> impl Future<Output = Result<Outcome<T>, E>> + Send + 'e
     where
         F: Future<Output = Result<T, E>> + Send + 'static,
         T: Serialize + DeserializeOwned + Send + 'static,
         E: From<Error> + Send + 'static,
     {
-        let owned = self.into_owned();
-        detach(async move { owned.call().run(work).await }).await
+        let codec = WithCodec(self.engine.clone());
+        self.run_detached_as(work, codec)
     }
 
     /// Like [`run`](Self::run), but an `Err` from the work is stored and replayed too (for
@@ -292,21 +314,24 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
         )
     }
 
-    /// The HTTP layer's call: detached, with its own byte format, and a value that may say it
-    /// cannot be stored ([`Encoded::NotRetained`]).
+    /// The one way a call whose work must finish once it has started runs
+    /// ([`run_detached`](Self::run_detached), the HTTP layer, and every transport after them),
+    /// with `format` to store and replay its value: the claim is made in the caller's task (a
+    /// replay, a refusal or a failure costs no task), and from the won claim on, the work and
+    /// the storing of its result run to their end, in the caller's task while it waits and on a
+    /// task of their own once it is dropped.
     // A plain function returning an `async` block, for the reason given at `drive`.
-    #[cfg(feature = "http")]
     #[allow(clippy::manual_async_fn)]
-    pub(crate) fn run_detached_encoded<T, E, F>(
+    pub(crate) fn run_detached_as<T, E, F, Fm>(
         self,
         work: F,
-        encode: fn(&T) -> Encoded,
-        decode: fn(&[u8]) -> Result<T, BoxError>,
+        format: Fm,
     ) -> impl Future<Output = Result<Outcome<T>, E>> + Send + 'e
     where
         F: Future<Output = Result<T, E>> + Send + 'static,
         T: Send + 'static,
         E: From<Error> + Send + 'static,
+        Fm: Format<T> + Send + Sync + 'static,
     {
         async move {
             let Some(key) = self.key else {
@@ -315,7 +340,6 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
             // The claim is made in the caller's task: a replay, a refusal or a failure costs no
             // task of its own. A claim attempt the caller abandons is finished and released all
             // the same (see `finish::start`).
-            let format = Raw { encode, decode };
             let owned = self.into_owned();
             let (suspended, holding) = {
                 let core = &owned.engine.inner.core;
@@ -415,7 +439,6 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     fn into_owned(self) -> Owned<C> {
         Owned {
             engine: self.engine.clone(),
-            key: self.key,
             fingerprint: self.fingerprint,
             overrides: self.overrides,
             scope: self.scope,
@@ -426,45 +449,52 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
 /// A [`Call`] that owns its engine handle (for detached calls).
 struct Owned<C> {
     engine: Idempotency<C>,
-    key: Option<Key>,
     fingerprint: Option<Fingerprint>,
     overrides: Overrides,
     scope: Scope,
 }
 
-impl<C: Codec> Owned<C> {
-    fn call(&self) -> Call<'_, Idempotency<C>> {
-        Call {
-            engine: &self.engine,
-            key: self.key,
-            fingerprint: self.fingerprint,
-            overrides: self.overrides,
-            scope: self.scope.clone(),
-        }
+/// Values (and, for [`Call::run_storing_errors`], errors) stored and replayed with the
+/// engine's codec, borrowed (`&C`) or through an engine handle of its own (for detached work).
+struct WithCodec<H>(H);
+
+/// Where a [`WithCodec`] finds the codec.
+trait CodecRef {
+    type Codec: Codec;
+    fn codec(&self) -> &Self::Codec;
+}
+
+impl<C: Codec> CodecRef for &C {
+    type Codec = C;
+    fn codec(&self) -> &C {
+        self
     }
 }
 
-/// Values (and, for [`Call::run_storing_errors`], errors) stored and replayed with the
-/// engine's codec.
-struct WithCodec<'c, C>(&'c C);
+impl<C: Codec> CodecRef for Idempotency<C> {
+    type Codec = C;
+    fn codec(&self) -> &C {
+        Idempotency::codec(self)
+    }
+}
 
-impl<T: Serialize + DeserializeOwned, C: Codec> Format<T> for WithCodec<'_, C> {
+impl<T: Serialize + DeserializeOwned, H: CodecRef> Format<T> for WithCodec<H> {
     fn encode(&self, value: &T) -> Encoded {
-        Encoded::from(self.0.encode(value))
+        Encoded::from(self.0.codec().encode(value))
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<T, BoxError> {
-        self.0.decode(bytes)
+        self.0.codec().decode(bytes)
     }
 }
 
-impl<E: Serialize + DeserializeOwned + From<Error>, C: Codec> Errors<E> for WithCodec<'_, C> {
+impl<E: Serialize + DeserializeOwned + From<Error>, H: CodecRef> Errors<E> for WithCodec<H> {
     fn encode(&self, error: &E) -> Option<Encoded> {
-        Some(Encoded::from(self.0.encode(error)))
+        Some(Encoded::from(self.0.codec().encode(error)))
     }
 
     fn replay(&self, bytes: Vec<u8>) -> E {
-        match self.0.decode::<E>(&bytes) {
+        match self.0.codec().decode::<E>(&bytes) {
             Ok(e) => e,
             Err(err) => Error::Codec(err).into(),
         }
@@ -482,23 +512,5 @@ impl<E: From<Error>> Errors<E> for Released {
 
     fn replay(&self, bytes: Vec<u8>) -> E {
         Error::StoredError(bytes).into()
-    }
-}
-
-/// A value with its own byte format (the HTTP layer's responses).
-#[cfg(feature = "http")]
-struct Raw<T> {
-    encode: fn(&T) -> Encoded,
-    decode: fn(&[u8]) -> Result<T, BoxError>,
-}
-
-#[cfg(feature = "http")]
-impl<T> Format<T> for Raw<T> {
-    fn encode(&self, value: &T) -> Encoded {
-        (self.encode)(value)
-    }
-
-    fn decode(&self, bytes: &[u8]) -> Result<T, BoxError> {
-        (self.decode)(bytes)
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::Shared;
-use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::error::Error;
 use crate::key::{Fingerprint, Key, KeyMap};
 use crate::record::{Cached, Claim, Completion, Start};
 use crate::store::Store;
@@ -90,7 +90,6 @@ where
 /// from the moment the caller drops it unfinished. A panic in it is resumed in the caller. Like
 /// every future, it only makes progress while it is polled: a caller that keeps it without
 /// polling it stalls it (a tower service future is polled to its end or dropped).
-#[cfg(feature = "http")]
 pub(super) fn run_to_end<T: Send + 'static>(
     fut: impl Future<Output = T> + Send + 'static,
 ) -> impl Future<Output = T> {
@@ -114,29 +113,6 @@ fn spawn_or_drop(fut: BoxFuture<()>) {
     }
 }
 
-/// Runs `fut` on a task of its own and waits for it; the task goes on if this call is dropped.
-/// A panic in it is resumed here. Outside a tokio runtime `fut` runs in this call.
-pub(super) async fn detach<T, E>(
-    fut: impl Future<Output = Result<T, E>> + Send + 'static,
-) -> Result<T, E>
-where
-    T: Send + 'static,
-    E: From<Error> + Send + 'static,
-{
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return fut.await;
-    };
-    match runtime.spawn(fut).await {
-        Ok(out) => out,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => Err(Error::Store(StoreError::new(
-            StoreErrorKind::Unavailable,
-            "the tokio runtime shut down before the detached call finished",
-        ))
-        .into()),
-    }
-}
-
 /// One claim attempt that is finished even if its caller goes away: a claim statement in flight
 /// (waiting on a lock, say) may still commit, so an orphaned attempt runs on to its end on a task
 /// of its own, and whatever it claimed is released. A retry in this process waits for that.
@@ -146,9 +122,9 @@ pub(super) async fn start(
     fingerprint: Option<&Fingerprint>,
     lease: Duration,
 ) -> Result<Start, Error> {
-    if let Some(memory) = &shared.in_process {
+    if let Some(now) = shared.store.immediate() {
         // Done before this returns: nothing to run on after a caller that goes away.
-        return memory.start_now(key, fingerprint, lease);
+        return now.start_now(key, fingerprint, lease);
     }
     let attempt = {
         let (store, key, fingerprint) = (shared.store.clone(), *key, fingerprint.copied());
@@ -252,9 +228,9 @@ impl ClaimGuard {
             retention,
             lease,
         };
-        if let Some(memory) = &self.shared.in_process {
+        if let Some(now) = self.shared.store.immediate() {
             // Done before this returns, so finished whatever the caller does next.
-            let stored = memory.complete_now(&completing.claim, completing.completion(), retention);
+            let stored = now.complete_now(&completing.claim, completing.completion(), retention);
             return completing.settle(stored);
         }
         RunToEnd::new(

@@ -19,7 +19,6 @@ use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{Probe, Stage};
 use crate::record::{Cached, Claim, Start};
-use crate::store::memory::MemoryStore;
 use crate::store::Store;
 
 mod cache;
@@ -43,9 +42,9 @@ pub(crate) use policy::{Core, Resolved};
 pub(crate) use stored::Encoded;
 
 use cache::{Cache, Hit, Known};
-#[cfg(feature = "http")]
-use finish::run_to_end;
-use finish::{detach, renewing, start, ClaimGuard, Completions, PendingResult, Releases, Stored};
+use finish::{
+    renewing, run_to_end, start, ClaimGuard, Completions, PendingResult, Releases, Stored,
+};
 use stored::replay;
 use waiters::{PollerRole, Typical, Waiters};
 
@@ -126,11 +125,6 @@ struct Inner<C> {
 /// completions) need: not generic over the codec.
 struct Shared {
     store: Arc<dyn Store>,
-    /// `store` itself when it is a [`MemoryStore`] given to [`Idempotency::new`] or
-    /// [`Idempotency::builder`]. Its claims and completions never wait, so the engine calls them
-    /// directly: no future boxed to be run to its end, since a caller cannot go away half way
-    /// through a call that does not wait.
-    in_process: Option<MemoryStore>,
     /// Calls waiting on a key held by another call ([`OnLocked::Wait`]).
     waiters: Waiters,
     /// Keys whose claim this process is releasing right now.
@@ -142,10 +136,9 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(store: Arc<dyn Store>, in_process: Option<MemoryStore>) -> Arc<Shared> {
+    fn new(store: Arc<dyn Store>) -> Arc<Shared> {
         Arc::new(Shared {
             store,
-            in_process,
             waiters: Waiters::default(),
             releases: Releases::default(),
             completions: Completions::default(),
@@ -154,26 +147,13 @@ impl Shared {
     }
 }
 
-/// `store` as this process's own [`MemoryStore`], if it is one, by value or in an `Arc` (see
-/// `Shared::in_process`). Behind `Arc<dyn Store>` it is not recognised, and goes through the
-/// `Store` trait like every other store.
-fn in_process<S: Store>(store: &S) -> Option<MemoryStore> {
-    let store = store as &dyn std::any::Any;
-    store
-        .downcast_ref::<MemoryStore>()
-        .or_else(|| store.downcast_ref::<Arc<MemoryStore>>().map(|s| &**s))
-        .cloned()
-}
-
 impl Idempotency<JsonCodec> {
     /// An engine over `store` with the default [`Policy`] and JSON codec.
     ///
-    /// A [`MemoryStore`] given here (or to [`builder`](Self::builder)), by value or in an
-    /// `Arc`, is called directly: its claims and completions never wait, so the engine makes
-    /// them plain function calls, with no future boxed to be finished after a caller that goes
-    /// away (a fresh call allocates only the encoded result and the store's copy of it). Behind
-    /// `Arc<dyn Store>` ([`from_arc`](Self::from_arc)) it goes through the [`Store`] trait like
-    /// every other store; the guarantees are the same either way.
+    /// A store that answers without waiting ([`Store::immediate`], as a [`MemoryStore`] does) is
+    /// called directly: its claims and completions are plain function calls, with no future
+    /// boxed to be finished after a caller that goes away (a fresh call allocates only the
+    /// encoded result and the store's copy of it).
     ///
     /// ```
     /// use idem_core::{Error, Idempotency, Key, MemoryStore};
@@ -184,12 +164,10 @@ impl Idempotency<JsonCodec> {
     /// # Ok(()) }
     /// ```
     pub fn new(store: impl Store) -> Idempotency<JsonCodec> {
-        let in_process = in_process(&store);
-        Idempotency::from_parts(Arc::new(store), in_process, Core::new(JsonCodec))
+        Idempotency::from_parts(Arc::new(store), Core::new(JsonCodec))
     }
 
-    /// An engine over a shared store. A [`MemoryStore`] behind `Arc<dyn Store>` is called
-    /// through the trait, not directly as by [`new`](Self::new).
+    /// An engine over a shared store.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -199,36 +177,35 @@ impl Idempotency<JsonCodec> {
     /// # let _ = engine;
     /// ```
     pub fn from_arc(store: Arc<dyn Store>) -> Idempotency<JsonCodec> {
-        Idempotency::from_parts(store, None, Core::new(JsonCodec))
+        Idempotency::from_parts(store, Core::new(JsonCodec))
     }
 
     /// A [`Builder`] to set the policy or codec.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// let engine = Idempotency::builder(MemoryStore::new()).lease(Duration::from_secs(10)).build()?;
+    /// # let _ = engine; Ok::<(), idem_core::Error>(())
+    /// ```
     pub fn builder(store: impl Store) -> Builder {
-        let in_process = in_process(&store);
-        let mut builder = Builder::with(Arc::new(store) as Arc<dyn Store>, JsonCodec);
-        builder.in_process = in_process;
-        builder
+        Builder::with(Arc::new(store) as Arc<dyn Store>, JsonCodec)
     }
 }
 
 impl<C: Codec> Builder<Arc<dyn Store>, C> {
     /// Checks the policy and builds the engine.
-    pub fn build(mut self) -> Result<Idempotency<C>, Error> {
-        let in_process = self.in_process.take();
+    pub fn build(self) -> Result<Idempotency<C>, Error> {
         let (store, core) = self.parts()?;
-        Ok(Idempotency::from_parts(store, in_process, core))
+        Ok(Idempotency::from_parts(store, core))
     }
 }
 
 impl<C: Codec> Idempotency<C> {
-    fn from_parts(
-        store: Arc<dyn Store>,
-        in_process: Option<MemoryStore>,
-        core: Core<C>,
-    ) -> Idempotency<C> {
+    fn from_parts(store: Arc<dyn Store>, core: Core<C>) -> Idempotency<C> {
         Idempotency {
             inner: Arc::new(Inner {
-                shared: Shared::new(store, in_process),
+                shared: Shared::new(store),
                 cache: core.replay_cache.clone().map(Cache::new),
                 core,
             }),
@@ -742,12 +719,12 @@ mod tests {
         );
     }
 
-    /// The same for the HTTP layer's call, which every request's future holds: with work whose
-    /// future holds 512 bytes, 1,576 bytes with rustc 1.95, after 2,112 when
-    /// `run_detached_encoded` was an `async fn` (which kept the work twice).
-    #[cfg(feature = "http")]
+    /// The same for a detached call (`run_detached`, the HTTP layer's, every transport's),
+    /// which every request's future holds: with work whose future holds 512 bytes, 1,576 bytes
+    /// with rustc 1.95 for the HTTP layer's, after 2,112 when it was an `async fn` (which kept
+    /// the work twice).
     #[test]
-    fn the_http_layers_call_future_keeps_one_copy_of_its_arguments() {
+    fn a_detached_call_future_keeps_one_copy_of_its_arguments() {
         let engine = Idempotency::new(MemoryStore::new());
         // Work whose future is over 512 bytes, as a tower service's is: a second copy of it would
         // show.
@@ -756,15 +733,12 @@ mod tests {
             tokio::task::yield_now().await;
             Ok::<_, Error>(u64::from(held[0]))
         };
-        let call = engine.call(key(1)).run_detached_encoded(
-            work,
-            |_: &u64| Encoded::Bytes(Vec::new()),
-            |_: &[u8]| Ok(1u64),
-        );
+        let call = engine.call(key(1)).run_detached(work);
         let size = std::mem::size_of_val(&call);
+        eprintln!("a detached call's future: {size} bytes");
         assert!(
             size <= 1_664,
-            "the engine's future for an HTTP call is {size} bytes"
+            "the engine's future for a detached call is {size} bytes"
         );
     }
 }

@@ -10,7 +10,6 @@ use crate::codec::{Codec, JsonCodec};
 use crate::error::Error;
 use crate::key::Key;
 use crate::observe::{Meters, Observer};
-use crate::store::memory::MemoryStore;
 use crate::store::{check_duration, Store};
 
 /// What a call does when another call holds a live claim on its key.
@@ -176,8 +175,6 @@ pub struct Builder<S = Arc<dyn Store>, C = JsonCodec> {
     pub(crate) observer: Option<Arc<dyn Observer>>,
     pub(crate) replay_cache: Option<ReplayCache>,
     pub(crate) latencies_one_in: u32,
-    /// The store, if it is this process's own [`MemoryStore`].
-    pub(crate) in_process: Option<MemoryStore>,
 }
 
 impl<S, C: Codec> Builder<S, C> {
@@ -189,7 +186,6 @@ impl<S, C: Codec> Builder<S, C> {
             observer: None,
             replay_cache: None,
             latencies_one_in: DEFAULT_LATENCIES_ONE_IN,
-            in_process: None,
         }
     }
 
@@ -227,7 +223,6 @@ impl<S, C: Codec> Builder<S, C> {
             observer: self.observer,
             replay_cache: self.replay_cache,
             latencies_one_in: self.latencies_one_in,
-            in_process: self.in_process,
         }
     }
 

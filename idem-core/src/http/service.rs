@@ -20,7 +20,7 @@ use super::problem::{from_engine, Problem};
 use super::stored::{self, Captured};
 use super::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use crate::codec::Codec;
-use crate::engine::{Encoded, Outcome};
+use crate::engine::{Encoded, Format, Outcome};
 use crate::error::{BoxError, Error};
 use crate::key::Key;
 
@@ -170,8 +170,8 @@ where
                 .call(key)
                 .fingerprint(fingerprint)
                 .overrides(config.options)
-                .scope_shared(config.scope.clone())
-                .run_detached_encoded(work, Reply::encode, Reply::decode)
+                .scope_named(config.scope.clone())
+                .run_detached_as(work, ReplyFormat)
                 .await;
             match outcome {
                 Ok(Outcome::Fresh(reply)) => Ok(reply.into_response()),
@@ -202,18 +202,24 @@ enum Reply {
     },
 }
 
-impl Reply {
-    fn encode(&self) -> Encoded {
-        match self {
+/// How the engine stores and replays a [`Reply`]: the layer's own byte format
+/// (`http/stored.rs`).
+struct ReplyFormat;
+
+impl Format<Reply> for ReplyFormat {
+    fn encode(&self, reply: &Reply) -> Encoded {
+        match reply {
             Reply::Stored(captured) => Encoded::from(stored::encode(captured)),
             Reply::Unstorable { why, .. } => Encoded::NotRetained(format!("the response {why}")),
         }
     }
 
-    fn decode(bytes: &[u8]) -> Result<Reply, BoxError> {
+    fn decode(&self, bytes: &[u8]) -> Result<Reply, BoxError> {
         stored::decode(bytes).map(Reply::Stored)
     }
+}
 
+impl Reply {
     fn into_response(self) -> Response<Body> {
         match self {
             Reply::Stored(captured) => captured.into_response(),

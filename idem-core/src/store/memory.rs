@@ -12,7 +12,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, KeyMap, Token};
 use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
-use crate::store::{check_duration, check_fingerprint, Store};
+use crate::store::{check_duration, check_fingerprint, Immediate, Store};
 
 /// A record as the store keeps it: 96 bytes a slot with its key, where the public
 /// [`Record`]'s layout took 144. Every byte of a slot is paid for in each hash map's memory and
@@ -376,11 +376,11 @@ impl Records {
 /// each: 200 in the maps (half full at that count), 50 in the index, 32 for the response.
 ///
 /// Speed: the full path of a new key (claim, then complete) costs about 1 µs at a million
-/// records, most of it the memory those records take; see `docs/performance.md`. Given to
-/// [`Idempotency::new`](crate::Idempotency::new) or [`Idempotency::builder`](crate::Idempotency::builder)
-/// (by value or in an `Arc`), the engine calls its claims and completions directly instead of
-/// through the [`Store`] trait's boxed futures: a new key through the engine allocates its
-/// encoded result and this store's copy of it, nothing else.
+/// records, most of it the memory those records take; see `docs/performance.md`. Nothing in
+/// this store waits, and it says so through [`Store::immediate`]: the engine calls its claims and
+/// completions directly instead of through the [`Store`] trait's boxed futures, however it was
+/// given (by value, in an `Arc`, or as `Arc<dyn Store>`): a new key through the engine allocates
+/// its encoded result and this store's copy of it, nothing else.
 ///
 /// As with a pruner, a claim whose lease has ended may find its record freed by another call,
 /// and its `complete` is then [`Error::LeaseLost`]; the engine renews leases while work runs, so
@@ -487,10 +487,11 @@ impl MemoryStore {
         records.expire(now, SWEEP, Some(SWEEP));
         out
     }
+}
 
-    /// [`Store::start`], done at once. Nothing in this store waits, so the engine calls this
-    /// directly: no future to box, and nothing left half done when a caller goes away.
-    pub(crate) fn start_now(
+/// Nothing in this store waits: the engine calls its claims and completions directly.
+impl Immediate for MemoryStore {
+    fn start_now(
         &self,
         key: &Key,
         fingerprint: Option<&Fingerprint>,
@@ -513,8 +514,7 @@ impl MemoryStore {
         )
     }
 
-    /// [`Store::complete`], done at once (see [`start_now`](Self::start_now)).
-    pub(crate) fn complete_now(
+    fn complete_now(
         &self,
         claim: &Claim,
         completion: Completion<'_>,
@@ -542,13 +542,17 @@ fn remaining(until: SystemTime, now: SystemTime) -> Duration {
 
 #[async_trait]
 impl Store for MemoryStore {
+    fn immediate(&self) -> Option<&dyn Immediate> {
+        Some(self)
+    }
+
     async fn start(
         &self,
         key: &Key,
         fingerprint: Option<&Fingerprint>,
         lease: Duration,
     ) -> Result<Start, Error> {
-        self.start_now(key, fingerprint, lease)
+        Immediate::start_now(self, key, fingerprint, lease)
     }
 
     async fn complete(
@@ -557,7 +561,7 @@ impl Store for MemoryStore {
         completion: Completion<'_>,
         retention: Duration,
     ) -> Result<(), Error> {
-        self.complete_now(claim, completion, retention)
+        Immediate::complete_now(self, claim, completion, retention)
     }
 
     async fn abort(&self, claim: &Claim) -> Result<(), Error> {

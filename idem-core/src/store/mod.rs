@@ -137,10 +137,56 @@ pub trait Store: Send + Sync + 'static {
     fn prune_batch_size(&self) -> u32 {
         crate::PrunerConfig::DEFAULT_BATCH_SIZE
     }
+
+    /// This store's claim and completion as plain function calls, if it answers them without
+    /// waiting (an in-process store such as [`MemoryStore`](crate::MemoryStore)); `None`, the
+    /// default, for a store that does I/O. The engine then calls them directly: no future boxed,
+    /// and nothing to finish after a caller that goes away, since a call that never waits cannot
+    /// be left half done. They must keep every rule of [`start`](Self::start) and
+    /// [`complete`](Self::complete) (the conformance suite checks the engine's calls too). A
+    /// store that wraps another should return the inner store's.
+    ///
+    /// ```
+    /// use idem_core::{MemoryStore, Store};
+    /// assert!(MemoryStore::new().immediate().is_some());
+    /// ```
+    fn immediate(&self) -> Option<&dyn Immediate> {
+        None
+    }
+}
+
+/// The claim and completion of a store that answers without waiting: see
+/// [`Store::immediate`]. Each does what the [`Store`] method of the same name does, at once.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{Key, MemoryStore, Start, Store};
+/// let store = MemoryStore::new();
+/// let now = store.immediate().expect("the memory store answers at once");
+/// let key = Key::derive("s", "", "k")?;
+/// assert!(matches!(now.start_now(&key, None, Duration::from_secs(30))?, Start::Started(_)));
+/// # Ok::<(), idem_core::Error>(())
+/// ```
+pub trait Immediate: Send + Sync {
+    /// [`Store::start`], done at once.
+    fn start_now(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error>;
+
+    /// [`Store::complete`], done at once.
+    fn complete_now(
+        &self,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error>;
 }
 
 /// Writes a `Store` impl for `Arc<S>` whose every method forwards to the store inside (the
-/// async ones listed, and `prune_batch_size`).
+/// async ones listed, `prune_batch_size` and `immediate`).
 macro_rules! forward_to_inner {
     ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
         #[async_trait]
@@ -153,6 +199,10 @@ macro_rules! forward_to_inner {
 
             fn prune_batch_size(&self) -> u32 {
                 (**self).prune_batch_size()
+            }
+
+            fn immediate(&self) -> Option<&dyn Immediate> {
+                (**self).immediate()
             }
         }
     };
