@@ -1,4 +1,5 @@
-//! Engine behaviour from DESIGN.md ("The engine"), driven over each store.
+//! The engine's promises (`docs/architecture.md`, "The engine" and "Never twice"), driven over
+//! each store.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -1,4 +1,5 @@
-//! Store rules from DESIGN.md, checked against the `Store` trait directly.
+//! The store rules (`docs/architecture.md`, "The store rules"), checked against the `Store`
+//! trait directly.
 
 use std::time::Duration;
 

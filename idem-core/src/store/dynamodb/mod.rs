@@ -141,13 +141,13 @@ const EXPIRED: &str = "expires_ms <= :cutoff";
 /// # Time and clock skew
 ///
 /// DynamoDB has no server clock that a condition could read, so the store keeps the
-/// **"Database time" rule of the design only approximately**: leases and retentions are computed
-/// from this node's clock (the builder's [`clock`](DynamoStoreBuilder::clock), the system clock
-/// by default) and written into the item, and every condition and read judges expiry from those
-/// stored times against the reading node's clock. To tolerate nodes whose clocks differ, a
-/// record counts as ended for every node only once `expires_at + margin` has passed on that
-/// node's clock, where `margin` is the [clock-skew margin](DynamoStoreBuilder::clock_skew_margin)
-/// (1 s by default). So:
+/// **"Database time" store rule only approximately** (`docs/architecture.md`): leases and
+/// retentions are computed from this node's clock (the builder's
+/// [`clock`](DynamoStoreBuilder::clock), the system clock by default) and written into the item,
+/// and every condition and read judges expiry from those stored times against the reading
+/// node's clock. To tolerate nodes whose clocks differ, a record counts as ended for every node
+/// only once `expires_at + margin` has passed on that node's clock, where `margin` is the
+/// [clock-skew margin](DynamoStoreBuilder::clock_skew_margin) (1 s by default). So:
 ///
 /// - **Within the margin, fencing holds.** If no node's clock is more than `margin` ahead of the
 ///   clock of the node that last wrote a lease (its claim or renewal), no node takes the key over

@@ -74,8 +74,9 @@ use scripts::{Lua, Scripts};
 /// replica has it, and if it fails in that window, the replica that takes over never saw the
 /// write: the claim vanishes (another caller may then claim the key and run the work a second
 /// time) or the completion vanishes (the record reads as running, or as absent, and a retry
-/// runs the work again). This is the one rule of `DESIGN.md` this store keeps only as long as
-/// the master lives: **observed commits** hold on the master, not across a failover.
+/// runs the work again). This is the one store rule (`docs/architecture.md`, "The store rules")
+/// this store keeps only as long as the master lives: **observed commits** hold on the master,
+/// not across a failover.
 ///
 /// [`wait_for_replicas(n, timeout)`](RedisStoreBuilder::wait_for_replicas) narrows the window:
 /// after each claim and completion the store sends `WAIT n timeout` in the same round trip,
