@@ -86,8 +86,12 @@ fn calls_on_the_memory_store_allocate_only_what_they_keep() {
                 .map(|i| Key::derive("memory_path", name, &i.to_string()).unwrap())
                 .collect()
         };
-        let (direct_keys, built_keys, arc_keys, trait_keys) =
-            (keys("new"), keys("builder"), keys("from_arc"), keys("trait"));
+        let (direct_keys, built_keys, arc_keys, trait_keys) = (
+            keys("new"),
+            keys("builder"),
+            keys("from_arc"),
+            keys("trait"),
+        );
         let direct = Idempotency::new(MemoryStore::new());
         let built = Idempotency::builder(Arc::new(MemoryStore::new()))
             .build()

@@ -9,7 +9,8 @@ use tokio::sync::Notify;
 use crate::key::{Key, KeyMap};
 
 /// A running estimate of how long this engine's work takes, for `retry_after`: an exponentially
-/// weighted mean over recent calls (weight 1/8), in microseconds; zero until the first call.
+/// weighted mean over a sample of recent calls (weight 1/8; see [`Typical::wants_sample`]), in
+/// microseconds; zero until the first call.
 /// Aligned to a cache line of its own (128 bytes: two 64-byte lines, which some CPUs fetch in
 /// pairs), so that its writes do not take from other cores the line of the engine's fields that
 /// every call reads (the store, the count of releases under way, the count of waiters).
@@ -19,6 +20,8 @@ pub(super) struct Typical(AtomicU64);
 
 /// `retry_after` before any work has finished in this engine.
 pub(super) const FIRST_GUESS: Duration = Duration::from_secs(1);
+/// One claimed call in this many times its work for the estimate (when nothing else times it).
+pub(super) const SAMPLE_ONE_IN: u32 = 8;
 /// The shortest `retry_after`: retrying sooner only spends a round trip.
 pub(super) const MIN_RETRY_AFTER: Duration = Duration::from_millis(10);
 
@@ -38,6 +41,13 @@ impl Typical {
         if new != old {
             self.0.store(new, Ordering::Relaxed);
         }
+    }
+
+    /// Whether a claimed call should time its work for this estimate: every call until the
+    /// first sample, then one in [`SAMPLE_ONE_IN`], drawn at random. A mean over a sample tracks
+    /// the work's typical time as well, and the calls left out read no clock.
+    pub(super) fn wants_sample(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == 0 || fastrand::u32(..SAMPLE_ONE_IN) == 0
     }
 
     /// When a call locked out by a live claim should try again: how long this engine's work
