@@ -46,10 +46,17 @@
 //! let (a, b) = tokio::join!(charge(&engine, "msg-1", 500), charge(&engine, "msg-1", 500));
 //! assert_eq!(a?, b?); // two deliveries, two identical answers...
 //! assert_eq!(CHARGES.load(Ordering::SeqCst), 1); // ...and one charge
+//!
+//! // The same key with another amount is another request: refused, not replayed.
+//! let reused = charge(&engine, "msg-1", 900).await;
+//! assert!(matches!(reused, Err(PayError::Idem(idem::Error::KeyReused))));
 //! # Ok(()) }
 //! ```
 //!
-//! The arguments, what each call returns, and the expansion are described on [`idempotent`].
+//! The fingerprint that tells requests apart is, by default, the function's arguments but the
+//! engine, the key, the caller and a transaction (here `cents`); `fingerprint = <expr>` names
+//! another, `fingerprint = ()` none. The arguments, the default fingerprint, what each call
+//! returns, and the expansion are described on [`idempotent`].
 //!
 //! # The engine, without the attribute
 //!

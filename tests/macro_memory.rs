@@ -19,6 +19,7 @@ fn harness(store: MemoryStore) -> Harness {
         .unwrap();
     Harness::new(
         engine,
+        Idempotency::new(store.clone()),
         Box::new(move || {
             let n = store.len();
             Box::pin(async move { n })
@@ -49,6 +50,26 @@ async fn error_releases_the_claim() {
 #[tokio::test(start_paused = true)]
 async fn fingerprint_mismatch_is_key_reused() {
     macro_support::fingerprint_mismatch_is_key_reused(&paused()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn default_fingerprint_refuses_another_request() {
+    macro_support::default_fingerprint_refuses_another_request(&paused()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn unit_fingerprint_replays_any_request() {
+    macro_support::unit_fingerprint_replays_any_request(&paused()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn explicit_fingerprint_wins() {
+    macro_support::explicit_fingerprint_wins(&paused()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn default_fingerprint_leaves_out_engine_key_and_caller() {
+    macro_support::default_fingerprint_leaves_out_engine_key_and_caller(&paused()).await;
 }
 
 #[tokio::test(start_paused = true)]

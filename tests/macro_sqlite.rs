@@ -21,6 +21,7 @@ async fn harness() -> Harness {
     let records = store.clone();
     Harness::new(
         engine,
+        Idempotency::new(store.clone()),
         Box::new(move || {
             let store = records.clone();
             Box::pin(async move {
@@ -49,6 +50,26 @@ async fn error_releases_the_claim() {
 #[tokio::test]
 async fn fingerprint_mismatch_is_key_reused() {
     macro_support::fingerprint_mismatch_is_key_reused(&harness().await).await;
+}
+
+#[tokio::test]
+async fn default_fingerprint_refuses_another_request() {
+    macro_support::default_fingerprint_refuses_another_request(&harness().await).await;
+}
+
+#[tokio::test]
+async fn unit_fingerprint_replays_any_request() {
+    macro_support::unit_fingerprint_replays_any_request(&harness().await).await;
+}
+
+#[tokio::test]
+async fn explicit_fingerprint_wins() {
+    macro_support::explicit_fingerprint_wins(&harness().await).await;
+}
+
+#[tokio::test]
+async fn default_fingerprint_leaves_out_engine_key_and_caller() {
+    macro_support::default_fingerprint_leaves_out_engine_key_and_caller(&harness().await).await;
 }
 
 #[tokio::test]

@@ -166,3 +166,13 @@ async fn an_error_releases_the_claim() {
     macro_tx_support::error_releases_the_claim(&bank).await;
     bank.drop_tables().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_default_fingerprint_leaves_out_the_transaction() {
+    let test = "the_default_fingerprint_leaves_out_the_transaction";
+    let Some(bank) = PgBank::open(test).await else {
+        return;
+    };
+    macro_tx_support::default_fingerprint_leaves_out_the_transaction(&bank).await;
+    bank.drop_tables().await;
+}

@@ -111,3 +111,9 @@ async fn ten_concurrent_deliveries_of_each_deposit_apply_once() {
 async fn an_error_releases_the_claim() {
     macro_tx_support::error_releases_the_claim(&SqliteBank::open().await).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_default_fingerprint_leaves_out_the_transaction() {
+    macro_tx_support::default_fingerprint_leaves_out_the_transaction(&SqliteBank::open().await)
+        .await;
+}

@@ -9,7 +9,7 @@ mod ser;
 #[cfg(feature = "http")]
 pub(crate) mod text;
 
-pub(crate) use ser::to_canonical;
+pub(crate) use ser::{struct_to_canonical, to_canonical, DynSerialize};
 
 use crate::key::{FingerprintError, MAX_FINGERPRINT_DEPTH};
 

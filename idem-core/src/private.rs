@@ -9,6 +9,7 @@ use serde::Serialize;
 
 pub use std::time::Duration;
 
+use crate::canonical::{struct_to_canonical, DynSerialize};
 use crate::codec::Codec;
 pub use crate::engine::Overrides as CallOptions;
 use crate::engine::{Idempotency, OnLocked};
@@ -77,6 +78,35 @@ pub fn key(
 /// Fingerprints a request value by its canonical form.
 pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<Option<Fingerprint>, Error> {
     Ok(Some(Fingerprint::of_json(value)?))
+}
+
+/// What the default fingerprint (no `fingerprint = …`) needs of each argument it hashes.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be hashed into the default fingerprint of `#[idempotent]`",
+    label = "this argument is not `Serialize`",
+    note = "without `fingerprint = …`, the arguments (all but the engine, the key, the caller and a transaction) are hashed, so a key reused for another request gets `KeyReused`: derive `serde::Serialize` on this type, or write `fingerprint = <expr>` naming what identifies the request, or `fingerprint = ()` to check nothing"
+)]
+pub trait FingerprintArgument: Serialize {}
+
+impl<T: Serialize + ?Sized> FingerprintArgument for T {}
+
+/// One argument of the default fingerprint: its name and its value, its type erased so that
+/// the bound on it is checked (and reported) once, on the argument.
+pub struct Argument<'a> {
+    name: &'static str,
+    value: &'a dyn DynSerialize,
+}
+
+/// `value`, the argument `name`, for [`arguments`].
+pub fn argument<'a, T: FingerprintArgument>(name: &'static str, value: &'a T) -> Argument<'a> {
+    Argument { name, value }
+}
+
+/// The default fingerprint: the canonical form of a struct with one field per argument, as
+/// `{"cents":100}` for `cents: u64`.
+pub fn arguments(arguments: &[Argument<'_>]) -> Result<Option<Fingerprint>, Error> {
+    let fields = arguments.iter().map(|a| (a.name, a.value));
+    Ok(Some(Fingerprint::of_bytes(&struct_to_canonical(fields)?)))
 }
 
 /// Pins the body's output type to the function's return type, so `?` in the body converts

@@ -15,6 +15,7 @@ use syn::{
 
 use crate::attr::{check_scope, Args};
 use crate::duration::DurationLit;
+use crate::params::{self, NotHashed};
 
 /// The whole attribute: on any error, the original function is emitted unchanged next to the
 /// error, so the rest of the crate still type-checks and only the real mistake is reported.
@@ -67,7 +68,7 @@ struct Call {
     key: Expr,
     engine: Expr,
     caller: Option<Expr>,
-    fingerprint: Option<Expr>,
+    fingerprint: Fingerprint,
     lease: Option<DurationLit>,
     retention: Option<DurationLit>,
     on_locked: Option<Expr>,
@@ -77,6 +78,16 @@ struct Call {
     detach: bool,
     /// Old argument names used, each with its new name: each becomes a deprecation warning.
     deprecated: Vec<(Ident, &'static str)>,
+}
+
+/// What the call's fingerprint is made of.
+enum Fingerprint {
+    /// `fingerprint = <expr>`.
+    Expr(Expr),
+    /// `fingerprint = ()`, or no argument to hash: no fingerprint, so a reused key replays.
+    Nothing,
+    /// The default: these arguments, by name.
+    Arguments(Vec<Ident>),
 }
 
 /// Checks the function and the required arguments, reporting every problem at once.
@@ -132,6 +143,22 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         (Some((_, value)), _) => Ok(value.value),
         (None, _) => Ok(false),
     };
+    let fingerprint = match &args.fingerprint {
+        Some((_, Expr::Tuple(unit))) if unit.elems.is_empty() => Fingerprint::Nothing,
+        Some((_, fingerprint)) => Fingerprint::Expr(fingerprint.clone()),
+        None => {
+            let not_hashed = NotHashed {
+                engine: args.engine.as_ref().map(|(_, engine)| engine),
+                key: args.key.as_ref().map(|(_, key)| key),
+                caller: args.caller.as_ref().map(|(_, caller)| caller),
+                transaction: args.transaction.as_ref().map(|(_, parameter)| parameter),
+            };
+            match params::hashed(sig, &not_hashed) {
+                names if names.is_empty() => Fingerprint::Nothing,
+                names => Fingerprint::Arguments(names),
+            }
+        }
+    };
     let key = args.key.map(|(_, key)| key).ok_or_else(|| {
         syn::Error::new(
             Span::call_site(),
@@ -169,7 +196,7 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         key: key?,
         engine: engine?,
         caller: args.caller.map(|(_, caller)| caller),
-        fingerprint: args.fingerprint.map(|(_, fp)| fp),
+        fingerprint,
         lease: args.lease.map(|(_, lease)| lease),
         retention: args.retention.map(|(_, retention)| retention),
         on_locked: args.on_locked.map(|(_, on_locked)| on_locked),
@@ -341,8 +368,19 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
         None => quote!(::core::option::Option::None),
     };
     let fingerprint = match fingerprint {
-        Some(fp) => quote_spanned! {fp.span()=> ::idem::__private::fingerprint(&(#fp))},
-        None => quote!(::core::result::Result::Ok(::core::option::Option::None)),
+        Fingerprint::Expr(fp) => {
+            quote_spanned! {fp.span()=> ::idem::__private::fingerprint(&(#fp))}
+        }
+        Fingerprint::Nothing => quote!(::core::result::Result::Ok(::core::option::Option::None)),
+        // Each argument is checked on its own name, so one that is not `Serialize` is reported
+        // there.
+        Fingerprint::Arguments(names) => {
+            let arguments = names.iter().map(|name| {
+                let field = LitStr::new(&name.unraw().to_string(), name.span());
+                quote_spanned! {name.span()=> ::idem::__private::argument(#field, &#name)}
+            });
+            quote!(::idem::__private::arguments(&[#(#arguments),*]))
+        }
     };
     let lease = duration(lease);
     let retention = duration(retention);

@@ -4,20 +4,23 @@
 //! `idem::idempotent`, and the code it generates calls into `::idem::__private`.
 //!
 //! Parsing and checking the arguments lives in `attr.rs` (with duration literals in
-//! `duration.rs`); checking the function and generating the new body lives in `expand.rs`. All
-//! runtime logic is in `idem-core`, where it is tested without macros.
+//! `duration.rs`); checking the function and generating the new body lives in `expand.rs`, with
+//! what its parameters mean (which make the default fingerprint) in `params.rs`. All runtime logic is in `idem-core`, where it is tested without macros.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod attr;
 mod duration;
 mod expand;
+mod params;
 
 use proc_macro::TokenStream;
 
 /// Runs an `async fn` once per key: the first call runs the body and stores its `Ok` value;
-/// a later call with the same key gets that value back without running the body, until the
-/// `retention` ends.
+/// a later call with the same key and the same arguments gets that value back without running
+/// the body, until the `retention` ends. The same key with other arguments is another request
+/// reusing the key: it gets `idem::Error::KeyReused` (see [the default
+/// fingerprint](#the-default-fingerprint)).
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,7 +47,6 @@ use proc_macro::TokenStream;
 ///         caller = self.tenant,
 ///         scope = "deposit",
 ///         engine = self.idem,
-///         fingerprint = req,
 ///         retention = "24h",
 ///     )]
 ///     async fn deposit(&self, req: Deposit) -> Result<Receipt, BankError> {
@@ -66,7 +68,7 @@ use proc_macro::TokenStream;
 /// assert_eq!(first, retry);
 /// assert_eq!(bank.deposits.load(Ordering::SeqCst), 1);
 ///
-/// // The same key for a different request is refused.
+/// // The same key for a different request is refused: `req` is the fingerprint.
 /// let other = bank.deposit(Deposit { cents: 900, ..request() }).await;
 /// assert!(matches!(other, Err(BankError::Idem(idem::Error::KeyReused))));
 /// # Ok(()) }
@@ -139,7 +141,7 @@ use proc_macro::TokenStream;
 /// #         (StatusCode::BAD_REQUEST, self.to_string()).into_response()
 /// #     }
 /// # }
-/// #[derive(Deserialize)]
+/// #[derive(Serialize, Deserialize)] // `Serialize`: the request is the fingerprint
 /// struct NewOrder { cents: u64 }
 ///
 /// #[derive(Serialize, Deserialize)]
@@ -179,7 +181,7 @@ use proc_macro::TokenStream;
 /// | `engine` | yes | expression: an `idem::Idempotency`, a reference to one, or an `Arc` of one | The engine: the store plus its policy (lease, retention, waiting, size limit, codec). |
 /// | `scope` | no | string literal, 1 to 255 bytes of printable ASCII, checked at compile time | Names the operation. Default: the function's path (below). |
 /// | `caller` | no | expression, as for `key` | Who asks (tenant, user, token id). Two callers sending the same key never share a record. Default: empty. |
-/// | `fingerprint` | no | expression of a `Serialize` type | Hashed as canonical JSON. A call reusing a key with another fingerprint gets `idem::Error::KeyReused`. |
+/// | `fingerprint` | no | expression of a `Serialize` type, or `()` | What identifies the request, hashed as canonical JSON: a call reusing a key with another fingerprint gets `idem::Error::KeyReused`. Default: the function's arguments but the engine, the key, the caller and a transaction ([below](#the-default-fingerprint)). `fingerprint = ()`: none, so a reused key replays its result whatever the arguments. |
 /// | `lease` | no | duration literal | How long a claim blocks its key without a heartbeat; renewed every third of it while the body runs. Default: the engine's policy (30 s). |
 /// | `retention` | no | duration literal | How long a completed result is replayed. Default: the engine's policy (24 h). |
 /// | `on_locked` | no | expression of type `idem::OnLocked` | What a call does while another call runs the same key: `OnLocked::FailFast` (`idem::Error::Locked`) or `OnLocked::Wait { timeout }` (then replay). Default: the engine's policy (fail fast). |
@@ -198,6 +200,67 @@ use proc_macro::TokenStream;
 /// The key of a call is derived from `(scope, caller, key)` (SHA-256 over length-prefixed
 /// parts); the key and caller must be 1 to 255 bytes of printable ASCII, otherwise the call
 /// returns `idem::Error::InvalidKey` without running the body or touching the store.
+///
+/// # The default fingerprint
+///
+/// Without `fingerprint = …`, the fingerprint is the function's arguments, all but
+///
+/// - the receiver (`self`, `&self`, …);
+/// - the engine, and the argument it is taken from (`state` in `engine = state.idem`);
+/// - the key and the caller when they are an argument itself (`key = order_id`, `key =
+///   &order_id`): a key taken from a field (`key = req.id`) or a method (`key = id.as_str()`)
+///   leaves that argument in the fingerprint, as it may hold more of the request;
+/// - the `transaction` argument, and arguments bound to `_`.
+///
+/// They are hashed as a struct with one field per argument, named as the argument: the call
+/// `charge(&engine, "o-1", 100)` below has the fingerprint of `{"cents": 100}`, as
+/// `idem::Fingerprint::of_json` computes it. A function with no argument left has no
+/// fingerprint. So a key reused for another request is refused instead of replaying the first
+/// request's result:
+///
+/// ```
+/// use idem::{idempotent, Idempotency, MemoryStore};
+///
+/// #[idempotent(key = order_id, scope = "charge", engine = engine)]
+/// async fn charge(engine: &Idempotency, order_id: &str, cents: u64) -> Result<u64, idem::Error> {
+///     Ok(cents) // the card is charged here
+/// }
+///
+/// // `fingerprint = ()`: no fingerprint, a reused key replays whatever the arguments.
+/// #[idempotent(key = order_id, scope = "charge-any", engine = engine, fingerprint = ())]
+/// async fn charge_any(engine: &Idempotency, order_id: &str, cents: u64) -> Result<u64, idem::Error> {
+///     Ok(cents)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem::Error> {
+/// let engine = Idempotency::new(MemoryStore::new());
+/// assert_eq!(charge(&engine, "o-1", 100).await?, 100);
+/// assert_eq!(charge(&engine, "o-1", 100).await?, 100); // a retry: replayed
+/// assert!(matches!(charge(&engine, "o-1", 999).await, Err(idem::Error::KeyReused)));
+///
+/// assert_eq!(charge_any(&engine, "o-1", 100).await?, 100);
+/// assert_eq!(charge_any(&engine, "o-1", 999).await?, 100); // the first result
+/// # let key = idem::Key::derive("charge", "", "o-1")?;
+/// # let record = engine.store().get(&key).await?.unwrap();
+/// # #[derive(serde::Serialize)]
+/// # struct Arguments { cents: u64 }
+/// # let cents = idem::Fingerprint::of_json(&Arguments { cents: 100 })?;
+/// # assert_eq!(record.fingerprint, Some(cents));
+/// # Ok(()) }
+/// ```
+///
+/// Every hashed argument must be `Serialize`; one that is not is a compile error on that
+/// argument, which names the ways out: derive `Serialize` on its type, name what identifies the
+/// request with `fingerprint = <expr>` (such as `fingerprint = (cents, currency)`), or check
+/// nothing with `fingerprint = ()`. Name it also when an argument is not part of the request
+/// and changes between retries (a counter, a deadline, a trace id): hashed, it would make every
+/// retry `KeyReused`.
+///
+/// The arguments' names are part of the fingerprint: renaming, adding or removing a hashed
+/// argument changes it, so a retry that spans the deploy gets `KeyReused` for a key recorded
+/// before. Records made without a fingerprint (with `fingerprint = ()`, or by a function that
+/// had none when they were stored) replay to any arguments until they expire.
 ///
 /// # The default scope, and what a rename does
 ///
@@ -265,7 +328,7 @@ use proc_macro::TokenStream;
 /// | the call is cancelled while its claim or its result is being written | that statement is finished on a task of its own; a claim it made is released (or, for the result, kept) |
 /// | the body panics | the claim is released; the panic goes on to the caller |
 /// | another call holds the key | `idem::Error::Locked { retry_after }`, or with `OnLocked::Wait` the other call's result |
-/// | same key, different `fingerprint` | `idem::Error::KeyReused` |
+/// | same key, another fingerprint (by default, other arguments) | `idem::Error::KeyReused` |
 /// | malformed key or caller | `idem::Error::InvalidKey` |
 /// | the `Ok` value exceeds the engine's size limit | the value; the key is kept as "completed, result not retained", so a retry gets `idem::Error::ResultNotRetained` and the body does not run again |
 /// | the lease was lost before completion | `idem::Error::LeaseLost`: the work may have run twice |
@@ -287,19 +350,22 @@ use proc_macro::TokenStream;
 /// ```text
 /// let __idem_engine = <clone of the engine named by `engine`>;        // one Arc clone
 /// let __idem_key = key(<scope>, <Some(&caller) or None>, &<key>);     // Result<Option<Key>, Error>
-/// let __idem_fingerprint = fingerprint(&<fingerprint>);               // or Ok(None)
+/// let __idem_fingerprint = fingerprint(&<fingerprint>);    // with `fingerprint = <fingerprint>`
+/// let __idem_fingerprint = arguments(&[argument("cents", &cents), …]);   // or, by default
+/// let __idem_fingerprint = Ok(None);                    // or, with `()` or no argument hashed
 /// let __idem_options = options(<lease>, <retention>, <on_locked>);    // None: engine's policy
 /// call::<ReturnType, _, _>(&__idem_engine, __idem_key, __idem_fingerprint, __idem_options,
 ///     async move { <the original body> }).await
 /// ```
 ///
-/// where `key`, `fingerprint`, `options` and `call` (a thin layer over `run`; with
-/// `detach = true`, `check_return::<ReturnType>()` then `run_detached(…, body::<ReturnType,
-/// _>(…))`) are in `::idem::__private`. Without `scope`,
-/// `<scope>` is `default_scope(__idem_scope)` for an empty `fn __idem_scope() {}` declared in
-/// the body: that item's path less its own name. The key, caller and fingerprint are computed
-/// from borrows before the body starts, and the engine is cloned, so the body may still move
-/// the function's arguments (including one that `engine` or `key` names).
+/// where `key`, `fingerprint`, `arguments`, `argument`, `options` and `call` (a thin layer over
+/// `run`; with `detach = true`, `check_return::<ReturnType>()` then `run_detached(…,
+/// body::<ReturnType, _>(…))`) are in `::idem::__private`; each `argument` is spanned on its
+/// argument, so one that is not `Serialize` is reported there. Without `scope`, `<scope>` is
+/// `default_scope(__idem_scope)` for an empty `fn __idem_scope() {}` declared in the body: that
+/// item's path less its own name. The key, caller and fingerprint are computed from borrows
+/// before the body starts, and the engine is cloned, so the body may still move the function's
+/// arguments (including one that `engine` or `key` names).
 /// `call::<ReturnType, _, _>` pins the body's output to the declared return type, so `?` and
 /// `return` inside the body behave as in the original function, and carries the bounds on `T`
 /// and `E`, so an unmet one is reported on the return type. The generated future is `Send`
@@ -395,11 +461,11 @@ use proc_macro::TokenStream;
 /// value; a malformed, zero or too long duration; a `scope` that is not a string literal, is
 /// empty, longer than 255 bytes or not printable ASCII (and, without `scope`, a function name
 /// that is not ASCII); a `transaction` that is not the name of a parameter, given with `lease`
-/// or `on_locked`, or on an `#[async_trait]` method. The type checker reports, on the return
-/// type, a return type that is not a `Result`, an `Ok` type that is not `Serialize +
-/// DeserializeOwned` (such as axum's `Json<T>`) and an `Err` type without `From<idem::Error>`;
-/// and a `key`, `caller`, `engine`, `on_locked` or `transaction` of the wrong type on that
-/// expression. The old names `store` and `ttl` get a `deprecated` warning on the name.
+/// or `on_locked`, or on an `#[async_trait]` method. The type checker reports, on the argument, an argument of the default fingerprint that is
+/// not `Serialize`; on the return type, a return type that is not a `Result`, an `Ok` type
+/// that is not `Serialize + DeserializeOwned` (such as axum's `Json<T>`) and an `Err` type
+/// without `From<idem::Error>`; and a `key`, `caller`, `engine`, `on_locked` or `transaction`
+/// of the wrong type on that expression. The old names `store` and `ttl` get a `deprecated` warning on the name.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem::{idempotent, Idempotency, Key, KeyError, OnLocked};
+use idem::{idempotent, Fingerprint, Idempotency, Key, KeyError, OnLocked};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
@@ -18,6 +18,8 @@ type RecordCount = Box<dyn Fn() -> Pin<Box<dyn Future<Output = usize> + Send>> +
 /// An engine plus a way to count the records its store holds, live or not.
 pub struct Harness {
     pub engine: Idempotency,
+    /// Another engine on the same store, with the default configuration.
+    pub second_engine: Idempotency,
     records: RecordCount,
     /// What must outlive the store, such as its temporary directory.
     _keep: Box<dyn Any + Send + Sync>,
@@ -25,9 +27,15 @@ pub struct Harness {
 
 impl Harness {
     /// `keep` lives as long as the harness (a temporary directory; `()` when there is none).
-    pub fn new(engine: Idempotency, records: RecordCount, keep: impl Any + Send + Sync) -> Harness {
+    pub fn new(
+        engine: Idempotency,
+        second_engine: Idempotency,
+        records: RecordCount,
+        keep: impl Any + Send + Sync,
+    ) -> Harness {
         Harness {
             engine,
+            second_engine,
             records,
             _keep: Box::new(keep),
         }
@@ -127,12 +135,14 @@ impl Service {
     }
 
     /// Like `pay`, detached: once claimed, the body runs to its end even if the caller is
-    /// cancelled. It owns what it uses (`self: Arc<Self>`, the payment by value).
+    /// cancelled. It owns what it uses (`self: Arc<Self>`, the payment by value). The payment
+    /// is the fingerprint: `started` is not part of the request (nor `Serialize`).
     #[idempotent(
         key = payment.key,
         caller = self.tenant,
         scope = "pay-detached",
         engine = self.idem,
+        fingerprint = payment,
         on_locked = OnLocked::Wait { timeout: Duration::from_secs(60) },
         detach = true,
     )]
@@ -162,6 +172,122 @@ impl Service {
     fn count_run(&self, key: &str) {
         *self.runs.lock().unwrap().entry(key.to_owned()).or_default() += 1;
     }
+}
+
+/// A charge of one order, numbered from a sequence shared by the `charge*` functions: two runs
+/// never share a number.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Charge {
+    pub order_id: String,
+    pub cents: u64,
+    pub run: u64,
+}
+
+static CHARGES: AtomicU64 = AtomicU64::new(1);
+
+fn new_charge(order_id: &str, cents: u64) -> Charge {
+    Charge {
+        order_id: order_id.to_owned(),
+        cents,
+        run: CHARGES.fetch_add(1, Ordering::SeqCst),
+    }
+}
+
+/// No `fingerprint`: the engine, the caller and the key are parameters and left out, so the
+/// default fingerprint hashes `cents` alone.
+#[idempotent(key = order_id, caller = tenant, scope = "charge", engine = engine)]
+pub async fn charge(
+    engine: &Idempotency,
+    tenant: &str,
+    order_id: &str,
+    cents: u64,
+) -> Result<Charge, PayError> {
+    Ok(new_charge(order_id, cents))
+}
+
+/// `fingerprint = ()`: no fingerprint, so any request under a key replays its result.
+#[idempotent(key = order_id, scope = "charge-unchecked", engine = engine, fingerprint = ())]
+pub async fn charge_unchecked(
+    engine: &Idempotency,
+    order_id: &str,
+    cents: u64,
+) -> Result<Charge, PayError> {
+    Ok(new_charge(order_id, cents))
+}
+
+/// `fingerprint = cents`: the memo is not part of what identifies the request.
+#[idempotent(key = order_id, scope = "charge-memo", engine = engine, fingerprint = cents)]
+pub async fn charge_with_memo(
+    engine: &Idempotency,
+    order_id: &str,
+    cents: u64,
+    memo: String,
+) -> Result<Charge, PayError> {
+    Ok(Charge {
+        order_id: format!("{order_id}: {memo}"),
+        ..new_charge(order_id, cents)
+    })
+}
+
+/// Without `fingerprint`, the key reused with another amount is refused, and the same
+/// arguments replay.
+pub async fn default_fingerprint_refuses_another_request(h: &Harness) {
+    let first = charge(&h.engine, "acme", "o-1", 100).await.unwrap();
+    let reused = charge(&h.engine, "acme", "o-1", 999).await;
+    assert!(
+        matches!(reused, Err(PayError::Idem(idem::Error::KeyReused))),
+        "{reused:?}"
+    );
+    let again = charge(&h.engine, "acme", "o-1", 100).await.unwrap();
+    assert_eq!(again, first, "replayed, not run again");
+    assert_eq!(h.record_count().await, 1);
+}
+
+/// `fingerprint = ()` replays the first result whatever the arguments.
+pub async fn unit_fingerprint_replays_any_request(h: &Harness) {
+    let first = charge_unchecked(&h.engine, "o-2", 100).await.unwrap();
+    let other = charge_unchecked(&h.engine, "o-2", 999).await.unwrap();
+    assert_eq!(other, first);
+    assert_eq!(other.cents, 100);
+}
+
+/// An explicit `fingerprint` wins over the default: another memo replays, another amount is
+/// refused.
+pub async fn explicit_fingerprint_wins(h: &Harness) {
+    let first = charge_with_memo(&h.engine, "o-3", 100, "first".into())
+        .await
+        .unwrap();
+    let other_memo = charge_with_memo(&h.engine, "o-3", 100, "second".into())
+        .await
+        .unwrap();
+    assert_eq!(other_memo, first);
+    let reused = charge_with_memo(&h.engine, "o-3", 999, "first".into()).await;
+    assert!(
+        matches!(reused, Err(PayError::Idem(idem::Error::KeyReused))),
+        "{reused:?}"
+    );
+}
+
+/// The default fingerprint is the arguments less the engine, the caller and the key: the
+/// record holds the fingerprint of `{"cents": 100}`, whichever caller made it, and a call
+/// through another engine on the same store replays it.
+pub async fn default_fingerprint_leaves_out_engine_key_and_caller(h: &Harness) {
+    let only_cents = Fingerprint::of_json(&serde_json::json!({ "cents": 100 })).unwrap();
+    let acme = charge(&h.engine, "acme", "o-4", 100).await.unwrap();
+    let globex = charge(&h.engine, "globex", "o-4", 100).await.unwrap();
+    assert_ne!(acme, globex, "two callers, two records");
+    for tenant in ["acme", "globex"] {
+        let key = Key::derive("charge", tenant, "o-4").unwrap();
+        let record = h.engine.store().get(&key).await.unwrap().unwrap();
+        assert_eq!(record.fingerprint, Some(only_cents), "{tenant}");
+    }
+    let through_another_engine = charge(&h.second_engine, "acme", "o-4", 100).await.unwrap();
+    assert_eq!(through_another_engine, acme);
+    let reused = charge(&h.second_engine, "acme", "o-4", 999).await;
+    assert!(
+        matches!(reused, Err(PayError::Idem(idem::Error::KeyReused))),
+        "{reused:?}"
+    );
 }
 
 /// 1,000 concurrent calls over 20 keys run the body 20 times, and every caller of one key gets

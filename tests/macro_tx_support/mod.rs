@@ -8,7 +8,7 @@ use std::ops::DerefMut;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use idem::{idempotent, Key, RecordState, Store, Transactional, TransactionalStore};
+use idem::{idempotent, Fingerprint, Key, RecordState, Store, Transactional, TransactionalStore};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
@@ -101,6 +101,8 @@ pub async fn deposit<B: Bank>(
 }
 
 /// Withdraws once per request; more than the balance is an error, which releases the claim.
+/// No `fingerprint`: the default one hashes `cents`, leaving out `bank` (which `engine` is taken
+/// from), the transaction and the key.
 #[idempotent(key = request_id, scope = "withdraw", engine = bank.idem(), transaction = tx)]
 pub async fn withdraw<B: Bank>(
     bank: &B,
@@ -243,4 +245,31 @@ pub async fn error_releases_the_claim<B: Bank>(bank: &B) {
     assert_eq!(paid.balance, 200);
     assert_eq!(again, paid, "replayed within the same transaction");
     assert_eq!(bank.committed().await, (200, 2));
+}
+
+/// Without `fingerprint`, the transactional mode hashes the arguments less the engine's
+/// `bank`, the transaction and the key: the record holds the fingerprint of `{"cents": 100}`,
+/// and the key reused with another amount is refused.
+pub async fn default_fingerprint_leaves_out_the_transaction<B: Bank>(bank: &B) {
+    let mut tx = bank.begin().await;
+    deposit(bank, &mut tx, "acct", "d-2", 500).await.unwrap();
+    let paid = withdraw(bank, &mut tx, "w-2", 100).await.unwrap();
+    B::commit(tx).await;
+    let key = Key::derive("withdraw", "", "w-2").unwrap();
+    let stored = bank.idem().store().get(&key).await.unwrap().unwrap();
+    let only_cents = Fingerprint::of_json(&serde_json::json!({ "cents": 100 })).unwrap();
+    assert_eq!(stored.fingerprint, Some(only_cents));
+
+    let mut tx = bank.begin().await;
+    let reused = withdraw(bank, &mut tx, "w-2", 999).await;
+    B::commit(tx).await;
+    assert!(
+        matches!(reused, Err(BankError::Idem(idem::Error::KeyReused))),
+        "{reused:?}"
+    );
+    let mut tx = bank.begin().await;
+    let replayed = withdraw(bank, &mut tx, "w-2", 100).await.unwrap();
+    B::commit(tx).await;
+    assert_eq!(replayed, paid);
+    assert_eq!(bank.committed().await, (400, 2), "withdrawn once");
 }

@@ -19,6 +19,35 @@ pub(crate) fn to_canonical<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> 
     Ok(out)
 }
 
+/// A `Serialize` value behind a trait object, so that one slice can hold values of different
+/// types: the fields of [`struct_to_canonical`].
+pub(crate) trait DynSerialize {
+    /// Writes the canonical form of `self`, nested `depth` levels deep, to `out`.
+    fn write_canonical(&self, out: &mut Vec<u8>, depth: usize) -> Result<()>;
+}
+
+impl<T: Serialize> DynSerialize for T {
+    fn write_canonical(&self, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+        self.serialize(Canonical::child(out, depth))
+    }
+}
+
+/// The canonical form of a struct with these fields (name and value), the same as that of a
+/// `Serialize` struct with the same fields and values.
+pub(crate) fn struct_to_canonical<'a>(
+    fields: impl IntoIterator<Item = (&'a str, &'a dyn DynSerialize)>,
+) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut map = Canonical::child(&mut out, 0).map(b"}")?;
+    for (name, value) in fields {
+        let mut encoded = Vec::new();
+        value.write_canonical(&mut encoded, map.depth)?;
+        map.push_field(name, encoded);
+    }
+    map.close()?;
+    Ok(out)
+}
+
 /// Writes one value.
 struct Canonical<'a> {
     out: &'a mut Vec<u8>,
@@ -385,15 +414,20 @@ impl Map<'_> {
     }
 
     fn field<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) -> Result<()> {
+        let value = self.value_of(value)?;
+        self.push_field(key, value);
+        Ok(())
+    }
+
+    /// Adds the field `key` with its value already in canonical form.
+    fn push_field(&mut self, key: &str, value: Vec<u8>) {
         let mut encoded = Vec::new();
         write_str(&mut encoded, key);
-        let value = self.value_of(value)?;
         self.entries.push(Entry {
             text: Some(key.to_owned()),
             key: encoded,
             value,
         });
-        Ok(())
     }
 
     fn close(mut self) -> Result<()> {
@@ -571,6 +605,44 @@ mod tests {
         for (got, want) in cases {
             assert_eq!(got, want);
         }
+    }
+
+    /// Fields of erased types make the same form as a struct with those fields, nested values
+    /// included, and count their depth the same way.
+    #[test]
+    fn erased_fields_write_a_struct() {
+        #[derive(Serialize)]
+        struct Charge<'a> {
+            order: &'a str,
+            cents: u64,
+            tags: Vec<Option<u8>>,
+        }
+        let (order, cents, tags) = ("o-1", 100u64, vec![Some(1), None]);
+        let fields: [(&str, &dyn DynSerialize); 3] =
+            [("order", &order), ("cents", &cents), ("tags", &tags)];
+        let erased = struct_to_canonical(fields).unwrap();
+        assert_eq!(
+            String::from_utf8(erased).unwrap(),
+            text(&Charge {
+                order,
+                cents,
+                tags: tags.clone()
+            })
+        );
+        assert_eq!(
+            text(&Charge { order, cents, tags }),
+            r#"{"cents":100,"order":"o-1","tags":[1,null]}"#
+        );
+        assert_eq!(struct_to_canonical([]).unwrap(), b"{}");
+
+        let mut deep = json!(0);
+        for _ in 0..crate::key::MAX_FINGERPRINT_DEPTH - 1 {
+            deep = json!([deep]);
+        }
+        assert!(struct_to_canonical([("deep", &deep as &dyn DynSerialize)]).is_ok());
+        let deeper = json!([deep]);
+        assert!(to_canonical(&json!({ "deeper": deeper })).is_err());
+        assert!(struct_to_canonical([("deeper", &deeper as &dyn DynSerialize)]).is_err());
     }
 
     /// A byte string, sent through `serialize_bytes` as `serde_bytes` does.

@@ -13,7 +13,8 @@ use axum::{Json, Router};
 use idem::{idempotent, Idempotency, MemoryStore};
 use serde::{Deserialize, Serialize};
 
-#[derive(Deserialize)]
+// `Serialize` too: the request is the default fingerprint of `create_order`.
+#[derive(Serialize, Deserialize)]
 struct NewOrder {
     cents: u64,
 }

@@ -23,7 +23,11 @@ impl Shop {
 async fn main() {
     let idem = Idempotency::new(MemoryStore::new());
     assert_eq!(charge(idem.clone(), "c-1".into(), 5).await.unwrap(), 5);
-    assert_eq!(charge(idem.clone(), "c-1".into(), 9).await.unwrap(), 5);
+    assert_eq!(charge(idem.clone(), "c-1".into(), 5).await.unwrap(), 5);
+    assert!(matches!(
+        charge(idem.clone(), "c-1".into(), 9).await,
+        Err(idem::Error::KeyReused)
+    ));
     let shop = Arc::new(Shop { idem });
     assert_eq!(shop.clone().order("o-1".into()).await.unwrap(), "order o-1");
 }

@@ -1,4 +1,5 @@
-// A free function: the engine comes in as an argument, the default scope is the function's path.
+// A free function: the engine comes in as an argument, the default scope is the function's path,
+// and the default fingerprint is the amount (the arguments but the engine and the key).
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use idem::{idempotent, Idempotency, MemoryStore};
@@ -15,8 +16,13 @@ async fn charge(engine: &Idempotency, order_id: &str, cents: u64) -> Result<u64,
 async fn main() {
     let engine = Idempotency::new(MemoryStore::new());
     assert_eq!(charge(&engine, "order-1", 500).await.unwrap(), 500);
-    // Same key: the first result is replayed and the body does not run again.
-    assert_eq!(charge(&engine, "order-1", 999).await.unwrap(), 500);
+    // Same key and amount: the first result is replayed and the body does not run again.
+    assert_eq!(charge(&engine, "order-1", 500).await.unwrap(), 500);
+    // Same key, another amount: another request, refused.
+    assert!(matches!(
+        charge(&engine, "order-1", 999).await,
+        Err(idem::Error::KeyReused)
+    ));
     assert_eq!(RUNS.load(Ordering::SeqCst), 1);
     // The default scope is the function's path: the module path and the name.
     let scope = concat!(module_path!(), "::charge");

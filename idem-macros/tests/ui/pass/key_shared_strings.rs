@@ -20,7 +20,9 @@ async fn by_rc(engine: &Idempotency, id: Rc<str>) -> Result<usize, idem::Error> 
     Ok(id.len())
 }
 
-// Held in a struct, as a request type would hold them.
+// Held in a struct, as a request type would hold them (`Serialize`: as the argument that `key`
+// and `caller` are taken from, it is the default fingerprint).
+#[derive(serde::Serialize)]
 struct Request {
     tenant: Box<str>,
     id: Box<str>,
@@ -31,7 +33,8 @@ async fn by_box(engine: &Idempotency, req: &Request) -> Result<String, idem::Err
     Ok(format!("{}/{}", req.tenant, req.id))
 }
 
-#[idempotent(key = id, scope = "cow", engine = engine)]
+// `runs` counts the calls; it is not part of the request, so there is no fingerprint.
+#[idempotent(key = id, scope = "cow", engine = engine, fingerprint = ())]
 async fn by_cow(
     engine: &Idempotency,
     id: Cow<'_, str>,
@@ -41,7 +44,7 @@ async fn by_cow(
     Ok(runs.get())
 }
 
-#[idempotent(key = id, scope = "maybe", engine = engine)]
+#[idempotent(key = id, scope = "maybe", engine = engine, fingerprint = ())]
 async fn maybe(
     engine: &Idempotency,
     id: Option<Arc<str>>,

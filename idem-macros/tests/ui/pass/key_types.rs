@@ -17,7 +17,8 @@ async fn by_header(engine: &Idempotency, header: Option<String>) -> Result<bool,
     Ok(header.is_some())
 }
 
-#[idempotent(key = "constant", scope = "once", engine = engine)]
+// Runs once whatever the value: `fingerprint = ()` keeps the value out of the fingerprint.
+#[idempotent(key = "constant", scope = "once", engine = engine, fingerprint = ())]
 async fn once(engine: &Idempotency, value: i32) -> Result<i32, idem::Error> {
     Ok(value)
 }

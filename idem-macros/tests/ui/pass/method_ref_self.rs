@@ -9,6 +9,8 @@ enum BankError {
     Idem(#[from] idem::Error),
 }
 
+// `Serialize`: the request is the default fingerprint (`key` takes one of its fields).
+#[derive(Serialize)]
 struct Deposit {
     request_id: String,
     amount: u64,

@@ -1,7 +1,8 @@
 // An `Option` key: `None` runs every time, `Some` deduplicates.
 use idem::{idempotent, Idempotency, MemoryStore};
 
-#[idempotent(key = key, scope = "count", engine = engine)]
+// `runs` counts the calls; it is not part of the request, so there is no fingerprint.
+#[idempotent(key = key, scope = "count", engine = engine, fingerprint = ())]
 async fn count(
     engine: &Idempotency,
     key: Option<String>,
