@@ -5,7 +5,7 @@
 //! work of a new boxed future.
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
-use quote::{quote, quote_spanned};
+use quote::{quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{
@@ -143,6 +143,10 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         (Some((_, value)), _) => Ok(value.value),
         (None, _) => Ok(false),
     };
+    let borrowed = match detach {
+        Ok(true) => params::check_detached(sig, &func.block.to_token_stream()),
+        _ => Vec::new(),
+    };
     let fingerprint = match &args.fingerprint {
         Some((_, Expr::Tuple(unit))) if unit.elems.is_empty() => Fingerprint::Nothing,
         Some((_, fingerprint)) => Fingerprint::Expr(fingerprint.clone()),
@@ -186,7 +190,8 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
             detach.as_ref().err().cloned(),
         ]
         .into_iter()
-        .flatten(),
+        .flatten()
+        .chain(borrowed),
     )?;
     let (form, return_type) = form?;
     Ok(Call {

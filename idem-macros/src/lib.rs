@@ -5,7 +5,8 @@
 //!
 //! Parsing and checking the arguments lives in `attr.rs` (with duration literals in
 //! `duration.rs`); checking the function and generating the new body lives in `expand.rs`, with
-//! what its parameters mean (which make the default fingerprint) in `params.rs`. All runtime logic is in `idem-core`, where it is tested without macros.
+//! what its parameters mean (which make the default fingerprint, which a detached body borrows)
+//! in `params.rs`. All runtime logic is in `idem-core`, where it is tested without macros.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -186,7 +187,7 @@ use proc_macro::TokenStream;
 /// | `retention` | no | duration literal | How long a completed result is replayed. Default: the engine's policy (24 h). |
 /// | `on_locked` | no | expression of type `idem::OnLocked` | What a call does while another call runs the same key: `OnLocked::FailFast` (`idem::Error::Locked`) or `OnLocked::Wait { timeout }` (then replay). Default: the engine's policy (fail fast). |
 /// | `transaction` | no | the name of a parameter: `&mut sqlx::Transaction<'_, DB>` or `&mut` connection | Transactional mode (below): the claim, the body and the stored result share this transaction. `engine` is then an `idem::Transactional`; `lease` and `on_locked` are refused. |
-/// | `detach` | no | `true` or `false` | `true`: once the call has claimed its key, the body runs to its end on a task of its own, and its result is stored, even if the caller is cancelled (a `timeout`, a client that disconnects); a retry replays it. The body must own what it uses (`'static + Send`): take arguments by value and `self: Arc<Self>` rather than `&self`. Refused with `transaction`. Default `false`: a cancelled call stops the body and releases the claim, so a retry runs it again. |
+/// | `detach` | no | `true` or `false` | `true`: once the call has claimed its key, the body runs to its end on a task of its own, and its result is stored, even if the caller is cancelled (a `timeout`, a client that disconnects); a retry replays it. The body must own what it uses (`'static + Send`): take arguments by value and `self: Arc<Self>` rather than `&self`; a borrowed argument (or `&self`) that the body uses is a compile error on it saying so. Refused with `transaction`. Default `false`: a cancelled call stops the body and releases the claim, so a retry runs it again. |
 ///
 /// `store` and `ttl`, the old names of `engine` and `retention`, still work but are deprecated:
 /// the compiler warns on them (a `deprecated` warning, so `#![deny(deprecated)]` makes it an
@@ -461,7 +462,9 @@ use proc_macro::TokenStream;
 /// value; a malformed, zero or too long duration; a `scope` that is not a string literal, is
 /// empty, longer than 255 bytes or not printable ASCII (and, without `scope`, a function name
 /// that is not ASCII); a `transaction` that is not the name of a parameter, given with `lease`
-/// or `on_locked`, or on an `#[async_trait]` method. The type checker reports, on the argument, an argument of the default fingerprint that is
+/// or `on_locked`, or on an `#[async_trait]` method; with `detach = true`, an argument whose type
+/// borrows (a reference, a lifetime other than `'static`) or `&self`, when the body uses it.
+/// The type checker reports, on the argument, an argument of the default fingerprint that is
 /// not `Serialize`; on the return type, a return type that is not a `Result`, an `Ok` type
 /// that is not `Serialize + DeserializeOwned` (such as axum's `Json<T>`) and an `Err` type
 /// without `From<idem::Error>`; and a `key`, `caller`, `engine`, `on_locked` or `transaction`
