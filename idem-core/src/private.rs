@@ -129,28 +129,8 @@ pub fn options(
     }
 }
 
-/// Runs the body through the engine, dropping the fresh/replayed flag.
-pub async fn run<En, T, E, F>(
-    engine: &En,
-    key: Result<Option<Key>, Error>,
-    fingerprint: Result<Option<Fingerprint>, Error>,
-    options: CallOptions,
-    body: F,
-) -> Result<T, E>
-where
-    En: AsEngine + ?Sized,
-    F: Future<Output = Result<T, E>>,
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-{
-    let (key, fingerprint) = (key?, fingerprint?);
-    let call = engine.as_engine().call(key).fingerprint(fingerprint);
-    let outcome = call.overrides(options).run(body).await?;
-    Ok(outcome.into_inner())
-}
-
-/// [`run`] with `detach = true`: the body runs on a task of its own, so a cancelled caller
-/// cannot stop it once it has claimed the key.
+/// The call with `detach = true` (see [`Call::run_detached`](crate::Call::run_detached)): once
+/// it has claimed the key, a cancelled caller cannot stop the body.
 pub async fn run_detached<En, T, E, F>(
     engine: &En,
     key: Result<Option<Key>, Error>,
@@ -229,17 +209,6 @@ pub fn tx_connection<'c, En: AsTransactional + ?Sized>(
     conn
 }
 
-/// What [`tx_begin`] found: run the body (with the claim to finish, or none without a key), or
-/// return the stored value.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[derive(Debug)]
-pub enum TxBegun<T> {
-    /// Run the body, then pass this to [`tx_end`].
-    Run(Option<TxClaim>),
-    /// The key completed earlier: return this value without running the body.
-    Replayed(T),
-}
-
 /// Claims the call's key on the caller's connection (when the call has a key), or fetches its
 /// stored value. An invalid key or fingerprint is returned before the database is touched.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -249,18 +218,14 @@ pub async fn tx_begin<En, T>(
     key: Result<Option<Key>, Error>,
     fingerprint: Result<Option<Fingerprint>, Error>,
     options: CallOptions,
-) -> Result<TxBegun<T>, Error>
+) -> Result<TxStart<T>, Error>
 where
     En: AsTransactional + ?Sized,
     T: DeserializeOwned,
 {
     let (key, fingerprint) = (key?, fingerprint?);
     let call = engine.as_transactional().call(key).fingerprint(fingerprint);
-    let begun = call.overrides(options).begin(conn).await?;
-    Ok(match begun {
-        TxStart::Run(claim) => TxBegun::Run(Some(claim)),
-        TxStart::Replayed(value) => TxBegun::Replayed(value),
-    })
+    call.overrides(options).begin(conn).await
 }
 
 /// After the body: stores an `Ok` value under the claim, or releases the claim on `Err`, on the
@@ -269,7 +234,7 @@ where
 pub async fn tx_end<En, T, E>(
     engine: &En,
     conn: &mut TxConnection<En>,
-    claim: Option<TxClaim>,
+    claim: TxClaim,
     result: Result<T, E>,
 ) -> Result<T, E>
 where
@@ -277,9 +242,6 @@ where
     T: Serialize,
     E: From<Error>,
 {
-    let Some(claim) = claim else {
-        return result;
-    };
     let engine = engine.as_transactional();
     match result {
         Ok(value) => {

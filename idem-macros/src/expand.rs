@@ -1,5 +1,5 @@
 //! Checks the annotated function and rewrites its body into a call of
-//! `::idem::__private::run`, or, with `transaction = …`, into `tx_begin`, the body and `tx_end`
+//! `::idem::__private::call` (or `run_detached`), or, with `transaction = …`, into `tx_begin`, the body and `tx_end`
 //! on the caller's connection. A method that `#[async_trait]` has already rewritten (a plain `fn`
 //! returning `Pin<Box<dyn Future<Output = R> + …>>`) keeps that form: the boxed body becomes the
 //! work of a new boxed future.
@@ -467,10 +467,10 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
                 )
                 .await
                 {
-                    ::core::result::Result::Ok(::idem::__private::TxBegun::Run(__idem_claim)) => {
+                    ::core::result::Result::Ok(::idem::TxStart::Run(__idem_claim)) => {
                         __idem_claim
                     }
-                    ::core::result::Result::Ok(::idem::__private::TxBegun::Replayed(__idem_value)) => {
+                    ::core::result::Result::Ok(::idem::TxStart::Replayed(__idem_value)) => {
                         return ::core::result::Result::Ok(__idem_value);
                     }
                     ::core::result::Result::Err(__idem_error) => {

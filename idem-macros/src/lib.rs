@@ -431,8 +431,8 @@ use proc_macro::TokenStream;
 ///
 /// ```text
 /// let __idem_claim = match tx_begin(&engine, &mut *tx, key, fingerprint, options).await {
-///     Ok(TxBegun::Run(claim)) => claim,               // None without a key
-///     Ok(TxBegun::Replayed(value)) => return Ok(value),
+///     Ok(TxStart::Run(claim)) => claim,
+///     Ok(TxStart::Replayed(value)) => return Ok(value),
 ///     Err(e) => return Err(From::from(e)),
 /// };
 /// check_return::<ReturnType>();                      // the bounds on T and E, on the return type

@@ -23,11 +23,14 @@ use crate::store::Store;
 
 mod cache;
 mod call;
+mod claim;
+mod detach;
 mod finish;
 mod policy;
 mod stored;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transactional;
+mod underway;
 mod waiters;
 
 pub use cache::ReplayCache;
@@ -42,10 +45,11 @@ pub(crate) use policy::{Core, Resolved};
 pub(crate) use stored::Encoded;
 
 use cache::{Cache, Hit, Known};
-use finish::{
-    renewing, run_to_end, start, ClaimGuard, Completions, PendingResult, Releases, Stored,
-};
+use claim::start;
+use detach::run_to_end;
+use finish::{renewing, ClaimGuard, PendingResult, Stored};
 use stored::replay;
+use underway::{Completions, Releases};
 use waiters::{PollerRole, Typical, Waiters};
 
 /// The engine: wraps work in claim → run → complete, so a duplicate call replays the stored

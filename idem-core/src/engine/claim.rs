@@ -1,0 +1,45 @@
+//! The claim attempt: one `start` that is finished even if its caller goes away.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::detach::{BoxFuture, RunToEnd};
+use super::finish::release;
+use super::underway::Releasing;
+use super::Shared;
+use crate::error::Error;
+use crate::key::{Fingerprint, Key};
+use crate::record::Start;
+
+/// One claim attempt that is finished even if its caller goes away: a claim statement in flight
+/// (waiting on a lock, say) may still commit, so an orphaned attempt runs on to its end on a task
+/// of its own, and whatever it claimed is released. A retry in this process waits for that.
+pub(super) async fn start(
+    shared: &Arc<Shared>,
+    key: &Key,
+    fingerprint: Option<&Fingerprint>,
+    lease: Duration,
+) -> Result<Start, Error> {
+    if let Some(now) = shared.store.immediate() {
+        // Done before this returns: nothing to run on after a caller that goes away.
+        return now.start_now(key, fingerprint, lease);
+    }
+    let attempt = {
+        let (store, key, fingerprint) = (shared.store.clone(), *key, fingerprint.copied());
+        // Through `&dyn Store`: on the `Arc` itself, the call would go through `Arc`'s
+        // forwarding impl and box its future twice.
+        Box::pin(async move { (*store).start(&key, fingerprint.as_ref(), lease).await })
+    };
+    let shared = shared.clone();
+    let key = *key;
+    RunToEnd::new(attempt, move |attempt: BoxFuture<Result<Start, Error>>| {
+        let releasing = Releasing::begin(&shared, key);
+        Box::pin(async move {
+            if let Ok(Start::Started(claim)) = attempt.await {
+                release(releasing.store(), &claim).await;
+            }
+            drop(releasing);
+        })
+    })
+    .await
+}
