@@ -400,7 +400,11 @@ async fn bench() -> Result<(), BenchError> {
 
     if args.wants("sqlite") {
         let dir = tempfile::tempdir()?;
-        let store = SqliteStore::open(dir.path().join("bench.db")).await?;
+        // No background pruner in any bench store: its statements would be measured too.
+        let store = SqliteStore::builder()
+            .pruner(None)
+            .open(dir.path().join("bench.db"))
+            .await?;
         let pool = store.pool().clone();
         let version: String = sqlx::query_scalar("SELECT sqlite_version()")
             .fetch_one(&pool)
@@ -409,6 +413,7 @@ async fn bench() -> Result<(), BenchError> {
             "SQLite {version} (temp file, WAL, synchronous=NORMAL)"
         ));
         SqliteStore::builder()
+            .pruner(None)
             .table("raw_records")
             .from_pool(pool.clone())
             .await?;
@@ -423,7 +428,10 @@ async fn bench() -> Result<(), BenchError> {
         if args.scale {
             let scale_plan = args.scale_plan(&plan, Cpu::default());
             eprintln!("SQLite: scale run with {} rows", scale_plan.rows);
-            let scale_store = SqliteStore::open(dir.path().join("scale.db")).await?;
+            let scale_store = SqliteStore::builder()
+                .pruner(None)
+                .open(dir.path().join("scale.db"))
+                .await?;
             let backend = scale::Backend::Sqlite(scale_store.pool().clone());
             let report = scale::run(&backend, scale_plan).await?;
             results.scale.push(Scale {
@@ -517,11 +525,14 @@ async fn run_postgres(
     cpu: Cpu,
     results: &mut Results,
 ) -> Result<(), BenchError> {
+    // No background pruner in any bench store: its statements would be measured too.
     let store = PostgresStore::builder()
+        .pruner(None)
         .table(idem_table)
         .from_pool(pool.clone())
         .await?;
     PostgresStore::builder()
+        .pruner(None)
         .table(raw_table)
         .from_pool(pool.clone())
         .await?;

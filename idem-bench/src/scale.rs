@@ -74,15 +74,18 @@ impl Backend {
 
     /// A store on a new table of the real schema (its own migrations create it).
     async fn store(&self, table: &str) -> Result<Arc<dyn Store>, BenchError> {
+        // No background pruner: the scale run measures a table as it fills.
         Ok(match self {
             Backend::Sqlite(pool) => Arc::new(
                 SqliteStore::builder()
+                    .pruner(None)
                     .table(table)
                     .from_pool(pool.clone())
                     .await?,
             ),
             Backend::Postgres(pool) => Arc::new(
                 PostgresStore::builder()
+                    .pruner(None)
                     .table(table)
                     .from_pool(pool.clone())
                     .await?,

@@ -244,7 +244,11 @@ pub async fn sqlite(plan: SustainPlan) -> Result<Vec<SustainRun>, BenchError> {
         .enumerate()
     {
         let dir = tempfile::tempdir()?;
-        let store = SqliteStore::open(dir.path().join(format!("sustain-{i}.db"))).await?;
+        // The run spawns its own pruner, or none for the baseline: never the store's.
+        let store = SqliteStore::builder()
+            .pruner(None)
+            .open(dir.path().join(format!("sustain-{i}.db")))
+            .await?;
         let table = Table::Sqlite(store.pool().clone());
         runs.push(run_one("SQLite", Arc::new(store), &table, plan, secs, pruner).await?);
     }
@@ -256,7 +260,9 @@ pub async fn postgres(pool: &PgPool, plan: SustainPlan) -> Result<Vec<SustainRun
     let mut runs = Vec::new();
     for (pruner, secs) in [(false, plan.baseline_secs), (true, plan.secs)] {
         let name = format!("sustain_{:08x}", fastrand::u32(..));
+        // The run spawns its own pruner, or none for the baseline: never the store's.
         let store = PostgresStore::builder()
+            .pruner(None)
             .table(&name)
             .from_pool(pool.clone())
             .await?;

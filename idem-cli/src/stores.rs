@@ -123,7 +123,13 @@ impl Opened {
                 if !creates && !path.starts_with(':') && !std::path::Path::new(path).exists() {
                     return Err(Failure::Usage(format!("no SQLite database at {path:?}")));
                 }
-                let store = SqliteStore::builder().table(table).connect(&url).await?;
+                // A command runs once and reports what it did: no pruner deleting behind it
+                // (`prune` is the command for that).
+                let store = SqliteStore::builder()
+                    .table(table)
+                    .pruner(None)
+                    .connect(&url)
+                    .await?;
                 Ok(Opened::Sqlite(store))
             }
             StoreUrl::Postgres(url) => {
@@ -134,7 +140,12 @@ impl Opened {
                     .await
                     .map_err(|e| Failure::Usage(format!("cannot connect to PostgreSQL: {e}")))?;
                 let _ = probe.close().await;
-                let store = PostgresStore::builder().table(table).connect(&url).await?;
+                // As for SQLite: no background pruner in a command that runs once.
+                let store = PostgresStore::builder()
+                    .table(table)
+                    .pruner(None)
+                    .connect(&url)
+                    .await?;
                 Ok(Opened::Postgres(store))
             }
             #[cfg(feature = "redis")]

@@ -66,6 +66,28 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
 
+    /// A SQL store told not to migrate on connect (`migrate_on_connect(false)` on
+    /// `SqliteStoreBuilder` or `PostgresStoreBuilder`) found its
+    /// table's schema missing or older than this version of idem needs. Nothing was changed.
+    /// Bring the schema up to date out of band, as a role that may create tables: the builder's
+    /// `migrate`, or the store's `.sql` file (`idem-core/sql/`, or the builder's `schema_sql`
+    /// for another table name). Then connect again.
+    #[error(
+        "the idem schema of table {table:?} is {}, and this version of idem needs version \
+         {needed}: apply it first, as a role that may create tables (the store builder's \
+         `migrate`, or the store's .sql file), then connect again",
+        describe_schema(*.found)
+    )]
+    SchemaNotMigrated {
+        /// The records table, as configured.
+        table: String,
+        /// The newest schema version the table's ledger (`<table>_migrations`) lists (0 when
+        /// it lists none); `None` when the ledger or the table itself is missing.
+        found: Option<i64>,
+        /// The schema version this version of idem needs.
+        needed: i64,
+    },
+
     /// A stored response could not be encoded or decoded (for instance the type changed since
     /// it was stored). Evict the key or bump the scope.
     #[error("codec failed: {0}")]
@@ -90,6 +112,14 @@ impl Error {
             Error::Store(e) => e.kind().is_transient(),
             _ => false,
         }
+    }
+}
+
+/// How [`Error::SchemaNotMigrated`] names the schema it found.
+fn describe_schema(found: Option<i64>) -> String {
+    match found {
+        Some(version) => format!("at version {version}"),
+        None => "missing (no table or no `<table>_migrations` ledger)".to_owned(),
     }
 }
 

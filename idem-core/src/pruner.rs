@@ -258,7 +258,8 @@ impl PrunerConfig {
         self.batch_size.unwrap_or(Self::DEFAULT_BATCH_SIZE)
     }
 
-    fn validate(&self) -> Result<(), Error> {
+    /// Refuses a setting out of range with [`Error::InvalidConfig`].
+    pub(crate) fn validate(&self) -> Result<(), Error> {
         if let Some(batch_size) = self.batch_size {
             if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
                 return Err(Error::InvalidConfig(format!(

@@ -580,7 +580,10 @@ async fn prune_sql(store: Arc<dyn Store>, live: &[Key]) {
 #[tokio::test]
 async fn prunes_expired_sqlite_records_in_batches() {
     let dir = tempfile::tempdir().unwrap();
-    let store = idem_core::SqliteStore::open(dir.path().join("idem.db"))
+    // Without the store's own pruner: this test's pruner is the one measured.
+    let store = idem_core::SqliteStore::builder()
+        .pruner(None)
+        .open(dir.path().join("idem.db"))
         .await
         .unwrap();
     let count = format!("SELECT count(*) FROM \"{}\"", store.table());
@@ -604,7 +607,10 @@ async fn prunes_expired_sqlite_records_in_batches() {
 #[tokio::test]
 async fn a_sqlite_pruner_deletes_100_records_a_batch_by_default() {
     let dir = tempfile::tempdir().unwrap();
-    let store = idem_core::SqliteStore::open(dir.path().join("idem.db"))
+    // Without the store's own pruner: this test's pruner is the one measured.
+    let store = idem_core::SqliteStore::builder()
+        .pruner(None)
+        .open(dir.path().join("idem.db"))
         .await
         .unwrap();
     // 150 completed records whose retention ended in 1970.
@@ -637,8 +643,10 @@ mod pg_env;
 async fn pg_store(test: &str) -> Option<(idem_core::PostgresStore, String)> {
     let url = pg_env::pg_url(test)?;
     let table = format!("idem_pruner_{:016x}", fastrand::u64(..));
+    // Without the store's own pruner: the test's pruner is the one measured.
     let store = idem_core::PostgresStore::builder()
         .table(&table)
+        .pruner(None)
         .connect(&url)
         .await
         .unwrap();

@@ -8,10 +8,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Completion, Error, Key, RecordState, SqliteStore, Start, Store, StoreError, StoreErrorKind,
+    Completion, Error, Key, RecordState, SqliteStore, SqliteStoreBuilder, Start, Store, StoreError,
+    StoreErrorKind,
 };
 use sqlx::Connection;
 use tempfile::TempDir;
+
+#[path = "support/eventually.rs"]
+mod eventually;
+use eventually::eventually;
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -40,6 +45,13 @@ async fn claim(store: &SqliteStore, key: &Key, lease: Duration) -> idem_core::Cl
         Start::Started(c) => c,
         other => panic!("expected Started, got {other:?}"),
     }
+}
+
+/// A builder without the background pruner, for the tests that count rows, time the write lock
+/// or write the file behind the store's back: the pruner's lease is a row while it runs, and
+/// its statements take the write lock.
+fn quiet() -> SqliteStoreBuilder {
+    SqliteStore::builder().pruner(None)
 }
 
 async fn rows(store: &SqliteStore) -> i64 {
@@ -252,7 +264,7 @@ async fn concurrent_claims_start_exactly_once() {
 #[tokio::test]
 async fn prune_deletes_at_most_limit_expired_rows() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let store = quiet().open(db(&dir)).await.unwrap();
     for n in 0..5 {
         claim(&store, &key(n), SHORT).await;
     }
@@ -279,7 +291,7 @@ async fn prune_deletes_at_most_limit_expired_rows() {
 #[tokio::test]
 async fn an_expired_lease_is_taken_over_and_fences_the_old_claim() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let store = quiet().open(db(&dir)).await.unwrap();
     let k = key(1);
     let old = claim(&store, &k, SHORT).await;
     match store.start(&k, None, LEASE).await.unwrap() {
@@ -319,7 +331,7 @@ async fn an_expired_lease_is_taken_over_and_fences_the_old_claim() {
 #[tokio::test]
 async fn retention_ends_and_the_key_runs_again() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let store = quiet().open(db(&dir)).await.unwrap();
     let k = key(1);
     let c = claim(&store, &k, LEASE).await;
     store.complete(&c, done(b"first"), SHORT).await.unwrap();
@@ -336,7 +348,7 @@ async fn retention_ends_and_the_key_runs_again() {
 #[tokio::test]
 async fn bad_durations_are_rejected_and_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let store = quiet().open(db(&dir)).await.unwrap();
     let ten_years_and_a_day = Duration::from_secs(10 * 365 * 24 * 3600 + 86_400);
     for lease in [
         Duration::ZERO,
@@ -367,7 +379,7 @@ async fn bad_durations_are_rejected_and_write_nothing() {
 #[tokio::test]
 async fn a_held_write_lock_past_the_busy_timeout_is_unavailable() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::builder()
+    let store = quiet()
         .busy_timeout(Duration::from_millis(100))
         .open(db(&dir))
         .await
@@ -463,7 +475,7 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
     let dir = tempfile::tempdir().unwrap();
     let path = db(&dir);
     let open = |order| {
-        SqliteStore::builder()
+        quiet()
             .busy_timeout(Duration::from_millis(100))
             .claim_order(order)
             .open(path.clone())
@@ -513,11 +525,7 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
 #[tokio::test]
 async fn renewal_is_not_starved_by_work_holding_the_pool() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::builder()
-        .max_connections(1)
-        .open(db(&dir))
-        .await
-        .unwrap();
+    let store = quiet().max_connections(1).open(db(&dir)).await.unwrap();
     let c = claim(&store, &key(1), LEASE).await;
     let held = store.pool().acquire().await.unwrap();
     let renewed = tokio::time::timeout(Duration::from_secs(5), store.renew(&c, LEASE)).await;
@@ -534,7 +542,7 @@ async fn renewal_is_not_starved_by_work_holding_the_pool() {
 #[tokio::test]
 async fn a_dropped_records_table_is_created_again_on_connect() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let store = quiet().open(db(&dir)).await.unwrap();
     claim(&store, &key(1), LEASE).await;
     sqlx::query("DROP TABLE idem_records")
         .execute(store.pool())
@@ -547,7 +555,7 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
     );
     store.pool().close().await;
 
-    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let store = quiet().open(db(&dir)).await.unwrap();
     let c = claim(&store, &key(1), LEASE).await;
     store.complete(&c, done(b"again"), RETENTION).await.unwrap();
     let indexes: i64 = sqlx::query_scalar(
@@ -567,7 +575,7 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
 /// Fills a database with completed records (so its tables span several pages), closes it, and
 /// returns the page size and the records table's root page.
 async fn populated_file(path: &Path, extra_sql: Option<&str>) -> (u64, u64) {
-    let store = SqliteStore::open(path).await.unwrap();
+    let store = quiet().open(path).await.unwrap();
     for n in 0..120 {
         let c = claim(&store, &key(n), LEASE).await;
         store
@@ -609,7 +617,7 @@ fn scribble(path: &Path, offset: u64, len: u64) {
 
 /// The error of opening `path` and, if that succeeds, of its first use.
 async fn open_or_first_use(path: &Path) -> Error {
-    match SqliteStore::open(path).await {
+    match quiet().open(path).await {
         Err(e) => e,
         Ok(store) => match store.start(&key(0), None, LEASE).await {
             Err(e) => e,
@@ -678,7 +686,7 @@ async fn a_file_that_is_not_a_database_is_a_corrupt_store_error() {
 #[tokio::test]
 async fn a_read_only_database_is_a_read_only_store_error() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    let store = quiet().open(db(&dir)).await.unwrap();
     let mut ro =
         sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=ro", db(&dir).display()))
             .await
@@ -803,7 +811,7 @@ async fn full_disk(dir: &Path, tmpfs: bool) {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     let path = dir.join("idem.db");
-    let store = SqliteStore::open(&path).await.unwrap();
+    let store = quiet().open(&path).await.unwrap();
     let engine = Idempotency::new(store.clone());
     let before = Key::derive("full-disk", "", "done-before").unwrap();
     let during = Key::derive("full-disk", "", "during").unwrap();
@@ -905,4 +913,215 @@ async fn full_disk(dir: &Path, tmpfs: bool) {
         );
     }
     store.pool().close().await;
+}
+
+/// How many completed records `store`'s table holds (the background pruner's lease is an
+/// in-progress row, never counted).
+async fn completed(store: &SqliteStore) -> i64 {
+    let sql = format!("SELECT count(*) FROM \"{}\" WHERE state = 1", store.table());
+    sqlx::query_scalar(&sql)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+/// Expired records go with no pruner spawned by the user: the store runs one while it lives.
+/// SQLite's clock is the host's, so the retention is short and the test polls, bounded.
+#[tokio::test]
+async fn expired_records_are_deleted_with_no_pruner_spawned() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    assert!(store.prunes_in_background());
+    for n in 0..250 {
+        let c = claim(&store, &key(n), LEASE).await;
+        store
+            .complete(&c, done(b"short"), Duration::from_millis(1))
+            .await
+            .unwrap();
+    }
+    let kept = claim(&store, &key(1_000), LEASE).await;
+    store
+        .complete(&kept, done(b"kept"), RETENTION)
+        .await
+        .unwrap();
+
+    assert!(
+        eventually(|| async { completed(&store).await == 1 }).await,
+        "{} completed records left",
+        completed(&store).await
+    );
+    assert!(matches!(
+        store.start(&key(1_000), None, LEASE).await.unwrap(),
+        Start::Completed(_)
+    ));
+}
+
+/// The runtime's live tasks once the ones sqlx spawns to hand connections back have finished;
+/// the test's own future is not a task.
+async fn settled_tasks(at_most: usize) -> bool {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    eventually(|| async { metrics.num_alive_tasks() <= at_most }).await
+}
+
+/// The background pruner is one task, which ends once the last clone of the store is gone (a
+/// pruner holding the store would keep it alive for ever); `pruner(None)` spawns none.
+#[tokio::test(flavor = "current_thread")]
+async fn the_background_pruner_ends_with_the_last_clone_of_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    // No idle timeout nor lifetime: sqlx then runs no maintenance task of its own.
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(db(&dir))
+                .create_if_missing(true),
+        )
+        .await
+        .unwrap();
+    let metrics = tokio::runtime::Handle::current().metrics();
+
+    let quiet = quiet().from_pool(pool.clone()).await.unwrap();
+    assert!(!quiet.prunes_in_background());
+    claim(&quiet, &key(1), LEASE).await;
+    assert!(
+        settled_tasks(0).await,
+        "a store without a pruner left a task"
+    );
+
+    let store = SqliteStore::from_pool(pool.clone()).await.unwrap();
+    let clone = store.clone();
+    drop(store);
+    // The clone that is left still has its records pruned.
+    let c = claim(&clone, &key(2), LEASE).await;
+    clone
+        .complete(&c, done(b"short"), Duration::from_millis(1))
+        .await
+        .unwrap();
+    assert!(eventually(|| async { completed(&clone).await == 0 }).await);
+    drop(clone);
+    assert!(
+        settled_tasks(0).await,
+        "{} tasks left after the last clone went",
+        metrics.num_alive_tasks()
+    );
+    drop(quiet);
+}
+
+/// The names and the `CREATE` text of every table and index in the database at `url`.
+async fn schema_of(url: &str) -> Vec<(String, String, Option<String>)> {
+    let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+    sqlx::query_as("SELECT type, name, sql FROM sqlite_master ORDER BY name")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+}
+
+fn url_of(path: &Path) -> String {
+    format!("sqlite://{}?mode=rwc", path.display())
+}
+
+/// A store told not to migrate creates nothing: it needs the schema, and names the two ways to
+/// bring it (no file, an empty database, a ledger listing no version). After `migrate()` it
+/// works.
+#[tokio::test]
+async fn a_store_that_does_not_migrate_needs_the_schema_and_migrate_brings_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let checking = || SqliteStore::builder().migrate_on_connect(false);
+
+    let err = checking().open(db(&dir)).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::SchemaNotMigrated { table, found: None, needed: 1 } if table == "idem_records"),
+        "{err:?}"
+    );
+    assert!(
+        !db(&dir).exists(),
+        "a store that does not migrate created the file"
+    );
+
+    let url = url_of(&db(&dir));
+    let err = checking().connect(&url).await.unwrap_err();
+    assert!(
+        matches!(err, Error::SchemaNotMigrated { found: None, .. }),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("migrate") && message.contains(".sql"),
+        "{message}"
+    );
+    assert_eq!(schema_of(&url).await, vec![], "it created something");
+
+    let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    SqliteStore::builder().migrate(&mut conn).await.unwrap();
+    SqliteStore::builder().migrate(&mut conn).await.unwrap();
+    let store = checking().connect(&url).await.unwrap();
+    let c = claim(&store, &key(1), LEASE).await;
+    store.complete(&c, done(b"ok"), RETENTION).await.unwrap();
+    assert!(matches!(
+        store.start(&key(1), None, LEASE).await.unwrap(),
+        Start::Completed(_)
+    ));
+
+    // A ledger that lists no version: the schema is older than this idem needs.
+    sqlx::query("DELETE FROM idem_records_migrations")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let err = checking().connect(&url).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::SchemaNotMigrated {
+                found: Some(0),
+                needed: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Another table of the same database is not migrated either.
+    let err = checking().table("other").connect(&url).await.unwrap_err();
+    assert!(
+        matches!(err, Error::SchemaNotMigrated { found: None, .. }),
+        "{err:?}"
+    );
+}
+
+/// The `.sql` file shipped for teams that migrate out of band makes what `migrate()` makes, to
+/// the byte of every `CREATE`; applying it again changes nothing, and a store that does not
+/// migrate then works on it. It is what `schema_sql()` writes.
+#[tokio::test]
+async fn the_shipped_sql_file_makes_what_migrate_makes() {
+    let file = include_str!("../sql/sqlite/idem_records.sql");
+    assert_eq!(file, SqliteStore::builder().schema_sql().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+
+    let migrated = url_of(&dir.path().join("migrated.db"));
+    let mut conn = sqlx::SqliteConnection::connect(&migrated).await.unwrap();
+    SqliteStore::builder().migrate(&mut conn).await.unwrap();
+
+    let applied = url_of(&dir.path().join("applied.db"));
+    let mut conn = sqlx::SqliteConnection::connect(&applied).await.unwrap();
+    for _ in 0..2 {
+        let mut tx = conn.begin().await.unwrap();
+        sqlx::raw_sql(file).execute(&mut *tx).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(schema_of(&applied).await, schema_of(&migrated).await);
+    let ledger = "SELECT version, description FROM idem_records_migrations";
+    let listed: Vec<(i64, String)> = sqlx::query_as(ledger).fetch_all(&mut conn).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    let mut other = sqlx::SqliteConnection::connect(&migrated).await.unwrap();
+    let by_migrate: Vec<(i64, String)> =
+        sqlx::query_as(ledger).fetch_all(&mut other).await.unwrap();
+    assert_eq!(listed, by_migrate);
+
+    let store = SqliteStore::builder()
+        .migrate_on_connect(false)
+        .connect(&applied)
+        .await
+        .unwrap();
+    let c = claim(&store, &key(1), LEASE).await;
+    store.complete(&c, done(b"ok"), RETENTION).await.unwrap();
 }

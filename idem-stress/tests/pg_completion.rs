@@ -124,6 +124,8 @@ async fn backend_killed_three_times_during_complete() {
         return;
     };
     let store = PostgresStore::builder()
+        // No background pruner: the test finds and terminates the store's backends.
+        .pruner(None)
         .table(unique_name("idem_kill"))
         .connect(&url)
         .await
@@ -172,6 +174,8 @@ async fn statement_timeout_during_complete() {
     let sep = if url.contains('?') { '&' } else { '?' };
     let timed = format!("{url}{sep}options=-c%20statement_timeout%3D300");
     let store = PostgresStore::builder()
+        // No background pruner: the test finds and terminates the store's backends.
+        .pruner(None)
         .table(unique_name("idem_timeout"))
         .connect(&timed)
         .await

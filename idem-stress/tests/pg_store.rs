@@ -5,13 +5,25 @@
 use std::time::Duration;
 
 use idem_core::{
-    Error, PostgresStore, RecordState, Start, Store, StoreErrorKind, Token, Transactional,
+    Error, PostgresStore, PostgresStoreBuilder, RecordState, Start, Store, StoreErrorKind, Token,
+    Transactional,
 };
 use idem_stress::cluster::TempCluster;
 use idem_stress::{drop_tables, env, key, unique_name};
 use sqlx::{Connection, PgPool};
 
+#[path = "../../idem-core/tests/support/eventually.rs"]
+mod eventually;
+use eventually::eventually;
+
 const LEASE: Duration = Duration::from_secs(30);
+
+/// A builder without the background pruner, for the tests below: they count rows, watch and
+/// terminate the pool's backends, and time connections, which the pruner's own statements would
+/// disturb.
+fn quiet() -> PostgresStoreBuilder {
+    PostgresStore::builder().pruner(None)
+}
 
 async fn pool(url: &str) -> PgPool {
     sqlx::postgres::PgPoolOptions::new()
@@ -29,13 +41,7 @@ async fn concurrent_first_connects_migrate_once() {
     let table = unique_name("idem_mig");
     let connects = (0..8).map(|_| {
         let (url, table) = (url.clone(), table.clone());
-        tokio::spawn(async move {
-            PostgresStore::builder()
-                .table(table)
-                .max_connections(1)
-                .connect(&url)
-                .await
-        })
+        tokio::spawn(async move { quiet().table(table).max_connections(1).connect(&url).await })
     });
     for c in connects.collect::<Vec<_>>() {
         c.await
@@ -61,11 +67,7 @@ async fn concurrent_first_connects_migrate_once() {
         "the expiry index exists"
     );
     // A second connect to an up-to-date table changes nothing.
-    PostgresStore::builder()
-        .table(&table)
-        .connect(&url)
-        .await
-        .unwrap();
+    quiet().table(&table).connect(&url).await.unwrap();
     drop_tables(&pool, &[&table, &format!("{table}_migrations")])
         .await
         .unwrap();
@@ -82,7 +84,7 @@ async fn schema_qualified_table_lives_in_its_schema() {
         .execute(&pool)
         .await
         .unwrap();
-    let store = PostgresStore::builder()
+    let store = quiet()
         .table(format!("{schema}.Records"))
         .from_pool(pool.clone())
         .await
@@ -110,7 +112,7 @@ async fn missing_schema_is_a_typed_store_error() {
     let Some(url) = env::pg_url("missing_schema_is_a_typed_store_error") else {
         return;
     };
-    let err = PostgresStore::builder()
+    let err = quiet()
         .table(format!("{}.t", unique_name("idem_no_such_schema")))
         .connect(&url)
         .await
@@ -127,22 +129,14 @@ async fn newer_schema_version_is_refused() {
         return;
     };
     let table = unique_name("idem_new");
-    let store = PostgresStore::builder()
-        .table(&table)
-        .connect(&url)
-        .await
-        .unwrap();
+    let store = quiet().table(&table).connect(&url).await.unwrap();
     sqlx::query(&format!(
         "INSERT INTO \"{table}_migrations\" (version, description) VALUES (99, 'from the future')"
     ))
     .execute(store.pool())
     .await
     .unwrap();
-    let err = PostgresStore::builder()
-        .table(&table)
-        .connect(&url)
-        .await
-        .unwrap_err();
+    let err = quiet().table(&table).connect(&url).await.unwrap_err();
     assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
     drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
         .await
@@ -155,11 +149,7 @@ async fn corrupt_rows_are_typed_errors() {
         return;
     };
     let table = unique_name("idem_bad");
-    let store = PostgresStore::builder()
-        .table(&table)
-        .connect(&url)
-        .await
-        .unwrap();
+    let store = quiet().table(&table).connect(&url).await.unwrap();
     // Someone dropped the checks and wrote a 3-byte token.
     sqlx::raw_sql(&format!(
         "ALTER TABLE \"{table}\" DROP CONSTRAINT \"{table}_token_check\""
@@ -235,11 +225,7 @@ async fn claim_sees_rows_committed_after_its_snapshot() {
     };
     for in_tx in [false, true] {
         let table = unique_name("idem_race");
-        let store = PostgresStore::builder()
-            .table(&table)
-            .connect(&url)
-            .await
-            .unwrap();
+        let store = quiet().table(&table).connect(&url).await.unwrap();
         let pool = pool(&url).await;
 
         // 1. Another node inserts a live in-progress row and has not committed yet.
@@ -350,12 +336,7 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
         return;
     };
     let table = unique_name("idem_order");
-    let open = |order| {
-        PostgresStore::builder()
-            .table(&table)
-            .claim_order(order)
-            .connect(&url)
-    };
+    let open = |order| quiet().table(&table).claim_order(order).connect(&url);
     let store = open(ClaimOrder::Adaptive).await.unwrap();
     let pool = pool(&url).await;
     let Start::Started(c) = store.start(&key(1), None, LEASE).await.unwrap() else {
@@ -407,11 +388,7 @@ async fn leases_and_retention_use_server_time() {
         return;
     };
     let table = unique_name("idem_time");
-    let store = PostgresStore::builder()
-        .table(&table)
-        .connect(&url)
-        .await
-        .unwrap();
+    let store = quiet().table(&table).connect(&url).await.unwrap();
     let Start::Started(_) = store.start(&key(1), None, LEASE).await.unwrap() else {
         panic!("a new key starts");
     };
@@ -445,11 +422,7 @@ async fn transactional_mode_applies_the_effect_once() {
         .connect(&url)
         .await
         .unwrap();
-    let store = PostgresStore::builder()
-        .table(&table)
-        .from_pool(pool.clone())
-        .await
-        .unwrap();
+    let store = quiet().table(&table).from_pool(pool.clone()).await.unwrap();
     sqlx::raw_sql(&format!(
         "CREATE TABLE \"{ledger}\" (request text NOT NULL, cents bigint NOT NULL)"
     ))
@@ -522,7 +495,7 @@ async fn run_while_work_holds_the_pool(url: &str, keys: usize) -> Vec<usize> {
     use idem_core::{Idempotency, OnLocked};
 
     let table = unique_name("idem_starve");
-    let store = PostgresStore::builder()
+    let store = quiet()
         .table(&table)
         .max_connections(3)
         .acquire_timeout(Duration::from_secs(60))
@@ -694,7 +667,7 @@ async fn server_errors_map_to_typed_kinds() {
     sqlx::raw_sql("ROLLBACK").execute(&mut b).await.unwrap();
 
     // 25006: a read-only transaction, as on a standby; here through the store.
-    let store = PostgresStore::builder()
+    let store = quiet()
         .table(unique_name("idem_ro"))
         .max_connections(1)
         .connect(&url)
@@ -741,11 +714,7 @@ async fn a_commit_that_fails_after_the_rows_fails_the_call() {
         return;
     };
     let table = unique_name("idem_commit");
-    let store = PostgresStore::builder()
-        .table(&table)
-        .connect(&url)
-        .await
-        .unwrap();
+    let store = quiet().table(&table).connect(&url).await.unwrap();
     let Start::Started(kept) = store.start(&key(1), None, LEASE).await.unwrap() else {
         panic!("a new key starts");
     };
@@ -801,11 +770,7 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
         return;
     };
     let table = unique_name("idem_dropped");
-    let store = PostgresStore::builder()
-        .table(&table)
-        .connect(&url)
-        .await
-        .unwrap();
+    let store = quiet().table(&table).connect(&url).await.unwrap();
     let Start::Started(_) = store.start(&key(1), None, LEASE).await.unwrap() else {
         panic!("a new key starts");
     };
@@ -822,13 +787,7 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
     let connects: Vec<_> = (0..4)
         .map(|_| {
             let (url, table) = (url.clone(), table.clone());
-            tokio::spawn(async move {
-                PostgresStore::builder()
-                    .table(table)
-                    .max_connections(1)
-                    .connect(&url)
-                    .await
-            })
+            tokio::spawn(async move { quiet().table(table).max_connections(1).connect(&url).await })
         })
         .collect();
     for c in connects {
@@ -923,7 +882,7 @@ async fn a_full_disk_is_a_full_store_error() {
     };
     let cluster = TempCluster::init(&bindir);
     cluster.start();
-    let store = PostgresStore::connect(&cluster.url()).await.unwrap();
+    let store = quiet().connect(&cluster.url()).await.unwrap();
     // One statement at a time: CREATE TABLESPACE refuses to run in a transaction block.
     for sql in [
         format!(
@@ -1115,11 +1074,7 @@ async fn a_completion_whose_reply_was_lost_is_completed_again_ok() {
         .await
         .unwrap();
     let table = unique_name("idem_lost");
-    let store = PostgresStore::builder()
-        .table(&table)
-        .from_pool(pool)
-        .await
-        .unwrap();
+    let store = quiet().table(&table).from_pool(pool).await.unwrap();
     let done = |r: &'static [u8]| Completion {
         response: Some(r),
         is_error: false,
@@ -1218,7 +1173,7 @@ async fn a_connection_is_pinged_only_after_ping_idle_after() {
     };
     let admin = pool(&url).await;
     let table = unique_name("idem_ping");
-    let unpinged = PostgresStore::builder()
+    let unpinged = quiet()
         .table(&table)
         .max_connections(1)
         .ping_idle_after(Duration::from_secs(3600))
@@ -1239,7 +1194,7 @@ async fn a_connection_is_pinged_only_after_ping_idle_after() {
         Start::Started(_)
     ));
 
-    let pinged = PostgresStore::builder()
+    let pinged = quiet()
         .table(&table)
         .max_connections(1)
         .ping_idle_after(Duration::ZERO)
@@ -1256,4 +1211,270 @@ async fn a_connection_is_pinged_only_after_ping_idle_after() {
     drop_tables(&admin, &[&table, &format!("{table}_migrations")])
         .await
         .unwrap();
+}
+
+/// Expired records go with no pruner spawned by the user: the store runs one while it lives.
+/// Expiry is the server's clock, so the retention is short and the test polls, bounded.
+#[tokio::test]
+async fn expired_records_are_deleted_with_no_pruner_spawned() {
+    let Some(url) = env::pg_url("expired_records_are_deleted_with_no_pruner_spawned") else {
+        return;
+    };
+    let table = unique_name("idem_bgprune");
+    let store = PostgresStore::builder()
+        .table(&table)
+        .connect(&url)
+        .await
+        .unwrap();
+    assert!(store.prunes_in_background());
+    let done = |body: &'static [u8]| idem_core::Completion {
+        response: Some(body),
+        is_error: false,
+    };
+    for n in 0..1_500 {
+        let Start::Started(c) = store.start(&key(n), None, LEASE).await.unwrap() else {
+            panic!("a new key is started");
+        };
+        store
+            .complete(&c, done(b"short"), Duration::from_millis(1))
+            .await
+            .unwrap();
+    }
+    let Start::Started(kept) = store.start(&key(9_999), None, LEASE).await.unwrap() else {
+        panic!("a new key is started");
+    };
+    store
+        .complete(&kept, done(b"kept"), Duration::from_secs(3600))
+        .await
+        .unwrap();
+
+    let completed = format!("SELECT count(*) FROM \"{table}\" WHERE state = 1");
+    let count = || async {
+        sqlx::query_scalar::<_, i64>(&completed)
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    };
+    assert!(
+        eventually(|| async { count().await == 1 }).await,
+        "{} completed records left",
+        count().await
+    );
+    assert!(matches!(
+        store.start(&key(9_999), None, LEASE).await.unwrap(),
+        Start::Completed(_)
+    ));
+    let pool = store.pool().clone();
+    drop(store);
+    drop_tables(&pool, &[&table, &format!("{table}_migrations")])
+        .await
+        .unwrap();
+}
+
+/// Runs `sql` (several statements) in one transaction on `conn`, with `search_path` set to
+/// `schema` for it, as `psql --single-transaction` after `SET search_path` would.
+async fn apply_in(conn: &mut sqlx::PgConnection, schema: &str, sql: &str) {
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::raw_sql(&format!("SET LOCAL search_path TO \"{schema}\""))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::raw_sql(sql).execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// The columns, constraints and indexes of the tables of `schema`, as PostgreSQL describes
+/// them (names without the schema).
+async fn described(pool: &PgPool, schema: &str) -> Vec<String> {
+    let sql = "SELECT format('%s.%s %s %s %s', table_name, column_name, data_type, is_nullable, \
+                   coalesce(column_default, '')) \
+               FROM information_schema.columns WHERE table_schema = $1 \
+               UNION ALL \
+               SELECT format('%s %s', conrelid::regclass::text, pg_get_constraintdef(oid)) \
+               FROM pg_constraint WHERE connamespace = $1::regnamespace \
+               UNION ALL \
+               SELECT format('%s %s', indexname, indexdef) FROM pg_indexes WHERE schemaname = $1 \
+               ORDER BY 1";
+    let rows: Vec<String> = sqlx::query_scalar(sql)
+        .bind(schema)
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    rows.into_iter()
+        .map(|r| {
+            r.replace(&format!("{schema}."), "")
+                .replace(schema, "SCHEMA")
+        })
+        .collect()
+}
+
+/// The out-of-band path on PostgreSQL. The owner applies the shipped `.sql` file (twice: the
+/// second time changes nothing) and it makes exactly what `migrate()` makes; an application role
+/// without `CREATE` on the schema cannot connect with a migrating connect, gets
+/// `SchemaNotMigrated` before the schema exists, and claims, completes and replays with a
+/// non-migrating connect once it does.
+#[tokio::test]
+async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
+    let Some(url) =
+        env::pg_url("a_role_without_create_uses_the_store_after_an_out_of_band_migration")
+    else {
+        return;
+    };
+    let owner = pool(&url).await;
+    let (schema, by_migrate, role) = (
+        unique_name("idem_oob"),
+        unique_name("idem_oob_m"),
+        unique_name("idem_app"),
+    );
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA \"{schema}\"; CREATE SCHEMA \"{by_migrate}\"; CREATE ROLE \"{role}\" LOGIN; \
+         GRANT USAGE ON SCHEMA \"{schema}\" TO \"{role}\""
+    ))
+    .execute(&owner)
+    .await
+    .unwrap();
+    let table = format!("{schema}.idem_records");
+    let app_options = url
+        .parse::<sqlx::postgres::PgConnectOptions>()
+        .unwrap()
+        .username(&role);
+    let app_pool = || {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(app_options.clone())
+    };
+    let checking = || {
+        PostgresStore::builder()
+            .table(&table)
+            .migrate_on_connect(false)
+    };
+
+    // Before the migration: a typed error naming what to do, and nothing created.
+    let err = checking()
+        .from_pool(app_pool().await.unwrap())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::SchemaNotMigrated { table: t, found: None, needed: 1 } if *t == table),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("migrate"), "{err}");
+    assert_eq!(described(&owner, &schema).await, Vec::<String>::new());
+    // A migrating connect needs CREATE, which the role lacks.
+    let err = PostgresStore::builder()
+        .table(&table)
+        .from_pool(app_pool().await.unwrap())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Query),
+        "{err:?}"
+    );
+
+    // The owner migrates out of band: the shipped file, twice, under the schema's search path;
+    // and `migrate()` in a second schema, to compare.
+    let file = include_str!("../../idem-core/sql/postgres/idem_records.sql");
+    assert_eq!(file, PostgresStore::builder().schema_sql().unwrap());
+    let mut conn = owner.acquire().await.unwrap();
+    apply_in(&mut conn, &schema, file).await;
+    apply_in(&mut conn, &schema, file).await;
+    PostgresStore::builder()
+        .table(format!("{by_migrate}.idem_records"))
+        .migrate(&mut conn)
+        .await
+        .unwrap();
+    drop(conn);
+    let applied = described(&owner, &schema).await;
+    assert!(!applied.is_empty());
+    assert_eq!(applied, described(&owner, &by_migrate).await);
+    let ledger =
+        |s: &str| format!("SELECT version, description FROM \"{s}\".idem_records_migrations");
+    let listed: Vec<(i64, String)> = sqlx::query_as(&ledger(&schema))
+        .fetch_all(&owner)
+        .await
+        .unwrap();
+    let by_migrate_listed: Vec<(i64, String)> = sqlx::query_as(&ledger(&by_migrate))
+        .fetch_all(&owner)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed, by_migrate_listed);
+
+    // The application role: the rights to read and write rows, and nothing more.
+    sqlx::raw_sql(&format!(
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{schema}\" TO \"{role}\""
+    ))
+    .execute(&owner)
+    .await
+    .unwrap();
+    let store = checking()
+        .from_pool(app_pool().await.unwrap())
+        .await
+        .unwrap();
+    let Start::Started(c) = store.start(&key(1), None, LEASE).await.unwrap() else {
+        panic!("a new key is started");
+    };
+    let body = idem_core::Completion {
+        response: Some(&b"paid"[..]),
+        is_error: false,
+    };
+    store
+        .complete(&c, body, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let Start::Completed(replayed) = store.start(&key(1), None, LEASE).await.unwrap() else {
+        panic!("a completed key replays");
+    };
+    assert_eq!(replayed.response.as_deref(), Some(&b"paid"[..]));
+    // Its background pruner needs no more than these rights either.
+    let Start::Started(short) = store.start(&key(2), None, LEASE).await.unwrap() else {
+        panic!("a new key is started");
+    };
+    store
+        .complete(&short, body, Duration::from_millis(1))
+        .await
+        .unwrap();
+    let gone = format!("SELECT count(*) FROM \"{schema}\".idem_records WHERE state = 1");
+    assert!(
+        eventually(|| async {
+            sqlx::query_scalar::<_, i64>(&gone)
+                .fetch_one(&owner)
+                .await
+                .unwrap()
+                == 1
+        })
+        .await
+    );
+
+    // A ledger that lists no version is a schema older than this idem needs.
+    sqlx::raw_sql(&format!("DELETE FROM \"{schema}\".idem_records_migrations"))
+        .execute(&owner)
+        .await
+        .unwrap();
+    let err = checking()
+        .from_pool(app_pool().await.unwrap())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::SchemaNotMigrated {
+                found: Some(0),
+                needed: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+
+    let pool = store.pool().clone();
+    drop(store);
+    pool.close().await;
+    sqlx::raw_sql(&format!(
+        "DROP SCHEMA \"{schema}\" CASCADE; DROP SCHEMA \"{by_migrate}\" CASCADE; \
+         DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""
+    ))
+    .execute(&owner)
+    .await
+    .unwrap();
 }

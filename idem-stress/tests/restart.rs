@@ -81,6 +81,8 @@ async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
     // A short acquire timeout: calls made while the server is down fail fast instead of
     // waiting for it.
     let store = PostgresStore::builder()
+        // No background pruner: the test counts the claims waiting on locks.
+        .pruner(None)
         .max_connections(IN_FLIGHT as u32 + 4)
         .acquire_timeout(Duration::from_secs(1))
         .connect(&url)

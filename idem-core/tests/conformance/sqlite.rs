@@ -18,8 +18,10 @@ pub struct SqliteHarness<const ORDER: u8> {
 impl<const ORDER: u8> Harness for SqliteHarness<ORDER> {
     async fn new() -> Option<Self> {
         let dir = tempfile::tempdir().expect("create a temporary directory");
+        // Without the background pruner: the suite counts what `prune_expired` deletes.
         let store = SqliteStore::builder()
             .claim_order(claim_order(ORDER))
+            .pruner(None)
             .open(dir.path().join("idem.db"))
             .await
             .expect("open a SQLite store on a fresh file");

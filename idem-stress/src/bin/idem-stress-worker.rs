@@ -122,6 +122,8 @@ impl Node {
             return Err(format!("bad exec table name {exec_table}"));
         }
         let store = PostgresStore::builder()
+            // No background pruner: the test reads the records' expiry after the run.
+            .pruner(None)
             .table(opts.str("table")?)
             .max_connections(pool_size)
             .acquire_timeout(Duration::from_secs(30))

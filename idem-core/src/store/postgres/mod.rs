@@ -3,11 +3,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::Connection;
 
 use crate::error::Error;
+use crate::pruner::PrunerConfig;
 use crate::store::claim_order::ClaimOrder;
+use crate::store::sql::background::{self, Background};
 use crate::store::sql::name::TableName;
 use crate::store::sql::protocol::{sql_store_api, Protocol};
 use crate::store::sql::DEFAULT_TABLE;
@@ -74,6 +76,39 @@ const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
 ///
 /// The role needs `CREATE` on the schema for the first connect (it creates two tables and an
 /// index) and `SELECT, INSERT, UPDATE, DELETE` on them afterwards. The schema itself must exist.
+///
+/// # Without `CREATE`: migrating out of band
+///
+/// A role that may only read and write rows connects with
+/// [`migrate_on_connect(false)`](PostgresStoreBuilder::migrate_on_connect): connecting then only
+/// reads `<table>_migrations` and fails with [`Error::SchemaNotMigrated`] while the schema is
+/// missing or older than this idem needs, creating nothing. The table's owner brings it up to
+/// date beforehand, with [`PostgresStoreBuilder::migrate`] in a deployment step or with the same
+/// statements as a script: `idem-core/sql/postgres/idem_records.sql` for the default table,
+/// [`PostgresStoreBuilder::schema_sql`] for any (`psql --single-transaction -f`, or as a new
+/// migration of your own tool; idem never reads sqlx's `_sqlx_migrations`).
+///
+/// ```no_run
+/// use idem_core::PostgresStore;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// // After `psql --single-transaction -f idem_records.sql` as the owner, and
+/// // GRANT SELECT, INSERT, UPDATE, DELETE ON idem_records, idem_records_migrations TO app;
+/// let store = PostgresStore::builder()
+///     .migrate_on_connect(false)
+///     .connect("postgres://app@db.internal/app")
+///     .await?;
+/// # let _ = store; Ok(()) }
+/// ```
+///
+/// # Pruning
+///
+/// An expired record stays in the table until something deletes it (a new claim of the same key
+/// replaces it, but most keys never come back). The store deletes expired records itself while
+/// it lives: on connect it spawns a [`Pruner`](crate::Pruner) of its records on the tokio
+/// runtime, with [`PrunerConfig::new`] (batches of 1,000 paced to a fifth of the store's time),
+/// which stops when the last clone of the store is dropped. Its lease is a record of the table,
+/// so of all the nodes sharing the table one prunes at a time and the others skip their turn.
+/// [`PostgresStoreBuilder::pruner`] configures it or turns it off.
 ///
 /// # Schema
 ///
@@ -203,6 +238,8 @@ pub struct PostgresStore {
     /// connection of `pool` cannot starve its own heartbeat.
     renew_pool: PgPool,
     protocol: Arc<Protocol<sqlx::Postgres>>,
+    /// The background pruner, stopped when the last clone goes.
+    pruner: Background,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -273,6 +310,8 @@ pub struct PostgresStoreBuilder {
     acquire_timeout: Duration,
     ping_idle_after: Duration,
     claim_order: ClaimOrder,
+    pruner: Option<PrunerConfig>,
+    migrate_on_connect: bool,
 }
 
 impl Default for PostgresStoreBuilder {
@@ -283,6 +322,8 @@ impl Default for PostgresStoreBuilder {
             acquire_timeout: Duration::from_secs(10),
             ping_idle_after: Duration::from_secs(1),
             claim_order: ClaimOrder::Adaptive,
+            pruner: Some(PrunerConfig::new()),
+            migrate_on_connect: true,
         }
     }
 }
@@ -399,8 +440,9 @@ impl PostgresStoreBuilder {
                 "max_connections must be at least 1".to_owned(),
             ));
         }
+        background::check(self.pruner.as_ref())?;
         let pool = self.pool_options().connect(url).await?;
-        finish(pool, table, self.claim_order).await
+        self.finish(pool, table).await
     }
 
     /// Uses `pool` (its own size and timeouts apply) and brings the table up to date. `renew`
@@ -414,31 +456,82 @@ impl PostgresStoreBuilder {
     /// ```
     pub async fn from_pool(self, pool: PgPool) -> Result<PostgresStore, Error> {
         let table = table_name(&self.table)?;
-        finish(pool, table, self.claim_order).await
+        background::check(self.pruner.as_ref())?;
+        self.finish(pool, table).await
     }
-}
 
-async fn finish(
-    pool: PgPool,
-    table: TableName,
-    claim_order: ClaimOrder,
-) -> Result<PostgresStore, Error> {
-    let mut conn = pool.acquire().await?;
-    schema::migrate(&mut conn, &table).await?;
-    drop(conn);
-    // The main pool's settings (timeouts, `after_connect` callbacks such as a search_path) and
-    // connect options, at most two connections, opened on the first renewal.
-    let renew_pool = pool
-        .options()
-        .clone()
-        .min_connections(0)
-        .max_connections(RENEW_CONNECTIONS)
-        .connect_lazy_with((*pool.connect_options()).clone());
-    Ok(PostgresStore {
-        pool,
-        renew_pool,
-        protocol: Arc::new(Protocol::new(table, claim_order)),
-    })
+    /// Creates or upgrades the schema of this builder's table on `conn`, as connecting does
+    /// unless [`migrate_on_connect(false)`](Self::migrate_on_connect): for a deployment step
+    /// that migrates, as a role that may create tables, before the application connects as
+    /// one that may not. Running it again, or from several nodes at once, applies each step
+    /// once. Inside a transaction it runs under a savepoint.
+    ///
+    /// ```no_run
+    /// use sqlx::Connection;
+    /// use idem_core::PostgresStore;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // The deployment step, as the schema's owner.
+    /// let mut conn = sqlx::PgConnection::connect("postgres://owner@db.internal/app").await?;
+    /// PostgresStore::builder().migrate(&mut conn).await?;
+    /// conn.close().await?;
+    ///
+    /// // The application, as a role with SELECT, INSERT, UPDATE, DELETE on the tables only.
+    /// let store = PostgresStore::builder()
+    ///     .migrate_on_connect(false)
+    ///     .connect("postgres://app@db.internal/app")
+    ///     .await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub async fn migrate(&self, conn: &mut PgConnection) -> Result<(), Error> {
+        schema::migrate(conn, &table_name(&self.table)?).await
+    }
+
+    /// The SQL [`migrate`](Self::migrate) runs, for this builder's table, as a script to apply
+    /// with your own tools (`psql --single-transaction -f idem_records.sql`, Flyway, Liquibase,
+    /// sqlx's migrator): the ledger `<table>_migrations`, then each schema version's row in it
+    /// and its statements. Every statement is idempotent (`IF NOT EXISTS`, `ON CONFLICT DO
+    /// NOTHING`), so the script of a newer idem brings any older schema up to date, and applying
+    /// it twice changes nothing: add it to your tool as a new migration when you upgrade idem.
+    /// `idem-core/sql/postgres/idem_records.sql` is this script for the default table. It
+    /// touches only idem's own tables (sqlx's migrator records the file in its own ledger,
+    /// `_sqlx_migrations`, which idem never reads).
+    ///
+    /// ```
+    /// let sql = idem_core::PostgresStore::builder().table("billing.idem").schema_sql()?;
+    /// assert!(sql.contains(r#"CREATE TABLE IF NOT EXISTS "billing"."idem" ("#));
+    /// assert!(sql.contains(r#"INSERT INTO "billing"."idem_migrations""#));
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
+    pub fn schema_sql(&self) -> Result<String, Error> {
+        schema::script(&table_name(&self.table)?)
+    }
+
+    /// Migrates or checks the schema on `pool`, then makes the store and spawns its pruner.
+    async fn finish(self, pool: PgPool, table: TableName) -> Result<PostgresStore, Error> {
+        let mut conn = pool.acquire().await?;
+        if self.migrate_on_connect {
+            schema::migrate(&mut conn, &table).await?;
+        } else {
+            schema::check(&mut conn, &table).await?;
+        }
+        drop(conn);
+        // The main pool's settings (timeouts, `after_connect` callbacks such as a search_path)
+        // and connect options, at most two connections, opened on the first renewal.
+        let renew_pool = pool
+            .options()
+            .clone()
+            .min_connections(0)
+            .max_connections(RENEW_CONNECTIONS)
+            .connect_lazy_with((*pool.connect_options()).clone());
+        let mut store = PostgresStore {
+            pool,
+            renew_pool,
+            protocol: Arc::new(Protocol::new(table, self.claim_order)),
+            pruner: None,
+        };
+        store.pruner = background::spawn(store.without_pruner(), self.pruner)?;
+        Ok(store)
+    }
 }
 
 /// Validates `table` (`name` or `schema.name`, each a plain identifier), the name short enough

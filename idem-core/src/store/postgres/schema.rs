@@ -26,18 +26,62 @@ const MIGRATIONS: &[Migration] = &[Migration {
     ],
 }];
 
+/// The newest schema version.
+pub(super) const LATEST: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
+
+/// The schema of `table`; `names` holds the name of its index.
+fn schema<'a>(table: &'a TableName, names: &'a [(&'static str, &'a TableName)]) -> Schema<'a> {
+    Schema {
+        table,
+        names,
+        migrations: MIGRATIONS,
+    }
+}
+
+/// The name of `table`'s expiry index, in the table's schema.
+fn index(table: &TableName) -> Result<TableName, Error> {
+    Ok(table
+        .suffixed("index name", "_expires_at_idx")?
+        .unqualified())
+}
+
 /// Brings `table` (and its `<table>_expires_at_idx` index, in the table's schema) up to date;
 /// a ledger listing a version this build does not know (a newer idem) is refused.
 pub(super) async fn migrate(conn: &mut PgConnection, table: &TableName) -> Result<(), Error> {
-    let index = table
-        .suffixed("index name", "_expires_at_idx")?
-        .unqualified();
-    let schema = Schema {
-        table,
-        names: &[("{index}", &index)],
-        migrations: MIGRATIONS,
-    };
-    match schema.migrate::<sqlx::Postgres>(conn).await? {
+    let index = index(table)?;
+    let migrated = schema(table, &[("{index}", &index)])
+        .migrate::<sqlx::Postgres>(conn)
+        .await?;
+    outcome(table, migrated)
+}
+
+/// Checks that `table` is up to date, changing nothing and needing no `CREATE` right:
+/// [`Error::SchemaNotMigrated`] when it is missing or older; a version this build does not
+/// know is refused as by [`migrate`].
+pub(super) async fn check(conn: &mut PgConnection, table: &TableName) -> Result<(), Error> {
+    let index = index(table)?;
+    let checked = schema(table, &[("{index}", &index)])
+        .check::<sqlx::Postgres>(conn)
+        .await?;
+    outcome(table, checked)
+}
+
+/// What [`migrate`] runs, as a script for `psql` or a migration tool.
+pub(super) fn script(table: &TableName) -> Result<String, Error> {
+    let index = index(table)?;
+    schema(table, &[("{index}", &index)]).script::<sqlx::Postgres>(&format!(
+        "The schema of idem's PostgresStore for the table {table}, up to version {LATEST}:\n\
+         the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.\n\
+         Apply it in one transaction, as a role that may create tables in the schema\n\
+         (psql --single-transaction -f FILE). Every statement is idempotent: this script\n\
+         brings an older schema up to date, and applying it again changes nothing. For\n\
+         another table, PostgresStore::builder().table(NAME).schema_sql() writes its script."
+    ))
+}
+
+/// What a migration or a check found, as the store reports it.
+fn outcome(table: &TableName, migrated: Migrated) -> Result<(), Error> {
+    match migrated {
         Migrated::UpToDate => Ok(()),
         Migrated::UnknownVersion(version) => Err(unknown_version(table, version)),
     }

@@ -45,16 +45,24 @@ pub(crate) enum Migrated {
     UnknownVersion(i64),
 }
 
-const LEDGER: &str = "CREATE TABLE IF NOT EXISTS {ledger} ( \
-    version {bigint} NOT NULL PRIMARY KEY, \
-    description TEXT NOT NULL, \
-    applied_at {timestamp} NOT NULL DEFAULT ({now}))";
+const LEDGER: &str = "CREATE TABLE IF NOT EXISTS {ledger} (
+    version     {bigint} NOT NULL PRIMARY KEY,
+    description TEXT NOT NULL,
+    applied_at  {timestamp} NOT NULL DEFAULT ({now})
+)";
+
+/// Records a step in the ledger, unless a concurrent migrator (or an earlier run of the script)
+/// did: `RETURNING` tells the migrator which.
+const RECORD: &str = "INSERT INTO {ledger} (version, description, applied_at) \
+    VALUES ({version}, {description}, {now}) ON CONFLICT (version) DO NOTHING";
 
 /// How often creating the ledger is tried: two PostgreSQL sessions creating one table at the
 /// same moment may both find it missing, and the loser fails on a catalog's unique index.
 const LEDGER_ATTEMPTS: usize = 3;
 
 impl Schema<'_> {
+    /// A step's statement as it runs and as the script shows it: names and types in place,
+    /// laid out as in a `.sql` file.
     fn render<DB: Ops>(&self, statement: &str) -> String {
         let mut sql = DB::DIALECT
             .render(statement)
@@ -62,7 +70,7 @@ impl Schema<'_> {
         for (placeholder, name) in self.names {
             sql = sql.replace(placeholder, &name.to_string());
         }
-        sql
+        layout(&sql)
     }
 
     /// Creates `<table>_migrations` if needed and, in one transaction that takes the write lock
@@ -97,8 +105,7 @@ impl Schema<'_> {
         } else {
             conn.begin_with(d.begin_write).await?
         };
-        let create = d.render(LEDGER).replace("{ledger}", &ledger.to_string());
-        run::<DB>(&mut *tx, &create).await?;
+        run::<DB>(&mut *tx, &create_ledger::<DB>(ledger)).await?;
         // Locking the rows makes nodes that re-create a dropped table queue here.
         let applied: Vec<i64> = {
             let sql = format!("SELECT version FROM {ledger}{lock}", lock = d.lock_rows);
@@ -113,16 +120,7 @@ impl Schema<'_> {
         {
             return Ok(Migrated::UnknownVersion(*unknown));
         }
-        let exists_sql = d
-            .table_exists
-            .replace("{table}", &self.table.to_string())
-            .replace("{name}", self.table.name());
-        let exists = DB::fetch_all(&mut *tx, sqlx::query(&exists_sql).persistent(false)).await?;
-        let exists = match exists.first() {
-            Some(row) => DB::get_bool(row, 0)?,
-            None => false,
-        };
-        if !applied.is_empty() && !exists {
+        if !applied.is_empty() && !exists::<DB>(&mut *tx, self.table).await? {
             tracing::warn!(
                 table = %self.table.as_configured(),
                 "the table is missing although its migrations are recorded (dropped?); \
@@ -139,9 +137,8 @@ impl Schema<'_> {
             }
         }
         let record = format!(
-            "INSERT INTO {ledger} (version, description, applied_at) VALUES ($1, $2, {now}) \
-             ON CONFLICT (version) DO NOTHING RETURNING version",
-            now = d.now
+            "{} RETURNING version",
+            self.record::<DB>(ledger, "$1", "$2")
         );
         for step in self
             .migrations
@@ -164,6 +161,140 @@ impl Schema<'_> {
         tx.commit().await?;
         Ok(Migrated::UpToDate)
     }
+}
+
+impl Schema<'_> {
+    /// Checks that the schema is up to date without changing anything (nor needing the right to
+    /// create tables): the ledger and the table exist and the ledger lists every step.
+    /// A missing or older schema is [`Error::SchemaNotMigrated`]; a ledger listing a version
+    /// this build does not know is [`Migrated::UnknownVersion`], as [`migrate`](Self::migrate)
+    /// reports it.
+    pub(crate) async fn check<DB: Ops>(
+        &self,
+        conn: &mut DB::Connection,
+    ) -> Result<Migrated, Error> {
+        let ledger = self.table.suffixed("ledger table", "_migrations")?;
+        let not_migrated = |found| Error::SchemaNotMigrated {
+            table: self.table.as_configured().to_owned(),
+            found,
+            needed: self.latest(),
+        };
+        if !exists::<DB>(conn, &ledger).await? {
+            return Err(not_migrated(None));
+        }
+        let sql = format!("SELECT version FROM {ledger}");
+        let rows = DB::fetch_all(conn, sqlx::query(&sql).persistent(false)).await?;
+        let applied: Vec<i64> = rows
+            .iter()
+            .map(|row| DB::get_i64(row, 0))
+            .collect::<Result<_, _>>()?;
+        if let Some(unknown) = applied
+            .iter()
+            .find(|v| !self.migrations.iter().any(|m| m.version == **v))
+        {
+            return Ok(Migrated::UnknownVersion(*unknown));
+        }
+        if !exists::<DB>(conn, self.table).await? {
+            return Err(not_migrated(None));
+        }
+        if self
+            .migrations
+            .iter()
+            .any(|m| !applied.contains(&m.version))
+        {
+            return Err(not_migrated(Some(
+                applied.iter().copied().max().unwrap_or(0),
+            )));
+        }
+        Ok(Migrated::UpToDate)
+    }
+
+    /// Every statement [`migrate`](Self::migrate) may run, as one script to apply out of band
+    /// (`psql -1 -f`, `sqlite3`, a migration tool): the ledger, then each step's ledger row and
+    /// statements, `;`-terminated, under `header` (comment lines). Every statement is
+    /// idempotent, so the script brings a schema of any older version up to date and changes
+    /// nothing when applied again.
+    pub(crate) fn script<DB: Ops>(&self, header: &str) -> Result<String, Error> {
+        let ledger = self.table.suffixed("ledger table", "_migrations")?;
+        let mut script = String::new();
+        for line in header.lines() {
+            script.push_str(format!("-- {line}").trim_end());
+            script.push('\n');
+        }
+        script.push_str(&format!("\n{};\n", create_ledger::<DB>(&ledger)));
+        for step in self.migrations {
+            script.push_str(&format!(
+                "\n-- Version {}: {}.\n{};\n",
+                step.version,
+                step.description,
+                self.record::<DB>(
+                    &ledger,
+                    &step.version.to_string(),
+                    &format!("'{}'", step.description.replace('\'', "''"))
+                )
+            ));
+            for statement in step.statements {
+                script.push_str(&format!("{};\n", self.render::<DB>(statement)));
+            }
+        }
+        Ok(script)
+    }
+
+    /// The newest version of the schema.
+    fn latest(&self) -> i64 {
+        self.migrations.iter().map(|m| m.version).max().unwrap_or(0)
+    }
+
+    /// The statement recording a step in `ledger`, with `version` and `description` (SQL
+    /// placeholders or literals) in place.
+    fn record<DB: Ops>(&self, ledger: &TableName, version: &str, description: &str) -> String {
+        DB::DIALECT
+            .render(RECORD)
+            .replace("{ledger}", &ledger.to_string())
+            .replace("{version}", version)
+            .replace("{description}", description)
+    }
+}
+
+/// The statement that creates `ledger` if it is missing.
+fn create_ledger<DB: Ops>(ledger: &TableName) -> String {
+    layout(
+        &DB::DIALECT
+            .render(LEDGER)
+            .replace("{ledger}", &ledger.to_string()),
+    )
+}
+
+/// `statement` laid out as in a `.sql` file: its first line as it is, the lines after it
+/// indented by four spaces, the closing parenthesis of a column list at the margin.
+fn layout(statement: &str) -> String {
+    let mut lines = statement.lines();
+    let mut out = lines.next().unwrap_or_default().trim_end().to_owned();
+    for line in lines {
+        let line = line.trim();
+        out.push('\n');
+        if !line.starts_with(')') {
+            out.push_str("    ");
+        }
+        out.push_str(line);
+    }
+    out
+}
+
+/// Whether `table` exists (read only).
+async fn exists<DB: Ops>(
+    conn: &mut DB::Connection,
+    table: &TableName,
+) -> Result<bool, sqlx::Error> {
+    let sql = DB::DIALECT
+        .table_exists
+        .replace("{table}", &table.to_string())
+        .replace("{name}", table.name());
+    let rows = DB::fetch_all(conn, sqlx::query(&sql).persistent(false)).await?;
+    Ok(match rows.first() {
+        Some(row) => DB::get_bool(row, 0)?,
+        None => false,
+    })
 }
 
 async fn run<DB: Ops>(conn: &mut DB::Connection, sql: &str) -> Result<(), sqlx::Error> {
@@ -189,4 +320,51 @@ pub(crate) fn unknown_version(table: &TableName, version: i64) -> Error {
          was migrated by a newer idem; upgrade idem or use another table",
         table.as_configured()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    /// A shipped `.sql` file is the script the migrator's statements make for the default
+    /// table, so the two cannot drift. `IDEM_WRITE_SQL=1` rewrites the file from the script.
+    fn assert_shipped(store: &str, script: String) {
+        let path = format!(
+            "{}/sql/{store}/idem_records.sql",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        if std::env::var("IDEM_WRITE_SQL").is_ok_and(|v| v == "1") {
+            std::fs::write(&path, &script).unwrap();
+        }
+        let shipped = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            shipped == script,
+            "{path} differs from schema_sql(); run this test with IDEM_WRITE_SQL=1 to rewrite \
+             it, and review the change:\n{script}"
+        );
+    }
+
+    #[test]
+    fn the_shipped_sql_files_are_what_migrate_runs() {
+        #[cfg(feature = "sqlite")]
+        assert_shipped(
+            "sqlite",
+            crate::SqliteStore::builder().schema_sql().unwrap(),
+        );
+        #[cfg(feature = "postgres")]
+        assert_shipped(
+            "postgres",
+            crate::PostgresStore::builder().schema_sql().unwrap(),
+        );
+    }
+
+    #[test]
+    fn a_statement_is_laid_out_as_in_a_file() {
+        assert_eq!(
+            super::layout("CREATE TABLE t (\n            a INT,\n            b INT\n        )"),
+            "CREATE TABLE t (\n    a INT,\n    b INT\n)"
+        );
+        assert_eq!(
+            super::layout("CREATE INDEX i ON t (a)"),
+            "CREATE INDEX i ON t (a)"
+        );
+    }
 }

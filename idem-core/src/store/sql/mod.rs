@@ -9,7 +9,8 @@
 //! - [`name`]: [`TableName`](name::TableName), validated and quoted on render.
 //! - [`row`]: a record row as read back, decoded once for both databases.
 //! - [`migrate`]: versioned [`Migration`](migrate::Migration)s applied in one transaction with a
-//!   `<table>_migrations` ledger.
+//!   `<table>_migrations` ledger, checked without changes, or written out as a `.sql` script.
+//! - [`background`]: the pruner a store runs while it lives.
 //!
 //! Each store (`store/sqlite/`, `store/postgres/`) keeps only its connection settings, its
 //! schema and the [`SqlBackend`](protocol::SqlBackend) that ties them to the protocol.
@@ -19,6 +20,7 @@ use std::time::Duration;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::store::check_duration;
 
+pub(crate) mod background;
 pub(crate) mod dialect;
 pub(crate) mod migrate;
 pub(crate) mod name;

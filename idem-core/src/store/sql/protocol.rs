@@ -218,8 +218,9 @@ macro_rules! sql_store {
 }
 pub(crate) use sql_store;
 
-/// Writes the public accessors both SQL stores share (`pool`, `table`, `claim_order`, and the
-/// builder's `claim_order`), so their two copies cannot drift. The doc examples make the store
+/// Writes the public accessors both SQL stores share (`pool`, `table`, `claim_order`,
+/// `prunes_in_background`, and the builder's `claim_order`, `pruner` and `migrate_on_connect`),
+/// so their two copies cannot drift. The doc examples make the store
 /// with the expression `$connect` and are fenced with `$fence` (`no_run` where a server is
 /// needed).
 macro_rules! sql_store_api {
@@ -263,6 +264,28 @@ macro_rules! sql_store_api {
             pub fn claim_order(&self) -> $crate::ClaimOrder {
                 self.protocol.claim_order()
             }
+
+            /// Whether this store deletes its expired records in the background (the default;
+            /// see the builder's `pruner`).
+            ///
+            #[doc = concat!("```", $fence)]
+            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+            #[doc = concat!("let store = ", $connect, ".await?;")]
+            /// assert!(store.prunes_in_background());
+            /// # Ok(()) }
+            /// ```
+            pub fn prunes_in_background(&self) -> bool {
+                self.pruner.is_some()
+            }
+
+            /// This store without its background pruner, for the pruner itself: a clone holding
+            /// the handle would keep the pruner alive for ever.
+            fn without_pruner(&self) -> Self {
+                $store {
+                    pruner: None,
+                    ..self.clone()
+                }
+            }
         }
 
         impl $builder {
@@ -280,6 +303,55 @@ macro_rules! sql_store_api {
             /// ```
             pub fn claim_order(mut self, order: $crate::ClaimOrder) -> Self {
                 self.claim_order = order;
+                self
+            }
+
+            /// The pruner the store runs in the background while it lives: on by default, with
+            /// [`PrunerConfig::new`](crate::PrunerConfig::new); a config of your own, or `None`
+            /// to turn it off.
+            ///
+            /// It is [`Pruner::records`](crate::Pruner::records) on the store, spawned on the
+            /// tokio runtime that connects: it deletes expired records in bounded batches, paced
+            /// to a share of the store's time, under a lease kept in the table itself, so that of
+            /// all the processes and nodes sharing a table one prunes at a time. It stops when the
+            /// last clone of the store is dropped (after the batch in progress, releasing its
+            /// lease). Turn it off where something else prunes the table (a
+            /// [`Pruner`](crate::Pruner) you spawn and watch yourself, a scheduled `idem prune`),
+            /// in a short-lived process such as a command-line tool, or in a test that counts
+            /// rows: its lease is a row of the table while a run lasts.
+            ///
+            /// ```
+            /// use idem_core::PrunerConfig;
+            #[doc = concat!(
+                "let quiet = idem_core::", stringify!($store), "::builder().pruner(None);"
+            )]
+            #[doc = concat!(
+                "let gentle = idem_core::", stringify!($store),
+                "::builder().pruner(PrunerConfig::new().share(0.05));"
+            )]
+            /// # let _ = (quiet, gentle);
+            /// ```
+            pub fn pruner(mut self, config: impl Into<Option<$crate::PrunerConfig>>) -> Self {
+                self.pruner = config.into();
+                self
+            }
+
+            /// Whether connecting creates or upgrades the schema (`true`, the default) or only
+            /// checks it (`false`): then connecting needs no right to create tables, and a
+            /// schema missing or older than this idem needs fails with
+            /// [`Error::SchemaNotMigrated`](crate::Error::SchemaNotMigrated) instead. Bring the
+            /// schema up to date before with [`migrate`](Self::migrate), or by applying
+            /// [`schema_sql`](Self::schema_sql) (the `.sql` files shipped in `idem-core/sql/`)
+            /// with your own tools.
+            ///
+            /// ```
+            #[doc = concat!(
+                "let builder = idem_core::", stringify!($store), "::builder().migrate_on_connect(false);"
+            )]
+            /// # let _ = builder;
+            /// ```
+            pub fn migrate_on_connect(mut self, migrate: bool) -> Self {
+                self.migrate_on_connect = migrate;
                 self
             }
         }

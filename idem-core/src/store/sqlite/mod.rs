@@ -10,7 +10,9 @@ use sqlx::sqlite::{
 };
 
 use crate::error::Error;
+use crate::pruner::PrunerConfig;
 use crate::store::claim_order::ClaimOrder;
+use crate::store::sql::background::{self, Background};
 use crate::store::sql::name::TableName;
 use crate::store::sql::protocol::{sql_store_api, Protocol};
 use crate::store::sql::DEFAULT_TABLE;
@@ -176,6 +178,24 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// dropped it) is created again on connect by re-running the applied steps, whose statements
 /// are idempotent (`IF NOT EXISTS`); the records it held are gone.
 ///
+/// **Migrating out of band.** With
+/// [`migrate_on_connect(false)`](SqliteStoreBuilder::migrate_on_connect) connecting only checks
+/// the schema (reads the ledger) and fails with [`Error::SchemaNotMigrated`] when it is missing
+/// or older, creating nothing. Bring it up to date with
+/// [`SqliteStoreBuilder::migrate`] in a deployment step, or with the same statements as a
+/// script: `idem-core/sql/sqlite/idem_records.sql` for the default table,
+/// [`SqliteStoreBuilder::schema_sql`] for any.
+///
+/// # Pruning
+///
+/// A record stays in the table after it expires until something deletes it (a new claim of the
+/// same key replaces it, but most keys never come back). The store deletes expired records
+/// itself while it lives: on connect it spawns a [`Pruner`](crate::Pruner) of its records on
+/// the tokio runtime, with [`PrunerConfig::new`] (bounded batches paced to a fifth of the
+/// store's time, one process at a time under a lease kept in the table), which stops when the
+/// last clone of the store is dropped. [`SqliteStoreBuilder::pruner`] configures it or turns it
+/// off.
+///
 /// # Errors
 ///
 /// Failures are [`Error::Store`] with a [`StoreErrorKind`](crate::StoreErrorKind) taken from
@@ -209,6 +229,8 @@ pub struct SqliteStore {
     /// in-memory database, which lives in the one connection.
     renew_pool: SqlitePool,
     protocol: Arc<Protocol<sqlx::Sqlite>>,
+    /// The background pruner, stopped when the last clone goes.
+    pruner: Background,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -329,6 +351,8 @@ pub struct SqliteStoreBuilder {
     max_connections: u32,
     busy_timeout: Duration,
     claim_order: ClaimOrder,
+    pruner: Option<PrunerConfig>,
+    migrate_on_connect: bool,
 }
 
 impl Default for SqliteStoreBuilder {
@@ -338,6 +362,8 @@ impl Default for SqliteStoreBuilder {
             max_connections: 8,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             claim_order: ClaimOrder::Adaptive,
+            pruner: Some(PrunerConfig::new()),
+            migrate_on_connect: true,
         }
     }
 }
@@ -385,7 +411,9 @@ impl SqliteStoreBuilder {
     }
 
     /// Opens (creating it if missing) the database file at `path`; `":memory:"` opens a private
-    /// in-memory database. See [`SqliteStore::open`].
+    /// in-memory database. See [`SqliteStore::open`]. With
+    /// [`migrate_on_connect(false)`](Self::migrate_on_connect) a missing file is not created:
+    /// it is a missing schema, [`Error::SchemaNotMigrated`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
@@ -398,9 +426,17 @@ impl SqliteStoreBuilder {
         if path == Path::new(":memory:") {
             return self.connect("sqlite::memory:").await;
         }
+        if !self.migrate_on_connect && !path.exists() {
+            // Only migrating creates a database: the file is the schema's first part.
+            return Err(Error::SchemaNotMigrated {
+                table: self.table,
+                found: None,
+                needed: schema::LATEST,
+            });
+        }
         let options = SqliteConnectOptions::new()
             .filename(path)
-            .create_if_missing(true);
+            .create_if_missing(self.migrate_on_connect);
         self.connect_with(options, false).await
     }
 
@@ -442,9 +478,14 @@ impl SqliteStoreBuilder {
     /// ```
     pub async fn from_pool(self, pool: SqlitePool) -> Result<SqliteStore, Error> {
         let table = self.table_name()?;
+        background::check(self.pruner.as_ref())?;
         let mut conn = pool.acquire().await?;
         check_version(&mut conn).await?;
-        schema::migrate(&mut conn, &table).await?;
+        if self.migrate_on_connect {
+            schema::migrate(&mut conn, &table).await?;
+        } else {
+            schema::check(&mut conn, &table).await?;
+        }
         let in_file = is_file_backed(&mut conn).await?;
         drop(conn);
         let renew_pool = if in_file {
@@ -458,11 +499,63 @@ impl SqliteStoreBuilder {
         } else {
             pool.clone()
         };
-        Ok(SqliteStore {
+        let mut store = SqliteStore {
             protocol: Arc::new(Protocol::new(table, self.claim_order)),
             pool,
             renew_pool,
-        })
+            pruner: None,
+        };
+        store.pruner = background::spawn(store.without_pruner(), self.pruner)?;
+        Ok(store)
+    }
+
+    /// Creates or upgrades the schema of this builder's table on `conn`, as connecting does
+    /// unless [`migrate_on_connect(false)`](Self::migrate_on_connect): for a deployment step
+    /// that migrates before the application starts. It takes the write lock for the few
+    /// statements it runs; running it again, or from several processes at once, applies each
+    /// step once. Inside a transaction it runs under a savepoint.
+    ///
+    /// ```
+    /// use sqlx::Connection;
+    /// use idem_core::SqliteStore;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
+    ///
+    /// // The deployment step.
+    /// let mut conn = sqlx::SqliteConnection::connect(&url).await?;
+    /// SqliteStore::builder().migrate(&mut conn).await?;
+    /// conn.close().await?;
+    ///
+    /// // The application: checks the schema, creates nothing.
+    /// let store = SqliteStore::builder().migrate_on_connect(false).connect(&url).await?;
+    /// # let _ = store;
+    /// # Ok(()) }
+    /// ```
+    pub async fn migrate(&self, conn: &mut SqliteConnection) -> Result<(), Error> {
+        let table = self.table_name()?;
+        check_version(conn).await?;
+        schema::migrate(conn, &table).await
+    }
+
+    /// The SQL [`migrate`](Self::migrate) runs, for this builder's table, as a script to apply
+    /// with your own tools (`sqlite3 idem.db < idem_records.sql`, a migration tool): the
+    /// ledger `<table>_migrations`, then each schema version's row in it and its statements.
+    /// Every statement is idempotent (`IF NOT EXISTS`, `ON CONFLICT DO NOTHING`), so the script
+    /// of a newer idem brings any older schema up to date, and applying it twice changes
+    /// nothing. `idem-core/sql/sqlite/idem_records.sql` is this script for the default table.
+    /// Run it in one transaction (`BEGIN; … COMMIT;` around it with `sqlite3`). It touches only
+    /// idem's own tables (a tool such as sqlx's migrator records the file in its own ledger,
+    /// `_sqlx_migrations`, which idem never reads).
+    ///
+    /// ```
+    /// let sql = idem_core::SqliteStore::builder().table("payments_idem").schema_sql()?;
+    /// assert!(sql.contains(r#"CREATE TABLE IF NOT EXISTS "payments_idem" ("#));
+    /// assert!(sql.contains(r#"INSERT INTO "payments_idem_migrations""#));
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
+    pub fn schema_sql(&self) -> Result<String, Error> {
+        schema::script(&self.table_name()?)
     }
 
     fn table_name(&self) -> Result<TableName, Error> {
@@ -480,8 +573,9 @@ impl SqliteStoreBuilder {
         options: SqliteConnectOptions,
         single_connection: bool,
     ) -> Result<SqliteStore, Error> {
-        // Refuse a bad name before opening (and perhaps creating) a file.
+        // Refuse a bad name or pruner before opening (and perhaps creating) a file.
         self.table_name()?;
+        background::check(self.pruner.as_ref())?;
         // No `journal_mode` here: every new connection would try to switch the file, and two
         // first openers of a new file would fail each other (see `enable_wal`).
         let options = options

@@ -27,17 +27,64 @@ const MIGRATIONS: &[Migration] = &[Migration {
     ],
 }];
 
+/// The newest schema version.
+pub(super) const LATEST: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
+
+/// The schema of `table`; `names` holds the name of its index.
+fn schema<'a>(table: &'a TableName, names: &'a [(&'static str, &'a TableName)]) -> Schema<'a> {
+    Schema {
+        table,
+        names,
+        migrations: MIGRATIONS,
+    }
+}
+
+/// The name of `table`'s expiry index.
+fn index(table: &TableName) -> Result<TableName, Error> {
+    table.suffixed("index name", "_expires_at")
+}
+
 /// Brings `table` (and its `<table>_expires_at` index) up to date. A ledger listing a version
 /// this build does not know is refused, unless `PRAGMA quick_check` finds the file damaged:
 /// then the unknown version is garbage read from a damaged page, and the error says so.
 pub(super) async fn migrate(conn: &mut SqliteConnection, table: &TableName) -> Result<(), Error> {
-    let index = table.suffixed("index name", "_expires_at")?;
-    let schema = Schema {
-        table,
-        names: &[("{index}", &index)],
-        migrations: MIGRATIONS,
-    };
-    match schema.migrate::<sqlx::Sqlite>(conn).await? {
+    let index = index(table)?;
+    let migrated = schema(table, &[("{index}", &index)])
+        .migrate::<sqlx::Sqlite>(conn)
+        .await?;
+    outcome(conn, table, migrated).await
+}
+
+/// Checks that `table` is up to date, changing nothing: [`Error::SchemaNotMigrated`] when it
+/// is missing or older; a version this build does not know is refused as by [`migrate`].
+pub(super) async fn check(conn: &mut SqliteConnection, table: &TableName) -> Result<(), Error> {
+    let index = index(table)?;
+    let checked = schema(table, &[("{index}", &index)])
+        .check::<sqlx::Sqlite>(conn)
+        .await?;
+    outcome(conn, table, checked).await
+}
+
+/// What [`migrate`] runs, as a script for `sqlite3` or a migration tool.
+pub(super) fn script(table: &TableName) -> Result<String, Error> {
+    let index = index(table)?;
+    schema(table, &[("{index}", &index)]).script::<sqlx::Sqlite>(&format!(
+        "The schema of idem's SqliteStore for the table {table}, up to version {LATEST}:\n\
+         the statements SqliteStoreBuilder::migrate runs, from SqliteStoreBuilder::schema_sql.\n\
+         Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;). Every statement\n\
+         is idempotent: this script brings an older schema up to date, and applying it again\n\
+         changes nothing. For another table, SqliteStore::builder().table(NAME).schema_sql()\n\
+         writes its script."
+    ))
+}
+
+/// What a migration or a check found, as the store reports it.
+async fn outcome(
+    conn: &mut SqliteConnection,
+    table: &TableName,
+    migrated: Migrated,
+) -> Result<(), Error> {
+    match migrated {
         Migrated::UpToDate => Ok(()),
         Migrated::UnknownVersion(version) => {
             // Only here, where it is cheap next to the error: a version no idem wrote is as

@@ -1,0 +1,25 @@
+-- The schema of idem's PostgresStore for the table "idem_records", up to version 1:
+-- the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.
+-- Apply it in one transaction, as a role that may create tables in the schema
+-- (psql --single-transaction -f FILE). Every statement is idempotent: this script
+-- brings an older schema up to date, and applying it again changes nothing. For
+-- another table, PostgresStore::builder().table(NAME).schema_sql() writes its script.
+
+CREATE TABLE IF NOT EXISTS "idem_records_migrations" (
+    version     BIGINT NOT NULL PRIMARY KEY,
+    description TEXT NOT NULL,
+    applied_at  TIMESTAMPTZ NOT NULL DEFAULT (clock_timestamp())
+);
+
+-- Version 1: records table and expiry index.
+INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (1, 'records table and expiry index', clock_timestamp()) ON CONFLICT (version) DO NOTHING;
+CREATE TABLE IF NOT EXISTS "idem_records" (
+    key bytea PRIMARY KEY CHECK (octet_length(key) = 32),
+    fingerprint bytea NULL CHECK (octet_length(fingerprint) = 32),
+    token bytea NOT NULL CHECK (octet_length(token) = 16),
+    state smallint NOT NULL CHECK (state IN (0, 1)),
+    expires_at timestamptz NOT NULL,
+    response bytea NULL,
+    is_error boolean NOT NULL DEFAULT false
+);
+CREATE INDEX IF NOT EXISTS "idem_records_expires_at_idx" ON "idem_records" (expires_at);

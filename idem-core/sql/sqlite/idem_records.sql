@@ -1,0 +1,25 @@
+-- The schema of idem's SqliteStore for the table "idem_records", up to version 1:
+-- the statements SqliteStoreBuilder::migrate runs, from SqliteStoreBuilder::schema_sql.
+-- Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;). Every statement
+-- is idempotent: this script brings an older schema up to date, and applying it again
+-- changes nothing. For another table, SqliteStore::builder().table(NAME).schema_sql()
+-- writes its script.
+
+CREATE TABLE IF NOT EXISTS "idem_records_migrations" (
+    version     INTEGER NOT NULL PRIMARY KEY,
+    description TEXT NOT NULL,
+    applied_at  INTEGER NOT NULL DEFAULT (CAST(round(unixepoch('subsec') * 1000) AS INTEGER))
+);
+
+-- Version 1: create the records table and its expiry index.
+INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (1, 'create the records table and its expiry index', CAST(round(unixepoch('subsec') * 1000) AS INTEGER)) ON CONFLICT (version) DO NOTHING;
+CREATE TABLE IF NOT EXISTS "idem_records" (
+    key         BLOB    NOT NULL PRIMARY KEY CHECK (length(key) = 32),
+    fingerprint BLOB             CHECK (fingerprint IS NULL OR length(fingerprint) = 32),
+    token       BLOB    NOT NULL CHECK (length(token) = 16),
+    state       INTEGER NOT NULL CHECK (state IN (0, 1)),
+    expires_at  INTEGER NOT NULL,
+    response    BLOB,
+    is_error    INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1))
+);
+CREATE INDEX IF NOT EXISTS "idem_records_expires_at" ON "idem_records" (expires_at);
