@@ -101,6 +101,8 @@ impl Scratch {
 
     async fn store(&self) -> PostgresStore {
         PostgresStore::builder()
+            // No background pruner: the test reads the records as the workers left them.
+            .pruner(None)
             .table(&self.table)
             .from_pool(self.pool.clone())
             .await

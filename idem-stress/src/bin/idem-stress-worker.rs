@@ -122,7 +122,7 @@ impl Node {
             return Err(format!("bad exec table name {exec_table}"));
         }
         let store = PostgresStore::builder()
-            // No background pruner: the test reads the records' expiry after the run.
+            // No background pruner: the tests read the records as the workers left them.
             .pruner(None)
             .table(opts.str("table")?)
             .max_connections(pool_size)
