@@ -26,7 +26,8 @@
 //! DATABASE_URL=postgres://user@host/db cargo run --example bank --features postgres
 //! ```
 //!
-//! Its tables get a random suffix and are dropped at the end.
+//! Its tables get a random suffix and are dropped at the end; the run then checks that the
+//! database holds none of them (idem's and the kit's `<table>_migrations` ledgers included).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -209,6 +210,12 @@ trait BankDb: Backend {
         pool: &'a Pool<Self>,
         sql: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// The tables whose name contains `part`, from the database's catalog.
+    fn tables_named_like<'a>(
+        pool: &'a Pool<Self>,
+        part: &'a str,
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'a;
 }
 
 impl BankDb for sqlx::Sqlite {
@@ -222,6 +229,15 @@ impl BankDb for sqlx::Sqlite {
 
     async fn execute_ddl(pool: &Pool<Self>, sql: &str) -> Result<(), sqlx::Error> {
         sqlx::query(sql).execute(pool).await.map(drop)
+    }
+
+    async fn tables_named_like(pool: &Pool<Self>, part: &str) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND instr(name, $1) > 0",
+        )
+        .bind(part)
+        .fetch_all(pool)
+        .await
     }
 }
 
@@ -238,6 +254,15 @@ impl BankDb for sqlx::Postgres {
 
     async fn execute_ddl(pool: &Pool<Self>, sql: &str) -> Result<(), sqlx::Error> {
         sqlx::query(sql).execute(pool).await.map(drop)
+    }
+
+    async fn tables_named_like(pool: &Pool<Self>, part: &str) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT schemaname || '.' || tablename FROM pg_tables WHERE strpos(tablename, $1) > 0",
+        )
+        .bind(part)
+        .fetch_all(pool)
+        .await
     }
 }
 
@@ -257,8 +282,11 @@ struct Bank<DB: BankDb> {
     idem: Transactional<DB::Store>,
     /// How many times strategy 6's handler body ran.
     runs: AtomicUsize,
-    /// Every table this run created, dropped at the end.
+    /// Every table this run created, dropped at the end: the run's own, the kit's and idem's,
+    /// each with its `<table>_migrations` ledger where it has one.
     tables: Vec<String>,
+    /// What every table name of this run contains, to check that none is left.
+    suffix: String,
 }
 
 /// What one delivery did.
@@ -307,11 +335,14 @@ where
             tables: vec![
                 accounts,
                 format!("{history}_pruner"),
+                format!("{history}_migrations"),
                 history,
+                format!("{events}_migrations"),
                 events,
                 format!("{}_migrations", records_table(suffix)),
                 records_table(suffix),
             ],
+            suffix: suffix.to_owned(),
             pool,
         };
         let mut conn = bank.pool.acquire().await?;
@@ -320,11 +351,15 @@ where
         Ok(bank)
     }
 
+    /// Drops this run's tables, and fails if the database still holds one.
     async fn drop_tables(&self) -> Result<(), BankError> {
         for table in &self.tables {
             DB::execute_ddl(&self.pool, &format!("DROP TABLE IF EXISTS {table}")).await?;
         }
-        Ok(())
+        let left = DB::tables_named_like(&self.pool, &self.suffix).await?;
+        ensure(left.is_empty(), || {
+            format!("the run left tables behind: {}", left.join(", "))
+        })
     }
 
     /// Opens `id`, or does nothing if it is open already (see strategy 1).
