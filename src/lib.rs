@@ -74,6 +74,37 @@
 //! assert_eq!(again.into_inner(), 500); // the second future never ran
 //! # Ok(()) }
 //! ```
+//!
+//! # Metrics in Prometheus
+//!
+//! With the feature `metrics`, idem records its counters and histograms through the
+//! [`metrics`](https://docs.rs/metrics) facade. `metrics-exporter-prometheus` renders a histogram
+//! as a summary unless buckets are set for it: [`PROMETHEUS_BUCKETS`] holds the bounds idem
+//! recommends for each of its histograms.
+//!
+//! ```
+//! # #[cfg(feature = "metrics")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem::{Error, Idempotency, Key, MemoryStore, PROMETHEUS_BUCKETS};
+//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//!
+//! let mut prometheus = PrometheusBuilder::new();
+//! for (name, bounds) in PROMETHEUS_BUCKETS {
+//!     prometheus = prometheus.set_buckets_for_metric(Matcher::Full(name.to_string()), bounds)?;
+//! }
+//! let metrics = prometheus.install_recorder()?; // before the engine is built
+//!
+//! let engine = Idempotency::builder(MemoryStore::new()).sample_latencies(1).build()?;
+//! let key = Key::derive("charge", "", "order-1")?;
+//! engine.call(key).scope("charge").run(async { Ok::<_, Error>(7) }).await?;
+//!
+//! let text = metrics.render();
+//! assert!(text.contains(r#"idem_claim_seconds_bucket{scope="charge",le="0.001"}"#));
+//! assert!(!text.contains("quantile")); // histograms, not summaries
+//! # Ok(()) }
+//! # #[cfg(not(feature = "metrics"))] fn main() {}
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

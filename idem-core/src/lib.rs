@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod buckets;
 mod canonical;
 mod clock;
 mod codec;
@@ -39,6 +40,7 @@ pub use uuid;
 #[path = "private.rs"]
 pub mod __private;
 
+pub use buckets::PROMETHEUS_BUCKETS;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
 pub use engine::{
