@@ -926,25 +926,42 @@ async fn completed(store: &SqliteStore) -> i64 {
 }
 
 /// Expired records go with no pruner spawned by the user: the store runs one while it lives.
-/// SQLite's clock is the host's, so the retention is short and the test polls, bounded.
+/// A store without a pruner writes 250 records whose retention ends at once (SQLite's clock is
+/// the host's: the test polls, bounded, until they have expired) and one kept for an hour; a
+/// store opened on the file with the defaults then deletes the 250 and keeps the one. (They are
+/// expired before it opens because a spawned pruner paces its runs by the rate it measured:
+/// records that began to expire after a run found a few could wait for the interval, 60 s.)
 #[tokio::test]
 async fn expired_records_are_deleted_with_no_pruner_spawned() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(db(&dir)).await.unwrap();
-    assert!(store.prunes_in_background());
+    let writer = quiet().open(db(&dir)).await.unwrap();
     for n in 0..250 {
-        let c = claim(&store, &key(n), LEASE).await;
-        store
+        let c = claim(&writer, &key(n), LEASE).await;
+        writer
             .complete(&c, done(b"short"), Duration::from_millis(1))
             .await
             .unwrap();
     }
-    let kept = claim(&store, &key(1_000), LEASE).await;
-    store
+    let kept = claim(&writer, &key(1_000), LEASE).await;
+    writer
         .complete(&kept, done(b"kept"), RETENTION)
         .await
         .unwrap();
+    let expired = "SELECT count(*) FROM idem_records \
+                   WHERE expires_at <= CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
+    assert!(
+        eventually(|| async {
+            sqlx::query_scalar::<_, i64>(expired)
+                .fetch_one(writer.pool())
+                .await
+                .unwrap()
+                == 250
+        })
+        .await
+    );
 
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    assert!(store.prunes_in_background());
     assert!(
         eventually(|| async { completed(&store).await == 1 }).await,
         "{} completed records left",

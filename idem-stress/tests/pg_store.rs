@@ -1214,40 +1214,55 @@ async fn a_connection_is_pinged_only_after_ping_idle_after() {
 }
 
 /// Expired records go with no pruner spawned by the user: the store runs one while it lives.
-/// Expiry is the server's clock, so the retention is short and the test polls, bounded.
+/// A store without a pruner writes 1,500 records whose retention ends at once (expiry is the
+/// server's clock: the test polls, bounded, until they have expired) and one kept for an hour;
+/// a store connected to the table with the defaults then deletes the 1,500 (a batch of 1,000 and
+/// one of 500) and keeps the one.
 #[tokio::test]
 async fn expired_records_are_deleted_with_no_pruner_spawned() {
     let Some(url) = env::pg_url("expired_records_are_deleted_with_no_pruner_spawned") else {
         return;
     };
     let table = unique_name("idem_bgprune");
+    let writer = quiet().table(&table).connect(&url).await.unwrap();
+    let done = |body: &'static [u8]| idem_core::Completion {
+        response: Some(body),
+        is_error: false,
+    };
+    for n in 0..1_500 {
+        let Start::Started(c) = writer.start(&key(n), None, LEASE).await.unwrap() else {
+            panic!("a new key is started");
+        };
+        writer
+            .complete(&c, done(b"short"), Duration::from_millis(1))
+            .await
+            .unwrap();
+    }
+    let Start::Started(kept) = writer.start(&key(9_999), None, LEASE).await.unwrap() else {
+        panic!("a new key is started");
+    };
+    writer
+        .complete(&kept, done(b"kept"), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let expired = format!("SELECT count(*) FROM \"{table}\" WHERE expires_at <= clock_timestamp()");
+    assert!(
+        eventually(|| async {
+            sqlx::query_scalar::<_, i64>(&expired)
+                .fetch_one(writer.pool())
+                .await
+                .unwrap()
+                == 1_500
+        })
+        .await
+    );
+
     let store = PostgresStore::builder()
         .table(&table)
         .connect(&url)
         .await
         .unwrap();
     assert!(store.prunes_in_background());
-    let done = |body: &'static [u8]| idem_core::Completion {
-        response: Some(body),
-        is_error: false,
-    };
-    for n in 0..1_500 {
-        let Start::Started(c) = store.start(&key(n), None, LEASE).await.unwrap() else {
-            panic!("a new key is started");
-        };
-        store
-            .complete(&c, done(b"short"), Duration::from_millis(1))
-            .await
-            .unwrap();
-    }
-    let Start::Started(kept) = store.start(&key(9_999), None, LEASE).await.unwrap() else {
-        panic!("a new key is started");
-    };
-    store
-        .complete(&kept, done(b"kept"), Duration::from_secs(3600))
-        .await
-        .unwrap();
-
     let completed = format!("SELECT count(*) FROM \"{table}\" WHERE state = 1");
     let count = || async {
         sqlx::query_scalar::<_, i64>(&completed)
