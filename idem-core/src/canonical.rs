@@ -11,7 +11,64 @@ pub(crate) mod text;
 
 pub(crate) use ser::{struct_to_canonical, to_canonical, DynSerialize};
 
-use crate::key::{FingerprintError, MAX_FINGERPRINT_DEPTH};
+use std::fmt;
+
+/// How deep a fingerprinted value may nest: arrays, objects, structs, tuples, enum variants
+/// with data, `Some` and newtype wrappers count one level each.
+///
+/// The bound keeps a hostile or runaway payload from exhausting the stack. A deeper value gets
+/// [`FingerprintError::TooDeep`] from [`Fingerprint::of_json`]; a deeper HTTP body counts by its
+/// bytes. serde_json's parser stops at about the same depth, so a value it reads fits.
+///
+/// ```
+/// use idem_core::{Fingerprint, FingerprintError, MAX_FINGERPRINT_DEPTH};
+/// let mut deep = serde_json::json!(0);
+/// for _ in 0..MAX_FINGERPRINT_DEPTH {
+///     deep = serde_json::json!([deep]);
+/// }
+/// assert!(Fingerprint::of_json(&deep).is_ok());
+/// let deeper = serde_json::json!([deep]);
+/// assert_eq!(
+///     Fingerprint::of_json(&deeper),
+///     Err(FingerprintError::TooDeep { limit: MAX_FINGERPRINT_DEPTH })
+/// );
+/// ```
+pub const MAX_FINGERPRINT_DEPTH: usize = 128;
+
+/// Why a value could not be fingerprinted.
+///
+/// ```
+/// use idem_core::{Fingerprint, FingerprintError};
+/// struct Broken;
+/// impl serde::Serialize for Broken {
+///     fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+///         Err(serde::ser::Error::custom("lock poisoned"))
+///     }
+/// }
+/// assert_eq!(
+///     Fingerprint::of_json(&Broken),
+///     Err(FingerprintError::Serialize("lock poisoned".into()))
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FingerprintError {
+    /// The value nests deeper than [`MAX_FINGERPRINT_DEPTH`] levels.
+    #[error("the value nests more than {limit} levels deep; fingerprint a flatter view of the request, such as the fields that identify it")]
+    TooDeep {
+        /// The bound, [`MAX_FINGERPRINT_DEPTH`].
+        limit: usize,
+    },
+    /// The value's `Serialize` implementation reported this error.
+    #[error("the value's Serialize implementation failed: {0}")]
+    Serialize(String),
+}
+
+impl serde::ser::Error for FingerprintError {
+    fn custom<T: fmt::Display>(msg: T) -> Self {
+        FingerprintError::Serialize(msg.to_string())
+    }
+}
 
 /// The depth of a value nested one level inside a value at `depth`, if within the bound.
 fn enter(depth: usize) -> Result<usize, FingerprintError> {

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use crate::key::{FingerprintError, KeyError};
+use crate::canonical::FingerprintError;
+use crate::key::KeyError;
 
 /// A boxed error from a backend or codec.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

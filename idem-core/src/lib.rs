@@ -22,6 +22,8 @@ pub mod kit;
 mod observe;
 mod pruner;
 mod record;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
 mod store;
 
 /// The aws-sdk-dynamodb (1.x) whose `Client` a [`DynamoStore`] is built on. Use this path to
@@ -41,22 +43,18 @@ pub use uuid;
 pub mod __private;
 
 pub use buckets::PROMETHEUS_BUCKETS;
+pub use canonical::{FingerprintError, MAX_FINGERPRINT_DEPTH};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
-pub use engine::{
-    Builder, Call, Idempotency, OnLocked, Outcome, Policy, ReplayCache, DEFAULT_LATENCIES_ONE_IN,
-};
+pub use engine::{Call, EngineBuilder, Idempotency, OnLocked, Outcome, Policy, ReplayCache};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use engine::{Transactional, TxClaim, TxFuture, TxStart};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::KeyPart;
-pub use key::{
-    validate_client_key, Fingerprint, FingerprintError, Key, KeyError, Token,
-    MAX_FINGERPRINT_DEPTH, MAX_KEY_LEN,
-};
-pub use observe::{Event, Observer, Stage};
+pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
+pub use observe::{CallEvent, Observer, Stage, DEFAULT_LATENCIES_ONE_IN};
 pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
-pub use record::{Cached, Claim, Completion, Record, RecordState, Start};
+pub use record::{Claim, Completion, Record, RecordState, Start, StoredResult};
 pub use store::admin::{ListState, StoreAdmin, StoreStats};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::claim_order::ClaimOrder;

@@ -3,7 +3,7 @@
 //!
 //! Every guarded call of an [`Idempotency`](crate::Idempotency) engine reports through one place:
 //!
-//! - **Hooks.** An [`Observer`] set with [`Builder::observer`](crate::Builder::observer) is
+//! - **Hooks.** An [`Observer`] set with [`EngineBuilder::observer`](crate::EngineBuilder::observer) is
 //!   called when the call claims its key, and once when it ends (completed, replayed, released,
 //!   locked, …; see [`Stage`]). Without one, nothing is called.
 //! - **Metrics** (feature `metrics`), through the [`metrics`](https://docs.rs/metrics) facade, so
@@ -21,7 +21,7 @@
 //!
 //!   The three histograms record one call in
 //!   [`DEFAULT_LATENCIES_ONE_IN`](crate::DEFAULT_LATENCIES_ONE_IN), drawn at random
-//!   ([`Builder::sample_latencies`](crate::Builder::sample_latencies) changes it; `1` records
+//!   ([`EngineBuilder::sample_latencies`](crate::EngineBuilder::sample_latencies) changes it; `1` records
 //!   every call); the counters and the gauge count every call.
 //!
 //! - **Tracing.** Each guarded call runs in a span `idem.call` with the fields `scope`, `key` (the
@@ -36,7 +36,7 @@
 //! let seen = Arc::new(Mutex::new(Vec::new()));
 //! let log = seen.clone();
 //! let engine = Idempotency::builder(MemoryStore::new())
-//!     .observer(move |event: &idem_core::Event<'_>| log.lock().unwrap().push((event.stage(), event.key().to_string())))
+//!     .observer(move |event: &idem_core::CallEvent<'_>| log.lock().unwrap().push((event.stage(), event.key().to_string())))
 //!     .build()?;
 //! let key = Key::derive("charge", "", "order-1")?;
 //! engine.call(key).scope("charge").run(async { Ok::<_, Error>(1) }).await?;
@@ -52,6 +52,14 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::key::Key;
+
+/// How many calls in one get their latencies recorded, by default: see
+/// [`EngineBuilder::sample_latencies`].
+///
+/// ```
+/// assert!(idem_core::DEFAULT_LATENCIES_ONE_IN >= 1);
+/// ```
+pub const DEFAULT_LATENCIES_ONE_IN: u32 = 16;
 
 /// Where a guarded call is, as an [`Observer`] sees it. Every call reports [`Claimed`]
 /// (if it claimed its key) and then exactly one of the others, its outcome.
@@ -131,14 +139,14 @@ impl fmt::Display for Stage {
 
 /// One stage of one guarded call, given to an [`Observer`].
 #[derive(Debug, Clone, Copy)]
-pub struct Event<'a> {
+pub struct CallEvent<'a> {
     stage: Stage,
     scope: &'a str,
     key: &'a Key,
     took: Option<Duration>,
 }
 
-impl Event<'_> {
+impl CallEvent<'_> {
     /// Where the call is.
     pub fn stage(&self) -> Stage {
         self.stage
@@ -162,9 +170,9 @@ impl Event<'_> {
     }
 }
 
-/// A lifecycle hook: called with each [`Event`] of every guarded call of an engine (audit logs,
+/// A lifecycle hook: called with each [`CallEvent`] of every guarded call of an engine (audit logs,
 /// tests, finding the key of one request). Set it with
-/// [`Builder::observer`](crate::Builder::observer); any `Fn(&Event)` closure is one.
+/// [`EngineBuilder::observer`](crate::EngineBuilder::observer); any `Fn(&CallEvent)` closure is one.
 ///
 /// It runs inline on the call's task, so keep it short and never block in it: a slow observer
 /// slows the call (and a blocked one stops it, lease renewal included, as any blocking code in
@@ -177,10 +185,10 @@ impl Event<'_> {
 /// result or the typed error it would have had.
 ///
 /// ```
-/// use idem_core::{Event, Observer, Stage};
+/// use idem_core::{CallEvent, Observer, Stage};
 /// struct LeaseLostAlarm;
 /// impl Observer for LeaseLostAlarm {
-///     fn observe(&self, event: &Event<'_>) {
+///     fn observe(&self, event: &CallEvent<'_>) {
 ///         if event.stage() == Stage::LeaseLost {
 ///             eprintln!("key {} ({}) may have run twice", event.key(), event.scope());
 ///         }
@@ -193,11 +201,11 @@ impl Event<'_> {
 /// ```
 pub trait Observer: Send + Sync + 'static {
     /// One stage of one call.
-    fn observe(&self, event: &Event<'_>);
+    fn observe(&self, event: &CallEvent<'_>);
 }
 
-impl<F: Fn(&Event<'_>) + Send + Sync + 'static> Observer for F {
-    fn observe(&self, event: &Event<'_>) {
+impl<F: Fn(&CallEvent<'_>) + Send + Sync + 'static> Observer for F {
+    fn observe(&self, event: &CallEvent<'_>) {
         self(event)
     }
 }
@@ -416,7 +424,7 @@ impl Meters {
 
 impl Default for Meters {
     fn default() -> Meters {
-        Meters::new(crate::engine::DEFAULT_LATENCIES_ONE_IN)
+        Meters::new(DEFAULT_LATENCIES_ONE_IN)
     }
 }
 
@@ -538,7 +546,7 @@ impl<'a> Probe<'a> {
         let Some(observer) = self.observer else {
             return;
         };
-        let event = Event {
+        let event = CallEvent {
             stage,
             scope: self.scope.as_str(),
             key: &self.key,

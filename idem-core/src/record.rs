@@ -43,12 +43,12 @@ impl Claim {
 /// A completed record: the stored response, replayed to every later call with the same key.
 ///
 /// ```
-/// use idem_core::Cached;
-/// let c = Cached { response: Some(b"42".to_vec()), is_error: false, expires_at: std::time::SystemTime::now() };
+/// use idem_core::StoredResult;
+/// let c = StoredResult { response: Some(b"42".to_vec()), is_error: false, expires_at: std::time::SystemTime::now() };
 /// assert_eq!(c.response.as_deref(), Some(&b"42"[..]));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cached {
+pub struct StoredResult {
     /// The encoded response; `None` when the work completed without one.
     pub response: Option<Vec<u8>>,
     /// Whether the response is a stored error rather than a success.
@@ -57,7 +57,7 @@ pub struct Cached {
     pub expires_at: SystemTime,
 }
 
-impl Cached {
+impl StoredResult {
     /// The encoded result as an engine stored it, with its checksum checked: what the engine
     /// replays (JSON with the default codec; an HTTP response in the layer's own format). For
     /// tools and tests that read records directly.
@@ -128,7 +128,7 @@ pub enum Start {
     /// The key was absent, its lease had expired or its retention was over: this caller owns it.
     Started(Claim),
     /// The key completed earlier: replay the stored response.
-    Completed(Cached),
+    Completed(StoredResult),
     /// Another claim holds a live lease on the key.
     Locked {
         /// Time left on the other claim's lease.
@@ -147,7 +147,7 @@ pub enum RecordState {
         lease_until: SystemTime,
     },
     /// The work completed.
-    Completed(Cached),
+    Completed(StoredResult),
 }
 
 /// A record as [`Store::get`](crate::Store::get) returns it (expired records read as absent).

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{
-    Error, Event, Idempotency, Key, MemoryStore, OnLocked, PostgresStore, SqliteStore, Stage,
+    CallEvent, Error, Idempotency, Key, MemoryStore, OnLocked, PostgresStore, SqliteStore, Stage,
     Store, DEFAULT_LATENCIES_ONE_IN,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -66,11 +66,11 @@ fn snapshot(recorder: &DebuggingRecorder) -> BTreeMap<String, f64> {
 /// An observer that keeps the stages it saw, in order.
 fn stages() -> (
     Arc<Mutex<Vec<Stage>>>,
-    impl Fn(&Event<'_>) + Send + Sync + 'static,
+    impl Fn(&CallEvent<'_>) + Send + Sync + 'static,
 ) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
-    (seen, move |event: &Event<'_>| {
+    (seen, move |event: &CallEvent<'_>| {
         log.lock().unwrap().push(event.stage())
     })
 }

@@ -5,7 +5,7 @@
 use serde::ser::{self, Serialize};
 
 use super::{enter, write_str};
-use crate::key::FingerprintError;
+use crate::canonical::FingerprintError;
 
 /// The canonical form of `value`.
 pub(crate) fn to_canonical<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
@@ -636,7 +636,7 @@ mod tests {
         assert_eq!(struct_to_canonical([]).unwrap(), b"{}");
 
         let mut deep = json!(0);
-        for _ in 0..crate::key::MAX_FINGERPRINT_DEPTH - 1 {
+        for _ in 0..crate::canonical::MAX_FINGERPRINT_DEPTH - 1 {
             deep = json!([deep]);
         }
         assert!(struct_to_canonical([("deep", &deep as &dyn DynSerialize)]).is_ok());

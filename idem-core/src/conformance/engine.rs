@@ -489,7 +489,7 @@ pub async fn engine_panicking_observer_changes_nothing(h: impl Harness) {
     ] {
         let engine = Idempotency::builder(h.store())
             .max_response_bytes(64)
-            .observer(move |event: &crate::Event<'_>| {
+            .observer(move |event: &crate::CallEvent<'_>| {
                 if event.stage() == stage {
                     panic!("the observer panicked at {stage}");
                 }

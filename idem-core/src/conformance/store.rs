@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::{Cached, Claim, Completion, Error, Fingerprint, Key, RecordState, Start, Store};
+use crate::{Claim, Completion, Error, Fingerprint, Key, RecordState, Start, Store, StoredResult};
 
 use super::Harness;
 
@@ -40,7 +40,7 @@ async fn claimed(h: &impl Harness, lease: Duration) -> (std::sync::Arc<dyn Store
     (s, k, c)
 }
 
-pub(super) async fn replayed(store: &dyn Store, key: &Key) -> Cached {
+pub(super) async fn replayed(store: &dyn Store, key: &Key) -> StoredResult {
     match store.start(key, None, LONG).await.unwrap() {
         Start::Completed(c) => c,
         other => panic!("expected Completed, got {other:?}"),

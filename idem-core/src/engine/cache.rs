@@ -7,10 +7,10 @@ use std::time::{Duration, SystemTime};
 
 use crate::clock::{Clock, SystemClock};
 use crate::key::{Fingerprint, Key, KeyMap};
-use crate::record::Cached;
+use crate::record::StoredResult;
 
 /// Settings of an engine's in-process cache of completed records, set with
-/// [`Builder::replay_cache`](crate::Builder::replay_cache). Off by default.
+/// [`EngineBuilder::replay_cache`](crate::EngineBuilder::replay_cache). Off by default.
 ///
 /// With the cache on, a call whose key completed earlier (in this process, or read once from the
 /// store by this process) replays from memory: zero round trips. The cache holds at most
@@ -148,7 +148,7 @@ impl Known {
 /// What the cache knows of a key.
 pub(super) enum Hit {
     /// The record, to replay.
-    Replay(Cached),
+    Replay(StoredResult),
     /// The record was completed with another fingerprint.
     Reused,
 }
@@ -208,7 +208,7 @@ impl Cache {
             return None;
         }
         let replay = || {
-            Some(Hit::Replay(Cached {
+            Some(Hit::Replay(StoredResult {
                 response: entry.response.clone(),
                 is_error: entry.is_error,
                 expires_at: entry.expires_at,
@@ -230,7 +230,13 @@ impl Cache {
 
     /// Keeps a completed record of `key`, replayable until `until` on the cache's clock (and
     /// never past `max_age` from now).
-    pub(super) fn put(&self, key: Key, fingerprint: Known, cached: &Cached, until: SystemTime) {
+    pub(super) fn put(
+        &self,
+        key: Key,
+        fingerprint: Known,
+        cached: &StoredResult,
+        until: SystemTime,
+    ) {
         let until = until.min(self.now() + self.settings.max_age);
         let size = cached.response.as_ref().map_or(0, Vec::len);
         if size > self.settings.max_bytes || self.settings.max_entries == 0 {
@@ -300,8 +306,8 @@ mod tests {
         Key::derive("cache", "", &i.to_string()).unwrap()
     }
 
-    fn record(len: usize) -> Cached {
-        Cached {
+    fn record(len: usize) -> StoredResult {
+        StoredResult {
             response: Some(vec![7; len]),
             is_error: false,
             expires_at: SystemTime::now() + Duration::from_secs(3600),

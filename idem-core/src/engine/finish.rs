@@ -14,7 +14,7 @@ use super::underway::Releasing;
 use super::Shared;
 use crate::error::Error;
 use crate::key::Fingerprint;
-use crate::record::{Cached, Claim, Completion};
+use crate::record::{Claim, Completion, StoredResult};
 use crate::store::Store;
 
 /// Polls `work` to completion while renewing the claim's lease every third of the lease, in the
@@ -193,7 +193,7 @@ impl Completing {
                 tracing::warn!(key = %self.claim.key(), error = %e, "storing the result failed; retrying in the background");
                 let key = *self.claim.key();
                 let pending = Arc::new(PendingResult {
-                    record: Cached {
+                    record: StoredResult {
                         response: Some(self.sealed),
                         is_error: self.is_error,
                         expires_at: SystemTime::now() + self.retention,
@@ -225,7 +225,7 @@ impl Completing {
 /// while the completion is retried.
 pub(super) struct PendingResult {
     /// The result as it will be stored.
-    pub(super) record: Cached,
+    pub(super) record: StoredResult,
     /// The fingerprint the claim was made with.
     pub(super) fingerprint: Option<Fingerprint>,
 }

@@ -2,7 +2,7 @@
 //!
 //! [`Idempotency`] (this file) holds a shared [`Store`] and runs calls with their own lease
 //! renewal, waiting and cancellation handling; `Transactional` runs them on the caller's
-//! database transaction. Both are built by one [`Builder`], take their calls through one
+//! database transaction. Both are built by one [`EngineBuilder`], take their calls through one
 //! [`Call`] builder, and share one [`Core`](policy::Core): the policy, the option resolution, and
 //! how results are sealed and replayed.
 
@@ -18,7 +18,7 @@ use crate::codec::{Codec, JsonCodec};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{Probe, Stage};
-use crate::record::{Cached, Claim, Start};
+use crate::record::{Claim, Start, StoredResult};
 use crate::store::Store;
 
 mod cache;
@@ -35,7 +35,7 @@ mod waiters;
 
 pub use cache::ReplayCache;
 pub use call::Call;
-pub use policy::{Builder, OnLocked, Outcome, Policy, DEFAULT_LATENCIES_ONE_IN};
+pub use policy::{EngineBuilder, OnLocked, Outcome, Policy};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use transactional::{Transactional, TxClaim, TxFuture, TxStart};
 
@@ -184,7 +184,7 @@ impl Idempotency<JsonCodec> {
         Idempotency::from_parts(store, Core::new(JsonCodec))
     }
 
-    /// A [`Builder`] to set the policy or codec.
+    /// A [`EngineBuilder`] to set the policy or codec.
     ///
     /// ```
     /// use std::time::Duration;
@@ -192,12 +192,12 @@ impl Idempotency<JsonCodec> {
     /// let engine = Idempotency::builder(MemoryStore::new()).lease(Duration::from_secs(10)).build()?;
     /// # let _ = engine; Ok::<(), idem_core::Error>(())
     /// ```
-    pub fn builder(store: impl Store) -> Builder {
-        Builder::with(Arc::new(store) as Arc<dyn Store>, JsonCodec)
+    pub fn builder(store: impl Store) -> EngineBuilder {
+        EngineBuilder::with(Arc::new(store) as Arc<dyn Store>, JsonCodec)
     }
 }
 
-impl<C: Codec> Builder<Arc<dyn Store>, C> {
+impl<C: Codec> EngineBuilder<Arc<dyn Store>, C> {
     /// Checks the policy and builds the engine.
     pub fn build(self) -> Result<Idempotency<C>, Error> {
         let (store, core) = self.parts()?;
@@ -370,7 +370,7 @@ impl<C: Codec> Idempotency<C> {
                 }
                 cached
             }
-            Ok(Acquired::Cached(cached) | Acquired::Pending(cached)) => cached,
+            Ok(Acquired::FromCache(cached) | Acquired::Pending(cached)) => cached,
             Err(e) => {
                 probe.end(Stage::of_error(&e));
                 return Claimed::Ended(Err(e.into()));
@@ -435,7 +435,7 @@ impl<C: Codec> Idempotency<C> {
         };
         let kept_here = self.inner.cache.as_ref().map(|cache| {
             let until = cache.now() + retention;
-            let record = Cached {
+            let record = StoredResult {
                 response: Some(sealed.bytes.clone()),
                 is_error,
                 expires_at: until,
@@ -445,7 +445,7 @@ impl<C: Codec> Idempotency<C> {
         let completed = guard
             .complete(sealed.bytes, is_error, *fingerprint, retention, lease)
             .await;
-        // Cached only once it is in the store: until then, calls here meet the pending result,
+        // StoredResult only once it is in the store: until then, calls here meet the pending result,
         // which the store may yet refuse (the key taken over after a long outage).
         if let (Ok(Stored::Landed), Some((cache, record, until))) = (&completed, kept_here) {
             cache.put(*claim.key(), Known::Exactly(*fingerprint), &record, until);
@@ -469,7 +469,7 @@ impl<C: Codec> Idempotency<C> {
         let shared = &self.inner.shared;
         if let Some(cache) = &self.inner.cache {
             match cache.get(key, fingerprint) {
-                Some(Hit::Replay(cached)) => return Ok(Acquired::Cached(cached)),
+                Some(Hit::Replay(cached)) => return Ok(Acquired::FromCache(cached)),
                 Some(Hit::Reused) => return Err(Error::KeyReused),
                 None => {}
             }
@@ -613,11 +613,11 @@ pub(crate) struct Holding {
 enum Acquired {
     Claim(Claim),
     /// The record, from the store.
-    Replay(Cached),
+    Replay(StoredResult),
     /// The record, from the replay cache.
-    Cached(Cached),
+    FromCache(StoredResult),
     /// The result this process is still storing in the background.
-    Pending(Cached),
+    Pending(StoredResult),
 }
 
 #[cfg(test)]

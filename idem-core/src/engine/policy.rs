@@ -9,7 +9,7 @@ use super::stored::{seal, Encoded, Sealed};
 use crate::codec::{Codec, JsonCodec};
 use crate::error::Error;
 use crate::key::Key;
-use crate::observe::{Meters, Observer};
+use crate::observe::{Meters, Observer, DEFAULT_LATENCIES_ONE_IN};
 use crate::store::{check_duration, Store};
 
 /// What a call does when another call holds a live claim on its key.
@@ -35,16 +35,8 @@ pub enum OnLocked {
     },
 }
 
-/// How many calls in one get their latencies recorded, by default: see
-/// [`Builder::sample_latencies`].
-///
-/// ```
-/// assert!(idem_core::DEFAULT_LATENCIES_ONE_IN >= 1);
-/// ```
-pub const DEFAULT_LATENCIES_ONE_IN: u32 = 16;
-
 /// How an engine treats every call, unless the call says otherwise (see
-/// [`Call`](crate::Call)). Set it with the engine's [`Builder`]; read it with
+/// [`Call`](crate::Call)). Set it with the engine's [`EngineBuilder`]; read it with
 /// [`Idempotency::policy`](crate::Idempotency::policy).
 ///
 /// ```
@@ -168,7 +160,7 @@ impl<T> Outcome<T> {
 /// # Ok::<(), idem_core::Error>(())
 /// ```
 #[must_use = "call `build` to make the engine"]
-pub struct Builder<S = Arc<dyn Store>, C = JsonCodec> {
+pub struct EngineBuilder<S = Arc<dyn Store>, C = JsonCodec> {
     pub(crate) store: S,
     pub(crate) policy: Policy,
     pub(crate) codec: C,
@@ -177,9 +169,9 @@ pub struct Builder<S = Arc<dyn Store>, C = JsonCodec> {
     pub(crate) latencies_one_in: u32,
 }
 
-impl<S, C: Codec> Builder<S, C> {
-    pub(crate) fn with(store: S, codec: C) -> Builder<S, C> {
-        Builder {
+impl<S, C: Codec> EngineBuilder<S, C> {
+    pub(crate) fn with(store: S, codec: C) -> EngineBuilder<S, C> {
+        EngineBuilder {
             store,
             policy: Policy::default(),
             codec,
@@ -215,8 +207,8 @@ impl<S, C: Codec> Builder<S, C> {
     }
 
     /// Uses another codec for stored results.
-    pub fn codec<C2: Codec>(self, codec: C2) -> Builder<S, C2> {
-        Builder {
+    pub fn codec<C2: Codec>(self, codec: C2) -> EngineBuilder<S, C2> {
+        EngineBuilder {
             store: self.store,
             policy: self.policy,
             codec,

@@ -4,7 +4,7 @@ use crate::envelope;
 use crate::error::{BoxError, Error};
 use crate::key::Key;
 use crate::observe::Stage;
-use crate::record::Cached;
+use crate::record::StoredResult;
 
 use super::Outcome;
 
@@ -60,7 +60,7 @@ pub(crate) struct Sealed {
 /// What a stored record replays as: the decoded value, the stored error, or the news that the
 /// result was not retained; and the call's outcome for the observers.
 pub(crate) fn replay<T, E: From<Error>>(
-    cached: Cached,
+    cached: StoredResult,
     decode_ok: impl FnOnce(&[u8]) -> Result<T, BoxError>,
     replay_err: impl FnOnce(Vec<u8>) -> E,
 ) -> (Stage, Result<Outcome<T>, E>) {

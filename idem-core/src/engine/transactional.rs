@@ -46,7 +46,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{Builder, Call, Core, Outcome, Policy};
+use super::{Call, Core, EngineBuilder, Outcome, Policy};
 use crate::codec::{Codec, JsonCodec};
 use crate::error::Error;
 use crate::key::Key;
@@ -110,13 +110,13 @@ impl<S: TransactionalStore> Transactional<S, JsonCodec> {
         }
     }
 
-    /// A [`Builder`] to set the policy (lease, retention, response limit) or codec.
-    pub fn builder(store: S) -> Builder<S> {
-        Builder::with(store, JsonCodec)
+    /// A [`EngineBuilder`] to set the policy (lease, retention, response limit) or codec.
+    pub fn builder(store: S) -> EngineBuilder<S> {
+        EngineBuilder::with(store, JsonCodec)
     }
 }
 
-impl<S: TransactionalStore, C: Codec> Builder<S, C> {
+impl<S: TransactionalStore, C: Codec> EngineBuilder<S, C> {
     /// Checks the policy and builds the transactional engine.
     pub fn build(self) -> Result<Transactional<S, C>, Error> {
         let (store, core) = self.parts()?;

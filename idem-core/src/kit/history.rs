@@ -6,8 +6,8 @@ use std::marker::PhantomData;
 use super::backend::Backend;
 use super::{migrate, name, suffixed, ConcurrencyError, Recorded};
 use crate::key::Key;
-use crate::store::sql::migrate::{Migration, Schema};
-use crate::store::sql::name::TableName;
+use crate::sql::migrate::{Migration, Schema};
+use crate::sql::name::TableName;
 
 /// The history's schema, oldest step first; `{index}` is `<table>_created_at`, `{lease_table}`
 /// the pruner's `<table>_pruner`.

@@ -53,17 +53,15 @@ use serde::{Deserialize, Serialize};
 use crate::error::StoreError;
 use crate::key::KeyError;
 
-/// The databases the kit runs on: the SQL stores' own dialects (`store/sql/dialect.rs`), so the
+/// The databases the kit runs on: the SQL stores' own dialects (`sql/dialect.rs`), so the
 /// kit keeps time and quotes names exactly as the stores do.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod backend {
-    pub(crate) use crate::store::sql::dialect::is_unique_violation;
-    pub use crate::store::sql::dialect::{Backend, SqlQuery};
+    pub(crate) use crate::sql::dialect::is_unique_violation;
+    pub use crate::sql::dialect::{Backend, SqlQuery};
 }
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod history;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) mod pruner;
 mod recent;
 mod retry;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -238,9 +236,9 @@ pub enum Recorded {
     Duplicate,
 }
 
-/// The kit's name for [`TableName`](crate::store::sql::name::TableName) (the pruner's).
+/// The kit's name for [`TableName`](crate::sql::name::TableName) (the pruner's).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) type Ident = crate::store::sql::name::TableName;
+pub(crate) type Ident = crate::sql::name::TableName;
 
 /// A table or column name, validated (see [`Ident`]); `what` names it in the error.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -255,10 +253,10 @@ pub(crate) fn suffixed(base: &Ident, what: &str, suffix: &str) -> Result<Ident, 
 }
 
 /// A duration checked and converted by the stores' one conversion
-/// ([`millis`](crate::store::sql::millis): whole milliseconds, rounded up).
+/// ([`millis`](crate::sql::millis): whole milliseconds, rounded up).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn millis(what: &str, d: std::time::Duration) -> Result<i64, ConcurrencyError> {
-    crate::store::sql::millis(what, d).map_err(invalid_config)
+    crate::sql::millis(what, d).map_err(invalid_config)
 }
 
 /// A store error as the kit's. A configuration error keeps its message, not its Display, which
@@ -273,13 +271,13 @@ pub(crate) fn invalid_config(e: crate::error::Error) -> ConcurrencyError {
 }
 
 /// Brings a kit table up to date with the stores' migrator (see
-/// [`Schema::migrate`](crate::store::sql::migrate::Schema::migrate)).
+/// [`Schema::migrate`](crate::sql::migrate::Schema::migrate)).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) async fn migrate<DB: Backend>(
     conn: &mut DB::Connection,
-    schema: &crate::store::sql::migrate::Schema<'_>,
+    schema: &crate::sql::migrate::Schema<'_>,
 ) -> Result<(), ConcurrencyError> {
-    use crate::store::sql::migrate::{unknown_version, Migrated};
+    use crate::sql::migrate::{unknown_version, Migrated};
     match schema.migrate::<DB>(conn).await.map_err(invalid_config)? {
         Migrated::UpToDate => Ok(()),
         Migrated::UnknownVersion(v) => Err(invalid_config(unknown_version(schema.table, v))),

@@ -11,8 +11,8 @@ use uuid::Uuid;
 use super::backend::{is_unique_violation, Backend, SqlQuery};
 use super::{migrate, name, suffixed, ConcurrencyError, Version};
 use crate::error::{StoreError, StoreErrorKind};
-use crate::store::sql::migrate::{Migration, Schema};
-use crate::store::sql::name::TableName;
+use crate::sql::migrate::{Migration, Schema};
+use crate::sql::name::TableName;
 
 /// The UUID v5 namespace of the first event id of every request
 /// (`uuid5(NAMESPACE_URL, "https://docs.rs/idem/kit/events")`).

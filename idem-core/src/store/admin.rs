@@ -96,7 +96,7 @@ mod sql {
     use crate::error::Error;
     use crate::key::Key;
     use crate::record::Record;
-    use crate::store::sql::dialect::private::Ops;
+    use crate::sql::dialect::private::Ops;
     use crate::store::sql::protocol::SqlBackend;
     use crate::store::Store;
 

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, KeyMap, Token};
-use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
+use crate::record::{Claim, Completion, Record, RecordState, Start, StoredResult};
 use crate::store::{check_duration, check_fingerprint, Immediate, Store};
 
 /// A record as the store keeps it: 96 bytes a slot with its key, where the public
@@ -59,7 +59,7 @@ impl Entry {
                 token: self.token,
                 lease_until: self.expires_at,
             },
-            Phase::Completed { is_error } => RecordState::Completed(Cached {
+            Phase::Completed { is_error } => RecordState::Completed(StoredResult {
                 response: self.response.as_deref().map(<[u8]>::to_vec),
                 is_error,
                 expires_at: self.expires_at,

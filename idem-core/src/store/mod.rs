@@ -135,7 +135,7 @@ pub trait Store: Send + Sync + 'static {
     /// assert_eq!(MemoryStore::new().prune_batch_size(), PrunerConfig::DEFAULT_BATCH_SIZE);
     /// ```
     fn prune_batch_size(&self) -> u32 {
-        crate::PrunerConfig::DEFAULT_BATCH_SIZE
+        DEFAULT_PRUNE_BATCH_SIZE
     }
 
     /// This store's claim and completion as plain function calls, if it answers them without
@@ -217,6 +217,11 @@ forward_to_inner! {
     fn evict(&self, key: &Key) -> Result<bool, Error>;
     fn prune_expired(&self, limit: u32) -> Result<u64, Error>;
 }
+
+/// How many expired records a pruner deletes per batch unless its store or its config says
+/// otherwise ([`PrunerConfig::DEFAULT_BATCH_SIZE`](crate::PrunerConfig::DEFAULT_BATCH_SIZE)):
+/// defined with the stores, which size their batches, so that they need nothing of the pruner.
+pub(crate) const DEFAULT_PRUNE_BATCH_SIZE: u32 = 100;
 
 /// Rejects a zero or absurd lease/retention before it reaches a store.
 pub(crate) fn check_duration(what: &str, d: Duration) -> Result<(), Error> {

@@ -11,7 +11,7 @@ use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::Router;
 use idem_core::http::{IdempotencyLayer, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-use idem_core::{Event, Idempotency, MemoryStore, Stage};
+use idem_core::{CallEvent, Idempotency, MemoryStore, Stage};
 use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::Semaphore;
 use tokio::task::Id;
@@ -36,7 +36,7 @@ async fn the_request_task_runs_the_call_until_it_is_dropped() {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let log = seen.clone();
     let engine = Idempotency::builder(MemoryStore::new())
-        .observer(move |event: &Event<'_>| {
+        .observer(move |event: &CallEvent<'_>| {
             lock(&log)
                 .events
                 .push((event.stage(), tokio::task::try_id()));

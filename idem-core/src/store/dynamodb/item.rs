@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Cached, Record, RecordState};
+use crate::record::{Record, RecordState, StoredResult};
 
 /// The partition key: the record's key as 64 lowercase hex digits.
 pub(super) const PK: &str = "pk";
@@ -200,7 +200,7 @@ impl Item {
                     token: self.token,
                     lease_until: expires_at,
                 },
-                State::Completed { response, is_error } => RecordState::Completed(Cached {
+                State::Completed { response, is_error } => RecordState::Completed(StoredResult {
                     response,
                     is_error,
                     expires_at,

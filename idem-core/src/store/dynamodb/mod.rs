@@ -15,7 +15,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::envelope;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Cached, Claim, Completion, Record, Start};
+use crate::record::{Claim, Completion, Record, Start, StoredResult};
 use crate::store::{check_duration, check_fingerprint, Store};
 
 use item::{
@@ -535,7 +535,7 @@ impl Inner {
                     remaining(item.expires_ms.saturating_add(self.margin_ms), now_ms)
                 },
             },
-            State::Completed { response, is_error } => Start::Completed(Cached {
+            State::Completed { response, is_error } => Start::Completed(StoredResult {
                 response,
                 is_error,
                 expires_at: time_of(item.expires_ms),

@@ -8,9 +8,9 @@ use sqlx::Connection;
 
 use crate::error::Error;
 use crate::pruner::PrunerConfig;
+use crate::sql::name::TableName;
 use crate::store::claim_order::ClaimOrder;
 use crate::store::sql::background::{self, Background};
-use crate::store::sql::name::TableName;
 use crate::store::sql::protocol::{sql_store_api, Protocol};
 use crate::store::sql::DEFAULT_TABLE;
 

@@ -3,8 +3,8 @@
 use sqlx::postgres::PgConnection;
 
 use crate::error::Error;
-use crate::store::sql::migrate::{unknown_version, Migrated, Migration, Schema};
-use crate::store::sql::name::TableName;
+use crate::sql::migrate::{unknown_version, Migrated, Migration, Schema};
+use crate::sql::name::TableName;
 
 /// The schema, oldest step first. Never change what an applied step creates; append a new step.
 /// Statements are idempotent (`IF NOT EXISTS`): a records table found missing is re-created by

@@ -16,7 +16,7 @@ use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Cached, Claim, Completion, Record, RecordState, Start};
+use crate::record::{Claim, Completion, Record, RecordState, Start, StoredResult};
 use crate::store::{check_duration, Store};
 
 use scripts::{Lua, Scripts};
@@ -691,7 +691,7 @@ impl std::error::Error for RedisFailure {
 }
 
 /// A stored completion as the scripts return it: expiry, has response, response, is error.
-fn cached(v: &[Value]) -> Result<Cached, Error> {
+fn cached(v: &[Value]) -> Result<StoredResult, Error> {
     match v {
         [at, has, response, is_error] => {
             let at = int(at).ok_or_else(|| corrupt(format!("expiry {at:?}")))?;
@@ -699,7 +699,7 @@ fn cached(v: &[Value]) -> Result<Cached, Error> {
                 Some(1) => Some(bytes(response).unwrap_or_default().to_vec()),
                 _ => None,
             };
-            Ok(Cached {
+            Ok(StoredResult {
                 response,
                 is_error: matches!(int(is_error), Some(1))
                     || bytes(is_error) == Some(b"1".as_slice()),
@@ -836,7 +836,7 @@ impl Store for RedisStore {
                 token: token(tok)?,
                 lease_until: time(at),
             },
-            Some(b"c") => RecordState::Completed(Cached {
+            Some(b"c") => RecordState::Completed(StoredResult {
                 response: bytes(response).map(<[u8]>::to_vec),
                 is_error: bytes(is_error) == Some(b"1".as_slice()),
                 expires_at: time(at),

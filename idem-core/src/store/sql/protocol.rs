@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::dialect::{Dialect, Ops};
 use super::fenced;
-use super::name::TableName;
 use super::row::{columns, StoredRow};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Claim, Completion, Record, Start};
+use crate::sql::dialect::{Dialect, Ops};
+use crate::sql::name::TableName;
 use crate::store::claim_order::{ClaimOrder, ClaimPath};
 use crate::store::Store;
 
@@ -100,7 +100,7 @@ macro_rules! sql_store {
                 fingerprint: Option<&$crate::Fingerprint>,
                 lease: std::time::Duration,
             ) -> Result<$crate::Start, $crate::Error> {
-                let lease = $crate::store::sql::millis("lease", lease)?;
+                let lease = $crate::sql::millis("lease", lease)?;
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await?;
@@ -116,7 +116,7 @@ macro_rules! sql_store {
                 completion: $crate::Completion<'_>,
                 retention: std::time::Duration,
             ) -> Result<(), $crate::Error> {
-                let retention = $crate::store::sql::millis("retention", retention)?;
+                let retention = $crate::sql::millis("retention", retention)?;
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await?;
@@ -137,7 +137,7 @@ macro_rules! sql_store {
                 claim: &$crate::Claim,
                 lease: std::time::Duration,
             ) -> Result<(), $crate::Error> {
-                let lease = $crate::store::sql::millis("lease", lease)?;
+                let lease = $crate::sql::millis("lease", lease)?;
                 let mut conn = $crate::store::sql::protocol::SqlBackend::renew_pool(self)
                     .acquire()
                     .await?;
@@ -186,7 +186,7 @@ macro_rules! sql_store {
                 fingerprint: Option<&$crate::Fingerprint>,
                 lease: std::time::Duration,
             ) -> Result<$crate::Start, $crate::Error> {
-                let lease = $crate::store::sql::millis("lease", lease)?;
+                let lease = $crate::sql::millis("lease", lease)?;
                 let via = $crate::store::sql::protocol::Via::Transaction;
                 self.protocol()
                     .start(via, conn, key, fingerprint, lease)
@@ -200,7 +200,7 @@ macro_rules! sql_store {
                 completion: $crate::Completion<'_>,
                 retention: std::time::Duration,
             ) -> Result<(), $crate::Error> {
-                let retention = $crate::store::sql::millis("retention", retention)?;
+                let retention = $crate::sql::millis("retention", retention)?;
                 self.protocol()
                     .complete(conn, claim, completion, retention)
                     .await
@@ -481,7 +481,7 @@ pub(crate) enum Via {
 
 /// A SQL store's protocol: its table, its statements and its claim order, with each operation
 /// written once against a connection of `DB`. Durations arrive converted by
-/// [`millis`](super::millis).
+/// [`millis`](crate::sql::millis).
 pub(crate) struct Protocol<DB> {
     table: TableName,
     sql: Statements,
@@ -660,7 +660,7 @@ impl<DB: Ops> Protocol<DB> {
         sql: &'q str,
         key: &'q Key,
         token: &'q [u8],
-    ) -> crate::store::sql::dialect::SqlQuery<'q, DB> {
+    ) -> crate::sql::dialect::SqlQuery<'q, DB> {
         DB::bind_bytes(DB::bind_bytes(sqlx::query(sql), &key.as_bytes()[..]), token)
     }
 

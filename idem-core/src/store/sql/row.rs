@@ -3,10 +3,10 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::corrupt;
-use super::dialect::{Dialect, Ops};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Cached, Record, RecordState, Start};
+use crate::record::{Record, RecordState, Start, StoredResult};
+use crate::sql::dialect::{Dialect, Ops};
 use crate::store::check_fingerprint;
 
 /// The columns a [`StoredRow`] is decoded from, as `SELECT` expressions over the alias `r`:
@@ -64,8 +64,8 @@ impl StoredRow {
             .map_err(|_| corrupt(format!("expires_at is {} µs, before 1970", self.expires_us)))
     }
 
-    fn cached(self) -> Result<Cached, Error> {
-        Ok(Cached {
+    fn cached(self) -> Result<StoredResult, Error> {
+        Ok(StoredResult {
             expires_at: self.expires_at()?,
             response: self.response,
             is_error: self.is_error,

@@ -3,9 +3,9 @@
 use sqlx::sqlite::SqliteConnection;
 
 use crate::error::Error;
+use crate::sql::migrate::{unknown_version, Migrated, Migration, Schema};
+use crate::sql::name::TableName;
 use crate::store::sql::corrupt;
-use crate::store::sql::migrate::{unknown_version, Migrated, Migration, Schema};
-use crate::store::sql::name::TableName;
 
 /// The schema, oldest step first. Never change what an applied step creates; append a new step.
 /// Statements are idempotent (`IF NOT EXISTS`): a records table found missing is re-created by

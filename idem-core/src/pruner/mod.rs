@@ -17,6 +17,9 @@ use crate::key::Key;
 use crate::record::{Claim, Start};
 use crate::store::{check_duration, Store};
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod history;
+
 /// The largest batch a pruner deletes in one call.
 const MAX_BATCH_SIZE: u32 = 100_000;
 
@@ -105,7 +108,7 @@ impl PrunerConfig {
     /// ```
     /// assert_eq!(idem_core::PrunerConfig::DEFAULT_BATCH_SIZE, 100);
     /// ```
-    pub const DEFAULT_BATCH_SIZE: u32 = 100;
+    pub const DEFAULT_BATCH_SIZE: u32 = crate::store::DEFAULT_PRUNE_BATCH_SIZE;
 
     /// The largest share of the time the pruner spends deleting while it catches up, by
     /// default.
@@ -530,7 +533,7 @@ impl Pruner {
         retention: Duration,
         config: PrunerConfig,
     ) -> Result<Pruner, Error> {
-        let target = crate::kit::pruner::History::new(pool, history, retention)?;
+        let target = history::History::new(pool, history, retention)?;
         Pruner::new(Arc::new(target), config)
     }
 

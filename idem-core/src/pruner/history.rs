@@ -8,11 +8,9 @@ use async_trait::async_trait;
 use sqlx::Pool;
 use uuid::Uuid;
 
-use super::backend::Backend;
-use super::history::RequestHistory;
-use super::{millis, ConcurrencyError};
+use super::{Lease, Target};
 use crate::error::Error;
-use crate::pruner::{Lease, Target};
+use crate::kit::{millis, Backend, ConcurrencyError, RequestHistory};
 
 /// The ids of one history older than its retention.
 pub(crate) struct History<DB: Backend> {
