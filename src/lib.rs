@@ -118,7 +118,20 @@ pub use idem_macros::idempotent;
 #[doc(hidden)]
 pub use idem_core::__private;
 
-// The README's examples are compiled as doc tests, so they never rot.
+// The README's examples are compiled as doc tests, so they never rot; so are those of the docs
+// the README's sections moved to.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/attribute.md")]
+struct AttributeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/kit.md")]
+struct KitDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/stores.md")]
+struct StoresDoctests;
