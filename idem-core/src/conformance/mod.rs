@@ -1,10 +1,11 @@
 //! The store conformance suite (feature `conformance`): the rules every [`Store`] keeps,
 //! written once, for your own store to run.
 //!
-//! idem runs this suite against each of its stores (memory, SQLite and PostgreSQL, the SQL
-//! stores in each claim order). A store of yours passes it before it can stand in for them. It
-//! checks the [`Store`] contract (atomic claim, fencing, lease is not retention, replay,
-//! fingerprints, pruning, eviction, bounded input) through the trait, and the engine's promises
+//! idem runs this suite against each of its stores (memory; SQLite and PostgreSQL, each in every
+//! claim order; DynamoDB; Redis on one server and on a cluster). A store of yours passes it
+//! before it can stand in for them. It checks the [`Store`] contract (atomic claim, fencing,
+//! lease is not retention, replay, fingerprints, pruning, eviction, bounded input) through the
+//! trait, and the engine's promises
 //! ([`Idempotency`](crate::Idempotency): work runs once under a storm, long work is renewed,
 //! cancelled and failed calls release their claim, unretained results never re-run) on top of
 //! your store.
