@@ -31,6 +31,7 @@ mod workload;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idem::store::url::{Scheme, StoreUrl};
 use idem::{Idempotency, MemoryStore, PostgresStore, SqliteStore};
 
 use crate::cpu::Cpu;
@@ -58,7 +59,7 @@ pub enum BenchError {
     Redis(String),
     #[error("the benchmark measured the wrong thing: {0}")]
     Unexpected(String),
-    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers] [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]]")]
+    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers] [--dynamodb-url dynamodb://HOST:PORT] [--redis-url redis://HOST:PORT] [--redis-cluster-url redis-cluster://HOST:PORT,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]]")]
     Usage(String),
 }
 
@@ -96,9 +97,11 @@ impl Args {
         let mut args = Args {
             quick: false,
             out: None,
-            pg_url: std::env::var("IDEM_TEST_PG_URL").ok(),
+            // The test servers' settings, in the forms scripts/test exports them (an endpoint,
+            // a list of node URLs) where they are not store URLs.
+            pg_url: env_url("IDEM_TEST_PG_URL", Scheme::Postgres)?,
             dynamodb_url: std::env::var("IDEM_TEST_DYNAMODB_URL").ok(),
-            redis_url: std::env::var("IDEM_TEST_REDIS_URL").ok(),
+            redis_url: env_url("IDEM_TEST_REDIS_URL", Scheme::Redis)?,
             redis_cluster_urls: std::env::var("IDEM_TEST_REDIS_CLUSTER_URLS")
                 .ok()
                 .map(|v| v.split(',').map(str::to_owned).collect()),
@@ -127,7 +130,7 @@ impl Args {
             }
             skip = matches!(
                 a.as_str(),
-                "--pg-url" | "--out" | "--dynamodb-url" | "--redis-url" | "--redis-cluster-urls"
+                "--pg-url" | "--out" | "--dynamodb-url" | "--redis-url" | "--redis-cluster-url"
             );
             if !skip {
                 args.shown.push(a.clone());
@@ -152,16 +155,23 @@ impl Args {
                 }
                 "--scale-only" => args.main = false,
                 "--out" => args.out = Some(value("--out")?),
-                "--pg-url" => args.pg_url = Some(value("--pg-url")?),
-                "--dynamodb-url" => args.dynamodb_url = Some(value("--dynamodb-url")?),
-                "--redis-url" => args.redis_url = Some(value("--redis-url")?),
-                "--redis-cluster-urls" => {
-                    args.redis_cluster_urls = Some(
-                        value("--redis-cluster-urls")?
-                            .split(',')
-                            .map(str::to_owned)
-                            .collect(),
-                    )
+                "--pg-url" | "--dynamodb-url" | "--redis-url" | "--redis-cluster-url" => {
+                    match store_url(&arg, &value(&arg)?)? {
+                        StoreUrl::Postgres(url) if arg == "--pg-url" => args.pg_url = Some(url),
+                        StoreUrl::DynamoDb { endpoint } if arg == "--dynamodb-url" => {
+                            args.dynamodb_url = Some(endpoint)
+                        }
+                        StoreUrl::Redis(url) if arg == "--redis-url" => args.redis_url = Some(url),
+                        StoreUrl::RedisCluster(nodes) if arg == "--redis-cluster-url" => {
+                            args.redis_cluster_urls = Some(nodes)
+                        }
+                        other => {
+                            return Err(BenchError::Usage(format!(
+                                "{arg} takes a URL of its own store, not a {} URL",
+                                other.scheme().prefixes()[0]
+                            )))
+                        }
+                    }
                 }
                 "--scale-rows" => {
                     args.scale_rows = Some(number("--scale-rows", value("--scale-rows")?)?)
@@ -253,6 +263,26 @@ impl Args {
     fn wants(&self, store: &str) -> bool {
         self.stores.iter().any(|s| s == store)
     }
+}
+
+/// A store URL given to `flag`, through idem's one parser.
+fn store_url(flag: &str, value: &str) -> Result<StoreUrl, BenchError> {
+    StoreUrl::parse(value).map_err(|e| BenchError::Usage(format!("{flag}: {e}")))
+}
+
+/// The store URL in the environment variable `var`, which must be of `scheme` (PostgreSQL or
+/// Redis: the URL as given is what their clients take).
+fn env_url(var: &str, scheme: Scheme) -> Result<Option<String>, BenchError> {
+    let Ok(value) = std::env::var(var) else {
+        return Ok(None);
+    };
+    if store_url(var, &value)?.scheme() != scheme {
+        return Err(BenchError::Usage(format!(
+            "{var} is {value:?}, not a {} URL",
+            scheme.form()
+        )));
+    }
+    Ok(Some(value))
 }
 
 fn number<T: std::str::FromStr>(flag: &str, value: String) -> Result<T, BenchError> {

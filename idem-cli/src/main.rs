@@ -12,7 +12,7 @@
 //!
 //! | `--url` | store | `--table` (alias `--prefix`) names |
 //! |---|---|---|
-//! | `sqlite://PATH` | SQLite (the file must exist) | the table (default `idem_records`) |
+//! | `sqlite://PATH` | SQLite (the file must exist; `?mode=rwc` creates it) | the table (default `idem_records`) |
 //! | `postgres://USER@HOST/DB` | PostgreSQL | the table, `schema.table` allowed (default `idem_records`) |
 //! | `redis://[USER:PASSWORD@]HOST:PORT[/DB]` | Redis or Valkey, one server | the key prefix (default `idem`) |
 //! | `redis-cluster://[USER:PASSWORD@]HOST:PORT,HOST:PORT,…` | a Redis Cluster, from any of its nodes | the key prefix (default `idem`) |
@@ -41,8 +41,9 @@ use serde_json::{json, Value};
 mod render;
 mod stores;
 
+use idem::store::url::{ConnectError, StoreUrl, StoreUrlError};
 use render::{hex, Table};
-use stores::{Opened, StoreUrl, Upkeep};
+use stores::{Opened, Upkeep};
 
 /// What `--help` adds below the options.
 const AFTER_HELP: &str = "\
@@ -148,6 +149,10 @@ enum Failure {
     Idem(#[from] idem::Error),
     #[error(transparent)]
     Key(#[from] idem::KeyError),
+    #[error(transparent)]
+    Url(#[from] StoreUrlError),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
 }
 
 fn key_of(which: &Which) -> Result<Key, Failure> {
@@ -459,19 +464,23 @@ async fn run(cli: Cli) -> Result<String, Failure> {
     let url = cli
         .url
         .ok_or_else(|| Failure::Usage("give the store with --url (or IDEM_URL)".into()))?;
+    let store_url = StoreUrl::parse(&url)?;
     let table = match &cli.table {
         Some(table) => table.clone(),
-        None => StoreUrl::parse(&url)?.default_table().to_owned(),
+        None => store_url.default_namespace().to_owned(),
     };
     let create = matches!(cli.command, Command::Migrate);
-    let opened = tokio::time::timeout(stores::OPEN_WITHIN, Opened::open(&url, &table, create))
-        .await
-        .map_err(|_| {
-            Failure::Usage(format!(
-                "could not reach {url:?} within {} s",
-                stores::OPEN_WITHIN.as_secs()
-            ))
-        })??;
+    let opened = tokio::time::timeout(
+        stores::OPEN_WITHIN,
+        Opened::open(&store_url, &table, create),
+    )
+    .await
+    .map_err(|_| {
+        Failure::Usage(format!(
+            "could not reach {url:?} within {} s",
+            stores::OPEN_WITHIN.as_secs()
+        ))
+    })??;
     match &cli.command {
         Command::Inspect(which) => inspect(&opened, which, cli.json).await,
         Command::Evict(which) => evict(&opened, which, cli.json).await,

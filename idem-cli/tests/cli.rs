@@ -299,7 +299,8 @@ fn bad_urls_are_one_clear_line() {
     assert!(!ok);
     assert_eq!(
         err.trim(),
-        "idem: no SQLite database at \"/no/such/dir/idem.db\""
+        "idem: no SQLite database at \"/no/such/dir/idem.db\": check the path, or add \
+         ?mode=rwc to the URL to create it"
     );
     let (ok, _, err) = idem(
         "postgres://nobody@127.0.0.1:1/none",

@@ -24,7 +24,7 @@ mod pruner;
 mod record;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
-mod store;
+pub mod store;
 
 /// The aws-sdk-dynamodb (1.x) whose `Client` a [`DynamoStore`] is built on. Use this path to
 /// name the very version idem uses.

@@ -1,6 +1,6 @@
-//! The [`Store`] trait and its backends.
+//! The [`Store`] trait and its backends, and [`url`]: the store a URL names.
 //!
-//! The backends: [`memory`], `sqlite` (feature `sqlite`), `postgres` (feature `postgres`),
+//! The backends: `memory`, `sqlite` (feature `sqlite`), `postgres` (feature `postgres`),
 //! `dynamodb` (feature `dynamodb`) and `redis` (feature `redis`), the last two laid out on their
 //! own: they speak no SQL. The
 //! two SQL stores are laid out alike (`mod.rs` the store and its builder, `schema.rs` its
@@ -25,17 +25,18 @@ pub(crate) use sql::protocol::TransactionalStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod claim_order;
 #[cfg(feature = "dynamodb")]
-pub mod dynamodb;
-pub mod memory;
+pub(crate) mod dynamodb;
+pub(crate) mod memory;
 #[cfg(feature = "postgres")]
-pub mod postgres;
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
-pub mod redis;
+pub(crate) mod redis;
 // Shared by the SQL stores and the kit.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
-pub mod sqlite;
+pub(crate) mod sqlite;
+pub mod url;
 
 /// Where idempotency records live. Every backend keeps these rules:
 ///

@@ -1,5 +1,5 @@
-//! A DynamoDB client from a store URL and the environment, for tools that take a URL (the `idem`
-//! command, the storm workers, the benchmark), without `aws-config`.
+//! A DynamoDB client from an endpoint and the environment, for tools that take a store URL
+//! (`store::url`), without `aws-config`.
 
 use std::time::Duration;
 
@@ -14,28 +14,6 @@ fn var(name: &str) -> Option<String> {
 }
 
 impl DynamoStore {
-    /// The endpoint named by a store URL: `dynamodb://HOST:PORT` and `dynamodb+http://HOST:PORT`
-    /// are `http://HOST:PORT` (a local emulator), `dynamodb+https://HOST[:PORT]` is
-    /// `https://HOST[:PORT]`; any other URL is `None`.
-    ///
-    /// ```
-    /// use idem_core::DynamoStore;
-    /// assert_eq!(DynamoStore::endpoint_of_url("dynamodb://127.0.0.1:8000").as_deref(), Some("http://127.0.0.1:8000"));
-    /// assert_eq!(
-    ///     DynamoStore::endpoint_of_url("dynamodb+https://dynamodb.eu-west-1.amazonaws.com").as_deref(),
-    ///     Some("https://dynamodb.eu-west-1.amazonaws.com"),
-    /// );
-    /// assert_eq!(DynamoStore::endpoint_of_url("postgres://localhost/app"), None);
-    /// ```
-    pub fn endpoint_of_url(url: &str) -> Option<String> {
-        if let Some(rest) = url.strip_prefix("dynamodb+https://") {
-            return Some(format!("https://{rest}"));
-        }
-        url.strip_prefix("dynamodb+http://")
-            .or_else(|| url.strip_prefix("dynamodb://"))
-            .map(|rest| format!("http://{rest}"))
-    }
-
     /// A client of `endpoint` configured from the environment, with bounded timeouts (5 s to
     /// connect, 20 s per attempt) and the SDK's standard retries.
     ///

@@ -1,0 +1,395 @@
+//! [`StoreUrl::connect`]: opening the store a URL names (built with any store that opens by
+//! URL).
+
+use std::{sync::Arc, time::Duration};
+
+use super::{StoreUrl, StoreUrlError};
+use crate::{error::Error, store::admin::StoreAdmin, store::Store};
+
+/// How [`StoreUrl::connect`] opens a store. The defaults are each store builder's own.
+///
+/// ```
+/// use idem_core::store::url::ConnectOptions;
+/// let options = ConnectOptions::new()
+///     .namespace("payments")
+///     .max_connections(16)
+///     .acquire_timeout(std::time::Duration::from_secs(30))
+///     .create_table_if_missing(true);
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ConnectOptions {
+    namespace: Option<String>,
+    max_connections: Option<u32>,
+    acquire_timeout: Option<Duration>,
+    create_table_if_missing: bool,
+    /// `Some(false)`: no background pruner on a SQL store (a one-shot command, a test that
+    /// counts rows).
+    background_pruner: Option<bool>,
+}
+
+impl ConnectOptions {
+    /// The store builders' defaults; a missing DynamoDB table is an error.
+    ///
+    /// ```
+    /// let options = idem_core::store::url::ConnectOptions::new();
+    /// # let _ = options;
+    /// ```
+    pub fn new() -> ConnectOptions {
+        ConnectOptions::default()
+    }
+
+    /// Where the records are: the table (SQLite, PostgreSQL with `schema.table` allowed,
+    /// DynamoDB) or the key prefix (Redis). Default: [`Scheme::default_namespace`].
+    ///
+    /// ```
+    /// let options = idem_core::store::url::ConnectOptions::new().namespace("app.idem_records");
+    /// # let _ = options;
+    /// ```
+    pub fn namespace(mut self, namespace: impl Into<String>) -> ConnectOptions {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// The pool size of the SQL stores (their builders' `max_connections`).
+    ///
+    /// ```
+    /// let options = idem_core::store::url::ConnectOptions::new().max_connections(16);
+    /// # let _ = options;
+    /// ```
+    pub fn max_connections(mut self, n: u32) -> ConnectOptions {
+        self.max_connections = Some(n);
+        self
+    }
+
+    /// How long a PostgreSQL call waits for a pooled connection (`PostgresStoreBuilder::acquire_timeout`).
+    ///
+    /// ```
+    /// let options = idem_core::store::url::ConnectOptions::new()
+    ///     .acquire_timeout(std::time::Duration::from_secs(30));
+    /// # let _ = options;
+    /// ```
+    pub fn acquire_timeout(mut self, timeout: Duration) -> ConnectOptions {
+        self.acquire_timeout = Some(timeout);
+        self
+    }
+
+    /// Whether a missing DynamoDB table is created (on-demand, with the store's key and TTL);
+    /// without it a missing table is [`ConnectError::NoDynamoTable`], so a misspelled name is
+    /// an error rather than a new table. The SQL stores always create their table (their
+    /// migrations); Redis has none.
+    ///
+    /// ```
+    /// let options = idem_core::store::url::ConnectOptions::new().create_table_if_missing(true);
+    /// # let _ = options;
+    /// ```
+    pub fn create_table_if_missing(mut self, create: bool) -> ConnectOptions {
+        self.create_table_if_missing = create;
+        self
+    }
+
+    /// Whether a SQL store deletes its expired records in the background while it lives (its
+    /// builder's default, on) — off for a command that runs once and reports what it did.
+    /// Redis and DynamoDB expire records by themselves either way.
+    ///
+    /// ```
+    /// let options = idem_core::store::url::ConnectOptions::new().background_pruner(false);
+    /// # let _ = options;
+    /// ```
+    pub fn background_pruner(mut self, on: bool) -> ConnectOptions {
+        self.background_pruner = Some(on);
+        self
+    }
+}
+
+/// Why [`StoreUrl::connect`] could not open the store.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # if cfg!(feature = "sqlite") {
+/// use idem_core::store::url::{ConnectError, ConnectOptions, StoreUrl};
+/// let url = StoreUrl::parse("sqlite:///no/such/dir/idem.db").unwrap();
+/// let err = url.connect(&ConnectOptions::new()).await.unwrap_err();
+/// assert!(matches!(err, ConnectError::NoSqliteFile { .. }));
+/// # } }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The URL cannot be opened by this build.
+    #[error(transparent)]
+    Url(#[from] StoreUrlError),
+    /// A SQLite file that does not exist, in a URL that does not ask to create it.
+    #[error(
+        "no SQLite database at {path:?}: check the path, or add ?mode=rwc to the URL to create it"
+    )]
+    NoSqliteFile {
+        /// The path in the URL.
+        path: String,
+    },
+    /// PostgreSQL refused or could not be reached (the server's or the network's reason).
+    #[error("cannot connect to PostgreSQL: {reason}")]
+    PostgresUnreachable {
+        /// Why: refused, bad password, no such database, …
+        reason: String,
+    },
+    /// No DynamoDB table of that name, and [`ConnectOptions::create_table_if_missing`] is off.
+    #[error(
+        "no DynamoDB table {table:?} at {endpoint}: check the table name (and AWS_REGION), or \
+         create it"
+    )]
+    NoDynamoTable {
+        /// The table looked for.
+        table: String,
+        /// The endpoint asked.
+        endpoint: String,
+    },
+    /// The store's own refusal: a bad table name or prefix, an unreachable server, missing
+    /// credentials.
+    #[error(transparent)]
+    Store(#[from] Error),
+}
+
+/// A store opened by [`StoreUrl::connect`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # if cfg!(feature = "sqlite") {
+/// use idem_core::store::url::{ConnectOptions, StoreUrl};
+/// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
+/// assert_eq!(opened.admin().schema_version().await?, 1);
+/// let store = opened.into_store();
+/// # let _ = store;
+/// # }
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OpenedStore {
+    /// From a `sqlite:` URL.
+    #[cfg(feature = "sqlite")]
+    Sqlite(crate::SqliteStore),
+    /// From a `postgres://` URL.
+    #[cfg(feature = "postgres")]
+    Postgres(crate::PostgresStore),
+    /// From a `redis://` or `redis-cluster://` URL.
+    #[cfg(feature = "redis")]
+    Redis(crate::RedisStore),
+    /// From a `dynamodb` URL.
+    #[cfg(feature = "dynamodb")]
+    DynamoDb {
+        /// The store.
+        store: crate::DynamoStore,
+        /// Whether opening it created its table.
+        created_table: bool,
+    },
+}
+
+impl OpenedStore {
+    /// The store, to run work through.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # if cfg!(feature = "sqlite") {
+    /// # use idem_core::store::url::{ConnectOptions, StoreUrl};
+    /// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
+    /// let store: &dyn idem_core::Store = opened.store();
+    /// # let _ = store;
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    pub fn store(&self) -> &dyn Store {
+        match self {
+            #[cfg(feature = "sqlite")]
+            OpenedStore::Sqlite(s) => s,
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(s) => s,
+            #[cfg(feature = "redis")]
+            OpenedStore::Redis(s) => s,
+            #[cfg(feature = "dynamodb")]
+            OpenedStore::DynamoDb { store, .. } => store,
+        }
+    }
+
+    /// The store's records as an operator sees them: look up, list, count, evict, prune.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # if cfg!(feature = "sqlite") {
+    /// # use idem_core::store::url::{ConnectOptions, StoreUrl};
+    /// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
+    /// assert_eq!(opened.admin().stats().await?.in_progress, 0);
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    pub fn admin(&self) -> &dyn StoreAdmin {
+        match self {
+            #[cfg(feature = "sqlite")]
+            OpenedStore::Sqlite(s) => s,
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(s) => s,
+            #[cfg(feature = "redis")]
+            OpenedStore::Redis(s) => s,
+            #[cfg(feature = "dynamodb")]
+            OpenedStore::DynamoDb { store, .. } => store,
+        }
+    }
+
+    /// The store, shared, for [`Idempotency::new`](crate::Idempotency::new) or a pruner.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # if cfg!(feature = "sqlite") {
+    /// # use idem_core::store::url::{ConnectOptions, StoreUrl};
+    /// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
+    /// let idem = idem_core::Idempotency::new(opened.into_store());
+    /// # let _ = idem;
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    pub fn into_store(self) -> Arc<dyn Store> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            OpenedStore::Sqlite(s) => Arc::new(s),
+            #[cfg(feature = "postgres")]
+            OpenedStore::Postgres(s) => Arc::new(s),
+            #[cfg(feature = "redis")]
+            OpenedStore::Redis(s) => Arc::new(s),
+            #[cfg(feature = "dynamodb")]
+            OpenedStore::DynamoDb { store, .. } => Arc::new(store),
+        }
+    }
+}
+
+impl StoreUrl {
+    /// Opens the store this URL names, as [`ConnectOptions`] say, applying a SQL store's
+    /// migrations. A SQLite file must exist unless the URL says `?mode=rwc`; PostgreSQL is
+    /// reached with one connection first, so a refusal says why (bad password, no database)
+    /// rather than a pool timeout; DynamoDB's client comes from the environment
+    /// (`DynamoStore::client_from_env`). Bound it with
+    /// a timeout of your own: an unreachable host can take the stores' connect timeouts.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[cfg(feature = "sqlite")] {
+    /// use idem_core::store::url::{ConnectOptions, OpenedStore, StoreUrl};
+    /// let dir = tempfile::tempdir()?;
+    /// let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
+    /// let opened = StoreUrl::parse(&url)?
+    ///     .connect(&ConnectOptions::new().namespace("payments"))
+    ///     .await?;
+    /// assert!(matches!(opened, OpenedStore::Sqlite(_)));
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(&self, options: &ConnectOptions) -> Result<OpenedStore, ConnectError> {
+        let namespace = options.namespace.as_deref();
+        match self {
+            #[cfg(feature = "sqlite")]
+            StoreUrl::Sqlite(url) => {
+                let rest = url.trim_start_matches("sqlite:");
+                let path = rest.trim_start_matches("//");
+                let (path, query) = path.split_once('?').unwrap_or((path, ""));
+                let creates = query.split('&').any(|p| p == "mode=rwc");
+                if !creates && !path.starts_with(':') && !std::path::Path::new(path).exists() {
+                    return Err(ConnectError::NoSqliteFile {
+                        path: path.to_owned(),
+                    });
+                }
+                let mut builder = crate::SqliteStore::builder();
+                if let Some(table) = namespace {
+                    builder = builder.table(table);
+                }
+                if let Some(n) = options.max_connections {
+                    builder = builder.max_connections(n);
+                }
+                if options.background_pruner == Some(false) {
+                    builder = builder.pruner(None);
+                }
+                Ok(OpenedStore::Sqlite(builder.connect(url).await?))
+            }
+            #[cfg(feature = "postgres")]
+            StoreUrl::Postgres(url) => {
+                use sqlx::Connection;
+                let probe = sqlx::PgConnection::connect(url).await.map_err(|e| {
+                    ConnectError::PostgresUnreachable {
+                        reason: e.to_string(),
+                    }
+                })?;
+                // The probe only had to open; how it closes changes nothing.
+                let _ = probe.close().await;
+                let mut builder = crate::PostgresStore::builder();
+                if let Some(table) = namespace {
+                    builder = builder.table(table);
+                }
+                if let Some(n) = options.max_connections {
+                    builder = builder.max_connections(n);
+                }
+                if options.background_pruner == Some(false) {
+                    builder = builder.pruner(None);
+                }
+                if let Some(timeout) = options.acquire_timeout {
+                    builder = builder.acquire_timeout(timeout);
+                }
+                Ok(OpenedStore::Postgres(builder.connect(url).await?))
+            }
+            #[cfg(feature = "redis")]
+            StoreUrl::Redis(url) => Ok(OpenedStore::Redis(
+                redis_builder(namespace).connect(url).await?,
+            )),
+            #[cfg(feature = "redis")]
+            StoreUrl::RedisCluster(nodes) => Ok(OpenedStore::Redis(
+                redis_builder(namespace).connect_cluster(nodes).await?,
+            )),
+            #[cfg(feature = "dynamodb")]
+            StoreUrl::DynamoDb { endpoint } => {
+                connect_dynamo(endpoint, namespace, options.create_table_if_missing).await
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(ConnectError::Url(StoreUrlError::NotBuilt {
+                url: other.scheme().prefixes()[0].to_owned(),
+                scheme: other.scheme(),
+            })),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+fn redis_builder(prefix: Option<&str>) -> crate::RedisStoreBuilder {
+    let builder = crate::RedisStore::builder();
+    match prefix {
+        Some(prefix) => builder.prefix(prefix),
+        None => builder,
+    }
+}
+
+#[cfg(feature = "dynamodb")]
+async fn connect_dynamo(
+    endpoint: &str,
+    table: Option<&str>,
+    create: bool,
+) -> Result<OpenedStore, ConnectError> {
+    use crate::DynamoStore;
+
+    let table = table.unwrap_or(super::Scheme::DynamoDb.default_namespace());
+    let client = DynamoStore::client_from_env(endpoint)?;
+    let described = client.describe_table().table_name(table).send().await;
+    let missing = matches!(&described, Err(e) if e
+        .as_service_error()
+        .is_some_and(|e| e.is_resource_not_found_exception()));
+    // Any other failure: the builder's own check below reports it.
+    if missing && !create {
+        return Err(ConnectError::NoDynamoTable {
+            table: table.to_owned(),
+            endpoint: endpoint.to_owned(),
+        });
+    }
+    if missing {
+        DynamoStore::create_table(&client, table).await?;
+    }
+    let store = DynamoStore::builder().table(table).build(client).await?;
+    Ok(OpenedStore::DynamoDb {
+        store,
+        created_table: missing,
+    })
+}
