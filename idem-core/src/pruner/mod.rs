@@ -820,7 +820,9 @@ pub(crate) trait Lease: Send {
 struct Records(Arc<dyn Store>);
 
 /// The record that is the lease of the records' pruners.
-fn records_lease_key() -> Result<Key, Error> {
+/// The reserved key of the records pruner's lease, a record of the store itself (which the
+/// store's operator views leave out).
+pub(crate) fn records_lease_key() -> Result<Key, Error> {
     Ok(Key::derive("idem.pruner", "", "records")?)
 }
 

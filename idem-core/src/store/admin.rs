@@ -131,8 +131,10 @@ mod sql {
             let now = d.now;
             let live = format!("expires_at > {now}");
             Ok(AdminSql {
+                // The pruner's lease is a record of the table under a reserved key ($4): not
+                // one of the application's, so neither listed nor counted.
                 list: format!(
-                    "SELECT key FROM {t} WHERE {live} \
+                    "SELECT key FROM {t} WHERE {live} AND key <> $4 \
                      AND (CAST($1 AS {bigint}) IS NULL OR state = $1) \
                      AND (CAST($2 AS {bytes}) IS NULL OR key > $2) \
                      ORDER BY key LIMIT $3",
@@ -145,7 +147,7 @@ mod sql {
                        CAST(coalesce(sum(CASE WHEN state = 1 AND {live} THEN 1 ELSE 0 END), 0) AS {b}), \
                        CAST(coalesce(sum(CASE WHEN {live} THEN 0 ELSE 1 END), 0) AS {b}), \
                        {oldest} \
-                     FROM {t}",
+                     FROM {t} WHERE key <> $1",
                     b = d.bigint,
                     oldest = d.micros_of(&format!("min(CASE WHEN {live} THEN expires_at END)")),
                 ),
@@ -156,6 +158,11 @@ mod sql {
                 ),
             })
         }
+    }
+
+    /// The key of the records pruner's lease row, as stored.
+    fn pruner_lease() -> Result<Vec<u8>, Error> {
+        Ok(crate::pruner::records_lease_key()?.as_bytes().to_vec())
     }
 
     fn state_code(state: Option<ListState>) -> Option<i64> {
@@ -197,6 +204,7 @@ mod sql {
                         .bind(state_code(state))
                         .bind(after.map(|k| k.as_bytes().to_vec()))
                         .bind(i64::from(limit))
+                        .bind(pruner_lease()?)
                         .fetch_all(self.pool())
                         .await?;
                     records(self, keys).await
@@ -204,6 +212,7 @@ mod sql {
 
                 async fn stats(&self) -> Result<StoreStats, Error> {
                     let counts = sqlx::query_as(&AdminSql::new(self)?.stats)
+                        .bind(pruner_lease()?)
                         .fetch_one(self.pool())
                         .await?;
                     // Not every build of SQLite can tell (dbstat is a compile-time option).
