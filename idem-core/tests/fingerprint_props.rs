@@ -172,7 +172,7 @@ fn meaning_in(t: &Typed, somes: usize) -> Meaning {
 /// type, `()` for `None`, a struct as a map, variants as the maps and strings they equal.
 fn rewrite(t: &Typed, seed: &mut u64) -> Typed {
     *seed = seed.wrapping_mul(31).wrapping_add(7);
-    let flip = *seed % 3 == 0;
+    let flip = (*seed).is_multiple_of(3);
     match t {
         Typed::None if flip => Typed::Unit,
         Typed::Unit if flip => Typed::None,
@@ -215,7 +215,7 @@ fn rewrite(t: &Typed, seed: &mut u64) -> Typed {
 /// differs a little, or is the same request written another way.
 fn nudge(t: &Typed, seed: &mut u64) -> Typed {
     let r = roll(seed);
-    let descend = r % 4 != 0;
+    let descend = !r.is_multiple_of(4);
     let mut t = t.clone();
     match &mut t {
         Typed::Some(inner) | Typed::NewtypeVariant(_, inner) if descend => {
@@ -629,7 +629,7 @@ mod http_body {
     /// (or, rarely, an equal one).
     fn nudge(doc: &Doc, seed: &mut u64) -> Doc {
         let r = roll(seed);
-        let descend = r % 4 != 0;
+        let descend = !r.is_multiple_of(4);
         let mut doc = doc.clone();
         match &mut doc {
             Doc::Arr(items) if descend && !items.is_empty() => {
@@ -753,7 +753,7 @@ mod http_body {
         for c in s.chars() {
             *seed = seed.wrapping_mul(31).wrapping_add(11);
             let must = c == '"' || c == '\\' || c < ' ';
-            if must || (*seed >> 7) % 3 == 0 {
+            if must || (*seed >> 7).is_multiple_of(3) {
                 let mut units = [0u16; 2];
                 for unit in c.encode_utf16(&mut units) {
                     out.push_str(&format!("\\u{:04X}", unit));

@@ -159,13 +159,13 @@ impl ExpiryIndex {
         let mut earliest: Option<(Option<usize>, SystemTime)> = None;
         for (i, (_, queue)) in self.queues.iter().enumerate() {
             if let Some(&(at, _)) = queue.front() {
-                if at <= now && earliest.map_or(true, |(_, e)| at < e) {
+                if at <= now && earliest.is_none_or(|(_, e)| at < e) {
                     earliest = Some((Some(i), at));
                 }
             }
         }
         if let Some(&(at, _)) = self.others.first() {
-            if at <= now && earliest.map_or(true, |(_, e)| at < e) {
+            if at <= now && earliest.is_none_or(|(_, e)| at < e) {
                 earliest = Some((None, at));
             }
         }
@@ -303,7 +303,7 @@ impl Records {
     fn expire(&mut self, now: SystemTime, limit: usize, look_at: Option<usize>) -> usize {
         let mut freed = 0;
         let mut taken = 0;
-        while freed < limit && look_at.map_or(true, |most| taken < most) {
+        while freed < limit && look_at.is_none_or(|most| taken < most) {
             #[cfg(test)]
             {
                 self.examined += 1;

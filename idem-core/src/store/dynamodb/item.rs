@@ -59,7 +59,7 @@ pub(super) fn millis(t: SystemTime) -> i64 {
 
 /// A duration in whole milliseconds, rounded up so a lease is never shorter than asked.
 pub(super) fn duration_millis(d: Duration) -> i64 {
-    let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
