@@ -314,11 +314,7 @@ async fn sustained(args: &Args) -> Result<(), BenchError> {
         runs.extend(sustain::sqlite(plan).await?);
     }
     if let (true, Some(url)) = (args.wants("postgres"), &args.pg_url) {
-        let pool = PostgresStore::builder()
-            .max_connections(PG_POOL)
-            .pool_options()
-            .connect(url)
-            .await?;
+        let pool = pg_pool(url).await?;
         runs.extend(sustain::postgres(&pool, plan).await?);
     }
     let table = sustain::markdown(plan, &runs);
@@ -472,11 +468,7 @@ async fn bench() -> Result<(), BenchError> {
     }
 
     if let (true, Some(url)) = (args.wants("postgres"), &args.pg_url) {
-        let pool = PostgresStore::builder()
-            .max_connections(PG_POOL)
-            .pool_options()
-            .connect(url)
-            .await?;
+        let pool = pg_pool(url).await?;
         let version: String = sqlx::query_scalar("SHOW server_version")
             .fetch_one(&pool)
             .await?;
@@ -719,4 +711,13 @@ fn utc_date() -> String {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
     format!("{year:04}-{month:02}-{day:02}")
+}
+
+/// A pool to PostgreSQL at `url` with the store's pool options and the benchmark's size.
+async fn pg_pool(url: &str) -> Result<sqlx::PgPool, BenchError> {
+    Ok(PostgresStore::builder()
+        .max_connections(PG_POOL)
+        .pool_options()
+        .connect(url)
+        .await?)
 }

@@ -257,16 +257,10 @@ async fn call(node: &Node, i: usize, work: Duration) -> Result<String, String> {
                     Err(e) => return Err(format!("complete {name}: {e}")),
                 }
             }
-            Ok(Start::Completed(cached)) => {
-                let bytes = cached.response.unwrap_or_default();
-                return String::from_utf8(bytes).map_err(|e| format!("response of {name}: {e}"));
-            }
-            Ok(Start::Locked { retry_after }) => {
-                if !said_locked {
-                    println!("locked {name}");
-                    said_locked = true;
+            Ok(other) => {
+                if let Some(answer) = not_claimed(other, &name, &mut said_locked).await {
+                    return answer;
                 }
-                tokio::time::sleep(backoff(retry_after)).await;
             }
             Err(e) => return Err(format!("start {name}: {e}")),
         }
@@ -418,16 +412,10 @@ async fn call_kv(
                     Err(e) => return Err(format!("complete {name}: {e}")),
                 }
             }
-            Ok(Start::Completed(cached)) => {
-                let bytes = cached.response.unwrap_or_default();
-                return String::from_utf8(bytes).map_err(|e| format!("response of {name}: {e}"));
-            }
-            Ok(Start::Locked { retry_after }) => {
-                if !said_locked {
-                    println!("locked {name}");
-                    said_locked = true;
+            Ok(other) => {
+                if let Some(answer) = not_claimed(other, &name, &mut said_locked).await {
+                    return answer;
                 }
-                tokio::time::sleep(backoff(retry_after)).await;
             }
             Err(e) => return Err(format!("start {name}: {e}")),
         }
@@ -568,5 +556,29 @@ async fn main() -> ExitCode {
             eprintln!("idem-stress-worker: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A start that did not claim the key: the stored response of a completed one, or, for a live
+/// claim, a pause before the caller asks again (`None`; "locked" is printed once per key).
+async fn not_claimed(
+    start: Start,
+    name: &str,
+    said_locked: &mut bool,
+) -> Option<Result<String, String>> {
+    match start {
+        Start::Completed(cached) => {
+            let bytes = cached.response.unwrap_or_default();
+            Some(String::from_utf8(bytes).map_err(|e| format!("response of {name}: {e}")))
+        }
+        Start::Locked { retry_after } => {
+            if !*said_locked {
+                println!("locked {name}");
+                *said_locked = true;
+            }
+            tokio::time::sleep(backoff(retry_after)).await;
+            None
+        }
+        Start::Started(_) => Some(Err(format!("start {name}: claimed where it should not"))),
     }
 }

@@ -283,6 +283,23 @@ impl StoreUrl {
     /// # Ok(()) }
     /// ```
     pub async fn connect(&self, options: &ConnectOptions) -> Result<OpenedStore, ConnectError> {
+        /// The options both SQL store builders take (they share no trait), applied to `$builder`.
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        macro_rules! sql_options {
+            ($builder:expr, $namespace:expr, $options:expr) => {{
+                let mut builder = $builder;
+                if let Some(table) = $namespace {
+                    builder = builder.table(table);
+                }
+                if let Some(n) = $options.max_connections {
+                    builder = builder.max_connections(n);
+                }
+                if $options.background_pruner == Some(false) {
+                    builder = builder.pruner(None);
+                }
+                builder
+            }};
+        }
         let namespace = options.namespace.as_deref();
         match self {
             #[cfg(feature = "sqlite")]
@@ -296,16 +313,7 @@ impl StoreUrl {
                         path: path.to_owned(),
                     });
                 }
-                let mut builder = crate::SqliteStore::builder();
-                if let Some(table) = namespace {
-                    builder = builder.table(table);
-                }
-                if let Some(n) = options.max_connections {
-                    builder = builder.max_connections(n);
-                }
-                if options.background_pruner == Some(false) {
-                    builder = builder.pruner(None);
-                }
+                let builder = sql_options!(crate::SqliteStore::builder(), namespace, options);
                 Ok(OpenedStore::Sqlite(builder.connect(url).await?))
             }
             #[cfg(feature = "postgres")]
@@ -318,16 +326,7 @@ impl StoreUrl {
                 })?;
                 // The probe only had to open; how it closes changes nothing.
                 let _ = probe.close().await;
-                let mut builder = crate::PostgresStore::builder();
-                if let Some(table) = namespace {
-                    builder = builder.table(table);
-                }
-                if let Some(n) = options.max_connections {
-                    builder = builder.max_connections(n);
-                }
-                if options.background_pruner == Some(false) {
-                    builder = builder.pruner(None);
-                }
+                let mut builder = sql_options!(crate::PostgresStore::builder(), namespace, options);
                 if let Some(timeout) = options.acquire_timeout {
                     builder = builder.acquire_timeout(timeout);
                 }
