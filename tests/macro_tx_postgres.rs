@@ -4,8 +4,6 @@
 #![cfg(feature = "postgres")]
 
 mod macro_tx_support;
-#[path = "../idem-core/tests/support/pg_env.rs"]
-mod pg_env;
 
 use std::sync::Arc;
 
@@ -21,7 +19,7 @@ struct PgBank {
 
 impl PgBank {
     async fn open(test: &str) -> Option<PgBank> {
-        let url = pg_env::pg_url(test)?;
+        let url = idem_test_support::postgres::pg_url(test)?;
         let suffix = uuid::Uuid::new_v4().simple();
         let store = PostgresStore::builder()
             .table(format!("idem_mtx_{suffix}"))

@@ -3,18 +3,6 @@
 //! errors. A server's variable missing skips its test, or fails it under `IDEM_REQUIRE_PG=1`,
 //! `IDEM_REQUIRE_REDIS=1` or `IDEM_REQUIRE_DYNAMODB=1` (as `scripts/test` sets them).
 
-// The shared test-environment helpers name the runtime crate `idem_core`.
-extern crate idem as idem_core;
-
-#[cfg(feature = "dynamodb")]
-#[path = "../../idem-core/tests/support/dynamo_env.rs"]
-mod dynamo_env;
-#[path = "../../idem-core/tests/support/pg_env.rs"]
-mod pg_env;
-#[cfg(feature = "redis")]
-#[path = "../../idem-core/tests/support/redis_env.rs"]
-mod redis_env;
-
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -268,7 +256,7 @@ async fn sqlite_every_command() {
 
 #[tokio::test]
 async fn postgres_every_command() {
-    let Some(url) = pg_env::pg_url("postgres_every_command") else {
+    let Some(url) = idem_test_support::postgres::pg_url("postgres_every_command") else {
         return;
     };
     let table = format!("idem_cli_{}", std::process::id());
@@ -313,15 +301,19 @@ fn bad_urls_are_one_clear_line() {
 }
 
 #[cfg(feature = "redis")]
-async fn redis_every_command(flavor: redis_env::Flavor) {
-    let Some(urls) = redis_env::redis_urls(flavor, &redis_env::current_test()) else {
+async fn redis_every_command(flavor: idem_test_support::redis::Flavor) {
+    let Some(urls) =
+        idem_test_support::redis::redis_urls(flavor, &idem_test_support::current_test())
+    else {
         return;
     };
-    let prefix = redis_env::fresh_prefix();
+    let prefix = idem_test_support::redis::fresh_prefix();
     let builder = idem::RedisStore::builder().prefix(&prefix);
     let (store, url) = match flavor {
-        redis_env::Flavor::Single => (builder.connect(&urls[0]).await.unwrap(), urls[0].clone()),
-        redis_env::Flavor::Cluster => {
+        idem_test_support::redis::Flavor::Single => {
+            (builder.connect(&urls[0]).await.unwrap(), urls[0].clone())
+        }
+        idem_test_support::redis::Flavor::Cluster => {
             let nodes: Vec<&str> = urls
                 .iter()
                 .map(|u| u.trim_start_matches("redis://"))
@@ -343,7 +335,7 @@ async fn redis_every_command(flavor: redis_env::Flavor) {
     );
     every_command(&url, &prefix, Arc::new(store), kind).await;
     // Another prefix on the same server sees none of these records.
-    let other = json(&url, &redis_env::fresh_prefix(), &["stats"]);
+    let other = json(&url, &idem_test_support::redis::fresh_prefix(), &["stats"]);
     assert_eq!(
         (other["in_progress"].as_u64(), other["completed"].as_u64()),
         (Some(0), Some(0))
@@ -357,13 +349,13 @@ async fn redis_every_command(flavor: redis_env::Flavor) {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_single_every_command() {
-    redis_every_command(redis_env::Flavor::Single).await;
+    redis_every_command(idem_test_support::redis::Flavor::Single).await;
 }
 
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_cluster_every_command() {
-    redis_every_command(redis_env::Flavor::Cluster).await;
+    redis_every_command(idem_test_support::redis::Flavor::Cluster).await;
 }
 
 /// Many records over the cluster's three masters: `list` pages through all of them in key order,
@@ -371,11 +363,13 @@ async fn redis_cluster_every_command() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_cluster_lists_every_master_in_key_order() {
-    let Some(urls) = redis_env::redis_urls(redis_env::Flavor::Cluster, "redis_cluster_lists")
-    else {
+    let Some(urls) = idem_test_support::redis::redis_urls(
+        idem_test_support::redis::Flavor::Cluster,
+        "redis_cluster_lists",
+    ) else {
         return;
     };
-    let prefix = redis_env::fresh_prefix();
+    let prefix = idem_test_support::redis::fresh_prefix();
     let store = idem::RedisStore::builder()
         .prefix(&prefix)
         .connect_cluster(&urls)
@@ -422,11 +416,11 @@ async fn redis_cluster_lists_every_master_in_key_order() {
 #[cfg(feature = "dynamodb")]
 #[tokio::test]
 async fn dynamodb_every_command() {
-    let Some(endpoint) = dynamo_env::dynamo_url("dynamodb_every_command") else {
+    let Some(endpoint) = idem_test_support::dynamodb::dynamo_url("dynamodb_every_command") else {
         return;
     };
     let url = format!("dynamodb://{}", endpoint.trim_start_matches("http://"));
-    let table = dynamo_env::fresh_table();
+    let table = idem_test_support::dynamodb::fresh_table();
     // The table does not exist yet: an error that says so, then `migrate` creates it.
     let (ok, _, err) = idem(&url, &table, &["stats"]);
     assert!(!ok);
@@ -440,13 +434,13 @@ async fn dynamodb_every_command() {
     assert_eq!(created["schema_version"], 1);
     let store = idem::DynamoStore::builder()
         .table(&table)
-        .build(dynamo_env::client(&endpoint))
+        .build(idem_test_support::dynamodb::client(&endpoint))
         .await
         .unwrap();
     seed(Arc::new(store.clone())).await;
     every_command(&url, &table, Arc::new(store.clone()), Kind::Dynamo(store)).await;
     assert_eq!(json(&url, &table, &["migrate"])["created_table"], false);
-    dynamo_env::drop_table(&endpoint, &table);
+    idem_test_support::dynamodb::drop_table(&endpoint, &table);
 }
 
 #[test]

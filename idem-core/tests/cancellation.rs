@@ -12,9 +12,6 @@
 //!   gets its result, and the retry replays it.
 #![cfg(all(feature = "sqlite", feature = "postgres"))]
 
-#[path = "support/pg_env.rs"]
-mod pg_env;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,7 +44,7 @@ async fn sqlite(dir: &tempfile::TempDir) -> Arc<dyn Store> {
 }
 
 async fn postgres(test: &str) -> Option<(Arc<dyn Store>, PostgresStore)> {
-    let url = pg_env::pg_url(test)?;
+    let url = idem_test_support::postgres::pg_url(test)?;
     let table = format!("idem_cancel_{}", uuid::Uuid::new_v4().simple());
     let store = PostgresStore::builder()
         .table(&table)

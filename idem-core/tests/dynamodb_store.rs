@@ -7,9 +7,6 @@
 //! `IDEM_DYNAMODB_SERVER_CMD`.
 #![cfg(feature = "dynamodb")]
 
-#[path = "support/dynamo_env.rs"]
-mod dynamo_env;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,12 +22,12 @@ use idem_core::{
     RecordState, Start, Store, StoreErrorKind,
 };
 
-use dynamo_env::{client, dynamo_url, fresh_store, fresh_table, Server};
+use idem_test_support::dynamodb::{self, client, dynamo_url, fresh_store, fresh_table, Server};
 
 const LONG: Duration = Duration::from_secs(30);
 
 fn url() -> Option<String> {
-    dynamo_url(&dynamo_env::current_test())
+    dynamo_url(&idem_test_support::current_test())
 }
 
 fn key(name: &str) -> Key {
@@ -273,11 +270,7 @@ async fn each_call_is_one_request() {
         .await
         .unwrap();
     let requests = Requests::default();
-    let counted = Client::from_conf(
-        dynamo_env::config(&url)
-            .interceptor(requests.clone())
-            .build(),
-    );
+    let counted = Client::from_conf(dynamodb::config(&url).interceptor(requests.clone()).build());
     let store = DynamoStore::builder()
         .table(&table)
         .build(counted)

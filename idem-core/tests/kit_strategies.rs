@@ -748,17 +748,13 @@ suite!(
 );
 
 #[cfg(feature = "postgres")]
-#[path = "support/pg_env.rs"]
-mod pg_env;
-
-#[cfg(feature = "postgres")]
 mod postgres_support {
     use sqlx::postgres::{PgPool, PgPoolOptions};
 
     /// The server of `IDEM_TEST_PG_URL`; without it the test is skipped, unless
     /// `IDEM_REQUIRE_PG=1` makes that a failure.
     pub async fn pool(test: &str) -> Option<(PgPool, Option<tempfile::TempDir>)> {
-        let url = crate::pg_env::pg_url(test)?;
+        let url = idem_test_support::postgres::pg_url(test)?;
         let pool = PgPoolOptions::new()
             .max_connections(10)
             .connect(&url)

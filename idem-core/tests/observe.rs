@@ -2,15 +2,6 @@
 //! checked against storms and failures whose outcomes are known exactly.
 #![cfg(all(feature = "metrics", feature = "sqlite", feature = "postgres"))]
 
-#[cfg(feature = "dynamodb")]
-#[path = "support/dynamo_env.rs"]
-mod dynamo_env;
-#[path = "support/pg_env.rs"]
-mod pg_env;
-#[cfg(feature = "redis")]
-#[path = "support/redis_env.rs"]
-mod redis_env;
-
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -160,7 +151,7 @@ fn sqlite_storm_metrics_are_exact() {
 
 #[test]
 fn postgres_storm_metrics_are_exact() {
-    let Some(url) = pg_env::pg_url("postgres_storm_metrics_are_exact") else {
+    let Some(url) = idem_test_support::postgres::pg_url("postgres_storm_metrics_are_exact") else {
         return;
     };
     let recorder = DebuggingRecorder::new();
@@ -188,10 +179,13 @@ fn postgres_storm_metrics_are_exact() {
 #[cfg(feature = "redis")]
 #[test]
 fn redis_storm_metrics_are_exact() {
-    for flavor in [redis_env::Flavor::Single, redis_env::Flavor::Cluster] {
+    for flavor in [
+        idem_test_support::redis::Flavor::Single,
+        idem_test_support::redis::Flavor::Cluster,
+    ] {
         let recorder = DebuggingRecorder::new();
         let seen = with_recorder(&recorder, || async {
-            let store = redis_env::fresh_store(flavor, |b| b).await?;
+            let store = idem_test_support::redis::fresh_store(flavor, |b| b).await?;
             Some(storm(Arc::new(store)).await)
         });
         let Some(seen) = seen else { return };
@@ -203,16 +197,17 @@ fn redis_storm_metrics_are_exact() {
 #[cfg(feature = "dynamodb")]
 #[test]
 fn dynamodb_storm_metrics_are_exact() {
-    let Some(url) = dynamo_env::dynamo_url("dynamodb_storm_metrics_are_exact") else {
+    let Some(url) = idem_test_support::dynamodb::dynamo_url("dynamodb_storm_metrics_are_exact")
+    else {
         return;
     };
     let recorder = DebuggingRecorder::new();
     let (seen, table) = with_recorder(&recorder, || async {
-        let store = dynamo_env::fresh_store(&url, |b| b).await;
+        let store = idem_test_support::dynamodb::fresh_store(&url, |b| b).await;
         let table = store.table().to_owned();
         (storm(Arc::new(store)).await, table)
     });
-    dynamo_env::drop_table(&url, &table);
+    idem_test_support::dynamodb::drop_table(&url, &table);
     assert_storm(&recorder, &seen);
 }
 

@@ -633,15 +633,11 @@ async fn a_sqlite_pruner_deletes_100_records_a_batch_by_default() {
     );
 }
 
-#[cfg(feature = "postgres")]
-#[path = "support/pg_env.rs"]
-mod pg_env;
-
 /// A PostgreSQL store on a table of its own (for `test`), and the table's name; `None` when the
 /// test skips.
 #[cfg(feature = "postgres")]
 async fn pg_store(test: &str) -> Option<(idem_core::PostgresStore, String)> {
-    let url = pg_env::pg_url(test)?;
+    let url = idem_test_support::postgres::pg_url(test)?;
     let table = format!("idem_pruner_{:016x}", fastrand::u64(..));
     // Without the store's own pruner: the test's pruner is the one measured.
     let store = idem_core::PostgresStore::builder()

@@ -8,12 +8,9 @@
 //! and skips, unless `IDEM_REQUIRE_REDIS=1` makes that a failure.
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_env.rs"]
-mod redis_env;
-
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,7 +19,8 @@ use idem_core::{
     Completion, Error, Idempotency, Key, OnLocked, RecordState, RedisStore, Start, Store,
     StoreErrorKind,
 };
-use redis_env::Flavor;
+use idem_test_support::redis::{fresh_store, redis_bindir, Flavor};
+use idem_test_support::Process;
 use tokio::time::{sleep, Instant};
 
 const LONG: Duration = Duration::from_secs(30);
@@ -46,7 +44,7 @@ fn kind(result: &Result<impl std::fmt::Debug, Error>) -> Option<StoreErrorKind> 
 }
 
 async fn stale_owner_is_fenced(flavor: Flavor) {
-    let Some(store) = redis_env::fresh_store(flavor, |b| b).await else {
+    let Some(store) = fresh_store(flavor, |b| b).await else {
         return;
     };
     let k = key("stale");
@@ -166,24 +164,9 @@ async fn unreachable_server_is_unavailable() {
     );
 }
 
-/// `redis-server` and `redis-cli` from `IDEM_REDIS_BINDIR`, or `None` after printing why the
-/// test skips (a failure under `IDEM_REQUIRE_REDIS=1`).
-fn bindir(test: &str) -> Option<PathBuf> {
-    match std::env::var("IDEM_REDIS_BINDIR") {
-        Ok(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
-        _ if std::env::var("IDEM_REQUIRE_REDIS").is_ok_and(|v| v == "1") => {
-            panic!("{test}: IDEM_REDIS_BINDIR is not set, and IDEM_REQUIRE_REDIS=1 requires it")
-        }
-        _ => {
-            eprintln!("skipping {test}: IDEM_REDIS_BINDIR is not set");
-            None
-        }
-    }
-}
-
 /// A `redis-server` of the test's own, killed when dropped.
 struct Server {
-    child: Child,
+    process: Process,
     port: u16,
 }
 
@@ -207,7 +190,10 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start redis-server");
-        let server = Server { child, port };
+        let server = Server {
+            process: Process::new(child),
+            port,
+        };
         server.wait_ready(bin);
         server
     }
@@ -233,14 +219,7 @@ impl Server {
 
     /// `kill -9`: the server dies at once, without saving or telling its replicas.
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
+        self.process.kill();
     }
 }
 
@@ -258,7 +237,7 @@ fn free_port_pair() -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_server_is_unavailable_then_serves_again() {
-    let Some(bin) = bindir("restarted_server_is_unavailable_then_serves_again") else {
+    let Some(bin) = redis_bindir("restarted_server_is_unavailable_then_serves_again") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -317,7 +296,7 @@ async fn restarted_server_is_unavailable_then_serves_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_acknowledgements_are_checked() {
-    let Some(bin) = bindir("replica_acknowledgements_are_checked") else {
+    let Some(bin) = redis_bindir("replica_acknowledgements_are_checked") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -716,7 +695,7 @@ async fn storm_across_failover(bin: &Path, wait: bool) -> Failover {
 /// with `wait_for_replicas(1, …)`, no key whose result a caller received runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn master_killed_mid_storm() {
-    let Some(bin) = bindir("master_killed_mid_storm") else {
+    let Some(bin) = redis_bindir("master_killed_mid_storm") else {
         return;
     };
     let plain = storm_across_failover(&bin, false).await;
@@ -732,7 +711,7 @@ async fn master_killed_mid_storm() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evict_and_get_on_a_cluster() {
-    let Some(store) = redis_env::fresh_store(Flavor::Cluster, |b| b).await else {
+    let Some(store) = fresh_store(Flavor::Cluster, |b| b).await else {
         return;
     };
     // Keys spread over every master: each record lives in one slot, by its hash tag.

@@ -14,9 +14,7 @@ use idem_core::{
 use sqlx::Connection;
 use tempfile::TempDir;
 
-#[path = "support/eventually.rs"]
-mod eventually;
-use eventually::eventually;
+use idem_test_support::eventually;
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);

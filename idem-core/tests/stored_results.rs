@@ -2,9 +2,6 @@
 //! disk) makes the replay a typed `Corrupt` store error, never the replay of another value.
 #![cfg(all(feature = "sqlite", feature = "postgres"))]
 
-#[path = "support/pg_env.rs"]
-mod pg_env;
-
 use std::sync::Arc;
 
 use idem_core::{Error, Idempotency, Key, PostgresStore, SqliteStore, Store, StoreErrorKind};
@@ -52,7 +49,8 @@ async fn sqlite_flipped_byte_is_a_typed_error() {
 
 #[tokio::test]
 async fn postgres_flipped_byte_is_a_typed_error() {
-    let Some(url) = pg_env::pg_url("postgres_flipped_byte_is_a_typed_error") else {
+    let Some(url) = idem_test_support::postgres::pg_url("postgres_flipped_byte_is_a_typed_error")
+    else {
         return;
     };
     let table = format!("idem_stored_{}", uuid::Uuid::new_v4().simple());

@@ -568,10 +568,6 @@ mod sqlite {
 }
 
 #[cfg(feature = "postgres")]
-#[path = "support/pg_env.rs"]
-mod pg_env;
-
-#[cfg(feature = "postgres")]
 mod postgres {
     use std::sync::Arc;
 
@@ -591,7 +587,7 @@ mod postgres {
         /// `IDEM_TEST_PG_URL`; without it the test is skipped, unless `IDEM_REQUIRE_PG=1` makes
         /// that a failure.
         async fn open(test: &str) -> Option<Postgres> {
-            let url = crate::pg_env::pg_url(test)?;
+            let url = idem_test_support::postgres::pg_url(test)?;
             let store = PostgresStore::builder()
                 .table(format!("idem_tx_{}", uuid::Uuid::new_v4().simple()))
                 .max_connections(16)

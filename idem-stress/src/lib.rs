@@ -6,13 +6,13 @@
 //! one line per event. The integration tests under `tests/` start several of them, kill, pause
 //! or clock-skew them, and compare their reports with what the database holds.
 //!
-//! This library holds what the tests share: the environment rules ([`env`]), a handle on a
-//! running worker ([`worker`]), a throwaway PostgreSQL cluster ([`cluster`]) and opening any
-//! store by URL ([`stores`], for the `storm-kv` mode that runs against every backend).
+//! This library holds what the worker and its tests share: a handle on a running worker
+//! ([`worker`]), the keys, the table of executions, the 4-process storm ([`storm`]) and opening
+//! any store by URL ([`stores`], for the `storm-kv` mode that runs against every backend). The
+//! environment rules and the throwaway PostgreSQL cluster are the test crates' own, in
+//! `idem-test-support`.
 #![forbid(unsafe_code)]
 
-pub mod cluster;
-pub mod env;
 pub mod stores;
 pub mod storm;
 pub mod worker;
@@ -37,16 +37,6 @@ pub fn key_name(i: usize) -> String {
     format!("k{i}")
 }
 
-/// A table name no other test uses: `prefix` and 16 random hex digits.
-///
-/// ```
-/// let t = idem_stress::unique_name("idem_t");
-/// assert!(t.starts_with("idem_t_") && t.len() == "idem_t_".len() + 16);
-/// ```
-pub fn unique_name(prefix: &str) -> String {
-    format!("{prefix}_{:016x}", fastrand::u64(..))
-}
-
 /// Creates the table in which workers record each execution of the business function.
 ///
 /// One row per execution: the key, the worker, the claim's token, the server time it started,
@@ -60,15 +50,5 @@ pub async fn create_exec_table(pool: &sqlx::PgPool, name: &str) -> Result<(), sq
     ))
     .execute(pool)
     .await?;
-    Ok(())
-}
-
-/// Drops the given tables if they exist (test clean-up).
-pub async fn drop_tables(pool: &sqlx::PgPool, names: &[&str]) -> Result<(), sqlx::Error> {
-    for name in names {
-        sqlx::raw_sql(&format!("DROP TABLE IF EXISTS \"{name}\""))
-            .execute(pool)
-            .await?;
-    }
     Ok(())
 }

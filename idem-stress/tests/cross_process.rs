@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use idem_core::{PostgresStore, RecordState, Store};
 use idem_stress::worker::Worker;
-use idem_stress::{create_exec_table, drop_tables, env, key, key_name, unique_name};
+use idem_stress::{create_exec_table, key, key_name};
+use idem_test_support::postgres::{drop_tables, faketime_lib, pg_url};
+use idem_test_support::unique_name;
 use sqlx::PgPool;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_idem-stress-worker");
@@ -111,9 +113,7 @@ impl Scratch {
 
     async fn cleanup(self) {
         let migrations = format!("{}_migrations", self.table);
-        drop_tables(&self.pool, &[&self.table, &migrations, &self.exec])
-            .await
-            .unwrap();
+        drop_tables(&self.pool, &[&self.table, &migrations, &self.exec]).await;
     }
 }
 
@@ -158,7 +158,7 @@ async fn stored_responses(
 /// 4 processes × 64 tasks call the same 100 keys at once: each key's work runs exactly once and
 /// every caller of a key gets the same response, the one that execution produced.
 async fn duplicate_storm(test: &str, engine: bool) {
-    let Some(url) = env::pg_url(test) else {
+    let Some(url) = pg_url(test) else {
         return;
     };
     const PROCESSES: usize = 4;
@@ -240,7 +240,7 @@ async fn duplicate_storm_through_the_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_work_frees_keys_after_one_lease() {
-    let Some(url) = env::pg_url("kill_9_mid_work_frees_keys_after_one_lease") else {
+    let Some(url) = pg_url("kill_9_mid_work_frees_keys_after_one_lease") else {
         return;
     };
     const KEYS: usize = 100;
@@ -329,7 +329,7 @@ async fn kill_9_mid_work_frees_keys_after_one_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_worker_cannot_complete_abort_or_renew() {
-    let Some(url) = env::pg_url("stale_worker_cannot_complete_abort_or_renew") else {
+    let Some(url) = pg_url("stale_worker_cannot_complete_abort_or_renew") else {
         return;
     };
     let s = Scratch::new(url).await;
@@ -508,10 +508,10 @@ async fn skewed_pair(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skewed_clocks_agree_on_leases() {
     let test = "skewed_clocks_agree_on_leases";
-    let Some(url) = env::pg_url(test) else {
+    let Some(url) = pg_url(test) else {
         return;
     };
-    let Some(lib) = env::faketime_lib(test) else {
+    let Some(lib) = faketime_lib(test) else {
         return;
     };
     let lib = lib.to_str().expect("utf-8 path").to_owned();

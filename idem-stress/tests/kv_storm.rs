@@ -6,13 +6,15 @@
 //! `IDEM_TEST_REDIS_CLUSTER_URLS`); each test skips without its variable unless
 //! `IDEM_REQUIRE_DYNAMODB=1` / `IDEM_REQUIRE_REDIS=1`.
 
-use idem_stress::{env, storm, unique_name};
+use idem_stress::storm;
+use idem_test_support::redis::{redis_urls, Flavor};
+use idem_test_support::{dynamodb::dynamo_url, unique_name};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_idem-stress-worker");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_four_processes_run_each_key_once() {
-    let Some(endpoint) = env::dynamodb_url("dynamodb_four_processes_run_each_key_once") else {
+    let Some(endpoint) = dynamo_url("dynamodb_four_processes_run_each_key_once") else {
         return;
     };
     let rest = endpoint
@@ -24,19 +26,22 @@ async fn dynamodb_four_processes_run_each_key_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_four_processes_run_each_key_once() {
-    let Some(url) = env::redis_urls("redis_four_processes_run_each_key_once", false) else {
+    let Some(urls) = redis_urls(Flavor::Single, "redis_four_processes_run_each_key_once") else {
         return;
     };
-    storm::four_processes(WORKER, &url, &unique_name("idem_storm")).await;
+    storm::four_processes(WORKER, &urls[0], &unique_name("idem_storm")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_four_processes_run_each_key_once() {
-    let Some(urls) = env::redis_urls("redis_cluster_four_processes_run_each_key_once", true) else {
+    let Some(urls) = redis_urls(
+        Flavor::Cluster,
+        "redis_cluster_four_processes_run_each_key_once",
+    ) else {
         return;
     };
     let nodes: Vec<&str> = urls
-        .split(',')
+        .iter()
         .map(|u| u.strip_prefix("redis://").unwrap_or(u))
         .collect();
     let url = format!("redis-cluster://{}", nodes.join(","));

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{Error, Idempotency, OnLocked, Outcome, PostgresStore, Store};
-use idem_stress::cluster::TempCluster;
-use idem_stress::{env, key};
+use idem_stress::key;
+use idem_test_support::postgres::{pg_bindir, TempCluster};
 
 const TASKS: usize = 64;
 const KEYS_PER_TASK: usize = 150;
@@ -93,7 +93,7 @@ async fn outage_longer_than_the_lease_runs_nothing_twice_in_one_process() {
 }
 
 async fn storm(test: &str, lease: Duration) {
-    let Some(bindir) = env::pg_bindir(test) else {
+    let Some(bindir) = pg_bindir(test) else {
         return;
     };
     let cluster = TempCluster::init(&bindir);

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{Error, Idempotency, OnLocked, Outcome, PostgresStore, RecordState, Store};
-use idem_stress::{env, key, unique_name};
+use idem_stress::key;
+use idem_test_support::postgres as env;
+use idem_test_support::unique_name;
 use sqlx::{Connection, PgConnection};
 
 const LEASE: Duration = Duration::from_secs(20);

@@ -8,13 +8,10 @@ use idem_core::{
     Error, PostgresStore, PostgresStoreBuilder, RecordState, Start, Store, StoreErrorKind, Token,
     Transactional,
 };
-use idem_stress::cluster::TempCluster;
-use idem_stress::{drop_tables, env, key, unique_name};
+use idem_stress::key;
+use idem_test_support::postgres::{self as env, drop_tables, TempCluster};
+use idem_test_support::{eventually, unique_name};
 use sqlx::{Connection, PgPool};
-
-#[path = "../../idem-core/tests/support/eventually.rs"]
-mod eventually;
-use eventually::eventually;
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -68,9 +65,7 @@ async fn concurrent_first_connects_migrate_once() {
     );
     // A second connect to an up-to-date table changes nothing.
     quiet().table(&table).connect(&url).await.unwrap();
-    drop_tables(&pool, &[&table, &format!("{table}_migrations")])
-        .await
-        .unwrap();
+    drop_tables(&pool, &[&table, &format!("{table}_migrations")]).await;
 }
 
 #[tokio::test]
@@ -138,9 +133,7 @@ async fn newer_schema_version_is_refused() {
     .unwrap();
     let err = quiet().table(&table).connect(&url).await.unwrap_err();
     assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
-    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
-        .await
-        .unwrap();
+    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")]).await;
 }
 
 #[tokio::test]
@@ -170,9 +163,7 @@ async fn corrupt_rows_are_typed_errors() {
         matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Corrupt),
         "{err:?}"
     );
-    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
-        .await
-        .unwrap();
+    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")]).await;
 }
 
 /// Waits (bounded) until some backend is blocked on a lock while running a statement on
@@ -279,9 +270,7 @@ async fn claim_sees_rows_committed_after_its_snapshot() {
             RecordState::Completed(c) => assert_eq!(c.response.as_deref(), Some(&b"theirs"[..])),
             other => panic!("the other node's result stands, got {other:?}"),
         }
-        drop_tables(&pool, &[&table, &format!("{table}_migrations")])
-            .await
-            .unwrap();
+        drop_tables(&pool, &[&table, &format!("{table}_migrations")]).await;
     }
 }
 
@@ -376,9 +365,7 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
     }
     assert!(replays_without_the_row_lock(&read_first, &pool, &table).await);
     assert!(!replays_without_the_row_lock(&claim_first, &pool, &table).await);
-    drop_tables(&pool, &[&table, &format!("{table}_migrations")])
-        .await
-        .unwrap();
+    drop_tables(&pool, &[&table, &format!("{table}_migrations")]).await;
 }
 
 /// Server time, not the application's: a lease is as long as asked, measured by the server.
@@ -402,9 +389,7 @@ async fn leases_and_retention_use_server_time() {
     .unwrap();
     let left = lease_s - now_s;
     assert!(left > 20.0 && left <= 30.0, "lease ends {left} s from now");
-    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
-        .await
-        .unwrap();
+    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")]).await;
 }
 
 /// Transactional mode on PostgreSQL: claim, business write and completion commit together, so
@@ -480,9 +465,7 @@ async fn transactional_mode_applies_the_effect_once() {
     assert_eq!(fresh, 1, "one delivery ran the work, the others replayed");
     let rows: i64 = sqlx::query_scalar(&count).fetch_one(&pool).await.unwrap();
     assert_eq!(rows, 1, "the effect was applied exactly once");
-    drop_tables(&pool, &[&table, &format!("{table}_migrations"), &ledger])
-        .await
-        .unwrap();
+    drop_tables(&pool, &[&table, &format!("{table}_migrations"), &ledger]).await;
 }
 
 /// `keys` keys, each run by two callers at once (the second waits to take over), whose work holds
@@ -532,9 +515,7 @@ async fn run_while_work_holds_the_pool(url: &str, keys: usize) -> Vec<usize> {
         // A call that lost its lease fails; the counts below show what that cost.
         let _ = call.await.unwrap();
     }
-    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
-        .await
-        .unwrap();
+    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")]).await;
     runs.iter().map(|r| r.load(Ordering::SeqCst)).collect()
 }
 
@@ -700,9 +681,7 @@ async fn server_errors_map_to_typed_kinds() {
     assert_eq!(kind_of(e), StoreErrorKind::Unavailable);
 
     let t = store.table().to_owned();
-    drop_tables(&pool, &[&table, &t, &format!("{t}_migrations")])
-        .await
-        .unwrap();
+    drop_tables(&pool, &[&table, &t, &format!("{t}_migrations")]).await;
 }
 
 /// A statement's commit can fail after its rows came back (here a deferred constraint trigger
@@ -812,9 +791,7 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
             .await
             .unwrap();
     assert!(index.is_some(), "the expiry index is back too");
-    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
-        .await
-        .unwrap();
+    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")]).await;
 }
 
 /// A small tmpfs that the `postgres` user owns, for a tablespace that can fill up; unmounted when
@@ -1118,9 +1095,7 @@ async fn a_completion_whose_reply_was_lost_is_completed_again_ok() {
         }
         other => panic!("expected the first completion's record, got {other:?}"),
     }
-    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")])
-        .await
-        .unwrap();
+    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")]).await;
 }
 
 /// The backend pid of the store's one pooled connection, once it is back in the pool (sqlx
@@ -1208,9 +1183,7 @@ async fn a_connection_is_pinged_only_after_ping_idle_after() {
         Start::Started(_)
     ));
 
-    drop_tables(&admin, &[&table, &format!("{table}_migrations")])
-        .await
-        .unwrap();
+    drop_tables(&admin, &[&table, &format!("{table}_migrations")]).await;
 }
 
 /// Expired records go with no pruner spawned by the user: the store runs one while it lives.
@@ -1281,9 +1254,7 @@ async fn expired_records_are_deleted_with_no_pruner_spawned() {
     ));
     let pool = store.pool().clone();
     drop(store);
-    drop_tables(&pool, &[&table, &format!("{table}_migrations")])
-        .await
-        .unwrap();
+    drop_tables(&pool, &[&table, &format!("{table}_migrations")]).await;
 }
 
 /// Runs `sql` (several statements) in one transaction on `conn`, with `search_path` set to

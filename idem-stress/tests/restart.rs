@@ -8,8 +8,8 @@ use std::time::Duration;
 use idem_core::{
     Claim, Completion, Error, PostgresStore, RecordState, Start, Store, StoreErrorKind,
 };
-use idem_stress::cluster::TempCluster;
-use idem_stress::{env, key};
+use idem_stress::key;
+use idem_test_support::postgres::{pg_bindir, TempCluster};
 use sqlx::Connection;
 use tokio::sync::Barrier;
 
@@ -71,8 +71,7 @@ async fn assert_completed(store: &PostgresStore, i: usize, response: &[u8]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
-    let Some(bindir) = env::pg_bindir("restart_mid_run_gives_typed_errors_and_loses_nothing")
-    else {
+    let Some(bindir) = pg_bindir("restart_mid_run_gives_typed_errors_and_loses_nothing") else {
         return;
     };
     let cluster = TempCluster::init(&bindir);

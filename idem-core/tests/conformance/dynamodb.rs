@@ -5,17 +5,16 @@ use async_trait::async_trait;
 use idem_core::conformance::Harness;
 use idem_core::{DynamoStore, Store};
 
-use crate::dynamo_env::{self, Server};
+use idem_test_support::dynamodb::{drop_table, fresh_store, own_or_shared_server, Server};
 
 /// A DynamoDB store on a fresh table with a unique name. The server: one of the rule's own,
 /// started with `IDEM_DYNAMODB_SERVER_CMD` when `scripts/test` set it, otherwise the shared one
 /// named by `IDEM_TEST_DYNAMODB_URL`. Without either the test prints why and skips, unless
 /// `IDEM_REQUIRE_DYNAMODB=1` (set by `scripts/test`), which makes it a failure.
 ///
-/// Why a server per rule under `scripts/test`: moto answers one request at a time (so that its
-/// conditional writes are atomic) at about 3 ms each, so the storm rule's thousand calls would
-/// hold up a timing rule running beside it (`engine_renews_long_work` probes a 1 s lease) by
-/// seconds. A real DynamoDB has no such queue.
+/// Why a server per rule under `scripts/test`: moto answers one request at a time, so the storm
+/// rule's thousand calls would hold up a timing rule running beside it
+/// (`engine_renews_long_work` probes a 1 s lease) by seconds.
 ///
 /// The clock-skew margin is 100 ms: every store handle of a rule runs on this one machine's
 /// clock, and the rules wait 450 ms past a 300 ms lease, so a takeover after `lease + margin` is
@@ -29,18 +28,8 @@ pub struct DynamoHarness {
 #[async_trait]
 impl Harness for DynamoHarness {
     async fn new() -> Option<Self> {
-        let (url, server) = match Server::command() {
-            Some(cmd) => {
-                let server = tokio::task::spawn_blocking(move || Server::start(&cmd))
-                    .await
-                    .expect("start a DynamoDB server");
-                (server.url(), Some(server))
-            }
-            None => (dynamo_env::dynamo_url(&dynamo_env::current_test())?, None),
-        };
-        let store =
-            dynamo_env::fresh_store(&url, |b| b.clock_skew_margin(Duration::from_millis(100)))
-                .await;
+        let (url, server) = own_or_shared_server().await?;
+        let store = fresh_store(&url, |b| b.clock_skew_margin(Duration::from_millis(100))).await;
         Some(DynamoHarness {
             store,
             url,
@@ -56,7 +45,7 @@ impl Harness for DynamoHarness {
 impl Drop for DynamoHarness {
     fn drop(&mut self) {
         if self._server.is_none() {
-            dynamo_env::drop_table(&self.url, self.store.table());
+            drop_table(&self.url, self.store.table());
         }
     }
 }

@@ -12,23 +12,14 @@
 use idem_core::conformance::suite;
 
 #[cfg(feature = "dynamodb")]
-#[path = "../support/dynamo_env.rs"]
-mod dynamo_env;
-#[cfg(feature = "dynamodb")]
 mod dynamodb;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod harness;
 mod memory;
 #[cfg(feature = "postgres")]
-#[path = "../support/pg_env.rs"]
-mod pg_env;
-#[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
-#[cfg(feature = "redis")]
-#[path = "../support/redis_env.rs"]
-mod redis_env;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use idem_core::conformance::Harness;
 use idem_core::{RedisStore, Store};
 
-use crate::redis_env::{self, Flavor};
+use idem_test_support::redis::{fresh_store, Flavor};
 
 /// A Redis store under a fresh key prefix on the shared test server (`CLUSTER = false`) or
 /// cluster (`CLUSTER = true`) that `scripts/test` starts. Without it the test prints why and
@@ -23,7 +23,7 @@ impl<const CLUSTER: bool> Harness for RedisHarness<CLUSTER> {
         } else {
             Flavor::Single
         };
-        let store = redis_env::fresh_store(flavor, |b| b).await?;
+        let store = fresh_store(flavor, |b| b).await?;
         Some(RedisHarness { store })
     }
 

@@ -6,15 +6,6 @@
 
 mod cases;
 mod config;
-#[cfg(feature = "dynamodb")]
-#[path = "../support/dynamo_env.rs"]
-mod dynamo_env;
-#[cfg(feature = "postgres")]
-#[path = "../support/pg_env.rs"]
-mod pg_env;
-#[cfg(feature = "redis")]
-#[path = "../support/redis_env.rs"]
-mod redis_env;
 mod server;
 mod tasks;
 
@@ -85,7 +76,7 @@ enum Leftover {
     /// A server of the test's own (stopped when dropped), or a table on the shared one.
     #[cfg(feature = "dynamodb")]
     Dynamo(
-        #[allow(dead_code)] Option<dynamo_env::Server>,
+        #[allow(dead_code)] Option<idem_test_support::dynamodb::Server>,
         String,
         String,
     ),
@@ -96,13 +87,11 @@ impl Leftover {
     async fn remove(self) {
         #[cfg(feature = "postgres")]
         if let Leftover::PgTable(store) = &self {
-            let table = store.table();
-            let drop = format!("DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\"");
-            let _ = sqlx::raw_sql(&drop).execute(store.pool()).await;
+            idem_test_support::postgres::drop_store_tables(store).await;
         }
         #[cfg(feature = "dynamodb")]
         if let Leftover::Dynamo(None, url, table) = &self {
-            let client = dynamo_env::client(url);
+            let client = idem_test_support::dynamodb::client(url);
             let _ = client.delete_table().table_name(table).send().await;
         }
         // A directory is deleted as `self` goes out of scope here.
@@ -128,29 +117,18 @@ async fn sqlite() -> Option<(Arc<dyn Store>, Leftover)> {
 /// the variable the case prints why and skips, unless `IDEM_REQUIRE_PG=1` makes that a failure.
 #[cfg(feature = "postgres")]
 async fn postgres() -> Option<(Arc<dyn Store>, Leftover)> {
-    let url = pg_env::pg_url(&pg_env::current_test())?;
-    let store = idem_core::PostgresStore::builder()
-        .table(format!("idem_http_{:016x}", fastrand::u64(..)))
-        .connect(&url)
-        .await
-        .unwrap();
+    let url = idem_test_support::postgres::pg_url(&idem_test_support::current_test())?;
+    let store = idem_test_support::postgres::fresh_store(&url, |b| b).await;
     Some((Arc::new(store.clone()), Leftover::PgTable(store)))
 }
 
 /// A server of the test's own when `scripts/test` gave the command to start one (see
-/// `tests/conformance/dynamodb.rs` for why), else a fresh table on `IDEM_TEST_DYNAMODB_URL`.
+/// `idem_test_support::dynamodb::own_or_shared_server` for why), else a fresh table on
+/// `IDEM_TEST_DYNAMODB_URL`.
 #[cfg(feature = "dynamodb")]
 async fn dynamodb() -> Option<(Arc<dyn Store>, Leftover)> {
-    let (url, server) = match dynamo_env::Server::command() {
-        Some(cmd) => {
-            let server = tokio::task::spawn_blocking(move || dynamo_env::Server::start(&cmd))
-                .await
-                .unwrap();
-            (server.url(), Some(server))
-        }
-        None => (dynamo_env::dynamo_url(&dynamo_env::current_test())?, None),
-    };
-    let store = dynamo_env::fresh_store(&url, |b| b).await;
+    let (url, server) = idem_test_support::dynamodb::own_or_shared_server().await?;
+    let store = idem_test_support::dynamodb::fresh_store(&url, |b| b).await;
     let table = store.table().to_owned();
     Some((Arc::new(store), Leftover::Dynamo(server, url, table)))
 }
@@ -159,13 +137,17 @@ async fn dynamodb() -> Option<(Arc<dyn Store>, Leftover)> {
 /// `scripts/test` starts; its records expire by themselves, so nothing is left to remove.
 #[cfg(feature = "redis")]
 async fn redis_single() -> Option<(Arc<dyn Store>, Leftover)> {
-    let store = redis_env::fresh_store(redis_env::Flavor::Single, |b| b).await?;
+    let store =
+        idem_test_support::redis::fresh_store(idem_test_support::redis::Flavor::Single, |b| b)
+            .await?;
     Some((Arc::new(store), Leftover::Nothing))
 }
 
 #[cfg(feature = "redis")]
 async fn redis_cluster() -> Option<(Arc<dyn Store>, Leftover)> {
-    let store = redis_env::fresh_store(redis_env::Flavor::Cluster, |b| b).await?;
+    let store =
+        idem_test_support::redis::fresh_store(idem_test_support::redis::Flavor::Cluster, |b| b)
+            .await?;
     Some((Arc::new(store), Leftover::Nothing))
 }
 

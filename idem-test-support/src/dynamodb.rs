@@ -1,10 +1,9 @@
-//! The project's rule for a test that needs DynamoDB, shared by every test crate (included with
-//! `#[path]`): the server comes from `IDEM_TEST_DYNAMODB_URL` (an endpoint such as
-//! `http://127.0.0.1:8000`, moto in server mode as `scripts/test` starts it); without it the
+//! DynamoDB for a test: the shared server comes from `IDEM_TEST_DYNAMODB_URL` (an endpoint such
+//! as `http://127.0.0.1:8000`, moto in server mode as `scripts/test` starts it); without it the
 //! test prints `skipping <test>: IDEM_TEST_DYNAMODB_URL is not set` and returns, unless
-//! `IDEM_REQUIRE_DYNAMODB=1` (set by `scripts/test`) makes that a failure. Clients use static
-//! test credentials and a fixed region, so nothing is looked up elsewhere.
-#![allow(dead_code)]
+//! `IDEM_REQUIRE_DYNAMODB=1` (set by `scripts/test`) makes that a failure. A server of the
+//! test's own ([`Server`]) starts with `IDEM_DYNAMODB_SERVER_CMD`. Clients use static test
+//! credentials and a fixed region, so nothing is looked up elsewhere.
 
 use std::time::Duration;
 
@@ -14,36 +13,58 @@ use idem_core::aws_sdk_dynamodb::config::{
 use idem_core::aws_sdk_dynamodb::{self, Client};
 use idem_core::{DynamoStore, DynamoStoreBuilder};
 
-/// The test server's endpoint, or `None` after printing why `test` skips.
+/// The shared test server's endpoint, or `None` after printing why `test` skips.
+///
+/// ```
+/// let _url = idem_test_support::dynamodb::dynamo_url("doc_example");
+/// ```
 pub fn dynamo_url(test: &str) -> Option<String> {
-    match std::env::var("IDEM_TEST_DYNAMODB_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("IDEM_REQUIRE_DYNAMODB").is_ok_and(|v| v == "1") => panic!(
-            "{test}: IDEM_TEST_DYNAMODB_URL is not set, and IDEM_REQUIRE_DYNAMODB=1 requires it"
-        ),
-        _ => {
-            eprintln!("skipping {test}: IDEM_TEST_DYNAMODB_URL is not set");
-            None
-        }
-    }
+    crate::setting(test, "IDEM_TEST_DYNAMODB_URL", "IDEM_REQUIRE_DYNAMODB")
 }
 
-/// The name of the running test (its thread's name), for messages.
-pub fn current_test() -> String {
-    std::thread::current()
-        .name()
-        .unwrap_or("a DynamoDB test")
-        .to_owned()
+/// A server of the test's own when `scripts/test` gave the command to start one
+/// (`IDEM_DYNAMODB_SERVER_CMD`), else the shared one: its endpoint, and the server to keep
+/// until the test ends. `None` after printing why the test skips.
+///
+/// Why a server of its own when one can be had: moto answers one request at a time (so that
+/// its conditional writes are atomic) at about 3 ms each, so a storm of a thousand calls would
+/// hold up a timing test running beside it by seconds. A real DynamoDB has no such queue.
+///
+/// ```no_run
+/// # async fn doc() {
+/// let Some((url, _server)) = idem_test_support::dynamodb::own_or_shared_server().await else {
+///     return;
+/// };
+/// # let _ = url; }
+/// ```
+pub async fn own_or_shared_server() -> Option<(String, Option<Server>)> {
+    match Server::command() {
+        Some(cmd) => {
+            let server = tokio::task::spawn_blocking(move || Server::start(&cmd))
+                .await
+                .expect("start a DynamoDB server");
+            Some((server.url(), Some(server)))
+        }
+        None => Some((dynamo_url(&crate::current_test())?, None)),
+    }
 }
 
 /// A client of the server at `endpoint` with static test credentials, bounded timeouts and the
 /// SDK's standard retries. The timeouts are generous: moto answers one request at a time, so in
 /// the storm rule a request may queue behind a thousand others on a loaded machine.
+///
+/// ```
+/// let _client = idem_test_support::dynamodb::client("http://127.0.0.1:8000");
+/// ```
 pub fn client(endpoint: &str) -> Client {
     Client::from_conf(config(endpoint).build())
 }
 
 /// The configuration of [`client`], to add to.
+///
+/// ```
+/// let _config = idem_test_support::dynamodb::config("http://127.0.0.1:8000").build();
+/// ```
 pub fn config(endpoint: &str) -> aws_sdk_dynamodb::config::Builder {
     aws_sdk_dynamodb::Config::builder()
         .behavior_version(BehaviorVersion::latest())
@@ -66,11 +87,25 @@ pub fn config(endpoint: &str) -> aws_sdk_dynamodb::config::Builder {
 }
 
 /// A table name no other test uses.
+///
+/// ```
+/// assert!(idem_test_support::dynamodb::fresh_table().starts_with("idem_test_"));
+/// ```
 pub fn fresh_table() -> String {
-    format!("idem_test_{:016x}", fastrand::u64(..))
+    crate::unique_name("idem_test")
 }
 
 /// A store on a fresh table (created here), configured by `configure`.
+///
+/// ```no_run
+/// # async fn doc() {
+/// use idem_test_support::dynamodb::{drop_table, fresh_store};
+///
+/// let url = "http://127.0.0.1:8000";
+/// let store = fresh_store(url, |b| b).await;
+/// drop_table(url, store.table());
+/// # }
+/// ```
 pub async fn fresh_store(
     endpoint: &str,
     configure: impl FnOnce(DynamoStoreBuilder) -> DynamoStoreBuilder,
@@ -85,33 +120,38 @@ pub async fn fresh_store(
     .expect("create a fresh table on IDEM_TEST_DYNAMODB_URL")
 }
 
-/// Deletes `table` from a thread with a runtime of its own (for `Drop`, which cannot await and
-/// whose runtime may be busy or gone); failures only leave a stray table in the throwaway server.
+/// Deletes `table` from a runtime of its own (see [`on_own_runtime`](crate::on_own_runtime),
+/// for `Drop`); failures only leave a stray table in the throwaway server.
+///
+/// ```no_run
+/// idem_test_support::dynamodb::drop_table("http://127.0.0.1:8000", "idem_test_0");
+/// ```
 pub fn drop_table(endpoint: &str, table: &str) {
     let (endpoint, table) = (endpoint.to_owned(), table.to_owned());
-    let cleanup = std::thread::spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        rt.block_on(async {
-            let _ = client(&endpoint)
-                .delete_table()
-                .table_name(table)
-                .send()
-                .await;
-        });
+    crate::on_own_runtime(move || async move {
+        let _ = client(&endpoint)
+            .delete_table()
+            .table_name(table)
+            .send()
+            .await;
     });
-    let _ = cleanup.join();
 }
 
 /// A DynamoDB-compatible server of the test's own, started with `IDEM_DYNAMODB_SERVER_CMD`
 /// (`scripts/test` sets it to moto's launcher; the command gets `HOST PORT` appended) on a free
 /// loopback port, and killed when dropped.
+///
+/// ```no_run
+/// use idem_test_support::dynamodb::Server;
+///
+/// if let Some(cmd) = Server::command() {
+///     let server = Server::start(&cmd);
+///     let _endpoint = server.url();
+///     server.stop();
+/// }
+/// ```
 pub struct Server {
-    child: std::process::Child,
+    process: crate::Process,
     port: u16,
 }
 
@@ -145,13 +185,16 @@ impl Server {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start the server of IDEM_DYNAMODB_SERVER_CMD");
-        let mut server = Server { child, port };
+        let mut server = Server {
+            process: crate::Process::new(child),
+            port,
+        };
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return server;
             }
-            if let Ok(Some(status)) = server.child.try_wait() {
+            if let Some(status) = server.process.exited() {
                 panic!("the DynamoDB server on port {port} exited at start: {status}");
             }
             assert!(
@@ -174,17 +217,6 @@ impl Server {
 
     /// Stops it and waits until it has exited.
     pub fn stop(mut self) {
-        self.kill();
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
+        self.process.kill();
     }
 }

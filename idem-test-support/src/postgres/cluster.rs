@@ -12,13 +12,12 @@ use std::process::Command;
 /// One PostgreSQL cluster of the test's own.
 ///
 /// ```no_run
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let bindir = std::path::PathBuf::from("/usr/lib/postgresql/15/bin");
-/// let cluster = idem_stress::cluster::TempCluster::init(&bindir);
+/// let cluster = idem_test_support::postgres::TempCluster::init(&bindir);
 /// cluster.start();
 /// let url = cluster.url();
 /// cluster.stop("fast");
-/// # let _ = url; }
+/// # let _ = url;
 /// ```
 pub struct TempCluster {
     dir: tempfile::TempDir,
@@ -161,7 +160,7 @@ fn run(cmd: &mut Command) {
 /// A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it).
 ///
 /// ```
-/// assert!(idem_stress::cluster::free_port() > 0);
+/// assert!(idem_test_support::postgres::free_port() > 0);
 /// ```
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -1,0 +1,147 @@
+//! What idem's test crates share (not published): the project's rule for a test whose server
+//! is missing, fresh stores on the servers `scripts/test` starts, servers of a test's own, and
+//! bounded polling.
+//!
+//! The rule: a test that needs a server asks here for its setting (`IDEM_TEST_PG_URL`,
+//! `IDEM_TEST_REDIS_URL`, `IDEM_TEST_DYNAMODB_URL`, …). Without it the test prints
+//! `skipping <test>: <VAR> is not set` to stderr and returns, unless the store's
+//! `IDEM_REQUIRE_…=1` (set by `scripts/test`) makes that a failure.
+//!
+//! Each store's helpers sit behind the feature of the same name (`postgres`, `redis`,
+//! `dynamodb`), which turns the store on in idem-core, so a test binary builds only the stores
+//! it tests.
+#![forbid(unsafe_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+#[cfg(feature = "dynamodb")]
+pub mod dynamodb;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+/// The value of the environment variable `var`, or `None` after printing why `test` skips; a
+/// failure instead when `require` (such as `IDEM_REQUIRE_PG`) is `1`.
+///
+/// ```
+/// let _url = idem_test_support::setting("doc_example", "IDEM_TEST_PG_URL", "IDEM_REQUIRE_PG");
+/// ```
+pub fn setting(test: &str, var: &str, require: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ if required(require) => {
+            panic!("{test}: {var} is not set, and {require}=1 requires it")
+        }
+        _ => {
+            eprintln!("skipping {test}: {var} is not set");
+            None
+        }
+    }
+}
+
+/// Whether the test command set `require` (such as `IDEM_REQUIRE_PG`) to `1`: every test of
+/// that store must run.
+///
+/// ```
+/// let _must_run = idem_test_support::required("IDEM_REQUIRE_PG");
+/// ```
+pub fn required(require: &str) -> bool {
+    std::env::var(require).is_ok_and(|v| v == "1")
+}
+
+/// The name of the running test (its thread's name), for messages.
+///
+/// ```
+/// assert!(!idem_test_support::current_test().is_empty());
+/// ```
+pub fn current_test() -> String {
+    std::thread::current().name().unwrap_or("a test").to_owned()
+}
+
+/// A name no other test uses: `prefix`, `_` and 16 random hex digits (a table, a key prefix).
+///
+/// ```
+/// let t = idem_test_support::unique_name("idem_t");
+/// assert!(t.starts_with("idem_t_") && t.len() == "idem_t_".len() + 16);
+/// ```
+pub fn unique_name(prefix: &str) -> String {
+    format!("{prefix}_{:016x}", fastrand::u64(..))
+}
+
+/// Polls `done` every 10 ms for at most 10 s; whether it came true. A test waits for what
+/// happens in the background (a pruner's delete, a task's end), never for a fixed time.
+///
+/// ```
+/// # async fn doc() {
+/// assert!(idem_test_support::eventually(|| async { true }).await);
+/// # }
+/// ```
+pub async fn eventually<F: Future<Output = bool>>(mut done: impl FnMut() -> F) -> bool {
+    for _ in 0..1_000 {
+        if done().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// A child process of the test's own (a server), killed and waited for when dropped, also when
+/// the test fails.
+///
+/// ```no_run
+/// let mut server = idem_test_support::Process::new(
+///     std::process::Command::new("redis-server").spawn().unwrap(),
+/// );
+/// server.kill();
+/// ```
+pub struct Process(std::process::Child);
+
+impl Process {
+    /// Takes charge of `child`.
+    pub fn new(child: std::process::Child) -> Process {
+        Process(child)
+    }
+
+    /// Its exit status if it has exited, without waiting.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.0.try_wait().ok().flatten()
+    }
+
+    /// `kill -9`, and waits until it is gone (at once, without saving or telling anyone).
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs the future `work` makes to its end on a thread with a runtime of its own, and waits for
+/// it: clean-up from `Drop`, which cannot await and whose runtime may be busy or gone. A
+/// failure only leaves something stray on a throwaway server, so it is not reported.
+///
+/// ```
+/// idem_test_support::on_own_runtime(|| async { /* drop a table */ });
+/// ```
+pub fn on_own_runtime<F>(work: impl FnOnce() -> F + Send + 'static)
+where
+    F: Future<Output = ()>,
+{
+    let cleanup = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(work());
+    });
+    let _ = cleanup.join();
+}
