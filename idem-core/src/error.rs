@@ -323,7 +323,7 @@ mod tests {
     use super::*;
 
     /// Codes a test server cannot easily be made to send; the others are produced for real by
-    /// the stores' tests (`idem-core/tests/sqlite_store.rs`, `idem-stress/tests/pg_store.rs`).
+    /// the stores' tests (`idem-core/tests/sqlite_store.rs`, `idem-core/tests/postgres_store.rs`).
     #[test]
     fn sqlstates_map_by_class_and_code() {
         for (code, kind) in [

@@ -1,19 +1,32 @@
 //! PostgreSQL-specific behaviour of `PostgresStore` that the shared conformance suite cannot
 //! see: migrations under concurrent first connects, table names, the snapshot race of the
-//! one-statement claim, and typed errors for rows it cannot read.
+//! one-statement claim, typed errors for rows it cannot read and for the server's failures (a
+//! killed backend, a full disk, a lost reply), and completions stored after a passing failure.
+//!
+//! The server comes from `IDEM_TEST_PG_URL`; `a_full_disk_is_a_full_store_error` runs a cluster
+//! of its own from `IDEM_PG_BINDIR`. Without them a test prints why and skips, unless
+//! `IDEM_REQUIRE_PG=1` (set by `scripts/test`) makes that a failure. What needs several
+//! processes, or a server stopped and started under it, is in `idem-stress`.
+#![cfg(feature = "postgres")]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Error, PostgresStore, PostgresStoreBuilder, RecordState, Start, Store, StoreErrorKind, Token,
-    Transactional,
+    Error, Idempotency, Key, OnLocked, Outcome, PostgresStore, PostgresStoreBuilder, RecordState,
+    Start, Store, StoreErrorKind, Token, Transactional,
 };
-use idem_stress::key;
-use idem_test_support::postgres::{self as env, drop_tables, TempCluster};
+use idem_test_support::postgres::{drop_store_tables, drop_tables, pg_bindir, pg_url, TempCluster};
 use idem_test_support::{eventually, unique_name};
-use sqlx::{Connection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 
 const LEASE: Duration = Duration::from_secs(30);
+
+/// The `i`-th test key.
+fn key(i: usize) -> Key {
+    Key::derive("postgres-test", "", &format!("k{i}")).unwrap()
+}
 
 /// A builder without the background pruner, for the tests below: they count rows, watch and
 /// terminate the pool's backends, and time connections, which the pruner's own statements would
@@ -32,7 +45,7 @@ async fn pool(url: &str) -> PgPool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_first_connects_migrate_once() {
-    let Some(url) = env::pg_url("concurrent_first_connects_migrate_once") else {
+    let Some(url) = pg_url("concurrent_first_connects_migrate_once") else {
         return;
     };
     let table = unique_name("idem_mig");
@@ -70,7 +83,7 @@ async fn concurrent_first_connects_migrate_once() {
 
 #[tokio::test]
 async fn schema_qualified_table_lives_in_its_schema() {
-    let Some(url) = env::pg_url("schema_qualified_table_lives_in_its_schema") else {
+    let Some(url) = pg_url("schema_qualified_table_lives_in_its_schema") else {
         return;
     };
     let pool = pool(&url).await;
@@ -104,7 +117,7 @@ async fn schema_qualified_table_lives_in_its_schema() {
 
 #[tokio::test]
 async fn missing_schema_is_a_typed_store_error() {
-    let Some(url) = env::pg_url("missing_schema_is_a_typed_store_error") else {
+    let Some(url) = pg_url("missing_schema_is_a_typed_store_error") else {
         return;
     };
     let err = quiet()
@@ -120,7 +133,7 @@ async fn missing_schema_is_a_typed_store_error() {
 
 #[tokio::test]
 async fn newer_schema_version_is_refused() {
-    let Some(url) = env::pg_url("newer_schema_version_is_refused") else {
+    let Some(url) = pg_url("newer_schema_version_is_refused") else {
         return;
     };
     let table = unique_name("idem_new");
@@ -138,7 +151,7 @@ async fn newer_schema_version_is_refused() {
 
 #[tokio::test]
 async fn corrupt_rows_are_typed_errors() {
-    let Some(url) = env::pg_url("corrupt_rows_are_typed_errors") else {
+    let Some(url) = pg_url("corrupt_rows_are_typed_errors") else {
         return;
     };
     let table = unique_name("idem_bad");
@@ -211,7 +224,7 @@ async fn start_via(
 /// the pool's bare claim and transactional mode's CTE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_sees_rows_committed_after_its_snapshot() {
-    let Some(url) = env::pg_url("claim_sees_rows_committed_after_its_snapshot") else {
+    let Some(url) = pg_url("claim_sees_rows_committed_after_its_snapshot") else {
         return;
     };
     for in_tx in [false, true] {
@@ -321,7 +334,7 @@ async fn replays_without_the_row_lock(store: &PostgresStore, pool: &PgPool, tabl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
     use idem_core::{ClaimOrder, Completion};
-    let Some(url) = env::pg_url("claim_order_follows_the_traffic_and_pinned_orders_hold") else {
+    let Some(url) = pg_url("claim_order_follows_the_traffic_and_pinned_orders_hold") else {
         return;
     };
     let table = unique_name("idem_order");
@@ -371,7 +384,7 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
 /// Server time, not the application's: a lease is as long as asked, measured by the server.
 #[tokio::test]
 async fn leases_and_retention_use_server_time() {
-    let Some(url) = env::pg_url("leases_and_retention_use_server_time") else {
+    let Some(url) = pg_url("leases_and_retention_use_server_time") else {
         return;
     };
     let table = unique_name("idem_time");
@@ -397,7 +410,7 @@ async fn leases_and_retention_use_server_time() {
 /// back after the work leaves neither the write nor the claim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactional_mode_applies_the_effect_once() {
-    let Some(url) = env::pg_url("transactional_mode_applies_the_effect_once") else {
+    let Some(url) = pg_url("transactional_mode_applies_the_effect_once") else {
         return;
     };
     let table = unique_name("idem_tx");
@@ -526,7 +539,7 @@ async fn run_while_work_holds_the_pool(url: &str, keys: usize) -> Vec<usize> {
 /// the leases ran out and each duplicate ran the work again.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_is_not_starved_by_work_holding_the_pool() {
-    let Some(url) = env::pg_url("renewal_is_not_starved_by_work_holding_the_pool") else {
+    let Some(url) = pg_url("renewal_is_not_starved_by_work_holding_the_pool") else {
         return;
     };
     let runs = run_while_work_holds_the_pool(&url, 3).await;
@@ -540,7 +553,7 @@ async fn renewal_is_not_starved_by_work_holding_the_pool() {
 /// again (11 executions for 6 keys before either).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_queued_behind_work_keep_their_leases() {
-    let Some(url) = env::pg_url("completions_queued_behind_work_keep_their_leases") else {
+    let Some(url) = pg_url("completions_queued_behind_work_keep_their_leases") else {
         return;
     };
     let runs = run_while_work_holds_the_pool(&url, 6).await;
@@ -556,7 +569,7 @@ fn kind_of(e: sqlx::Error) -> StoreErrorKind {
 /// to `Unavailable`: each produced for real on the test server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_errors_map_to_typed_kinds() {
-    let Some(url) = env::pg_url("server_errors_map_to_typed_kinds") else {
+    let Some(url) = pg_url("server_errors_map_to_typed_kinds") else {
         return;
     };
     let pool = pool(&url).await;
@@ -689,7 +702,7 @@ async fn server_errors_map_to_typed_kinds() {
 /// must then fail with that error, never report a write that was rolled back.
 #[tokio::test]
 async fn a_commit_that_fails_after_the_rows_fails_the_call() {
-    let Some(url) = env::pg_url("a_commit_that_fails_after_the_rows_fails_the_call") else {
+    let Some(url) = pg_url("a_commit_that_fails_after_the_rows_fails_the_call") else {
         return;
     };
     let table = unique_name("idem_commit");
@@ -745,7 +758,7 @@ async fn a_commit_that_fails_after_the_rows_fails_the_call() {
 /// ledger still lists the migration), also when several nodes connect at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_records_table_is_created_again_on_connect() {
-    let Some(url) = env::pg_url("a_dropped_records_table_is_created_again_on_connect") else {
+    let Some(url) = pg_url("a_dropped_records_table_is_created_again_on_connect") else {
         return;
     };
     let table = unique_name("idem_dropped");
@@ -844,7 +857,7 @@ impl Drop for Tmpfs {
 /// the shared server gets no tablespace.
 #[tokio::test]
 async fn a_full_disk_is_a_full_store_error() {
-    let Some(bindir) = env::pg_bindir("a_full_disk_is_a_full_store_error") else {
+    let Some(bindir) = pg_bindir("a_full_disk_is_a_full_store_error") else {
         return;
     };
     // Dropped after the cluster (declared before it), which must stop using the files first.
@@ -1026,7 +1039,7 @@ async fn a_completion_whose_reply_was_lost_is_completed_again_ok() {
     use idem_core::Completion;
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-    let Some(url) = env::pg_url("a_completion_whose_reply_was_lost_is_completed_again_ok") else {
+    let Some(url) = pg_url("a_completion_whose_reply_was_lost_is_completed_again_ok") else {
         return;
     };
     let options = PgConnectOptions::from_str(&url).unwrap();
@@ -1143,7 +1156,7 @@ async fn terminate(pool: &PgPool, pid: i32) {
 /// longer (here `ZERO`: every one) is pinged, found dead and replaced before the call uses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_is_pinged_only_after_ping_idle_after() {
-    let Some(url) = env::pg_url("a_connection_is_pinged_only_after_ping_idle_after") else {
+    let Some(url) = pg_url("a_connection_is_pinged_only_after_ping_idle_after") else {
         return;
     };
     let admin = pool(&url).await;
@@ -1193,7 +1206,7 @@ async fn a_connection_is_pinged_only_after_ping_idle_after() {
 /// one of 500) and keeps the one.
 #[tokio::test]
 async fn expired_records_are_deleted_with_no_pruner_spawned() {
-    let Some(url) = env::pg_url("expired_records_are_deleted_with_no_pruner_spawned") else {
+    let Some(url) = pg_url("expired_records_are_deleted_with_no_pruner_spawned") else {
         return;
     };
     let table = unique_name("idem_bgprune");
@@ -1301,8 +1314,7 @@ async fn described(pool: &PgPool, schema: &str) -> Vec<String> {
 /// non-migrating connect once it does.
 #[tokio::test]
 async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
-    let Some(url) =
-        env::pg_url("a_role_without_create_uses_the_store_after_an_out_of_band_migration")
+    let Some(url) = pg_url("a_role_without_create_uses_the_store_after_an_out_of_band_migration")
     else {
         return;
     };
@@ -1359,7 +1371,7 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
 
     // The owner migrates out of band: the shipped file, twice, under the schema's search path;
     // and `migrate()` in a second schema, to compare.
-    let file = include_str!("../../idem-core/sql/postgres/idem_records.sql");
+    let file = include_str!("../sql/postgres/idem_records.sql");
     assert_eq!(file, PostgresStore::builder().schema_sql().unwrap());
     let mut conn = owner.acquire().await.unwrap();
     apply_in(&mut conn, &schema, file).await;
@@ -1463,4 +1475,190 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
     .execute(&owner)
     .await
     .unwrap();
+}
+
+// Storing a result when the statement fails for a passing reason: the backend killed under it
+// three times, or a `statement_timeout` hit. The work ran, so the engine hands the completion to
+// the background and returns the result; the completion lands once the obstacle is gone, and a
+// retry replays it. The work runs once.
+
+/// The lease of the completion tests: the retry below waits for it at most.
+const COMPLETION_LEASE: Duration = Duration::from_secs(20);
+
+/// Locks the key's row from another connection, so the completion's `UPDATE` waits on it.
+async fn lock_row(url: &str, store: &PostgresStore, i: usize) -> PgConnection {
+    let mut locker = PgConnection::connect(url).await.unwrap();
+    sqlx::raw_sql("BEGIN").execute(&mut locker).await.unwrap();
+    let locked = sqlx::query(&format!(
+        "SELECT 1 FROM \"{}\" WHERE key = $1 FOR UPDATE",
+        store.table()
+    ))
+    .bind(&key(i).as_bytes()[..])
+    .fetch_optional(&mut locker)
+    .await
+    .unwrap();
+    assert!(locked.is_some(), "the claim's row is there to lock");
+    locker
+}
+
+/// The pid of the backend whose completion waits on the row lock, once there is one.
+///
+/// Backends in `killed` are skipped: one that was terminated can still be listed, waiting, for a
+/// moment before it exits, and terminating it again would find it gone.
+async fn waiting_completion(locker: &mut PgConnection, table: &str, killed: &[i32]) -> i32 {
+    for _ in 0..1000 {
+        let pid: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE '%SET state = 1%' AND query LIKE $1 \
+             AND pid <> ALL($2)",
+        )
+        .bind(format!("%{table}%"))
+        .bind(killed)
+        .fetch_optional(&mut *locker)
+        .await
+        .unwrap();
+        if let Some(pid) = pid {
+            return pid;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no completion ever waited on the row lock");
+}
+
+/// Runs key `i` through the engine; the work, once done, has the row locked so the completion
+/// waits. Returns the caller's result, the locker, and the run counter.
+async fn run_with_completion_blocked(
+    url: &str,
+    store: &PostgresStore,
+    engine: &Idempotency,
+    i: usize,
+    runs: &Arc<AtomicUsize>,
+) -> (
+    tokio::task::JoinHandle<Result<Outcome<String>, Error>>,
+    PgConnection,
+) {
+    let (locked_tx, locked_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let call = {
+        let (engine, runs) = (engine.clone(), runs.clone());
+        tokio::spawn(async move {
+            engine
+                .call(key(i))
+                .run_detached(async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    // The row is locked before the work returns, so the completion waits.
+                    let _ = locked_tx.send(());
+                    let _ = go_rx.await;
+                    Ok::<_, Error>(format!("charged {i}"))
+                })
+                .await
+        })
+    };
+    locked_rx.await.unwrap();
+    let locker = lock_row(url, store, i).await;
+    go_tx.send(()).unwrap();
+    (call, locker)
+}
+
+/// After the obstacle is gone: the record completes with the one result, and a waiting retry
+/// replays it without running the work.
+async fn completes_once(engine: &Idempotency, store: &PostgresStore, i: usize, runs: &AtomicUsize) {
+    let wait = OnLocked::Wait {
+        timeout: COMPLETION_LEASE,
+    };
+    let replay = engine
+        .call(key(i))
+        .on_locked(wait)
+        .run(async { Ok::<_, Error>("ran again".to_string()) })
+        .await
+        .unwrap();
+    assert_eq!(replay, Outcome::Replayed(format!("charged {i}")));
+    assert!(matches!(
+        store.get(&key(i)).await.unwrap().unwrap().state,
+        RecordState::Completed(_)
+    ));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_killed_three_times_during_complete() {
+    let Some(url) = pg_url("backend_killed_three_times_during_complete") else {
+        return;
+    };
+    let store = PostgresStore::builder()
+        // No background pruner: the test finds and terminates the store's backends.
+        .pruner(None)
+        .table(unique_name("idem_kill"))
+        .connect(&url)
+        .await
+        .unwrap();
+    let engine = Idempotency::builder(store.clone())
+        .lease(COMPLETION_LEASE)
+        .build()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (call, mut locker) = run_with_completion_blocked(&url, &store, &engine, 1, &runs).await;
+    let mut call = Some(call);
+    let mut admin = PgConnection::connect(&url).await.unwrap();
+    let mut killed = Vec::new();
+    for kill in 1..=3 {
+        let pid = waiting_completion(&mut admin, store.table(), &killed).await;
+        killed.push(pid);
+        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+        assert!(killed, "kill {kill}");
+        if let Some(call) = call.take() {
+            // The first failure hands the completion to the background: the caller has its
+            // result although nothing is stored yet.
+            let out = call.await.unwrap().unwrap();
+            assert_eq!(out, Outcome::Fresh("charged 1".to_string()));
+        }
+    }
+    // The fourth attempt waits on the lock too; releasing it lets it land.
+    waiting_completion(&mut admin, store.table(), &killed).await;
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    completes_once(&engine, &store, 1, &runs).await;
+    drop_store_tables(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statement_timeout_during_complete() {
+    let Some(url) = pg_url("statement_timeout_during_complete") else {
+        return;
+    };
+    // Every statement of the store's pool may take at most 300 ms.
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let timed = format!("{url}{sep}options=-c%20statement_timeout%3D300");
+    let store = PostgresStore::builder()
+        // No background pruner: the test finds and terminates the store's backends.
+        .pruner(None)
+        .table(unique_name("idem_timeout"))
+        .connect(&timed)
+        .await
+        .unwrap();
+    let engine = Idempotency::builder(store.clone())
+        .lease(COMPLETION_LEASE)
+        .build()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (call, mut locker) = run_with_completion_blocked(&url, &store, &engine, 2, &runs).await;
+    // The completion times out on the lock after 300 ms: the caller gets its result anyway.
+    let out = call.await.unwrap().unwrap();
+    assert_eq!(out, Outcome::Fresh("charged 2".to_string()));
+    assert!(matches!(
+        store.get(&key(2)).await.unwrap().unwrap().state,
+        RecordState::InProgress { .. }
+    ));
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    completes_once(&engine, &store, 2, &runs).await;
+    drop_store_tables(&store).await;
 }
