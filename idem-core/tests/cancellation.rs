@@ -20,6 +20,7 @@ use idem_core::{
     Call, Error, Idempotency, Key, MemoryStore, OnLocked, Outcome, PostgresStore, RecordState,
     SqliteStore, Store, TokioClock,
 };
+use idem_test_support::postgres::{drop_store_tables, fresh_store, pg_url};
 use sqlx::Connection;
 
 /// The lease of every call here: far longer than any test takes, so a claim that is not
@@ -44,26 +45,9 @@ async fn sqlite(dir: &tempfile::TempDir) -> Arc<dyn Store> {
 }
 
 async fn postgres(test: &str) -> Option<(Arc<dyn Store>, PostgresStore)> {
-    let url = idem_test_support::postgres::pg_url(test)?;
-    let table = format!("idem_cancel_{}", uuid::Uuid::new_v4().simple());
-    let store = PostgresStore::builder()
-        .table(&table)
-        .connect(&url)
-        .await
-        .unwrap();
+    let url = pg_url(test)?;
+    let store = fresh_store(&url, |b| b).await;
     Some((Arc::new(store.clone()), store))
-}
-
-async fn drop_table(store: &PostgresStore) {
-    for t in [
-        store.table().to_owned(),
-        format!("{}_migrations", store.table()),
-    ] {
-        sqlx::query(&format!("DROP TABLE IF EXISTS \"{t}\""))
-            .execute(store.pool())
-            .await
-            .unwrap();
-    }
 }
 
 /// A call cancelled by `timeout` (after 0 to 3 ms: sometimes in its claim statement, sometimes
@@ -210,7 +194,7 @@ async fn postgres_cancelled_then_retried() {
         return;
     };
     cancelled_then_retried(Idempotency::from_arc(store), "postgres").await;
-    drop_table(&pg).await;
+    drop_store_tables(&pg).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -219,7 +203,7 @@ async fn postgres_detached_cancelled_then_retried() {
         return;
     };
     detached_cancelled_then_retried(Idempotency::from_arc(store), "postgres-detached").await;
-    drop_table(&pg).await;
+    drop_store_tables(&pg).await;
 }
 
 /// Starts a call whose claim statement blocks on `held`, drops it while it waits, lets `free`
@@ -313,7 +297,7 @@ async fn postgres_claim_dropped_while_waiting_for_a_row_lock() {
     };
     claim_dropped_while_blocked(store, k, free).await;
     drop(blocker);
-    drop_table(&pg).await;
+    drop_store_tables(&pg).await;
 }
 
 /// Storing the result fails because the store is busy (SQLite's write lock held past the busy

@@ -7,21 +7,6 @@ use std::time::Duration;
 
 use idem_core::kit::RetryPolicy;
 
-/// A deposit request: 10 deliveries of each are sent at once.
-const DELIVERIES: usize = 10;
-const DEPOSITS: [(&str, i64); 5] = [
-    ("req-a", 1),
-    ("req-b", 20),
-    ("req-c", 300),
-    ("req-d", 4_000),
-    ("req-e", 50_000),
-];
-const DEPOSITS_TOTAL: i64 = 54_321;
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
-}
-
 /// Enough attempts for every one of `writers` contenders: each conflict of one writer is another
 /// writer's success, so nobody can lose more than `writers - 1` times.
 fn policy_for(writers: usize) -> RetryPolicy {
@@ -52,7 +37,10 @@ macro_rules! suite {
             use sqlx::{Pool, Row};
             use tokio::task::JoinSet;
 
-            use super::{policy_for, unique, DELIVERIES, DEPOSITS, DEPOSITS_TOTAL};
+            use idem_test_support::bank::{DELIVERIES, DEPOSITS, DEPOSITS_TOTAL};
+            use idem_test_support::unique_name;
+
+            use super::policy_for;
 
             type Db = $db;
 
@@ -99,7 +87,7 @@ macro_rules! suite {
             async fn accounts(
                 pool: &Pool<Db>,
             ) -> (String, VersionedTable<Account, Db>, Arc<String>) {
-                let table = unique("accounts");
+                let table = unique_name("accounts");
                 exec(
                     pool,
                     &format!(
@@ -224,7 +212,7 @@ macro_rules! suite {
                     return;
                 };
                 let (table, _accounts, _id) = accounts(&pool).await;
-                let history_table = unique("history");
+                let history_table = unique_name("history");
                 let history = Arc::new(RequestHistory::<Db>::new(&history_table).unwrap());
                 history.ensure_schema(&mut *pool.acquire().await.unwrap()).await.unwrap();
                 let update = Arc::new(format!(
@@ -268,10 +256,10 @@ macro_rules! suite {
                 else {
                     return;
                 };
-                let history_table = unique("history");
+                let history_table = unique_name("history");
                 let history = RequestHistory::<Db>::new(&history_table).unwrap();
                 history.ensure_schema(&mut *pool.acquire().await.unwrap()).await.unwrap();
-                let events_table = unique("events");
+                let events_table = unique_name("events");
                 let streams = EventStreams::<Db>::new(&events_table).unwrap();
                 streams.ensure_schema(&mut *pool.acquire().await.unwrap()).await.unwrap();
                 let opened = [NewEvent::json("opened", &0).unwrap()];
@@ -319,7 +307,7 @@ macro_rules! suite {
                 else {
                     return;
                 };
-                let events_table = unique("events");
+                let events_table = unique_name("events");
                 let streams = Arc::new(EventStreams::<Db>::new(&events_table).unwrap());
                 streams.ensure_schema(&mut *pool.acquire().await.unwrap()).await.unwrap();
                 let opened = [NewEvent::json("opened", &0_i64).unwrap()];
@@ -415,7 +403,7 @@ macro_rules! suite {
                 else {
                     return;
                 };
-                let events_table = unique("events");
+                let events_table = unique_name("events");
                 let streams = EventStreams::<Db>::new(&events_table).unwrap();
                 streams.ensure_schema(&mut *pool.acquire().await.unwrap()).await.unwrap();
                 let two = [
@@ -488,7 +476,7 @@ macro_rules! suite {
             }
 
             async fn history_with(pool: &Pool<Db>) -> (String, RequestHistory<Db>) {
-                let table = unique("history");
+                let table = unique_name("history");
                 let history = RequestHistory::<Db>::new(&table).unwrap();
                 history.ensure_schema(&mut *pool.acquire().await.unwrap()).await.unwrap();
                 (table, history)

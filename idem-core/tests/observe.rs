@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{
-    CallEvent, Error, Idempotency, Key, MemoryStore, OnLocked, PostgresStore, SqliteStore, Stage,
-    Store, DEFAULT_LATENCIES_ONE_IN,
+    CallEvent, Error, Idempotency, Key, MemoryStore, OnLocked, SqliteStore, Stage, Store,
+    DEFAULT_LATENCIES_ONE_IN,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
@@ -156,19 +156,9 @@ fn postgres_storm_metrics_are_exact() {
     };
     let recorder = DebuggingRecorder::new();
     let seen = with_recorder(&recorder, || async {
-        let table = format!("idem_observe_{}", uuid::Uuid::new_v4().simple());
-        let store = PostgresStore::builder()
-            .table(&table)
-            .connect(&url)
-            .await
-            .unwrap();
+        let store = idem_test_support::postgres::fresh_store(&url, |b| b).await;
         let seen = storm(Arc::new(store.clone())).await;
-        for t in [table.clone(), format!("{table}_migrations")] {
-            sqlx::query(&format!("DROP TABLE \"{t}\""))
-                .execute(store.pool())
-                .await
-                .unwrap();
-        }
+        idem_test_support::postgres::drop_store_tables(&store).await;
         seen
     });
     assert_storm(&recorder, &seen);

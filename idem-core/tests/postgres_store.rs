@@ -14,11 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Error, Idempotency, Key, OnLocked, Outcome, PostgresStore, PostgresStoreBuilder, RecordState,
-    Start, Store, StoreErrorKind, Token, Transactional,
+    Claim, Completion, Error, Idempotency, Key, OnLocked, Outcome, PostgresStore,
+    PostgresStoreBuilder, RecordState, Start, Store, StoreErrorKind, Token, Transactional,
 };
-use idem_test_support::postgres::{drop_store_tables, drop_tables, pg_bindir, pg_url, TempCluster};
-use idem_test_support::{eventually, unique_name};
+use idem_test_support::postgres::{
+    drop_store_tables, drop_tables, fresh_store, pg_bindir, pg_url, TempCluster,
+};
+use idem_test_support::{current_test, eventually, unique_name, Tmpfs};
 use sqlx::{Connection, PgConnection, PgPool};
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -28,11 +30,25 @@ fn key(i: usize) -> Key {
     Key::derive("postgres-test", "", &format!("k{i}")).unwrap()
 }
 
+/// How long a completed record is kept.
+const RETENTION: Duration = Duration::from_secs(3600);
+
+/// The test server's URL, or `None` after printing why the running test skips (a failure under
+/// `IDEM_REQUIRE_PG=1`).
+fn server() -> Option<String> {
+    pg_url(&current_test())
+}
+
 /// A builder without the background pruner, for the tests below: they count rows, watch and
 /// terminate the pool's backends, and time connections, which the pruner's own statements would
 /// disturb.
 fn quiet() -> PostgresStoreBuilder {
     PostgresStore::builder().pruner(None)
+}
+
+/// A [`quiet`] store on a fresh table of the server at `url`.
+async fn fresh(url: &str) -> PostgresStore {
+    fresh_store(url, |b| b.pruner(None)).await
 }
 
 async fn pool(url: &str) -> PgPool {
@@ -43,21 +59,84 @@ async fn pool(url: &str) -> PgPool {
         .expect("connect to the test server")
 }
 
+/// A successful completion answering `body`.
+fn done(body: &[u8]) -> Completion<'_> {
+    Completion {
+        response: Some(body),
+        is_error: false,
+    }
+}
+
+/// Claims `key(i)`, which must be new.
+async fn claim(store: &PostgresStore, i: usize) -> Claim {
+    match store.start(&key(i), None, LEASE).await.unwrap() {
+        Start::Started(c) => c,
+        other => panic!("a new key starts, got {other:?}"),
+    }
+}
+
+/// Whether `key(i)` starts afresh.
+async fn starts(store: &PostgresStore, i: usize) -> bool {
+    matches!(
+        store.start(&key(i), None, LEASE).await.unwrap(),
+        Start::Started(_)
+    )
+}
+
+/// Whether `key(i)` replays a stored result.
+async fn replays(store: &PostgresStore, i: usize) -> bool {
+    matches!(
+        store.start(&key(i), None, LEASE).await.unwrap(),
+        Start::Completed(_)
+    )
+}
+
+/// Runs `sql` (one or more statements) on `db`, a connection or a pool.
+async fn exec<'e>(db: impl sqlx::PgExecutor<'e>, sql: &'e str) {
+    sqlx::raw_sql(sql).execute(db).await.unwrap();
+}
+
+/// The number `sql` (a `SELECT count(*)`) counts.
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// The definition of `table`'s expiry index, if it has one.
+async fn expiry_index(pool: &PgPool, table: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE indexname = $1")
+        .bind(format!("{table}_expires_at_idx"))
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+/// Connects `n` stores (a connection each) to `table` at once, as nodes starting together do;
+/// every connect must succeed (`what` says why).
+async fn connect_at_once(url: &str, table: &str, n: usize, what: &str) {
+    let connects: Vec<_> = (0..n)
+        .map(|_| {
+            let (url, table) = (url.to_owned(), table.to_owned());
+            tokio::spawn(async move { quiet().table(table).max_connections(1).connect(&url).await })
+        })
+        .collect();
+    for c in connects {
+        c.await.unwrap().expect(what);
+    }
+}
+
+/// The error kind of a store error, `None` for any other result.
+fn kind<T: std::fmt::Debug>(result: &Result<T, Error>) -> Option<StoreErrorKind> {
+    match result {
+        Err(Error::Store(e)) => Some(e.kind()),
+        _ => None,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_first_connects_migrate_once() {
-    let Some(url) = pg_url("concurrent_first_connects_migrate_once") else {
-        return;
-    };
+    let Some(url) = server() else { return };
     let table = unique_name("idem_mig");
-    let connects = (0..8).map(|_| {
-        let (url, table) = (url.clone(), table.clone());
-        tokio::spawn(async move { quiet().table(table).max_connections(1).connect(&url).await })
-    });
-    for c in connects.collect::<Vec<_>>() {
-        c.await
-            .unwrap()
-            .expect("every concurrent first connect succeeds");
-    }
+    connect_at_once(&url, &table, 8, "every concurrent first connect succeeds").await;
     let pool = pool(&url).await;
     let versions: Vec<i64> = sqlx::query_scalar(&format!(
         "SELECT version FROM \"{table}_migrations\" ORDER BY version"
@@ -66,41 +145,30 @@ async fn concurrent_first_connects_migrate_once() {
     .await
     .unwrap();
     assert_eq!(versions, vec![1], "each migration is recorded exactly once");
-    let index: Option<String> =
-        sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE indexname = $1")
-            .bind(format!("{table}_expires_at_idx"))
-            .fetch_optional(&pool)
-            .await
-            .unwrap();
     assert!(
-        index.is_some_and(|d| d.contains("(expires_at)")),
+        expiry_index(&pool, &table)
+            .await
+            .is_some_and(|d| d.contains("(expires_at)")),
         "the expiry index exists"
     );
     // A second connect to an up-to-date table changes nothing.
-    quiet().table(&table).connect(&url).await.unwrap();
-    drop_tables(&pool, &[&table, &format!("{table}_migrations")]).await;
+    let store = quiet().table(&table).connect(&url).await.unwrap();
+    drop_store_tables(&store).await;
 }
 
 #[tokio::test]
 async fn schema_qualified_table_lives_in_its_schema() {
-    let Some(url) = pg_url("schema_qualified_table_lives_in_its_schema") else {
-        return;
-    };
+    let Some(url) = server() else { return };
     let pool = pool(&url).await;
     let schema = unique_name("idem_s");
-    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
-        .execute(&pool)
-        .await
-        .unwrap();
+    exec(&pool, &format!("CREATE SCHEMA \"{schema}\"")).await;
     let store = quiet()
         .table(format!("{schema}.Records"))
         .from_pool(pool.clone())
         .await
         .unwrap();
     assert_eq!(store.table(), format!("{schema}.Records"));
-    let Start::Started(_) = store.start(&key(1), None, LEASE).await.unwrap() else {
-        panic!("a new key starts");
-    };
+    claim(&store, 1).await;
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1",
     )
@@ -109,60 +177,46 @@ async fn schema_qualified_table_lives_in_its_schema() {
     .await
     .unwrap();
     assert_eq!(tables, vec!["Records", "Records_migrations"]);
-    sqlx::raw_sql(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    exec(&pool, &format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
 }
 
 #[tokio::test]
 async fn missing_schema_is_a_typed_store_error() {
-    let Some(url) = pg_url("missing_schema_is_a_typed_store_error") else {
-        return;
-    };
+    let Some(url) = server() else { return };
     let err = quiet()
         .table(format!("{}.t", unique_name("idem_no_such_schema")))
         .connect(&url)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Query),
-        "{err:?}"
-    );
+        .await;
+    assert_eq!(kind(&err), Some(StoreErrorKind::Query), "{err:?}");
 }
 
 #[tokio::test]
 async fn newer_schema_version_is_refused() {
-    let Some(url) = pg_url("newer_schema_version_is_refused") else {
-        return;
-    };
-    let table = unique_name("idem_new");
-    let store = quiet().table(&table).connect(&url).await.unwrap();
+    let Some(url) = server() else { return };
+    let store = fresh(&url).await;
+    let table = store.table();
     sqlx::query(&format!(
         "INSERT INTO \"{table}_migrations\" (version, description) VALUES (99, 'from the future')"
     ))
     .execute(store.pool())
     .await
     .unwrap();
-    let err = quiet().table(&table).connect(&url).await.unwrap_err();
+    let err = quiet().table(table).connect(&url).await.unwrap_err();
     assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
-    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")]).await;
+    drop_store_tables(&store).await;
 }
 
 #[tokio::test]
 async fn corrupt_rows_are_typed_errors() {
-    let Some(url) = pg_url("corrupt_rows_are_typed_errors") else {
-        return;
-    };
-    let table = unique_name("idem_bad");
-    let store = quiet().table(&table).connect(&url).await.unwrap();
+    let Some(url) = server() else { return };
+    let store = fresh(&url).await;
+    let table = store.table();
     // Someone dropped the checks and wrote a 3-byte token.
-    sqlx::raw_sql(&format!(
-        "ALTER TABLE \"{table}\" DROP CONSTRAINT \"{table}_token_check\""
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
+    exec(
+        store.pool(),
+        &format!("ALTER TABLE \"{table}\" DROP CONSTRAINT \"{table}_token_check\""),
+    )
+    .await;
     sqlx::query(&format!(
         "INSERT INTO \"{table}\" (key, token, state, expires_at) \
          VALUES ($1, '\\x010203', 0, clock_timestamp() + interval '1 hour')"
@@ -171,27 +225,29 @@ async fn corrupt_rows_are_typed_errors() {
     .execute(store.pool())
     .await
     .unwrap();
-    let err = store.get(&key(1)).await.unwrap_err();
-    assert!(
-        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Corrupt),
-        "{err:?}"
-    );
-    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")]).await;
+    let err = store.get(&key(1)).await;
+    assert_eq!(kind(&err), Some(StoreErrorKind::Corrupt), "{err:?}");
+    drop_store_tables(&store).await;
+}
+
+/// Whether some backend is blocked on a lock while running a statement on `table`.
+async fn someone_waits_on_a_lock(pool: &PgPool, table: &str) -> bool {
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
+    )
+    .bind(table)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    waiting > 0
 }
 
 /// Waits (bounded) until some backend is blocked on a lock while running a statement on
 /// `table`: our claim is then parked behind the other transaction.
 async fn wait_until_blocked(pool: &PgPool, table: &str) {
     for _ in 0..500 {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
-        )
-        .bind(table)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if waiting > 0 {
+        if someone_waits_on_a_lock(pool, table).await {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -224,12 +280,10 @@ async fn start_via(
 /// the pool's bare claim and transactional mode's CTE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_sees_rows_committed_after_its_snapshot() {
-    let Some(url) = pg_url("claim_sees_rows_committed_after_its_snapshot") else {
-        return;
-    };
+    let Some(url) = server() else { return };
     for in_tx in [false, true] {
-        let table = unique_name("idem_race");
-        let store = quiet().table(&table).connect(&url).await.unwrap();
+        let store = fresh(&url).await;
+        let table = store.table();
         let pool = pool(&url).await;
 
         // 1. Another node inserts a live in-progress row and has not committed yet.
@@ -245,7 +299,7 @@ async fn claim_sees_rows_committed_after_its_snapshot() {
         .await
         .unwrap();
         let claim = start_via(&store, &pool, in_tx).await;
-        wait_until_blocked(&pool, &table).await;
+        wait_until_blocked(&pool, table).await;
         tx.commit().await.unwrap();
         match claim.await.unwrap().unwrap() {
             Start::Locked { retry_after } => assert!(retry_after > Duration::from_secs(20)),
@@ -271,7 +325,7 @@ async fn claim_sees_rows_committed_after_its_snapshot() {
         .await
         .unwrap();
         let claim = start_via(&store, &pool, in_tx).await;
-        wait_until_blocked(&pool, &table).await;
+        wait_until_blocked(&pool, table).await;
         tx.commit().await.unwrap();
         match claim.await.unwrap().unwrap() {
             Start::Completed(cached) => {
@@ -283,7 +337,7 @@ async fn claim_sees_rows_committed_after_its_snapshot() {
             RecordState::Completed(c) => assert_eq!(c.response.as_deref(), Some(&b"theirs"[..])),
             other => panic!("the other node's result stands, got {other:?}"),
         }
-        drop_tables(&pool, &[&table, &format!("{table}_migrations")]).await;
+        drop_store_tables(&store).await;
     }
 }
 
@@ -309,15 +363,7 @@ async fn replays_without_the_row_lock(store: &PostgresStore, pool: &PgPool, tabl
             answered = true;
             break;
         }
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
-        )
-        .bind(table)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if waiting > 0 {
+        if someone_waits_on_a_lock(pool, table).await {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -333,65 +379,44 @@ async fn replays_without_the_row_lock(store: &PostgresStore, pool: &PgPool, tabl
 /// new keys; pinned orders ignore the traffic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
-    use idem_core::{ClaimOrder, Completion};
-    let Some(url) = pg_url("claim_order_follows_the_traffic_and_pinned_orders_hold") else {
-        return;
-    };
-    let table = unique_name("idem_order");
-    let open = |order| quiet().table(&table).claim_order(order).connect(&url);
-    let store = open(ClaimOrder::Adaptive).await.unwrap();
+    use idem_core::ClaimOrder;
+    let Some(url) = server() else { return };
+    let store = fresh(&url).await;
+    let table = store.table();
+    let open = |order| quiet().table(table).claim_order(order).connect(&url);
     let pool = pool(&url).await;
-    let Start::Started(c) = store.start(&key(1), None, LEASE).await.unwrap() else {
-        panic!("a new key starts");
-    };
-    let done = Completion {
-        response: Some(b"r"),
-        is_error: false,
-    };
-    store
-        .complete(&c, done, Duration::from_secs(3600))
-        .await
-        .unwrap();
+    let c = claim(&store, 1).await;
+    store.complete(&c, done(b"r"), RETENTION).await.unwrap();
 
-    let fresh = open(ClaimOrder::Adaptive).await.unwrap();
-    assert!(!replays_without_the_row_lock(&fresh, &pool, &table).await);
+    let adaptive = open(ClaimOrder::Adaptive).await.unwrap();
+    assert!(!replays_without_the_row_lock(&adaptive, &pool, table).await);
     for _ in 0..32 {
-        let replay = fresh.start(&key(1), None, LEASE).await.unwrap();
-        assert!(matches!(replay, Start::Completed(_)));
+        assert!(replays(&adaptive, 1).await);
     }
-    assert!(replays_without_the_row_lock(&fresh, &pool, &table).await);
+    assert!(replays_without_the_row_lock(&adaptive, &pool, table).await);
     for n in 100..132 {
-        assert!(matches!(
-            fresh.start(&key(n), None, LEASE).await.unwrap(),
-            Start::Started(_)
-        ));
+        assert!(starts(&adaptive, n).await);
     }
-    assert!(!replays_without_the_row_lock(&fresh, &pool, &table).await);
+    assert!(!replays_without_the_row_lock(&adaptive, &pool, table).await);
 
     let read_first = open(ClaimOrder::ReadFirst).await.unwrap();
     let claim_first = open(ClaimOrder::ClaimFirst).await.unwrap();
     for n in 200..232 {
-        let new = read_first.start(&key(n), None, LEASE).await.unwrap();
-        assert!(matches!(new, Start::Started(_)));
-        let replay = claim_first.start(&key(1), None, LEASE).await.unwrap();
-        assert!(matches!(replay, Start::Completed(_)));
+        assert!(starts(&read_first, n).await);
+        assert!(replays(&claim_first, 1).await);
     }
-    assert!(replays_without_the_row_lock(&read_first, &pool, &table).await);
-    assert!(!replays_without_the_row_lock(&claim_first, &pool, &table).await);
-    drop_tables(&pool, &[&table, &format!("{table}_migrations")]).await;
+    assert!(replays_without_the_row_lock(&read_first, &pool, table).await);
+    assert!(!replays_without_the_row_lock(&claim_first, &pool, table).await);
+    drop_store_tables(&store).await;
 }
 
 /// Server time, not the application's: a lease is as long as asked, measured by the server.
 #[tokio::test]
 async fn leases_and_retention_use_server_time() {
-    let Some(url) = pg_url("leases_and_retention_use_server_time") else {
-        return;
-    };
-    let table = unique_name("idem_time");
-    let store = quiet().table(&table).connect(&url).await.unwrap();
-    let Start::Started(_) = store.start(&key(1), None, LEASE).await.unwrap() else {
-        panic!("a new key starts");
-    };
+    let Some(url) = server() else { return };
+    let store = fresh(&url).await;
+    let table = store.table();
+    claim(&store, 1).await;
     let (lease_s, now_s): (f64, f64) = sqlx::query_as(&format!(
         "SELECT extract(epoch from expires_at)::float8, extract(epoch from clock_timestamp())::float8 \
          FROM \"{table}\" WHERE key = $1"
@@ -402,7 +427,26 @@ async fn leases_and_retention_use_server_time() {
     .unwrap();
     let left = lease_s - now_s;
     assert!(left > 20.0 && left <= 30.0, "lease ends {left} s from now");
-    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")]).await;
+    drop_store_tables(&store).await;
+}
+
+/// One delivery of `key(1)` in transactional mode: runs `insert` in the caller's transaction on
+/// `conn` and answers 500.
+async fn deliver(
+    idem: &Transactional<PostgresStore>,
+    conn: &mut PgConnection,
+    insert: &str,
+) -> Outcome<u64> {
+    let sql = insert.to_owned();
+    idem.call(key(1))
+        .run(conn, move |conn| {
+            Box::pin(async move {
+                sqlx::query(&sql).execute(&mut *conn).await?;
+                Ok::<_, Error>(500u64)
+            })
+        })
+        .await
+        .unwrap()
 }
 
 /// Transactional mode on PostgreSQL: claim, business write and completion commit together, so
@@ -410,9 +454,7 @@ async fn leases_and_retention_use_server_time() {
 /// back after the work leaves neither the write nor the claim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactional_mode_applies_the_effect_once() {
-    let Some(url) = pg_url("transactional_mode_applies_the_effect_once") else {
-        return;
-    };
+    let Some(url) = server() else { return };
     let table = unique_name("idem_tx");
     let ledger = unique_name("idem_ledger");
     let pool = sqlx::postgres::PgPoolOptions::new()
@@ -421,29 +463,18 @@ async fn transactional_mode_applies_the_effect_once() {
         .await
         .unwrap();
     let store = quiet().table(&table).from_pool(pool.clone()).await.unwrap();
-    sqlx::raw_sql(&format!(
-        "CREATE TABLE \"{ledger}\" (request text NOT NULL, cents bigint NOT NULL)"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
+    exec(
+        &pool,
+        &format!("CREATE TABLE \"{ledger}\" (request text NOT NULL, cents bigint NOT NULL)"),
+    )
+    .await;
     let idem = Transactional::new(store);
     let insert = format!("INSERT INTO \"{ledger}\" VALUES ('req-1', 500)");
     let count = format!("SELECT count(*) FROM \"{ledger}\"");
 
     // A delivery that crashes before committing: rolled back, nothing is left behind.
     let mut tx = pool.begin().await.unwrap();
-    let sql = insert.clone();
-    let out = idem
-        .call(key(1))
-        .run(&mut tx, move |conn| {
-            Box::pin(async move {
-                sqlx::query(&sql).execute(&mut *conn).await?;
-                Ok::<_, Error>(500u64)
-            })
-        })
-        .await
-        .unwrap();
+    let out = deliver(&idem, &mut tx, &insert).await;
     assert!(!out.is_replayed());
     tx.rollback().await.unwrap();
     assert!(idem.store().get(&key(1)).await.unwrap().is_none());
@@ -451,31 +482,22 @@ async fn transactional_mode_applies_the_effect_once() {
     // Eight concurrent deliveries, each in its own transaction on its own connection.
     let deliveries: Vec<_> = (0..8)
         .map(|_| {
-            let (idem, pool, sql) = (idem.clone(), pool.clone(), insert.clone());
+            let (idem, pool, insert) = (idem.clone(), pool.clone(), insert.clone());
             tokio::spawn(async move {
                 let mut tx = pool.begin().await.unwrap();
-                let out = idem
-                    .call(key(1))
-                    .run(&mut tx, move |conn| {
-                        Box::pin(async move {
-                            sqlx::query(&sql).execute(&mut *conn).await?;
-                            Ok::<_, Error>(500u64)
-                        })
-                    })
-                    .await
-                    .unwrap();
+                let out = deliver(&idem, &mut tx, &insert).await;
                 tx.commit().await.unwrap();
                 out
             })
         })
         .collect();
-    let mut fresh = 0;
+    let mut ran = 0;
     for d in deliveries {
         let out = d.await.unwrap();
-        fresh += usize::from(!out.is_replayed());
+        ran += usize::from(!out.is_replayed());
         assert_eq!(out.into_inner(), 500);
     }
-    assert_eq!(fresh, 1, "one delivery ran the work, the others replayed");
+    assert_eq!(ran, 1, "one delivery ran the work, the others replayed");
     let rows: i64 = sqlx::query_scalar(&count).fetch_one(&pool).await.unwrap();
     assert_eq!(rows, 1, "the effect was applied exactly once");
     drop_tables(&pool, &[&table, &format!("{table}_migrations"), &ledger]).await;
@@ -485,19 +507,12 @@ async fn transactional_mode_applies_the_effect_once() {
 /// one of the pool's three connections for 5 s, longer than the 3 s lease; returns how often each
 /// key's work ran.
 async fn run_while_work_holds_the_pool(url: &str, keys: usize) -> Vec<usize> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-
-    use idem_core::{Idempotency, OnLocked};
-
-    let table = unique_name("idem_starve");
-    let store = quiet()
-        .table(&table)
-        .max_connections(3)
-        .acquire_timeout(Duration::from_secs(60))
-        .connect(url)
-        .await
-        .unwrap();
+    let store = fresh_store(url, |b| {
+        b.pruner(None)
+            .max_connections(3)
+            .acquire_timeout(Duration::from_secs(60))
+    })
+    .await;
     let engine = Idempotency::builder(store.clone())
         .lease(Duration::from_secs(3))
         .on_locked(OnLocked::Wait {
@@ -528,7 +543,7 @@ async fn run_while_work_holds_the_pool(url: &str, keys: usize) -> Vec<usize> {
         // A call that lost its lease fails; the counts below show what that cost.
         let _ = call.await.unwrap();
     }
-    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")]).await;
+    drop_store_tables(&store).await;
     runs.iter().map(|r| r.load(Ordering::SeqCst)).collect()
 }
 
@@ -539,9 +554,7 @@ async fn run_while_work_holds_the_pool(url: &str, keys: usize) -> Vec<usize> {
 /// the leases ran out and each duplicate ran the work again.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_is_not_starved_by_work_holding_the_pool() {
-    let Some(url) = pg_url("renewal_is_not_starved_by_work_holding_the_pool") else {
-        return;
-    };
+    let Some(url) = server() else { return };
     let runs = run_while_work_holds_the_pool(&url, 3).await;
     assert_eq!(runs, vec![1; 3], "executions per key");
 }
@@ -553,9 +566,7 @@ async fn renewal_is_not_starved_by_work_holding_the_pool() {
 /// again (11 executions for 6 keys before either).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_queued_behind_work_keep_their_leases() {
-    let Some(url) = pg_url("completions_queued_behind_work_keep_their_leases") else {
-        return;
-    };
+    let Some(url) = server() else { return };
     let runs = run_while_work_holds_the_pool(&url, 6).await;
     assert_eq!(runs, vec![1; 6], "executions per key");
 }
@@ -565,84 +576,65 @@ fn kind_of(e: sqlx::Error) -> StoreErrorKind {
     idem_core::StoreError::from(e).kind()
 }
 
+/// Runs `sql` on `conn`, which must fail; the error.
+async fn fails(conn: &mut PgConnection, sql: &str) -> sqlx::Error {
+    sqlx::raw_sql(sql).execute(conn).await.unwrap_err()
+}
+
 /// SQLSTATEs that pass map to `Transient`, a read-only transaction to `ReadOnly`, a lost session
 /// to `Unavailable`: each produced for real on the test server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_errors_map_to_typed_kinds() {
-    let Some(url) = pg_url("server_errors_map_to_typed_kinds") else {
-        return;
-    };
+    let Some(url) = server() else { return };
     let pool = pool(&url).await;
     let table = unique_name("idem_kinds");
-    sqlx::raw_sql(&format!(
-        "CREATE TABLE \"{table}\" (id int PRIMARY KEY, n int NOT NULL); \
+    exec(
+        &pool,
+        &format!(
+            "CREATE TABLE \"{table}\" (id int PRIMARY KEY, n int NOT NULL); \
          INSERT INTO \"{table}\" VALUES (1, 0), (2, 0)"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let mut a = sqlx::PgConnection::connect(&url).await.unwrap();
-    let mut b = sqlx::PgConnection::connect(&url).await.unwrap();
+        ),
+    )
+    .await;
+    let mut a = PgConnection::connect(&url).await.unwrap();
+    let mut b = PgConnection::connect(&url).await.unwrap();
     let lock_row = |id: i32| format!("SELECT n FROM \"{table}\" WHERE id = {id} FOR UPDATE");
+    let add_one = format!("UPDATE \"{table}\" SET n = n + 1 WHERE id = 1");
 
     // 57014: statement timeout.
-    sqlx::raw_sql("SET statement_timeout = '50ms'")
-        .execute(&mut a)
-        .await
-        .unwrap();
+    exec(&mut a, "SET statement_timeout = '50ms'").await;
     let e = sqlx::query("SELECT pg_sleep(5)")
         .execute(&mut a)
         .await
         .unwrap_err();
     assert_eq!(kind_of(e), StoreErrorKind::Transient);
-    sqlx::raw_sql("RESET statement_timeout")
-        .execute(&mut a)
-        .await
-        .unwrap();
+    exec(&mut a, "RESET statement_timeout").await;
 
     // 55P03: lock not available.
-    sqlx::raw_sql(&format!("BEGIN; {}", lock_row(1)))
-        .execute(&mut a)
-        .await
-        .unwrap();
-    let e = sqlx::raw_sql(&format!(
-        "BEGIN; SET LOCAL lock_timeout = '50ms'; {}",
-        lock_row(1)
-    ))
-    .execute(&mut b)
-    .await
-    .unwrap_err();
+    exec(&mut a, &format!("BEGIN; {}", lock_row(1))).await;
+    let e = fails(
+        &mut b,
+        &format!("BEGIN; SET LOCAL lock_timeout = '50ms'; {}", lock_row(1)),
+    )
+    .await;
     assert_eq!(kind_of(e), StoreErrorKind::Transient);
-    sqlx::raw_sql("ROLLBACK").execute(&mut a).await.unwrap();
-    sqlx::raw_sql("ROLLBACK").execute(&mut b).await.unwrap();
+    exec(&mut a, "ROLLBACK").await;
+    exec(&mut b, "ROLLBACK").await;
 
     // 40001: serialization failure (a concurrent update under REPEATABLE READ).
-    sqlx::raw_sql(&format!(
-        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT n FROM \"{table}\" WHERE id = 1"
-    ))
-    .execute(&mut a)
-    .await
-    .unwrap();
-    sqlx::raw_sql(&format!("UPDATE \"{table}\" SET n = n + 1 WHERE id = 1"))
-        .execute(&mut b)
-        .await
-        .unwrap();
-    let e = sqlx::raw_sql(&format!("UPDATE \"{table}\" SET n = n + 1 WHERE id = 1"))
-        .execute(&mut a)
-        .await
-        .unwrap_err();
+    exec(
+        &mut a,
+        &format!("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT n FROM \"{table}\" WHERE id = 1"),
+    )
+    .await;
+    exec(&mut b, &add_one).await;
+    let e = fails(&mut a, &add_one).await;
     assert_eq!(kind_of(e), StoreErrorKind::Transient);
-    sqlx::raw_sql("ROLLBACK").execute(&mut a).await.unwrap();
+    exec(&mut a, "ROLLBACK").await;
 
     // 40P01: deadlock. Each session locks one row, then asks for the other's.
-    sqlx::raw_sql(&format!("BEGIN; {}", lock_row(1)))
-        .execute(&mut a)
-        .await
-        .unwrap();
-    sqlx::raw_sql(&format!("BEGIN; {}", lock_row(2)))
-        .execute(&mut b)
-        .await
-        .unwrap();
+    exec(&mut a, &format!("BEGIN; {}", lock_row(1))).await;
+    exec(&mut b, &format!("BEGIN; {}", lock_row(2))).await;
     let (second_a, second_b) = (lock_row(2), lock_row(1));
     let (ra, rb) = tokio::join!(
         sqlx::raw_sql(&second_a).execute(&mut a),
@@ -657,28 +649,17 @@ async fn server_errors_map_to_typed_kinds() {
         Some("40P01")
     );
     assert_eq!(kind_of(e), StoreErrorKind::Transient);
-    sqlx::raw_sql("ROLLBACK").execute(&mut a).await.unwrap();
-    sqlx::raw_sql("ROLLBACK").execute(&mut b).await.unwrap();
+    exec(&mut a, "ROLLBACK").await;
+    exec(&mut b, "ROLLBACK").await;
 
     // 25006: a read-only transaction, as on a standby; here through the store.
-    let store = quiet()
-        .table(unique_name("idem_ro"))
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .unwrap();
+    let store = fresh_store(&url, |b| b.pruner(None).max_connections(1)).await;
     let mut only = store.pool().acquire().await.unwrap();
-    sqlx::raw_sql("SET default_transaction_read_only = on")
-        .execute(&mut *only)
-        .await
-        .unwrap();
+    exec(&mut *only, "SET default_transaction_read_only = on").await;
     drop(only);
-    let err = store.start(&key(1), None, LEASE).await.unwrap_err();
-    assert!(
-        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::ReadOnly),
-        "{err:?}"
-    );
-    assert!(err.is_retryable());
+    let err = store.start(&key(1), None, LEASE).await;
+    assert_eq!(kind(&err), Some(StoreErrorKind::ReadOnly), "{err:?}");
+    assert!(err.unwrap_err().is_retryable());
 
     // 57P01: the server ended the session (an administrator, a failover).
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
@@ -693,8 +674,9 @@ async fn server_errors_map_to_typed_kinds() {
     let e = sqlx::query("SELECT 1").execute(&mut b).await.unwrap_err();
     assert_eq!(kind_of(e), StoreErrorKind::Unavailable);
 
-    let t = store.table().to_owned();
-    drop_tables(&pool, &[&table, &t, &format!("{t}_migrations")]).await;
+    // Through the test's pool: the store's one connection is read-only.
+    let t = store.table();
+    drop_tables(&pool, &[&table, t, &format!("{t}_migrations")]).await;
 }
 
 /// A statement's commit can fail after its rows came back (here a deferred constraint trigger
@@ -702,154 +684,65 @@ async fn server_errors_map_to_typed_kinds() {
 /// must then fail with that error, never report a write that was rolled back.
 #[tokio::test]
 async fn a_commit_that_fails_after_the_rows_fails_the_call() {
-    let Some(url) = pg_url("a_commit_that_fails_after_the_rows_fails_the_call") else {
-        return;
-    };
-    let table = unique_name("idem_commit");
-    let store = quiet().table(&table).connect(&url).await.unwrap();
-    let Start::Started(kept) = store.start(&key(1), None, LEASE).await.unwrap() else {
-        panic!("a new key starts");
-    };
-    sqlx::raw_sql(&format!(
-        "CREATE FUNCTION \"{table}_full\"() RETURNS trigger LANGUAGE plpgsql AS $$ \
+    let Some(url) = server() else { return };
+    let store = fresh(&url).await;
+    let table = store.table();
+    let kept = claim(&store, 1).await;
+    exec(
+        store.pool(),
+        &format!(
+            "CREATE FUNCTION \"{table}_full\"() RETURNS trigger LANGUAGE plpgsql AS $$ \
          BEGIN RAISE EXCEPTION 'no room at commit' USING ERRCODE = 'disk_full'; END $$; \
          CREATE CONSTRAINT TRIGGER \"{table}_full\" AFTER INSERT OR UPDATE ON \"{table}\" \
          DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION \"{table}_full\"()"
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
+        ),
+    )
+    .await;
 
-    let err = store.start(&key(2), None, LEASE).await.unwrap_err();
-    assert!(
-        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Full),
-        "{err:?}"
-    );
+    let err = store.start(&key(2), None, LEASE).await;
+    assert_eq!(kind(&err), Some(StoreErrorKind::Full), "{err:?}");
     assert!(
         store.get(&key(2)).await.unwrap().is_none(),
         "nothing claimed"
     );
-    let done = idem_core::Completion {
-        response: Some(b"r"),
-        is_error: false,
-    };
-    let err = store
-        .complete(&kept, done, Duration::from_secs(3600))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Full),
-        "{err:?}"
-    );
+    let err = store.complete(&kept, done(b"r"), RETENTION).await;
+    assert_eq!(kind(&err), Some(StoreErrorKind::Full), "{err:?}");
     assert!(matches!(
         store.get(&key(1)).await.unwrap().unwrap().state,
         RecordState::InProgress { .. }
     ));
 
-    sqlx::raw_sql(&format!(
-        "DROP TABLE \"{table}\", \"{table}_migrations\"; DROP FUNCTION \"{table}_full\"()"
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
+    exec(
+        store.pool(),
+        &format!(
+            "DROP TABLE \"{table}\", \"{table}_migrations\"; DROP FUNCTION \"{table}_full\"()"
+        ),
+    )
+    .await;
 }
 
 /// A records table dropped under running nodes is created again by the next connect (the
 /// ledger still lists the migration), also when several nodes connect at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_records_table_is_created_again_on_connect() {
-    let Some(url) = pg_url("a_dropped_records_table_is_created_again_on_connect") else {
-        return;
-    };
-    let table = unique_name("idem_dropped");
-    let store = quiet().table(&table).connect(&url).await.unwrap();
-    let Start::Started(_) = store.start(&key(1), None, LEASE).await.unwrap() else {
-        panic!("a new key starts");
-    };
-    sqlx::raw_sql(&format!("DROP TABLE \"{table}\""))
-        .execute(store.pool())
-        .await
-        .unwrap();
-    let err = store.start(&key(2), None, LEASE).await.unwrap_err();
+    let Some(url) = server() else { return };
+    let store = fresh(&url).await;
+    let table = store.table();
+    claim(&store, 1).await;
+    exec(store.pool(), &format!("DROP TABLE \"{table}\"")).await;
+    let err = store.start(&key(2), None, LEASE).await;
+    assert_eq!(kind(&err), Some(StoreErrorKind::Query), "{err:?}");
+
+    connect_at_once(&url, table, 4, "connect re-creates the table").await;
+    // The running store works again too: same table name, same statements; the key starts
+    // afresh, its record went with the table.
+    let c = claim(&store, 1).await;
+    store.complete(&c, done(b"back"), RETENTION).await.unwrap();
     assert!(
-        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Query),
-        "{err:?}"
+        expiry_index(store.pool(), table).await.is_some(),
+        "the expiry index is back too"
     );
-
-    let connects: Vec<_> = (0..4)
-        .map(|_| {
-            let (url, table) = (url.clone(), table.clone());
-            tokio::spawn(async move { quiet().table(table).max_connections(1).connect(&url).await })
-        })
-        .collect();
-    for c in connects {
-        c.await.unwrap().expect("connect re-creates the table");
-    }
-    // The running store works again too: same table name, same statements.
-    let Start::Started(c) = store.start(&key(1), None, LEASE).await.unwrap() else {
-        panic!("the key starts afresh: its record went with the table");
-    };
-    let done = idem_core::Completion {
-        response: Some(b"back"),
-        is_error: false,
-    };
-    store
-        .complete(&c, done, Duration::from_secs(3600))
-        .await
-        .unwrap();
-    let index: Option<String> =
-        sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE indexname = $1")
-            .bind(format!("{table}_expires_at_idx"))
-            .fetch_optional(store.pool())
-            .await
-            .unwrap();
-    assert!(index.is_some(), "the expiry index is back too");
-    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")]).await;
-}
-
-/// A small tmpfs that the `postgres` user owns, for a tablespace that can fill up; unmounted when
-/// dropped, also when the test fails.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    /// Mounts a tmpfs of `bytes` owned by `postgres` (needs root), or says why not.
-    fn mount_for_postgres(bytes: u64) -> Result<Tmpfs, String> {
-        let uid = std::process::Command::new("id")
-            .args(["-u", "postgres"])
-            .output()
-            .map_err(|e| format!("cannot run id: {e}"))?;
-        let uid = String::from_utf8_lossy(&uid.stdout).trim().to_owned();
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o"])
-            .arg(format!("size={bytes},uid={uid},mode=0700"))
-            .arg("tmpfs")
-            .arg(dir.path())
-            .output()
-            .map_err(|e| format!("cannot run mount: {e}"))?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
-        }
-        Ok(Tmpfs { dir })
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        // A process still closing its files keeps the file system busy: detach it then (`-l`).
-        let unmounted = std::process::Command::new("umount")
-            .arg(self.dir.path())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !unmounted {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(self.dir.path())
-                .status();
-        }
-    }
+    drop_store_tables(&store).await;
 }
 
 /// A full disk (SQLSTATE 53100, from a real ENOSPC) is a `Full` store error: the records table
@@ -861,7 +754,8 @@ async fn a_full_disk_is_a_full_store_error() {
         return;
     };
     // Dropped after the cluster (declared before it), which must stop using the files first.
-    let fs = match Tmpfs::mount_for_postgres(1 << 20) {
+    // A tmpfs the `postgres` user owns, for a tablespace that can fill up.
+    let fs = match Tmpfs::mount(1 << 20, Some("postgres")) {
         Ok(fs) => fs,
         Err(why) => {
             // Mounting needs root, which IDEM_REQUIRE_PG does not promise; the mapping of 53100
@@ -875,14 +769,11 @@ async fn a_full_disk_is_a_full_store_error() {
     let store = quiet().connect(&cluster.url()).await.unwrap();
     // One statement at a time: CREATE TABLESPACE refuses to run in a transaction block.
     for sql in [
-        format!(
-            "CREATE TABLESPACE tiny LOCATION '{}'",
-            fs.dir.path().display()
-        ),
+        format!("CREATE TABLESPACE tiny LOCATION '{}'", fs.path().display()),
         "ALTER TABLE idem_records SET TABLESPACE tiny".to_owned(),
         "CREATE TABLE filler (b text) TABLESPACE tiny".to_owned(),
     ] {
-        sqlx::raw_sql(&sql).execute(store.pool()).await.unwrap();
+        exec(store.pool(), &sql).await;
     }
     let e = sqlx::query(
         "INSERT INTO filler SELECT repeat(md5(g::text), 30) FROM generate_series(1, 100000) g",
@@ -1036,19 +927,16 @@ async fn relay(
 async fn a_completion_whose_reply_was_lost_is_completed_again_ok() {
     use std::str::FromStr;
 
-    use idem_core::Completion;
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-    let Some(url) = pg_url("a_completion_whose_reply_was_lost_is_completed_again_ok") else {
-        return;
-    };
+    let Some(url) = server() else { return };
     let options = PgConnectOptions::from_str(&url).unwrap();
-    let server = tokio::net::lookup_host((options.get_host(), options.get_port()))
+    let addr = tokio::net::lookup_host((options.get_host(), options.get_port()))
         .await
         .unwrap()
         .next()
         .unwrap();
-    let proxy = LossyProxy::start(server).await;
+    let proxy = LossyProxy::start(addr).await;
     // One connection, so that the proxy relays every statement of the store. (The pool also
     // checks a connection with a lone Sync as it is released; the proxy tells that apart.)
     let pool = PgPoolOptions::new()
@@ -1063,43 +951,26 @@ async fn a_completion_whose_reply_was_lost_is_completed_again_ok() {
         )
         .await
         .unwrap();
-    let table = unique_name("idem_lost");
-    let store = quiet().table(&table).from_pool(pool).await.unwrap();
-    let done = |r: &'static [u8]| Completion {
-        response: Some(r),
-        is_error: false,
-    };
-    let retention = Duration::from_secs(3600);
-    let claim = |n| {
-        let store = store.clone();
-        async move {
-            match store.start(&key(n), None, LEASE).await.unwrap() {
-                Start::Started(c) => c,
-                other => panic!("a new key starts, got {other:?}"),
-            }
-        }
-    };
+    let store = quiet()
+        .table(unique_name("idem_lost"))
+        .from_pool(pool)
+        .await
+        .unwrap();
     // Warm up: the completion statement is prepared on the connection, so the next completion
     // is one exchange (Bind, Execute, Sync) whose whole reply the proxy swallows.
-    let warm = claim(0).await;
+    let warm = claim(&store, 0).await;
     store
-        .complete(&warm, done(b"warm"), retention)
+        .complete(&warm, done(b"warm"), RETENTION)
         .await
         .unwrap();
 
-    let c = claim(1).await;
+    let c = claim(&store, 1).await;
     proxy.lose_next_reply();
-    let err = store
-        .complete(&c, done(b"first"), retention)
-        .await
-        .unwrap_err();
+    let err = store.complete(&c, done(b"first"), RETENTION).await;
     assert!(proxy.lost_a_reply(), "the proxy lost no reply");
-    assert!(
-        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Unavailable),
-        "{err:?}"
-    );
+    assert_eq!(kind(&err), Some(StoreErrorKind::Unavailable), "{err:?}");
     store
-        .complete(&c, done(b"retried"), retention)
+        .complete(&c, done(b"retried"), RETENTION)
         .await
         .expect("completing the same claim again is Ok");
     match store.get(&key(1)).await.unwrap().map(|r| r.state) {
@@ -1108,7 +979,7 @@ async fn a_completion_whose_reply_was_lost_is_completed_again_ok() {
         }
         other => panic!("expected the first completion's record, got {other:?}"),
     }
-    drop_tables(store.pool(), &[&table, &format!("{table}_migrations")]).await;
+    drop_store_tables(&store).await;
 }
 
 /// The backend pid of the store's one pooled connection, once it is back in the pool (sqlx
@@ -1156,47 +1027,31 @@ async fn terminate(pool: &PgPool, pid: i32) {
 /// longer (here `ZERO`: every one) is pinged, found dead and replaced before the call uses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_is_pinged_only_after_ping_idle_after() {
-    let Some(url) = pg_url("a_connection_is_pinged_only_after_ping_idle_after") else {
-        return;
-    };
+    let Some(url) = server() else { return };
     let admin = pool(&url).await;
-    let table = unique_name("idem_ping");
-    let unpinged = quiet()
-        .table(&table)
-        .max_connections(1)
-        .ping_idle_after(Duration::from_secs(3600))
-        .connect(&url)
-        .await
-        .unwrap();
+    let one_connection = |ping_idle_after| {
+        fresh_store(&url, move |b| {
+            b.pruner(None)
+                .max_connections(1)
+                .ping_idle_after(ping_idle_after)
+        })
+    };
+    let unpinged = one_connection(Duration::from_secs(3600)).await;
     assert!(!unpinged.pool().options().get_test_before_acquire());
     terminate(&admin, idle_backend(&unpinged).await).await;
-    let err = unpinged.start(&key(1), None, LEASE).await.unwrap_err();
-    assert!(
-        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Unavailable),
-        "{err:?}"
-    );
-    assert!(err.is_retryable());
+    let err = unpinged.start(&key(1), None, LEASE).await;
+    assert_eq!(kind(&err), Some(StoreErrorKind::Unavailable), "{err:?}");
+    assert!(err.unwrap_err().is_retryable());
     // Nothing was claimed, and the next call gets a new connection.
-    assert!(matches!(
-        unpinged.start(&key(1), None, LEASE).await.unwrap(),
-        Start::Started(_)
-    ));
+    assert!(starts(&unpinged, 1).await);
 
-    let pinged = quiet()
-        .table(&table)
-        .max_connections(1)
-        .ping_idle_after(Duration::ZERO)
-        .connect(&url)
-        .await
-        .unwrap();
+    let pinged = one_connection(Duration::ZERO).await;
     assert!(pinged.pool().options().get_test_before_acquire());
     terminate(&admin, idle_backend(&pinged).await).await;
-    assert!(matches!(
-        pinged.start(&key(2), None, LEASE).await.unwrap(),
-        Start::Started(_)
-    ));
+    assert!(starts(&pinged, 2).await);
 
-    drop_tables(&admin, &[&table, &format!("{table}_migrations")]).await;
+    drop_store_tables(&unpinged).await;
+    drop_store_tables(&pinged).await;
 }
 
 /// Expired records go with no pruner spawned by the user: the store runs one while it lives.
@@ -1206,79 +1061,47 @@ async fn a_connection_is_pinged_only_after_ping_idle_after() {
 /// one of 500) and keeps the one.
 #[tokio::test]
 async fn expired_records_are_deleted_with_no_pruner_spawned() {
-    let Some(url) = pg_url("expired_records_are_deleted_with_no_pruner_spawned") else {
-        return;
-    };
-    let table = unique_name("idem_bgprune");
-    let writer = quiet().table(&table).connect(&url).await.unwrap();
-    let done = |body: &'static [u8]| idem_core::Completion {
-        response: Some(body),
-        is_error: false,
-    };
+    let Some(url) = server() else { return };
+    let writer = fresh(&url).await;
+    let table = writer.table();
     for n in 0..1_500 {
-        let Start::Started(c) = writer.start(&key(n), None, LEASE).await.unwrap() else {
-            panic!("a new key is started");
-        };
+        let c = claim(&writer, n).await;
         writer
             .complete(&c, done(b"short"), Duration::from_millis(1))
             .await
             .unwrap();
     }
-    let Start::Started(kept) = writer.start(&key(9_999), None, LEASE).await.unwrap() else {
-        panic!("a new key is started");
-    };
+    let kept = claim(&writer, 9_999).await;
     writer
-        .complete(&kept, done(b"kept"), Duration::from_secs(3600))
+        .complete(&kept, done(b"kept"), RETENTION)
         .await
         .unwrap();
     let expired = format!("SELECT count(*) FROM \"{table}\" WHERE expires_at <= clock_timestamp()");
-    assert!(
-        eventually(|| async {
-            sqlx::query_scalar::<_, i64>(&expired)
-                .fetch_one(writer.pool())
-                .await
-                .unwrap()
-                == 1_500
-        })
-        .await
-    );
+    assert!(eventually(|| async { count(writer.pool(), &expired).await == 1_500 }).await);
 
     let store = PostgresStore::builder()
-        .table(&table)
+        .table(table)
         .connect(&url)
         .await
         .unwrap();
     assert!(store.prunes_in_background());
     let completed = format!("SELECT count(*) FROM \"{table}\" WHERE state = 1");
-    let count = || async {
-        sqlx::query_scalar::<_, i64>(&completed)
-            .fetch_one(store.pool())
-            .await
-            .unwrap()
-    };
     assert!(
-        eventually(|| async { count().await == 1 }).await,
+        eventually(|| async { count(store.pool(), &completed).await == 1 }).await,
         "{} completed records left",
-        count().await
+        count(store.pool(), &completed).await
     );
-    assert!(matches!(
-        store.start(&key(9_999), None, LEASE).await.unwrap(),
-        Start::Completed(_)
-    ));
-    let pool = store.pool().clone();
+    assert!(replays(&store, 9_999).await);
     drop(store);
-    drop_tables(&pool, &[&table, &format!("{table}_migrations")]).await;
+    drop_store_tables(&writer).await;
 }
 
 /// Runs `sql` (several statements) in one transaction on `conn`, with `search_path` set to
 /// `schema` for it, as `psql --single-transaction` after `SET search_path` would.
 async fn apply_in(conn: &mut sqlx::PgConnection, schema: &str, sql: &str) {
     let mut tx = conn.begin().await.unwrap();
-    sqlx::raw_sql(&format!("SET LOCAL search_path TO \"{schema}\""))
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    sqlx::raw_sql(sql).execute(&mut *tx).await.unwrap();
+    exec(&mut *tx, &format!("SET LOCAL search_path TO \"{schema}\"")).await;
+    exec(&mut *tx, sql).await;
     tx.commit().await.unwrap();
 }
 
@@ -1314,23 +1137,21 @@ async fn described(pool: &PgPool, schema: &str) -> Vec<String> {
 /// non-migrating connect once it does.
 #[tokio::test]
 async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
-    let Some(url) = pg_url("a_role_without_create_uses_the_store_after_an_out_of_band_migration")
-    else {
-        return;
-    };
+    let Some(url) = server() else { return };
     let owner = pool(&url).await;
     let (schema, by_migrate, role) = (
         unique_name("idem_oob"),
         unique_name("idem_oob_m"),
         unique_name("idem_app"),
     );
-    sqlx::raw_sql(&format!(
+    exec(
+        &owner,
+        &format!(
         "CREATE SCHEMA \"{schema}\"; CREATE SCHEMA \"{by_migrate}\"; CREATE ROLE \"{role}\" LOGIN; \
          GRANT USAGE ON SCHEMA \"{schema}\" TO \"{role}\""
-    ))
-    .execute(&owner)
-    .await
-    .unwrap();
+    ),
+    )
+    .await;
     let table = format!("{schema}.idem_records");
     let app_options = url
         .parse::<sqlx::postgres::PgConnectOptions>()
@@ -1399,56 +1220,38 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
     assert_eq!(listed, by_migrate_listed);
 
     // The application role: the rights to read and write rows, and nothing more.
-    sqlx::raw_sql(&format!(
+    exec(
+        &owner,
+        &format!(
         "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{schema}\" TO \"{role}\""
-    ))
-    .execute(&owner)
-    .await
-    .unwrap();
+    ),
+    )
+    .await;
     let store = checking()
         .from_pool(app_pool().await.unwrap())
         .await
         .unwrap();
-    let Start::Started(c) = store.start(&key(1), None, LEASE).await.unwrap() else {
-        panic!("a new key is started");
-    };
-    let body = idem_core::Completion {
-        response: Some(&b"paid"[..]),
-        is_error: false,
-    };
-    store
-        .complete(&c, body, Duration::from_secs(3600))
-        .await
-        .unwrap();
+    let c = claim(&store, 1).await;
+    store.complete(&c, done(b"paid"), RETENTION).await.unwrap();
     let Start::Completed(replayed) = store.start(&key(1), None, LEASE).await.unwrap() else {
         panic!("a completed key replays");
     };
     assert_eq!(replayed.response.as_deref(), Some(&b"paid"[..]));
     // Its background pruner needs no more than these rights either.
-    let Start::Started(short) = store.start(&key(2), None, LEASE).await.unwrap() else {
-        panic!("a new key is started");
-    };
+    let short = claim(&store, 2).await;
     store
-        .complete(&short, body, Duration::from_millis(1))
+        .complete(&short, done(b"paid"), Duration::from_millis(1))
         .await
         .unwrap();
     let gone = format!("SELECT count(*) FROM \"{schema}\".idem_records WHERE state = 1");
-    assert!(
-        eventually(|| async {
-            sqlx::query_scalar::<_, i64>(&gone)
-                .fetch_one(&owner)
-                .await
-                .unwrap()
-                == 1
-        })
-        .await
-    );
+    assert!(eventually(|| async { count(&owner, &gone).await == 1 }).await);
 
     // A ledger that lists no version is a schema older than this idem needs.
-    sqlx::raw_sql(&format!("DELETE FROM \"{schema}\".idem_records_migrations"))
-        .execute(&owner)
-        .await
-        .unwrap();
+    exec(
+        &owner,
+        &format!("DELETE FROM \"{schema}\".idem_records_migrations"),
+    )
+    .await;
     let err = checking()
         .from_pool(app_pool().await.unwrap())
         .await
@@ -1468,13 +1271,14 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
     let pool = store.pool().clone();
     drop(store);
     pool.close().await;
-    sqlx::raw_sql(&format!(
-        "DROP SCHEMA \"{schema}\" CASCADE; DROP SCHEMA \"{by_migrate}\" CASCADE; \
+    exec(
+        &owner,
+        &format!(
+            "DROP SCHEMA \"{schema}\" CASCADE; DROP SCHEMA \"{by_migrate}\" CASCADE; \
          DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""
-    ))
-    .execute(&owner)
-    .await
-    .unwrap();
+        ),
+    )
+    .await;
 }
 
 // Storing a result when the statement fails for a passing reason: the backend killed under it
@@ -1485,10 +1289,21 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
 /// The lease of the completion tests: the retry below waits for it at most.
 const COMPLETION_LEASE: Duration = Duration::from_secs(20);
 
+/// A store on a fresh table of the server at `url` (without the background pruner: the tests
+/// find and terminate the store's backends) and an engine on it with [`COMPLETION_LEASE`].
+async fn engine_on(url: &str) -> (PostgresStore, Idempotency) {
+    let store = fresh(url).await;
+    let engine = Idempotency::builder(store.clone())
+        .lease(COMPLETION_LEASE)
+        .build()
+        .unwrap();
+    (store, engine)
+}
+
 /// Locks the key's row from another connection, so the completion's `UPDATE` waits on it.
 async fn lock_row(url: &str, store: &PostgresStore, i: usize) -> PgConnection {
     let mut locker = PgConnection::connect(url).await.unwrap();
-    sqlx::raw_sql("BEGIN").execute(&mut locker).await.unwrap();
+    exec(&mut locker, "BEGIN").await;
     let locked = sqlx::query(&format!(
         "SELECT 1 FROM \"{}\" WHERE key = $1 FOR UPDATE",
         store.table()
@@ -1582,20 +1397,8 @@ async fn completes_once(engine: &Idempotency, store: &PostgresStore, i: usize, r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_killed_three_times_during_complete() {
-    let Some(url) = pg_url("backend_killed_three_times_during_complete") else {
-        return;
-    };
-    let store = PostgresStore::builder()
-        // No background pruner: the test finds and terminates the store's backends.
-        .pruner(None)
-        .table(unique_name("idem_kill"))
-        .connect(&url)
-        .await
-        .unwrap();
-    let engine = Idempotency::builder(store.clone())
-        .lease(COMPLETION_LEASE)
-        .build()
-        .unwrap();
+    let Some(url) = server() else { return };
+    let (store, engine) = engine_on(&url).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let (call, mut locker) = run_with_completion_blocked(&url, &store, &engine, 1, &runs).await;
     let mut call = Some(call);
@@ -1619,33 +1422,18 @@ async fn backend_killed_three_times_during_complete() {
     }
     // The fourth attempt waits on the lock too; releasing it lets it land.
     waiting_completion(&mut admin, store.table(), &killed).await;
-    sqlx::raw_sql("ROLLBACK")
-        .execute(&mut locker)
-        .await
-        .unwrap();
+    exec(&mut locker, "ROLLBACK").await;
     completes_once(&engine, &store, 1, &runs).await;
     drop_store_tables(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statement_timeout_during_complete() {
-    let Some(url) = pg_url("statement_timeout_during_complete") else {
-        return;
-    };
+    let Some(url) = server() else { return };
     // Every statement of the store's pool may take at most 300 ms.
     let sep = if url.contains('?') { '&' } else { '?' };
     let timed = format!("{url}{sep}options=-c%20statement_timeout%3D300");
-    let store = PostgresStore::builder()
-        // No background pruner: the test finds and terminates the store's backends.
-        .pruner(None)
-        .table(unique_name("idem_timeout"))
-        .connect(&timed)
-        .await
-        .unwrap();
-    let engine = Idempotency::builder(store.clone())
-        .lease(COMPLETION_LEASE)
-        .build()
-        .unwrap();
+    let (store, engine) = engine_on(&timed).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let (call, mut locker) = run_with_completion_blocked(&url, &store, &engine, 2, &runs).await;
     // The completion times out on the lock after 300 ms: the caller gets its result anyway.
@@ -1655,10 +1443,7 @@ async fn statement_timeout_during_complete() {
         store.get(&key(2)).await.unwrap().unwrap().state,
         RecordState::InProgress { .. }
     ));
-    sqlx::raw_sql("ROLLBACK")
-        .execute(&mut locker)
-        .await
-        .unwrap();
+    exec(&mut locker, "ROLLBACK").await;
     completes_once(&engine, &store, 2, &runs).await;
     drop_store_tables(&store).await;
 }

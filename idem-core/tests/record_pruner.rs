@@ -551,6 +551,19 @@ async fn fill_sql(store: &dyn Store) -> Vec<Key> {
     live
 }
 
+/// [`fill_sql`], then [`prune_sql`], on a SQL store whose table `rows` counts: 41 rows before
+/// (35 expired and the live ones), 6 after.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+async fn fill_and_prune_sql<F: std::future::Future<Output = i64>>(
+    store: Arc<dyn Store>,
+    rows: impl Fn() -> F,
+) {
+    let live = fill_sql(&*store).await;
+    assert_eq!(rows().await, 41);
+    prune_sql(store, &live).await;
+    assert_eq!(rows().await, 6);
+}
+
 /// Prunes in batches of 10 and checks that exactly the 35 expired records went.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 async fn prune_sql(store: Arc<dyn Store>, live: &[Key]) {
@@ -587,18 +600,8 @@ async fn prunes_expired_sqlite_records_in_batches() {
         .await
         .unwrap();
     let count = format!("SELECT count(*) FROM \"{}\"", store.table());
-    let live = fill_sql(&store).await;
-    let rows: i64 = sqlx::query_scalar(&count)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(rows, 41);
-    prune_sql(Arc::new(store.clone()), &live).await;
-    let rows: i64 = sqlx::query_scalar(&count)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(rows, 6);
+    let rows = || sqlx::query_scalar::<_, i64>(&count).fetch_one(store.pool());
+    fill_and_prune_sql(Arc::new(store.clone()), || async { rows().await.unwrap() }).await;
 }
 
 /// A SQLite store's own batch is the default, 100: with nothing in the config, a run over 150
@@ -638,26 +641,10 @@ async fn a_sqlite_pruner_deletes_100_records_a_batch_by_default() {
 #[cfg(feature = "postgres")]
 async fn pg_store(test: &str) -> Option<(idem_core::PostgresStore, String)> {
     let url = idem_test_support::postgres::pg_url(test)?;
-    let table = format!("idem_pruner_{:016x}", fastrand::u64(..));
     // Without the store's own pruner: the test's pruner is the one measured.
-    let store = idem_core::PostgresStore::builder()
-        .table(&table)
-        .pruner(None)
-        .connect(&url)
-        .await
-        .unwrap();
+    let store = idem_test_support::postgres::fresh_store(&url, |b| b.pruner(None)).await;
+    let table = store.table().to_owned();
     Some((store, table))
-}
-
-/// Drops the table [`pg_store`] made.
-#[cfg(feature = "postgres")]
-async fn drop_pg_table(store: &idem_core::PostgresStore, table: &str) {
-    sqlx::raw_sql(&format!(
-        "DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\""
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
 }
 
 /// A PostgreSQL store's own batch is 1,000 (docs/performance.md, "The sustained run"): with
@@ -689,7 +676,7 @@ async fn a_postgres_pruner_deletes_1000_records_a_batch_by_default() {
         (report.deleted, report.batches, report.largest_batch),
         (1_500, 2, 1_000)
     );
-    drop_pg_table(&store, &table).await;
+    idem_test_support::postgres::drop_store_tables(&store).await;
 }
 
 #[cfg(feature = "postgres")]
@@ -699,19 +686,9 @@ async fn prunes_expired_postgres_records_in_batches() {
         return;
     };
     let count = format!("SELECT count(*) FROM \"{table}\"");
-    let live = fill_sql(&store).await;
-    let rows: i64 = sqlx::query_scalar(&count)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(rows, 41);
-    prune_sql(Arc::new(store.clone()), &live).await;
-    let rows: i64 = sqlx::query_scalar(&count)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(rows, 6);
-    drop_pg_table(&store, &table).await;
+    let rows = || sqlx::query_scalar::<_, i64>(&count).fetch_one(store.pool());
+    fill_and_prune_sql(Arc::new(store.clone()), || async { rows().await.unwrap() }).await;
+    idem_test_support::postgres::drop_store_tables(&store).await;
 }
 
 /// A [`TestStore`] whose `prune_expired` takes `cost`, holding `expired` expired records.
@@ -770,6 +747,18 @@ struct Backlog {
     worst: usize,
     /// The expired records it held when the last record expired.
     at_end: usize,
+}
+
+impl Backlog {
+    /// The backlog never went above `worst` and ended at most at `at_end`.
+    fn assert_within(&self, worst: usize, at_end: usize) {
+        assert!(
+            self.worst <= worst,
+            "the expired backlog reached {}",
+            self.worst
+        );
+        assert!(self.at_end <= at_end, "{} left at the end", self.at_end);
+    }
 }
 
 /// Claims `rate × seconds` records on `store` whose leases end steadily, `rate` a second from
@@ -864,12 +853,7 @@ async fn a_rate_is_not_measured_across_a_quiet_spell() {
     let found = expire_steadily_after(&store, &clock, (3_000, 10), 5_000, config, 0, |_| {}).await;
     // Four batches of 1,000 expire between runs, plus what expires while one runs and the
     // 2.56 s the last wait of the spell may overlap with the first expiries.
-    assert!(
-        found.worst <= 9_000,
-        "the expired backlog reached {}",
-        found.worst
-    );
-    assert!(found.at_end <= 5_000, "{} left at the end", found.at_end);
+    found.assert_within(9_000, 5_000);
 }
 
 /// The same steady 3,000 a second, and after a second the store slows down: every
@@ -893,12 +877,7 @@ async fn when_the_store_slows_down_the_pruner_steps_up_until_it_keeps_pace() {
     // At 400 a second the backlog would be 10,400 when the last record expires. Stepping up
     // takes seven steps of about one batch each (under a second): the backlog peaks near a
     // second of expiries and stays below that afterwards.
-    assert!(
-        found.worst <= 3_000,
-        "the expired backlog reached {}",
-        found.worst
-    );
-    assert!(found.at_end <= 2_000, "{} left at the end", found.at_end);
+    found.assert_within(3_000, 2_000);
 }
 
 /// A store that is slow from the start (every `prune_expired` takes 50 ms) under 3,000
@@ -913,12 +892,7 @@ async fn a_pruner_that_never_drained_the_store_steps_up_too() {
     let found = expire_steadily(&store, &clock, 3_000, 20, 0, |_| {}).await;
     // 5 s at 400 a second leave 13,000; the steps at 5, 7 and 9 s bring the whole share, the one
     // at 11 s batches of 200 (4,000 a second), and the backlog turns there.
-    assert!(
-        found.worst <= 25_000,
-        "the expired backlog reached {}",
-        found.worst
-    );
-    assert!(found.at_end <= 3_000, "{} left at the end", found.at_end);
+    found.assert_within(25_000, 3_000);
 }
 
 #[test]

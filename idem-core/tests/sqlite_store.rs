@@ -14,7 +14,7 @@ use idem_core::{
 use sqlx::Connection;
 use tempfile::TempDir;
 
-use idem_test_support::eventually;
+use idem_test_support::{eventually, Tmpfs};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -699,48 +699,6 @@ async fn a_read_only_database_is_a_read_only_store_error() {
     claim(&store, &key(1), LEASE).await;
 }
 
-/// A small tmpfs mounted for one test; unmounted when dropped, also when the test fails.
-struct Tmpfs {
-    dir: TempDir,
-}
-
-impl Tmpfs {
-    /// Mounts a tmpfs of `bytes` on a new temporary directory (needs root), or says why not.
-    fn mount(bytes: u64) -> Result<Tmpfs, String> {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .map_err(|e| format!("cannot run mount: {e}"))?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
-        }
-        Ok(Tmpfs { dir })
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        // A connection thread that is still closing keeps the file system busy: detach it then
-        // (`-l`), and the kernel frees it once the last file closes.
-        let unmounted = std::process::Command::new("umount")
-            .arg(self.dir.path())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !unmounted {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(self.dir.path())
-                .status();
-        }
-    }
-}
-
 /// Writes a file in `dir` until the file system has no room left; returns its path.
 fn fill(dir: &Path) -> std::path::PathBuf {
     use std::io::Write;
@@ -775,7 +733,7 @@ async fn a_full_disk_fails_claims_as_full_and_never_runs_the_work_twice() {
         full_disk(dir.path(), false).await;
         return;
     }
-    match Tmpfs::mount(2 << 20) {
+    match Tmpfs::mount(2 << 20, None) {
         Ok(fs) => full_disk(fs.path(), true).await,
         Err(why) => {
             eprintln!(

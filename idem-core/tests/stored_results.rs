@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use idem_core::{Error, Idempotency, Key, PostgresStore, SqliteStore, Store, StoreErrorKind};
+use idem_core::{Error, Idempotency, Key, SqliteStore, Store, StoreErrorKind};
 
 /// Stores a result, flips one byte of every stored response with `flip`, and replays.
 async fn flipped_byte_is_a_typed_error(
@@ -53,14 +53,9 @@ async fn postgres_flipped_byte_is_a_typed_error() {
     else {
         return;
     };
-    let table = format!("idem_stored_{}", uuid::Uuid::new_v4().simple());
-    let store = PostgresStore::builder()
-        .table(&table)
-        .connect(&url)
-        .await
-        .unwrap();
+    let store = idem_test_support::postgres::fresh_store(&url, |b| b).await;
     let pool = store.pool().clone();
-    let t = table.clone();
+    let t = store.table().to_owned();
     let flip = async move {
         sqlx::query(&format!(
             "UPDATE \"{t}\" SET response = set_byte(response, length(response) - 1, 49)"
@@ -70,10 +65,5 @@ async fn postgres_flipped_byte_is_a_typed_error() {
         .unwrap();
     };
     flipped_byte_is_a_typed_error(Arc::new(store.clone()), flip).await;
-    for t in [table.clone(), format!("{table}_migrations")] {
-        sqlx::query(&format!("DROP TABLE \"{t}\""))
-            .execute(store.pool())
-            .await
-            .unwrap();
-    }
+    idem_test_support::postgres::drop_store_tables(&store).await;
 }

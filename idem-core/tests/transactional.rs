@@ -7,6 +7,7 @@
 #![cfg(any(feature = "sqlite", feature = "postgres"))]
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::ops::DerefMut;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,19 +16,9 @@ use async_trait::async_trait;
 use idem_core::{
     Error, Key, Outcome, RecordState, Store, Transactional, TransactionalStore, TxStart,
 };
+use idem_test_support::bank::{Tables, DELIVERIES, DEPOSITS, DEPOSITS_TOTAL};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
-
-/// Each deposit is delivered this many times at once.
-const DELIVERIES: usize = 10;
-const DEPOSITS: [(&str, i64); 5] = [
-    ("req-a", 1),
-    ("req-b", 20),
-    ("req-c", 300),
-    ("req-d", 4_000),
-    ("req-e", 50_000),
-];
-const DEPOSITS_TOTAL: i64 = 54_321;
 
 /// What a deposit or withdrawal answers; `balance` depends on the order the requests ran in,
 /// so two runs of one request would be told apart.
@@ -48,64 +39,6 @@ enum BankError {
     Insufficient { balance: i64, cents: i64 },
 }
 
-/// The business tables of one test run: `accounts (id, balance)` holding "acct" at 0, and
-/// `ledger (request_id, cents)`, one row per applied request.
-struct Tables {
-    accounts: String,
-    ledger: String,
-}
-
-impl Tables {
-    fn new() -> Tables {
-        let suffix = uuid::Uuid::new_v4().simple();
-        Tables {
-            accounts: format!("tx_accounts_{suffix}"),
-            ledger: format!("tx_ledger_{suffix}"),
-        }
-    }
-
-    /// `bigint` is the database's 64-bit integer type. SQLite accepts `$n` placeholders too, so
-    /// every statement is written once.
-    fn schema(&self, bigint: &str) -> [String; 3] {
-        [
-            format!(
-                "CREATE TABLE {} (id TEXT PRIMARY KEY, balance {bigint} NOT NULL)",
-                self.accounts
-            ),
-            format!(
-                "INSERT INTO {} (id, balance) VALUES ('acct', 0)",
-                self.accounts
-            ),
-            format!(
-                "CREATE TABLE {} (request_id TEXT NOT NULL, cents {bigint} NOT NULL)",
-                self.ledger
-            ),
-        ]
-    }
-
-    fn add_sql(&self) -> String {
-        format!(
-            "UPDATE {} SET balance = balance + $1 WHERE id = 'acct' RETURNING balance",
-            self.accounts
-        )
-    }
-
-    fn ledger_sql(&self) -> String {
-        format!(
-            "INSERT INTO {} (request_id, cents) VALUES ($1, $2)",
-            self.ledger
-        )
-    }
-
-    fn balance_sql(&self) -> String {
-        format!("SELECT balance FROM {} WHERE id = 'acct'", self.accounts)
-    }
-
-    fn ledger_count_sql(&self) -> String {
-        format!("SELECT COUNT(*) FROM {}", self.ledger)
-    }
-}
-
 /// What differs between the databases: how to open one, how to begin a transaction, and the
 /// sqlx types. The scenarios below see only this.
 #[async_trait]
@@ -113,6 +46,10 @@ trait Db: Sized + Send + Sync + 'static {
     type Store: TransactionalStore<Connection = Self::Conn> + Clone;
     type Conn: Send;
     type Tx: DerefMut<Target = Self::Conn> + Send;
+
+    /// A database with the business tables (and the records table) of its own for `test`;
+    /// `None` when the test skips.
+    async fn open(test: &str) -> Option<Self>;
 
     fn idem(&self) -> &Transactional<Self::Store>;
 
@@ -150,22 +87,7 @@ async fn deposit<D: Db>(
     request_id: &str,
     cents: i64,
 ) -> Result<Outcome<Receipt>, BankError> {
-    let key = Key::derive("deposit", "acct", request_id).map_err(Error::from)?;
-    let tables = db.tables().clone();
-    let request_id = request_id.to_owned();
-    db.idem()
-        .call(key)
-        .run(conn, move |conn| {
-            Box::pin(async move {
-                let balance = D::apply(conn, &tables, &request_id, cents).await?;
-                Ok(Receipt {
-                    request_id,
-                    cents,
-                    balance,
-                })
-            })
-        })
-        .await
+    book(db, conn, "deposit", request_id, cents).await
 }
 
 /// Withdraws through [`Transactional::run`]; more than the balance fails with
@@ -176,18 +98,35 @@ async fn withdraw<D: Db>(
     request_id: &str,
     cents: i64,
 ) -> Result<Outcome<Receipt>, BankError> {
-    let key = Key::derive("withdraw", "acct", request_id).map_err(Error::from)?;
+    book(db, conn, "withdraw", request_id, cents).await
+}
+
+/// A deposit or (`scope` "withdraw") a withdrawal of `cents`, keyed by the request id in
+/// `scope`.
+async fn book<D: Db>(
+    db: &D,
+    conn: &mut D::Conn,
+    scope: &'static str,
+    request_id: &str,
+    cents: i64,
+) -> Result<Outcome<Receipt>, BankError> {
+    let key = Key::derive(scope, "acct", request_id).map_err(Error::from)?;
     let tables = db.tables().clone();
     let request_id = request_id.to_owned();
     db.idem()
         .call(key)
         .run(conn, move |conn| {
             Box::pin(async move {
-                let balance = D::balance_in(conn, &tables).await?;
-                if balance < cents {
-                    return Err(BankError::Insufficient { balance, cents });
-                }
-                let balance = D::apply(conn, &tables, &request_id, -cents).await?;
+                let added = if scope == "withdraw" {
+                    let balance = D::balance_in(conn, &tables).await?;
+                    if balance < cents {
+                        return Err(BankError::Insufficient { balance, cents });
+                    }
+                    -cents
+                } else {
+                    cents
+                };
+                let balance = D::apply(conn, &tables, &request_id, added).await?;
                 Ok(Receipt {
                     request_id,
                     cents,
@@ -211,7 +150,8 @@ async fn record_of<D: Db>(db: &D, key: &Key) -> Option<RecordState> {
 /// committed) leaves neither the write nor the claim, whether it happens between `begin` and
 /// `finish` or inside a cancelled `run`. The retry then applies the deposit once, and a further
 /// retry replays it.
-async fn dropped_transaction_leaves_nothing<D: Db>(db: &D) {
+async fn dropped_transaction_leaves_nothing<D: Db>(db: Arc<D>) {
+    let db = &*db;
     let key = Key::derive("deposit", "acct", "req-1").unwrap();
 
     // Crash 1: claimed and written by hand, then the transaction is dropped.
@@ -306,7 +246,8 @@ async fn concurrent_deliveries_apply_once<D: Db>(db: Arc<D>) {
 
 /// An `Err` from the work releases the claim inside the transaction, so committing leaves the
 /// key free: the retry runs the work again, and once it succeeds it is replayed.
-async fn error_releases_the_claim<D: Db>(db: &D) {
+async fn error_releases_the_claim<D: Db>(db: Arc<D>) {
+    let db = &*db;
     let key = Key::derive("withdraw", "acct", "w-1").unwrap();
 
     let mut tx = db.begin().await;
@@ -346,7 +287,8 @@ async fn error_releases_the_claim<D: Db>(db: &D) {
 
 /// A completed key replays its stored result without running the work, through `run` and
 /// through `begin`.
-async fn completed_key_replays_without_running<D: Db>(db: &D) {
+async fn completed_key_replays_without_running<D: Db>(db: Arc<D>) {
+    let db = &*db;
     let key = Key::derive("deposit", "acct", "req-9").unwrap();
     let mut tx = db.begin().await;
     let fresh = deposit(db, &mut tx, "req-9", 700).await.unwrap();
@@ -384,15 +326,35 @@ async fn completed_key_replays_without_running<D: Db>(db: &D) {
     assert_eq!(db.committed().await, (700, 1));
 }
 
-/// Implements [`Db`] for one database; the bodies are the same text for both, only the types
-/// and the `BEGIN` statement differ.
+/// Implements [`Db`] for one database, a struct of `idem`, `tables` and `_keep` (what must live
+/// as long as the database) with an inherent `records(test)` that opens the records store; the
+/// bodies are the same text for both, only the types, the integer type and the `BEGIN`
+/// statement differ.
 macro_rules! impl_db {
-    ($name:ident, store = $store:ty, db = $db:ty, begin = $begin:literal) => {
+    (
+        $name:ident,
+        store = $store:ty,
+        db = $db:ty,
+        sql = $sql:ident,
+        bigint = $bigint:literal,
+        begin = $begin:literal
+    ) => {
         #[async_trait]
         impl Db for $name {
             type Store = $store;
             type Conn = <$db as sqlx::Database>::Connection;
             type Tx = sqlx::Transaction<'static, $db>;
+
+            async fn open(test: &str) -> Option<Self> {
+                let (store, keep) = Self::records(test).await?;
+                let tables = Tables::new("tx");
+                idem_test_support::bank::$sql::create(&tables, store.pool(), $bigint).await;
+                Some($name {
+                    idem: Transactional::new(store),
+                    tables: Arc::new(tables),
+                    _keep: keep,
+                })
+            }
 
             fn idem(&self) -> &Transactional<$store> {
                 &self.idem
@@ -416,38 +378,19 @@ macro_rules! impl_db {
                 request_id: &str,
                 cents: i64,
             ) -> Result<i64, sqlx::Error> {
-                let balance = sqlx::query_scalar(&tables.add_sql())
-                    .bind(cents)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                sqlx::query(&tables.ledger_sql())
-                    .bind(request_id)
-                    .bind(cents)
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(balance)
+                idem_test_support::bank::$sql::add(tables, conn, request_id, cents).await
             }
 
             async fn balance_in(
                 conn: &mut Self::Conn,
                 tables: &Tables,
             ) -> Result<i64, sqlx::Error> {
-                sqlx::query_scalar(&tables.balance_sql())
-                    .fetch_one(&mut *conn)
-                    .await
+                idem_test_support::bank::$sql::balance(tables, conn).await
             }
 
             async fn committed(&self) -> (i64, i64) {
                 let pool = self.idem.store().pool();
-                let balance = sqlx::query_scalar(&self.tables.balance_sql())
-                    .fetch_one(pool)
-                    .await
-                    .unwrap();
-                let rows = sqlx::query_scalar(&self.tables.ledger_count_sql())
-                    .fetch_one(pool)
-                    .await
-                    .unwrap();
-                (balance, rows)
+                idem_test_support::bank::$sql::committed(&self.tables, pool).await
             }
 
             async fn drop_tables(&self) {
@@ -469,50 +412,41 @@ macro_rules! impl_db {
     };
 }
 
-/// Runs a scenario on `$db`: opens it (or skips), runs, drops the tables.
+/// Opens a database of its own for `test` (or skips), runs `scenario` on it, drops its tables.
+async fn on_a_db<D: Db, F: Future<Output = ()>>(test: &str, scenario: impl FnOnce(Arc<D>) -> F) {
+    let Some(db) = D::open(test).await else {
+        return;
+    };
+    let db = Arc::new(db);
+    scenario(db.clone()).await;
+    db.drop_tables().await;
+}
+
+/// The scenarios on `$db`, one test each.
 macro_rules! tests_for {
     ($db:ident) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn dropped_transaction_leaves_nothing_and_the_retry_applies_once() {
-            let Some(db) =
-                $db::open("dropped_transaction_leaves_nothing_and_the_retry_applies_once").await
-            else {
-                return;
-            };
-            super::dropped_transaction_leaves_nothing(&db).await;
-            db.drop_tables().await;
+            let test = "dropped_transaction_leaves_nothing_and_the_retry_applies_once";
+            on_a_db(test, super::dropped_transaction_leaves_nothing::<$db>).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn ten_concurrent_deliveries_of_each_deposit_apply_once() {
-            let Some(db) = $db::open("ten_concurrent_deliveries_of_each_deposit_apply_once").await
-            else {
-                return;
-            };
-            let db = Arc::new(db);
-            super::concurrent_deliveries_apply_once(db.clone()).await;
-            db.drop_tables().await;
+            let test = "ten_concurrent_deliveries_of_each_deposit_apply_once";
+            on_a_db(test, super::concurrent_deliveries_apply_once::<$db>).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn an_error_releases_the_claim_and_commit_leaves_the_key_free() {
-            let Some(db) =
-                $db::open("an_error_releases_the_claim_and_commit_leaves_the_key_free").await
-            else {
-                return;
-            };
-            super::error_releases_the_claim(&db).await;
-            db.drop_tables().await;
+            let test = "an_error_releases_the_claim_and_commit_leaves_the_key_free";
+            on_a_db(test, super::error_releases_the_claim::<$db>).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn a_completed_key_replays_without_running_the_work() {
-            let Some(db) = $db::open("a_completed_key_replays_without_running_the_work").await
-            else {
-                return;
-            };
-            super::completed_key_replays_without_running(&db).await;
-            db.drop_tables().await;
+            let test = "a_completed_key_replays_without_running_the_work";
+            on_a_db(test, super::completed_key_replays_without_running::<$db>).await;
         }
     };
 }
@@ -523,37 +457,19 @@ mod sqlite {
 
     use async_trait::async_trait;
     use idem_core::{SqliteStore, Transactional};
-    use sqlx::Connection;
 
-    use super::{Db, Tables};
+    use super::{on_a_db, Db, Tables};
 
     pub struct Sqlite {
         idem: Transactional<SqliteStore>,
         tables: Arc<Tables>,
-        _dir: tempfile::TempDir,
+        _keep: tempfile::TempDir,
     }
 
     impl Sqlite {
         /// A database file of its own, with room for every delivery to hold a connection.
-        async fn open(_test: &str) -> Option<Sqlite> {
-            let dir = tempfile::tempdir().unwrap();
-            let store = SqliteStore::builder()
-                .max_connections(16)
-                .open(dir.path().join("bank.db"))
-                .await
-                .unwrap();
-            let tables = Tables::new();
-            let mut conn = store.pool().acquire().await.unwrap();
-            let mut tx = conn.begin().await.unwrap();
-            for sql in tables.schema("INTEGER") {
-                sqlx::query(&sql).execute(&mut *tx).await.unwrap();
-            }
-            tx.commit().await.unwrap();
-            Some(Sqlite {
-                idem: Transactional::new(store),
-                tables: Arc::new(tables),
-                _dir: dir,
-            })
+        async fn records(_test: &str) -> Option<(SqliteStore, tempfile::TempDir)> {
+            Some(idem_test_support::bank::sqlite::store().await)
         }
     }
 
@@ -561,6 +477,8 @@ mod sqlite {
         Sqlite,
         store = SqliteStore,
         db = sqlx::Sqlite,
+        sql = sqlite,
+        bigint = "INTEGER",
         begin = "BEGIN IMMEDIATE"
     );
 
@@ -573,38 +491,22 @@ mod postgres {
 
     use async_trait::async_trait;
     use idem_core::{PostgresStore, Transactional};
-    use sqlx::Connection;
+    use idem_test_support::postgres::{fresh_store, pg_url};
 
-    use super::{Db, Tables};
+    use super::{on_a_db, Db, Tables};
 
     pub struct Postgres {
         idem: Transactional<PostgresStore>,
         tables: Arc<Tables>,
+        _keep: (),
     }
 
     impl Postgres {
-        /// A records table and business tables of their own on the server of
-        /// `IDEM_TEST_PG_URL`; without it the test is skipped, unless `IDEM_REQUIRE_PG=1` makes
-        /// that a failure.
-        async fn open(test: &str) -> Option<Postgres> {
-            let url = idem_test_support::postgres::pg_url(test)?;
-            let store = PostgresStore::builder()
-                .table(format!("idem_tx_{}", uuid::Uuid::new_v4().simple()))
-                .max_connections(16)
-                .connect(&url)
-                .await
-                .unwrap();
-            let tables = Tables::new();
-            let mut conn = store.pool().acquire().await.unwrap();
-            let mut tx = conn.begin().await.unwrap();
-            for sql in tables.schema("BIGINT") {
-                sqlx::query(&sql).execute(&mut *tx).await.unwrap();
-            }
-            tx.commit().await.unwrap();
-            Some(Postgres {
-                idem: Transactional::new(store),
-                tables: Arc::new(tables),
-            })
+        /// A records table of its own on the server of `IDEM_TEST_PG_URL`; without it the test
+        /// is skipped, unless `IDEM_REQUIRE_PG=1` makes that a failure.
+        async fn records(test: &str) -> Option<(PostgresStore, ())> {
+            let url = pg_url(test)?;
+            Some((fresh_store(&url, |b| b.max_connections(16)).await, ()))
         }
     }
 
@@ -613,6 +515,8 @@ mod postgres {
         Postgres,
         store = PostgresStore,
         db = sqlx::Postgres,
+        sql = postgres,
+        bigint = "BIGINT",
         begin = "BEGIN"
     );
 

@@ -9,12 +9,15 @@
 //!
 //! Each store's helpers sit behind the feature of the same name (`postgres`, `redis`,
 //! `dynamodb`), which turns the store on in idem-core, so a test binary builds only the stores
-//! it tests.
+//! it tests. [`bank`] is the business the transactional tests pay into.
 #![forbid(unsafe_code)]
 
 use std::future::Future;
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
+pub mod bank;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
 #[cfg(feature = "postgres")]
@@ -120,6 +123,65 @@ impl Process {
 impl Drop for Process {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A small tmpfs mounted for one test (which needs root: a full disk that is real, not
+/// simulated); unmounted when dropped, also when the test fails.
+///
+/// ```no_run
+/// let fs = idem_test_support::Tmpfs::mount(1 << 20, None).unwrap();
+/// std::fs::write(fs.path().join("f"), b"x").unwrap();
+/// ```
+pub struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `bytes` on a new temporary directory, owned by the user `owner` (only
+    /// it may write there) when one is given, or says why not.
+    pub fn mount(bytes: u64, owner: Option<&str>) -> Result<Tmpfs, String> {
+        let mut options = format!("size={bytes}");
+        if let Some(owner) = owner {
+            let uid = Command::new("id")
+                .args(["-u", owner])
+                .output()
+                .map_err(|e| format!("cannot run id: {e}"))?;
+            let uid = String::from_utf8_lossy(&uid.stdout).trim().to_owned();
+            options.push_str(&format!(",uid={uid},mode=0700"));
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &options, "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        }
+        Ok(Tmpfs { dir })
+    }
+
+    /// Where it is mounted.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // A process still closing its files keeps the file system busy: detach it then (`-l`),
+        // and the kernel frees it once the last file closes.
+        let unmounted = Command::new("umount")
+            .arg(self.dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
+        }
     }
 }
 

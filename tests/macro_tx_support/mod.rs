@@ -9,19 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use idem::{idempotent, Fingerprint, Key, RecordState, Store, Transactional, TransactionalStore};
+use idem_test_support::bank::{DELIVERIES, DEPOSITS, DEPOSITS_TOTAL};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
-
-/// Each deposit is delivered this many times at once.
-const DELIVERIES: usize = 10;
-const DEPOSITS: [(&str, i64); 5] = [
-    ("req-a", 1),
-    ("req-b", 20),
-    ("req-c", 300),
-    ("req-d", 4_000),
-    ("req-e", 50_000),
-];
-const DEPOSITS_TOTAL: i64 = 54_321;
 
 /// A database holding one account at balance 0 and an empty ledger, with a transactional engine
 /// whose records live in the same database.
@@ -54,6 +44,73 @@ pub trait Bank: Send + Sync + 'static {
     /// The committed balance and ledger row count.
     fn committed(&self) -> impl Future<Output = (i64, i64)> + Send;
 }
+
+/// Implements [`Bank`] for `$name`, a struct of `idem` (the engine), `tables`
+/// ([`Tables`](idem_test_support::bank::Tables)) and `_keep` (what must live as long as the
+/// database), and gives it `with_tables(store, keep)`, which creates the tables; the bodies are
+/// the same text on every database, only the types, the integer type and the `BEGIN` statement
+/// differ.
+macro_rules! impl_bank {
+    (
+        $name:ident,
+        store = $store:ty,
+        db = $db:ty,
+        sql = $sql:ident,
+        keep = $keep:ty,
+        bigint = $bigint:literal,
+        begin = $begin:literal
+    ) => {
+        impl $name {
+            async fn with_tables(store: $store, keep: $keep) -> $name {
+                let tables = idem_test_support::bank::Tables::new("mtx");
+                idem_test_support::bank::$sql::create(&tables, store.pool(), $bigint).await;
+                $name {
+                    idem: Transactional::new(store),
+                    tables,
+                    _keep: keep,
+                }
+            }
+        }
+
+        impl Bank for $name {
+            type Store = $store;
+            type Conn = <$db as sqlx::Database>::Connection;
+            type Tx = sqlx::Transaction<'static, $db>;
+
+            fn idem(&self) -> &Transactional<$store> {
+                &self.idem
+            }
+
+            async fn begin(&self) -> Self::Tx {
+                let pool = self.idem.store().pool();
+                pool.begin_with($begin).await.unwrap()
+            }
+
+            async fn commit(tx: Self::Tx) {
+                tx.commit().await.unwrap();
+            }
+
+            async fn add(
+                &self,
+                conn: &mut Self::Conn,
+                request_id: &str,
+                cents: i64,
+            ) -> Result<i64, sqlx::Error> {
+                idem_test_support::bank::$sql::add(&self.tables, conn, request_id, cents).await
+            }
+
+            async fn balance(&self, conn: &mut Self::Conn) -> Result<i64, sqlx::Error> {
+                idem_test_support::bank::$sql::balance(&self.tables, conn).await
+            }
+
+            async fn committed(&self) -> (i64, i64) {
+                let pool = self.idem.store().pool();
+                idem_test_support::bank::$sql::committed(&self.tables, pool).await
+            }
+        }
+    };
+}
+pub(crate) use impl_bank;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BankError {
@@ -130,7 +187,8 @@ async fn record<B: Bank>(bank: &B, key: &Key) -> Option<RecordState> {
 /// A transaction dropped after the attributed call returned (a crash before the commit) leaves
 /// neither the deposit nor the claim. The retry applies the deposit once and keeps the receipt
 /// for the `ttl` (7 days, not the engine's 24 hours); a further retry replays it.
-pub async fn dropped_transaction_leaves_nothing<B: Bank>(bank: &B) {
+pub async fn dropped_transaction_leaves_nothing<B: Bank>(bank: Arc<B>) {
+    let bank = &*bank;
     let key = Key::derive("deposit", "acct", "req-1").unwrap();
 
     let mut tx = bank.begin().await;
@@ -220,7 +278,8 @@ pub async fn concurrent_deliveries_apply_once<B: Bank>(bank: Arc<B>) {
 
 /// An error from the body releases the claim in the transaction; after the commit the key is
 /// free, the retry runs the body again, and its success is replayed.
-pub async fn error_releases_the_claim<B: Bank>(bank: &B) {
+pub async fn error_releases_the_claim<B: Bank>(bank: Arc<B>) {
+    let bank = &*bank;
     let key = Key::derive("withdraw", "", "w-1").unwrap();
     let mut tx = bank.begin().await;
     let refused = withdraw(bank, &mut tx, "w-1", 300).await;
@@ -250,7 +309,8 @@ pub async fn error_releases_the_claim<B: Bank>(bank: &B) {
 /// Without `fingerprint`, the transactional mode hashes the arguments less the engine's
 /// `bank`, the transaction and the key: the record holds the fingerprint of `{"cents": 100}`,
 /// and the key reused with another amount is refused.
-pub async fn default_fingerprint_leaves_out_the_transaction<B: Bank>(bank: &B) {
+pub async fn default_fingerprint_leaves_out_the_transaction<B: Bank>(bank: Arc<B>) {
+    let bank = &*bank;
     let mut tx = bank.begin().await;
     deposit(bank, &mut tx, "acct", "d-2", 500).await.unwrap();
     let paid = withdraw(bank, &mut tx, "w-2", 100).await.unwrap();

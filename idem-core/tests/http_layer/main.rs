@@ -136,19 +136,19 @@ async fn dynamodb() -> Option<(Arc<dyn Store>, Leftover)> {
 /// A Redis store under a fresh key prefix on the shared server (or cluster) that
 /// `scripts/test` starts; its records expire by themselves, so nothing is left to remove.
 #[cfg(feature = "redis")]
-async fn redis_single() -> Option<(Arc<dyn Store>, Leftover)> {
-    let store =
-        idem_test_support::redis::fresh_store(idem_test_support::redis::Flavor::Single, |b| b)
-            .await?;
+async fn redis(flavor: idem_test_support::redis::Flavor) -> Option<(Arc<dyn Store>, Leftover)> {
+    let store = idem_test_support::redis::fresh_store(flavor, |b| b).await?;
     Some((Arc::new(store), Leftover::Nothing))
 }
 
 #[cfg(feature = "redis")]
+async fn redis_single() -> Option<(Arc<dyn Store>, Leftover)> {
+    redis(idem_test_support::redis::Flavor::Single).await
+}
+
+#[cfg(feature = "redis")]
 async fn redis_cluster() -> Option<(Arc<dyn Store>, Leftover)> {
-    let store =
-        idem_test_support::redis::fresh_store(idem_test_support::redis::Flavor::Cluster, |b| b)
-            .await?;
-    Some((Arc::new(store), Leftover::Nothing))
+    redis(idem_test_support::redis::Flavor::Cluster).await
 }
 
 http_suite!(memory_store, crate::memory);

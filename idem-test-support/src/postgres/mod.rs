@@ -120,19 +120,30 @@ pub async fn drop_store_tables(store: &PostgresStore) {
     drop_tables(store.pool(), &[table, &format!("{table}_migrations")]).await;
 }
 
+/// [`drop_tables`] for `Drop`: the tables `names` on the server at `url`, dropped from a runtime
+/// of its own (see [`on_own_runtime`](crate::on_own_runtime)); a failure leaves a stray table on
+/// the throwaway server.
+///
+/// ```no_run
+/// idem_test_support::postgres::drop_tables_now("postgres://127.0.0.1/postgres", &["idem_t"]);
+/// ```
+pub fn drop_tables_now(url: &str, names: &[&str]) {
+    let url = url.to_owned();
+    let names: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+    crate::on_own_runtime(move || async move {
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&url).await {
+            let drop = format!("DROP TABLE IF EXISTS {}", names.join(", "));
+            let _ = sqlx::raw_sql(&drop).execute(&mut conn).await;
+        }
+    });
+}
+
 /// [`drop_store_tables`] for `Drop`: the records table `table` and its ledger on the server at
-/// `url`, dropped from a runtime of its own (see [`on_own_runtime`](crate::on_own_runtime));
-/// a failure leaves a stray table on the throwaway server.
+/// `url` (see [`drop_tables_now`]).
 ///
 /// ```no_run
 /// idem_test_support::postgres::drop_store_tables_now("postgres://127.0.0.1/postgres", "idem_t");
 /// ```
 pub fn drop_store_tables_now(url: &str, table: &str) {
-    let (url, table) = (url.to_owned(), table.to_owned());
-    crate::on_own_runtime(move || async move {
-        if let Ok(mut conn) = sqlx::PgConnection::connect(&url).await {
-            let drop = format!("DROP TABLE IF EXISTS \"{table}\", \"{table}_migrations\"");
-            let _ = sqlx::raw_sql(&drop).execute(&mut conn).await;
-        }
-    });
+    drop_tables_now(url, &[table, &format!("{table}_migrations")]);
 }
