@@ -39,7 +39,6 @@ pub use sqlx;
 pub use uuid;
 
 #[doc(hidden)]
-#[path = "private.rs"]
 pub mod __private;
 
 pub use buckets::PROMETHEUS_BUCKETS;
