@@ -27,6 +27,9 @@ use tokio::time::Instant;
 struct Faulty {
     inner: MemoryStore,
     down_until: Mutex<Option<Instant>>,
+    /// Down until switched back on: the store comes back at an exact point of the test, with
+    /// no background timer due at the same instant.
+    switched_off: std::sync::atomic::AtomicBool,
     completions_fail_until: Mutex<Option<Instant>>,
 }
 
@@ -35,6 +38,7 @@ impl Faulty {
         Faulty {
             inner: MemoryStore::with_clock(TokioClock::new()),
             down_until: Mutex::new(None),
+            switched_off: std::sync::atomic::AtomicBool::new(false),
             completions_fail_until: Mutex::new(None),
         }
     }
@@ -59,7 +63,18 @@ impl Faulty {
         }
     }
 
+    /// Unreachable (`true`) until switched back on (`false`).
+    fn switch_off(&self, off: bool) {
+        self.switched_off.store(off, Ordering::SeqCst);
+    }
+
     fn up(&self) -> Result<(), Error> {
+        if self.switched_off.load(Ordering::SeqCst) {
+            return Err(Error::Store(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "injected: the store is switched off",
+            )));
+        }
         self.check(&self.down_until)
     }
 }
@@ -238,11 +253,22 @@ async fn another_process_after_an_outage_longer_than_the_lease_runs_again() {
     let lease = Duration::from_secs(3);
     let (here, elsewhere) = (engine(&store, lease), engine(&store, lease));
     let tally = Tally::default();
-    let outage = Duration::from_secs(4);
 
-    tally.charge_then_outage(&here, &store, outage).await;
+    let first = here
+        .call(key())
+        .run(async {
+            store.switch_off(true);
+            Ok::<_, Error>(100 + tally.runs.fetch_add(1, Ordering::SeqCst) as u64)
+        })
+        .await
+        .unwrap();
+    assert_eq!(first, Outcome::Fresh(100));
 
-    tokio::time::sleep(outage + Duration::from_millis(50)).await;
+    // Four seconds down: every renewal and completion try fails, the lease runs out at 3 s. The
+    // store comes back and the other process's retry reaches it first: switched on and claimed
+    // in one step of this task, before any background timer of this process runs.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    store.switch_off(false);
     let other = tally.call(&elsewhere).await.unwrap();
     assert_eq!(
         other,
