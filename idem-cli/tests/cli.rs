@@ -456,8 +456,18 @@ fn distributed_store_urls_fail_in_one_line() {
         assert_eq!(err.lines().count(), 1, "{url}: {err}");
         assert!(err.starts_with("idem: "), "{url}: {err}");
     }
-    let (ok, _, err) = idem("redis-cluster://", "idem_records", &["stats"]);
-    assert!(!ok && err.contains("names no node"), "{err}");
-    let (ok, _, err) = idem("redis://127.0.0.1:1", "bad prefix{", &["stats"]);
-    assert!(!ok && err.contains("prefix"), "{err}");
+    if cfg!(feature = "redis") {
+        let (ok, _, err) = idem("redis-cluster://", "idem_records", &["stats"]);
+        assert!(!ok && err.contains("names no node"), "{err}");
+        let (ok, _, err) = idem("redis://127.0.0.1:1", "bad prefix{", &["stats"]);
+        assert!(!ok && err.contains("prefix"), "{err}");
+    } else {
+        // The quick install (SQL only) names the feature that adds the store.
+        let (ok, _, err) = idem("redis://127.0.0.1:1", "idem_records", &["stats"]);
+        assert!(!ok && err.contains("`--features redis`"), "{err}");
+    }
+    if !cfg!(feature = "dynamodb") {
+        let (ok, _, err) = idem("dynamodb://127.0.0.1:1", "idem_records", &["stats"]);
+        assert!(!ok && err.contains("`--features dynamodb`"), "{err}");
+    }
 }

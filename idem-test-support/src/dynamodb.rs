@@ -51,7 +51,8 @@ pub async fn own_or_shared_server() -> Option<(String, Option<Server>)> {
 
 /// A client of the server at `endpoint` with static test credentials, bounded timeouts and the
 /// SDK's standard retries. The timeouts are generous: moto answers one request at a time, so in
-/// the storm rule a request may queue behind a thousand others on a loaded machine.
+/// the storm rule a request may queue behind a thousand others on a loaded machine, and they are
+/// bounds only a failing test waits out.
 ///
 /// ```
 /// let _client = idem_test_support::dynamodb::client("http://127.0.0.1:8000");
@@ -80,8 +81,8 @@ pub fn config(endpoint: &str) -> aws_sdk_dynamodb::config::Builder {
         .timeout_config(
             TimeoutConfig::builder()
                 .connect_timeout(Duration::from_secs(5))
-                .operation_attempt_timeout(Duration::from_secs(30))
-                .operation_timeout(Duration::from_secs(60))
+                .operation_attempt_timeout(Duration::from_secs(60))
+                .operation_timeout(Duration::from_secs(120))
                 .build(),
         )
 }
@@ -137,6 +138,9 @@ pub fn drop_table(endpoint: &str, table: &str) {
     });
 }
 
+/// How long a server of a test's own gets to start accepting connections.
+const START_WITHIN: Duration = Duration::from_secs(90);
+
 /// A DynamoDB-compatible server of the test's own, started with `IDEM_DYNAMODB_SERVER_CMD`
 /// (`scripts/test` sets it to moto's launcher; the command gets `HOST PORT` appended) on a free
 /// loopback port, and killed when dropped.
@@ -163,7 +167,8 @@ impl Server {
             .filter(|c| !c.trim().is_empty())
     }
 
-    /// Starts a server on a free port and waits (20 s at most) until it accepts connections.
+    /// Starts a server on a free port and waits (90 s at most: moto's start is a second of
+    /// Python imports on an idle machine, many on a busy one) until it accepts connections.
     pub fn start(command: &str) -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -189,7 +194,7 @@ impl Server {
             process: crate::Process::new(child),
             port,
         };
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + START_WITHIN;
         loop {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return server;
@@ -199,7 +204,8 @@ impl Server {
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "the DynamoDB server on port {port} did not accept connections within 20 s"
+                "the DynamoDB server on port {port} did not accept connections within {} s",
+                START_WITHIN.as_secs()
             );
             std::thread::sleep(Duration::from_millis(50));
         }

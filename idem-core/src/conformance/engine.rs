@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use crate::{Call, Error, Fingerprint, Idempotency, Key, OnLocked, Outcome, RecordState};
 
-use super::store::{claim, key, wait, LONG, PAST_SHORT, SHORT};
-use super::Harness;
+use super::store::{claim, key, long, past_short, short, wait};
+use super::{scaled, Harness};
 
 fn engine(h: &impl Harness) -> Idempotency {
     Idempotency::from_arc(h.store())
@@ -31,13 +31,13 @@ fn spawn_long(
     work: impl Future<Output = Result<u32, Error>> + Send + 'static,
 ) -> tokio::task::JoinHandle<Result<Outcome<u32>, Error>> {
     let engine = engine.clone();
-    tokio::spawn(async move { engine.call(k).lease(LONG).run(work).await })
+    tokio::spawn(async move { engine.call(k).lease(long()).run(work).await })
 }
 
 /// After a call of `k` was stopped, a retry waiting at most 10 s runs `value`'s work: the lease
 /// is 30 s, so it runs only if the stopped call released its claim.
 async fn retry_runs(engine: &Idempotency, k: Key, value: u32) {
-    let out = waiting(engine, k, Duration::from_secs(10))
+    let out = waiting(engine, k, scaled(Duration::from_secs(10)))
         .run(async move { Ok::<_, Error>(value) })
         .await
         .unwrap();
@@ -101,7 +101,7 @@ pub async fn engine_storm_runs_each_key_once(h: impl Harness) {
                 let out = engine
                     .call(key(&format!("storm-{k}")))
                     .on_locked(OnLocked::Wait {
-                        timeout: Duration::from_secs(60),
+                        timeout: scaled(Duration::from_secs(60)),
                     })
                     .run(async {
                         runs[k].fetch_add(1, Ordering::SeqCst);
@@ -145,7 +145,7 @@ pub async fn engine_storm_runs_each_key_once(h: impl Harness) {
 pub async fn engine_renews_long_work(h: impl Harness) {
     let engine = engine(&h);
     let k = key("long");
-    let lease_len = Duration::from_millis(1000);
+    let lease_len = scaled(Duration::from_millis(1000));
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let worker = {
         let engine = engine.clone();
@@ -180,10 +180,10 @@ pub async fn engine_crashed_worker_frees_after_one_lease(h: impl Harness) {
     // A worker that claimed and then vanished (process killed): nothing renews or releases.
     let engine = engine(&h);
     let k = key("orphan");
-    claim(&*h.store(), &k, SHORT).await;
+    claim(&*h.store(), &k, short()).await;
     let blocked = engine.call(k).run(async { Ok::<_, Error>(1) }).await;
     assert!(matches!(blocked, Err(Error::Locked { .. })));
-    wait(PAST_SHORT).await;
+    wait(past_short()).await;
     let out = run_value(&engine, k, 2).await;
     assert_eq!(out, Outcome::Fresh(2));
 }
@@ -345,7 +345,7 @@ pub async fn engine_unretained_result_never_reruns(h: impl Harness) {
 /// A call replays until the retention ends, then runs again.
 pub async fn engine_retention_then_rerun(h: impl Harness) {
     let engine = Idempotency::builder(h.store())
-        .retention(SHORT)
+        .retention(short())
         .build()
         .unwrap();
     let k = key("retained");
@@ -359,7 +359,7 @@ pub async fn engine_retention_then_rerun(h: impl Harness) {
     };
     assert_eq!(call().await, Outcome::Fresh(0));
     assert_eq!(call().await, Outcome::Replayed(0));
-    wait(PAST_SHORT).await;
+    wait(past_short()).await;
     assert_eq!(call().await, Outcome::Fresh(1));
 }
 
@@ -391,7 +391,7 @@ pub async fn engine_wait_mode_replays(h: impl Harness) {
     let second = {
         let engine = engine.clone();
         tokio::spawn(async move {
-            waiting(&engine, k, Duration::from_secs(20))
+            waiting(&engine, k, scaled(Duration::from_secs(20)))
                 .run(async { Ok::<_, Error>(22) })
                 .await
         })
@@ -406,7 +406,7 @@ pub async fn engine_wait_mode_replays(h: impl Harness) {
 pub async fn engine_wait_mode_times_out(h: impl Harness) {
     let engine = engine(&h);
     let k = key("held");
-    claim(&*h.store(), &k, LONG).await;
+    claim(&*h.store(), &k, long()).await;
     let out = waiting(&engine, k, Duration::from_millis(200))
         .run(async { Ok::<_, Error>(1) })
         .await;

@@ -21,6 +21,9 @@
 //! the database's own clock really waits (a few seconds in all); a store with an injectable
 //! clock can run on [`TokioClock`](crate::TokioClock) in a paused runtime
 //! (`start_paused = true`, tokio's `test-util` feature), where the waits are instant and exact.
+//! On a slow or loaded machine more than 300 ms can pass between two calls of a rule that
+//! expects a lease or retention to be still live: [`time_scale`] lengthens every timed lease,
+//! wait and timeout of the rules (`IDEM_TEST_TIME_SCALE=3` makes the 300 ms lease 900 ms).
 //! Each rule takes one or two keys in the scope `conformance`. A rule that fails panics, with
 //! what it expected and what it got.
 //!
@@ -92,7 +95,8 @@
 //! }
 //! ```
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -141,6 +145,43 @@ pub trait Harness: Sized + Send + Sync + 'static {
     fn expires_by_itself(&self) -> bool {
         false
     }
+}
+
+/// How many times longer than nominal the rules' timed leases, waits and timeouts are: the
+/// environment variable `IDEM_TEST_TIME_SCALE`, a number from 1 to 20 (1 when unset). A rule
+/// that checks that a 300 ms retention still replays on the next call fails wrongly when the
+/// machine takes longer than that between two calls (a busy laptop, a loaded CI runner), so
+/// `scripts/test` sets it from the machine. On a paused runtime the longer waits cost nothing;
+/// on a real clock they cost the suite's waiting time times the scale. Read once per process.
+///
+/// ```
+/// let scale = idem_core::conformance::time_scale();
+/// assert!((1.0..=20.0).contains(&scale));
+/// ```
+///
+/// # Panics
+///
+/// When `IDEM_TEST_TIME_SCALE` is set to anything but a number from 1 to 20.
+pub fn time_scale() -> f64 {
+    static SCALE: OnceLock<f64> = OnceLock::new();
+    *SCALE.get_or_init(|| match std::env::var("IDEM_TEST_TIME_SCALE") {
+        Err(_) => 1.0,
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(scale) if (1.0..=20.0).contains(&scale) => scale,
+            _ => panic!("IDEM_TEST_TIME_SCALE must be a number from 1 to 20, not {v:?}"),
+        },
+    })
+}
+
+/// `nominal` times [`time_scale`].
+///
+/// ```
+/// use std::time::Duration;
+/// let lease = idem_core::conformance::scaled(Duration::from_millis(300));
+/// assert!(lease >= Duration::from_millis(300));
+/// ```
+pub fn scaled(nominal: Duration) -> Duration {
+    nominal.mul_f64(time_scale())
 }
 
 /// Runs every rule in turn against a fresh store from `H` each, on the current runtime;

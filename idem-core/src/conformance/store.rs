@@ -5,14 +5,24 @@ use std::time::Duration;
 
 use crate::{Claim, Completion, Error, Fingerprint, Key, RecordState, Start, Store, StoredResult};
 
-use super::Harness;
+use super::{scaled, Harness};
 
-/// A lease that outlives any test.
-pub(super) const LONG: Duration = Duration::from_secs(30);
-/// A lease short enough to wait out.
-pub(super) const SHORT: Duration = Duration::from_millis(300);
-/// Comfortably past `SHORT`.
-pub(super) const PAST_SHORT: Duration = Duration::from_millis(450);
+/// A lease that outlives any rule: 30 s, [`scaled`] like the waits.
+pub(super) fn long() -> Duration {
+    scaled(Duration::from_secs(30))
+}
+
+/// A lease or retention short enough to wait out: 300 ms, [`scaled`].
+pub(super) fn short() -> Duration {
+    scaled(Duration::from_millis(300))
+}
+
+/// Comfortably past [`short`]: 150 ms more. Unscaled, as a wait that starts once the claim has
+/// answered ends past its lease however slow the machine; the margin covers the store's clock
+/// (the database's, or DynamoDB's skew margin of 100 ms in our harness).
+pub(super) fn past_short() -> Duration {
+    short() + Duration::from_millis(150)
+}
 
 pub(super) fn key(name: &str) -> Key {
     Key::derive("conformance", "", name).unwrap()
@@ -41,7 +51,7 @@ async fn claimed(h: &impl Harness, lease: Duration) -> (std::sync::Arc<dyn Store
 }
 
 pub(super) async fn replayed(store: &dyn Store, key: &Key) -> StoredResult {
-    match store.start(key, None, LONG).await.unwrap() {
+    match store.start(key, None, long()).await.unwrap() {
         Start::Completed(c) => c,
         other => panic!("expected Completed, got {other:?}"),
     }
@@ -57,7 +67,7 @@ async fn assert_replays(store: &dyn Store, key: &Key, response: &[u8]) {
 
 /// A live claim holds `key`: a start is refused.
 async fn assert_locked(store: &dyn Store, key: &Key) {
-    let start = store.start(key, None, LONG).await.unwrap();
+    let start = store.start(key, None, long()).await.unwrap();
     assert!(matches!(start, Start::Locked { .. }), "{start:?}");
 }
 
@@ -79,7 +89,7 @@ pub(super) async fn wait(d: Duration) {
 
 /// A new key is started, and the claim names it.
 pub async fn new_key_starts(h: impl Harness) {
-    let (_, k, c) = claimed(&h, LONG).await;
+    let (_, k, c) = claimed(&h, long()).await;
     assert_eq!(c.key(), &k);
 }
 
@@ -90,7 +100,7 @@ pub async fn concurrent_starts_claim_once(h: impl Harness) {
     let tasks: Vec<_> = (0..64)
         .map(|_| {
             let s = s.clone();
-            tokio::spawn(async move { s.start(&k, None, LONG).await.unwrap() })
+            tokio::spawn(async move { s.start(&k, None, long()).await.unwrap() })
         })
         .collect();
     let mut started = 0;
@@ -111,15 +121,15 @@ pub async fn concurrent_starts_claim_once(h: impl Harness) {
 pub async fn live_claim_locks(h: impl Harness) {
     let s = h.store();
     let k = key("a");
-    claim(&*s, &k, LONG).await;
-    match s.start(&k, None, LONG).await.unwrap() {
+    claim(&*s, &k, long()).await;
+    match s.start(&k, None, long()).await.unwrap() {
         Start::Locked { retry_after } => {
             assert!(
-                retry_after <= LONG,
+                retry_after <= long(),
                 "retry_after {retry_after:?} exceeds the lease"
             );
             assert!(
-                retry_after > LONG / 2,
+                retry_after > long() / 2,
                 "retry_after {retry_after:?} is far below the lease"
             );
         }
@@ -129,14 +139,14 @@ pub async fn live_claim_locks(h: impl Harness) {
 
 /// A completed record replays its response and error flag, every time.
 pub async fn completed_replays(h: impl Harness) {
-    let (s, k, c) = claimed(&h, LONG).await;
+    let (s, k, c) = claimed(&h, long()).await;
     s.complete(
         &c,
         Completion {
             response: Some(b"receipt"),
             is_error: true,
         },
-        LONG,
+        long(),
     )
     .await
     .unwrap();
@@ -149,14 +159,14 @@ pub async fn completed_replays(h: impl Harness) {
 
 /// A record completed without a response replays as such.
 pub async fn completed_without_response_replays(h: impl Harness) {
-    let (s, k, c) = claimed(&h, LONG).await;
+    let (s, k, c) = claimed(&h, long()).await;
     s.complete(
         &c,
         Completion {
             response: None,
             is_error: false,
         },
-        LONG,
+        long(),
     )
     .await
     .unwrap();
@@ -171,16 +181,16 @@ pub async fn fingerprint_mismatch_is_key_reused(h: impl Harness) {
     let k = key("a");
     let f1 = Fingerprint::of_bytes(b"deposit 5");
     let f2 = Fingerprint::of_bytes(b"deposit 6");
-    let Start::Started(c) = s.start(&k, Some(&f1), LONG).await.unwrap() else {
+    let Start::Started(c) = s.start(&k, Some(&f1), long()).await.unwrap() else {
         panic!("not started")
     };
     assert!(matches!(
-        s.start(&k, Some(&f2), LONG).await,
+        s.start(&k, Some(&f2), long()).await,
         Err(Error::KeyReused)
     ));
-    s.complete(&c, done(b"r"), LONG).await.unwrap();
+    s.complete(&c, done(b"r"), long()).await.unwrap();
     assert!(matches!(
-        s.start(&k, Some(&f2), LONG).await,
+        s.start(&k, Some(&f2), long()).await,
         Err(Error::KeyReused)
     ));
     let rec = s.get(&k).await.unwrap().unwrap();
@@ -193,107 +203,107 @@ pub async fn matching_or_absent_fingerprint_replays(h: impl Harness) {
     let s = h.store();
     let k = key("a");
     let f = Fingerprint::of_bytes(b"req");
-    let Start::Started(c) = s.start(&k, Some(&f), LONG).await.unwrap() else {
+    let Start::Started(c) = s.start(&k, Some(&f), long()).await.unwrap() else {
         panic!("not started")
     };
-    s.complete(&c, done(b"r"), LONG).await.unwrap();
+    s.complete(&c, done(b"r"), long()).await.unwrap();
     assert!(matches!(
-        s.start(&k, Some(&f), LONG).await.unwrap(),
+        s.start(&k, Some(&f), long()).await.unwrap(),
         Start::Completed(_)
     ));
     assert!(matches!(
-        s.start(&k, None, LONG).await.unwrap(),
+        s.start(&k, None, long()).await.unwrap(),
         Start::Completed(_)
     ));
 }
 
 /// **Lease is not retention**: a claim whose lease ended is taken over, with a new token.
 pub async fn expired_lease_is_taken_over(h: impl Harness) {
-    let (s, k, first) = claimed(&h, SHORT).await;
-    wait(PAST_SHORT).await;
-    let second = claim(&*s, &k, LONG).await;
+    let (s, k, first) = claimed(&h, short()).await;
+    wait(past_short()).await;
+    let second = claim(&*s, &k, long()).await;
     assert_ne!(first.token(), second.token());
 }
 
 /// **Fencing**: a claim taken over can neither renew, complete nor abort, before or after the new owner completes.
 pub async fn stale_claim_is_fenced(h: impl Harness) {
-    let (s, k, stale) = claimed(&h, SHORT).await;
-    wait(PAST_SHORT).await;
-    let owner = claim(&*s, &k, LONG).await;
-    assert_lease_lost(s.renew(&stale, LONG).await);
-    assert_lease_lost(s.complete(&stale, done(b"stale"), LONG).await);
+    let (s, k, stale) = claimed(&h, short()).await;
+    wait(past_short()).await;
+    let owner = claim(&*s, &k, long()).await;
+    assert_lease_lost(s.renew(&stale, long()).await);
+    assert_lease_lost(s.complete(&stale, done(b"stale"), long()).await);
     assert_lease_lost(s.abort(&stale).await);
-    s.complete(&owner, done(b"owner"), LONG).await.unwrap();
-    assert_lease_lost(s.complete(&stale, done(b"stale"), LONG).await);
+    s.complete(&owner, done(b"owner"), long()).await.unwrap();
+    assert_lease_lost(s.complete(&stale, done(b"stale"), long()).await);
     assert_lease_lost(s.abort(&stale).await);
     assert_replays(&*s, &k, b"owner").await;
 }
 
 /// Tokens are unique across a key's whole history: an aborted claim stays fenced after the key is claimed again.
 pub async fn token_is_unique_across_abort_and_reclaim(h: impl Harness) {
-    let (s, k, old) = claimed(&h, LONG).await;
+    let (s, k, old) = claimed(&h, long()).await;
     s.abort(&old).await.unwrap();
-    let new = claim(&*s, &k, LONG).await;
+    let new = claim(&*s, &k, long()).await;
     assert_ne!(old.token(), new.token());
-    assert_lease_lost(s.complete(&old, done(b"old"), LONG).await);
-    assert_lease_lost(s.renew(&old, LONG).await);
+    assert_lease_lost(s.complete(&old, done(b"old"), long()).await);
+    assert_lease_lost(s.renew(&old, long()).await);
     assert_lease_lost(s.abort(&old).await);
-    s.complete(&new, done(b"new"), LONG).await.unwrap();
+    s.complete(&new, done(b"new"), long()).await.unwrap();
     assert_replays(&*s, &k, b"new").await;
 }
 
 /// Abort deletes the record, so the key can be claimed again.
 pub async fn abort_frees_key(h: impl Harness) {
-    let (s, k, c) = claimed(&h, LONG).await;
+    let (s, k, c) = claimed(&h, long()).await;
     s.abort(&c).await.unwrap();
     assert!(s.get(&k).await.unwrap().is_none());
-    claim(&*s, &k, LONG).await;
+    claim(&*s, &k, long()).await;
 }
 
 /// Renewing extends a lease past its first end.
 pub async fn renew_extends_lease(h: impl Harness) {
-    let (s, k, c) = claimed(&h, SHORT).await;
-    s.renew(&c, LONG).await.unwrap();
-    wait(PAST_SHORT).await;
+    let (s, k, c) = claimed(&h, short()).await;
+    s.renew(&c, long()).await.unwrap();
+    wait(past_short()).await;
     assert_locked(&*s, &k).await;
-    s.complete(&c, done(b"r"), LONG).await.unwrap();
+    s.complete(&c, done(b"r"), long()).await.unwrap();
 }
 
 /// A claim whose lease ended may still complete while nobody took the key over.
 pub async fn complete_after_lease_end_without_takeover(h: impl Harness) {
     // Nobody else claimed the key, so the record still carries this token: completing is safe.
-    let (s, k, c) = claimed(&h, SHORT).await;
-    wait(PAST_SHORT).await;
-    s.complete(&c, done(b"late"), LONG).await.unwrap();
+    let (s, k, c) = claimed(&h, short()).await;
+    wait(past_short()).await;
+    s.complete(&c, done(b"late"), long()).await.unwrap();
     assert_replays(&*s, &k, b"late").await;
 }
 
 /// A completed record replays until its retention ends; then the key starts again.
 pub async fn retention_ends_then_runs_again(h: impl Harness) {
-    let (s, k, c) = claimed(&h, LONG).await;
-    s.complete(&c, done(b"r"), SHORT).await.unwrap();
+    let (s, k, c) = claimed(&h, long()).await;
+    s.complete(&c, done(b"r"), short()).await.unwrap();
     replayed(&*s, &k).await;
-    wait(PAST_SHORT).await;
-    claim(&*s, &k, LONG).await;
+    wait(past_short()).await;
+    claim(&*s, &k, long()).await;
 }
 
 /// `prune_expired` deletes ended leases and retentions, and nothing live.
 pub async fn prune_deletes_only_expired(h: impl Harness) {
     let s = h.store();
     for i in 0..4 {
-        let c = claim(&*s, &key(&format!("done-short-{i}")), LONG).await;
-        s.complete(&c, done(b"r"), SHORT).await.unwrap();
-        claim(&*s, &key(&format!("lease-short-{i}")), SHORT).await;
+        let c = claim(&*s, &key(&format!("done-short-{i}")), long()).await;
+        s.complete(&c, done(b"r"), short()).await.unwrap();
+        claim(&*s, &key(&format!("lease-short-{i}")), short()).await;
     }
-    let live_done = claim(&*s, &key("done-long"), LONG).await;
-    s.complete(&live_done, done(b"r"), LONG).await.unwrap();
-    claim(&*s, &key("lease-long"), LONG).await;
+    let live_done = claim(&*s, &key("done-long"), long()).await;
+    s.complete(&live_done, done(b"r"), long()).await.unwrap();
+    claim(&*s, &key("lease-long"), long()).await;
     assert_eq!(
         s.prune_expired(100).await.unwrap(),
         0,
         "nothing has expired yet"
     );
-    wait(PAST_SHORT).await;
+    wait(past_short()).await;
     let expected = if h.expires_by_itself() { 0 } else { 8 };
     assert_eq!(s.prune_expired(100).await.unwrap(), expected);
     assert_eq!(s.prune_expired(100).await.unwrap(), 0);
@@ -314,10 +324,10 @@ pub async fn prune_deletes_only_expired(h: impl Harness) {
 pub async fn prune_respects_limit(h: impl Harness) {
     let s = h.store();
     for i in 0..5 {
-        let c = claim(&*s, &key(&format!("k{i}")), LONG).await;
-        s.complete(&c, done(b"r"), SHORT).await.unwrap();
+        let c = claim(&*s, &key(&format!("k{i}")), long()).await;
+        s.complete(&c, done(b"r"), short()).await.unwrap();
     }
-    wait(PAST_SHORT).await;
+    wait(past_short()).await;
     let counts: &[u64] = if h.expires_by_itself() {
         &[0]
     } else {
@@ -337,7 +347,7 @@ pub async fn get_reports_live_records_only(h: impl Harness) {
     let k = key("a");
     let f = Fingerprint::of_bytes(b"req");
     assert!(s.get(&k).await.unwrap().is_none());
-    let Start::Started(c) = s.start(&k, Some(&f), SHORT).await.unwrap() else {
+    let Start::Started(c) = s.start(&k, Some(&f), short()).await.unwrap() else {
         panic!("not started")
     };
     let rec = s.get(&k).await.unwrap().unwrap();
@@ -347,13 +357,13 @@ pub async fn get_reports_live_records_only(h: impl Harness) {
         RecordState::InProgress { token, .. } => assert_eq!(token, c.token()),
         other => panic!("expected InProgress, got {other:?}"),
     }
-    wait(PAST_SHORT).await;
+    wait(past_short()).await;
     assert!(
         s.get(&k).await.unwrap().is_none(),
         "an expired lease reads as absent"
     );
-    let c = claim(&*s, &k, LONG).await;
-    s.complete(&c, done(b"r"), LONG).await.unwrap();
+    let c = claim(&*s, &k, long()).await;
+    s.complete(&c, done(b"r"), long()).await.unwrap();
     match s.get(&k).await.unwrap().unwrap().state {
         RecordState::Completed(cached) => assert_eq!(cached.response.as_deref(), Some(&b"r"[..])),
         other => panic!("expected Completed, got {other:?}"),
@@ -362,10 +372,10 @@ pub async fn get_reports_live_records_only(h: impl Harness) {
 
 /// `evict` deletes a record, fencing the claim that was running on it.
 pub async fn evict_fences_running_claim(h: impl Harness) {
-    let (s, k, c) = claimed(&h, LONG).await;
+    let (s, k, c) = claimed(&h, long()).await;
     assert!(s.evict(&k).await.unwrap());
     assert!(!s.evict(&k).await.unwrap());
-    assert_lease_lost(s.complete(&c, done(b"r"), LONG).await);
+    assert_lease_lost(s.complete(&c, done(b"r"), long()).await);
     assert!(s.get(&k).await.unwrap().is_none());
 }
 
@@ -375,32 +385,32 @@ pub async fn bad_durations_change_nothing(h: impl Harness) {
     let k = key("a");
     assert_invalid(s.start(&k, None, Duration::ZERO).await);
     assert!(s.get(&k).await.unwrap().is_none());
-    let c = claim(&*s, &k, LONG).await;
+    let c = claim(&*s, &k, long()).await;
     assert_invalid(s.complete(&c, done(b"r"), Duration::ZERO).await);
     assert_invalid(s.renew(&c, Duration::ZERO).await);
     assert!(matches!(
         s.get(&k).await.unwrap().unwrap().state,
         RecordState::InProgress { .. }
     ));
-    s.complete(&c, done(b"r"), LONG).await.unwrap();
+    s.complete(&c, done(b"r"), long()).await.unwrap();
 }
 
 /// A completion retried after its first attempt committed (its answer lost on the way back)
 /// learns that it landed: `Ok`, and the first result stands. A completed claim can still be
 /// neither aborted nor renewed.
 pub async fn complete_twice_keeps_the_first_result(h: impl Harness) {
-    let (s, k, c) = claimed(&h, LONG).await;
-    s.complete(&c, done(b"first"), LONG).await.unwrap();
-    s.complete(&c, done(b"second"), SHORT).await.unwrap();
+    let (s, k, c) = claimed(&h, long()).await;
+    s.complete(&c, done(b"first"), long()).await.unwrap();
+    s.complete(&c, done(b"second"), short()).await.unwrap();
     assert_lease_lost(s.abort(&c).await);
-    assert_lease_lost(s.renew(&c, LONG).await);
+    assert_lease_lost(s.renew(&c, long()).await);
     // The second completion's shorter retention did not replace the first one's either.
-    wait(PAST_SHORT).await;
+    wait(past_short()).await;
     assert_replays(&*s, &k, b"first").await;
     // Another claim's record is still fenced off: completing the old claim is a lost lease.
     assert!(s.evict(&k).await.unwrap());
-    let next = claim(&*s, &k, LONG).await;
-    assert_lease_lost(s.complete(&c, done(b"stale"), LONG).await);
-    s.complete(&next, done(b"next"), LONG).await.unwrap();
+    let next = claim(&*s, &k, long()).await;
+    assert_lease_lost(s.complete(&c, done(b"stale"), long()).await);
+    s.complete(&next, done(b"next"), long()).await.unwrap();
     assert_replays(&*s, &k, b"next").await;
 }

@@ -17,8 +17,8 @@ use idem_test_support::dynamodb::{drop_table, fresh_store, own_or_shared_server,
 /// (`engine_renews_long_work` probes a 1 s lease) by seconds.
 ///
 /// The clock-skew margin is 100 ms: every store handle of a rule runs on this one machine's
-/// clock, and the rules wait 450 ms past a 300 ms lease, so a takeover after `lease + margin` is
-/// exactly what they check. The margin itself is tested in `tests/dynamodb_store.rs`.
+/// clock, and the rules wait 150 ms past a lease of 300 ms (times `IDEM_TEST_TIME_SCALE`), so a
+/// takeover after `lease + margin` is exactly what they check. The margin itself is tested in `tests/dynamodb_store.rs`.
 pub struct DynamoHarness {
     store: DynamoStore,
     url: String,
