@@ -199,16 +199,7 @@ impl OpenedStore {
     /// # Ok(()) }
     /// ```
     pub fn store(&self) -> &dyn Store {
-        match self {
-            #[cfg(feature = "sqlite")]
-            OpenedStore::Sqlite(s) => s,
-            #[cfg(feature = "postgres")]
-            OpenedStore::Postgres(s) => s,
-            #[cfg(feature = "redis")]
-            OpenedStore::Redis(s) => s,
-            #[cfg(feature = "dynamodb")]
-            OpenedStore::DynamoDb { store, .. } => store,
-        }
+        self.opened()
     }
 
     /// The store's records as an operator sees them: look up, list, count, evict, prune.
@@ -223,6 +214,11 @@ impl OpenedStore {
     /// # Ok(()) }
     /// ```
     pub fn admin(&self) -> &dyn StoreAdmin {
+        self.opened()
+    }
+
+    /// The store behind either view.
+    fn opened(&self) -> &dyn StoreAndAdmin {
         match self {
             #[cfg(feature = "sqlite")]
             OpenedStore::Sqlite(s) => s,
@@ -392,3 +388,8 @@ async fn connect_dynamo(
         created_table: missing,
     })
 }
+
+/// A store and its operator's view, one object (each opened store is both).
+trait StoreAndAdmin: Store + StoreAdmin {}
+
+impl<S: Store + StoreAdmin> StoreAndAdmin for S {}
