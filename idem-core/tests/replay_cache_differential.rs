@@ -14,7 +14,7 @@
 //!   the present) moves past its entries' retention and `max_age`.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use idem_core::{
     Error, Fingerprint, Idempotency, Key, ManualClock, MemoryStore, Outcome, ReplayCache, Store,
@@ -224,7 +224,7 @@ proptest! {
         // Minutes: no record expires in the database while a case runs; the cache's clock
         // moves past retentions and `max_age` all the same.
         let unit = Duration::from_secs(60);
-        let clock = ManualClock::at(SystemTime::now());
+        let clock = ManualClock::at(std::time::SystemTime::now());
         let dir = tempfile::tempdir().unwrap();
         runtime().block_on(async {
             let open = |name: &str| {
