@@ -248,7 +248,13 @@ async fn expire(url: &str, table: &str, kind: &Kind) {
 async fn sqlite_every_command() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    let store = SqliteStore::open(&path).await.unwrap();
+    // The test moves records' expiry into the past and counts them: no background pruner may
+    // delete them behind it.
+    let store = SqliteStore::builder()
+        .pruner(None)
+        .connect(&format!("sqlite://{}?mode=rwc", path.display()))
+        .await
+        .unwrap();
     seed(Arc::new(store.clone())).await;
     let url = format!("sqlite://{}", path.display());
     every_command(&url, "idem_records", Arc::new(store), Kind::Sql).await;
@@ -260,8 +266,10 @@ async fn postgres_every_command() {
         return;
     };
     let table = format!("idem_cli_{}", std::process::id());
+    // As for SQLite: no background pruner deleting the records the test expires and counts.
     let store = PostgresStore::builder()
         .table(&table)
+        .pruner(None)
         .connect(&url)
         .await
         .unwrap();
