@@ -6,10 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem::{
-    Claim, Completion, Fingerprint, Key, PostgresStore, Pruner, PrunerConfig, Record, SqliteStore,
-    Start, Store,
-};
+use idem::{Key, PostgresStore, Pruner, PrunerConfig, SqliteStore, Start, Store};
+use idem_test_support::forward::{Forward, Forwarding};
 use sqlx::{PgPool, SqlitePool};
 use tokio::time::Instant;
 
@@ -264,11 +262,11 @@ async fn prune_while_claiming(
     plan: ScalePlan,
 ) -> Result<PruneRun, BenchError> {
     let (timing, cpu) = (plan.timing, plan.cpu);
-    let metered = Arc::new(Metered {
+    let metered = Arc::new(Forwarding(Metered {
         inner: store.clone(),
         rows: AtomicU64::new(0),
         busy_nanos: AtomicU64::new(0),
-    });
+    }));
     let mut config = PrunerConfig::new();
     if let Some(batch) = plan.prune_batch {
         config = config.batch_size(batch);
@@ -326,35 +324,11 @@ struct Metered {
 }
 
 #[async_trait]
-impl Store for Metered {
-    async fn start(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, idem::Error> {
-        self.inner.start(key, fingerprint, lease).await
+impl Forward for Metered {
+    fn records(&self) -> &dyn Store {
+        &*self.inner
     }
-    async fn complete(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), idem::Error> {
-        self.inner.complete(claim, completion, retention).await
-    }
-    async fn abort(&self, claim: &Claim) -> Result<(), idem::Error> {
-        self.inner.abort(claim).await
-    }
-    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), idem::Error> {
-        self.inner.renew(claim, lease).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, idem::Error> {
-        self.inner.get(key).await
-    }
-    async fn evict(&self, key: &Key) -> Result<bool, idem::Error> {
-        self.inner.evict(key).await
-    }
+
     async fn prune_expired(&self, limit: u32) -> Result<u64, idem::Error> {
         let t = Instant::now();
         let deleted = self.inner.prune_expired(limit).await?;
@@ -362,8 +336,5 @@ impl Store for Metered {
         self.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
         self.rows.fetch_add(deleted, Ordering::Relaxed);
         Ok(deleted)
-    }
-    fn prune_batch_size(&self) -> u32 {
-        self.inner.prune_batch_size()
     }
 }

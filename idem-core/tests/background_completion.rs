@@ -15,11 +15,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use idem_core::{
-    Claim, Completion, Error, Idempotency, Key, MemoryStore, Outcome, Record, Start, Store,
-    StoreError, StoreErrorKind, TokioClock,
+    Error, Idempotency, Key, MemoryStore, Outcome, Store, StoreError, StoreErrorKind, TokioClock,
 };
+use idem_test_support::forward::{Forward, Forwarding, Op};
 use tokio::time::Instant;
 
 /// A memory store that fails, with a passing error, every operation while it is down and every
@@ -34,13 +33,13 @@ struct Faulty {
 }
 
 impl Faulty {
-    fn new() -> Faulty {
-        Faulty {
+    fn new() -> Forwarding<Faulty> {
+        Forwarding(Faulty {
             inner: MemoryStore::with_clock(TokioClock::new()),
             down_until: Mutex::new(None),
             switched_off: std::sync::atomic::AtomicBool::new(false),
             completions_fail_until: Mutex::new(None),
-        }
+        })
     }
 
     /// Unreachable for `d` from now.
@@ -79,52 +78,17 @@ impl Faulty {
     }
 }
 
-#[async_trait]
-impl Store for Faulty {
-    async fn start(
-        &self,
-        key: &Key,
-        fingerprint: Option<&idem_core::Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        self.up()?;
-        self.inner.start(key, fingerprint, lease).await
+impl Forward for Faulty {
+    fn records(&self) -> &dyn Store {
+        &self.inner
     }
 
-    async fn complete(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
+    fn gate(&self, op: Op) -> Result<(), Error> {
         self.up()?;
-        self.check(&self.completions_fail_until)?;
-        self.inner.complete(claim, completion, retention).await
-    }
-
-    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
-        self.up()?;
-        self.inner.abort(claim).await
-    }
-
-    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
-        self.up()?;
-        self.inner.renew(claim, lease).await
-    }
-
-    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        self.up()?;
-        self.inner.get(key).await
-    }
-
-    async fn evict(&self, key: &Key) -> Result<bool, Error> {
-        self.up()?;
-        self.inner.evict(key).await
-    }
-
-    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
-        self.up()?;
-        self.inner.prune_expired(limit).await
+        if op == Op::Complete {
+            self.check(&self.completions_fail_until)?;
+        }
+        Ok(())
     }
 }
 
@@ -132,7 +96,7 @@ fn key() -> Key {
     Key::derive("charge", "customer-7", "order-1").unwrap()
 }
 
-fn engine(store: &Arc<Faulty>, lease: Duration) -> Idempotency {
+fn engine(store: &Arc<Forwarding<Faulty>>, lease: Duration) -> Idempotency {
     Idempotency::builder(store.clone())
         .lease(lease)
         .build()

@@ -11,12 +11,9 @@
 
 use std::alloc::System;
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
-use idem_core::{
-    Claim, Completion, Error, Fingerprint, Idempotency, Key, MemoryStore, Record, Start, Store,
-};
+use idem_core::{Error, Idempotency, Key, MemoryStore, Store};
+use idem_test_support::forward::{Forward, Forwarding};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 
 #[global_allocator]
@@ -44,33 +41,9 @@ async fn allocations_per_call(engine: &Idempotency, keys: &[Key]) -> (f64, f64) 
 /// The memory store through the `Store` trait alone: it does not say it answers at once.
 struct Awaited(MemoryStore);
 
-#[async_trait]
-impl Store for Awaited {
-    async fn start(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        self.0.start(key, fingerprint, lease).await
-    }
-    async fn complete(&self, c: &Claim, done: Completion<'_>, r: Duration) -> Result<(), Error> {
-        self.0.complete(c, done, r).await
-    }
-    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
-        self.0.abort(claim).await
-    }
-    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
-        self.0.renew(claim, lease).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        self.0.get(key).await
-    }
-    async fn evict(&self, key: &Key) -> Result<bool, Error> {
-        self.0.evict(key).await
-    }
-    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
-        self.0.prune_expired(limit).await
+impl Forward for Awaited {
+    fn records(&self) -> &dyn Store {
+        &self.0
     }
 }
 
@@ -97,7 +70,7 @@ fn calls_on_the_memory_store_allocate_only_what_they_keep() {
             .build()
             .unwrap();
         let from_arc = Idempotency::from_arc(Arc::new(MemoryStore::new()));
-        let via_trait = Idempotency::new(Awaited(MemoryStore::new()));
+        let via_trait = Idempotency::new(Forwarding(Awaited(MemoryStore::new())));
         // Warm up: the first call of each engine sets up what later calls reuse (the scope's
         // metric handles, the store's shards).
         for engine in [&direct, &built, &from_arc, &via_trait] {

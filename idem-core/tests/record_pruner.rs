@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Claim, Completion, Error, Fingerprint, Key, ManualClock, MemoryStore, PruneReport, Pruner,
-    PrunerConfig, Record, Start, Store, StoreError, StoreErrorKind,
+    Claim, Completion, Error, Key, ManualClock, MemoryStore, PruneReport, Pruner, PrunerConfig,
+    Start, Store, StoreError, StoreErrorKind,
 };
+use idem_test_support::forward::{Forward, Forwarding};
 use tokio::time::Instant;
 
 const SHORT: Duration = Duration::from_secs(1);
@@ -85,14 +86,6 @@ struct TestStore {
 }
 
 impl TestStore {
-    fn of(key: &Key, store: &TestStore) -> MemoryStore {
-        if *key == lease_key() {
-            store.leases.clone()
-        } else {
-            store.records.clone()
-        }
-    }
-
     /// Records held, the lease aside.
     fn len(&self) -> usize {
         self.records.len()
@@ -100,37 +93,19 @@ impl TestStore {
 }
 
 #[async_trait]
-impl Store for TestStore {
-    async fn start(
-        &self,
-        key: &Key,
-        fp: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        TestStore::of(key, self).start(key, fp, lease).await
+impl Forward for TestStore {
+    fn records(&self) -> &dyn Store {
+        &self.records
     }
-    async fn complete(
-        &self,
-        c: &Claim,
-        done: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        TestStore::of(c.key(), self)
-            .complete(c, done, retention)
-            .await
+
+    fn route(&self, key: &Key) -> &dyn Store {
+        if *key == lease_key() {
+            &self.leases
+        } else {
+            &self.records
+        }
     }
-    async fn abort(&self, c: &Claim) -> Result<(), Error> {
-        TestStore::of(c.key(), self).abort(c).await
-    }
-    async fn renew(&self, c: &Claim, lease: Duration) -> Result<(), Error> {
-        TestStore::of(c.key(), self).renew(c, lease).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        TestStore::of(key, self).get(key).await
-    }
-    async fn evict(&self, key: &Key) -> Result<bool, Error> {
-        TestStore::of(key, self).evict(key).await
-    }
+
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
         self.prune_calls.fetch_add(1, Ordering::SeqCst);
         let cost = Duration::from_micros(self.prune_cost.load(Ordering::SeqCst));
@@ -145,26 +120,30 @@ impl Store for TestStore {
         }
         self.records.prune_expired(limit).await
     }
+
     fn prune_batch_size(&self) -> u32 {
         self.batch.load(Ordering::SeqCst)
     }
 }
 
 /// An empty [`TestStore`] on `clock` whose `prune_expired` takes `cost`.
-fn test_store(clock: &ManualClock, cost: Duration) -> Arc<TestStore> {
-    Arc::new(TestStore {
+fn test_store(clock: &ManualClock, cost: Duration) -> Arc<Forwarding<TestStore>> {
+    Arc::new(Forwarding(TestStore {
         records: MemoryStore::with_clock(clock.clone()),
         leases: MemoryStore::with_clock(clock.clone()),
         failing: AtomicBool::new(false),
         prune_calls: AtomicU32::new(0),
         prune_cost: AtomicU64::new(u64::try_from(cost.as_micros()).unwrap()),
         batch: AtomicU32::new(PrunerConfig::DEFAULT_BATCH_SIZE),
-    })
+    }))
 }
 
 /// A [`TestStore`] on a manual clock holding `expired` expired records and `live` live ones.
 /// The clock moves after the last record is added, so no call frees an expired one.
-async fn memory_store(expired: usize, live: usize) -> (Arc<TestStore>, ManualClock, Vec<Key>) {
+async fn memory_store(
+    expired: usize,
+    live: usize,
+) -> (Arc<Forwarding<TestStore>>, ManualClock, Vec<Key>) {
     let clock = ManualClock::new();
     let store = test_store(&clock, Duration::ZERO);
     add_expiring(&*store, "expired", expired).await;
@@ -692,7 +671,7 @@ async fn prunes_expired_postgres_records_in_batches() {
 }
 
 /// A [`TestStore`] whose `prune_expired` takes `cost`, holding `expired` expired records.
-async fn costly_store(expired: usize, cost: Duration) -> (Arc<TestStore>, ManualClock) {
+async fn costly_store(expired: usize, cost: Duration) -> (Arc<Forwarding<TestStore>>, ManualClock) {
     let clock = ManualClock::new();
     let store = test_store(&clock, cost);
     add_expiring(&*store, "expired", expired).await;
@@ -767,7 +746,7 @@ impl Backlog {
 /// with the tokio clock a millisecond at a time for `seconds` + 1 s, calling `each_ms` before
 /// each step. Checks that everything expired was pruned and the pruner reported.
 async fn expire_steadily(
-    store: &Arc<TestStore>,
+    store: &Arc<Forwarding<TestStore>>,
     clock: &ManualClock,
     rate: u64,
     seconds: u64,
@@ -781,7 +760,7 @@ async fn expire_steadily(
 /// [`expire_steadily`] with the first lease ending at `quiet_ms` (nothing expires before) and
 /// a pruner spawned with `config`.
 async fn expire_steadily_after(
-    store: &Arc<TestStore>,
+    store: &Arc<Forwarding<TestStore>>,
     clock: &ManualClock,
     (rate, seconds): (u64, u64),
     quiet_ms: u64,

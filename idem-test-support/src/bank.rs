@@ -91,6 +91,7 @@ impl Tables {
 
 /// The writes and reads of [`Tables`] on one database: the same text for each, a macro because
 /// sqlx's types differ.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 macro_rules! bank_sql {
     ($db:ty) => {
         use super::Tables;

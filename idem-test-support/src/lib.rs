@@ -9,7 +9,8 @@
 //!
 //! Each store's helpers sit behind the feature of the same name (`postgres`, `redis`,
 //! `dynamodb`), which turns the store on in idem-core, so a test binary builds only the stores
-//! it tests. [`bank`] is the business the transactional tests pay into.
+//! it tests. [`bank`] is the business the transactional tests pay into; [`forward`] a store in
+//! front of others, for tests that inject faults or route keys.
 #![forbid(unsafe_code)]
 
 use std::future::Future;
@@ -20,6 +21,7 @@ use std::time::Duration;
 pub mod bank;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
+pub mod forward;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]

@@ -1,0 +1,155 @@
+//! A store for tests that sits in front of other stores: [`Forwarding`] sends each operation to
+//! the store its [`Forward`] picks, after the [`Forward::gate`] lets it through. A test writes
+//! only what its store does differently (fail while "down", route one key elsewhere, count the
+//! pruner's calls) instead of a whole `Store` impl that forwards seven methods.
+//!
+//! A `Forwarding` store never says it answers at once ([`Store::immediate`] is `None`), so the
+//! engine reaches it through the `Store` trait's futures, as it does a store that does I/O.
+
+use std::ops::Deref;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{Claim, Completion, Error, Fingerprint, Key, Record, Start, Store};
+
+/// Which [`Store`] operation is about to run, for [`Forward::gate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// [`Store::start`].
+    Start,
+    /// [`Store::complete`].
+    Complete,
+    /// [`Store::abort`].
+    Abort,
+    /// [`Store::renew`].
+    Renew,
+    /// [`Store::get`].
+    Get,
+    /// [`Store::evict`].
+    Evict,
+    /// [`Store::prune_expired`].
+    Prune,
+}
+
+/// What a [`Forwarding`] store does differently from the stores behind it.
+///
+/// ```
+/// use idem_core::{Error, Idempotency, Key, MemoryStore, Store};
+/// use idem_test_support::forward::{Forward, Forwarding, Op};
+///
+/// /// A memory store whose completions always fail.
+/// struct NoCompletions(MemoryStore);
+///
+/// impl Forward for NoCompletions {
+///     fn records(&self) -> &dyn Store {
+///         &self.0
+///     }
+///     fn gate(&self, op: Op) -> Result<(), Error> {
+///         match op {
+///             Op::Complete => Err(Error::Store(idem_core::StoreError::new(
+///                 idem_core::StoreErrorKind::Unavailable,
+///                 "injected",
+///             ))),
+///             _ => Ok(()),
+///         }
+///     }
+/// }
+///
+/// let store = Forwarding(NoCompletions(MemoryStore::new()));
+/// assert!(store.immediate().is_none());
+/// let _engine = Idempotency::new(store);
+/// ```
+#[async_trait]
+pub trait Forward: Send + Sync + 'static {
+    /// The store that holds the records (and that `prune_expired` prunes).
+    fn records(&self) -> &dyn Store;
+
+    /// The store an operation on `key` goes to: [`records`](Self::records) unless a test keeps
+    /// some keys elsewhere.
+    fn route(&self, key: &Key) -> &dyn Store {
+        let _ = key;
+        self.records()
+    }
+
+    /// Runs before every operation; an error fails the operation without reaching a store.
+    fn gate(&self, op: Op) -> Result<(), Error> {
+        let _ = op;
+        Ok(())
+    }
+
+    /// [`Store::prune_expired`] (after the gate): the records' store's, unless a test counts,
+    /// slows or fails it.
+    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
+        self.records().prune_expired(limit).await
+    }
+
+    /// [`Store::prune_batch_size`]: the records' store's.
+    fn prune_batch_size(&self) -> u32 {
+        self.records().prune_batch_size()
+    }
+}
+
+/// A [`Store`] made of a [`Forward`]; derefs to it, so a test reaches its switches and counters
+/// through the store it hands the engine.
+pub struct Forwarding<F>(pub F);
+
+impl<F> Deref for Forwarding<F> {
+    type Target = F;
+
+    fn deref(&self) -> &F {
+        &self.0
+    }
+}
+
+#[async_trait]
+impl<F: Forward> Store for Forwarding<F> {
+    async fn start(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        self.0.gate(Op::Start)?;
+        self.0.route(key).start(key, fingerprint, lease).await
+    }
+
+    async fn complete(
+        &self,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        self.0.gate(Op::Complete)?;
+        let store = self.0.route(claim.key());
+        store.complete(claim, completion, retention).await
+    }
+
+    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
+        self.0.gate(Op::Abort)?;
+        self.0.route(claim.key()).abort(claim).await
+    }
+
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
+        self.0.gate(Op::Renew)?;
+        self.0.route(claim.key()).renew(claim, lease).await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        self.0.gate(Op::Get)?;
+        self.0.route(key).get(key).await
+    }
+
+    async fn evict(&self, key: &Key) -> Result<bool, Error> {
+        self.0.gate(Op::Evict)?;
+        self.0.route(key).evict(key).await
+    }
+
+    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
+        self.0.gate(Op::Prune)?;
+        self.0.prune_expired(limit).await
+    }
+
+    fn prune_batch_size(&self) -> u32 {
+        self.0.prune_batch_size()
+    }
+}
