@@ -41,7 +41,7 @@ use serde_json::{json, Value};
 mod render;
 mod stores;
 
-use idem::store::url::{ConnectError, StoreUrl, StoreUrlError};
+use idem::store::url::{redacted, ConnectError, StoreUrl, StoreUrlError};
 use render::{hex, Table};
 use stores::{Opened, Upkeep};
 
@@ -475,12 +475,7 @@ async fn run(cli: Cli) -> Result<String, Failure> {
         Opened::open(&store_url, &table, create),
     )
     .await
-    .map_err(|_| {
-        Failure::Usage(format!(
-            "could not reach {url:?} within {} s",
-            stores::OPEN_WITHIN.as_secs()
-        ))
-    })??;
+    .map_err(|_| Failure::Usage(unreachable(&url)))??;
     match &cli.command {
         Command::Inspect(which) => inspect(&opened, which, cli.json).await,
         Command::Evict(which) => evict(&opened, which, cli.json).await,
@@ -489,6 +484,15 @@ async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Prune(args) => prune(&opened, args, cli.json).await,
         Command::Migrate => migrate(&opened, cli.json).await,
     }
+}
+
+/// What the CLI says of a store it could not reach in time: the URL without its password.
+fn unreachable(url: &str) -> String {
+    format!(
+        "could not reach {:?} within {} s",
+        redacted(url),
+        stores::OPEN_WITHIN.as_secs()
+    )
 }
 
 fn main() -> ExitCode {
@@ -515,5 +519,18 @@ fn main() -> ExitCode {
             eprintln!("idem: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_unreachable_store_is_named_without_its_password() {
+        let message = super::unreachable("postgres://app:s3cret@db.internal:5432/app");
+        assert!(!message.contains("s3cret"), "{message}");
+        assert!(
+            message.contains("postgres://app:***@db.internal:5432/app"),
+            "{message}"
+        );
     }
 }

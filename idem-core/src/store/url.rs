@@ -389,8 +389,15 @@ impl fmt::Display for Supported {
 }
 
 /// `url` with the password of its user info replaced by `***`, so a message or a log line
-/// never shows it.
-fn redacted(url: &str) -> String {
+/// never shows it. What every message of this module does; for a program's own messages that
+/// name a store URL.
+///
+/// ```
+/// use idem_core::store::url::redacted;
+/// assert_eq!(redacted("postgres://app:s3cret@db/app"), "postgres://app:***@db/app");
+/// assert_eq!(redacted("sqlite://idem.db"), "sqlite://idem.db");
+/// ```
+pub fn redacted(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
