@@ -54,7 +54,7 @@ pub enum Error {
 
     /// The work for this key completed earlier, but its result was not kept (it was larger than
     /// [`Policy::max_response_bytes`](crate::Policy::max_response_bytes), or could not be captured,
-    /// such as an HTTP response with trailers). The work does not run again for this key until its
+    /// such as an HTTP response whose body failed while it was read). The work does not run again for this key until its
     /// retention ends: look up the effect another way (read the resource it created) instead of
     /// retrying.
     #[error("the work for this key already ran, but its result was not kept ({reason}); it will not run again: look up its effect instead of retrying")]

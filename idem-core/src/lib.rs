@@ -8,6 +8,8 @@
 
 mod buckets;
 mod canonical;
+#[cfg(feature = "http")]
+mod capture;
 mod clock;
 mod codec;
 #[cfg(feature = "conformance")]

@@ -56,7 +56,7 @@
 //! | key, but the [caller extractor](LayerBuilder::caller) finds no identity | `401 Unauthorized` (or `400`, by [`caller_missing_status`](LayerBuilder::caller_missing_status)); nothing runs or is stored |
 //! | key, but the identity is empty, over 255 bytes or holds a byte outside printable ASCII | `400 Bad Request`; nothing runs or is stored |
 //! | body over [`max_request_body`](LayerBuilder::max_request_body) | `413 Content Too Large`, nothing runs or is stored |
-//! | same key, after a first request whose response was not kept (larger than [`max_response_bytes`](crate::Policy::max_response_bytes), trailers, a body that failed) | `422 Unprocessable Content` ([`Problem::ResponseNotRetained`]); the handler does not run again |
+//! | same key, after a first request whose response was not kept (larger than [`max_response_bytes`](crate::Policy::max_response_bytes), a body that failed) | `422 Unprocessable Content` ([`Problem::ResponseNotRetained`]); the handler does not run again |
 //! | store unreachable when the request arrives | `503 Service Unavailable` with `Retry-After`, nothing runs |
 //! | store unreachable when the response is to be stored | the handler's response; storing it is retried in the background until it lands, and the key stays held meanwhile (`409`, or wait) |
 //! | claim lost while the handler ran (it may have run twice) | `500 Internal Server Error` |
@@ -107,7 +107,7 @@
 //!   default), counted from when the response was stored. After that the record may be pruned
 //!   at any time, and a request with the key counts as new: the handler runs again.
 //! - A response that [`store_if`](LayerBuilder::store_if) rejects (a 5xx, say) frees its key
-//!   at once. A response that cannot be kept (too large, trailers) keeps its key for the
+//!   at once. A response that cannot be kept (too large) keeps its key for the
 //!   retention as "completed, not retained": retries get `422`.
 //! - A request that is still running holds its key for one [`lease`](LayerBuilder::lease),
 //!   renewed while the handler runs; if the process dies, the key frees when the lease ends.
@@ -117,9 +117,11 @@
 //! The stored status, the exact body bytes and every header but these, which describe one
 //! connection rather than the response: `Connection`, any header `Connection` names,
 //! `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`, `Proxy-Authorization`, `TE`,
-//! `Trailer`, `Transfer-Encoding` and `Upgrade`. `Date` is written by the HTTP server for each
+//! `Transfer-Encoding` and `Upgrade`. `Date` is written by the HTTP server for each
 //! message, so a replay carries the time of the replay. Response extensions are not stored. A
-//! response with trailers (every gRPC call), whose stored form would exceed the engine's
+//! response's trailers are stored and replayed after its body (HTTP/1.1 sends them to a client
+//! that sent `TE: trailers`, those the stored `Trailer` header names). A response whose stored
+//! form (trailers included) would exceed the engine's
 //! [`max_response_bytes`](crate::Policy::max_response_bytes), or whose body fails while it is
 //! read, is sent to its client as it is and not kept (logged as a warning); its key is recorded
 //! as completed without a response, so a retry gets `422` ([`Problem::ResponseNotRetained`])
@@ -140,7 +142,7 @@
 //! |---|---|
 //! | new key, response stored | 1 claim + 1 complete (+ 1 lease renewal per third of the lease the handler runs) |
 //! | new key, response not stored (5xx, …), handler failed or panicked | 1 claim + 1 release |
-//! | new key, response not kept (too large, trailers) | 1 claim + 1 complete (of the "not retained" record) |
+//! | new key, response not kept (too large, a body that failed) | 1 claim + 1 complete (of the "not retained" record) |
 //! | replay | 1 |
 //! | in flight, fail fast | 1 |
 //! | in flight, wait | 1 per poll (one poller per key and process; waiters in the same process are woken when the first request finishes) |
@@ -174,14 +176,12 @@
 //! [`Service`](tower::Service) traits). A major version of any of them changes idem's major
 //! version.
 
-mod body;
 mod extract;
 mod fingerprint;
 mod key_header;
 mod layer;
 mod problem;
 mod service;
-mod stored;
 
 use http::HeaderName;
 

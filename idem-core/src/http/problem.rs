@@ -51,7 +51,7 @@ pub enum Problem {
     /// be stored, so the request may have run twice. Check the resource before retrying.
     LeaseLost,
     /// 422: the first request with this key ran, but its response was not kept (larger than the
-    /// engine's `max_response_bytes`, or with trailers, or a body that failed), so it cannot be
+    /// engine's `max_response_bytes`, or a body that failed), so it cannot be
     /// replayed. The request is not run again: look up its effect (read the resource it created)
     /// instead of retrying.
     ResponseNotRetained,

@@ -12,13 +12,13 @@ use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 use tower::Service;
 
-use super::body::{read_request, read_response, Buffered, ReadError};
 use super::extract::KeyChecked;
 use super::key_header::client_key;
 use super::layer::Config;
 use super::problem::{from_engine, Problem};
-use super::stored::{self, Captured};
 use super::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use crate::capture::body::{read_request, read_response, Buffered, ReadError};
+use crate::capture::stored::{self, Captured};
 use crate::codec::Codec;
 use crate::engine::{Encoded, Format, Outcome};
 use crate::error::{BoxError, Error};
@@ -158,7 +158,11 @@ where
                 }
                 let room = limit.saturating_sub(stored::head_len(&parts));
                 Ok(match read_response(body, room).await {
-                    Buffered::Whole(body) => Reply::Stored(Captured { parts, body }),
+                    Buffered::Whole { body, trailers } => Reply::Stored(Captured {
+                        parts,
+                        body,
+                        trailers,
+                    }),
                     Buffered::Unstorable { body, why } => Reply::Unstorable {
                         response: Response::from_parts(parts, body),
                         why,
@@ -194,7 +198,7 @@ where
 enum Reply {
     /// Read whole: stored, and replayed to retries.
     Stored(Captured),
-    /// It cannot be kept (too large, trailers, a body that failed): the client gets it as it
+    /// It cannot be kept (too large, a body that failed): the client gets it as it
     /// is, and the key is recorded as completed without it, so a retry is told, not run.
     Unstorable {
         response: Response<Body>,
@@ -203,7 +207,7 @@ enum Reply {
 }
 
 /// How the engine stores and replays a [`Reply`]: the layer's own byte format
-/// (`http/stored.rs`).
+/// (`capture/stored.rs`).
 struct ReplyFormat;
 
 impl Format<Reply> for ReplyFormat {

@@ -741,19 +741,27 @@ pub async fn five_megabyte_response_is_not_run_again(store: Arc<dyn Store>) {
     assert_eq!(server.runs(), 1);
 }
 
-/// A response with trailers (every gRPC call) cannot be captured: the first client gets it, the
-/// retry a problem response, and the handler runs once.
-pub async fn response_with_trailers_is_not_run_again(store: Arc<dyn Store>) {
+/// A response with trailers is stored with them: the retry gets the same status, headers, body
+/// and trailers (sent again, as the first time, because the response names them in `Trailer`
+/// and the client asked with `TE: trailers`), and the handler runs once.
+pub async fn response_with_trailers_is_replayed_with_them(store: Arc<dyn Store>) {
     let server = Server::start(store, |b| b).await;
-    let first = server.post("/trailers", Some("k-grpc"), "{}").await;
+    let (first, first_trailers) = server
+        .post_reading_trailers("/trailers", "k-trailers")
+        .await;
     assert_eq!(first.status, 200);
-    assert_eq!(first.body, b"run 1");
-    let again = server.post("/trailers", Some("k-grpc"), "{}").await;
-    let problem = again.problem(422);
-    assert!(
-        problem["detail"].as_str().unwrap().contains("trailers"),
-        "{problem}"
-    );
+    assert_eq!(first.body, b"run,1\nok,1\n");
+    assert!(!first.replayed());
+    let first_trailers = first_trailers.expect("the first response has trailers");
+    assert_eq!(first_trailers["x-checksum"], "sum-1");
+    let (again, again_trailers) = server
+        .post_reading_trailers("/trailers", "k-trailers")
+        .await;
+    assert!(again.replayed());
+    assert_eq!(again.status, first.status);
+    assert_eq!(again.headers_unmarked(), first.headers);
+    assert_eq!(again.body, first.body);
+    assert_eq!(again_trailers, Some(first_trailers));
     assert_eq!(server.runs(), 1);
 }
 

@@ -45,7 +45,7 @@ macro_rules! http_suite {
                 upload_cut_short_claims_nothing,
                 oversized_response_is_not_run_again,
                 five_megabyte_response_is_not_run_again,
-                response_with_trailers_is_not_run_again,
+                response_with_trailers_is_replayed_with_them,
                 response_in_frames_is_replayed_whole,
                 completed_response_is_stored
             );

@@ -256,6 +256,39 @@ impl Server {
         async move { Reply::of(req.send().await.unwrap()).await }
     }
 
+    /// `POST path` with one quoted key as [`CALLER`], asking for trailers (`TE: trailers`);
+    /// the reply and the trailers that ended its body.
+    pub fn post_reading_trailers(
+        &self,
+        path: &str,
+        key: &str,
+    ) -> impl Future<Output = (Reply, Option<HeaderMap>)> + Send + 'static {
+        let req = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("te", "trailers")
+            .header("idempotency-key", quoted(key))
+            .header("x-caller", CALLER);
+        async move {
+            use http_body_util::BodyExt;
+            let response: axum::http::Response<reqwest::Body> = req.send().await.unwrap().into();
+            let (parts, body) = response.into_parts();
+            let collected = body.collect().await.unwrap();
+            let trailers = collected.trailers().cloned();
+            let reply = Reply {
+                status: parts.status.as_u16(),
+                headers: parts
+                    .headers
+                    .iter()
+                    .filter(|(n, _)| n.as_str() != "date")
+                    .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+                    .collect(),
+                body: collected.to_bytes().to_vec(),
+            };
+            (reply, trailers)
+        }
+    }
+
     /// `POST path` with a JSON body (`Content-Type: application/json`) and one raw key, as
     /// [`CALLER`].
     pub fn post_json(
@@ -416,18 +449,25 @@ async fn huge(State(app): State<App>) -> Response<Body> {
     Response::new(Body::from(body))
 }
 
-/// A body followed by trailers, as a gRPC response has.
+/// A body followed by trailers, announced in a `Trailer` header (HTTP/1.1 sends only the
+/// trailers it names, and only to a client that sent `TE: trailers`); they differ per run.
 async fn trailers(State(app): State<App>) -> Response<Body> {
     let run = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
     let mut trailers = HeaderMap::new();
-    trailers.insert("grpc-status", "0".parse().unwrap());
-    Response::new(Body::new(Frames(
-        [
-            http_body::Frame::data(bytes::Bytes::from(format!("run {run}"))),
-            http_body::Frame::trailers(trailers),
-        ]
-        .into(),
-    )))
+    trailers.insert("x-checksum", format!("sum-{run}").parse().unwrap());
+    trailers.insert("x-rows", "2".parse().unwrap());
+    Response::builder()
+        .header("trailer", "x-checksum, x-rows")
+        .header("content-type", "text/csv")
+        .body(Body::new(Frames(
+            [
+                http_body::Frame::data(bytes::Bytes::from(format!("run,{run}\n"))),
+                http_body::Frame::data(bytes::Bytes::from_static(b"ok,1\n")),
+                http_body::Frame::trailers(trailers),
+            ]
+            .into(),
+        )))
+        .unwrap()
 }
 
 /// A body in three data frames (a streamed response), which the layer stores as one.

@@ -11,6 +11,7 @@ use http::HeaderMap;
 use http_body::{Frame, SizeHint};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
+use super::stored;
 use crate::error::BoxError;
 
 /// Why a request body was not read.
@@ -48,26 +49,29 @@ where
 
 /// A response body read whole, or given back intact when it cannot be stored.
 pub(crate) enum Buffered {
-    Whole(Bytes),
-    /// The body as the client should still receive it: what was read, then the rest.
-    Unstorable {
-        body: Body,
-        why: &'static str,
+    /// The body's bytes and its trailers, if it ended with some (every gRPC response does).
+    Whole {
+        body: Bytes,
+        trailers: Option<HeaderMap>,
     },
+    /// The body as the client should still receive it: what was read, then the rest.
+    Unstorable { body: Body, why: &'static str },
 }
 
-/// Reads the response body if it has at most `limit` bytes and no trailers.
+/// Reads the response body, data and trailers, if their stored form takes at most `limit` bytes.
 pub(crate) async fn read_response(mut body: Body, limit: usize) -> Buffered {
+    const TOO_LARGE: &str = "its body is larger than max_response_bytes";
     if http_body::Body::size_hint(&body).lower() > limit as u64 {
         return Buffered::Unstorable {
             body,
-            why: "its body is larger than max_response_bytes",
+            why: TOO_LARGE,
         };
     }
     let mut read: VecDeque<Frame<Bytes>> = VecDeque::new();
     let mut len = 0;
-    // Bounded by the body itself: every pass consumes one frame.
-    loop {
+    let mut trailers = None;
+    // Bounded by the body itself: every pass consumes one frame, and trailers end it.
+    while trailers.is_none() {
         let frame = match body.frame().await {
             None => break,
             Some(Ok(frame)) => frame,
@@ -79,38 +83,59 @@ pub(crate) async fn read_response(mut body: Body, limit: usize) -> Buffered {
                 };
             }
         };
-        let why = match frame.data_ref() {
-            Some(data) => {
-                len += data.len();
-                (len > limit).then_some("its body is larger than max_response_bytes")
-            }
-            None => Some("it has trailers"),
-        };
-        // The whole body in one frame, its end known (what a handler's `Json` or `String`
-        // makes): kept as it is, with no copy and no list of frames.
-        let whole = why.is_none() && read.is_empty() && http_body::Body::is_end_stream(&body);
         let frame = match frame.into_data() {
-            Ok(data) if whole => return Buffered::Whole(data),
-            Ok(data) => Frame::data(data),
-            Err(frame) => frame,
+            Ok(data) => {
+                len += data.len();
+                // The whole body in one frame, its end known (what a handler's `Json` or
+                // `String` makes): kept as it is, with no copy and no list of frames.
+                if len <= limit && read.is_empty() && http_body::Body::is_end_stream(&body) {
+                    return Buffered::Whole {
+                        body: data,
+                        trailers: None,
+                    };
+                }
+                Frame::data(data)
+            }
+            Err(frame) => match frame.into_trailers() {
+                Ok(fields) => {
+                    len += stored::fields_len(&fields);
+                    if len <= limit {
+                        trailers = Some(fields);
+                        continue;
+                    }
+                    Frame::trailers(fields)
+                }
+                // Neither data nor trailers: a kind of frame this version of `http-body` does
+                // not know. Passed on, never stored.
+                Err(frame) => {
+                    read.push_back(frame);
+                    return Buffered::Unstorable {
+                        body: Body::new(Resume {
+                            read,
+                            tail: Tail::Body(body),
+                        }),
+                        why: "its body holds a frame that is neither data nor trailers",
+                    };
+                }
+            },
         };
         read.push_back(frame);
-        if let Some(why) = why {
+        if len > limit {
             let tail = Tail::Body(body);
             return Buffered::Unstorable {
                 body: Body::new(Resume { read, tail }),
-                why,
+                why: TOO_LARGE,
             };
         }
     }
-    // One frame whose end only showed at the next read (a stream's) is kept as it is too.
-    if read.len() == 1 {
-        if let Some(frame) = read.pop_front() {
-            match frame.into_data() {
-                Ok(data) => return Buffered::Whole(data),
-                Err(frame) => read.push_front(frame),
-            }
-        }
+    // One frame whose end only showed at the next read (a stream's, or one before trailers) is
+    // kept as it is too.
+    if read.len() <= 1 {
+        let body = read
+            .pop_front()
+            .and_then(|frame| frame.into_data().ok())
+            .unwrap_or_default();
+        return Buffered::Whole { body, trailers };
     }
     let mut bytes = BytesMut::with_capacity(len);
     for frame in read {
@@ -118,7 +143,10 @@ pub(crate) async fn read_response(mut body: Body, limit: usize) -> Buffered {
             bytes.extend_from_slice(&data);
         }
     }
-    Buffered::Whole(bytes.freeze())
+    Buffered::Whole {
+        body: bytes.freeze(),
+        trailers,
+    }
 }
 
 /// The frames already read, then the rest of the original body (or its error).
@@ -186,9 +214,9 @@ mod tests {
     use super::*;
 
     /// A body arriving in several frames, with no size hint.
-    struct Chunks(VecDeque<&'static str>);
+    struct Frames(VecDeque<Frame<Bytes>>);
 
-    impl http_body::Body for Chunks {
+    impl http_body::Body for Frames {
         type Data = Bytes;
         type Error = Infallible;
 
@@ -196,18 +224,59 @@ mod tests {
             mut self: Pin<&mut Self>,
             _: &mut Context<'_>,
         ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-            Poll::Ready(self.0.pop_front().map(|c| Ok(Frame::data(Bytes::from(c)))))
+            Poll::Ready(self.0.pop_front().map(Ok))
         }
     }
 
     fn chunks(parts: &[&'static str]) -> Body {
-        Body::new(Chunks(parts.iter().copied().collect()))
+        Body::new(Frames(
+            parts.iter().map(|c| Frame::data(Bytes::from(*c))).collect(),
+        ))
+    }
+
+    /// Data frames, then `grpc-status: 0` as trailers.
+    fn with_trailers(parts: &[&'static str]) -> Body {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        let mut frames: VecDeque<_> = parts.iter().map(|c| Frame::data(Bytes::from(*c))).collect();
+        frames.push_back(Frame::trailers(trailers));
+        Body::new(Frames(frames))
+    }
+
+    #[tokio::test]
+    async fn trailers_are_kept() {
+        for parts in [&["ab", "cd"][..], &["abcd"], &[]] {
+            // The stored form: the data, then the trailer "grpc-status: 0".
+            let limit = parts.concat().len() + 2 + 11 + 4 + 1;
+            match read_response(with_trailers(parts), limit).await {
+                Buffered::Whole { body, trailers } => {
+                    assert_eq!(body, parts.concat());
+                    assert_eq!(trailers.unwrap()["grpc-status"], "0");
+                }
+                Buffered::Unstorable { why, .. } => panic!("{why}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn trailers_over_the_limit_are_given_back_intact() {
+        let Buffered::Unstorable { body, why } = read_response(with_trailers(&["abcd"]), 10).await
+        else {
+            panic!("stored trailers over the limit");
+        };
+        assert!(why.contains("larger"));
+        let collected = body.collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
+        assert_eq!(collected.to_bytes(), "abcd");
     }
 
     #[tokio::test]
     async fn whole_bodies_are_read() {
         match read_response(chunks(&["ab", "cd"]), 4).await {
-            Buffered::Whole(b) => assert_eq!(b, "abcd"),
+            Buffered::Whole { body, trailers } => {
+                assert_eq!(body, "abcd");
+                assert!(trailers.is_none());
+            }
             Buffered::Unstorable { why, .. } => panic!("{why}"),
         }
     }
