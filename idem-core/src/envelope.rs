@@ -21,7 +21,7 @@ const HEAD: usize = 6;
 
 /// An empty buffer for an encoder to write a payload of about `len` bytes into, with room to
 /// spare for the head [`result`] puts in front of it (so that it does not reallocate and copy).
-#[cfg(feature = "http")]
+#[cfg(any(feature = "http", feature = "grpc"))]
 pub(crate) fn payload_buffer(len: usize) -> Vec<u8> {
     Vec::with_capacity(len + HEAD)
 }

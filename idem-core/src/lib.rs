@@ -1,5 +1,5 @@
 //! The runtime of [idem](https://docs.rs/idem): keys, records, the [`Store`] trait and its
-//! backends, the [`Idempotency`] engine, the concurrency kit and the HTTP layer.
+//! backends, the [`Idempotency`] engine, the concurrency kit, and the HTTP and gRPC layers.
 //!
 //! Depend on the `idem` crate, which re-exports all of this together with the `#[idempotent]`
 //! attribute.
@@ -8,7 +8,7 @@
 
 mod buckets;
 mod canonical;
-#[cfg(feature = "http")]
+#[cfg(any(feature = "http", feature = "grpc"))]
 mod capture;
 mod clock;
 mod codec;
@@ -17,6 +17,8 @@ pub mod conformance;
 mod engine;
 mod envelope;
 mod error;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 #[cfg(feature = "http")]
 pub mod http;
 mod key;

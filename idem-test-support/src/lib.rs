@@ -10,7 +10,8 @@
 //! Each store's helpers sit behind the feature of the same name (`postgres`, `redis`,
 //! `dynamodb`), which turns the store on in idem-core, so a test binary builds only the stores
 //! it tests. [`bank`] is the business the transactional tests pay into; [`forward`] a store in
-//! front of others, for tests that inject faults or route keys.
+//! front of others, for tests that inject faults or route keys; [`grpc`] (feature `grpc`) the
+//! gRPC service the gRPC layer's tests, example and benchmark serve.
 #![forbid(unsafe_code)]
 
 use std::future::Future;
@@ -22,10 +23,13 @@ pub mod bank;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
 pub mod forward;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod stores;
 
 /// The value of the environment variable `var`, or `None` after printing why `test` skips; a
 /// failure instead when `require` (such as `IDEM_REQUIRE_PG`) is `1`.
@@ -54,6 +58,24 @@ pub fn setting(test: &str, var: &str, require: &str) -> Option<String> {
 /// ```
 pub fn required(require: &str) -> bool {
     std::env::var(require).is_ok_and(|v| v == "1")
+}
+
+/// How long any one awaited event of a test may take before the test fails instead of hanging.
+pub const BOUND: Duration = Duration::from_secs(30);
+
+/// Awaits `fut`, failing the test (naming `what` it waited for) if it takes longer than
+/// [`BOUND`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let answer = idem_test_support::within("the answer", async { 42 }).await;
+/// assert_eq!(answer, 42);
+/// # }
+/// ```
+pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
 /// The name of the running test (its thread's name), for messages.

@@ -11,13 +11,11 @@ use tower::Layer;
 use super::fingerprint::BodyFingerprint;
 use super::problem::ProblemConfig;
 use super::service::IdempotencyService;
+use crate::capture::{check_builder, CallerFn};
 use crate::codec::{Codec, JsonCodec};
 use crate::engine::{Idempotency, OnLocked, Overrides};
 use crate::error::Error;
-use crate::key::check_scope;
-use crate::store::check_duration;
 
-type CallerFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type StoreIfFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
 
 /// Whether the layer stores a response by default: every status but 5xx, `400 Bad Request`,
@@ -537,36 +535,16 @@ impl<C: Codec> LayerBuilder<C> {
     /// assert!(matches!(bad, Err(Error::InvalidConfig(_))));
     /// ```
     pub fn build(mut self) -> Result<IdempotencyLayer<C>, Error> {
-        match (self.config.caller.is_some(), self.shared_key_space) {
-            (true, false) | (false, true) => {}
-            (false, false) => {
-                return Err(Error::InvalidConfig(
-                    "the HTTP layer does not know whose Idempotency-Keys are whose: call \
-                     .caller(|parts| …) to scope keys by the identity of who asks (an API key \
-                     id, a user id), or .shared_key_space() to let every client share one key \
-                     space, where any client that sends another's key and body gets that \
-                     client's response"
-                        .to_owned(),
-                ))
-            }
-            (true, true) => {
-                return Err(Error::InvalidConfig(
-                    "the HTTP layer has both .caller(…) and .shared_key_space(); keep \
-                     .caller(…) to scope keys by caller, or remove it to share one key space"
-                        .to_owned(),
-                ))
-            }
-        }
-        if let Err(e) = check_scope(&self.config.scope) {
-            return Err(Error::InvalidConfig(format!("HTTP layer scope: {e}")));
-        }
+        check_builder(
+            "HTTP",
+            "Idempotency-Keys",
+            "body",
+            self.config.caller.is_some(),
+            self.shared_key_space,
+            &self.config.scope,
+            &self.config.options,
+        )?;
         check_problems(&mut self.config.problems)?;
-        if let Some(lease) = self.config.options.lease {
-            check_duration("lease", lease)?;
-        }
-        if let Some(retention) = self.config.options.retention {
-            check_duration("retention", retention)?;
-        }
         Ok(IdempotencyLayer {
             config: Arc::new(self.config),
         })

@@ -18,10 +18,12 @@ use super::layer::Config;
 use super::problem::{from_engine, Problem};
 use super::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use crate::capture::body::{read_request, read_response, Buffered, ReadError};
+use crate::capture::reply::{Failure, Reply, ReplyFormat};
 use crate::capture::stored::{self, Captured};
+use crate::capture::{self, CallerRefused};
 use crate::codec::Codec;
-use crate::engine::{Encoded, Format, Outcome};
-use crate::error::{BoxError, Error};
+use crate::engine::Outcome;
+use crate::error::BoxError;
 use crate::key::Key;
 
 /// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a handler or
@@ -194,66 +196,8 @@ where
     }
 }
 
-/// What the guarded handler answered, as the engine stores it.
-enum Reply {
-    /// Read whole: stored, and replayed to retries.
-    Stored(Captured),
-    /// It cannot be kept (too large, a body that failed): the client gets it as it
-    /// is, and the key is recorded as completed without it, so a retry is told, not run.
-    Unstorable {
-        response: Response<Body>,
-        why: &'static str,
-    },
-}
-
-/// How the engine stores and replays a [`Reply`]: the layer's own byte format
-/// (`capture/stored.rs`).
-struct ReplyFormat;
-
-impl Format<Reply> for ReplyFormat {
-    fn encode(&self, reply: &Reply) -> Encoded {
-        match reply {
-            Reply::Stored(captured) => Encoded::from(stored::encode(captured)),
-            Reply::Unstorable { why, .. } => Encoded::NotRetained(format!("the response {why}")),
-        }
-    }
-
-    fn decode(&self, bytes: &[u8]) -> Result<Reply, BoxError> {
-        stored::decode(bytes).map(Reply::Stored)
-    }
-}
-
-impl Reply {
-    fn into_response(self) -> Response<Body> {
-        match self {
-            Reply::Stored(captured) => captured.into_response(),
-            Reply::Unstorable { response, .. } => response,
-        }
-    }
-}
-
-/// Why the work inside the engine ended without a response to store.
-enum Failure<E> {
-    /// The engine refused or failed (locked, key reused, store down, lease lost).
-    Idem(Error),
-    /// The handler's response goes to the client unstored and the claim is released, because
-    /// `store_if` says it is not an answer (a 5xx, say): a retry runs the handler again.
-    Pass(Response<Body>),
-    /// The inner service failed.
-    Service(E),
-}
-
-impl<E> From<Error> for Failure<E> {
-    fn from(e: Error) -> Self {
-        Failure::Idem(e)
-    }
-}
-
-/// The record key of a request: the scope, the caller and the client key; or, when the caller
-/// identity is missing or cannot be a key part, the problem to answer. The identity comes from
-/// the request, so it never moves the request to a shared space and never makes a 500. The empty
-/// caller is the shared key space, which only a layer built with `shared_key_space()` uses; so
-/// an extractor's empty identity is refused here, though `Key::derive` would take it.
+/// The record key of a request; or, when the caller identity is missing or cannot be a key part,
+/// the problem to answer (never a shared space, never a 500).
 fn record_key<C>(
     config: &Config<C>,
     parts: &Parts,
@@ -263,22 +207,17 @@ fn record_key<C>(
                            request does not say who sends it; authenticate and send it again";
     const EMPTY: &str = "the caller identity taken from this request is empty, so it cannot \
                          keep this caller's Idempotency-Keys apart from others'";
-    let caller = match &config.caller {
-        None => String::new(),
-        Some(extract) => match extract(parts) {
-            None => return Err((Problem::CallerMissing, MISSING.to_owned())),
-            Some(caller) if caller.is_empty() => {
-                return Err((Problem::CallerInvalid, EMPTY.to_owned()))
-            }
-            Some(caller) => caller,
-        },
-    };
-    Key::derive(&config.scope, &caller, client_key).map_err(|e| {
-        // The scope was checked at build and the client key while parsing: the identity is
-        // what failed. Its value is neither logged nor sent: it may be a credential.
-        tracing::warn!(error = %e, "idempotency caller identity refused");
-        let detail = format!("the caller identity taken from this request cannot scope a key: {e}");
-        (Problem::CallerInvalid, detail)
+    capture::record_key(&config.scope, config.caller.as_deref(), parts, client_key).map_err(|e| {
+        match e {
+            CallerRefused::Missing => (Problem::CallerMissing, MISSING.to_owned()),
+            CallerRefused::Empty => (Problem::CallerInvalid, EMPTY.to_owned()),
+            // The scope was checked at build and the client key while parsing: the identity is
+            // what failed.
+            CallerRefused::Invalid(e) => (
+                Problem::CallerInvalid,
+                format!("the caller identity taken from this request cannot scope a key: {e}"),
+            ),
+        }
     })
 }
 

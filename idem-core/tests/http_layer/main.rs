@@ -9,13 +9,10 @@ mod config;
 mod server;
 mod tasks;
 
-use std::sync::Arc;
-
-use idem_core::{MemoryStore, Store};
-
 /// Instantiates every case for one store:
-/// `http_suite!(module, path to an async fn() -> Option<(Arc<dyn Store>, Leftover)>)`
-/// (`None` skips, after printing why; what the store leaves behind is removed after the case).
+/// `http_suite!(module, path to an async fn() -> Option<(Arc<dyn Store>, Leftover)>)`, one of
+/// `idem_test_support::stores` (`None` skips, after printing why; what the store leaves behind is
+/// removed after the case).
 macro_rules! http_suite {
     ($name:ident, $store:path) => {
         mod $name {
@@ -64,101 +61,17 @@ macro_rules! http_suite {
     };
 }
 
-/// What a store leaves behind after a case.
-enum Leftover {
-    Nothing,
-    /// A temporary directory holding a SQLite file: deleted when dropped.
-    #[cfg(feature = "sqlite")]
-    Dir(#[allow(dead_code)] tempfile::TempDir),
-    /// A table of its own on the shared PostgreSQL server.
-    #[cfg(feature = "postgres")]
-    PgTable(idem_core::PostgresStore),
-    /// A server of the test's own (stopped when dropped), or a table on the shared one.
-    #[cfg(feature = "dynamodb")]
-    Dynamo(
-        #[allow(dead_code)] Option<idem_test_support::dynamodb::Server>,
-        String,
-        String,
-    ),
-}
-
-impl Leftover {
-    /// Removes it. A failing case skips this, which leaves at most a stray table behind.
-    async fn remove(self) {
-        #[cfg(feature = "postgres")]
-        if let Leftover::PgTable(store) = &self {
-            idem_test_support::postgres::drop_store_tables(store).await;
-        }
-        #[cfg(feature = "dynamodb")]
-        if let Leftover::Dynamo(None, url, table) = &self {
-            let client = idem_test_support::dynamodb::client(url);
-            let _ = client.delete_table().table_name(table).send().await;
-        }
-        // A directory is deleted as `self` goes out of scope here.
-        let _ = self;
-    }
-}
-
-async fn memory() -> Option<(Arc<dyn Store>, Leftover)> {
-    Some((Arc::new(MemoryStore::new()), Leftover::Nothing))
-}
-
-/// A SQLite store on a fresh database file.
+http_suite!(memory_store, idem_test_support::stores::memory);
 #[cfg(feature = "sqlite")]
-async fn sqlite() -> Option<(Arc<dyn Store>, Leftover)> {
-    let dir = tempfile::tempdir().unwrap();
-    let store = idem_core::SqliteStore::open(dir.path().join("idem.db"))
-        .await
-        .unwrap();
-    Some((Arc::new(store), Leftover::Dir(dir)))
-}
-
-/// A PostgreSQL store on a table of its own in the server named by `IDEM_TEST_PG_URL`. Without
-/// the variable the case prints why and skips, unless `IDEM_REQUIRE_PG=1` makes that a failure.
+http_suite!(sqlite_store, idem_test_support::stores::sqlite);
 #[cfg(feature = "postgres")]
-async fn postgres() -> Option<(Arc<dyn Store>, Leftover)> {
-    let url = idem_test_support::postgres::pg_url(&idem_test_support::current_test())?;
-    let store = idem_test_support::postgres::fresh_store(&url, |b| b).await;
-    Some((Arc::new(store.clone()), Leftover::PgTable(store)))
-}
-
-/// A server of the test's own when `scripts/test` gave the command to start one (see
-/// `idem_test_support::dynamodb::own_or_shared_server` for why), else a fresh table on
-/// `IDEM_TEST_DYNAMODB_URL`.
+http_suite!(postgres_store, idem_test_support::stores::postgres);
 #[cfg(feature = "dynamodb")]
-async fn dynamodb() -> Option<(Arc<dyn Store>, Leftover)> {
-    let (url, server) = idem_test_support::dynamodb::own_or_shared_server().await?;
-    let store = idem_test_support::dynamodb::fresh_store(&url, |b| b).await;
-    let table = store.table().to_owned();
-    Some((Arc::new(store), Leftover::Dynamo(server, url, table)))
-}
-
-/// A Redis store under a fresh key prefix on the shared server (or cluster) that
-/// `scripts/test` starts; its records expire by themselves, so nothing is left to remove.
+http_suite!(dynamodb_store, idem_test_support::stores::dynamodb);
 #[cfg(feature = "redis")]
-async fn redis(flavor: idem_test_support::redis::Flavor) -> Option<(Arc<dyn Store>, Leftover)> {
-    let store = idem_test_support::redis::fresh_store(flavor, |b| b).await?;
-    Some((Arc::new(store), Leftover::Nothing))
-}
-
+http_suite!(redis_store, idem_test_support::stores::redis_single);
 #[cfg(feature = "redis")]
-async fn redis_single() -> Option<(Arc<dyn Store>, Leftover)> {
-    redis(idem_test_support::redis::Flavor::Single).await
-}
-
-#[cfg(feature = "redis")]
-async fn redis_cluster() -> Option<(Arc<dyn Store>, Leftover)> {
-    redis(idem_test_support::redis::Flavor::Cluster).await
-}
-
-http_suite!(memory_store, crate::memory);
-#[cfg(feature = "sqlite")]
-http_suite!(sqlite_store, crate::sqlite);
-#[cfg(feature = "postgres")]
-http_suite!(postgres_store, crate::postgres);
-#[cfg(feature = "dynamodb")]
-http_suite!(dynamodb_store, crate::dynamodb);
-#[cfg(feature = "redis")]
-http_suite!(redis_store, crate::redis_single);
-#[cfg(feature = "redis")]
-http_suite!(redis_cluster_store, crate::redis_cluster);
+http_suite!(
+    redis_cluster_store,
+    idem_test_support::stores::redis_cluster
+);

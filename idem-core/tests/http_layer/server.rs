@@ -3,7 +3,6 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -16,15 +15,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-/// How long any one awaited event may take before the test fails instead of hanging.
-pub const BOUND: Duration = Duration::from_secs(30);
-
-/// Awaits `fut`, failing the test if it takes longer than [`BOUND`].
-pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(BOUND, fut)
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
+pub use idem_test_support::within;
 
 /// What the handlers share with the test.
 #[derive(Clone)]

@@ -1,0 +1,93 @@
+//! A fresh store of each kind as an `Arc<dyn Store>`, and what it leaves behind: what the
+//! suites that run every case once per store (the HTTP and gRPC layers') instantiate their
+//! cases with. Each function returns `None` after saying why when its server is missing (see
+//! [`setting`](crate::setting)).
+
+use std::sync::Arc;
+
+use idem_core::{MemoryStore, Store};
+
+/// What a store leaves behind after a case.
+pub enum Leftover {
+    Nothing,
+    /// A temporary directory holding a SQLite file: deleted when dropped.
+    #[cfg(feature = "sqlite")]
+    Dir(#[allow(dead_code)] tempfile::TempDir),
+    /// A table of its own on the shared PostgreSQL server.
+    #[cfg(feature = "postgres")]
+    PgTable(idem_core::PostgresStore),
+    /// A server of the test's own (stopped when dropped), or a table on the shared one.
+    #[cfg(feature = "dynamodb")]
+    Dynamo(
+        #[allow(dead_code)] Option<crate::dynamodb::Server>,
+        String,
+        String,
+    ),
+}
+
+impl Leftover {
+    /// Removes it. A failing case skips this, which leaves at most a stray table behind.
+    pub async fn remove(self) {
+        #[cfg(feature = "postgres")]
+        if let Leftover::PgTable(store) = &self {
+            crate::postgres::drop_store_tables(store).await;
+        }
+        #[cfg(feature = "dynamodb")]
+        if let Leftover::Dynamo(None, url, table) = &self {
+            let client = crate::dynamodb::client(url);
+            let _ = client.delete_table().table_name(table).send().await;
+        }
+        // A directory is deleted as `self` goes out of scope here.
+        let _ = self;
+    }
+}
+
+/// A new memory store.
+pub async fn memory() -> Option<(Arc<dyn Store>, Leftover)> {
+    Some((Arc::new(MemoryStore::new()), Leftover::Nothing))
+}
+
+/// A SQLite store on a fresh database file.
+#[cfg(feature = "sqlite")]
+pub async fn sqlite() -> Option<(Arc<dyn Store>, Leftover)> {
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem_core::SqliteStore::open(dir.path().join("idem.db"))
+        .await
+        .unwrap();
+    Some((Arc::new(store), Leftover::Dir(dir)))
+}
+
+/// A PostgreSQL store on a table of its own in the server named by `IDEM_TEST_PG_URL`. Without
+/// the variable the case prints why and skips, unless `IDEM_REQUIRE_PG=1` makes that a failure.
+#[cfg(feature = "postgres")]
+pub async fn postgres() -> Option<(Arc<dyn Store>, Leftover)> {
+    let url = crate::postgres::pg_url(&crate::current_test())?;
+    let store = crate::postgres::fresh_store(&url, |b| b).await;
+    Some((Arc::new(store.clone()), Leftover::PgTable(store)))
+}
+
+/// A server of the test's own when `scripts/test` gave the command to start one (see
+/// [`own_or_shared_server`](crate::dynamodb::own_or_shared_server) for why), else a fresh table
+/// on `IDEM_TEST_DYNAMODB_URL`.
+#[cfg(feature = "dynamodb")]
+pub async fn dynamodb() -> Option<(Arc<dyn Store>, Leftover)> {
+    let (url, server) = crate::dynamodb::own_or_shared_server().await?;
+    let store = crate::dynamodb::fresh_store(&url, |b| b).await;
+    let table = store.table().to_owned();
+    Some((Arc::new(store), Leftover::Dynamo(server, url, table)))
+}
+
+/// A Redis store under a fresh key prefix on the shared server that `scripts/test` starts; its
+/// records expire by themselves, so nothing is left to remove.
+#[cfg(feature = "redis")]
+pub async fn redis_single() -> Option<(Arc<dyn Store>, Leftover)> {
+    let store = crate::redis::fresh_store(crate::redis::Flavor::Single, |b| b).await?;
+    Some((Arc::new(store), Leftover::Nothing))
+}
+
+/// The same on the shared Redis Cluster.
+#[cfg(feature = "redis")]
+pub async fn redis_cluster() -> Option<(Arc<dyn Store>, Leftover)> {
+    let store = crate::redis::fresh_store(crate::redis::Flavor::Cluster, |b| b).await?;
+    Some((Arc::new(store), Leftover::Nothing))
+}
