@@ -52,6 +52,30 @@ pub type OpFuture = Pin<Box<dyn Future<Output = Result<Hit, BenchError>> + Send>
 /// One benchmarked call. Every variant pays the same boxing, so it cancels out in the ratios.
 pub type Op = Arc<dyn Fn() -> OpFuture + Send + Sync>;
 
+/// Runs `send(i)` for every `i` below `n` from 8 tasks (task `w` takes `w`, `w + 8`, …): how
+/// the peers' and gRPC rows complete their keys ahead of a replay run.
+pub async fn from_8_tasks<F, Fut>(n: usize, send: F) -> Result<(), BenchError>
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<(), BenchError>> + Send + 'static,
+{
+    const WORKERS: usize = 8;
+    let mut tasks = JoinSet::new();
+    for w in 0..WORKERS {
+        let send = send.clone();
+        tasks.spawn(async move {
+            for i in (w..n).step_by(WORKERS) {
+                send(i).await?;
+            }
+            Ok::<_, BenchError>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok(())
+}
+
 /// Wraps an async closure as an [`Op`].
 pub fn op<F, Fut>(f: F) -> Op
 where

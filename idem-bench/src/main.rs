@@ -2,7 +2,7 @@
 //! same database and pool, in one run. See docs/performance.md; run it with `scripts/bench`.
 //!
 //! ```text
-//! idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,peers]
+//! idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,peers,grpc]
 //!            [--dynamodb-url URL] [--redis-url URL] [--redis-cluster-urls URL,URL,…]
 //!            [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]
 //!            [--prune-share F]
@@ -13,11 +13,13 @@
 //! `IDEM_TEST_DYNAMODB_URL`, the Redis ones to `IDEM_TEST_REDIS_URL` and
 //! `IDEM_TEST_REDIS_CLUSTER_URLS`; DynamoDB, Redis and Redis Cluster (`redis-cluster`) are among
 //! the default stores when their servers are known. `peers` (a default) compares idem's HTTP layer
-//! and engine with `axum-idempotent` and the `idempotent` crate (see `peers.rs`).
+//! and engine with `axum-idempotent` and the `idempotent` crate (see `peers.rs`); `grpc` (a default)
+//! idem's gRPC layer with the same tonic service without it (see `grpc.rs`).
 #![forbid(unsafe_code)]
 
 mod cpu;
 mod dynamo;
+mod grpc;
 mod harness;
 mod memory;
 mod peers;
@@ -59,7 +61,7 @@ pub enum BenchError {
     Redis(String),
     #[error("the benchmark measured the wrong thing: {0}")]
     Unexpected(String),
-    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers] [--dynamodb-url dynamodb://HOST:PORT] [--redis-url redis://HOST:PORT] [--redis-cluster-url redis-cluster://HOST:PORT,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]]")]
+    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers,grpc] [--dynamodb-url dynamodb://HOST:PORT] [--redis-url redis://HOST:PORT] [--redis-cluster-url redis-cluster://HOST:PORT,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]]")]
     Usage(String),
 }
 
@@ -110,6 +112,7 @@ impl Args {
                 "sqlite".into(),
                 "postgres".into(),
                 "peers".into(),
+                "grpc".into(),
             ],
             scale: true,
             main: true,
@@ -198,6 +201,7 @@ impl Args {
                             "redis",
                             "redis-cluster",
                             "peers",
+                            "grpc",
                         ]
                         .contains(&s.as_str())
                     }) {
@@ -525,6 +529,12 @@ async fn bench() -> Result<(), BenchError> {
             "peers: axum-idempotent 0.6.0 over ruts 0.13 MokaStore, idempotent 0.3.0 memory store, axum 0.8".into(),
         );
         results.same_key = peers::run(&plan, &mut results.rows).await?;
+    }
+
+    if args.main && args.wants("grpc") {
+        versions.push("grpc: tonic 0.14 (HTTP/2, one connection per server), memory store".into());
+        let found = grpc::run(&plan, &mut results.rows).await?;
+        results.same_key.extend(found);
     }
 
     let table = results.markdown();

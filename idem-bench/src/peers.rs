@@ -40,7 +40,7 @@ use tokio::sync::{oneshot, Barrier};
 use tokio::task::JoinSet;
 
 use crate::cpu::Cpu;
-use crate::harness::{interleaved, op, Hit, Op, Timing};
+use crate::harness::{from_8_tasks, interleaved, op, Hit, Op, Timing};
 use crate::report::{Row, Workload};
 use crate::workload::{work, Receipt, RETENTION};
 use crate::{BenchError, Plan, CONCURRENCY};
@@ -82,7 +82,7 @@ pub struct SameKey {
 }
 
 impl SameKey {
-    fn note(&self) -> String {
+    pub(crate) fn note(&self) -> String {
         format!(
             "{SAME_KEY_CALLS} same-key calls: handler ran {}× ({})",
             self.ran, self.others
@@ -388,27 +388,21 @@ fn http_replay(server: &Server, completed: &Arc<Vec<Call>>) -> Op {
 
 /// Sends every call once, from 8 tasks.
 async fn complete_ahead(server: &Server, calls: &Arc<Vec<Call>>) -> Result<(), BenchError> {
-    let workers = 8;
-    let mut tasks = JoinSet::new();
-    for w in 0..workers {
-        let (client, calls) = (server.client.clone(), calls.clone());
-        tasks.spawn(async move {
-            for call in calls.iter().skip(w).step_by(workers) {
-                let answer = client.post("/deposits", call).await?;
-                if answer.status != StatusCode::OK {
-                    return Err(BenchError::Unexpected(format!(
-                        "completing a key got {}",
-                        answer.status
-                    )));
-                }
+    let (client, calls) = (server.client.clone(), calls.clone());
+    from_8_tasks(calls.len(), move |i| {
+        let (client, calls) = (client.clone(), calls.clone());
+        async move {
+            let answer = client.post("/deposits", &calls[i]).await?;
+            if answer.status != StatusCode::OK {
+                return Err(BenchError::Unexpected(format!(
+                    "completing a key got {}",
+                    answer.status
+                )));
             }
-            Ok::<_, BenchError>(())
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done??;
-    }
-    Ok(())
+            Ok(())
+        }
+    })
+    .await
 }
 
 /// [`SAME_KEY_CALLS`] requests with one key, one session and one body, at once.
@@ -679,7 +673,7 @@ async fn same_key_counts(
 
 /// Runs `variants` and the baseline interleaved and adds their rows, each with its library's
 /// same-key note (and, for idem, its ratio to the peer measured in the same slices).
-async fn compare(
+pub(crate) async fn compare(
     store: &'static str,
     workload: Workload,
     variants: &[(&'static str, Op, String)],

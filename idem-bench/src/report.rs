@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use crate::grpc;
 use crate::harness::Sample;
 use crate::memory::MemoryReport;
 use crate::peers::{self, SameKey};
@@ -304,7 +305,13 @@ impl Results {
             let mut over_bare = Vec::new();
             let mut over_peer = Vec::new();
             let mut engine = Vec::new();
+            let mut grpc_layer = Vec::new();
             for c in crate::CONCURRENCY {
+                if let Some(x) =
+                    find(grpc::GRPC, workload, grpc::IDEM_GRPC, c).and_then(|r| r.ratio)
+                {
+                    grpc_layer.push((c, x));
+                }
                 if let Some(idem) = find(peers::HTTP, workload, peers::IDEM_LAYER, c) {
                     if let Some(x) = idem.ratio {
                         over_bare.push((c, x));
@@ -342,6 +349,11 @@ impl Results {
                     &engine,
                     1.0,
                 ),
+                (
+                    format!("gRPC {name}: idem layer ≥ 0.9 × the same tonic service without it (memory store), every concurrency"),
+                    &grpc_layer,
+                    0.9,
+                ),
             ] {
                 if !v.is_empty() {
                     let _ = writeln!(out, "| {what} | {} | {} |", listed(v), verdict(all(v, min)));
@@ -357,7 +369,9 @@ impl Results {
             let idem_once = self
                 .same_key
                 .iter()
-                .filter(|s| s.library == peers::IDEM_LAYER || s.library == peers::IDEM_ENGINE)
+                .filter(|s| {
+                    [peers::IDEM_LAYER, peers::IDEM_ENGINE, grpc::IDEM_GRPC].contains(&s.library)
+                })
                 .all(|s| s.ran == 1);
             let _ = writeln!(
                 out,
