@@ -205,7 +205,9 @@ pub async fn deadline_mid_call_runs_once_then_replays(store: Arc<dyn Store>) {
         .insert("idempotency-key", "k-deadline".parse().unwrap());
     req.metadata_mut()
         .insert("x-caller", CALLER.parse().unwrap());
-    req.set_timeout(Duration::from_millis(200));
+    // Long enough for the call to reach the method on a loaded machine; the method holds until
+    // released, so the deadline always passes while it runs.
+    req.set_timeout(Duration::from_secs(2));
     let first = tokio::spawn(async move { client.create(req).await });
     within("the call to run", server.entered.recv()).await;
     let expired = within("the deadline", first).await.unwrap().unwrap_err();
