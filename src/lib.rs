@@ -135,3 +135,7 @@ struct KitDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/stores.md")]
 struct StoresDoctests;
+
+#[cfg(all(doctest, feature = "consumer"))]
+#[doc = include_str!("../docs/consumers.md")]
+struct ConsumersDoctests;

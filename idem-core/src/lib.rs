@@ -14,6 +14,8 @@ mod clock;
 mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "consumer")]
+pub mod consumer;
 mod engine;
 mod envelope;
 mod error;
