@@ -57,6 +57,9 @@ use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::{Idempotency, OnLocked, Outcome};
 
+#[cfg(feature = "lambda")]
+pub mod lambda;
+
 /// One message of a batch: its body (moved into the handler), the key that deduplicates it, and
 /// optionally a fingerprint and an ordering group.
 ///
