@@ -59,6 +59,8 @@ use crate::{Idempotency, OnLocked, Outcome};
 
 #[cfg(feature = "lambda")]
 pub mod lambda;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 
 /// One message of a batch: its body (moved into the handler), the key that deduplicates it, and
 /// optionally a fingerprint and an ordering group.

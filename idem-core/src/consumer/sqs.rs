@@ -1,0 +1,322 @@
+//! A long-running SQS consumer (feature `sqs`, over `aws-sdk-sqs`): long-polls a queue, runs
+//! each batch through a [`Consumer`], and settles every message by its outcome.
+//!
+//! | outcome | what happens to the message |
+//! |---|---|
+//! | done, replayed, not retained | deleted |
+//! | in flight elsewhere | its visibility set to `retry_after` (whole seconds, at least 1), so it comes back when the other run should be over |
+//! | failed, not processed | left: it reappears when its visibility timeout ends |
+//! | poison | left for the queue's redrive policy (`maxReceiveCount` → dead-letter queue); logged as an error |
+//!
+//! **Lease and visibility move together.** Messages are received with a visibility timeout equal
+//! to the claims' lease ([`SqsConsumer::visibility`], 30 s by default). While a batch runs, the
+//! engine renews each claim every third of the lease, and this consumer extends the visibility of
+//! the batch's messages every third of it too, so a message never reappears while its claim
+//! lives, and a consumer that dies stops both: its claims end one lease later, when its messages
+//! reappear.
+//!
+//! A FIFO queue (a URL ending in `.fifo`) runs in ordered mode, grouped by `MessageGroupId`.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
+    Message as SqsMessage, MessageSystemAttributeName,
+};
+use aws_sdk_sqs::Client;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{Consumer, Disposition, Message, MessageOutcome};
+use crate::codec::Codec;
+
+/// The aws-sdk-sqs (1.x) whose `Client` an [`SqsConsumer`] is built on.
+pub use aws_sdk_sqs;
+
+/// Longest long poll SQS allows.
+const MAX_WAIT: Duration = Duration::from_secs(20);
+
+/// A consumer of one SQS queue. Cheap to clone.
+///
+/// ```no_run
+/// use idem_core::consumer::sqs::{aws_sdk_sqs, SqsConsumer};
+/// use idem_core::consumer::Consumer;
+/// use idem_core::{Idempotency, SqliteStore};
+/// # async fn doc(client: aws_sdk_sqs::Client) -> Result<(), idem_core::Error> {
+/// let engine = Idempotency::new(SqliteStore::open("idem.db").await?);
+/// let orders = SqsConsumer::new(client, "https://sqs.eu-west-1.amazonaws.com/1234/orders", Consumer::new(engine, "charge")?);
+/// let handler = |m: aws_sdk_sqs::types::Message| async move {
+///     Ok::<_, std::io::Error>(m.body().unwrap_or_default().len())
+/// };
+/// // Runs until `stop` fires (a signal handler's sender), then finishes the batch in hand.
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// # drop(stop);
+/// orders.run(handler, async { let _ = stopped.await; }).await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct SqsConsumer<C> {
+    client: Client,
+    queue_url: String,
+    consumer: Consumer<C>,
+    visibility: Duration,
+    wait: Duration,
+    max_messages: i32,
+}
+
+impl<C> Clone for SqsConsumer<C> {
+    fn clone(&self) -> Self {
+        SqsConsumer {
+            client: self.client.clone(),
+            queue_url: self.queue_url.clone(),
+            consumer: self.consumer.clone(),
+            visibility: self.visibility,
+            wait: self.wait,
+            max_messages: self.max_messages,
+        }
+    }
+}
+
+/// How many messages one receive asks for, and one settling request carries, at most.
+const MAX_BATCH: i32 = 10;
+
+impl<C: Codec> SqsConsumer<C> {
+    /// A consumer of the queue at `queue_url` through `consumer` (a `.fifo` URL turns on its
+    /// ordered mode).
+    pub fn new(client: Client, queue_url: impl Into<String>, consumer: Consumer<C>) -> Self {
+        let queue_url = queue_url.into();
+        let fifo = queue_url.ends_with(".fifo");
+        SqsConsumer {
+            client,
+            queue_url,
+            consumer: consumer.ordered(fifo),
+            visibility: Duration::from_secs(30),
+            wait: MAX_WAIT,
+            max_messages: MAX_BATCH,
+        }
+    }
+
+    /// The visibility timeout messages are received with, and the claims' lease (whole
+    /// seconds, at least 1; 30 s by default). Both are extended every third of it while the
+    /// batch runs.
+    pub fn visibility(mut self, visibility: Duration) -> Self {
+        self.visibility = Duration::from_secs(visibility.as_secs().max(1));
+        self
+    }
+
+    /// How long a receive waits for messages (long polling; at most 20 s, the default).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait.min(MAX_WAIT);
+        self
+    }
+
+    /// How many messages a receive asks for (1 to 10, the default).
+    pub fn max_messages(mut self, n: i32) -> Self {
+        self.max_messages = n.clamp(1, MAX_BATCH);
+        self
+    }
+
+    /// Receives and processes batches until `shutdown` resolves; then stops receiving, finishes
+    /// the batch in hand (its handlers, deletes and visibility changes) and returns. A failed
+    /// receive is logged and tried again after a second.
+    pub async fn run<T, E, H, F>(&self, handler: H, shutdown: impl Future<Output = ()>)
+    where
+        H: Fn(SqsMessage) -> F,
+        F: Future<Output = Result<T, E>> + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let received = tokio::select! {
+                _ = &mut shutdown => return,
+                received = self.receive() => received,
+            };
+            match received {
+                Ok(messages) if messages.is_empty() => {}
+                Ok(messages) => {
+                    self.process(messages, &handler).await;
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %self.queue_url, "receiving from SQS failed: {e}");
+                    tokio::select! {
+                        _ = &mut shutdown => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// One receive (long poll).
+    async fn receive(&self) -> Result<Vec<SqsMessage>, String> {
+        let out = self
+            .client
+            .receive_message()
+            .queue_url(&self.queue_url)
+            .max_number_of_messages(self.max_messages)
+            .wait_time_seconds(self.wait.as_secs() as i32)
+            .visibility_timeout(self.visibility.as_secs() as i32)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await
+            .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;
+        Ok(out.messages.unwrap_or_default())
+    }
+
+    /// Runs one received batch and settles each message by its outcome; returns the outcomes.
+    pub async fn process<T, E, H, F>(
+        &self,
+        messages: Vec<SqsMessage>,
+        handler: &H,
+    ) -> Vec<MessageOutcome<T, E>>
+    where
+        H: Fn(SqsMessage) -> F,
+        F: Future<Output = Result<T, E>> + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let handles: Vec<(String, String)> = messages
+            .iter()
+            .map(|m| {
+                (
+                    m.message_id().unwrap_or_default().to_owned(),
+                    m.receipt_handle().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        let batch = messages.into_iter().map(keyed).collect();
+        let consumer = self.consumer.clone().lease(self.visibility);
+        let run = consumer.process(batch, handler);
+        let outcomes = {
+            let mut run = std::pin::pin!(run);
+            let every = self.visibility / 3;
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tokio::select! {
+                    outcomes = &mut run => break outcomes,
+                    _ = tick.tick() => {
+                        let all = handles.iter().map(|(id, h)| (id, h, self.visibility));
+                        self.change_visibility(all).await;
+                    }
+                }
+            }
+        };
+        self.settle(&handles, &outcomes).await;
+        outcomes
+    }
+
+    /// Deletes what is done, delays what is in flight elsewhere, leaves the rest.
+    async fn settle<T, E: fmt::Display>(
+        &self,
+        handles: &[(String, String)],
+        outcomes: &[MessageOutcome<T, E>],
+    ) {
+        let mut delete = Vec::new();
+        let mut delay = Vec::new();
+        for ((id, handle), outcome) in handles.iter().zip(outcomes) {
+            match (outcome.disposition(), outcome) {
+                (Disposition::Acknowledge, _) => delete.push((id, handle)),
+                (Disposition::Redeliver { after: Some(after) }, _) => {
+                    // Whole seconds, rounded up: never back before the estimate.
+                    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+                    delay.push((id, handle, Duration::from_secs(secs.max(1))));
+                }
+                (_, MessageOutcome::Poison(e)) => tracing::error!(
+                    queue = %self.queue_url, id,
+                    "poison message left for the dead-letter queue: {e}"
+                ),
+                (_, MessageOutcome::Failed(failure)) => {
+                    tracing::warn!(queue = %self.queue_url, id, "message handed back: {failure}")
+                }
+                _ => {}
+            }
+        }
+        if !delete.is_empty() {
+            let entries = delete.iter().enumerate().filter_map(|(i, (_, handle))| {
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(*handle)
+                    .build()
+                    .ok()
+            });
+            let sent = self
+                .client
+                .delete_message_batch()
+                .queue_url(&self.queue_url)
+                .set_entries(Some(entries.collect()))
+                .send()
+                .await;
+            match sent {
+                Ok(out) if out.failed.is_empty() => {}
+                Ok(out) => tracing::warn!(
+                    queue = %self.queue_url,
+                    "{} of {} deletes failed; those messages come back and replay",
+                    out.failed.len(),
+                    delete.len()
+                ),
+                Err(e) => tracing::warn!(
+                    queue = %self.queue_url,
+                    "deleting done messages failed ({}); they come back and replay",
+                    aws_sdk_sqs::error::DisplayErrorContext(e)
+                ),
+            }
+        }
+        self.change_visibility(delay.into_iter()).await;
+    }
+
+    /// Sets the visibility of messages (id, receipt handle, timeout), in one request.
+    async fn change_visibility<'a>(
+        &self,
+        messages: impl Iterator<Item = (&'a String, &'a String, Duration)>,
+    ) {
+        let entries: Vec<_> = messages
+            .enumerate()
+            .filter_map(|(i, (_, handle, timeout))| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(handle)
+                    .visibility_timeout(timeout.as_secs().min(43_200) as i32)
+                    .build()
+                    .ok()
+            })
+            .collect();
+        if entries.is_empty() {
+            return;
+        }
+        let sent = self
+            .client
+            .change_message_visibility_batch()
+            .queue_url(&self.queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await;
+        if let Err(e) = sent {
+            tracing::warn!(
+                queue = %self.queue_url,
+                "changing message visibility failed: {}",
+                aws_sdk_sqs::error::DisplayErrorContext(e)
+            );
+        }
+    }
+}
+
+/// A received message as a batch message: keyed by its FIFO deduplication id, else its message
+/// id; grouped by its FIFO message group id.
+fn keyed(message: SqsMessage) -> Message<SqsMessage> {
+    let attribute =
+        |name: MessageSystemAttributeName| message.attributes().and_then(|a| a.get(&name)).cloned();
+    let key = attribute(MessageSystemAttributeName::MessageDeduplicationId)
+        .or_else(|| message.message_id().map(str::to_owned));
+    let group = attribute(MessageSystemAttributeName::MessageGroupId);
+    let out = match key {
+        Some(key) => Message::keyed(message, key),
+        None => Message::unkeyed(message),
+    };
+    match group {
+        Some(group) => out.group(group),
+        None => out,
+    }
+}
