@@ -328,3 +328,57 @@ async fn fifo_queue_stops_a_group_at_its_failure() {
     );
     drain(vec![consumer], &shop, &client, &url, &orders).await;
 }
+
+/// While a handler runs past the visibility timeout (2 s; held 5 s), its message stays
+/// invisible: the consumer extends the visibility as the engine renews the claim. Without the
+/// extension a receive would get the message after 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_handler_keeps_its_message_invisible() {
+    let Some(endpoint) = endpoint() else { return };
+    let client = client(&endpoint);
+    let url = queue(&client, false).await;
+    send(&client, &url, "slow-1", None).await;
+    let shop = Shop::new(&[]);
+    let consumer = consumer_on(&client, &url, store().await);
+    let received = client
+        .receive_message()
+        .queue_url(&url)
+        .wait_time_seconds(1)
+        .visibility_timeout(2)
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default();
+    assert_eq!(received.len(), 1);
+    let handler = shop.handler();
+    let batch = tokio::spawn(async move { consumer.process(received, &handler).await });
+    // Another consumer polls for 5 s, 2.5 visibility timeouts, while the handler is held.
+    let watched_until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < watched_until {
+        let seen = client
+            .receive_message()
+            .queue_url(&url)
+            .wait_time_seconds(0)
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap()
+            .messages
+            .unwrap_or_default();
+        assert!(
+            seen.is_empty(),
+            "the message reappeared while its handler ran"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    shop.gate.add_permits(1);
+    let outcomes = batch.await.unwrap();
+    assert_eq!(outcomes[0].as_str(), "done");
+    assert_eq!(
+        left_in_queue(&client, &url).await,
+        0,
+        "the done message was not deleted"
+    );
+    assert_eq!(shop.charged("slow-1"), 1);
+}

@@ -19,6 +19,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{
@@ -56,7 +57,6 @@ const MAX_WAIT: Duration = Duration::from_secs(20);
 /// orders.run(handler, async { let _ = stopped.await; }).await;
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
 pub struct SqsConsumer<C> {
     client: Client,
     queue_url: String,
@@ -64,6 +64,21 @@ pub struct SqsConsumer<C> {
     visibility: Duration,
     wait: Duration,
     max_messages: i32,
+    key: KeyOf,
+}
+
+/// How a message's key is found.
+type KeyOf = Arc<dyn Fn(&SqsMessage) -> Option<String> + Send + Sync>;
+
+impl<C> fmt::Debug for SqsConsumer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqsConsumer")
+            .field("queue_url", &self.queue_url)
+            .field("visibility", &self.visibility)
+            .field("wait", &self.wait)
+            .field("max_messages", &self.max_messages)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<C> Clone for SqsConsumer<C> {
@@ -75,6 +90,7 @@ impl<C> Clone for SqsConsumer<C> {
             visibility: self.visibility,
             wait: self.wait,
             max_messages: self.max_messages,
+            key: self.key.clone(),
         }
     }
 }
@@ -95,7 +111,25 @@ impl<C: Codec> SqsConsumer<C> {
             visibility: Duration::from_secs(30),
             wait: MAX_WAIT,
             max_messages: MAX_BATCH,
+            key: Arc::new(default_key),
         }
+    }
+
+    /// How each message's key is found (`None`: no deduplication): a business id from the body
+    /// catches a producer's second send too. By default, the FIFO deduplication id, else the
+    /// message id.
+    ///
+    /// ```no_run
+    /// # fn doc(orders: idem_core::consumer::sqs::SqsConsumer<idem_core::JsonCodec>) {
+    /// let orders = orders.keyed_by(|m| m.body().map(|b| b.split(',').next().unwrap_or(b).to_owned()));
+    /// # }
+    /// ```
+    pub fn keyed_by(
+        mut self,
+        key: impl Fn(&SqsMessage) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.key = Arc::new(key);
+        self
     }
 
     /// The visibility timeout messages are received with, and the claims' lease (whole
@@ -187,7 +221,7 @@ impl<C: Codec> SqsConsumer<C> {
                 )
             })
             .collect();
-        let batch = messages.into_iter().map(keyed).collect();
+        let batch = messages.into_iter().map(|m| self.keyed(m)).collect();
         let consumer = self.consumer.clone().lease(self.visibility);
         let run = consumer.process(batch, handler);
         let outcomes = {
@@ -303,20 +337,28 @@ impl<C: Codec> SqsConsumer<C> {
     }
 }
 
-/// A received message as a batch message: keyed by its FIFO deduplication id, else its message
-/// id; grouped by its FIFO message group id.
-fn keyed(message: SqsMessage) -> Message<SqsMessage> {
-    let attribute =
-        |name: MessageSystemAttributeName| message.attributes().and_then(|a| a.get(&name)).cloned();
-    let key = attribute(MessageSystemAttributeName::MessageDeduplicationId)
-        .or_else(|| message.message_id().map(str::to_owned));
-    let group = attribute(MessageSystemAttributeName::MessageGroupId);
-    let out = match key {
-        Some(key) => Message::keyed(message, key),
-        None => Message::unkeyed(message),
-    };
-    match group {
-        Some(group) => out.group(group),
-        None => out,
+/// The FIFO deduplication id of a message, else its message id.
+fn default_key(message: &SqsMessage) -> Option<String> {
+    attribute(message, MessageSystemAttributeName::MessageDeduplicationId)
+        .or_else(|| message.message_id().map(str::to_owned))
+}
+
+fn attribute(message: &SqsMessage, name: MessageSystemAttributeName) -> Option<String> {
+    message.attributes().and_then(|a| a.get(&name)).cloned()
+}
+
+impl<C> SqsConsumer<C> {
+    /// A received message as a batch message: keyed by the key function, grouped by its FIFO
+    /// message group id.
+    fn keyed(&self, message: SqsMessage) -> Message<SqsMessage> {
+        let group = attribute(&message, MessageSystemAttributeName::MessageGroupId);
+        let out = match (self.key)(&message) {
+            Some(key) => Message::keyed(message, key),
+            None => Message::unkeyed(message),
+        };
+        match group {
+            Some(group) => out.group(group),
+            None => out,
+        }
     }
 }
