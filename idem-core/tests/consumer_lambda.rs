@@ -5,7 +5,6 @@
 //! twice. On SQLite.
 #![cfg(all(feature = "lambda", feature = "sqlite"))]
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,7 +22,7 @@ use tokio::sync::Semaphore;
 /// The business table, and a gate that holds "slow" orders.
 #[derive(Clone)]
 struct Shop {
-    charges: Arc<Mutex<HashMap<String, u32>>>,
+    charges: idem_test_support::Tally,
     gate: Arc<Semaphore>,
     started: Arc<Semaphore>,
     /// Whether "fail" and "panic" orders still fail (a bug later fixed).
@@ -33,7 +32,7 @@ struct Shop {
 impl Shop {
     fn new() -> Shop {
         Shop {
-            charges: Arc::default(),
+            charges: Default::default(),
             gate: Arc::new(Semaphore::new(0)),
             started: Arc::new(Semaphore::new(0)),
             broken: Arc::new(Mutex::new(true)),
@@ -41,12 +40,7 @@ impl Shop {
     }
 
     fn charged(&self, order: &str) -> u32 {
-        self.charges
-            .lock()
-            .unwrap()
-            .get(order)
-            .copied()
-            .unwrap_or(0)
+        self.charges.count(order)
     }
 
     /// Charges the order in `body` ({"order", "act"}) once per run.
@@ -60,12 +54,7 @@ impl Shop {
             Some("slow") => self.gate.acquire().await.unwrap().forget(),
             _ => {}
         }
-        *self
-            .charges
-            .lock()
-            .unwrap()
-            .entry(order.clone())
-            .or_default() += 1;
+        self.charges.add(&order);
         Ok(format!("charged {order}"))
     }
 }

@@ -2,7 +2,6 @@
 //! DynamoDB serves SQS too: IDEM_TEST_DYNAMODB_URL), standard and FIFO queues, on SQLite.
 #![cfg(all(feature = "sqs", feature = "sqlite"))]
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -75,7 +74,7 @@ async fn left_in_queue(client: &Client, url: &str) -> u64 {
 /// The business table, a gate for "slow" orders, and orders that fail their first run.
 #[derive(Clone)]
 struct Shop {
-    charges: Arc<Mutex<HashMap<String, u32>>>,
+    charges: idem_test_support::Tally,
     /// The orders in the order they were charged.
     log: Arc<Mutex<Vec<String>>>,
     failing: Arc<Mutex<Vec<String>>>,
@@ -85,7 +84,7 @@ struct Shop {
 impl Shop {
     fn new(failing: &[&str]) -> Shop {
         Shop {
-            charges: Arc::default(),
+            charges: Default::default(),
             log: Arc::default(),
             failing: Arc::new(Mutex::new(failing.iter().map(|s| s.to_string()).collect())),
             gate: Arc::new(Semaphore::new(0)),
@@ -93,12 +92,7 @@ impl Shop {
     }
 
     fn charged(&self, order: &str) -> u32 {
-        self.charges
-            .lock()
-            .unwrap()
-            .get(order)
-            .copied()
-            .unwrap_or(0)
+        self.charges.count(order)
     }
 
     fn handler(
@@ -123,12 +117,7 @@ impl Shop {
                 if order.starts_with("slow") {
                     shop.gate.acquire().await.unwrap().forget();
                 }
-                *shop
-                    .charges
-                    .lock()
-                    .unwrap()
-                    .entry(order.clone())
-                    .or_default() += 1;
+                shop.charges.add(&order);
                 shop.log.lock().unwrap().push(order.clone());
                 Ok(format!("charged {order}"))
             })
@@ -194,7 +183,7 @@ async fn drain(
     assert!(
         drained,
         "the queue was not drained: {:?}",
-        shop.charges.lock().unwrap()
+        shop.charges.snapshot()
     );
     for order in orders {
         assert_eq!(shop.charged(order), 1, "{order}");
@@ -374,7 +363,7 @@ async fn a_running_handler_keeps_its_message_invisible() {
     }
     shop.gate.add_permits(1);
     let outcomes = batch.await.unwrap();
-    assert_eq!(outcomes[0].as_str(), "done");
+    assert_eq!(outcomes[0].as_str(), "done", "{:?}", outcomes[0]);
     assert_eq!(
         left_in_queue(&client, &url).await,
         0,

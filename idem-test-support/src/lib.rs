@@ -231,3 +231,38 @@ where
     });
     let _ = cleanup.join();
 }
+
+/// A count per name, shared by its clones: a test's business table (how many times each effect
+/// was applied), which a test asserts holds exactly one of each.
+///
+/// ```
+/// let charges = idem_test_support::Tally::default();
+/// charges.add("order-1");
+/// assert_eq!(charges.count("order-1"), 1);
+/// assert_eq!(charges.count("order-2"), 0);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Tally(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>);
+
+impl Tally {
+    /// Counts one more of `name`.
+    pub fn add(&self, name: &str) {
+        *self.lock().entry(name.to_owned()).or_default() += 1;
+    }
+
+    /// How many of `name` were counted.
+    pub fn count(&self, name: &str) -> u32 {
+        self.lock().get(name).copied().unwrap_or(0)
+    }
+
+    /// Every count, to show when an assertion fails.
+    pub fn snapshot(&self) -> std::collections::HashMap<String, u32> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u32>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

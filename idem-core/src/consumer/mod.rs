@@ -59,6 +59,8 @@ use crate::{Idempotency, OnLocked, Outcome};
 
 #[cfg(feature = "lambda")]
 pub mod lambda;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "sqs")]
 pub mod sqs;
 
@@ -530,6 +532,11 @@ impl<C: Codec> Consumer<C> {
         E: Send + 'static,
     {
         for message in lane {
+            // Nothing starts once the deadline has passed (the batch's timeout polls the lanes
+            // once more before it notices).
+            if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                return;
+            }
             let outcome = self.one(message.key, message.fingerprint, message.body, handler);
             let outcome = outcome.await;
             let stop = self.ordered && !outcome.disposition().acknowledges();
@@ -622,3 +629,61 @@ fn count(scope: &Arc<str>, outcome: &'static str) {
 
 #[cfg(not(feature = "metrics"))]
 fn count(_scope: &Arc<str>, _outcome: &'static str) {}
+
+/// The loop of a long-running consumer: `receive` a batch and `process` it until `shutdown`
+/// resolves, then return (a batch in hand is finished first, as shutdown is only watched while
+/// receiving). A failed receive is logged and tried again after a second.
+#[cfg(any(feature = "sqs", feature = "nats"))]
+async fn receive_loop<B, RE, R, RF, P, PF>(
+    broker: &str,
+    shutdown: impl Future<Output = ()>,
+    mut receive: R,
+    mut process: P,
+) where
+    RE: fmt::Display,
+    R: FnMut() -> RF,
+    RF: Future<Output = Result<Vec<B>, RE>>,
+    P: FnMut(Vec<B>) -> PF,
+    PF: Future<Output = ()>,
+{
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let received = tokio::select! {
+            _ = &mut shutdown => return,
+            received = receive() => received,
+        };
+        match received {
+            Ok(batch) if batch.is_empty() => {}
+            Ok(batch) => process(batch).await,
+            Err(e) => {
+                tracing::warn!("receiving from {broker} failed: {e}");
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Runs `work` and, every `every` until it ends, `beat` (extending the broker's hold on the
+/// batch's messages as the engine renews their claims). Both are polled together: a slow beat
+/// never holds up the work, whose claims renew inside it.
+#[cfg(any(feature = "sqs", feature = "nats"))]
+async fn with_heartbeat<O, B, BF>(work: impl Future<Output = O>, every: Duration, mut beat: B) -> O
+where
+    B: FnMut() -> BF,
+    BF: Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+    let heartbeat = async {
+        loop {
+            tick.tick().await;
+            beat().await;
+        }
+    };
+    tokio::select! {
+        out = work => out,
+        never = heartbeat => never,
+    }
+}

@@ -162,26 +162,16 @@ impl<C: Codec> SqsConsumer<C> {
         T: Serialize + DeserializeOwned + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let received = tokio::select! {
-                _ = &mut shutdown => return,
-                received = self.receive() => received,
-            };
-            match received {
-                Ok(messages) if messages.is_empty() => {}
-                Ok(messages) => {
-                    self.process(messages, &handler).await;
-                }
-                Err(e) => {
-                    tracing::warn!(queue = %self.queue_url, "receiving from SQS failed: {e}");
-                    tokio::select! {
-                        _ = &mut shutdown => return,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                }
-            }
-        }
+        let handler = &handler;
+        super::receive_loop(
+            "SQS",
+            shutdown,
+            || self.receive(),
+            |batch| async move {
+                self.process(batch, handler).await;
+            },
+        )
+        .await
     }
 
     /// One receive (long poll).
@@ -223,21 +213,13 @@ impl<C: Codec> SqsConsumer<C> {
             .collect();
         let batch = messages.into_iter().map(|m| self.keyed(m)).collect();
         let consumer = self.consumer.clone().lease(self.visibility);
-        let run = consumer.process(batch, handler);
-        let outcomes = {
-            let mut run = std::pin::pin!(run);
-            let every = self.visibility / 3;
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            loop {
-                tokio::select! {
-                    outcomes = &mut run => break outcomes,
-                    _ = tick.tick() => {
-                        let all = handles.iter().map(|(id, h)| (id, h, self.visibility));
-                        self.change_visibility(all).await;
-                    }
-                }
-            }
+        let beat = || {
+            let all = handles.iter().map(|(id, h)| (id, h, self.visibility));
+            self.change_visibility(all)
         };
+        let outcomes =
+            super::with_heartbeat(consumer.process(batch, handler), self.visibility / 3, beat)
+                .await;
         self.settle(&handles, &outcomes).await;
         outcomes
     }

@@ -1,0 +1,242 @@
+//! A NATS JetStream consumer (feature `nats`, over `async-nats`): fetches batches from a pull
+//! consumer, runs them through a [`Consumer`], and answers each message by its outcome.
+//!
+//! | outcome | answer |
+//! |---|---|
+//! | done, replayed, not retained | `ack` |
+//! | in flight elsewhere | `nak` with a delay of `retry_after` |
+//! | failed, not processed | `nak` (redelivered at once; the consumer's `backoff` spaces it) |
+//! | poison | `term`: never redelivered (JetStream's dead-letter: an advisory on `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED`) |
+//!
+//! A message's key is its `Nats-Msg-Id` header (the publisher's deduplication id), else its
+//! stream and stream sequence (which a redelivery keeps). **Ack wait and lease move together:**
+//! the claims' lease is the [`ack_wait`](NatsConsumer::ack_wait) (set it to the pull consumer's
+//! `ack_wait`), and while a batch runs every message of it gets an in-progress ack every third of
+//! it as the engine renews the claims, so JetStream does not redeliver a message whose claim lives.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::message::{AckKind, Acker};
+use futures_util::StreamExt;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{Consumer, Disposition, Message, MessageOutcome};
+use crate::codec::Codec;
+
+/// The async-nats (0.51) whose JetStream consumers a [`NatsConsumer`] reads.
+pub use async_nats;
+
+/// How a message's key is found.
+type KeyOf = Arc<dyn Fn(&async_nats::Message) -> Option<String> + Send + Sync>;
+
+/// Runs a JetStream pull consumer's messages through a [`Consumer`]. Cheap to clone.
+///
+/// ```no_run
+/// use idem_core::consumer::nats::{async_nats, NatsConsumer};
+/// use idem_core::consumer::Consumer;
+/// use idem_core::{Idempotency, MemoryStore};
+/// # async fn doc(pull: async_nats::jetstream::consumer::PullConsumer) -> Result<(), idem_core::Error> {
+/// let orders = NatsConsumer::new(Consumer::new(Idempotency::new(MemoryStore::new()), "charge")?);
+/// let handler = |m: async_nats::Message| async move { Ok::<_, std::io::Error>(m.payload.len()) };
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// # drop(stop);
+/// orders.run(&pull, handler, async { let _ = stopped.await; }).await;
+/// # Ok(()) }
+/// ```
+pub struct NatsConsumer<C> {
+    consumer: Consumer<C>,
+    ack_wait: Duration,
+    batch: usize,
+    wait: Duration,
+    key: Option<KeyOf>,
+}
+
+impl<C> Clone for NatsConsumer<C> {
+    fn clone(&self) -> Self {
+        NatsConsumer {
+            consumer: self.consumer.clone(),
+            ack_wait: self.ack_wait,
+            batch: self.batch,
+            wait: self.wait,
+            key: self.key.clone(),
+        }
+    }
+}
+
+impl<C> fmt::Debug for NatsConsumer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsConsumer")
+            .field("ack_wait", &self.ack_wait)
+            .field("batch", &self.batch)
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Codec> NatsConsumer<C> {
+    /// Batches through `consumer`, with an ack wait of 30 s (JetStream's default), up to 10
+    /// messages a fetch, waiting up to 5 s for them.
+    pub fn new(consumer: Consumer<C>) -> NatsConsumer<C> {
+        NatsConsumer {
+            consumer,
+            ack_wait: Duration::from_secs(30),
+            batch: 10,
+            wait: Duration::from_secs(5),
+            key: None,
+        }
+    }
+
+    /// The pull consumer's `ack_wait`: the claims' lease, and what in-progress acks extend.
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait.max(Duration::from_millis(3));
+        self
+    }
+
+    /// How many messages a fetch asks for (at least 1).
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.batch = batch.max(1);
+        self
+    }
+
+    /// How long a fetch waits for messages.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// How each message's key is found (`None`: no deduplication), instead of its
+    /// `Nats-Msg-Id` or stream sequence: a business id from the payload.
+    pub fn keyed_by(
+        mut self,
+        key: impl Fn(&async_nats::Message) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.key = Some(Arc::new(key));
+        self
+    }
+
+    /// Fetches and processes batches from `pull` until `shutdown` resolves; then stops fetching,
+    /// finishes the batch in hand (handlers and answers) and returns. A failed fetch is logged
+    /// and tried again after a second.
+    pub async fn run<T, E, H, F>(
+        &self,
+        pull: &PullConsumer,
+        handler: H,
+        shutdown: impl Future<Output = ()>,
+    ) where
+        H: Fn(async_nats::Message) -> F,
+        F: Future<Output = Result<T, E>> + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let handler = &handler;
+        super::receive_loop(
+            "JetStream",
+            shutdown,
+            || self.fetch(pull),
+            |batch| async move {
+                self.process(batch, handler).await;
+            },
+        )
+        .await
+    }
+
+    /// One fetch: up to `batch` messages, waiting up to `wait`.
+    async fn fetch(
+        &self,
+        pull: &PullConsumer,
+    ) -> Result<Vec<async_nats::jetstream::Message>, async_nats::Error> {
+        let mut batch = pull
+            .fetch()
+            .max_messages(self.batch)
+            .expires(self.wait)
+            .messages()
+            .await?;
+        let mut messages = Vec::new();
+        while let Some(message) = batch.next().await {
+            messages.push(message?);
+        }
+        Ok(messages)
+    }
+
+    /// Runs one fetched batch and answers each message by its outcome; returns the outcomes.
+    pub async fn process<T, E, H, F>(
+        &self,
+        messages: Vec<async_nats::jetstream::Message>,
+        handler: &H,
+    ) -> Vec<MessageOutcome<T, E>>
+    where
+        H: Fn(async_nats::Message) -> F,
+        F: Future<Output = Result<T, E>> + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let mut ackers = Vec::with_capacity(messages.len());
+        let mut batch = Vec::with_capacity(messages.len());
+        for message in messages {
+            let key = self.key_of(&message);
+            let (message, acker) = message.split();
+            ackers.push(acker);
+            batch.push(match key {
+                Some(key) => Message::keyed(message, key),
+                None => Message::unkeyed(message),
+            });
+        }
+        let consumer = self.consumer.clone().lease(self.ack_wait);
+        let beat = || async {
+            for acker in &ackers {
+                answer(acker, AckKind::Progress).await;
+            }
+        };
+        let outcomes =
+            super::with_heartbeat(consumer.process(batch, handler), self.ack_wait / 3, beat).await;
+        for (acker, outcome) in ackers.iter().zip(&outcomes) {
+            let kind = match (outcome.disposition(), outcome) {
+                (Disposition::Acknowledge, _) => AckKind::Ack,
+                (Disposition::Redeliver { after }, outcome) => {
+                    if let MessageOutcome::Failed(failure) = outcome {
+                        tracing::warn!("JetStream message handed back: {failure}");
+                    }
+                    AckKind::Nak(after)
+                }
+                (Disposition::DeadLetter, outcome) => {
+                    if let MessageOutcome::Poison(e) = outcome {
+                        tracing::error!("JetStream message terminated as poison: {e}");
+                    }
+                    AckKind::Term
+                }
+            };
+            answer(acker, kind).await;
+        }
+        outcomes
+    }
+
+    /// The key of a message: the key function's, else its `Nats-Msg-Id`, else its stream and
+    /// stream sequence.
+    fn key_of(&self, message: &async_nats::jetstream::Message) -> Option<String> {
+        if let Some(key) = &self.key {
+            return key(&message.message);
+        }
+        let msg_id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|v| v.as_str().to_owned());
+        msg_id.or_else(|| {
+            let info = message.info().ok()?;
+            Some(format!("{}:{}", info.stream, info.stream_sequence))
+        })
+    }
+}
+
+/// Sends an ack of `kind`; a failure is logged (the message is redelivered after the ack wait,
+/// and replays).
+async fn answer(acker: &Acker, kind: AckKind) {
+    if let Err(e) = acker.ack_with(kind).await {
+        tracing::warn!("answering a JetStream message failed: {e}");
+    }
+}
