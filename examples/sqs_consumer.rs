@@ -13,11 +13,12 @@
 //! ```
 //!
 //! Against SQS and DynamoDB (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; any
-//! endpoint, moto's too), with a queue you created and a store URL:
+//! endpoint, moto's too), with a queue (created if missing; start with an empty one) and a store
+//! URL (the DynamoDB table is created if missing):
 //!
 //! ```text
 //! cargo run --example sqs_consumer --features sqs,dynamodb -- \
-//!     --sqs-endpoint https://sqs.eu-west-1.amazonaws.com --queue-url https://sqs.eu-west-1.amazonaws.com/1234/orders \
+//!     --sqs-endpoint https://sqs.eu-west-1.amazonaws.com --queue orders \
 //!     --store dynamodb+https://dynamodb.eu-west-1.amazonaws.com
 //! ```
 //!
@@ -98,7 +99,23 @@ fn order_id(body: &str) -> Option<String> {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-fn main() -> Result<(), BoxError> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let mut message = e.to_string();
+            let mut source = e.source();
+            while let Some(cause) = source {
+                message.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            eprintln!("sqs_consumer: {message}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |name: &str| {
         args.iter()
@@ -106,18 +123,19 @@ fn main() -> Result<(), BoxError> {
             .and_then(|i| args.get(i + 1).cloned())
     };
     let runtime = tokio::runtime::Runtime::new()?;
-    match (flag("--sqs-endpoint"), flag("--queue-url")) {
-        (Some(endpoint), Some(queue_url)) => {
-            let store = flag("--store").ok_or("--store URL is needed with --queue-url")?;
-            runtime.block_on(on_sqs(&endpoint, &queue_url, &store))
+    match (flag("--sqs-endpoint"), flag("--queue")) {
+        (Some(endpoint), Some(queue)) => {
+            let store = flag("--store").ok_or("--store URL is needed with --queue")?;
+            runtime.block_on(on_sqs(&endpoint, &queue, &store))
         }
         (None, None) => on_local_queue(&runtime),
-        _ => Err("give both --sqs-endpoint and --queue-url, or neither".into()),
+        _ => Err("give both --sqs-endpoint and --queue, or neither".into()),
     }
 }
 
-/// SQS and the store at `store`: four `SqsConsumer`s until every order is charged.
-async fn on_sqs(endpoint: &str, queue_url: &str, store: &str) -> Result<(), BoxError> {
+/// SQS and the store at `store`: four `SqsConsumer`s until every order is charged (or five
+/// minutes pass).
+async fn on_sqs(endpoint: &str, queue: &str, store: &str) -> Result<(), BoxError> {
     use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
     let var = |name: &str| std::env::var(name).ok();
     let (id, secret) = var("AWS_ACCESS_KEY_ID")
@@ -138,6 +156,9 @@ async fn on_sqs(endpoint: &str, queue_url: &str, store: &str) -> Result<(), BoxE
         .endpoint_url(endpoint)
         .build();
     let client = aws_sdk_sqs::Client::from_conf(config);
+    let created = client.create_queue().queue_name(queue).send().await;
+    let queue_url = created?.queue_url.ok_or("SQS returned no queue URL")?;
+    let queue_url = queue_url.as_str();
     let options = ConnectOptions::new().create_table_if_missing(true);
     let store = StoreUrl::parse(store)?
         .connect(&options)
