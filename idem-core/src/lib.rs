@@ -51,7 +51,9 @@ pub use buckets::PROMETHEUS_BUCKETS;
 pub use canonical::{FingerprintError, MAX_FINGERPRINT_DEPTH};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
-pub use engine::{Call, EngineBuilder, Idempotency, OnLocked, Outcome, Policy, ReplayCache};
+pub use engine::{
+    Begun, Call, EngineBuilder, Holder, Idempotency, OnLocked, Outcome, Policy, ReplayCache,
+};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use engine::{Transactional, TxClaim, TxFuture, TxStart};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};

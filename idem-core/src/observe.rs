@@ -491,6 +491,19 @@ impl<'a> Probe<'a> {
         }
     }
 
+    /// The report of a call that claimed its key in an earlier request (the engine's split
+    /// calls): it ends here, as a call that claimed ends.
+    pub(crate) fn held(
+        observer: Option<&'a dyn Observer>,
+        meters: &'a Meters,
+        scope: &'a Scope,
+        key: Key,
+    ) -> Self {
+        let mut probe = Probe::new(observer, meters, scope, key);
+        probe.claimed = true;
+        probe
+    }
+
     /// Hands the call's report over to another task: what it has recorded so far, without
     /// ending it (a suspended probe reports nothing when dropped). [`Probe::resume`] takes it
     /// back up.

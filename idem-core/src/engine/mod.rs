@@ -27,6 +27,7 @@ mod claim;
 mod detach;
 mod finish;
 mod policy;
+mod split;
 mod stored;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transactional;
@@ -36,6 +37,7 @@ mod waiters;
 pub use cache::ReplayCache;
 pub use call::Call;
 pub use policy::{EngineBuilder, OnLocked, Outcome, Policy};
+pub use split::{Begun, Holder};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use transactional::{Transactional, TxClaim, TxFuture, TxStart};
 

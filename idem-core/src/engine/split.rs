@@ -1,0 +1,438 @@
+//! A call split across requests: the claim in one ([`Call::begin`]), the completion, release or
+//! renewal in a later one, fenced by the claim's token ([`Idempotency::finish`],
+//! [`Idempotency::release`], [`Idempotency::renew`]). For transports whose work runs in another
+//! process than the engine: a service that takes `start` and `complete` as two requests
+//! (idem-server). The claim goes through the engine's claim path (its policy, waiting, pending
+//! completions, observer and metrics), the completion through its completion path (sealing,
+//! background retry of a passing failure), so nothing is re-implemented in the transport.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use super::detach::run_to_end;
+use super::finish::{ClaimGuard, Stored};
+use super::underway::Releasing;
+use super::{Call, Claimed, Encoded, Errors, Format, Idempotency};
+use crate::codec::Codec;
+use crate::error::{BoxError, Error};
+use crate::key::Key;
+use crate::observe::{Probe, Scope, Stage};
+use crate::record::{Claim, RecordState};
+use crate::store::check_duration;
+
+/// What [`Call::begin`] came to when it did not fail.
+///
+/// ```
+/// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+/// let engine = Idempotency::new(MemoryStore::new());
+/// let key = Key::derive("charge", "", "order-1")?;
+/// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+/// engine.finish("charge", &claim, b"paid".to_vec(), None).await?;
+/// assert_eq!(engine.call(key).begin().await?, Begun::Completed(b"paid".to_vec()));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begun {
+    /// This caller holds the key until the lease ends: it runs the work, then
+    /// [`finish`](Idempotency::finish)es or [`release`](Idempotency::release)s the claim,
+    /// [`renew`](Idempotency::renew)ing it meanwhile if the work is long.
+    Claimed(Claim),
+    /// The key completed earlier: the bytes [`finish`](Idempotency::finish) stored.
+    Completed(Vec<u8>),
+}
+
+/// Who holds a key, as [`Idempotency::holder`] reads it.
+///
+/// ```
+/// use idem_core::{Begun, Error, Holder, Idempotency, Key, MemoryStore};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+/// let engine = Idempotency::new(MemoryStore::new());
+/// let key = Key::derive("charge", "", "order-1")?;
+/// assert_eq!(engine.holder(&key).await?, Holder::Absent);
+/// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+/// assert_eq!(engine.holder(&key).await?, Holder::Claimed(claim));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// No live record: never claimed, released, or its lease or retention has ended.
+    Absent,
+    /// A live claim, with its token.
+    Claimed(Claim),
+    /// A completed record.
+    Completed,
+}
+
+/// The stored bytes as they are: what [`Idempotency::finish`] stores, [`Call::begin`] replays.
+struct Raw;
+
+impl Format<Vec<u8>> for Raw {
+    fn encode(&self, value: &Vec<u8>) -> Encoded {
+        Encoded::Bytes(value.clone())
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<Vec<u8>, BoxError> {
+        Ok(bytes.to_vec())
+    }
+}
+
+/// Errors are never stored through the split API.
+struct NoErrors;
+
+impl Errors<Error> for NoErrors {
+    fn encode(&self, _: &Error) -> Option<Encoded> {
+        None
+    }
+
+    fn replay(&self, bytes: Vec<u8>) -> Error {
+        Error::StoredError(bytes)
+    }
+}
+
+impl<'e, C: Codec> Call<'e, Idempotency<C>> {
+    /// The first half of a call whose work runs elsewhere: claims the key (with the call's
+    /// fingerprint, lease and waiting policy) and returns the claim, or the stored result. The
+    /// claim is the caller's until its lease ends: it must [`finish`](Idempotency::finish),
+    /// [`release`](Idempotency::release) or [`renew`](Idempotency::renew) it, fenced by its
+    /// token, possibly from another process. The observer sees [`Stage::Claimed`] here and the
+    /// call's end where it is finished or released.
+    ///
+    /// Errors are the engine's: [`Error::Locked`] (another claim is live), [`Error::KeyReused`]
+    /// (another fingerprint), [`Error::ResultNotRetained`], [`Error::InvalidConfig`] (a lease out
+    /// of range), [`Error::Store`]. A call without a key is refused with
+    /// [`Error::InvalidConfig`]: there is nothing to claim.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "", "order-1")?;
+    /// let first = engine.call(key).lease(Duration::from_secs(15)).begin().await?;
+    /// assert!(matches!(first, Begun::Claimed(_)));
+    /// assert!(matches!(engine.call(key).begin().await, Err(Error::Locked { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub async fn begin(self) -> Result<Begun, Error> {
+        let Some(key) = self.key else {
+            return Err(Error::InvalidConfig(
+                "a split call needs a key to claim".into(),
+            ));
+        };
+        let core = &self.engine.inner.core;
+        let mut probe = Probe::new(core.observer.as_deref(), &core.meters, &self.scope, key);
+        let span = probe.span().clone();
+        let claimed = self
+            .engine
+            .claim_half(
+                &mut probe,
+                key,
+                self.fingerprint,
+                &self.overrides,
+                &Raw,
+                &NoErrors,
+            )
+            .instrument(span)
+            .await;
+        match claimed {
+            Claimed::Ended(out) => out.map(|replayed| Begun::Completed(replayed.into_inner())),
+            Claimed::Holding(holding) => {
+                // The call goes on in a later request: its end is reported there.
+                drop(probe.suspend());
+                Ok(Begun::Claimed(holding.claim))
+            }
+        }
+    }
+}
+
+impl<C: Codec> Idempotency<C> {
+    /// The second half of a [`begin`](Call::begin)'s claim: stores `result` (sealed in the
+    /// engine's checksummed envelope, within [`Policy::max_response_bytes`](crate::Policy)) for
+    /// `retention` (the policy's when `None`), fenced by the claim's token. Finished even if the
+    /// caller goes away; a passing store failure is retried in the background, as for every
+    /// call. [`Error::LeaseLost`] when the key is no longer this claim's (its lease ran out and
+    /// another caller claimed it, or it was released): nothing is changed. Finishing a claim
+    /// that already finished is `Ok` and keeps the first result. `scope` labels the call in
+    /// metrics and the observer, as [`Call::scope_named`].
+    ///
+    /// ```
+    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "", "order-1")?;
+    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// engine.finish("charge", &claim, b"paid".to_vec(), None).await?;
+    /// engine.finish("charge", &claim, b"other".to_vec(), None).await?; // the first stands
+    /// assert_eq!(engine.call(key).begin().await?, Begun::Completed(b"paid".to_vec()));
+    /// # Ok(()) }
+    /// ```
+    pub async fn finish(
+        &self,
+        scope: &str,
+        claim: &Claim,
+        result: Vec<u8>,
+        retention: Option<Duration>,
+    ) -> Result<(), Error> {
+        let policy = &self.inner.core.policy;
+        let retention = retention.unwrap_or(policy.retention);
+        check_duration("retention", retention)?;
+        let scope = Scope::Shared(Arc::from(scope));
+        let (engine, claim, lease) = (self.clone(), claim.clone(), policy.lease);
+        run_to_end(async move {
+            let core = &engine.inner.core;
+            let mut probe =
+                Probe::held(core.observer.as_deref(), &core.meters, &scope, *claim.key());
+            let sealed = core.seal_encoded(Encoded::Bytes(result), claim.key());
+            let kept = if sealed.retained {
+                Stage::Completed
+            } else {
+                Stage::NotRetained
+            };
+            let guard = ClaimGuard::new(engine.inner.shared.clone(), claim);
+            let stored = guard
+                .complete(sealed.bytes, false, None, retention, lease)
+                .await
+                .map(|_: Stored| ());
+            probe.end_with(&stored, kept);
+            stored
+        })
+        .await
+    }
+
+    /// Releases a [`begin`](Call::begin)'s claim so a retry runs the work again, fenced by the
+    /// claim's token; visible at once to calls of this process. [`Error::LeaseLost`] when the
+    /// key is no longer this claim's, including when it has completed (a completed result is
+    /// never deleted by a release).
+    ///
+    /// ```
+    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "", "order-1")?;
+    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// engine.release("charge", &claim).await?;
+    /// assert!(matches!(engine.call(key).begin().await?, Begun::Claimed(_)));
+    /// assert!(matches!(engine.release("charge", &claim).await, Err(Error::LeaseLost)));
+    /// # Ok(()) }
+    /// ```
+    pub async fn release(&self, scope: &str, claim: &Claim) -> Result<(), Error> {
+        let scope = Scope::Shared(Arc::from(scope));
+        let (engine, claim) = (self.clone(), claim.clone());
+        run_to_end(async move {
+            let core = &engine.inner.core;
+            let mut probe =
+                Probe::held(core.observer.as_deref(), &core.meters, &scope, *claim.key());
+            let releasing = Releasing::begin(&engine.inner.shared, *claim.key());
+            let released = releasing.store().abort(&claim).await;
+            drop(releasing);
+            probe.end_with(&released, Stage::Released);
+            released
+        })
+        .await
+    }
+
+    /// Extends a [`begin`](Call::begin)'s claim to `lease` from now (the heartbeat of long
+    /// work), fenced by its token: [`Error::LeaseLost`] when the key is no longer this claim's;
+    /// [`Error::InvalidConfig`] for a lease out of range.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("report", "", "2026-11")?;
+    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// engine.renew(&claim, Duration::from_secs(60)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
+        check_duration("lease", lease)?;
+        self.inner.shared.store.renew(claim, lease).await
+    }
+
+    /// Who holds `key` now: for transports whose clients complete or release a key without
+    /// the claim's token (they then act on whichever claim is live).
+    pub async fn holder(&self, key: &Key) -> Result<Holder, Error> {
+        Ok(match self.inner.shared.store.get(key).await? {
+            None => Holder::Absent,
+            Some(record) => match record.state {
+                RecordState::InProgress { token, .. } => Holder::Claimed(Claim::new(*key, token)),
+                RecordState::Completed(_) => Holder::Completed,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::observe::{CallEvent, Observer};
+    use crate::store::memory::MemoryStore;
+    use crate::Fingerprint;
+
+    #[derive(Default, Clone)]
+    struct Seen(Arc<Mutex<Vec<Stage>>>);
+
+    impl Observer for Seen {
+        fn observe(&self, event: &CallEvent<'_>) {
+            self.0.lock().unwrap().push(event.stage());
+        }
+    }
+
+    fn key(k: &str) -> Key {
+        Key::derive("split", "", k).unwrap()
+    }
+
+    async fn claimed(engine: &Idempotency, k: &str) -> Claim {
+        match engine.call(key(k)).begin().await.unwrap() {
+            Begun::Claimed(claim) => claim,
+            other => panic!("expected a claim, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn claim_then_finish_replays_and_reports_one_call() {
+        let seen = Seen::default();
+        let engine = Idempotency::builder(MemoryStore::new())
+            .observer(seen.clone())
+            .build()
+            .unwrap();
+        let claim = claimed(&engine, "a").await;
+        assert!(matches!(
+            engine.call(key("a")).begin().await,
+            Err(Error::Locked { .. })
+        ));
+        engine
+            .finish("split", &claim, b"r".to_vec(), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            engine.call(key("a")).begin().await.unwrap(),
+            Begun::Completed(b"r".to_vec())
+        );
+        assert_eq!(
+            *seen.0.lock().unwrap(),
+            [
+                Stage::Claimed,
+                Stage::Locked,
+                Stage::Completed,
+                Stage::Replayed
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stale_holder_changes_nothing() {
+        let clock = ManualClock::new();
+        let engine = Idempotency::new(MemoryStore::with_clock(clock.clone()));
+        let stale = match engine
+            .call(key("b"))
+            .lease(Duration::from_secs(1))
+            .begin()
+            .await
+            .unwrap()
+        {
+            Begun::Claimed(claim) => claim,
+            other => panic!("{other:?}"),
+        };
+        clock.advance(Duration::from_secs(2));
+        let fresh = claimed(&engine, "b").await;
+        assert_ne!(stale.token(), fresh.token());
+        for refused in [
+            engine.finish("split", &stale, b"old".to_vec(), None).await,
+            engine.release("split", &stale).await,
+            engine.renew(&stale, Duration::from_secs(5)).await,
+        ] {
+            assert!(matches!(refused, Err(Error::LeaseLost)), "{refused:?}");
+        }
+        assert_eq!(
+            engine.holder(&key("b")).await.unwrap(),
+            Holder::Claimed(fresh.clone())
+        );
+        engine
+            .finish("split", &fresh, b"new".to_vec(), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            engine.call(key("b")).begin().await.unwrap(),
+            Begun::Completed(b"new".to_vec())
+        );
+        assert!(matches!(
+            engine.release("split", &fresh).await,
+            Err(Error::LeaseLost)
+        ));
+        assert_eq!(engine.holder(&key("b")).await.unwrap(), Holder::Completed);
+    }
+
+    #[tokio::test]
+    async fn release_frees_the_key_and_a_fingerprint_is_kept() {
+        let engine = Idempotency::new(MemoryStore::new());
+        let fp = Fingerprint::of_bytes(b"one");
+        let Begun::Claimed(claim) = engine.call(key("c")).fingerprint(fp).begin().await.unwrap()
+        else {
+            panic!("not claimed")
+        };
+        assert!(matches!(
+            engine
+                .call(key("c"))
+                .fingerprint(Fingerprint::of_bytes(b"two"))
+                .begin()
+                .await,
+            Err(Error::KeyReused)
+        ));
+        engine.release("split", &claim).await.unwrap();
+        assert_eq!(engine.holder(&key("c")).await.unwrap(), Holder::Absent);
+        assert!(matches!(
+            engine.call(key("c")).begin().await.unwrap(),
+            Begun::Claimed(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn out_of_range_durations_change_nothing() {
+        let engine = Idempotency::new(MemoryStore::new());
+        assert!(matches!(
+            engine.call(key("d")).lease(Duration::ZERO).begin().await,
+            Err(Error::InvalidConfig(_))
+        ));
+        assert_eq!(engine.holder(&key("d")).await.unwrap(), Holder::Absent);
+        let claim = claimed(&engine, "d").await;
+        assert!(matches!(
+            engine
+                .finish("split", &claim, b"x".to_vec(), Some(Duration::ZERO))
+                .await,
+            Err(Error::InvalidConfig(_))
+        ));
+        assert!(matches!(
+            engine.renew(&claim, Duration::ZERO).await,
+            Err(Error::InvalidConfig(_))
+        ));
+        assert_eq!(
+            engine.holder(&key("d")).await.unwrap(),
+            Holder::Claimed(claim)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_result_over_the_limit_is_kept_as_not_retained() {
+        let engine = Idempotency::builder(MemoryStore::new())
+            .max_response_bytes(4)
+            .build()
+            .unwrap();
+        let claim = claimed(&engine, "e").await;
+        engine
+            .finish("split", &claim, b"too long".to_vec(), None)
+            .await
+            .unwrap();
+        assert!(matches!(
+            engine.call(key("e")).begin().await,
+            Err(Error::ResultNotRetained { .. })
+        ));
+    }
+}
