@@ -199,6 +199,22 @@ impl Idempotency<JsonCodec> {
     }
 }
 
+impl Idempotency<JsonCodec> {
+    /// A [`EngineBuilder`] over a shared store (one opened from a URL by
+    /// [`store::url`](crate::store::url), say).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use idem_core::{Idempotency, MemoryStore, Store};
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let engine = Idempotency::builder_from_arc(store).max_response_bytes(16 << 20).build()?;
+    /// # let _ = engine; Ok::<(), idem_core::Error>(())
+    /// ```
+    pub fn builder_from_arc(store: Arc<dyn Store>) -> EngineBuilder {
+        EngineBuilder::with(store, JsonCodec)
+    }
+}
+
 impl<C: Codec> EngineBuilder<Arc<dyn Store>, C> {
     /// Checks the policy and builds the engine.
     pub fn build(self) -> Result<Idempotency<C>, Error> {

@@ -62,8 +62,8 @@ pub enum Holder {
     Absent,
     /// A live claim, with its token.
     Claimed(Claim),
-    /// A completed record.
-    Completed,
+    /// A completed record, with the bytes [`finish`](Idempotency::finish) stored.
+    Completed(Vec<u8>),
 }
 
 /// The stored bytes as they are: what [`Idempotency::finish`] stores, [`Call::begin`] replays.
@@ -253,14 +253,16 @@ impl<C: Codec> Idempotency<C> {
         self.inner.shared.store.renew(claim, lease).await
     }
 
-    /// Who holds `key` now: for transports whose clients complete or release a key without
-    /// the claim's token (they then act on whichever claim is live).
+    /// Who holds `key` now, read without claiming it: for transports whose clients complete
+    /// or release a key without the claim's token (they then act on whichever claim is live),
+    /// or read a record they must not claim. A completed record's result is checked as a
+    /// replay's is ([`Error::ResultNotRetained`], a corrupt envelope).
     pub async fn holder(&self, key: &Key) -> Result<Holder, Error> {
         Ok(match self.inner.shared.store.get(key).await? {
             None => Holder::Absent,
             Some(record) => match record.state {
                 RecordState::InProgress { token, .. } => Holder::Claimed(Claim::new(*key, token)),
-                RecordState::Completed(_) => Holder::Completed,
+                RecordState::Completed(stored) => Holder::Completed(stored.result()?.to_vec()),
             },
         })
     }
@@ -367,7 +369,10 @@ mod tests {
             engine.release("split", &fresh).await,
             Err(Error::LeaseLost)
         ));
-        assert_eq!(engine.holder(&key("b")).await.unwrap(), Holder::Completed);
+        assert_eq!(
+            engine.holder(&key("b")).await.unwrap(),
+            Holder::Completed(b"new".to_vec())
+        );
     }
 
     #[tokio::test]
