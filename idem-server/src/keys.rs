@@ -1,0 +1,164 @@
+//! Diom's names and numbers checked as Diom checks them, and mapped onto idem's keys: a key is
+//! `(namespace, caller's key space, client key)` (docs/server.md, "Key spaces").
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use idem_core::{Key, Token, MAX_KEY_LEN};
+use sha2::{Digest, Sha256};
+
+use crate::auth::Caller;
+use crate::wire::ApiError;
+
+/// The longest key and namespace name Diom takes.
+const DIOM_MAX_LEN: usize = 256;
+
+/// The longest lock period or retention: the stores' bound.
+const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+fn check(value: &str, location: &str, what: &str, extra: &[u8]) -> Result<(), ApiError> {
+    if value.is_empty() || value.len() > DIOM_MAX_LEN {
+        return Err(ApiError::invalid(
+            location,
+            format!(
+                "the {what} must be 1 to 256 characters, got {}",
+                value.len()
+            ),
+        ));
+    }
+    if let Some(bad) = value
+        .bytes()
+        .find(|b| !(b.is_ascii_alphanumeric() || b"-/_.=+".contains(b) || extra.contains(b)))
+    {
+        return Err(ApiError::invalid(
+            location,
+            format!(
+                "the {what} holds {:?}; use A-Z a-z 0-9 and - / _ . = +{}",
+                char::from(bad),
+                if extra.is_empty() { "" } else { " :" }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A Diom key: 1 to 256 of `[a-zA-Z0-9-/_.=+:]`.
+pub fn check_key(key: &str) -> Result<(), ApiError> {
+    check(key, "body.key", "key", b":")
+}
+
+/// A Diom namespace name: 1 to 256 of `[a-zA-Z0-9-/_.=+]`.
+pub fn check_namespace(name: &str, location: &str) -> Result<(), ApiError> {
+    check(name, location, "namespace name", b"")
+}
+
+/// A name as one part of an idem key: itself when it fits (255 bytes), else `#` and its SHA-256
+/// in hex, which no Diom name can be (`#` is not in their alphabet).
+pub fn part(name: &str) -> Cow<'_, str> {
+    if name.len() <= MAX_KEY_LEN {
+        return Cow::Borrowed(name);
+    }
+    let mut hashed = String::with_capacity(65);
+    hashed.push('#');
+    for b in Sha256::digest(name.as_bytes()) {
+        let _ = write!(hashed, "{b:02x}");
+    }
+    Cow::Owned(hashed)
+}
+
+/// The idem key of `caller`'s `key` in the namespace whose scope is `scope`.
+pub fn key_of(scope: &str, caller: &Caller, key: &str) -> Result<Key, ApiError> {
+    check_key(key)?;
+    Key::derive(scope, &caller.key_space(), &part(key))
+        .map_err(|e| ApiError::invalid("body.key", e))
+}
+
+/// A lock period or retention in milliseconds: 1 ms to 10 years.
+pub fn period(ms: u64, location: &str) -> Result<Duration, ApiError> {
+    let d = Duration::from_millis(ms);
+    if ms == 0 || d > MAX_PERIOD {
+        return Err(ApiError::invalid(
+            location,
+            format!(
+                "must be between 1 and {} milliseconds, got {ms}",
+                MAX_PERIOD.as_millis()
+            ),
+        ));
+    }
+    Ok(d)
+}
+
+/// A claim token as the fenced extension sends it: 32 hexadecimal digits.
+pub fn token_text(token: Token) -> String {
+    let mut text = String::with_capacity(32);
+    for b in token.to_bytes() {
+        let _ = write!(text, "{b:02x}");
+    }
+    text
+}
+
+/// A claim token from its text.
+pub fn parse_token(text: &str) -> Result<Token, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            "body.token",
+            "a token is the 32 hexadecimal digits `start` returned",
+        )
+    };
+    if text.len() != 32 || !text.is_ascii() {
+        return Err(bad());
+    }
+    let mut bytes = [0u8; 16];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(Token::from_bytes(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diom_keys_and_names_are_checked_as_diom_does() {
+        for ok in ["foo", "foo/bar:baz", ":baz", "foo/+==", &"k".repeat(256)] {
+            assert!(check_key(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "foo bar", "foo&bar", "foo\\bar", "é", &"k".repeat(257)] {
+            let e = check_key(bad).unwrap_err();
+            assert_eq!(
+                (e.status.as_u16(), e.location.as_deref()),
+                (422, Some("body.key"))
+            );
+        }
+        assert!(check_namespace("a:b", "body.namespace").is_err());
+    }
+
+    #[test]
+    fn long_names_map_to_a_hash_no_name_can_be() {
+        let long = "k".repeat(256);
+        let mapped = part(&long);
+        assert!(mapped.starts_with('#') && mapped.len() == 65);
+        assert_ne!(part(&"k".repeat(255)), mapped);
+        let a = key_of("ns", &Caller::Admin, &long).unwrap();
+        let b = key_of("ns", &Caller::Named("x".into()), &long).unwrap();
+        assert_ne!(a, b, "callers have key spaces of their own");
+    }
+
+    #[test]
+    fn tokens_round_trip_and_bad_ones_are_invalid_input() {
+        let t = Token::random();
+        assert_eq!(parse_token(&token_text(t)).unwrap(), t);
+        for bad in ["", "zz", &"g".repeat(32), &"é".repeat(16)] {
+            assert_eq!(parse_token(bad).unwrap_err().status, 422);
+        }
+    }
+
+    #[test]
+    fn periods_are_one_millisecond_to_ten_years() {
+        assert!(period(0, "body.lock_period_ms").is_err());
+        assert!(period(u64::MAX, "body.ttl_ms").is_err());
+        assert_eq!(period(1, "x").unwrap(), Duration::from_millis(1));
+    }
+}

@@ -1,0 +1,352 @@
+//! Diom's wire format: JSON or MessagePack chosen by `Content-Type` (requests) and `Accept`
+//! (responses), the request and result bodies, and the error body `{type, code, detail,
+//! location}` with its status codes.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// The two encodings Diom speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `application/json`.
+    Json,
+    /// `application/msgpack` (maps with field names, as `rmp_serde::to_vec_named`).
+    MsgPack,
+}
+
+const MSGPACK: &str = "application/msgpack";
+
+fn names_msgpack(value: Option<&HeaderValue>) -> bool {
+    value.and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        v.split(',').any(|part| {
+            let essence = part.split(';').next().unwrap_or("").trim();
+            essence.eq_ignore_ascii_case(MSGPACK)
+                || essence.eq_ignore_ascii_case("application/x-msgpack")
+        })
+    })
+}
+
+impl Format {
+    /// The request body's encoding: MessagePack when `Content-Type` says so, JSON otherwise.
+    pub fn of_request(headers: &HeaderMap) -> Format {
+        if names_msgpack(headers.get(header::CONTENT_TYPE)) {
+            Format::MsgPack
+        } else {
+            Format::Json
+        }
+    }
+
+    /// The response's encoding: MessagePack when `Accept` names it, JSON otherwise.
+    pub fn of_response(headers: &HeaderMap) -> Format {
+        if names_msgpack(headers.get(header::ACCEPT)) {
+            Format::MsgPack
+        } else {
+            Format::Json
+        }
+    }
+
+    /// Decodes a request body; a body that does not parse is invalid input.
+    pub fn decode<T: DeserializeOwned>(self, bytes: &[u8]) -> Result<T, ApiError> {
+        match self {
+            Format::Json => serde_json::from_slice(bytes).map_err(|e| {
+                ApiError::invalid("body", format!("the JSON body does not parse: {e}"))
+            }),
+            Format::MsgPack => rmp_serde::from_slice(bytes).map_err(|e| {
+                ApiError::invalid("body", format!("the MessagePack body does not parse: {e}"))
+            }),
+        }
+    }
+
+    /// A response with `status` and `body` in this encoding.
+    pub fn respond<T: Serialize>(self, status: StatusCode, body: &T) -> Response {
+        let encoded = match self {
+            Format::Json => serde_json::to_vec(body).map_err(|e| e.to_string()),
+            Format::MsgPack => rmp_serde::to_vec_named(body).map_err(|e| e.to_string()),
+        };
+        let content_type = match self {
+            Format::Json => "application/json",
+            Format::MsgPack => MSGPACK,
+        };
+        match encoded {
+            Ok(bytes) => (
+                status,
+                [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
+                Body::from(bytes),
+            )
+                .into_response(),
+            // Only a bug could get here (every body is plain data): say so in Diom's shape.
+            Err(e) => {
+                tracing::error!(error = %e, "a response could not be encoded");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+                    Body::from(
+                        r#"{"type":"server-error","code":"internal_error","detail":"the response could not be encoded","location":null}"#,
+                    ),
+                )
+                    .into_response()
+            }
+        }
+    }
+}
+
+/// The class of an error, as Diom's clients sort it (`InvalidInput`, `OperationError`,
+/// `ServerError`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorType {
+    /// The request itself is wrong: fixing it is the caller's job.
+    InvalidInput,
+    /// The request was understood and refused (unknown namespace, authentication, a stale
+    /// holder).
+    OperationError,
+    /// The server or its store failed: a retry may succeed.
+    ServerError,
+}
+
+/// An error answer: its status and Diom's error body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ApiError {
+    /// The HTTP status.
+    #[serde(skip)]
+    pub status: StatusCode,
+    /// The class of error.
+    #[serde(rename = "type")]
+    pub kind: ErrorType,
+    /// A stable identifier of the condition.
+    pub code: &'static str,
+    /// What happened, for a person.
+    pub detail: String,
+    /// Where in the request the invalid input is (`body.key`), for invalid input. Always
+    /// present, `null` when there is none: Diom's Python client requires the field.
+    pub location: Option<String>,
+}
+
+impl ApiError {
+    /// `422`, invalid input at `location`.
+    pub fn invalid(location: &str, detail: impl fmt::Display) -> ApiError {
+        ApiError {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            kind: ErrorType::InvalidInput,
+            code: "validation",
+            detail: detail.to_string(),
+            location: Some(location.to_owned()),
+        }
+    }
+
+    /// An operation error with its own status and code.
+    pub fn operation(status: StatusCode, code: &'static str, detail: impl fmt::Display) -> Self {
+        ApiError {
+            status,
+            kind: ErrorType::OperationError,
+            code,
+            detail: detail.to_string(),
+            location: None,
+        }
+    }
+
+    /// A server error with its own status and code.
+    pub fn server(status: StatusCode, code: &'static str, detail: impl fmt::Display) -> Self {
+        ApiError {
+            status,
+            kind: ErrorType::ServerError,
+            code,
+            detail: detail.to_string(),
+            location: None,
+        }
+    }
+
+    /// `400 not_found`, as Diom answers an unknown namespace.
+    pub fn not_found(detail: impl fmt::Display) -> ApiError {
+        ApiError::operation(StatusCode::BAD_REQUEST, "not_found", detail)
+    }
+
+    /// `401 unauthorized`: no token, or one the server does not know.
+    pub fn unauthorized() -> ApiError {
+        ApiError::operation(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send a known token as `Authorization: Bearer TOKEN`",
+        )
+    }
+
+    /// The answer in `format`.
+    pub fn respond(&self, format: Format) -> Response {
+        format.respond(self.status, self)
+    }
+}
+
+/// `POST /api/v1.idempotency.start`.
+#[derive(Debug, Deserialize)]
+pub struct StartIn {
+    /// The namespace; the default one when absent.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The caller's idempotency key.
+    pub key: String,
+    /// How long the lock holds without a renewal.
+    pub lock_period_ms: u64,
+    /// Fenced extension: what the request was; a later start with the same key and another
+    /// fingerprint gets `fingerprint_mismatch`.
+    #[serde(default)]
+    pub fingerprint: Option<String>,
+    /// Fenced extension: answer `started` with the claim's token (and `locked` with
+    /// `retry_after_ms`). Implied by a fingerprint.
+    #[serde(default)]
+    pub fenced: bool,
+}
+
+/// `POST /api/v1.idempotency.complete`.
+#[derive(Debug, Deserialize)]
+pub struct CompleteIn {
+    /// The namespace; the default one when absent.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The caller's idempotency key.
+    pub key: String,
+    /// The response to keep and replay.
+    #[serde(with = "serde_bytes")]
+    pub response: Vec<u8>,
+    /// Strings kept with the response (a status code, headers).
+    #[serde(default)]
+    pub context: Option<HashMap<String, String>>,
+    /// How long the response replays.
+    pub ttl_ms: u64,
+    /// Fenced extension: the claim's token from `start`.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+/// `POST /api/v1.idempotency.abort`.
+#[derive(Debug, Deserialize)]
+pub struct AbortIn {
+    /// The namespace; the default one when absent.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The caller's idempotency key.
+    pub key: String,
+    /// Fenced extension: the claim's token from `start`.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+/// `POST /api/v1.idempotency.renew` (fenced extension).
+#[derive(Debug, Deserialize)]
+pub struct RenewIn {
+    /// The namespace; the default one when absent.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The caller's idempotency key.
+    pub key: String,
+    /// The claim's token from `start`.
+    pub token: String,
+    /// The lock's new period, from now.
+    pub lock_period_ms: u64,
+}
+
+/// `POST /api/v1.idempotency.namespace.configure`.
+#[derive(Debug, Deserialize)]
+pub struct ConfigureIn {
+    /// The namespace's name.
+    pub name: String,
+    /// Fenced extension: refuse complete and abort without a token in this namespace. Absent:
+    /// unchanged (off for a new namespace).
+    #[serde(default)]
+    pub require_token: Option<bool>,
+}
+
+/// `POST /api/v1.idempotency.namespace.get`.
+#[derive(Debug, Deserialize)]
+pub struct GetNamespaceIn {
+    /// The namespace's name.
+    pub name: String,
+}
+
+/// What `start` answers: `{"status": "started" | "locked" | "completed", "data": …}`.
+#[derive(Debug, Serialize)]
+pub struct StartOut {
+    /// `started`, `locked` or `completed`.
+    pub status: &'static str,
+    /// The stored response, for `completed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<CompletedOut>,
+    /// Fenced extension: the claim's token, for `started` when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Fenced extension: when to try again, for `locked` when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+}
+
+/// A completed key's response and context.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompletedOut {
+    /// The stored response.
+    #[serde(with = "serde_bytes")]
+    pub response: Vec<u8>,
+    /// The stored context, if one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<HashMap<String, String>>,
+}
+
+/// `{}`: what complete, abort and renew answer.
+#[derive(Debug, Serialize)]
+pub struct Empty {}
+
+/// A namespace as configure and get answer it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceOut {
+    /// Its name.
+    pub name: String,
+    /// When it was first configured, in Unix milliseconds.
+    pub created: u64,
+    /// When it was last configured, in Unix milliseconds.
+    pub updated: u64,
+    /// Fenced extension: whether complete and abort need a token here.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_token: bool,
+}
+
+/// `{"ok": true}`: the health ping.
+#[derive(Debug, Serialize)]
+pub struct PingOut {
+    /// Always true.
+    pub ok: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_body_always_carries_its_location() {
+        let body = serde_json::to_value(ApiError::not_found("no namespace `x`")).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"type": "operation-error", "code": "not_found",
+                "detail": "no namespace `x`", "location": null})
+        );
+    }
+
+    #[test]
+    fn accept_and_content_type_choose_the_encoding() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(Format::of_request(&headers), Format::Json);
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/msgpack"),
+        );
+        headers.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/html, application/msgpack;q=0.9"),
+        );
+        assert_eq!(Format::of_request(&headers), Format::MsgPack);
+        assert_eq!(Format::of_response(&headers), Format::MsgPack);
+    }
+}

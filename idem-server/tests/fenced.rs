@@ -1,0 +1,269 @@
+//! The fenced extension on a real SQLite store: the claim token from start, fenced complete,
+//! abort and renew, the typed stale-holder and fingerprint-mismatch answers, and namespaces or a
+//! whole server that require tokens. Through the router in process.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{call, json, serve, ADMIN, ALICE, BOB};
+use idem_server::Config;
+use serde_json::{json as j, Value};
+
+async fn post(server: &common::Server, route: &str, token: &str, body: Value) -> (u16, Value) {
+    let (status, _, bytes) = call(
+        &server.app,
+        json(&format!("/api/v1.idempotency.{route}"), Some(token), body),
+    )
+    .await;
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// Fenced complete, abort and renew of `key` with `token`, as `caller`: each a stale holder.
+async fn all_refused_as_stale(server: &common::Server, caller: &str, key: &str, token: &str) {
+    for (route, body) in [
+        (
+            "complete",
+            j!({"key": key, "token": token, "response": [1], "ttl_ms": 60000}),
+        ),
+        ("abort", j!({"key": key, "token": token})),
+        (
+            "renew",
+            j!({"key": key, "token": token, "lock_period_ms": 60000}),
+        ),
+    ] {
+        let (status, answer) = post(server, route, caller, body).await;
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (409, Some("stale_holder")),
+            "{route}: {answer}"
+        );
+        assert_eq!(answer["type"], "operation-error");
+    }
+}
+
+async fn fenced_start(server: &common::Server, key: &str, lock_ms: u64) -> String {
+    let (status, body) = post(
+        server,
+        "start",
+        ALICE,
+        j!({"key": key, "lock_period_ms": lock_ms, "fenced": true}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("started")),
+        "{body}"
+    );
+    body["token"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_holder_is_refused_and_changes_nothing() {
+    let server = serve(Config::default()).await;
+    let stale = fenced_start(&server, "k", 100).await;
+    // Its lock runs out; another worker claims the key (bounded poll on the store's clock).
+    let mut fresh = None;
+    for _ in 0..250 {
+        let (_, body) = post(
+            &server,
+            "start",
+            ALICE,
+            j!({"key": "k", "lock_period_ms": 15000, "fenced": true}),
+        )
+        .await;
+        if body["status"] == "started" {
+            fresh = body["token"].as_str().map(str::to_owned);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let fresh = fresh.expect("the first lock never ran out");
+    all_refused_as_stale(&server, ALICE, "k", &stale).await;
+    // The new holder's claim is intact: still locked, and its own complete lands.
+    let (_, body) = post(
+        &server,
+        "start",
+        ALICE,
+        j!({"key": "k", "lock_period_ms": 15000}),
+    )
+    .await;
+    assert_eq!(body["status"], "locked");
+    let (status, _) = post(
+        &server,
+        "renew",
+        ALICE,
+        j!({"key": "k", "token": fresh, "lock_period_ms": 60000}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = post(
+        &server,
+        "complete",
+        ALICE,
+        j!({"key": "k", "token": fresh, "response": [2], "ttl_ms": 60000}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (_, body) = post(
+        &server,
+        "start",
+        ALICE,
+        j!({"key": "k", "lock_period_ms": 15000}),
+    )
+    .await;
+    assert_eq!(body, j!({"status": "completed", "data": {"response": [2]}}));
+    // A fenced abort of a completed key is a stale holder too: the response stays.
+    let (status, _) = post(&server, "abort", ALICE, j!({"key": "k", "token": fresh})).await;
+    assert_eq!(status, 409);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fingerprint_mismatch_has_its_own_answer() {
+    let server = serve(Config::default()).await;
+    let start = |fp: &str| j!({"key": "pay-1", "lock_period_ms": 15000, "fingerprint": fp});
+    let (status, first) = post(&server, "start", ALICE, start("POST /pay 42")).await;
+    assert_eq!((status, first["status"].as_str()), (200, Some("started")));
+    assert!(
+        first["token"].is_string(),
+        "a fingerprint asks for the fenced answer"
+    );
+    let (status, body) = post(&server, "start", ALICE, start("POST /pay 99")).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("fingerprint_mismatch")),
+        "{body}"
+    );
+    let (_, body) = post(&server, "start", ALICE, start("POST /pay 42")).await;
+    assert_eq!(body["status"], "locked");
+    let (status, _) = post(
+        &server,
+        "complete",
+        ALICE,
+        j!({"key": "pay-1", "token": first["token"], "response": [7], "ttl_ms": 60000}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (_, body) = post(&server, "start", ALICE, start("POST /pay 42")).await;
+    assert_eq!(body["status"], "completed");
+    let (status, body) = post(&server, "start", ALICE, start("POST /pay 99")).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("fingerprint_mismatch"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_callers_token_is_a_stale_holder_on_my_key() {
+    let server = serve(Config::default()).await;
+    let alices = fenced_start(&server, "mine", 15_000).await;
+    // Bob holds Alice's token: on "mine" it names no claim of his (his key space is his own).
+    all_refused_as_stale(&server, BOB, "mine", &alices).await;
+    let (_, body) = post(
+        &server,
+        "start",
+        BOB,
+        j!({"key": "mine", "lock_period_ms": 15000}),
+    )
+    .await;
+    assert_eq!(
+        body["status"], "started",
+        "Bob's refused requests claimed his key"
+    );
+    let (_, body) = post(
+        &server,
+        "start",
+        ALICE,
+        j!({"key": "mine", "lock_period_ms": 15000}),
+    )
+    .await;
+    assert_eq!(body["status"], "locked", "Alice's claim was touched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_can_require_tokens() {
+    let server = serve(Config::default()).await;
+    let (status, ns) = post(
+        &server,
+        "namespace.configure",
+        ADMIN,
+        j!({"name": "strict", "require_token": true}),
+    )
+    .await;
+    assert_eq!((status, ns["require_token"].as_bool()), (200, Some(true)));
+    // Configured again by a Diom client (no require_token): the requirement stays.
+    let (_, ns) = post(
+        &server,
+        "namespace.configure",
+        ADMIN,
+        j!({"name": "strict"}),
+    )
+    .await;
+    assert_eq!(ns["require_token"], true);
+    let (_, body) = post(
+        &server,
+        "start",
+        ALICE,
+        j!({"namespace": "strict", "key": "k", "lock_period_ms": 15000, "fenced": true}),
+    )
+    .await;
+    let token = body["token"].as_str().unwrap().to_owned();
+    for (route, body) in [
+        (
+            "complete",
+            j!({"namespace": "strict", "key": "k", "response": [1], "ttl_ms": 60000}),
+        ),
+        ("abort", j!({"namespace": "strict", "key": "k"})),
+    ] {
+        let (status, answer) = post(&server, route, ALICE, body).await;
+        assert_eq!(
+            (status, answer["location"].as_str()),
+            (422, Some("body.token")),
+            "{route}: {answer}"
+        );
+    }
+    let (status, _) = post(
+        &server,
+        "complete",
+        ALICE,
+        j!({"namespace": "strict", "key": "k", "token": token, "response": [1], "ttl_ms": 60000}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // The default namespace does not require them.
+    let (status, _) = post(&server, "abort", ALICE, j!({"key": "k"})).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_can_require_tokens_everywhere() {
+    let server = serve(Config {
+        require_token: true,
+        ..Config::default()
+    })
+    .await;
+    let token = fenced_start(&server, "k", 15_000).await;
+    let (status, answer) = post(
+        &server,
+        "complete",
+        ALICE,
+        j!({"key": "k", "response": [1], "ttl_ms": 60000}),
+    )
+    .await;
+    assert_eq!((status, answer["code"].as_str()), (422, Some("validation")));
+    let (status, _) = post(&server, "abort", ALICE, j!({"key": "k"})).await;
+    assert_eq!(status, 422);
+    let (status, _) = post(&server, "abort", ALICE, j!({"key": "k", "token": token})).await;
+    assert_eq!(status, 200);
+    let (_, body) = post(
+        &server,
+        "start",
+        ALICE,
+        j!({"key": "k", "lock_period_ms": 15000}),
+    )
+    .await;
+    assert_eq!(
+        body["status"], "started",
+        "the fenced abort released the key"
+    );
+}

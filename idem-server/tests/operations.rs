@@ -1,0 +1,270 @@
+//! Operating the server: a graceful shutdown on SIGTERM that answers the request in flight, the
+//! request timeout, the body limit, `/metrics`, the OpenAPI document, and Diom's error body for
+//! a wrong method.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::pin::Pin;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::Request;
+use common::{call, json, tokens, ALICE};
+use http_body::Frame;
+use idem_core::MemoryStore;
+use idem_server::{App, Config, OPENAPI_PATH};
+use serde_json::{json as j, Value};
+
+/// A body whose bytes never come: a client that stalls.
+struct Stalled;
+
+impl http_body::Body for Stalled {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Pending
+    }
+}
+
+fn memory_app(config: Config) -> App {
+    App::new(Arc::new(MemoryStore::new()), tokens(), config, None).unwrap()
+}
+
+fn error_body(bytes: &[u8]) -> Value {
+    let v: Value = serde_json::from_slice(bytes).unwrap();
+    assert!(
+        v["type"].is_string() && v["code"].is_string() && v["detail"].is_string(),
+        "{v}"
+    );
+    assert!(v.as_object().unwrap().contains_key("location"));
+    v
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_request_is_answered_503_at_the_timeout() {
+    let app = memory_app(Config {
+        request_timeout: Duration::from_secs(2),
+        ..Config::default()
+    });
+    let stalled = Request::post("/api/v1.idempotency.start")
+        .header("authorization", format!("Bearer {ALICE}"))
+        .body(Body::new(Stalled))
+        .unwrap();
+    let (status, _, body) = call(&app, stalled).await;
+    assert_eq!(status, 503);
+    assert_eq!(error_body(&body)["code"], "timeout");
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413_declared_or_not() {
+    let app = memory_app(Config {
+        max_body_bytes: 64,
+        ..Config::default()
+    });
+    let big = serde_json::to_vec(
+        &j!({"key": "k", "lock_period_ms": 1000, "fingerprint": "f".repeat(100)}),
+    )
+    .unwrap();
+    // Declared in Content-Length: refused before the body is read.
+    let declared = Request::post("/api/v1.idempotency.start")
+        .header("authorization", format!("Bearer {ALICE}"))
+        .header("content-length", big.len())
+        .body(Body::from(big.clone()))
+        .unwrap();
+    let (status, _, body) = call(&app, declared).await;
+    assert_eq!(status, 413);
+    assert_eq!(error_body(&body)["type"], "invalid-input");
+    // Not declared (chunked): the read stops at the limit.
+    let streamed = Request::post("/api/v1.idempotency.start")
+        .header("authorization", format!("Bearer {ALICE}"))
+        .body(Body::from(big))
+        .unwrap();
+    let (status, _, body) = call(&app, streamed).await;
+    assert_eq!(status, 413);
+    assert_eq!(error_body(&body)["code"], "validation");
+    // Nothing was claimed.
+    let (_, _, body) = call(
+        &app,
+        json(
+            "/api/v1.idempotency.start",
+            Some(ALICE),
+            j!({"key": "k", "lock_period_ms": 1000}),
+        ),
+    )
+    .await;
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap()["status"],
+        "started"
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_method_and_an_unknown_route_get_diom_error_bodies() {
+    let app = memory_app(Config::default());
+    let get = Request::get("/api/v1.idempotency.start")
+        .body(Body::empty())
+        .unwrap();
+    let (status, _, body) = call(&app, get).await;
+    assert_eq!(
+        (status, error_body(&body)["code"].as_str()),
+        (405, Some("method_not_allowed"))
+    );
+    let (status, _, body) = call(&app, json("/api/v1.idempotency.nope", Some(ALICE), j!({}))).await;
+    assert_eq!(
+        (status, error_body(&body)["code"].as_str()),
+        (404, Some("not_found"))
+    );
+}
+
+#[tokio::test]
+async fn the_openapi_document_names_every_route() {
+    let app = memory_app(Config::default());
+    let (status, content_type, body) = call(
+        &app,
+        Request::get(OPENAPI_PATH).body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!((status, content_type.as_str()), (200, "application/json"));
+    let doc: Value = serde_json::from_slice(&body).unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    for route in [
+        "/api/v1.idempotency.start",
+        "/api/v1.idempotency.complete",
+        "/api/v1.idempotency.abort",
+        "/api/v1.idempotency.renew",
+        "/api/v1.idempotency.namespace.configure",
+        "/api/v1.idempotency.namespace.get",
+        "/api/v1.health.ping",
+    ] {
+        assert!(
+            doc["paths"][route]["post"].is_object(),
+            "{route} is missing"
+        );
+    }
+}
+
+#[tokio::test]
+async fn metrics_count_requests_and_the_engines_calls() {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap();
+    let app = App::new(
+        Arc::new(MemoryStore::new()),
+        tokens(),
+        Config::default(),
+        Some(handle),
+    )
+    .unwrap();
+    let (status, _, _) = call(
+        &app,
+        json(
+            "/api/v1.idempotency.start",
+            Some(ALICE),
+            j!({"key": "m", "lock_period_ms": 1000}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _, body) = call(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body).unwrap();
+    assert!(
+        text.contains("idem_server_requests_total{route=\"start\",status=\"200\"} 1"),
+        "{text}"
+    );
+    // A split call is in flight from its claim until its complete or abort.
+    assert!(
+        text.contains("idem_claims_in_flight{scope=\"default\"} 1"),
+        "{text}"
+    );
+}
+
+/// A free local port (bound, then released for the server to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// SIGTERM stops the listener, answers the request in flight, and exits 0.
+#[test]
+fn sigterm_finishes_the_request_in_flight_and_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = Command::new(env!("CARGO_BIN_EXE_idem-server"))
+        .args(["--listen", &addr, "--admin-token", common::ADMIN])
+        .args(["--caller-token", &format!("alice={ALICE}")])
+        .arg("--store")
+        .arg(format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("idem.db").display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut server = idem_test_support::Process::new(child);
+    // Bounded: up to 30 s for the server to listen.
+    let mut conn = None;
+    for _ in 0..300 {
+        if let Ok(c) = std::net::TcpStream::connect(&addr) {
+            conn = Some(c);
+            break;
+        }
+        assert!(server.exited().is_none(), "the server exited at start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut conn = conn.expect("the server never listened");
+    let body = br#"{"key":"in-flight","lock_period_ms":15000}"#;
+    let head = format!(
+        "POST /api/v1.idempotency.start HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ALICE}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(&body[..10]).unwrap();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Bounded: the listener closes within 10 s of the signal.
+    let mut closed = false;
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(&addr).is_err() {
+            closed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(closed, "the server still accepts connections after SIGTERM");
+    conn.write_all(&body[10..]).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = conn.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains(r#"{"status":"started"}"#), "{answer}");
+    let mut exited = None;
+    for _ in 0..100 {
+        exited = server.exited();
+        if exited.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(exited
+        .expect("the server did not exit after SIGTERM")
+        .success());
+}
