@@ -1,6 +1,6 @@
 # A throwaway DynamoDB-compatible server (moto, in server mode) for scripts/test and
-# scripts/bench. Source it after scripts/pg-cluster.sh (it uses its `say`, `die` and
-# `port_is_free`); it defines functions and runs nothing:
+# scripts/bench. Source it after scripts/pg-cluster.sh (it uses its `say`, `die`,
+# `port_is_free` and `venv_install`); it defines functions and runs nothing:
 #
 #   dynamo_install   makes a Python venv with a pinned moto[server] in the cache dir
 #                    (${XDG_CACHE_HOME:-$HOME/.cache}/idem/moto-$MOTO_VERSION) when missing, from
@@ -22,21 +22,8 @@ dynamo_pid=""
 dynamo_install() {
     local cache="${XDG_CACHE_HOME:-$HOME/.cache}/idem/moto-$MOTO_VERSION"
     moto_python="$cache/bin/python"
-    if [ -x "$moto_python" ] && "$moto_python" -c 'import moto.server, werkzeug' 2>/dev/null; then
-        say "moto $MOTO_VERSION: $cache"
-        return 0
-    fi
-    command -v python3 >/dev/null 2>&1 || apt_install python3 python3-venv
-    say "installing moto[server]==$MOTO_VERSION into $cache"
-    rm -rf "$cache"
-    mkdir -p "$(dirname "$cache")"
-    python3 -m venv "$cache" || {
-        apt_install python3-venv
-        python3 -m venv "$cache"
-    } || die "could not create a Python venv in $cache"
-    "$cache/bin/pip" install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION" ||
-        die "pip could not install moto[server]==$MOTO_VERSION"
-    "$moto_python" -c 'import moto.server, werkzeug' || die "moto was installed but does not import"
+    venv_install "$cache" "moto[server]==$MOTO_VERSION" "moto.server, werkzeug"
+    say "moto $MOTO_VERSION: $cache"
 }
 
 dynamo_start() {

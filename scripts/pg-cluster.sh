@@ -36,6 +36,26 @@ apt_install() {
     as_root apt-get install -y -qq -o Dpkg::Options::=--force-confold "$@" >/dev/null
 }
 
+# venv_install DIR REQUIREMENT IMPORTS: a Python venv in DIR with REQUIREMENT pip-installed,
+# unless DIR already has one whose python imports IMPORTS (comma-separated modules).
+venv_install() {
+    local dir=$1 requirement=$2 imports=$3
+    if [ -x "$dir/bin/python" ] && "$dir/bin/python" -c "import $imports" 2>/dev/null; then
+        return 0
+    fi
+    command -v python3 >/dev/null 2>&1 || apt_install python3 python3-venv
+    say "installing $requirement into $dir"
+    rm -rf "$dir"
+    mkdir -p "$(dirname "$dir")"
+    python3 -m venv "$dir" || {
+        apt_install python3-venv
+        python3 -m venv "$dir"
+    } || die "could not create a Python venv in $dir"
+    "$dir/bin/pip" install --quiet --disable-pip-version-check "$requirement" ||
+        die "pip could not install $requirement"
+    "$dir/bin/python" -c "import $imports" || die "$requirement was installed but does not import"
+}
+
 # A directory holding PostgreSQL's server programs, or nothing.
 find_pg_bindir() {
     local dir candidates=()
