@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::Request;
-use common::{call, json, tokens, ALICE};
+use common::{call, free_port, json, tokens, ALICE};
 use http_body::Frame;
 use idem_core::MemoryStore;
 use idem_server::{App, Config, OPENAPI_PATH};
@@ -185,15 +185,6 @@ async fn metrics_count_requests_and_the_engines_calls() {
         text.contains("idem_claims_in_flight{scope=\"default\"} 1"),
         "{text}"
     );
-}
-
-/// A free local port (bound, then released for the server to take).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// SIGTERM stops the listener, answers the request in flight, and exits 0.

@@ -95,3 +95,12 @@ pub fn json(path: &str, token: Option<&str>, body: serde_json::Value) -> Request
     r.body(Body::from(serde_json::to_vec(&body).unwrap()))
         .unwrap()
 }
+
+/// A free local port (bound, then released for a server process to take).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
