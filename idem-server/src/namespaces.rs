@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_core::{Begun, Holder, Idempotency, Key};
+use idem_core::{Begun, Error, Holder, Idempotency, Key};
 use tokio::time::Instant;
 
 use crate::keys::{check_namespace, part};
@@ -106,12 +106,18 @@ impl Namespaces {
     pub async fn resolve(&self, name: Option<&str>) -> Result<Namespace, ApiError> {
         let name = name.unwrap_or(DEFAULT_NAMESPACE);
         check_namespace(name, "body.namespace")?;
-        if let Some((ns, at)) = self.lock().get(name) {
+        let known = self.lock().get(name).cloned();
+        if let Some((ns, at)) = &known {
             if at.elapsed() < FRESH_FOR {
                 return Ok(ns.clone());
             }
         }
         let Some(stored) = self.get(name).await? else {
+            // Namespaces are never deleted: one this node has seen is being rewritten by a
+            // configure (its record is replaced), and keeps its last settings meanwhile.
+            if let Some((ns, _)) = known {
+                return Ok(ns);
+            }
             return Err(ApiError::not_found(format!(
                 "no namespace `{name}`: configure it with v1.idempotency.namespace.configure"
             )));
@@ -162,14 +168,17 @@ impl Namespaces {
                     continue;
                 }
             };
-            let claimed = self
+            let claim = match self
                 .engine
                 .call(key)
                 .lease(Duration::from_secs(10))
                 .begin()
-                .await;
-            let Ok(Begun::Claimed(claim)) = claimed else {
-                continue;
+                .await
+            {
+                Ok(Begun::Claimed(claim)) => claim,
+                // Another configure got there first: start over from what it wrote.
+                Ok(Begun::Completed(_)) | Err(Error::Locked { .. }) => continue,
+                Err(e) => return Err(engine_error(e)),
             };
             let bytes = serde_json::to_vec(&next).map_err(|e| {
                 ApiError::server(
