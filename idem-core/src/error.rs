@@ -102,6 +102,50 @@ pub enum Error {
     /// The store could not be reached or refused the statement.
     #[error(transparent)]
     Store(#[from] StoreError),
+
+    /// The store does not keep steps (docs/steps.md lists the stores that do). Nothing was
+    /// stored; run the operation on a store that keeps them, or without steps.
+    #[error("this store does not keep steps: run steps on a store that does (docs/steps.md)")]
+    StepsUnsupported,
+
+    /// A retry of an operation reached a step whose name differs from the one an earlier
+    /// attempt stored at the same position: the code of the operation changed while it was
+    /// under way. Nothing was run or stored for the step. Finish the operation with the code
+    /// that began it, or evict its key and run it again from its first step.
+    #[error(
+        "step {position} of this operation is {called:?} in this code, but an earlier attempt \
+         ran {stored:?} there: the operation's code changed while it was under way; finish it \
+         with the code that began it, or evict its key to start it over"
+    )]
+    StepMismatch {
+        /// The step's position (0 for the first).
+        position: u32,
+        /// The name the earlier attempt stored.
+        stored: String,
+        /// The name this attempt called.
+        called: String,
+    },
+
+    /// An at-most-once step (`Step::at_most_once`) began in an earlier attempt and has no
+    /// stored result: that attempt stopped inside it, so whether its effect happened is
+    /// unknown. It was not run again. Ask the system it acts on what happened, then settle
+    /// the operation (see docs/steps.md).
+    #[error(
+        "step {step:?} began in an earlier attempt and never stored its result (this is attempt \
+         {attempt}); it runs at most once, so it was not run again: find out from the system it \
+         acts on whether it took effect"
+    )]
+    StepInterrupted {
+        /// The step's name.
+        step: String,
+        /// This attempt's number (the interrupted one came before it).
+        attempt: u32,
+    },
+
+    /// A step's name is empty, longer than 255 bytes, or used twice in one operation. Nothing
+    /// was run or stored for the step.
+    #[error("invalid step: {0}")]
+    InvalidStep(String),
 }
 
 impl Error {

@@ -30,6 +30,7 @@ mod pruner;
 mod record;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
+mod step;
 pub mod store;
 
 /// The aws-sdk-dynamodb (1.x) whose `Client` a [`DynamoStore`] is built on. Use this path to
@@ -62,6 +63,7 @@ pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LE
 pub use observe::{CallEvent, Observer, Stage, DEFAULT_LATENCIES_ONE_IN};
 pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
 pub use record::{Claim, Completion, Record, RecordState, Start, StoredResult};
+pub use step::{StepLog, StepRecord, StepState, StepWrite, MAX_STEP_NAME_LEN};
 pub use store::admin::{ListState, StoreAdmin, StoreStats};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::claim_order::ClaimOrder;

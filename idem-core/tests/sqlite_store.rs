@@ -197,7 +197,7 @@ async fn migrations_run_once_from_concurrent_pools_and_again_harmlessly() {
         .fetch_all(store.pool())
         .await
         .unwrap();
-    assert_eq!(versions, vec![1]);
+    assert_eq!(versions, vec![1, 2]);
     // Every pool sees the one table.
     let c = claim(&stores[0], &key(1), LEASE).await;
     assert!(matches!(
@@ -567,11 +567,12 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
         .fetch_all(store.pool())
         .await
         .unwrap();
-    assert_eq!(versions, vec![1]);
+    assert_eq!(versions, vec![1, 2]);
 }
 
 /// Fills a database with completed records (so its tables span several pages), closes it, and
-/// returns the page size and the records table's root page.
+/// returns the page size and the last root page of its tables and indexes (the records', the
+/// steps' and their indexes', created empty before the records were written).
 async fn populated_file(path: &Path, extra_sql: Option<&str>) -> (u64, u64) {
     let store = quiet().open(path).await.unwrap();
     for n in 0..120 {
@@ -588,11 +589,10 @@ async fn populated_file(path: &Path, extra_sql: Option<&str>) -> (u64, u64) {
         .fetch_one(store.pool())
         .await
         .unwrap();
-    let root: i64 =
-        sqlx::query_scalar("SELECT rootpage FROM sqlite_master WHERE name = 'idem_records'")
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
+    let root: i64 = sqlx::query_scalar("SELECT max(rootpage) FROM sqlite_master")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
     // Everything into the database file, so that what is overwritten there is what is read.
     let (busy, _, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
         .fetch_one(store.pool())
@@ -661,10 +661,10 @@ async fn an_unknown_version_in_a_damaged_file_is_reported_as_damage() {
         ),
     )
     .await;
-    // Cells of a page after the records table's root and its two indexes' (a page of rows),
-    // not its header: sqlite_master and the ledger still read, and `PRAGMA quick_check` lists
-    // what it finds instead of failing outright.
-    scribble(&path, (root + 2) * page_size + 100, 1500);
+    // Cells of the page after the last table's or index's root (a page of rows), not its
+    // header: sqlite_master and the ledger still read, and `PRAGMA quick_check` lists what it
+    // finds instead of failing outright.
+    scribble(&path, root * page_size + 100, 1500);
     let err = open_or_first_use(&path).await;
     assert_damaged(&err);
     assert!(err.to_string().contains("quick_check"), "{err}");
@@ -1004,7 +1004,7 @@ async fn a_store_that_does_not_migrate_needs_the_schema_and_migrate_brings_it() 
 
     let err = checking().open(db(&dir)).await.unwrap_err();
     assert!(
-        matches!(&err, Error::SchemaNotMigrated { table, found: None, needed: 1 } if table == "idem_records"),
+        matches!(&err, Error::SchemaNotMigrated { table, found: None, needed: 2 } if table == "idem_records"),
         "{err:?}"
     );
     assert!(
@@ -1047,7 +1047,7 @@ async fn a_store_that_does_not_migrate_needs_the_schema_and_migrate_brings_it() 
             err,
             Error::SchemaNotMigrated {
                 found: Some(0),
-                needed: 1,
+                needed: 2,
                 ..
             }
         ),
@@ -1084,7 +1084,7 @@ async fn the_shipped_sql_file_makes_what_migrate_makes() {
     assert_eq!(schema_of(&applied).await, schema_of(&migrated).await);
     let ledger = "SELECT version, description FROM idem_records_migrations";
     let listed: Vec<(i64, String)> = sqlx::query_as(ledger).fetch_all(&mut conn).await.unwrap();
-    assert_eq!(listed.len(), 1);
+    assert_eq!(listed.len(), 2);
     let mut other = sqlx::SqliteConnection::connect(&migrated).await.unwrap();
     let by_migrate: Vec<(i64, String)> =
         sqlx::query_as(ledger).fetch_all(&mut other).await.unwrap();

@@ -1,4 +1,4 @@
--- The schema of idem's PostgresStore for the table "idem_records", up to version 1:
+-- The schema of idem's PostgresStore for the table "idem_records", up to version 2:
 -- the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.
 -- Apply it in one transaction, as a role that may create tables in the schema
 -- (psql --single-transaction -f FILE). Every statement is idempotent: this script
@@ -23,3 +23,18 @@ CREATE TABLE IF NOT EXISTS "idem_records" (
     is_error boolean NOT NULL DEFAULT false
 );
 CREATE INDEX IF NOT EXISTS "idem_records_expires_at_idx" ON "idem_records" (expires_at);
+
+-- Version 2: steps table and its expiry index.
+INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (2, 'steps table and its expiry index', clock_timestamp()) ON CONFLICT (version) DO NOTHING;
+CREATE TABLE IF NOT EXISTS "idem_records_steps" (
+    key bytea NOT NULL CHECK (octet_length(key) = 32),
+    name text NOT NULL CHECK (octet_length(name) <= 255),
+    position integer NOT NULL CHECK (position >= -1),
+    token bytea NOT NULL CHECK (octet_length(token) = 16),
+    attempt bigint NOT NULL DEFAULT 0,
+    finished boolean NOT NULL DEFAULT false,
+    result bytea NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (key, name)
+);
+CREATE INDEX IF NOT EXISTS "idem_records_steps_expires_at_idx" ON "idem_records_steps" (expires_at);

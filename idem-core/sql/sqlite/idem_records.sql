@@ -1,4 +1,4 @@
--- The schema of idem's SqliteStore for the table "idem_records", up to version 1:
+-- The schema of idem's SqliteStore for the table "idem_records", up to version 2:
 -- the statements SqliteStoreBuilder::migrate runs, from SqliteStoreBuilder::schema_sql.
 -- Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;). Every statement
 -- is idempotent: this script brings an older schema up to date, and applying it again
@@ -23,3 +23,18 @@ CREATE TABLE IF NOT EXISTS "idem_records" (
     is_error    INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1))
 );
 CREATE INDEX IF NOT EXISTS "idem_records_expires_at" ON "idem_records" (expires_at);
+
+-- Version 2: create the steps table and its expiry index.
+INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (2, 'create the steps table and its expiry index', CAST(round(unixepoch('subsec') * 1000) AS INTEGER)) ON CONFLICT (version) DO NOTHING;
+CREATE TABLE IF NOT EXISTS "idem_records_steps" (
+    key         BLOB    NOT NULL CHECK (length(key) = 32),
+    name        TEXT    NOT NULL CHECK (length(name) <= 255),
+    position    INTEGER NOT NULL CHECK (position >= -1),
+    token       BLOB    NOT NULL CHECK (length(token) = 16),
+    attempt     INTEGER NOT NULL DEFAULT 0,
+    finished    INTEGER NOT NULL DEFAULT 0 CHECK (finished IN (0, 1)),
+    result      BLOB,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (key, name)
+);
+CREATE INDEX IF NOT EXISTS "idem_records_steps_expires_at" ON "idem_records_steps" (expires_at);

@@ -4,7 +4,8 @@
 //! idem runs this suite against each of its stores (memory; SQLite and PostgreSQL, each in every
 //! claim order; DynamoDB; Redis on one server and on a cluster). A store of yours passes it
 //! before it can stand in for them. It checks the [`Store`] contract (atomic claim, fencing,
-//! lease is not retention, replay, fingerprints, pruning, eviction, bounded input) through the
+//! lease is not retention, replay, fingerprints, pruning, eviction, bounded input, and steps:
+//! resumed across attempts, fenced by the claim, ended with their retention) through the
 //! trait, and the engine's promises
 //! ([`Idempotency`](crate::Idempotency): work runs once under a storm, long work is renewed,
 //! cancelled and failed calls release their claim, unretained results never re-run) on top of
@@ -42,7 +43,7 @@
 //!
 //! use async_trait::async_trait;
 //! use idem_core::conformance::{self, Harness};
-//! use idem_core::{Claim, Completion, Error, Fingerprint, Key, MemoryStore, Record, Start, Store, TokioClock};
+//! use idem_core::{Claim, Completion, Error, Fingerprint, Key, MemoryStore, Record, Start, StepLog, StepWrite, Store, TokioClock};
 //!
 //! #[derive(Clone)]
 //! struct MyStore(MemoryStore);
@@ -69,6 +70,12 @@
 //!     }
 //!     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
 //!         self.0.prune_expired(limit).await
+//!     }
+//!     async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
+//!         self.0.begin_steps(claim, retention).await
+//!     }
+//!     async fn write_step(&self, claim: &Claim, step: StepWrite<'_>, retention: Duration) -> Result<(), Error> {
+//!         self.0.write_step(claim, step, retention).await
 //!     }
 //! }
 //!
@@ -103,9 +110,11 @@ use async_trait::async_trait;
 use crate::store::Store;
 
 mod engine;
+mod steps;
 mod store;
 
 pub use engine::*;
+pub use steps::*;
 pub use store::*;
 
 /// Makes the stores a conformance run tests: a fresh, empty one per rule.
@@ -144,6 +153,14 @@ pub trait Harness: Sized + Send + Sync + 'static {
     /// `prune_expired` deleted. `false` unless overridden.
     fn expires_by_itself(&self) -> bool {
         false
+    }
+
+    /// Whether the store keeps steps ([`Store::begin_steps`], [`Store::write_step`];
+    /// docs/steps.md). `true` unless overridden; a store that says `false` must refuse them
+    /// with [`Error::StepsUnsupported`](crate::Error::StepsUnsupported), which the step rules
+    /// then check instead.
+    fn keeps_steps(&self) -> bool {
+        true
     }
 }
 
@@ -261,7 +278,12 @@ macro_rules! __conformance {
             engine_wait_mode_times_out,
             engine_no_key_runs_every_time,
             engine_stored_errors_replay,
-            engine_panicking_observer_changes_nothing
+            engine_panicking_observer_changes_nothing,
+            steps_resume_across_attempts,
+            stale_claim_cannot_write_steps,
+            finished_step_keeps_its_first_result,
+            evict_deletes_steps,
+            steps_end_with_their_retention
         );
     };
     (@tests $harness:ty, $rt:tt; $($rule:ident),*) => {

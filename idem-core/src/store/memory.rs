@@ -12,6 +12,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, KeyMap, Token};
 use crate::record::{Claim, Completion, Record, RecordState, Start, StoredResult};
+use crate::step::{StepLog, StepRecord, StepState, StepWrite};
 use crate::store::{check_duration, check_fingerprint, Immediate, Store};
 
 /// A record as the store keeps it: 96 bytes a slot with its key, where the public
@@ -192,9 +193,25 @@ impl ExpiryIndex {
     }
 }
 
+/// The steps of one operation (docs/steps.md), kept apart from its record so that a release
+/// keeps them.
+struct StepsEntry {
+    /// How many claims have begun this operation's steps.
+    attempt: u32,
+    /// The token of the claim counted last.
+    token: Token,
+    /// The steps' retention ends here (moved on by every step write and begin).
+    expires_at: SystemTime,
+    /// By position.
+    steps: Vec<StepRecord>,
+}
+
 /// The records and their expiry index, always changed together under the store's one lock.
 struct Records {
     shards: Vec<KeyMap<Entry>>,
+    /// The steps of operations that ran any, by operation key: few next to the records, so
+    /// they are swept by `prune_expired` and judged by their expiry when read.
+    steps: KeyMap<StepsEntry>,
     len: usize,
     /// An entry at every record's expiry (and stale ones): expired records are found at the
     /// front without looking at any live one.
@@ -210,6 +227,7 @@ impl Default for Records {
         Records {
             // An empty `HashMap` allocates nothing, so idle shards cost a few words each.
             shards: (0..SHARDS).map(|_| KeyMap::default()).collect(),
+            steps: KeyMap::default(),
             len: 0,
             by_expiry: ExpiryIndex::default(),
             #[cfg(test)]
@@ -294,6 +312,55 @@ impl Records {
             self.by_expiry.push(duration, after, *key);
         }
         Ok(())
+    }
+
+    /// Fails with `LeaseLost` unless `claim` holds a running record: the fence of every step
+    /// write.
+    fn check_running(&self, claim: &Claim) -> Result<(), Error> {
+        match self.get(claim.key()) {
+            Some(e) if e.token == claim.token() && e.is_running() => Ok(()),
+            _ => Err(Error::LeaseLost),
+        }
+    }
+
+    /// The live steps of `claim`'s operation, counting `claim` as an attempt if it is new to
+    /// them, kept until `until`.
+    fn steps_of(&mut self, claim: &Claim, now: SystemTime, until: SystemTime) -> &mut StepsEntry {
+        let entry = self
+            .steps
+            .entry(*claim.key())
+            .or_insert_with(|| StepsEntry {
+                attempt: 0,
+                token: claim.token(),
+                expires_at: until,
+                steps: Vec::new(),
+            });
+        if entry.expires_at <= now {
+            // Ended steps read as absent, as an ended record does.
+            entry.attempt = 0;
+            entry.steps.clear();
+        }
+        if entry.attempt == 0 || entry.token != claim.token() {
+            entry.attempt += 1;
+            entry.token = claim.token();
+        }
+        entry.expires_at = until;
+        entry
+    }
+
+    /// Deletes up to `limit` step logs whose retention has ended; returns how many.
+    fn expire_steps(&mut self, now: SystemTime, limit: usize) -> usize {
+        let ended: Vec<Key> = self
+            .steps
+            .iter()
+            .filter(|(_, s)| s.expires_at <= now)
+            .map(|(k, _)| *k)
+            .take(limit)
+            .collect();
+        for key in &ended {
+            self.steps.remove(key);
+        }
+        ended.len()
     }
 
     /// Takes index entries due at `now`, earliest first, freeing the records they point at,
@@ -596,7 +663,10 @@ impl Store for MemoryStore {
     }
 
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
-        Ok(self.mutate(|records, _| records.remove(key).is_some()))
+        Ok(self.mutate(|records, _| {
+            records.steps.remove(key);
+            records.remove(key).is_some()
+        }))
     }
 
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
@@ -605,7 +675,57 @@ impl Store for MemoryStore {
         // Stale index entries do not count against `limit`, so a batch that comes back short
         // means nothing expired is left. Each stale entry is taken once, so they add O(1) per
         // call that made one.
-        Ok(self.lock().expire(now, limit, None) as u64)
+        let mut records = self.lock();
+        let freed = records.expire(now, limit, None);
+        // Ended step logs fill what is left of the batch, so a short batch still means drained.
+        let steps = records.expire_steps(now, limit - freed);
+        Ok((freed + steps) as u64)
+    }
+
+    async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
+        check_duration("retention", retention)?;
+        self.mutate(|records, now| {
+            records.check_running(claim)?;
+            let entry = records.steps_of(claim, now, now + retention);
+            Ok(StepLog {
+                attempt: entry.attempt,
+                steps: entry.steps.clone(),
+            })
+        })
+    }
+
+    async fn write_step(
+        &self,
+        claim: &Claim,
+        step: StepWrite<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        check_duration("retention", retention)?;
+        self.mutate(|records, now| {
+            records.check_running(claim)?;
+            let entry = records.steps_of(claim, now, now + retention);
+            let state = match step.result {
+                Some(result) => StepState::Finished(result.to_vec()),
+                None => StepState::Begun,
+            };
+            match entry.steps.iter_mut().find(|s| s.name == step.name) {
+                // The first result stands.
+                Some(stored) if matches!(stored.state, StepState::Finished(_)) => {}
+                Some(stored) => {
+                    stored.position = step.position;
+                    stored.state = state;
+                }
+                None => {
+                    entry.steps.push(StepRecord {
+                        name: step.name.to_owned(),
+                        position: step.position,
+                        state,
+                    });
+                    entry.steps.sort_by_key(|s| s.position);
+                }
+            }
+            Ok(())
+        })
     }
 }
 

@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::record::{Claim, Completion, Record, Start};
+use crate::step::{StepLog, StepWrite};
 
 pub(crate) mod admin;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -139,6 +140,53 @@ pub trait Store: Send + Sync + 'static {
         DEFAULT_PRUNE_BATCH_SIZE
     }
 
+    /// Begins (or resumes) the steps of the operation `claim` holds: counts this claim as the
+    /// operation's next attempt if it is not the one counted last, keeps the operation's step
+    /// records for `retention` from now, and returns them with the attempt's number.
+    /// [`Error::LeaseLost`] when the operation's record no longer carries the claim's token (or
+    /// has completed); [`Error::StepsUnsupported`], the default, for a store that keeps no
+    /// steps. Steps are kept apart from the operation's record: releasing the claim (`abort`)
+    /// keeps them, so a retry resumes; `evict` deletes them; `prune_expired` deletes them once
+    /// their retention has ended. See docs/steps.md.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Key, MemoryStore, Start, StepState, StepWrite, Store};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let store = MemoryStore::new();
+    /// let key = Key::derive("ride", "", "r-1")?;
+    /// let day = Duration::from_secs(86_400);
+    /// let Start::Started(claim) = store.start(&key, None, Duration::from_secs(30)).await? else { unreachable!() };
+    /// assert_eq!(store.begin_steps(&claim, day).await?.attempt, 1);
+    /// store.write_step(&claim, StepWrite { name: "charge", position: 0, result: Some(b"7") }, day).await?;
+    /// store.abort(&claim).await?; // the work failed after its first step
+    /// let Start::Started(retry) = store.start(&key, None, Duration::from_secs(30)).await? else { unreachable!() };
+    /// let log = store.begin_steps(&retry, day).await?;
+    /// assert_eq!(log.attempt, 2);
+    /// assert_eq!(log.steps[0].state, StepState::Finished(b"7".to_vec()));
+    /// # Ok(()) }
+    /// ```
+    async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
+        let _ = (claim, retention);
+        Err(Error::StepsUnsupported)
+    }
+
+    /// Stores that a step begins (`step.result` `None`: an at-most-once step, before it runs)
+    /// or its result, kept for `retention` from now. Fenced as `complete`: only while the
+    /// operation's record is in progress and carries the claim's token, else
+    /// [`Error::LeaseLost`]. A step that already has a result keeps it (`Ok`, the first result
+    /// stands), so a write repeated after a lost answer is harmless.
+    /// [`Error::StepsUnsupported`], the default, for a store that keeps no steps.
+    async fn write_step(
+        &self,
+        claim: &Claim,
+        step: StepWrite<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        let _ = (claim, step, retention);
+        Err(Error::StepsUnsupported)
+    }
+
     /// This store's claim and completion as plain function calls, if it answers them without
     /// waiting (an in-process store such as [`MemoryStore`](crate::MemoryStore)); `None`, the
     /// default, for a store that does I/O. The engine then calls them directly: no future boxed,
@@ -217,6 +265,8 @@ forward_to_inner! {
     fn get(&self, key: &Key) -> Result<Option<Record>, Error>;
     fn evict(&self, key: &Key) -> Result<bool, Error>;
     fn prune_expired(&self, limit: u32) -> Result<u64, Error>;
+    fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error>;
+    fn write_step(&self, claim: &Claim, step: StepWrite<'_>, retention: Duration) -> Result<(), Error>;
 }
 
 /// How many expired records a pruner deletes per batch unless its store or its config says

@@ -108,7 +108,8 @@ pub async fn drop_tables(pool: &PgPool, names: &[&str]) {
     }
 }
 
-/// Drops a store's records table and its migrations ledger, through its own pool.
+/// Drops a store's records table, its steps table and its migrations ledger, through its own
+/// pool.
 ///
 /// ```no_run
 /// # async fn f(store: idem_core::PostgresStore) {
@@ -117,7 +118,8 @@ pub async fn drop_tables(pool: &PgPool, names: &[&str]) {
 /// ```
 pub async fn drop_store_tables(store: &PostgresStore) {
     let table = store.table();
-    drop_tables(store.pool(), &[table, &format!("{table}_migrations")]).await;
+    let names = store_tables(table);
+    drop_tables(store.pool(), &names.each_ref().map(String::as_str)).await;
 }
 
 /// [`drop_tables`] for `Drop`: the tables `names` on the server at `url`, dropped from a runtime
@@ -138,12 +140,22 @@ pub fn drop_tables_now(url: &str, names: &[&str]) {
     });
 }
 
-/// [`drop_store_tables`] for `Drop`: the records table `table` and its ledger on the server at
+/// [`drop_store_tables`] for `Drop`: the records table `table`, its steps and its ledger on the server at
 /// `url` (see [`drop_tables_now`]).
 ///
 /// ```no_run
 /// idem_test_support::postgres::drop_store_tables_now("postgres://127.0.0.1/postgres", "idem_t");
 /// ```
 pub fn drop_store_tables_now(url: &str, table: &str) {
-    drop_tables_now(url, &[table, &format!("{table}_migrations")]);
+    let names = store_tables(table);
+    drop_tables_now(url, &names.each_ref().map(String::as_str));
+}
+
+/// The tables a store on the records table `table` creates.
+fn store_tables(table: &str) -> [String; 3] {
+    [
+        table.to_owned(),
+        format!("{table}_steps"),
+        format!("{table}_migrations"),
+    ]
 }

@@ -526,7 +526,7 @@ impl PostgresStoreBuilder {
         let mut store = PostgresStore {
             pool,
             renew_pool,
-            protocol: Arc::new(Protocol::new(table, self.claim_order)),
+            protocol: Arc::new(Protocol::new(table, self.claim_order)?),
             pruner: None,
         };
         store.pruner = background::spawn(store.without_pruner(), self.pruner)?;

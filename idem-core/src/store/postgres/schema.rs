@@ -5,15 +5,17 @@ use sqlx::postgres::PgConnection;
 use crate::error::Error;
 use crate::sql::migrate::{unknown_version, Migrated, Migration, Schema};
 use crate::sql::name::TableName;
+use crate::store::sql::steps::steps_table;
 
 /// The schema, oldest step first. Never change what an applied step creates; append a new step.
 /// Statements are idempotent (`IF NOT EXISTS`): a records table found missing is re-created by
 /// running the applied steps again.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "records table and expiry index",
-    statements: &[
-        "CREATE TABLE IF NOT EXISTS {table} (
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "records table and expiry index",
+        statements: &[
+            "CREATE TABLE IF NOT EXISTS {table} (
             key bytea PRIMARY KEY CHECK (octet_length(key) = 32),
             fingerprint bytea NULL CHECK (octet_length(fingerprint) = 32),
             token bytea NOT NULL CHECK (octet_length(token) = 16),
@@ -22,9 +24,30 @@ const MIGRATIONS: &[Migration] = &[Migration {
             response bytea NULL,
             is_error boolean NOT NULL DEFAULT false
         )",
-        "CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at)",
-    ],
-}];
+            "CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at)",
+        ],
+    },
+    Migration {
+        version: 2,
+        description: "steps table and its expiry index",
+        statements: &[
+            // One row per (operation key, step name); the row named '' at position -1 counts the
+            // operation's attempts (docs/steps.md).
+            "CREATE TABLE IF NOT EXISTS {steps} (
+            key bytea NOT NULL CHECK (octet_length(key) = 32),
+            name text NOT NULL CHECK (octet_length(name) <= 255),
+            position integer NOT NULL CHECK (position >= -1),
+            token bytea NOT NULL CHECK (octet_length(token) = 16),
+            attempt bigint NOT NULL DEFAULT 0,
+            finished boolean NOT NULL DEFAULT false,
+            result bytea NULL,
+            expires_at timestamptz NOT NULL,
+            PRIMARY KEY (key, name)
+        )",
+            "CREATE INDEX IF NOT EXISTS {steps_index} ON {steps} (expires_at)",
+        ],
+    },
+];
 
 /// The newest schema version.
 pub(super) const LATEST: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
@@ -45,13 +68,30 @@ fn index(table: &TableName) -> Result<TableName, Error> {
         .unqualified())
 }
 
+/// The other names `table`'s schema uses: its expiry index, its steps table
+/// ([`steps_table`]) and that table's expiry index.
+fn names(table: &TableName) -> Result<[TableName; 3], Error> {
+    let steps = steps_table(table)?;
+    let steps_index = steps
+        .suffixed("index name", "_expires_at_idx")?
+        .unqualified();
+    Ok([index(table)?, steps, steps_index])
+}
+
 /// Brings `table` (and its `<table>_expires_at_idx` index, in the table's schema) up to date;
 /// a ledger listing a version this build does not know (a newer idem) is refused.
 pub(super) async fn migrate(conn: &mut PgConnection, table: &TableName) -> Result<(), Error> {
-    let index = index(table)?;
-    let migrated = schema(table, &[("{index}", &index)])
-        .migrate::<sqlx::Postgres>(conn)
-        .await?;
+    let [index, steps, steps_index] = names(table)?;
+    let migrated = schema(
+        table,
+        &[
+            ("{index}", &index),
+            ("{steps_index}", &steps_index),
+            ("{steps}", &steps),
+        ],
+    )
+    .migrate::<sqlx::Postgres>(conn)
+    .await?;
     outcome(table, migrated)
 }
 
@@ -59,17 +99,24 @@ pub(super) async fn migrate(conn: &mut PgConnection, table: &TableName) -> Resul
 /// [`Error::SchemaNotMigrated`] when it is missing or older; a version this build does not
 /// know is refused as by [`migrate`].
 pub(super) async fn check(conn: &mut PgConnection, table: &TableName) -> Result<(), Error> {
-    let index = index(table)?;
-    let checked = schema(table, &[("{index}", &index)])
-        .check::<sqlx::Postgres>(conn)
-        .await?;
+    let [index, steps, steps_index] = names(table)?;
+    let checked = schema(
+        table,
+        &[
+            ("{index}", &index),
+            ("{steps_index}", &steps_index),
+            ("{steps}", &steps),
+        ],
+    )
+    .check::<sqlx::Postgres>(conn)
+    .await?;
     outcome(table, checked)
 }
 
 /// What [`migrate`] runs, as a script for `psql` or a migration tool.
 pub(super) fn script(table: &TableName) -> Result<String, Error> {
-    let index = index(table)?;
-    schema(table, &[("{index}", &index)]).script::<sqlx::Postgres>(&format!(
+    let [index, steps, steps_index] = names(table)?;
+    schema(table, &[("{index}", &index), ("{steps_index}", &steps_index), ("{steps}", &steps)]).script::<sqlx::Postgres>(&format!(
         "The schema of idem's PostgresStore for the table {table}, up to version {LATEST}:\n\
          the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.\n\
          Apply it in one transaction, as a role that may create tables in the schema\n\

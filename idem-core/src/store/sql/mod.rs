@@ -6,6 +6,7 @@
 //!   connection, generic over the database; the pool path and the caller's-transaction path
 //!   ([`TransactionalStore`](crate::store::TransactionalStore)) both call them.
 //! - [`row`]: a record row as read back, decoded once for both databases.
+//! - [`steps`]: the steps of an operation (docs/steps.md), in a table beside the records.
 //! - [`background`]: the pruner a store runs while it lives.
 //!
 //! Each store (`store/sqlite/`, `store/postgres/`) keeps only its connection settings, its
@@ -16,6 +17,7 @@ use crate::error::{Error, StoreError, StoreErrorKind};
 pub(crate) mod background;
 pub(crate) mod protocol;
 pub(crate) mod row;
+pub(crate) mod steps;
 
 /// The records table a store uses unless configured otherwise.
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";

@@ -10,11 +10,13 @@ use async_trait::async_trait;
 
 use super::fenced;
 use super::row::{columns, StoredRow};
+use super::steps::{steps_table, StepStatements};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Claim, Completion, Record, Start};
 use crate::sql::dialect::{Dialect, Ops};
 use crate::sql::name::TableName;
+use crate::step::StepWrite;
 use crate::store::claim_order::{ClaimOrder, ClaimPath};
 use crate::store::Store;
 
@@ -63,6 +65,17 @@ pub trait TransactionalStore: Store + Sealed {
     /// The store protocol's abort, on the caller's transaction.
     #[doc(hidden)]
     async fn abort_in(&self, conn: &mut Self::Connection, claim: &Claim) -> Result<(), Error>;
+
+    /// [`Store::write_step`] on the caller's transaction: a transactional step's record,
+    /// committed with the step's own writes ([`Steps::tx`](crate::Steps)).
+    #[doc(hidden)]
+    async fn write_step_in(
+        &self,
+        conn: &mut Self::Connection,
+        claim: &Claim,
+        step: StepWrite<'_>,
+        retention: Duration,
+    ) -> Result<(), Error>;
 }
 
 /// Not nameable outside the crate: seals [`TransactionalStore`].
@@ -171,6 +184,41 @@ macro_rules! sql_store {
             fn prune_batch_size(&self) -> u32 {
                 <Self as $crate::store::sql::protocol::SqlBackend>::PRUNE_BATCH_SIZE
             }
+
+            async fn begin_steps(
+                &self,
+                claim: &$crate::Claim,
+                retention: std::time::Duration,
+            ) -> Result<$crate::StepLog, $crate::Error> {
+                let retention = $crate::sql::millis("retention", retention)?;
+                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                    .acquire()
+                    .await?;
+                self.protocol()
+                    .steps()
+                    .begin::<<Self as $crate::store::sql::protocol::SqlBackend>::Db>(
+                        &mut conn, claim, retention,
+                    )
+                    .await
+            }
+
+            async fn write_step(
+                &self,
+                claim: &$crate::Claim,
+                step: $crate::StepWrite<'_>,
+                retention: std::time::Duration,
+            ) -> Result<(), $crate::Error> {
+                let retention = $crate::sql::millis("retention", retention)?;
+                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                    .acquire()
+                    .await?;
+                self.protocol()
+                    .steps()
+                    .write::<<Self as $crate::store::sql::protocol::SqlBackend>::Db>(
+                        &mut conn, claim, step, retention,
+                    )
+                    .await
+            }
         }
 
         impl $crate::store::sql::protocol::Sealed for $store {}
@@ -212,6 +260,22 @@ macro_rules! sql_store {
                 claim: &$crate::Claim,
             ) -> Result<(), $crate::Error> {
                 self.protocol().abort(conn, claim).await
+            }
+
+            async fn write_step_in(
+                &self,
+                conn: &mut $conn,
+                claim: &$crate::Claim,
+                step: $crate::StepWrite<'_>,
+                retention: std::time::Duration,
+            ) -> Result<(), $crate::Error> {
+                let retention = $crate::sql::millis("retention", retention)?;
+                self.protocol()
+                    .steps()
+                    .write::<<Self as $crate::store::sql::protocol::SqlBackend>::Db>(
+                        conn, claim, step, retention,
+                    )
+                    .await
             }
         }
     };
@@ -485,18 +549,21 @@ pub(crate) enum Via {
 pub(crate) struct Protocol<DB> {
     table: TableName,
     sql: Statements,
+    steps: StepStatements,
     claim_path: ClaimPath,
     db: PhantomData<fn() -> DB>,
 }
 
 impl<DB: Ops> Protocol<DB> {
-    pub(crate) fn new(table: TableName, claim_order: ClaimOrder) -> Protocol<DB> {
-        Protocol {
+    /// Fails when the steps table's name (`<table>_steps`) is too long.
+    pub(crate) fn new(table: TableName, claim_order: ClaimOrder) -> Result<Protocol<DB>, Error> {
+        Ok(Protocol {
             sql: Statements::new(&DB::DIALECT, &table),
+            steps: StepStatements::new(&DB::DIALECT, &table, &steps_table(&table)?),
             table,
             claim_path: ClaimPath::new(claim_order),
             db: PhantomData,
-        }
+        })
     }
 
     /// The records table.
@@ -676,20 +743,32 @@ impl<DB: Ops> Protocol<DB> {
             .transpose()
     }
 
-    /// [`Store::evict`].
+    /// [`Store::evict`]: the record and its steps, in one transaction.
     pub(crate) async fn evict(&self, conn: &mut DB::Connection, key: &Key) -> Result<bool, Error> {
-        let query = DB::bind_bytes(sqlx::query(&self.sql.evict), &key.as_bytes()[..]);
-        Ok(DB::execute(conn, query).await? > 0)
+        self.steps
+            .evict_with::<DB>(conn, key, &self.sql.evict)
+            .await
     }
 
-    /// [`Store::prune_expired`].
+    /// [`Store::prune_expired`]: ended records, then ended step rows to fill the batch (so a
+    /// short batch still means nothing is left).
     pub(crate) async fn prune_expired(
         &self,
         conn: &mut DB::Connection,
         limit: u32,
     ) -> Result<u64, Error> {
         let query = DB::bind_i64(sqlx::query(&self.sql.prune), i64::from(limit));
-        Ok(DB::execute(conn, query).await?)
+        let records = DB::execute(&mut *conn, query).await?;
+        let left = u32::try_from(u64::from(limit).saturating_sub(records)).unwrap_or(0);
+        if left == 0 {
+            return Ok(records);
+        }
+        Ok(records + self.steps.prune::<DB>(conn, left).await?)
+    }
+
+    /// The statements of the steps ([`Store::begin_steps`], [`Store::write_step`]).
+    pub(crate) fn steps(&self) -> &StepStatements {
+        &self.steps
     }
 }
 
@@ -700,7 +779,7 @@ mod tests {
     #[test]
     fn postgres_statements_name_the_quoted_table() {
         let t = TableName::qualified("table name", "app.Idem").unwrap();
-        let p = Protocol::<sqlx::Postgres>::new(t, ClaimOrder::Adaptive);
+        let p = Protocol::<sqlx::Postgres>::new(t, ClaimOrder::Adaptive).unwrap();
         assert!(p
             .sql
             .claim_counted

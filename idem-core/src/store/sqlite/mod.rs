@@ -500,7 +500,7 @@ impl SqliteStoreBuilder {
             pool.clone()
         };
         let mut store = SqliteStore {
-            protocol: Arc::new(Protocol::new(table, self.claim_order)),
+            protocol: Arc::new(Protocol::new(table, self.claim_order)?),
             pool,
             renew_pool,
             pruner: None,

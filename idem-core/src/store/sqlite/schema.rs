@@ -6,15 +6,17 @@ use crate::error::Error;
 use crate::sql::migrate::{unknown_version, Migrated, Migration, Schema};
 use crate::sql::name::TableName;
 use crate::store::sql::corrupt;
+use crate::store::sql::steps::steps_table;
 
 /// The schema, oldest step first. Never change what an applied step creates; append a new step.
 /// Statements are idempotent (`IF NOT EXISTS`): a records table found missing is re-created by
 /// running the applied steps again.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "create the records table and its expiry index",
-    statements: &[
-        "CREATE TABLE IF NOT EXISTS {table} (
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "create the records table and its expiry index",
+        statements: &[
+            "CREATE TABLE IF NOT EXISTS {table} (
             key         BLOB    NOT NULL PRIMARY KEY CHECK (length(key) = 32),
             fingerprint BLOB             CHECK (fingerprint IS NULL OR length(fingerprint) = 32),
             token       BLOB    NOT NULL CHECK (length(token) = 16),
@@ -23,14 +25,36 @@ const MIGRATIONS: &[Migration] = &[Migration {
             response    BLOB,
             is_error    INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1))
         )",
-        "CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at)",
-    ],
-}];
+            "CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at)",
+        ],
+    },
+    Migration {
+        version: 2,
+        description: "create the steps table and its expiry index",
+        statements: &[
+            // One row per (operation key, step name); the row named '' at position -1 counts the
+            // operation's attempts (docs/steps.md).
+            "CREATE TABLE IF NOT EXISTS {steps} (
+            key         BLOB    NOT NULL CHECK (length(key) = 32),
+            name        TEXT    NOT NULL CHECK (length(name) <= 255),
+            position    INTEGER NOT NULL CHECK (position >= -1),
+            token       BLOB    NOT NULL CHECK (length(token) = 16),
+            attempt     INTEGER NOT NULL DEFAULT 0,
+            finished    INTEGER NOT NULL DEFAULT 0 CHECK (finished IN (0, 1)),
+            result      BLOB,
+            expires_at  INTEGER NOT NULL,
+            PRIMARY KEY (key, name)
+        )",
+            "CREATE INDEX IF NOT EXISTS {steps_index} ON {steps} (expires_at)",
+        ],
+    },
+];
 
 /// The newest schema version.
 pub(super) const LATEST: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
-/// The schema of `table`; `names` holds the name of its index.
+/// The schema of `table`; `names` holds the names of its index, its steps table and that
+/// table's index.
 fn schema<'a>(table: &'a TableName, names: &'a [(&'static str, &'a TableName)]) -> Schema<'a> {
     Schema {
         table,
@@ -44,31 +68,61 @@ fn index(table: &TableName) -> Result<TableName, Error> {
     table.suffixed("index name", "_expires_at")
 }
 
+/// The other names `table`'s schema uses: its expiry index, its steps table
+/// ([`steps_table`]) and that table's expiry index.
+fn names(table: &TableName) -> Result<[TableName; 3], Error> {
+    let steps = steps_table(table)?;
+    let steps_index = steps.suffixed("index name", "_expires_at")?;
+    Ok([index(table)?, steps, steps_index])
+}
+
 /// Brings `table` (and its `<table>_expires_at` index) up to date. A ledger listing a version
 /// this build does not know is refused, unless `PRAGMA quick_check` finds the file damaged:
 /// then the unknown version is garbage read from a damaged page, and the error says so.
 pub(super) async fn migrate(conn: &mut SqliteConnection, table: &TableName) -> Result<(), Error> {
-    let index = index(table)?;
-    let migrated = schema(table, &[("{index}", &index)])
-        .migrate::<sqlx::Sqlite>(conn)
-        .await?;
+    let [index, steps, steps_index] = names(table)?;
+    let migrated = schema(
+        table,
+        &[
+            ("{index}", &index),
+            ("{steps_index}", &steps_index),
+            ("{steps}", &steps),
+        ],
+    )
+    .migrate::<sqlx::Sqlite>(conn)
+    .await?;
     outcome(conn, table, migrated).await
 }
 
 /// Checks that `table` is up to date, changing nothing: [`Error::SchemaNotMigrated`] when it
 /// is missing or older; a version this build does not know is refused as by [`migrate`].
 pub(super) async fn check(conn: &mut SqliteConnection, table: &TableName) -> Result<(), Error> {
-    let index = index(table)?;
-    let checked = schema(table, &[("{index}", &index)])
-        .check::<sqlx::Sqlite>(conn)
-        .await?;
+    let [index, steps, steps_index] = names(table)?;
+    let checked = schema(
+        table,
+        &[
+            ("{index}", &index),
+            ("{steps_index}", &steps_index),
+            ("{steps}", &steps),
+        ],
+    )
+    .check::<sqlx::Sqlite>(conn)
+    .await?;
     outcome(conn, table, checked).await
 }
 
 /// What [`migrate`] runs, as a script for `sqlite3` or a migration tool.
 pub(super) fn script(table: &TableName) -> Result<String, Error> {
-    let index = index(table)?;
-    schema(table, &[("{index}", &index)]).script::<sqlx::Sqlite>(&format!(
+    let [index, steps, steps_index] = names(table)?;
+    schema(
+        table,
+        &[
+            ("{index}", &index),
+            ("{steps_index}", &steps_index),
+            ("{steps}", &steps),
+        ],
+    )
+    .script::<sqlx::Sqlite>(&format!(
         "The schema of idem's SqliteStore for the table {table}, up to version {LATEST}:\n\
          the statements SqliteStoreBuilder::migrate runs, from SqliteStoreBuilder::schema_sql.\n\
          Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;). Every statement\n\

@@ -1,0 +1,185 @@
+//! The rules of steps: through the [`Store`] trait's step methods. A store whose harness says it keeps no steps
+//! ([`Harness::keeps_steps`]) must refuse them with [`Error::StepsUnsupported`], storing nothing.
+
+use crate::{Claim, Error, StepLog, StepState, StepWrite, Store};
+
+use super::store::{claim, done, key, long, past_short, short, wait};
+use super::Harness;
+
+fn finished<'a>(name: &'a str, position: u32, result: &'a [u8]) -> StepWrite<'a> {
+    StepWrite {
+        name,
+        position,
+        result: Some(result),
+    }
+}
+
+fn begun(name: &str, position: u32) -> StepWrite<'_> {
+    StepWrite {
+        name,
+        position,
+        result: None,
+    }
+}
+
+async fn begin(store: &dyn Store, claim: &Claim) -> StepLog {
+    store.begin_steps(claim, long()).await.unwrap()
+}
+
+/// The (name, state) of each step of `log`, by position.
+fn shown(log: &StepLog) -> Vec<(String, StepState)> {
+    log.steps
+        .iter()
+        .map(|s| (s.name.clone(), s.state.clone()))
+        .collect()
+}
+
+/// For a harness whose store keeps no steps: it refuses them, typed, and stores nothing.
+/// Returns whether the rule should go on.
+async fn keeps_steps(h: &impl Harness) -> bool {
+    if h.keeps_steps() {
+        return true;
+    }
+    let s = h.store();
+    let c = claim(&*s, &key("no-steps"), long()).await;
+    let begun = s.begin_steps(&c, long()).await;
+    assert!(matches!(begun, Err(Error::StepsUnsupported)), "{begun:?}");
+    let written = s.write_step(&c, finished("a", 0, b"1"), long()).await;
+    assert!(
+        matches!(written, Err(Error::StepsUnsupported)),
+        "{written:?}"
+    );
+    false
+}
+
+/// Each claim that begins an operation's steps is its next attempt (the same claim beginning
+/// again is the same attempt), and the steps stored by one attempt, finished or begun, are what
+/// the next finds, in order, after the first released its claim.
+pub async fn steps_resume_across_attempts(h: impl Harness) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let k = key("steps");
+    let first = claim(&*s, &k, long()).await;
+    let log = begin(&*s, &first).await;
+    assert_eq!((log.attempt, log.steps.len()), (1, 0), "{log:?}");
+    s.write_step(&first, finished("ride", 0, b"41"), long())
+        .await
+        .unwrap();
+    s.write_step(&first, begun("charge", 1), long())
+        .await
+        .unwrap();
+    assert_eq!(begin(&*s, &first).await.attempt, 1, "the same claim again");
+    s.abort(&first).await.unwrap();
+
+    let second = claim(&*s, &k, long()).await;
+    let log = begin(&*s, &second).await;
+    assert_eq!(log.attempt, 2);
+    assert_eq!(
+        shown(&log),
+        [
+            ("ride".to_owned(), StepState::Finished(b"41".to_vec())),
+            ("charge".to_owned(), StepState::Begun),
+        ]
+    );
+    s.write_step(&second, finished("charge", 1, b"\"ch_1\""), long())
+        .await
+        .unwrap();
+    s.complete(&second, done(b"ok"), long()).await.unwrap();
+}
+
+/// Step writes are fenced by the operation's claim: a claim whose lease ended and was taken
+/// over can neither begin nor write steps, nor can one whose operation completed; the claim
+/// that took over is the next attempt and does not see the stale claim's writes.
+pub async fn stale_claim_cannot_write_steps(h: impl Harness) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let k = key("fenced-steps");
+    let stale = claim(&*s, &k, short()).await;
+    begin(&*s, &stale).await;
+    wait(past_short()).await;
+    let current = claim(&*s, &k, long()).await;
+    assert_eq!(begin(&*s, &current).await.attempt, 2);
+    let written = s
+        .write_step(&stale, finished("charge", 0, b"1"), long())
+        .await;
+    assert!(matches!(written, Err(Error::LeaseLost)), "{written:?}");
+    let begun_again = s.begin_steps(&stale, long()).await;
+    assert!(
+        matches!(begun_again, Err(Error::LeaseLost)),
+        "{begun_again:?}"
+    );
+    assert!(begin(&*s, &current).await.steps.is_empty());
+
+    s.complete(&current, done(b"ok"), long()).await.unwrap();
+    let late = s
+        .write_step(&current, finished("late", 0, b"1"), long())
+        .await;
+    assert!(matches!(late, Err(Error::LeaseLost)), "{late:?}");
+}
+
+/// A finished step keeps its first result: writing it again (a write retried after a lost
+/// answer) is `Ok` and changes nothing, and a begun mark does not undo it.
+pub async fn finished_step_keeps_its_first_result(h: impl Harness) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let c = claim(&*s, &key("first-result"), long()).await;
+    s.write_step(&c, finished("charge", 0, b"1"), long())
+        .await
+        .unwrap();
+    s.write_step(&c, finished("charge", 0, b"2"), long())
+        .await
+        .unwrap();
+    s.write_step(&c, begun("charge", 0), long()).await.unwrap();
+    assert_eq!(
+        shown(&begin(&*s, &c).await),
+        [("charge".to_owned(), StepState::Finished(b"1".to_vec()))]
+    );
+}
+
+/// Evicting an operation deletes its steps: the next run starts at attempt 1 with none.
+pub async fn evict_deletes_steps(h: impl Harness) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let k = key("evicted-steps");
+    let c = claim(&*s, &k, long()).await;
+    s.write_step(&c, finished("charge", 0, b"1"), long())
+        .await
+        .unwrap();
+    assert!(s.evict(&k).await.unwrap());
+    let again = claim(&*s, &k, long()).await;
+    let log = begin(&*s, &again).await;
+    assert_eq!((log.attempt, log.steps.len()), (1, 0), "{log:?}");
+}
+
+/// Steps end with their retention: a released operation's steps then read as absent (the next
+/// run is attempt 1 with none), and `prune_expired` deletes them unless the store expires them
+/// itself.
+pub async fn steps_end_with_their_retention(h: impl Harness) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let k = key("ended-steps");
+    let c = claim(&*s, &k, long()).await;
+    s.begin_steps(&c, short()).await.unwrap();
+    s.write_step(&c, finished("charge", 0, b"1"), short())
+        .await
+        .unwrap();
+    s.abort(&c).await.unwrap();
+    wait(past_short()).await;
+    let pruned = s.prune_expired(100).await.unwrap();
+    if !h.expires_by_itself() {
+        assert!(pruned >= 1, "pruned {pruned}: the ended steps were kept");
+    }
+    let again = claim(&*s, &k, long()).await;
+    let log = begin(&*s, &again).await;
+    assert_eq!((log.attempt, log.steps.len()), (1, 0), "{log:?}");
+}
