@@ -139,3 +139,6 @@ struct StoresDoctests;
 #[cfg(all(doctest, feature = "consumer"))]
 #[doc = include_str!("../docs/consumers.md")]
 struct ConsumersDoctests;
+#[cfg(all(doctest, feature = "sqlite"))]
+#[doc = include_str!("../docs/steps.md")]
+struct StepsDoctests;

@@ -53,7 +53,8 @@ pub use canonical::{FingerprintError, MAX_FINGERPRINT_DEPTH};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
 pub use engine::{
-    Begun, Call, EngineBuilder, Holder, Idempotency, OnLocked, Outcome, Policy, ReplayCache,
+    Attempt, Begun, Call, EngineBuilder, Holder, Idempotency, OnLocked, Outcome, Policy,
+    ReplayCache, Step, Steps,
 };
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use engine::{Transactional, TxClaim, TxFuture, TxStart};

@@ -52,6 +52,16 @@ pub struct StepLog {
     pub steps: Vec<StepRecord>,
 }
 
+impl StepLog {
+    /// What a first attempt finds: attempt 1, no steps.
+    pub(crate) fn first() -> StepLog {
+        StepLog {
+            attempt: 1,
+            steps: Vec::new(),
+        }
+    }
+}
+
 /// A step to store: that it begins (an at-most-once step, before it runs) or its result.
 ///
 /// ```

@@ -283,7 +283,10 @@ macro_rules! __conformance {
             stale_claim_cannot_write_steps,
             finished_step_keeps_its_first_result,
             evict_deletes_steps,
-            steps_end_with_their_retention
+            steps_end_with_their_retention,
+            engine_steps_replay_finished_steps,
+            engine_changed_step_is_a_mismatch,
+            engine_interrupted_step_per_mode
         );
     };
     (@tests $harness:ty, $rt:tt; $($rule:ident),*) => {

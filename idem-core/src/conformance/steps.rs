@@ -1,7 +1,10 @@
-//! The rules of steps: through the [`Store`] trait's step methods. A store whose harness says it keeps no steps
+//! The rules of steps (docs/steps.md): through the [`Store`] trait's step methods, and through
+//! the engine's [`Steps`](crate::Steps) handle. A store whose harness says it keeps no steps
 //! ([`Harness::keeps_steps`]) must refuse them with [`Error::StepsUnsupported`], storing nothing.
 
-use crate::{Claim, Error, StepLog, StepState, StepWrite, Store};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::{Claim, Error, Idempotency, Outcome, StepLog, StepState, StepWrite, Store};
 
 use super::store::{claim, done, key, long, past_short, short, wait};
 use super::Harness;
@@ -182,4 +185,129 @@ pub async fn steps_end_with_their_retention(h: impl Harness) {
     let again = claim(&*s, &k, long()).await;
     let log = begin(&*s, &again).await;
     assert_eq!((log.attempt, log.steps.len()), (1, 0), "{log:?}");
+}
+
+/// Through the engine: a failure after a step releases the operation; the retry is attempt 2,
+/// replays the finished step without running it and runs the rest; a call after that replays
+/// the operation.
+pub async fn engine_steps_replay_finished_steps(h: impl Harness) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let engine = Idempotency::from_arc(h.store());
+    let k = key("engine-steps");
+    let (charges, receipts) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let (charged, receipted) = (&charges, &receipts);
+    let run = |fail: bool| {
+        engine.call(k).run_steps(move |steps| {
+            let (charges, receipts) = (charged, receipted);
+            async move {
+                let charge: usize = steps
+                    .run("charge", || async {
+                        Ok::<_, Error>(charges.fetch_add(1, Ordering::SeqCst) + 100)
+                    })
+                    .await?;
+                if fail {
+                    return Err(Error::InvalidConfig("the mail server is down".into()));
+                }
+                steps
+                    .run("receipt", || async {
+                        Ok::<_, Error>(receipts.fetch_add(1, Ordering::SeqCst))
+                    })
+                    .await?;
+                Ok::<_, Error>((charge, steps.attempt().number))
+            }
+        })
+    };
+    assert!(matches!(run(true).await, Err(Error::InvalidConfig(_))));
+    assert_eq!(run(false).await.unwrap(), Outcome::Fresh((100, 2)));
+    assert_eq!(run(false).await.unwrap(), Outcome::Replayed((100, 2)));
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+    assert_eq!(receipts.load(Ordering::SeqCst), 1);
+}
+
+/// A retry whose code reaches another step name where an earlier attempt stored one gets
+/// `StepMismatch`, and the step does not run.
+pub async fn engine_changed_step_is_a_mismatch(h: impl Harness) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let engine = Idempotency::from_arc(h.store());
+    let k = key("changed-steps");
+    let first = engine
+        .call(k)
+        .run_steps(|steps| async move {
+            steps.run("charge", || async { Ok::<_, Error>(1) }).await?;
+            Err::<(), _>(Error::InvalidConfig("stop".into()))
+        })
+        .await;
+    assert!(matches!(first, Err(Error::InvalidConfig(_))));
+    let ran = AtomicUsize::new(0);
+    let counted = &ran;
+    let changed = engine
+        .call(k)
+        .run_steps(|steps| async move {
+            steps
+                .run("refund", || async {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(2)
+                })
+                .await
+        })
+        .await;
+    assert!(
+        matches!(&changed, Err(Error::StepMismatch { position: 0, stored, called }) if stored == "charge" && called == "refund"),
+        "{changed:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
+
+/// An at-most-once step that began and stored no result is never run again: the next attempt
+/// gets `StepInterrupted` with its number; an at-least-once step in the same place runs again.
+pub async fn engine_interrupted_step_per_mode(h: impl Harness) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let engine = Idempotency::from_arc(h.store());
+    let ran = AtomicUsize::new(0);
+    let run = |k, at_most_once: bool| {
+        let ran = &ran;
+        engine.call(k).run_steps(move |steps| async move {
+            let step = steps.step("charge");
+            let step = if at_most_once {
+                step.at_most_once()
+            } else {
+                step
+            };
+            step.run(|| async {
+                // The first run fails inside the step: it began and has no result.
+                match ran.fetch_add(1, Ordering::SeqCst) {
+                    0 | 2 => Err(Error::InvalidConfig("connection reset".into())),
+                    n => Ok(n),
+                }
+            })
+            .await
+        })
+    };
+    let (once, least) = (key("at-most-once"), key("at-least-once"));
+    assert!(matches!(
+        run(once, true).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    let again = run(once, true).await;
+    assert!(
+        matches!(&again, Err(Error::StepInterrupted { step, attempt: 2 }) if step == "charge"),
+        "{again:?}"
+    );
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "the at-most-once step ran again"
+    );
+    let _ = ran.fetch_add(1, Ordering::SeqCst);
+    assert!(matches!(
+        run(least, true).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert_eq!(run(least, false).await.unwrap(), Outcome::Fresh(3));
 }

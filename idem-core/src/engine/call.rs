@@ -10,12 +10,13 @@ use tracing::Instrument;
 
 use super::{
     run_to_end, Claimed, Encoded, Errors, Format, Guarded, Idempotency, OnLocked, Outcome,
-    Overrides,
+    Overrides, Steps,
 };
 use crate::codec::Codec;
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{Probe, Scope};
+use crate::step::StepLog;
 
 /// One call through an engine, made by [`Idempotency::call`] (or `Transactional::call`, features
 /// `sqlite`/`postgres`): set what differs from the engine's policy, then run it.
@@ -312,6 +313,86 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
             WithCodec(codec),
             std::convert::identity,
         )
+    }
+
+    /// Runs an operation of several named steps: [`run`](Self::run) whose work receives a
+    /// [`Steps`] handle. Each step's result is stored under the call's key and the step's name
+    /// as soon as it finishes, fenced by the call's claim (a claim that was taken over stores
+    /// nothing), so a retry of the operation (after a crash, a lost lease, a failure or a
+    /// cancelled call) replays the finished steps and continues at the first unfinished one.
+    /// The operation's result is stored and replayed as `run` does. Steps are kept when the
+    /// claim is released, until the operation completes and for the call's retention after
+    /// their last write; see docs/steps.md for what is promised and what is not.
+    ///
+    /// The store must keep steps ([`Error::StepsUnsupported`] otherwise): the memory, SQLite
+    /// and PostgreSQL stores do. Without a key, every step runs and nothing is stored. One
+    /// round trip more than `run` to begin, then one per step (two for an
+    /// [`at_most_once`](crate::Step::at_most_once) step).
+    ///
+    /// ```
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("ride", "rider-7", "req-1")?;
+    /// let ride = engine
+    ///     .call(key)
+    ///     .run_steps(|steps| async move {
+    ///         let id: u64 = steps.run("create ride", || async { Ok::<_, Error>(41) }).await?;
+    ///         steps.run("charge", || async { Ok::<_, Error>(4200u64) }).await?;
+    ///         Ok::<_, Error>(id)
+    ///     })
+    ///     .await?;
+    /// assert_eq!(ride.into_inner(), 41);
+    /// # Ok(()) }
+    /// ```
+    // A plain function returning an `async` block, for the reason given at `drive`.
+    #[allow(clippy::manual_async_fn)]
+    pub fn run_steps<T, E, W, F>(self, work: W) -> impl Future<Output = Result<Outcome<T>, E>> + 'e
+    where
+        W: FnOnce(Steps<C>) -> F + 'e,
+        F: Future<Output = Result<T, E>> + 'e,
+        T: Serialize + DeserializeOwned + 'e,
+        E: From<Error> + 'e,
+    {
+        async move {
+            let engine = self.engine;
+            let Some(key) = self.key else {
+                let steps = Steps::new(engine.clone(), None, Duration::ZERO, StepLog::first());
+                return work(steps).await.map(Outcome::Fresh);
+            };
+            let core = &engine.inner.core;
+            let mut probe = Probe::new(core.observer.as_deref(), &core.meters, &self.scope, key);
+            let span = probe.span().clone();
+            let format = WithCodec(engine.codec());
+            async {
+                let holding = match engine
+                    .claim_half(
+                        &mut probe,
+                        key,
+                        self.fingerprint,
+                        &self.overrides,
+                        &format,
+                        &Released,
+                    )
+                    .await
+                {
+                    Claimed::Ended(out) => return out,
+                    Claimed::Holding(holding) => holding,
+                };
+                let (claim, retention) = holding.steps_of();
+                // Begun inside the work, so a store that refuses releases the claim as a
+                // failed work does.
+                let work = async move {
+                    let log = engine.store().begin_steps(&claim, retention).await?;
+                    work(Steps::new(engine.clone(), Some(claim), retention, log)).await
+                };
+                engine
+                    .work_half(&mut probe, &holding, work, &format, &Released)
+                    .await
+            }
+            .instrument(span)
+            .await
+        }
     }
 
     /// The one way a call whose work must finish once it has started runs

@@ -28,6 +28,7 @@ mod detach;
 mod finish;
 mod policy;
 mod split;
+mod steps;
 mod stored;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transactional;
@@ -38,6 +39,7 @@ pub use cache::ReplayCache;
 pub use call::Call;
 pub use policy::{EngineBuilder, OnLocked, Outcome, Policy};
 pub use split::{Begun, Holder};
+pub use steps::{Attempt, Step, Steps};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use transactional::{Transactional, TxClaim, TxFuture, TxStart};
 
@@ -626,6 +628,13 @@ pub(crate) struct Holding {
     resolved: Resolved,
     /// When the claim came back, if the work is timed: its time runs from here.
     began: Option<Instant>,
+}
+
+impl Holding {
+    /// The claim and the retention a call's steps are stored with.
+    fn steps_of(&self) -> (Claim, Duration) {
+        (self.claim.clone(), self.resolved.retention)
+    }
 }
 
 enum Acquired {

@@ -1,0 +1,424 @@
+//! Steps: named parts of one guarded operation whose results are stored under the operation's
+//! key, so a retry replays the finished ones and continues at the first unfinished one
+//! (docs/steps.md).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::Idempotency;
+use crate::codec::{Codec, JsonCodec};
+use crate::error::Error;
+use crate::record::Claim;
+use crate::step::{StepLog, StepRecord, StepState, StepWrite, MAX_STEP_NAME_LEN};
+
+/// The handle a [`Call::run_steps`](crate::Call::run_steps) work receives: runs its named steps,
+/// each at most once per operation while it finishes (at least once if the process dies inside
+/// it, unless it is [`at_most_once`](Step::at_most_once)), and says which attempt this is.
+/// Cheap to clone (one `Arc`).
+///
+/// Steps run one after another, in the same order on every attempt: a step is known by its
+/// name and its position, and a retry that reaches another name at a position an earlier
+/// attempt stored gets [`Error::StepMismatch`].
+///
+/// ```
+/// use idem_core::{Error, Idempotency, Key, MemoryStore};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+/// let engine = Idempotency::new(MemoryStore::new());
+/// let key = Key::derive("ride", "rider-7", "req-1")?;
+/// let out = engine
+///     .call(key)
+///     .run_steps(|steps| async move {
+///         let ride: u64 = steps.run("create ride", || async { Ok::<_, Error>(41) }).await?;
+///         let charge: String = steps.run("charge", || async { Ok::<_, Error>("ch_1".to_owned()) }).await?;
+///         Ok::<_, Error>((ride, charge))
+///     })
+///     .await?;
+/// assert_eq!(out.into_inner(), (41, "ch_1".to_owned()));
+/// # Ok(()) }
+/// ```
+pub struct Steps<C = JsonCodec> {
+    inner: Arc<Inner<C>>,
+}
+
+impl<C> Clone for Steps<C> {
+    fn clone(&self) -> Self {
+        Steps {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<C> fmt::Debug for Steps<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Steps")
+            .field("attempt", &self.inner.attempt)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<C> {
+    engine: Idempotency<C>,
+    /// `None` for a call without a key: every step runs, nothing is stored.
+    claim: Option<Claim>,
+    retention: Duration,
+    attempt: Attempt,
+    progress: Mutex<Progress>,
+}
+
+/// The steps stored by earlier attempts, and how far this attempt has come.
+struct Progress {
+    stored: Vec<StepRecord>,
+    next: u32,
+    names: HashSet<String>,
+}
+
+/// Which attempt of an operation is running: what [`Steps::attempt`] tells the work.
+///
+/// ```
+/// use idem_core::Attempt;
+/// let first = Attempt { number: 1, resumed: false };
+/// assert!(!first.resumed);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    /// 1 for the first claim that ran this operation's steps; each claim after it (a retry
+    /// after a crash, a lost lease, a failure) counts one more.
+    pub number: u32,
+    /// Whether an earlier attempt stored steps this one replays: it stopped (crashed, lost its
+    /// lease, failed or was cancelled) after them.
+    pub resumed: bool,
+}
+
+impl<C: Codec> Steps<C> {
+    /// The handle of a claimed operation, from what the store holds of it.
+    pub(crate) fn new(
+        engine: Idempotency<C>,
+        claim: Option<Claim>,
+        retention: Duration,
+        log: StepLog,
+    ) -> Steps<C> {
+        let attempt = Attempt {
+            number: log.attempt,
+            resumed: log
+                .steps
+                .iter()
+                .any(|s| matches!(s.state, StepState::Finished(_))),
+        };
+        Steps {
+            inner: Arc::new(Inner {
+                engine,
+                claim,
+                retention,
+                attempt,
+                progress: Mutex::new(Progress {
+                    stored: log.steps,
+                    next: 0,
+                    names: HashSet::new(),
+                }),
+            }),
+        }
+    }
+
+    /// Which attempt of the operation this is.
+    ///
+    /// ```
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("ride", "", "r-1")?;
+    /// let out = engine.call(key).run_steps(|steps| async move {
+    ///     Ok::<_, Error>(steps.attempt().number)
+    /// }).await?;
+    /// assert_eq!(out.into_inner(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn attempt(&self) -> Attempt {
+        self.inner.attempt
+    }
+
+    /// The step `name`, to set how it runs before running it.
+    ///
+    /// ```
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("ride", "", "r-2")?;
+    /// engine.call(key).run_steps(|steps| async move {
+    ///     steps.step("charge").at_most_once().run(|| async { Ok::<_, Error>(4200) }).await
+    /// }).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn step<'s>(&'s self, name: &'s str) -> Step<'s, C> {
+        Step {
+            steps: self,
+            name,
+            at_most_once: false,
+        }
+    }
+
+    /// Runs the step `name` (see [`Step::run`]): `self.step(name).run(work)`.
+    pub async fn run<T, E, F, Fut>(&self, name: &str, work: F) -> Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+    {
+        self.step(name).run(work).await
+    }
+
+    /// Takes the next position for `name` and says what to do there, from what earlier attempts
+    /// stored.
+    fn plan(&self, name: &str) -> Result<Plan, Error> {
+        if name.is_empty() || name.len() > MAX_STEP_NAME_LEN {
+            return Err(Error::InvalidStep(format!(
+                "a step name is 1 to {MAX_STEP_NAME_LEN} bytes, {name:?} is {}",
+                name.len()
+            )));
+        }
+        let mut progress = self
+            .inner
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if progress.names.contains(name) {
+            return Err(Error::InvalidStep(format!(
+                "the step {name:?} runs twice in one operation: give each step its own name"
+            )));
+        }
+        let position = progress.next;
+        let at_position = progress.stored.iter().find(|s| s.position == position);
+        let by_name = progress.stored.iter().find(|s| s.name == name);
+        let plan = match (at_position, by_name) {
+            (Some(stored), _) if stored.name != name => Err(Error::StepMismatch {
+                position,
+                stored: stored.name.clone(),
+                called: name.to_owned(),
+            }),
+            (None, Some(stored)) => Err(Error::StepMismatch {
+                position: stored.position,
+                stored: stored.name.clone(),
+                called: format!("{name} (at position {position})"),
+            }),
+            (Some(stored), _) => Ok(match &stored.state {
+                StepState::Finished(bytes) => Plan::Replay(bytes.clone()),
+                StepState::Begun => Plan::Begun(position),
+            }),
+            (None, None) => Ok(Plan::Run(position)),
+        }?;
+        progress.names.insert(name.to_owned());
+        progress.next += 1;
+        Ok(plan)
+    }
+
+    /// Stores `step` for this attempt's claim (nothing without a key).
+    async fn write(&self, step: StepWrite<'_>) -> Result<(), Error> {
+        let Some(claim) = &self.inner.claim else {
+            return Ok(());
+        };
+        self.inner
+            .engine
+            .store()
+            .write_step(claim, step, self.inner.retention)
+            .await
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<C: Codec> Steps<C> {
+    /// Runs the step `name` as an atomic phase (SQLite and PostgreSQL): `work` runs on the
+    /// caller's transaction `conn`, and the step's record is written on the same connection, so
+    /// committing the transaction commits the step's writes and its record together, and a
+    /// crash (or a rollback) before the commit leaves neither: the retry runs the step again
+    /// on a clean slate. A step an earlier attempt committed replays its result and runs
+    /// nothing on `conn`.
+    ///
+    /// `store` is the store the engine runs on, and `conn` a transaction on its database
+    /// (on SQLite open it with `BEGIN IMMEDIATE`, as for [`Transactional`](crate::Transactional)).
+    /// Commit only when this returns `Ok`: an `Err` (the work's, or [`Error::LeaseLost`] when
+    /// the operation was taken over) means roll back. The record's statement locks the
+    /// operation's record row until the commit on PostgreSQL (SQLite's write lock is held
+    /// anyway), so the lease renewal waits for it: keep the transaction well under a third of
+    /// the lease. Errors as [`Step::run`]'s.
+    ///
+    /// ```
+    /// use idem_core::{Error, Idempotency, Key, SqliteStore};
+    /// use sqlx::Connection;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let store = SqliteStore::open(dir.path().join("rides.db")).await?;
+    /// sqlx::query("CREATE TABLE rides (id INTEGER PRIMARY KEY, user_id TEXT)").execute(store.pool()).await?;
+    /// let engine = Idempotency::new(store.clone());
+    /// let key = Key::derive("rides", "user-7", "req-1")?;
+    /// let store = &store;
+    /// let ride = engine.call(key).run_steps(|steps| async move {
+    ///     let mut conn = store.pool().acquire().await.map_err(Error::from)?;
+    ///     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(Error::from)?;
+    ///     let id: i64 = steps.tx(store, &mut tx, "create ride", |tx| Box::pin(async move {
+    ///         let id = sqlx::query_scalar("INSERT INTO rides (user_id) VALUES ('user-7') RETURNING id")
+    ///             .fetch_one(&mut *tx).await.map_err(Error::from)?;
+    ///         Ok::<i64, Error>(id)
+    ///     })).await?;
+    ///     tx.commit().await.map_err(Error::from)?;
+    ///     Ok::<_, Error>(id)
+    /// }).await?;
+    /// assert_eq!(ride.into_inner(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn tx<S, T, E, F>(
+        &self,
+        store: &S,
+        conn: &mut S::Connection,
+        name: &str,
+        work: F,
+    ) -> Result<T, E>
+    where
+        S: crate::store::TransactionalStore,
+        F: for<'c> FnOnce(&'c mut S::Connection) -> super::TxFuture<'c, Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+    {
+        let codec = self.inner.engine.codec();
+        let position = match self.plan(name)? {
+            Plan::Replay(bytes) => return Ok(codec.decode(&bytes).map_err(Error::Codec)?),
+            // A transactional step records no beginning: begun means an at-most-once step of
+            // older code; it was never committed with writes of its own, so it runs.
+            Plan::Begun(position) | Plan::Run(position) => position,
+        };
+        let value = work(&mut *conn).await?;
+        let bytes = codec.encode(&value).map_err(Error::Codec)?;
+        if let Some(claim) = &self.inner.claim {
+            let step = StepWrite {
+                name,
+                position,
+                result: Some(&bytes),
+            };
+            store
+                .write_step_in(conn, claim, step, self.inner.retention)
+                .await?;
+        }
+        Ok(value)
+    }
+}
+
+/// What a step does at its position.
+enum Plan {
+    /// An earlier attempt finished it: its stored result.
+    Replay(Vec<u8>),
+    /// An earlier attempt began it (an at-most-once step) and stored no result.
+    Begun(u32),
+    /// Nothing stored: run it.
+    Run(u32),
+}
+
+/// One step of an operation, made by [`Steps::step`]: set how it runs, then
+/// [`run`](Self::run) it.
+#[must_use = "a step does nothing until it is run and awaited"]
+pub struct Step<'s, C> {
+    steps: &'s Steps<C>,
+    name: &'s str,
+    at_most_once: bool,
+}
+
+impl<C> fmt::Debug for Step<'_, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Step")
+            .field("name", &self.name)
+            .field("at_most_once", &self.at_most_once)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Codec> Step<'_, C> {
+    /// Never runs this step twice: before it runs, the store records that it begins (one more
+    /// round trip), and an attempt that finds it begun without a result (an earlier attempt
+    /// died inside it, or the step failed) gets [`Error::StepInterrupted`] instead of running
+    /// it again. Use it for an effect that must not repeat and that you can look up (a charge
+    /// you can find by its reference). By default a step is at least once: an interrupted step
+    /// runs again.
+    pub fn at_most_once(mut self) -> Self {
+        self.at_most_once = true;
+        self
+    }
+
+    /// Runs the step: replays its result if an earlier attempt of the operation finished it;
+    /// otherwise runs `work` and stores its `Ok` value (encoded by the engine's codec) under the
+    /// operation's key and the step's name, fenced by the operation's claim. An `Err` from
+    /// `work` is returned and nothing is stored (an at-most-once step stays begun: a retry gets
+    /// [`Error::StepInterrupted`]; return a final answer such as "declined" as an `Ok` value to
+    /// store it).
+    ///
+    /// Errors besides `work`'s: [`Error::StepMismatch`] (another step is stored at this
+    /// position), [`Error::StepInterrupted`], [`Error::InvalidStep`] (a bad or repeated name),
+    /// [`Error::LeaseLost`] (the operation was taken over: the step's effect may have happened
+    /// twice), [`Error::Codec`], and store errors. A result the store failed to keep makes the
+    /// step run again on a retry.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("ride", "", "r-3")?;
+    /// let charges = AtomicU32::new(0);
+    /// let charges = &charges;
+    /// for fail_receipt in [true, false] {
+    ///     let _ = engine.call(key).run_steps(|steps| async move {
+    ///         steps.run("charge", || async { Ok::<_, Error>(charges.fetch_add(1, Ordering::SeqCst)) }).await?;
+    ///         if fail_receipt {
+    ///             return Err(Error::InvalidConfig("mail server down".into()));
+    ///         }
+    ///         Ok(())
+    ///     }).await;
+    /// }
+    /// assert_eq!(charges.load(Ordering::SeqCst), 1); // the retry replayed the charge
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<T, E, F, Fut>(self, work: F) -> Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+    {
+        let steps = self.steps;
+        let codec = steps.inner.engine.codec();
+        let position = match steps.plan(self.name)? {
+            Plan::Replay(bytes) => return Ok(codec.decode(&bytes).map_err(Error::Codec)?),
+            Plan::Begun(_) if self.at_most_once => {
+                return Err(Error::StepInterrupted {
+                    step: self.name.to_owned(),
+                    attempt: steps.inner.attempt.number,
+                }
+                .into())
+            }
+            // At least once: an interrupted step runs again.
+            Plan::Begun(position) | Plan::Run(position) => position,
+        };
+        if self.at_most_once {
+            steps
+                .write(StepWrite {
+                    name: self.name,
+                    position,
+                    result: None,
+                })
+                .await?;
+        }
+        let value = work().await?;
+        let bytes = codec.encode(&value).map_err(Error::Codec)?;
+        steps
+            .write(StepWrite {
+                name: self.name,
+                position,
+                result: Some(&bytes),
+            })
+            .await?;
+        Ok(value)
+    }
+}
