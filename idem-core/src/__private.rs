@@ -12,7 +12,7 @@ pub use std::time::Duration;
 use crate::canonical::{struct_to_canonical, DynSerialize};
 use crate::codec::Codec;
 pub use crate::engine::Overrides as CallOptions;
-use crate::engine::{Idempotency, OnLocked};
+use crate::engine::{Idempotency, OnLocked, Steps};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::engine::{Transactional, TxClaim, TxStart};
 use crate::error::Error;
@@ -349,6 +349,37 @@ where
         .fingerprint(fingerprint)
         .overrides(options)
         .run_into(refused, body)
+}
+
+/// [`call`] for a function with `steps = name`: the body is a closure of the [`Steps`] handle
+/// its `name` binds, run through [`Call::run_steps`](crate::Call::run_steps).
+pub async fn call_steps<R, En, W, F>(
+    engine: &En,
+    key: Result<Option<Key>, Error>,
+    fingerprint: Result<Option<Fingerprint>, Error>,
+    options: CallOptions,
+    body: W,
+) -> R
+where
+    R: IdempotentResult,
+    R::Value: Storable,
+    R::Error: CarriesIdemError,
+    En: AsEngine + ?Sized,
+    W: FnOnce(Steps<En::Codec>) -> F,
+    F: Future<Output = R>,
+{
+    let (key, fingerprint) = match (key, fingerprint) {
+        (Ok(key), Ok(fingerprint)) => (key, fingerprint),
+        (Err(e), _) | (_, Err(e)) => return R::from_result(Err(e.into())),
+    };
+    let out = engine
+        .as_engine()
+        .call(key)
+        .fingerprint(fingerprint)
+        .overrides(options)
+        .run_steps(|steps| async move { body(steps).await.into_result() })
+        .await;
+    R::from_result(out.map(crate::Outcome::into_inner))
 }
 
 /// The default scope of an idempotent function: its path, read from the type name of an item

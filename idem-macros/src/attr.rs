@@ -10,7 +10,7 @@ use syn::{Expr, Ident, LitBool, LitStr, Token};
 use crate::duration::DurationLit;
 
 /// The arguments, in the order the docs list them.
-const NAMES: [&str; 10] = [
+const NAMES: [&str; 11] = [
     "key",
     "scope",
     "engine",
@@ -21,6 +21,7 @@ const NAMES: [&str; 10] = [
     "on_locked",
     "transaction",
     "detach",
+    "steps",
 ];
 
 /// Old spellings that still work, with a deprecation warning: `(old, new)`.
@@ -45,6 +46,8 @@ pub(crate) struct Args {
     pub(crate) on_locked: Arg<Expr>,
     pub(crate) transaction: Arg<Ident>,
     pub(crate) detach: Arg<LitBool>,
+    /// The name the body's [`Steps`] handle is bound to.
+    pub(crate) steps: Arg<Ident>,
     /// Old spellings used (`store`, `ttl`), each with the name that replaces it.
     pub(crate) deprecated: Vec<(Ident, &'static str)>,
 }
@@ -80,6 +83,7 @@ impl Parse for Args {
                 "on_locked" => assign(input, &mut args.on_locked, keyword, parse_expr)?,
                 "transaction" => assign(input, &mut args.transaction, keyword, parse_parameter)?,
                 "detach" => assign(input, &mut args.detach, keyword, parse_bool)?,
+                "steps" => assign(input, &mut args.steps, keyword, parse_binding)?,
                 _ => return Err(unknown(&keyword)),
             }
             if input.is_empty() {
@@ -184,6 +188,24 @@ fn parse_expr(input: ParseStream<'_>, _name: &str) -> syn::Result<Expr> {
 /// The name of a parameter (`transaction = tx`), or an error spanned on whatever expression
 /// stands in its place.
 fn parse_parameter(input: ParseStream<'_>, _name: &str) -> syn::Result<Ident> {
+    parse_name(
+        input,
+        "`transaction` takes the name of a parameter of this function, such as \
+         `transaction = tx` for `tx: &mut sqlx::Transaction<'_, Sqlite>`",
+    )
+}
+
+/// The name the body's steps handle is bound to (`steps = steps`), or an error spanned on
+/// whatever stands in its place.
+fn parse_binding(input: ParseStream<'_>, _name: &str) -> syn::Result<Ident> {
+    parse_name(
+        input,
+        "`steps` takes a name for the body's `idem::Steps` handle, such as `steps = steps`",
+    )
+}
+
+/// A bare name, or `refusal` spanned on the expression written instead.
+fn parse_name(input: ParseStream<'_>, refusal: &str) -> syn::Result<Ident> {
     let fork = input.fork();
     if let Ok(ident) = fork.parse::<Ident>() {
         if fork.is_empty() || fork.peek(Token![,]) {
@@ -192,14 +214,9 @@ fn parse_parameter(input: ParseStream<'_>, _name: &str) -> syn::Result<Ident> {
         }
     }
     let expr: Expr = input.parse()?;
-    Err(syn::Error::new_spanned(
-        expr,
-        "`transaction` takes the name of a parameter of this function, such as \
-         `transaction = tx` for `tx: &mut sqlx::Transaction<'_, Sqlite>`",
-    ))
+    Err(syn::Error::new_spanned(expr, refusal))
 }
 
-/// `true` or `false`, or an error spanned on whatever expression stands in its place.
 fn parse_bool(input: ParseStream<'_>, _name: &str) -> syn::Result<LitBool> {
     if input.peek(LitBool) {
         return input.parse();

@@ -76,6 +76,8 @@ struct Call {
     transaction: Option<Ident>,
     /// Run the body on a task of its own, so cancelling the caller cannot stop it.
     detach: bool,
+    /// The name of the body's steps handle: the body runs through `Call::run_steps`.
+    steps: Option<Ident>,
     /// Old argument names used, each with its new name: each becomes a deprecation warning.
     deprecated: Vec<(Ident, &'static str)>,
 }
@@ -143,6 +145,26 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         (Some((_, value)), _) => Ok(value.value),
         (None, _) => Ok(false),
     };
+    // Steps run through `Call::run_steps`, which neither detaches nor runs on a transaction
+    // (a step's own transaction is `steps.tx`), and need the body as an `async` block.
+    let steps = match &args.steps {
+        Some((keyword, name)) => {
+            let refusal = if args.transaction.is_some() {
+                Some("`steps` does not apply with `transaction`: each step may run a transaction of its own with `steps.tx`; remove `transaction`")
+            } else if matches!(args.detach, Some((_, ref value)) if value.value) {
+                Some("`steps` does not combine with `detach = true` yet: a cancelled call stops at a step, and the retry resumes after the last finished one; remove `detach`")
+            } else if matches!(form, Ok((Form::Boxed, _))) {
+                Some("`steps` does not work on a method that `#[async_trait]` has rewritten; write the trait with a native `async fn`")
+            } else {
+                None
+            };
+            match refusal {
+                Some(message) => Err(syn::Error::new_spanned(keyword, message)),
+                None => Ok(Some(name.clone())),
+            }
+        }
+        None => Ok(None),
+    };
     let borrowed = match detach {
         Ok(true) => params::check_detached(sig, &func.block.to_token_stream()),
         _ => Vec::new(),
@@ -188,6 +210,7 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
             engine.as_ref().err().cloned(),
             transactional.err(),
             detach.as_ref().err().cloned(),
+            steps.as_ref().err().cloned(),
         ]
         .into_iter()
         .flatten()
@@ -207,6 +230,7 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         on_locked: args.on_locked.map(|(_, on_locked)| on_locked),
         transaction: args.transaction.map(|(_, parameter)| parameter),
         detach: detach?,
+        steps: steps?,
         deprecated: args.deprecated,
     })
 }
@@ -340,6 +364,7 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
         on_locked,
         transaction,
         detach,
+        steps,
         deprecated,
     } = call;
 
@@ -432,6 +457,22 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
         },
     };
     let body = match (transaction, form) {
+        (None, Form::Async) if steps.is_some() => {
+            let call = quote_spanned! {returns=>
+                ::idem::__private::call_steps::<#return_type, _, _, _>(
+                    &__idem_engine,
+                    __idem_key,
+                    __idem_fingerprint,
+                    __idem_options,
+                    move |#steps| async move #block,
+                )
+                .await
+            };
+            quote! {
+                #prelude
+                #call
+            }
+        }
         (None, Form::Async) => {
             let call = call(quote!(async move #block));
             quote! {
