@@ -261,9 +261,11 @@ fn only(op: &str) -> HashMap<String, usize> {
 
 /// **Round trips**: a new key is one PutItem to claim and one UpdateItem to complete; a
 /// duplicate (locked, replay, key reused) is the same one PutItem, its outcome read from the
-/// old item that the failed condition returns; renew and abort are one request each.
+/// old item that the failed condition returns; renew and abort are one request each; a step is
+/// one TransactWriteItems, beginning steps a GetItem and one; evict deletes the steps item,
+/// then the record (docs/steps.md).
 #[tokio::test]
-async fn each_call_is_one_request() {
+async fn each_call_costs_its_requests() {
     let Some(url) = url() else { return };
     let table = fresh_table();
     DynamoStore::create_table(&client(&url), &table)
@@ -297,6 +299,22 @@ async fn each_call_is_one_request() {
     assert_eq!(requests.take(), only("PutItem"), "key reused");
     store.renew(&c, LONG).await.unwrap();
     assert_eq!(requests.take(), only("UpdateItem"), "renew");
+    store.begin_steps(&c, LONG).await.unwrap();
+    assert_eq!(
+        requests.take(),
+        HashMap::from([
+            ("GetItem".to_owned(), 1),
+            ("TransactWriteItems".to_owned(), 1)
+        ]),
+        "begin steps"
+    );
+    let step = idem_core::StepWrite {
+        name: "charge",
+        position: 0,
+        result: Some(b"1"),
+    };
+    store.write_step(&c, step, LONG).await.unwrap();
+    assert_eq!(requests.take(), only("TransactWriteItems"), "a step");
     store.complete(&c, done(b"r"), LONG).await.unwrap();
     assert_eq!(requests.take(), only("UpdateItem"), "complete");
     store.complete(&c, done(b"again"), LONG).await.unwrap();
@@ -315,7 +333,11 @@ async fn each_call_is_one_request() {
     store.get(&k).await.unwrap();
     assert_eq!(requests.take(), only("GetItem"), "get");
     assert!(store.evict(&k).await.unwrap());
-    assert_eq!(requests.take(), only("DeleteItem"), "evict");
+    assert_eq!(
+        requests.take(),
+        HashMap::from([("DeleteItem".to_owned(), 2)]),
+        "evict: the steps, then the record"
+    );
 }
 
 /// A stale owner, on real time against the server: its 300 ms lease ends, another handle takes

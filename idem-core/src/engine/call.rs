@@ -324,10 +324,11 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     /// claim is released, until the operation completes and for the call's retention after
     /// their last write; see docs/steps.md for what is promised and what is not.
     ///
-    /// The store must keep steps ([`Error::StepsUnsupported`] otherwise): the memory, SQLite
-    /// and PostgreSQL stores do. Without a key, every step runs and nothing is stored. One
-    /// round trip more than `run` to begin, then one per step (two for an
-    /// [`at_most_once`](crate::Step::at_most_once) step).
+    /// The store must keep steps ([`Error::StepsUnsupported`] otherwise): all of idem's stores
+    /// do; a store of your own does once it implements [`Store::begin_steps`](crate::Store::begin_steps)
+    /// and [`Store::write_step`](crate::Store::write_step). Without a key, every step runs and
+    /// nothing is stored. One or two round trips more than `run` to begin (docs/steps.md), then
+    /// one per step (two for an [`at_most_once`](crate::Step::at_most_once) step).
     ///
     /// ```
     /// use idem_core::{Error, Idempotency, Key, MemoryStore};

@@ -40,11 +40,6 @@ impl Harness for DynamoHarness {
     fn store(&self) -> Arc<dyn Store> {
         Arc::new(self.store.clone())
     }
-
-    /// Not yet (issue 31): the step rules check that it refuses steps, typed.
-    fn keeps_steps(&self) -> bool {
-        false
-    }
 }
 
 impl Drop for DynamoHarness {

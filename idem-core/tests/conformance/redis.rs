@@ -31,11 +31,6 @@ impl<const CLUSTER: bool> Harness for RedisHarness<CLUSTER> {
         Arc::new(self.store.clone())
     }
 
-    /// Not yet (issue 31): the step rules check that it refuses steps, typed.
-    fn keeps_steps(&self) -> bool {
-        false
-    }
-
     fn expires_by_itself(&self) -> bool {
         true
     }

@@ -48,7 +48,7 @@ impl Inner {
                 .client
                 .scan()
                 .table_name(&self.table)
-                .set_filter_expression(filter.map(str::to_owned))
+                .filter_expression(records_only(filter))
                 .projection_expression(projection)
                 .set_expression_attribute_values((!values.is_empty()).then(|| values.clone()))
                 .consistent_read(true)
@@ -210,6 +210,15 @@ impl StoreAdmin for DynamoStore {
 
     async fn schema_version(&self) -> Result<i64, Error> {
         Ok(DynamoStore::SCHEMA_VERSION)
+    }
+}
+
+/// `filter`, for records only: the steps items beside them (`store/dynamodb/steps.rs`) carry no
+/// state.
+fn records_only(filter: Option<&str>) -> String {
+    match filter {
+        Some(filter) => format!("({filter}) AND attribute_exists({STATE})"),
+        None => format!("attribute_exists({STATE})"),
     }
 }
 

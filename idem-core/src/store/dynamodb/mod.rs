@@ -16,6 +16,7 @@ use crate::envelope;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Claim, Completion, Record, Start, StoredResult};
+use crate::step::{StepLog, StepWrite};
 use crate::store::{check_duration, check_fingerprint, Store};
 
 use item::{
@@ -27,6 +28,7 @@ mod admin;
 mod endpoint;
 mod errors;
 mod item;
+mod steps;
 mod table;
 
 /// The largest clock-skew margin the builder accepts.
@@ -127,7 +129,9 @@ const EXPIRED: &str = "expires_ms <= :cutoff";
 /// | `renew` | 1: `UpdateItem` conditioned on the token and the in-progress state |
 /// | `abort` | 1: `DeleteItem` conditioned on the token and the in-progress state |
 /// | `get` | 1: `GetItem` with a strongly consistent read |
-/// | `evict` | 1: unconditional `DeleteItem` with `ReturnValues=ALL_OLD` |
+/// | `evict` | 2: `DeleteItem` of the steps item, then of the record with `ReturnValues=ALL_OLD` |
+/// | `begin_steps` | 2: a consistent `GetItem` of the steps item `<key>:steps`, then a `TransactWriteItems` of a `ConditionCheck` (the record in progress under the claim's token) and a `Put` of the steps item |
+/// | `write_step` | 1: `TransactWriteItems` of the same `ConditionCheck` and an `Update` of the steps item (a finished step's result kept with `if_not_exists`) |
 /// | `prune_expired(limit)` | Scan pages (below) plus one conditional `DeleteItem` per expired item |
 /// | [`StoreAdmin`](crate::StoreAdmin) `list`, `stats` | a `Scan` of the whole table each ([below](#impl-StoreAdmin-for-DynamoStore)) |
 ///
@@ -768,6 +772,8 @@ impl Store for DynamoStore {
 
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
         let s = &*self.inner;
+        // The steps first: a record evicted without them would let a new run replay them.
+        s.evict_steps(key).await?;
         let out = s
             .client
             .delete_item()
@@ -780,6 +786,26 @@ impl Store for DynamoStore {
         Ok(out.attributes.is_some_and(|a| !a.is_empty()))
     }
 
+    async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
+        check_duration("retention", retention)?;
+        self.inner
+            .begin_steps(claim, duration_millis(retention))
+            .await
+    }
+
+    async fn write_step(
+        &self,
+        claim: &Claim,
+        step: StepWrite<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        check_duration("retention", retention)?;
+        self.inner
+            .write_step(claim, step, duration_millis(retention))
+            .await
+    }
+
+    /// Ended records and ended steps items alike (both carry `expires_ms`).
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
         let s = &*self.inner;
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);

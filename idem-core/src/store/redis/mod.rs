@@ -17,6 +17,7 @@ use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Claim, Completion, Record, RecordState, Start, StoredResult};
+use crate::step::{StepLog, StepRecord, StepState, StepWrite};
 use crate::store::{check_duration, Store};
 
 use scripts::{Lua, Scripts};
@@ -49,8 +50,9 @@ use scripts::{Lua, Scripts};
 /// | `complete` | 1 | the fenced completion script |
 /// | `abort`, `renew` | 1 | a fenced script each |
 /// | `get` | 1 | a read-only script (it needs the server's clock) |
-/// | `evict` | 1 | `DEL` |
-/// | `prune_expired` | 0 | nothing: Redis deletes ended records itself |
+/// | `evict` | 1 | a script deleting the record and its steps |
+/// | `begin_steps`, `write_step` | 1 | a script each that checks the record is in progress under the claim's token, then counts the attempt or writes the step in the hash `<record key>:steps` (the same slot) |
+/// | `prune_expired` | 0 | nothing: Redis deletes ended records (and steps) itself |
 /// | [`StoreAdmin`](crate::StoreAdmin) `list`, `stats` | about 2 per 1,000 keys of the prefix | `SCAN` on every master, each step's keys read with pipelined `HMGET`s ([below](#impl-StoreAdmin-for-RedisStore)) |
 ///
 /// So a new key costs two round trips (claim, complete) and a replay one; with
@@ -497,9 +499,10 @@ impl RedisStore {
     }
 
     /// The Lua scripts this store runs on the server, by name (`claim`, `complete`, `abort`,
-    /// `renew`, `get`): to review them, or to pre-load them with `SCRIPT LOAD` (the store also
-    /// sends one in full to a server that does not know it). Each takes the record's key as
-    /// `KEYS[1]`; their arguments are listed in the store's source (`store/redis/scripts.rs`).
+    /// `renew`, `get`, `begin_steps`, `write_step`, `evict`): to review them, or to pre-load
+    /// them with `SCRIPT LOAD` (the store also sends one in full to a server that does not know
+    /// it). Each takes the record's key as `KEYS[1]` (and the steps', for the last three, as
+    /// `KEYS[2]`); their arguments are listed in the store's source (`store/redis/scripts.rs`).
     ///
     /// ```
     /// let scripts = idem_core::RedisStore::script_sources();
@@ -513,6 +516,9 @@ impl RedisStore {
             ("abort", s.abort.body),
             ("renew", s.renew.body),
             ("get", s.get.body),
+            ("begin_steps", s.begin_steps.body),
+            ("write_step", s.write_step.body),
+            ("evict", s.evict.body),
         ]
     }
 }
@@ -542,10 +548,28 @@ impl Inner {
         args: &[&[u8]],
         replicated: bool,
     ) -> Result<Value, Error> {
+        self.eval_keys(op, lua, key, false, args, replicated).await
+    }
+
+    /// [`eval`](Self::eval), with the key of the record's steps as `KEYS[2]` when `steps`.
+    async fn eval_keys(
+        &self,
+        op: &'static str,
+        lua: &Lua,
+        key: &Key,
+        steps: bool,
+        args: &[&[u8]],
+        replicated: bool,
+    ) -> Result<Value, Error> {
         let key = self.key(key);
+        // The same hash tag as the record's: one cluster slot, so one script may touch both.
+        let steps_key = steps.then(|| format!("{key}:steps"));
         let command = |verb: &str, script: &str| {
             let mut cmd = redis::cmd(verb);
-            cmd.arg(script).arg(1).arg(&key);
+            cmd.arg(script).arg(1 + usize::from(steps)).arg(&key);
+            if let Some(steps_key) = &steps_key {
+                cmd.arg(steps_key);
+            }
             for a in args {
                 cmd.arg(*a);
             }
@@ -633,6 +657,30 @@ fn int(v: &Value) -> Option<i64> {
         Value::Int(n) => Some(*n),
         _ => None,
     }
+}
+
+/// A step from its field's name and its value (`b` or `f`, the position, `:`, the result).
+fn step_record(name: &[u8], value: &[u8]) -> Result<StepRecord, Error> {
+    let bad = || corrupt(format!("a stored step is {value:?}"));
+    let (state, rest) = value.split_first().ok_or_else(bad)?;
+    let colon = rest.iter().position(|b| *b == b':').ok_or_else(bad)?;
+    let position = std::str::from_utf8(&rest[..colon])
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+        .ok_or_else(bad)?;
+    let result = &rest[colon + 1..];
+    let state = match state {
+        b'f' => StepState::Finished(result.to_vec()),
+        b'b' => StepState::Begun,
+        _ => return Err(bad()),
+    };
+    let name = String::from_utf8(name.to_vec())
+        .map_err(|_| corrupt("a stored step name is not UTF-8".into()))?;
+    Ok(StepRecord {
+        name,
+        position,
+        state,
+    })
 }
 
 fn corrupt(why: String) -> Error {
@@ -851,13 +899,99 @@ impl Store for RedisStore {
     }
 
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
-        let deleted = self
-            .inner
-            .conn
-            .query(redis::cmd("DEL").arg(self.inner.key(key)))
-            .await
-            .map_err(|e| store_error("evict", e))?;
+        let inner = &self.inner;
+        let deleted = inner
+            .eval_keys("evict", &inner.scripts.evict, key, true, &[], false)
+            .await?;
         Ok(int(&deleted).unwrap_or(0) > 0)
+    }
+
+    async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
+        check_duration("retention", retention)?;
+        let token = claim.token().to_bytes();
+        let retention = millis(retention);
+        let inner = &self.inner;
+        let answer = inner
+            .eval_keys(
+                "begin_steps",
+                &inner.scripts.begin_steps,
+                claim.key(),
+                true,
+                &[&token, &retention],
+                false,
+            )
+            .await?;
+        let parts = match answer {
+            Value::Int(0) => return Err(Error::LeaseLost),
+            Value::Array(parts) => parts,
+            other => {
+                return Err(corrupt(format!(
+                    "the begin_steps script answered {other:?}"
+                )))
+            }
+        };
+        let (Some(attempt), Some(Value::Array(fields))) =
+            (parts.first().and_then(int), parts.get(1))
+        else {
+            return Err(corrupt(format!(
+                "the begin_steps script answered {parts:?}"
+            )));
+        };
+        let mut steps = Vec::new();
+        for pair in fields.chunks(2) {
+            let (Some(field), Some(value)) =
+                (pair.first().and_then(bytes), pair.get(1).and_then(bytes))
+            else {
+                return Err(corrupt(format!("a steps hash holds {pair:?}")));
+            };
+            if let Some(name) = field.strip_prefix(b"s:") {
+                steps.push(step_record(name, value)?);
+            }
+        }
+        steps.sort_by_key(|s| s.position);
+        let attempt = u32::try_from(attempt)
+            .map_err(|_| corrupt(format!("a steps hash counts {attempt} attempts")))?;
+        Ok(StepLog { attempt, steps })
+    }
+
+    async fn write_step(
+        &self,
+        claim: &Claim,
+        step: StepWrite<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        check_duration("retention", retention)?;
+        let token = claim.token().to_bytes();
+        let retention = millis(retention);
+        let position = step.position.to_string();
+        let (finished, result): (&[u8], &[u8]) = match step.result {
+            Some(result) => (b"1", result),
+            None => (b"0", b""),
+        };
+        let inner = &self.inner;
+        let args: [&[u8]; 6] = [
+            &token,
+            &retention,
+            step.name.as_bytes(),
+            position.as_bytes(),
+            finished,
+            result,
+        ];
+        match inner
+            .eval_keys(
+                "write_step",
+                &inner.scripts.write_step,
+                claim.key(),
+                true,
+                &args,
+                true,
+            )
+            .await?
+        {
+            Value::Int(1) => Ok(()),
+            Value::Int(0) => Err(Error::LeaseLost),
+            other => Err(corrupt(format!("the write_step script answered {other:?}"))),
+        }
     }
 
     /// Redis deletes ended records itself (key expiry): nothing to do, 0.

@@ -11,6 +11,12 @@
 //! | `r` | the stored response, when there is one |
 //! | `x` | `1` when the response is a stored error |
 //!
+//! An operation's steps (docs/steps.md) are a second hash, `KEYS[2]`, under the record's key
+//! with `:steps` appended (the same hash tag, so the same cluster slot): `a` counts the attempts
+//! and `t` names the claim counted last; a field `s:<name>` per step holds its state (`b` begun,
+//! `f` finished), its position and `:`, then its result. The hash expires with the retention
+//! from its last write.
+//!
 //! Time is the server's: `TIME`, read inside the script (Redis 7 replicates a script's effects,
 //! not the script, so replicas store the same values). A completed record's key expires
 //! (`PEXPIREAT`) when its retention ends. A running claim's key expires one lease after its
@@ -120,6 +126,54 @@ end
 return {r[1], r[2], tonumber(r[3]), r[4], r[5], r[6]}
 ";
 
+/// The fence of the step scripts: KEYS[1] is in progress under the claim's token (ARGV[1]).
+const STEPS_FENCE: &str = r"
+local r = redis.call('HMGET', KEYS[1], 's', 't')
+if r[1] ~= 'p' or r[2] ~= ARGV[1] then
+  return 0
+end
+local function counted()
+  local a = redis.call('HMGET', KEYS[2], 'a', 't')
+  local attempt = tonumber(a[1] or '0')
+  if attempt == 0 or a[2] ~= ARGV[1] then
+    attempt = attempt + 1
+    redis.call('HSET', KEYS[2], 'a', num(attempt), 't', ARGV[1])
+  end
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return attempt
+end
+";
+
+/// `begin_steps`: KEYS[1], KEYS[2]; ARGV = token, retention ms. Returns 0 when the claim is
+/// lost, else `{attempt, {field, value, …}}` (the steps hash).
+const BEGIN_STEPS: &str = r"
+local attempt = counted()
+return {attempt, redis.call('HGETALL', KEYS[2])}
+";
+
+/// `write_step`: KEYS[1], KEYS[2]; ARGV = token, retention ms, name, position, finished (0/1),
+/// result. A finished step keeps its first result. 1, or 0 when the claim is lost.
+const WRITE_STEP: &str = r"
+counted()
+local field = 's:' .. ARGV[3]
+local old = redis.call('HGET', KEYS[2], field)
+if not old or string.sub(old, 1, 1) ~= 'f' then
+  local state = 'b'
+  if ARGV[5] == '1' then
+    state = 'f'
+  end
+  redis.call('HSET', KEYS[2], field, state .. ARGV[4] .. ':' .. ARGV[6])
+end
+return 1
+";
+
+/// `evict`: KEYS[1], KEYS[2]. Deletes the record and its steps; 1 when the record existed.
+const EVICT: &str = r"
+local n = redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[2])
+return n
+";
+
 /// One script: its source and its SHA-1, for `EVALSHA` with `EVAL` as the fallback.
 pub(super) struct Lua {
     pub(super) body: String,
@@ -141,6 +195,9 @@ pub(super) struct Scripts {
     pub(super) abort: Lua,
     pub(super) renew: Lua,
     pub(super) get: Lua,
+    pub(super) begin_steps: Lua,
+    pub(super) write_step: Lua,
+    pub(super) evict: Lua,
 }
 
 impl Scripts {
@@ -151,6 +208,9 @@ impl Scripts {
             abort: Lua::new(ABORT),
             renew: Lua::new(RENEW),
             get: Lua::new(GET),
+            begin_steps: Lua::new(&format!("{STEPS_FENCE}{BEGIN_STEPS}")),
+            write_step: Lua::new(&format!("{STEPS_FENCE}{WRITE_STEP}")),
+            evict: Lua::new(EVICT),
         }
     }
 }

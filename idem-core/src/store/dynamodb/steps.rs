@@ -1,0 +1,232 @@
+//! The steps of an operation on DynamoDB (docs/steps.md): one item per operation beside its
+//! record, under the partition key `<key hex>:steps`, holding `attempt_n` (the attempts
+//! counted), `token_b` (the claim counted last), `expires_ms`/`ttl_s` (the retention from the
+//! last write) and per step `p:<name>` (its position) and, once finished, `f:<name>` (its
+//! result). Every write is a `TransactWriteItems` of a `ConditionCheck` that the record is in
+//! progress under the claim's token and the `Update` of the steps item, so a claim that was
+//! taken over writes nothing.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
+
+use super::item::{number, pk, token, ttl_seconds, State, EXPIRES, IN_PROGRESS, PK, TOKEN, TTL};
+use super::{Inner, OWNED_IN_PROGRESS};
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::key::Key;
+use crate::record::Claim;
+use crate::step::{StepLog, StepRecord, StepState, StepWrite};
+
+/// The attempts counted.
+const ATTEMPT: &str = "attempt_n";
+
+/// The partition key of `key`'s steps item: the record's, with `:steps` (a record's is 64 hex
+/// digits, so the two never meet).
+pub(super) fn steps_pk(key: &Key) -> AttributeValue {
+    AttributeValue::S(format!("{key}:steps"))
+}
+
+fn build_error(e: aws_sdk_dynamodb::error::BuildError) -> Error {
+    Error::Store(StoreError::new(
+        StoreErrorKind::Query,
+        format!("DynamoDB TransactWriteItems could not be built: {e}"),
+    ))
+}
+
+impl Inner {
+    /// [`Store::begin_steps`](crate::Store::begin_steps): a consistent read of the steps item,
+    /// then the fenced count of this attempt and the new retention (2 requests).
+    pub(super) async fn begin_steps(
+        &self,
+        claim: &Claim,
+        retention_ms: i64,
+    ) -> Result<StepLog, Error> {
+        let key = claim.key();
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key(PK, steps_pk(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.error("GetItem", e))?;
+        let now_ms = self.now_ms();
+        let attrs = out
+            .item
+            .filter(|attrs| match attrs.get(EXPIRES) {
+                Some(AttributeValue::N(n)) => n.parse::<i64>().is_ok_and(|e| e > now_ms),
+                _ => false,
+            })
+            .unwrap_or_default();
+        let counted = match (attrs.get(ATTEMPT), attrs.get(TOKEN)) {
+            (Some(AttributeValue::N(n)), Some(AttributeValue::B(t))) => {
+                let n = n
+                    .parse::<u32>()
+                    .map_err(|_| corrupt(key, format!("its attempts are `{n}`")))?;
+                Some((n, t.as_ref() == claim.token().to_bytes()))
+            }
+            _ => None,
+        };
+        let attempt = match counted {
+            Some((n, true)) => n,
+            Some((n, false)) => n.saturating_add(1),
+            None => 1,
+        };
+        let mut steps = steps_of(key, &attrs)?;
+        steps.sort_by_key(|s| s.position);
+        // The whole item is written again: an ended one's steps must not come back, and only
+        // this claim writes steps while it holds the record.
+        let expires_ms = now_ms.saturating_add(retention_ms);
+        let mut item = attrs;
+        item.insert(PK.to_owned(), steps_pk(key));
+        item.insert(ATTEMPT.to_owned(), number(i64::from(attempt)));
+        item.insert(TOKEN.to_owned(), token(claim.token()));
+        item.insert(EXPIRES.to_owned(), number(expires_ms));
+        item.insert(TTL.to_owned(), ttl_seconds(expires_ms, self.margin_ms));
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .build()
+            .map_err(build_error)?;
+        self.fenced_steps_write(claim, TransactWriteItem::builder().put(put).build())
+            .await?;
+        Ok(StepLog { attempt, steps })
+    }
+
+    /// [`Store::write_step`](crate::Store::write_step): one fenced transaction; a finished
+    /// step keeps its first result (`if_not_exists`).
+    pub(super) async fn write_step(
+        &self,
+        claim: &Claim,
+        step: StepWrite<'_>,
+        retention_ms: i64,
+    ) -> Result<(), Error> {
+        let now_ms = self.now_ms();
+        let update = self
+            .steps_update(claim, retention_ms, now_ms)
+            .expression_attribute_names("#p", format!("p:{}", step.name))
+            .expression_attribute_values(":position", number(i64::from(step.position)));
+        let update = match step.result {
+            Some(result) => update
+                .update_expression(format!(
+                    "SET #p = :position, #f = if_not_exists(#f, :result), \
+                     {EXPIRES} = :expires, {TTL} = :ttl"
+                ))
+                .expression_attribute_names("#f", format!("f:{}", step.name))
+                .expression_attribute_values(
+                    ":result",
+                    AttributeValue::B(Blob::new(result.to_vec())),
+                ),
+            None => update.update_expression(format!(
+                "SET #p = :position, {EXPIRES} = :expires, {TTL} = :ttl"
+            )),
+        };
+        let update = update.build().map_err(build_error)?;
+        self.fenced_steps_write(claim, TransactWriteItem::builder().update(update).build())
+            .await
+    }
+
+    /// The update of `claim`'s steps item, with its new retention (`:expires`, `:ttl`).
+    fn steps_update(
+        &self,
+        claim: &Claim,
+        retention_ms: i64,
+        now_ms: i64,
+    ) -> aws_sdk_dynamodb::types::builders::UpdateBuilder {
+        let expires_ms = now_ms.saturating_add(retention_ms);
+        Update::builder()
+            .table_name(&self.table)
+            .key(PK, steps_pk(claim.key()))
+            .expression_attribute_values(":expires", number(expires_ms))
+            .expression_attribute_values(":ttl", ttl_seconds(expires_ms, self.margin_ms))
+    }
+
+    /// Runs `write` in one transaction with the check that `claim` still holds its record.
+    /// A cancelled transaction whose record is no longer ours is `LeaseLost`; one cancelled for
+    /// another reason (a conflicting transaction) is a passing store error.
+    async fn fenced_steps_write(
+        &self,
+        claim: &Claim,
+        write: TransactWriteItem,
+    ) -> Result<(), Error> {
+        let fence = ConditionCheck::builder()
+            .table_name(&self.table)
+            .key(PK, pk(claim.key()))
+            .condition_expression(OWNED_IN_PROGRESS)
+            .expression_attribute_values(":token", token(claim.token()))
+            .expression_attribute_values(":in_progress", AttributeValue::N(IN_PROGRESS.to_owned()))
+            .build()
+            .map_err(build_error)?;
+        let sent = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().condition_check(fence).build())
+            .transact_items(write)
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(()),
+            Err(SdkError::ServiceError(ctx)) if ctx.err().is_transaction_canceled_exception() => {
+                match self.read(claim.key()).await? {
+                    Some(item)
+                        if item.token == claim.token()
+                            && matches!(item.state, State::InProgress) =>
+                    {
+                        Err(Error::Store(StoreError::new(
+                            StoreErrorKind::Transient,
+                            "DynamoDB TransactWriteItems of a step was cancelled by a \
+                             conflicting request; retry",
+                        )))
+                    }
+                    _ => Err(Error::LeaseLost),
+                }
+            }
+            Err(e) => Err(self.error("TransactWriteItems", e)),
+        }
+    }
+
+    /// Deletes `key`'s steps item.
+    pub(super) async fn evict_steps(&self, key: &Key) -> Result<(), Error> {
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .key(PK, steps_pk(key))
+            .send()
+            .await
+            .map_err(|e| self.error("DeleteItem", e))?;
+        Ok(())
+    }
+}
+
+/// The steps a steps item holds.
+fn steps_of(key: &Key, attrs: &HashMap<String, AttributeValue>) -> Result<Vec<StepRecord>, Error> {
+    let mut steps = Vec::new();
+    for (name, value) in attrs {
+        let Some(step) = name.strip_prefix("p:") else {
+            continue;
+        };
+        let position = match value {
+            AttributeValue::N(n) => n.parse::<u32>().ok(),
+            _ => None,
+        }
+        .ok_or_else(|| corrupt(key, format!("step {step:?} has position {value:?}")))?;
+        let state = match attrs.get(&format!("f:{step}")) {
+            Some(AttributeValue::B(result)) => StepState::Finished(result.as_ref().to_vec()),
+            None => StepState::Begun,
+            Some(other) => return Err(corrupt(key, format!("step {step:?} has result {other:?}"))),
+        };
+        steps.push(StepRecord {
+            name: step.to_owned(),
+            position,
+            state,
+        });
+    }
+    Ok(steps)
+}
+
+fn corrupt(key: &Key, what: String) -> Error {
+    super::item::corrupt(key, format_args!("its steps item is damaged: {what}"))
+}
