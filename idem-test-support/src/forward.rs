@@ -10,7 +10,9 @@ use std::ops::Deref;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{Claim, Completion, Error, Fingerprint, Key, Record, Start, Store};
+use idem_core::{
+    Claim, Completion, Error, Fingerprint, Key, Record, Start, StepLog, StepWrite, Store,
+};
 
 /// Which [`Store`] operation is about to run, for [`Forward::gate`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +31,10 @@ pub enum Op {
     Evict,
     /// [`Store::prune_expired`].
     Prune,
+    /// [`Store::begin_steps`].
+    BeginSteps,
+    /// [`Store::write_step`].
+    WriteStep,
 }
 
 /// What a [`Forwarding`] store does differently from the stores behind it.
@@ -90,7 +96,32 @@ pub trait Forward: Send + Sync + 'static {
 }
 
 /// A [`Store`] made of a [`Forward`]; derefs to it, so a test reaches its switches and counters
-/// through the store it hands the engine.
+/// through the store it hands the engine. Every operation is forwarded, an operation's steps
+/// included, so a store in front of one that keeps steps keeps them too.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{Key, MemoryStore, Start, Store};
+/// use idem_test_support::forward::{Forward, Forwarding};
+///
+/// struct Plain(MemoryStore);
+/// impl Forward for Plain {
+///     fn records(&self) -> &dyn Store {
+///         &self.0
+///     }
+/// }
+///
+/// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+/// runtime.block_on(async {
+///     let store = Forwarding(Plain(MemoryStore::new()));
+///     let key = Key::derive("ride", "", "r-1").unwrap();
+///     let Ok(Start::Started(claim)) = store.start(&key, None, Duration::from_secs(30)).await else {
+///         unreachable!("a new key is claimed");
+///     };
+///     let steps = store.begin_steps(&claim, Duration::from_secs(60)).await.unwrap();
+///     assert_eq!(steps.attempt, 1);
+/// });
+/// ```
 pub struct Forwarding<F>(pub F);
 
 impl<F> Deref for Forwarding<F> {
@@ -151,5 +182,24 @@ impl<F: Forward> Store for Forwarding<F> {
 
     fn prune_batch_size(&self) -> u32 {
         self.0.prune_batch_size()
+    }
+
+    async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
+        self.0.gate(Op::BeginSteps)?;
+        self.0
+            .route(claim.key())
+            .begin_steps(claim, retention)
+            .await
+    }
+
+    async fn write_step(
+        &self,
+        claim: &Claim,
+        step: StepWrite<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        self.0.gate(Op::WriteStep)?;
+        let store = self.0.route(claim.key());
+        store.write_step(claim, step, retention).await
     }
 }
