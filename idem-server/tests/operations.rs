@@ -219,11 +219,27 @@ fn sigterm_finishes_the_request_in_flight_and_exits_cleanly() {
     }
     let mut conn = conn.expect("the server never listened");
     let body = br#"{"key":"in-flight","lock_period_ms":15000}"#;
+    // `Expect: 100-continue`: the server says `100 Continue` when the handler starts reading the
+    // body, so the test knows the request is in flight (accepted and handled) before SIGTERM.
     let head = format!(
-        "POST /api/v1.idempotency.start HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ALICE}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        "POST /api/v1.idempotency.start HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ALICE}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nexpect: 100-continue\r\n\r\n",
         body.len()
     );
     conn.write_all(head.as_bytes()).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut interim = Vec::new();
+    let mut byte = [0u8; 1];
+    // Bounded: the interim response is one short head.
+    while !interim.ends_with(b"\r\n\r\n") && interim.len() < 1024 {
+        conn.read_exact(&mut byte).unwrap();
+        interim.push(byte[0]);
+    }
+    assert!(
+        interim.starts_with(b"HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&interim)
+    );
     conn.write_all(&body[..10]).unwrap();
     let status = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
