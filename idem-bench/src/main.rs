@@ -17,6 +17,7 @@
 //! idem's gRPC layer with the same tonic service without it (see `grpc.rs`).
 #![forbid(unsafe_code)]
 
+mod consumer;
 mod cpu;
 mod dynamo;
 mod grpc;
@@ -86,6 +87,9 @@ struct Args {
     prune_pause: Option<Duration>,
     /// An override of the pruner's share of the store's time (paced by cost).
     prune_share: Option<f64>,
+    /// `--consumer`: only the consumer rows (the batch API against hand-written conditional
+    /// writes) on SQLite and, given its URL, PostgreSQL.
+    consumer: bool,
     /// `--sustain`: only the sustained runs, at this rate for this long.
     sustain: bool,
     sustain_rate: u32,
@@ -120,6 +124,7 @@ impl Args {
             prune_batch: None,
             prune_pause: None,
             prune_share: None,
+            consumer: false,
             sustain: false,
             sustain_rate: 3_000,
             sustain_secs: 300,
@@ -150,6 +155,7 @@ impl Args {
                 "--quick" => args.quick = true,
                 "--no-scale" => args.scale = false,
                 "--sustain" => args.sustain = true,
+                "--consumer" => args.consumer = true,
                 "--sustain-rate" => {
                     args.sustain_rate = number("--sustain-rate", value("--sustain-rate")?)?
                 }
@@ -399,10 +405,88 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The hand-written baseline on SQLite: a table of the store's schema beside the store's own, on
+/// its pool.
+async fn sqlite_raw(pool: sqlx::SqlitePool) -> Result<Raw, BenchError> {
+    SqliteStore::builder()
+        .pruner(None)
+        .table("raw_records")
+        .from_pool(pool.clone())
+        .await?;
+    Ok(Raw::Sqlite {
+        pool,
+        sql: raw::Statements::sqlite("raw_records"),
+    })
+}
+
+/// `--consumer`: the batch API against hand-written conditional writes, on SQLite and (with a
+/// URL) PostgreSQL, each on a fresh table of its own; prints one line per store.
+async fn consumer_rows(args: &Args) -> Result<(), BenchError> {
+    let (messages, rounds) = if args.quick { (500, 3) } else { (2_000, 5) };
+    let dir = tempfile::tempdir()?;
+    let mut rows = Vec::new();
+    if args.wants("sqlite") {
+        let store = SqliteStore::builder()
+            .pruner(None)
+            .open(dir.path().join("consumer.db"))
+            .await?;
+        let pool = store.pool().clone();
+        let raw = sqlite_raw(pool).await?;
+        let engine = Idempotency::new(store);
+        rows.push(consumer::run("SQLite", engine, &raw, messages, rounds).await?);
+    }
+    if let (true, Some(url)) = (args.wants("postgres"), &args.pg_url) {
+        let tag = format!("{}", fastrand::u32(..));
+        let (idem_table, raw_table) = (format!("bench_cidem_{tag}"), format!("bench_craw_{tag}"));
+        let pool = pg_pool(url).await?;
+        let store = PostgresStore::builder()
+            .pruner(None)
+            .table(&idem_table)
+            .from_pool(pool.clone())
+            .await?;
+        PostgresStore::builder()
+            .pruner(None)
+            .table(&raw_table)
+            .from_pool(pool.clone())
+            .await?;
+        let raw = Raw::Postgres {
+            pool: pool.clone(),
+            sql: raw::Statements::postgres(&raw_table),
+        };
+        let row = consumer::run(
+            "PostgreSQL",
+            Idempotency::new(store),
+            &raw,
+            messages,
+            rounds,
+        )
+        .await;
+        for t in [&idem_table, &raw_table] {
+            sqlx::query(&format!("DROP TABLE IF EXISTS \"{t}\""))
+                .execute(&pool)
+                .await?;
+        }
+        rows.push(row?);
+    }
+    for row in rows {
+        println!(
+            "{}: batch API {:.0} msg/s, hand-written conditional writes {:.0} msg/s, ratio {:.2}",
+            row.store,
+            row.idem_per_sec,
+            row.raw_per_sec,
+            row.ratio()
+        );
+    }
+    Ok(())
+}
+
 async fn bench() -> Result<(), BenchError> {
     let args = Args::parse()?;
     if args.sustain {
         return sustained(&args).await;
+    }
+    if args.consumer {
+        return consumer_rows(&args).await;
     }
     let plan = Plan::new(args.quick);
     let started = std::time::Instant::now();
@@ -442,15 +526,7 @@ async fn bench() -> Result<(), BenchError> {
         versions.push(format!(
             "SQLite {version} (temp file, WAL, synchronous=NORMAL)"
         ));
-        SqliteStore::builder()
-            .pruner(None)
-            .table("raw_records")
-            .from_pool(pool.clone())
-            .await?;
-        let raw = Raw::Sqlite {
-            pool,
-            sql: raw::Statements::sqlite("raw_records"),
-        };
+        let raw = sqlite_raw(pool).await?;
         let subject = Subject::new("SQLite", Cpu::default(), Idempotency::new(store), Some(raw));
         if args.main {
             run_subject(subject, &plan, &mut results.rows, &SQL).await?;
