@@ -3,6 +3,7 @@
 //! engine stores and a replay rebuilds exactly.
 
 pub(crate) mod body;
+pub(crate) mod guard;
 pub(crate) mod reply;
 pub(crate) mod stored;
 

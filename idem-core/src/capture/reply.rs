@@ -1,12 +1,17 @@
 //! What a guarded handler answered, as the engine stores and replays it, and why a call ended
 //! without an answer to store: shared by the HTTP and gRPC layers.
 
+use std::future::Future;
+use std::sync::Arc;
+
 use axum_core::body::Body;
-use http::Response;
+use http::{HeaderName, HeaderValue, Response};
 
 use super::stored::{self, Captured};
-use crate::engine::{Encoded, Format};
+use crate::codec::Codec;
+use crate::engine::{Encoded, Format, Idempotency, Outcome, Overrides};
 use crate::error::{BoxError, Error};
+use crate::key::{Fingerprint, Key};
 
 /// What the guarded handler answered, as the engine stores it.
 pub(crate) enum Reply {
@@ -61,5 +66,51 @@ pub(crate) enum Failure<E> {
 impl<E> From<Error> for Failure<E> {
     fn from(e: Error) -> Self {
         Failure::Idem(e)
+    }
+}
+
+/// The header both layers mark a replayed response with.
+pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// A guarded call of either layer once its key, fingerprint and work are known: runs `work`
+/// through the engine detached from the caller (`run_detached_as`: once claimed, the handler
+/// runs to its end and its response is stored even if the client goes away, so its retry
+/// replays it), and answers what the engine decided. The fresh response, or one the layer's
+/// policy does not store, goes as it is; a replay is marked `idempotent-replayed: true`; an
+/// engine refusal or failure is answered by `refusal` (each layer's problem); an error of the
+/// inner service is returned.
+pub(crate) async fn run_once<C, E, F>(
+    engine: &Idempotency<C>,
+    key: Key,
+    fingerprint: Fingerprint,
+    options: Overrides,
+    scope: Arc<str>,
+    work: F,
+    refusal: impl FnOnce(Error) -> Response<Body>,
+) -> Result<Response<Body>, E>
+where
+    C: Codec,
+    E: Send + 'static,
+    F: Future<Output = Result<Reply, Failure<E>>> + Send + 'static,
+{
+    let outcome = engine
+        .call(key)
+        .fingerprint(fingerprint)
+        .overrides(options)
+        .scope_named(scope)
+        .run_detached_as(work, ReplyFormat)
+        .await;
+    match outcome {
+        Ok(Outcome::Fresh(reply)) => Ok(reply.into_response()),
+        Ok(Outcome::Replayed(reply)) => {
+            let mut response = reply.into_response();
+            response
+                .headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            Ok(response)
+        }
+        Err(Failure::Pass(response)) => Ok(response),
+        Err(Failure::Service(e)) => Err(e),
+        Err(Failure::Idem(e)) => Ok(refusal(e)),
     }
 }

@@ -3,18 +3,16 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use http::request::Parts;
 use http::HeaderName;
 use tonic::Code;
-use tower::Layer;
 
 use super::service::IdempotencyService;
 use super::IDEMPOTENCY_KEY;
+use crate::capture::guard::{guard_layer, guard_setters};
 use crate::capture::{check_builder, CallerFn};
 use crate::codec::{Codec, JsonCodec};
-use crate::engine::{Idempotency, OnLocked, Overrides};
+use crate::engine::{Idempotency, Overrides};
 use crate::error::Error;
 
 type StoreIfFn = dyn Fn(Code) -> bool + Send + Sync;
@@ -226,38 +224,23 @@ impl<C> fmt::Debug for Config<C> {
     }
 }
 
-/// A tower [`Layer`] for tonic servers that makes the unary calls it guards run once per key:
-/// a retry gets the stored response (headers, message and trailers), marked
-/// `idempotent-replayed: true`. See the [module documentation](super).
-///
-/// ```
-/// use idem_core::grpc::IdempotencyLayer;
-/// use idem_core::{Idempotency, MemoryStore};
-///
-/// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-///     .unary("/bank.v1.Payments/Create")
-///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
-///     .build()?;
-/// // tonic::transport::Server::builder().layer(layer).add_service(…)
-/// # let _ = layer;
-/// # Ok::<(), idem_core::Error>(())
-/// ```
-pub struct IdempotencyLayer<C = JsonCodec> {
-    config: Arc<Config<C>>,
-}
-
-impl<C> Clone for IdempotencyLayer<C> {
-    fn clone(&self) -> Self {
-        IdempotencyLayer {
-            config: self.config.clone(),
-        }
-    }
-}
-
-impl<C> fmt::Debug for IdempotencyLayer<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.config.fmt(f)
-    }
+guard_layer! {
+    /// A tower [`Layer`](tower::Layer) for tonic servers that makes the unary calls it guards run once per key:
+    /// a retry gets the stored response (headers, message and trailers), marked
+    /// `idempotent-replayed: true`. See the [module documentation](super).
+    ///
+    /// ```
+    /// use idem_core::grpc::IdempotencyLayer;
+    /// use idem_core::{Idempotency, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .unary("/bank.v1.Payments/Create")
+    ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+    ///     .build()?;
+    /// // tonic::transport::Server::builder().layer(layer).add_service(…)
+    /// # let _ = layer;
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
 }
 
 impl<C: Codec> IdempotencyLayer<C> {
@@ -292,14 +275,6 @@ impl<C: Codec> IdempotencyLayer<C> {
             key_metadata: None,
             shared_key_space: false,
         }
-    }
-}
-
-impl<S, C> Layer<S> for IdempotencyLayer<C> {
-    type Service = IdempotencyService<S, C>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::new(inner, self.config.clone())
     }
 }
 
@@ -386,118 +361,96 @@ impl<C: Codec> LayerBuilder<C> {
         self
     }
 
-    /// Whether a guarded call without a key gets `INVALID_ARGUMENT` ([`true`]) or runs without
-    /// deduplication (`false`, the default: AIP-155 makes request ids optional).
-    ///
-    /// ```
-    /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
-    /// # let _ = b;
-    /// ```
-    pub fn require_key(mut self, required: bool) -> Self {
-        self.config.require_key = required;
-        self
-    }
+    guard_setters! {
+        /// Whether a guarded call without a key gets `INVALID_ARGUMENT` ([`true`]) or runs without
+        /// deduplication (`false`, the default: AIP-155 makes request ids optional).
+        ///
+        /// ```
+        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
+        /// # let _ = b;
+        /// ```
+        require_key;
 
-    /// The name under which this layer's keys are stored (1 to 255 printable ASCII
-    /// characters). Default `"grpc"`. Renaming it forgets every stored response.
-    ///
-    /// ```
-    /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("payments");
-    /// # let _ = b;
-    /// ```
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.config.scope = Arc::from(scope.into());
-        self
-    }
+        /// The name under which this layer's keys are stored (1 to 255 printable ASCII
+        /// characters). Default `"grpc"`. Renaming it forgets every stored response.
+        ///
+        /// ```
+        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("payments");
+        /// # let _ = b;
+        /// ```
+        scope;
 
-    /// Who is calling, from the request head (metadata are its headers; an authentication
-    /// layer before this one may put an extension there). Keys are scoped by it, so two callers
-    /// sending the same key and message get independent results. A guarded call with a key and
-    /// no identity gets `UNAUTHENTICATED` ([`Problem::CallerMissing`](super::Problem::CallerMissing))
-    /// and nothing runs; an identity that is empty, over 255 bytes or not printable ASCII gets
-    /// `INVALID_ARGUMENT`. Not together with [`shared_key_space`](Self::shared_key_space).
-    ///
-    /// ```
-    /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// #[derive(Clone)]
-    /// struct Tenant(String);
-    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .unary("/bank.v1.Payments/Create")
-    ///     .caller(|parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()))
-    ///     .build()?;
-    /// # let _ = layer;
-    /// # Ok::<(), idem_core::Error>(())
-    /// ```
-    pub fn caller(
-        mut self,
-        extract: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.config.caller = Some(Box::new(extract));
-        self
-    }
+        /// Who is calling, from the request head (metadata are its headers; an authentication
+        /// layer before this one may put an extension there). Keys are scoped by it, so two callers
+        /// sending the same key and message get independent results. A guarded call with a key and
+        /// no identity gets `UNAUTHENTICATED` ([`Problem::CallerMissing`](super::Problem::CallerMissing))
+        /// and nothing runs; an identity that is empty, over 255 bytes or not printable ASCII gets
+        /// `INVALID_ARGUMENT`. Not together with [`shared_key_space`](Self::shared_key_space).
+        ///
+        /// ```
+        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// #[derive(Clone)]
+        /// struct Tenant(String);
+        /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .unary("/bank.v1.Payments/Create")
+        ///     .caller(|parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()))
+        ///     .build()?;
+        /// # let _ = layer;
+        /// # Ok::<(), idem_core::Error>(())
+        /// ```
+        caller;
 
-    /// Opts in to one key space shared by every client, instead of a [`caller`](Self::caller)
-    /// extractor. Any client that sends another client's key and message then gets that
-    /// client's stored response (its headers, message and trailers) for as long as it is
-    /// retained. Only for services whose clients may all see each other's responses.
-    ///
-    /// ```
-    /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .unary("/internal.Ledger/Post")
-    ///     .shared_key_space()
-    ///     .build()?;
-    /// # let _ = layer;
-    /// # Ok::<(), idem_core::Error>(())
-    /// ```
-    pub fn shared_key_space(mut self) -> Self {
-        self.shared_key_space = true;
-        self
-    }
+        /// Opts in to one key space shared by every client, instead of a [`caller`](Self::caller)
+        /// extractor. Any client that sends another client's key and message then gets that
+        /// client's stored response (its headers, message and trailers) for as long as it is
+        /// retained. Only for services whose clients may all see each other's responses.
+        ///
+        /// ```
+        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .unary("/internal.Ledger/Post")
+        ///     .shared_key_space()
+        ///     .build()?;
+        /// # let _ = layer;
+        /// # Ok::<(), idem_core::Error>(())
+        /// ```
+        shared_key_space;
 
-    /// How long a call's claim blocks its key without a heartbeat; renewed while the handler
-    /// runs. Overrides [`Policy::lease`](crate::Policy::lease).
-    ///
-    /// ```
-    /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .lease(std::time::Duration::from_secs(5));
-    /// # let _ = b;
-    /// ```
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.config.options.lease = Some(lease);
-        self
-    }
+        /// How long a call's claim blocks its key without a heartbeat; renewed while the handler
+        /// runs. Overrides [`Policy::lease`](crate::Policy::lease).
+        ///
+        /// ```
+        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .lease(std::time::Duration::from_secs(5));
+        /// # let _ = b;
+        /// ```
+        lease;
 
-    /// How long a stored response is replayed. Overrides
-    /// [`Policy::retention`](crate::Policy::retention).
-    ///
-    /// ```
-    /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .retention(std::time::Duration::from_secs(3600));
-    /// # let _ = b;
-    /// ```
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.config.options.retention = Some(retention);
-        self
-    }
+        /// How long a stored response is replayed. Overrides
+        /// [`Policy::retention`](crate::Policy::retention).
+        ///
+        /// ```
+        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .retention(std::time::Duration::from_secs(3600));
+        /// # let _ = b;
+        /// ```
+        retention;
 
-    /// What a call does while another with the same key runs: answer `UNAVAILABLE` with
-    /// `grpc-retry-pushback-ms` at once ([`OnLocked::FailFast`]), or wait for it and replay its
-    /// response ([`OnLocked::Wait`]). Overrides [`Policy::on_locked`](crate::Policy::on_locked).
-    ///
-    /// ```
-    /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
-    /// # let _ = b;
-    /// ```
-    pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
-        self.config.options.on_locked = Some(on_locked);
-        self
+        /// What a call does while another with the same key runs: answer `UNAVAILABLE` with
+        /// `grpc-retry-pushback-ms` at once ([`OnLocked::FailFast`](crate::OnLocked::FailFast)), or wait for it and replay its
+        /// response ([`OnLocked::Wait`](crate::OnLocked::Wait)). Overrides [`Policy::on_locked`](crate::Policy::on_locked).
+        ///
+        /// ```
+        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
+        /// # let _ = b;
+        /// ```
+        on_locked;
     }
 
     /// Which answers are stored and replayed, by gRPC status (from the trailers, or from the
@@ -605,6 +558,8 @@ impl<C: Codec> LayerBuilder<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
     use crate::MemoryStore;
 
     fn refused(b: LayerBuilder) -> String {

@@ -114,7 +114,7 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// ```
 /// assert_eq!(idem_core::grpc::IDEMPOTENT_REPLAYED, "idempotent-replayed");
 /// ```
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub const IDEMPOTENT_REPLAYED: HeaderName = crate::capture::reply::IDEMPOTENT_REPLAYED;
 
 /// The trailing metadata entry that tells a gRPC client how long to wait before it retries
 /// (gRPC's retry design, A6), in milliseconds: `grpc-retry-pushback-ms`.

@@ -1,14 +1,12 @@
 //! [`IdempotencyService`]: one unary call through claim → handler → store, or replay.
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 use tonic::body::Body;
 use tonic::Code;
@@ -17,62 +15,36 @@ use tower::Service;
 use super::layer::{Config, KeySource};
 use super::problem::{from_engine, Problem};
 use super::wire::{self, Message};
-use super::IDEMPOTENT_REPLAYED;
 use crate::capture::body::{read_request, read_response, Buffered, ReadError};
-use crate::capture::reply::{Failure, Reply, ReplyFormat};
+use crate::capture::guard::guard_service;
+use crate::capture::reply::{Failure, Reply};
 use crate::capture::stored::{self, Captured};
 use crate::capture::{self, CallerRefused};
 use crate::codec::Codec;
-use crate::engine::Outcome;
 use crate::error::BoxError;
 use crate::key::{validate_client_key, Key};
 
-/// The service a gRPC [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a tonic
-/// service or router. Build it through the layer.
-///
-/// ```
-/// use idem_core::grpc::IdempotencyLayer;
-/// use idem_core::{Idempotency, MemoryStore};
-/// use tower::Layer;
-///
-/// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-///     .unary("/bank.v1.Payments/Create")
-///     .shared_key_space()
-///     .build()?;
-/// // Any tower service of `http::Request<tonic::body::Body>`, such as a generated server.
-/// let service = layer.layer(tower::service_fn(|_req: http::Request<tonic::body::Body>| async {
-///     Ok::<_, std::convert::Infallible>(tonic::Status::unimplemented("").into_http::<tonic::body::Body>())
-/// }));
-/// # let _ = service;
-/// # Ok::<(), idem_core::Error>(())
-/// ```
-pub struct IdempotencyService<S, C> {
-    inner: S,
-    config: Arc<Config<C>>,
-}
-
-impl<S, C> IdempotencyService<S, C> {
-    pub(crate) fn new(inner: S, config: Arc<Config<C>>) -> Self {
-        IdempotencyService { inner, config }
-    }
-}
-
-impl<S: Clone, C> Clone for IdempotencyService<S, C> {
-    fn clone(&self) -> Self {
-        IdempotencyService {
-            inner: self.inner.clone(),
-            config: self.config.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug, C> fmt::Debug for IdempotencyService<S, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("grpc::IdempotencyService")
-            .field("inner", &self.inner)
-            .field("config", &self.config)
-            .finish()
-    }
+guard_service! {
+    /// The service a gRPC [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a tonic
+    /// service or router. Build it through the layer.
+    ///
+    /// ```
+    /// use idem_core::grpc::IdempotencyLayer;
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// use tower::Layer;
+    ///
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .unary("/bank.v1.Payments/Create")
+    ///     .shared_key_space()
+    ///     .build()?;
+    /// // Any tower service of `http::Request<tonic::body::Body>`, such as a generated server.
+    /// let service = layer.layer(tower::service_fn(|_req: http::Request<tonic::body::Body>| async {
+    ///     Ok::<_, std::convert::Infallible>(tonic::Status::unimplemented("").into_http::<tonic::body::Body>())
+    /// }));
+    /// # let _ = service;
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
+    debug = "grpc::IdempotencyService"
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -186,27 +158,17 @@ where
                     }),
                 }
             };
-            let outcome = config
-                .engine
-                .call(key)
-                .fingerprint(fingerprint)
-                .overrides(config.options)
-                .scope_named(config.scope.clone())
-                .run_detached_as(work, ReplyFormat)
-                .await;
-            match outcome {
-                Ok(Outcome::Fresh(reply)) => Ok(reply.into_response().map(Body::new)),
-                Ok(Outcome::Replayed(reply)) => {
-                    let mut response = reply.into_response().map(Body::new);
-                    response
-                        .headers_mut()
-                        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-                    Ok(response)
-                }
-                Err(Failure::Pass(response)) => Ok(response.map(Body::new)),
-                Err(Failure::Service(e)) => Err(e),
-                Err(Failure::Idem(e)) => Ok(from_engine(e)),
-            }
+            capture::reply::run_once(
+                &config.engine,
+                key,
+                fingerprint,
+                config.options,
+                config.scope.clone(),
+                work,
+                from_engine,
+            )
+            .await
+            .map(|response| response.map(Body::new))
         })
     }
 }

@@ -2,18 +2,16 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
-use tower::Layer;
 
 use super::fingerprint::BodyFingerprint;
 use super::problem::ProblemConfig;
 use super::service::IdempotencyService;
+use crate::capture::guard::{guard_layer, guard_setters};
 use crate::capture::{check_builder, CallerFn};
 use crate::codec::{Codec, JsonCodec};
-use crate::engine::{Idempotency, OnLocked, Overrides};
+use crate::engine::{Idempotency, Overrides};
 use crate::error::Error;
 
 type StoreIfFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
@@ -65,51 +63,36 @@ pub(crate) struct Config<C> {
     pub(crate) problems: ProblemConfig,
 }
 
-/// A tower [`Layer`] that makes `POST` and `PATCH` (by default) requests carrying an
-/// `Idempotency-Key` header run once: a retry gets the stored response, marked
-/// `Idempotent-Replayed: true`. See the [module documentation](super) for the exact behaviour.
-///
-/// Works with every store: it only needs an [`Idempotency`] engine, whose policy gives the
-/// default lease, retention, wait behaviour and the largest stored response
-/// ([`Policy::max_response_bytes`](crate::Policy::max_response_bytes)).
-///
-/// A layer is built with [`builder`](Self::builder), and [`build`](LayerBuilder::build) needs
-/// one decision that has no safe default: whose keys are whose. Either keys are scoped by a
-/// [`caller`](LayerBuilder::caller) identity, or the layer is told to use
-/// [`shared_key_space`](LayerBuilder::shared_key_space). There is no `IdempotencyLayer::new`:
-/// a constructor that cannot fail would have to pick one of the two for you, and the only one
-/// it could pick without knowing your authentication lets a client replay another's responses.
-///
-/// ```
-/// use axum::{routing::post, Router};
-/// use idem_core::http::IdempotencyLayer;
-/// use idem_core::{Idempotency, MemoryStore};
-///
-/// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
-///     .build()?;
-/// let app: Router = Router::new()
-///     .route("/payments", post(|| async { "created" }))
-///     .layer(layer);
-/// # let _ = app;
-/// # Ok::<(), idem_core::Error>(())
-/// ```
-pub struct IdempotencyLayer<C = JsonCodec> {
-    config: Arc<Config<C>>,
-}
-
-impl<C> Clone for IdempotencyLayer<C> {
-    fn clone(&self) -> Self {
-        IdempotencyLayer {
-            config: self.config.clone(),
-        }
-    }
-}
-
-impl<C> fmt::Debug for IdempotencyLayer<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.config.fmt(f)
-    }
+guard_layer! {
+    /// A tower [`Layer`](tower::Layer) that makes `POST` and `PATCH` (by default) requests carrying an
+    /// `Idempotency-Key` header run once: a retry gets the stored response, marked
+    /// `Idempotent-Replayed: true`. See the [module documentation](super) for the exact behaviour.
+    ///
+    /// Works with every store: it only needs an [`Idempotency`] engine, whose policy gives the
+    /// default lease, retention, wait behaviour and the largest stored response
+    /// ([`Policy::max_response_bytes`](crate::Policy::max_response_bytes)).
+    ///
+    /// A layer is built with [`builder`](Self::builder), and [`build`](LayerBuilder::build) needs
+    /// one decision that has no safe default: whose keys are whose. Either keys are scoped by a
+    /// [`caller`](LayerBuilder::caller) identity, or the layer is told to use
+    /// [`shared_key_space`](LayerBuilder::shared_key_space). There is no `IdempotencyLayer::new`:
+    /// a constructor that cannot fail would have to pick one of the two for you, and the only one
+    /// it could pick without knowing your authentication lets a client replay another's responses.
+    ///
+    /// ```
+    /// use axum::{routing::post, Router};
+    /// use idem_core::http::IdempotencyLayer;
+    /// use idem_core::{Idempotency, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+    ///     .build()?;
+    /// let app: Router = Router::new()
+    ///     .route("/payments", post(|| async { "created" }))
+    ///     .layer(layer);
+    /// # let _ = app;
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
 }
 
 impl<C> fmt::Debug for Config<C> {
@@ -153,14 +136,6 @@ impl<C: Codec> IdempotencyLayer<C> {
     /// ```
     pub fn builder(engine: Idempotency<C>) -> LayerBuilder<C> {
         LayerBuilder::new(engine)
-    }
-}
-
-impl<S, C> Layer<S> for IdempotencyLayer<C> {
-    type Service = IdempotencyService<S, C>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::new(inner, self.config.clone())
     }
 }
 
@@ -255,17 +230,16 @@ impl<C: Codec> LayerBuilder<C> {
         self
     }
 
-    /// Whether a guarded request without an `Idempotency-Key` gets `400` ([`true`]) or runs
-    /// without deduplication (`false`, the default).
-    ///
-    /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
-    /// # let _ = b;
-    /// ```
-    pub fn require_key(mut self, required: bool) -> Self {
-        self.config.require_key = required;
-        self
+    guard_setters! {
+        /// Whether a guarded request without an `Idempotency-Key` gets `400` ([`true`]) or runs
+        /// without deduplication (`false`, the default).
+        ///
+        /// ```
+        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
+        /// # let _ = b;
+        /// ```
+        require_key;
     }
 
     /// Whether to accept an unquoted key such as `Idempotency-Key: 8e03978e-40d5-…`, as Stripe
@@ -288,77 +262,67 @@ impl<C: Codec> LayerBuilder<C> {
         self
     }
 
-    /// The name under which this layer's keys are stored (1 to 255 printable ASCII characters),
-    /// so several APIs can share one store. Default `"http"`. Renaming it forgets every stored
-    /// response.
-    ///
-    /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("billing-v2");
-    /// # let _ = b;
-    /// ```
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.config.scope = Arc::from(scope.into());
-        self
-    }
+    guard_setters! {
+        /// The name under which this layer's keys are stored (1 to 255 printable ASCII characters),
+        /// so several APIs can share one store. Default `"http"`. Renaming it forgets every stored
+        /// response.
+        ///
+        /// ```
+        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("billing-v2");
+        /// # let _ = b;
+        /// ```
+        scope;
 
-    /// Who is asking, from the request head: an API key id, a user id, or an extension an
-    /// authentication layer put there. Keys are scoped by it, so two callers sending the same
-    /// key and body get independent results, each from its own run of the handler.
-    ///
-    /// The extractor runs for each guarded request that carries an `Idempotency-Key`. When it
-    /// returns `None` the request gets [`Problem::CallerMissing`](super::Problem::CallerMissing)
-    /// (`401`, or `400` by [`caller_missing_status`](Self::caller_missing_status)) and nothing
-    /// runs; there is no anonymous key space to fall back to. The identity must be 1 to 255
-    /// bytes of printable ASCII (hash longer ones yourself); any other gets
-    /// [`Problem::CallerInvalid`](super::Problem::CallerInvalid) (`400`). Add this layer inside
-    /// (after) the authentication layer, so the identity is set and checked when the extractor
-    /// runs. Not together with [`shared_key_space`](Self::shared_key_space).
-    ///
-    /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// #[derive(Clone)]
-    /// struct User(u64);
-    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .caller(|parts| parts.extensions.get::<User>().map(|u| u.0.to_string()))
-    ///     .build()?;
-    /// # let _ = layer;
-    /// # Ok::<(), idem_core::Error>(())
-    /// ```
-    pub fn caller(
-        mut self,
-        extract: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.config.caller = Some(Box::new(extract));
-        self
-    }
+        /// Who is asking, from the request head: an API key id, a user id, or an extension an
+        /// authentication layer put there. Keys are scoped by it, so two callers sending the same
+        /// key and body get independent results, each from its own run of the handler.
+        ///
+        /// The extractor runs for each guarded request that carries an `Idempotency-Key`. When it
+        /// returns `None` the request gets [`Problem::CallerMissing`](super::Problem::CallerMissing)
+        /// (`401`, or `400` by [`caller_missing_status`](Self::caller_missing_status)) and nothing
+        /// runs; there is no anonymous key space to fall back to. The identity must be 1 to 255
+        /// bytes of printable ASCII (hash longer ones yourself); any other gets
+        /// [`Problem::CallerInvalid`](super::Problem::CallerInvalid) (`400`). Add this layer inside
+        /// (after) the authentication layer, so the identity is set and checked when the extractor
+        /// runs. Not together with [`shared_key_space`](Self::shared_key_space).
+        ///
+        /// ```
+        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// #[derive(Clone)]
+        /// struct User(u64);
+        /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .caller(|parts| parts.extensions.get::<User>().map(|u| u.0.to_string()))
+        ///     .build()?;
+        /// # let _ = layer;
+        /// # Ok::<(), idem_core::Error>(())
+        /// ```
+        caller;
 
-    /// Opts in to one key space shared by every client, instead of a [`caller`](Self::caller)
-    /// extractor.
-    ///
-    /// **What it risks:** the record of a request is found by its `Idempotency-Key` alone, so
-    /// any client that learns another client's key and sends the same method, path and body
-    /// (the [fingerprint](Self::fingerprint)) gets that client's stored response: status,
-    /// headers (`Set-Cookie` and `Location` included) and body, for as long as the response is
-    /// [retained](Self::retention); and while the first request runs, it gets `409` for it. A
-    /// key that a client sends with a different body gets `422` even if the key is another
-    /// client's. Use it only where every client is equally trusted with every response: one
-    /// client (a single backend calling a service), or responses that hold nothing private.
-    ///
-    /// Not together with [`caller`](Self::caller): [`build`](Self::build) refuses both.
-    ///
-    /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// // An internal service with one client: there is nobody to keep apart.
-    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .shared_key_space()
-    ///     .build()?;
-    /// # let _ = layer;
-    /// # Ok::<(), idem_core::Error>(())
-    /// ```
-    pub fn shared_key_space(mut self) -> Self {
-        self.shared_key_space = true;
-        self
+        /// Opts in to one key space shared by every client, instead of a [`caller`](Self::caller)
+        /// extractor.
+        ///
+        /// **What it risks:** the record of a request is found by its `Idempotency-Key` alone, so
+        /// any client that learns another client's key and sends the same method, path and body
+        /// (the [fingerprint](Self::fingerprint)) gets that client's stored response: status,
+        /// headers (`Set-Cookie` and `Location` included) and body, for as long as the response is
+        /// [retained](Self::retention); and while the first request runs, it gets `409` for it. A
+        /// key that a client sends with a different body gets `422` even if the key is another
+        /// client's. Use it only where every client is equally trusted with every response: one
+        /// client (a single backend calling a service), or responses that hold nothing private.
+        ///
+        /// Not together with [`caller`](Self::caller): [`build`](Self::build) refuses both.
+        ///
+        /// ```
+        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// // An internal service with one client: there is nobody to keep apart.
+        /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .shared_key_space()
+        ///     .build()?;
+        /// # let _ = layer;
+        /// # Ok::<(), idem_core::Error>(())
+        /// ```
+        shared_key_space;
     }
 
     /// The status of [`Problem::CallerMissing`](super::Problem::CallerMissing), the answer to a
@@ -437,50 +401,43 @@ impl<C: Codec> LayerBuilder<C> {
         self
     }
 
-    /// How long a request's claim blocks its key without a heartbeat; the engine renews it while
-    /// the handler runs. Overrides [`Policy::lease`](crate::Policy::lease).
-    ///
-    /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .lease(std::time::Duration::from_secs(5));
-    /// # let _ = b;
-    /// ```
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.config.options.lease = Some(lease);
-        self
-    }
+    guard_setters! {
+        /// How long a request's claim blocks its key without a heartbeat; the engine renews it while
+        /// the handler runs. Overrides [`Policy::lease`](crate::Policy::lease).
+        ///
+        /// ```
+        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .lease(std::time::Duration::from_secs(5));
+        /// # let _ = b;
+        /// ```
+        lease;
 
-    /// How long a stored response is replayed, counted from when it was stored. Overrides
-    /// [`Policy::retention`](crate::Policy::retention). This is the key expiry policy the IETF
-    /// draft asks an API to publish: after it, the record may be pruned at any time and the key
-    /// counts as new, so a request with it runs the handler again.
-    ///
-    /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .retention(std::time::Duration::from_secs(7 * 24 * 3600));
-    /// # let _ = b;
-    /// ```
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.config.options.retention = Some(retention);
-        self
-    }
+        /// How long a stored response is replayed, counted from when it was stored. Overrides
+        /// [`Policy::retention`](crate::Policy::retention). This is the key expiry policy the IETF
+        /// draft asks an API to publish: after it, the record may be pruned at any time and the key
+        /// counts as new, so a request with it runs the handler again.
+        ///
+        /// ```
+        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .retention(std::time::Duration::from_secs(7 * 24 * 3600));
+        /// # let _ = b;
+        /// ```
+        retention;
 
-    /// What a request does while another with the same key runs: answer `409` with
-    /// `Retry-After` at once ([`OnLocked::FailFast`]), or wait for it and replay its response
-    /// ([`OnLocked::Wait`], `409` if the wait times out). Overrides
-    /// [`Policy::on_locked`](crate::Policy::on_locked).
-    ///
-    /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
-    /// # let _ = b;
-    /// ```
-    pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
-        self.config.options.on_locked = Some(on_locked);
-        self
+        /// What a request does while another with the same key runs: answer `409` with
+        /// `Retry-After` at once ([`OnLocked::FailFast`](crate::OnLocked::FailFast)), or wait for it and replay its response
+        /// ([`OnLocked::Wait`](crate::OnLocked::Wait), `409` if the wait times out). Overrides
+        /// [`Policy::on_locked`](crate::Policy::on_locked).
+        ///
+        /// ```
+        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
+        /// # let _ = b;
+        /// ```
+        on_locked;
     }
 
     /// Which handler responses are stored and replayed, by status and headers. A response that

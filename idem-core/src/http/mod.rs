@@ -206,4 +206,4 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// ```
 /// assert_eq!(idem_core::http::IDEMPOTENT_REPLAYED, "idempotent-replayed");
 /// ```
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub const IDEMPOTENT_REPLAYED: HeaderName = crate::capture::reply::IDEMPOTENT_REPLAYED;

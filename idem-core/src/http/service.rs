@@ -1,75 +1,48 @@
 //! [`IdempotencyService`]: one request through claim → handler → store, or replay.
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum_core::body::Body;
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 use tower::Service;
 
 use super::extract::KeyChecked;
 use super::key_header::client_key;
 use super::layer::Config;
 use super::problem::{from_engine, Problem};
-use super::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use super::IDEMPOTENCY_KEY;
 use crate::capture::body::{read_request, read_response, Buffered, ReadError};
-use crate::capture::reply::{Failure, Reply, ReplyFormat};
+use crate::capture::guard::guard_service;
+use crate::capture::reply::{Failure, Reply};
 use crate::capture::stored::{self, Captured};
 use crate::capture::{self, CallerRefused};
 use crate::codec::Codec;
-use crate::engine::Outcome;
 use crate::error::BoxError;
 use crate::key::Key;
 
-/// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a handler or
-/// router. Build it through the layer.
-///
-/// ```
-/// use axum::{routing::post, Router};
-/// use idem_core::http::IdempotencyLayer;
-/// use idem_core::{Idempotency, MemoryStore};
-/// use tower::Layer;
-///
-/// let router: Router = Router::new().route("/payments", post(|| async { "created" }));
-/// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
-///     .build()?;
-/// let service = layer.layer(router);
-/// # let _ = service;
-/// # Ok::<(), idem_core::Error>(())
-/// ```
-pub struct IdempotencyService<S, C> {
-    inner: S,
-    config: Arc<Config<C>>,
-}
-
-impl<S, C> IdempotencyService<S, C> {
-    pub(crate) fn new(inner: S, config: Arc<Config<C>>) -> Self {
-        IdempotencyService { inner, config }
-    }
-}
-
-impl<S: Clone, C> Clone for IdempotencyService<S, C> {
-    fn clone(&self) -> Self {
-        IdempotencyService {
-            inner: self.inner.clone(),
-            config: self.config.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug, C> fmt::Debug for IdempotencyService<S, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyService")
-            .field("inner", &self.inner)
-            .field("config", &self.config)
-            .finish()
-    }
+guard_service! {
+    /// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a handler or
+    /// router. Build it through the layer.
+    ///
+    /// ```
+    /// use axum::{routing::post, Router};
+    /// use idem_core::http::IdempotencyLayer;
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// use tower::Layer;
+    ///
+    /// let router: Router = Router::new().route("/payments", post(|| async { "created" }));
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+    ///     .build()?;
+    /// let service = layer.layer(router);
+    /// # let _ = service;
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
+    debug = "IdempotencyService"
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -171,27 +144,16 @@ where
                     },
                 })
             };
-            let outcome = config
-                .engine
-                .call(key)
-                .fingerprint(fingerprint)
-                .overrides(config.options)
-                .scope_named(config.scope.clone())
-                .run_detached_as(work, ReplyFormat)
-                .await;
-            match outcome {
-                Ok(Outcome::Fresh(reply)) => Ok(reply.into_response()),
-                Ok(Outcome::Replayed(reply)) => {
-                    let mut response = reply.into_response();
-                    response
-                        .headers_mut()
-                        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-                    Ok(response)
-                }
-                Err(Failure::Pass(response)) => Ok(response),
-                Err(Failure::Service(e)) => Err(e),
-                Err(Failure::Idem(e)) => Ok(from_engine(&config.problems, e)),
-            }
+            capture::reply::run_once(
+                &config.engine,
+                key,
+                fingerprint,
+                config.options,
+                config.scope.clone(),
+                work,
+                |e| from_engine(&config.problems, e),
+            )
+            .await
         })
     }
 }

@@ -1,0 +1,139 @@
+//! The parts of the HTTP and gRPC layers that are the same but for their documentation: the
+//! public layer and service types with their `Clone`, `Debug` and `Layer` impls, and the
+//! builder setters both have (whose keys are whose, the scope, the engine overrides). Each is
+//! a macro, so each layer keeps its own public types, paths and rustdoc (given as the macro's
+//! doc attributes) while the code stands once. A layer module using them defines `Config<C>`
+//! (with `options`, `require_key`, `scope` and `caller`), `LayerBuilder<C>` (with `config` and
+//! `shared_key_space`) and `IdempotencyService::new`'s caller, `Layer::layer`.
+
+/// The public `IdempotencyLayer<C>` (an `Arc` of the layer module's `Config<C>`) and its
+/// `Clone`, `Debug` (the config's) and tower `Layer` impls, which wrap an `IdempotencyService`.
+macro_rules! guard_layer {
+    ($(#[$doc:meta])*) => {
+        $(#[$doc])*
+        pub struct IdempotencyLayer<C = $crate::codec::JsonCodec> {
+            config: ::std::sync::Arc<Config<C>>,
+        }
+
+        impl<C> Clone for IdempotencyLayer<C> {
+            fn clone(&self) -> Self {
+                IdempotencyLayer {
+                    config: self.config.clone(),
+                }
+            }
+        }
+
+        impl<C> ::std::fmt::Debug for IdempotencyLayer<C> {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                self.config.fmt(f)
+            }
+        }
+
+        impl<S, C> ::tower::Layer<S> for IdempotencyLayer<C> {
+            type Service = IdempotencyService<S, C>;
+
+            fn layer(&self, inner: S) -> Self::Service {
+                IdempotencyService::new(inner, self.config.clone())
+            }
+        }
+    };
+}
+
+/// The public `IdempotencyService<S, C>` (the inner service and the layer's shared config),
+/// its constructor and its `Clone` and `Debug` impls; `$name` is the name `Debug` shows.
+macro_rules! guard_service {
+    ($(#[$doc:meta])* debug = $name:literal) => {
+        $(#[$doc])*
+        pub struct IdempotencyService<S, C> {
+            inner: S,
+            config: ::std::sync::Arc<Config<C>>,
+        }
+
+        impl<S, C> IdempotencyService<S, C> {
+            pub(crate) fn new(inner: S, config: ::std::sync::Arc<Config<C>>) -> Self {
+                IdempotencyService { inner, config }
+            }
+        }
+
+        impl<S: Clone, C> Clone for IdempotencyService<S, C> {
+            fn clone(&self) -> Self {
+                IdempotencyService {
+                    inner: self.inner.clone(),
+                    config: self.config.clone(),
+                }
+            }
+        }
+
+        impl<S: ::std::fmt::Debug, C> ::std::fmt::Debug for IdempotencyService<S, C> {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct($name)
+                    .field("inner", &self.inner)
+                    .field("config", &self.config)
+                    .finish()
+            }
+        }
+    };
+}
+
+/// Builder setters both layers have, each named by its method name after its doc attributes
+/// and a `;`: `require_key`, `scope`, `caller`, `shared_key_space`, `lease`, `retention`,
+/// `on_locked`. Used inside `impl LayerBuilder<C>`, in the order the layer documents them.
+macro_rules! guard_setters {
+    ($($(#[$doc:meta])* $setter:ident;)*) => {
+        $($crate::capture::guard::guard_setters!(@one $(#[$doc])* $setter);)*
+    };
+    (@one $(#[$doc:meta])* require_key) => {
+        $(#[$doc])*
+        pub fn require_key(mut self, required: bool) -> Self {
+            self.config.require_key = required;
+            self
+        }
+    };
+    (@one $(#[$doc:meta])* scope) => {
+        $(#[$doc])*
+        pub fn scope(mut self, scope: impl Into<String>) -> Self {
+            self.config.scope = ::std::sync::Arc::from(scope.into());
+            self
+        }
+    };
+    (@one $(#[$doc:meta])* caller) => {
+        $(#[$doc])*
+        pub fn caller(
+            mut self,
+            extract: impl Fn(&::http::request::Parts) -> Option<String> + Send + Sync + 'static,
+        ) -> Self {
+            self.config.caller = Some(Box::new(extract));
+            self
+        }
+    };
+    (@one $(#[$doc:meta])* shared_key_space) => {
+        $(#[$doc])*
+        pub fn shared_key_space(mut self) -> Self {
+            self.shared_key_space = true;
+            self
+        }
+    };
+    (@one $(#[$doc:meta])* lease) => {
+        $(#[$doc])*
+        pub fn lease(mut self, lease: ::std::time::Duration) -> Self {
+            self.config.options.lease = Some(lease);
+            self
+        }
+    };
+    (@one $(#[$doc:meta])* retention) => {
+        $(#[$doc])*
+        pub fn retention(mut self, retention: ::std::time::Duration) -> Self {
+            self.config.options.retention = Some(retention);
+            self
+        }
+    };
+    (@one $(#[$doc:meta])* on_locked) => {
+        $(#[$doc])*
+        pub fn on_locked(mut self, on_locked: $crate::OnLocked) -> Self {
+            self.config.options.on_locked = Some(on_locked);
+            self
+        }
+    };
+}
+
+pub(crate) use {guard_layer, guard_service, guard_setters};
