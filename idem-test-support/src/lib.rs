@@ -10,7 +10,8 @@
 //! Each store's helpers sit behind the feature of the same name (`postgres`, `redis`,
 //! `dynamodb`), which turns the store on in idem-core, so a test binary builds only the stores
 //! it tests. [`bank`] is the business the transactional tests pay into; [`forward`] a store in
-//! front of others, for tests that inject faults or route keys; [`grpc`] (feature `grpc`) the
+//! front of others, for tests that inject faults or route keys; [`hold`] a handler that waits
+//! for its test; [`grpc`] (feature `grpc`) the
 //! gRPC service the gRPC layer's tests, example and benchmark serve.
 #![forbid(unsafe_code)]
 
@@ -25,6 +26,7 @@ pub mod dynamodb;
 pub mod forward;
 #[cfg(feature = "grpc")]
 pub mod grpc;
+pub mod hold;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]

@@ -137,7 +137,7 @@ pub async fn fifty_concurrent_duplicates_run_once(store: Arc<dyn Store>) {
     for _ in 0..50 {
         calls.spawn(server.create(Some("k-50"), Some(CALLER), hold.clone()));
     }
-    within("the first call to run", server.entered.recv()).await;
+    within("the first call to run", server.holds.entered.recv()).await;
     for _ in 0..49 {
         let refused = within("a duplicate's answer", calls.join_next())
             .await
@@ -155,7 +155,7 @@ pub async fn fifty_concurrent_duplicates_run_once(store: Arc<dyn Store>) {
             .unwrap();
         assert!(pushback >= 1);
     }
-    server.release(1);
+    server.holds.release(1);
     let first = within("the running call", calls.join_next())
         .await
         .unwrap()
@@ -180,8 +180,8 @@ pub async fn fifty_concurrent_duplicates_wait_for_one_run(store: Arc<dyn Store>)
     for _ in 0..50 {
         calls.spawn(server.create(Some("k-50w"), Some(CALLER), hold.clone()));
     }
-    within("the first call to run", server.entered.recv()).await;
-    server.release(1);
+    within("the first call to run", server.holds.entered.recv()).await;
+    server.holds.release(1);
     let mut fresh = 0;
     while let Some(done) = within("every call's answer", calls.join_next()).await {
         let response = done.unwrap().unwrap();
@@ -209,7 +209,7 @@ pub async fn deadline_mid_call_runs_once_then_replays(store: Arc<dyn Store>) {
     // released, so the deadline always passes while it runs.
     req.set_timeout(Duration::from_secs(2));
     let first = tokio::spawn(async move { client.create(req).await });
-    within("the call to run", server.entered.recv()).await;
+    within("the call to run", server.holds.entered.recv()).await;
     let expired = within("the deadline", first).await.unwrap().unwrap_err();
     assert!(
         matches!(expired.code(), Code::Cancelled | Code::DeadlineExceeded)
@@ -217,14 +217,14 @@ pub async fn deadline_mid_call_runs_once_then_replays(store: Arc<dyn Store>) {
         "{expired:?}"
     );
     // The deadline did not stop the method: it still holds, not dropped.
-    assert!(server.dropped.try_recv().is_err());
+    assert!(server.holds.dropped.try_recv().is_err());
     let retry = tokio::spawn(server.create(Some("k-deadline"), Some(CALLER), hold));
-    server.release(1);
+    server.holds.release(1);
     let replay = within("the retry", retry).await.unwrap().unwrap();
     assert!(replayed(&replay));
     assert_eq!(replay.get_ref().id, "pay_1");
     assert_eq!(server.runs(), 1);
-    assert!(server.dropped.try_recv().is_err());
+    assert!(server.holds.dropped.try_recv().is_err());
 }
 
 /// A server-streaming method is not named as unary: its calls pass untouched, key or not. Each

@@ -5,46 +5,29 @@
 mod cases;
 mod server;
 
-/// Instantiates every case for one store:
-/// `grpc_suite!(module, one of idem_test_support::stores)`.
-macro_rules! grpc_suite {
-    ($name:ident, $store:path) => {
-        mod $name {
-            grpc_suite!(@each $store;
-                retried_call_replays_byte_identical,
-                final_error_replays_with_details,
-                transient_status_frees_key,
-                fifty_concurrent_duplicates_run_once,
-                fifty_concurrent_duplicates_wait_for_one_run,
-                deadline_mid_call_runs_once_then_replays,
-                streaming_passes_untouched,
-                callers_never_share_keys,
-                key_reused_is_failed_precondition,
-                request_id_field_is_the_key,
-                malformed_keys_are_invalid_argument,
-                oversized_response_is_not_run_again,
-                flaky_server_with_retries_books_each_payment_once
-            );
-        }
-    };
-    (@each $store:path; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                if let Some((store, leftover)) = $store().await {
-                    $crate::cases::$case(store).await;
-                    leftover.remove().await;
-                }
-            }
-        )*
-    };
+// Every case once per store (`None` from a store function skips, after printing why).
+idem_test_support::per_store! {
+    cases: [
+        retried_call_replays_byte_identical,
+        final_error_replays_with_details,
+        transient_status_frees_key,
+        fifty_concurrent_duplicates_run_once,
+        fifty_concurrent_duplicates_wait_for_one_run,
+        deadline_mid_call_runs_once_then_replays,
+        streaming_passes_untouched,
+        callers_never_share_keys,
+        key_reused_is_failed_precondition,
+        request_id_field_is_the_key,
+        malformed_keys_are_invalid_argument,
+        oversized_response_is_not_run_again,
+        flaky_server_with_retries_books_each_payment_once,
+    ];
+    memory_store => idem_test_support::stores::memory,
+    #[cfg(feature = "sqlite")]
+    sqlite_store => idem_test_support::stores::sqlite,
+    #[cfg(feature = "postgres")]
+    postgres_store => idem_test_support::stores::postgres,
 }
-
-grpc_suite!(memory_store, idem_test_support::stores::memory);
-#[cfg(feature = "sqlite")]
-grpc_suite!(sqlite_store, idem_test_support::stores::sqlite);
-#[cfg(feature = "postgres")]
-grpc_suite!(postgres_store, idem_test_support::stores::postgres);
 
 /// Needs a store whose connection can be taken away: SQLite's pool, closed.
 #[cfg(feature = "sqlite")]

@@ -19,8 +19,7 @@ use idem_test_support::grpc::payments_client::PaymentsClient;
 use idem_test_support::grpc::payments_server::{Payments, PaymentsServer};
 use idem_test_support::grpc::prost::Message;
 use idem_test_support::grpc::{path, CreatePaymentRequest, Payment, TransferRequest, WatchRequest};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use tokio::sync::Semaphore;
+use idem_test_support::hold::{Hold, Holds};
 use tokio::task::JoinHandle;
 use tonic::body::Body;
 use tonic::metadata::MetadataValue;
@@ -38,24 +37,11 @@ pub const CALLER: &str = "client-1";
 struct App {
     runs: Arc<AtomicUsize>,
     serial: Arc<AtomicUsize>,
-    gate: Arc<Semaphore>,
-    entered: UnboundedSender<()>,
-    dropped: UnboundedSender<()>,
+    hold: Hold,
     /// The keys whose `fail-once` call already failed once.
     failed: Arc<Mutex<HashSet<String>>>,
     /// Each effect the service made, by its request's key: a payment booked.
     effects: Arc<Mutex<Vec<String>>>,
-}
-
-/// Sends on `dropped` when dropped while still armed.
-struct DropSignal(Option<UnboundedSender<()>>);
-
-impl Drop for DropSignal {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
-    }
 }
 
 fn caller_of<T>(req: &Request<T>) -> String {
@@ -86,10 +72,7 @@ impl Payments for App {
         let new = req.into_inner();
         match new.behaviour.as_str() {
             "hold" => {
-                let mut signal = DropSignal(Some(self.dropped.clone()));
-                let _ = self.entered.send(());
-                self.gate.acquire().await.unwrap().forget();
-                signal.0 = None;
+                self.hold.hold().await;
             }
             "fail-once" if self.failed.lock().unwrap().insert(key.clone()) => {
                 return Err(Status::unavailable(format!("run {id}: not now")));
@@ -170,12 +153,10 @@ pub struct Server {
     /// How many responses of each key the network loses (see [`LostResponses`]).
     lose: Arc<AtomicUsize>,
     runs: Arc<AtomicUsize>,
-    gate: Arc<Semaphore>,
     effects: Arc<Mutex<Vec<String>>>,
-    /// One message each time a held call starts running.
-    pub entered: UnboundedReceiver<()>,
-    /// One message each time a held call is dropped before it finished.
-    pub dropped: UnboundedReceiver<()>,
+    /// The gate of held calls: `entered` each time one starts, `dropped` each time one is
+    /// dropped before it finished; `release` lets held calls finish.
+    pub holds: Holds,
     task: JoinHandle<()>,
 }
 
@@ -210,14 +191,11 @@ impl Server {
         configure: impl FnOnce(LayerBuilder) -> LayerBuilder,
     ) -> Server {
         let layer = configure(by_x_caller(engine)).build().unwrap();
-        let (entered_tx, entered) = unbounded_channel();
-        let (dropped_tx, dropped) = unbounded_channel();
+        let (held, holds) = idem_test_support::hold::gate();
         let app = App {
             runs: Arc::new(AtomicUsize::new(0)),
             serial: Arc::new(AtomicUsize::new(0)),
-            gate: Arc::new(Semaphore::new(0)),
-            entered: entered_tx,
-            dropped: dropped_tx,
+            hold: held,
             failed: Arc::default(),
             effects: Arc::default(),
         };
@@ -250,10 +228,8 @@ impl Server {
             channel,
             lose,
             runs: app.runs,
-            gate: app.gate,
             effects: app.effects,
-            entered,
-            dropped,
+            holds,
             task,
         }
     }
@@ -272,11 +248,6 @@ impl Server {
     /// made them.
     pub fn lose_first_responses(&self, n: usize) {
         self.lose.store(n, Ordering::SeqCst);
-    }
-
-    /// Lets `n` held calls finish.
-    pub fn release(&self, n: usize) {
-        self.gate.add_permits(n);
     }
 
     pub fn client(&self) -> PaymentsClient<Channel> {

@@ -39,7 +39,7 @@ pub async fn retry_replays_identical_response(store: Arc<dyn Store>) {
 pub async fn concurrent_duplicates_fail_fast(store: Arc<dyn Store>) {
     let mut server = Server::start(store, |b| b.on_locked(OnLocked::FailFast)).await;
     let mut replies = spawn_many(50, || Box::pin(server.post("/hold", Some("k-storm"), "{}")));
-    within("the first request to run", server.entered.recv()).await;
+    within("the first request to run", server.holds.entered.recv()).await;
     // The first request is held in its handler, so every other one must be refused now.
     for _ in 0..49 {
         let reply = within("a refused duplicate", replies.join_next())
@@ -51,7 +51,7 @@ pub async fn concurrent_duplicates_fail_fast(store: Arc<dyn Store>) {
         let retry_after: u64 = reply.header("retry-after").unwrap().parse().unwrap();
         assert!(retry_after >= 1);
     }
-    server.release(1);
+    server.holds.release(1);
     let winner = within("the first request", replies.join_next())
         .await
         .unwrap()
@@ -69,11 +69,11 @@ pub async fn concurrent_duplicates_wait(store: Arc<dyn Store>) {
     })
     .await;
     let mut replies = spawn_many(50, || Box::pin(server.post("/hold", Some("k-wait"), "{}")));
-    within("the first request to run", server.entered.recv()).await;
+    within("the first request to run", server.holds.entered.recv()).await;
     for _ in 0..50 {
         within("every request to arrive", server.arrivals.recv()).await;
     }
-    server.release(1);
+    server.holds.release(1);
     let mut all = Vec::new();
     while let Some(reply) = within("a response", replies.join_next()).await {
         all.push(reply.unwrap());
@@ -172,11 +172,11 @@ pub async fn callers_are_independent(store: Arc<dyn Store>) {
         Some("alice"),
         "{}",
     ));
-    within("alice's handler to start", server.entered.recv()).await;
+    within("alice's handler to start", server.holds.entered.recv()).await;
     let second =
         tokio::spawn(server.request(Method::POST, "/hold", &[&quoted("both")], Some("bob"), "{}"));
-    within("bob's handler to start", server.entered.recv()).await;
-    server.release(2);
+    within("bob's handler to start", server.holds.entered.recv()).await;
+    server.holds.release(2);
     let first = within("alice's reply", first).await.unwrap();
     let second = within("bob's reply", second).await.unwrap();
     assert_eq!((first.status, second.status), (201, 201));
@@ -577,12 +577,12 @@ pub async fn disconnect_runs_once_then_replays(store: Arc<dyn Store>) {
     })
     .await;
     let client = tokio::spawn(server.post("/hold", Some("k-gone"), "{}"));
-    within("the handler to start", server.entered.recv()).await;
+    within("the handler to start", server.holds.entered.recv()).await;
     // The client goes away mid-request: its connection closes.
     client.abort();
     assert!(client.await.unwrap_err().is_cancelled());
     let retry = tokio::spawn(server.post("/hold", Some("k-gone"), "{}"));
-    server.release(1);
+    server.holds.release(1);
     let retry = within("the retry", retry).await.unwrap();
     assert_eq!(
         retry.status,
@@ -594,7 +594,7 @@ pub async fn disconnect_runs_once_then_replays(store: Arc<dyn Store>) {
     assert_eq!(retry.body, b"held payment 1");
     assert_eq!(server.runs(), 1, "the side effect happened once");
     assert!(
-        server.dropped.try_recv().is_err(),
+        server.holds.dropped.try_recv().is_err(),
         "the handler was cancelled with its connection"
     );
 }
@@ -604,7 +604,7 @@ pub async fn disconnect_runs_once_then_replays(store: Arc<dyn Store>) {
 pub async fn disconnect_then_fail_fast_gets_409_then_replay(store: Arc<dyn Store>) {
     let mut server = Server::start(store.clone(), |b| b).await;
     let client = tokio::spawn(server.post("/hold", Some("k-gone"), "{}"));
-    within("the handler to start", server.entered.recv()).await;
+    within("the handler to start", server.holds.entered.recv()).await;
     client.abort();
     assert!(client.await.unwrap_err().is_cancelled());
     let busy = server.post("/hold", Some("k-gone"), "{}").await;
@@ -614,7 +614,7 @@ pub async fn disconnect_then_fail_fast_gets_409_then_replay(store: Arc<dyn Store
         Some("1"),
         "an estimate, not the lease"
     );
-    server.release(1);
+    server.holds.release(1);
     // The detached handler stores its response; poll the record, bounded.
     let key = record_key(CALLER, "k-gone");
     within("the response to be stored", async {
@@ -631,7 +631,7 @@ pub async fn disconnect_then_fail_fast_gets_409_then_replay(store: Arc<dyn Store
     assert!(retry.replayed());
     assert_eq!(retry.body, b"held payment 1");
     assert_eq!(server.runs(), 1, "the side effect happened once");
-    assert!(server.dropped.try_recv().is_err());
+    assert!(server.holds.dropped.try_recv().is_err());
 }
 
 pub async fn oversized_body_is_413(store: Arc<dyn Store>) {

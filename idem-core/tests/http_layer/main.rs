@@ -9,69 +9,47 @@ mod config;
 mod server;
 mod tasks;
 
-/// Instantiates every case for one store:
-/// `http_suite!(module, path to an async fn() -> Option<(Arc<dyn Store>, Leftover)>)`, one of
-/// `idem_test_support::stores` (`None` skips, after printing why; what the store leaves behind is
-/// removed after the case).
-macro_rules! http_suite {
-    ($name:ident, $store:path) => {
-        mod $name {
-            http_suite!(@each $store;
-                retry_replays_identical_response,
-                concurrent_duplicates_fail_fast,
-                concurrent_duplicates_wait,
-                changed_request_is_422,
-                callers_are_independent,
-                missing_caller_is_refused,
-                invalid_caller_is_400,
-                shared_key_space_shares_responses,
-                problem_base_sets_type_and_link,
-                bad_keys_are_400,
-                bare_keys_by_default,
-                strict_mode_refuses_bare_keys,
-                extractor_rejections_are_not_stored,
-                store_if_can_store_rejections,
-                handler_reads_the_checked_key,
-                key_extractor_refusals,
-                optional_key_runs_unguarded,
-                server_error_frees_key,
-                handler_panic_frees_key,
-                disconnect_runs_once_then_replays,
-                disconnect_then_fail_fast_gets_409_then_replay,
-                oversized_body_is_413,
-                upload_cut_short_claims_nothing,
-                oversized_response_is_not_run_again,
-                five_megabyte_response_is_not_run_again,
-                response_with_trailers_is_replayed_with_them,
-                response_in_frames_is_replayed_whole,
-                completed_response_is_stored
-            );
-        }
-    };
-    (@each $store:path; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                if let Some((store, leftover)) = $store().await {
-                    $crate::cases::$case(store).await;
-                    leftover.remove().await;
-                }
-            }
-        )*
-    };
+// Every case once per store (`None` from a store function skips, after printing why).
+idem_test_support::per_store! {
+    cases: [
+        retry_replays_identical_response,
+        concurrent_duplicates_fail_fast,
+        concurrent_duplicates_wait,
+        changed_request_is_422,
+        callers_are_independent,
+        missing_caller_is_refused,
+        invalid_caller_is_400,
+        shared_key_space_shares_responses,
+        problem_base_sets_type_and_link,
+        bad_keys_are_400,
+        bare_keys_by_default,
+        strict_mode_refuses_bare_keys,
+        extractor_rejections_are_not_stored,
+        store_if_can_store_rejections,
+        handler_reads_the_checked_key,
+        key_extractor_refusals,
+        optional_key_runs_unguarded,
+        server_error_frees_key,
+        handler_panic_frees_key,
+        disconnect_runs_once_then_replays,
+        disconnect_then_fail_fast_gets_409_then_replay,
+        oversized_body_is_413,
+        upload_cut_short_claims_nothing,
+        oversized_response_is_not_run_again,
+        five_megabyte_response_is_not_run_again,
+        response_with_trailers_is_replayed_with_them,
+        response_in_frames_is_replayed_whole,
+        completed_response_is_stored,
+    ];
+    memory_store => idem_test_support::stores::memory,
+    #[cfg(feature = "sqlite")]
+    sqlite_store => idem_test_support::stores::sqlite,
+    #[cfg(feature = "postgres")]
+    postgres_store => idem_test_support::stores::postgres,
+    #[cfg(feature = "dynamodb")]
+    dynamodb_store => idem_test_support::stores::dynamodb,
+    #[cfg(feature = "redis")]
+    redis_store => idem_test_support::stores::redis_single,
+    #[cfg(feature = "redis")]
+    redis_cluster_store => idem_test_support::stores::redis_cluster,
 }
-
-http_suite!(memory_store, idem_test_support::stores::memory);
-#[cfg(feature = "sqlite")]
-http_suite!(sqlite_store, idem_test_support::stores::sqlite);
-#[cfg(feature = "postgres")]
-http_suite!(postgres_store, idem_test_support::stores::postgres);
-#[cfg(feature = "dynamodb")]
-http_suite!(dynamodb_store, idem_test_support::stores::dynamodb);
-#[cfg(feature = "redis")]
-http_suite!(redis_store, idem_test_support::stores::redis_single);
-#[cfg(feature = "redis")]
-http_suite!(
-    redis_cluster_store,
-    idem_test_support::stores::redis_cluster
-);

@@ -11,8 +11,8 @@ use axum::routing::post;
 use axum::{Json, Router};
 use idem_core::http::{IdempotencyKey, IdempotencyLayer, LayerBuilder, IDEMPOTENT_REPLAYED};
 use idem_core::{Idempotency, Key, Store};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use tokio::sync::Semaphore;
+use idem_test_support::hold::{Hold, Holds};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::task::JoinHandle;
 
 pub use idem_test_support::within;
@@ -22,9 +22,7 @@ pub use idem_test_support::within;
 struct App {
     runs: Arc<AtomicUsize>,
     serial: Arc<AtomicUsize>,
-    gate: Arc<Semaphore>,
-    entered: UnboundedSender<()>,
-    dropped: UnboundedSender<()>,
+    hold: Hold,
     big_body: usize,
 }
 
@@ -33,11 +31,9 @@ pub struct Server {
     pub client: reqwest::Client,
     pub store: Arc<dyn Store>,
     runs: Arc<AtomicUsize>,
-    gate: Arc<Semaphore>,
-    /// One message each time `/hold` starts running.
-    pub entered: UnboundedReceiver<()>,
-    /// One message each time `/hold` is dropped before it finished (its client went away).
-    pub dropped: UnboundedReceiver<()>,
+    /// `/hold`'s gate: `entered` each time it starts, `dropped` each time it is dropped before
+    /// it finished (its client went away); `release` lets held handlers finish.
+    pub holds: Holds,
     /// One message each time a request reaches the server (outside the idempotency layer).
     pub arrivals: UnboundedReceiver<()>,
     task: JoinHandle<()>,
@@ -165,15 +161,12 @@ impl Server {
 
     /// Serves the test routes behind `layer`, which keeps its records in `store`.
     pub async fn serve(store: Arc<dyn Store>, layer: IdempotencyLayer) -> Server {
-        let (entered_tx, entered) = unbounded_channel();
-        let (dropped_tx, dropped) = unbounded_channel();
+        let (held, holds) = idem_test_support::hold::gate();
         let (arrival_tx, arrivals) = unbounded_channel();
         let app = App {
             runs: Arc::new(AtomicUsize::new(0)),
             serial: Arc::new(AtomicUsize::new(0)),
-            gate: Arc::new(Semaphore::new(0)),
-            entered: entered_tx,
-            dropped: dropped_tx,
+            hold: held,
             big_body: 4096,
         };
         let router = Router::new()
@@ -207,9 +200,7 @@ impl Server {
             client: reqwest::Client::builder().no_proxy().build().unwrap(),
             store,
             runs: app.runs,
-            gate: app.gate,
-            entered,
-            dropped,
+            holds,
             arrivals,
             task,
         }
@@ -218,11 +209,6 @@ impl Server {
     /// How many times a handler started.
     pub fn runs(&self) -> usize {
         self.runs.load(Ordering::SeqCst)
-    }
-
-    /// Lets `n` held `/hold` handlers finish.
-    pub fn release(&self, n: usize) {
-        self.gate.add_permits(n);
     }
 
     /// A request with the given raw `Idempotency-Key` values and `x-caller`.
@@ -375,25 +361,11 @@ async fn list() -> &'static str {
     "[]"
 }
 
-/// Sends on `dropped` when dropped while still armed.
-struct DropSignal(Option<UnboundedSender<()>>);
-
-impl Drop for DropSignal {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
 /// Runs until the test releases it through the gate.
 async fn hold(State(app): State<App>) -> Response<Body> {
     app.runs.fetch_add(1, Ordering::SeqCst);
     let id = app.serial.fetch_add(1, Ordering::SeqCst) + 1;
-    let mut signal = DropSignal(Some(app.dropped.clone()));
-    let _ = app.entered.send(());
-    app.gate.acquire().await.unwrap().forget();
-    signal.0 = None;
+    app.hold.hold().await;
     Response::builder()
         .status(StatusCode::CREATED)
         .body(Body::from(format!("held payment {id}")))
