@@ -188,10 +188,7 @@ fn fresh(server: &Server) -> Op {
         let client = client.clone();
         async move {
             let response = Call::new().send(&client, "").await.map_err(grpc_error)?;
-            if idem && replayed(&response) {
-                return Err(BenchError::Unexpected("a new key replayed".into()));
-            }
-            Ok(Hit::Fresh)
+            Hit::fresh(idem.then(|| replayed(&response)))
         }
     })
 }
@@ -204,14 +201,8 @@ fn replay(server: &Server, completed: &Arc<Vec<Call>>) -> Op {
         async move {
             let call = &completed[fastrand::usize(..completed.len())];
             let response = call.send(&client, "").await.map_err(grpc_error)?;
-            match (idem, replayed(&response)) {
-                // The bare service has nothing to replay: its "replay" runs the call again.
-                (false, _) => Ok(Hit::Fresh),
-                (true, true) => Ok(Hit::Replayed),
-                (true, false) => Err(BenchError::Unexpected(
-                    "a completed key ran the call again".into(),
-                )),
-            }
+            // The bare service has nothing to replay: its "replay" runs the call again.
+            Hit::replay(idem.then(|| replayed(&response)), "call")
         }
     })
 }
@@ -255,18 +246,8 @@ async fn same_key(server: &Server, library: &'static str) -> Result<SameKey, Ben
         };
         *answers.entry(what).or_default() += 1;
     }
-    Ok(SameKey {
-        library,
-        ran: server.ran.load(Ordering::SeqCst) - before,
-        others: format!(
-            "answers: {}",
-            answers
-                .iter()
-                .map(|(what, n)| format!("{n} × {what}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    })
+    let ran = server.ran.load(Ordering::SeqCst) - before;
+    Ok(SameKey::answered(library, ran, &answers))
 }
 
 /// The gRPC rows: the same-key runs, then fresh and replay at 1, 8 and 32 tasks, the layer

@@ -23,6 +23,29 @@ pub enum Hit {
     Locked,
 }
 
+impl Hit {
+    /// What a call with a new key did, given whether a layer marked it replayed (`None`: a bare
+    /// service, which marks nothing).
+    pub(crate) fn fresh(replayed: Option<bool>) -> Result<Hit, BenchError> {
+        match replayed {
+            Some(true) => Err(BenchError::Unexpected("a new key replayed".into())),
+            _ => Ok(Hit::Fresh),
+        }
+    }
+
+    /// What a call with a completed key did, given whether a layer marked it replayed (`None`:
+    /// a bare service, whose "replay" runs `work` again); a layer that ran it again is wrong.
+    pub(crate) fn replay(replayed: Option<bool>, work: &str) -> Result<Hit, BenchError> {
+        match replayed {
+            None => Ok(Hit::Fresh),
+            Some(true) => Ok(Hit::Replayed),
+            Some(false) => Err(BenchError::Unexpected(format!(
+                "a completed key ran the {work} again"
+            ))),
+        }
+    }
+}
+
 /// Counts of [`Hit`]s.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Hits {

@@ -82,6 +82,27 @@ pub struct SameKey {
 }
 
 impl SameKey {
+    /// The run of `library` whose handler ran `ran` times and whose calls got `answers`
+    /// (how many got each answer).
+    pub(crate) fn answered(
+        library: &'static str,
+        ran: u64,
+        answers: &std::collections::BTreeMap<String, u64>,
+    ) -> SameKey {
+        SameKey {
+            library,
+            ran,
+            others: format!(
+                "answers: {}",
+                answers
+                    .iter()
+                    .map(|(what, n)| format!("{n} × {what}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+
     pub(crate) fn note(&self) -> String {
         format!(
             "{SAME_KEY_CALLS} same-key calls: handler ran {}× ({})",
@@ -349,13 +370,11 @@ fn http_fresh(server: &Server, sessions: &Arc<Vec<Arc<str>>>) -> Op {
                     answer.status
                 )));
             }
-            if flavor
-                .replay_header()
-                .is_some_and(|h| answer.headers.contains_key(h))
-            {
-                return Err(BenchError::Unexpected("a new key replayed".into()));
-            }
-            Ok(Hit::Fresh)
+            Hit::fresh(
+                flavor
+                    .replay_header()
+                    .map(|h| answer.headers.contains_key(h)),
+            )
         }
     })
 }
@@ -374,14 +393,13 @@ fn http_replay(server: &Server, completed: &Arc<Vec<Call>>) -> Op {
                     answer.status
                 )));
             }
-            match flavor.replay_header() {
-                // The bare app has nothing to replay: its "replay" runs the handler again.
-                None => Ok(Hit::Fresh),
-                Some(h) if answer.headers.contains_key(h) => Ok(Hit::Replayed),
-                Some(_) => Err(BenchError::Unexpected(
-                    "a completed key ran the handler again".into(),
-                )),
-            }
+            // The bare app has nothing to replay: its "replay" runs the handler again.
+            Hit::replay(
+                flavor
+                    .replay_header()
+                    .map(|h| answer.headers.contains_key(h)),
+                "handler",
+            )
         }
     })
 }
@@ -441,18 +459,7 @@ async fn http_same_key(server: &Server, library: &'static str) -> Result<SameKey
         *statuses.entry(what).or_default() += 1;
     }
     let ran = server.ran.load(Ordering::SeqCst) - before;
-    Ok(SameKey {
-        library,
-        ran,
-        others: format!(
-            "answers: {}",
-            statuses
-                .iter()
-                .map(|(what, n)| format!("{n} × {what}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    })
+    Ok(SameKey::answered(library, ran, &statuses))
 }
 
 /// A session id as ruts writes them: 16 random bytes in unpadded base64url (22 characters).
