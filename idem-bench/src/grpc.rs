@@ -261,12 +261,7 @@ pub(crate) async fn run(plan: &Plan, rows: &mut Vec<Row>) -> Result<Vec<SameKey>
         server.shut_down().await?;
         found.push(result?);
     }
-    let note = |library: &str| {
-        found
-            .iter()
-            .find(|s| s.library == library)
-            .map_or_else(String::new, SameKey::note)
-    };
+    let note = |library: &str| SameKey::note_of(&found, library);
     for c in CONCURRENCY {
         eprintln!("grpc: fresh and replay, {c} tasks");
         let bare = Server::start(false).await?;

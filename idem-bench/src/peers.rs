@@ -103,6 +103,14 @@ impl SameKey {
         }
     }
 
+    /// The note of `library`'s run among `found`; empty when it has none.
+    pub(crate) fn note_of(found: &[SameKey], library: &str) -> String {
+        found
+            .iter()
+            .find(|s| s.library == library)
+            .map_or_else(String::new, SameKey::note)
+    }
+
     pub(crate) fn note(&self) -> String {
         format!(
             "{SAME_KEY_CALLS} same-key calls: handler ran {}× ({})",
@@ -743,12 +751,7 @@ pub(crate) async fn run(plan: &Plan, rows: &mut Vec<Row>) -> Result<Vec<SameKey>
     }
     same_key.push(engine_same_key(&Idempotency::new(MemoryStore::new())).await?);
     same_key.push(peer_same_key(&Arc::new(PeerStore::new(1024, Duration::from_secs(60)))).await?);
-    let note = |library: &str| {
-        same_key
-            .iter()
-            .find(|s| s.library == library)
-            .map_or_else(String::new, SameKey::note)
-    };
+    let note = |library: &str| SameKey::note_of(&same_key, library);
 
     for c in CONCURRENCY {
         // New servers and stores at each concurrency, so the keys stored by the runs before do
