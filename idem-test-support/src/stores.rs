@@ -94,10 +94,10 @@ pub async fn redis_cluster() -> Option<(Arc<dyn Store>, Leftover)> {
 
 /// Instantiates every case of a suite once per store: for each `module => store` (one of this
 /// module's functions, behind the attributes given, such as `#[cfg(feature = "sqlite")]`), a
-/// module holding one multi-threaded tokio test per case, which runs `crate::cases::<case>` on
-/// a fresh store and then removes what the store leaves behind; a store whose server is
-/// missing skips (see [`setting`](crate::setting)). The suite's cases are `async fn
-/// <case>(store: Arc<dyn Store>)` in its `cases` module.
+/// module holding one multi-threaded tokio test per case, which runs `<module>::<case>` on a
+/// fresh store and then removes what the store leaves behind; a store whose server is missing
+/// skips (see [`setting`](crate::setting)). The suite's cases are `async fn <case>(store:
+/// Arc<dyn Store>)` in a module beside the invocation, named before the case list.
 ///
 /// ```
 /// mod cases {
@@ -106,27 +106,27 @@ pub async fn redis_cluster() -> Option<(Arc<dyn Store>, Leftover)> {
 ///     }
 /// }
 /// idem_test_support::per_store! {
-///     cases: [starts_empty];
+///     cases: cases::{starts_empty};
 ///     memory_store => idem_test_support::stores::memory,
 /// }
 /// # fn main() {}
 /// ```
 #[macro_export]
 macro_rules! per_store {
-    (cases: $cases:tt; $($(#[$attr:meta])* $name:ident => $store:path),* $(,)?) => {
+    (cases: $module:ident :: $cases:tt; $($(#[$attr:meta])* $name:ident => $store:path),* $(,)?) => {
         $(
             $(#[$attr])*
             mod $name {
-                $crate::per_store!(@each $store; $cases);
+                $crate::per_store!(@each $store; $module; $cases);
             }
         )*
     };
-    (@each $store:path; [$($case:ident),* $(,)?]) => {
+    (@each $store:path; $module:ident; {$($case:ident),* $(,)?}) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 if let Some((store, leftover)) = $store().await {
-                    crate::cases::$case(store).await;
+                    super::$module::$case(store).await;
                     leftover.remove().await;
                 }
             }

@@ -7,7 +7,7 @@ mod server;
 
 // Every case once per store (`None` from a store function skips, after printing why).
 idem_test_support::per_store! {
-    cases: [
+    cases: cases::{
         retried_call_replays_byte_identical,
         final_error_replays_with_details,
         transient_status_frees_key,
@@ -21,7 +21,7 @@ idem_test_support::per_store! {
         malformed_keys_are_invalid_argument,
         oversized_response_is_not_run_again,
         flaky_server_with_retries_books_each_payment_once,
-    ];
+    };
     memory_store => idem_test_support::stores::memory,
     #[cfg(feature = "sqlite")]
     sqlite_store => idem_test_support::stores::sqlite,

@@ -11,7 +11,7 @@ mod tasks;
 
 // Every case once per store (`None` from a store function skips, after printing why).
 idem_test_support::per_store! {
-    cases: [
+    cases: cases::{
         retry_replays_identical_response,
         concurrent_duplicates_fail_fast,
         concurrent_duplicates_wait,
@@ -40,7 +40,7 @@ idem_test_support::per_store! {
         response_with_trailers_is_replayed_with_them,
         response_in_frames_is_replayed_whole,
         completed_response_is_stored,
-    ];
+    };
     memory_store => idem_test_support::stores::memory,
     #[cfg(feature = "sqlite")]
     sqlite_store => idem_test_support::stores::sqlite,
