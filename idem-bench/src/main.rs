@@ -28,6 +28,7 @@ mod raw;
 mod redis_rows;
 mod report;
 mod scale;
+mod steps;
 mod sustain;
 mod workload;
 
@@ -499,12 +500,13 @@ async fn bench() -> Result<(), BenchError> {
     let mut versions = Vec::new();
 
     if args.wants("memory") {
-        let subject = Subject::new(
+        let mut subject = Subject::new(
             "memory",
             Cpu::default(),
             Idempotency::new(MemoryStore::new()),
             None,
         );
+        subject.effects = Some(steps::Effects::memory());
         if args.main {
             run_subject(subject, &plan, &mut results.rows, &SQL).await?;
             eprintln!("memory: ns per call");
@@ -526,8 +528,11 @@ async fn bench() -> Result<(), BenchError> {
         versions.push(format!(
             "SQLite {version} (temp file, WAL, synchronous=NORMAL)"
         ));
+        let effects = steps::Effects::sqlite(pool.clone(), "bench_effects").await?;
         let raw = sqlite_raw(pool).await?;
-        let subject = Subject::new("SQLite", Cpu::default(), Idempotency::new(store), Some(raw));
+        let mut subject =
+            Subject::new("SQLite", Cpu::default(), Idempotency::new(store), Some(raw));
+        subject.effects = Some(effects);
         if args.main {
             run_subject(subject, &plan, &mut results.rows, &SQL).await?;
         }
@@ -557,6 +562,7 @@ async fn bench() -> Result<(), BenchError> {
         ));
         let tag = format!("{:08x}", fastrand::u32(..));
         let (idem_table, raw_table) = (format!("bench_idem_{tag}"), format!("bench_raw_{tag}"));
+        let effects_table = format!("bench_effects_{tag}");
         let backend_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&pool)
             .await?;
@@ -564,12 +570,17 @@ async fn bench() -> Result<(), BenchError> {
             postmaster: u32::try_from(backend_pid).ok().and_then(cpu::postmaster_of),
         };
         let outcome = if args.main {
-            run_postgres(&pool, &idem_table, &raw_table, &plan, cpu, &mut results).await
+            let tables = PgTables {
+                idem: &idem_table,
+                raw: &raw_table,
+                effects: &effects_table,
+            };
+            run_postgres(&pool, tables, &plan, cpu, &mut results).await
         } else {
             Ok(())
         };
-        for t in [&idem_table, &raw_table] {
-            for name in [t.clone(), format!("{t}_migrations")] {
+        for t in [&idem_table, &raw_table, &effects_table] {
+            for name in [t.clone(), format!("{t}_steps"), format!("{t}_migrations")] {
                 sqlx::query(&format!("DROP TABLE IF EXISTS \"{name}\""))
                     .execute(&pool)
                     .await?;
@@ -625,10 +636,16 @@ async fn bench() -> Result<(), BenchError> {
     Ok(())
 }
 
+/// The PostgreSQL run's tables: idem's, the raw baseline's, the steps rows' effects.
+struct PgTables<'a> {
+    idem: &'a str,
+    raw: &'a str,
+    effects: &'a str,
+}
+
 async fn run_postgres(
     pool: &sqlx::PgPool,
-    idem_table: &str,
-    raw_table: &str,
+    tables: PgTables<'_>,
     plan: &Plan,
     cpu: Cpu,
     results: &mut Results,
@@ -636,19 +653,20 @@ async fn run_postgres(
     // No background pruner in any bench store: its statements would be measured too.
     let store = PostgresStore::builder()
         .pruner(None)
-        .table(idem_table)
+        .table(tables.idem)
         .from_pool(pool.clone())
         .await?;
     PostgresStore::builder()
         .pruner(None)
-        .table(raw_table)
+        .table(tables.raw)
         .from_pool(pool.clone())
         .await?;
     let raw = Raw::Postgres {
         pool: pool.clone(),
-        sql: raw::Statements::postgres(raw_table),
+        sql: raw::Statements::postgres(tables.raw),
     };
-    let subject = Subject::new("PostgreSQL", cpu, Idempotency::new(store), Some(raw));
+    let mut subject = Subject::new("PostgreSQL", cpu, Idempotency::new(store), Some(raw));
+    subject.effects = Some(steps::Effects::postgres(pool.clone(), tables.effects).await?);
     run_subject(subject, plan, &mut results.rows, &SQL).await
 }
 
@@ -709,6 +727,70 @@ pub(crate) async fn run_subject(
         let baseline = ("raw", s.storm_raw());
         compare(&s, Workload::Storm, &storm, baseline, c, timing, rows).await?;
     }
+    if let Some(effects) = &s.effects {
+        for c in CONCURRENCY {
+            eprintln!("{}: 3 steps, {c} tasks", s.name);
+            steps_rows(&s, effects, c, timing, rows).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The steps rows at `concurrency` tasks: idem's three steps, the recovery points by hand (SQL
+/// stores) and the three writes by hand, interleaved; both idem's and the recovery points'
+/// ratios are to the three writes.
+async fn steps_rows(
+    s: &Subject,
+    effects: &steps::Effects,
+    concurrency: usize,
+    timing: Timing,
+    rows: &mut Vec<Row>,
+) -> Result<(), BenchError> {
+    let sql = s.raw.is_some();
+    let mut variants = vec![(
+        steps::IDEM,
+        steps::idem_steps(&s.engine, effects),
+        "claim 1 + begin 2 + 3 × (write 1 + step record 1) + complete 1 = 10 statements",
+    )];
+    if let Some(raw) = &s.raw {
+        variants.push((
+            steps::RECOVERY_POINTS,
+            steps::recovery_points(raw, effects),
+            "claim 1 + 3 × (write 1 + recovery point 1) + result 1 = 8 statements",
+        ));
+    }
+    variants.push((steps::BY_HAND, steps::by_hand(effects), "3 statements"));
+    let ops: Vec<&Op> = variants.iter().map(|(_, op, _)| op).collect();
+    let mut samples = interleaved(&ops, concurrency, timing, s.cpu).await?;
+    let Some(mut base) = samples.pop() else {
+        return Err(BenchError::Unexpected("no steps baseline sample".into()));
+    };
+    for ((variant, _, note), sample) in variants.iter().zip(&mut samples) {
+        let mut row = Row::new(
+            s.name,
+            Workload::Steps,
+            variant,
+            concurrency,
+            sample,
+            Some(&base),
+        );
+        row.note = if sql { (*note).into() } else { String::new() };
+        rows.push(row);
+    }
+    let mut row = Row::new(
+        s.name,
+        Workload::Steps,
+        steps::BY_HAND,
+        concurrency,
+        &mut base,
+        None,
+    );
+    row.note = if sql {
+        "3 statements".into()
+    } else {
+        String::new()
+    };
+    rows.push(row);
     Ok(())
 }
 

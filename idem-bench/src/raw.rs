@@ -39,6 +39,9 @@ pub struct Statements {
     update: String,
     /// Reads a stored result by primary key.
     select: String,
+    /// Notes a recovery point of a claimed key: `UPDATE … SET response WHERE key AND token AND
+    /// state = 0`, the state left in progress.
+    checkpoint: String,
 }
 
 impl Statements {
@@ -55,6 +58,9 @@ impl Statements {
             ),
             select: format!(
                 "SELECT state, response FROM \"{table}\" WHERE key = ?1 AND expires_at > {NOW}"
+            ),
+            checkpoint: format!(
+                "UPDATE \"{table}\" SET response = ?3 WHERE key = ?1 AND token = ?2 AND state = 0"
             ),
         }
     }
@@ -74,6 +80,9 @@ impl Statements {
             ),
             select: format!(
                 "SELECT state, response FROM \"{table}\" WHERE key = $1 AND expires_at > clock_timestamp()"
+            ),
+            checkpoint: format!(
+                "UPDATE \"{table}\" SET response = $3 WHERE key = $1 AND token = $2 AND state = 0"
             ),
         }
     }
@@ -111,7 +120,7 @@ impl Raw {
     }
 
     /// Stores `response` for the key we inserted with `token`.
-    async fn update(
+    pub async fn update(
         &self,
         key: &[u8; 32],
         token: &[u8; 16],
@@ -164,6 +173,51 @@ impl Raw {
         })
     }
 
+    /// Claims a new key the hand-written way (one INSERT); the token that fences its updates.
+    pub async fn claim(&self, key: &[u8; 32]) -> Result<[u8; 16], BenchError> {
+        let token: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
+        if self.insert(key, &token).await? {
+            Ok(token)
+        } else {
+            Err(BenchError::Unexpected(
+                "raw INSERT found the key taken".into(),
+            ))
+        }
+    }
+
+    /// Notes `point` on the claimed key's row, fenced by its token (one UPDATE).
+    pub async fn checkpoint(
+        &self,
+        key: &[u8; 32],
+        token: &[u8; 16],
+        point: &[u8],
+    ) -> Result<(), BenchError> {
+        let rows = match self {
+            Raw::Sqlite { pool, sql } => sqlx::query(&sql.checkpoint)
+                .bind(&key[..])
+                .bind(&token[..])
+                .bind(point)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+            Raw::Postgres { pool, sql } => sqlx::query(&sql.checkpoint)
+                .bind(&key[..])
+                .bind(&token[..])
+                .bind(point)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+            Raw::Dynamo(_) | Raw::Redis(_) => return Err(not_sql()),
+        };
+        if rows == 1 {
+            Ok(())
+        } else {
+            Err(BenchError::Unexpected(
+                "raw recovery point changed no row".into(),
+            ))
+        }
+    }
+
     /// Insert, trivial work, update: a new key the hand-written way (two statements).
     pub async fn fresh(&self, key: &[u8; 32], seed: u64) -> Result<Hit, BenchError> {
         match self {
@@ -171,12 +225,7 @@ impl Raw {
             Raw::Redis(r) => return r.fresh(key, seed).await,
             _ => {}
         }
-        let token: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
-        if !self.insert(key, &token).await? {
-            return Err(BenchError::Unexpected(
-                "raw INSERT found the key taken".into(),
-            ));
-        }
+        let token = self.claim(key).await?;
         let response = serde_json::to_vec(&work(seed))?;
         self.update(key, &token, &response).await?;
         Ok(Hit::Fresh)

@@ -32,6 +32,8 @@ pub enum Workload {
     Fresh,
     Replay,
     Storm,
+    /// An operation of three steps, each one write (`steps.rs`).
+    Steps,
 }
 
 impl Workload {
@@ -40,6 +42,7 @@ impl Workload {
             Workload::Fresh => "fresh",
             Workload::Replay => "replay",
             Workload::Storm => "storm",
+            Workload::Steps => "3 steps",
         }
     }
 }
@@ -214,6 +217,7 @@ impl Results {
              | store | N | load N rows | p50 empty | p50 with N | p50 ratio | p99 empty | p99 with N |\n\
              |---|--:|--:|--:|--:|--:|--:|--:|\n"
         );
+        self.steps_targets(out);
         for s in &mut self.scale {
             let r = &mut s.report;
             let (e50, f50) = (r.empty.percentile(50.0), r.full.percentile(50.0));
@@ -478,6 +482,60 @@ impl Results {
             );
         }
         self.peer_targets(out);
+    }
+}
+
+impl Results {
+    /// An operation of three steps against its three writes by hand (≥ 0.8), every concurrency,
+    /// and, for the record, against the same writes made resumable by hand.
+    fn steps_targets(&self, out: &mut String) {
+        for store in ["memory", "SQLite", "PostgreSQL"] {
+            let rows: Vec<&Row> = self
+                .rows
+                .iter()
+                .filter(|r| r.store == store && r.workload == Workload::Steps)
+                .collect();
+            let idem: Vec<&Row> = rows
+                .iter()
+                .copied()
+                .filter(|r| r.variant == crate::steps::IDEM)
+                .collect();
+            let Some(worst) = idem
+                .iter()
+                .filter_map(|r| r.ratio)
+                .min_by(|a, b| a.total_cmp(b))
+            else {
+                continue;
+            };
+            let measured: Vec<String> = idem
+                .iter()
+                .filter_map(|r| r.ratio.map(|x| format!("@{} {x:.2}", r.concurrency)))
+                .collect();
+            let over_points: Vec<String> = idem
+                .iter()
+                .filter_map(|r| {
+                    let points = rows.iter().find(|p| {
+                        p.variant == crate::steps::RECOVERY_POINTS && p.concurrency == r.concurrency
+                    })?;
+                    Some(format!(
+                        "@{} {:.2}",
+                        r.concurrency,
+                        r.ops_per_sec / points.ops_per_sec
+                    ))
+                })
+                .collect();
+            let points = if over_points.is_empty() {
+                String::new()
+            } else {
+                format!("; ÷ recovery points by hand: {}", over_points.join(", "))
+            };
+            let _ = writeln!(
+                out,
+                "| {store} an operation of 3 steps ≥ 0.8 × the same 3 writes by hand, every concurrency | {}{points} | {} |",
+                measured.join(", "),
+                verdict(worst >= 0.8)
+            );
+        }
     }
 }
 

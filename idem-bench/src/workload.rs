@@ -84,6 +84,8 @@ pub struct Subject {
     pub cpu: Cpu,
     pub engine: Idempotency,
     pub raw: Option<Raw>,
+    /// Where the steps rows write (none: no steps rows for this store).
+    pub effects: Option<crate::steps::Effects>,
     replay_keys: Arc<Vec<[u8; 32]>>,
 }
 
@@ -94,6 +96,7 @@ impl Subject {
             cpu,
             engine,
             raw,
+            effects: None,
             replay_keys: Arc::new(Vec::new()),
         }
     }
