@@ -217,7 +217,6 @@ impl Results {
              | store | N | load N rows | p50 empty | p50 with N | p50 ratio | p99 empty | p99 with N |\n\
              |---|--:|--:|--:|--:|--:|--:|--:|\n"
         );
-        self.steps_targets(out);
         for s in &mut self.scale {
             let r = &mut s.report;
             let (e50, f50) = (r.empty.percentile(50.0), r.full.percentile(50.0));
@@ -419,6 +418,7 @@ impl Results {
                 }
             }
         }
+        self.steps_targets(out);
         for s in &mut self.scale {
             let r = &mut s.report;
             let p50 =
