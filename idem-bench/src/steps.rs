@@ -34,8 +34,11 @@ pub enum Effects {
         insert: String,
     },
     /// The memory store's rows: pairs pushed onto a vector under a lock.
-    Memory(Arc<Mutex<Vec<([u8; 32], i64)>>>),
+    Memory(Arc<Mutex<Vec<EffectRow>>>),
 }
+
+/// One write of the memory rows: the operation's key and the step's number.
+type EffectRow = ([u8; 32], i64);
 
 impl Effects {
     /// Creates the effects table `table` on SQLite.
