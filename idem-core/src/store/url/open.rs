@@ -157,7 +157,7 @@ pub enum ConnectError {
 /// # if cfg!(feature = "sqlite") {
 /// use idem_core::store::url::{ConnectOptions, StoreUrl};
 /// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
-/// assert_eq!(opened.admin().schema_version().await?, 1);
+/// assert_eq!(opened.admin().schema_version().await?, 2); // the records table, then the steps table
 /// let store = opened.into_store();
 /// # let _ = store;
 /// # }
