@@ -20,6 +20,7 @@ use idem_test_support::grpc::{CreatePaymentRequest, Payment, TransferRequest, Wa
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Barrier};
 use tokio::task::JoinSet;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server as TonicServer};
 use tonic::{Code, Request, Response, Status};
 
@@ -89,7 +90,10 @@ impl Server {
         let service = PaymentsServer::new(Service { ran: ran.clone() });
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Both servers answer without Nagle's algorithm, as the client sends: a small response
+        // held back for the client's delayed ACK would stall a call 40 ms, in either variant
+        // at random, and swamp what the layer costs.
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let (stop, stopped) = oneshot::channel::<()>();
         let stopped = async move {
             let _ = stopped.await;

@@ -214,7 +214,6 @@ impl<F: Fn(&CallEvent<'_>) + Send + Sync + 'static> Observer for F {
 #[derive(Debug, Clone)]
 pub(crate) enum Scope {
     Static(&'static str),
-    #[cfg_attr(not(any(feature = "http", feature = "grpc")), allow(dead_code))]
     Shared(Arc<str>),
 }
 
