@@ -224,3 +224,34 @@ pub async fn run(
     }
     outcome
 }
+
+/// The consumer row on DynamoDB (`--consumer`): the batch API on a `DynamoStore` against the
+/// same messages through the hand-written conditional writes above, each on a table of its
+/// own, deleted at the end.
+pub async fn consumer_row(
+    endpoint: &str,
+    messages: usize,
+    rounds: usize,
+) -> Result<crate::consumer::ConsumerRow, BenchError> {
+    let client = DynamoStore::client_from_env(endpoint)?;
+    let tag = format!("{:08x}", fastrand::u32(..));
+    let (idem_table, raw_table) = (format!("bench_cidem_{tag}"), format!("bench_craw_{tag}"));
+    let row = async {
+        let store = DynamoStore::builder()
+            .table(&idem_table)
+            .create_table_if_missing(true)
+            .build(client.clone())
+            .await?;
+        DynamoStore::create_table(&client, &raw_table).await?;
+        let raw = Raw::Dynamo(RawDynamo {
+            client: client.clone(),
+            table: raw_table.clone(),
+        });
+        crate::consumer::run("DynamoDB", Idempotency::new(store), &raw, messages, rounds).await
+    }
+    .await;
+    for t in [&idem_table, &raw_table] {
+        let _ = client.delete_table().table_name(t.as_str()).send().await;
+    }
+    row
+}

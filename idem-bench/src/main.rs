@@ -421,7 +421,7 @@ async fn sqlite_raw(pool: sqlx::SqlitePool) -> Result<Raw, BenchError> {
 }
 
 /// `--consumer`: the batch API against hand-written conditional writes, on SQLite and (with a
-/// URL) PostgreSQL, each on a fresh table of its own; prints one line per store.
+/// URL) PostgreSQL and DynamoDB, each on a fresh table of its own; prints one line per store.
 async fn consumer_rows(args: &Args) -> Result<(), BenchError> {
     let (messages, rounds) = if args.quick { (500, 3) } else { (2_000, 5) };
     let dir = tempfile::tempdir()?;
@@ -468,6 +468,9 @@ async fn consumer_rows(args: &Args) -> Result<(), BenchError> {
                 .await?;
         }
         rows.push(row?);
+    }
+    if let (true, Some(url)) = (args.wants("dynamodb"), &args.dynamodb_url) {
+        rows.push(dynamo::consumer_row(url, messages, rounds).await?);
     }
     for row in rows {
         println!(
