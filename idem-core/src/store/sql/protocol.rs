@@ -129,20 +129,20 @@ macro_rules! sql_store {
                 completion: $crate::Completion<'_>,
                 retention: std::time::Duration,
             ) -> Result<(), $crate::Error> {
-                let retention = $crate::sql::millis("retention", retention)?;
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await?;
-                self.protocol()
-                    .complete(&mut conn, claim, completion, retention)
-                    .await
+                $crate::store::TransactionalStore::complete_in(
+                    self, &mut conn, claim, completion, retention,
+                )
+                .await
             }
 
             async fn abort(&self, claim: &$crate::Claim) -> Result<(), $crate::Error> {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await?;
-                self.protocol().abort(&mut conn, claim).await
+                $crate::store::TransactionalStore::abort_in(self, &mut conn, claim).await
             }
 
             async fn renew(
@@ -208,16 +208,13 @@ macro_rules! sql_store {
                 step: $crate::StepWrite<'_>,
                 retention: std::time::Duration,
             ) -> Result<(), $crate::Error> {
-                let retention = $crate::sql::millis("retention", retention)?;
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await?;
-                self.protocol()
-                    .steps()
-                    .write::<<Self as $crate::store::sql::protocol::SqlBackend>::Db>(
-                        &mut conn, claim, step, retention,
-                    )
-                    .await
+                $crate::store::TransactionalStore::write_step_in(
+                    self, &mut conn, claim, step, retention,
+                )
+                .await
             }
         }
 
