@@ -1,11 +1,11 @@
 //! The PostgreSQL store's schema: its [`Migration`]s, applied by the shared migrator.
 
-use sqlx::postgres::PgConnection;
+use sqlx::postgres::{PgConnection, Postgres};
 
 use crate::error::Error;
-use crate::sql::migrate::{unknown_version, Migrated, Migration, Schema};
+use crate::sql::migrate::{unknown_version, Migrated, Migration};
 use crate::sql::name::TableName;
-use crate::store::sql::steps::steps_table;
+use crate::store::sql::schema::StoreSchema;
 
 /// The schema, oldest step first. Never change what an applied step creates; append a new step.
 /// Statements are idempotent (`IF NOT EXISTS`): a records table found missing is re-created by
@@ -49,81 +49,46 @@ const MIGRATIONS: &[Migration] = &[
     },
 ];
 
+/// The records table's schema: its migrations, and indexes named `<table>_expires_at_idx` in
+/// the table's schema.
+const SCHEMA: StoreSchema = StoreSchema {
+    migrations: MIGRATIONS,
+    index: |table| {
+        Ok(table
+            .suffixed("index name", "_expires_at_idx")?
+            .unqualified())
+    },
+};
+
 /// The newest schema version.
-pub(super) const LATEST: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
-
-/// The schema of `table`; `names` holds the name of its index.
-fn schema<'a>(table: &'a TableName, names: &'a [(&'static str, &'a TableName)]) -> Schema<'a> {
-    Schema {
-        table,
-        names,
-        migrations: MIGRATIONS,
-    }
-}
-
-/// The name of `table`'s expiry index, in the table's schema.
-fn index(table: &TableName) -> Result<TableName, Error> {
-    Ok(table
-        .suffixed("index name", "_expires_at_idx")?
-        .unqualified())
-}
-
-/// The other names `table`'s schema uses: its expiry index, its steps table
-/// ([`steps_table`]) and that table's expiry index.
-fn names(table: &TableName) -> Result<[TableName; 3], Error> {
-    let steps = steps_table(table)?;
-    let steps_index = steps
-        .suffixed("index name", "_expires_at_idx")?
-        .unqualified();
-    Ok([index(table)?, steps, steps_index])
-}
+pub(super) const LATEST: i64 = SCHEMA.latest();
 
 /// Brings `table` (and its `<table>_expires_at_idx` index, in the table's schema) up to date;
 /// a ledger listing a version this build does not know (a newer idem) is refused.
 pub(super) async fn migrate(conn: &mut PgConnection, table: &TableName) -> Result<(), Error> {
-    let [index, steps, steps_index] = names(table)?;
-    let migrated = schema(
-        table,
-        &[
-            ("{index}", &index),
-            ("{steps_index}", &steps_index),
-            ("{steps}", &steps),
-        ],
-    )
-    .migrate::<sqlx::Postgres>(conn)
-    .await?;
-    outcome(table, migrated)
+    outcome(table, SCHEMA.migrate::<Postgres>(conn, table).await?)
 }
 
 /// Checks that `table` is up to date, changing nothing and needing no `CREATE` right:
 /// [`Error::SchemaNotMigrated`] when it is missing or older; a version this build does not
 /// know is refused as by [`migrate`].
 pub(super) async fn check(conn: &mut PgConnection, table: &TableName) -> Result<(), Error> {
-    let [index, steps, steps_index] = names(table)?;
-    let checked = schema(
-        table,
-        &[
-            ("{index}", &index),
-            ("{steps_index}", &steps_index),
-            ("{steps}", &steps),
-        ],
-    )
-    .check::<sqlx::Postgres>(conn)
-    .await?;
-    outcome(table, checked)
+    outcome(table, SCHEMA.check::<Postgres>(conn, table).await?)
 }
 
 /// What [`migrate`] runs, as a script for `psql` or a migration tool.
 pub(super) fn script(table: &TableName) -> Result<String, Error> {
-    let [index, steps, steps_index] = names(table)?;
-    schema(table, &[("{index}", &index), ("{steps_index}", &steps_index), ("{steps}", &steps)]).script::<sqlx::Postgres>(&format!(
-        "The schema of idem's PostgresStore for the table {table}, up to version {LATEST}:\n\
-         the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.\n\
-         Apply it in one transaction, as a role that may create tables in the schema\n\
-         (psql --single-transaction -f FILE). Every statement is idempotent: this script\n\
-         brings an older schema up to date, and applying it again changes nothing. For\n\
-         another table, PostgresStore::builder().table(NAME).schema_sql() writes its script."
-    ))
+    SCHEMA.script::<Postgres>(
+        table,
+        &format!(
+            "The schema of idem's PostgresStore for the table {table}, up to version {LATEST}:\n\
+             the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.\n\
+             Apply it in one transaction, as a role that may create tables in the schema\n\
+             (psql --single-transaction -f FILE). Every statement is idempotent: this script\n\
+             brings an older schema up to date, and applying it again changes nothing. For\n\
+             another table, PostgresStore::builder().table(NAME).schema_sql() writes its script."
+        ),
+    )
 }
 
 /// What a migration or a check found, as the store reports it.

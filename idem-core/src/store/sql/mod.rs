@@ -6,6 +6,8 @@
 //!   connection, generic over the database; the pool path and the caller's-transaction path
 //!   ([`TransactionalStore`](crate::store::TransactionalStore)) both call them.
 //! - [`row`]: a record row as read back, decoded once for both databases.
+//! - [`schema`]: the names both stores' migrations fill in, and migrating, checking or
+//!   scripting a records table with them.
 //! - [`steps`]: the steps of an operation (docs/steps.md), in a table beside the records.
 //! - [`background`]: the pruner a store runs while it lives.
 //!
@@ -17,6 +19,7 @@ use crate::error::{Error, StoreError, StoreErrorKind};
 pub(crate) mod background;
 pub(crate) mod protocol;
 pub(crate) mod row;
+pub(crate) mod schema;
 pub(crate) mod steps;
 
 /// The records table a store uses unless configured otherwise.

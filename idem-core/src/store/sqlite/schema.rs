@@ -1,12 +1,12 @@
 //! The SQLite store's schema: its [`Migration`]s, applied by the shared migrator.
 
-use sqlx::sqlite::SqliteConnection;
+use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 use crate::error::Error;
-use crate::sql::migrate::{unknown_version, Migrated, Migration, Schema};
+use crate::sql::migrate::{unknown_version, Migrated, Migration};
 use crate::sql::name::TableName;
 use crate::store::sql::corrupt;
-use crate::store::sql::steps::steps_table;
+use crate::store::sql::schema::StoreSchema;
 
 /// The schema, oldest step first. Never change what an applied step creates; append a new step.
 /// Statements are idempotent (`IF NOT EXISTS`): a records table found missing is re-created by
@@ -50,86 +50,43 @@ const MIGRATIONS: &[Migration] = &[
     },
 ];
 
+/// The records table's schema: its migrations, and indexes named `<table>_expires_at`.
+const SCHEMA: StoreSchema = StoreSchema {
+    migrations: MIGRATIONS,
+    index: |table| table.suffixed("index name", "_expires_at"),
+};
+
 /// The newest schema version.
-pub(super) const LATEST: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
-
-/// The schema of `table`; `names` holds the names of its index, its steps table and that
-/// table's index.
-fn schema<'a>(table: &'a TableName, names: &'a [(&'static str, &'a TableName)]) -> Schema<'a> {
-    Schema {
-        table,
-        names,
-        migrations: MIGRATIONS,
-    }
-}
-
-/// The name of `table`'s expiry index.
-fn index(table: &TableName) -> Result<TableName, Error> {
-    table.suffixed("index name", "_expires_at")
-}
-
-/// The other names `table`'s schema uses: its expiry index, its steps table
-/// ([`steps_table`]) and that table's expiry index.
-fn names(table: &TableName) -> Result<[TableName; 3], Error> {
-    let steps = steps_table(table)?;
-    let steps_index = steps.suffixed("index name", "_expires_at")?;
-    Ok([index(table)?, steps, steps_index])
-}
+pub(super) const LATEST: i64 = SCHEMA.latest();
 
 /// Brings `table` (and its `<table>_expires_at` index) up to date. A ledger listing a version
 /// this build does not know is refused, unless `PRAGMA quick_check` finds the file damaged:
 /// then the unknown version is garbage read from a damaged page, and the error says so.
 pub(super) async fn migrate(conn: &mut SqliteConnection, table: &TableName) -> Result<(), Error> {
-    let [index, steps, steps_index] = names(table)?;
-    let migrated = schema(
-        table,
-        &[
-            ("{index}", &index),
-            ("{steps_index}", &steps_index),
-            ("{steps}", &steps),
-        ],
-    )
-    .migrate::<sqlx::Sqlite>(conn)
-    .await?;
+    let migrated = SCHEMA.migrate::<Sqlite>(conn, table).await?;
     outcome(conn, table, migrated).await
 }
 
 /// Checks that `table` is up to date, changing nothing: [`Error::SchemaNotMigrated`] when it
 /// is missing or older; a version this build does not know is refused as by [`migrate`].
 pub(super) async fn check(conn: &mut SqliteConnection, table: &TableName) -> Result<(), Error> {
-    let [index, steps, steps_index] = names(table)?;
-    let checked = schema(
-        table,
-        &[
-            ("{index}", &index),
-            ("{steps_index}", &steps_index),
-            ("{steps}", &steps),
-        ],
-    )
-    .check::<sqlx::Sqlite>(conn)
-    .await?;
+    let checked = SCHEMA.check::<Sqlite>(conn, table).await?;
     outcome(conn, table, checked).await
 }
 
 /// What [`migrate`] runs, as a script for `sqlite3` or a migration tool.
 pub(super) fn script(table: &TableName) -> Result<String, Error> {
-    let [index, steps, steps_index] = names(table)?;
-    schema(
+    SCHEMA.script::<Sqlite>(
         table,
-        &[
-            ("{index}", &index),
-            ("{steps_index}", &steps_index),
-            ("{steps}", &steps),
-        ],
+        &format!(
+            "The schema of idem's SqliteStore for the table {table}, up to version {LATEST}:\n\
+             the statements SqliteStoreBuilder::migrate runs, from SqliteStoreBuilder::schema_sql.\n\
+             Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;). Every statement\n\
+             is idempotent: this script brings an older schema up to date, and applying it again\n\
+             changes nothing. For another table, SqliteStore::builder().table(NAME).schema_sql()\n\
+             writes its script."
+        ),
     )
-    .script::<sqlx::Sqlite>(&format!(
-        "The schema of idem's SqliteStore for the table {table}, up to version {LATEST}:\n\
-         the statements SqliteStoreBuilder::migrate runs, from SqliteStoreBuilder::schema_sql.\n\
-         Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;). Every statement\n\
-         is idempotent: this script brings an older schema up to date, and applying it again\n\
-         changes nothing. For another table, SqliteStore::builder().table(NAME).schema_sql()\n\
-         writes its script."
-    ))
 }
 
 /// What a migration or a check found, as the store reports it.
