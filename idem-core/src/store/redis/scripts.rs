@@ -26,7 +26,8 @@
 
 /// `ms()`: the server's clock in milliseconds; `num(x)`: an integer as a string for
 /// `HSET`/`PEXPIREAT` (Lua numbers are doubles, and `tostring` would write large ones as
-/// `1.7e+12`).
+/// `1.7e+12`); `running(token)`: whether the record `KEYS[1]` is in progress under `token`
+/// (the fence of every change after the claim).
 const PRELUDE: &str = r"
 local function ms()
   local t = redis.call('TIME')
@@ -34,6 +35,10 @@ local function ms()
 end
 local function num(x)
   return string.format('%.0f', x)
+end
+local function running(token)
+  local r = redis.call('HMGET', KEYS[1], 's', 't')
+  return r[1] == 'p' and r[2] == token
 end
 ";
 
@@ -94,8 +99,7 @@ return 1
 
 /// `abort`: KEYS[1]; ARGV = token. Deletes the running record of this claim: 1, or 0 when lost.
 const ABORT: &str = r"
-local r = redis.call('HMGET', KEYS[1], 's', 't')
-if r[2] ~= ARGV[1] or r[1] ~= 'p' then
+if not running(ARGV[1]) then
   return 0
 end
 redis.call('DEL', KEYS[1])
@@ -105,8 +109,7 @@ return 1
 /// `renew`: KEYS[1]; ARGV = token, lease ms. Moves the running claim's lease end: 1, or 0 when
 /// lost.
 const RENEW: &str = r"
-local r = redis.call('HMGET', KEYS[1], 's', 't')
-if r[2] ~= ARGV[1] or r[1] ~= 'p' then
+if not running(ARGV[1]) then
   return 0
 end
 local lease = tonumber(ARGV[2])
@@ -128,8 +131,7 @@ return {r[1], r[2], tonumber(r[3]), r[4], r[5], r[6]}
 
 /// The fence of the step scripts: KEYS[1] is in progress under the claim's token (ARGV[1]).
 const STEPS_FENCE: &str = r"
-local r = redis.call('HMGET', KEYS[1], 's', 't')
-if r[1] ~= 'p' or r[2] ~= ARGV[1] then
+if not running(ARGV[1]) then
   return 0
 end
 local function counted()
