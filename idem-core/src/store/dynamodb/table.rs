@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::describe_table::DescribeTableOutput;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
     TimeToLiveSpecification, TimeToLiveStatus,
@@ -35,14 +36,19 @@ pub(super) fn validate_name(name: &str) -> Result<(), Error> {
     )))
 }
 
-/// Checks that `table` exists and that its only key is the string hash key `pk`.
-pub(super) async fn check(client: &Client, table: &str) -> Result<(), Error> {
-    let out = client
+/// `table`'s description (`DescribeTable`).
+async fn describe(client: &Client, table: &str) -> Result<DescribeTableOutput, Error> {
+    client
         .describe_table()
         .table_name(table)
         .send()
         .await
-        .map_err(|e| store_error("DescribeTable", table, e))?;
+        .map_err(|e| store_error("DescribeTable", table, e))
+}
+
+/// Checks that `table` exists and that its only key is the string hash key `pk`.
+pub(super) async fn check(client: &Client, table: &str) -> Result<(), Error> {
+    let out = describe(client, table).await?;
     let keys = out.table().map(|t| t.key_schema()).unwrap_or_default();
     match keys {
         [k] if k.attribute_name() == PK && *k.key_type() == KeyType::Hash => Ok(()),
@@ -92,12 +98,7 @@ async fn wait_active(client: &Client, table: &str) -> Result<(), Error> {
     let deadline = tokio::time::Instant::now() + ACTIVE_WITHIN;
     let mut pause = Duration::from_millis(50);
     loop {
-        let out = client
-            .describe_table()
-            .table_name(table)
-            .send()
-            .await
-            .map_err(|e| store_error("DescribeTable", table, e))?;
+        let out = describe(client, table).await?;
         if out.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
             return Ok(());
         }
