@@ -42,6 +42,8 @@ pub struct Statements {
     /// Notes a recovery point of a claimed key: `UPDATE … SET response WHERE key AND token AND
     /// state = 0`, the state left in progress.
     checkpoint: String,
+    /// A lease or retention in the unit the statements add to the database's clock.
+    ticks: fn(std::time::Duration) -> i64,
 }
 
 impl Statements {
@@ -62,21 +64,25 @@ impl Statements {
             checkpoint: format!(
                 "UPDATE \"{table}\" SET response = ?3 WHERE key = ?1 AND token = ?2 AND state = 0"
             ),
+            ticks: millis,
         }
     }
 
     pub fn postgres(table: &str) -> Statements {
-        const IN: &str = "$3::bigint::float8 * interval '1 microsecond'";
+        // `$n` microseconds from now.
+        let after =
+            |n: u8| format!("clock_timestamp() + ${n}::bigint::float8 * interval '1 microsecond'");
         Statements {
             insert: format!(
                 "INSERT INTO \"{table}\" (key, fingerprint, token, state, expires_at, response, is_error) \
-                 VALUES ($1, NULL, $2, 0, clock_timestamp() + {IN}, NULL, false) \
-                 ON CONFLICT (key) DO NOTHING"
+                 VALUES ($1, NULL, $2, 0, {}, NULL, false) \
+                 ON CONFLICT (key) DO NOTHING",
+                after(3)
             ),
             update: format!(
-                "UPDATE \"{table}\" SET state = 1, response = $4, is_error = false, \
-                   expires_at = clock_timestamp() + {IN} \
-                 WHERE key = $1 AND token = $2 AND state = 0"
+                "UPDATE \"{table}\" SET state = 1, response = $3, is_error = false, expires_at = {} \
+                 WHERE key = $1 AND token = $2 AND state = 0",
+                after(4)
             ),
             select: format!(
                 "SELECT state, response FROM \"{table}\" WHERE key = $1 AND expires_at > clock_timestamp()"
@@ -84,6 +90,7 @@ impl Statements {
             checkpoint: format!(
                 "UPDATE \"{table}\" SET response = $3 WHERE key = $1 AND token = $2 AND state = 0"
             ),
+            ticks: micros,
         }
     }
 }
@@ -96,26 +103,41 @@ fn micros(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// Runs the statement `$name` of a SQL baseline's [`Statements`] on its pool, with the arguments
+/// `$bind` binds on `$query` (`$sql` names the statements, for their units), and gives the
+/// number of rows it changed; a key-value baseline fails with [`not_sql`].
+macro_rules! execute {
+    ($raw:expr, $name:ident, |$query:ident, $sql:ident| $bind:expr) => {
+        match $raw {
+            Raw::Sqlite { pool, sql: $sql } => {
+                let $query = sqlx::query(&$sql.$name);
+                $bind.execute(pool).await?.rows_affected()
+            }
+            Raw::Postgres { pool, sql: $sql } => {
+                let $query = sqlx::query(&$sql.$name);
+                $bind.execute(pool).await?.rows_affected()
+            }
+            Raw::Dynamo(_) | Raw::Redis(_) => return Err(not_sql()),
+        }
+    };
+}
+
+/// `Ok` when a fenced statement changed its one row, else the error that says `what` did not.
+fn one_row(rows: u64, what: &str) -> Result<(), BenchError> {
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(BenchError::Unexpected(format!("{what} changed no row")))
+    }
+}
+
 impl Raw {
     /// Inserts `key` as in progress; whether this call took it.
     async fn insert(&self, key: &[u8; 32], token: &[u8; 16]) -> Result<bool, BenchError> {
-        let rows = match self {
-            Raw::Sqlite { pool, sql } => sqlx::query(&sql.insert)
-                .bind(&key[..])
-                .bind(&token[..])
-                .bind(millis(LEASE))
-                .execute(pool)
-                .await?
-                .rows_affected(),
-            Raw::Postgres { pool, sql } => sqlx::query(&sql.insert)
-                .bind(&key[..])
-                .bind(&token[..])
-                .bind(micros(LEASE))
-                .execute(pool)
-                .await?
-                .rows_affected(),
-            Raw::Dynamo(_) | Raw::Redis(_) => return Err(not_sql()),
-        };
+        let rows = execute!(self, insert, |query, sql| query
+            .bind(&key[..])
+            .bind(&token[..])
+            .bind((sql.ticks)(LEASE)));
         Ok(rows == 1)
     }
 
@@ -126,30 +148,12 @@ impl Raw {
         token: &[u8; 16],
         response: &[u8],
     ) -> Result<(), BenchError> {
-        let rows = match self {
-            Raw::Sqlite { pool, sql } => sqlx::query(&sql.update)
-                .bind(&key[..])
-                .bind(&token[..])
-                .bind(response)
-                .bind(millis(RETENTION))
-                .execute(pool)
-                .await?
-                .rows_affected(),
-            Raw::Postgres { pool, sql } => sqlx::query(&sql.update)
-                .bind(&key[..])
-                .bind(&token[..])
-                .bind(micros(RETENTION))
-                .bind(response)
-                .execute(pool)
-                .await?
-                .rows_affected(),
-            Raw::Dynamo(_) | Raw::Redis(_) => return Err(not_sql()),
-        };
-        if rows == 1 {
-            Ok(())
-        } else {
-            Err(BenchError::Unexpected("raw UPDATE changed no row".into()))
-        }
+        let rows = execute!(self, update, |query, sql| query
+            .bind(&key[..])
+            .bind(&token[..])
+            .bind(response)
+            .bind((sql.ticks)(RETENTION)));
+        one_row(rows, "raw UPDATE")
     }
 
     /// The stored state and response of `key`, if live.
@@ -192,30 +196,11 @@ impl Raw {
         token: &[u8; 16],
         point: &[u8],
     ) -> Result<(), BenchError> {
-        let rows = match self {
-            Raw::Sqlite { pool, sql } => sqlx::query(&sql.checkpoint)
-                .bind(&key[..])
-                .bind(&token[..])
-                .bind(point)
-                .execute(pool)
-                .await?
-                .rows_affected(),
-            Raw::Postgres { pool, sql } => sqlx::query(&sql.checkpoint)
-                .bind(&key[..])
-                .bind(&token[..])
-                .bind(point)
-                .execute(pool)
-                .await?
-                .rows_affected(),
-            Raw::Dynamo(_) | Raw::Redis(_) => return Err(not_sql()),
-        };
-        if rows == 1 {
-            Ok(())
-        } else {
-            Err(BenchError::Unexpected(
-                "raw recovery point changed no row".into(),
-            ))
-        }
+        let rows = execute!(self, checkpoint, |query, _sql| query
+            .bind(&key[..])
+            .bind(&token[..])
+            .bind(point));
+        one_row(rows, "raw recovery point")
     }
 
     /// Insert, trivial work, update: a new key the hand-written way (two statements).
