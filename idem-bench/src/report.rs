@@ -122,6 +122,12 @@ fn ratio(r: Option<f64>) -> String {
     r.map_or("—".into(), |r| format!("{r:.2}"))
 }
 
+/// A row of the targets table whose figure is a ratio: the target, the ratio measured, and
+/// whether it `met` the target.
+fn ratio_row(out: &mut String, target: &str, ratio: f64, met: bool) {
+    let _ = writeln!(out, "| {target} | {ratio:.2} × | {} |", verdict(met));
+}
+
 fn verdict(met: bool) -> &'static str {
     if met {
         "met"
@@ -425,19 +431,18 @@ impl Results {
                 r.full.percentile(50.0).as_secs_f64() / r.empty.percentile(50.0).as_secs_f64();
             let p99 = r.during_prune.percentile(99.0).as_secs_f64()
                 / r.without_prune.percentile(99.0).as_secs_f64();
-            let _ = writeln!(
+            let (store, rows) = (&s.store, thousands(r.plan.rows as f64));
+            ratio_row(
                 out,
-                "| {} claim p50 with {} records ≤ 1.5 × empty | {p50:.2} × | {} |",
-                s.store,
-                thousands(r.plan.rows as f64),
-                verdict(p50 <= 1.5)
+                &format!("{store} claim p50 with {rows} records ≤ 1.5 × empty"),
+                p50,
+                p50 <= 1.5,
             );
-            let _ = writeln!(
+            ratio_row(
                 out,
-                "| {} claim p99 during a {}-row prune ≤ 3 × without | {p99:.2} × | {} |",
-                s.store,
-                thousands(r.plan.rows as f64),
-                verdict(p99 <= 3.0)
+                &format!("{store} claim p99 during a {rows}-row prune ≤ 3 × without"),
+                p99,
+                p99 <= 3.0,
             );
         }
         if let Some(m) = &self.memory {
