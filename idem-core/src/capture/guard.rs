@@ -55,6 +55,15 @@ macro_rules! guard_service {
             }
         }
 
+        impl<S: Clone, C> IdempotencyService<S, C> {
+            /// For one call: the inner service that was polled ready (a clone takes its place
+            /// for the next call) and the layer's config.
+            fn take_ready(&mut self) -> (S, ::std::sync::Arc<Config<C>>) {
+                let clone = self.inner.clone();
+                (::std::mem::replace(&mut self.inner, clone), self.config.clone())
+            }
+        }
+
         impl<S: Clone, C> Clone for IdempotencyService<S, C> {
             fn clone(&self) -> Self {
                 IdempotencyService {
@@ -71,6 +80,26 @@ macro_rules! guard_service {
                     .field("config", &self.config)
                     .finish()
             }
+        }
+    };
+}
+
+/// The items of `impl tower::Service for IdempotencyService<S, C>` that both layers write alike:
+/// the response (`http::Response<$body>`), the error (the inner service's), the boxed future and
+/// `poll_ready`, which polls the inner service. Used inside that impl, before its `call`.
+macro_rules! guard_service_items {
+    ($body:ty) => {
+        type Response = ::http::Response<$body>;
+        type Error = S::Error;
+        type Future = ::std::pin::Pin<
+            Box<dyn ::std::future::Future<Output = Result<Self::Response, S::Error>> + Send>,
+        >;
+
+        fn poll_ready(
+            &mut self,
+            cx: &mut ::std::task::Context<'_>,
+        ) -> ::std::task::Poll<Result<(), S::Error>> {
+            self.inner.poll_ready(cx)
         }
     };
 }
@@ -136,4 +165,4 @@ macro_rules! guard_setters {
     };
 }
 
-pub(crate) use {guard_layer, guard_service, guard_setters};
+pub(crate) use {guard_layer, guard_service, guard_service_items, guard_setters};

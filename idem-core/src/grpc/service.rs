@@ -1,9 +1,5 @@
 //! [`IdempotencyService`]: one unary call through claim → handler → store, or replay.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -16,7 +12,7 @@ use super::layer::{Config, KeySource};
 use super::problem::{from_engine, Problem};
 use super::wire::{self, Message};
 use crate::capture::body::{read_request, read_response, Buffered, ReadError};
-use crate::capture::guard::guard_service;
+use crate::capture::guard::{guard_service, guard_service_items};
 use crate::capture::reply::{Failure, Reply};
 use crate::capture::stored::{self, Captured};
 use crate::capture::{self, CallerRefused};
@@ -47,8 +43,6 @@ guard_service! {
     debug = "grpc::IdempotencyService"
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, C>
 where
     S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -60,19 +54,10 @@ where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    type Response = Response<Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Response<Body>, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
+    guard_service_items!(Body);
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The clone takes the place of the service that was polled ready, which serves this call.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let config = self.config.clone();
+        let (mut inner, config) = self.take_ready();
         Box::pin(async move {
             // Only the unary methods named at build: streaming calls and every other path pass
             // untouched, their frames as they come.

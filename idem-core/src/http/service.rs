@@ -1,9 +1,5 @@
 //! [`IdempotencyService`]: one request through claim → handler → store, or replay.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use axum_core::body::Body;
 use bytes::Bytes;
 use http::request::Parts;
@@ -16,7 +12,7 @@ use super::layer::Config;
 use super::problem::{from_engine, Problem};
 use super::IDEMPOTENCY_KEY;
 use crate::capture::body::{read_request, read_response, Buffered, ReadError};
-use crate::capture::guard::guard_service;
+use crate::capture::guard::{guard_service, guard_service_items};
 use crate::capture::reply::{Failure, Reply};
 use crate::capture::stored::{self, Captured};
 use crate::capture::{self, CallerRefused};
@@ -45,8 +41,6 @@ guard_service! {
     debug = "IdempotencyService"
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -58,19 +52,10 @@ where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    type Response = Response<Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Response<Body>, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
+    guard_service_items!(Body);
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The clone takes the place of the service that was polled ready, which serves this call.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let config = self.config.clone();
+        let (mut inner, config) = self.take_ready();
         Box::pin(async move {
             if !config.methods.contains(req.method()) {
                 return pass(inner, req).await;
