@@ -132,49 +132,40 @@ impl<F> Deref for Forwarding<F> {
     }
 }
 
-#[async_trait]
-impl<F: Forward> Store for Forwarding<F> {
-    async fn start(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        self.0.gate(Op::Start)?;
-        self.0.route(key).start(key, fingerprint, lease).await
+/// Writes `impl Store for Forwarding<F>`: each operation listed passes the gate as its [`Op`],
+/// then goes with the same arguments to the store [`Forward::route`] picks for the key given
+/// after `by`; the items after the `routed` list are the impl's other methods.
+macro_rules! forward {
+    (
+        routed { $($op:ident: fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty, by $key:expr;)* }
+        $($other:item)*
+    ) => {
+        #[async_trait]
+        impl<F: Forward> Store for Forwarding<F> {
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> $ret {
+                    self.0.gate(Op::$op)?;
+                    self.0.route($key).$name($($arg),*).await
+                }
+            )*
+            $($other)*
+        }
+    };
+}
+
+forward! {
+    routed {
+        Start: fn start(key: &Key, fingerprint: Option<&Fingerprint>, lease: Duration) -> Result<Start, Error>, by key;
+        Complete: fn complete(claim: &Claim, completion: Completion<'_>, retention: Duration) -> Result<(), Error>, by claim.key();
+        Abort: fn abort(claim: &Claim) -> Result<(), Error>, by claim.key();
+        Renew: fn renew(claim: &Claim, lease: Duration) -> Result<(), Error>, by claim.key();
+        Get: fn get(key: &Key) -> Result<Option<Record>, Error>, by key;
+        Evict: fn evict(key: &Key) -> Result<bool, Error>, by key;
+        BeginSteps: fn begin_steps(claim: &Claim, retention: Duration) -> Result<StepLog, Error>, by claim.key();
+        WriteStep: fn write_step(claim: &Claim, step: StepWrite<'_>, retention: Duration) -> Result<(), Error>, by claim.key();
     }
 
-    async fn complete(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        self.0.gate(Op::Complete)?;
-        let store = self.0.route(claim.key());
-        store.complete(claim, completion, retention).await
-    }
-
-    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
-        self.0.gate(Op::Abort)?;
-        self.0.route(claim.key()).abort(claim).await
-    }
-
-    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
-        self.0.gate(Op::Renew)?;
-        self.0.route(claim.key()).renew(claim, lease).await
-    }
-
-    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        self.0.gate(Op::Get)?;
-        self.0.route(key).get(key).await
-    }
-
-    async fn evict(&self, key: &Key) -> Result<bool, Error> {
-        self.0.gate(Op::Evict)?;
-        self.0.route(key).evict(key).await
-    }
-
+    /// The records' store's prune, through [`Forward::prune_expired`].
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
         self.0.gate(Op::Prune)?;
         self.0.prune_expired(limit).await
@@ -182,24 +173,5 @@ impl<F: Forward> Store for Forwarding<F> {
 
     fn prune_batch_size(&self) -> u32 {
         self.0.prune_batch_size()
-    }
-
-    async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
-        self.0.gate(Op::BeginSteps)?;
-        self.0
-            .route(claim.key())
-            .begin_steps(claim, retention)
-            .await
-    }
-
-    async fn write_step(
-        &self,
-        claim: &Claim,
-        step: StepWrite<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        self.0.gate(Op::WriteStep)?;
-        let store = self.0.route(claim.key());
-        store.write_step(claim, step, retention).await
     }
 }
