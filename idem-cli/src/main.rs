@@ -279,10 +279,12 @@ async fn list(opened: &Opened, args: &ListArgs, as_json: bool) -> Result<String,
         (_, true) => Some(idem::ListState::Completed),
         _ => None,
     };
-    let page = opened
-        .admin()
-        .list(state, after.as_ref(), args.limit)
-        .await?;
+    let query = idem::ListQuery {
+        state,
+        after: after.as_ref(),
+        limit: args.limit,
+    };
+    let page = opened.admin().list(query).await?;
     let next = (page.len() == args.limit as usize)
         .then(|| page.last().map(|r| r.key.to_string()))
         .flatten();

@@ -65,7 +65,7 @@ pub use observe::{CallEvent, Observer, Stage, DEFAULT_LATENCIES_ONE_IN};
 pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
 pub use record::{Claim, Completion, Record, RecordState, Start, StoredResult};
 pub use step::{StepLog, StepRecord, StepState, StepWrite, MAX_STEP_NAME_LEN};
-pub use store::admin::{ListState, StoreAdmin, StoreStats};
+pub use store::admin::{ListQuery, ListState, StoreAdmin, StoreStats};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::claim_order::ClaimOrder;
 #[cfg(feature = "dynamodb")]

@@ -21,6 +21,25 @@ pub enum ListState {
     Completed,
 }
 
+/// Which records [`StoreAdmin::list`] returns: up to `limit` live records of one state (or of
+/// any), in key order, starting after `after`.
+///
+/// ```
+/// use idem_core::{ListQuery, ListState};
+///
+/// let first_page = ListQuery { state: Some(ListState::InProgress), after: None, limit: 50 };
+/// assert_eq!(first_page.after, None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListQuery<'a> {
+    /// Records of this state only; `None` for records of any state.
+    pub state: Option<ListState>,
+    /// The last key of the previous page; `None` for the first page.
+    pub after: Option<&'a Key>,
+    /// The most records a page holds.
+    pub limit: u32,
+}
+
 /// Counts of a store's records, from [`StoreAdmin::stats`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -59,21 +78,17 @@ pub struct StoreStats {
 /// # let store = SqliteStore::open(":memory:").await?;
 /// # Idempotency::new(store.clone()).call(Key::derive("s", "", "k")?).run(async { Ok::<_, Error>(1) }).await?;
 /// # assert_eq!(summary(&store).await?, "0 running, 1 completed");
-/// # assert_eq!(store.list(None, None, 10).await?.len(), 1);
+/// # let all = idem_core::ListQuery { state: None, after: None, limit: 10 };
+/// # assert_eq!(store.list(all).await?.len(), 1);
 /// # Ok(()) }
 /// # #[cfg(not(feature = "sqlite"))] fn main() {}
 /// ```
 #[async_trait]
 pub trait StoreAdmin: Store {
-    /// Up to `limit` live records (of one state, or all), in key order, starting after `after`
-    /// (the last key of the previous page). SQL: one statement for the keys, one read per
-    /// record.
-    async fn list(
-        &self,
-        state: Option<ListState>,
-        after: Option<&Key>,
-        limit: u32,
-    ) -> Result<Vec<Record>, Error>;
+    /// Up to `query.limit` live records (of one state, or all), in key order, starting after
+    /// `query.after` (the last key of the previous page). SQL: one statement for the keys, one
+    /// read per record.
+    async fn list(&self, query: ListQuery<'_>) -> Result<Vec<Record>, Error>;
 
     /// Counts by state, the oldest expiry, and the store's size. SQL: one statement (two on
     /// PostgreSQL, for the size).
@@ -92,7 +107,7 @@ mod sql {
 
     use async_trait::async_trait;
 
-    use super::{ListState, StoreAdmin, StoreStats};
+    use super::{ListQuery, ListState, StoreAdmin, StoreStats};
     use crate::error::Error;
     use crate::key::Key;
     use crate::record::Record;
@@ -194,12 +209,12 @@ mod sql {
         ($store:ty, $size:expr) => {
             #[async_trait]
             impl StoreAdmin for $store {
-                async fn list(
-                    &self,
-                    state: Option<ListState>,
-                    after: Option<&Key>,
-                    limit: u32,
-                ) -> Result<Vec<Record>, Error> {
+                async fn list(&self, query: ListQuery<'_>) -> Result<Vec<Record>, Error> {
+                    let ListQuery {
+                        state,
+                        after,
+                        limit,
+                    } = query;
                     let keys: Vec<Vec<u8>> = sqlx::query_scalar(&AdminSql::new(self)?.list)
                         .bind(state_code(state))
                         .bind(after.map(|k| k.as_bytes().to_vec()))

@@ -12,7 +12,7 @@ use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::Key;
 use crate::record::Record;
 use crate::store::admin::scan::{key_from_hex, live_records, Smallest};
-use crate::store::admin::{ListState, StoreAdmin, StoreStats};
+use crate::store::admin::{ListQuery, ListState, StoreAdmin, StoreStats};
 
 /// A live record: its lease or retention has not ended for a node within the clock-skew margin
 /// (`:cutoff` is now minus the margin), as [`Store::get`](crate::Store::get) judges it.
@@ -119,23 +119,24 @@ fn number_of(item: &Attrs, name: &str) -> Result<i64, Error> {
 /// `TableSizeBytes`, which it updates about every six hours (an emulator may report 0).
 ///
 /// ```no_run
-/// use idem_core::{DynamoStore, ListState, StoreAdmin};
+/// use idem_core::{DynamoStore, ListQuery, ListState, StoreAdmin};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
 /// # let client: idem_core::aws_sdk_dynamodb::Client = unimplemented!();
 /// let store = DynamoStore::builder().table("idem_records").build(client).await?;
-/// let running = store.list(Some(ListState::InProgress), None, 50).await?;
+/// let first_page = ListQuery { state: Some(ListState::InProgress), after: None, limit: 50 };
+/// let running = store.list(first_page).await?;
 /// let stats = store.stats().await?;
 /// println!("{} running, {} completed", stats.in_progress, stats.completed);
 /// # let _ = running; Ok(()) }
 /// ```
 #[async_trait]
 impl StoreAdmin for DynamoStore {
-    async fn list(
-        &self,
-        state: Option<ListState>,
-        after: Option<&Key>,
-        limit: u32,
-    ) -> Result<Vec<Record>, Error> {
+    async fn list(&self, query: ListQuery<'_>) -> Result<Vec<Record>, Error> {
+        let ListQuery {
+            state,
+            after,
+            limit,
+        } = query;
         let s = &*self.inner;
         let mut page = Smallest::new(after, limit);
         if limit > 0 {

@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::key::Key;
 use crate::record::Record;
 use crate::store::admin::scan::{key_from_hex, live_records, Smallest};
-use crate::store::admin::{ListState, StoreAdmin, StoreStats};
+use crate::store::admin::{ListQuery, ListState, StoreAdmin, StoreStats};
 
 /// How many keys each `SCAN` step asks for (a hint: the server may return more or fewer).
 const SCAN_COUNT: usize = 1_000;
@@ -298,22 +298,23 @@ fn decode(key: Key, replies: &[Value], now_ms: i64) -> Result<Option<Seen>, Erro
 /// refuses the command), not the server's whole memory.
 ///
 /// ```no_run
-/// use idem_core::{ListState, RedisStore, StoreAdmin};
+/// use idem_core::{ListQuery, ListState, RedisStore, StoreAdmin};
 /// # async fn f() -> Result<(), idem_core::Error> {
 /// let store = RedisStore::builder().prefix("payments").connect("redis://127.0.0.1:6379").await?;
-/// let running = store.list(Some(ListState::InProgress), None, 50).await?;
+/// let first_page = ListQuery { state: Some(ListState::InProgress), after: None, limit: 50 };
+/// let running = store.list(first_page).await?;
 /// let stats = store.stats().await?;
 /// println!("{} running, {} completed", stats.in_progress, stats.completed);
 /// # let _ = running; Ok(()) }
 /// ```
 #[async_trait]
 impl StoreAdmin for RedisStore {
-    async fn list(
-        &self,
-        state: Option<ListState>,
-        after: Option<&Key>,
-        limit: u32,
-    ) -> Result<Vec<Record>, Error> {
+    async fn list(&self, query: ListQuery<'_>) -> Result<Vec<Record>, Error> {
+        let ListQuery {
+            state,
+            after,
+            limit,
+        } = query;
         let mut page = Smallest::new(after, limit);
         if limit > 0 {
             let mut scan = Scan::start(&self.inner, false).await?;
