@@ -40,6 +40,7 @@
 //! execution, marked `completed` once `complete` succeeded.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -227,29 +228,51 @@ async fn wait_for_stdin_line() -> Result<(), String> {
 
 /// Calls `key` until this caller has its response; returns it.
 async fn call(node: &Node, i: usize, work: Duration) -> Result<String, String> {
+    let run = |name: String, token: String| async move {
+        node.record_execution(&name, &token).await?;
+        if !work.is_zero() {
+            tokio::time::sleep(work).await;
+        }
+        Ok(format!("{name}|{}|{token}", node.name))
+    };
+    let landed = |token: String| async move { node.mark_completed(&token).await };
+    claim_or_wait(&node.store, node.lease, node.deadline, i, run, landed).await
+}
+
+/// One caller of `key(i)` on `store`: claims the key, or waits until it has the key's response,
+/// and returns that. Having claimed it, it runs `run` with the key's name and the claim's token
+/// (`run` gives the response), completes the claim, and calls `landed` with the token once the
+/// completion is stored; a claim lost meanwhile is said (`lost <key>`) and the key asked again.
+async fn claim_or_wait<Run, Landed>(
+    store: &dyn Store,
+    lease: Duration,
+    deadline: tokio::time::Instant,
+    i: usize,
+    run: impl Fn(String, String) -> Run,
+    landed: impl Fn(String) -> Landed,
+) -> Result<String, String>
+where
+    Run: Future<Output = Result<String, String>>,
+    Landed: Future<Output = Result<(), String>>,
+{
     let name = key_name(i);
-    let k = key(i);
-    let fp = fingerprint(&name);
+    let (k, fp) = (key(i), fingerprint(&name));
     let mut said_locked = false;
     loop {
-        if node.past_deadline() {
+        if tokio::time::Instant::now() >= deadline {
             return Err(format!("deadline passed while {name} stayed locked"));
         }
-        match node.store.start(&k, Some(&fp), node.lease).await {
+        match store.start(&k, Some(&fp), lease).await {
             Ok(Start::Started(claim)) => {
                 let token = token_hex(&claim);
-                node.record_execution(&name, &token).await?;
-                if !work.is_zero() {
-                    tokio::time::sleep(work).await;
-                }
-                let response = format!("{name}|{}|{token}", node.name);
+                let response = run(name.clone(), token.clone()).await?;
                 let done = Completion {
                     response: Some(response.as_bytes()),
                     is_error: false,
                 };
-                match node.store.complete(&claim, done, RETENTION).await {
+                match store.complete(&claim, done, RETENTION).await {
                     Ok(()) => {
-                        node.mark_completed(&token).await?;
+                        landed(token).await?;
                         return Ok(response);
                     }
                     // Our lease ran out and another node took the key: ask again for its result.
@@ -390,36 +413,11 @@ async fn call_kv(
     deadline: tokio::time::Instant,
     i: usize,
 ) -> Result<String, String> {
-    let name = key_name(i);
-    let (k, fp) = (key(i), fingerprint(&name));
-    let mut said_locked = false;
-    loop {
-        if tokio::time::Instant::now() >= deadline {
-            return Err(format!("deadline passed while {name} stayed locked"));
-        }
-        match store.start(&k, Some(&fp), lease).await {
-            Ok(Start::Started(claim)) => {
-                let token = token_hex(&claim);
-                println!("exec {name} {token}");
-                let response = format!("{name}|{node}|{token}");
-                let done = Completion {
-                    response: Some(response.as_bytes()),
-                    is_error: false,
-                };
-                match store.complete(&claim, done, RETENTION).await {
-                    Ok(()) => return Ok(response),
-                    Err(Error::LeaseLost) => println!("lost {name}"),
-                    Err(e) => return Err(format!("complete {name}: {e}")),
-                }
-            }
-            Ok(other) => {
-                if let Some(answer) = not_claimed(other, &name, &mut said_locked).await {
-                    return answer;
-                }
-            }
-            Err(e) => return Err(format!("start {name}: {e}")),
-        }
-    }
+    let run = |name: String, token: String| async move {
+        println!("exec {name} {token}");
+        Ok(format!("{name}|{node}|{token}"))
+    };
+    claim_or_wait(store, lease, deadline, i, run, |_| async { Ok(()) }).await
 }
 
 async fn storm_kv(opts: &Opts) -> Result<(), String> {
