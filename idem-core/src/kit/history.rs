@@ -132,8 +132,8 @@ impl<DB: Backend> RequestHistory<DB> {
         let schema = Schema {
             table: &self.table,
             names: &[
-                ("{index}", &self.created_at_index),
-                ("{lease_table}", &self.lease_table),
+                ("{index}", self.created_at_index.clone()),
+                ("{lease_table}", self.lease_table.clone()),
             ],
             migrations: MIGRATIONS,
         };

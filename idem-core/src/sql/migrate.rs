@@ -30,7 +30,7 @@ pub(crate) struct Schema<'a> {
     /// The table whose ledger is `<table>_migrations` and whose absence means "dropped".
     pub(crate) table: &'a TableName,
     /// Other names the statements use, such as `("{index}", index)`.
-    pub(crate) names: &'a [(&'static str, &'a TableName)],
+    pub(crate) names: &'a [(&'static str, TableName)],
     /// Oldest first.
     pub(crate) migrations: &'static [Migration],
 }

@@ -66,29 +66,31 @@ pub(super) const LATEST: i64 = SCHEMA.latest();
 /// Brings `table` (and its `<table>_expires_at_idx` index, in the table's schema) up to date;
 /// a ledger listing a version this build does not know (a newer idem) is refused.
 pub(super) async fn migrate(conn: &mut PgConnection, table: &TableName) -> Result<(), Error> {
-    outcome(table, SCHEMA.migrate::<Postgres>(conn, table).await?)
+    let names = SCHEMA.names(table)?;
+    let migrated = SCHEMA.of(table, &names).migrate::<Postgres>(conn).await?;
+    outcome(table, migrated)
 }
 
 /// Checks that `table` is up to date, changing nothing and needing no `CREATE` right:
 /// [`Error::SchemaNotMigrated`] when it is missing or older; a version this build does not
 /// know is refused as by [`migrate`].
 pub(super) async fn check(conn: &mut PgConnection, table: &TableName) -> Result<(), Error> {
-    outcome(table, SCHEMA.check::<Postgres>(conn, table).await?)
+    let names = SCHEMA.names(table)?;
+    let checked = SCHEMA.of(table, &names).check::<Postgres>(conn).await?;
+    outcome(table, checked)
 }
 
 /// What [`migrate`] runs, as a script for `psql` or a migration tool.
 pub(super) fn script(table: &TableName) -> Result<String, Error> {
-    SCHEMA.script::<Postgres>(
-        table,
-        &format!(
-            "The schema of idem's PostgresStore for the table {table}, up to version {LATEST}:\n\
-             the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.\n\
-             Apply it in one transaction, as a role that may create tables in the schema\n\
-             (psql --single-transaction -f FILE). Every statement is idempotent: this script\n\
-             brings an older schema up to date, and applying it again changes nothing. For\n\
-             another table, PostgresStore::builder().table(NAME).schema_sql() writes its script."
-        ),
-    )
+    let names = SCHEMA.names(table)?;
+    SCHEMA.of(table, &names).script::<Postgres>(&format!(
+        "The schema of idem's PostgresStore for the table {table}, up to version {LATEST}:\n\
+         the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.\n\
+         Apply it in one transaction, as a role that may create tables in the schema\n\
+         (psql --single-transaction -f FILE). Every statement is idempotent: this script\n\
+         brings an older schema up to date, and applying it again changes nothing. For\n\
+         another table, PostgresStore::builder().table(NAME).schema_sql() writes its script."
+    ))
 }
 
 /// What a migration or a check found, as the store reports it.

@@ -63,30 +63,30 @@ pub(super) const LATEST: i64 = SCHEMA.latest();
 /// this build does not know is refused, unless `PRAGMA quick_check` finds the file damaged:
 /// then the unknown version is garbage read from a damaged page, and the error says so.
 pub(super) async fn migrate(conn: &mut SqliteConnection, table: &TableName) -> Result<(), Error> {
-    let migrated = SCHEMA.migrate::<Sqlite>(conn, table).await?;
+    let names = SCHEMA.names(table)?;
+    let migrated = SCHEMA.of(table, &names).migrate::<Sqlite>(conn).await?;
     outcome(conn, table, migrated).await
 }
 
 /// Checks that `table` is up to date, changing nothing: [`Error::SchemaNotMigrated`] when it
 /// is missing or older; a version this build does not know is refused as by [`migrate`].
 pub(super) async fn check(conn: &mut SqliteConnection, table: &TableName) -> Result<(), Error> {
-    let checked = SCHEMA.check::<Sqlite>(conn, table).await?;
+    let names = SCHEMA.names(table)?;
+    let checked = SCHEMA.of(table, &names).check::<Sqlite>(conn).await?;
     outcome(conn, table, checked).await
 }
 
 /// What [`migrate`] runs, as a script for `sqlite3` or a migration tool.
 pub(super) fn script(table: &TableName) -> Result<String, Error> {
-    SCHEMA.script::<Sqlite>(
-        table,
-        &format!(
-            "The schema of idem's SqliteStore for the table {table}, up to version {LATEST}:\n\
-             the statements SqliteStoreBuilder::migrate runs, from SqliteStoreBuilder::schema_sql.\n\
-             Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;). Every statement\n\
-             is idempotent: this script brings an older schema up to date, and applying it again\n\
-             changes nothing. For another table, SqliteStore::builder().table(NAME).schema_sql()\n\
-             writes its script."
-        ),
-    )
+    let names = SCHEMA.names(table)?;
+    SCHEMA.of(table, &names).script::<Sqlite>(&format!(
+        "The schema of idem's SqliteStore for the table {table}, up to version {LATEST}:\n\
+         the statements SqliteStoreBuilder::migrate runs, from SqliteStoreBuilder::schema_sql.\n\
+         Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;). Every statement\n\
+         is idempotent: this script brings an older schema up to date, and applying it again\n\
+         changes nothing. For another table, SqliteStore::builder().table(NAME).schema_sql()\n\
+         writes its script."
+    ))
 }
 
 /// What a migration or a check found, as the store reports it.
