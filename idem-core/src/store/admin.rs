@@ -210,15 +210,10 @@ mod sql {
             #[async_trait]
             impl StoreAdmin for $store {
                 async fn list(&self, query: ListQuery<'_>) -> Result<Vec<Record>, Error> {
-                    let ListQuery {
-                        state,
-                        after,
-                        limit,
-                    } = query;
                     let keys: Vec<Vec<u8>> = sqlx::query_scalar(&AdminSql::new(self)?.list)
-                        .bind(state_code(state))
-                        .bind(after.map(|k| k.as_bytes().to_vec()))
-                        .bind(i64::from(limit))
+                        .bind(state_code(query.state))
+                        .bind(query.after.map(|k| k.as_bytes().to_vec()))
+                        .bind(i64::from(query.limit))
                         .bind(pruner_lease()?)
                         .fetch_all(self.pool())
                         .await?;

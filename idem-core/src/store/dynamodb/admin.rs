@@ -132,17 +132,12 @@ fn number_of(item: &Attrs, name: &str) -> Result<i64, Error> {
 #[async_trait]
 impl StoreAdmin for DynamoStore {
     async fn list(&self, query: ListQuery<'_>) -> Result<Vec<Record>, Error> {
-        let ListQuery {
-            state,
-            after,
-            limit,
-        } = query;
         let s = &*self.inner;
-        let mut page = Smallest::new(after, limit);
-        if limit > 0 {
+        let mut page = Smallest::new(query.after, query.limit);
+        if query.limit > 0 {
             let mut filter = LIVE.to_owned();
             let mut values = HashMap::from([(":cutoff".to_owned(), number(s.cutoff_ms()))]);
-            if let Some(state) = state {
+            if let Some(state) = query.state {
                 filter.push_str(" AND state_n = :state");
                 let code = match state {
                     ListState::InProgress => IN_PROGRESS,
@@ -150,7 +145,7 @@ impl StoreAdmin for DynamoStore {
                 };
                 values.insert(":state".to_owned(), AttributeValue::N(code.to_owned()));
             }
-            if let Some(after) = after {
+            if let Some(after) = query.after {
                 filter.push_str(" AND pk > :after");
                 values.insert(":after".to_owned(), AttributeValue::S(after.to_string()));
             }

@@ -310,17 +310,12 @@ fn decode(key: Key, replies: &[Value], now_ms: i64) -> Result<Option<Seen>, Erro
 #[async_trait]
 impl StoreAdmin for RedisStore {
     async fn list(&self, query: ListQuery<'_>) -> Result<Vec<Record>, Error> {
-        let ListQuery {
-            state,
-            after,
-            limit,
-        } = query;
-        let mut page = Smallest::new(after, limit);
-        if limit > 0 {
+        let mut page = Smallest::new(query.after, query.limit);
+        if query.limit > 0 {
             let mut scan = Scan::start(&self.inner, false).await?;
             while let Some(batch) = scan.next().await? {
                 for seen in batch {
-                    let wanted = match state {
+                    let wanted = match query.state {
                         None => true,
                         Some(ListState::InProgress) => seen.in_progress,
                         Some(ListState::Completed) => !seen.in_progress,
