@@ -14,6 +14,20 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use super::stored;
 use crate::error::BoxError;
 
+/// A body a layer takes or passes on: bytes, an error that boxes, and `Send + 'static`, so
+/// that started work can outlive its caller.
+pub(crate) trait LayerBody:
+    http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+{
+}
+
+impl<B> LayerBody for B
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+}
+
 /// Why a request body was not read.
 pub(crate) enum ReadError {
     /// Longer than the limit (by `Content-Length` or by what arrived).

@@ -1,6 +1,5 @@
 //! [`IdempotencyService`]: one unary call through claim → handler → store, or replay.
 
-use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -11,13 +10,12 @@ use tower::Service;
 use super::layer::{Config, KeySource};
 use super::problem::{from_engine, Problem};
 use super::wire::{self, Message};
-use crate::capture::body::{read_request, read_response, Buffered, ReadError};
+use crate::capture::body::{read_request, read_response, Buffered, LayerBody, ReadError};
 use crate::capture::guard::{guard_service, guard_service_items};
 use crate::capture::reply::{Failure, Reply};
 use crate::capture::stored::{self, Captured};
 use crate::capture::{self, CallerRefused};
 use crate::codec::Codec;
-use crate::error::BoxError;
 use crate::key::{validate_client_key, Key};
 
 guard_service! {
@@ -49,10 +47,8 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     C: Codec,
-    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ReqBody: LayerBody,
+    ResBody: LayerBody,
 {
     guard_service_items!(Body);
 
@@ -255,8 +251,7 @@ const GRPC_STATUS: &str = "grpc-status";
 async fn pass<S, ResBody>(mut inner: S, req: Request<Body>) -> Result<Response<Body>, S::Error>
 where
     S: Service<Request<Body>, Response = Response<ResBody>>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ResBody: LayerBody,
 {
     Ok(inner.call(req).await?.map(Body::new))
 }

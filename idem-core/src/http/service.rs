@@ -11,13 +11,12 @@ use super::key_header::client_key;
 use super::layer::Config;
 use super::problem::{from_engine, Problem};
 use super::IDEMPOTENCY_KEY;
-use crate::capture::body::{read_request, read_response, Buffered, ReadError};
+use crate::capture::body::{read_request, read_response, Buffered, LayerBody, ReadError};
 use crate::capture::guard::{guard_service, guard_service_items};
 use crate::capture::reply::{Failure, Reply};
 use crate::capture::stored::{self, Captured};
 use crate::capture::{self, CallerRefused};
 use crate::codec::Codec;
-use crate::error::BoxError;
 use crate::key::Key;
 
 guard_service! {
@@ -47,10 +46,8 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     C: Codec,
-    ReqBody: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ReqBody: LayerBody + From<Bytes>,
+    ResBody: LayerBody,
 {
     guard_service_items!(Body);
 
@@ -175,8 +172,7 @@ async fn pass<S, ReqBody, ResBody>(
 ) -> Result<Response<Body>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ResBody: LayerBody,
 {
     Ok(inner.call(req).await?.map(Body::new))
 }
