@@ -186,57 +186,45 @@ impl RawDynamo {
 }
 
 /// The DynamoDB rows: fresh, replay and storm at 1, 8 and 32 tasks, idem and the baseline
-/// interleaved. Creates two tables and deletes them at the end.
+/// interleaved.
 pub async fn run(
     endpoint: &str,
     plan: &Plan,
     rows: &mut Vec<Row>,
     versions: &mut Vec<String>,
 ) -> Result<(), BenchError> {
-    let client = DynamoStore::client_from_env(endpoint)?;
-    let tag = format!("{:08x}", fastrand::u32(..));
-    let (idem_table, raw_table) = (format!("bench_idem_{tag}"), format!("bench_raw_{tag}"));
     versions.push(format!("DynamoDB API at {endpoint}"));
-    let store = DynamoStore::builder()
-        .table(&idem_table)
-        .create_table_if_missing(true)
-        .build(client.clone())
-        .await?;
-    DynamoStore::create_table(&client, &raw_table).await?;
-    let raw = Raw::Dynamo(RawDynamo {
-        client: client.clone(),
-        table: raw_table.clone(),
-    });
-    let outcome = run_subject(
-        Subject::new(
-            "DynamoDB",
-            Cpu::default(),
-            Idempotency::new(store),
-            Some(raw),
-        ),
-        plan,
-        rows,
-        &BASELINES,
-    )
-    .await;
-    for t in [&idem_table, &raw_table] {
-        let _ = client.delete_table().table_name(t.as_str()).send().await;
-    }
-    outcome
+    on_tables(endpoint, |engine, raw| async move {
+        let subject = Subject::new("DynamoDB", Cpu::default(), engine, Some(raw));
+        run_subject(subject, plan, rows, &BASELINES).await
+    })
+    .await
 }
 
 /// The consumer row on DynamoDB (`--consumer`): the batch API on a `DynamoStore` against the
-/// same messages through the hand-written conditional writes above, each on a table of its
-/// own, deleted at the end.
+/// same messages through the hand-written conditional writes above.
 pub async fn consumer_row(
     endpoint: &str,
     messages: usize,
     rounds: usize,
 ) -> Result<crate::consumer::ConsumerRow, BenchError> {
+    on_tables(endpoint, |engine, raw| async move {
+        crate::consumer::run("DynamoDB", engine, &raw, messages, rounds).await
+    })
+    .await
+}
+
+/// Runs `rows` on an engine over a `DynamoStore` and on the hand-written requests, each on a
+/// new table of its own, and deletes both tables at the end, whatever `rows` returned.
+async fn on_tables<T, F, Fut>(endpoint: &str, rows: F) -> Result<T, BenchError>
+where
+    F: FnOnce(Idempotency, Raw) -> Fut,
+    Fut: std::future::Future<Output = Result<T, BenchError>>,
+{
     let client = DynamoStore::client_from_env(endpoint)?;
     let tag = format!("{:08x}", fastrand::u32(..));
-    let (idem_table, raw_table) = (format!("bench_cidem_{tag}"), format!("bench_craw_{tag}"));
-    let row = async {
+    let (idem_table, raw_table) = (format!("bench_idem_{tag}"), format!("bench_raw_{tag}"));
+    let outcome = async {
         let store = DynamoStore::builder()
             .table(&idem_table)
             .create_table_if_missing(true)
@@ -247,11 +235,11 @@ pub async fn consumer_row(
             client: client.clone(),
             table: raw_table.clone(),
         });
-        crate::consumer::run("DynamoDB", Idempotency::new(store), &raw, messages, rounds).await
+        rows(Idempotency::new(store), raw).await
     }
     .await;
     for t in [&idem_table, &raw_table] {
         let _ = client.delete_table().table_name(t.as_str()).send().await;
     }
-    row
+    outcome
 }
