@@ -9,7 +9,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, MethodRouter};
+use axum::routing::{get, post};
 use axum::Router;
 use idem_core::{Begun, Claim, Error, Fingerprint, Holder, Idempotency, Store};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -144,18 +144,15 @@ impl App {
 /// Diom's routes, the fenced extension's `renew`, `/metrics` and the OpenAPI document.
 pub fn router(app: App) -> Router {
     Router::new()
-        .route("/api/v1.idempotency.start", served("start", start))
-        .route("/api/v1.idempotency.complete", served("complete", complete))
-        .route("/api/v1.idempotency.abort", served("abort", abort))
-        .route("/api/v1.idempotency.renew", served("renew", renew))
+        .route("/api/v1.idempotency.start", post(start))
+        .route("/api/v1.idempotency.complete", post(complete))
+        .route("/api/v1.idempotency.abort", post(abort))
+        .route("/api/v1.idempotency.renew", post(renew))
         .route(
             "/api/v1.idempotency.namespace.configure",
-            served("namespace.configure", configure_namespace),
+            post(configure_namespace),
         )
-        .route(
-            "/api/v1.idempotency.namespace.get",
-            served("namespace.get", get_namespace),
-        )
+        .route("/api/v1.idempotency.namespace.get", post(get_namespace))
         .route("/api/v1.health.ping", get(ping).post(ping))
         .route(OPENAPI_PATH, get(openapi))
         .route("/metrics", get(render_metrics))
@@ -188,23 +185,6 @@ pub(crate) fn engine_error(e: Error) -> ApiError {
     }
 }
 
-/// What a route's handler answers: a response, or the error [`serve`] answers with.
-type Answer = Result<Response, ApiError>;
-
-/// The `POST` route named `route` (in metrics) that [`serve`]s a request with `handle`.
-fn served<T, F, Fut>(route: &'static str, handle: F) -> MethodRouter<App>
-where
-    T: DeserializeOwned + Send + 'static,
-    F: FnOnce(App, Caller, T, Format) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Answer> + Send + 'static,
-{
-    post(
-        move |State(app): State<App>, headers: HeaderMap, body: Body| {
-            serve(app, route, headers, body, handle)
-        },
-    )
-}
-
 /// Authenticates, reads the body within the limit, decodes it, runs `handle`, and answers in
 /// the encoding `Accept` asks for, within the request timeout.
 async fn serve<T, F, Fut>(
@@ -217,7 +197,7 @@ async fn serve<T, F, Fut>(
 where
     T: DeserializeOwned,
     F: FnOnce(App, Caller, T, Format) -> Fut,
-    Fut: Future<Output = Answer>,
+    Fut: Future<Output = Result<Response, ApiError>>,
 {
     let out = Format::of_response(&headers);
     let timeout = app.inner.config.request_timeout;
@@ -265,63 +245,72 @@ fn fenced(input: &StartIn) -> bool {
     input.fenced || input.fingerprint.is_some()
 }
 
-async fn start(app: App, caller: Caller, input: StartIn, out: Format) -> Answer {
-    let (ns, key) = app
-        .locate(&caller, input.namespace.as_deref(), &input.key)
-        .await?;
-    let lease = period(input.lock_period_ms, "body.lock_period_ms")?;
-    let fingerprint = match &input.fingerprint {
-        Some(f) if f.is_empty() || f.len() > 4096 => {
-            return Err(ApiError::invalid(
-                "body.fingerprint",
-                "a fingerprint is 1 to 4096 bytes",
-            ))
-        }
-        Some(f) => Some(Fingerprint::of_bytes(f.as_bytes())),
-        None => None,
-    };
-    let begun = app
-        .inner
-        .engine
-        .call(key)
-        .scope_named(ns.scope.clone())
-        .lease(lease)
-        .fingerprint(fingerprint)
-        .begin()
-        .await;
-    let fenced = fenced(&input);
-    let answer = match begun {
-        Ok(Begun::Claimed(claim)) => StartOut {
-            status: "started",
-            data: None,
-            token: fenced.then(|| token_text(claim.token())),
-            retry_after_ms: None,
+async fn start(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    serve(
+        app,
+        "start",
+        headers,
+        body,
+        move |app, caller, input: StartIn, out| async move {
+            let (ns, key) = app
+                .locate(&caller, input.namespace.as_deref(), &input.key)
+                .await?;
+            let lease = period(input.lock_period_ms, "body.lock_period_ms")?;
+            let fingerprint = match &input.fingerprint {
+                Some(f) if f.is_empty() || f.len() > 4096 => {
+                    return Err(ApiError::invalid(
+                        "body.fingerprint",
+                        "a fingerprint is 1 to 4096 bytes",
+                    ))
+                }
+                Some(f) => Some(Fingerprint::of_bytes(f.as_bytes())),
+                None => None,
+            };
+            let begun = app
+                .inner
+                .engine
+                .call(key)
+                .scope_named(ns.scope.clone())
+                .lease(lease)
+                .fingerprint(fingerprint)
+                .begin()
+                .await;
+            let fenced = fenced(&input);
+            let answer = match begun {
+                Ok(Begun::Claimed(claim)) => StartOut {
+                    status: "started",
+                    data: None,
+                    token: fenced.then(|| token_text(claim.token())),
+                    retry_after_ms: None,
+                },
+                Ok(Begun::Completed(bytes)) => StartOut {
+                    status: "completed",
+                    data: Some(stored(&bytes)?),
+                    token: None,
+                    retry_after_ms: None,
+                },
+                // Kept as "completed, not retained" (larger than the limit): never run again.
+                Err(Error::ResultNotRetained { .. }) => StartOut {
+                    status: "completed",
+                    data: Some(CompletedOut {
+                        response: Vec::new(),
+                        context: None,
+                    }),
+                    token: None,
+                    retry_after_ms: None,
+                },
+                Err(Error::Locked { retry_after }) => StartOut {
+                    status: "locked",
+                    data: None,
+                    token: None,
+                    retry_after_ms: fenced.then(|| retry_after.as_millis().max(1) as u64),
+                },
+                Err(e) => return Err(engine_error(e)),
+            };
+            Ok(out.respond(StatusCode::OK, &answer))
         },
-        Ok(Begun::Completed(bytes)) => StartOut {
-            status: "completed",
-            data: Some(stored(&bytes)?),
-            token: None,
-            retry_after_ms: None,
-        },
-        // Kept as "completed, not retained" (larger than the limit): never run again.
-        Err(Error::ResultNotRetained { .. }) => StartOut {
-            status: "completed",
-            data: Some(CompletedOut {
-                response: Vec::new(),
-                context: None,
-            }),
-            token: None,
-            retry_after_ms: None,
-        },
-        Err(Error::Locked { retry_after }) => StartOut {
-            status: "locked",
-            data: None,
-            token: None,
-            retry_after_ms: fenced.then(|| retry_after.as_millis().max(1) as u64),
-        },
-        Err(e) => return Err(engine_error(e)),
-    };
-    Ok(out.respond(StatusCode::OK, &answer))
+    )
+    .await
 }
 
 /// A stored response and context, as `finish` stored them.
@@ -346,27 +335,37 @@ fn token_required() -> ApiError {
 /// How many times a token-less complete or abort follows a key that changes hands under it.
 const TOKENLESS_TRIES: usize = 4;
 
-async fn complete(app: App, caller: Caller, input: CompleteIn, out: Format) -> Answer {
-    let (ns, key) = app
-        .locate(&caller, input.namespace.as_deref(), &input.key)
-        .await?;
-    let ttl = period(input.ttl_ms, "body.ttl_ms")?;
-    let token = input.token.as_deref().map(parse_token).transpose()?;
-    let record = CompletedOut {
-        response: input.response,
-        context: input.context,
-    };
-    let bytes = rmp_serde::to_vec_named(&record)
-        .map_err(|e| ApiError::invalid("body", format!("the response cannot be kept: {e}")))?;
-    let engine = &app.inner.engine;
-    match token {
-        Some(token) => engine
-            .finish(&ns.scope, &Claim::new(key, token), bytes, Some(ttl))
-            .await
-            .map_err(engine_error)?,
-        None => tokenless_complete(&app, &ns, key, bytes, ttl).await?,
-    }
-    Ok(out.respond(StatusCode::OK, &Empty {}))
+async fn complete(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    serve(
+        app,
+        "complete",
+        headers,
+        body,
+        move |app, caller, input: CompleteIn, out| async move {
+            let (ns, key) = app
+                .locate(&caller, input.namespace.as_deref(), &input.key)
+                .await?;
+            let ttl = period(input.ttl_ms, "body.ttl_ms")?;
+            let token = input.token.as_deref().map(parse_token).transpose()?;
+            let record = CompletedOut {
+                response: input.response,
+                context: input.context,
+            };
+            let bytes = rmp_serde::to_vec_named(&record).map_err(|e| {
+                ApiError::invalid("body", format!("the response cannot be kept: {e}"))
+            })?;
+            let engine = &app.inner.engine;
+            match token {
+                Some(token) => engine
+                    .finish(&ns.scope, &Claim::new(key, token), bytes, Some(ttl))
+                    .await
+                    .map_err(engine_error)?,
+                None => tokenless_complete(&app, &ns, key, bytes, ttl).await?,
+            }
+            Ok(out.respond(StatusCode::OK, &Empty {}))
+        },
+    )
+    .await
 }
 
 /// Diom's complete, which carries no token: completes whichever claim holds the key; a key
@@ -422,58 +421,77 @@ fn changed_hands() -> ApiError {
     )
 }
 
-async fn abort(app: App, caller: Caller, input: AbortIn, out: Format) -> Answer {
-    let (ns, key) = app
-        .locate(&caller, input.namespace.as_deref(), &input.key)
-        .await?;
-    let token = input.token.as_deref().map(parse_token).transpose()?;
-    let engine = &app.inner.engine;
-    match token {
-        Some(token) => engine
-            .release(&ns.scope, &Claim::new(key, token))
-            .await
-            .map_err(engine_error)?,
-        None if ns.require_token => return Err(token_required()),
-        // Diom's abort: releases whichever claim holds the key. A completed key keeps its
-        // response (Diom would delete it), and a key nobody holds is left as it is.
-        None => {
-            let mut released = false;
-            for _ in 0..TOKENLESS_TRIES {
-                match engine.holder(&key).await.map_err(engine_error)? {
-                    Holder::Absent | Holder::Completed(_) => {
-                        released = true;
-                        break;
-                    }
-                    Holder::Claimed(claim) => match engine.release(&ns.scope, &claim).await {
-                        Ok(()) => {
-                            released = true;
-                            break;
+async fn abort(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    serve(
+        app,
+        "abort",
+        headers,
+        body,
+        move |app, caller, input: AbortIn, out| async move {
+            let (ns, key) = app
+                .locate(&caller, input.namespace.as_deref(), &input.key)
+                .await?;
+            let token = input.token.as_deref().map(parse_token).transpose()?;
+            let engine = &app.inner.engine;
+            match token {
+                Some(token) => engine
+                    .release(&ns.scope, &Claim::new(key, token))
+                    .await
+                    .map_err(engine_error)?,
+                None if ns.require_token => return Err(token_required()),
+                // Diom's abort: releases whichever claim holds the key. A completed key keeps its
+                // response (Diom would delete it), and a key nobody holds is left as it is.
+                None => {
+                    let mut released = false;
+                    for _ in 0..TOKENLESS_TRIES {
+                        match engine.holder(&key).await.map_err(engine_error)? {
+                            Holder::Absent | Holder::Completed(_) => {
+                                released = true;
+                                break;
+                            }
+                            Holder::Claimed(claim) => match engine.release(&ns.scope, &claim).await
+                            {
+                                Ok(()) => {
+                                    released = true;
+                                    break;
+                                }
+                                Err(Error::LeaseLost) => continue,
+                                Err(e) => return Err(engine_error(e)),
+                            },
                         }
-                        Err(Error::LeaseLost) => continue,
-                        Err(e) => return Err(engine_error(e)),
-                    },
+                    }
+                    if !released {
+                        return Err(changed_hands());
+                    }
                 }
             }
-            if !released {
-                return Err(changed_hands());
-            }
-        }
-    }
-    Ok(out.respond(StatusCode::OK, &Empty {}))
+            Ok(out.respond(StatusCode::OK, &Empty {}))
+        },
+    )
+    .await
 }
 
-async fn renew(app: App, caller: Caller, input: RenewIn, out: Format) -> Answer {
-    let (_, key) = app
-        .locate(&caller, input.namespace.as_deref(), &input.key)
-        .await?;
-    let token = parse_token(&input.token)?;
-    let lease = period(input.lock_period_ms, "body.lock_period_ms")?;
-    app.inner
-        .engine
-        .renew(&Claim::new(key, token), lease)
-        .await
-        .map_err(engine_error)?;
-    Ok(out.respond(StatusCode::OK, &Empty {}))
+async fn renew(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    serve(
+        app,
+        "renew",
+        headers,
+        body,
+        move |app, caller, input: RenewIn, out| async move {
+            let (_, key) = app
+                .locate(&caller, input.namespace.as_deref(), &input.key)
+                .await?;
+            let token = parse_token(&input.token)?;
+            let lease = period(input.lock_period_ms, "body.lock_period_ms")?;
+            app.inner
+                .engine
+                .renew(&Claim::new(key, token), lease)
+                .await
+                .map_err(engine_error)?;
+            Ok(out.respond(StatusCode::OK, &Empty {}))
+        },
+    )
+    .await
 }
 
 fn admin_only(caller: &Caller) -> Result<(), ApiError> {
@@ -488,25 +506,43 @@ fn admin_only(caller: &Caller) -> Result<(), ApiError> {
     }
 }
 
-async fn configure_namespace(app: App, caller: Caller, input: ConfigureIn, out: Format) -> Answer {
-    admin_only(&caller)?;
-    let ns = app
-        .inner
-        .namespaces
-        .configure(&input.name, input.require_token)
-        .await?;
-    Ok(out.respond(StatusCode::OK, &ns))
+async fn configure_namespace(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    serve(
+        app,
+        "namespace.configure",
+        headers,
+        body,
+        move |app, caller, input: ConfigureIn, out| async move {
+            admin_only(&caller)?;
+            let ns = app
+                .inner
+                .namespaces
+                .configure(&input.name, input.require_token)
+                .await?;
+            Ok(out.respond(StatusCode::OK, &ns))
+        },
+    )
+    .await
 }
 
-async fn get_namespace(app: App, caller: Caller, input: GetNamespaceIn, out: Format) -> Answer {
-    admin_only(&caller)?;
-    match app.inner.namespaces.get(&input.name).await? {
-        Some(ns) => Ok(out.respond(StatusCode::OK, &ns)),
-        None => Err(ApiError::not_found(format!(
-            "no namespace `{}`",
-            input.name
-        ))),
-    }
+async fn get_namespace(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    serve(
+        app,
+        "namespace.get",
+        headers,
+        body,
+        move |app, caller, input: GetNamespaceIn, out| async move {
+            admin_only(&caller)?;
+            match app.inner.namespaces.get(&input.name).await? {
+                Some(ns) => Ok(out.respond(StatusCode::OK, &ns)),
+                None => Err(ApiError::not_found(format!(
+                    "no namespace `{}`",
+                    input.name
+                ))),
+            }
+        },
+    )
+    .await
 }
 
 async fn ping(headers: HeaderMap) -> Response {
