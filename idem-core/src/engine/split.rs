@@ -13,13 +13,15 @@ use tracing::Instrument;
 
 use super::detach::run_to_end;
 use super::finish::{ClaimGuard, Stored};
+use super::steps::check_step_name;
 use super::underway::Releasing;
 use super::{Call, Claimed, Encoded, Errors, Format, Idempotency};
 use crate::codec::Codec;
 use crate::error::{BoxError, Error};
 use crate::key::Key;
 use crate::observe::{Probe, Scope, Stage};
-use crate::record::{Claim, RecordState};
+use crate::record::{Claim, Record, RecordState};
+use crate::step::{StepLog, StepWrite};
 use crate::store::check_duration;
 
 /// What [`Call::begin`] came to when it did not fail.
@@ -251,6 +253,86 @@ impl<C: Codec> Idempotency<C> {
     pub async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
         check_duration("lease", lease)?;
         self.inner.shared.store.renew(claim, lease).await
+    }
+
+    /// The record of `key` as the store keeps it (expired reads as `None`), its result still
+    /// sealed in the engine's envelope ([`StoredResult::result`](crate::StoredResult::result)
+    /// opens it): [`Store::get`](crate::Store::get) through the engine, for a transport that
+    /// serves a store's reads (idem-server's `get` route) without reaching around the engine.
+    ///
+    /// ```
+    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore, RecordState};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "", "order-1")?;
+    /// assert!(engine.record(&key).await?.is_none());
+    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// let record = engine.record(&key).await?.expect("claimed");
+    /// assert!(matches!(record.state, RecordState::InProgress { token, .. } if token == claim.token()));
+    /// # Ok(()) }
+    /// ```
+    pub async fn record(&self, key: &Key) -> Result<Option<Record>, Error> {
+        self.inner.shared.store.get(key).await
+    }
+
+    /// Deletes up to `limit` records whose lease or retention has ended, and the ended steps
+    /// after them: [`Store::prune_expired`](crate::Store::prune_expired) through the engine,
+    /// for a transport that offers pruning (idem-server's `prune` route). A
+    /// [`Pruner`](crate::Pruner) does this in the background for a process that owns its store.
+    ///
+    /// ```
+    /// use idem_core::{Error, Idempotency, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// assert_eq!(engine.prune_expired(100).await?, 0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
+        self.inner.shared.store.prune_expired(limit).await
+    }
+
+    /// Begins (or resumes) the steps of a [`begin`](Call::begin)'s claim, whose work runs
+    /// elsewhere: [`Store::begin_steps`](crate::Store::begin_steps) through the engine, fenced
+    /// by the claim's token. [`Error::InvalidConfig`] for a retention out of range, nothing
+    /// read; [`Error::LeaseLost`], [`Error::StepsUnsupported`] as the store says.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore, StepWrite};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("ride", "", "r-1")?;
+    /// let day = Duration::from_secs(86_400);
+    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// assert_eq!(engine.begin_steps(&claim, day).await?.attempt, 1);
+    /// engine.write_step(&claim, StepWrite { name: "charge", position: 0, result: Some(b"7") }, day).await?;
+    /// assert_eq!(engine.begin_steps(&claim, day).await?.steps.len(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
+        check_duration("retention", retention)?;
+        self.inner.shared.store.begin_steps(claim, retention).await
+    }
+
+    /// Stores that a step of a [`begin`](Call::begin)'s claim begins, or its result:
+    /// [`Store::write_step`](crate::Store::write_step) through the engine, fenced by the
+    /// claim's token (see [`begin_steps`](Self::begin_steps) for an example). A step name of
+    /// 0 or over [`MAX_STEP_NAME_LEN`](crate::MAX_STEP_NAME_LEN) bytes is
+    /// [`Error::InvalidStep`], a retention out of range [`Error::InvalidConfig`]; either writes
+    /// nothing. A step that has its result keeps it (`Ok`).
+    pub async fn write_step(
+        &self,
+        claim: &Claim,
+        step: StepWrite<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        check_duration("retention", retention)?;
+        check_step_name(step.name)?;
+        self.inner
+            .shared
+            .store
+            .write_step(claim, step, retention)
+            .await
     }
 
     /// Who holds `key` now, read without claiming it: for transports whose clients complete

@@ -176,12 +176,7 @@ impl<C: Codec> Steps<C> {
     /// Takes the next position for `name` and says what to do there, from what earlier attempts
     /// stored.
     fn plan(&self, name: &str) -> Result<Plan, Error> {
-        if name.is_empty() || name.len() > MAX_STEP_NAME_LEN {
-            return Err(Error::InvalidStep(format!(
-                "a step name is 1 to {MAX_STEP_NAME_LEN} bytes, {name:?} is {}",
-                name.len()
-            )));
-        }
+        check_step_name(name)?;
         let mut progress = self
             .inner
             .progress
@@ -421,4 +416,15 @@ impl<C: Codec> Step<'_, C> {
             .await?;
         Ok(value)
     }
+}
+
+/// A step name is 1 to [`MAX_STEP_NAME_LEN`] bytes: else [`Error::InvalidStep`].
+pub(crate) fn check_step_name(name: &str) -> Result<(), Error> {
+    if name.is_empty() || name.len() > MAX_STEP_NAME_LEN {
+        return Err(Error::InvalidStep(format!(
+            "a step name is 1 to {MAX_STEP_NAME_LEN} bytes, {name:?} is {}",
+            name.len()
+        )));
+    }
+    Ok(())
 }
