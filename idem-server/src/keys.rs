@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use idem_core::{Key, Token, MAX_KEY_LEN};
+use idem_core::{Fingerprint, Key, Token, MAX_KEY_LEN};
 use sha2::{Digest, Sha256};
 
 use crate::auth::Caller;
@@ -89,31 +89,52 @@ pub fn period(ms: u64, location: &str) -> Result<Duration, ApiError> {
     Ok(d)
 }
 
-/// A claim token as the fenced extension sends it: 32 hexadecimal digits.
-pub fn token_text(token: Token) -> String {
-    let mut text = String::with_capacity(32);
-    for b in token.to_bytes() {
+/// `bytes` as lowercase hexadecimal digits.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut text = String::with_capacity(2 * bytes.len());
+    for b in bytes {
         let _ = write!(text, "{b:02x}");
     }
     text
 }
 
+/// `N` bytes from their `2 * N` hexadecimal digits; `None` for anything else.
+fn parse_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    if text.len() != 2 * N || !text.is_ascii() {
+        return None;
+    }
+    let mut bytes = [0u8; N];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(bytes)
+}
+
+/// A claim token as the fenced extension sends it: 32 hexadecimal digits.
+pub fn token_text(token: Token) -> String {
+    hex(&token.to_bytes())
+}
+
 /// A claim token from its text.
 pub fn parse_token(text: &str) -> Result<Token, ApiError> {
-    let bad = || {
+    parse_hex::<16>(text).map(Token::from_bytes).ok_or_else(|| {
         ApiError::invalid(
             "body.token",
             "a token is the 32 hexadecimal digits `start` returned",
         )
-    };
-    if text.len() != 32 || !text.is_ascii() {
-        return Err(bad());
-    }
-    let mut bytes = [0u8; 16];
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-    }
-    Ok(Token::from_bytes(bytes))
+    })
+}
+
+/// A fingerprint given as its SHA-256 (`fingerprint_sha256`): 64 hexadecimal digits.
+pub fn parse_fingerprint_sha256(text: &str) -> Result<Fingerprint, ApiError> {
+    parse_hex::<32>(text)
+        .map(Fingerprint::from_bytes)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "body.fingerprint_sha256",
+                "a fingerprint's SHA-256 is 64 hexadecimal digits",
+            )
+        })
 }
 
 #[cfg(test)]

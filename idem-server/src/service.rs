@@ -3,24 +3,28 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
-use idem_core::{Begun, Claim, Error, Fingerprint, Holder, Idempotency, Store};
+use idem_core::{
+    Begun, Claim, Error, Fingerprint, Holder, Idempotency, RecordState, StepState, StepWrite,
+    Store, StoreErrorKind,
+};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::de::DeserializeOwned;
 
 use crate::auth::{Caller, Tokens};
-use crate::keys::{key_of, parse_token, period, token_text};
+use crate::keys::{hex, key_of, parse_fingerprint_sha256, parse_token, period, token_text};
 use crate::namespaces::{Namespace, Namespaces};
 use crate::wire::{
-    AbortIn, ApiError, CompleteIn, CompletedOut, ConfigureIn, Empty, Format, GetNamespaceIn,
-    PingOut, RenewIn, StartIn, StartOut,
+    AbortIn, ApiError, CompleteIn, CompletedOut, ConfigureIn, Empty, EvictOut, Format,
+    GetNamespaceIn, GetOut, KeyIn, PingOut, PruneIn, PruneOut, RenewIn, StartIn, StartOut, StepOut,
+    StepWriteIn, StepsBeginIn, StepsOut,
 };
 
 /// The OpenAPI document of the API, served at [`OPENAPI_PATH`].
@@ -139,15 +143,41 @@ impl App {
         let key = key_of(&ns.scope, caller, key)?;
         Ok((ns, key))
     }
+
+    /// The claim a fenced request names: the caller's `key` in `namespace` and the `token`
+    /// `start` returned.
+    async fn held(
+        &self,
+        caller: &Caller,
+        namespace: Option<&str>,
+        key: &str,
+        token: &str,
+    ) -> Result<Claim, ApiError> {
+        let (_, key) = self.locate(caller, namespace, key).await?;
+        Ok(Claim::new(key, parse_token(token)?))
+    }
 }
 
-/// Diom's routes, the fenced extension's `renew`, `/metrics` and the OpenAPI document.
+/// Diom's routes, the fenced extension's (`renew`, and `get`, `evict`, `prune`, `steps.begin`,
+/// `steps.write`, which make the server a store: `idem_core::RemoteStore`), `/metrics` and the
+/// OpenAPI document.
 pub fn router(app: App) -> Router {
     Router::new()
         .route("/api/v1.idempotency.start", post(start))
         .route("/api/v1.idempotency.complete", post(complete))
         .route("/api/v1.idempotency.abort", post(abort))
-        .route("/api/v1.idempotency.renew", post(renew))
+        .route("/api/v1.idempotency.renew", handled("renew", renew))
+        .route("/api/v1.idempotency.get", handled("get", get_record))
+        .route("/api/v1.idempotency.evict", handled("evict", evict))
+        .route("/api/v1.idempotency.prune", handled("prune", prune))
+        .route(
+            "/api/v1.idempotency.steps.begin",
+            handled("steps.begin", begin_steps),
+        )
+        .route(
+            "/api/v1.idempotency.steps.write",
+            handled("steps.write", write_step),
+        )
         .route(
             "/api/v1.idempotency.namespace.configure",
             post(configure_namespace),
@@ -176,13 +206,39 @@ pub(crate) fn engine_error(e: Error) -> ApiError {
             "the key was started with another fingerprint: a different request reused the key",
         ),
         Error::InvalidConfig(detail) => ApiError::invalid("body", detail),
+        Error::InvalidStep(detail) => ApiError::invalid("body.name", detail),
+        Error::StepsUnsupported => ApiError::operation(
+            StatusCode::NOT_IMPLEMENTED,
+            "steps_unsupported",
+            "this server's store keeps no steps (docs/steps.md lists the stores that do)",
+        ),
         Error::Store(e) if e.kind().is_transient() => ApiError::server(
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",
             format!("the store failed for a passing reason; retry: {e}"),
         ),
+        Error::Store(e) if e.kind() == StoreErrorKind::Corrupt => ApiError::server(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "corrupt",
+            format!("a stored record does not parse: {e}"),
+        ),
         other => ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", other),
     }
+}
+
+/// The route `name`, taking POST: [`serve`] with `handle`, for a handler written as a plain
+/// function of the caller, the decoded body and the answer's encoding.
+fn handled<T, F, Fut>(name: &'static str, handle: F) -> MethodRouter<App>
+where
+    T: DeserializeOwned + Send + 'static,
+    F: FnOnce(App, Caller, T, Format) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response, ApiError>> + Send + 'static,
+{
+    post(
+        move |State(app): State<App>, headers: HeaderMap, body: Body| {
+            serve(app, name, headers, body, handle)
+        },
+    )
 }
 
 /// Authenticates, reads the body within the limit, decodes it, runs `handle`, and answers in
@@ -242,7 +298,7 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
 
 /// Whether the caller wants the fenced answers.
 fn fenced(input: &StartIn) -> bool {
-    input.fenced || input.fingerprint.is_some()
+    input.fenced || input.fingerprint.is_some() || input.fingerprint_sha256.is_some()
 }
 
 async fn start(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
@@ -256,15 +312,22 @@ async fn start(State(app): State<App>, headers: HeaderMap, body: Body) -> Respon
                 .locate(&caller, input.namespace.as_deref(), &input.key)
                 .await?;
             let lease = period(input.lock_period_ms, "body.lock_period_ms")?;
-            let fingerprint = match &input.fingerprint {
-                Some(f) if f.is_empty() || f.len() > 4096 => {
+            let fingerprint = match (&input.fingerprint, &input.fingerprint_sha256) {
+                (Some(_), Some(_)) => {
+                    return Err(ApiError::invalid(
+                        "body.fingerprint_sha256",
+                        "send a fingerprint or its SHA-256, not both",
+                    ))
+                }
+                (Some(f), None) if f.is_empty() || f.len() > 4096 => {
                     return Err(ApiError::invalid(
                         "body.fingerprint",
                         "a fingerprint is 1 to 4096 bytes",
                     ))
                 }
-                Some(f) => Some(Fingerprint::of_bytes(f.as_bytes())),
-                None => None,
+                (Some(f), None) => Some(Fingerprint::of_bytes(f.as_bytes())),
+                (None, Some(digest)) => Some(parse_fingerprint_sha256(digest)?),
+                (None, None) => None,
             };
             let begun = app
                 .inner
@@ -278,39 +341,64 @@ async fn start(State(app): State<App>, headers: HeaderMap, body: Body) -> Respon
             let fenced = fenced(&input);
             let answer = match begun {
                 Ok(Begun::Claimed(claim)) => StartOut {
-                    status: "started",
-                    data: None,
                     token: fenced.then(|| token_text(claim.token())),
-                    retry_after_ms: None,
+                    ..StartOut::of("started")
                 },
-                Ok(Begun::Completed(bytes)) => StartOut {
-                    status: "completed",
-                    data: Some(stored(&bytes)?),
-                    token: None,
-                    retry_after_ms: None,
-                },
+                Ok(Begun::Completed(bytes)) => {
+                    let data = stored(&bytes)?;
+                    StartOut {
+                        data: Some(if fenced { data } else { data.diom() }),
+                        ..StartOut::of("completed")
+                    }
+                }
                 // Kept as "completed, not retained" (larger than the limit): never run again.
                 Err(Error::ResultNotRetained { .. }) => StartOut {
-                    status: "completed",
-                    data: Some(CompletedOut {
-                        response: Vec::new(),
-                        context: None,
-                    }),
-                    token: None,
-                    retry_after_ms: None,
+                    data: Some(CompletedOut::default()),
+                    ..StartOut::of("completed")
                 },
-                Err(Error::Locked { retry_after }) => StartOut {
-                    status: "locked",
-                    data: None,
-                    token: None,
-                    retry_after_ms: fenced.then(|| retry_after.as_millis().max(1) as u64),
+                Err(Error::Locked { retry_after }) if fenced => StartOut {
+                    retry_after_ms: Some(millis(retry_after).max(1)),
+                    lease_left_ms: lease_left(&app, &key).await?,
+                    ..StartOut::of("locked")
                 },
+                Err(Error::Locked { .. }) => StartOut::of("locked"),
                 Err(e) => return Err(engine_error(e)),
             };
             Ok(out.respond(StatusCode::OK, &answer))
         },
     )
     .await
+}
+
+/// `d` in whole milliseconds, saturating.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `t` in Unix milliseconds (0 before the epoch).
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, millis)
+}
+
+/// What is left of the lease of the claim holding `key`, as the store reads it: the store's
+/// own `Locked` answer is behind the engine's `retry_after` estimate, so a fenced `locked`
+/// answer reads the record once more (docs/server.md, "Round trips"). `None` when the key is
+/// no longer held.
+async fn lease_left(app: &App, key: &idem_core::Key) -> Result<Option<u64>, ApiError> {
+    Ok(
+        match app.inner.engine.record(key).await.map_err(engine_error)? {
+            Some(idem_core::Record {
+                state: RecordState::InProgress { lease_until, .. },
+                ..
+            }) => Some(
+                lease_until
+                    .duration_since(SystemTime::now())
+                    .map_or(1, millis)
+                    .max(1),
+            ),
+            _ => None,
+        },
+    )
 }
 
 /// A stored response and context, as `finish` stored them.
@@ -347,9 +435,18 @@ async fn complete(State(app): State<App>, headers: HeaderMap, body: Body) -> Res
                 .await?;
             let ttl = period(input.ttl_ms, "body.ttl_ms")?;
             let token = input.token.as_deref().map(parse_token).transpose()?;
+            if input.absent && !input.response.is_empty() {
+                return Err(ApiError::invalid(
+                    "body.response",
+                    "a response marked absent must be empty",
+                ));
+            }
             let record = CompletedOut {
                 response: input.response,
                 context: input.context,
+                is_error: input.is_error,
+                absent: input.absent,
+                expires_at_ms: Some(unix_ms(SystemTime::now() + ttl)),
             };
             let bytes = rmp_serde::to_vec_named(&record).map_err(|e| {
                 ApiError::invalid("body", format!("the response cannot be kept: {e}"))
@@ -471,38 +568,181 @@ async fn abort(State(app): State<App>, headers: HeaderMap, body: Body) -> Respon
     .await
 }
 
-async fn renew(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    serve(
-        app,
-        "renew",
-        headers,
-        body,
-        move |app, caller, input: RenewIn, out| async move {
-            let (_, key) = app
-                .locate(&caller, input.namespace.as_deref(), &input.key)
-                .await?;
-            let token = parse_token(&input.token)?;
-            let lease = period(input.lock_period_ms, "body.lock_period_ms")?;
-            app.inner
-                .engine
-                .renew(&Claim::new(key, token), lease)
-                .await
-                .map_err(engine_error)?;
-            Ok(out.respond(StatusCode::OK, &Empty {}))
-        },
-    )
-    .await
+async fn renew(
+    app: App,
+    caller: Caller,
+    input: RenewIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    let claim = app
+        .held(
+            &caller,
+            input.namespace.as_deref(),
+            &input.key,
+            &input.token,
+        )
+        .await?;
+    let lease = period(input.lock_period_ms, "body.lock_period_ms")?;
+    app.inner
+        .engine
+        .renew(&claim, lease)
+        .await
+        .map_err(engine_error)?;
+    Ok(out.respond(StatusCode::OK, &Empty {}))
 }
 
-fn admin_only(caller: &Caller) -> Result<(), ApiError> {
+/// The fenced extension's `get`: the caller's key's live record, as a store's `get` answers
+/// it, read through the engine.
+async fn get_record(
+    app: App,
+    caller: Caller,
+    input: KeyIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    let (_, key) = app
+        .locate(&caller, input.namespace.as_deref(), &input.key)
+        .await?;
+    let Some(record) = app.inner.engine.record(&key).await.map_err(engine_error)? else {
+        return Ok(out.respond(StatusCode::OK, &GetOut::of("absent")));
+    };
+    let fingerprint_sha256 = record.fingerprint.map(|f| hex(f.as_bytes()));
+    let answer = match record.state {
+        RecordState::InProgress { token, lease_until } => GetOut {
+            token: Some(token_text(token)),
+            lease_until_ms: Some(unix_ms(lease_until)),
+            fingerprint_sha256,
+            ..GetOut::of("in_progress")
+        },
+        RecordState::Completed(kept) => {
+            let (data, not_retained) = match kept.result() {
+                Ok(bytes) => (stored(bytes)?, None),
+                Err(Error::ResultNotRetained { reason }) => (CompletedOut::default(), Some(reason)),
+                Err(e) => return Err(engine_error(e)),
+            };
+            GetOut {
+                fingerprint_sha256,
+                expires_at_ms: Some(unix_ms(kept.expires_at)),
+                data: Some(data),
+                not_retained,
+                ..GetOut::of("completed")
+            }
+        }
+    };
+    Ok(out.respond(StatusCode::OK, &answer))
+}
+
+/// The fenced extension's `evict`: deletes the caller's key's record whatever its state (a
+/// running claim then gets `stale_holder`), through the engine. A caller reaches only its own
+/// key space.
+async fn evict(app: App, caller: Caller, input: KeyIn, out: Format) -> Result<Response, ApiError> {
+    let (_, key) = app
+        .locate(&caller, input.namespace.as_deref(), &input.key)
+        .await?;
+    let evicted = app.inner.engine.evict(&key).await.map_err(engine_error)?;
+    Ok(out.respond(StatusCode::OK, &EvictOut { evicted }))
+}
+
+/// The fenced extension's `prune` (admin): deletes up to `limit` ended records of the whole
+/// store, every caller's, through the engine. Ended records read as absent to everyone, so
+/// pruning changes nothing a caller can see; it is the admin's because it spans key spaces.
+async fn prune(
+    app: App,
+    caller: Caller,
+    input: PruneIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    admin_only(
+        &caller,
+        "pruning spans every caller's keys: it takes the admin token",
+    )?;
+    let pruned = app
+        .inner
+        .engine
+        .prune_expired(input.limit)
+        .await
+        .map_err(engine_error)?;
+    Ok(out.respond(StatusCode::OK, &PruneOut { pruned }))
+}
+
+/// The fenced extension's `steps.begin`: begins (or resumes) the steps of the operation the
+/// token holds, through the engine.
+async fn begin_steps(
+    app: App,
+    caller: Caller,
+    input: StepsBeginIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    let claim = app
+        .held(
+            &caller,
+            input.namespace.as_deref(),
+            &input.key,
+            &input.token,
+        )
+        .await?;
+    let ttl = period(input.ttl_ms, "body.ttl_ms")?;
+    let log = app
+        .inner
+        .engine
+        .begin_steps(&claim, ttl)
+        .await
+        .map_err(engine_error)?;
+    let steps = log
+        .steps
+        .into_iter()
+        .map(|step| StepOut {
+            name: step.name,
+            position: step.position,
+            result: match step.state {
+                StepState::Begun => None,
+                StepState::Finished(bytes) => Some(bytes),
+            },
+        })
+        .collect();
+    let answer = StepsOut {
+        attempt: log.attempt,
+        steps,
+    };
+    Ok(out.respond(StatusCode::OK, &answer))
+}
+
+/// The fenced extension's `steps.write`: stores that a step begins, or its result, fenced by
+/// the operation's token, through the engine.
+async fn write_step(
+    app: App,
+    caller: Caller,
+    input: StepWriteIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    let claim = app
+        .held(
+            &caller,
+            input.namespace.as_deref(),
+            &input.key,
+            &input.token,
+        )
+        .await?;
+    let ttl = period(input.ttl_ms, "body.ttl_ms")?;
+    let step = StepWrite {
+        name: &input.name,
+        position: input.position,
+        result: input.result.as_deref(),
+    };
+    app.inner
+        .engine
+        .write_step(&claim, step, ttl)
+        .await
+        .map_err(engine_error)?;
+    Ok(out.respond(StatusCode::OK, &Empty {}))
+}
+
+const NAMESPACES_ADMIN: &str = "namespaces are configured with the admin token";
+
+fn admin_only(caller: &Caller, why: &str) -> Result<(), ApiError> {
     if caller.is_admin() {
         Ok(())
     } else {
-        Err(ApiError::operation(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "namespaces are configured with the admin token",
-        ))
+        Err(ApiError::operation(StatusCode::FORBIDDEN, "forbidden", why))
     }
 }
 
@@ -513,7 +753,7 @@ async fn configure_namespace(State(app): State<App>, headers: HeaderMap, body: B
         headers,
         body,
         move |app, caller, input: ConfigureIn, out| async move {
-            admin_only(&caller)?;
+            admin_only(&caller, NAMESPACES_ADMIN)?;
             let ns = app
                 .inner
                 .namespaces
@@ -532,7 +772,7 @@ async fn get_namespace(State(app): State<App>, headers: HeaderMap, body: Body) -
         headers,
         body,
         move |app, caller, input: GetNamespaceIn, out| async move {
-            admin_only(&caller)?;
+            admin_only(&caller, NAMESPACES_ADMIN)?;
             match app.inner.namespaces.get(&input.name).await? {
                 Some(ns) => Ok(out.respond(StatusCode::OK, &ns)),
                 None => Err(ApiError::not_found(format!(

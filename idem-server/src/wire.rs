@@ -196,8 +196,13 @@ pub struct StartIn {
     /// fingerprint gets `fingerprint_mismatch`.
     #[serde(default)]
     pub fingerprint: Option<String>,
+    /// Fenced extension: the request's fingerprint as its SHA-256, 64 hexadecimal digits,
+    /// kept as it is (`fingerprint` is hashed first). What `RemoteStore` sends: its callers'
+    /// fingerprints are digests already. At most one of the two.
+    #[serde(default)]
+    pub fingerprint_sha256: Option<String>,
     /// Fenced extension: answer `started` with the claim's token (and `locked` with
-    /// `retry_after_ms`). Implied by a fingerprint.
+    /// `retry_after_ms` and `lease_left_ms`). Implied by a fingerprint.
     #[serde(default)]
     pub fenced: bool,
 }
@@ -221,6 +226,12 @@ pub struct CompleteIn {
     /// Fenced extension: the claim's token from `start`.
     #[serde(default)]
     pub token: Option<String>,
+    /// Fenced extension: the response is an error the work returned (replayed as one).
+    #[serde(default)]
+    pub is_error: bool,
+    /// Fenced extension: the work completed without a response (`response` is then empty).
+    #[serde(default)]
+    pub absent: bool,
 }
 
 /// `POST /api/v1.idempotency.abort`.
@@ -279,13 +290,31 @@ pub struct StartOut {
     /// Fenced extension: the claim's token, for `started` when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
-    /// Fenced extension: when to try again, for `locked` when asked for.
+    /// Fenced extension: when to try again, for `locked` when asked for: the engine's
+    /// estimate of the holder's work, within what is left of its lease.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// Fenced extension: what is left of the holder's lease, for `locked` when asked for (as
+    /// the store reported it; absent when the key changed before it was read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_left_ms: Option<u64>,
+}
+
+impl StartOut {
+    /// An answer of `status` with no other field.
+    pub fn of(status: &'static str) -> StartOut {
+        StartOut {
+            status,
+            data: None,
+            token: None,
+            retry_after_ms: None,
+            lease_left_ms: None,
+        }
+    }
 }
 
 /// A completed key's response and context.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompletedOut {
     /// The stored response.
     #[serde(with = "serde_bytes")]
@@ -293,6 +322,153 @@ pub struct CompletedOut {
     /// The stored context, if one was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<HashMap<String, String>>,
+    /// Fenced extension: the response is an error the work returned.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_error: bool,
+    /// Fenced extension: the work completed without a response.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub absent: bool,
+    /// Fenced extension: when the response stops replaying, in Unix milliseconds (this node's
+    /// clock when it completed the key; `get` answers the store's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
+}
+
+impl CompletedOut {
+    /// The response as Diom has it: without the fenced extension's fields.
+    pub fn diom(self) -> CompletedOut {
+        CompletedOut {
+            response: self.response,
+            context: self.context,
+            is_error: false,
+            absent: false,
+            expires_at_ms: None,
+        }
+    }
+}
+
+/// `POST /api/v1.idempotency.get` (fenced extension): a key's live record.
+#[derive(Debug, Deserialize)]
+pub struct KeyIn {
+    /// The namespace; the default one when absent.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The caller's idempotency key.
+    pub key: String,
+}
+
+/// What `get` answers: `{"status": "absent" | "in_progress" | "completed", …}`.
+#[derive(Debug, Default, Serialize)]
+pub struct GetOut {
+    /// `absent` (no live record), `in_progress` or `completed`.
+    pub status: &'static str,
+    /// The holder's claim token, for `in_progress`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// When the holder's lease ends, in Unix milliseconds on the store's clock, for
+    /// `in_progress`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_until_ms: Option<u64>,
+    /// The SHA-256 of the fingerprint the key was started with, if one was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fingerprint_sha256: Option<String>,
+    /// The stored response, for `completed` (empty when `not_retained`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<CompletedOut>,
+    /// When the response stops replaying, in Unix milliseconds on the store's clock, for
+    /// `completed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
+    /// Why the response was not kept (it was larger than the server's limit), for `completed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_retained: Option<String>,
+}
+
+impl GetOut {
+    /// An answer of `status` with no other field.
+    pub fn of(status: &'static str) -> GetOut {
+        GetOut {
+            status,
+            ..GetOut::default()
+        }
+    }
+}
+
+/// What `evict` answers.
+#[derive(Debug, Serialize)]
+pub struct EvictOut {
+    /// Whether the key had a record.
+    pub evicted: bool,
+}
+
+/// `POST /api/v1.idempotency.prune` (fenced extension, admin).
+#[derive(Debug, Deserialize)]
+pub struct PruneIn {
+    /// The most records to delete.
+    pub limit: u32,
+}
+
+/// What `prune` answers.
+#[derive(Debug, Serialize)]
+pub struct PruneOut {
+    /// How many ended records were deleted.
+    pub pruned: u64,
+}
+
+/// `POST /api/v1.idempotency.steps.begin` (fenced extension).
+#[derive(Debug, Deserialize)]
+pub struct StepsBeginIn {
+    /// The namespace; the default one when absent.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The operation's idempotency key.
+    pub key: String,
+    /// The operation's claim token from `start`.
+    pub token: String,
+    /// How long the operation's steps are kept, from now.
+    pub ttl_ms: u64,
+}
+
+/// `POST /api/v1.idempotency.steps.write` (fenced extension).
+#[derive(Debug, Deserialize)]
+pub struct StepWriteIn {
+    /// The namespace; the default one when absent.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The operation's idempotency key.
+    pub key: String,
+    /// The operation's claim token from `start`.
+    pub token: String,
+    /// The step's name, 1 to 255 bytes.
+    pub name: String,
+    /// Its position in the operation (0 for the first).
+    pub position: u32,
+    /// Its result; absent to record that an at-most-once step begins.
+    #[serde(default, with = "serde_bytes")]
+    pub result: Option<Vec<u8>>,
+    /// How long the operation's steps are kept, from now.
+    pub ttl_ms: u64,
+}
+
+/// One stored step, as `steps.begin` answers it.
+#[derive(Debug, Serialize)]
+pub struct StepOut {
+    /// The step's name.
+    pub name: String,
+    /// Its position.
+    pub position: u32,
+    /// Its result; absent (`null`) for a step that began and has none.
+    #[serde(with = "serde_bytes")]
+    pub result: Option<Vec<u8>>,
+}
+
+/// What `steps.begin` answers.
+#[derive(Debug, Serialize)]
+pub struct StepsOut {
+    /// 1 for the first claim that began the operation's steps, 2 for the next, and so on.
+    pub attempt: u32,
+    /// The stored steps, by position.
+    pub steps: Vec<StepOut>,
 }
 
 /// `{}`: what complete, abort and renew answer.

@@ -267,3 +267,121 @@ async fn a_server_can_require_tokens_everywhere() {
         "the fenced abort released the key"
     );
 }
+
+/// The store routes (`get`, `evict`, `prune`, `steps.begin`, `steps.write`): a caller reads and
+/// evicts only its own key space; pruning takes the admin token; steps are fenced by the
+/// claim's token; bad input is `422` with its location and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_routes_keep_key_spaces_fencing_and_typed_errors() {
+    let server = serve(Config::default()).await;
+    let digest = "ab".repeat(32);
+    let (status, body) = post(
+        &server,
+        "start",
+        ALICE,
+        j!({"key": "s", "lock_period_ms": 60000, "fingerprint_sha256": digest}),
+    )
+    .await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("started")));
+    let token = body["token"].as_str().unwrap().to_owned();
+
+    let (status, record) = post(&server, "get", ALICE, j!({"key": "s"})).await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["status"], "in_progress");
+    assert_eq!(record["token"].as_str(), Some(token.as_str()));
+    assert_eq!(record["fingerprint_sha256"].as_str(), Some(digest.as_str()));
+    assert!(record["lease_until_ms"].as_u64().is_some());
+    // Bob's "s" is another key: absent to him, and his evict leaves Alice's claim.
+    let (_, theirs) = post(&server, "get", BOB, j!({"key": "s"})).await;
+    assert_eq!(theirs["status"], "absent");
+    let (_, evicted) = post(&server, "evict", BOB, j!({"key": "s"})).await;
+    assert_eq!(evicted["evicted"], false);
+
+    // A fenced locked answer says what is left of the lease, not only the estimate.
+    let (_, locked) = post(
+        &server,
+        "start",
+        ALICE,
+        j!({"key": "s", "lock_period_ms": 60000, "fenced": true}),
+    )
+    .await;
+    assert_eq!(locked["status"], "locked");
+    assert!(
+        locked["lease_left_ms"].as_u64().unwrap() > 30000,
+        "{locked}"
+    );
+
+    let (status, log) = post(
+        &server,
+        "steps.begin",
+        ALICE,
+        j!({"key": "s", "token": token, "ttl_ms": 60000}),
+    )
+    .await;
+    assert_eq!((status, log["attempt"].as_u64()), (200, Some(1)), "{log}");
+    let step = j!({"key": "s", "token": token, "name": "charge", "position": 0, "result": [55], "ttl_ms": 60000});
+    assert_eq!(
+        post(&server, "steps.write", ALICE, step.clone()).await.0,
+        200
+    );
+    for (route, body, location) in [
+        (
+            "steps.write",
+            j!({"key": "s", "token": token, "name": "", "position": 1, "ttl_ms": 60000}),
+            "body.name",
+        ),
+        (
+            "steps.write",
+            j!({"key": "s", "token": token, "name": "x", "position": 1, "ttl_ms": 0}),
+            "body.ttl_ms",
+        ),
+        (
+            "start",
+            j!({"key": "t", "lock_period_ms": 1000, "fingerprint_sha256": "xyz"}),
+            "body.fingerprint_sha256",
+        ),
+        (
+            "complete",
+            j!({"key": "t", "response": [1], "absent": true, "ttl_ms": 1000}),
+            "body.response",
+        ),
+    ] {
+        let (status, answer) = post(&server, route, ALICE, body).await;
+        assert_eq!(
+            (status, answer["location"].as_str()),
+            (422, Some(location)),
+            "{route}: {answer}"
+        );
+    }
+    let (_, log) = post(
+        &server,
+        "steps.begin",
+        ALICE,
+        j!({"key": "s", "token": token, "ttl_ms": 60000}),
+    )
+    .await;
+    assert_eq!(
+        log["steps"],
+        j!([{"name": "charge", "position": 0, "result": [55]}])
+    );
+    let (_, untouched) = post(&server, "get", ALICE, j!({"key": "t"})).await;
+    assert_eq!(
+        untouched["status"], "absent",
+        "refused input claimed nothing"
+    );
+
+    let (status, answer) = post(&server, "prune", ALICE, j!({"limit": 10})).await;
+    assert_eq!((status, answer["code"].as_str()), (403, Some("forbidden")));
+    let (status, answer) = post(&server, "prune", ADMIN, j!({"limit": 10})).await;
+    assert_eq!((status, answer["pruned"].as_u64()), (200, Some(0)));
+
+    // Evicted, the claim is stale: its steps and its completion are refused.
+    let (_, evicted) = post(&server, "evict", ALICE, j!({"key": "s"})).await;
+    assert_eq!(evicted["evicted"], true);
+    let (status, answer) = post(&server, "steps.write", ALICE, step).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (409, Some("stale_holder"))
+    );
+    all_refused_as_stale(&server, ALICE, "s", &token).await;
+}
