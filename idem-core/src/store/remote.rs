@@ -1,0 +1,815 @@
+//! [`RemoteStore`]: a [`Store`] that is an idem-server, reached over HTTP through the server's
+//! fenced extension of Diom's protocol (docs/server.md, "RemoteStore"). Feature `remote`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::envelope;
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::key::{Fingerprint, Key, Token};
+use crate::record::{Claim, Completion, Record, RecordState, Start, StoredResult};
+use crate::step::{StepLog, StepRecord, StepState, StepWrite};
+use crate::store::admin::{ListState, StoreAdmin, StoreStats};
+use crate::store::Store;
+
+const MSGPACK: &str = "application/msgpack";
+
+/// A [`Store`] kept by an idem-server: every operation is one request to the server's fenced
+/// routes (MessagePack over HTTP/1.1, pooled keep-alive connections), and the server runs it
+/// on its own store through its engine. A Rust service then uses `#[idempotent]`, the HTTP
+/// and gRPC layers and the consumers with the server as its store, beside services in other
+/// languages that use Diom's clients.
+///
+/// | `Store` method | route | the server's engine call |
+/// |---|---|---|
+/// | `start` | `start` (fenced, `fingerprint_sha256`) | `Call::begin`; a `locked` answer reads the record once more for the lease left |
+/// | `complete` | `complete` (fenced, with `is_error`, `absent`) | `Idempotency::finish` |
+/// | `abort` | `abort` (fenced) | `Idempotency::release` |
+/// | `renew` | `renew` | `Idempotency::renew` |
+/// | `get` | `get` | `Idempotency::record` |
+/// | `evict` | `evict` | `Idempotency::evict` |
+/// | `prune_expired` | `prune` (admin token) | `Idempotency::prune_expired` |
+/// | `begin_steps`, `write_step` | `steps.begin`, `steps.write` | `Idempotency::begin_steps`, `write_step` |
+///
+/// A key is sent as its 64 hexadecimal digits, in the namespace the store is built with, in
+/// the key space of its bearer token: two services with different tokens never share a key.
+/// The server keeps the rules of its own store (fencing, fingerprints, lease and retention on
+/// the store's clock); what a server failure loses is what its store loses.
+///
+/// Errors, from the server's answers: `409 stale_holder` is [`Error::LeaseLost`], `422
+/// fingerprint_mismatch` [`Error::KeyReused`], `422 validation` [`Error::InvalidConfig`] (at
+/// `body.name`, [`Error::InvalidStep`]), `501 steps_unsupported` [`Error::StepsUnsupported`],
+/// `503` and a server that cannot be reached or does not answer within the timeout a store
+/// error of kind [`Unavailable`](StoreErrorKind::Unavailable) (whether the request took
+/// effect is unknown, as for any store), `500 corrupt` [`Corrupt`](StoreErrorKind::Corrupt),
+/// any other refusal (`401`, `403`, an unknown namespace) [`Query`](StoreErrorKind::Query)
+/// with the server's detail. Plain `http://` only: put TLS in front of the server on the
+/// network path (a sidecar or a mesh) where it leaves the host.
+///
+/// ```no_run
+/// use idem_core::{Idempotency, Key, RemoteStore};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// let store = RemoteStore::builder("http://idem-server:8624", "billing-token-0123456789")
+///     .namespace("payments")
+///     .build()?;
+/// let idem = Idempotency::new(store);
+/// let key = Key::derive("charge", "", "order-1")?;
+/// let receipt = idem.call(key).run(async { Ok::<_, idem_core::Error>(42) }).await?;
+/// assert_eq!(receipt.into_inner(), 42);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RemoteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client<HttpConnector, Full<Bytes>>,
+    /// `http://host:port` and any path prefix, without a trailing slash.
+    base: String,
+    authorization: HeaderValue,
+    namespace: Option<String>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for RemoteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteStore")
+            .field("server", &self.inner.base)
+            .field("namespace", &self.inner.namespace)
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RemoteStore`]: [`RemoteStore::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::RemoteStore;
+/// let store = RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789")
+///     .namespace("payments")
+///     .timeout(Duration::from_secs(5))
+///     .build()?;
+/// # let _ = store; Ok::<(), idem_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct RemoteStoreBuilder {
+    server: String,
+    token: String,
+    namespace: Option<String>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for RemoteStoreBuilder {
+    /// Without the token.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteStoreBuilder")
+            .field("server", &self.server)
+            .field("namespace", &self.namespace)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteStore {
+    /// A builder for the store kept by the idem-server at `server` (`http://HOST:PORT`, and a
+    /// path prefix if a proxy adds one), authenticated by `token` (a caller token, or the admin
+    /// token, which alone may [`prune`](Store::prune_expired)).
+    ///
+    /// ```
+    /// let builder = idem_core::RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789");
+    /// # let _ = builder;
+    /// ```
+    pub fn builder(server: impl Into<String>, token: impl Into<String>) -> RemoteStoreBuilder {
+        RemoteStoreBuilder {
+            server: server.into(),
+            token: token.into(),
+            namespace: None,
+            timeout: RemoteStoreBuilder::DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// The server's address, as built.
+    ///
+    /// ```
+    /// let store = idem_core::RemoteStore::builder("http://127.0.0.1:8624/", "a-caller-token-0123456789").build()?;
+    /// assert_eq!(store.server(), "http://127.0.0.1:8624");
+    /// # Ok::<(), idem_core::Error>(())
+    /// ```
+    pub fn server(&self) -> &str {
+        &self.inner.base
+    }
+}
+
+impl RemoteStoreBuilder {
+    /// How long a request may take before it is given up as
+    /// [`Unavailable`](StoreErrorKind::Unavailable): 35 s, past the server's own request
+    /// timeout (30 s by default), so that the server's answer arrives first.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(35);
+
+    /// The namespace the keys live in; the server's `default` unless set.
+    ///
+    /// ```
+    /// let b = idem_core::RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789").namespace("payments");
+    /// # let _ = b;
+    /// ```
+    pub fn namespace(mut self, namespace: impl Into<String>) -> RemoteStoreBuilder {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// How long a request may take ([`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT) unless set).
+    ///
+    /// ```
+    /// let b = idem_core::RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789")
+    ///     .timeout(std::time::Duration::from_secs(5));
+    /// # let _ = b;
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> RemoteStoreBuilder {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The store. Nothing is sent yet: a server that cannot be reached shows at the first
+    /// call. [`Error::InvalidConfig`] for an address that is not `http://HOST[:PORT][/PATH]`, a
+    /// token that cannot be a header value, or a timeout outside 1 ms..10 years.
+    ///
+    /// ```
+    /// use idem_core::{Error, RemoteStore};
+    /// assert!(RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789").build().is_ok());
+    /// let refused = RemoteStore::builder("https://idem.example", "a-caller-token-0123456789").build();
+    /// assert!(matches!(refused, Err(Error::InvalidConfig(_))));
+    /// ```
+    pub fn build(self) -> Result<RemoteStore, Error> {
+        crate::store::check_duration("the request timeout", self.timeout)?;
+        let base = self.server.trim_end_matches('/').to_owned();
+        let uri: Uri = base.parse().map_err(|e| {
+            Error::InvalidConfig(format!(
+                "the idem-server address {base:?} is not a URL: {e}"
+            ))
+        })?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() || uri.query().is_some() {
+            return Err(Error::InvalidConfig(format!(
+                "the idem-server address is http://HOST[:PORT][/PATH], not {base:?}"
+            )));
+        }
+        let authorization = HeaderValue::from_str(&format!("Bearer {}", self.token))
+            .map_err(|_| Error::InvalidConfig("the token is not a valid header value".into()))?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(RemoteStore {
+            inner: Arc::new(Inner {
+                client,
+                base,
+                authorization,
+                namespace: self.namespace,
+                timeout: self.timeout,
+            }),
+        })
+    }
+}
+
+/// `bytes` as lowercase hexadecimal digits.
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        let _ = write!(text, "{b:02x}");
+    }
+    text
+}
+
+/// `N` bytes from their `2 * N` hexadecimal digits.
+fn unhex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    if text.len() != 2 * N || !text.is_ascii() {
+        return None;
+    }
+    let mut bytes = [0u8; N];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(bytes)
+}
+
+/// `d` in whole milliseconds (below 1 ms: 0, which the server refuses as the stores do).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn at_unix_ms(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// An answer that is not what the protocol says: a server of another version, or not a server.
+fn malformed(what: impl fmt::Display) -> Error {
+    Error::Store(StoreError::new(
+        StoreErrorKind::Corrupt,
+        format!("idem-server answered what the protocol does not allow: {what}"),
+    ))
+}
+
+fn token_of(text: Option<&str>) -> Result<Token, Error> {
+    text.and_then(unhex::<16>)
+        .map(Token::from_bytes)
+        .ok_or_else(|| malformed("a claim without its 32-digit token"))
+}
+
+/// Diom's error body, as the server sends it.
+#[derive(Debug, Deserialize)]
+struct Refusal {
+    #[serde(default)]
+    code: String,
+    #[serde(default)]
+    detail: String,
+    #[serde(default)]
+    location: Option<String>,
+}
+
+/// The error a refusal of the server is (docs/server.md, "Errors"; the table on
+/// [`RemoteStore`]).
+fn refused(status: StatusCode, body: &[u8]) -> Error {
+    let refusal: Refusal = rmp_serde::from_slice(body).unwrap_or_else(|_| Refusal {
+        code: String::new(),
+        detail: String::from_utf8_lossy(body).chars().take(200).collect(),
+        location: None,
+    });
+    let store = |kind| {
+        Error::Store(StoreError::new(
+            kind,
+            format!(
+                "idem-server answered {status} {}: {}",
+                refusal.code, refusal.detail
+            ),
+        ))
+    };
+    match (status.as_u16(), refusal.code.as_str()) {
+        (409, "stale_holder") => Error::LeaseLost,
+        (422, "fingerprint_mismatch") => Error::KeyReused,
+        (422 | 413, _) => match refusal.location.as_deref() {
+            Some("body.name") => Error::InvalidStep(refusal.detail),
+            Some(at) => Error::InvalidConfig(format!("{} ({at})", refusal.detail)),
+            None => Error::InvalidConfig(refusal.detail),
+        },
+        (501, "steps_unsupported") => Error::StepsUnsupported,
+        (503, _) | (502 | 504, _) => store(StoreErrorKind::Unavailable),
+        (409, _) => store(StoreErrorKind::Transient),
+        (500, "corrupt") => store(StoreErrorKind::Corrupt),
+        _ => store(StoreErrorKind::Query),
+    }
+}
+
+impl Inner {
+    /// Posts `body` to the route `/api/v1.idempotency.{route}` and decodes the answer.
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        route: &str,
+        body: &B,
+    ) -> Result<T, Error> {
+        let encoded = rmp_serde::to_vec_named(body)
+            .map_err(|e| Error::InvalidConfig(format!("the request cannot be encoded: {e}")))?;
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{}/api/v1.idempotency.{route}", self.base))
+            .header(header::CONTENT_TYPE, MSGPACK)
+            .header(header::ACCEPT, MSGPACK)
+            .header(header::AUTHORIZATION, self.authorization.clone())
+            .body(Full::new(Bytes::from(encoded)))
+            .map_err(|e| Error::InvalidConfig(format!("the request cannot be built: {e}")))?;
+        let unavailable = |e: &dyn fmt::Display| {
+            Error::Store(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("idem-server at {} did not answer {route}: {e}", self.base),
+            ))
+        };
+        let exchange = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| unavailable(&e))?;
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| unavailable(&e))?
+                .to_bytes();
+            Ok::<_, Error>((status, body))
+        };
+        let (status, body) = tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| unavailable(&format_args!("no answer within {:?}", self.timeout)))??;
+        if status != StatusCode::OK {
+            return Err(refused(status, &body));
+        }
+        rmp_serde::from_slice(&body).map_err(|e| malformed(format_args!("{route}: {e}")))
+    }
+}
+
+/// Where a request acts: the key (its 64 hexadecimal digits) in the store's namespace, and
+/// the claim's token for the fenced routes. Flattened into each request.
+#[derive(Serialize)]
+struct At<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace: Option<&'a str>,
+    key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token: Option<String>,
+}
+
+#[derive(Serialize)]
+struct StartIn<'a> {
+    #[serde(flatten)]
+    at: At<'a>,
+    lock_period_ms: u64,
+    fenced: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fingerprint_sha256: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct StartOut {
+    status: String,
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    retry_after_ms: Option<u64>,
+    #[serde(default)]
+    lease_left_ms: Option<u64>,
+    #[serde(default)]
+    data: Option<CompletedOut>,
+}
+
+#[derive(Default, Deserialize)]
+struct CompletedOut {
+    #[serde(default, with = "serde_bytes")]
+    response: Vec<u8>,
+    #[serde(default)]
+    is_error: bool,
+    #[serde(default)]
+    absent: bool,
+    #[serde(default)]
+    expires_at_ms: Option<u64>,
+}
+
+impl CompletedOut {
+    /// The result as the store's caller stored it; `expires_at_ms` the retention's end as the
+    /// server reports it (now when it reports none).
+    fn into_result(self, expires_at_ms: Option<u64>, not_retained: Option<&str>) -> StoredResult {
+        let response = match not_retained {
+            // Larger than the server keeps: replayed as an engine's unretained result.
+            Some(reason) => Some(envelope::not_retained(reason)),
+            None if self.absent => None,
+            None => Some(self.response),
+        };
+        StoredResult {
+            response,
+            is_error: self.is_error,
+            expires_at: expires_at_ms
+                .or(self.expires_at_ms)
+                .map_or_else(SystemTime::now, at_unix_ms),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct CompleteIn<'a> {
+    #[serde(flatten)]
+    at: At<'a>,
+    #[serde(with = "serde_bytes")]
+    response: &'a [u8],
+    absent: bool,
+    is_error: bool,
+    ttl_ms: u64,
+}
+
+/// `abort`, `renew` and `steps.begin`: a claim, and a period for the last two.
+#[derive(Serialize)]
+struct ClaimIn<'a> {
+    #[serde(flatten)]
+    at: At<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lock_period_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttl_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct GetOut {
+    status: String,
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    lease_until_ms: Option<u64>,
+    #[serde(default)]
+    fingerprint_sha256: Option<String>,
+    #[serde(default)]
+    data: Option<CompletedOut>,
+    #[serde(default)]
+    expires_at_ms: Option<u64>,
+    #[serde(default)]
+    not_retained: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct EvictOut {
+    evicted: bool,
+}
+
+#[derive(Serialize)]
+struct PruneIn {
+    limit: u32,
+}
+
+#[derive(Deserialize)]
+struct PruneOut {
+    pruned: u64,
+}
+
+#[derive(Serialize)]
+struct StepWriteIn<'a> {
+    #[serde(flatten)]
+    at: At<'a>,
+    name: &'a str,
+    position: u32,
+    #[serde(with = "serde_bytes")]
+    result: Option<&'a [u8]>,
+    ttl_ms: u64,
+}
+
+#[derive(Deserialize)]
+struct StepsOut {
+    attempt: u32,
+    steps: Vec<StepOut>,
+}
+
+#[derive(Deserialize)]
+struct StepOut {
+    name: String,
+    position: u32,
+    #[serde(default, with = "serde_bytes")]
+    result: Option<Vec<u8>>,
+}
+
+/// Ignores whatever an answer that carries nothing (`{}`) holds.
+#[derive(Deserialize)]
+struct Empty {}
+
+impl RemoteStore {
+    /// Where a request on `key` acts.
+    fn at(&self, key: &Key) -> At<'_> {
+        At {
+            namespace: self.inner.namespace.as_deref(),
+            key: hex(key.as_bytes()),
+            token: None,
+        }
+    }
+
+    /// Where a fenced request of `claim` acts.
+    fn held(&self, claim: &Claim) -> At<'_> {
+        At {
+            token: Some(hex(&claim.token().to_bytes())),
+            ..self.at(claim.key())
+        }
+    }
+
+    /// `abort`, `renew` or `steps.begin` of `claim`, with its lock period or retention.
+    async fn claim_call<T: DeserializeOwned>(
+        &self,
+        route: &str,
+        claim: &Claim,
+        lock_period: Option<Duration>,
+        retention: Option<Duration>,
+    ) -> Result<T, Error> {
+        let request = ClaimIn {
+            at: self.held(claim),
+            lock_period_ms: lock_period.map(millis),
+            ttl_ms: retention.map(millis),
+        };
+        self.inner.call(route, &request).await
+    }
+}
+
+#[async_trait]
+impl Store for RemoteStore {
+    async fn start(
+        &self,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease: Duration,
+    ) -> Result<Start, Error> {
+        let out: StartOut = self
+            .inner
+            .call(
+                "start",
+                &StartIn {
+                    at: self.at(key),
+                    lock_period_ms: millis(lease),
+                    fenced: true,
+                    fingerprint_sha256: fingerprint.map(|f| hex(f.as_bytes())),
+                },
+            )
+            .await?;
+        match out.status.as_str() {
+            "started" => Ok(Start::Started(Claim::new(
+                *key,
+                token_of(out.token.as_deref())?,
+            ))),
+            "locked" => Ok(Start::Locked {
+                retry_after: Duration::from_millis(
+                    out.lease_left_ms.or(out.retry_after_ms).unwrap_or(0),
+                ),
+            }),
+            "completed" => Ok(Start::Completed(
+                out.data.unwrap_or_default().into_result(None, None),
+            )),
+            other => Err(malformed(format_args!("start's status {other:?}"))),
+        }
+    }
+
+    async fn complete(
+        &self,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        let _: Empty = self
+            .inner
+            .call(
+                "complete",
+                &CompleteIn {
+                    at: self.held(claim),
+                    response: completion.response.unwrap_or_default(),
+                    absent: completion.response.is_none(),
+                    is_error: completion.is_error,
+                    ttl_ms: millis(retention),
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
+        let _: Empty = self.claim_call("abort", claim, None, None).await?;
+        Ok(())
+    }
+
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
+        let _: Empty = self.claim_call("renew", claim, Some(lease), None).await?;
+        Ok(())
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        let out: GetOut = self.inner.call("get", &self.at(key)).await?;
+        let fingerprint = match out.fingerprint_sha256.as_deref() {
+            None => None,
+            Some(text) => Some(Fingerprint::from_bytes(
+                unhex::<32>(text)
+                    .ok_or_else(|| malformed("a fingerprint of other than 64 digits"))?,
+            )),
+        };
+        let state = match out.status.as_str() {
+            "absent" => return Ok(None),
+            "in_progress" => RecordState::InProgress {
+                token: token_of(out.token.as_deref())?,
+                lease_until: at_unix_ms(out.lease_until_ms.unwrap_or(0)),
+            },
+            "completed" => RecordState::Completed(
+                out.data
+                    .unwrap_or_default()
+                    .into_result(out.expires_at_ms, out.not_retained.as_deref()),
+            ),
+            other => return Err(malformed(format_args!("get's status {other:?}"))),
+        };
+        Ok(Some(Record {
+            key: *key,
+            fingerprint,
+            state,
+        }))
+    }
+
+    async fn evict(&self, key: &Key) -> Result<bool, Error> {
+        let out: EvictOut = self.inner.call("evict", &self.at(key)).await?;
+        Ok(out.evicted)
+    }
+
+    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
+        let out: PruneOut = self.inner.call("prune", &PruneIn { limit }).await?;
+        Ok(out.pruned)
+    }
+
+    async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
+        let out: StepsOut = self
+            .claim_call("steps.begin", claim, None, Some(retention))
+            .await?;
+        Ok(StepLog {
+            attempt: out.attempt,
+            steps: out
+                .steps
+                .into_iter()
+                .map(|step| StepRecord {
+                    name: step.name,
+                    position: step.position,
+                    state: step.result.map_or(StepState::Begun, StepState::Finished),
+                })
+                .collect(),
+        })
+    }
+
+    async fn write_step(
+        &self,
+        claim: &Claim,
+        step: StepWrite<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        let _: Empty = self
+            .inner
+            .call(
+                "steps.write",
+                &StepWriteIn {
+                    at: self.held(claim),
+                    name: step.name,
+                    position: step.position,
+                    result: step.result,
+                    ttl_ms: millis(retention),
+                },
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// What an operator's listing asks of an idem-server: it serves keys to their owners only, so
+/// listing and counting take the server's own store URL.
+fn no_listing(what: &str) -> Error {
+    Error::Store(StoreError::new(
+        StoreErrorKind::Query,
+        format!(
+            "idem-server does not {what}: each caller sees only its own keys; run the command \
+             on the server's store URL instead"
+        ),
+    ))
+}
+
+/// The operator's reads the server does not offer: `get`, `evict` and `prune` go through
+/// [`Store`]; `list`, `stats` and `schema_version` are refused with a store error of kind
+/// [`Query`](StoreErrorKind::Query) that says to use the server's own store URL.
+///
+/// ```
+/// use idem_core::{RemoteStore, StoreAdmin};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// let store = RemoteStore::builder("http://127.0.0.1:9", "a-caller-token-0123456789").build()?;
+/// assert!(store.stats().await.is_err()); // refused here, nothing sent
+/// # Ok(()) }
+/// ```
+#[async_trait]
+impl StoreAdmin for RemoteStore {
+    async fn list(
+        &self,
+        _state: Option<ListState>,
+        _after: Option<&Key>,
+        _limit: u32,
+    ) -> Result<Vec<Record>, Error> {
+        Err(no_listing("list records"))
+    }
+
+    async fn stats(&self) -> Result<StoreStats, Error> {
+        Err(no_listing("count records"))
+    }
+
+    async fn schema_version(&self) -> Result<i64, Error> {
+        Err(no_listing("report its store's schema"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_map_to_the_errors_the_stores_give() {
+        let body = |code: &str, location: Option<&str>| {
+            #[derive(Serialize)]
+            struct B<'a> {
+                code: &'a str,
+                detail: &'a str,
+                location: Option<&'a str>,
+            }
+            rmp_serde::to_vec_named(&B {
+                code,
+                detail: "d",
+                location,
+            })
+            .unwrap()
+        };
+        let at = |s: u16, code: &str, loc: Option<&str>| {
+            refused(StatusCode::from_u16(s).unwrap(), &body(code, loc))
+        };
+        assert!(matches!(at(409, "stale_holder", None), Error::LeaseLost));
+        assert!(matches!(
+            at(422, "fingerprint_mismatch", None),
+            Error::KeyReused
+        ));
+        assert!(
+            matches!(at(422, "validation", Some("body.ttl_ms")), Error::InvalidConfig(d) if d == "d (body.ttl_ms)")
+        );
+        assert!(matches!(
+            at(422, "validation", Some("body.name")),
+            Error::InvalidStep(_)
+        ));
+        assert!(matches!(
+            at(501, "steps_unsupported", None),
+            Error::StepsUnsupported
+        ));
+        let kind = |e: Error| match e {
+            Error::Store(e) => e.kind(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            kind(at(503, "store_unavailable", None)),
+            StoreErrorKind::Unavailable
+        );
+        assert_eq!(kind(at(500, "corrupt", None)), StoreErrorKind::Corrupt);
+        assert_eq!(kind(at(401, "unauthorized", None)), StoreErrorKind::Query);
+        assert_eq!(
+            kind(refused(StatusCode::BAD_GATEWAY, b"<html>")),
+            StoreErrorKind::Unavailable
+        );
+    }
+
+    #[test]
+    fn keys_tokens_and_fingerprints_travel_as_hex() {
+        let t = Token::random();
+        assert_eq!(token_of(Some(&hex(&t.to_bytes()))).unwrap(), t);
+        assert!(token_of(Some("zz")).is_err());
+        let f = Fingerprint::of_bytes(b"x");
+        assert_eq!(unhex::<32>(&hex(f.as_bytes())), Some(*f.as_bytes()));
+    }
+
+    #[test]
+    fn only_plain_http_addresses_build() {
+        for bad in ["https://h", "h:1", "http://h?x=1", "ftp://h"] {
+            assert!(
+                RemoteStore::builder(bad, "t").build().is_err(),
+                "{bad} was taken"
+            );
+        }
+        let store = RemoteStore::builder("http://h:1/prefix/", "t")
+            .build()
+            .unwrap();
+        assert_eq!(store.server(), "http://h:1/prefix");
+    }
+}

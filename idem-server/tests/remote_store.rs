@@ -1,0 +1,125 @@
+//! The conformance suite through the network: `idem_core::RemoteStore` pointed at a real
+//! idem-server, in process on a loopback port (`axum::serve`), over SQLite (a fresh file per
+//! rule) and over PostgreSQL (a fresh table per rule in the server `IDEM_TEST_PG_URL` names;
+//! without it the PostgreSQL rules skip, saying why, unless `IDEM_REQUIRE_PG=1`, set by
+//! `scripts/test`, makes that a failure). Every rule of the suite runs: the store rules through
+//! the `Store` trait over HTTP, the engine's promises with the server as the store, and the
+//! steps. No server process is mocked: each request crosses a TCP connection to the server's
+//! routes, which run the server's engine over the real store.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use idem_core::conformance::{suite, Harness};
+use idem_core::{RemoteStore, Store};
+use idem_server::{auth::Tokens, router, App, Config};
+
+/// The admin token: the only one that may prune, which the suite's prune rules do.
+const ADMIN: &str = "admin-token-0123456789";
+
+/// An idem-server over `store` on a free loopback port, and a `RemoteStore` on it; the server
+/// stops when this is dropped.
+struct Served {
+    remote: RemoteStore,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    async fn over(store: Arc<dyn Store>) -> Served {
+        let tokens = Tokens::new(ADMIN, &[]).expect("the admin token is long enough");
+        let app = App::new(store, tokens, Config::default(), None).expect("the server's engine");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let address = listener.local_addr().expect("the bound address");
+        let task = tokio::spawn(async move {
+            axum::serve(listener, router(app))
+                .await
+                .expect("the server runs until the test ends");
+        });
+        let remote = RemoteStore::builder(format!("http://{address}"), ADMIN)
+            .build()
+            .expect("a loopback address builds");
+        Served { remote, task }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The server over a SQLite store on a fresh file, without the store's background pruner (the
+/// suite counts what `prune_expired` deletes).
+pub struct SqliteRemote {
+    served: Served,
+    _dir: tempfile::TempDir,
+}
+
+#[async_trait]
+impl Harness for SqliteRemote {
+    async fn new() -> Option<Self> {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let store = idem_core::SqliteStore::builder()
+            .pruner(None)
+            .open(dir.path().join("idem.db"))
+            .await
+            .expect("open a SQLite store on a fresh file");
+        let served = Served::over(Arc::new(store)).await;
+        Some(SqliteRemote { served, _dir: dir })
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(self.served.remote.clone())
+    }
+}
+
+suite!(
+    over_sqlite,
+    crate::SqliteRemote,
+    (flavor = "multi_thread", worker_threads = 2)
+);
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use idem_test_support::postgres::{drop_store_tables_now, fresh_store, pg_url};
+
+    /// The server over a PostgreSQL store on a table of its own, without the background
+    /// pruner; the tables are dropped with the harness.
+    pub struct PgRemote {
+        served: Served,
+        url: String,
+        table: String,
+    }
+
+    #[async_trait]
+    impl Harness for PgRemote {
+        async fn new() -> Option<Self> {
+            let url = pg_url(&idem_test_support::current_test())?;
+            let store = fresh_store(&url, |b| b.pruner(None)).await;
+            let table = store.table().to_owned();
+            let served = Served::over(Arc::new(store)).await;
+            Some(PgRemote { served, url, table })
+        }
+
+        fn store(&self) -> Arc<dyn Store> {
+            Arc::new(self.served.remote.clone())
+        }
+    }
+
+    impl Drop for PgRemote {
+        fn drop(&mut self) {
+            self.served.task.abort();
+            drop_store_tables_now(&self.url, &self.table);
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+suite!(
+    over_postgres,
+    crate::postgres::PgRemote,
+    (flavor = "multi_thread", worker_threads = 2)
+);
