@@ -8,6 +8,7 @@
 //! idem --url redis-cluster://10.0.0.1:7000,10.0.0.2:7000 stats --json
 //! idem --url dynamodb+https://dynamodb.eu-west-1.amazonaws.com --table idem_records prune
 //! idem --url dynamodb://127.0.0.1:8000 migrate
+//! idem --url 'idem+http://idem-server:8624?token=…' --table payments inspect --scope charge order-1001
 //! ```
 //!
 //! | `--url` | store | `--table` (alias `--prefix`) names |
@@ -18,6 +19,7 @@
 //! | `redis-cluster://[USER:PASSWORD@]HOST:PORT,HOST:PORT,…` | a Redis Cluster, from any of its nodes | the key prefix (default `idem`) |
 //! | `dynamodb://HOST:PORT`, `dynamodb+http://HOST:PORT` | DynamoDB at `http://HOST:PORT` (a local emulator) | the table (default `idem_records`) |
 //! | `dynamodb+https://HOST[:PORT]` | DynamoDB at `https://HOST[:PORT]` | the table (default `idem_records`) |
+//! | `idem+http://HOST:PORT[/PATH]?token=TOKEN` | an idem-server, as the caller whose token is `TOKEN`: `inspect`, `evict` and `prune` (the admin token) through its routes; `list`, `stats` and `migrate` need the server's own store URL | the server's namespace (default `default`) |
 //!
 //! DynamoDB credentials come from `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and
 //! `AWS_SESSION_TOKEN` (placeholders over plain HTTP when unset), the region from `AWS_REGION`,
@@ -51,7 +53,9 @@ DynamoDB: credentials come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS
 (placeholders over plain HTTP when unset), the region from AWS_REGION, AWS_DEFAULT_REGION or an \
 endpoint dynamodb.REGION.amazonaws.com (else us-east-1); no profile is read. Only `migrate` \
 creates a missing table.
-Redis: `redis-cluster://USER:PASSWORD@HOST:PORT,…` gives the credentials once for every node.";
+Redis: `redis-cluster://USER:PASSWORD@HOST:PORT,…` gives the credentials once for every node.
+idem-server: `idem+http://HOST:PORT?token=TOKEN` reaches the keys of the caller whose token it is \
+(inspect, evict; prune with the admin token), in the namespace --table names (default `default`).";
 
 /// Look at and act on idempotency records.
 #[derive(Debug, Parser)]
@@ -60,12 +64,13 @@ struct Cli {
     /// The store: `sqlite://PATH` (the file must exist), `postgres://USER@HOST/DB`,
     /// `redis://HOST:PORT` (one server), `redis-cluster://HOST:PORT,HOST:PORT,…` (a cluster,
     /// from any of its nodes), `dynamodb://HOST:PORT` or `dynamodb+http://HOST:PORT` (an
-    /// endpoint over HTTP, such as a local emulator) or `dynamodb+https://HOST[:PORT]`.
-    #[arg(long, env = "IDEM_URL", global = true)]
+    /// endpoint over HTTP, such as a local emulator), `dynamodb+https://HOST[:PORT]` or
+    /// `idem+http://HOST:PORT?token=TOKEN` (an idem-server).
+    #[arg(long, env = "IDEM_URL", global = true, hide_env_values = true)]
     url: Option<String>,
     /// Where the records are, as configured in the application: the table on SQLite,
     /// PostgreSQL (`schema.table` allowed) and DynamoDB (default `idem_records`); the key
-    /// prefix on Redis (default `idem`).
+    /// prefix on Redis (default `idem`); the namespace on an idem-server (default `default`).
     #[arg(long, visible_alias = "prefix", global = true)]
     table: Option<String>,
     /// Print JSON instead of a table.

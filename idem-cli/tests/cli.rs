@@ -3,39 +3,13 @@
 //! errors. A server's variable missing skips its test, or fails it under `IDEM_REQUIRE_PG=1`,
 //! `IDEM_REQUIRE_REDIS=1` or `IDEM_REQUIRE_DYNAMODB=1` (as `scripts/test` sets them).
 
-use std::process::Command;
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Error, Idempotency, Key, PostgresStore, SqliteStore, Start, Store};
-use serde_json::Value;
-
-/// Runs `idem` with `args`; its exit success, stdout and stderr.
-fn idem(url: &str, table: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["--url", url, "--table", table])
-        .args(args)
-        .output()
-        .expect("the idem binary runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn json(url: &str, table: &str, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.push("--json");
-    let (ok, out, err) = idem(url, table, &all);
-    assert!(ok, "idem {args:?} failed: {err}");
-    serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("idem {args:?} printed no JSON ({e}): {out}"))
-}
-
-fn key(client_key: &str) -> Key {
-    Key::derive("charge", "tenant-7", client_key).unwrap()
-}
+use common::{idem, json, key};
+use idem::{Error, Idempotency, PostgresStore, SqliteStore, Start, Store};
 
 /// Three records: `done` completed with a JSON receipt, `running` claimed and running, `old`
 /// completed and then expired (its expiry moved into the past by `expire`).

@@ -9,6 +9,7 @@
 //! | `redis-cluster://[USER:PASSWORD@]HOST:PORT,HOST:PORT,…` | `RedisStore` on a Redis Cluster, from any of its nodes | the key prefix (default `idem`) | `redis` |
 //! | `dynamodb://HOST:PORT`, `dynamodb+http://HOST:PORT` | `DynamoStore` at the endpoint `http://HOST:PORT` (a local emulator) | the table (default `idem_records`) | `dynamodb` |
 //! | `dynamodb+https://HOST[:PORT]` | `DynamoStore` at `https://HOST[:PORT]` | the table (default `idem_records`) | `dynamodb` |
+//! | `idem+http://HOST:PORT[/PATH]?token=TOKEN` | `RemoteStore`: the idem-server at `http://HOST:PORT[/PATH]`, as the caller whose bearer token is `TOKEN` (taken as written, not percent-decoded) | the server's namespace (default `default`) | `remote` |
 //!
 //! [`StoreUrl::parse`] accepts only the schemes of the stores this build has: any other URL is a
 //! [`StoreUrlError`] whose message lists them and, for a known scheme whose store is not built,
@@ -38,7 +39,8 @@ use std::fmt;
     feature = "sqlite",
     feature = "postgres",
     feature = "redis",
-    feature = "dynamodb"
+    feature = "dynamodb",
+    feature = "remote"
 ))]
 mod open;
 
@@ -46,7 +48,8 @@ mod open;
     feature = "sqlite",
     feature = "postgres",
     feature = "redis",
-    feature = "dynamodb"
+    feature = "dynamodb",
+    feature = "remote"
 ))]
 pub use open::{ConnectError, ConnectOptions, OpenedStore};
 
@@ -71,16 +74,19 @@ pub enum Scheme {
     RedisCluster,
     /// `dynamodb://`, `dynamodb+http://` and `dynamodb+https://`.
     DynamoDb,
+    /// `idem+http://`: an idem-server.
+    Remote,
 }
 
 impl Scheme {
     /// Every scheme, in the order messages list them.
-    pub const ALL: [Scheme; 5] = [
+    pub const ALL: [Scheme; 6] = [
         Scheme::Sqlite,
         Scheme::Postgres,
         Scheme::Redis,
         Scheme::RedisCluster,
         Scheme::DynamoDb,
+        Scheme::Remote,
     ];
 
     /// The URL prefixes of this scheme.
@@ -96,6 +102,7 @@ impl Scheme {
             Scheme::Redis => &["redis://"],
             Scheme::RedisCluster => &["redis-cluster://"],
             Scheme::DynamoDb => &["dynamodb://", "dynamodb+http://", "dynamodb+https://"],
+            Scheme::Remote => &["idem+http://"],
         }
     }
 
@@ -112,6 +119,7 @@ impl Scheme {
             Scheme::Redis => "redis://HOST:PORT",
             Scheme::RedisCluster => "redis-cluster://HOST:PORT,HOST:PORT,…",
             Scheme::DynamoDb => "dynamodb://HOST:PORT or dynamodb+https://HOST",
+            Scheme::Remote => "idem+http://HOST:PORT?token=TOKEN",
         }
     }
 
@@ -128,6 +136,7 @@ impl Scheme {
             Scheme::Postgres => "postgres",
             Scheme::Redis | Scheme::RedisCluster => "redis",
             Scheme::DynamoDb => "dynamodb",
+            Scheme::Remote => "remote",
         }
     }
 
@@ -143,20 +152,23 @@ impl Scheme {
             Scheme::Postgres => cfg!(feature = "postgres"),
             Scheme::Redis | Scheme::RedisCluster => cfg!(feature = "redis"),
             Scheme::DynamoDb => cfg!(feature = "dynamodb"),
+            Scheme::Remote => cfg!(feature = "remote"),
         }
     }
 
-    /// Where the store keeps its records unless told otherwise: its default table, or on Redis
-    /// its default key prefix.
+    /// Where the store keeps its records unless told otherwise: its default table, on Redis
+    /// its default key prefix, on an idem-server its default namespace.
     ///
     /// ```
     /// use idem_core::store::url::Scheme;
     /// assert_eq!(Scheme::Sqlite.default_namespace(), "idem_records");
     /// assert_eq!(Scheme::Redis.default_namespace(), "idem");
+    /// assert_eq!(Scheme::Remote.default_namespace(), "default");
     /// ```
     pub fn default_namespace(self) -> &'static str {
         match self {
             Scheme::Redis | Scheme::RedisCluster => "idem",
+            Scheme::Remote => "default",
             _ => "idem_records",
         }
     }
@@ -202,6 +214,13 @@ pub enum StoreUrl {
     DynamoDb {
         /// The endpoint the client sends its requests to.
         endpoint: String,
+    },
+    /// An idem-server (`RemoteStore`).
+    Remote {
+        /// Its address, `http://HOST:PORT[/PATH]`.
+        server: String,
+        /// The bearer token the store sends.
+        token: String,
     },
 }
 
@@ -280,6 +299,26 @@ impl StoreUrl {
                     endpoint: format!("{protocol}://{host}"),
                 })
             }
+            Scheme::Remote => {
+                let (address, query) = rest(scheme.prefixes())
+                    .split_once('?')
+                    .unwrap_or((rest(scheme.prefixes()), ""));
+                if address.is_empty() || address.starts_with('/') {
+                    return Err(StoreUrlError::NoHost {
+                        url: redacted(url),
+                        scheme,
+                    });
+                }
+                let token = query
+                    .split('&')
+                    .find_map(|pair| pair.strip_prefix("token="))
+                    .filter(|t| !t.is_empty())
+                    .ok_or_else(|| StoreUrlError::NoToken { url: redacted(url) })?;
+                Ok(StoreUrl::Remote {
+                    server: format!("http://{address}"),
+                    token: token.to_owned(),
+                })
+            }
         }
     }
 
@@ -296,6 +335,7 @@ impl StoreUrl {
             StoreUrl::Redis(_) => Scheme::Redis,
             StoreUrl::RedisCluster(_) => Scheme::RedisCluster,
             StoreUrl::DynamoDb { .. } => Scheme::DynamoDb,
+            StoreUrl::Remote { .. } => Scheme::Remote,
         }
     }
 
@@ -345,7 +385,14 @@ pub enum StoreUrlError {
         /// Its scheme.
         scheme: Scheme,
     },
-    /// A `redis-cluster://` URL without a node, or a `dynamodb://` URL without a host.
+    /// An `idem+http://` URL without `?token=`.
+    #[error("{url:?} names no token: use {}", Scheme::Remote.form())]
+    NoToken {
+        /// The URL, its token hidden.
+        url: String,
+    },
+    /// A `redis-cluster://` URL without a node, or a `dynamodb://` or `idem+http://` URL
+    /// without a host.
     #[error("{url:?} names no {}: use {}", if *scheme == Scheme::RedisCluster { "node" } else { "host" }, scheme.form())]
     NoHost {
         /// The URL, its password hidden.
@@ -388,16 +435,37 @@ impl fmt::Display for Supported {
     }
 }
 
-/// `url` with the password of its user info replaced by `***`, so a message or a log line
-/// never shows it. What every message of this module does; for a program's own messages that
-/// name a store URL.
+/// `url` with the password of its user info, and the value of a `token=` in its query,
+/// replaced by `***`, so a message or a log line never shows them. What every message of this
+/// module does; for a program's own messages that name a store URL.
 ///
 /// ```
 /// use idem_core::store::url::redacted;
 /// assert_eq!(redacted("postgres://app:s3cret@db/app"), "postgres://app:***@db/app");
 /// assert_eq!(redacted("sqlite://idem.db"), "sqlite://idem.db");
+/// assert_eq!(redacted("idem+http://h:8624?token=s3cret&x=1"), "idem+http://h:8624?token=***&x=1");
 /// ```
 pub fn redacted(url: &str) -> String {
+    match url.split_once('?') {
+        Some((before, query)) if query.split('&').any(|p| p.starts_with("token=")) => {
+            let query: Vec<&str> = query
+                .split('&')
+                .map(|p| {
+                    if p.starts_with("token=") {
+                        "token=***"
+                    } else {
+                        p
+                    }
+                })
+                .collect();
+            format!("{}?{}", redacted_user(before), query.join("&"))
+        }
+        _ => redacted_user(url),
+    }
+}
+
+/// `url` with the password of its user info replaced by `***`.
+fn redacted_user(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
@@ -485,6 +553,39 @@ mod tests {
             "dynamodb+https://dynamodb.eu-west-1.amazonaws.com",
             dynamo("https://dynamodb.eu-west-1.amazonaws.com"),
         );
+        parses(
+            "idem+http://idem-server:8624/idem?x=1&token=t0k3n",
+            StoreUrl::Remote {
+                server: "http://idem-server:8624/idem".into(),
+                token: "t0k3n".into(),
+            },
+        );
+    }
+
+    #[test]
+    fn a_server_url_names_a_host_and_a_token() {
+        if !Scheme::Remote.is_built() {
+            return;
+        }
+        for url in [
+            "idem+http://",
+            "idem+http://?token=t",
+            "idem+http:///p?token=t",
+        ] {
+            let err = StoreUrl::parse(url).unwrap_err();
+            assert!(matches!(err, StoreUrlError::NoHost { .. }), "{url}: {err}");
+        }
+        for url in [
+            "idem+http://h:1",
+            "idem+http://h:1?token=",
+            "idem+http://h:1?tok=x",
+        ] {
+            let err = StoreUrl::parse(url).unwrap_err();
+            assert!(matches!(err, StoreUrlError::NoToken { .. }), "{url}: {err}");
+            assert!(err.to_string().contains("?token=TOKEN"), "{err}");
+        }
+        let err = StoreUrl::parse("idem+http://?token=hunter2").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
     }
 
     #[test]
@@ -592,5 +693,6 @@ mod tests {
         assert_eq!(Scheme::Redis.is_built(), cfg!(feature = "redis"));
         assert_eq!(Scheme::RedisCluster.is_built(), cfg!(feature = "redis"));
         assert_eq!(Scheme::DynamoDb.is_built(), cfg!(feature = "dynamodb"));
+        assert_eq!(Scheme::Remote.is_built(), cfg!(feature = "remote"));
     }
 }

@@ -183,6 +183,9 @@ pub enum OpenedStore {
         /// Whether opening it created its table.
         created_table: bool,
     },
+    /// From an `idem+http://` URL: an idem-server.
+    #[cfg(feature = "remote")]
+    Remote(crate::RemoteStore),
 }
 
 impl OpenedStore {
@@ -228,6 +231,8 @@ impl OpenedStore {
             OpenedStore::Redis(s) => s,
             #[cfg(feature = "dynamodb")]
             OpenedStore::DynamoDb { store, .. } => store,
+            #[cfg(feature = "remote")]
+            OpenedStore::Remote(s) => s,
         }
     }
 
@@ -253,6 +258,8 @@ impl OpenedStore {
             OpenedStore::Redis(s) => Arc::new(s),
             #[cfg(feature = "dynamodb")]
             OpenedStore::DynamoDb { store, .. } => Arc::new(store),
+            #[cfg(feature = "remote")]
+            OpenedStore::Remote(s) => Arc::new(s),
         }
     }
 }
@@ -339,6 +346,15 @@ impl StoreUrl {
             #[cfg(feature = "dynamodb")]
             StoreUrl::DynamoDb { endpoint } => {
                 connect_dynamo(endpoint, namespace, options.create_table_if_missing).await
+            }
+            // Nothing is sent until the first call: the server's routes need no set-up.
+            #[cfg(feature = "remote")]
+            StoreUrl::Remote { server, token } => {
+                let mut builder = crate::RemoteStore::builder(server.clone(), token.clone());
+                if let Some(namespace) = namespace {
+                    builder = builder.namespace(namespace);
+                }
+                Ok(OpenedStore::Remote(builder.build()?))
             }
             #[allow(unreachable_patterns)]
             other => Err(ConnectError::Url(StoreUrlError::NotBuilt {
