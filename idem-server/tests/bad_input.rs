@@ -1,6 +1,7 @@
 //! Bad input never gets a 5xx, never claims a key, and never panics: a million generated
-//! request bodies (valid bodies with wrong types, bad keys, zero and huge periods, unknown
-//! namespaces, bad tokens and fingerprints; then byte-level mutations of them, in JSON and
+//! request bodies for every route, Diom's and the fenced extension's (valid bodies with wrong
+//! types, bad keys, zero and huge periods, unknown namespaces, bad tokens, fingerprints, digests,
+//! step names and limits; then byte-level mutations of them, in JSON and
 //! MessagePack; oversized bodies; missing, wrong and other callers' bearer tokens) through the
 //! router in process. Each is answered with a 4xx and Diom's error body, or a 200 when it was a
 //! valid request after all.
@@ -31,11 +32,16 @@ impl Observer for Claims {
 }
 
 const LIMIT: usize = 4096;
-const ROUTES: [&str; 6] = [
+const ROUTES: [&str; 11] = [
     "start",
     "complete",
     "abort",
     "renew",
+    "get",
+    "evict",
+    "prune",
+    "steps.begin",
+    "steps.write",
     "namespace.configure",
     "namespace.get",
 ];
@@ -55,6 +61,9 @@ struct Pools {
     contexts: Vec<Value>,
     flags: Vec<Value>,
     not_maps: Vec<Value>,
+    digests: Vec<Value>,
+    counts: Vec<Value>,
+    step_names: Vec<Value>,
 }
 
 impl Pools {
@@ -117,6 +126,30 @@ impl Pools {
             ],
             flags: vec![json!(true), json!("yes"), json!(1)],
             not_maps: vec![json!([1, 2]), json!("body"), Value::Null, json!(1)],
+            digests: vec![
+                json!("ab".repeat(32)),
+                json!("AB".repeat(32)),
+                json!("zz".repeat(32)),
+                json!("ab"),
+                json!(""),
+                json!(3),
+            ],
+            counts: vec![
+                json!(0),
+                json!(1),
+                json!(100),
+                json!(-1),
+                json!(u64::MAX),
+                json!("2"),
+                Value::Null,
+            ],
+            step_names: vec![
+                json!("charge"),
+                json!(""),
+                json!("n".repeat(256)),
+                json!(2),
+                Value::Null,
+            ],
         }
     }
 
@@ -131,6 +164,7 @@ impl Pools {
                 ("namespace", &self.namespaces),
                 ("lock_period_ms", &self.periods),
                 ("fingerprint", &self.fingerprints),
+                ("fingerprint_sha256", &self.digests),
                 ("fenced", &self.flags),
             ],
             "complete" => &[
@@ -140,6 +174,8 @@ impl Pools {
                 ("context", &self.contexts),
                 ("ttl_ms", &self.periods),
                 ("token", &self.tokens),
+                ("is_error", &self.flags),
+                ("absent", &self.flags),
             ],
             "abort" => &[
                 ("key", &self.keys),
@@ -151,6 +187,23 @@ impl Pools {
                 ("namespace", &self.namespaces),
                 ("token", &self.tokens),
                 ("lock_period_ms", &self.periods),
+            ],
+            "get" | "evict" => &[("key", &self.keys), ("namespace", &self.namespaces)],
+            "prune" => &[("limit", &self.counts)],
+            "steps.begin" => &[
+                ("key", &self.keys),
+                ("namespace", &self.namespaces),
+                ("token", &self.tokens),
+                ("ttl_ms", &self.periods),
+            ],
+            "steps.write" => &[
+                ("key", &self.keys),
+                ("namespace", &self.namespaces),
+                ("token", &self.tokens),
+                ("name", &self.step_names),
+                ("position", &self.counts),
+                ("result", &self.responses),
+                ("ttl_ms", &self.periods),
             ],
             _ => &[("name", &self.namespaces), ("require_token", &self.flags)],
         };
