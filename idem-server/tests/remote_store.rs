@@ -10,12 +10,17 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use std::time::Duration;
+
 use idem_core::conformance::{suite, Harness};
-use idem_core::{RemoteStore, Store};
+use idem_core::{Error, Key, RemoteStore, Start, Store, StoreErrorKind};
 use idem_server::{auth::Tokens, router, App, Config};
 
 /// The admin token: the only one that may prune, which the suite's prune rules do.
 const ADMIN: &str = "admin-token-0123456789";
+
+/// A caller's token.
+const ALICE: &str = "alice-token-0123456789";
 
 /// An idem-server over `store` on a free loopback port, and a `RemoteStore` on it; the server
 /// stops when this is dropped.
@@ -26,7 +31,7 @@ struct Served {
 
 impl Served {
     async fn over(store: Arc<dyn Store>) -> Served {
-        let tokens = Tokens::new(ADMIN, &[]).expect("the admin token is long enough");
+        let tokens = Tokens::new(ADMIN, &[format!("alice={ALICE}")]).expect("tokens long enough");
         let app = App::new(store, tokens, Config::default(), None).expect("the server's engine");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -123,3 +128,91 @@ suite!(
     crate::postgres::PgRemote,
     (flavor = "multi_thread", worker_threads = 2)
 );
+
+/// The kind of a store error, and its message.
+fn store_error<T: std::fmt::Debug>(result: Result<T, Error>) -> (StoreErrorKind, String) {
+    match result {
+        Err(Error::Store(e)) => (e.kind(), e.to_string()),
+        other => panic!("expected a store error, got {other:?}"),
+    }
+}
+
+/// What is not a rule of the suite but of the network: a server that cannot be reached, or
+/// does not answer in time, is `Unavailable`; a token it does not know, a caller's prune and an
+/// unknown namespace are `Query` refusals with the server's words; callers' key spaces stay
+/// apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_network_and_the_servers_refusals_come_back_typed() {
+    let harness = SqliteRemote::new().await.expect("a SQLite server");
+    let server = harness.served.remote.server().to_owned();
+    let key = Key::derive("remote", "", "k").expect("a valid key");
+    let remote = |token: &str| {
+        RemoteStore::builder(server.clone(), token)
+            .build()
+            .expect("a loopback address builds")
+    };
+
+    // Nothing listens on a port just released; a listener that never answers times out.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let down = RemoteStore::builder(format!("http://{closed}"), ADMIN)
+        .build()
+        .expect("builds");
+    assert_eq!(
+        store_error(down.get(&key).await).0,
+        StoreErrorKind::Unavailable
+    );
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let stalled = RemoteStore::builder(
+        format!("http://{}", silent.local_addr().expect("address")),
+        ADMIN,
+    )
+    .timeout(Duration::from_millis(200))
+    .build()
+    .expect("builds");
+    let (kind, message) = store_error(stalled.start(&key, None, Duration::from_secs(30)).await);
+    assert_eq!(kind, StoreErrorKind::Unavailable);
+    assert!(message.contains("no answer within"), "{message}");
+
+    let (kind, message) = store_error(remote("not-a-token-we-know-0000").get(&key).await);
+    assert_eq!(kind, StoreErrorKind::Query);
+    assert!(message.contains("401"), "{message}");
+    let alice = remote(ALICE);
+    let (kind, message) = store_error(alice.prune_expired(10).await);
+    assert_eq!(kind, StoreErrorKind::Query);
+    assert!(
+        message.contains("403") && message.contains("admin token"),
+        "{message}"
+    );
+    let nowhere = RemoteStore::builder(server.clone(), ALICE)
+        .namespace("nowhere")
+        .build()
+        .expect("builds");
+    let (kind, message) = store_error(nowhere.get(&key).await);
+    assert_eq!(kind, StoreErrorKind::Query);
+    assert!(message.contains("not_found"), "{message}");
+
+    // Alice's key is hers: the admin's same key is another record.
+    let started = alice.start(&key, None, Duration::from_secs(30)).await;
+    assert!(matches!(started, Ok(Start::Started(_))), "{started:?}");
+    assert!(harness
+        .served
+        .remote
+        .get(&key)
+        .await
+        .expect("get")
+        .is_none());
+    assert!(alice.get(&key).await.expect("get").is_some());
+    let admin_start = harness
+        .served
+        .remote
+        .start(&key, None, Duration::from_secs(30))
+        .await;
+    assert!(
+        matches!(admin_start, Ok(Start::Started(_))),
+        "{admin_start:?}"
+    );
+}
