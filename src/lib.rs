@@ -142,3 +142,7 @@ struct ConsumersDoctests;
 #[cfg(all(doctest, feature = "sqlite"))]
 #[doc = include_str!("../docs/steps.md")]
 struct StepsDoctests;
+
+#[cfg(all(doctest, feature = "remote"))]
+#[doc = include_str!("../docs/server.md")]
+struct ServerDoctests;

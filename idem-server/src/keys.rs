@@ -90,6 +90,10 @@ pub fn period(ms: u64, location: &str) -> Result<Duration, ApiError> {
 }
 
 /// `bytes` as lowercase hexadecimal digits.
+///
+/// ```
+/// assert_eq!(idem_server::keys::hex(&[0x0f, 0xa0]), "0fa0");
+/// ```
 pub fn hex(bytes: &[u8]) -> String {
     let mut text = String::with_capacity(2 * bytes.len());
     for b in bytes {
@@ -126,6 +130,13 @@ pub fn parse_token(text: &str) -> Result<Token, ApiError> {
 }
 
 /// A fingerprint given as its SHA-256 (`fingerprint_sha256`): 64 hexadecimal digits.
+///
+/// ```
+/// use idem_server::keys::{hex, parse_fingerprint_sha256};
+/// let f = idem_core::Fingerprint::of_bytes(b"POST /charge");
+/// assert_eq!(parse_fingerprint_sha256(&hex(f.as_bytes())).unwrap(), f);
+/// assert_eq!(parse_fingerprint_sha256("ab").unwrap_err().location.as_deref(), Some("body.fingerprint_sha256"));
+/// ```
 pub fn parse_fingerprint_sha256(text: &str) -> Result<Fingerprint, ApiError> {
     parse_hex::<32>(text)
         .map(Fingerprint::from_bytes)

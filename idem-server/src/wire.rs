@@ -302,6 +302,12 @@ pub struct StartOut {
 
 impl StartOut {
     /// An answer of `status` with no other field.
+    ///
+    /// ```
+    /// let locked = idem_server::wire::StartOut::of("locked");
+    /// assert_eq!(serde_json::to_value(&locked)?, serde_json::json!({"status": "locked"}));
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
     pub fn of(status: &'static str) -> StartOut {
         StartOut {
             status,
@@ -336,6 +342,13 @@ pub struct CompletedOut {
 
 impl CompletedOut {
     /// The response as Diom has it: without the fenced extension's fields.
+    ///
+    /// ```
+    /// use idem_server::wire::CompletedOut;
+    /// let kept = CompletedOut { response: b"ok".to_vec(), is_error: true, expires_at_ms: Some(1), ..CompletedOut::default() };
+    /// assert_eq!(serde_json::to_value(kept.diom())?, serde_json::json!({"response": [111, 107]}));
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
     pub fn diom(self) -> CompletedOut {
         CompletedOut {
             response: self.response,
@@ -347,7 +360,13 @@ impl CompletedOut {
     }
 }
 
-/// `POST /api/v1.idempotency.get` (fenced extension): a key's live record.
+/// `POST /api/v1.idempotency.get` and `.evict` (fenced extension): a key of the caller's.
+///
+/// ```
+/// let get: idem_server::wire::KeyIn = serde_json::from_str(r#"{"key": "order-1"}"#)?;
+/// assert_eq!((get.key.as_str(), get.namespace), ("order-1", None));
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Deserialize)]
 pub struct KeyIn {
     /// The namespace; the default one when absent.
@@ -358,6 +377,13 @@ pub struct KeyIn {
 }
 
 /// What `get` answers: `{"status": "absent" | "in_progress" | "completed", …}`.
+///
+/// ```
+/// use idem_server::wire::GetOut;
+/// let running = GetOut { lease_until_ms: Some(1_800_000_000_000), ..GetOut::of("in_progress") };
+/// assert_eq!(serde_json::to_value(&running)?["lease_until_ms"], 1_800_000_000_000u64);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Default, Serialize)]
 pub struct GetOut {
     /// `absent` (no live record), `in_progress` or `completed`.
@@ -386,6 +412,12 @@ pub struct GetOut {
 
 impl GetOut {
     /// An answer of `status` with no other field.
+    ///
+    /// ```
+    /// let absent = idem_server::wire::GetOut::of("absent");
+    /// assert_eq!(serde_json::to_value(&absent)?, serde_json::json!({"status": "absent"}));
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
     pub fn of(status: &'static str) -> GetOut {
         GetOut {
             status,
@@ -395,6 +427,12 @@ impl GetOut {
 }
 
 /// What `evict` answers.
+///
+/// ```
+/// let out = idem_server::wire::EvictOut { evicted: true };
+/// assert_eq!(serde_json::to_value(&out)?, serde_json::json!({"evicted": true}));
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Serialize)]
 pub struct EvictOut {
     /// Whether the key had a record.
@@ -402,6 +440,12 @@ pub struct EvictOut {
 }
 
 /// `POST /api/v1.idempotency.prune` (fenced extension, admin).
+///
+/// ```
+/// let prune: idem_server::wire::PruneIn = serde_json::from_str(r#"{"limit": 100}"#)?;
+/// assert_eq!(prune.limit, 100);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Deserialize)]
 pub struct PruneIn {
     /// The most records to delete.
@@ -409,6 +453,12 @@ pub struct PruneIn {
 }
 
 /// What `prune` answers.
+///
+/// ```
+/// let out = idem_server::wire::PruneOut { pruned: 3 };
+/// assert_eq!(serde_json::to_value(&out)?, serde_json::json!({"pruned": 3}));
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Serialize)]
 pub struct PruneOut {
     /// How many ended records were deleted.
@@ -416,6 +466,13 @@ pub struct PruneOut {
 }
 
 /// `POST /api/v1.idempotency.steps.begin` (fenced extension).
+///
+/// ```
+/// let body = r#"{"key": "ride-1", "token": "0123456789abcdef0123456789abcdef", "ttl_ms": 60000}"#;
+/// let begin: idem_server::wire::StepsBeginIn = serde_json::from_str(body)?;
+/// assert_eq!(begin.ttl_ms, 60_000);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Deserialize)]
 pub struct StepsBeginIn {
     /// The namespace; the default one when absent.
@@ -430,6 +487,14 @@ pub struct StepsBeginIn {
 }
 
 /// `POST /api/v1.idempotency.steps.write` (fenced extension).
+///
+/// ```
+/// let body = r#"{"key": "ride-1", "token": "0123456789abcdef0123456789abcdef",
+///               "name": "charge", "position": 0, "result": [55], "ttl_ms": 60000}"#;
+/// let step: idem_server::wire::StepWriteIn = serde_json::from_str(body)?;
+/// assert_eq!(step.result.as_deref(), Some(&b"7"[..]));
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Deserialize)]
 pub struct StepWriteIn {
     /// The namespace; the default one when absent.
@@ -451,6 +516,12 @@ pub struct StepWriteIn {
 }
 
 /// One stored step, as `steps.begin` answers it.
+///
+/// ```
+/// let begun = idem_server::wire::StepOut { name: "charge".into(), position: 1, result: None };
+/// assert_eq!(serde_json::to_value(&begun)?["result"], serde_json::Value::Null);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Serialize)]
 pub struct StepOut {
     /// The step's name.
@@ -463,6 +534,12 @@ pub struct StepOut {
 }
 
 /// What `steps.begin` answers.
+///
+/// ```
+/// let first = idem_server::wire::StepsOut { attempt: 1, steps: Vec::new() };
+/// assert_eq!(serde_json::to_value(&first)?, serde_json::json!({"attempt": 1, "steps": []}));
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Serialize)]
 pub struct StepsOut {
     /// 1 for the first claim that began the operation's steps, 2 for the next, and so on.

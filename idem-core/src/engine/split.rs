@@ -320,6 +320,18 @@ impl<C: Codec> Idempotency<C> {
     /// 0 or over [`MAX_STEP_NAME_LEN`](crate::MAX_STEP_NAME_LEN) bytes is
     /// [`Error::InvalidStep`], a retention out of range [`Error::InvalidConfig`]; either writes
     /// nothing. A step that has its result keeps it (`Ok`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore, StepWrite};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let Begun::Claimed(claim) = engine.call(Key::derive("ride", "", "r-2")?).begin().await? else { unreachable!() };
+    /// let unnamed = StepWrite { name: "", position: 0, result: None };
+    /// let refused = engine.write_step(&claim, unnamed, Duration::from_secs(60)).await;
+    /// assert!(matches!(refused, Err(Error::InvalidStep(_))));
+    /// # Ok(()) }
+    /// ```
     pub async fn write_step(
         &self,
         claim: &Claim,

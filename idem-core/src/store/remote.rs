@@ -157,6 +157,11 @@ impl RemoteStoreBuilder {
     /// How long a request may take before it is given up as
     /// [`Unavailable`](StoreErrorKind::Unavailable): 35 s, past the server's own request
     /// timeout (30 s by default), so that the server's answer arrives first.
+    ///
+    /// ```
+    /// use idem_core::RemoteStoreBuilder;
+    /// assert_eq!(RemoteStoreBuilder::DEFAULT_TIMEOUT, std::time::Duration::from_secs(35));
+    /// ```
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(35);
 
     /// The namespace the keys live in; the server's `default` unless set.
