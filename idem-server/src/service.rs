@@ -453,6 +453,10 @@ async fn complete(State(app): State<App>, headers: HeaderMap, body: Body) -> Res
             })?;
             let engine = &app.inner.engine;
             match token {
+                Some(token) if input.observed => engine
+                    .finish_observed(&ns.scope, &Claim::new(key, token), bytes, Some(ttl))
+                    .await
+                    .map_err(engine_error)?,
                 Some(token) => engine
                     .finish(&ns.scope, &Claim::new(key, token), bytes, Some(ttl))
                     .await

@@ -232,6 +232,11 @@ pub struct CompleteIn {
     /// Fenced extension: the work completed without a response (`response` is then empty).
     #[serde(default)]
     pub absent: bool,
+    /// Fenced extension, with `token`: answer `{}` only once the response is in the store; a
+    /// store failure that passes is then `503 store_unavailable` (retry with the same token),
+    /// where without it the server stores the response in the background and answers `{}`.
+    #[serde(default)]
+    pub observed: bool,
 }
 
 /// `POST /api/v1.idempotency.abort`.

@@ -216,3 +216,71 @@ async fn the_network_and_the_servers_refusals_come_back_typed() {
         "{admin_start:?}"
     );
 }
+
+/// A memory store whose completions fail for a passing reason while `down` is set.
+struct Flaky {
+    records: idem_core::MemoryStore,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl idem_test_support::forward::Forward for Flaky {
+    fn records(&self) -> &dyn Store {
+        &self.records
+    }
+
+    fn gate(&self, op: idem_test_support::forward::Op) -> Result<(), Error> {
+        let down = self.down.load(std::sync::atomic::Ordering::SeqCst);
+        if down && op == idem_test_support::forward::Op::Complete {
+            return Err(Error::Store(idem_core::StoreError::new(
+                StoreErrorKind::Unavailable,
+                "injected: the store is down",
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// **Observed commits** through the network: a completion the server's store refuses for a
+/// passing reason is `Unavailable` to `RemoteStore`, nothing is stored and the claim stays
+/// held, and the same completion once the store is back lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_is_reported_only_once_it_committed() {
+    let flaky = Arc::new(idem_test_support::forward::Forwarding(Flaky {
+        records: idem_core::MemoryStore::new(),
+        down: std::sync::atomic::AtomicBool::new(false),
+    }));
+    let served = Served::over(flaky.clone()).await;
+    let store = &served.remote;
+    let key = Key::derive("remote", "", "observed").expect("a valid key");
+    let Ok(Start::Started(claim)) = store.start(&key, None, Duration::from_secs(30)).await else {
+        panic!("a new key is claimable");
+    };
+    let done = idem_core::Completion {
+        response: Some(b"paid"),
+        is_error: false,
+    };
+    flaky
+        .0
+        .down
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let refused = store.complete(&claim, done, Duration::from_secs(60)).await;
+    assert_eq!(store_error(refused).0, StoreErrorKind::Unavailable);
+    let record = store.get(&key).await.expect("get").expect("still claimed");
+    assert!(
+        matches!(record.state, idem_core::RecordState::InProgress { token, .. } if token == claim.token()),
+        "{record:?}"
+    );
+    flaky
+        .0
+        .down
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    store
+        .complete(&claim, done, Duration::from_secs(60))
+        .await
+        .expect("the same completion lands once the store is back");
+    let replay = store.start(&key, None, Duration::from_secs(30)).await;
+    assert!(
+        matches!(&replay, Ok(Start::Completed(kept)) if kept.response.as_deref() == Some(&b"paid"[..])),
+        "{replay:?}"
+    );
+}

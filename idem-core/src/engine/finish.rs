@@ -115,6 +115,34 @@ impl ClaimGuard {
         .await
     }
 
+    /// Stores the sealed result once (the lease renewed meanwhile) and reports the store's
+    /// answer as it is: a failure that passes is the caller's to retry with the same claim,
+    /// which stays held; nothing goes on in the background.
+    pub(super) async fn complete_once(
+        mut self,
+        sealed: Vec<u8>,
+        retention: Duration,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        let Some(claim) = self.claim.take() else {
+            return Ok(());
+        };
+        let store = &*self.shared.store;
+        let completion = Completion {
+            response: Some(&sealed),
+            is_error: false,
+        };
+        let stored = renewing(
+            store,
+            &claim,
+            lease,
+            store.complete(&claim, completion, retention),
+        )
+        .await;
+        self.shared.waiters.wake(claim.key());
+        stored
+    }
+
     /// Releases the claim so a retry runs again; visible at once to retries in this process.
     pub(super) async fn release(mut self) {
         if let Some(releasing) = self.releasing() {

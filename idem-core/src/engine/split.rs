@@ -178,6 +178,45 @@ impl<C: Codec> Idempotency<C> {
         result: Vec<u8>,
         retention: Option<Duration>,
     ) -> Result<(), Error> {
+        self.finish_as(scope, claim, result, retention, false).await
+    }
+
+    /// [`finish`](Self::finish), except that a store failure that passes is reported, not
+    /// retried in the background: `Ok` only once the result is in the store. For a transport
+    /// whose client retries the completion itself and must not be told it landed before it
+    /// did (idem-server's `complete` with `observed`, which `RemoteStore` sends, so that the
+    /// store rule "observed commits" holds through the network). The claim stays held after
+    /// such a failure: finish it again.
+    ///
+    /// ```
+    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "", "order-1")?;
+    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// engine.finish_observed("charge", &claim, b"paid".to_vec(), None).await?;
+    /// assert_eq!(engine.call(key).begin().await?, Begun::Completed(b"paid".to_vec()));
+    /// # Ok(()) }
+    /// ```
+    pub async fn finish_observed(
+        &self,
+        scope: &str,
+        claim: &Claim,
+        result: Vec<u8>,
+        retention: Option<Duration>,
+    ) -> Result<(), Error> {
+        self.finish_as(scope, claim, result, retention, true).await
+    }
+
+    /// [`finish`](Self::finish), or with `observed` [`finish_observed`](Self::finish_observed).
+    async fn finish_as(
+        &self,
+        scope: &str,
+        claim: &Claim,
+        result: Vec<u8>,
+        retention: Option<Duration>,
+        observed: bool,
+    ) -> Result<(), Error> {
         let policy = &self.inner.core.policy;
         let retention = retention.unwrap_or(policy.retention);
         check_duration("retention", retention)?;
@@ -194,10 +233,14 @@ impl<C: Codec> Idempotency<C> {
                 Stage::NotRetained
             };
             let guard = ClaimGuard::new(engine.inner.shared.clone(), claim);
-            let stored = guard
-                .complete(sealed.bytes, false, None, retention, lease)
-                .await
-                .map(|_: Stored| ());
+            let stored = if observed {
+                guard.complete_once(sealed.bytes, retention, lease).await
+            } else {
+                guard
+                    .complete(sealed.bytes, false, None, retention, lease)
+                    .await
+                    .map(|_: Stored| ())
+            };
             probe.end_with(&stored, kept);
             stored
         })

@@ -34,7 +34,7 @@ const MSGPACK: &str = "application/msgpack";
 /// | `Store` method | route | the server's engine call |
 /// |---|---|---|
 /// | `start` | `start` (fenced, `fingerprint_sha256`) | `Call::begin`; a `locked` answer reads the record once more for the lease left |
-/// | `complete` | `complete` (fenced, with `is_error`, `absent`) | `Idempotency::finish` |
+/// | `complete` | `complete` (fenced, with `is_error`, `absent`, `observed`) | `Idempotency::finish_observed` |
 /// | `abort` | `abort` (fenced) | `Idempotency::release` |
 /// | `renew` | `renew` | `Idempotency::renew` |
 /// | `get` | `get` | `Idempotency::record` |
@@ -438,6 +438,8 @@ struct CompleteIn<'a> {
     response: &'a [u8],
     absent: bool,
     is_error: bool,
+    /// Always: `{}` only once the result is in the server's store.
+    observed: bool,
     ttl_ms: u64,
 }
 
@@ -600,6 +602,7 @@ impl Store for RemoteStore {
                     response: completion.response.unwrap_or_default(),
                     absent: completion.response.is_none(),
                     is_error: completion.is_error,
+                    observed: true,
                     ttl_ms: millis(retention),
                 },
             )
