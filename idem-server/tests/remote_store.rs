@@ -284,3 +284,60 @@ async fn a_completion_is_reported_only_once_it_committed() {
         "{replay:?}"
     );
 }
+
+/// A Rust service's HTTP layer with the server as its store: the first request with a key runs
+/// the handler, a retry with the same key replays its response from the server's store, marked
+/// replayed, and another caller's same key runs on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_layer_runs_once_with_the_server_as_its_store() {
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    let harness = SqliteRemote::new().await.expect("a SQLite server");
+    let engine = idem_core::Idempotency::new(
+        RemoteStore::builder(harness.served.remote.server(), ALICE)
+            .build()
+            .expect("builds"),
+    );
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = runs.clone();
+    let app = axum::Router::new()
+        .route(
+            "/payments",
+            axum::routing::post(move || {
+                let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                async move { format!("payment {n}") }
+            }),
+        )
+        .layer(
+            idem_core::http::IdempotencyLayer::builder(engine)
+                .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+                .build()
+                .expect("a layer scoped by caller"),
+        );
+    let send = |caller: &'static str| {
+        let app = app.clone();
+        async move {
+            let request = Request::post("/payments")
+                .header("idempotency-key", "pay-1")
+                .header("x-api-key", caller)
+                .body(Body::from("{}"))
+                .expect("a request");
+            let response = app.oneshot(request).await.expect("an answer");
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("a body")
+                .to_bytes();
+            (String::from_utf8_lossy(&body).into_owned(), replayed)
+        }
+    };
+    assert_eq!(send("tenant-a").await, ("payment 1".to_owned(), false));
+    assert_eq!(send("tenant-a").await, ("payment 1".to_owned(), true));
+    assert_eq!(send("tenant-b").await, ("payment 2".to_owned(), false));
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
