@@ -163,9 +163,12 @@ impl App {
 /// OpenAPI document.
 pub fn router(app: App) -> Router {
     Router::new()
-        .route("/api/v1.idempotency.start", post(start))
-        .route("/api/v1.idempotency.complete", post(complete))
-        .route("/api/v1.idempotency.abort", post(abort))
+        .route("/api/v1.idempotency.start", handled("start", start))
+        .route(
+            "/api/v1.idempotency.complete",
+            handled("complete", complete),
+        )
+        .route("/api/v1.idempotency.abort", handled("abort", abort))
         .route("/api/v1.idempotency.renew", handled("renew", renew))
         .route("/api/v1.idempotency.get", handled("get", get_record))
         .route("/api/v1.idempotency.evict", handled("evict", evict))
@@ -180,9 +183,12 @@ pub fn router(app: App) -> Router {
         )
         .route(
             "/api/v1.idempotency.namespace.configure",
-            post(configure_namespace),
+            handled("namespace.configure", configure_namespace),
         )
-        .route("/api/v1.idempotency.namespace.get", post(get_namespace))
+        .route(
+            "/api/v1.idempotency.namespace.get",
+            handled("namespace.get", get_namespace),
+        )
         .route("/api/v1.health.ping", get(ping).post(ping))
         .route(OPENAPI_PATH, get(openapi))
         .route("/metrics", get(render_metrics))
@@ -301,73 +307,69 @@ fn fenced(input: &StartIn) -> bool {
     input.fenced || input.fingerprint.is_some() || input.fingerprint_sha256.is_some()
 }
 
-async fn start(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    serve(
-        app,
-        "start",
-        headers,
-        body,
-        move |app, caller, input: StartIn, out| async move {
-            let (ns, key) = app
-                .locate(&caller, input.namespace.as_deref(), &input.key)
-                .await?;
-            let lease = period(input.lock_period_ms, "body.lock_period_ms")?;
-            let fingerprint = match (&input.fingerprint, &input.fingerprint_sha256) {
-                (Some(_), Some(_)) => {
-                    return Err(ApiError::invalid(
-                        "body.fingerprint_sha256",
-                        "send a fingerprint or its SHA-256, not both",
-                    ))
-                }
-                (Some(f), None) if f.is_empty() || f.len() > 4096 => {
-                    return Err(ApiError::invalid(
-                        "body.fingerprint",
-                        "a fingerprint is 1 to 4096 bytes",
-                    ))
-                }
-                (Some(f), None) => Some(Fingerprint::of_bytes(f.as_bytes())),
-                (None, Some(digest)) => Some(parse_fingerprint_sha256(digest)?),
-                (None, None) => None,
-            };
-            let begun = app
-                .inner
-                .engine
-                .call(key)
-                .scope_named(ns.scope.clone())
-                .lease(lease)
-                .fingerprint(fingerprint)
-                .begin()
-                .await;
-            let fenced = fenced(&input);
-            let answer = match begun {
-                Ok(Begun::Claimed(claim)) => StartOut {
-                    token: fenced.then(|| token_text(claim.token())),
-                    ..StartOut::of("started")
-                },
-                Ok(Begun::Completed(bytes)) => {
-                    let data = stored(&bytes)?;
-                    StartOut {
-                        data: Some(if fenced { data } else { data.diom() }),
-                        ..StartOut::of("completed")
-                    }
-                }
-                // Kept as "completed, not retained" (larger than the limit): never run again.
-                Err(Error::ResultNotRetained { .. }) => StartOut {
-                    data: Some(CompletedOut::default()),
-                    ..StartOut::of("completed")
-                },
-                Err(Error::Locked { retry_after }) if fenced => StartOut {
-                    retry_after_ms: Some(millis(retry_after).max(1)),
-                    lease_left_ms: lease_left(&app, &key).await?,
-                    ..StartOut::of("locked")
-                },
-                Err(Error::Locked { .. }) => StartOut::of("locked"),
-                Err(e) => return Err(engine_error(e)),
-            };
-            Ok(out.respond(StatusCode::OK, &answer))
+async fn start(
+    app: App,
+    caller: Caller,
+    input: StartIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    let (ns, key) = app
+        .locate(&caller, input.namespace.as_deref(), &input.key)
+        .await?;
+    let lease = period(input.lock_period_ms, "body.lock_period_ms")?;
+    let fingerprint = match (&input.fingerprint, &input.fingerprint_sha256) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "body.fingerprint_sha256",
+                "send a fingerprint or its SHA-256, not both",
+            ))
+        }
+        (Some(f), None) if f.is_empty() || f.len() > 4096 => {
+            return Err(ApiError::invalid(
+                "body.fingerprint",
+                "a fingerprint is 1 to 4096 bytes",
+            ))
+        }
+        (Some(f), None) => Some(Fingerprint::of_bytes(f.as_bytes())),
+        (None, Some(digest)) => Some(parse_fingerprint_sha256(digest)?),
+        (None, None) => None,
+    };
+    let begun = app
+        .inner
+        .engine
+        .call(key)
+        .scope_named(ns.scope.clone())
+        .lease(lease)
+        .fingerprint(fingerprint)
+        .begin()
+        .await;
+    let fenced = fenced(&input);
+    let answer = match begun {
+        Ok(Begun::Claimed(claim)) => StartOut {
+            token: fenced.then(|| token_text(claim.token())),
+            ..StartOut::of("started")
         },
-    )
-    .await
+        Ok(Begun::Completed(bytes)) => {
+            let data = stored(&bytes)?;
+            StartOut {
+                data: Some(if fenced { data } else { data.diom() }),
+                ..StartOut::of("completed")
+            }
+        }
+        // Kept as "completed, not retained" (larger than the limit): never run again.
+        Err(Error::ResultNotRetained { .. }) => StartOut {
+            data: Some(CompletedOut::default()),
+            ..StartOut::of("completed")
+        },
+        Err(Error::Locked { retry_after }) if fenced => StartOut {
+            retry_after_ms: Some(millis(retry_after).max(1)),
+            lease_left_ms: lease_left(&app, &key).await?,
+            ..StartOut::of("locked")
+        },
+        Err(Error::Locked { .. }) => StartOut::of("locked"),
+        Err(e) => return Err(engine_error(e)),
+    };
+    Ok(out.respond(StatusCode::OK, &answer))
 }
 
 /// `d` in whole milliseconds, saturating.
@@ -423,50 +425,45 @@ fn token_required() -> ApiError {
 /// How many times a token-less complete or abort follows a key that changes hands under it.
 const TOKENLESS_TRIES: usize = 4;
 
-async fn complete(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    serve(
-        app,
-        "complete",
-        headers,
-        body,
-        move |app, caller, input: CompleteIn, out| async move {
-            let (ns, key) = app
-                .locate(&caller, input.namespace.as_deref(), &input.key)
-                .await?;
-            let ttl = period(input.ttl_ms, "body.ttl_ms")?;
-            let token = input.token.as_deref().map(parse_token).transpose()?;
-            if input.absent && !input.response.is_empty() {
-                return Err(ApiError::invalid(
-                    "body.response",
-                    "a response marked absent must be empty",
-                ));
-            }
-            let record = CompletedOut {
-                response: input.response,
-                context: input.context,
-                is_error: input.is_error,
-                absent: input.absent,
-                expires_at_ms: Some(unix_ms(SystemTime::now() + ttl)),
-            };
-            let bytes = rmp_serde::to_vec_named(&record).map_err(|e| {
-                ApiError::invalid("body", format!("the response cannot be kept: {e}"))
-            })?;
-            let engine = &app.inner.engine;
-            match token {
-                Some(token) if input.observed => engine
-                    .finish_observed(&ns.scope, &Claim::new(key, token), bytes, Some(ttl))
-                    .await
-                    .map_err(engine_error)?,
-                Some(token) => engine
-                    .finish(&ns.scope, &Claim::new(key, token), bytes, Some(ttl))
-                    .await
-                    .map_err(engine_error)?,
-                None => tokenless_complete(&app, &ns, key, bytes, ttl).await?,
-            }
-            Ok(out.respond(StatusCode::OK, &Empty {}))
-        },
-    )
-    .await
+async fn complete(
+    app: App,
+    caller: Caller,
+    input: CompleteIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    let (ns, key) = app
+        .locate(&caller, input.namespace.as_deref(), &input.key)
+        .await?;
+    let ttl = period(input.ttl_ms, "body.ttl_ms")?;
+    let token = input.token.as_deref().map(parse_token).transpose()?;
+    if input.absent && !input.response.is_empty() {
+        return Err(ApiError::invalid(
+            "body.response",
+            "a response marked absent must be empty",
+        ));
+    }
+    let record = CompletedOut {
+        response: input.response,
+        context: input.context,
+        is_error: input.is_error,
+        absent: input.absent,
+        expires_at_ms: Some(unix_ms(SystemTime::now() + ttl)),
+    };
+    let bytes = rmp_serde::to_vec_named(&record)
+        .map_err(|e| ApiError::invalid("body", format!("the response cannot be kept: {e}")))?;
+    let engine = &app.inner.engine;
+    match token {
+        Some(token) if input.observed => engine
+            .finish_observed(&ns.scope, &Claim::new(key, token), bytes, Some(ttl))
+            .await
+            .map_err(engine_error)?,
+        Some(token) => engine
+            .finish(&ns.scope, &Claim::new(key, token), bytes, Some(ttl))
+            .await
+            .map_err(engine_error)?,
+        None => tokenless_complete(&app, &ns, key, bytes, ttl).await?,
+    }
+    Ok(out.respond(StatusCode::OK, &Empty {}))
 }
 
 /// Diom's complete, which carries no token: completes whichever claim holds the key; a key
@@ -522,54 +519,49 @@ fn changed_hands() -> ApiError {
     )
 }
 
-async fn abort(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    serve(
-        app,
-        "abort",
-        headers,
-        body,
-        move |app, caller, input: AbortIn, out| async move {
-            let (ns, key) = app
-                .locate(&caller, input.namespace.as_deref(), &input.key)
-                .await?;
-            let token = input.token.as_deref().map(parse_token).transpose()?;
-            let engine = &app.inner.engine;
-            match token {
-                Some(token) => engine
-                    .release(&ns.scope, &Claim::new(key, token))
-                    .await
-                    .map_err(engine_error)?,
-                None if ns.require_token => return Err(token_required()),
-                // Diom's abort: releases whichever claim holds the key. A completed key keeps its
-                // response (Diom would delete it), and a key nobody holds is left as it is.
-                None => {
-                    let mut released = false;
-                    for _ in 0..TOKENLESS_TRIES {
-                        match engine.holder(&key).await.map_err(engine_error)? {
-                            Holder::Absent | Holder::Completed(_) => {
-                                released = true;
-                                break;
-                            }
-                            Holder::Claimed(claim) => match engine.release(&ns.scope, &claim).await
-                            {
-                                Ok(()) => {
-                                    released = true;
-                                    break;
-                                }
-                                Err(Error::LeaseLost) => continue,
-                                Err(e) => return Err(engine_error(e)),
-                            },
+async fn abort(
+    app: App,
+    caller: Caller,
+    input: AbortIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    let (ns, key) = app
+        .locate(&caller, input.namespace.as_deref(), &input.key)
+        .await?;
+    let token = input.token.as_deref().map(parse_token).transpose()?;
+    let engine = &app.inner.engine;
+    match token {
+        Some(token) => engine
+            .release(&ns.scope, &Claim::new(key, token))
+            .await
+            .map_err(engine_error)?,
+        None if ns.require_token => return Err(token_required()),
+        // Diom's abort: releases whichever claim holds the key. A completed key keeps its
+        // response (Diom would delete it), and a key nobody holds is left as it is.
+        None => {
+            let mut released = false;
+            for _ in 0..TOKENLESS_TRIES {
+                match engine.holder(&key).await.map_err(engine_error)? {
+                    Holder::Absent | Holder::Completed(_) => {
+                        released = true;
+                        break;
+                    }
+                    Holder::Claimed(claim) => match engine.release(&ns.scope, &claim).await {
+                        Ok(()) => {
+                            released = true;
+                            break;
                         }
-                    }
-                    if !released {
-                        return Err(changed_hands());
-                    }
+                        Err(Error::LeaseLost) => continue,
+                        Err(e) => return Err(engine_error(e)),
+                    },
                 }
             }
-            Ok(out.respond(StatusCode::OK, &Empty {}))
-        },
-    )
-    .await
+            if !released {
+                return Err(changed_hands());
+            }
+        }
+    }
+    Ok(out.respond(StatusCode::OK, &Empty {}))
 }
 
 async fn renew(
@@ -750,43 +742,35 @@ fn admin_only(caller: &Caller, why: &str) -> Result<(), ApiError> {
     }
 }
 
-async fn configure_namespace(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    serve(
-        app,
-        "namespace.configure",
-        headers,
-        body,
-        move |app, caller, input: ConfigureIn, out| async move {
-            admin_only(&caller, NAMESPACES_ADMIN)?;
-            let ns = app
-                .inner
-                .namespaces
-                .configure(&input.name, input.require_token)
-                .await?;
-            Ok(out.respond(StatusCode::OK, &ns))
-        },
-    )
-    .await
+async fn configure_namespace(
+    app: App,
+    caller: Caller,
+    input: ConfigureIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    admin_only(&caller, NAMESPACES_ADMIN)?;
+    let ns = app
+        .inner
+        .namespaces
+        .configure(&input.name, input.require_token)
+        .await?;
+    Ok(out.respond(StatusCode::OK, &ns))
 }
 
-async fn get_namespace(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
-    serve(
-        app,
-        "namespace.get",
-        headers,
-        body,
-        move |app, caller, input: GetNamespaceIn, out| async move {
-            admin_only(&caller, NAMESPACES_ADMIN)?;
-            match app.inner.namespaces.get(&input.name).await? {
-                Some(ns) => Ok(out.respond(StatusCode::OK, &ns)),
-                None => Err(ApiError::not_found(format!(
-                    "no namespace `{}`",
-                    input.name
-                ))),
-            }
-        },
-    )
-    .await
+async fn get_namespace(
+    app: App,
+    caller: Caller,
+    input: GetNamespaceIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    admin_only(&caller, NAMESPACES_ADMIN)?;
+    match app.inner.namespaces.get(&input.name).await? {
+        Some(ns) => Ok(out.respond(StatusCode::OK, &ns)),
+        None => Err(ApiError::not_found(format!(
+            "no namespace `{}`",
+            input.name
+        ))),
+    }
 }
 
 async fn ping(headers: HeaderMap) -> Response {
