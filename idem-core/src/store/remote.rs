@@ -20,7 +20,7 @@ use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Claim, Completion, Record, RecordState, Start, StoredResult};
 use crate::step::{StepLog, StepRecord, StepState, StepWrite};
-use crate::store::admin::{ListState, StoreAdmin, StoreStats};
+use crate::store::admin::{ListQuery, StoreAdmin, StoreStats};
 use crate::store::Store;
 
 const MSGPACK: &str = "application/msgpack";
@@ -725,12 +725,7 @@ fn no_listing(what: &str) -> Error {
 /// ```
 #[async_trait]
 impl StoreAdmin for RemoteStore {
-    async fn list(
-        &self,
-        _state: Option<ListState>,
-        _after: Option<&Key>,
-        _limit: u32,
-    ) -> Result<Vec<Record>, Error> {
+    async fn list(&self, _query: ListQuery<'_>) -> Result<Vec<Record>, Error> {
         Err(no_listing("list records"))
     }
 
