@@ -1,6 +1,6 @@
 //! Operating the server: a graceful shutdown on SIGTERM that answers the request in flight, the
-//! request timeout, the body limit, `/metrics`, the OpenAPI document, and Diom's error body for
-//! a wrong method.
+//! request timeout, the body limit, the OpenAPI document, and Diom's error body for a wrong
+//! method (`/metrics` has a test binary of its own: metrics.rs).
 
 mod common;
 
@@ -154,42 +154,6 @@ async fn the_openapi_document_names_every_route() {
             "{route} is missing"
         );
     }
-}
-
-#[tokio::test]
-async fn metrics_count_requests_and_the_engines_calls() {
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .unwrap();
-    let app = App::new(
-        Arc::new(MemoryStore::new()),
-        tokens(),
-        Config::default(),
-        Some(handle),
-    )
-    .unwrap();
-    let (status, _, _) = call(
-        &app,
-        json(
-            "/api/v1.idempotency.start",
-            Some(ALICE),
-            j!({"key": "m", "lock_period_ms": 1000}),
-        ),
-    )
-    .await;
-    assert_eq!(status, 200);
-    let (status, _, body) = call(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
-    assert_eq!(status, 200);
-    let text = String::from_utf8(body).unwrap();
-    assert!(
-        text.contains("idem_server_requests_total{route=\"start\",status=\"200\"} 1"),
-        "{text}"
-    );
-    // A split call is in flight from its claim until its complete or abort.
-    assert!(
-        text.contains("idem_claims_in_flight{scope=\"default\"} 1"),
-        "{text}"
-    );
 }
 
 /// SIGTERM stops the listener, answers the request in flight, and exits 0.
