@@ -114,8 +114,10 @@ where
             let store_if = config.store_if.clone();
             // Detached from the connection: once claimed, the handler runs to its end and its
             // response is stored even if the client goes away or its deadline passes, so the
-            // client's retry replays it instead of running the handler a second time.
-            let work = async move {
+            // client's retry replays it instead of running the handler a second time. Boxed
+            // here, where it is made: tonic's futures make it large, and every future that
+            // holds it on its way into the engine would otherwise copy all of it.
+            let work = Box::pin(async move {
                 let response = inner.call(req).await.map_err(Failure::Service)?;
                 let (parts, body) = response.into_parts();
                 let room = limit.saturating_sub(stored::head_len(&parts));
@@ -138,7 +140,7 @@ where
                         why,
                     }),
                 }
-            };
+            });
             capture::reply::run_once(
                 &config.engine,
                 key,
