@@ -146,17 +146,28 @@ impl App {
 
     /// The claim a fenced request names: the caller's `key` in `namespace` and the `token`
     /// `start` returned.
-    async fn held(
-        &self,
-        caller: &Caller,
-        namespace: Option<&str>,
-        key: &str,
-        token: &str,
-    ) -> Result<Claim, ApiError> {
+    async fn held(&self, caller: &Caller, input: &impl NamesClaim) -> Result<Claim, ApiError> {
+        let (namespace, key, token) = input.claim();
         let (_, key) = self.locate(caller, namespace, key).await?;
         Ok(Claim::new(key, parse_token(token)?))
     }
 }
+
+/// A fenced request that names a claim: its namespace, key and token.
+trait NamesClaim {
+    fn claim(&self) -> (Option<&str>, &str, &str);
+}
+
+macro_rules! names_claim {
+    ($($input:ty),*) => {$(
+        impl NamesClaim for $input {
+            fn claim(&self) -> (Option<&str>, &str, &str) {
+                (self.namespace.as_deref(), &self.key, &self.token)
+            }
+        }
+    )*};
+}
+names_claim!(RenewIn, StepsBeginIn, StepWriteIn);
 
 /// Diom's routes, the fenced extension's (`renew`, and `get`, `evict`, `prune`, `steps.begin`,
 /// `steps.write`, which make the server a store: `idem_core::RemoteStore`), `/metrics` and the
@@ -570,14 +581,7 @@ async fn renew(
     input: RenewIn,
     out: Format,
 ) -> Result<Response, ApiError> {
-    let claim = app
-        .held(
-            &caller,
-            input.namespace.as_deref(),
-            &input.key,
-            &input.token,
-        )
-        .await?;
+    let claim = app.held(&caller, &input).await?;
     let lease = period(input.lock_period_ms, "body.lock_period_ms")?;
     app.inner
         .engine
@@ -668,14 +672,7 @@ async fn begin_steps(
     input: StepsBeginIn,
     out: Format,
 ) -> Result<Response, ApiError> {
-    let claim = app
-        .held(
-            &caller,
-            input.namespace.as_deref(),
-            &input.key,
-            &input.token,
-        )
-        .await?;
+    let claim = app.held(&caller, &input).await?;
     let ttl = period(input.ttl_ms, "body.ttl_ms")?;
     let log = app
         .inner
@@ -710,14 +707,7 @@ async fn write_step(
     input: StepWriteIn,
     out: Format,
 ) -> Result<Response, ApiError> {
-    let claim = app
-        .held(
-            &caller,
-            input.namespace.as_deref(),
-            &input.key,
-            &input.token,
-        )
-        .await?;
+    let claim = app.held(&caller, &input).await?;
     let ttl = period(input.ttl_ms, "body.ttl_ms")?;
     let step = StepWrite {
         name: &input.name,
