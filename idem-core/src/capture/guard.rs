@@ -106,10 +106,30 @@ macro_rules! guard_service_items {
 
 /// Builder setters both layers have, each named by its method name after its doc attributes
 /// and a `;`: `require_key`, `scope`, `caller`, `shared_key_space`, `lease`, `retention`,
-/// `on_locked`. Used inside `impl LayerBuilder<C>`, in the order the layer documents them.
+/// `on_locked`; `store_if(ARGS)`, whose predicate takes the layer's `ARGS` (what it decides
+/// on); `max_request(NAME)`, the limit on what the layer reads to fingerprint a call, set by
+/// the method `NAME` (into the config's `max_request`). Used inside `impl LayerBuilder<C>`, in
+/// the order the layer documents them.
 macro_rules! guard_setters {
-    ($($(#[$doc:meta])* $setter:ident;)*) => {
-        $($crate::capture::guard::guard_setters!(@one $(#[$doc])* $setter);)*
+    ($($(#[$doc:meta])* $setter:ident $(($($arg:tt)*))?;)*) => {
+        $($crate::capture::guard::guard_setters!(@one $(#[$doc])* $setter $(($($arg)*))?);)*
+    };
+    (@one $(#[$doc:meta])* store_if($($arg:ty),*)) => {
+        $(#[$doc])*
+        pub fn store_if(
+            mut self,
+            predicate: impl Fn($($arg),*) -> bool + Send + Sync + 'static,
+        ) -> Self {
+            self.config.store_if = ::std::sync::Arc::new(predicate);
+            self
+        }
+    };
+    (@one $(#[$doc:meta])* max_request($name:ident)) => {
+        $(#[$doc])*
+        pub fn $name(mut self, limit: usize) -> Self {
+            self.config.max_request = limit;
+            self
+        }
     };
     (@one $(#[$doc:meta])* require_key) => {
         $(#[$doc])*
@@ -166,3 +186,13 @@ macro_rules! guard_setters {
 }
 
 pub(crate) use {guard_layer, guard_service, guard_service_items, guard_setters};
+
+/// How a layer's `Debug` describes whose keys are whose: `caller` when a caller extractor
+/// scopes them.
+pub(crate) fn key_space(caller: bool) -> &'static str {
+    if caller {
+        "scoped by the caller extractor"
+    } else {
+        "one shared key space"
+    }
+}

@@ -9,7 +9,7 @@ use tonic::Code;
 
 use super::service::IdempotencyService;
 use super::IDEMPOTENCY_KEY;
-use crate::capture::guard::{guard_layer, guard_setters};
+use crate::capture::guard::{guard_layer, guard_setters, key_space};
 use crate::capture::{check_builder, CallerFn};
 use crate::codec::{Codec, JsonCodec};
 use crate::engine::{Idempotency, Overrides};
@@ -198,7 +198,7 @@ pub(crate) struct Config<C> {
     /// [`LayerBuilder::shared_key_space`].
     pub(crate) caller: Option<Box<CallerFn>>,
     pub(crate) store_if: Arc<StoreIfFn>,
-    pub(crate) max_request_message: usize,
+    pub(crate) max_request: usize,
 }
 
 impl<C> fmt::Debug for Config<C> {
@@ -210,16 +210,9 @@ impl<C> fmt::Debug for Config<C> {
             .field("methods", &methods)
             .field("key_metadata", &self.key_metadata)
             .field("require_key", &self.require_key)
-            .field(
-                "callers",
-                &if self.caller.is_some() {
-                    "scoped by the caller extractor"
-                } else {
-                    "one shared key space"
-                },
-            )
+            .field("callers", &key_space(self.caller.is_some()))
             .field("options", &self.options)
-            .field("max_request_message", &self.max_request_message)
+            .field("max_request_message", &self.max_request)
             .finish_non_exhaustive()
     }
 }
@@ -269,7 +262,7 @@ impl<C: Codec> IdempotencyLayer<C> {
                 scope: Arc::from("grpc"),
                 caller: None,
                 store_if: Arc::new(stores_by_default),
-                max_request_message: 4 << 20,
+                max_request: 4 << 20,
             },
             methods: Vec::new(),
             key_metadata: None,
@@ -451,39 +444,33 @@ impl<C: Codec> LayerBuilder<C> {
         /// # let _ = b;
         /// ```
         on_locked;
-    }
 
-    /// Which answers are stored and replayed, by gRPC status (from the trailers, or from the
-    /// headers of a trailers-only response; a response without one, or whose HTTP status is not
-    /// `200`, counts as `UNKNOWN`). An answer that is not stored goes to the client as it is and
-    /// frees the key. Default [`stores_by_default`].
-    ///
-    /// ```
-    /// # use idem_core::{grpc::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
-    /// use tonic::Code;
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     // Let a corrected request run under the same key.
-    ///     .store_if(|code| stores_by_default(code) && code != Code::InvalidArgument);
-    /// # let _ = b;
-    /// ```
-    pub fn store_if(mut self, predicate: impl Fn(Code) -> bool + Send + Sync + 'static) -> Self {
-        self.config.store_if = Arc::new(predicate);
-        self
-    }
+        /// Which answers are stored and replayed, by gRPC status (from the trailers, or from the
+        /// headers of a trailers-only response; a response without one, or whose HTTP status is not
+        /// `200`, counts as `UNKNOWN`). An answer that is not stored goes to the client as it is
+        /// and frees the key. Default [`stores_by_default`].
+        ///
+        /// ```
+        /// # use idem_core::{grpc::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
+        /// use tonic::Code;
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     // Let a corrected request run under the same key.
+        ///     .store_if(|code| stores_by_default(code) && code != Code::InvalidArgument);
+        /// # let _ = b;
+        /// ```
+        store_if(Code);
 
-    /// The largest request message the layer reads to fingerprint it, in bytes; a guarded call
-    /// with a larger one gets `RESOURCE_EXHAUSTED` and nothing runs. Default 4 MiB, tonic's
-    /// own default limit.
-    ///
-    /// ```
-    /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .max_request_message(256 * 1024);
-    /// # let _ = b;
-    /// ```
-    pub fn max_request_message(mut self, limit: usize) -> Self {
-        self.config.max_request_message = limit;
-        self
+        /// The largest request message the layer reads to fingerprint it, in bytes; a guarded call
+        /// with a larger one gets `RESOURCE_EXHAUSTED` and nothing runs. Default 4 MiB, tonic's own
+        /// default limit.
+        ///
+        /// ```
+        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .max_request_message(256 * 1024);
+        /// # let _ = b;
+        /// ```
+        max_request(max_request_message);
     }
 
     /// Checks the configuration and builds the layer. [`Error::InvalidConfig`] when: no unary

@@ -72,14 +72,14 @@ where
             let (parts, body) = req.into_parts();
             // The message is read whole before anything is claimed: a call whose message never
             // fully arrived claims nothing.
-            let limit = config.max_request_message.saturating_add(5);
+            let limit = config.max_request.saturating_add(5);
             let body = match read_request(body, &parts.headers, limit).await {
                 Ok(body) => body,
                 Err(ReadError::TooLarge) => {
                     return Ok(Problem::MessageTooLarge.response(format!(
                         "calls to this method with an idempotency key may carry a message of at \
                          most {} bytes",
-                        config.max_request_message
+                        config.max_request
                     )))
                 }
                 Err(ReadError::Failed(e)) => {

@@ -8,7 +8,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use super::fingerprint::BodyFingerprint;
 use super::problem::ProblemConfig;
 use super::service::IdempotencyService;
-use crate::capture::guard::{guard_layer, guard_setters};
+use crate::capture::guard::{guard_layer, guard_setters, key_space};
 use crate::capture::{check_builder, CallerFn};
 use crate::codec::{Codec, JsonCodec};
 use crate::engine::{Idempotency, Overrides};
@@ -59,7 +59,7 @@ pub(crate) struct Config<C> {
     pub(crate) caller: Option<Box<CallerFn>>,
     pub(crate) fingerprint: BodyFingerprint,
     pub(crate) store_if: Arc<StoreIfFn>,
-    pub(crate) max_request_body: usize,
+    pub(crate) max_request: usize,
     pub(crate) problems: ProblemConfig,
 }
 
@@ -102,17 +102,10 @@ impl<C> fmt::Debug for Config<C> {
             .field("methods", &self.methods)
             .field("require_key", &self.require_key)
             .field("accept_bare_keys", &self.accept_bare_keys)
-            .field(
-                "callers",
-                &if self.caller.is_some() {
-                    "scoped by the caller extractor"
-                } else {
-                    "one shared key space"
-                },
-            )
+            .field("callers", &key_space(self.caller.is_some()))
             .field("fingerprint", &self.fingerprint)
             .field("options", &self.options)
-            .field("max_request_body", &self.max_request_body)
+            .field("max_request_body", &self.max_request)
             .field("problems", &self.problems)
             .finish_non_exhaustive()
     }
@@ -208,7 +201,7 @@ impl<C: Codec> LayerBuilder<C> {
                 caller: None,
                 fingerprint: BodyFingerprint::default(),
                 store_if: Arc::new(|status, _: &HeaderMap| stores_by_default(status)),
-                max_request_body: 1 << 20,
+                max_request: 1 << 20,
                 problems: ProblemConfig::default(),
             },
             shared_key_space: false,
@@ -438,42 +431,33 @@ impl<C: Codec> LayerBuilder<C> {
         /// # let _ = b;
         /// ```
         on_locked;
-    }
 
-    /// Which handler responses are stored and replayed, by status and headers. A response that
-    /// is not stored goes to the client as it is and frees the key, so a retry runs the handler
-    /// again. Default [`stores_by_default`]. Exclude streaming responses here (for instance
-    /// `text/event-stream`): a stored response is read whole before it is sent.
-    ///
-    /// ```
-    /// # use idem_core::{http::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .store_if(|status, headers| {
-    ///         stores_by_default(status)
-    ///             && headers.get("content-type").map_or(true, |v| v != "text/event-stream")
-    ///     });
-    /// # let _ = b;
-    /// ```
-    pub fn store_if(
-        mut self,
-        predicate: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
-    ) -> Self {
-        self.config.store_if = Arc::new(predicate);
-        self
-    }
+        /// Which handler responses are stored and replayed, by status and headers. A response that
+        /// is not stored goes to the client as it is and frees the key, so a retry runs the handler
+        /// again. Default [`stores_by_default`]. Exclude streaming responses here (for instance
+        /// `text/event-stream`): a stored response is read whole before it is sent.
+        ///
+        /// ```
+        /// # use idem_core::{http::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .store_if(|status, headers| {
+        ///         stores_by_default(status)
+        ///             && headers.get("content-type").map_or(true, |v| v != "text/event-stream")
+        ///     });
+        /// # let _ = b;
+        /// ```
+        store_if(StatusCode, &HeaderMap);
 
-    /// The largest request body the layer reads to fingerprint it, in bytes; a guarded request
-    /// with a key and a larger body gets `413` and nothing runs or is stored. Default 1 MiB.
-    ///
-    /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .max_request_body(256 * 1024);
-    /// # let _ = b;
-    /// ```
-    pub fn max_request_body(mut self, limit: usize) -> Self {
-        self.config.max_request_body = limit;
-        self
+        /// The largest request body the layer reads to fingerprint it, in bytes; a guarded request
+        /// with a key and a larger body gets `413` and nothing runs or is stored. Default 1 MiB.
+        ///
+        /// ```
+        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .max_request_body(256 * 1024);
+        /// # let _ = b;
+        /// ```
+        max_request(max_request_body);
     }
 
     /// Checks the configuration and builds the layer. [`Error::InvalidConfig`] when: neither

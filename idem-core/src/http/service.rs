@@ -80,14 +80,14 @@ where
                 Ok(key) => key,
                 Err((problem, detail)) => return Ok(problem.response(&config.problems, detail)),
             };
-            let body = match read_request(body, &parts.headers, config.max_request_body).await {
+            let body = match read_request(body, &parts.headers, config.max_request).await {
                 Ok(body) => body,
                 Err(ReadError::TooLarge) => {
                     return Ok(Problem::BodyTooLarge.response(
                         &config.problems,
                         format!(
                             "requests with an Idempotency-Key may carry at most {} bytes of body",
-                            config.max_request_body
+                            config.max_request
                         ),
                     ))
                 }
