@@ -562,28 +562,39 @@ mod tests {
         );
     }
 
+    /// Each of `urls` is refused; when `scheme`'s store is built, with an error that `is`
+    /// accepts and whose message says each of `says`.
+    fn refused(scheme: Scheme, urls: &[&str], is: fn(&StoreUrlError) -> bool, says: &[&str]) {
+        for url in urls {
+            let err = StoreUrl::parse(url).unwrap_err();
+            if scheme.is_built() {
+                assert!(is(&err), "{url}: {err}");
+                for part in says {
+                    assert!(err.to_string().contains(part), "{url}: {err}");
+                }
+            }
+        }
+    }
+
+    fn no_host(err: &StoreUrlError) -> bool {
+        matches!(err, StoreUrlError::NoHost { .. })
+    }
+
     #[test]
     fn a_server_url_names_a_host_and_a_token() {
-        if !Scheme::Remote.is_built() {
-            return;
-        }
-        for url in [
+        let urls = [
             "idem+http://",
             "idem+http://?token=t",
             "idem+http:///p?token=t",
-        ] {
-            let err = StoreUrl::parse(url).unwrap_err();
-            assert!(matches!(err, StoreUrlError::NoHost { .. }), "{url}: {err}");
-        }
-        for url in [
+        ];
+        refused(Scheme::Remote, &urls, no_host, &[]);
+        let urls = [
             "idem+http://h:1",
             "idem+http://h:1?token=",
             "idem+http://h:1?tok=x",
-        ] {
-            let err = StoreUrl::parse(url).unwrap_err();
-            assert!(matches!(err, StoreUrlError::NoToken { .. }), "{url}: {err}");
-            assert!(err.to_string().contains("?token=TOKEN"), "{err}");
-        }
+        ];
+        let no_token = |err: &StoreUrlError| matches!(err, StoreUrlError::NoToken { .. });
+        refused(Scheme::Remote, &urls, no_token, &["?token=TOKEN"]);
         let err = StoreUrl::parse("idem+http://?token=hunter2").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
     }
@@ -633,28 +644,15 @@ mod tests {
 
     #[test]
     fn urls_without_a_host_are_refused() {
-        for url in [
+        let urls = [
             "redis-cluster://",
             "redis-cluster://u:p@",
             "redis-cluster://,",
-        ] {
-            let err = StoreUrl::parse(url).unwrap_err();
-            if Scheme::RedisCluster.is_built() {
-                assert!(matches!(err, StoreUrlError::NoHost { .. }), "{url}: {err}");
-                assert!(err.to_string().contains("names no node"), "{err}");
-                assert!(
-                    err.to_string().contains("redis-cluster://HOST:PORT"),
-                    "{err}"
-                );
-            }
-        }
-        for url in ["dynamodb://", "dynamodb+https://", "dynamodb:///path"] {
-            let err = StoreUrl::parse(url).unwrap_err();
-            if Scheme::DynamoDb.is_built() {
-                assert!(matches!(err, StoreUrlError::NoHost { .. }), "{url}: {err}");
-                assert!(err.to_string().contains("names no host"), "{err}");
-            }
-        }
+        ];
+        let says = ["names no node", "redis-cluster://HOST:PORT"];
+        refused(Scheme::RedisCluster, &urls, no_host, &says);
+        let urls = ["dynamodb://", "dynamodb+https://", "dynamodb:///path"];
+        refused(Scheme::DynamoDb, &urls, no_host, &["names no host"]);
     }
 
     #[test]
