@@ -568,16 +568,21 @@ async fn prune_sql(store: Arc<dyn Store>, live: &[Key]) {
     assert_eq!((again.deleted, again.drained), (0, true));
 }
 
+/// A SQLite store in `dir` without a pruner of its own: the test's pruner is the one measured.
+#[cfg(feature = "sqlite")]
+async fn sqlite_without_pruner(dir: &tempfile::TempDir) -> idem_core::SqliteStore {
+    idem_core::SqliteStore::builder()
+        .pruner(None)
+        .open(dir.path().join("idem.db"))
+        .await
+        .unwrap()
+}
+
 #[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn prunes_expired_sqlite_records_in_batches() {
     let dir = tempfile::tempdir().unwrap();
-    // Without the store's own pruner: this test's pruner is the one measured.
-    let store = idem_core::SqliteStore::builder()
-        .pruner(None)
-        .open(dir.path().join("idem.db"))
-        .await
-        .unwrap();
+    let store = sqlite_without_pruner(&dir).await;
     let count = format!("SELECT count(*) FROM \"{}\"", store.table());
     let rows = || sqlx::query_scalar::<_, i64>(&count).fetch_one(store.pool());
     fill_and_prune_sql(Arc::new(store.clone()), || async { rows().await.unwrap() }).await;
@@ -589,12 +594,7 @@ async fn prunes_expired_sqlite_records_in_batches() {
 #[tokio::test]
 async fn a_sqlite_pruner_deletes_100_records_a_batch_by_default() {
     let dir = tempfile::tempdir().unwrap();
-    // Without the store's own pruner: this test's pruner is the one measured.
-    let store = idem_core::SqliteStore::builder()
-        .pruner(None)
-        .open(dir.path().join("idem.db"))
-        .await
-        .unwrap();
+    let store = sqlite_without_pruner(&dir).await;
     // 150 completed records whose retention ended in 1970.
     sqlx::query(&format!(
         "INSERT INTO \"{}\" (key, token, state, expires_at) \
