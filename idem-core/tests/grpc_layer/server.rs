@@ -206,14 +206,19 @@ impl Server {
         let mut builder = TonicServer::builder()
             .layer(tower::layer::layer_fn({
                 let lose = lose.clone();
-                move |inner| LostResponses {
+                move |inner| Mapped {
                     inner,
-                    lose: lose.clone(),
-                    seen: Arc::default(),
+                    map: LostResponses {
+                        lose: lose.clone(),
+                        seen: Arc::default(),
+                    },
                 }
             }))
             .layer(layer)
-            .layer(tower::layer::layer_fn(LedgerTrailer::new));
+            .layer(tower::layer::layer_fn(|inner| Mapped {
+                inner,
+                map: LedgerTrailer::default(),
+            }));
         let router = builder.add_service(PaymentsServer::new(app.clone()));
         let task = tokio::spawn(async move {
             router.serve_with_incoming(incoming).await.unwrap();
@@ -362,20 +367,29 @@ impl Raw {
     }
 }
 
-/// A network that loses responses, outside the idempotency layer: the first `lose` responses
-/// to each key are made by the server (and stored by the layer), then replaced on the way back
-/// by `UNAVAILABLE`, as a client sees a connection that broke before the answer came.
-#[derive(Clone)]
-struct LostResponses<S> {
-    inner: S,
-    lose: Arc<AtomicUsize>,
-    seen: Arc<Mutex<std::collections::HashMap<String, usize>>>,
+/// A middleware that changes responses on their way back: what `see` takes of a request decides
+/// what `respond` makes of its response.
+trait OnResponse {
+    /// What the middleware keeps of a request until its response comes.
+    type Seen: Send + 'static;
+
+    fn see<B>(&self, req: &http::Request<B>) -> Self::Seen;
+
+    fn respond(seen: Self::Seen, response: http::Response<Body>) -> http::Response<Body>;
 }
 
-impl<S, ReqBody> Service<http::Request<ReqBody>> for LostResponses<S>
+/// The service of an [`OnResponse`] middleware `map` around `inner`.
+#[derive(Clone)]
+struct Mapped<S, M> {
+    inner: S,
+    map: M,
+}
+
+impl<S, M, ReqBody> Service<http::Request<ReqBody>> for Mapped<S, M>
 where
     S: Service<http::Request<ReqBody>, Response = http::Response<Body>>,
     S::Future: Send + 'static,
+    M: OnResponse,
 {
     type Response = http::Response<Body>;
     type Error = S::Error;
@@ -386,76 +400,72 @@ where
     }
 
     fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        let seen = self.map.see(&req);
+        let fut = self.inner.call(req);
+        Box::pin(async move { Ok(M::respond(seen, fut.await?)) })
+    }
+}
+
+/// A network that loses responses, outside the idempotency layer: the first `lose` responses
+/// to each key are made by the server (and stored by the layer), then replaced on the way back
+/// by `UNAVAILABLE`, as a client sees a connection that broke before the answer came.
+#[derive(Clone)]
+struct LostResponses {
+    lose: Arc<AtomicUsize>,
+    seen: Arc<Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+impl OnResponse for LostResponses {
+    /// Whether this response is lost.
+    type Seen = bool;
+
+    fn see<B>(&self, req: &http::Request<B>) -> bool {
         let key = req
             .headers()
             .get("idempotency-key")
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
-        let lost = {
-            let mut seen = self.seen.lock().unwrap();
-            let n = seen.entry(key).or_insert(0);
-            *n += 1;
-            *n <= self.lose.load(Ordering::SeqCst)
-        };
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let response = fut.await?;
-            if lost {
-                return Ok(Status::unavailable("the connection broke").into_http());
-            }
-            Ok(response)
-        })
+        let mut seen = self.seen.lock().unwrap();
+        let n = seen.entry(key).or_insert(0);
+        *n += 1;
+        *n <= self.lose.load(Ordering::SeqCst)
+    }
+
+    fn respond(lost: bool, response: http::Response<Body>) -> http::Response<Body> {
+        if lost {
+            return Status::unavailable("the connection broke").into_http();
+        }
+        response
     }
 }
 
 /// Adds custom trailing metadata to every response that ends with trailers, as a service's
 /// middleware would: `x-ledger-seq`, a number that grows with each response.
-#[derive(Clone)]
-struct LedgerTrailer<S> {
-    inner: S,
+#[derive(Clone, Default)]
+struct LedgerTrailer {
     seq: Arc<AtomicUsize>,
 }
 
-impl<S> LedgerTrailer<S> {
-    fn new(inner: S) -> Self {
-        LedgerTrailer {
-            inner,
-            seq: Arc::default(),
-        }
-    }
-}
+impl OnResponse for LedgerTrailer {
+    type Seen = Arc<AtomicUsize>;
 
-impl<S, ReqBody> Service<http::Request<ReqBody>> for LedgerTrailer<S>
-where
-    S: Service<http::Request<ReqBody>, Response = http::Response<Body>>,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+    fn see<B>(&self, _: &http::Request<B>) -> Arc<AtomicUsize> {
+        self.seq.clone()
     }
 
-    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
-        let seq = self.seq.clone();
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let response = fut.await?;
-            Ok(response.map(|body| {
-                Body::new(
-                    body.map_frame(move |frame: Frame<Bytes>| match frame.into_trailers() {
-                        Ok(mut trailers) => {
-                            let n = seq.fetch_add(1, Ordering::SeqCst) + 1;
-                            trailers.insert("x-ledger-seq", n.to_string().parse().unwrap());
-                            Frame::trailers(trailers)
-                        }
-                        Err(frame) => frame,
-                    }),
-                )
-            }))
+    fn respond(seq: Arc<AtomicUsize>, response: http::Response<Body>) -> http::Response<Body> {
+        response.map(|body| {
+            Body::new(
+                body.map_frame(move |frame: Frame<Bytes>| match frame.into_trailers() {
+                    Ok(mut trailers) => {
+                        let n = seq.fetch_add(1, Ordering::SeqCst) + 1;
+                        trailers.insert("x-ledger-seq", n.to_string().parse().unwrap());
+                        Frame::trailers(trailers)
+                    }
+                    Err(frame) => frame,
+                }),
+            )
         })
     }
 }
