@@ -42,6 +42,12 @@ async fn all_refused_as_stale(server: &common::Server, caller: &str, key: &str, 
     }
 }
 
+/// An unfenced start of `key` with a 15 s lock, as `caller`: the answer's body.
+async fn start(server: &common::Server, caller: &str, key: &str) -> Value {
+    let body = j!({"key": key, "lock_period_ms": 15000});
+    post(server, "start", caller, body).await.1
+}
+
 async fn fenced_start(server: &common::Server, key: &str, lock_ms: u64) -> String {
     let (status, body) = post(
         server,
@@ -81,13 +87,7 @@ async fn a_stale_holder_is_refused_and_changes_nothing() {
     let fresh = fresh.expect("the first lock never ran out");
     all_refused_as_stale(&server, ALICE, "k", &stale).await;
     // The new holder's claim is intact: still locked, and its own complete lands.
-    let (_, body) = post(
-        &server,
-        "start",
-        ALICE,
-        j!({"key": "k", "lock_period_ms": 15000}),
-    )
-    .await;
+    let body = start(&server, ALICE, "k").await;
     assert_eq!(body["status"], "locked");
     let (status, _) = post(
         &server,
@@ -105,13 +105,7 @@ async fn a_stale_holder_is_refused_and_changes_nothing() {
     )
     .await;
     assert_eq!(status, 200);
-    let (_, body) = post(
-        &server,
-        "start",
-        ALICE,
-        j!({"key": "k", "lock_period_ms": 15000}),
-    )
-    .await;
+    let body = start(&server, ALICE, "k").await;
     assert_eq!(body, j!({"status": "completed", "data": {"response": [2]}}));
     // A fenced abort of a completed key is a stale holder too: the response stays.
     let (status, _) = post(&server, "abort", ALICE, j!({"key": "k", "token": fresh})).await;
@@ -159,24 +153,12 @@ async fn another_callers_token_is_a_stale_holder_on_my_key() {
     let alices = fenced_start(&server, "mine", 15_000).await;
     // Bob holds Alice's token: on "mine" it names no claim of his (his key space is his own).
     all_refused_as_stale(&server, BOB, "mine", &alices).await;
-    let (_, body) = post(
-        &server,
-        "start",
-        BOB,
-        j!({"key": "mine", "lock_period_ms": 15000}),
-    )
-    .await;
+    let body = start(&server, BOB, "mine").await;
     assert_eq!(
         body["status"], "started",
         "Bob's refused requests claimed his key"
     );
-    let (_, body) = post(
-        &server,
-        "start",
-        ALICE,
-        j!({"key": "mine", "lock_period_ms": 15000}),
-    )
-    .await;
+    let body = start(&server, ALICE, "mine").await;
     assert_eq!(body["status"], "locked", "Alice's claim was touched");
 }
 
@@ -255,13 +237,7 @@ async fn a_server_can_require_tokens_everywhere() {
     assert_eq!(status, 422);
     let (status, _) = post(&server, "abort", ALICE, j!({"key": "k", "token": token})).await;
     assert_eq!(status, 200);
-    let (_, body) = post(
-        &server,
-        "start",
-        ALICE,
-        j!({"key": "k", "lock_period_ms": 15000}),
-    )
-    .await;
+    let body = start(&server, ALICE, "k").await;
     assert_eq!(
         body["status"], "started",
         "the fenced abort released the key"
