@@ -12,7 +12,8 @@ use axum::http::Request;
 use common::{call, json, serve, Server, ADMIN, ALICE, BOB};
 use diom::models::{
     IdempotencyAbortIn, IdempotencyCompleteIn, IdempotencyConfigureNamespaceIn,
-    IdempotencyGetNamespaceIn, IdempotencyStartIn, IdempotencyStartOut,
+    IdempotencyConfigureNamespaceOut, IdempotencyGetNamespaceIn, IdempotencyGetNamespaceOut,
+    IdempotencyStartIn, IdempotencyStartOut,
 };
 use diom::{DiomClient, DiomOptions, ErrorKind};
 use idem_server::Config;
@@ -31,6 +32,21 @@ fn client(server: &Server, token: &str) -> DiomClient {
 
 fn lock(ms: u64) -> IdempotencyStartIn {
     IdempotencyStartIn::new(Duration::from_millis(ms))
+}
+
+/// Configures the namespace `name` as `client`.
+async fn configure(
+    client: &DiomClient,
+    name: &str,
+) -> diom::Result<IdempotencyConfigureNamespaceOut> {
+    let input = IdempotencyConfigureNamespaceIn::new(name.to_owned());
+    client.idempotency().namespace().configure(input).await
+}
+
+/// The namespace `name`, as `client` reads it.
+async fn namespace(client: &DiomClient, name: &str) -> diom::Result<IdempotencyGetNamespaceOut> {
+    let input = IdempotencyGetNamespaceIn::new(name.to_owned());
+    client.idempotency().namespace().get(input).await
 }
 
 /// What `start` answered, by its status.
@@ -201,36 +217,16 @@ async fn namespaces_are_configured_by_the_admin_and_separate_keys() {
         .unwrap_err();
     assert_eq!(class(&unknown), ("operation-error", "not_found".to_owned()));
 
-    let made = admin
-        .idempotency()
-        .namespace()
-        .configure(IdempotencyConfigureNamespaceIn::new("orders".into()))
-        .await
-        .unwrap();
+    let made = configure(&admin, "orders").await.unwrap();
     assert_eq!(made.name, "orders");
-    let read = admin
-        .idempotency()
-        .namespace()
-        .get(IdempotencyGetNamespaceIn::new("orders".into()))
-        .await
-        .unwrap();
+    let read = namespace(&admin, "orders").await.unwrap();
     assert_eq!(
         (read.name, read.created),
         ("orders".to_owned(), made.created)
     );
-    let missing = admin
-        .idempotency()
-        .namespace()
-        .get(IdempotencyGetNamespaceIn::new("nope".into()))
-        .await
-        .unwrap_err();
+    let missing = namespace(&admin, "nope").await.unwrap_err();
     assert_eq!(class(&missing), ("operation-error", "not_found".to_owned()));
-    let refused = alice
-        .idempotency()
-        .namespace()
-        .configure(IdempotencyConfigureNamespaceIn::new("mine".into()))
-        .await
-        .unwrap_err();
+    let refused = configure(&alice, "mine").await.unwrap_err();
     assert_eq!(class(&refused), ("operation-error", "forbidden".to_owned()));
 
     assert_eq!(
@@ -248,38 +244,27 @@ async fn namespaces_are_configured_by_the_admin_and_separate_keys() {
 async fn callers_never_meet_each_others_keys() {
     let server = serve(Config::default()).await;
     let (alice, bob) = (client(&server, ALICE), client(&server, BOB));
+    let (alice, bob) = (alice.idempotency(), bob.idempotency());
     assert_eq!(
-        status(
-            alice
-                .idempotency()
-                .start("shared".into(), lock(15_000))
-                .await
-        ),
+        status(alice.start("shared".into(), lock(15_000)).await),
         "started"
     );
     assert_eq!(
-        status(bob.idempotency().start("shared".into(), lock(15_000)).await),
+        status(bob.start("shared".into(), lock(15_000)).await),
         "started"
     );
-    bob.idempotency()
-        .complete(
-            "shared".into(),
-            IdempotencyCompleteIn::new(b"bob's".to_vec(), Duration::from_secs(60)),
-        )
-        .await
-        .unwrap();
-    bob.idempotency()
-        .abort("shared".into(), IdempotencyAbortIn::new())
+    bob.complete(
+        "shared".into(),
+        IdempotencyCompleteIn::new(b"bob's".to_vec(), Duration::from_secs(60)),
+    )
+    .await
+    .unwrap();
+    bob.abort("shared".into(), IdempotencyAbortIn::new())
         .await
         .unwrap();
     // Alice's claim is untouched by Bob's complete and abort.
     assert_eq!(
-        status(
-            alice
-                .idempotency()
-                .start("shared".into(), lock(15_000))
-                .await
-        ),
+        status(alice.start("shared".into(), lock(15_000)).await),
         "locked"
     );
 }
