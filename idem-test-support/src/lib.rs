@@ -33,6 +33,27 @@ pub mod postgres;
 pub mod redis;
 pub mod stores;
 
+/// Whether `err` is [`SchemaNotMigrated`](idem_core::Error::SchemaNotMigrated) for a table
+/// found at schema version `found` (`None`: no table or ledger) that needs version `needed`:
+/// what a SQL store that does not migrate answers on a table not brought up to date.
+///
+/// ```
+/// use idem_core::Error;
+/// let err = Error::SchemaNotMigrated { table: "idem_records".into(), found: Some(0), needed: 2 };
+/// assert!(idem_test_support::not_migrated(&err, Some(0), 2));
+/// assert!(!idem_test_support::not_migrated(&err, None, 2));
+/// ```
+pub fn not_migrated(err: &idem_core::Error, found: Option<i64>, needed: i64) -> bool {
+    match err {
+        idem_core::Error::SchemaNotMigrated {
+            found: f,
+            needed: n,
+            ..
+        } => *f == found && *n == needed,
+        _ => false,
+    }
+}
+
 /// The value of the environment variable `var`, or `None` after printing why `test` skips; a
 /// failure instead when `require` (such as `IDEM_REQUIRE_PG`) is `1`.
 ///
