@@ -19,7 +19,6 @@
 //! it with `tonic-prost-build` on `protox` (no `protoc`): the build script a service of your own
 //! would have.
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +27,9 @@ use idem::grpc::{IdempotencyLayer, UnaryMethod};
 use idem::{Idempotency, SqliteStore};
 use idem_test_support::grpc::payments_client::PaymentsClient;
 use idem_test_support::grpc::payments_server::{Payments, PaymentsServer};
-use idem_test_support::grpc::{CreatePaymentRequest, Payment, TransferRequest, WatchRequest};
+use idem_test_support::grpc::{
+    CreatePaymentRequest, Payment, PaymentStream, TransferRequest, WatchRequest,
+};
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status};
@@ -93,8 +94,7 @@ impl Payments for Service {
         )))
     }
 
-    type WatchStream =
-        Pin<Box<dyn tokio_stream::Stream<Item = Result<Payment, Status>> + Send + 'static>>;
+    type WatchStream = PaymentStream;
 
     async fn watch(
         &self,

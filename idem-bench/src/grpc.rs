@@ -8,7 +8,6 @@
 //! again). The same-key run sends 50 calls of one key at once to each, whose handler counts its
 //! runs and works a little so the calls overlap; what they got is printed beside the figures.
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -16,7 +15,9 @@ use idem::grpc::{IdempotencyLayer, UnaryMethod, IDEMPOTENT_REPLAYED};
 use idem::{Idempotency, MemoryStore};
 use idem_test_support::grpc::payments_client::PaymentsClient;
 use idem_test_support::grpc::payments_server::{Payments, PaymentsServer};
-use idem_test_support::grpc::{CreatePaymentRequest, Payment, TransferRequest, WatchRequest};
+use idem_test_support::grpc::{
+    CreatePaymentRequest, Payment, PaymentStream, TransferRequest, WatchRequest,
+};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Barrier};
 use tokio::task::JoinSet;
@@ -67,8 +68,7 @@ impl Payments for Service {
         Err(Status::unimplemented("not benchmarked"))
     }
 
-    type WatchStream =
-        Pin<Box<dyn tokio_stream::Stream<Item = Result<Payment, Status>> + Send + 'static>>;
+    type WatchStream = PaymentStream;
 
     async fn watch(&self, _: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         Err(Status::unimplemented("not benchmarked"))

@@ -11,6 +11,17 @@ pub use prost;
 
 tonic::include_proto!("idem.test.payments");
 
+/// The stream an implementation of `payments_server::Payments` answers `Watch` with, boxed
+/// (tonic's codegen alias, which the generated trait's bound names): the `WatchStream` of the
+/// test service, the example and the benchmark.
+///
+/// ```
+/// use idem_test_support::grpc::PaymentStream;
+/// let streams: Vec<PaymentStream> = Vec::new();
+/// # let _ = streams;
+/// ```
+pub type PaymentStream = tonic::codegen::BoxStream<Payment>;
+
 /// The path of a method of the service: `/idem.test.payments.Payments/{method}`.
 ///
 /// ```

@@ -18,7 +18,9 @@ use idem_core::{Idempotency, Store};
 use idem_test_support::grpc::payments_client::PaymentsClient;
 use idem_test_support::grpc::payments_server::{Payments, PaymentsServer};
 use idem_test_support::grpc::prost::Message;
-use idem_test_support::grpc::{path, CreatePaymentRequest, Payment, TransferRequest, WatchRequest};
+use idem_test_support::grpc::{
+    path, CreatePaymentRequest, Payment, PaymentStream, TransferRequest, WatchRequest,
+};
 use idem_test_support::hold::{Hold, Holds};
 use tokio::task::JoinHandle;
 use tonic::body::Body;
@@ -124,8 +126,7 @@ impl Payments for App {
         }))
     }
 
-    type WatchStream =
-        Pin<Box<dyn tokio_stream::Stream<Item = Result<Payment, Status>> + Send + 'static>>;
+    type WatchStream = PaymentStream;
 
     async fn watch(
         &self,
