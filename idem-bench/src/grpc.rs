@@ -19,14 +19,13 @@ use idem_test_support::grpc::{
     CreatePaymentRequest, Payment, PaymentStream, TransferRequest, WatchRequest,
 };
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, Barrier};
-use tokio::task::JoinSet;
+use tokio::sync::oneshot;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server as TonicServer};
 use tonic::{Code, Request, Response, Status};
 
-use crate::harness::{from_8_tasks, op, Hit, Op};
-use crate::peers::{compare, SameKey, SAME_KEY_CALLS, SAME_KEY_WORK};
+use crate::harness::{from_8_tasks, op, replay_op, Hit, Op};
+use crate::peers::{at_once, compare, SameKey, SAME_KEY_CALLS, SAME_KEY_WORK};
 use crate::report::{Row, Workload};
 use crate::workload::work;
 use crate::{BenchError, Plan, CONCURRENCY};
@@ -200,11 +199,10 @@ fn fresh(server: &Server) -> Op {
 /// One of the calls completed ahead, sent again exactly as it was.
 fn replay(server: &Server, completed: &Arc<Vec<Call>>) -> Op {
     let (client, idem, completed) = (server.client.clone(), server.idem, completed.clone());
-    op(move || {
+    replay_op(completed.len(), move |i| {
         let (client, completed) = (client.clone(), completed.clone());
         async move {
-            let call = &completed[fastrand::usize(..completed.len())];
-            let response = call.send(&client, "").await.map_err(grpc_error)?;
+            let response = completed[i].send(&client, "").await.map_err(grpc_error)?;
             // The bare service has nothing to replay: its "replay" runs the call again.
             Hit::replay(idem.then(|| replayed(&response)), "call")
         }
@@ -228,15 +226,13 @@ async fn complete_ahead(server: &Server, calls: &Arc<Vec<Call>>) -> Result<(), B
 async fn same_key(server: &Server, library: &'static str) -> Result<SameKey, BenchError> {
     let call = Call::new();
     let before = server.ran.load(Ordering::SeqCst);
-    let barrier = Arc::new(Barrier::new(SAME_KEY_CALLS));
-    let mut tasks = JoinSet::new();
-    for _ in 0..SAME_KEY_CALLS {
-        let (client, call, barrier) = (server.client.clone(), call.clone(), barrier.clone());
-        tasks.spawn(async move {
+    let mut tasks = at_once(|barrier| {
+        let (client, call) = (server.client.clone(), call.clone());
+        async move {
             barrier.wait().await;
             call.send(&client, "slow").await
-        });
-    }
+        }
+    });
     let mut answers = std::collections::BTreeMap::<String, u64>::new();
     while let Some(done) = tasks.join_next().await {
         let what = match done? {

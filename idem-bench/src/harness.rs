@@ -108,6 +108,16 @@ where
     Arc::new(move || Box::pin(f()))
 }
 
+/// An [`Op`] that repeats one of `n` calls completed ahead: `send(i)`, with `i` picked at random
+/// below `n` each time.
+pub fn replay_op<F, Fut>(n: usize, send: F) -> Op
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Hit, BenchError>> + Send + 'static,
+{
+    op(move || send(fastrand::usize(..n)))
+}
+
 /// Calls and latencies gathered over one or more timed slices.
 #[derive(Debug, Clone, Default)]
 pub struct Sample {

@@ -40,7 +40,7 @@ use tokio::sync::{oneshot, Barrier};
 use tokio::task::JoinSet;
 
 use crate::cpu::Cpu;
-use crate::harness::{from_8_tasks, interleaved, op, Hit, Op, Timing};
+use crate::harness::{from_8_tasks, interleaved, op, replay_op, Hit, Op, Timing};
 use crate::report::{Row, Workload};
 use crate::workload::{work, Receipt, RETENTION};
 use crate::{BenchError, Plan, CONCURRENCY};
@@ -390,11 +390,10 @@ fn http_fresh(server: &Server, sessions: &Arc<Vec<Arc<str>>>) -> Op {
 /// One of the requests completed ahead, sent again exactly as it was.
 fn http_replay(server: &Server, completed: &Arc<Vec<Call>>) -> Op {
     let (client, flavor, completed) = (server.client.clone(), server.flavor, completed.clone());
-    op(move || {
+    replay_op(completed.len(), move |i| {
         let (client, completed) = (client.clone(), completed.clone());
         async move {
-            let call = &completed[fastrand::usize(..completed.len())];
-            let answer = client.post("/deposits", call).await?;
+            let answer = client.post("/deposits", &completed[i]).await?;
             if answer.status != StatusCode::OK {
                 return Err(BenchError::Unexpected(format!(
                     "a replayed request got {}",
@@ -436,11 +435,9 @@ async fn http_same_key(server: &Server, library: &'static str) -> Result<SameKey
     let sessions = [Arc::<str>::from(session_id())];
     let call = Call::new(&sessions)?;
     let before = server.ran.load(Ordering::SeqCst);
-    let barrier = Arc::new(Barrier::new(SAME_KEY_CALLS));
-    let mut tasks = JoinSet::new();
-    for _ in 0..SAME_KEY_CALLS {
-        let (client, call, barrier) = (server.client.clone(), call.clone(), barrier.clone());
-        tasks.spawn(async move {
+    let mut tasks = at_once(|barrier| {
+        let (client, call) = (server.client.clone(), call.clone());
+        async move {
             // Connect first, so the requests leave together.
             let conn = client.connect().await?;
             client
@@ -450,8 +447,8 @@ async fn http_same_key(server: &Server, library: &'static str) -> Result<SameKey
                 .push(conn);
             barrier.wait().await;
             client.post("/slow-deposits", &call).await
-        });
-    }
+        }
+    });
     let mut statuses = std::collections::BTreeMap::<String, u64>::new();
     while let Some(done) = tasks.join_next().await {
         let answer = done??;
@@ -504,10 +501,10 @@ fn engine_fresh(engine: &Idempotency) -> Op {
 
 fn engine_replay(engine: &Idempotency, keys: &Arc<Vec<String>>) -> Op {
     let (engine, keys) = (engine.clone(), keys.clone());
-    op(move || {
+    replay_op(keys.len(), move |i| {
         let (engine, keys) = (engine.clone(), keys.clone());
         async move {
-            let client_key = &keys[fastrand::usize(..keys.len())];
+            let client_key = &keys[i];
             let key = Key::derive(SCOPE, "", client_key).map_err(Error::from)?;
             let out = engine
                 .call(key)
@@ -584,10 +581,10 @@ fn peer_fresh(store: &Arc<PeerStore>) -> Op {
 
 fn peer_replay(store: &Arc<PeerStore>, keys: &Arc<Vec<String>>) -> Op {
     let (store, keys) = (store.clone(), keys.clone());
-    op(move || {
+    replay_op(keys.len(), move |i| {
         let (store, keys) = (store.clone(), keys.clone());
         async move {
-            let client_key = &keys[fastrand::usize(..keys.len())];
+            let client_key = &keys[i];
             let key = peer_key(client_key)?;
             let entry = peer_entry();
             let fingerprint = entry.fingerprint;
@@ -616,11 +613,9 @@ async fn engine_same_key(engine: &Idempotency) -> Result<SameKey, BenchError> {
     let key =
         Key::derive(SCOPE, "", &format!("{:032x}", fastrand::u128(..))).map_err(Error::from)?;
     let ran = Arc::new(AtomicU64::new(0));
-    let barrier = Arc::new(Barrier::new(SAME_KEY_CALLS));
-    let mut tasks = JoinSet::new();
-    for _ in 0..SAME_KEY_CALLS {
-        let (engine, ran, barrier) = (engine.clone(), ran.clone(), barrier.clone());
-        tasks.spawn(async move {
+    let tasks = at_once(|barrier| {
+        let (engine, ran) = (engine.clone(), ran.clone());
+        async move {
             barrier.wait().await;
             let out = engine
                 .call(key)
@@ -636,20 +631,17 @@ async fn engine_same_key(engine: &Idempotency) -> Result<SameKey, BenchError> {
                 Err(Error::Locked { .. }) => Ok("Locked"),
                 Err(e) => Err(BenchError::from(e)),
             }
-        });
-    }
+        }
+    });
     same_key_counts(IDEM_ENGINE, &ran, tasks).await
 }
 
 async fn peer_same_key(store: &Arc<PeerStore>) -> Result<SameKey, BenchError> {
     let client_key = format!("{:032x}", fastrand::u128(..));
     let ran = Arc::new(AtomicU64::new(0));
-    let barrier = Arc::new(Barrier::new(SAME_KEY_CALLS));
-    let mut tasks = JoinSet::new();
-    for _ in 0..SAME_KEY_CALLS {
-        let (store, ran, barrier) = (store.clone(), ran.clone(), barrier.clone());
-        let client_key = client_key.clone();
-        tasks.spawn(async move {
+    let tasks = at_once(|barrier| {
+        let (store, ran, client_key) = (store.clone(), ran.clone(), client_key.clone());
+        async move {
             barrier.wait().await;
             let working = async {
                 ran.fetch_add(1, Ordering::SeqCst);
@@ -660,9 +652,24 @@ async fn peer_same_key(store: &Arc<PeerStore>) -> Result<SameKey, BenchError> {
                 Some(ExistingEntry::Processing(_)) => Ok("found in progress"),
                 Some(ExistingEntry::Completed(_)) => Ok("replayed"),
             }
-        });
-    }
+        }
+    });
     same_key_counts(IDEMPOTENT, &ran, tasks).await
+}
+
+/// Spawns [`SAME_KEY_CALLS`] calls that leave together: each future `send` makes waits on the
+/// barrier it is given once it is ready to send.
+pub(crate) fn at_once<Fut>(send: impl Fn(Arc<Barrier>) -> Fut) -> JoinSet<Fut::Output>
+where
+    Fut: Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(SAME_KEY_CALLS));
+    let mut tasks = JoinSet::new();
+    for _ in 0..SAME_KEY_CALLS {
+        tasks.spawn(send(barrier.clone()));
+    }
+    tasks
 }
 
 async fn same_key_counts(
