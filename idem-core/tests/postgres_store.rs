@@ -9,6 +9,7 @@
 //! processes, or a server stopped and started under it, is in `idem-stress`.
 #![cfg(feature = "postgres")]
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +52,15 @@ async fn fresh(url: &str) -> PostgresStore {
     fresh_store(url, |b| b.pruner(None)).await
 }
 
+/// Runs `test` with the server's URL and a [`fresh`] store, then drops the store's tables (a
+/// failing test leaves them behind); skips without a server.
+async fn on_fresh<Fut: Future<Output = ()>>(test: impl FnOnce(String, PostgresStore) -> Fut) {
+    let Some(url) = server() else { return };
+    let store = fresh(&url).await;
+    test(url, store.clone()).await;
+    drop_store_tables(&store).await;
+}
+
 async fn pool(url: &str) -> PgPool {
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
@@ -73,6 +83,13 @@ async fn claim(store: &PostgresStore, i: usize) -> Claim {
         Start::Started(c) => c,
         other => panic!("a new key starts, got {other:?}"),
     }
+}
+
+/// Claims `key(i)` and completes it with `body`, kept for `retention`.
+async fn completed(store: &PostgresStore, i: usize, body: &[u8], retention: Duration) -> Claim {
+    let c = claim(store, i).await;
+    store.complete(&c, done(body), retention).await.unwrap();
+    c
 }
 
 /// Whether `key(i)` starts afresh.
@@ -199,42 +216,42 @@ async fn missing_schema_is_a_typed_store_error() {
 
 #[tokio::test]
 async fn newer_schema_version_is_refused() {
-    let Some(url) = server() else { return };
-    let store = fresh(&url).await;
-    let table = store.table();
-    sqlx::query(&format!(
-        "INSERT INTO \"{table}_migrations\" (version, description) VALUES (99, 'from the future')"
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
-    let err = quiet().table(table).connect(&url).await.unwrap_err();
-    assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
-    drop_store_tables(&store).await;
+    on_fresh(|url, store| async move {
+        let table = store.table();
+        sqlx::query(&format!(
+            "INSERT INTO \"{table}_migrations\" (version, description) VALUES (99, 'from the future')"
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let err = quiet().table(table).connect(&url).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn corrupt_rows_are_typed_errors() {
-    let Some(url) = server() else { return };
-    let store = fresh(&url).await;
-    let table = store.table();
-    // Someone dropped the checks and wrote a 3-byte token.
-    exec(
-        store.pool(),
-        &format!("ALTER TABLE \"{table}\" DROP CONSTRAINT \"{table}_token_check\""),
-    )
+    on_fresh(|_, store| async move {
+        let table = store.table();
+        // Someone dropped the checks and wrote a 3-byte token.
+        exec(
+            store.pool(),
+            &format!("ALTER TABLE \"{table}\" DROP CONSTRAINT \"{table}_token_check\""),
+        )
+        .await;
+        sqlx::query(&format!(
+            "INSERT INTO \"{table}\" (key, token, state, expires_at) \
+             VALUES ($1, '\\x010203', 0, clock_timestamp() + interval '1 hour')"
+        ))
+        .bind(&key(1).as_bytes()[..])
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let err = store.get(&key(1)).await;
+        assert_eq!(kind(&err), Some(StoreErrorKind::Corrupt), "{err:?}");
+    })
     .await;
-    sqlx::query(&format!(
-        "INSERT INTO \"{table}\" (key, token, state, expires_at) \
-         VALUES ($1, '\\x010203', 0, clock_timestamp() + interval '1 hour')"
-    ))
-    .bind(&key(1).as_bytes()[..])
-    .execute(store.pool())
-    .await
-    .unwrap();
-    let err = store.get(&key(1)).await;
-    assert_eq!(kind(&err), Some(StoreErrorKind::Corrupt), "{err:?}");
-    drop_store_tables(&store).await;
 }
 
 /// Whether some backend is blocked on a lock while running a statement on `table`.
@@ -262,24 +279,32 @@ async fn wait_until_blocked(pool: &PgPool, table: &str) {
     panic!("the claim never blocked on the other transaction");
 }
 
-/// `start` through the pool (the bare claim) or, with `in_tx`, inside a transaction (the
-/// transactional CTE), then committed.
-async fn start_via(
+/// `start` on `key(1)` through the pool (the bare claim) or, with `in_tx`, inside a transaction
+/// (the transactional CTE), while another node's transaction `other` holds the row: the claim
+/// waits on the row lock; once `other` commits, its answer.
+async fn start_behind(
     store: &PostgresStore,
     pool: &PgPool,
     in_tx: bool,
-) -> tokio::task::JoinHandle<Result<Start, Error>> {
-    let (store, pool) = (store.clone(), pool.clone());
-    tokio::spawn(async move {
-        if !in_tx {
-            return store.start(&key(1), None, LEASE).await;
+    other: sqlx::Transaction<'_, sqlx::Postgres>,
+) -> Start {
+    let claim = tokio::spawn({
+        let (store, pool) = (store.clone(), pool.clone());
+        async move {
+            if !in_tx {
+                return store.start(&key(1), None, LEASE).await;
+            }
+            let mut tx = pool.begin().await?;
+            let start =
+                idem_core::TransactionalStore::start_in(&store, &mut tx, &key(1), None, LEASE)
+                    .await;
+            tx.commit().await?;
+            start
         }
-        let mut tx = pool.begin().await?;
-        let start =
-            idem_core::TransactionalStore::start_in(&store, &mut tx, &key(1), None, LEASE).await;
-        tx.commit().await?;
-        start
-    })
+    });
+    wait_until_blocked(pool, store.table()).await;
+    other.commit().await.unwrap();
+    claim.await.unwrap().unwrap()
 }
 
 /// A row committed after the claim statement took its snapshot is invisible to the statement's
@@ -305,10 +330,7 @@ async fn claim_sees_rows_committed_after_its_snapshot() {
         .execute(&mut *tx)
         .await
         .unwrap();
-        let claim = start_via(&store, &pool, in_tx).await;
-        wait_until_blocked(&pool, table).await;
-        tx.commit().await.unwrap();
-        match claim.await.unwrap().unwrap() {
+        match start_behind(&store, &pool, in_tx, tx).await {
             Start::Locked { retry_after } => assert!(retry_after > Duration::from_secs(20)),
             other => panic!("in_tx {in_tx}: expected Locked, got {other:?}"),
         }
@@ -331,10 +353,7 @@ async fn claim_sees_rows_committed_after_its_snapshot() {
         .execute(&mut *tx)
         .await
         .unwrap();
-        let claim = start_via(&store, &pool, in_tx).await;
-        wait_until_blocked(&pool, table).await;
-        tx.commit().await.unwrap();
-        match claim.await.unwrap().unwrap() {
+        match start_behind(&store, &pool, in_tx, tx).await {
             Start::Completed(cached) => {
                 assert_eq!(cached.response.as_deref(), Some(&b"theirs"[..]))
             }
@@ -387,54 +406,54 @@ async fn replays_without_the_row_lock(store: &PostgresStore, pool: &PgPool, tabl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
     use idem_core::ClaimOrder;
-    let Some(url) = server() else { return };
-    let store = fresh(&url).await;
-    let table = store.table();
-    let open = |order| quiet().table(table).claim_order(order).connect(&url);
-    let pool = pool(&url).await;
-    let c = claim(&store, 1).await;
-    store.complete(&c, done(b"r"), RETENTION).await.unwrap();
+    on_fresh(|url, store| async move {
+        let table = store.table();
+        let open = |order| quiet().table(table).claim_order(order).connect(&url);
+        let pool = pool(&url).await;
+        let c = claim(&store, 1).await;
+        store.complete(&c, done(b"r"), RETENTION).await.unwrap();
 
-    let adaptive = open(ClaimOrder::Adaptive).await.unwrap();
-    assert!(!replays_without_the_row_lock(&adaptive, &pool, table).await);
-    for _ in 0..32 {
-        assert!(replays(&adaptive, 1).await);
-    }
-    assert!(replays_without_the_row_lock(&adaptive, &pool, table).await);
-    for n in 100..132 {
-        assert!(starts(&adaptive, n).await);
-    }
-    assert!(!replays_without_the_row_lock(&adaptive, &pool, table).await);
+        let adaptive = open(ClaimOrder::Adaptive).await.unwrap();
+        assert!(!replays_without_the_row_lock(&adaptive, &pool, table).await);
+        for _ in 0..32 {
+            assert!(replays(&adaptive, 1).await);
+        }
+        assert!(replays_without_the_row_lock(&adaptive, &pool, table).await);
+        for n in 100..132 {
+            assert!(starts(&adaptive, n).await);
+        }
+        assert!(!replays_without_the_row_lock(&adaptive, &pool, table).await);
 
-    let read_first = open(ClaimOrder::ReadFirst).await.unwrap();
-    let claim_first = open(ClaimOrder::ClaimFirst).await.unwrap();
-    for n in 200..232 {
-        assert!(starts(&read_first, n).await);
-        assert!(replays(&claim_first, 1).await);
-    }
-    assert!(replays_without_the_row_lock(&read_first, &pool, table).await);
-    assert!(!replays_without_the_row_lock(&claim_first, &pool, table).await);
-    drop_store_tables(&store).await;
+        let read_first = open(ClaimOrder::ReadFirst).await.unwrap();
+        let claim_first = open(ClaimOrder::ClaimFirst).await.unwrap();
+        for n in 200..232 {
+            assert!(starts(&read_first, n).await);
+            assert!(replays(&claim_first, 1).await);
+        }
+        assert!(replays_without_the_row_lock(&read_first, &pool, table).await);
+        assert!(!replays_without_the_row_lock(&claim_first, &pool, table).await);
+    })
+    .await;
 }
 
 /// Server time, not the application's: a lease is as long as asked, measured by the server.
 #[tokio::test]
 async fn leases_and_retention_use_server_time() {
-    let Some(url) = server() else { return };
-    let store = fresh(&url).await;
-    let table = store.table();
-    claim(&store, 1).await;
-    let (lease_s, now_s): (f64, f64) = sqlx::query_as(&format!(
-        "SELECT extract(epoch from expires_at)::float8, extract(epoch from clock_timestamp())::float8 \
-         FROM \"{table}\" WHERE key = $1"
-    ))
-    .bind(&key(1).as_bytes()[..])
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    let left = lease_s - now_s;
-    assert!(left > 20.0 && left <= 30.0, "lease ends {left} s from now");
-    drop_store_tables(&store).await;
+    on_fresh(|_, store| async move {
+        let table = store.table();
+        claim(&store, 1).await;
+        let (lease_s, now_s): (f64, f64) = sqlx::query_as(&format!(
+            "SELECT extract(epoch from expires_at)::float8, extract(epoch from clock_timestamp())::float8 \
+             FROM \"{table}\" WHERE key = $1"
+        ))
+        .bind(&key(1).as_bytes()[..])
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        let left = lease_s - now_s;
+        assert!(left > 20.0 && left <= 30.0, "lease ends {left} s from now");
+    })
+    .await;
 }
 
 /// One delivery of `key(1)` in transactional mode: runs `insert` in the caller's transaction on
@@ -732,24 +751,24 @@ async fn a_commit_that_fails_after_the_rows_fails_the_call() {
 /// ledger still lists the migration), also when several nodes connect at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_records_table_is_created_again_on_connect() {
-    let Some(url) = server() else { return };
-    let store = fresh(&url).await;
-    let table = store.table();
-    claim(&store, 1).await;
-    exec(store.pool(), &format!("DROP TABLE \"{table}\"")).await;
-    let err = store.start(&key(2), None, LEASE).await;
-    assert_eq!(kind(&err), Some(StoreErrorKind::Query), "{err:?}");
+    on_fresh(|url, store| async move {
+        let table = store.table();
+        claim(&store, 1).await;
+        exec(store.pool(), &format!("DROP TABLE \"{table}\"")).await;
+        let err = store.start(&key(2), None, LEASE).await;
+        assert_eq!(kind(&err), Some(StoreErrorKind::Query), "{err:?}");
 
-    connect_at_once(&url, table, 4, "connect re-creates the table").await;
-    // The running store works again too: same table name, same statements; the key starts
-    // afresh, its record went with the table.
-    let c = claim(&store, 1).await;
-    store.complete(&c, done(b"back"), RETENTION).await.unwrap();
-    assert!(
-        expiry_index(store.pool(), table).await.is_some(),
-        "the expiry index is back too"
-    );
-    drop_store_tables(&store).await;
+        connect_at_once(&url, table, 4, "connect re-creates the table").await;
+        // The running store works again too: same table name, same statements; the key starts
+        // afresh, its record went with the table.
+        let c = claim(&store, 1).await;
+        store.complete(&c, done(b"back"), RETENTION).await.unwrap();
+        assert!(
+            expiry_index(store.pool(), table).await.is_some(),
+            "the expiry index is back too"
+        );
+    })
+    .await;
 }
 
 /// A full disk (SQLSTATE 53100, from a real ENOSPC) is a `Full` store error: the records table
@@ -965,11 +984,7 @@ async fn a_completion_whose_reply_was_lost_is_completed_again_ok() {
         .unwrap();
     // Warm up: the completion statement is prepared on the connection, so the next completion
     // is one exchange (Bind, Execute, Sync) whose whole reply the proxy swallows.
-    let warm = claim(&store, 0).await;
-    store
-        .complete(&warm, done(b"warm"), RETENTION)
-        .await
-        .unwrap();
+    completed(&store, 0, b"warm", RETENTION).await;
 
     let c = claim(&store, 1).await;
     proxy.lose_next_reply();
@@ -1072,17 +1087,9 @@ async fn expired_records_are_deleted_with_no_pruner_spawned() {
     let writer = fresh(&url).await;
     let table = writer.table();
     for n in 0..1_500 {
-        let c = claim(&writer, n).await;
-        writer
-            .complete(&c, done(b"short"), Duration::from_millis(1))
-            .await
-            .unwrap();
+        completed(&writer, n, b"short", Duration::from_millis(1)).await;
     }
-    let kept = claim(&writer, 9_999).await;
-    writer
-        .complete(&kept, done(b"kept"), RETENTION)
-        .await
-        .unwrap();
+    completed(&writer, 9_999, b"kept", RETENTION).await;
     let expired = format!("SELECT count(*) FROM \"{table}\" WHERE expires_at <= clock_timestamp()");
     assert!(eventually(|| async { count(writer.pool(), &expired).await == 1_500 }).await);
 
@@ -1245,11 +1252,7 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
     };
     assert_eq!(replayed.response.as_deref(), Some(&b"paid"[..]));
     // Its background pruner needs no more than these rights either.
-    let short = claim(&store, 2).await;
-    store
-        .complete(&short, done(b"paid"), Duration::from_millis(1))
-        .await
-        .unwrap();
+    completed(&store, 2, b"paid", Duration::from_millis(1)).await;
     let gone = format!("SELECT count(*) FROM \"{schema}\".idem_records WHERE state = 1");
     assert!(eventually(|| async { count(&owner, &gone).await == 1 }).await);
 
