@@ -11,7 +11,7 @@
 //! `dynamodb`), which turns the store on in idem-core, so a test binary builds only the stores
 //! it tests. [`bank`] is the business the transactional tests pay into; [`forward`] a store in
 //! front of others, for tests that inject faults or route keys; [`hold`] a handler that waits
-//! for its test; [`grpc`] (feature `grpc`) the
+//! for its test; [`layer`] what the HTTP and gRPC layer tests share; [`grpc`] (feature `grpc`) the
 //! gRPC service the gRPC layer's tests, example and benchmark serve.
 #![forbid(unsafe_code)]
 
@@ -27,6 +27,7 @@ pub mod forward;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod hold;
+pub mod layer;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]

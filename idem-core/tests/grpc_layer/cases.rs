@@ -9,7 +9,7 @@ use idem_test_support::grpc::{CreatePaymentRequest, Payment, TransferRequest, Wa
 use tokio::task::JoinSet;
 use tonic::{Code, Request, Status};
 
-use crate::server::{status_fields, within, Raw, Server, BOUND, CALLER};
+use crate::server::{status_fields, within, Headers, LayerServer, Raw, Server, BOUND, CALLER};
 
 fn payment(amount: i64, behaviour: &str) -> CreatePaymentRequest {
     CreatePaymentRequest {

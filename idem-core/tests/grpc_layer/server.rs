@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body::Frame;
 use http_body_util::BodyExt;
-use idem_core::grpc::{IdempotencyLayer, LayerBuilder, UnaryMethod, IDEMPOTENT_REPLAYED};
+use idem_core::grpc::{IdempotencyLayer, LayerBuilder, UnaryMethod};
 use idem_core::{Idempotency, Store};
 use idem_test_support::grpc::payments_client::PaymentsClient;
 use idem_test_support::grpc::payments_server::{Payments, PaymentsServer};
@@ -29,6 +29,7 @@ use tonic::transport::{Channel, Server as TonicServer};
 use tonic::{Code, Request, Response, Status};
 use tower::Service;
 
+pub use idem_test_support::layer::{kept_headers, Headers, LayerServer};
 pub use idem_test_support::{within, BOUND};
 
 /// The caller identity the tests send in `x-caller`.
@@ -167,31 +168,21 @@ impl Drop for Server {
     }
 }
 
-/// The test layer's builder: `Create` keyed by metadata, `Transfer` by its `request_id` (field
-/// 3), keys scoped by `x-caller`. `Watch` (server streaming) is not named: it passes.
-pub fn by_x_caller(engine: Idempotency) -> LayerBuilder {
-    IdempotencyLayer::builder(engine)
-        .unary(path("Create"))
-        .unary(UnaryMethod::new(path("Transfer")).key_field(3))
-        .caller(|parts| Some(parts.headers.get("x-caller")?.to_str().ok()?.to_owned()))
-}
+/// The test service behind a layer that keys `Create` by metadata and `Transfer` by a field.
+impl LayerServer for Server {
+    type Builder = LayerBuilder;
 
-impl Server {
-    /// Serves the test service behind a layer on `store`, configured by `configure`.
-    pub async fn start(
-        store: Arc<dyn Store>,
-        configure: impl FnOnce(LayerBuilder) -> LayerBuilder,
-    ) -> Server {
-        Server::start_with(Idempotency::from_arc(store.clone()), store, configure).await
+    /// The test layer's builder: `Create` keyed by metadata, `Transfer` by its `request_id` (field
+    /// 3), keys scoped by `x-caller`. `Watch` (server streaming) is not named: it passes.
+    fn builder(engine: Idempotency) -> LayerBuilder {
+        IdempotencyLayer::builder(engine)
+            .unary(path("Create"))
+            .unary(UnaryMethod::new(path("Transfer")).key_field(3))
+            .caller(|parts| Some(parts.headers.get("x-caller")?.to_str().ok()?.to_owned()))
     }
 
-    /// [`start`](Self::start) with an engine of the test's own.
-    pub async fn start_with(
-        engine: Idempotency,
-        store: Arc<dyn Store>,
-        configure: impl FnOnce(LayerBuilder) -> LayerBuilder,
-    ) -> Server {
-        let layer = configure(by_x_caller(engine)).build().unwrap();
+    async fn build_and_serve(store: Arc<dyn Store>, builder: LayerBuilder) -> Server {
+        let layer = builder.build().unwrap();
         let (held, holds) = idem_test_support::hold::gate();
         let app = App {
             runs: Arc::new(AtomicUsize::new(0)),
@@ -239,7 +230,9 @@ impl Server {
             task,
         }
     }
+}
 
+impl Server {
     /// How many times a method started.
     pub fn runs(&self) -> usize {
         self.runs.load(Ordering::SeqCst)
@@ -309,12 +302,7 @@ impl Server {
             let trailers = collected.trailers().cloned();
             Raw {
                 status: parts.status.as_u16(),
-                headers: parts
-                    .headers
-                    .iter()
-                    .filter(|(n, _)| n.as_str() != "date")
-                    .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-                    .collect(),
+                headers: kept_headers(&parts.headers),
                 body: collected.to_bytes().to_vec(),
                 trailers: trailers.map(|t| {
                     t.iter()
@@ -337,28 +325,16 @@ pub struct Raw {
     pub trailers: Option<Vec<(String, Vec<u8>)>>,
 }
 
-impl Raw {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        let (_, v) = self.headers.iter().find(|(n, _)| n == name)?;
-        Some(std::str::from_utf8(v).unwrap())
+impl Headers for Raw {
+    fn headers(&self) -> &[(String, Vec<u8>)] {
+        &self.headers
     }
+}
 
+impl Raw {
     pub fn trailer(&self, name: &str) -> Option<&str> {
         let (_, v) = self.trailers.as_ref()?.iter().find(|(n, _)| n == name)?;
         Some(std::str::from_utf8(v).unwrap())
-    }
-
-    pub fn replayed(&self) -> bool {
-        self.header(IDEMPOTENT_REPLAYED.as_str()) == Some("true")
-    }
-
-    /// The headers without the replay marker.
-    pub fn headers_unmarked(&self) -> Vec<(String, Vec<u8>)> {
-        self.headers
-            .iter()
-            .filter(|(n, _)| n != IDEMPOTENT_REPLAYED.as_str())
-            .cloned()
-            .collect()
     }
 
     /// The one response message.

@@ -9,7 +9,9 @@ use reqwest::Method;
 
 use idem_core::http::IdempotencyLayer;
 
-use crate::server::{quoted, record_key, spawn_many, within, Reply, Server, CALLER};
+use crate::server::{
+    quoted, record_key, spawn_many, within, Headers, LayerServer, Reply, Server, CALLER,
+};
 
 pub async fn retry_replays_identical_response(store: Arc<dyn Store>) {
     let server = Server::start(store, |b| b).await;

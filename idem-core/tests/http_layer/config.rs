@@ -4,7 +4,7 @@ use axum::http::{HeaderValue, StatusCode};
 use idem_core::http::{IdempotencyLayer, LayerBuilder};
 use idem_core::{Error, Idempotency, MemoryStore};
 
-use crate::server::by_x_caller;
+use crate::server::{LayerServer, Server};
 
 fn engine() -> Idempotency {
     Idempotency::new(MemoryStore::new())
@@ -25,10 +25,10 @@ fn a_layer_must_choose_how_keys_are_scoped() {
     assert!(message.contains(".caller("), "{message}");
     assert!(message.contains(".shared_key_space()"), "{message}");
     // Both: refused too, since one of them would be ignored.
-    let message = refused(by_x_caller(engine()).shared_key_space());
+    let message = refused(Server::builder(engine()).shared_key_space());
     assert!(message.contains("both"), "{message}");
     // Either one alone builds.
-    assert!(by_x_caller(engine()).build().is_ok());
+    assert!(Server::builder(engine()).build().is_ok());
     assert!(IdempotencyLayer::builder(engine())
         .shared_key_space()
         .build()
@@ -38,20 +38,20 @@ fn a_layer_must_choose_how_keys_are_scoped() {
 #[test]
 fn caller_missing_status_is_401_or_400() {
     for status in [StatusCode::UNAUTHORIZED, StatusCode::BAD_REQUEST] {
-        assert!(by_x_caller(engine())
+        assert!(Server::builder(engine())
             .caller_missing_status(status)
             .build()
             .is_ok());
     }
-    let message = refused(by_x_caller(engine()).caller_missing_status(StatusCode::FORBIDDEN));
+    let message = refused(Server::builder(engine()).caller_missing_status(StatusCode::FORBIDDEN));
     assert!(message.contains("403"), "{message}");
     let challenge = HeaderValue::from_static("Bearer realm=\"api\"");
-    assert!(by_x_caller(engine())
+    assert!(Server::builder(engine())
         .www_authenticate(challenge.clone())
         .build()
         .is_ok());
     let message = refused(
-        by_x_caller(engine())
+        Server::builder(engine())
             .caller_missing_status(StatusCode::BAD_REQUEST)
             .www_authenticate(challenge),
     );
@@ -65,7 +65,7 @@ fn problem_base_is_an_absolute_web_address() {
         "http://localhost:8080/idempotency.html",
         "https://api.example.com/docs?page=idempotency",
     ] {
-        let built = by_x_caller(engine()).problem_base(good).build();
+        let built = Server::builder(engine()).problem_base(good).build();
         assert!(built.is_ok(), "{good}: {built:?}");
     }
     for bad in [
@@ -79,7 +79,7 @@ fn problem_base_is_an_absolute_web_address() {
         "https://api.example.com/docs>; rel=\"next\"",
         "https://api.example.com/é",
     ] {
-        let message = refused(by_x_caller(engine()).problem_base(bad));
+        let message = refused(Server::builder(engine()).problem_base(bad));
         assert!(message.contains("problem_base"), "{bad}: {message}");
     }
 }

@@ -9,12 +9,13 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Response, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem_core::http::{IdempotencyKey, IdempotencyLayer, LayerBuilder, IDEMPOTENT_REPLAYED};
+use idem_core::http::{IdempotencyKey, IdempotencyLayer, LayerBuilder};
 use idem_core::{Idempotency, Key, Store};
 use idem_test_support::hold::{Hold, Holds};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::task::JoinHandle;
 
+pub use idem_test_support::layer::{kept_headers, Headers, LayerServer};
 pub use idem_test_support::within;
 
 /// What the handlers share with the test.
@@ -55,34 +56,17 @@ pub struct Reply {
     pub body: Vec<u8>,
 }
 
+impl Headers for Reply {
+    fn headers(&self) -> &[(String, Vec<u8>)] {
+        &self.headers
+    }
+}
+
 impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        let (_, value) = self.headers.iter().find(|(n, _)| n == name)?;
-        Some(std::str::from_utf8(value).unwrap())
-    }
-
-    pub fn replayed(&self) -> bool {
-        self.header(IDEMPOTENT_REPLAYED.as_str()) == Some("true")
-    }
-
-    /// The headers without the replay marker.
-    pub fn headers_unmarked(&self) -> Vec<(String, Vec<u8>)> {
-        self.headers
-            .iter()
-            .filter(|(n, _)| n != IDEMPOTENT_REPLAYED.as_str())
-            .cloned()
-            .collect()
-    }
-
     /// Reads a response whole.
     async fn of(response: reqwest::Response) -> Reply {
         let status = response.status().as_u16();
-        let headers = response
-            .headers()
-            .iter()
-            .filter(|(n, _)| n.as_str() != "date")
-            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-            .collect();
+        let headers = kept_headers(response.headers());
         let body = response.bytes().await.unwrap().to_vec();
         Reply {
             status,
@@ -133,32 +117,22 @@ pub fn record_key(caller: &str, client_key: &str) -> Key {
     Key::derive("http", caller, client_key).unwrap()
 }
 
-/// The builder of the test layer: keys scoped by the `x-caller` header.
-pub fn by_x_caller(engine: Idempotency) -> LayerBuilder {
-    IdempotencyLayer::builder(engine)
-        .caller(|parts| Some(parts.headers.get("x-caller")?.to_str().ok()?.to_owned()))
+/// The test routes behind a layer that scopes keys by `x-caller`.
+impl LayerServer for Server {
+    type Builder = LayerBuilder;
+
+    /// The builder of the test layer: keys scoped by the `x-caller` header.
+    fn builder(engine: Idempotency) -> LayerBuilder {
+        IdempotencyLayer::builder(engine)
+            .caller(|parts| Some(parts.headers.get("x-caller")?.to_str().ok()?.to_owned()))
+    }
+
+    async fn build_and_serve(store: Arc<dyn Store>, builder: LayerBuilder) -> Server {
+        Server::serve(store, builder.build().unwrap()).await
+    }
 }
 
 impl Server {
-    /// Serves the test routes behind a layer on `store` that scopes keys by `x-caller`,
-    /// configured by `configure`.
-    pub async fn start(
-        store: Arc<dyn Store>,
-        configure: impl FnOnce(LayerBuilder) -> LayerBuilder,
-    ) -> Server {
-        Server::start_with(Idempotency::from_arc(store.clone()), store, configure).await
-    }
-
-    /// [`start`](Self::start) with an engine of the test's own.
-    pub async fn start_with(
-        engine: Idempotency,
-        store: Arc<dyn Store>,
-        configure: impl FnOnce(LayerBuilder) -> LayerBuilder,
-    ) -> Server {
-        let layer = configure(by_x_caller(engine)).build().unwrap();
-        Server::serve(store, layer).await
-    }
-
     /// Serves the test routes behind `layer`, which keeps its records in `store`.
     pub async fn serve(store: Arc<dyn Store>, layer: IdempotencyLayer) -> Server {
         let (held, holds) = idem_test_support::hold::gate();
@@ -254,12 +228,7 @@ impl Server {
             let trailers = collected.trailers().cloned();
             let reply = Reply {
                 status: parts.status.as_u16(),
-                headers: parts
-                    .headers
-                    .iter()
-                    .filter(|(n, _)| n.as_str() != "date")
-                    .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-                    .collect(),
+                headers: kept_headers(&parts.headers),
                 body: collected.to_bytes().to_vec(),
             };
             (reply, trailers)
