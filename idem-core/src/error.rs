@@ -108,6 +108,17 @@ pub enum Error {
     #[error("this store does not keep steps: run steps on a store that does (docs/steps.md)")]
     StepsUnsupported,
 
+    /// The store cannot find operations left in progress past their lease
+    /// ([`Store::find_abandoned`](crate::Store::find_abandoned)), so a
+    /// [`Completer`](crate::Completer) cannot run on it. Nothing was read or changed; run the
+    /// completer on a store that can (docs/steps.md, "Completer"), or leave abandoned
+    /// operations to their clients' retries.
+    #[error(
+        "this store cannot find abandoned operations, so no completer can run on it: use a \
+         store that can (docs/steps.md, \"Completer\"), or let clients retry"
+    )]
+    CompleterUnsupported,
+
     /// A retry of an operation reached a step whose name differs from the one an earlier
     /// attempt stored at the same position: the code of the operation changed while it was
     /// under way. Nothing was run or stored for the step. Finish the operation with the code

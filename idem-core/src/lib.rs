@@ -12,6 +12,7 @@ mod canonical;
 mod capture;
 mod clock;
 mod codec;
+mod completer;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 #[cfg(feature = "consumer")]
@@ -52,6 +53,7 @@ pub use buckets::PROMETHEUS_BUCKETS;
 pub use canonical::{FingerprintError, MAX_FINGERPRINT_DEPTH};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
+pub use completer::{CompleteReport, Completer, CompleterConfig, CompleterHandle};
 pub use engine::{
     Attempt, Begun, Call, EngineBuilder, Holder, Idempotency, OnLocked, Outcome, Policy,
     ReplayCache, Step, Steps,
@@ -64,7 +66,9 @@ pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LE
 pub use observe::{CallEvent, Observer, Stage, DEFAULT_LATENCIES_ONE_IN};
 pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
 pub use record::{Claim, Completion, Record, RecordState, Start, StoredResult};
-pub use step::{StepLog, StepRecord, StepState, StepWrite, MAX_STEP_NAME_LEN};
+pub use step::{
+    Abandoned, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP, MAX_STEP_NAME_LEN,
+};
 pub use store::admin::{ListQuery, ListState, StoreAdmin, StoreStats};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::claim_order::ClaimOrder;

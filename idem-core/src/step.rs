@@ -81,3 +81,93 @@ pub struct StepWrite<'a> {
 
 /// The longest step name, in bytes: names are stored next to each operation's key.
 pub const MAX_STEP_NAME_LEN: usize = 255;
+
+/// The reserved name of the step record that keeps an operation's input for the
+/// [`Completer`](crate::Completer): written by
+/// [`Call::run_steps_with`](crate::Call::run_steps_with) when it first begins the operation's
+/// steps. A step of your own may not take it ([`Error::InvalidStep`](crate::Error::InvalidStep)).
+///
+/// ```
+/// assert_eq!(idem_core::INPUT_STEP, "idem.input");
+/// ```
+pub const INPUT_STEP: &str = "idem.input";
+
+/// The reserved name of the record that marks an attempt of an operation with an input as
+/// failed (its work returned an error, which its caller got): `idem.failed.<attempt>`. A
+/// completer leaves such an operation alone until another attempt begins.
+pub(crate) fn failed_step(attempt: u32) -> String {
+    format!("{FAILED_STEP_PREFIX}{attempt}")
+}
+
+/// The prefix of [`failed_step`]'s names.
+pub(crate) const FAILED_STEP_PREFIX: &str = "idem.failed.";
+
+/// Step names starting with this are idem's own ([`INPUT_STEP`], the failure marks).
+pub(crate) const RESERVED_PREFIX: &str = "idem.";
+
+/// The position of the [`INPUT_STEP`] record: past any step an operation runs (positions
+/// count from 0), within the 31 bits every store keeps.
+pub(crate) const INPUT_POSITION: u32 = i32::MAX as u32;
+
+/// An operation abandoned with its steps unfinished: its steps keep an input (it ran through
+/// [`Call::run_steps_with`](crate::Call::run_steps_with)), no claim holds it (its last holder's
+/// lease ended, or the claim was released without the work failing: a cancelled call), it has
+/// not completed, and its latest attempt did not fail. What
+/// [`Store::find_abandoned`](crate::Store::find_abandoned) returns, and what a
+/// [`Completer`](crate::Completer) hands the handler registered for [`scope`](Self::scope).
+///
+/// ```
+/// use idem_core::{Abandoned, Key};
+/// let key = Key::derive("rides", "rider-7", "req-1")?;
+/// let stored = Abandoned::encode_input("rides", b"{\"from\":\"a\"}");
+/// let found = Abandoned::decode(key, &stored)?;
+/// assert_eq!((found.scope.as_str(), &found.input[..]), ("rides", &b"{\"from\":\"a\"}"[..]));
+/// # Ok::<(), idem_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Abandoned {
+    /// The operation's key.
+    pub key: crate::Key,
+    /// The scope its input was stored under: names the handler that finishes it.
+    pub scope: String,
+    /// The input's bytes, as the caller gave them.
+    pub input: Vec<u8>,
+}
+
+impl Abandoned {
+    /// The bytes of the [`INPUT_STEP`] record: the scope's length (one byte, a scope is at most
+    /// 255 bytes), the scope, then the input.
+    pub fn encode_input(scope: &str, input: &[u8]) -> Vec<u8> {
+        // `check_scope` caps a scope at 255 bytes; a longer one is cut at its length byte's
+        // reach and would read back as another scope, so callers check it first.
+        let len = u8::try_from(scope.len()).unwrap_or(u8::MAX);
+        let mut out = Vec::with_capacity(1 + scope.len() + input.len());
+        out.push(len);
+        out.extend_from_slice(&scope.as_bytes()[..usize::from(len)]);
+        out.extend_from_slice(input);
+        out
+    }
+
+    /// The operation `key` from its [`INPUT_STEP`] record's bytes; a store error of kind
+    /// `Corrupt` when they do not parse.
+    pub fn decode(key: crate::Key, stored: &[u8]) -> Result<Abandoned, crate::Error> {
+        let corrupt = || {
+            crate::Error::Store(crate::StoreError::new(
+                crate::StoreErrorKind::Corrupt,
+                "an operation's stored input does not parse (its scope is cut short or not UTF-8)",
+            ))
+        };
+        let (&len, rest) = stored.split_first().ok_or_else(corrupt)?;
+        let len = usize::from(len);
+        if rest.len() < len {
+            return Err(corrupt());
+        }
+        let (scope, input) = rest.split_at(len);
+        let scope = std::str::from_utf8(scope).map_err(|_| corrupt())?;
+        Ok(Abandoned {
+            key,
+            scope: scope.to_owned(),
+            input: input.to_vec(),
+        })
+    }
+}

@@ -235,49 +235,13 @@ ride_operation!(ride_on_sqlite, idem_core::SqliteStore, "BEGIN IMMEDIATE");
 #[cfg(feature = "postgres")]
 ride_operation!(ride_on_postgres, idem_core::PostgresStore, "BEGIN");
 
-/// A database the operation runs on: its store and how to count the rows a scenario wrote.
-#[derive(Clone)]
-enum Db {
-    Sqlite(idem_core::SqliteStore),
-    #[cfg(feature = "postgres")]
-    Postgres(idem_core::PostgresStore),
-}
+#[path = "common/steps_db.rs"]
+mod steps_db;
+use steps_db::Db;
 
+/// What the scenarios do on their database beside the shared [`Db`]: run the operation, count
+/// the rows it wrote.
 impl Db {
-    async fn open(s: &Scenario) -> Db {
-        if let Some(path) = s.db.strip_prefix("sqlite:") {
-            let store = idem_core::SqliteStore::builder()
-                .table(&s.table)
-                .pruner(None)
-                .open(path)
-                .await
-                .unwrap();
-            return Db::Sqlite(store);
-        }
-        #[cfg(feature = "postgres")]
-        {
-            let store = idem_core::PostgresStore::builder()
-                .table(&s.table)
-                .pruner(None)
-                .connect(&s.db)
-                .await
-                .unwrap();
-            Db::Postgres(store)
-        }
-        #[cfg(not(feature = "postgres"))]
-        unreachable!("PostgreSQL scenarios need the postgres feature")
-    }
-
-    /// An engine on this store whose lease is `lease`.
-    fn engine(&self, lease: Duration) -> Idempotency {
-        let builder = match self {
-            Db::Sqlite(s) => Idempotency::builder(s.clone()),
-            #[cfg(feature = "postgres")]
-            Db::Postgres(s) => Idempotency::builder(s.clone()),
-        };
-        builder.lease(lease).build().unwrap()
-    }
-
     async fn run(
         &self,
         engine: &Idempotency,
@@ -289,15 +253,6 @@ impl Db {
             #[cfg(feature = "postgres")]
             Db::Postgres(store) => ride_on_postgres(engine, store, s, kill_at).await,
         }
-    }
-
-    async fn exec(&self, sql: &str) {
-        match self {
-            Db::Sqlite(s) => sqlx::raw_sql(sql).execute(s.pool()).await.map(|_| ()),
-            #[cfg(feature = "postgres")]
-            Db::Postgres(s) => sqlx::raw_sql(sql).execute(s.pool()).await.map(|_| ()),
-        }
-        .unwrap();
     }
 
     /// How many rows of `table` carry `label`.
@@ -331,7 +286,7 @@ async fn steps_kill_child_entry() {
         return;
     };
     let s = Scenario::from_env(&text);
-    let db = Db::open(&s).await;
+    let db = Db::open(&s.db, &s.table).await;
     let engine = db.engine(Duration::from_secs(1));
     let out = db.run(&engine, &s, &s.point).await;
     panic!("the child ran to its end without being killed: {out:?}");
@@ -418,7 +373,7 @@ async fn every_point(db_url: String, table: String) {
         point: String::new(),
         at_most_once: false,
     };
-    let db = Db::open(&s).await;
+    let db = Db::open(&s.db, &s.table).await;
     let (t, id) = (
         &s.table,
         if s.db.starts_with("sqlite:") {

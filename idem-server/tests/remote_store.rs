@@ -78,6 +78,11 @@ impl Harness for SqliteRemote {
     fn store(&self) -> Arc<dyn Store> {
         Arc::new(self.served.remote.clone())
     }
+
+    /// RemoteStore does not carry the completer's query (docs/steps.md, "Completer").
+    fn finds_abandoned(&self) -> bool {
+        false
+    }
 }
 
 suite!(
@@ -111,6 +116,11 @@ mod postgres {
 
         fn store(&self) -> Arc<dyn Store> {
             Arc::new(self.served.remote.clone())
+        }
+
+        /// RemoteStore does not carry the completer's query (docs/steps.md, "Completer").
+        fn finds_abandoned(&self) -> bool {
+            false
         }
     }
 

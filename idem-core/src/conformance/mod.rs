@@ -109,10 +109,12 @@ use async_trait::async_trait;
 
 use crate::store::Store;
 
+mod completer;
 mod engine;
 mod steps;
 mod store;
 
+pub use completer::*;
 pub use engine::*;
 pub use steps::*;
 pub use store::*;
@@ -161,6 +163,16 @@ pub trait Harness: Sized + Send + Sync + 'static {
     /// then check instead.
     fn keeps_steps(&self) -> bool {
         true
+    }
+
+    /// Whether the store finds operations abandoned past their lease
+    /// ([`Store::find_abandoned`], for the [`Completer`](crate::Completer); docs/steps.md,
+    /// "Completer"). As [`keeps_steps`](Self::keeps_steps) unless overridden; a store that
+    /// says `false` must refuse with
+    /// [`Error::CompleterUnsupported`](crate::Error::CompleterUnsupported), which the
+    /// completer rules then check instead.
+    fn finds_abandoned(&self) -> bool {
+        self.keeps_steps()
     }
 }
 
@@ -286,7 +298,10 @@ macro_rules! __conformance {
             steps_end_with_their_retention,
             engine_steps_replay_finished_steps,
             engine_changed_step_is_a_mismatch,
-            engine_interrupted_step_per_mode
+            engine_interrupted_step_per_mode,
+            abandoned_found_when_unheld_only,
+            abandoned_pages_by_key,
+            engine_completer_finishes_abandoned
         );
     };
     (@tests $harness:ty, $rt:tt; $($rule:ident),*) => {

@@ -16,7 +16,7 @@ use crate::codec::Codec;
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{Probe, Scope};
-use crate::step::StepLog;
+use crate::step::{StepLog, INPUT_POSITION, INPUT_STEP};
 
 /// One call through an engine, made by [`Idempotency::call`] (or `Transactional::call`, features
 /// `sqlite`/`postgres`): set what differs from the engine's policy, then run it.
@@ -346,8 +346,6 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     /// assert_eq!(ride.into_inner(), 41);
     /// # Ok(()) }
     /// ```
-    // A plain function returning an `async` block, for the reason given at `drive`.
-    #[allow(clippy::manual_async_fn)]
     pub fn run_steps<T, E, W, F>(self, work: W) -> impl Future<Output = Result<Outcome<T>, E>> + 'e
     where
         W: FnOnce(Steps<C>) -> F + 'e,
@@ -355,7 +353,70 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
         T: Serialize + DeserializeOwned + 'e,
         E: From<Error> + 'e,
     {
+        self.steps_storing(Ok(None), work)
+    }
+
+    /// [`run_steps`](Self::run_steps) that also stores the operation's `input` under `scope`
+    /// with its steps, so that a [`Completer`](crate::Completer) with a handler for `scope` can
+    /// finish the operation if it is abandoned (its holder dies and no client retries): the
+    /// completer claims it after its lease and runs the handler with `input`, which replays the
+    /// finished steps and runs the rest, as a retry would. Give `input` as the handler reads it
+    /// (say, the request's JSON), and run the same steps in the handler as here.
+    ///
+    /// The input is written once, when the operation's first attempt begins its steps (one
+    /// round trip more for that attempt), and kept as its steps are (docs/steps.md,
+    /// "Completer"). `scope` names the handler: 1 to 255 bytes of printable ASCII, else
+    /// [`Error::InvalidKey`] before anything is claimed. Errors otherwise as `run_steps`'.
+    ///
+    /// ```
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("rides", "rider-7", "req-1")?;
+    /// let ride = engine
+    ///     .call(key)
+    ///     .run_steps_with("rides", br#"{"from":"a","to":"b"}"#.to_vec(), |steps| async move {
+    ///         steps.run("create ride", || async { Ok::<_, Error>(41u64) }).await
+    ///     })
+    ///     .await?;
+    /// assert_eq!(ride.into_inner(), 41);
+    /// # Ok(()) }
+    /// ```
+    pub fn run_steps_with<T, E, W, F>(
+        self,
+        scope: &str,
+        input: Vec<u8>,
+        work: W,
+    ) -> impl Future<Output = Result<Outcome<T>, E>> + 'e
+    where
+        W: FnOnce(Steps<C>) -> F + 'e,
+        F: Future<Output = Result<T, E>> + 'e,
+        T: Serialize + DeserializeOwned + 'e,
+        E: From<Error> + 'e,
+    {
+        let stored = crate::key::check_scope(scope)
+            .map(|()| Some(crate::step::Abandoned::encode_input(scope, &input)))
+            .map_err(Error::from);
+        self.steps_storing(stored, work)
+    }
+
+    /// `run_steps`, storing `input` (the bytes of the input's step record) with the steps when
+    /// it is `Some`; an `Err` fails the call before the claim.
+    // A plain function returning an `async` block, for the reason given at `drive`.
+    #[allow(clippy::manual_async_fn)]
+    fn steps_storing<T, E, W, F>(
+        self,
+        input: Result<Option<Vec<u8>>, Error>,
+        work: W,
+    ) -> impl Future<Output = Result<Outcome<T>, E>> + 'e
+    where
+        W: FnOnce(Steps<C>) -> F + 'e,
+        F: Future<Output = Result<T, E>> + 'e,
+        T: Serialize + DeserializeOwned + 'e,
+        E: From<Error> + 'e,
+    {
         async move {
+            let input = input?;
             let engine = self.engine;
             let Some(key) = self.key else {
                 let steps = Steps::new(engine.clone(), None, Duration::ZERO, StepLog::first());
@@ -385,7 +446,24 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                 // failed work does.
                 let work = async move {
                     let log = engine.store().begin_steps(&claim, retention).await?;
-                    work(Steps::new(engine.clone(), Some(claim), retention, log)).await
+                    let Some(input) = &input else {
+                        return work(Steps::new(engine.clone(), Some(claim), retention, log)).await;
+                    };
+                    store_input(engine.store(), &claim, &log, input, retention).await?;
+                    let attempt = log.attempt;
+                    let out = work(Steps::new(
+                        engine.clone(),
+                        Some(claim.clone()),
+                        retention,
+                        log,
+                    ))
+                    .await;
+                    if out.is_err() {
+                        // The caller gets the failure: no completer should run it again. Best
+                        // effort: unmarked, a completer retries it once its claim is released.
+                        let _ = mark_failed(engine.store(), &claim, attempt, retention).await;
+                    }
+                    out
                 };
                 engine
                     .work_half(&mut probe, &holding, work, &format, &Released)
@@ -595,4 +673,41 @@ impl<E: From<Error>> Errors<E> for Released {
     fn replay(&self, bytes: Vec<u8>) -> E {
         Error::StoredError(bytes).into()
     }
+}
+
+/// Writes the operation's input record (see [`Call::run_steps_with`]) unless an earlier attempt
+/// did: `log` is what this attempt's `begin_steps` found.
+async fn store_input(
+    store: &dyn crate::store::Store,
+    claim: &crate::record::Claim,
+    log: &StepLog,
+    input: &[u8],
+    retention: Duration,
+) -> Result<(), Error> {
+    if log.steps.iter().any(|s| s.name == INPUT_STEP) {
+        return Ok(());
+    }
+    let step = crate::step::StepWrite {
+        name: INPUT_STEP,
+        position: INPUT_POSITION,
+        result: Some(input),
+    };
+    store.write_step(claim, step, retention).await
+}
+
+/// Marks `attempt` of the operation `claim` holds as failed (see
+/// [`Abandoned`](crate::Abandoned)): a completer leaves it alone.
+async fn mark_failed(
+    store: &dyn crate::store::Store,
+    claim: &crate::record::Claim,
+    attempt: u32,
+    retention: Duration,
+) -> Result<(), Error> {
+    let name = crate::step::failed_step(attempt);
+    let step = crate::step::StepWrite {
+        name: &name,
+        position: INPUT_POSITION,
+        result: Some(b""),
+    };
+    store.write_step(claim, step, retention).await
 }

@@ -15,7 +15,9 @@ use super::Idempotency;
 use crate::codec::{Codec, JsonCodec};
 use crate::error::Error;
 use crate::record::Claim;
-use crate::step::{StepLog, StepRecord, StepState, StepWrite, MAX_STEP_NAME_LEN};
+use crate::step::{
+    StepLog, StepRecord, StepState, StepWrite, INPUT_STEP, MAX_STEP_NAME_LEN, RESERVED_PREFIX,
+};
 
 /// The handle a [`Call::run_steps`](crate::Call::run_steps) work receives: runs its named steps,
 /// each at most once per operation while it finishes (at least once if the process dies inside
@@ -101,8 +103,10 @@ impl<C: Codec> Steps<C> {
         engine: Idempotency<C>,
         claim: Option<Claim>,
         retention: Duration,
-        log: StepLog,
+        mut log: StepLog,
     ) -> Steps<C> {
+        // The operation's input (`Call::run_steps_with`) is no step of the work's.
+        log.steps.retain(|s| !s.name.starts_with(RESERVED_PREFIX));
         let attempt = Attempt {
             number: log.attempt,
             resumed: log
@@ -420,6 +424,12 @@ impl<C: Codec> Step<'_, C> {
 
 /// A step name is 1 to [`MAX_STEP_NAME_LEN`] bytes: else [`Error::InvalidStep`].
 pub(crate) fn check_step_name(name: &str) -> Result<(), Error> {
+    if name.starts_with(RESERVED_PREFIX) {
+        return Err(Error::InvalidStep(format!(
+            "step names starting with {RESERVED_PREFIX:?} are idem's own ({INPUT_STEP:?} keeps \
+             the operation's input): {name:?} is one, choose another"
+        )));
+    }
     if name.is_empty() || name.len() > MAX_STEP_NAME_LEN {
         return Err(Error::InvalidStep(format!(
             "a step name is 1 to {MAX_STEP_NAME_LEN} bytes, {name:?} is {}",

@@ -845,19 +845,34 @@ impl Target for Records {
     }
 
     fn lease(self: Arc<Self>, length: Duration) -> Box<dyn Lease> {
-        Box::new(RecordsLease {
-            store: self.0.clone(),
-            length,
-            claim: None,
-        })
+        Box::new(RecordsLease::new(self.0.clone(), records_lease_key, length))
     }
 }
 
-/// A claim of the reserved lease key in the store itself.
-struct RecordsLease {
+/// A claim of a reserved lease key in the store itself: the records pruner's, and the
+/// [`Completer`](crate::Completer)'s.
+pub(crate) struct RecordsLease {
     store: Arc<dyn Store>,
+    /// The reserved key.
+    key: fn() -> Result<Key, Error>,
     length: Duration,
     claim: Option<Claim>,
+}
+
+impl RecordsLease {
+    /// A lease of `length` on the record `key` of `store`, not yet taken.
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        key: fn() -> Result<Key, Error>,
+        length: Duration,
+    ) -> RecordsLease {
+        RecordsLease {
+            store,
+            key,
+            length,
+            claim: None,
+        }
+    }
 }
 
 #[async_trait]
@@ -873,11 +888,7 @@ impl Lease for RecordsLease {
                 Err(e) => Err(e),
             };
         }
-        match self
-            .store
-            .start(&records_lease_key()?, None, self.length)
-            .await?
-        {
+        match self.store.start(&(self.key)()?, None, self.length).await? {
             Start::Started(claim) => {
                 self.claim = Some(claim);
                 Ok(true)
@@ -913,19 +924,61 @@ impl Lease for RecordsLease {
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct PrunerHandle {
+pub struct PrunerHandle(Background<PruneReport>);
+
+/// A background task that runs until stopped and reports each successful run: what a
+/// [`PrunerHandle`] and a [`CompleterHandle`](crate::CompleterHandle) hold.
+#[derive(Debug)]
+pub(crate) struct Background<R> {
     stop: watch::Sender<bool>,
-    reports: watch::Receiver<Option<PruneReport>>,
+    reports: watch::Receiver<Option<R>>,
     task: JoinHandle<()>,
+}
+
+impl<R: Copy + Send + Sync + 'static> Background<R> {
+    /// Spawns `body` with the stop signal and the sender of its reports.
+    pub(crate) fn spawn<F, Fut>(body: F) -> Background<R>
+    where
+        F: FnOnce(watch::Receiver<bool>, watch::Sender<Option<R>>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (stop, stop_rx) = watch::channel(false);
+        let (report_tx, reports) = watch::channel(None);
+        let task = tokio::spawn(body(stop_rx, report_tx));
+        Background {
+            stop,
+            reports,
+            task,
+        }
+    }
+
+    /// The report of the latest successful run, if any.
+    pub(crate) fn last_report(&self) -> Option<R> {
+        *self.reports.borrow()
+    }
+
+    /// Waits for the next successful run's report; `None` once the task has stopped.
+    pub(crate) async fn next_report(&mut self) -> Option<R> {
+        self.reports.changed().await.ok()?;
+        *self.reports.borrow_and_update()
+    }
+
+    /// Asks the task to stop and waits for it; resumes its panic, if it panicked.
+    pub(crate) async fn shutdown(self) {
+        self.stop.send_replace(true);
+        if let Err(e) = self.task.await {
+            if e.is_panic() {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
+    }
 }
 
 impl PrunerHandle {
     /// Runs `pruner` at once and then every interval until the handle stops it. A run that
     /// overruns the interval delays the next.
     fn spawn(pruner: Pruner) -> PrunerHandle {
-        let (stop_tx, mut stop_rx) = watch::channel(false);
-        let (report_tx, report_rx) = watch::channel(None);
-        let task = tokio::spawn(async move {
+        PrunerHandle(Background::spawn(|mut stop_rx, report_tx| async move {
             let mut wait = Duration::ZERO;
             // The wait chosen after the previous run (its start to this one's).
             let mut last = Duration::ZERO;
@@ -989,12 +1042,7 @@ impl PrunerHandle {
                 last = next;
                 wait = next.saturating_sub(started.elapsed());
             }
-        });
-        PrunerHandle {
-            stop: stop_tx,
-            reports: report_rx,
-            task,
-        }
+        }))
     }
 
     /// The report of the latest successful run, if any.
@@ -1008,30 +1056,24 @@ impl PrunerHandle {
     /// # Ok(()) }
     /// ```
     pub fn last_report(&self) -> Option<PruneReport> {
-        *self.reports.borrow()
+        self.0.last_report()
     }
 
     /// Waits for the next successful run and returns its report; `None` once the pruner has
     /// stopped. See [`PrunerHandle`] for an example.
     pub async fn next_report(&mut self) -> Option<PruneReport> {
-        self.reports.changed().await.ok()?;
-        *self.reports.borrow_and_update()
+        self.0.next_report().await
     }
 
     /// Stops the pruner after the batch in progress (a pause is cut short), lets it release
     /// its lease, and waits for it. A panic inside the pruner task is resumed here. See
     /// [`PrunerHandle`] for an example.
     pub async fn shutdown(self) {
-        self.stop.send_replace(true);
-        if let Err(e) = self.task.await {
-            if e.is_panic() {
-                std::panic::resume_unwind(e.into_panic());
-            }
-        }
+        self.0.shutdown().await
     }
 }
 
-/// Whether the handle asked the pruner to stop (sent `true` or was dropped).
-fn stop_requested(stop: &watch::Receiver<bool>) -> bool {
+/// Whether the handle asked the task to stop (sent `true` or was dropped).
+pub(crate) fn stop_requested(stop: &watch::Receiver<bool>) -> bool {
     *stop.borrow() || stop.has_changed().is_err()
 }

@@ -12,7 +12,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, KeyMap, Token};
 use crate::record::{Claim, Completion, Record, RecordState, Start, StoredResult};
-use crate::step::{StepLog, StepRecord, StepState, StepWrite};
+use crate::step::{failed_step, Abandoned, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP};
 use crate::store::{check_duration, check_fingerprint, Immediate, Store};
 
 /// A record as the store keeps it: 96 bytes a slot with its key, where the public
@@ -692,6 +692,45 @@ impl Store for MemoryStore {
                 steps: entry.steps.clone(),
             })
         })
+    }
+
+    async fn find_abandoned(
+        &self,
+        after: Option<&Key>,
+        limit: u32,
+    ) -> Result<Vec<Abandoned>, Error> {
+        let now = self.clock.now();
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let records = self.lock();
+        let mut found: Vec<(Key, &[u8])> = records
+            .steps
+            .iter()
+            .filter(|(key, steps)| {
+                let failed = failed_step(steps.attempt);
+                steps.expires_at > now
+                    && after.is_none_or(|after| key.as_bytes() > after.as_bytes())
+                    // No claim holds it and it has not completed: its record is gone (freed
+                    // after its lease, or released) or running past its lease.
+                    && records
+                        .get(key)
+                        .is_none_or(|e| e.is_running() && e.expires_at() <= now)
+                    && !steps.steps.iter().any(|s| s.name == failed)
+            })
+            .filter_map(|(key, steps)| {
+                steps.steps.iter().find_map(|s| match &s.state {
+                    StepState::Finished(input) if s.name == INPUT_STEP => {
+                        Some((*key, input.as_slice()))
+                    }
+                    _ => None,
+                })
+            })
+            .collect();
+        found.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        found
+            .into_iter()
+            .take(limit)
+            .map(|(key, input)| Abandoned::decode(key, input))
+            .collect()
     }
 
     async fn write_step(

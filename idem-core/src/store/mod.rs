@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::record::{Claim, Completion, Record, Start};
-use crate::step::{StepLog, StepWrite};
+use crate::step::{Abandoned, StepLog, StepWrite};
 
 pub(crate) mod admin;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -189,6 +189,41 @@ pub trait Store: Send + Sync + 'static {
         Err(Error::StepsUnsupported)
     }
 
+    /// Up to `limit` operations left in progress past their lease whose steps keep an input
+    /// (they ran through [`Call::run_steps_with`](crate::Call::run_steps_with)), with keys
+    /// greater than `after` (all keys when `None`), by key: what a
+    /// [`Completer`](crate::Completer) finishes. A caller pages through them by passing the
+    /// last key it got; a page shorter than `limit` is the last. A read only: it claims
+    /// nothing, so an operation found may be claimed by anyone before the caller claims it.
+    /// [`Error::CompleterUnsupported`], the default, for a store that cannot look them up.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Abandoned, Key, MemoryStore, ManualClock, Start, StepWrite, Store, INPUT_STEP};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let clock = ManualClock::new();
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let key = Key::derive("rides", "", "r-1")?;
+    /// let day = Duration::from_secs(86_400);
+    /// let Start::Started(claim) = store.start(&key, None, Duration::from_secs(30)).await? else { unreachable!() };
+    /// store.begin_steps(&claim, day).await?;
+    /// let input = Abandoned::encode_input("rides", b"{}");
+    /// store.write_step(&claim, StepWrite { name: INPUT_STEP, position: i32::MAX as u32, result: Some(&input) }, day).await?;
+    /// assert!(store.find_abandoned(None, 10).await?.is_empty()); // its lease runs
+    /// clock.advance(Duration::from_secs(31)); // the holder died
+    /// let found = store.find_abandoned(None, 10).await?;
+    /// assert_eq!((found[0].key, found[0].scope.as_str()), (key, "rides"));
+    /// # Ok(()) }
+    /// ```
+    async fn find_abandoned(
+        &self,
+        after: Option<&Key>,
+        limit: u32,
+    ) -> Result<Vec<Abandoned>, Error> {
+        let _ = (after, limit);
+        Err(Error::CompleterUnsupported)
+    }
+
     /// This store's claim and completion as plain function calls, if it answers them without
     /// waiting (an in-process store such as [`MemoryStore`](crate::MemoryStore)); `None`, the
     /// default, for a store that does I/O. The engine then calls them directly: no future boxed,
@@ -269,6 +304,7 @@ forward_to_inner! {
     fn prune_expired(&self, limit: u32) -> Result<u64, Error>;
     fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error>;
     fn write_step(&self, claim: &Claim, step: StepWrite<'_>, retention: Duration) -> Result<(), Error>;
+    fn find_abandoned(&self, after: Option<&Key>, limit: u32) -> Result<Vec<Abandoned>, Error>;
 }
 
 /// How many expired records a pruner deletes per batch unless its store or its config says

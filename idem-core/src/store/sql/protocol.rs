@@ -202,6 +202,22 @@ macro_rules! sql_store {
                     .await
             }
 
+            async fn find_abandoned(
+                &self,
+                after: Option<&$crate::Key>,
+                limit: u32,
+            ) -> Result<Vec<$crate::Abandoned>, $crate::Error> {
+                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                    .acquire()
+                    .await?;
+                self.protocol()
+                    .steps()
+                    .find_abandoned::<<Self as $crate::store::sql::protocol::SqlBackend>::Db>(
+                        &mut conn, after, limit,
+                    )
+                    .await
+            }
+
             async fn write_step(
                 &self,
                 claim: &$crate::Claim,

@@ -14,7 +14,9 @@ use crate::key::Key;
 use crate::record::Claim;
 use crate::sql::dialect::{Dialect, Ops};
 use crate::sql::name::TableName;
-use crate::step::{StepLog, StepRecord, StepState, StepWrite};
+use crate::step::{
+    Abandoned, StepLog, StepRecord, StepState, StepWrite, FAILED_STEP_PREFIX, INPUT_STEP,
+};
 
 use super::corrupt;
 
@@ -36,6 +38,8 @@ pub(crate) struct StepStatements {
     holds: String,
     evict: String,
     prune: String,
+    /// Operations in progress past their lease whose steps keep an input, by key.
+    abandoned: String,
 }
 
 impl StepStatements {
@@ -84,7 +88,44 @@ impl StepStatements {
                    ORDER BY expires_at LIMIT $1{lock_batch})",
                 lock_batch = d.lock_batch,
             ),
+            // No claim holds it (its record is gone, or running past its lease), it has not
+            // completed, and its latest attempt (the '' row's count) was not marked failed.
+            abandoned: format!(
+                "SELECT s.key, s.result FROM {s} AS s \
+                 JOIN {s} AS a ON a.key = s.key AND a.name = '' \
+                 LEFT JOIN {t} AS r ON r.key = s.key \
+                 WHERE s.name = '{INPUT_STEP}' AND s.finished = true AND s.expires_at > {now} \
+                   AND (r.key IS NULL OR (r.state = 0 AND r.expires_at <= {now})) \
+                   AND NOT EXISTS (SELECT 1 FROM {s} AS f WHERE f.key = s.key \
+                     AND f.name = '{FAILED_STEP_PREFIX}' || CAST(a.attempt AS TEXT)) \
+                   AND s.key > $1 \
+                 ORDER BY s.key LIMIT $2"
+            ),
         }
+    }
+
+    /// [`Store::find_abandoned`](crate::Store::find_abandoned): one statement, from the steps
+    /// table (only operations that ran steps have rows there) to their records.
+    pub(crate) async fn find_abandoned<DB: Ops>(
+        &self,
+        conn: &mut DB::Connection,
+        after: Option<&Key>,
+        limit: u32,
+    ) -> Result<Vec<Abandoned>, Error> {
+        // Every key is 32 bytes, so each sorts after the empty one.
+        let after = after.map_or(&[][..], |k| &k.as_bytes()[..]);
+        let query = DB::bind_bytes(sqlx::query(&self.abandoned), after);
+        let rows = DB::fetch_all(conn, DB::bind_i64(query, i64::from(limit))).await?;
+        rows.iter()
+            .map(|row| {
+                let key: [u8; 32] = DB::get_bytes(row, 0)?
+                    .try_into()
+                    .map_err(|_| corrupt("a steps row's key is not 32 bytes".into()))?;
+                let input = DB::get_opt_bytes(row, 1)?
+                    .ok_or_else(|| corrupt("a finished step row has no result".into()))?;
+                Abandoned::decode(Key::from_bytes(key), &input)
+            })
+            .collect()
     }
 
     /// [`Store::begin_steps`](crate::Store::begin_steps): two statements, the fenced count of
