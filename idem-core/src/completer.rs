@@ -240,7 +240,8 @@ type Drive<C> = Arc<dyn Fn(Idempotency<C>, Abandoned) -> BoxFuture + Send + Sync
 /// and runs the rest; its result is stored and replays to any later retry.
 ///
 /// The store must find abandoned operations ([`Error::CompleterUnsupported`] otherwise, from
-/// [`run_once`](Self::run_once)): the memory, SQLite and PostgreSQL stores do.
+/// [`run_once`](Self::run_once)): the memory, SQLite, PostgreSQL, Redis and DynamoDB stores
+/// do; `RemoteStore` does not.
 ///
 /// ```
 /// use std::time::Duration;

@@ -40,12 +40,6 @@ impl Harness for DynamoHarness {
     fn store(&self) -> Arc<dyn Store> {
         Arc::new(self.store.clone())
     }
-
-    /// Not yet: this store has no query for abandoned operations, so no completer runs on it
-    /// (docs/steps.md, "Completer").
-    fn finds_abandoned(&self) -> bool {
-        false
-    }
 }
 
 impl Drop for DynamoHarness {

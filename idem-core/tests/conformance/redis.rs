@@ -34,10 +34,4 @@ impl<const CLUSTER: bool> Harness for RedisHarness<CLUSTER> {
     fn expires_by_itself(&self) -> bool {
         true
     }
-
-    /// Not yet: this store has no query for abandoned operations, so no completer runs on it
-    /// (docs/steps.md, "Completer").
-    fn finds_abandoned(&self) -> bool {
-        false
-    }
 }

@@ -25,6 +25,7 @@ use item::{
 };
 
 mod admin;
+mod completer;
 mod endpoint;
 mod errors;
 mod item;
@@ -784,6 +785,14 @@ impl Store for DynamoStore {
             .await
             .map_err(|e| s.error("DeleteItem", e))?;
         Ok(out.attributes.is_some_and(|a| !a.is_empty()))
+    }
+
+    async fn find_abandoned(
+        &self,
+        after: Option<&Key>,
+        limit: u32,
+    ) -> Result<Vec<crate::step::Abandoned>, Error> {
+        self.inner.find_abandoned(after, limit).await
     }
 
     async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {

@@ -28,7 +28,7 @@ impl RedisStore {
 }
 
 /// A master whose keys a scan reads: the one server, or a cluster primary by its address.
-enum Node {
+pub(super) enum Node {
     Single,
     Primary { host: String, port: u16 },
 }
@@ -57,7 +57,7 @@ struct Scan<'a> {
 
 impl Conn {
     /// `cmd` on `node`.
-    async fn query_on(&self, node: &Node, cmd: &Cmd) -> Result<Value, RedisError> {
+    pub(super) async fn query_on(&self, node: &Node, cmd: &Cmd) -> Result<Value, RedisError> {
         match (self, node) {
             (Conn::Cluster(p), Node::Primary { host, port }) => {
                 let mut conn = p.pick().ok_or_else(super::no_connection)?;
@@ -69,7 +69,11 @@ impl Conn {
     }
 
     /// `pipe` on `node`, its replies in order (a command's error as a [`Value::ServerError`]).
-    async fn pipe_on(&self, node: &Node, pipe: &Pipeline) -> Result<Vec<Value>, RedisError> {
+    pub(super) async fn pipe_on(
+        &self,
+        node: &Node,
+        pipe: &Pipeline,
+    ) -> Result<Vec<Value>, RedisError> {
         match (self, node) {
             (Conn::Cluster(p), Node::Primary { host, port }) => {
                 let mut conn = p.pick().ok_or_else(super::no_connection)?;
@@ -86,7 +90,7 @@ impl Conn {
 
     /// The masters, each with its clock: `TIME` on the server, or on every cluster primary at
     /// once (which also names them).
-    async fn masters(&self) -> Result<Vec<(Node, i64)>, Error> {
+    pub(super) async fn masters(&self) -> Result<Vec<(Node, i64)>, Error> {
         let failed = |e| store_error("admin TIME", e);
         match self {
             Conn::Single(_) => {

@@ -1,6 +1,7 @@
 //! The Redis/Valkey store (feature `redis`): one server or a Redis Cluster, through one type.
 
 mod admin;
+mod completer;
 mod scripts;
 
 use std::fmt;
@@ -904,6 +905,14 @@ impl Store for RedisStore {
             .eval_keys("evict", &inner.scripts.evict, key, true, &[], false)
             .await?;
         Ok(int(&deleted).unwrap_or(0) > 0)
+    }
+
+    async fn find_abandoned(
+        &self,
+        after: Option<&Key>,
+        limit: u32,
+    ) -> Result<Vec<crate::step::Abandoned>, Error> {
+        self.inner.find_abandoned(after, limit).await
     }
 
     async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {

@@ -1,0 +1,93 @@
+//! [`Store::find_abandoned`](crate::Store::find_abandoned) for DynamoDB: a consistent `Scan` of
+//! the steps items that keep a live input, then a consistent read of each candidate's record,
+//! in key order, until the page is full.
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::item::{corrupt, number, State, EXPIRES, PK};
+use super::Inner;
+use crate::error::Error;
+use crate::key::Key;
+use crate::step::{failed_step, Abandoned, INPUT_STEP};
+use crate::store::admin::scan::key_from_hex;
+
+/// The attempts counted on a steps item (as `steps.rs` writes it).
+const ATTEMPT: &str = "attempt_n";
+
+impl Inner {
+    /// See [`Store::find_abandoned`](crate::Store::find_abandoned): the whole table is scanned
+    /// for steps items with an input (what the filter keeps is returned, and what it drops is
+    /// still read), then each candidate after `after`, smallest key first, costs one
+    /// `GetItem` until `limit` are found. An operation is abandoned when its record is gone, or
+    /// in progress past its lease and the clock-skew margin (when a claim may take it over).
+    pub(super) async fn find_abandoned(
+        &self,
+        after: Option<&Key>,
+        limit: u32,
+    ) -> Result<Vec<Abandoned>, Error> {
+        let input_attr = format!("f:{INPUT_STEP}");
+        let mut candidates: Vec<(Key, Vec<u8>)> = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .filter_expression("attribute_exists(#input) AND #e > :now")
+                .expression_attribute_names("#input", &input_attr)
+                .expression_attribute_names("#e", EXPIRES)
+                .expression_attribute_values(":now", number(self.now_ms()))
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| self.error("Scan", e))?;
+            for item in page.items.unwrap_or_default() {
+                let Some(key) = (match item.get(PK) {
+                    Some(AttributeValue::S(pk)) => pk.strip_suffix(":steps").and_then(key_from_hex),
+                    _ => None,
+                }) else {
+                    // Not a steps item of this store's layout: nothing to complete.
+                    continue;
+                };
+                if after.is_some_and(|a| key <= *a) {
+                    continue;
+                }
+                let attempt = match item.get(ATTEMPT) {
+                    Some(AttributeValue::N(n)) => n.parse::<u32>().ok(),
+                    _ => None,
+                }
+                .ok_or_else(|| corrupt(&key, "its steps count no attempts"))?;
+                if item.contains_key(&format!("f:{}", failed_step(attempt))) {
+                    continue;
+                }
+                let Some(AttributeValue::B(input)) = item.get(&input_attr) else {
+                    return Err(corrupt(&key, "its stored input is not binary"));
+                };
+                candidates.push((key, input.as_ref().to_vec()));
+            }
+            match page.last_evaluated_key {
+                Some(next) if !next.is_empty() => start = Some(next),
+                _ => break,
+            }
+        }
+        candidates.sort_unstable_by_key(|(k, _)| *k);
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let mut found = Vec::new();
+        for (key, input) in candidates {
+            if found.len() >= limit {
+                break;
+            }
+            let unheld = match self.read(&key).await? {
+                None => true,
+                Some(item) => {
+                    matches!(item.state, State::InProgress) && !self.is_live(&item, self.now_ms())
+                }
+            };
+            if unheld {
+                found.push(Abandoned::decode(key, &input)?);
+            }
+        }
+        Ok(found)
+    }
+}
