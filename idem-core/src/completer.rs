@@ -257,16 +257,15 @@ type Drive<C> = Arc<dyn Fn(Idempotency<C>, Abandoned) -> BoxFuture + Send + Sync
 ///     steps.run("charge", || async { Ok::<_, Error>(ride.clone() + ", charged") }).await
 /// }
 ///
-/// // A client whose process dies inside its second step: its claim is never released.
+/// // A client that goes away inside its second step (its caller cancelled, or its process
+/// // died: then its claim is not released, and the operation waits out its lease).
 /// let key = Key::derive("rides", "rider-7", "req-1")?;
 /// let client = engine.call(key).run_steps_with("rides", b"home".to_vec(), |steps| async move {
 ///     steps.run("create ride", || async { Ok::<_, Error>("ride from home".to_owned()) }).await?;
 ///     std::future::pending::<Result<String, Error>>().await
 /// });
 /// let _ = tokio::time::timeout(Duration::from_millis(10), client).await;
-/// # // The engine releases a dropped call's claim; a dead process would not: lose it again.
-/// # let _ = engine.store().start(&key, None, Duration::from_secs(1)).await?;
-/// clock.advance(Duration::from_secs(120)); // past its lease
+/// clock.advance(Duration::from_secs(120)); // past any lease
 ///
 /// let completer = Completer::new(engine.clone(), CompleterConfig::new())?.handler("rides", ride);
 /// let report = completer.run_once().await?;

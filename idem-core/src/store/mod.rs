@@ -189,10 +189,11 @@ pub trait Store: Send + Sync + 'static {
         Err(Error::StepsUnsupported)
     }
 
-    /// Up to `limit` operations left in progress past their lease whose steps keep an input
-    /// (they ran through [`Call::run_steps_with`](crate::Call::run_steps_with)), with keys
-    /// greater than `after` (all keys when `None`), by key: what a
-    /// [`Completer`](crate::Completer) finishes. A caller pages through them by passing the
+    /// Up to `limit` abandoned operations (see [`Abandoned`]: their steps keep an input, they
+    /// ran through [`Call::run_steps_with`](crate::Call::run_steps_with); no claim holds them,
+    /// their record being gone or in progress past its lease; not completed; their latest
+    /// attempt not marked failed), with keys greater than `after` (all keys when `None`), by
+    /// key: what a [`Completer`](crate::Completer) finishes. A caller pages through them by passing the
     /// last key it got; a page shorter than `limit` is the last. A read only: it claims
     /// nothing, so an operation found may be claimed by anyone before the caller claims it.
     /// [`Error::CompleterUnsupported`], the default, for a store that cannot look them up.
