@@ -468,7 +468,10 @@ impl<C: Codec> Completer<C> {
             report.found += page.len() as u64;
             let full = page.len() >= self.config.batch_size as usize;
             after = page.last().map(|op| op.key);
-            self.drive(page, report).await;
+            if !self.drive(page, lease, report).await {
+                tracing::warn!("completer lease lost while driving a page; stopping this run");
+                return Ok(());
+            }
             if !full {
                 report.drained = true;
                 return Ok(());
@@ -499,8 +502,22 @@ impl<C: Codec> Completer<C> {
     }
 
     /// Drives the operations of one page, [`concurrency`](CompleterConfig::concurrency) at a
-    /// time, each in a task of its own, and counts how each went.
-    async fn drive(&self, page: Vec<Abandoned>, report: &mut CompleteReport) {
+    /// time, each in a task of its own, and counts how each went, renewing `lease` every third
+    /// of its length meanwhile (a page of slow handlers may outlast it). Returns whether the
+    /// lease is still held: when it is not, the page's operations still run to their end (each
+    /// under its own claim), and the run stops after them.
+    async fn drive(
+        &self,
+        page: Vec<Abandoned>,
+        lease: &mut RecordsLease,
+        report: &mut CompleteReport,
+    ) -> bool {
+        let mut renewal = Renewal {
+            lease,
+            every: self.config.lease / 3,
+            at: Instant::now() + self.config.lease / 3,
+            held: true,
+        };
         let mut tasks = JoinSet::new();
         let count = |driven: Option<Driven>, report: &mut CompleteReport| match driven {
             Some(Driven::Completed) => report.completed += 1,
@@ -520,14 +537,47 @@ impl<C: Codec> Completer<C> {
                 continue;
             };
             while tasks.len() >= self.config.concurrency {
-                if let Some(done) = tasks.join_next().await {
-                    count(done.ok(), report);
+                if let Some(done) = renewal.next_done(&mut tasks).await {
+                    count(done, report);
                 }
             }
             tasks.spawn(drive(self.engine.clone(), op));
         }
-        while let Some(done) = tasks.join_next().await {
-            count(done.ok(), report);
+        while let Some(done) = renewal.next_done(&mut tasks).await {
+            count(done, report);
+        }
+        renewal.held
+    }
+}
+
+/// The renewal of a run's lease while a page's operations run.
+struct Renewal<'l> {
+    lease: &'l mut RecordsLease,
+    every: Duration,
+    /// When to renew next.
+    at: Instant,
+    /// Whether the lease is still held (a failed or refused renewal gives it up).
+    held: bool,
+}
+
+impl Renewal<'_> {
+    /// The next of `tasks` to end (`Some(None)` for one that panicked), renewing the lease when
+    /// it is due meanwhile; `None` when no task is left.
+    async fn next_done(&mut self, tasks: &mut JoinSet<Driven>) -> Option<Option<Driven>> {
+        loop {
+            tokio::select! {
+                done = tasks.join_next() => return done.map(Result::ok),
+                _ = tokio::time::sleep_until(self.at), if self.held => {
+                    self.held = match self.lease.acquire().await {
+                        Ok(held) => held,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "renewing the completer lease failed");
+                            false
+                        }
+                    };
+                    self.at = Instant::now() + self.every;
+                }
+            }
         }
     }
 }

@@ -28,7 +28,7 @@ use async_trait::async_trait;
 use idem_core::conformance::scaled;
 use idem_core::{
     Claim, Completer, CompleterConfig, Completion, Error, Fingerprint, Idempotency, Key,
-    ManualClock, MemoryStore, OnLocked, Outcome, Record, Start, Steps, Store,
+    ManualClock, MemoryStore, OnLocked, Outcome, Record, Start, Steps, Store, TokioClock,
 };
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -600,4 +600,45 @@ async fn a_store_without_the_query_refuses_the_completer() {
         "this store cannot find abandoned operations, so no completer can run on it: use a \
          store that can (docs/steps.md, \"Completer\"), or let clients retry"
     );
+}
+
+/// A page whose handler outlasts the completer's lease keeps the lease: it is renewed while
+/// the page runs, so a second completer skips its run instead of running beside the first.
+#[tokio::test(start_paused = true)]
+async fn a_long_page_keeps_the_completer_lease() {
+    let engine = Idempotency::new(MemoryStore::with_clock(TokioClock::new()));
+    abandon_in_process(&engine, 1, Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let config = CompleterConfig::new().lease(Duration::from_secs(3));
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let held = gate.clone();
+    let slow = Completer::new(engine.clone(), config.clone())
+        .unwrap()
+        .handler("rides", move |steps, _input| {
+            let gate = held.clone();
+            async move {
+                let reserved: u32 = steps.run(STEPS[0], || async { Ok::<_, Error>(99) }).await?;
+                gate.notified().await;
+                Ok::<_, Error>(reserved)
+            }
+        });
+    let first = tokio::spawn(async move { slow.run_once().await });
+    // Three of its leases later, the first run still holds the lease.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let other = Completer::new(engine.clone(), config)
+        .unwrap()
+        .handler("rides", |_steps, _input| async { Ok::<_, Error>(0u32) });
+    let skipped = other.run_once().await.unwrap();
+    assert!(skipped.skipped, "{skipped:?}");
+    gate.notify_one();
+    let report = first.await.unwrap().unwrap();
+    assert_eq!((report.found, report.completed), (1, 1), "{report:?}");
+    let out = engine
+        .call(key_of(0))
+        .run_steps_with("rides", Vec::new(), |_| async {
+            Err::<u32, _>(Error::InvalidConfig("must replay".into()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, Outcome::Replayed(0), "the first step's stored result");
 }
