@@ -120,9 +120,9 @@ impl CompleterConfig {
     }
 
     /// The completers' lease (1 ms to 10 years): a run takes it, renews it before each page and
-    /// releases it at the end, so of any number of completers on one store one runs at a time,
-    /// and another takes over within this long of one that died. Make it longer than a page
-    /// takes.
+    /// every third of its length while a page runs, and releases it at the end, so of any
+    /// number of completers on one store one runs at a time, and another takes over within this
+    /// long of one that died.
     ///
     /// ```
     /// use std::time::Duration;
