@@ -35,23 +35,24 @@
 
 use std::fmt;
 
-#[cfg(any(
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "redis",
-    feature = "dynamodb",
-    feature = "remote"
-))]
-mod open;
+/// Declares its items only when a store that opens by URL is built.
+macro_rules! with_a_url_store {
+    ($($item:item)*) => {$(
+        #[cfg(any(
+            feature = "sqlite",
+            feature = "postgres",
+            feature = "redis",
+            feature = "dynamodb",
+            feature = "remote"
+        ))]
+        $item
+    )*};
+}
 
-#[cfg(any(
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "redis",
-    feature = "dynamodb",
-    feature = "remote"
-))]
-pub use open::{ConnectError, ConnectOptions, OpenedStore};
+with_a_url_store! {
+    mod open;
+    pub use open::{ConnectError, ConnectOptions, OpenedStore};
+}
 
 /// The kinds of store URL, one per scheme (the `dynamodb` forms are one kind).
 ///
