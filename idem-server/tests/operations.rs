@@ -4,35 +4,19 @@
 
 mod common;
 
+use std::convert::Infallible;
 use std::io::{Read, Write};
-use std::pin::Pin;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::Request;
 use common::{call, free_port, json, tokens, ALICE};
-use http_body::Frame;
+use futures_util::stream;
 use idem_core::MemoryStore;
 use idem_server::{App, Config, OPENAPI_PATH};
 use serde_json::{json as j, Value};
-
-/// A body whose bytes never come: a client that stalls.
-struct Stalled;
-
-impl http_body::Body for Stalled {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Poll::Pending
-    }
-}
 
 fn memory_app(config: Config) -> App {
     App::new(Arc::new(MemoryStore::new()), tokens(), config, None).unwrap()
@@ -56,7 +40,10 @@ async fn a_stalled_request_is_answered_503_at_the_timeout() {
     });
     let stalled = Request::post("/api/v1.idempotency.start")
         .header("authorization", format!("Bearer {ALICE}"))
-        .body(Body::new(Stalled))
+        // A body whose bytes never come: a client that stalls.
+        .body(Body::from_stream(stream::pending::<
+            Result<Bytes, Infallible>,
+        >()))
         .unwrap();
     let (status, _, body) = call(&app, stalled).await;
     assert_eq!(status, 503);
