@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::scan::builders::ScanFluentBuilder;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::item::{number, time_of, COMPLETED, EXPIRES, IN_PROGRESS, PK, STATE};
@@ -30,27 +31,43 @@ impl DynamoStore {
     pub const SCHEMA_VERSION: i64 = 1;
 }
 
-type Attrs = HashMap<String, AttributeValue>;
+pub(super) type Attrs = HashMap<String, AttributeValue>;
 
 impl Inner {
-    /// Every item of the table that passes `filter`, projected to `projection`, page by page:
-    /// `visit` sees each page's items and drops them before the next page is read.
+    /// Every record of the table that passes `filter`, projected to `projection`, page by
+    /// page ([`scan_pages`](Self::scan_pages)).
     async fn scan_all(
         &self,
         filter: Option<&str>,
         projection: &str,
         values: HashMap<String, AttributeValue>,
+        visit: impl FnMut(Vec<Attrs>) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let filter = records_only(filter);
+        let values = (!values.is_empty()).then_some(values);
+        self.scan_pages(
+            |scan| {
+                scan.filter_expression(&filter)
+                    .projection_expression(projection)
+                    .set_expression_attribute_values(values.clone())
+            },
+            visit,
+        )
+        .await
+    }
+
+    /// A consistent `Scan` of the whole table, `query` adding its filter, names and values:
+    /// `visit` sees each page's items and drops them before the next page is read. For the
+    /// admin calls and [`find_abandoned`](crate::Store::find_abandoned).
+    pub(super) async fn scan_pages(
+        &self,
+        query: impl Fn(ScanFluentBuilder) -> ScanFluentBuilder,
         mut visit: impl FnMut(Vec<Attrs>) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let mut start = None;
         loop {
-            let page = self
-                .client
-                .scan()
-                .table_name(&self.table)
-                .filter_expression(records_only(filter))
-                .projection_expression(projection)
-                .set_expression_attribute_values((!values.is_empty()).then(|| values.clone()))
+            let scan = self.client.scan().table_name(&self.table);
+            let page = query(scan)
                 .consistent_read(true)
                 .set_exclusive_start_key(start)
                 .send()

@@ -4,6 +4,7 @@
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
+use super::admin::Attrs;
 use super::item::{corrupt, number, State, EXPIRES, PK};
 use super::Inner;
 use crate::error::Error;
@@ -27,50 +28,21 @@ impl Inner {
     ) -> Result<Vec<Abandoned>, Error> {
         let input_attr = format!("f:{INPUT_STEP}");
         let mut candidates: Vec<(Key, Vec<u8>)> = Vec::new();
-        let mut start = None;
-        loop {
-            let page = self
-                .client
-                .scan()
-                .table_name(&self.table)
-                .filter_expression("attribute_exists(#input) AND #e > :now")
-                .expression_attribute_names("#input", &input_attr)
-                .expression_attribute_names("#e", EXPIRES)
-                .expression_attribute_values(":now", number(self.now_ms()))
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| self.error("Scan", e))?;
-            for item in page.items.unwrap_or_default() {
-                let Some(key) = (match item.get(PK) {
-                    Some(AttributeValue::S(pk)) => pk.strip_suffix(":steps").and_then(key_from_hex),
-                    _ => None,
-                }) else {
-                    // Not a steps item of this store's layout: nothing to complete.
-                    continue;
-                };
-                if after.is_some_and(|a| key <= *a) {
-                    continue;
+        self.scan_pages(
+            |scan| {
+                scan.filter_expression("attribute_exists(#input) AND #e > :now")
+                    .expression_attribute_names("#input", &input_attr)
+                    .expression_attribute_names("#e", EXPIRES)
+                    .expression_attribute_values(":now", number(self.now_ms()))
+            },
+            |items| {
+                for item in &items {
+                    candidates.extend(candidate(item, &input_attr, after)?);
                 }
-                let attempt = match item.get(ATTEMPT) {
-                    Some(AttributeValue::N(n)) => n.parse::<u32>().ok(),
-                    _ => None,
-                }
-                .ok_or_else(|| corrupt(&key, "its steps count no attempts"))?;
-                if item.contains_key(&format!("f:{}", failed_step(attempt))) {
-                    continue;
-                }
-                let Some(AttributeValue::B(input)) = item.get(&input_attr) else {
-                    return Err(corrupt(&key, "its stored input is not binary"));
-                };
-                candidates.push((key, input.as_ref().to_vec()));
-            }
-            match page.last_evaluated_key {
-                Some(next) if !next.is_empty() => start = Some(next),
-                _ => break,
-            }
-        }
+                Ok(())
+            },
+        )
+        .await?;
         candidates.sort_unstable_by_key(|(k, _)| *k);
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
         let mut found = Vec::new();
@@ -90,4 +62,36 @@ impl Inner {
         }
         Ok(found)
     }
+}
+
+/// The key and stored input of a steps `item` found by the scan, if it is one `find_abandoned`
+/// may return: a steps item of this store's layout, after `after`, whose latest attempt did not
+/// fail.
+fn candidate(
+    item: &Attrs,
+    input_attr: &str,
+    after: Option<&Key>,
+) -> Result<Option<(Key, Vec<u8>)>, Error> {
+    let Some(key) = (match item.get(PK) {
+        Some(AttributeValue::S(pk)) => pk.strip_suffix(":steps").and_then(key_from_hex),
+        _ => None,
+    }) else {
+        // Not a steps item of this store's layout: nothing to complete.
+        return Ok(None);
+    };
+    if after.is_some_and(|a| key <= *a) {
+        return Ok(None);
+    }
+    let attempt = match item.get(ATTEMPT) {
+        Some(AttributeValue::N(n)) => n.parse::<u32>().ok(),
+        _ => None,
+    }
+    .ok_or_else(|| corrupt(&key, "its steps count no attempts"))?;
+    if item.contains_key(&format!("f:{}", failed_step(attempt))) {
+        return Ok(None);
+    }
+    let Some(AttributeValue::B(input)) = item.get(input_attr) else {
+        return Err(corrupt(&key, "its stored input is not binary"));
+    };
+    Ok(Some((key, input.as_ref().to_vec())))
 }
