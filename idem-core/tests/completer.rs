@@ -28,7 +28,8 @@ use async_trait::async_trait;
 use idem_core::conformance::scaled;
 use idem_core::{
     Claim, Completer, CompleterConfig, Completion, Error, Fingerprint, Idempotency, Key,
-    ManualClock, MemoryStore, OnLocked, Outcome, Record, Start, Steps, Store, TokioClock,
+    ManualClock, MemoryStore, OnLocked, Outcome, Record, Start, StepLog, StepWrite, Steps, Store,
+    TokioClock,
 };
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -573,6 +574,17 @@ impl Store for NoQuery {
     }
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
         self.0.prune_expired(limit).await
+    }
+    async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
+        self.0.begin_steps(claim, retention).await
+    }
+    async fn write_step(
+        &self,
+        claim: &Claim,
+        step: StepWrite<'_>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        self.0.write_step(claim, step, retention).await
     }
 }
 
