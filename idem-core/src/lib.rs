@@ -54,6 +54,8 @@ pub use canonical::{FingerprintError, MAX_FINGERPRINT_DEPTH};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
 pub use completer::{CompleteReport, Completer, CompleterConfig, CompleterHandle};
+#[cfg(feature = "dynamodb")]
+pub use engine::MAX_DYNAMO_STEP_WRITES;
 pub use engine::{
     Attempt, Begun, Call, EngineBuilder, Holder, Idempotency, OnLocked, Outcome, Policy,
     ReplayCache, Step, Steps,

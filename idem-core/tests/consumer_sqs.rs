@@ -5,31 +5,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::consumer::sqs::aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use idem_core::consumer::sqs::aws_sdk_sqs::types::{Message as SqsMessage, QueueAttributeName};
-use idem_core::consumer::sqs::aws_sdk_sqs::{Client, Config};
+use idem_core::consumer::sqs::aws_sdk_sqs::Client;
 use idem_core::consumer::sqs::SqsConsumer;
 use idem_core::consumer::Consumer;
 use idem_core::{Idempotency, Key, SqliteStore, Store};
 use tokio::sync::Semaphore;
 
-fn endpoint() -> Option<String> {
-    idem_test_support::setting(
-        &idem_test_support::current_test(),
-        "IDEM_TEST_DYNAMODB_URL",
-        "IDEM_REQUIRE_DYNAMODB",
-    )
-}
-
-fn client(endpoint: &str) -> Client {
-    let config = Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("test", "test", None, None, "static"))
-        .endpoint_url(endpoint)
-        .build();
-    Client::from_conf(config)
-}
+mod support;
+use support::sqs::{client, endpoint, left_in_queue};
 
 async fn queue(client: &Client, fifo: bool) -> String {
     let mut name = idem_test_support::unique_name("orders");
@@ -55,20 +39,6 @@ async fn send(client: &Client, url: &str, body: &str, group: Option<&str>) -> St
         send = send.message_group_id(group).message_deduplication_id(body);
     }
     send.send().await.unwrap().message_id.unwrap()
-}
-
-async fn left_in_queue(client: &Client, url: &str) -> u64 {
-    let attrs = client
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap_or_default();
-    attrs.values().map(|v| v.parse::<u64>().unwrap_or(0)).sum()
 }
 
 /// The business table, a gate for "slow" orders, and orders that fail their first run.

@@ -55,7 +55,7 @@ use tokio::time::Instant;
 use crate::codec::{Codec, JsonCodec};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::{Idempotency, OnLocked, Outcome};
+use crate::{Call, Idempotency, OnLocked, Outcome, Steps};
 
 #[cfg(feature = "lambda")]
 pub mod lambda;
@@ -430,21 +430,121 @@ impl<C: Codec> Consumer<C> {
         T: Serialize + DeserializeOwned + Send + 'static,
         E: Send + 'static,
     {
+        self.batch(messages, |key, fingerprint, body| {
+            let work = handler(body);
+            let work = async move { work.await.map_err(Wrapped::Handler) };
+            caught(self.call(key, fingerprint).run_detached(work))
+        })
+        .await
+    }
+
+    /// Exactly-once effects: [`process`](Self::process) whose handler runs each message as a
+    /// [steps operation](crate::Call::run_steps) and is given its [`Steps`] handle, to apply
+    /// the message's effect as **one transactional step** that commits the effect's writes and
+    /// the step's record together, fenced by the message's claim:
+    /// [`Steps::tx`] on SQLite and PostgreSQL (the handler's SQL writes, in its transaction),
+    /// [`Steps::dynamo_tx`] on DynamoDB (the handler's items, in one `TransactWriteItems`).
+    ///
+    /// An effect outside the store cannot be applied exactly once: a consumer killed after the
+    /// effect and before its result is stored leaves a message that runs again. Here the
+    /// effect and its record are one commit: a consumer killed before it leaves nothing (the
+    /// redelivery runs the handler once its lease ends); killed after it, the redelivery takes
+    /// the claim over, finds the step finished, replays its result instead of applying the
+    /// effect again, and completes. A claim taken over while the handler ran (a lease that
+    /// ended) makes the step's commit fail ([`Error::LeaseLost`]): the effect is rolled back,
+    /// and the message fails and is redelivered. Do the slow part of the handler (calls, the
+    /// work that decides what to write) before the step, not inside its transaction: SQLite
+    /// holds its write lock from `BEGIN IMMEDIATE` to the commit.
+    ///
+    /// The outcomes are as [`process`](Self::process)'s; the handler's errors come back as
+    /// [`Failure::Handler`] (its `E` carries the step's own errors, [`Error::LeaseLost`]
+    /// among them, through `E: From<Error>`). Unlike `process`, a handler is not detached: a
+    /// batch dropped mid-way (or cut by its deadline) drops its running handlers, whose steps
+    /// commit whole or not at all, so the redelivery finishes them. Round trips per message:
+    /// `process`'s, plus `begin_steps` (1 on SQL, 2 on DynamoDB) and the step's commit (which
+    /// carries the effect).
+    ///
+    /// ```
+    /// use idem_core::consumer::{Consumer, Message};
+    /// use idem_core::{Error, Idempotency, SqliteStore};
+    /// use sqlx::Connection;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let store = SqliteStore::open(dir.path().join("shop.db")).await?;
+    /// sqlx::query("CREATE TABLE charges (order_id TEXT, cents INTEGER)").execute(store.pool()).await?;
+    /// let consumer = Consumer::new(Idempotency::new(store.clone()), "charge")?;
+    /// // Order 1 delivered twice.
+    /// let batch = vec![
+    ///     Message::keyed(("order-1", 4200i64), "order-1"),
+    ///     Message::keyed(("order-1", 4200), "order-1"),
+    /// ];
+    /// let store = &store;
+    /// let outcomes = consumer
+    ///     .process_steps(batch, |(order, cents), steps| async move {
+    ///         // The slow part (deciding what to write) goes here, outside the transaction.
+    ///         let mut conn = store.pool().acquire().await.map_err(Error::from)?;
+    ///         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(Error::from)?;
+    ///         steps.tx(store, &mut tx, "charge", |tx| Box::pin(async move {
+    ///             sqlx::query("INSERT INTO charges VALUES (?, ?)").bind(order).bind(cents)
+    ///                 .execute(&mut *tx).await.map_err(Error::from)?;
+    ///             Ok::<_, Error>(())
+    ///         })).await?;
+    ///         tx.commit().await.map_err(Error::from)?;
+    ///         Ok::<_, Error>(cents)
+    ///     })
+    ///     .await;
+    /// assert!(outcomes.iter().all(|o| o.disposition().acknowledges()));
+    /// let charges: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM charges").fetch_one(store.pool()).await?;
+    /// assert_eq!(charges, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn process_steps<M, T, E, H, F>(
+        &self,
+        messages: Vec<Message<M>>,
+        handler: H,
+    ) -> Vec<MessageOutcome<T, E>>
+    where
+        H: Fn(M, Steps<C>) -> F,
+        F: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+    {
+        let handler = &handler;
+        self.batch(messages, |key, fingerprint, body| {
+            let work = move |steps: Steps<C>| {
+                let work = handler(body, steps);
+                async move { work.await.map_err(Wrapped::Handler) }
+            };
+            caught(self.call(key, fingerprint).run_steps(work))
+        })
+        .await
+    }
+
+    /// Runs a batch: each message through `run` (its key, fingerprint and body to its
+    /// outcome), in lanes with bounded concurrency, until the deadline; counts the outcomes.
+    async fn batch<M, T, E, R, RF>(
+        &self,
+        messages: Vec<Message<M>>,
+        run: R,
+    ) -> Vec<MessageOutcome<T, E>>
+    where
+        R: Fn(Option<Key>, Option<Fingerprint>, M) -> RF,
+        RF: Future<Output = MessageOutcome<T, E>>,
+    {
         let total = messages.len();
         let slots: Mutex<Vec<Option<MessageOutcome<T, E>>>> =
             Mutex::new((0..total).map(|_| None).collect());
         let lanes = self.lanes(messages, &slots);
-        let handler = &handler;
+        let run = &run;
         let slots_ref = &slots;
         let run_all = async {
             let mut lanes = lanes.into_iter();
             let mut running = FuturesUnordered::new();
             for lane in lanes.by_ref().take(self.concurrency) {
-                running.push(self.lane(lane, handler, slots_ref));
+                running.push(self.lane(lane, run, slots_ref));
             }
             while running.next().await.is_some() {
                 if let Some(lane) = lanes.next() {
-                    running.push(self.lane(lane, handler, slots_ref));
+                    running.push(self.lane(lane, run, slots_ref));
                 }
             }
         };
@@ -520,16 +620,14 @@ impl<C: Codec> Consumer<C> {
 
     /// Runs one lane's messages in order; in ordered mode it stops at the first one that is
     /// not acknowledged, leaving the rest unanswered (not processed).
-    async fn lane<M, T, E, H, F>(
+    async fn lane<M, T, E, R, RF>(
         &self,
         lane: Vec<Prepared<M>>,
-        handler: &H,
+        run: &R,
         slots: &Mutex<Vec<Option<MessageOutcome<T, E>>>>,
     ) where
-        H: Fn(M) -> F,
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: Send + 'static,
+        R: Fn(Option<Key>, Option<Fingerprint>, M) -> RF,
+        RF: Future<Output = MessageOutcome<T, E>>,
     {
         for message in lane {
             // Nothing starts once the deadline has passed (the batch's timeout polls the lanes
@@ -537,8 +635,7 @@ impl<C: Codec> Consumer<C> {
             if self.deadline.is_some_and(|d| Instant::now() >= d) {
                 return;
             }
-            let outcome = self.one(message.key, message.fingerprint, message.body, handler);
-            let outcome = outcome.await;
+            let outcome = run(message.key, message.fingerprint, message.body).await;
             let stop = self.ordered && !outcome.disposition().acknowledges();
             put(slots, message.index, outcome);
             if stop {
@@ -547,40 +644,30 @@ impl<C: Codec> Consumer<C> {
         }
     }
 
-    /// One message through the engine.
-    async fn one<M, T, E, H, F>(
-        &self,
-        key: Option<Key>,
-        fingerprint: Option<Fingerprint>,
-        body: M,
-        handler: &H,
-    ) -> MessageOutcome<T, E>
-    where
-        H: Fn(M) -> F,
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: Send + 'static,
-    {
-        let work = handler(body);
-        let work = async move { work.await.map_err(Wrapped::Handler) };
-        let mut call = self
+    /// The engine call of one message: fails fast on a twin in flight, under the consumer's
+    /// lease.
+    fn call(&self, key: Option<Key>, fingerprint: Option<Fingerprint>) -> Call<'_, Idempotency<C>> {
+        let call = self
             .engine
             .call(key)
             .scope_named(self.scope.clone())
             .fingerprint(fingerprint)
             .on_locked(OnLocked::FailFast);
-        if let Some(lease) = self.lease {
-            call = call.lease(lease);
+        match self.lease {
+            Some(lease) => call.lease(lease),
+            None => call,
         }
-        // A panic is resumed by the engine after it released the claim: it fails this message,
-        // not the batch.
-        match AssertUnwindSafe(call.run_detached(work))
-            .catch_unwind()
-            .await
-        {
-            Ok(result) => MessageOutcome::of(result),
-            Err(panic) => MessageOutcome::Failed(Failure::Panicked(panic_message(&*panic))),
-        }
+    }
+}
+
+/// A message's engine call to its outcome. A panic in the handler is resumed by the engine
+/// after it released the claim: it fails this message, not the batch.
+async fn caught<T, E>(
+    call: impl Future<Output = Result<Outcome<T>, Wrapped<E>>>,
+) -> MessageOutcome<T, E> {
+    match AssertUnwindSafe(call).catch_unwind().await {
+        Ok(result) => MessageOutcome::of(result),
+        Err(panic) => MessageOutcome::Failed(Failure::Panicked(panic_message(&*panic))),
     }
 }
 
@@ -630,7 +717,8 @@ fn count(scope: &Arc<str>, outcome: &'static str) {
 #[cfg(not(feature = "metrics"))]
 fn count(_scope: &Arc<str>, _outcome: &'static str) {}
 
-/// The loop of a long-running consumer: `receive` a batch and `process` it until `shutdown`
+/// The loop of a long-running consumer: `receive` a batch and `process` it (its output
+/// dropped) until `shutdown`
 /// resolves, then return (a batch in hand is finished first, as shutdown is only watched while
 /// receiving). A failed receive is logged and tried again after a second.
 #[cfg(any(feature = "sqs", feature = "nats"))]
@@ -644,7 +732,7 @@ async fn receive_loop<B, RE, R, RF, P, PF>(
     R: FnMut() -> RF,
     RF: Future<Output = Result<Vec<B>, RE>>,
     P: FnMut(Vec<B>) -> PF,
-    PF: Future<Output = ()>,
+    PF: Future,
 {
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -654,7 +742,9 @@ async fn receive_loop<B, RE, R, RF, P, PF>(
         };
         match received {
             Ok(batch) if batch.is_empty() => {}
-            Ok(batch) => process(batch).await,
+            Ok(batch) => {
+                process(batch).await;
+            }
             Err(e) => {
                 tracing::warn!("receiving from {broker} failed: {e}");
                 tokio::select! {

@@ -133,14 +133,11 @@ impl<C: Codec> NatsConsumer<C> {
         T: Serialize + DeserializeOwned + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
-        let handler = &handler;
         super::receive_loop(
             "JetStream",
             shutdown,
             || self.fetch(pull),
-            |batch| async move {
-                self.process(batch, handler).await;
-            },
+            |batch| self.process(batch, &handler),
         )
         .await
     }

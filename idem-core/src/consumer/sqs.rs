@@ -32,6 +32,7 @@ use serde::Serialize;
 
 use super::{Consumer, Disposition, Message, MessageOutcome};
 use crate::codec::Codec;
+use crate::Steps;
 
 /// The aws-sdk-sqs (1.x) whose `Client` an [`SqsConsumer`] is built on.
 pub use aws_sdk_sqs;
@@ -162,14 +163,55 @@ impl<C: Codec> SqsConsumer<C> {
         T: Serialize + DeserializeOwned + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
-        let handler = &handler;
         super::receive_loop(
             "SQS",
             shutdown,
             || self.receive(),
-            |batch| async move {
-                self.process(batch, handler).await;
-            },
+            |batch| self.process(batch, &handler),
+        )
+        .await
+    }
+
+    /// [`run`](Self::run) with exactly-once effects: each batch goes through
+    /// [`process_steps`](Self::process_steps), whose handler applies each message's effect as
+    /// one transactional step ([`Consumer::process_steps`]).
+    ///
+    /// ```no_run
+    /// use idem_core::consumer::sqs::{aws_sdk_sqs, SqsConsumer};
+    /// use idem_core::consumer::Consumer;
+    /// use idem_core::{Error, Idempotency, SqliteStore};
+    /// use sqlx::Connection;
+    /// # async fn doc(client: aws_sdk_sqs::Client) -> Result<(), Error> {
+    /// let store = SqliteStore::open("shop.db").await?;
+    /// let engine = Idempotency::new(store.clone());
+    /// let orders = SqsConsumer::new(client, "https://sqs.eu-west-1.amazonaws.com/1234/orders", Consumer::new(engine, "charge")?);
+    /// let store = &store;
+    /// let handler = |m: aws_sdk_sqs::types::Message, steps: idem_core::Steps| async move {
+    ///     let order = m.body().unwrap_or_default().to_owned();
+    ///     let mut conn = store.pool().acquire().await?;
+    ///     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    ///     steps.tx(store, &mut tx, "charge", |tx| Box::pin(async move {
+    ///         sqlx::query("INSERT INTO charges (order_id) VALUES (?)").bind(order).execute(&mut *tx).await?;
+    ///         Ok::<_, Error>(())
+    ///     })).await?;
+    ///     tx.commit().await?;
+    ///     Ok::<_, Error>(())
+    /// };
+    /// orders.run_steps(handler, std::future::pending()).await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_steps<T, E, H, F>(&self, handler: H, shutdown: impl Future<Output = ()>)
+    where
+        H: Fn(SqsMessage, Steps<C>) -> F,
+        F: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: fmt::Display,
+    {
+        super::receive_loop(
+            "SQS",
+            shutdown,
+            || self.receive(),
+            |batch| self.process_steps(batch, &handler),
         )
         .await
     }
@@ -202,6 +244,43 @@ impl<C: Codec> SqsConsumer<C> {
         T: Serialize + DeserializeOwned + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
+        self.settled(messages, |consumer, batch| async move {
+            consumer.process(batch, handler).await
+        })
+        .await
+    }
+
+    /// [`process`](Self::process) with exactly-once effects ([`Consumer::process_steps`]).
+    pub async fn process_steps<T, E, H, F>(
+        &self,
+        messages: Vec<SqsMessage>,
+        handler: &H,
+    ) -> Vec<MessageOutcome<T, E>>
+    where
+        H: Fn(SqsMessage, Steps<C>) -> F,
+        F: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: fmt::Display,
+    {
+        self.settled(messages, |consumer, batch| async move {
+            consumer.process_steps(batch, handler).await
+        })
+        .await
+    }
+
+    /// Runs one received batch through `run` (the consumer, with the claims' lease set to the
+    /// visibility, and the batch) while the heartbeat extends the messages' visibility, then
+    /// settles each message by its outcome.
+    async fn settled<T, E, R, RF>(
+        &self,
+        messages: Vec<SqsMessage>,
+        run: R,
+    ) -> Vec<MessageOutcome<T, E>>
+    where
+        R: FnOnce(Consumer<C>, Vec<Message<SqsMessage>>) -> RF,
+        RF: Future<Output = Vec<MessageOutcome<T, E>>>,
+        E: fmt::Display,
+    {
         let handles: Vec<(String, String)> = messages
             .iter()
             .map(|m| {
@@ -217,9 +296,7 @@ impl<C: Codec> SqsConsumer<C> {
             let all = handles.iter().map(|(id, h)| (id, h, self.visibility));
             self.change_visibility(all)
         };
-        let outcomes =
-            super::with_heartbeat(consumer.process(batch, handler), self.visibility / 3, beat)
-                .await;
+        let outcomes = super::with_heartbeat(run(consumer, batch), self.visibility / 3, beat).await;
         self.settle(&handles, &outcomes).await;
         outcomes
     }

@@ -216,6 +216,39 @@ impl<C: Codec> Steps<C> {
         Ok(plan)
     }
 
+    /// Runs an atomic step ([`tx`](Self::tx), `dynamo_tx`): its replayed value if an earlier
+    /// attempt committed it, else `run`, given how to make the step's record from its encoded
+    /// result. An atomic step records no beginning: begun means an at-most-once step of older
+    /// code; it was never committed with writes of its own, so it runs.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "dynamodb"))]
+    async fn atomic<'n, T, E, R, Fut>(&self, name: &'n str, run: R) -> Result<T, E>
+    where
+        R: FnOnce(StepAt<'n>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: DeserializeOwned,
+        E: From<Error>,
+    {
+        match self.plan(name)? {
+            Plan::Replay(bytes) => Ok(self
+                .inner
+                .engine
+                .codec()
+                .decode(&bytes)
+                .map_err(Error::Codec)?),
+            Plan::Begun(position) | Plan::Run(position) => run(StepAt { name, position }).await,
+        }
+    }
+
+    /// `value` encoded by the engine's codec.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "dynamodb"))]
+    fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, Error> {
+        self.inner
+            .engine
+            .codec()
+            .encode(value)
+            .map_err(Error::Codec)
+    }
+
     /// Stores `step` for this attempt's claim (nothing without a key).
     async fn write(&self, step: StepWrite<'_>) -> Result<(), Error> {
         let Some(claim) = &self.inner.claim else {
@@ -283,26 +316,137 @@ impl<C: Codec> Steps<C> {
         T: Serialize + DeserializeOwned,
         E: From<Error>,
     {
-        let codec = self.inner.engine.codec();
-        let position = match self.plan(name)? {
-            Plan::Replay(bytes) => return Ok(codec.decode(&bytes).map_err(Error::Codec)?),
-            // A transactional step records no beginning: begun means an at-most-once step of
-            // older code; it was never committed with writes of its own, so it runs.
-            Plan::Begun(position) | Plan::Run(position) => position,
-        };
-        let value = work(&mut *conn).await?;
-        let bytes = codec.encode(&value).map_err(Error::Codec)?;
-        if let Some(claim) = &self.inner.claim {
-            let step = StepWrite {
-                name,
-                position,
-                result: Some(&bytes),
-            };
-            store
-                .write_step_in(conn, claim, step, self.inner.retention)
-                .await?;
+        self.atomic(name, |step| async move {
+            let value = work(&mut *conn).await?;
+            let bytes = self.encode(&value)?;
+            if let Some(claim) = &self.inner.claim {
+                store
+                    .write_step_in(conn, claim, step.finished(&bytes), self.inner.retention)
+                    .await?;
+            }
+            Ok(value)
+        })
+        .await
+    }
+}
+
+/// The most writes of a caller one [`Steps::dynamo_tx`] commits: DynamoDB's 100 actions per
+/// `TransactWriteItems`, less the claim's fence and the steps item.
+#[cfg(feature = "dynamodb")]
+pub const MAX_DYNAMO_STEP_WRITES: usize = 98;
+
+#[cfg(feature = "dynamodb")]
+impl<C: Codec> Steps<C> {
+    /// Runs the step `name` as an atomic phase on DynamoDB: `work` runs (outside any
+    /// transaction: it may be slow) and returns the step's value and the writes that are its
+    /// effect (`Put`, `Update`, `Delete` or `ConditionCheck` items, on any tables, at most
+    /// [`MAX_DYNAMO_STEP_WRITES`]); those writes and the step's record then commit in **one**
+    /// `TransactWriteItems`, with the check that the operation's claim still holds its record.
+    /// So the effect is applied once: a process killed before the commit left nothing (the
+    /// retry runs `work` again), one killed after it left a finished step that the retry
+    /// replays without running `work` or writing anything. One round trip.
+    ///
+    /// `store` is the store the engine runs on. Errors: `work`'s; [`Error::LeaseLost`] when the
+    /// operation was taken over (nothing was written); a [`StoreErrorKind::Query`](crate::StoreErrorKind::Query)
+    /// store error when one of the writes' own conditions failed (nothing was written) or
+    /// there are too many; otherwise as [`Step::run`]'s. Without a key the writes commit alone,
+    /// in one transaction.
+    ///
+    /// ```no_run
+    /// use idem_core::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+    /// use idem_core::{DynamoStore, Error, Idempotency, Key};
+    /// # async fn doc(store: DynamoStore) -> Result<(), Error> {
+    /// let engine = Idempotency::new(store.clone());
+    /// let key = Key::derive("orders", "", "order-1")?;
+    /// let store = &store;
+    /// engine.call(key).run_steps(|steps| async move {
+    ///     steps.dynamo_tx(store, "charge", || async {
+    ///         let put = Put::builder()
+    ///             .table_name("charges")
+    ///             .item("pk", AttributeValue::S("order-1".into()))
+    ///             .item("cents", AttributeValue::N("4200".into()))
+    ///             .build()
+    ///             .map_err(|e| Error::InvalidConfig(e.to_string()))?;
+    ///         Ok::<_, Error>((4200u64, vec![TransactWriteItem::builder().put(put).build()]))
+    ///     }).await
+    /// }).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn dynamo_tx<T, E, F, Fut>(
+        &self,
+        store: &crate::DynamoStore,
+        name: &str,
+        work: F,
+    ) -> Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(T, Vec<aws_sdk_dynamodb::types::TransactWriteItem>), E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+    {
+        self.atomic(name, |step| async move {
+            let (value, writes) = work().await?;
+            if writes.len() > MAX_DYNAMO_STEP_WRITES {
+                return Err(Error::Store(crate::StoreError::new(
+                    crate::StoreErrorKind::Query,
+                    format!(
+                        "the step {name:?} has {} writes; one DynamoDB transaction carries at \
+                         most {MAX_DYNAMO_STEP_WRITES} besides the step's record",
+                        writes.len()
+                    ),
+                ))
+                .into());
+            }
+            let bytes = self.encode(&value)?;
+            match &self.inner.claim {
+                Some(claim) => {
+                    store
+                        .write_step_with(claim, step.finished(&bytes), self.inner.retention, writes)
+                        .await?
+                }
+                None if writes.is_empty() => {}
+                None => store
+                    .client()
+                    .transact_write_items()
+                    .set_transact_items(Some(writes))
+                    .send()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| {
+                        Error::Store(crate::StoreError::new(
+                            crate::StoreErrorKind::Query,
+                            format!(
+                                "DynamoDB TransactWriteItems of the step {name:?} failed: {}",
+                                aws_sdk_dynamodb::error::DisplayErrorContext(e)
+                            ),
+                        ))
+                    })?,
+            }
+            Ok(value)
+        })
+        .await
+    }
+}
+
+/// An atomic step about to run: its name and position, to make its record from its result.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "dynamodb"))]
+struct StepAt<'n> {
+    name: &'n str,
+    position: u32,
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "dynamodb"))]
+impl<'n> StepAt<'n> {
+    /// The record of the step finished with `result`.
+    fn finished<'r>(&self, result: &'r [u8]) -> StepWrite<'r>
+    where
+        'n: 'r,
+    {
+        StepWrite {
+            name: self.name,
+            position: self.position,
+            result: Some(result),
         }
-        Ok(value)
     }
 }
 

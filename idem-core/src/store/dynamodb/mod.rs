@@ -287,6 +287,21 @@ impl DynamoStore {
         table::create(client, table).await
     }
 
+    /// Writes the finished step `step` of `claim`'s operation and the caller's `items` in one
+    /// `TransactWriteItems` fenced by the claim ([`Steps::dynamo_tx`](crate::Steps::dynamo_tx)).
+    pub(crate) async fn write_step_with(
+        &self,
+        claim: &Claim,
+        step: StepWrite<'_>,
+        retention: Duration,
+        items: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
+    ) -> Result<(), Error> {
+        check_duration("retention", retention)?;
+        self.inner
+            .write_step(claim, step, duration_millis(retention), items)
+            .await
+    }
+
     /// The table's name.
     ///
     /// ```no_run
@@ -808,9 +823,7 @@ impl Store for DynamoStore {
         step: StepWrite<'_>,
         retention: Duration,
     ) -> Result<(), Error> {
-        check_duration("retention", retention)?;
-        self.inner
-            .write_step(claim, step, duration_millis(retention))
+        self.write_step_with(claim, step, retention, Vec::new())
             .await
     }
 

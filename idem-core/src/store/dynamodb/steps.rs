@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
 
@@ -97,12 +98,15 @@ impl Inner {
     }
 
     /// [`Store::write_step`](crate::Store::write_step): one fenced transaction; a finished
-    /// step keeps its first result (`if_not_exists`).
+    /// step keeps its first result (`if_not_exists`). The caller's `items` (none for
+    /// `write_step`, the effect of [`Steps::dynamo_tx`](crate::Steps::dynamo_tx)) commit in the
+    /// same transaction.
     pub(super) async fn write_step(
         &self,
         claim: &Claim,
         step: StepWrite<'_>,
         retention_ms: i64,
+        items: Vec<TransactWriteItem>,
     ) -> Result<(), Error> {
         let now_ms = self.now_ms();
         let update = self
@@ -125,8 +129,9 @@ impl Inner {
             )),
         };
         let update = update.build().map_err(build_error)?;
-        self.fenced_steps_write(claim, TransactWriteItem::builder().update(update).build())
-            .await
+        let mut writes = vec![TransactWriteItem::builder().update(update).build()];
+        writes.extend(items);
+        self.fenced_steps_writes(claim, writes).await
     }
 
     /// The update of `claim`'s steps item, with its new retention (`:expires`, `:ttl`).
@@ -152,6 +157,17 @@ impl Inner {
         claim: &Claim,
         write: TransactWriteItem,
     ) -> Result<(), Error> {
+        self.fenced_steps_writes(claim, vec![write]).await
+    }
+
+    /// [`fenced_steps_write`](Self::fenced_steps_write) of several writes: the steps item's
+    /// first, then a caller's. A caller's write whose own condition failed cancels the whole
+    /// transaction and is a [`StoreErrorKind::Query`] error naming it.
+    async fn fenced_steps_writes(
+        &self,
+        claim: &Claim,
+        writes: Vec<TransactWriteItem>,
+    ) -> Result<(), Error> {
         let fence = ConditionCheck::builder()
             .table_name(&self.table)
             .key(PK, pk(claim.key()))
@@ -160,16 +176,37 @@ impl Inner {
             .expression_attribute_values(":in_progress", AttributeValue::N(IN_PROGRESS.to_owned()))
             .build()
             .map_err(build_error)?;
+        let mut items = vec![TransactWriteItem::builder().condition_check(fence).build()];
+        items.extend(writes);
         let sent = self
             .client
             .transact_write_items()
-            .transact_items(TransactWriteItem::builder().condition_check(fence).build())
-            .transact_items(write)
+            .set_transact_items(Some(items))
             .send()
             .await;
         match sent {
             Ok(_) => Ok(()),
             Err(SdkError::ServiceError(ctx)) if ctx.err().is_transaction_canceled_exception() => {
+                // The fence is item 0, the steps item 1, the caller's from 2 on.
+                let refused = match ctx.err() {
+                    TransactWriteItemsError::TransactionCanceledException(e) => e
+                        .cancellation_reasons()
+                        .iter()
+                        .enumerate()
+                        .skip(2)
+                        .find(|(_, r)| r.code() == Some("ConditionalCheckFailed"))
+                        .map(|(i, _)| i - 2),
+                    _ => None,
+                };
+                if let Some(i) = refused {
+                    return Err(Error::Store(StoreError::new(
+                        StoreErrorKind::Query,
+                        format!(
+                            "DynamoDB TransactWriteItems of a step was cancelled: the condition \
+                             of the step's write {i} (counted from 0) failed; nothing was written"
+                        ),
+                    )));
+                }
                 match self.read(claim.key()).await? {
                     Some(item)
                         if item.token == claim.token()

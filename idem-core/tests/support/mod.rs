@@ -1,0 +1,3 @@
+//! What several test binaries share (a module of each, not a test of its own).
+
+pub mod sqs;
