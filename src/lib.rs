@@ -136,7 +136,7 @@ struct KitDoctests;
 #[doc = include_str!("../docs/stores.md")]
 struct StoresDoctests;
 
-#[cfg(all(doctest, feature = "consumer"))]
+#[cfg(all(doctest, feature = "consumer", feature = "sqlite"))]
 #[doc = include_str!("../docs/consumers.md")]
 struct ConsumersDoctests;
 #[cfg(all(doctest, feature = "sqlite"))]

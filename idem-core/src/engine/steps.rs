@@ -332,6 +332,10 @@ impl<C: Codec> Steps<C> {
 
 /// The most writes of a caller one [`Steps::dynamo_tx`] commits: DynamoDB's 100 actions per
 /// `TransactWriteItems`, less the claim's fence and the steps item.
+///
+/// ```
+/// assert_eq!(idem_core::MAX_DYNAMO_STEP_WRITES, 98);
+/// ```
 #[cfg(feature = "dynamodb")]
 pub const MAX_DYNAMO_STEP_WRITES: usize = 98;
 
