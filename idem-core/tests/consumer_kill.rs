@@ -3,10 +3,11 @@
 //! PostgreSQL. A producer sends N messages (`IDEM_CONSUMER_KILL_N`, 200 by default), 30 % of
 //! them twice; the queue's visibility timeout is 2 s and 10 % of the handlers take 3 s; every
 //! 20th message's handler fails on its first attempt (and says so in a side table). Four
-//! consumer processes (this test binary again) run the SQS consumer with
-//! [`SqsConsumer::run_steps`], each message's effect one transactional step (a row, or an
-//! item, in a business table); the first is killed with SIGKILL while its handlers run, once it
-//! has applied N/16 effects. The survivors drain the queue. Then:
+//! consumer processes (this test binary again, each with `IDEM_CONSUMER_KILL_POLLERS` receive
+//! loops: 8 by default, 2 on DynamoDB) run the SQS consumer with [`SqsConsumer::run_steps`],
+//! each message's effect one transactional step (a row, or an item, in a business table); the
+//! producer keeps at most 400 messages waiting. The first process is killed with SIGKILL while
+//! its handlers run, once it has applied N/16 effects. The survivors drain the queue. Then:
 //!
 //! - every message's effect is in the business table exactly once (and nothing else is);
 //! - every planned failure happened (its side-table row) and its message was redelivered and
@@ -45,8 +46,16 @@ use support::sqs::{client as sqs, endpoint, left_in_queue};
 /// Set in a child: its settings, as `KEY=VALUE` lines (see [`Setup`]).
 const CHILD: &str = "IDEM_CONSUMER_KILL_CHILD";
 const PROCESSES: usize = 4;
-/// SQS receive loops per process (each holds one batch of up to 10 at a time).
-const POLLERS: usize = 8;
+/// SQS receive loops per process (each holds one batch of up to 10 at a time):
+/// `IDEM_CONSUMER_KILL_POLLERS`, else 8, and 2 on DynamoDB (moto answers its DynamoDB requests
+/// one at a time: more handlers at once only wait longer for it, and their leases run short).
+fn pollers(store: &str) -> usize {
+    std::env::var("IDEM_CONSUMER_KILL_POLLERS")
+        .ok()
+        .map(|n| n.parse().expect("IDEM_CONSUMER_KILL_POLLERS is a number"))
+        .unwrap_or(if store == "dynamodb" { 2 } else { 8 })
+}
+
 const VISIBILITY: Duration = Duration::from_secs(2);
 const SLOW: Duration = Duration::from_secs(3);
 
@@ -368,7 +377,7 @@ async fn consumer_kill_child_entry() {
         while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {}
         stop.send_replace(true);
     });
-    let pollers = (0..POLLERS).map(|_| {
+    let pollers = (0..pollers(&s.store)).map(|_| {
         let (shop, consumer, mut stopped) = (shop.clone(), consumer.clone(), stopped.clone());
         async move {
             let shop = &shop;
@@ -644,10 +653,11 @@ async fn consume_with_a_kill(store: &str, db: String, endpoint: String, prefix: 
         .map(|(_, _, s)| s.started.load(Ordering::SeqCst))
         .sum();
     println!(
-        "consumer_kill {store}: {total} messages, {duplicates} sent twice ({} deliveries), \
+        "consumer_kill {store}: {PROCESSES} processes of {} SQS receive loops; {total} messages, {duplicates} sent twice ({} deliveries), \
          {counted} effects counted ({} messages, each exactly once), {} planned first-attempt \
          failures redelivered and applied once, {handled} handler runs; process 1 of {PROCESSES} \
          killed after {} effects with {} handlers running at {:.1} s; drained in {:.1} s",
+        pollers(store),
         total + duplicates,
         effects.len(),
         planned.len(),
