@@ -132,7 +132,7 @@ const EXPIRED: &str = "expires_ms <= :cutoff";
 /// | `get` | 1: `GetItem` with a strongly consistent read |
 /// | `evict` | 2: `DeleteItem` of the steps item, then of the record with `ReturnValues=ALL_OLD` |
 /// | `begin_steps` | 2: a consistent `GetItem` of the steps item `<key>:steps`, then a `TransactWriteItems` of a `ConditionCheck` (the record in progress under the claim's token) and a `Put` of the steps item |
-/// | `write_step` | 1: `TransactWriteItems` of the same `ConditionCheck` and an `Update` of the steps item (a finished step's result kept with `if_not_exists`) |
+/// | `write_step` | 1: `TransactWriteItems` of the same `ConditionCheck` and an `Update` of the steps item (a finished step's result kept with `if_not_exists`); for [`Steps::dynamo_tx`](crate::Steps::dynamo_tx), the caller's writes in the same transaction |
 /// | `prune_expired(limit)` | Scan pages (below) plus one conditional `DeleteItem` per expired item |
 /// | [`StoreAdmin`](crate::StoreAdmin) `list`, `stats` | a `Scan` of the whole table each ([below](#impl-StoreAdmin-for-DynamoStore)) |
 ///
