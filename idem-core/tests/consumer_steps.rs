@@ -8,7 +8,8 @@
 //! - a claim taken over while its handler runs (the record evicted, the message run again
 //!   elsewhere): the stale run's step is refused and rolled back; one effect;
 //! - DynamoDB: a write whose own condition fails cancels the step (a `Query` store error naming
-//!   it, nothing written), and a step of more than 98 writes is refused.
+//!   it, nothing written), and a step of more than 98 writes is refused;
+//! - a handler that panics fails its message only and leaves its key free (SQLite).
 #![cfg(all(feature = "consumer", feature = "sqlite"))]
 
 use std::future::Future;
@@ -448,4 +449,36 @@ mod dynamodb {
         assert!(e.to_string().contains("at most 98"), "{e}");
         assert_eq!(shop.effects("m-6-0").await, 0, "nothing written");
     }
+}
+
+/// A handler that panics fails its message only, and leaves its key free: the redelivery runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_panicking_handler_fails_its_message_only() {
+    let shop = sqlite().await;
+    let consumer = Consumer::new(shop.engine(), "effects").unwrap();
+    let handler = |(id, panics): (String, bool), steps: Steps| {
+        let shop = shop.clone();
+        async move {
+            assert!(!panics, "the handler of {id} panicked");
+            shop.apply(&steps, &id).await
+        }
+    };
+    let batch = vec![
+        Message::keyed(("m-7".to_owned(), true), "m-7"),
+        Message::keyed(("m-8".to_owned(), false), "m-8"),
+    ];
+    let out = consumer.process_steps(batch, handler).await;
+    assert!(
+        matches!(&out[0], MessageOutcome::Failed(Failure::Panicked(m)) if m.contains("m-7")),
+        "{out:?}"
+    );
+    assert!(matches!(out[1], MessageOutcome::Done(7)), "{out:?}");
+    let again = consumer
+        .process_steps(
+            vec![Message::keyed(("m-7".to_owned(), false), "m-7")],
+            handler,
+        )
+        .await;
+    assert!(matches!(again[0], MessageOutcome::Done(7)), "{again:?}");
+    assert_eq!(shop.effects("m-7").await, 1);
 }
