@@ -461,8 +461,8 @@ impl<C: Codec> Consumer<C> {
     /// among them, through `E: From<Error>`). Unlike `process`, a handler is not detached: a
     /// batch dropped mid-way (or cut by its deadline) drops its running handlers, whose steps
     /// commit whole or not at all, so the redelivery finishes them. Round trips per message:
-    /// `process`'s, plus `begin_steps` (1 on SQL, 2 on DynamoDB) and the step's commit (which
-    /// carries the effect).
+    /// `process`'s, plus `begin_steps` (2 statements on SQL, 2 requests on DynamoDB) and the
+    /// step's commit (which carries the effect).
     ///
     /// ```
     /// use idem_core::consumer::{Consumer, Message};
