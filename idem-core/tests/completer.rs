@@ -24,13 +24,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use idem_core::conformance::scaled;
 use idem_core::{
-    Claim, Completer, CompleterConfig, Completion, Error, Fingerprint, Idempotency, Key,
-    ManualClock, MemoryStore, OnLocked, Outcome, Record, Start, StepLog, StepWrite, Steps, Store,
-    TokioClock,
+    Completer, CompleterConfig, Error, Idempotency, Key, ManualClock, MemoryStore, OnLocked,
+    Outcome, Start, Steps, Store, TokioClock,
 };
+use idem_test_support::forward::{Forward, Forwarding};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -539,58 +538,20 @@ async fn retry_meets_completer_on_postgres() {
 }
 
 /// A store of one's own that keeps steps but has no query for abandoned operations (the
-/// trait's default): a completer on it refuses, typed, and changes nothing.
+/// trait's default): a [`Forwarding`] store passes every other operation, steps included, to a
+/// memory store, and leaves `find_abandoned` to the trait. A completer on it refuses, typed,
+/// and changes nothing.
 struct NoQuery(MemoryStore);
 
-#[async_trait]
-impl Store for NoQuery {
-    async fn start(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        self.0.start(key, fingerprint, lease).await
-    }
-    async fn complete(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        self.0.complete(claim, completion, retention).await
-    }
-    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
-        self.0.abort(claim).await
-    }
-    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
-        self.0.renew(claim, lease).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        self.0.get(key).await
-    }
-    async fn evict(&self, key: &Key) -> Result<bool, Error> {
-        self.0.evict(key).await
-    }
-    async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
-        self.0.prune_expired(limit).await
-    }
-    async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
-        self.0.begin_steps(claim, retention).await
-    }
-    async fn write_step(
-        &self,
-        claim: &Claim,
-        step: StepWrite<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        self.0.write_step(claim, step, retention).await
+impl Forward for NoQuery {
+    fn records(&self) -> &dyn Store {
+        &self.0
     }
 }
 
 #[tokio::test]
 async fn a_store_without_the_query_refuses_the_completer() {
-    let engine = Idempotency::new(NoQuery(MemoryStore::new()));
+    let engine = Idempotency::new(Forwarding(NoQuery(MemoryStore::new())));
     let found = engine.store().find_abandoned(None, 10).await;
     assert!(
         matches!(found, Err(Error::CompleterUnsupported)),
