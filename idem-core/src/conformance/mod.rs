@@ -43,7 +43,7 @@
 //!
 //! use async_trait::async_trait;
 //! use idem_core::conformance::{self, Harness};
-//! use idem_core::{Claim, Completion, Error, Fingerprint, Key, MemoryStore, Record, Start, StepLog, StepWrite, Store, TokioClock};
+//! use idem_core::{Abandoned, Claim, Completion, Error, Fingerprint, Key, MemoryStore, Record, Start, StepLog, StepWrite, Store, TokioClock};
 //!
 //! #[derive(Clone)]
 //! struct MyStore(MemoryStore);
@@ -76,6 +76,9 @@
 //!     }
 //!     async fn write_step(&self, claim: &Claim, step: StepWrite<'_>, retention: Duration) -> Result<(), Error> {
 //!         self.0.write_step(claim, step, retention).await
+//!     }
+//!     async fn find_abandoned(&self, after: Option<&Key>, limit: u32) -> Result<Vec<Abandoned>, Error> {
+//!         self.0.find_abandoned(after, limit).await
 //!     }
 //! }
 //!
