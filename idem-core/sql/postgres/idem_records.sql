@@ -1,9 +1,10 @@
 -- The schema of idem's PostgresStore for the table "idem_records", up to version 2:
 -- the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.
 -- Apply it in one transaction, as a role that may create tables in the schema
--- (psql --single-transaction -f FILE). Every statement is idempotent: this script
--- brings an older schema up to date, and applying it again changes nothing. For
--- another table, PostgresStore::builder().table(NAME).schema_sql() writes its script.
+-- (psql --single-transaction -f FILE).
+-- Every statement is idempotent: this script brings an older schema up to date, and
+-- applying it again changes nothing. For another table,
+-- PostgresStore::builder().table(NAME).schema_sql() writes its script.
 
 CREATE TABLE IF NOT EXISTS "idem_records_migrations" (
     version     BIGINT NOT NULL PRIMARY KEY,

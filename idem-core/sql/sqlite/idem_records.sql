@@ -1,9 +1,9 @@
 -- The schema of idem's SqliteStore for the table "idem_records", up to version 2:
 -- the statements SqliteStoreBuilder::migrate runs, from SqliteStoreBuilder::schema_sql.
--- Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;). Every statement
--- is idempotent: this script brings an older schema up to date, and applying it again
--- changes nothing. For another table, SqliteStore::builder().table(NAME).schema_sql()
--- writes its script.
+-- Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;).
+-- Every statement is idempotent: this script brings an older schema up to date, and
+-- applying it again changes nothing. For another table,
+-- SqliteStore::builder().table(NAME).schema_sql() writes its script.
 
 CREATE TABLE IF NOT EXISTS "idem_records_migrations" (
     version     INTEGER NOT NULL PRIMARY KEY,

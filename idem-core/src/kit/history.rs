@@ -6,27 +6,27 @@ use std::marker::PhantomData;
 use super::backend::Backend;
 use super::{migrate, name, suffixed, ConcurrencyError, Recorded};
 use crate::key::Key;
-use crate::sql::migrate::{Migration, Schema};
+use crate::sql::migrate::Schema;
 use crate::sql::name::TableName;
 
-/// The history's schema, oldest step first; `{index}` is `<table>_created_at`, `{lease_table}`
-/// the pruner's `<table>_pruner`.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "history table, its created_at index and the pruner's lease table",
-    statements: &[
-        "CREATE TABLE IF NOT EXISTS {table} (\
-            scope TEXT NOT NULL, \
-            request_id TEXT NOT NULL, \
-            created_at {timestamp} NOT NULL, \
-            PRIMARY KEY (scope, request_id))",
-        "CREATE INDEX IF NOT EXISTS {index} ON {table} (created_at)",
-        "CREATE TABLE IF NOT EXISTS {lease_table} (\
-            id INTEGER PRIMARY KEY, \
-            holder TEXT NOT NULL, \
-            lease_until {timestamp} NOT NULL)",
-    ],
-}];
+/// The history's schema, oldest step first (as
+/// [`Migration::parse`](crate::sql::migrate::Migration::parse) reads it); `{index}` is
+/// `<table>_created_at`, `{lease_table}` the pruner's `<table>_pruner`.
+const MIGRATIONS: &str = "
+-- Version 1: history table, its created_at index and the pruner's lease table.
+CREATE TABLE IF NOT EXISTS {table} (
+    scope TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    created_at {timestamp} NOT NULL,
+    PRIMARY KEY (scope, request_id)
+);
+CREATE INDEX IF NOT EXISTS {index} ON {table} (created_at);
+CREATE TABLE IF NOT EXISTS {lease_table} (
+    id INTEGER PRIMARY KEY,
+    holder TEXT NOT NULL,
+    lease_until {timestamp} NOT NULL
+);
+";
 
 /// The table of processed request ids: `(scope, request_id)` is the primary key, `created_at`
 /// the database time of the insert (indexed, for the [`Pruner`](crate::Pruner::history)).

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::backend::{is_unique_violation, Backend, SqlQuery};
 use super::{migrate, name, suffixed, ConcurrencyError, Version};
 use crate::error::{StoreError, StoreErrorKind};
-use crate::sql::migrate::{Migration, Schema};
+use crate::sql::migrate::Schema;
 use crate::sql::name::TableName;
 
 /// The UUID v5 namespace of the first event id of every request
@@ -604,20 +604,21 @@ impl<DB: Backend> EventStreams<DB> {
     }
 }
 
-/// The event table's schema, oldest step first.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "event table",
-    statements: &["CREATE TABLE IF NOT EXISTS {table} (\
-        stream TEXT NOT NULL, \
-        version {bigint} NOT NULL, \
-        event_id {uuid} NOT NULL UNIQUE, \
-        request_id TEXT NOT NULL, \
-        event_type TEXT NOT NULL, \
-        payload {bytes} NOT NULL, \
-        recorded_at {timestamp} NOT NULL, \
-        PRIMARY KEY (stream, version))"],
-}];
+/// The event table's schema, oldest step first (as
+/// [`Migration::parse`](crate::sql::migrate::Migration::parse) reads it).
+const MIGRATIONS: &str = "
+-- Version 1: event table.
+CREATE TABLE IF NOT EXISTS {table} (
+    stream TEXT NOT NULL,
+    version {bigint} NOT NULL,
+    event_id {uuid} NOT NULL UNIQUE,
+    request_id TEXT NOT NULL,
+    event_type TEXT NOT NULL,
+    payload {bytes} NOT NULL,
+    recorded_at {timestamp} NOT NULL,
+    PRIMARY KEY (stream, version)
+);
+";
 
 const EVENT_COLUMNS: &str = "stream, version, event_id, request_id, event_type, payload";
 

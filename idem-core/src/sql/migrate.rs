@@ -10,19 +10,60 @@ use super::dialect::Ops;
 use super::name::TableName;
 use crate::error::Error;
 
-/// One step of a schema. Versions only grow; an applied step is never edited, a change is a new
-/// step. Statements are idempotent (`IF NOT EXISTS`): a table found missing although its steps
-/// are recorded is created again by running the applied steps once more.
-#[derive(Debug)]
+/// One step of a schema, read from its [`Schema::migrations`] source. Versions only grow; an
+/// applied step is never edited, a change is a new step. Statements are idempotent
+/// (`IF NOT EXISTS`): a table found missing although its steps are recorded is created again by
+/// running the applied steps once more.
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Migration {
-    /// Position in the list, recorded in `<table>_migrations` once applied.
+    /// Position in the source (1 for the first step), recorded in `<table>_migrations` once
+    /// applied.
     pub(crate) version: i64,
     /// What the step does, recorded next to the version for whoever inspects the database.
     pub(crate) description: &'static str,
     /// Statements run in order. `{table}` is the quoted table, each name of
     /// [`Schema::names`] its quoted value, and `{now}`, `{timestamp}`, `{bigint}`, `{bytes}`
     /// and `{uuid}` the database's ([`Dialect::render`](super::dialect::Dialect::render)).
-    pub(crate) statements: &'static [&'static str],
+    pub(crate) statements: Vec<String>,
+}
+
+impl Migration {
+    /// The steps of a migrations source, written as a `.sql` file: each step opens with a line
+    /// `-- Version N: what it does.` (N counting from 1, in order) and holds `;`-terminated
+    /// statements; other comment lines and blank lines are passed over, as is anything before
+    /// the first step. The script [`Schema::script`] writes heads each step with the same line.
+    pub(crate) fn parse(source: &'static str) -> Vec<Migration> {
+        let mut steps: Vec<Migration> = Vec::new();
+        let mut statement = String::new();
+        for line in source.lines() {
+            if let Some(header) = line.strip_prefix("-- Version ") {
+                let description = header.split_once(": ").map_or(header, |(_, what)| what);
+                steps.push(Migration {
+                    version: steps.len() as i64 + 1,
+                    description: description.trim_end().trim_end_matches('.'),
+                    statements: Vec::new(),
+                });
+                continue;
+            }
+            let Some(step) = steps.last_mut() else {
+                continue;
+            };
+            let text = line.trim_end();
+            if text.trim_start().starts_with("--") || text.is_empty() {
+                continue;
+            }
+            if !statement.is_empty() {
+                statement.push('\n');
+            }
+            if let Some(end) = text.strip_suffix(';') {
+                statement.push_str(end);
+                step.statements.push(std::mem::take(&mut statement));
+            } else {
+                statement.push_str(text);
+            }
+        }
+        steps
+    }
 }
 
 /// What a migrator brings up to date: a table, the other names its statements use, its steps.
@@ -31,8 +72,9 @@ pub(crate) struct Schema<'a> {
     pub(crate) table: &'a TableName,
     /// Other names the statements use, such as `("{index}", index)`.
     pub(crate) names: &'a [(&'static str, TableName)],
-    /// Oldest first.
-    pub(crate) migrations: &'static [Migration],
+    /// Its steps, oldest first, as [`Migration::parse`] reads them: the `.sql` file under
+    /// `idem-core/sql/` that the store includes, or the kit's text.
+    pub(crate) migrations: &'static str,
 }
 
 /// What the ledger held.
@@ -100,6 +142,7 @@ impl Schema<'_> {
         ledger: &TableName,
     ) -> Result<Migrated, sqlx::Error> {
         let d = &DB::DIALECT;
+        let steps = Migration::parse(self.migrations);
         let mut tx = if conn.is_in_transaction() {
             conn.begin().await?
         } else {
@@ -116,7 +159,7 @@ impl Schema<'_> {
         };
         if let Some(unknown) = applied
             .iter()
-            .find(|v| !self.migrations.iter().any(|m| m.version == **v))
+            .find(|v| !steps.iter().any(|m| m.version == **v))
         {
             return Ok(Migrated::UnknownVersion(*unknown));
         }
@@ -126,12 +169,8 @@ impl Schema<'_> {
                 "the table is missing although its migrations are recorded (dropped?); \
                  creating it again: the rows it held are gone"
             );
-            for step in self
-                .migrations
-                .iter()
-                .filter(|m| applied.contains(&m.version))
-            {
-                for statement in step.statements {
+            for step in steps.iter().filter(|m| applied.contains(&m.version)) {
+                for statement in &step.statements {
                     run::<DB>(&mut *tx, &self.render::<DB>(statement)).await?;
                 }
             }
@@ -140,11 +179,7 @@ impl Schema<'_> {
             "{} RETURNING version",
             self.record::<DB>(ledger, "$1", "$2")
         );
-        for step in self
-            .migrations
-            .iter()
-            .filter(|m| !applied.contains(&m.version))
-        {
+        for step in steps.iter().filter(|m| !applied.contains(&m.version)) {
             // The version row first: a concurrent migrator waits on its unique index until we
             // commit, then finds it taken and skips the step.
             let query = DB::bind_str(
@@ -154,7 +189,7 @@ impl Schema<'_> {
             if DB::fetch_all(&mut *tx, query).await?.is_empty() {
                 continue;
             }
-            for statement in step.statements {
+            for statement in &step.statements {
                 run::<DB>(&mut *tx, &self.render::<DB>(statement)).await?;
             }
         }
@@ -174,6 +209,7 @@ impl Schema<'_> {
         conn: &mut DB::Connection,
     ) -> Result<Migrated, Error> {
         let ledger = self.table.suffixed("ledger table", "_migrations")?;
+        let steps = Migration::parse(self.migrations);
         let not_migrated = |found| Error::SchemaNotMigrated {
             table: self.table.as_configured().to_owned(),
             found,
@@ -190,18 +226,14 @@ impl Schema<'_> {
             .collect::<Result<_, _>>()?;
         if let Some(unknown) = applied
             .iter()
-            .find(|v| !self.migrations.iter().any(|m| m.version == **v))
+            .find(|v| !steps.iter().any(|m| m.version == **v))
         {
             return Ok(Migrated::UnknownVersion(*unknown));
         }
         if !exists::<DB>(conn, self.table).await? {
             return Err(not_migrated(None));
         }
-        if self
-            .migrations
-            .iter()
-            .any(|m| !applied.contains(&m.version))
-        {
+        if steps.iter().any(|m| !applied.contains(&m.version)) {
             return Err(not_migrated(Some(
                 applied.iter().copied().max().unwrap_or(0),
             )));
@@ -222,7 +254,7 @@ impl Schema<'_> {
             script.push('\n');
         }
         script.push_str(&format!("\n{};\n", create_ledger::<DB>(&ledger)));
-        for step in self.migrations {
+        for step in Migration::parse(self.migrations) {
             script.push_str(&format!(
                 "\n-- Version {}: {}.\n{};\n",
                 step.version,
@@ -233,7 +265,7 @@ impl Schema<'_> {
                     &format!("'{}'", step.description.replace('\'', "''"))
                 )
             ));
-            for statement in step.statements {
+            for statement in &step.statements {
                 script.push_str(&format!("{};\n", self.render::<DB>(statement)));
             }
         }
@@ -242,7 +274,7 @@ impl Schema<'_> {
 
     /// The newest version of the schema.
     fn latest(&self) -> i64 {
-        self.migrations.iter().map(|m| m.version).max().unwrap_or(0)
+        latest(self.migrations)
     }
 
     /// The statement recording a step in `ledger`, with `version` and `description` (SQL
@@ -254,6 +286,11 @@ impl Schema<'_> {
             .replace("{version}", version)
             .replace("{description}", description)
     }
+}
+
+/// The newest version in a migrations source: how many steps it has.
+pub(crate) fn latest(migrations: &'static str) -> i64 {
+    Migration::parse(migrations).len() as i64
 }
 
 /// The statement that creates `ledger` if it is missing.
@@ -353,6 +390,62 @@ mod tests {
         assert_shipped(
             "postgres",
             crate::PostgresStore::builder().schema_sql().unwrap(),
+        );
+    }
+
+    /// Each step's `-- Version N` line numbers it as the parser does (its position), so the
+    /// versions recorded in a ledger are the ones the file shows.
+    #[test]
+    fn a_migrations_file_numbers_its_steps_in_order() {
+        for source in [
+            include_str!("../../sql/sqlite/migrations.sql"),
+            include_str!("../../sql/postgres/migrations.sql"),
+        ] {
+            let headers: Vec<&str> = source
+                .lines()
+                .filter_map(|line| line.strip_prefix("-- Version "))
+                .collect();
+            let steps = super::Migration::parse(source);
+            assert_eq!(steps.len(), headers.len());
+            for (step, header) in steps.iter().zip(headers) {
+                assert!(
+                    header.starts_with(&format!("{}: ", step.version)),
+                    "{header}"
+                );
+                assert_eq!(step.statements.len(), 2, "{header}: a table and its index");
+            }
+        }
+    }
+
+    #[test]
+    fn a_migrations_source_parses_into_steps_and_statements() {
+        let steps = super::Migration::parse(
+            "-- anything before the first step is passed over\n\
+             -- Version 1: make t.\n\
+             CREATE TABLE t (\n    a INT -- a comment stays in its line\n);\n\
+             \n\
+             -- a comment between statements\n\
+             CREATE INDEX i ON t (a);\n\
+             -- Version 2: make u\n\
+             CREATE TABLE u (b INT);\n",
+        );
+        assert_eq!(
+            steps,
+            vec![
+                super::Migration {
+                    version: 1,
+                    description: "make t",
+                    statements: vec![
+                        "CREATE TABLE t (\n    a INT -- a comment stays in its line\n)".to_owned(),
+                        "CREATE INDEX i ON t (a)".to_owned(),
+                    ],
+                },
+                super::Migration {
+                    version: 2,
+                    description: "make u",
+                    statements: vec!["CREATE TABLE u (b INT)".to_owned()],
+                },
+            ]
         );
     }
 

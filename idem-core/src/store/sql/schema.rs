@@ -1,24 +1,26 @@
 //! What the two SQL stores' schemas share: the names their migrations fill in besides
 //! `{table}`, and the migrator's [`Schema`] of a records table with them. Each store keeps its
-//! own [`Migration`]s and the way it names an index.
+//! own migrations (a `.sql` file under `idem-core/sql/`) and the way it names an index.
 
 use super::steps::steps_table;
 use crate::error::Error;
-use crate::sql::migrate::{Migration, Schema};
+use crate::sql::dialect::Ops;
+use crate::sql::migrate::{self, Schema};
 use crate::sql::name::TableName;
 
 /// A SQL store's schema for any records table.
 pub(crate) struct StoreSchema {
-    /// Oldest step first. Never change what an applied step creates; append a new step.
-    pub(crate) migrations: &'static [Migration],
+    /// Its steps, oldest first (see [`Migration::parse`](migrate::Migration::parse)). Never
+    /// change what an applied step creates; append a new step.
+    pub(crate) migrations: &'static str,
     /// The name of a table's expiry index (the records table's, and the steps table's).
     pub(crate) index: fn(&TableName) -> Result<TableName, Error>,
 }
 
 impl StoreSchema {
     /// The newest schema version.
-    pub(crate) const fn latest(&self) -> i64 {
-        self.migrations[self.migrations.len() - 1].version
+    pub(crate) fn latest(&self) -> i64 {
+        migrate::latest(self.migrations)
     }
 
     /// The names the migrations of `table` fill in: its expiry index, its steps table
@@ -43,5 +45,26 @@ impl StoreSchema {
             names,
             migrations: self.migrations,
         }
+    }
+
+    /// What the store's `migrate` runs on `table`, as a script to apply out of band, headed by
+    /// what it is: the schema of `store` (`SqliteStore`, `PostgresStore`) for `table`, and
+    /// `apply`, how to apply it.
+    pub(crate) fn script<DB: Ops>(
+        &self,
+        table: &TableName,
+        store: &str,
+        apply: &str,
+    ) -> Result<String, Error> {
+        let names = self.names(table)?;
+        self.of(table, &names).script::<DB>(&format!(
+            "The schema of idem's {store} for the table {table}, up to version {latest}:\n\
+             the statements {store}Builder::migrate runs, from {store}Builder::schema_sql.\n\
+             {apply}\n\
+             Every statement is idempotent: this script brings an older schema up to date, and\n\
+             applying it again changes nothing. For another table,\n\
+             {store}::builder().table(NAME).schema_sql() writes its script.",
+            latest = self.latest(),
+        ))
     }
 }

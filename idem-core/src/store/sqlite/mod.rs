@@ -431,7 +431,7 @@ impl SqliteStoreBuilder {
             return Err(Error::SchemaNotMigrated {
                 table: self.table,
                 found: None,
-                needed: schema::LATEST,
+                needed: schema::latest(),
             });
         }
         let options = SqliteConnectOptions::new()

@@ -1,0 +1,35 @@
+-- The migrations of idem's PostgresStore, oldest first, as the store includes them: each step
+-- opens with its "-- Version N: ..." line; {table} is the records table, {index} its expiry
+-- index, {steps} the steps table (<table>_steps) and {steps_index} that table's expiry index.
+-- Never change what an applied step creates; append a new step. Every statement is
+-- idempotent (IF NOT EXISTS): a records table found missing is re-created by running the
+-- applied steps again. idem_records.sql beside this file is the script these make for the
+-- default table.
+
+-- Version 1: records table and expiry index.
+CREATE TABLE IF NOT EXISTS {table} (
+    key bytea PRIMARY KEY CHECK (octet_length(key) = 32),
+    fingerprint bytea NULL CHECK (octet_length(fingerprint) = 32),
+    token bytea NOT NULL CHECK (octet_length(token) = 16),
+    state smallint NOT NULL CHECK (state IN (0, 1)),
+    expires_at timestamptz NOT NULL,
+    response bytea NULL,
+    is_error boolean NOT NULL DEFAULT false
+);
+CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
+
+-- Version 2: steps table and its expiry index.
+-- One row per (operation key, step name); the row named '' at position -1 counts the
+-- operation's attempts (docs/steps.md).
+CREATE TABLE IF NOT EXISTS {steps} (
+    key bytea NOT NULL CHECK (octet_length(key) = 32),
+    name text NOT NULL CHECK (octet_length(name) <= 255),
+    position integer NOT NULL CHECK (position >= -1),
+    token bytea NOT NULL CHECK (octet_length(token) = 16),
+    attempt bigint NOT NULL DEFAULT 0,
+    finished boolean NOT NULL DEFAULT false,
+    result bytea NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (key, name)
+);
+CREATE INDEX IF NOT EXISTS {steps_index} ON {steps} (expires_at);
