@@ -59,9 +59,8 @@ struct Input {
     stop_after: u32,
 }
 
-#[path = "common/steps_db.rs"]
-mod steps_db;
-use steps_db::Db;
+mod support;
+use support::steps_db::Db;
 
 /// What the runs do on their database beside the shared [`Db`].
 impl Db {

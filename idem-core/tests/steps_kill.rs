@@ -235,9 +235,8 @@ ride_operation!(ride_on_sqlite, idem_core::SqliteStore, "BEGIN IMMEDIATE");
 #[cfg(feature = "postgres")]
 ride_operation!(ride_on_postgres, idem_core::PostgresStore, "BEGIN");
 
-#[path = "common/steps_db.rs"]
-mod steps_db;
-use steps_db::Db;
+mod support;
+use support::steps_db::Db;
 
 /// What the scenarios do on their database beside the shared [`Db`]: run the operation, count
 /// the rows it wrote.

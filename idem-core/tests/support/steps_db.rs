@@ -1,6 +1,6 @@
 //! The database a steps test runs on, SQLite or PostgreSQL, as a store handle of its own:
-//! shared by `steps_kill.rs` and `completer.rs` (`#[path]`-included, so each test binary
-//! compiles its own copy and adds the methods it needs in an `impl Db` of its own).
+//! shared by `steps_kill.rs` and `completer.rs` (each test binary compiles its own copy of
+//! `support` and adds the methods it needs in an `impl Db` of its own).
 
 use std::time::Duration;
 
