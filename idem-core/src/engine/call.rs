@@ -67,6 +67,10 @@ pub struct Call<'e, En> {
     pub(crate) fingerprint: Option<Fingerprint>,
     pub(crate) overrides: Overrides,
     pub(crate) scope: Scope,
+    /// [`run_steps_with`](Self::run_steps_with)'s input: the bytes of the input's step record
+    /// to store with the steps, or why the input cannot be stored (the call then fails before
+    /// its claim).
+    steps_input: Option<Result<Vec<u8>, Error>>,
 }
 
 impl<'e, En> Call<'e, En> {
@@ -77,6 +81,7 @@ impl<'e, En> Call<'e, En> {
             fingerprint: None,
             overrides: Overrides::default(),
             scope: Scope::default(),
+            steps_input: None,
         }
     }
 
@@ -346,6 +351,8 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     /// assert_eq!(ride.into_inner(), 41);
     /// # Ok(()) }
     /// ```
+    // A plain function returning an `async` block, for the reason given at `drive`.
+    #[allow(clippy::manual_async_fn)]
     pub fn run_steps<T, E, W, F>(self, work: W) -> impl Future<Output = Result<Outcome<T>, E>> + 'e
     where
         W: FnOnce(Steps<C>) -> F + 'e,
@@ -353,70 +360,8 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
         T: Serialize + DeserializeOwned + 'e,
         E: From<Error> + 'e,
     {
-        self.steps_storing(Ok(None), work)
-    }
-
-    /// [`run_steps`](Self::run_steps) that also stores the operation's `input` under `scope`
-    /// with its steps, so that a [`Completer`](crate::Completer) with a handler for `scope` can
-    /// finish the operation if it is abandoned (its holder dies and no client retries): the
-    /// completer claims it after its lease and runs the handler with `input`, which replays the
-    /// finished steps and runs the rest, as a retry would. Give `input` as the handler reads it
-    /// (say, the request's JSON), and run the same steps in the handler as here.
-    ///
-    /// The input is written once, when the operation's first attempt begins its steps (one
-    /// round trip more for that attempt), and kept as its steps are (docs/steps.md,
-    /// "Completer"). `scope` names the handler: 1 to 255 bytes of printable ASCII, else
-    /// [`Error::InvalidKey`] before anything is claimed. Errors otherwise as `run_steps`'.
-    ///
-    /// ```
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
-    /// let engine = Idempotency::new(MemoryStore::new());
-    /// let key = Key::derive("rides", "rider-7", "req-1")?;
-    /// let ride = engine
-    ///     .call(key)
-    ///     .run_steps_with("rides", br#"{"from":"a","to":"b"}"#.to_vec(), |steps| async move {
-    ///         steps.run("create ride", || async { Ok::<_, Error>(41u64) }).await
-    ///     })
-    ///     .await?;
-    /// assert_eq!(ride.into_inner(), 41);
-    /// # Ok(()) }
-    /// ```
-    pub fn run_steps_with<T, E, W, F>(
-        self,
-        scope: &str,
-        input: Vec<u8>,
-        work: W,
-    ) -> impl Future<Output = Result<Outcome<T>, E>> + 'e
-    where
-        W: FnOnce(Steps<C>) -> F + 'e,
-        F: Future<Output = Result<T, E>> + 'e,
-        T: Serialize + DeserializeOwned + 'e,
-        E: From<Error> + 'e,
-    {
-        let stored = crate::key::check_scope(scope)
-            .map(|()| Some(crate::step::Abandoned::encode_input(scope, &input)))
-            .map_err(Error::from);
-        self.steps_storing(stored, work)
-    }
-
-    /// `run_steps`, storing `input` (the bytes of the input's step record) with the steps when
-    /// it is `Some`; an `Err` fails the call before the claim.
-    // A plain function returning an `async` block, for the reason given at `drive`.
-    #[allow(clippy::manual_async_fn)]
-    fn steps_storing<T, E, W, F>(
-        self,
-        input: Result<Option<Vec<u8>>, Error>,
-        work: W,
-    ) -> impl Future<Output = Result<Outcome<T>, E>> + 'e
-    where
-        W: FnOnce(Steps<C>) -> F + 'e,
-        F: Future<Output = Result<T, E>> + 'e,
-        T: Serialize + DeserializeOwned + 'e,
-        E: From<Error> + 'e,
-    {
         async move {
-            let input = input?;
+            let input = self.steps_input.transpose()?;
             let engine = self.engine;
             let Some(key) = self.key else {
                 let steps = Steps::new(engine.clone(), None, Duration::ZERO, StepLog::first());
@@ -472,6 +417,52 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
             .instrument(span)
             .await
         }
+    }
+
+    /// [`run_steps`](Self::run_steps) that also stores the operation's `input` under `scope`
+    /// with its steps, so that a [`Completer`](crate::Completer) with a handler for `scope` can
+    /// finish the operation if it is abandoned (its holder dies and no client retries): the
+    /// completer claims it after its lease and runs the handler with `input`, which replays the
+    /// finished steps and runs the rest, as a retry would. Give `input` as the handler reads it
+    /// (say, the request's JSON), and run the same steps in the handler as here.
+    ///
+    /// The input is written once, when the operation's first attempt begins its steps (one
+    /// round trip more for that attempt), and kept as its steps are (docs/steps.md,
+    /// "Completer"). `scope` names the handler: 1 to 255 bytes of printable ASCII, else
+    /// [`Error::InvalidKey`] before anything is claimed. Errors otherwise as `run_steps`'.
+    ///
+    /// ```
+    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("rides", "rider-7", "req-1")?;
+    /// let ride = engine
+    ///     .call(key)
+    ///     .run_steps_with("rides", br#"{"from":"a","to":"b"}"#.to_vec(), |steps| async move {
+    ///         steps.run("create ride", || async { Ok::<_, Error>(41u64) }).await
+    ///     })
+    ///     .await?;
+    /// assert_eq!(ride.into_inner(), 41);
+    /// # Ok(()) }
+    /// ```
+    pub fn run_steps_with<T, E, W, F>(
+        mut self,
+        scope: &str,
+        input: Vec<u8>,
+        work: W,
+    ) -> impl Future<Output = Result<Outcome<T>, E>> + 'e
+    where
+        W: FnOnce(Steps<C>) -> F + 'e,
+        F: Future<Output = Result<T, E>> + 'e,
+        T: Serialize + DeserializeOwned + 'e,
+        E: From<Error> + 'e,
+    {
+        self.steps_input = Some(
+            crate::key::check_scope(scope)
+                .map(|()| crate::step::Abandoned::encode_input(scope, &input))
+                .map_err(Error::from),
+        );
+        self.run_steps(work)
     }
 
     /// The one way a call whose work must finish once it has started runs
