@@ -308,38 +308,49 @@ pub async fn engine_unretained_result_never_reruns(h: impl Harness) {
         .max_response_bytes(16)
         .build()
         .unwrap();
-    let k = key("big");
-    let runs = AtomicUsize::new(0);
-    let big = || async {
-        engine
-            .call(k)
-            .run(async {
-                runs.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, Error>("x".repeat(100))
-            })
-            .await
-    };
-    // The caller gets its result although it is too large to keep.
-    assert_eq!(big().await.unwrap(), Outcome::Fresh("x".repeat(100)));
-    // The key stays completed: a retry is told, and the work does not run again.
-    for _ in 0..3 {
-        let again = big().await;
-        assert!(
-            matches!(&again, Err(Error::ResultNotRetained { reason }) if reason.contains("102 bytes")),
-            "{again:?}"
-        );
-    }
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert!(matches!(
-        h.store().get(&k).await.unwrap().unwrap().state,
-        RecordState::Completed(_)
-    ));
+    let reason = unretained_result_never_reruns(&engine, key("big"), 100).await;
+    assert!(reason.contains("102 bytes"), "{reason}");
     let other = engine
         .call(key("small"))
         .run(async { Ok::<_, Error>("ok".to_string()) })
         .await
         .unwrap();
     assert_eq!(other, Outcome::Fresh("ok".to_string()));
+}
+
+/// The check of [`engine_unretained_result_never_reruns`], for a limit of `engine`'s or of its
+/// store's own (a store whose items have a size limit, such as DynamoDB's 400 KB): a call of `k`
+/// whose work returns a string of `len` bytes, too large to keep, gets its result; three retries
+/// get `ResultNotRetained` and never run the work; the key stays completed. Returns the reason
+/// the retries were given, for the caller to check what it says of the limit.
+pub async fn unretained_result_never_reruns(engine: &Idempotency, k: Key, len: usize) -> String {
+    let runs = AtomicUsize::new(0);
+    let big = || async {
+        engine
+            .call(k)
+            .run(async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>("x".repeat(len))
+            })
+            .await
+    };
+    // The caller gets its result although it is too large to keep.
+    assert_eq!(big().await.unwrap(), Outcome::Fresh("x".repeat(len)));
+    // The key stays completed: a retry is told, and the work does not run again.
+    let mut reasons = Vec::new();
+    for _ in 0..3 {
+        match big().await {
+            Err(Error::ResultNotRetained { reason }) => reasons.push(reason),
+            again => panic!("a retry of an unretained result got {again:?}"),
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(matches!(
+        engine.store().get(&k).await.unwrap().unwrap().state,
+        RecordState::Completed(_)
+    ));
+    assert!(reasons.iter().all(|r| *r == reasons[0]), "{reasons:?}");
+    reasons.swap_remove(0)
 }
 
 /// A call replays until the retention ends, then runs again.
