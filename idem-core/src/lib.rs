@@ -57,7 +57,7 @@ pub use completer::{CompleteReport, Completer, CompleterConfig, CompleterHandle}
 #[cfg(feature = "dynamodb")]
 pub use engine::MAX_DYNAMO_STEP_WRITES;
 pub use engine::{
-    Attempt, Begun, Call, EngineBuilder, Holder, Idempotency, OnLocked, Outcome, Policy,
+    Attempt, Begun, Call, EngineBuilder, Finish, Holder, Idempotency, OnLocked, Outcome, Policy,
     ReplayCache, Step, Steps,
 };
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -129,7 +129,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 let Ok(Begun::Claimed(claim)) = e.call(key(i)).begin().await else {
                     panic!("key {i} was not new");
                 };
-                e.finish("bench", &claim, b"ok".to_vec(), None)
+                e.finish("bench", &claim, b"ok".to_vec())
                     .await
                     .expect("finish");
             }

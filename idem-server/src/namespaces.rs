@@ -188,7 +188,8 @@ impl Namespaces {
                 )
             })?;
             self.engine
-                .finish(SCOPE, &claim, bytes, Some(FOREVER))
+                .finish(SCOPE, &claim, bytes)
+                .retention(FOREVER)
                 .await
                 .map_err(engine_error)?;
             self.lock().remove(name);

@@ -464,12 +464,10 @@ async fn complete(
         .map_err(|e| ApiError::invalid("body", format!("the response cannot be kept: {e}")))?;
     let engine = &app.inner.engine;
     match token {
-        Some(token) if input.observed => engine
-            .finish_observed(&ns.scope, &Claim::new(key, token), bytes, Some(ttl))
-            .await
-            .map_err(engine_error)?,
         Some(token) => engine
-            .finish(&ns.scope, &Claim::new(key, token), bytes, Some(ttl))
+            .finish(&ns.scope, &Claim::new(key, token), bytes)
+            .retention(ttl)
+            .observed(input.observed)
             .await
             .map_err(engine_error)?,
         None => tokenless_complete(&app, &ns, key, bytes, ttl).await?,
@@ -511,7 +509,8 @@ async fn tokenless_complete(
             },
         };
         match engine
-            .finish(&ns.scope, &claim, bytes.clone(), Some(ttl))
+            .finish(&ns.scope, &claim, bytes.clone())
+            .retention(ttl)
             .await
         {
             Ok(()) => return Ok(()),

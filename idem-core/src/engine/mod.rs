@@ -38,7 +38,7 @@ mod waiters;
 pub use cache::ReplayCache;
 pub use call::Call;
 pub use policy::{EngineBuilder, OnLocked, Outcome, Policy};
-pub use split::{Begun, Holder};
+pub use split::{Begun, Finish, Holder};
 #[cfg(feature = "dynamodb")]
 pub use steps::MAX_DYNAMO_STEP_WRITES;
 pub use steps::{Attempt, Step, Steps};

@@ -6,6 +6,9 @@
 //! completions, observer and metrics), the completion through its completion path (sealing,
 //! background retry of a passing failure), so nothing is re-implemented in the transport.
 
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +35,7 @@ use crate::store::check_duration;
 /// let engine = Idempotency::new(MemoryStore::new());
 /// let key = Key::derive("charge", "", "order-1")?;
 /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
-/// engine.finish("charge", &claim, b"paid".to_vec(), None).await?;
+/// engine.finish("charge", &claim, b"paid".to_vec()).await?;
 /// assert_eq!(engine.call(key).begin().await?, Begun::Completed(b"paid".to_vec()));
 /// # Ok(()) }
 /// ```
@@ -44,6 +47,95 @@ pub enum Begun {
     Claimed(Claim),
     /// The key completed earlier: the bytes [`finish`](Idempotency::finish) stored.
     Completed(Vec<u8>),
+}
+
+/// A completion of a claim taken by [`Call::begin`], made by [`Idempotency::finish`]: it stores
+/// its result once awaited, and may first set how long the result is kept and whether a
+/// passing store failure is reported.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+/// let engine = Idempotency::new(MemoryStore::new());
+/// let key = Key::derive("charge", "", "order-1")?;
+/// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+/// let finish = engine.finish("charge", &claim, b"paid".to_vec());
+/// finish.retention(Duration::from_secs(3600)).observed(true).await?;
+/// assert_eq!(engine.call(key).begin().await?, Begun::Completed(b"paid".to_vec()));
+/// # Ok(()) }
+/// ```
+#[must_use = "a finish stores nothing until it is awaited"]
+pub struct Finish<'a, C> {
+    engine: &'a Idempotency<C>,
+    scope: &'a str,
+    claim: &'a Claim,
+    result: Vec<u8>,
+    retention: Option<Duration>,
+    observed: bool,
+}
+
+impl<C> Finish<'_, C> {
+    /// Keeps the result for `retention` instead of the engine policy's retention.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "", "order-1")?;
+    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// let week = Duration::from_secs(7 * 24 * 3600);
+    /// engine.finish("charge", &claim, b"paid".to_vec()).retention(week).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention);
+        self
+    }
+
+    /// With `true`, a store failure that passes is reported, not retried in the background:
+    /// `Ok` only once the result is in the store. For a transport whose client retries the
+    /// completion itself and must not be told it landed before it did (idem-server's `complete`
+    /// with `observed`, which `RemoteStore` sends, so that the store rule "observed commits"
+    /// holds through the network). The claim stays held after such a failure: finish it again.
+    ///
+    /// ```
+    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "", "order-1")?;
+    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// engine.finish("charge", &claim, b"paid".to_vec()).observed(true).await?;
+    /// assert_eq!(engine.call(key).begin().await?, Begun::Completed(b"paid".to_vec()));
+    /// # Ok(()) }
+    /// ```
+    pub fn observed(mut self, observed: bool) -> Self {
+        self.observed = observed;
+        self
+    }
+}
+
+impl<C> fmt::Debug for Finish<'_, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Finish")
+            .field("scope", &self.scope)
+            .field("claim", self.claim)
+            .field("result_len", &self.result.len())
+            .field("retention", &self.retention)
+            .field("observed", &self.observed)
+            .finish()
+    }
+}
+
+impl<'a, C: Codec> IntoFuture for Finish<'a, C> {
+    type Output = Result<(), Error>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        let engine = self.engine;
+        Box::pin(engine.finish_as(self))
+    }
 }
 
 /// Who holds a key, as [`Idempotency::holder`] reads it.
@@ -152,13 +244,14 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
 
 impl<C: Codec> Idempotency<C> {
     /// The second half of a [`begin`](Call::begin)'s claim: stores `result` (sealed in the
-    /// engine's checksummed envelope, within [`Policy::max_response_bytes`](crate::Policy)) for
-    /// `retention` (the policy's when `None`), fenced by the claim's token. Finished even if the
-    /// caller goes away; a passing store failure is retried in the background, as for every
-    /// call. [`Error::LeaseLost`] when the key is no longer this claim's (its lease ran out and
-    /// another caller claimed it, or it was released): nothing is changed. Finishing a claim
-    /// that already finished is `Ok` and keeps the first result. `scope` labels the call in
-    /// metrics and the observer, as [`Call::scope_named`].
+    /// engine's checksummed envelope, within [`Policy::max_response_bytes`](crate::Policy)),
+    /// fenced by the claim's token, once the returned [`Finish`] is awaited (for the policy's
+    /// retention unless [`Finish::retention`] says otherwise). Finished even if the caller goes
+    /// away; a passing store failure is retried in the background, as for every call (unless
+    /// [`Finish::observed`]). [`Error::LeaseLost`] when the key is no longer this claim's (its
+    /// lease ran out and another caller claimed it, or it was released): nothing is changed.
+    /// Finishing a claim that already finished is `Ok` and keeps the first result. `scope`
+    /// labels the call in metrics and the observer, as [`Call::scope_named`].
     ///
     /// ```
     /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
@@ -166,57 +259,37 @@ impl<C: Codec> Idempotency<C> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
     /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
-    /// engine.finish("charge", &claim, b"paid".to_vec(), None).await?;
-    /// engine.finish("charge", &claim, b"other".to_vec(), None).await?; // the first stands
+    /// engine.finish("charge", &claim, b"paid".to_vec()).await?;
+    /// engine.finish("charge", &claim, b"other".to_vec()).await?; // the first stands
     /// assert_eq!(engine.call(key).begin().await?, Begun::Completed(b"paid".to_vec()));
     /// # Ok(()) }
     /// ```
-    pub async fn finish(
-        &self,
-        scope: &str,
-        claim: &Claim,
+    pub fn finish<'a>(
+        &'a self,
+        scope: &'a str,
+        claim: &'a Claim,
         result: Vec<u8>,
-        retention: Option<Duration>,
-    ) -> Result<(), Error> {
-        self.finish_as(scope, claim, result, retention, false).await
+    ) -> Finish<'a, C> {
+        Finish {
+            engine: self,
+            scope,
+            claim,
+            result,
+            retention: None,
+            observed: false,
+        }
     }
 
-    /// [`finish`](Self::finish), except that a store failure that passes is reported, not
-    /// retried in the background: `Ok` only once the result is in the store. For a transport
-    /// whose client retries the completion itself and must not be told it landed before it
-    /// did (idem-server's `complete` with `observed`, which `RemoteStore` sends, so that the
-    /// store rule "observed commits" holds through the network). The claim stays held after
-    /// such a failure: finish it again.
-    ///
-    /// ```
-    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
-    /// let engine = Idempotency::new(MemoryStore::new());
-    /// let key = Key::derive("charge", "", "order-1")?;
-    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
-    /// engine.finish_observed("charge", &claim, b"paid".to_vec(), None).await?;
-    /// assert_eq!(engine.call(key).begin().await?, Begun::Completed(b"paid".to_vec()));
-    /// # Ok(()) }
-    /// ```
-    pub async fn finish_observed(
-        &self,
-        scope: &str,
-        claim: &Claim,
-        result: Vec<u8>,
-        retention: Option<Duration>,
-    ) -> Result<(), Error> {
-        self.finish_as(scope, claim, result, retention, true).await
-    }
-
-    /// [`finish`](Self::finish), or with `observed` [`finish_observed`](Self::finish_observed).
-    async fn finish_as(
-        &self,
-        scope: &str,
-        claim: &Claim,
-        result: Vec<u8>,
-        retention: Option<Duration>,
-        observed: bool,
-    ) -> Result<(), Error> {
+    /// What an awaited [`Finish`] does.
+    async fn finish_as(&self, finish: Finish<'_, C>) -> Result<(), Error> {
+        let Finish {
+            scope,
+            claim,
+            result,
+            retention,
+            observed,
+            ..
+        } = finish;
         let policy = &self.inner.core.policy;
         let retention = retention.unwrap_or(policy.retention);
         check_duration("retention", retention)?;
@@ -447,10 +520,7 @@ mod tests {
             engine.call(key("a")).begin().await,
             Err(Error::Locked { .. })
         ));
-        engine
-            .finish("split", &claim, b"r".to_vec(), None)
-            .await
-            .unwrap();
+        engine.finish("split", &claim, b"r".to_vec()).await.unwrap();
         assert_eq!(
             engine.call(key("a")).begin().await.unwrap(),
             Begun::Completed(b"r".to_vec())
@@ -484,7 +554,7 @@ mod tests {
         let fresh = claimed(&engine, "b").await;
         assert_ne!(stale.token(), fresh.token());
         for refused in [
-            engine.finish("split", &stale, b"old".to_vec(), None).await,
+            engine.finish("split", &stale, b"old".to_vec()).await,
             engine.release("split", &stale).await,
             engine.renew(&stale, Duration::from_secs(5)).await,
         ] {
@@ -495,7 +565,7 @@ mod tests {
             Holder::Claimed(fresh.clone())
         );
         engine
-            .finish("split", &fresh, b"new".to_vec(), None)
+            .finish("split", &fresh, b"new".to_vec())
             .await
             .unwrap();
         assert_eq!(
@@ -547,7 +617,8 @@ mod tests {
         let claim = claimed(&engine, "d").await;
         assert!(matches!(
             engine
-                .finish("split", &claim, b"x".to_vec(), Some(Duration::ZERO))
+                .finish("split", &claim, b"x".to_vec())
+                .retention(Duration::ZERO)
                 .await,
             Err(Error::InvalidConfig(_))
         ));
@@ -569,7 +640,7 @@ mod tests {
             .unwrap();
         let claim = claimed(&engine, "e").await;
         engine
-            .finish("split", &claim, b"too long".to_vec(), None)
+            .finish("split", &claim, b"too long".to_vec())
             .await
             .unwrap();
         assert!(matches!(

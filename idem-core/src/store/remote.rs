@@ -34,7 +34,7 @@ const MSGPACK: &str = "application/msgpack";
 /// | `Store` method | route | the server's engine call |
 /// |---|---|---|
 /// | `start` | `start` (fenced, `fingerprint_sha256`) | `Call::begin`; a `locked` answer reads the record once more for the lease left |
-/// | `complete` | `complete` (fenced, with `is_error`, `absent`, `observed`) | `Idempotency::finish_observed` |
+/// | `complete` | `complete` (fenced, with `is_error`, `absent`, `observed`) | `Idempotency::finish` with `Finish::observed(true)` |
 /// | `abort` | `abort` (fenced) | `Idempotency::release` |
 /// | `renew` | `renew` | `Idempotency::renew` |
 /// | `get` | `get` | `Idempotency::record` |
