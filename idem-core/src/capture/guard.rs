@@ -1,10 +1,14 @@
 //! The parts of the HTTP and gRPC layers that are the same but for their documentation: the
-//! public layer and service types with their `Clone`, `Debug` and `Layer` impls, and the
-//! builder setters both have (whose keys are whose, the scope, the engine overrides). Each is
-//! a macro, so each layer keeps its own public types, paths and rustdoc (given as the macro's
-//! doc attributes) while the code stands once. A layer module using them defines `Config<C>`
-//! (with `options`, `require_key`, `scope` and `caller`), `LayerBuilder<C>` (with `config` and
-//! `shared_key_space`) and `IdempotencyService::new`'s caller, `Layer::layer`.
+//! public layer and service types with their `Clone`, `Debug`, `Layer` and tower `Service`
+//! impls, and the builder setters both have (whose keys are whose, the scope, the engine
+//! overrides). Each is a macro, so each layer keeps its own public types, paths and rustdoc
+//! (given as the macro's doc attributes) while the code stands once. A layer module using them
+//! defines `Config<C>` (with `engine`, `options`, `require_key`, `scope` and `caller`),
+//! `LayerBuilder<C>` (with `config` and `shared_key_space`), `IdempotencyService::new`'s caller,
+//! `Layer::layer`, and `serve`, what the service does with one request.
+
+use http::{Request, Response};
+use tower::Service;
 
 /// The public `IdempotencyLayer<C>` (an `Arc` of the layer module's `Config<C>`) and its
 /// `Clone`, `Debug` (the config's) and tower `Layer` impls, which wrap an `IdempotencyService`.
@@ -84,24 +88,84 @@ macro_rules! guard_service {
     };
 }
 
-/// The items of `impl tower::Service for IdempotencyService<S, C>` that both layers write alike:
-/// the response (`http::Response<$body>`), the error (the inner service's), the boxed future and
-/// `poll_ready`, which polls the inner service. Used inside that impl, before its `call`.
-macro_rules! guard_service_items {
-    ($body:ty) => {
-        type Response = ::http::Response<$body>;
-        type Error = S::Error;
-        type Future = ::std::pin::Pin<
-            Box<dyn ::std::future::Future<Output = Result<Self::Response, S::Error>> + Send>,
-        >;
+/// `impl tower::Service<http::Request<ReqBody>> for IdempotencyService<S, C>`, which both
+/// layers write alike: the inner service takes requests of `$inner` (`ReqBody` names the
+/// request's own body) and answers with any [`LayerBody`](super::body::LayerBody); the
+/// request's body is a `LayerBody`, and also `$bound` when given; the response is
+/// `http::Response<$body>`, the error the inner service's, the future boxed. `poll_ready`
+/// polls the inner service; `call` hands a clone of it, the layer's config and the request to
+/// the layer module's `serve`, an `async fn` of those three whose inner service is an
+/// [`Inner`]. And the layer's `Config<C>` as [`Guarded`](super::reply::Guarded), from its
+/// `engine`, `options` and `scope`.
+macro_rules! guard_service_impl {
+    (inner = $inner:ty, body = $body:ty $(, request: $bound:path)?) => {
+        impl<S, C, ReqBody, ResBody> ::tower::Service<::http::Request<ReqBody>>
+            for IdempotencyService<S, C>
+        where
+            S: ::tower::Service<::http::Request<$inner>, Response = ::http::Response<ResBody>>
+                + Clone
+                + Send
+                + 'static,
+            S::Future: Send + 'static,
+            S::Error: Send + 'static,
+            C: $crate::codec::Codec,
+            ReqBody: $crate::capture::body::LayerBody $(+ $bound)?,
+            ResBody: $crate::capture::body::LayerBody,
+        {
+            type Response = ::http::Response<$body>;
+            type Error = S::Error;
+            type Future = ::std::pin::Pin<
+                Box<dyn ::std::future::Future<Output = Result<Self::Response, S::Error>> + Send>,
+            >;
 
-        fn poll_ready(
-            &mut self,
-            cx: &mut ::std::task::Context<'_>,
-        ) -> ::std::task::Poll<Result<(), S::Error>> {
-            self.inner.poll_ready(cx)
+            fn poll_ready(
+                &mut self,
+                cx: &mut ::std::task::Context<'_>,
+            ) -> ::std::task::Poll<Result<(), S::Error>> {
+                self.inner.poll_ready(cx)
+            }
+
+            fn call(&mut self, req: ::http::Request<ReqBody>) -> Self::Future {
+                let (inner, config) = self.take_ready();
+                Box::pin(serve(inner, config, req))
+            }
+        }
+
+        impl<C: $crate::codec::Codec> $crate::capture::reply::Guarded for Config<C> {
+            type Codec = C;
+
+            fn engine(&self) -> &$crate::engine::Idempotency<C> {
+                &self.engine
+            }
+
+            fn options(&self) -> $crate::engine::Overrides {
+                self.options
+            }
+
+            fn scope(&self) -> ::std::sync::Arc<str> {
+                self.scope.clone()
+            }
         }
     };
+}
+
+/// The service a layer wraps: a tower service of `http::Request<R>` answering
+/// `http::Response<B>`, which the layer clones for each call and whose calls it runs
+/// detached (so it, its future and its error are `Send + 'static`).
+pub(crate) trait Inner<R, B>:
+    Service<Request<R>, Response = Response<B>, Future: Send + 'static, Error: Send + 'static>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S, R, B> Inner<R, B> for S where
+    S: Service<Request<R>, Response = Response<B>, Future: Send + 'static, Error: Send + 'static>
+        + Clone
+        + Send
+        + 'static
+{
 }
 
 /// Builder setters both layers have, each named by its method name after its doc attributes
@@ -185,7 +249,7 @@ macro_rules! guard_setters {
     };
 }
 
-pub(crate) use {guard_layer, guard_service, guard_service_items, guard_setters};
+pub(crate) use {guard_layer, guard_service, guard_service_impl, guard_setters};
 
 /// How a layer's `Debug` describes whose keys are whose: `caller` when a caller extractor
 /// scopes them.

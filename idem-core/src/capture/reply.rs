@@ -72,6 +72,20 @@ impl<E> From<Error> for Failure<E> {
 /// The header both layers mark a replayed response with.
 pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// What [`run_once`] takes from a layer's config: the engine, the call options the layer's
+/// builder set (lease, retention, waiting) and the scope that names its calls. Each layer's
+/// `Config<C>` has them, through `guard_service_impl!`.
+pub(crate) trait Guarded {
+    /// The engine's codec.
+    type Codec: Codec;
+    /// The engine the layer claims with.
+    fn engine(&self) -> &Idempotency<Self::Codec>;
+    /// The call options of the layer's builder.
+    fn options(&self) -> Overrides;
+    /// The layer's scope: the label of its calls in metrics and traces.
+    fn scope(&self) -> Arc<str>;
+}
+
 /// A guarded call of either layer once its key, fingerprint and work are known: runs `work`
 /// through the engine detached from the caller (`run_detached_as`: once claimed, the handler
 /// runs to its end and its response is stored even if the client goes away, so its retry
@@ -79,25 +93,24 @@ pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idem
 /// policy does not store, goes as it is; a replay is marked `idempotent-replayed: true`; an
 /// engine refusal or failure is answered by `refusal` (each layer's problem); an error of the
 /// inner service is returned.
-pub(crate) async fn run_once<C, E, F>(
-    engine: &Idempotency<C>,
+pub(crate) async fn run_once<G, E, F>(
+    config: &G,
     key: Key,
     fingerprint: Fingerprint,
-    options: Overrides,
-    scope: Arc<str>,
     work: F,
     refusal: impl FnOnce(Error) -> Response<Body>,
 ) -> Result<Response<Body>, E>
 where
-    C: Codec,
+    G: Guarded,
     E: Send + 'static,
     F: Future<Output = Result<Reply, Failure<E>>> + Send + 'static,
 {
-    let outcome = engine
+    let outcome = config
+        .engine()
         .call(key)
         .fingerprint(fingerprint)
-        .overrides(options)
-        .scope_named(scope)
+        .overrides(config.options())
+        .scope_named(config.scope())
         .run_detached_as(work, ReplyFormat)
         .await;
     match outcome {

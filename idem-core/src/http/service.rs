@@ -1,5 +1,7 @@
 //! [`IdempotencyService`]: one request through claim → handler → store, or replay.
 
+use std::sync::Arc;
+
 use axum_core::body::Body;
 use bytes::Bytes;
 use http::request::Parts;
@@ -12,7 +14,7 @@ use super::layer::Config;
 use super::problem::{from_engine, Problem};
 use super::IDEMPOTENCY_KEY;
 use crate::capture::body::{read_request, read_response, Buffered, LayerBody, ReadError};
-use crate::capture::guard::{guard_service, guard_service_items};
+use crate::capture::guard::{guard_service, guard_service_impl, Inner};
 use crate::capture::reply::{Failure, Reply};
 use crate::capture::stored::{self, Captured};
 use crate::capture::{self, CallerRefused};
@@ -40,104 +42,91 @@ guard_service! {
     debug = "IdempotencyService"
 }
 
-impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, C>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    C: Codec,
-    ReqBody: LayerBody + From<Bytes>,
-    ResBody: LayerBody,
-{
-    guard_service_items!(Body);
+guard_service_impl!(inner = ReqBody, body = Body, request: From<Bytes>);
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let (mut inner, config) = self.take_ready();
-        Box::pin(async move {
-            if !config.methods.contains(req.method()) {
-                return pass(inner, req).await;
-            }
-            let client_key = match client_key(
-                req.headers().get_all(IDEMPOTENCY_KEY),
-                config.accept_bare_keys,
-            ) {
-                Ok(Some(k)) => k,
-                Ok(None) if config.require_key => {
-                    return Ok(Problem::KeyMissing.response(
-                        &config.problems,
-                        format!(
-                            "{} requests to this API need an Idempotency-Key header, e.g. \
-                         Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
-                            req.method()
-                        ),
-                    ))
-                }
-                Ok(None) => return pass(inner, req).await,
-                Err(e) => return Ok(Problem::KeyMalformed.response(&config.problems, e)),
-            };
-            let (parts, body) = req.into_parts();
-            let key = match record_key(&config, &parts, &client_key) {
-                Ok(key) => key,
-                Err((problem, detail)) => return Ok(problem.response(&config.problems, detail)),
-            };
-            let body = match read_request(body, &parts.headers, config.max_request).await {
-                Ok(body) => body,
-                Err(ReadError::TooLarge) => {
-                    return Ok(Problem::BodyTooLarge.response(
-                        &config.problems,
-                        format!(
-                            "requests with an Idempotency-Key may carry at most {} bytes of body",
-                            config.max_request
-                        ),
-                    ))
-                }
-                Err(ReadError::Failed(e)) => {
-                    return Ok(Problem::BodyUnreadable
-                        .response(&config.problems, format!("reading the body failed: {e}")))
-                }
-            };
-            let fingerprint = config.fingerprint.of(&parts.method, &parts.uri, &body);
-            let mut req = Request::from_parts(parts, ReqBody::from(body));
-
-            let limit = config.engine.policy().max_response_bytes();
-            let store_if = config.store_if.clone();
-            // Detached from the connection: once claimed, the handler runs to its end and its response
-            // is stored even if the client goes away, so the client's retry replays it instead of
-            // running the handler a second time.
-            let work = async move {
-                // Marked only here, as its handler is about to run: a replay pays nothing for it.
-                req.extensions_mut().insert(KeyChecked);
-                let response = inner.call(req).await.map_err(Failure::Service)?;
-                let (parts, body) = response.into_parts();
-                let body = Body::new(body);
-                if !store_if(parts.status, &parts.headers) {
-                    return Err(Failure::Pass(Response::from_parts(parts, body)));
-                }
-                let room = limit.saturating_sub(stored::head_len(&parts));
-                Ok(match read_response(body, room).await {
-                    Buffered::Whole { body, trailers } => Reply::Stored(Captured {
-                        parts,
-                        body,
-                        trailers,
-                    }),
-                    Buffered::Unstorable { body, why } => Reply::Unstorable {
-                        response: Response::from_parts(parts, body),
-                        why,
-                    },
-                })
-            };
-            capture::reply::run_once(
-                &config.engine,
-                key,
-                fingerprint,
-                config.options,
-                config.scope.clone(),
-                work,
-                |e| from_engine(&config.problems, e),
-            )
-            .await
-        })
+/// One request: a guarded method with a key is claimed, run and stored, or replayed; anything
+/// else passes untouched.
+async fn serve<S: Inner<R, B>, C: Codec, R: LayerBody + From<Bytes>, B: LayerBody>(
+    mut inner: S,
+    config: Arc<Config<C>>,
+    req: Request<R>,
+) -> Result<Response<Body>, S::Error> {
+    if !config.methods.contains(req.method()) {
+        return pass(inner, req).await;
     }
+    let client_key = match client_key(
+        req.headers().get_all(IDEMPOTENCY_KEY),
+        config.accept_bare_keys,
+    ) {
+        Ok(Some(k)) => k,
+        Ok(None) if config.require_key => {
+            return Ok(Problem::KeyMissing.response(
+                &config.problems,
+                format!(
+                    "{} requests to this API need an Idempotency-Key header, e.g. \
+                 Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
+                    req.method()
+                ),
+            ))
+        }
+        Ok(None) => return pass(inner, req).await,
+        Err(e) => return Ok(Problem::KeyMalformed.response(&config.problems, e)),
+    };
+    let (parts, body) = req.into_parts();
+    let key = match record_key(&config, &parts, &client_key) {
+        Ok(key) => key,
+        Err((problem, detail)) => return Ok(problem.response(&config.problems, detail)),
+    };
+    let body = match read_request(body, &parts.headers, config.max_request).await {
+        Ok(body) => body,
+        Err(ReadError::TooLarge) => {
+            return Ok(Problem::BodyTooLarge.response(
+                &config.problems,
+                format!(
+                    "requests with an Idempotency-Key may carry at most {} bytes of body",
+                    config.max_request
+                ),
+            ))
+        }
+        Err(ReadError::Failed(e)) => {
+            return Ok(Problem::BodyUnreadable
+                .response(&config.problems, format!("reading the body failed: {e}")))
+        }
+    };
+    let fingerprint = config.fingerprint.of(&parts.method, &parts.uri, &body);
+    let mut req = Request::from_parts(parts, R::from(body));
+
+    let limit = config.engine.policy().max_response_bytes();
+    let store_if = config.store_if.clone();
+    // Detached from the connection: once claimed, the handler runs to its end and its response
+    // is stored even if the client goes away, so the client's retry replays it instead of
+    // running the handler a second time.
+    let work = async move {
+        // Marked only here, as its handler is about to run: a replay pays nothing for it.
+        req.extensions_mut().insert(KeyChecked);
+        let response = inner.call(req).await.map_err(Failure::Service)?;
+        let (parts, body) = response.into_parts();
+        let body = Body::new(body);
+        if !store_if(parts.status, &parts.headers) {
+            return Err(Failure::Pass(Response::from_parts(parts, body)));
+        }
+        let room = limit.saturating_sub(stored::head_len(&parts));
+        Ok(match read_response(body, room).await {
+            Buffered::Whole { body, trailers } => Reply::Stored(Captured {
+                parts,
+                body,
+                trailers,
+            }),
+            Buffered::Unstorable { body, why } => Reply::Unstorable {
+                response: Response::from_parts(parts, body),
+                why,
+            },
+        })
+    };
+    capture::reply::run_once(&*config, key, fingerprint, work, |e| {
+        from_engine(&config.problems, e)
+    })
+    .await
 }
 
 /// The record key of a request; or, when the caller identity is missing or cannot be a key part,
