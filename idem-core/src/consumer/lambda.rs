@@ -22,7 +22,6 @@
 //! claim lives.
 
 use std::fmt;
-use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use aws_lambda_events::event::dynamodb;
@@ -32,10 +31,8 @@ use aws_lambda_events::event::streams::{
     DynamoDbBatchItemFailure, DynamoDbEventResponse, KinesisBatchItemFailure, KinesisEventResponse,
 };
 use lambda_runtime::{Context, LambdaEvent};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 
-use super::{Consumer, Disposition, Message, MessageOutcome};
+use super::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
 use crate::codec::Codec;
 
 /// The aws_lambda_events (1.x) whose events these functions take (features `sqs`, `kinesis`,
@@ -139,23 +136,17 @@ impl<C: Codec> Lambda<C> {
     /// (with a `MessageGroupId`) run in order per group, and a group stops at its first record
     /// not acknowledged. A poison record is reported too, so the queue's redrive policy moves it
     /// to the dead-letter queue after `maxReceiveCount` deliveries.
-    pub async fn sqs<T, E, H, F>(
-        &self,
-        event: LambdaEvent<SqsEvent>,
-        handler: H,
-    ) -> SqsBatchResponse
+    pub async fn sqs<H>(&self, event: LambdaEvent<SqsEvent>, handler: H) -> SqsBatchResponse
     where
-        H: Fn(SqsMessage) -> F,
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: fmt::Display + Send + 'static,
+        H: MessageHandler<SqsMessage>,
+        H::Error: fmt::Display,
     {
         self.sqs_by(event, message_id, handler).await
     }
 
     /// [`sqs`](Self::sqs) with each record keyed by `key` (a business id from the body, the
     /// FIFO `MessageDeduplicationId`; `None`: no deduplication).
-    pub async fn sqs_by<T, E, K, H, F>(
+    pub async fn sqs_by<K, H>(
         &self,
         event: LambdaEvent<SqsEvent>,
         key: K,
@@ -163,10 +154,8 @@ impl<C: Codec> Lambda<C> {
     ) -> SqsBatchResponse
     where
         K: Fn(&SqsMessage) -> Option<String>,
-        H: Fn(SqsMessage) -> F,
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: fmt::Display + Send + 'static,
+        H: MessageHandler<SqsMessage>,
+        H::Error: fmt::Display,
     {
         let (event, context) = event.into_parts();
         let fifo = event
@@ -212,16 +201,14 @@ impl<C: Codec> Lambda<C> {
     /// A Kinesis event, each record keyed by its event id: the records run in order and stop
     /// at the first one not acknowledged, whose sequence number the response reports (Lambda
     /// retries from it; the records before it are done).
-    pub async fn kinesis<T, E, H, F>(
+    pub async fn kinesis<H>(
         &self,
         event: LambdaEvent<KinesisEvent>,
         handler: H,
     ) -> KinesisEventResponse
     where
-        H: Fn(KinesisEventRecord) -> F,
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: fmt::Display + Send + 'static,
+        H: MessageHandler<KinesisEventRecord>,
+        H::Error: fmt::Display,
     {
         let (event, context) = event.into_parts();
         let records = event.records.into_iter().map(|r| {
@@ -241,16 +228,14 @@ impl<C: Codec> Lambda<C> {
 
     /// A DynamoDB Streams event, each record keyed by its event id; ordered and answered as
     /// [`kinesis`](Self::kinesis).
-    pub async fn dynamodb<T, E, H, F>(
+    pub async fn dynamodb<H>(
         &self,
         event: LambdaEvent<dynamodb::Event>,
         handler: H,
     ) -> DynamoDbEventResponse
     where
-        H: Fn(dynamodb::EventRecord) -> F,
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: fmt::Display + Send + 'static,
+        H: MessageHandler<dynamodb::EventRecord>,
+        H::Error: fmt::Display,
     {
         let (event, context) = event.into_parts();
         let records = event.records.into_iter().map(|r| {
@@ -270,17 +255,15 @@ impl<C: Codec> Lambda<C> {
 
     /// A stream's records (record, key, sequence number) in order, stopping at the first not
     /// acknowledged: its sequence number.
-    async fn stream<R, T, E, H, F>(
+    async fn stream<R, H>(
         &self,
         context: &Context,
         records: impl Iterator<Item = (R, String, String)>,
         handler: H,
     ) -> Option<String>
     where
-        H: Fn(R) -> F,
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: fmt::Display + Send + 'static,
+        H: MessageHandler<R>,
+        H::Error: fmt::Display,
     {
         let mut sequence = Vec::new();
         let messages = records

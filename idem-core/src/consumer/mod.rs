@@ -138,6 +138,42 @@ impl<M> Message<M> {
     }
 }
 
+/// A message handler, as [`Consumer::process`] and every broker's `run` and `process` take it:
+/// an async function of a message's body `M` that does the message's work in the future it
+/// returns. Its `Ok` value is stored under the message's key and replayed to redeliveries; its
+/// `Err` fails the message. The future runs detached (to its end even if the batch is
+/// dropped), so it and what it gives are `Send + 'static`. Any `Fn(M) -> F` whose `F` is such
+/// a future of `Result<T, E>`, with `T` serializable, is a handler: a closure or an
+/// `async fn`, as written.
+///
+/// ```
+/// use idem_core::consumer::MessageHandler;
+/// fn handler() -> impl MessageHandler<u64, Value = String, Error = std::io::Error> {
+///     |cents: u64| async move { Ok(format!("charged {cents}")) }
+/// }
+/// # let _ = handler();
+/// ```
+pub trait MessageHandler<M>: Fn(M) -> Self::Work {
+    /// What the work gives when it succeeds: stored and replayed.
+    type Value: Serialize + DeserializeOwned + Send + 'static;
+    /// What the work fails with: [`Failure::Handler`].
+    type Error: Send + 'static;
+    /// The future the handler returns: the message's work.
+    type Work: Future<Output = Result<Self::Value, Self::Error>> + Send + 'static;
+}
+
+impl<M, H, F, T, E> MessageHandler<M> for H
+where
+    H: Fn(M) -> F,
+    F: Future<Output = Result<T, E>> + Send + 'static,
+    T: Serialize + DeserializeOwned + Send + 'static,
+    E: Send + 'static,
+{
+    type Value = T;
+    type Error = E;
+    type Work = F;
+}
+
 /// What happened to one message, and so what its broker should do with it
 /// ([`disposition`](Self::disposition)).
 ///
@@ -419,16 +455,13 @@ impl<C: Codec> Consumer<C> {
     /// the batch's order. The handler is called only for messages that run now (not for
     /// replays), and must do its work in the future it returns; its `Ok` value is stored and
     /// replayed to redeliveries. A panic in a handler fails its message only.
-    pub async fn process<M, T, E, H, F>(
+    pub async fn process<M, H>(
         &self,
         messages: Vec<Message<M>>,
         handler: H,
-    ) -> Vec<MessageOutcome<T, E>>
+    ) -> Vec<MessageOutcome<H::Value, H::Error>>
     where
-        H: Fn(M) -> F,
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: Send + 'static,
+        H: MessageHandler<M>,
     {
         self.batch(messages, |key, fingerprint, body| {
             let work = handler(body);

@@ -22,10 +22,8 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::message::{AckKind, Acker};
 use futures_util::StreamExt;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 
-use super::{Consumer, Disposition, Message, MessageOutcome};
+use super::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
 use crate::codec::Codec;
 
 /// The async-nats (0.51) whose JetStream consumers a [`NatsConsumer`] reads.
@@ -122,16 +120,10 @@ impl<C: Codec> NatsConsumer<C> {
     /// Fetches and processes batches from `pull` until `shutdown` resolves; then stops fetching,
     /// finishes the batch in hand (handlers and answers) and returns. A failed fetch is logged
     /// and tried again after a second.
-    pub async fn run<T, E, H, F>(
-        &self,
-        pull: &PullConsumer,
-        handler: H,
-        shutdown: impl Future<Output = ()>,
-    ) where
-        H: Fn(async_nats::Message) -> F,
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: fmt::Display + Send + 'static,
+    pub async fn run<H>(&self, pull: &PullConsumer, handler: H, shutdown: impl Future<Output = ()>)
+    where
+        H: MessageHandler<async_nats::Message>,
+        H::Error: fmt::Display,
     {
         super::receive_loop(
             "JetStream",
@@ -161,16 +153,14 @@ impl<C: Codec> NatsConsumer<C> {
     }
 
     /// Runs one fetched batch and answers each message by its outcome; returns the outcomes.
-    pub async fn process<T, E, H, F>(
+    pub async fn process<H>(
         &self,
         messages: Vec<async_nats::jetstream::Message>,
         handler: &H,
-    ) -> Vec<MessageOutcome<T, E>>
+    ) -> Vec<MessageOutcome<H::Value, H::Error>>
     where
-        H: Fn(async_nats::Message) -> F,
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: fmt::Display + Send + 'static,
+        H: MessageHandler<async_nats::Message>,
+        H::Error: fmt::Display,
     {
         let mut ackers = Vec::with_capacity(messages.len());
         let mut batch = Vec::with_capacity(messages.len());

@@ -30,7 +30,7 @@ use aws_sdk_sqs::Client;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{Consumer, Disposition, Message, MessageOutcome};
+use super::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
 use crate::codec::Codec;
 use crate::Steps;
 
@@ -156,12 +156,10 @@ impl<C: Codec> SqsConsumer<C> {
     /// Receives and processes batches until `shutdown` resolves; then stops receiving, finishes
     /// the batch in hand (its handlers, deletes and visibility changes) and returns. A failed
     /// receive is logged and tried again after a second.
-    pub async fn run<T, E, H, F>(&self, handler: H, shutdown: impl Future<Output = ()>)
+    pub async fn run<H>(&self, handler: H, shutdown: impl Future<Output = ()>)
     where
-        H: Fn(SqsMessage) -> F,
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: fmt::Display + Send + 'static,
+        H: MessageHandler<SqsMessage>,
+        H::Error: fmt::Display,
     {
         super::receive_loop(
             "SQS",
@@ -233,16 +231,14 @@ impl<C: Codec> SqsConsumer<C> {
     }
 
     /// Runs one received batch and settles each message by its outcome; returns the outcomes.
-    pub async fn process<T, E, H, F>(
+    pub async fn process<H>(
         &self,
         messages: Vec<SqsMessage>,
         handler: &H,
-    ) -> Vec<MessageOutcome<T, E>>
+    ) -> Vec<MessageOutcome<H::Value, H::Error>>
     where
-        H: Fn(SqsMessage) -> F,
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: fmt::Display + Send + 'static,
+        H: MessageHandler<SqsMessage>,
+        H::Error: fmt::Display,
     {
         self.settled(messages, |consumer, batch| async move {
             consumer.process(batch, handler).await
