@@ -95,8 +95,9 @@ macro_rules! guard_service {
 /// `http::Response<$body>`, the error the inner service's, the future boxed. `poll_ready`
 /// polls the inner service; `call` hands a clone of it, the layer's config and the request to
 /// the layer module's `serve`, an `async fn` of those three whose inner service is an
-/// [`Inner`]. And the layer's `Config<C>` as [`Guarded`](super::reply::Guarded), from its
-/// `engine`, `options` and `scope`.
+/// [`Inner`] (the impl writes `Inner`'s bounds out: they are what rustdoc shows, and
+/// `Response = …` is what ties `ResBody` to `S`). The macro also makes the layer's `Config<C>`
+/// [`Guarded`](super::reply::Guarded), from its `engine`, `options` and `scope`.
 macro_rules! guard_service_impl {
     (inner = $inner:ty, body = $body:ty $(, request: $bound:path)?) => {
         impl<S, C, ReqBody, ResBody> ::tower::Service<::http::Request<ReqBody>>
