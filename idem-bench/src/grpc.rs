@@ -39,12 +39,12 @@ pub const BARE_TONIC: &str = "bare tonic service";
 /// The service: `Create` does the trivial work (`behaviour: "slow"` also counts its run and
 /// works [`SAME_KEY_WORK`]); the other methods are not benchmarked.
 #[derive(Clone)]
-struct Service {
+struct TrivialPayments {
     ran: Arc<AtomicU64>,
 }
 
 #[tonic::async_trait]
-impl Payments for Service {
+impl Payments for TrivialPayments {
     async fn create(
         &self,
         req: Request<CreatePaymentRequest>,
@@ -86,7 +86,7 @@ struct Server {
 impl Server {
     async fn start(idem: bool) -> Result<Server, BenchError> {
         let ran = Arc::new(AtomicU64::new(0));
-        let service = PaymentsServer::new(Service { ran: ran.clone() });
+        let service = PaymentsServer::new(TrivialPayments { ran: ran.clone() });
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         // Both servers answer without Nagle's algorithm, as the client sends: a small response
@@ -99,7 +99,7 @@ impl Server {
         };
         let task = if idem {
             let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-                .unary(UnaryMethod::of::<PaymentsServer<Service>>("Create"))
+                .unary(UnaryMethod::of::<PaymentsServer<TrivialPayments>>("Create"))
                 .require_key(true)
                 .caller(|parts| Some(parts.headers.get("x-caller")?.to_str().ok()?.to_owned()))
                 .build()?;
