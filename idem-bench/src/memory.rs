@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    Completion, Error, Idempotency, Key, MemoryStore, Start, Store, DEFAULT_LATENCIES_ONE_IN,
+    Completion, Error, Idempotency, Key, MemoryStore, Start, StartRequest, Store,
+    DEFAULT_LATENCIES_ONE_IN,
 };
 use tokio::time::Instant;
 
@@ -127,14 +128,15 @@ pub async fn run(calls: u64) -> Result<MemoryReport, BenchError> {
     let keys: Vec<Key> = (0..calls).map(|_| Key::from_bytes(random_key())).collect();
     let t = Instant::now();
     for key in &keys {
-        let Start::Started(claim) = store.start(key, None, LEASE).await? else {
+        let Start::Started(claim) = store.start(StartRequest::new(key, LEASE)).await? else {
             return Err(BenchError::Unexpected("a new key was not claimable".into()));
         };
         let done = Completion {
             response: Some(&response),
             is_error: false,
+            retention: RETENTION,
         };
-        store.complete(&claim, done, RETENTION).await?;
+        store.complete(&claim, done).await?;
     }
     let store_claim_complete = t.elapsed();
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem::{Key, PostgresStore, Pruner, PrunerConfig, SqliteStore, Start, Store};
+use idem::{Key, PostgresStore, Pruner, PrunerConfig, SqliteStore, Start, StartRequest, Store};
 use idem_test_support::forward::{Forward, Forwarding};
 use sqlx::{PgPool, SqlitePool};
 use tokio::time::Instant;
@@ -171,7 +171,10 @@ fn claim(store: Arc<dyn Store>) -> Op {
         let store = store.clone();
         async move {
             match store
-                .start(&Key::from_bytes(random_key()), None, CLAIM_LEASE)
+                .start(StartRequest::new(
+                    &Key::from_bytes(random_key()),
+                    CLAIM_LEASE,
+                ))
                 .await?
             {
                 Start::Started(_) => Ok(Hit::Fresh),

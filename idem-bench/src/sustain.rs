@@ -8,7 +8,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use idem::{Completion, Key, PostgresStore, Pruner, PrunerConfig, SqliteStore, Start, Store};
+use idem::{
+    Completion, Key, PostgresStore, Pruner, PrunerConfig, SqliteStore, Start, StartRequest, Store,
+};
 use sqlx::{PgPool, SqlitePool};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -23,11 +25,14 @@ const IN_FLIGHT: usize = 256;
 /// How often the table is counted.
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 
-/// The stored result of every call.
-const DONE: Completion<'static> = Completion {
-    response: Some(br#"{"account":7,"cents":4200}"#),
-    is_error: false,
-};
+/// The stored result of every call, kept for `retention`.
+fn done(retention: Duration) -> Completion<'static> {
+    Completion {
+        response: Some(br#"{"account":7,"cents":4200}"#),
+        is_error: false,
+        retention,
+    }
+}
 
 /// How hard and how long.
 #[derive(Debug, Clone, Copy)]
@@ -189,12 +194,12 @@ async fn run_one(
                 let _permit = permit;
                 let key = Key::from_bytes(random_key());
                 let t = Instant::now();
-                let claim = match store.start(&key, None, LEASE).await? {
+                let claim = match store.start(StartRequest::new(&key, LEASE)).await? {
                     Start::Started(claim) => claim,
                     _ => return Err(BenchError::Unexpected("a new key was taken".into())),
                 };
                 let took = t.elapsed();
-                store.complete(&claim, DONE, retention).await?;
+                store.complete(&claim, done(retention)).await?;
                 latencies
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{idem, json, key};
-use idem::{Error, Idempotency, PostgresStore, SqliteStore, Start, Store};
+use idem::{Error, Idempotency, PostgresStore, SqliteStore, Start, StartRequest, Store};
 
 /// Three records: `done` completed with a JSON receipt, `running` claimed and running, `old`
 /// completed and then expired (its expiry moved into the past by `expire`).
@@ -23,7 +23,10 @@ async fn seed(store: Arc<dyn Store>) {
             .unwrap();
     }
     let Start::Started(_claim) = store
-        .start(&key("running"), None, Duration::from_secs(3600))
+        .start(StartRequest::new(
+            &key("running"),
+            Duration::from_secs(3600),
+        ))
         .await
         .unwrap()
     else {
@@ -367,7 +370,7 @@ async fn redis_cluster_lists_every_master_in_key_order() {
     for i in 0..40 {
         let k = key(&format!("many-{i}"));
         let Start::Started(_) = store
-            .start(&k, None, Duration::from_secs(600))
+            .start(StartRequest::new(&k, Duration::from_secs(600)))
             .await
             .unwrap()
         else {

@@ -10,7 +10,7 @@ use std::time::Duration;
 mod common;
 
 use common::{idem, json, key};
-use idem::{Error, Idempotency, RemoteStore, Start, Store};
+use idem::{Error, Idempotency, RemoteStore, Start, StartRequest, Store};
 use idem_server::{auth::Tokens, router, App, Config};
 
 const ADMIN: &str = "admin-token-0123456789";
@@ -50,14 +50,17 @@ async fn the_command_works_through_a_server() {
         .await
         .unwrap();
     let Start::Started(_running) = alice
-        .start(&key("running"), None, Duration::from_secs(3600))
+        .start(StartRequest::new(
+            &key("running"),
+            Duration::from_secs(3600),
+        ))
         .await
         .unwrap()
     else {
         panic!("a new key is claimable");
     };
     let Start::Started(old) = alice
-        .start(&key("old"), None, Duration::from_secs(3600))
+        .start(StartRequest::new(&key("old"), Duration::from_secs(3600)))
         .await
         .unwrap()
     else {
@@ -66,11 +69,9 @@ async fn the_command_works_through_a_server() {
     let kept = idem::Completion {
         response: Some(b"x"),
         is_error: false,
+        retention: Duration::from_millis(1),
     };
-    alice
-        .complete(&old, kept, Duration::from_millis(1))
-        .await
-        .unwrap();
+    alice.complete(&old, kept).await.unwrap();
     // Bounded: the store's clock passes 1 ms of retention within a few polls.
     let mut ended = false;
     for _ in 0..200 {

@@ -20,7 +20,7 @@ use crate::engine::{Idempotency, OnLocked, Outcome, Steps};
 use crate::error::Error;
 use crate::key::Key;
 use crate::pruner::{stop_requested, Background, Lease, RecordsLease};
-use crate::step::Abandoned;
+use crate::step::{Abandoned, AbandonedQuery};
 use crate::store::check_duration;
 
 /// The reserved key of the completers' lease, a record of the store itself.
@@ -462,7 +462,10 @@ impl<C: Codec> Completer<C> {
             let page = self
                 .engine
                 .store()
-                .find_abandoned(after.as_ref(), self.config.batch_size)
+                .find_abandoned(AbandonedQuery {
+                    after: after.as_ref(),
+                    limit: self.config.batch_size,
+                })
                 .await?;
             report.batches += 1;
             report.found += page.len() as u64;

@@ -67,9 +67,10 @@ pub use key::KeyPart;
 pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
 pub use observe::{CallEvent, Observer, Stage, DEFAULT_LATENCIES_ONE_IN};
 pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
-pub use record::{Claim, Completion, Record, RecordState, Start, StoredResult};
+pub use record::{Claim, Completion, Record, RecordState, Start, StartRequest, StoredResult};
 pub use step::{
-    Abandoned, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP, MAX_STEP_NAME_LEN,
+    Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP,
+    MAX_STEP_NAME_LEN,
 };
 pub use store::admin::{ListQuery, ListState, StoreAdmin, StoreStats};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

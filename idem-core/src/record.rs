@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 use crate::envelope::{self, Kept};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
+use crate::store::check_duration;
 
 /// Proof that this caller owns a key until its lease ends: the key and the fencing token.
 ///
@@ -94,11 +95,88 @@ impl StoredResult {
     }
 }
 
-/// What to store when a claim completes.
+/// What [`Store::start`](crate::Store::start) claims: a key, the fingerprint of the request
+/// (if any) and the lease a claim gets.
 ///
 /// ```
+/// use std::time::Duration;
+/// use idem_core::{Fingerprint, Key, StartRequest};
+/// let key = Key::derive("deposit", "alice", "req-1")?;
+/// let fingerprint = Fingerprint::from_bytes([7; 32]);
+/// let request = StartRequest::new(&key, Duration::from_secs(30)).fingerprint(Some(&fingerprint));
+/// assert_eq!(request.fingerprint, Some(&fingerprint));
+/// # Ok::<(), idem_core::KeyError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartRequest<'a> {
+    /// The key to claim.
+    pub key: &'a Key,
+    /// The fingerprint of the request; a live record with another one refuses the claim with
+    /// [`Error::KeyReused`].
+    pub fingerprint: Option<&'a Fingerprint>,
+    /// How long the claim holds the key unless renewed.
+    pub lease: Duration,
+}
+
+impl<'a> StartRequest<'a> {
+    /// A claim of `key` for `lease`, without a fingerprint.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Key, StartRequest};
+    /// let key = Key::derive("s", "", "k")?;
+    /// assert_eq!(StartRequest::new(&key, Duration::from_secs(30)).fingerprint, None);
+    /// # Ok::<(), idem_core::KeyError>(())
+    /// ```
+    pub fn new(key: &'a Key, lease: Duration) -> StartRequest<'a> {
+        StartRequest {
+            key,
+            fingerprint: None,
+            lease,
+        }
+    }
+
+    /// The same claim with the request's `fingerprint` (`None` for none).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Fingerprint, Key, StartRequest};
+    /// let key = Key::derive("s", "", "k")?;
+    /// let fingerprint = Fingerprint::from_bytes([1; 32]);
+    /// let request = StartRequest::new(&key, Duration::from_secs(30)).fingerprint(Some(&fingerprint));
+    /// assert!(request.fingerprint.is_some());
+    /// # Ok::<(), idem_core::KeyError>(())
+    /// ```
+    pub fn fingerprint(self, fingerprint: Option<&'a Fingerprint>) -> StartRequest<'a> {
+        StartRequest {
+            fingerprint,
+            ..self
+        }
+    }
+
+    /// Refuses a lease out of range (under 1 ms or over ten years) with
+    /// [`Error::InvalidConfig`]: what every store checks first.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Error, Key, StartRequest};
+    /// let key = Key::derive("s", "", "k")?;
+    /// assert!(StartRequest::new(&key, Duration::from_secs(30)).check().is_ok());
+    /// let refused = StartRequest::new(&key, Duration::ZERO).check();
+    /// assert!(matches!(refused, Err(Error::InvalidConfig(_))));
+    /// # Ok::<(), idem_core::KeyError>(())
+    /// ```
+    pub fn check(&self) -> Result<(), Error> {
+        check_duration("lease", self.lease)
+    }
+}
+
+/// What to store when a claim completes, and for how long.
+///
+/// ```
+/// use std::time::Duration;
 /// use idem_core::Completion;
-/// let c = Completion { response: Some(b"{}"), is_error: false };
+/// let c = Completion { response: Some(b"{}"), is_error: false, retention: Duration::from_secs(3600) };
 /// assert!(!c.is_error);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +185,23 @@ pub struct Completion<'a> {
     pub response: Option<&'a [u8]>,
     /// Whether the response is an error result.
     pub is_error: bool,
+    /// How long the completed record replays the response: its retention, from now.
+    pub retention: Duration,
+}
+
+impl Completion<'_> {
+    /// Refuses a retention out of range (under 1 ms or over ten years) with
+    /// [`Error::InvalidConfig`]: what every store checks first.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Completion, Error};
+    /// let forever = Completion { response: None, is_error: false, retention: Duration::MAX };
+    /// assert!(matches!(forever.check(), Err(Error::InvalidConfig(_))));
+    /// ```
+    pub fn check(&self) -> Result<(), Error> {
+        check_duration("retention", self.retention)
+    }
 }
 
 /// The result of [`Store::start`](crate::Store::start).
@@ -165,4 +260,24 @@ pub struct Record {
     pub fingerprint: Option<Fingerprint>,
     /// In progress or completed.
     pub state: RecordState,
+}
+
+impl Record {
+    /// The record of `key`, as a store read it.
+    ///
+    /// ```
+    /// use std::time::SystemTime;
+    /// use idem_core::{Key, Record, RecordState, Token};
+    /// let key = Key::derive("s", "", "k")?;
+    /// let running = RecordState::InProgress { token: Token::random(), lease_until: SystemTime::now() };
+    /// assert_eq!(Record::new(key, None, running).key, key);
+    /// # Ok::<(), idem_core::KeyError>(())
+    /// ```
+    pub fn new(key: Key, fingerprint: Option<Fingerprint>, state: RecordState) -> Record {
+        Record {
+            key,
+            fingerprint,
+            state,
+        }
+    }
 }

@@ -3,6 +3,12 @@
 //! [`Steps`](crate::Steps) handle reads and writes them through [`Store`](crate::Store)'s step
 //! methods; docs/steps.md says what they promise.
 
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::key::Key;
+use crate::store::check_duration;
+
 /// One step of an operation as a store keeps it, keyed by the operation's key and
 /// [`name`](Self::name).
 ///
@@ -62,11 +68,13 @@ impl StepLog {
     }
 }
 
-/// A step to store: that it begins (an at-most-once step, before it runs) or its result.
+/// A step to store: that it begins (an at-most-once step, before it runs) or its result, and
+/// how long to keep the operation's steps.
 ///
 /// ```
+/// use std::time::Duration;
 /// use idem_core::StepWrite;
-/// let begun = StepWrite { name: "charge", position: 1, result: None };
+/// let begun = StepWrite { name: "charge", position: 1, result: None, retention: Duration::from_secs(60) };
 /// assert!(begun.result.is_none());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +85,66 @@ pub struct StepWrite<'a> {
     pub position: u32,
     /// `None` to record that it begins; `Some` with its encoded result once it finished.
     pub result: Option<&'a [u8]>,
+    /// How long the operation's step records are kept, from now.
+    pub retention: Duration,
+}
+
+impl StepWrite<'_> {
+    /// Refuses a retention out of range (under 1 ms or over ten years) with
+    /// [`Error::InvalidConfig`]: what every store checks first.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Error, StepWrite};
+    /// let none = StepWrite { name: "charge", position: 0, result: None, retention: Duration::ZERO };
+    /// assert!(matches!(none.check(), Err(Error::InvalidConfig(_))));
+    /// ```
+    pub fn check(&self) -> Result<(), Error> {
+        check_duration("retention", self.retention)
+    }
+}
+
+/// Which abandoned operations [`Store::find_abandoned`](crate::Store::find_abandoned) returns:
+/// up to `limit`, in key order, with keys greater than `after` (all keys when `None`).
+///
+/// ```
+/// use idem_core::AbandonedQuery;
+/// let first_page = AbandonedQuery { after: None, limit: 100 };
+/// assert_eq!(first_page.after, None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AbandonedQuery<'a> {
+    /// The last key of the previous page; `None` for the first page.
+    pub after: Option<&'a Key>,
+    /// The most operations a page holds.
+    pub limit: u32,
+}
+
+impl AbandonedQuery<'_> {
+    /// The first page: up to `limit` operations, from the smallest key.
+    ///
+    /// ```
+    /// use idem_core::AbandonedQuery;
+    /// assert_eq!(AbandonedQuery::first(10), AbandonedQuery { after: None, limit: 10 });
+    /// ```
+    pub fn first(limit: u32) -> AbandonedQuery<'static> {
+        AbandonedQuery { after: None, limit }
+    }
+
+    /// The page after `key` (the last key of the previous page): up to `limit` operations.
+    ///
+    /// ```
+    /// use idem_core::{AbandonedQuery, Key};
+    /// let last = Key::derive("rides", "", "r-9")?;
+    /// assert_eq!(AbandonedQuery::after(&last, 10).after, Some(&last));
+    /// # Ok::<(), idem_core::KeyError>(())
+    /// ```
+    pub fn after(key: &Key, limit: u32) -> AbandonedQuery<'_> {
+        AbandonedQuery {
+            after: Some(key),
+            limit,
+        }
+    }
 }
 
 /// The longest step name, in bytes: names are stored next to each operation's key.

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use idem_core::conformance::scaled;
 use idem_core::{
-    Completer, CompleterConfig, Error, Idempotency, Key, ManualClock, MemoryStore, OnLocked,
-    Outcome, Start, Steps, Store, TokioClock,
+    AbandonedQuery, Completer, CompleterConfig, Error, Idempotency, Key, ManualClock, MemoryStore,
+    OnLocked, Outcome, Start, StartRequest, Steps, Store, TokioClock,
 };
 use idem_test_support::forward::{Forward, Forwarding};
 use serde::{Deserialize, Serialize};
@@ -371,7 +371,8 @@ async fn abandon_in_process(engine: &Idempotency, n: u32, lease: Duration) {
     let store = engine.store();
     for op in 0..n {
         let key = key_of(op);
-        let Start::Started(claim) = store.start(&key, None, lease).await.unwrap() else {
+        let Start::Started(claim) = store.start(StartRequest::new(&key, lease)).await.unwrap()
+        else {
             panic!("a fresh key starts");
         };
         let day = Duration::from_secs(86_400);
@@ -383,17 +384,17 @@ async fn abandon_in_process(engine: &Idempotency, n: u32, lease: Duration) {
             name,
             position,
             result: Some(result),
+            retention: day,
         };
         store
             .write_step(
                 &claim,
                 write(idem_core::INPUT_STEP, i32::MAX as u32, &stored),
-                day,
             )
             .await
             .unwrap();
         store
-            .write_step(&claim, write(STEPS[0], 0, b"0"), day)
+            .write_step(&claim, write(STEPS[0], 0, b"0"))
             .await
             .unwrap();
         // The holder dies here: its claim is neither completed nor released.
@@ -551,7 +552,10 @@ impl Forward for NoQuery {
 #[tokio::test]
 async fn a_store_without_the_query_refuses_the_completer() {
     let engine = Idempotency::new(Forwarding(NoQuery(MemoryStore::new())));
-    let found = engine.store().find_abandoned(None, 10).await;
+    let found = engine
+        .store()
+        .find_abandoned(AbandonedQuery::first(10))
+        .await;
     assert!(
         matches!(found, Err(Error::CompleterUnsupported)),
         "{found:?}"

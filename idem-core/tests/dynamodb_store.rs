@@ -18,7 +18,7 @@ use idem_core::aws_sdk_dynamodb::types::{AttributeValue, TimeToLiveStatus};
 use idem_core::aws_sdk_dynamodb::Client;
 use idem_core::{
     Claim, Clock, Completion, DynamoStore, Error, Idempotency, Key, ManualClock, Outcome,
-    RecordState, Start, Store, StoreErrorKind,
+    RecordState, Start, StartRequest, Store, StoreErrorKind,
 };
 
 use idem_test_support::dynamodb::{self, client, dynamo_url, fresh_store, fresh_table, Server};
@@ -33,15 +33,16 @@ fn key(name: &str) -> Key {
     Key::derive("dynamodb", "", name).unwrap()
 }
 
-fn done(bytes: &'static [u8]) -> Completion<'static> {
+fn done(bytes: &'static [u8], retention: Duration) -> Completion<'static> {
     Completion {
         response: Some(bytes),
         is_error: false,
+        retention,
     }
 }
 
 async fn claim(store: &DynamoStore, k: &Key, lease: Duration) -> Claim {
-    match store.start(k, None, lease).await.unwrap() {
+    match store.start(StartRequest::new(k, lease)).await.unwrap() {
         Start::Started(c) => c,
         other => panic!("expected Started, got {other:?}"),
     }
@@ -111,12 +112,15 @@ async fn skew_within_the_margin_never_takes_over_a_live_lease() {
     for at in [Duration::ZERO, lease / 2, lease - Duration::from_millis(1)] {
         clock.advance(at - clock.now().duration_since(claimed_at).unwrap());
         assert!(
-            matches!(b.start(&k, None, LONG).await.unwrap(), Start::Locked { .. }),
+            matches!(
+                b.start(StartRequest::new(&k, LONG)).await.unwrap(),
+                Start::Locked { .. }
+            ),
             "B took over A's live lease {at:?} into it"
         );
     }
-    a.complete(&owner, done(b"a's result"), LONG).await.unwrap();
-    let Start::Completed(cached) = b.start(&k, None, LONG).await.unwrap() else {
+    a.complete(&owner, done(b"a's result", LONG)).await.unwrap();
+    let Start::Completed(cached) = b.start(StartRequest::new(&k, LONG)).await.unwrap() else {
         panic!("B must replay A's result");
     };
     assert_eq!(cached.response.as_deref(), Some(&b"a's result"[..]));
@@ -127,13 +131,13 @@ async fn skew_within_the_margin_never_takes_over_a_live_lease() {
     let crashed = claim(&a, &k, lease).await;
     clock.advance(lease + Duration::from_millis(99));
     assert!(matches!(
-        b.start(&k, None, LONG).await.unwrap(),
+        b.start(StartRequest::new(&k, LONG)).await.unwrap(),
         Start::Locked { .. }
     ));
     clock.advance(Duration::from_millis(2));
     claim(&b, &k, LONG).await;
     assert!(matches!(
-        a.complete(&crashed, done(b"late"), LONG).await,
+        a.complete(&crashed, done(b"late", LONG)).await,
         Err(Error::LeaseLost)
     ));
 }
@@ -157,10 +161,10 @@ async fn skew_beyond_the_margin_takes_over_early_as_documented() {
     // ...but B, 0.5 s past the margin, takes it over: the documented failure.
     let thief = claim(&b, &k, LONG).await;
     assert!(matches!(
-        a.complete(&owner, done(b"a"), LONG).await,
+        a.complete(&owner, done(b"a", LONG)).await,
         Err(Error::LeaseLost)
     ));
-    b.complete(&thief, done(b"b"), LONG).await.unwrap();
+    b.complete(&thief, done(b"b", LONG)).await.unwrap();
 }
 
 /// A 500 KB result is more than DynamoDB's 400 KB item limit: the caller gets it, the key
@@ -270,17 +274,26 @@ async fn each_call_costs_its_requests() {
     let k = key("counted");
     let f1 = idem_core::Fingerprint::of_bytes(b"one");
     let f2 = idem_core::Fingerprint::of_bytes(b"two");
-    let Start::Started(c) = store.start(&k, Some(&f1), LONG).await.unwrap() else {
+    let Start::Started(c) = store
+        .start(StartRequest::new(&k, LONG).fingerprint(Some(&f1)))
+        .await
+        .unwrap()
+    else {
         panic!("new key");
     };
     assert_eq!(requests.take(), only("PutItem"), "claim");
     assert!(matches!(
-        store.start(&k, Some(&f1), LONG).await.unwrap(),
+        store
+            .start(StartRequest::new(&k, LONG).fingerprint(Some(&f1)))
+            .await
+            .unwrap(),
         Start::Locked { .. }
     ));
     assert_eq!(requests.take(), only("PutItem"), "locked duplicate");
     assert!(matches!(
-        store.start(&k, Some(&f2), LONG).await,
+        store
+            .start(StartRequest::new(&k, LONG).fingerprint(Some(&f2)))
+            .await,
         Err(Error::KeyReused)
     ));
     assert_eq!(requests.take(), only("PutItem"), "key reused");
@@ -299,15 +312,19 @@ async fn each_call_costs_its_requests() {
         name: "charge",
         position: 0,
         result: Some(b"1"),
+        retention: LONG,
     };
-    store.write_step(&c, step, LONG).await.unwrap();
+    store.write_step(&c, step).await.unwrap();
     assert_eq!(requests.take(), only("TransactWriteItems"), "a step");
-    store.complete(&c, done(b"r"), LONG).await.unwrap();
+    store.complete(&c, done(b"r", LONG)).await.unwrap();
     assert_eq!(requests.take(), only("UpdateItem"), "complete");
-    store.complete(&c, done(b"again"), LONG).await.unwrap();
+    store.complete(&c, done(b"again", LONG)).await.unwrap();
     assert_eq!(requests.take(), only("UpdateItem"), "complete again");
     assert!(matches!(
-        store.start(&k, Some(&f1), LONG).await.unwrap(),
+        store
+            .start(StartRequest::new(&k, LONG).fingerprint(Some(&f1)))
+            .await
+            .unwrap(),
         Start::Completed(_)
     ));
     assert_eq!(requests.take(), only("PutItem"), "replay");
@@ -345,14 +362,14 @@ async fn stale_owner_is_rejected_on_real_time() {
     let lease = Duration::from_secs(1);
     let stale = claim(&a, &k, lease).await;
     assert!(matches!(
-        b.start(&k, None, LONG).await.unwrap(),
+        b.start(StartRequest::new(&k, LONG)).await.unwrap(),
         Start::Locked { .. }
     ));
     tokio::time::sleep(lease + margin + Duration::from_millis(100)).await;
     let owner = claim(&b, &k, LONG).await;
     assert!(matches!(a.renew(&stale, LONG).await, Err(Error::LeaseLost)));
     assert!(matches!(
-        a.complete(&stale, done(b"stale"), LONG).await,
+        a.complete(&stale, done(b"stale", LONG)).await,
         Err(Error::LeaseLost)
     ));
     assert!(matches!(a.abort(&stale).await, Err(Error::LeaseLost)));
@@ -360,9 +377,9 @@ async fn stale_owner_is_rejected_on_real_time() {
         Some(RecordState::InProgress { token, .. }) => assert_eq!(token, owner.token()),
         other => panic!("the new owner's claim must stand: {other:?}"),
     }
-    b.complete(&owner, done(b"owner"), LONG).await.unwrap();
+    b.complete(&owner, done(b"owner", LONG)).await.unwrap();
     assert!(matches!(
-        a.complete(&stale, done(b"stale"), LONG).await,
+        a.complete(&stale, done(b"stale", LONG)).await,
         Err(Error::LeaseLost)
     ));
 }
@@ -418,8 +435,8 @@ async fn a_server_stopped_and_restarted_mid_run() {
         .await
         .unwrap();
     let failures = [
-        store.start(&k, None, LONG).await.unwrap_err(),
-        store.complete(&c, done(b"r"), LONG).await.unwrap_err(),
+        store.start(StartRequest::new(&k, LONG)).await.unwrap_err(),
+        store.complete(&c, done(b"r", LONG)).await.unwrap_err(),
         store.get(&k).await.unwrap_err(),
     ];
     for e in &failures {
@@ -429,7 +446,7 @@ async fn a_server_stopped_and_restarted_mid_run() {
     let _server = tokio::task::spawn_blocking(move || Server::start_on(&cmd, port))
         .await
         .unwrap();
-    let e = store.start(&k, None, LONG).await.unwrap_err();
+    let e = store.start(StartRequest::new(&k, LONG)).await.unwrap_err();
     assert_eq!(kind(&e), Some(StoreErrorKind::Query), "{e}");
     assert!(
         e.to_string().contains(store.table()),
@@ -493,7 +510,7 @@ async fn a_malformed_item_is_corrupt() {
         .unwrap();
     for e in [
         store.get(&k).await.unwrap_err(),
-        store.start(&k, None, LONG).await.unwrap_err(),
+        store.start(StartRequest::new(&k, LONG)).await.unwrap_err(),
     ] {
         assert_eq!(kind(&e), Some(StoreErrorKind::Corrupt), "{e}");
     }
@@ -523,7 +540,7 @@ async fn items_carry_a_ttl_and_the_table_has_it_enabled() {
     let k = key("ttl");
     let c = claim(&store, &k, Duration::from_secs(60)).await;
     store
-        .complete(&c, done(b"r"), Duration::from_secs(3600))
+        .complete(&c, done(b"r", Duration::from_secs(3600)))
         .await
         .unwrap();
     let item = store

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use idem_core::{
     Claim, Completion, Error, Idempotency, Key, OnLocked, Outcome, PostgresStore,
-    PostgresStoreBuilder, RecordState, Start, Store, StoreErrorKind, Token, Transactional,
+    PostgresStoreBuilder, RecordState, Start, StartRequest, Store, StoreErrorKind, Token,
+    Transactional,
 };
 use idem_test_support::postgres::{
     drop_store_tables, drop_tables, fresh_store, pg_bindir, pg_url, TempCluster,
@@ -70,16 +71,21 @@ async fn pool(url: &str) -> PgPool {
 }
 
 /// A successful completion answering `body`.
-fn done(body: &[u8]) -> Completion<'_> {
+fn done(body: &[u8], retention: Duration) -> Completion<'_> {
     Completion {
         response: Some(body),
         is_error: false,
+        retention,
     }
 }
 
 /// Claims `key(i)`, which must be new.
 async fn claim(store: &PostgresStore, i: usize) -> Claim {
-    match store.start(&key(i), None, LEASE).await.unwrap() {
+    match store
+        .start(StartRequest::new(&key(i), LEASE))
+        .await
+        .unwrap()
+    {
         Start::Started(c) => c,
         other => panic!("a new key starts, got {other:?}"),
     }
@@ -88,14 +94,17 @@ async fn claim(store: &PostgresStore, i: usize) -> Claim {
 /// Claims `key(i)` and completes it with `body`, kept for `retention`.
 async fn completed(store: &PostgresStore, i: usize, body: &[u8], retention: Duration) -> Claim {
     let c = claim(store, i).await;
-    store.complete(&c, done(body), retention).await.unwrap();
+    store.complete(&c, done(body, retention)).await.unwrap();
     c
 }
 
 /// Whether `key(i)` starts afresh.
 async fn starts(store: &PostgresStore, i: usize) -> bool {
     matches!(
-        store.start(&key(i), None, LEASE).await.unwrap(),
+        store
+            .start(StartRequest::new(&key(i), LEASE))
+            .await
+            .unwrap(),
         Start::Started(_)
     )
 }
@@ -103,7 +112,10 @@ async fn starts(store: &PostgresStore, i: usize) -> bool {
 /// Whether `key(i)` replays a stored result.
 async fn replays(store: &PostgresStore, i: usize) -> bool {
     matches!(
-        store.start(&key(i), None, LEASE).await.unwrap(),
+        store
+            .start(StartRequest::new(&key(i), LEASE))
+            .await
+            .unwrap(),
         Start::Completed(_)
     )
 }
@@ -292,12 +304,15 @@ async fn start_behind(
         let (store, pool) = (store.clone(), pool.clone());
         async move {
             if !in_tx {
-                return store.start(&key(1), None, LEASE).await;
+                return store.start(StartRequest::new(&key(1), LEASE)).await;
             }
             let mut tx = pool.begin().await?;
-            let start =
-                idem_core::TransactionalStore::start_in(&store, &mut tx, &key(1), None, LEASE)
-                    .await;
+            let start = idem_core::TransactionalStore::start_in(
+                &store,
+                &mut tx,
+                StartRequest::new(&key(1), LEASE),
+            )
+            .await;
             tx.commit().await?;
             start
         }
@@ -381,7 +396,7 @@ async fn replays_without_the_row_lock(store: &PostgresStore, pool: &PgPool, tabl
     .unwrap();
     let start = tokio::spawn({
         let store = store.clone();
-        async move { store.start(&key(1), None, LEASE).await }
+        async move { store.start(StartRequest::new(&key(1), LEASE)).await }
     });
     let mut answered = false;
     for _ in 0..500 {
@@ -411,7 +426,7 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
         let open = |order| quiet().table(table).claim_order(order).connect(&url);
         let pool = pool(&url).await;
         let c = claim(&store, 1).await;
-        store.complete(&c, done(b"r"), RETENTION).await.unwrap();
+        store.complete(&c, done(b"r", RETENTION)).await.unwrap();
 
         let adaptive = open(ClaimOrder::Adaptive).await.unwrap();
         assert!(!replays_without_the_row_lock(&adaptive, &pool, table).await);
@@ -683,7 +698,7 @@ async fn server_errors_map_to_typed_kinds() {
     let mut only = store.pool().acquire().await.unwrap();
     exec(&mut *only, "SET default_transaction_read_only = on").await;
     drop(only);
-    let err = store.start(&key(1), None, LEASE).await;
+    let err = store.start(StartRequest::new(&key(1), LEASE)).await;
     assert_eq!(kind(&err), Some(StoreErrorKind::ReadOnly), "{err:?}");
     assert!(err.unwrap_err().is_retryable());
 
@@ -725,13 +740,13 @@ async fn a_commit_that_fails_after_the_rows_fails_the_call() {
     )
     .await;
 
-    let err = store.start(&key(2), None, LEASE).await;
+    let err = store.start(StartRequest::new(&key(2), LEASE)).await;
     assert_eq!(kind(&err), Some(StoreErrorKind::Full), "{err:?}");
     assert!(
         store.get(&key(2)).await.unwrap().is_none(),
         "nothing claimed"
     );
-    let err = store.complete(&kept, done(b"r"), RETENTION).await;
+    let err = store.complete(&kept, done(b"r", RETENTION)).await;
     assert_eq!(kind(&err), Some(StoreErrorKind::Full), "{err:?}");
     assert!(matches!(
         store.get(&key(1)).await.unwrap().unwrap().state,
@@ -755,14 +770,14 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
         let table = store.table();
         claim(&store, 1).await;
         exec(store.pool(), &format!("DROP TABLE \"{table}\"")).await;
-        let err = store.start(&key(2), None, LEASE).await;
+        let err = store.start(StartRequest::new(&key(2), LEASE)).await;
         assert_eq!(kind(&err), Some(StoreErrorKind::Query), "{err:?}");
 
         connect_at_once(&url, table, 4, "connect re-creates the table").await;
         // The running store works again too: same table name, same statements; the key starts
         // afresh, its record went with the table.
         let c = claim(&store, 1).await;
-        store.complete(&c, done(b"back"), RETENTION).await.unwrap();
+        store.complete(&c, done(b"back", RETENTION)).await.unwrap();
         assert!(
             expiry_index(store.pool(), table).await.is_some(),
             "the expiry index is back too"
@@ -812,7 +827,10 @@ async fn a_full_disk_is_a_full_store_error() {
         Some("53100"),
         "{e}"
     );
-    let err = store.start(&key(1), None, LEASE).await.unwrap_err();
+    let err = store
+        .start(StartRequest::new(&key(1), LEASE))
+        .await
+        .unwrap_err();
     assert!(
         matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Full),
         "{err:?}"
@@ -988,11 +1006,11 @@ async fn a_completion_whose_reply_was_lost_is_completed_again_ok() {
 
     let c = claim(&store, 1).await;
     proxy.lose_next_reply();
-    let err = store.complete(&c, done(b"first"), RETENTION).await;
+    let err = store.complete(&c, done(b"first", RETENTION)).await;
     assert!(proxy.lost_a_reply(), "the proxy lost no reply");
     assert_eq!(kind(&err), Some(StoreErrorKind::Unavailable), "{err:?}");
     store
-        .complete(&c, done(b"retried"), RETENTION)
+        .complete(&c, done(b"retried", RETENTION))
         .await
         .expect("completing the same claim again is Ok");
     match store.get(&key(1)).await.unwrap().map(|r| r.state) {
@@ -1061,7 +1079,7 @@ async fn a_connection_is_pinged_only_after_ping_idle_after() {
     let unpinged = one_connection(Duration::from_secs(3600)).await;
     assert!(!unpinged.pool().options().get_test_before_acquire());
     terminate(&admin, idle_backend(&unpinged).await).await;
-    let err = unpinged.start(&key(1), None, LEASE).await;
+    let err = unpinged.start(StartRequest::new(&key(1), LEASE)).await;
     assert_eq!(kind(&err), Some(StoreErrorKind::Unavailable), "{err:?}");
     assert!(err.unwrap_err().is_retryable());
     // Nothing was claimed, and the next call gets a new connection.
@@ -1246,8 +1264,12 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
         .await
         .unwrap();
     let c = claim(&store, 1).await;
-    store.complete(&c, done(b"paid"), RETENTION).await.unwrap();
-    let Start::Completed(replayed) = store.start(&key(1), None, LEASE).await.unwrap() else {
+    store.complete(&c, done(b"paid", RETENTION)).await.unwrap();
+    let Start::Completed(replayed) = store
+        .start(StartRequest::new(&key(1), LEASE))
+        .await
+        .unwrap()
+    else {
         panic!("a completed key replays");
     };
     assert_eq!(replayed.response.as_deref(), Some(&b"paid"[..]));

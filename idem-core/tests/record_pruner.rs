@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::{
     Claim, Completion, Error, Key, ManualClock, MemoryStore, PruneReport, Pruner, PrunerConfig,
-    Start, Store, StoreError, StoreErrorKind,
+    Start, StartRequest, Store, StoreError, StoreErrorKind,
 };
 use idem_test_support::forward::{Forward, Forwarding};
 use tokio::time::Instant;
@@ -25,16 +25,19 @@ fn key(scope: &str, n: usize) -> Key {
 }
 
 async fn claim(store: &dyn Store, key: &Key, lease: Duration) -> Claim {
-    match store.start(key, None, lease).await.unwrap() {
+    match store.start(StartRequest::new(key, lease)).await.unwrap() {
         Start::Started(c) => c,
         other => panic!("expected Started, got {other:?}"),
     }
 }
 
-const DONE: Completion<'static> = Completion {
-    response: Some(b"ok"),
-    is_error: false,
-};
+fn done(retention: Duration) -> Completion<'static> {
+    Completion {
+        response: Some(b"ok"),
+        is_error: false,
+        retention,
+    }
+}
 
 /// Adds `n` records that are about to expire: every other one a claim whose lease ends in
 /// [`SHORT`], the rest completed records whose retention ends in [`SHORT`].
@@ -42,7 +45,7 @@ async fn add_expiring(store: &dyn Store, scope: &str, n: usize) {
     for i in 0..n {
         let c = claim(store, &key(scope, i), SHORT).await;
         if i % 2 == 1 {
-            store.complete(&c, DONE, SHORT).await.unwrap();
+            store.complete(&c, done(SHORT)).await.unwrap();
         }
     }
 }
@@ -54,7 +57,7 @@ async fn add_live(store: &dyn Store, scope: &str, n: usize) -> Vec<Key> {
         let k = key(scope, i);
         let c = claim(store, &k, LONG).await;
         if i % 2 == 1 {
-            store.complete(&c, DONE, LONG).await.unwrap();
+            store.complete(&c, done(LONG)).await.unwrap();
         }
         keys.push(k);
     }

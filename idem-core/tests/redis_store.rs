@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{
-    Completion, Error, Idempotency, Key, OnLocked, RecordState, RedisStore, Start, Store,
-    StoreErrorKind,
+    Completion, Error, Idempotency, Key, OnLocked, RecordState, RedisStore, Start, StartRequest,
+    Store, StoreErrorKind,
 };
 use idem_test_support::redis::{fresh_store, redis_bindir, Flavor};
 use idem_test_support::Process;
@@ -29,10 +29,11 @@ fn key(name: &str) -> Key {
     Key::derive("redis-test", "", name).unwrap()
 }
 
-fn done(r: &[u8]) -> Completion<'_> {
+fn done(r: &[u8], retention: Duration) -> Completion<'_> {
     Completion {
         response: Some(r),
         is_error: false,
+        retention,
     }
 }
 
@@ -49,17 +50,21 @@ async fn stale_owner_is_fenced(flavor: Flavor) {
     };
     let k = key("stale");
     // A second: long enough that the check just below runs within it on a loaded machine.
-    let Start::Started(old) = store.start(&k, None, Duration::from_secs(1)).await.unwrap() else {
+    let Start::Started(old) = store
+        .start(StartRequest::new(&k, Duration::from_secs(1)))
+        .await
+        .unwrap()
+    else {
         panic!("a new key starts");
     };
     // Within the lease the key is held; the server's clock decides when it ends.
     assert!(matches!(
-        store.start(&k, None, LONG).await.unwrap(),
+        store.start(StartRequest::new(&k, LONG)).await.unwrap(),
         Start::Locked { .. }
     ));
     let deadline = Instant::now() + Duration::from_secs(10);
     let new = loop {
-        match store.start(&k, None, LONG).await.unwrap() {
+        match store.start(StartRequest::new(&k, LONG)).await.unwrap() {
             Start::Started(c) => break c,
             Start::Locked { retry_after } => {
                 assert!(retry_after <= Duration::from_secs(1), "{retry_after:?}");
@@ -70,7 +75,7 @@ async fn stale_owner_is_fenced(flavor: Flavor) {
         }
     };
     assert!(matches!(
-        store.complete(&old, done(b"stale"), LONG).await,
+        store.complete(&old, done(b"stale", LONG)).await,
         Err(Error::LeaseLost)
     ));
     assert!(matches!(
@@ -78,8 +83,8 @@ async fn stale_owner_is_fenced(flavor: Flavor) {
         Err(Error::LeaseLost)
     ));
     assert!(matches!(store.abort(&old).await, Err(Error::LeaseLost)));
-    store.complete(&new, done(b"new"), LONG).await.unwrap();
-    let Start::Completed(c) = store.start(&k, None, LONG).await.unwrap() else {
+    store.complete(&new, done(b"new", LONG)).await.unwrap();
+    let Start::Completed(c) = store.start(StartRequest::new(&k, LONG)).await.unwrap() else {
         panic!("the new owner's result replays");
     };
     assert_eq!(c.response.as_deref(), Some(&b"new"[..]));
@@ -711,14 +716,14 @@ async fn evict_and_get_on_a_cluster() {
     // Keys spread over every master: each record lives in one slot, by its hash tag.
     for i in 0..50 {
         let k = key(&format!("spread-{i}"));
-        let Start::Started(c) = store.start(&k, None, LONG).await.unwrap() else {
+        let Start::Started(c) = store.start(StartRequest::new(&k, LONG)).await.unwrap() else {
             panic!("new key");
         };
         assert!(matches!(
             store.get(&k).await.unwrap().unwrap().state,
             RecordState::InProgress { .. }
         ));
-        store.complete(&c, done(b"r"), LONG).await.unwrap();
+        store.complete(&c, done(b"r", LONG)).await.unwrap();
         assert!(store.evict(&k).await.unwrap());
         assert!(store.get(&k).await.unwrap().is_none());
     }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Completion, Error, Key, RecordState, SqliteStore, SqliteStoreBuilder, Start, Store, StoreError,
-    StoreErrorKind,
+    Completion, Error, Key, RecordState, SqliteStore, SqliteStoreBuilder, Start, StartRequest,
+    Store, StoreError, StoreErrorKind,
 };
 use sqlx::Connection;
 use tempfile::TempDir;
@@ -31,15 +31,16 @@ fn db(dir: &TempDir) -> std::path::PathBuf {
     dir.path().join("idem.db")
 }
 
-fn done(bytes: &[u8]) -> Completion<'_> {
+fn done(bytes: &[u8], retention: Duration) -> Completion<'_> {
     Completion {
         response: Some(bytes),
         is_error: false,
+        retention,
     }
 }
 
 async fn claim(store: &SqliteStore, key: &Key, lease: Duration) -> idem_core::Claim {
-    match store.start(key, None, lease).await.unwrap() {
+    match store.start(StartRequest::new(key, lease)).await.unwrap() {
         Start::Started(c) => c,
         other => panic!("expected Started, got {other:?}"),
     }
@@ -67,13 +68,13 @@ async fn completed_record_survives_reopening() {
         let store = SqliteStore::open(db(&dir)).await.unwrap();
         let c = claim(&store, &k, LEASE).await;
         store
-            .complete(&c, done(b"receipt"), RETENTION)
+            .complete(&c, done(b"receipt", RETENTION))
             .await
             .unwrap();
         store.pool().close().await;
     }
     let store = SqliteStore::open(db(&dir)).await.unwrap();
-    match store.start(&k, None, LEASE).await.unwrap() {
+    match store.start(StartRequest::new(&k, LEASE)).await.unwrap() {
         Start::Completed(cached) => {
             assert_eq!(cached.response.as_deref(), Some(&b"receipt"[..]));
             assert!(!cached.is_error);
@@ -163,7 +164,7 @@ async fn tables_in_one_file_are_independent_stores() {
 
     let in_a = claim(&a, &k, LEASE).await;
     let in_b = claim(&b, &k, LEASE).await;
-    a.complete(&in_a, done(b"from a"), RETENTION).await.unwrap();
+    a.complete(&in_a, done(b"from a", RETENTION)).await.unwrap();
     assert!(matches!(
         b.get(&k).await.unwrap().map(|r| r.state),
         Some(RecordState::InProgress { .. })
@@ -171,7 +172,7 @@ async fn tables_in_one_file_are_independent_stores() {
     b.abort(&in_b).await.unwrap();
     assert!(b.get(&k).await.unwrap().is_none());
     assert!(matches!(
-        a.start(&k, None, LEASE).await.unwrap(),
+        a.start(StartRequest::new(&k, LEASE)).await.unwrap(),
         Start::Completed(_)
     ));
     assert!(a.evict(&k).await.unwrap());
@@ -201,7 +202,10 @@ async fn migrations_run_once_from_concurrent_pools_and_again_harmlessly() {
     // Every pool sees the one table.
     let c = claim(&stores[0], &key(1), LEASE).await;
     assert!(matches!(
-        stores[7].start(&key(1), None, LEASE).await.unwrap(),
+        stores[7]
+            .start(StartRequest::new(&key(1), LEASE))
+            .await
+            .unwrap(),
         Start::Locked { .. }
     ));
     stores[1].abort(&c).await.unwrap();
@@ -241,7 +245,7 @@ async fn concurrent_claims_start_exactly_once() {
                 } else {
                     second.clone()
                 };
-                tokio::spawn(async move { store.start(&k, None, LEASE).await })
+                tokio::spawn(async move { store.start(StartRequest::new(&k, LEASE)).await })
             })
             .collect();
         let (mut started, mut locked) = (0, 0);
@@ -268,7 +272,7 @@ async fn prune_deletes_at_most_limit_expired_rows() {
     }
     let live = claim(&store, &key(100), LEASE).await;
     let kept = claim(&store, &key(101), LEASE).await;
-    store.complete(&kept, done(b"x"), RETENTION).await.unwrap();
+    store.complete(&kept, done(b"x", RETENTION)).await.unwrap();
     assert_eq!(
         store.prune_expired(10).await.unwrap(),
         0,
@@ -292,7 +296,7 @@ async fn an_expired_lease_is_taken_over_and_fences_the_old_claim() {
     let store = quiet().open(db(&dir)).await.unwrap();
     let k = key(1);
     let old = claim(&store, &k, SHORT).await;
-    match store.start(&k, None, LEASE).await.unwrap() {
+    match store.start(StartRequest::new(&k, LEASE)).await.unwrap() {
         Start::Locked { retry_after } => {
             assert!(retry_after > Duration::ZERO && retry_after <= SHORT)
         }
@@ -311,7 +315,7 @@ async fn an_expired_lease_is_taken_over_and_fences_the_old_claim() {
     let new = claim(&store, &k, LEASE).await;
     assert_ne!(new.token(), old.token());
     assert!(matches!(
-        store.complete(&old, done(b"late"), RETENTION).await,
+        store.complete(&old, done(b"late", RETENTION)).await,
         Err(Error::LeaseLost)
     ));
     assert!(matches!(
@@ -323,7 +327,7 @@ async fn an_expired_lease_is_taken_over_and_fences_the_old_claim() {
         Some(RecordState::InProgress { token, .. }) => assert_eq!(token, new.token()),
         other => panic!("the new claim must be untouched, got {other:?}"),
     }
-    store.complete(&new, done(b"ok"), RETENTION).await.unwrap();
+    store.complete(&new, done(b"ok", RETENTION)).await.unwrap();
 }
 
 #[tokio::test]
@@ -332,9 +336,9 @@ async fn retention_ends_and_the_key_runs_again() {
     let store = quiet().open(db(&dir)).await.unwrap();
     let k = key(1);
     let c = claim(&store, &k, LEASE).await;
-    store.complete(&c, done(b"first"), SHORT).await.unwrap();
+    store.complete(&c, done(b"first", SHORT)).await.unwrap();
     assert!(matches!(
-        store.start(&k, None, LEASE).await.unwrap(),
+        store.start(StartRequest::new(&k, LEASE)).await.unwrap(),
         Start::Completed(_)
     ));
     tokio::time::sleep(PAST_SHORT).await;
@@ -354,7 +358,7 @@ async fn bad_durations_are_rejected_and_write_nothing() {
         ten_years_and_a_day,
     ] {
         assert!(matches!(
-            store.start(&key(1), None, lease).await,
+            store.start(StartRequest::new(&key(1), lease)).await,
             Err(Error::InvalidConfig(_))
         ));
     }
@@ -367,11 +371,11 @@ async fn bad_durations_are_rejected_and_write_nothing() {
         Err(Error::InvalidConfig(_))
     ));
     assert!(matches!(
-        store.complete(&c, done(b"x"), ten_years_and_a_day).await,
+        store.complete(&c, done(b"x", ten_years_and_a_day)).await,
         Err(Error::InvalidConfig(_))
     ));
     assert_eq!(store.get(&key(1)).await.unwrap(), before);
-    store.complete(&c, done(b"x"), RETENTION).await.unwrap();
+    store.complete(&c, done(b"x", RETENTION)).await.unwrap();
 }
 
 #[tokio::test]
@@ -386,7 +390,7 @@ async fn a_held_write_lock_past_the_busy_timeout_is_unavailable() {
         .await
         .unwrap();
     let tx = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    match store.start(&key(1), None, LEASE).await {
+    match store.start(StartRequest::new(&key(1), LEASE)).await {
         Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}"),
         other => panic!("expected the store to be unavailable, got {other:?}"),
     }
@@ -402,7 +406,7 @@ async fn in_memory_store_keeps_its_records_across_operations() {
     let tasks: Vec<_> = (0..8)
         .map(|_| {
             let store = store.clone();
-            tokio::spawn(async move { store.start(&k, None, LEASE).await.unwrap() })
+            tokio::spawn(async move { store.start(StartRequest::new(&k, LEASE)).await.unwrap() })
         })
         .collect();
     let mut claims = Vec::new();
@@ -413,12 +417,12 @@ async fn in_memory_store_keeps_its_records_across_operations() {
     }
     assert_eq!(claims.len(), 1);
     store
-        .complete(&claims[0], done(b"mem"), RETENTION)
+        .complete(&claims[0], done(b"mem", RETENTION))
         .await
         .unwrap();
     assert_eq!(store.pool().size(), 1);
     assert!(matches!(
-        store.start(&k, None, LEASE).await.unwrap(),
+        store.start(StartRequest::new(&k, LEASE)).await.unwrap(),
         Start::Completed(_)
     ));
 
@@ -444,7 +448,7 @@ async fn from_pool_keeps_the_pool_and_creates_the_schema() {
         .unwrap();
     let store = SqliteStore::from_pool(pool.clone()).await.unwrap();
     let c = claim(&store, &key(1), LEASE).await;
-    store.complete(&c, done(b"ok"), RETENTION).await.unwrap();
+    store.complete(&c, done(b"ok", RETENTION)).await.unwrap();
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records WHERE state = 1")
         .fetch_one(&pool)
         .await
@@ -459,7 +463,7 @@ async fn replays_under_a_held_write_lock(store: &SqliteStore, path: &Path, key: 
         .await
         .unwrap();
     let tx = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    let answered = match store.start(key, None, LEASE).await {
+    let answered = match store.start(StartRequest::new(key, LEASE)).await {
         Ok(Start::Completed(_)) => true,
         Err(Error::Store(e)) if e.kind() == StoreErrorKind::Unavailable => false,
         other => panic!("expected a replay or a busy database, got {other:?}"),
@@ -482,7 +486,7 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
     assert_eq!(store.claim_order(), idem_core::ClaimOrder::Adaptive);
     let done_key = key(1);
     let c = claim(&store, &done_key, LEASE).await;
-    store.complete(&c, done(b"r"), RETENTION).await.unwrap();
+    store.complete(&c, done(b"r", RETENTION)).await.unwrap();
 
     // A new store claims first: its replay meets the write lock.
     let fresh = open(idem_core::ClaimOrder::Adaptive).await.unwrap();
@@ -491,7 +495,10 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
     // After a run of replays it reads first, and answers without the lock.
     for _ in 0..32 {
         assert!(matches!(
-            fresh.start(&done_key, None, LEASE).await.unwrap(),
+            fresh
+                .start(StartRequest::new(&done_key, LEASE))
+                .await
+                .unwrap(),
             Start::Completed(_)
         ));
     }
@@ -510,7 +517,10 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
         claim(&read_first, &key(n), LEASE).await;
     }
     for _ in 0..32 {
-        let replay = claim_first.start(&done_key, None, LEASE).await.unwrap();
+        let replay = claim_first
+            .start(StartRequest::new(&done_key, LEASE))
+            .await
+            .unwrap();
         assert!(matches!(replay, Start::Completed(_)));
     }
     assert!(replays_under_a_held_write_lock(&read_first, &path, &done_key).await);
@@ -532,7 +542,7 @@ async fn renewal_is_not_starved_by_work_holding_the_pool() {
         "renewal while the pool is held: {renewed:?}"
     );
     drop(held);
-    store.complete(&c, done(b"ok"), RETENTION).await.unwrap();
+    store.complete(&c, done(b"ok", RETENTION)).await.unwrap();
 }
 
 /// A records table dropped behind the store's back (its ledger still lists the migration) is
@@ -546,7 +556,10 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
         .execute(store.pool())
         .await
         .unwrap();
-    let err = store.start(&key(2), None, LEASE).await.unwrap_err();
+    let err = store
+        .start(StartRequest::new(&key(2), LEASE))
+        .await
+        .unwrap_err();
     assert!(
         matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Query),
         "{err:?}"
@@ -555,7 +568,7 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
 
     let store = quiet().open(db(&dir)).await.unwrap();
     let c = claim(&store, &key(1), LEASE).await;
-    store.complete(&c, done(b"again"), RETENTION).await.unwrap();
+    store.complete(&c, done(b"again", RETENTION)).await.unwrap();
     let indexes: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'idem_records_expires_at'",
     )
@@ -578,7 +591,7 @@ async fn populated_file(path: &Path, extra_sql: Option<&str>) -> (u64, u64) {
     for n in 0..120 {
         let c = claim(&store, &key(n), LEASE).await;
         store
-            .complete(&c, done(&[b'r'; 300]), RETENTION)
+            .complete(&c, done(&[b'r'; 300], RETENTION))
             .await
             .unwrap();
     }
@@ -617,7 +630,7 @@ fn scribble(path: &Path, offset: u64, len: u64) {
 async fn open_or_first_use(path: &Path) -> Error {
     match quiet().open(path).await {
         Err(e) => e,
-        Ok(store) => match store.start(&key(0), None, LEASE).await {
+        Ok(store) => match store.start(StartRequest::new(&key(0), LEASE)).await {
             Err(e) => e,
             Ok(start) => panic!("a damaged file served a start: {start:?}"),
         },
@@ -894,13 +907,13 @@ async fn expired_records_are_deleted_with_no_pruner_spawned() {
     for n in 0..250 {
         let c = claim(&writer, &key(n), LEASE).await;
         writer
-            .complete(&c, done(b"short"), Duration::from_millis(1))
+            .complete(&c, done(b"short", Duration::from_millis(1)))
             .await
             .unwrap();
     }
     let kept = claim(&writer, &key(1_000), LEASE).await;
     writer
-        .complete(&kept, done(b"kept"), RETENTION)
+        .complete(&kept, done(b"kept", RETENTION))
         .await
         .unwrap();
     let expired = "SELECT count(*) FROM idem_records \
@@ -924,7 +937,10 @@ async fn expired_records_are_deleted_with_no_pruner_spawned() {
         completed(&store).await
     );
     assert!(matches!(
-        store.start(&key(1_000), None, LEASE).await.unwrap(),
+        store
+            .start(StartRequest::new(&key(1_000), LEASE))
+            .await
+            .unwrap(),
         Start::Completed(_)
     ));
 }
@@ -968,7 +984,7 @@ async fn the_background_pruner_ends_with_the_last_clone_of_the_store() {
     // The clone that is left still has its records pruned.
     let c = claim(&clone, &key(2), LEASE).await;
     clone
-        .complete(&c, done(b"short"), Duration::from_millis(1))
+        .complete(&c, done(b"short", Duration::from_millis(1)))
         .await
         .unwrap();
     assert!(eventually(|| async { completed(&clone).await == 0 }).await);
@@ -1027,9 +1043,12 @@ async fn a_store_that_does_not_migrate_needs_the_schema_and_migrate_brings_it() 
     SqliteStore::builder().migrate(&mut conn).await.unwrap();
     let store = checking().connect(&url).await.unwrap();
     let c = claim(&store, &key(1), LEASE).await;
-    store.complete(&c, done(b"ok"), RETENTION).await.unwrap();
+    store.complete(&c, done(b"ok", RETENTION)).await.unwrap();
     assert!(matches!(
-        store.start(&key(1), None, LEASE).await.unwrap(),
+        store
+            .start(StartRequest::new(&key(1), LEASE))
+            .await
+            .unwrap(),
         Start::Completed(_)
     ));
 
@@ -1080,5 +1099,5 @@ async fn the_shipped_sql_file_makes_what_migrate_makes() {
         .await
         .unwrap();
     let c = claim(&store, &key(1), LEASE).await;
-    store.complete(&c, done(b"ok"), RETENTION).await.unwrap();
+    store.complete(&c, done(b"ok", RETENTION)).await.unwrap();
 }

@@ -707,15 +707,15 @@ async fn write_step(
     out: Format,
 ) -> Result<Response, ApiError> {
     let claim = app.held(&caller, &input).await?;
-    let ttl = period(input.ttl_ms, "body.ttl_ms")?;
     let step = StepWrite {
         name: &input.name,
         position: input.position,
         result: input.result.as_deref(),
+        retention: period(input.ttl_ms, "body.ttl_ms")?,
     };
     app.inner
         .engine
-        .write_step(&claim, step, ttl)
+        .write_step(&claim, step)
         .await
         .map_err(engine_error)?;
     Ok(out.respond(StatusCode::OK, &Empty {}))

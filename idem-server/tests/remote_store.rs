@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use std::time::Duration;
 
 use idem_core::conformance::{suite, Harness};
-use idem_core::{Error, Key, RemoteStore, Start, Store, StoreErrorKind};
+use idem_core::{Error, Key, RemoteStore, Start, StartRequest, Store, StoreErrorKind};
 use idem_server::{auth::Tokens, router, App, Config};
 
 /// The admin token: the only one that may prune, which the suite's prune rules do.
@@ -183,7 +183,11 @@ async fn the_network_and_the_servers_refusals_come_back_typed() {
     .timeout(Duration::from_millis(200))
     .build()
     .expect("builds");
-    let (kind, message) = store_error(stalled.start(&key, None, Duration::from_secs(30)).await);
+    let (kind, message) = store_error(
+        stalled
+            .start(StartRequest::new(&key, Duration::from_secs(30)))
+            .await,
+    );
     assert_eq!(kind, StoreErrorKind::Unavailable);
     assert!(message.contains("no answer within"), "{message}");
 
@@ -206,7 +210,9 @@ async fn the_network_and_the_servers_refusals_come_back_typed() {
     assert!(message.contains("not_found"), "{message}");
 
     // Alice's key is hers: the admin's same key is another record.
-    let started = alice.start(&key, None, Duration::from_secs(30)).await;
+    let started = alice
+        .start(StartRequest::new(&key, Duration::from_secs(30)))
+        .await;
     assert!(matches!(started, Ok(Start::Started(_))), "{started:?}");
     assert!(harness
         .served
@@ -219,7 +225,7 @@ async fn the_network_and_the_servers_refusals_come_back_typed() {
     let admin_start = harness
         .served
         .remote
-        .start(&key, None, Duration::from_secs(30))
+        .start(StartRequest::new(&key, Duration::from_secs(30)))
         .await;
     assert!(
         matches!(admin_start, Ok(Start::Started(_))),
@@ -262,18 +268,22 @@ async fn a_completion_is_reported_only_once_it_committed() {
     let served = Served::over(flaky.clone()).await;
     let store = &served.remote;
     let key = Key::derive("remote", "", "observed").expect("a valid key");
-    let Ok(Start::Started(claim)) = store.start(&key, None, Duration::from_secs(30)).await else {
+    let Ok(Start::Started(claim)) = store
+        .start(StartRequest::new(&key, Duration::from_secs(30)))
+        .await
+    else {
         panic!("a new key is claimable");
     };
     let done = idem_core::Completion {
         response: Some(b"paid"),
         is_error: false,
+        retention: Duration::from_secs(60),
     };
     flaky
         .0
         .down
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let refused = store.complete(&claim, done, Duration::from_secs(60)).await;
+    let refused = store.complete(&claim, done).await;
     assert_eq!(store_error(refused).0, StoreErrorKind::Unavailable);
     let record = store.get(&key).await.expect("get").expect("still claimed");
     assert!(
@@ -285,10 +295,12 @@ async fn a_completion_is_reported_only_once_it_committed() {
         .down
         .store(false, std::sync::atomic::Ordering::SeqCst);
     store
-        .complete(&claim, done, Duration::from_secs(60))
+        .complete(&claim, done)
         .await
         .expect("the same completion lands once the store is back");
-    let replay = store.start(&key, None, Duration::from_secs(30)).await;
+    let replay = store
+        .start(StartRequest::new(&key, Duration::from_secs(30)))
+        .await;
     assert!(
         matches!(&replay, Ok(Start::Completed(kept)) if kept.response.as_deref() == Some(&b"paid"[..])),
         "{replay:?}"

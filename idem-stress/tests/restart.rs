@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Claim, Completion, Error, PostgresStore, RecordState, Start, Store, StoreErrorKind,
+    Claim, Completion, Error, PostgresStore, RecordState, Start, StartRequest, Store,
+    StoreErrorKind,
 };
 use idem_stress::key;
 use idem_test_support::postgres::{pg_bindir, TempCluster};
@@ -18,10 +19,11 @@ const RETENTION: Duration = Duration::from_secs(3600);
 /// Calls held mid-work (claimed, not yet completed) when the server stops.
 const IN_FLIGHT: usize = 8;
 
-fn done(response: &[u8]) -> Completion<'_> {
+fn done(response: &[u8], retention: Duration) -> Completion<'_> {
     Completion {
         response: Some(response),
         is_error: false,
+        retention,
     }
 }
 
@@ -35,7 +37,7 @@ fn assert_unavailable(what: &str, r: Result<impl std::fmt::Debug, Error>) {
 }
 
 async fn claim(store: &PostgresStore, i: usize) -> Claim {
-    match store.start(&key(i), None, LEASE).await {
+    match store.start(StartRequest::new(&key(i), LEASE)).await {
         Ok(Start::Started(claim)) => claim,
         other => panic!("k{i}: expected Started, got {other:?}"),
     }
@@ -45,10 +47,14 @@ async fn claim(store: &PostgresStore, i: usize) -> Claim {
 /// most one lease, or its completion had committed after all and replays.
 async fn run_to_completion(store: &PostgresStore, i: usize, response: &[u8]) {
     for _ in 0..200 {
-        match store.start(&key(i), None, LEASE).await.unwrap() {
+        match store
+            .start(StartRequest::new(&key(i), LEASE))
+            .await
+            .unwrap()
+        {
             Start::Started(claim) => {
                 store
-                    .complete(&claim, done(response), RETENTION)
+                    .complete(&claim, done(response, RETENTION))
                     .await
                     .unwrap();
                 return;
@@ -94,7 +100,7 @@ async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
         for i in base..base + 50 {
             let c = claim(&store, i).await;
             store
-                .complete(&c, done(format!("before {i}").as_bytes()), RETENTION)
+                .complete(&c, done(format!("before {i}").as_bytes(), RETENTION))
                 .await
                 .unwrap();
         }
@@ -109,7 +115,7 @@ async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
             working.push(tokio::spawn(async move {
                 barrier.wait().await;
                 store
-                    .complete(&c, done(format!("during {i}").as_bytes()), RETENTION)
+                    .complete(&c, done(format!("during {i}").as_bytes(), RETENTION))
                     .await
             }));
         }
@@ -138,7 +144,11 @@ async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
         locker.close().await.unwrap();
         let parked = tokio::spawn({
             let store = store.clone();
-            async move { store.start(&key(blocked_key), None, LEASE).await }
+            async move {
+                store
+                    .start(StartRequest::new(&key(blocked_key), LEASE))
+                    .await
+            }
         });
         let mut parked_seen = false;
         for _ in 0..500 {
@@ -172,7 +182,9 @@ async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
         }
         assert_unavailable(
             "start while the server is down",
-            store.start(&key(base + 300), None, LEASE).await,
+            store
+                .start(StartRequest::new(&key(base + 300), LEASE))
+                .await,
         );
         assert_unavailable("get while the server is down", store.get(&key(base)).await);
 
@@ -187,7 +199,7 @@ async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
 
         // New calls succeed at once: the pool drops its dead connections and opens new ones.
         let c = claim(&store, base + 400).await;
-        store.complete(&c, done(b"after"), RETENTION).await.unwrap();
+        store.complete(&c, done(b"after", RETENTION)).await.unwrap();
         // The interrupted calls are retried and finish (their claims block for one lease).
         for n in 0..IN_FLIGHT {
             let i = base + 100 + n;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Claim, Completion, Error, Fingerprint, Key, Record, Start, StepLog, StepWrite, Store,
+    Claim, Completion, Error, Key, Record, Start, StartRequest, StepLog, StepWrite, Store,
 };
 
 /// Which [`Store`] operation is about to run, for [`Forward::gate`].
@@ -101,7 +101,7 @@ pub trait Forward: Send + Sync + 'static {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Key, MemoryStore, Start, Store};
+/// use idem_core::{Key, MemoryStore, Start, StartRequest, Store};
 /// use idem_test_support::forward::{Forward, Forwarding};
 ///
 /// struct Plain(MemoryStore);
@@ -115,7 +115,7 @@ pub trait Forward: Send + Sync + 'static {
 /// runtime.block_on(async {
 ///     let store = Forwarding(Plain(MemoryStore::new()));
 ///     let key = Key::derive("ride", "", "r-1").unwrap();
-///     let Ok(Start::Started(claim)) = store.start(&key, None, Duration::from_secs(30)).await else {
+///     let Ok(Start::Started(claim)) = store.start(StartRequest::new(&key, Duration::from_secs(30))).await else {
 ///         unreachable!("a new key is claimed");
 ///     };
 ///     let steps = store.begin_steps(&claim, Duration::from_secs(60)).await.unwrap();
@@ -155,14 +155,14 @@ macro_rules! forward {
 
 forward! {
     routed {
-        Start: fn start(key: &Key, fingerprint: Option<&Fingerprint>, lease: Duration) -> Result<Start, Error>, by key;
-        Complete: fn complete(claim: &Claim, completion: Completion<'_>, retention: Duration) -> Result<(), Error>, by claim.key();
+        Start: fn start(request: StartRequest<'_>) -> Result<Start, Error>, by request.key;
+        Complete: fn complete(claim: &Claim, completion: Completion<'_>) -> Result<(), Error>, by claim.key();
         Abort: fn abort(claim: &Claim) -> Result<(), Error>, by claim.key();
         Renew: fn renew(claim: &Claim, lease: Duration) -> Result<(), Error>, by claim.key();
         Get: fn get(key: &Key) -> Result<Option<Record>, Error>, by key;
         Evict: fn evict(key: &Key) -> Result<bool, Error>, by key;
         BeginSteps: fn begin_steps(claim: &Claim, retention: Duration) -> Result<StepLog, Error>, by claim.key();
-        WriteStep: fn write_step(claim: &Claim, step: StepWrite<'_>, retention: Duration) -> Result<(), Error>, by claim.key();
+        WriteStep: fn write_step(claim: &Claim, step: StepWrite<'_>) -> Result<(), Error>, by claim.key();
     }
 
     /// The records' store's prune, through [`Forward::prune_expired`].

@@ -9,31 +9,39 @@ use std::sync::Arc;
 
 use crate::step::INPUT_POSITION;
 use crate::{
-    Abandoned, Claim, Completer, CompleterConfig, Error, Idempotency, Key, Outcome, StepWrite,
-    Store, INPUT_STEP,
+    Abandoned, AbandonedQuery, Claim, Completer, CompleterConfig, Error, Idempotency, Key, Outcome,
+    StepWrite, Store, INPUT_STEP,
 };
 
 use super::store::{claim, done, key, long, past_short, short, wait};
 use super::Harness;
 
-/// Claims `k` for `lease`, begins its steps and stores `input` under `scope` as
-/// [`Call::run_steps_with`](crate::Call::run_steps_with) does, with one finished step `a`.
-async fn with_input(s: &dyn Store, k: &Key, lease: std::time::Duration, input: &[u8]) -> Claim {
-    let c = claim(s, k, lease).await;
-    s.begin_steps(&c, long()).await.unwrap();
-    let stored = Abandoned::encode_input("rides", input);
+/// Begins the steps of the operation `c` holds and stores `input` under `scope` as
+/// [`Call::run_steps_with`](crate::Call::run_steps_with) does.
+async fn store_input(s: &dyn Store, c: &Claim, scope: &str, input: &[u8]) {
+    s.begin_steps(c, long()).await.unwrap();
+    let stored = Abandoned::encode_input(scope, input);
     let step = StepWrite {
         name: INPUT_STEP,
         position: INPUT_POSITION,
         result: Some(&stored),
+        retention: long(),
     };
-    s.write_step(&c, step, long()).await.unwrap();
+    s.write_step(c, step).await.unwrap();
+}
+
+/// Claims `k` for `lease` and stores `input` under the scope `rides` ([`store_input`]), with
+/// one finished step `a`.
+async fn with_input(s: &dyn Store, k: &Key, lease: std::time::Duration, input: &[u8]) -> Claim {
+    let c = claim(s, k, lease).await;
+    store_input(s, &c, "rides", input).await;
     let a = StepWrite {
         name: "a",
         position: 0,
         result: Some(b"1"),
+        retention: long(),
     };
-    s.write_step(&c, a, long()).await.unwrap();
+    s.write_step(&c, a).await.unwrap();
     c
 }
 
@@ -44,7 +52,7 @@ async fn finds_abandoned(h: &impl Harness) -> bool {
         return true;
     }
     let s = h.store();
-    let found = s.find_abandoned(None, 10).await;
+    let found = s.find_abandoned(AbandonedQuery::first(10)).await;
     assert!(
         matches!(found, Err(Error::CompleterUnsupported)),
         "{found:?}"
@@ -68,7 +76,11 @@ pub async fn abandoned_found_when_unheld_only(h: impl Harness) {
     with_input(&*s, &abandoned, short(), b"to the station").await;
     let live = key("live");
     with_input(&*s, &live, long(), b"live").await;
-    assert!(s.find_abandoned(None, 10).await.unwrap().is_empty());
+    assert!(s
+        .find_abandoned(AbandonedQuery::first(10))
+        .await
+        .unwrap()
+        .is_empty());
     // Steps without an input (run_steps): nothing a completer could run.
     let plain = key("no-input");
     let c = claim(&*s, &plain, short()).await;
@@ -76,7 +88,7 @@ pub async fn abandoned_found_when_unheld_only(h: impl Harness) {
     // Completed, and released, after storing an input.
     let completed = key("completed");
     let c = with_input(&*s, &completed, short(), b"c").await;
-    s.complete(&c, done(b"ok"), long()).await.unwrap();
+    s.complete(&c, done(b"ok", long())).await.unwrap();
     // Released after its work failed (the engine marks the attempt failed first): its
     // caller got the failure.
     let failed = key("failed");
@@ -86,8 +98,9 @@ pub async fn abandoned_found_when_unheld_only(h: impl Harness) {
         name: &mark,
         position: INPUT_POSITION,
         result: Some(b""),
+        retention: long(),
     };
-    s.write_step(&c, step, long()).await.unwrap();
+    s.write_step(&c, step).await.unwrap();
     s.abort(&c).await.unwrap();
     // Released without a failure (a cancelled call): abandoned too, at once.
     let cancelled = key("cancelled");
@@ -99,7 +112,7 @@ pub async fn abandoned_found_when_unheld_only(h: impl Harness) {
 
     wait(past_short()).await;
     claim(&*s, &retried, long()).await;
-    let found = s.find_abandoned(None, 10).await.unwrap();
+    let found = s.find_abandoned(AbandonedQuery::first(10)).await.unwrap();
     let mut expected = vec![
         Abandoned {
             key: abandoned,
@@ -129,9 +142,15 @@ pub async fn abandoned_pages_by_key(h: impl Harness) {
     }
     keys.sort();
     wait(past_short()).await;
-    let first = s.find_abandoned(None, 2).await.unwrap();
-    let second = s.find_abandoned(Some(&first[1].key), 2).await.unwrap();
-    let third = s.find_abandoned(Some(&second[1].key), 2).await.unwrap();
+    let first = s.find_abandoned(AbandonedQuery::first(2)).await.unwrap();
+    let second = s
+        .find_abandoned(AbandonedQuery::after(&first[1].key, 2))
+        .await
+        .unwrap();
+    let third = s
+        .find_abandoned(AbandonedQuery::after(&second[1].key, 2))
+        .await
+        .unwrap();
     let seen: Vec<Key> = first
         .iter()
         .chain(&second)
@@ -141,7 +160,7 @@ pub async fn abandoned_pages_by_key(h: impl Harness) {
     assert_eq!(seen, keys);
     assert_eq!(third.len(), 1, "the last page is short");
     assert!(s
-        .find_abandoned(Some(&keys[4]), 2)
+        .find_abandoned(AbandonedQuery::after(&keys[4], 2))
         .await
         .unwrap()
         .is_empty());
@@ -162,14 +181,7 @@ pub async fn engine_completer_finishes_abandoned(h: impl Harness) {
     // Another scope, without a handler here.
     let other = key("other-scope");
     let c = claim(&*s, &other, short()).await;
-    s.begin_steps(&c, long()).await.unwrap();
-    let stored = Abandoned::encode_input("parcels", b"x");
-    let step = StepWrite {
-        name: INPUT_STEP,
-        position: INPUT_POSITION,
-        result: Some(&stored),
-    };
-    s.write_step(&c, step, long()).await.unwrap();
+    store_input(&*s, &c, "parcels", b"x").await;
     wait(past_short()).await;
 
     let runs = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));

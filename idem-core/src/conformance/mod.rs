@@ -43,18 +43,19 @@
 //!
 //! use async_trait::async_trait;
 //! use idem_core::conformance::{self, Harness};
-//! use idem_core::{Abandoned, Claim, Completion, Error, Fingerprint, Key, MemoryStore, Record, Start, StepLog, StepWrite, Store, TokioClock};
+//! use idem_core::{Abandoned, AbandonedQuery, Claim, Completion, Error, Key, MemoryStore, Record};
+//! use idem_core::{Start, StartRequest, StepLog, StepWrite, Store, TokioClock};
 //!
 //! #[derive(Clone)]
 //! struct MyStore(MemoryStore);
 //!
 //! #[async_trait]
 //! impl Store for MyStore {
-//!     async fn start(&self, key: &Key, fp: Option<&Fingerprint>, lease: Duration) -> Result<Start, Error> {
-//!         self.0.start(key, fp, lease).await
+//!     async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+//!         self.0.start(request).await
 //!     }
-//!     async fn complete(&self, claim: &Claim, done: Completion<'_>, retention: Duration) -> Result<(), Error> {
-//!         self.0.complete(claim, done, retention).await
+//!     async fn complete(&self, claim: &Claim, done: Completion<'_>) -> Result<(), Error> {
+//!         self.0.complete(claim, done).await
 //!     }
 //!     async fn abort(&self, claim: &Claim) -> Result<(), Error> {
 //!         self.0.abort(claim).await
@@ -74,11 +75,11 @@
 //!     async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
 //!         self.0.begin_steps(claim, retention).await
 //!     }
-//!     async fn write_step(&self, claim: &Claim, step: StepWrite<'_>, retention: Duration) -> Result<(), Error> {
-//!         self.0.write_step(claim, step, retention).await
+//!     async fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error> {
+//!         self.0.write_step(claim, step).await
 //!     }
-//!     async fn find_abandoned(&self, after: Option<&Key>, limit: u32) -> Result<Vec<Abandoned>, Error> {
-//!         self.0.find_abandoned(after, limit).await
+//!     async fn find_abandoned(&self, query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error> {
+//!         self.0.find_abandoned(query).await
 //!     }
 //! }
 //!

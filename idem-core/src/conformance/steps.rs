@@ -3,25 +3,33 @@
 //! ([`Harness::keeps_steps`]) must refuse them with [`Error::StepsUnsupported`], storing nothing.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use crate::{Claim, Error, Idempotency, Outcome, StepLog, StepState, StepWrite, Store};
 
 use super::store::{claim, done, key, long, past_short, short, wait};
 use super::Harness;
 
-fn finished<'a>(name: &'a str, position: u32, result: &'a [u8]) -> StepWrite<'a> {
+fn finished<'a>(
+    name: &'a str,
+    position: u32,
+    result: &'a [u8],
+    retention: Duration,
+) -> StepWrite<'a> {
     StepWrite {
         name,
         position,
         result: Some(result),
+        retention,
     }
 }
 
-fn begun(name: &str, position: u32) -> StepWrite<'_> {
+fn begun(name: &str, position: u32, retention: Duration) -> StepWrite<'_> {
     StepWrite {
         name,
         position,
         result: None,
+        retention,
     }
 }
 
@@ -47,7 +55,7 @@ async fn keeps_steps(h: &impl Harness) -> bool {
     let c = claim(&*s, &key("no-steps"), long()).await;
     let begun = s.begin_steps(&c, long()).await;
     assert!(matches!(begun, Err(Error::StepsUnsupported)), "{begun:?}");
-    let written = s.write_step(&c, finished("a", 0, b"1"), long()).await;
+    let written = s.write_step(&c, finished("a", 0, b"1", long())).await;
     assert!(
         matches!(written, Err(Error::StepsUnsupported)),
         "{written:?}"
@@ -67,10 +75,10 @@ pub async fn steps_resume_across_attempts(h: impl Harness) {
     let first = claim(&*s, &k, long()).await;
     let log = begin(&*s, &first).await;
     assert_eq!((log.attempt, log.steps.len()), (1, 0), "{log:?}");
-    s.write_step(&first, finished("ride", 0, b"41"), long())
+    s.write_step(&first, finished("ride", 0, b"41", long()))
         .await
         .unwrap();
-    s.write_step(&first, begun("charge", 1), long())
+    s.write_step(&first, begun("charge", 1, long()))
         .await
         .unwrap();
     assert_eq!(begin(&*s, &first).await.attempt, 1, "the same claim again");
@@ -86,10 +94,10 @@ pub async fn steps_resume_across_attempts(h: impl Harness) {
             ("charge".to_owned(), StepState::Begun),
         ]
     );
-    s.write_step(&second, finished("charge", 1, b"\"ch_1\""), long())
+    s.write_step(&second, finished("charge", 1, b"\"ch_1\"", long()))
         .await
         .unwrap();
-    s.complete(&second, done(b"ok"), long()).await.unwrap();
+    s.complete(&second, done(b"ok", long())).await.unwrap();
 }
 
 /// Step writes are fenced by the operation's claim: a claim whose lease ended and was taken
@@ -107,7 +115,7 @@ pub async fn stale_claim_cannot_write_steps(h: impl Harness) {
     let current = claim(&*s, &k, long()).await;
     assert_eq!(begin(&*s, &current).await.attempt, 2);
     let written = s
-        .write_step(&stale, finished("charge", 0, b"1"), long())
+        .write_step(&stale, finished("charge", 0, b"1", long()))
         .await;
     assert!(matches!(written, Err(Error::LeaseLost)), "{written:?}");
     let begun_again = s.begin_steps(&stale, long()).await;
@@ -117,9 +125,9 @@ pub async fn stale_claim_cannot_write_steps(h: impl Harness) {
     );
     assert!(begin(&*s, &current).await.steps.is_empty());
 
-    s.complete(&current, done(b"ok"), long()).await.unwrap();
+    s.complete(&current, done(b"ok", long())).await.unwrap();
     let late = s
-        .write_step(&current, finished("late", 0, b"1"), long())
+        .write_step(&current, finished("late", 0, b"1", long()))
         .await;
     assert!(matches!(late, Err(Error::LeaseLost)), "{late:?}");
 }
@@ -132,13 +140,13 @@ pub async fn finished_step_keeps_its_first_result(h: impl Harness) {
     }
     let s = h.store();
     let c = claim(&*s, &key("first-result"), long()).await;
-    s.write_step(&c, finished("charge", 0, b"1"), long())
+    s.write_step(&c, finished("charge", 0, b"1", long()))
         .await
         .unwrap();
-    s.write_step(&c, finished("charge", 0, b"2"), long())
+    s.write_step(&c, finished("charge", 0, b"2", long()))
         .await
         .unwrap();
-    s.write_step(&c, begun("charge", 0), long()).await.unwrap();
+    s.write_step(&c, begun("charge", 0, long())).await.unwrap();
     assert_eq!(
         shown(&begin(&*s, &c).await),
         [("charge".to_owned(), StepState::Finished(b"1".to_vec()))]
@@ -153,7 +161,7 @@ pub async fn evict_deletes_steps(h: impl Harness) {
     let s = h.store();
     let k = key("evicted-steps");
     let c = claim(&*s, &k, long()).await;
-    s.write_step(&c, finished("charge", 0, b"1"), long())
+    s.write_step(&c, finished("charge", 0, b"1", long()))
         .await
         .unwrap();
     assert!(s.evict(&k).await.unwrap());
@@ -173,7 +181,7 @@ pub async fn steps_end_with_their_retention(h: impl Harness) {
     let k = key("ended-steps");
     let c = claim(&*s, &k, long()).await;
     s.begin_steps(&c, short()).await.unwrap();
-    s.write_step(&c, finished("charge", 0, b"1"), short())
+    s.write_step(&c, finished("charge", 0, b"1", short()))
         .await
         .unwrap();
     s.abort(&c).await.unwrap();

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::{Claim, Completion, Error, Fingerprint, Key, RecordState, Start, Store, StoredResult};
+use crate::StoredResult;
+use crate::{Claim, Completion, Error, Fingerprint, Key, RecordState, Start, StartRequest, Store};
 
 use super::{scaled, Harness};
 
@@ -28,15 +29,16 @@ pub(super) fn key(name: &str) -> Key {
     Key::derive("conformance", "", name).unwrap()
 }
 
-pub(super) fn done(response: &[u8]) -> Completion<'_> {
+pub(super) fn done(response: &[u8], retention: Duration) -> Completion<'_> {
     Completion {
         response: Some(response),
         is_error: false,
+        retention,
     }
 }
 
 pub(super) async fn claim(store: &dyn Store, key: &Key, lease: Duration) -> Claim {
-    match store.start(key, None, lease).await.unwrap() {
+    match store.start(StartRequest::new(key, lease)).await.unwrap() {
         Start::Started(c) => c,
         other => panic!("expected Started, got {other:?}"),
     }
@@ -51,7 +53,7 @@ async fn claimed(h: &impl Harness, lease: Duration) -> (std::sync::Arc<dyn Store
 }
 
 pub(super) async fn replayed(store: &dyn Store, key: &Key) -> StoredResult {
-    match store.start(key, None, long()).await.unwrap() {
+    match store.start(StartRequest::new(key, long())).await.unwrap() {
         Start::Completed(c) => c,
         other => panic!("expected Completed, got {other:?}"),
     }
@@ -67,7 +69,7 @@ async fn assert_replays(store: &dyn Store, key: &Key, response: &[u8]) {
 
 /// A live claim holds `key`: a start is refused.
 async fn assert_locked(store: &dyn Store, key: &Key) {
-    let start = store.start(key, None, long()).await.unwrap();
+    let start = store.start(StartRequest::new(key, long())).await.unwrap();
     assert!(matches!(start, Start::Locked { .. }), "{start:?}");
 }
 
@@ -100,7 +102,7 @@ pub async fn concurrent_starts_claim_once(h: impl Harness) {
     let tasks: Vec<_> = (0..64)
         .map(|_| {
             let s = s.clone();
-            tokio::spawn(async move { s.start(&k, None, long()).await.unwrap() })
+            tokio::spawn(async move { s.start(StartRequest::new(&k, long())).await.unwrap() })
         })
         .collect();
     let mut started = 0;
@@ -122,7 +124,7 @@ pub async fn live_claim_locks(h: impl Harness) {
     let s = h.store();
     let k = key("a");
     claim(&*s, &k, long()).await;
-    match s.start(&k, None, long()).await.unwrap() {
+    match s.start(StartRequest::new(&k, long())).await.unwrap() {
         Start::Locked { retry_after } => {
             assert!(
                 retry_after <= long(),
@@ -145,8 +147,8 @@ pub async fn completed_replays(h: impl Harness) {
         Completion {
             response: Some(b"receipt"),
             is_error: true,
+            retention: long(),
         },
-        long(),
     )
     .await
     .unwrap();
@@ -165,8 +167,8 @@ pub async fn completed_without_response_replays(h: impl Harness) {
         Completion {
             response: None,
             is_error: false,
+            retention: long(),
         },
-        long(),
     )
     .await
     .unwrap();
@@ -181,16 +183,22 @@ pub async fn fingerprint_mismatch_is_key_reused(h: impl Harness) {
     let k = key("a");
     let f1 = Fingerprint::of_bytes(b"deposit 5");
     let f2 = Fingerprint::of_bytes(b"deposit 6");
-    let Start::Started(c) = s.start(&k, Some(&f1), long()).await.unwrap() else {
+    let Start::Started(c) = s
+        .start(StartRequest::new(&k, long()).fingerprint(Some(&f1)))
+        .await
+        .unwrap()
+    else {
         panic!("not started")
     };
     assert!(matches!(
-        s.start(&k, Some(&f2), long()).await,
+        s.start(StartRequest::new(&k, long()).fingerprint(Some(&f2)))
+            .await,
         Err(Error::KeyReused)
     ));
-    s.complete(&c, done(b"r"), long()).await.unwrap();
+    s.complete(&c, done(b"r", long())).await.unwrap();
     assert!(matches!(
-        s.start(&k, Some(&f2), long()).await,
+        s.start(StartRequest::new(&k, long()).fingerprint(Some(&f2)))
+            .await,
         Err(Error::KeyReused)
     ));
     let rec = s.get(&k).await.unwrap().unwrap();
@@ -203,16 +211,22 @@ pub async fn matching_or_absent_fingerprint_replays(h: impl Harness) {
     let s = h.store();
     let k = key("a");
     let f = Fingerprint::of_bytes(b"req");
-    let Start::Started(c) = s.start(&k, Some(&f), long()).await.unwrap() else {
+    let Start::Started(c) = s
+        .start(StartRequest::new(&k, long()).fingerprint(Some(&f)))
+        .await
+        .unwrap()
+    else {
         panic!("not started")
     };
-    s.complete(&c, done(b"r"), long()).await.unwrap();
+    s.complete(&c, done(b"r", long())).await.unwrap();
     assert!(matches!(
-        s.start(&k, Some(&f), long()).await.unwrap(),
+        s.start(StartRequest::new(&k, long()).fingerprint(Some(&f)))
+            .await
+            .unwrap(),
         Start::Completed(_)
     ));
     assert!(matches!(
-        s.start(&k, None, long()).await.unwrap(),
+        s.start(StartRequest::new(&k, long())).await.unwrap(),
         Start::Completed(_)
     ));
 }
@@ -231,10 +245,10 @@ pub async fn stale_claim_is_fenced(h: impl Harness) {
     wait(past_short()).await;
     let owner = claim(&*s, &k, long()).await;
     assert_lease_lost(s.renew(&stale, long()).await);
-    assert_lease_lost(s.complete(&stale, done(b"stale"), long()).await);
+    assert_lease_lost(s.complete(&stale, done(b"stale", long())).await);
     assert_lease_lost(s.abort(&stale).await);
-    s.complete(&owner, done(b"owner"), long()).await.unwrap();
-    assert_lease_lost(s.complete(&stale, done(b"stale"), long()).await);
+    s.complete(&owner, done(b"owner", long())).await.unwrap();
+    assert_lease_lost(s.complete(&stale, done(b"stale", long())).await);
     assert_lease_lost(s.abort(&stale).await);
     assert_replays(&*s, &k, b"owner").await;
 }
@@ -245,10 +259,10 @@ pub async fn token_is_unique_across_abort_and_reclaim(h: impl Harness) {
     s.abort(&old).await.unwrap();
     let new = claim(&*s, &k, long()).await;
     assert_ne!(old.token(), new.token());
-    assert_lease_lost(s.complete(&old, done(b"old"), long()).await);
+    assert_lease_lost(s.complete(&old, done(b"old", long())).await);
     assert_lease_lost(s.renew(&old, long()).await);
     assert_lease_lost(s.abort(&old).await);
-    s.complete(&new, done(b"new"), long()).await.unwrap();
+    s.complete(&new, done(b"new", long())).await.unwrap();
     assert_replays(&*s, &k, b"new").await;
 }
 
@@ -266,7 +280,7 @@ pub async fn renew_extends_lease(h: impl Harness) {
     s.renew(&c, long()).await.unwrap();
     wait(past_short()).await;
     assert_locked(&*s, &k).await;
-    s.complete(&c, done(b"r"), long()).await.unwrap();
+    s.complete(&c, done(b"r", long())).await.unwrap();
 }
 
 /// A claim whose lease ended may still complete while nobody took the key over.
@@ -274,14 +288,14 @@ pub async fn complete_after_lease_end_without_takeover(h: impl Harness) {
     // Nobody else claimed the key, so the record still carries this token: completing is safe.
     let (s, k, c) = claimed(&h, short()).await;
     wait(past_short()).await;
-    s.complete(&c, done(b"late"), long()).await.unwrap();
+    s.complete(&c, done(b"late", long())).await.unwrap();
     assert_replays(&*s, &k, b"late").await;
 }
 
 /// A completed record replays until its retention ends; then the key starts again.
 pub async fn retention_ends_then_runs_again(h: impl Harness) {
     let (s, k, c) = claimed(&h, long()).await;
-    s.complete(&c, done(b"r"), short()).await.unwrap();
+    s.complete(&c, done(b"r", short())).await.unwrap();
     replayed(&*s, &k).await;
     wait(past_short()).await;
     claim(&*s, &k, long()).await;
@@ -292,11 +306,11 @@ pub async fn prune_deletes_only_expired(h: impl Harness) {
     let s = h.store();
     for i in 0..4 {
         let c = claim(&*s, &key(&format!("done-short-{i}")), long()).await;
-        s.complete(&c, done(b"r"), short()).await.unwrap();
+        s.complete(&c, done(b"r", short())).await.unwrap();
         claim(&*s, &key(&format!("lease-short-{i}")), short()).await;
     }
     let live_done = claim(&*s, &key("done-long"), long()).await;
-    s.complete(&live_done, done(b"r"), long()).await.unwrap();
+    s.complete(&live_done, done(b"r", long())).await.unwrap();
     claim(&*s, &key("lease-long"), long()).await;
     assert_eq!(
         s.prune_expired(100).await.unwrap(),
@@ -325,7 +339,7 @@ pub async fn prune_respects_limit(h: impl Harness) {
     let s = h.store();
     for i in 0..5 {
         let c = claim(&*s, &key(&format!("k{i}")), long()).await;
-        s.complete(&c, done(b"r"), short()).await.unwrap();
+        s.complete(&c, done(b"r", short())).await.unwrap();
     }
     wait(past_short()).await;
     let counts: &[u64] = if h.expires_by_itself() {
@@ -347,7 +361,11 @@ pub async fn get_reports_live_records_only(h: impl Harness) {
     let k = key("a");
     let f = Fingerprint::of_bytes(b"req");
     assert!(s.get(&k).await.unwrap().is_none());
-    let Start::Started(c) = s.start(&k, Some(&f), short()).await.unwrap() else {
+    let Start::Started(c) = s
+        .start(StartRequest::new(&k, short()).fingerprint(Some(&f)))
+        .await
+        .unwrap()
+    else {
         panic!("not started")
     };
     let rec = s.get(&k).await.unwrap().unwrap();
@@ -363,7 +381,7 @@ pub async fn get_reports_live_records_only(h: impl Harness) {
         "an expired lease reads as absent"
     );
     let c = claim(&*s, &k, long()).await;
-    s.complete(&c, done(b"r"), long()).await.unwrap();
+    s.complete(&c, done(b"r", long())).await.unwrap();
     match s.get(&k).await.unwrap().unwrap().state {
         RecordState::Completed(cached) => assert_eq!(cached.response.as_deref(), Some(&b"r"[..])),
         other => panic!("expected Completed, got {other:?}"),
@@ -375,7 +393,7 @@ pub async fn evict_fences_running_claim(h: impl Harness) {
     let (s, k, c) = claimed(&h, long()).await;
     assert!(s.evict(&k).await.unwrap());
     assert!(!s.evict(&k).await.unwrap());
-    assert_lease_lost(s.complete(&c, done(b"r"), long()).await);
+    assert_lease_lost(s.complete(&c, done(b"r", long())).await);
     assert!(s.get(&k).await.unwrap().is_none());
 }
 
@@ -383,16 +401,16 @@ pub async fn evict_fences_running_claim(h: impl Harness) {
 pub async fn bad_durations_change_nothing(h: impl Harness) {
     let s = h.store();
     let k = key("a");
-    assert_invalid(s.start(&k, None, Duration::ZERO).await);
+    assert_invalid(s.start(StartRequest::new(&k, Duration::ZERO)).await);
     assert!(s.get(&k).await.unwrap().is_none());
     let c = claim(&*s, &k, long()).await;
-    assert_invalid(s.complete(&c, done(b"r"), Duration::ZERO).await);
+    assert_invalid(s.complete(&c, done(b"r", Duration::ZERO)).await);
     assert_invalid(s.renew(&c, Duration::ZERO).await);
     assert!(matches!(
         s.get(&k).await.unwrap().unwrap().state,
         RecordState::InProgress { .. }
     ));
-    s.complete(&c, done(b"r"), long()).await.unwrap();
+    s.complete(&c, done(b"r", long())).await.unwrap();
 }
 
 /// A completion retried after its first attempt committed (its answer lost on the way back)
@@ -400,8 +418,8 @@ pub async fn bad_durations_change_nothing(h: impl Harness) {
 /// neither aborted nor renewed.
 pub async fn complete_twice_keeps_the_first_result(h: impl Harness) {
     let (s, k, c) = claimed(&h, long()).await;
-    s.complete(&c, done(b"first"), long()).await.unwrap();
-    s.complete(&c, done(b"second"), short()).await.unwrap();
+    s.complete(&c, done(b"first", long())).await.unwrap();
+    s.complete(&c, done(b"second", short())).await.unwrap();
     assert_lease_lost(s.abort(&c).await);
     assert_lease_lost(s.renew(&c, long()).await);
     // The second completion's shorter retention did not replace the first one's either.
@@ -410,7 +428,7 @@ pub async fn complete_twice_keeps_the_first_result(h: impl Harness) {
     // Another claim's record is still fenced off: completing the old claim is a lost lease.
     assert!(s.evict(&k).await.unwrap());
     let next = claim(&*s, &k, long()).await;
-    assert_lease_lost(s.complete(&c, done(b"stale"), long()).await);
-    s.complete(&next, done(b"next"), long()).await.unwrap();
+    assert_lease_lost(s.complete(&c, done(b"stale", long())).await);
+    s.complete(&next, done(b"next", long())).await.unwrap();
     assert_replays(&*s, &k, b"next").await;
 }

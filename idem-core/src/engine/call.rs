@@ -682,8 +682,9 @@ async fn store_input(
         name: INPUT_STEP,
         position: INPUT_POSITION,
         result: Some(input),
+        retention,
     };
-    store.write_step(claim, step, retention).await
+    store.write_step(claim, step).await
 }
 
 /// Marks `attempt` of the operation `claim` holds as failed (see
@@ -699,6 +700,7 @@ async fn mark_failed(
         name: &name,
         position: INPUT_POSITION,
         result: Some(b""),
+        retention,
     };
-    store.write_step(claim, step, retention).await
+    store.write_step(claim, step).await
 }

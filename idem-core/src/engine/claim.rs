@@ -9,7 +9,7 @@ use super::underway::Releasing;
 use super::Shared;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::Start;
+use crate::record::{Start, StartRequest};
 
 /// One claim attempt that is finished even if its caller goes away: a claim statement in flight
 /// (waiting on a lock, say) may still commit, so an orphaned attempt runs on to its end on a task
@@ -22,13 +22,16 @@ pub(super) async fn start(
 ) -> Result<Start, Error> {
     if let Some(now) = shared.store.immediate() {
         // Done before this returns: nothing to run on after a caller that goes away.
-        return now.start_now(key, fingerprint, lease);
+        return now.start_now(StartRequest::new(key, lease).fingerprint(fingerprint));
     }
     let attempt = {
         let (store, key, fingerprint) = (shared.store.clone(), *key, fingerprint.copied());
         // Through `&dyn Store`: on the `Arc` itself, the call would go through `Arc`'s
         // forwarding impl and box its future twice.
-        Box::pin(async move { (*store).start(&key, fingerprint.as_ref(), lease).await })
+        Box::pin(async move {
+            let request = StartRequest::new(&key, lease).fingerprint(fingerprint.as_ref());
+            (*store).start(request).await
+        })
     };
     let shared = shared.clone();
     let key = *key;

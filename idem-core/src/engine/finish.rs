@@ -101,7 +101,7 @@ impl ClaimGuard {
         };
         if let Some(now) = self.shared.store.immediate() {
             // Done before this returns, so finished whatever the caller does next.
-            let stored = now.complete_now(&completing.claim, completing.completion(), retention);
+            let stored = now.complete_now(&completing.claim, completing.completion());
             return completing.settle(stored);
         }
         RunToEnd::new(
@@ -131,14 +131,9 @@ impl ClaimGuard {
         let completion = Completion {
             response: Some(&sealed),
             is_error: false,
+            retention,
         };
-        let stored = renewing(
-            store,
-            &claim,
-            lease,
-            store.complete(&claim, completion, retention),
-        )
-        .await;
+        let stored = renewing(store, &claim, lease, store.complete(&claim, completion)).await;
         self.shared.waiters.wake(claim.key());
         stored
     }
@@ -199,7 +194,7 @@ impl Completing {
         let store = &*self.shared.store;
         // The lease is still renewed while the completion waits (for a pooled connection taken by
         // other work, say), so the key cannot be taken over in the meantime.
-        let completing = store.complete(&self.claim, self.completion(), self.retention);
+        let completing = store.complete(&self.claim, self.completion());
         let stored = renewing(store, &self.claim, self.lease, completing).await;
         self.settle(stored)
     }
@@ -208,6 +203,7 @@ impl Completing {
         Completion {
             response: Some(&self.sealed),
             is_error: self.is_error,
+            retention: self.retention,
         }
     }
 
@@ -281,6 +277,7 @@ impl Retrying {
         let done = Completion {
             response,
             is_error: self.pending.record.is_error,
+            retention: self.retention,
         };
         let give_up = Instant::now() + self.retention;
         let longest = RETRY_MAX.min(self.lease / 3);
@@ -291,7 +288,7 @@ impl Retrying {
                 let jitter = backoff.mul_f64(fastrand::f64() * 0.5);
                 tokio::time::sleep((backoff + jitter).min(longest)).await;
                 backoff = (backoff * 2).min(longest);
-                match store.complete(&self.claim, done, self.retention).await {
+                match store.complete(&self.claim, done).await {
                     Ok(()) => {
                         tracing::info!(%key, "the result was stored after a retry");
                         return;

@@ -421,7 +421,7 @@ impl<C: Codec> Idempotency<C> {
     /// let day = Duration::from_secs(86_400);
     /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
     /// assert_eq!(engine.begin_steps(&claim, day).await?.attempt, 1);
-    /// engine.write_step(&claim, StepWrite { name: "charge", position: 0, result: Some(b"7") }, day).await?;
+    /// engine.write_step(&claim, StepWrite { name: "charge", position: 0, result: Some(b"7"), retention: day }).await?;
     /// assert_eq!(engine.begin_steps(&claim, day).await?.steps.len(), 1);
     /// # Ok(()) }
     /// ```
@@ -443,24 +443,15 @@ impl<C: Codec> Idempotency<C> {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let Begun::Claimed(claim) = engine.call(Key::derive("ride", "", "r-2")?).begin().await? else { unreachable!() };
-    /// let unnamed = StepWrite { name: "", position: 0, result: None };
-    /// let refused = engine.write_step(&claim, unnamed, Duration::from_secs(60)).await;
+    /// let unnamed = StepWrite { name: "", position: 0, result: None, retention: Duration::from_secs(60) };
+    /// let refused = engine.write_step(&claim, unnamed).await;
     /// assert!(matches!(refused, Err(Error::InvalidStep(_))));
     /// # Ok(()) }
     /// ```
-    pub async fn write_step(
-        &self,
-        claim: &Claim,
-        step: StepWrite<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        check_duration("retention", retention)?;
+    pub async fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error> {
+        step.check()?;
         check_step_name(step.name)?;
-        self.inner
-            .shared
-            .store
-            .write_step(claim, step, retention)
-            .await
+        self.inner.shared.store.write_step(claim, step).await
     }
 
     /// Who holds `key` now, read without claiming it: for transports whose clients complete

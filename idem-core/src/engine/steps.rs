@@ -235,7 +235,15 @@ impl<C: Codec> Steps<C> {
                 .codec()
                 .decode(&bytes)
                 .map_err(Error::Codec)?),
-            Plan::Begun(position) | Plan::Run(position) => run(StepAt { name, position }).await,
+            Plan::Begun(position) | Plan::Run(position) => {
+                let retention = self.inner.retention;
+                run(StepAt {
+                    name,
+                    position,
+                    retention,
+                })
+                .await
+            }
         }
     }
 
@@ -249,16 +257,19 @@ impl<C: Codec> Steps<C> {
             .map_err(Error::Codec)
     }
 
-    /// Stores `step` for this attempt's claim (nothing without a key).
-    async fn write(&self, step: StepWrite<'_>) -> Result<(), Error> {
+    /// Stores the step `name` at `position` for this attempt's claim, begun (`result` `None`)
+    /// or finished (nothing without a key).
+    async fn write(&self, name: &str, position: u32, result: Option<&[u8]>) -> Result<(), Error> {
         let Some(claim) = &self.inner.claim else {
             return Ok(());
         };
-        self.inner
-            .engine
-            .store()
-            .write_step(claim, step, self.inner.retention)
-            .await
+        let step = StepWrite {
+            name,
+            position,
+            result,
+            retention: self.inner.retention,
+        };
+        self.inner.engine.store().write_step(claim, step).await
     }
 }
 
@@ -321,7 +332,7 @@ impl<C: Codec> Steps<C> {
             let bytes = self.encode(&value)?;
             if let Some(claim) = &self.inner.claim {
                 store
-                    .write_step_in(conn, claim, step.finished(&bytes), self.inner.retention)
+                    .write_step_in(conn, claim, step.finished(&bytes))
                     .await?;
             }
             Ok(value)
@@ -405,7 +416,7 @@ impl<C: Codec> Steps<C> {
             match &self.inner.claim {
                 Some(claim) => {
                     store
-                        .write_step_with(claim, step.finished(&bytes), self.inner.retention, writes)
+                        .write_step_with(claim, step.finished(&bytes), writes)
                         .await?
                 }
                 None if writes.is_empty() => {}
@@ -437,6 +448,7 @@ impl<C: Codec> Steps<C> {
 struct StepAt<'n> {
     name: &'n str,
     position: u32,
+    retention: Duration,
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "dynamodb"))]
@@ -450,6 +462,7 @@ impl<'n> StepAt<'n> {
             name: self.name,
             position: self.position,
             result: Some(result),
+            retention: self.retention,
         }
     }
 }
@@ -549,23 +562,11 @@ impl<C: Codec> Step<'_, C> {
             Plan::Begun(position) | Plan::Run(position) => position,
         };
         if self.at_most_once {
-            steps
-                .write(StepWrite {
-                    name: self.name,
-                    position,
-                    result: None,
-                })
-                .await?;
+            steps.write(self.name, position, None).await?;
         }
         let value = work().await?;
         let bytes = codec.encode(&value).map_err(Error::Codec)?;
-        steps
-            .write(StepWrite {
-                name: self.name,
-                position,
-                result: Some(&bytes),
-            })
-            .await?;
+        steps.write(self.name, position, Some(&bytes)).await?;
         Ok(value)
     }
 }

@@ -50,7 +50,7 @@ use super::{Call, Core, EngineBuilder, Outcome, Policy};
 use crate::codec::{Codec, JsonCodec};
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Claim, Completion, Start};
+use crate::record::{Claim, Completion, Start, StartRequest};
 use crate::store::TransactionalStore;
 
 /// A boxed future borrowing the connection, as a transactional [`Call::run`]'s work returns.
@@ -160,10 +160,9 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
         let done = Completion {
             response: Some(&sealed.bytes),
             is_error: false,
+            retention: claim.retention,
         };
-        self.store
-            .complete_in(conn, &claim_, done, claim.retention)
-            .await
+        self.store.complete_in(conn, &claim_, done).await
     }
 
     /// Deletes the claim inside the transaction after the work failed, so a commit leaves the key
@@ -221,12 +220,9 @@ impl<S: TransactionalStore, C: Codec> Call<'_, Transactional<S, C>> {
                 retention: resolved.retention,
             }));
         };
-        let fingerprint = self.fingerprint.as_ref();
-        match engine
-            .store
-            .start_in(conn, &key, fingerprint, resolved.lease)
-            .await?
-        {
+        let request =
+            StartRequest::new(&key, resolved.lease).fingerprint(self.fingerprint.as_ref());
+        match engine.store.start_in(conn, request).await? {
             Start::Started(claim) => Ok(TxStart::Run(TxClaim {
                 claim: Some(claim),
                 retention: resolved.retention,

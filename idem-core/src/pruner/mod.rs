@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Claim, Start};
+use crate::record::{Claim, Start, StartRequest};
 use crate::store::{check_duration, Store};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -888,7 +888,12 @@ impl Lease for RecordsLease {
                 Err(e) => Err(e),
             };
         }
-        match self.store.start(&(self.key)()?, None, self.length).await? {
+        let key = (self.key)()?;
+        match self
+            .store
+            .start(StartRequest::new(&key, self.length))
+            .await?
+        {
             Start::Started(claim) => {
                 self.claim = Some(claim);
                 Ok(true)

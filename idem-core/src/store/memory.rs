@@ -11,8 +11,10 @@ use async_trait::async_trait;
 use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, KeyMap, Token};
-use crate::record::{Claim, Completion, Record, RecordState, Start, StoredResult};
-use crate::step::{failed_step, Abandoned, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP};
+use crate::record::{Claim, Completion, Record, RecordState, Start, StartRequest, StoredResult};
+use crate::step::{
+    failed_step, Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP,
+};
 use crate::store::{check_duration, check_fingerprint, Immediate, Store};
 
 /// A record as the store keeps it: 96 bytes a slot with its key, where the public
@@ -455,19 +457,20 @@ impl Records {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Completion, Key, ManualClock, MemoryStore, Start, Store};
+/// use idem_core::{Completion, Key, ManualClock, MemoryStore, Start, StartRequest, Store};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
 /// let clock = ManualClock::new();
 /// let store = MemoryStore::with_clock(clock.clone());
 /// let lease = Duration::from_secs(30);
 /// let old = Key::derive("deposit", "alice", "req-1")?;
-/// let Start::Started(claim) = store.start(&old, None, lease).await? else { unreachable!() };
-/// store.complete(&claim, Completion { response: None, is_error: false }, Duration::from_secs(60)).await?;
+/// let Start::Started(claim) = store.start(StartRequest::new(&old, lease)).await? else { unreachable!() };
+/// let retention = Duration::from_secs(60);
+/// store.complete(&claim, Completion { response: None, is_error: false, retention }).await?;
 ///
 /// // Its retention ends; the next call frees it, with no prune.
 /// clock.advance(Duration::from_secs(61));
 /// let new = Key::derive("deposit", "alice", "req-2")?;
-/// store.start(&new, None, lease).await?;
+/// store.start(StartRequest::new(&new, lease)).await?;
 /// assert_eq!(store.len(), 1);
 /// # Ok(()) }
 /// ```
@@ -558,13 +561,9 @@ impl MemoryStore {
 
 /// Nothing in this store waits: the engine calls its claims and completions directly.
 impl Immediate for MemoryStore {
-    fn start_now(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        check_duration("lease", lease)?;
+    fn start_now(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+        request.check()?;
+        let (key, fingerprint, lease) = (request.key, request.fingerprint, request.lease);
         self.mutate(
             |records, now| match records.claim(*key, now, lease, fingerprint.copied()) {
                 Ok(token) => Ok(Start::Started(Claim::new(*key, token))),
@@ -581,13 +580,9 @@ impl Immediate for MemoryStore {
         )
     }
 
-    fn complete_now(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        check_duration("retention", retention)?;
+    fn complete_now(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
+        completion.check()?;
+        let retention = completion.retention;
         self.mutate(|records, now| {
             records.update_owned(claim, false, retention, |e| {
                 // Completing the same claim again succeeds and keeps the first result.
@@ -613,22 +608,12 @@ impl Store for MemoryStore {
         Some(self)
     }
 
-    async fn start(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        Immediate::start_now(self, key, fingerprint, lease)
+    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+        Immediate::start_now(self, request)
     }
 
-    async fn complete(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        Immediate::complete_now(self, claim, completion, retention)
+    async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
+        Immediate::complete_now(self, claim, completion)
     }
 
     async fn abort(&self, claim: &Claim) -> Result<(), Error> {
@@ -655,11 +640,7 @@ impl Store for MemoryStore {
             .lock()
             .get(key)
             .filter(|e| e.expires_at() > now)
-            .map(|e| Record {
-                key: *key,
-                fingerprint: e.fingerprint().copied(),
-                state: e.state(),
-            }))
+            .map(|e| Record::new(*key, e.fingerprint().copied(), e.state())))
     }
 
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
@@ -694,12 +675,9 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn find_abandoned(
-        &self,
-        after: Option<&Key>,
-        limit: u32,
-    ) -> Result<Vec<Abandoned>, Error> {
+    async fn find_abandoned(&self, query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error> {
         let now = self.clock.now();
+        let AbandonedQuery { after, limit } = query;
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
         let records = self.lock();
         let mut found: Vec<(Key, &[u8])> = records
@@ -733,16 +711,11 @@ impl Store for MemoryStore {
             .collect()
     }
 
-    async fn write_step(
-        &self,
-        claim: &Claim,
-        step: StepWrite<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        check_duration("retention", retention)?;
+    async fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error> {
+        step.check()?;
         self.mutate(|records, now| {
             records.check_running(claim)?;
-            let entry = records.steps_of(claim, now, now + retention);
+            let entry = records.steps_of(claim, now, now + step.retention);
             let state = match step.result {
                 Some(result) => StepState::Finished(result.to_vec()),
                 None => StepState::Begun,
@@ -782,15 +755,16 @@ mod tests {
         Key::from_bytes(bytes)
     }
 
-    fn done() -> Completion<'static> {
+    fn done(retention: Duration) -> Completion<'static> {
         Completion {
             response: Some(b"r"),
             is_error: false,
+            retention,
         }
     }
 
     async fn claim(store: &MemoryStore, key: &Key, lease: Duration) -> Claim {
-        match store.start(key, None, lease).await.unwrap() {
+        match store.start(StartRequest::new(key, lease)).await.unwrap() {
             Start::Started(c) => c,
             other => panic!("expected Started, got {other:?}"),
         }
@@ -834,10 +808,10 @@ mod tests {
         let renewed = claim(&store, &key(1), Duration::from_secs(1)).await;
         store.renew(&renewed, LONG).await.unwrap();
         let completed = claim(&store, &key(2), LONG).await;
-        store.complete(&completed, done(), LONG).await.unwrap();
+        store.complete(&completed, done(LONG)).await.unwrap();
         // A repeated completion keeps the first retention, so the index does not move either.
         store
-            .complete(&completed, done(), Duration::from_secs(1))
+            .complete(&completed, done(Duration::from_secs(1)))
             .await
             .unwrap();
         let aborted = claim(&store, &key(3), LONG).await;
@@ -876,7 +850,7 @@ mod tests {
         let store = MemoryStore::with_clock(clock.clone());
         for i in 0..100 {
             let c = claim(&store, &key(i), LONG).await;
-            store.complete(&c, done(), RETENTION).await.unwrap();
+            store.complete(&c, done(RETENTION)).await.unwrap();
         }
         assert_eq!(index_len(&store), 100);
         let renewed = claim(&store, &key(100), LONG).await;
@@ -895,8 +869,8 @@ mod tests {
             claim(&store, &key(103), LONG).await,
             claim(&store, &key(104), LONG).await,
         );
-        store.complete(&first, done(), RETENTION).await.unwrap();
-        store.complete(&second, done(), RETENTION).await.unwrap();
+        store.complete(&first, done(RETENTION)).await.unwrap();
+        store.complete(&second, done(RETENTION)).await.unwrap();
         assert_eq!(index_len(&store), 101 + 3);
         assert_in_step(&store);
         clock.advance(LONG * 2);
@@ -917,7 +891,7 @@ mod tests {
             claims.push(claim(&store, &key(i), Duration::from_millis(500)).await);
         }
         for c in &claims {
-            store.complete(c, done(), RETENTION).await.unwrap();
+            store.complete(c, done(RETENTION)).await.unwrap();
         }
         assert_eq!(index_len(&store), 599);
         clock.advance(Duration::from_secs(2));
@@ -943,7 +917,7 @@ mod tests {
             first.get_or_insert(c);
         }
         let first = first.unwrap();
-        store.complete(&first, done(), LONG).await.unwrap();
+        store.complete(&first, done(LONG)).await.unwrap();
         {
             let records = store.lock();
             let index = &records.by_expiry;
@@ -1057,11 +1031,11 @@ mod tests {
         let c = claim(&store, &fresh, LONG).await;
         assert_eq!(store.lock().examined, SWEEP);
         assert_eq!(store.len(), (EXPIRED as usize) - SWEEP + 1);
-        store.complete(&c, done(), LONG).await.unwrap();
+        store.complete(&c, done(LONG)).await.unwrap();
         assert_eq!(store.lock().examined, 2 * SWEEP);
         // A replay frees its few as well, and reads the record in one lookup.
         assert!(matches!(
-            store.start(&fresh, None, LONG).await.unwrap(),
+            store.start(StartRequest::new(&fresh, LONG)).await.unwrap(),
             Start::Completed(_)
         ));
         assert_eq!(store.lock().examined, 3 * SWEEP);
@@ -1078,7 +1052,7 @@ mod tests {
         let store = MemoryStore::with_clock(clock.clone());
         for i in 0..BURST {
             let c = claim(&store, &key(i), LONG).await;
-            store.complete(&c, done(), RETENTION).await.unwrap();
+            store.complete(&c, done(RETENTION)).await.unwrap();
         }
         assert_eq!(store.len(), BURST as usize);
         let peak = store.lock().capacity();
@@ -1089,7 +1063,7 @@ mod tests {
         let after = BURST / 16;
         for i in BURST..BURST + after {
             let c = claim(&store, &key(i), LONG).await;
-            store.complete(&c, done(), LONG).await.unwrap();
+            store.complete(&c, done(LONG)).await.unwrap();
         }
         assert_eq!(store.len(), after as usize, "only the new keys are held");
         let capacity = store.lock().capacity();
@@ -1112,7 +1086,7 @@ mod tests {
         let mut peak = 0;
         for i in 0..KEYS {
             let c = claim(&store, &key(i), LONG).await;
-            store.complete(&c, done(), RETENTION).await.unwrap();
+            store.complete(&c, done(RETENTION)).await.unwrap();
             clock.advance(Duration::from_millis(1));
             peak = peak.max(store.len());
         }
@@ -1125,14 +1099,17 @@ mod tests {
         for i in now_expiring + 1..KEYS {
             assert!(
                 matches!(
-                    store.start(&key(i), None, LONG).await.unwrap(),
+                    store.start(StartRequest::new(&key(i), LONG)).await.unwrap(),
                     Start::Completed(_)
                 ),
                 "key {i} is still retained"
             );
         }
         assert!(matches!(
-            store.start(&key(now_expiring), None, LONG).await.unwrap(),
+            store
+                .start(StartRequest::new(&key(now_expiring), LONG))
+                .await
+                .unwrap(),
             Start::Started(_)
         ));
     }

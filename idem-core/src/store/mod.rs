@@ -16,8 +16,8 @@ use async_trait::async_trait;
 
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::{Claim, Completion, Record, Start};
-use crate::step::{Abandoned, StepLog, StepWrite};
+use crate::record::{Claim, Completion, Record, Start, StartRequest};
+use crate::step::{Abandoned, AbandonedQuery, StepLog, StepWrite};
 
 pub(crate) mod admin;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -65,17 +65,19 @@ pub mod url;
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Completion, Key, MemoryStore, Start, Store};
+/// use idem_core::{Completion, Key, MemoryStore, Start, StartRequest, Store};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
 /// let store = MemoryStore::new();
 /// let key = Key::derive("deposit", "alice", "req-1")?;
-/// let Start::Started(claim) = store.start(&key, None, Duration::from_secs(30)).await? else {
+/// let lease = Duration::from_secs(30);
+/// let Start::Started(claim) = store.start(StartRequest::new(&key, lease)).await? else {
 ///     unreachable!("a new key is always started");
 /// };
-/// store.complete(&claim, Completion { response: Some(b"ok"), is_error: false }, Duration::from_secs(3600)).await?;
+/// let retention = Duration::from_secs(3600);
+/// store.complete(&claim, Completion { response: Some(b"ok"), is_error: false, retention }).await?;
 /// // Completing the same claim again (say, after a lost answer) is Ok; the first result stands.
-/// store.complete(&claim, Completion { response: Some(b"again"), is_error: false }, Duration::from_secs(3600)).await?;
-/// let Start::Completed(cached) = store.start(&key, None, Duration::from_secs(30)).await? else {
+/// store.complete(&claim, Completion { response: Some(b"again"), is_error: false, retention }).await?;
+/// let Start::Completed(cached) = store.start(StartRequest::new(&key, lease)).await? else {
 ///     unreachable!("a completed key replays");
 /// };
 /// assert_eq!(cached.response.as_deref(), Some(&b"ok"[..]));
@@ -83,15 +85,12 @@ pub mod url;
 /// ```
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Claims `key` for `lease`, or reports why not. See [`Start`].
-    async fn start(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error>;
+    /// Claims the request's key for its lease, or reports why not. See [`Start`]. A lease out
+    /// of range is [`Error::InvalidConfig`] ([`StartRequest::check`]).
+    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error>;
 
-    /// Stores the response and keeps it for `retention`. Fails with [`Error::LeaseLost`] when the
+    /// Stores the response and keeps it for the completion's retention (one out of range is
+    /// [`Error::InvalidConfig`], [`Completion::check`]). Fails with [`Error::LeaseLost`] when the
     /// record no longer carries the claim's token (it was taken over after its lease ended,
     /// aborted or evicted).
     ///
@@ -99,12 +98,7 @@ pub trait Store: Send + Sync + 'static {
     /// its retention stand. A caller whose `complete` failed with an
     /// [`Unavailable`](crate::StoreErrorKind::Unavailable) store error, and so cannot tell
     /// whether it committed, may therefore simply call it again.
-    async fn complete(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error>;
+    async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error>;
 
     /// Deletes the in-progress record so a retry may run again. [`Error::LeaseLost`] when the
     /// record no longer carries the claim's token or has completed (a completed record is never
@@ -153,16 +147,17 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Key, MemoryStore, Start, StepState, StepWrite, Store};
+    /// use idem_core::{Key, MemoryStore, Start, StartRequest, StepState, StepWrite, Store};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
     /// let store = MemoryStore::new();
     /// let key = Key::derive("ride", "", "r-1")?;
-    /// let day = Duration::from_secs(86_400);
-    /// let Start::Started(claim) = store.start(&key, None, Duration::from_secs(30)).await? else { unreachable!() };
+    /// let (lease, day) = (Duration::from_secs(30), Duration::from_secs(86_400));
+    /// let Start::Started(claim) = store.start(StartRequest::new(&key, lease)).await? else { unreachable!() };
     /// assert_eq!(store.begin_steps(&claim, day).await?.attempt, 1);
-    /// store.write_step(&claim, StepWrite { name: "charge", position: 0, result: Some(b"7") }, day).await?;
+    /// let charged = StepWrite { name: "charge", position: 0, result: Some(b"7"), retention: day };
+    /// store.write_step(&claim, charged).await?;
     /// store.abort(&claim).await?; // the work failed after its first step
-    /// let Start::Started(retry) = store.start(&key, None, Duration::from_secs(30)).await? else { unreachable!() };
+    /// let Start::Started(retry) = store.start(StartRequest::new(&key, lease)).await? else { unreachable!() };
     /// let log = store.begin_steps(&retry, day).await?;
     /// assert_eq!(log.attempt, 2);
     /// assert_eq!(log.steps[0].state, StepState::Finished(b"7".to_vec()));
@@ -174,54 +169,48 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Stores that a step begins (`step.result` `None`: an at-most-once step, before it runs)
-    /// or its result, kept for `retention` from now. Fenced as `complete`: only while the
+    /// or its result, and keeps the operation's steps for `step.retention` from now (one out of
+    /// range is [`Error::InvalidConfig`], [`StepWrite::check`]). Fenced as `complete`: only while the
     /// operation's record is in progress and carries the claim's token, else
     /// [`Error::LeaseLost`]. A step that already has a result keeps it (`Ok`, the first result
     /// stands), so a write repeated after a lost answer is harmless.
     /// [`Error::StepsUnsupported`], the default, for a store that keeps no steps.
-    async fn write_step(
-        &self,
-        claim: &Claim,
-        step: StepWrite<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        let _ = (claim, step, retention);
+    async fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error> {
+        let _ = (claim, step);
         Err(Error::StepsUnsupported)
     }
 
-    /// Up to `limit` abandoned operations (see [`Abandoned`]: their steps keep an input, they
+    /// Up to `query.limit` abandoned operations (see [`Abandoned`]: their steps keep an input, they
     /// ran through [`Call::run_steps_with`](crate::Call::run_steps_with); no claim holds them,
     /// their record being gone or in progress past its lease; not completed; their latest
-    /// attempt not marked failed), with keys greater than `after` (all keys when `None`), by
+    /// attempt not marked failed), with keys greater than `query.after` (all when `None`), by
     /// key: what a [`Completer`](crate::Completer) finishes. A caller pages through them by passing the
-    /// last key it got; a page shorter than `limit` is the last. A read only: it claims
+    /// last key it got; a page shorter than `query.limit` is the last. A read only: it claims
     /// nothing, so an operation found may be claimed by anyone before the caller claims it.
     /// [`Error::CompleterUnsupported`], the default, for a store that cannot look them up.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Abandoned, Key, MemoryStore, ManualClock, Start, StepWrite, Store, INPUT_STEP};
+    /// use idem_core::{Abandoned, AbandonedQuery, Key, MemoryStore, ManualClock, Start, StartRequest};
+    /// use idem_core::{StepWrite, Store, INPUT_STEP};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
     /// let clock = ManualClock::new();
     /// let store = MemoryStore::with_clock(clock.clone());
     /// let key = Key::derive("rides", "", "r-1")?;
     /// let day = Duration::from_secs(86_400);
-    /// let Start::Started(claim) = store.start(&key, None, Duration::from_secs(30)).await? else { unreachable!() };
+    /// let Start::Started(claim) = store.start(StartRequest::new(&key, Duration::from_secs(30))).await? else { unreachable!() };
     /// store.begin_steps(&claim, day).await?;
     /// let input = Abandoned::encode_input("rides", b"{}");
-    /// store.write_step(&claim, StepWrite { name: INPUT_STEP, position: i32::MAX as u32, result: Some(&input) }, day).await?;
-    /// assert!(store.find_abandoned(None, 10).await?.is_empty()); // its lease runs
+    /// store.write_step(&claim, StepWrite { name: INPUT_STEP, position: i32::MAX as u32, result: Some(&input), retention: day }).await?;
+    /// let first_page = AbandonedQuery::first(10);
+    /// assert!(store.find_abandoned(first_page).await?.is_empty()); // its lease runs
     /// clock.advance(Duration::from_secs(31)); // the holder died
-    /// let found = store.find_abandoned(None, 10).await?;
+    /// let found = store.find_abandoned(first_page).await?;
     /// assert_eq!((found[0].key, found[0].scope.as_str()), (key, "rides"));
     /// # Ok(()) }
     /// ```
-    async fn find_abandoned(
-        &self,
-        after: Option<&Key>,
-        limit: u32,
-    ) -> Result<Vec<Abandoned>, Error> {
-        let _ = (after, limit);
+    async fn find_abandoned(&self, query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error> {
+        let _ = query;
         Err(Error::CompleterUnsupported)
     }
 
@@ -247,29 +236,20 @@ pub trait Store: Send + Sync + 'static {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Key, MemoryStore, Start, Store};
+/// use idem_core::{Key, MemoryStore, Start, StartRequest, Store};
 /// let store = MemoryStore::new();
 /// let now = store.immediate().expect("the memory store answers at once");
 /// let key = Key::derive("s", "", "k")?;
-/// assert!(matches!(now.start_now(&key, None, Duration::from_secs(30))?, Start::Started(_)));
+/// let request = StartRequest::new(&key, Duration::from_secs(30));
+/// assert!(matches!(now.start_now(request)?, Start::Started(_)));
 /// # Ok::<(), idem_core::Error>(())
 /// ```
 pub trait Immediate: Send + Sync {
     /// [`Store::start`], done at once.
-    fn start_now(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error>;
+    fn start_now(&self, request: StartRequest<'_>) -> Result<Start, Error>;
 
     /// [`Store::complete`], done at once.
-    fn complete_now(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error>;
+    fn complete_now(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error>;
 }
 
 /// Writes a `Store` impl for `Arc<S>` whose every method forwards to the store inside (the
@@ -296,16 +276,16 @@ macro_rules! forward_to_inner {
 }
 
 forward_to_inner! {
-    fn start(&self, key: &Key, fingerprint: Option<&Fingerprint>, lease: Duration) -> Result<Start, Error>;
-    fn complete(&self, claim: &Claim, completion: Completion<'_>, retention: Duration) -> Result<(), Error>;
+    fn start(&self, request: StartRequest<'_>) -> Result<Start, Error>;
+    fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error>;
     fn abort(&self, claim: &Claim) -> Result<(), Error>;
     fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error>;
     fn get(&self, key: &Key) -> Result<Option<Record>, Error>;
     fn evict(&self, key: &Key) -> Result<bool, Error>;
     fn prune_expired(&self, limit: u32) -> Result<u64, Error>;
     fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error>;
-    fn write_step(&self, claim: &Claim, step: StepWrite<'_>, retention: Duration) -> Result<(), Error>;
-    fn find_abandoned(&self, after: Option<&Key>, limit: u32) -> Result<Vec<Abandoned>, Error>;
+    fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error>;
+    fn find_abandoned(&self, query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error>;
 }
 
 /// How many expired records a pruner deletes per batch unless its store or its config says

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::envelope;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Claim, Completion, Record, RecordState, Start, StoredResult};
+use crate::record::{Claim, Completion, Record, RecordState, Start, StartRequest, StoredResult};
 use crate::step::{StepLog, StepRecord, StepState, StepWrite};
 use crate::store::admin::{ListQuery, StoreAdmin, StoreStats};
 use crate::store::Store;
@@ -552,27 +552,22 @@ impl RemoteStore {
 
 #[async_trait]
 impl Store for RemoteStore {
-    async fn start(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
+    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
         let out: StartOut = self
             .inner
             .call(
                 "start",
                 &StartIn {
-                    at: self.at(key),
-                    lock_period_ms: millis(lease),
+                    at: self.at(request.key),
+                    lock_period_ms: millis(request.lease),
                     fenced: true,
-                    fingerprint_sha256: fingerprint.map(|f| hex(f.as_bytes())),
+                    fingerprint_sha256: request.fingerprint.map(|f| hex(f.as_bytes())),
                 },
             )
             .await?;
         match out.status.as_str() {
             "started" => Ok(Start::Started(Claim::new(
-                *key,
+                *request.key,
                 token_of(out.token.as_deref())?,
             ))),
             "locked" => Ok(Start::Locked {
@@ -587,12 +582,7 @@ impl Store for RemoteStore {
         }
     }
 
-    async fn complete(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
+    async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
         let _: Empty = self
             .inner
             .call(
@@ -603,7 +593,7 @@ impl Store for RemoteStore {
                     absent: completion.response.is_none(),
                     is_error: completion.is_error,
                     observed: true,
-                    ttl_ms: millis(retention),
+                    ttl_ms: millis(completion.retention),
                 },
             )
             .await?;
@@ -642,11 +632,7 @@ impl Store for RemoteStore {
             ),
             other => return Err(malformed(format_args!("get's status {other:?}"))),
         };
-        Ok(Some(Record {
-            key: *key,
-            fingerprint,
-            state,
-        }))
+        Ok(Some(Record::new(*key, fingerprint, state)))
     }
 
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
@@ -677,12 +663,7 @@ impl Store for RemoteStore {
         })
     }
 
-    async fn write_step(
-        &self,
-        claim: &Claim,
-        step: StepWrite<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
+    async fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error> {
         let _: Empty = self
             .inner
             .call(
@@ -692,7 +673,7 @@ impl Store for RemoteStore {
                     name: step.name,
                     position: step.position,
                     result: step.result,
-                    ttl_ms: millis(retention),
+                    ttl_ms: millis(step.retention),
                 },
             )
             .await?;

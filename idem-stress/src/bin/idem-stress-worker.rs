@@ -48,7 +48,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_core::{
     Claim, Completion, Error, Fingerprint, Idempotency, OnLocked, Outcome, PostgresStore, Start,
-    Store, StoreError, StoreErrorKind,
+    StartRequest, Store, StoreError, StoreErrorKind,
 };
 use idem_stress::stores;
 use idem_stress::{key, key_name};
@@ -262,15 +262,19 @@ where
         if tokio::time::Instant::now() >= deadline {
             return Err(format!("deadline passed while {name} stayed locked"));
         }
-        match store.start(&k, Some(&fp), lease).await {
+        match store
+            .start(StartRequest::new(&k, lease).fingerprint(Some(&fp)))
+            .await
+        {
             Ok(Start::Started(claim)) => {
                 let token = token_hex(&claim);
                 let response = run(name.clone(), token.clone()).await?;
                 let done = Completion {
                     response: Some(response.as_bytes()),
                     is_error: false,
+                    retention: RETENTION,
                 };
-                match store.complete(&claim, done, RETENTION).await {
+                match store.complete(&claim, done).await {
                     Ok(()) => {
                         landed(token).await?;
                         return Ok(response);
@@ -447,7 +451,9 @@ async fn hold(opts: &Opts) -> Result<ExitCode, String> {
             let name = key_name(i);
             let claim = match node
                 .store
-                .start(&key(i), Some(&fingerprint(&name)), node.lease)
+                .start(
+                    StartRequest::new(&key(i), node.lease).fingerprint(Some(&fingerprint(&name))),
+                )
                 .await
             {
                 Ok(Start::Started(claim)) => claim,
@@ -490,7 +496,7 @@ async fn claim(opts: &Opts) -> Result<(), String> {
         }
         match node
             .store
-            .start(&key(i), Some(&fingerprint(&name)), node.lease)
+            .start(StartRequest::new(&key(i), node.lease).fingerprint(Some(&fingerprint(&name))))
             .await
         {
             Ok(Start::Started(claim)) => break claim,
@@ -511,6 +517,7 @@ async fn claim(opts: &Opts) -> Result<(), String> {
     let done = Completion {
         response: Some(value.as_bytes()),
         is_error: false,
+        retention: RETENTION,
     };
     if opts.flags.contains_key("then-wait") {
         println!("waiting");
@@ -521,11 +528,11 @@ async fn claim(opts: &Opts) -> Result<(), String> {
         );
         println!(
             "complete {}",
-            outcome(node.store.complete(&claim, done, RETENTION).await)
+            outcome(node.store.complete(&claim, done).await)
         );
         println!("abort {}", outcome(node.store.abort(&claim).await));
     } else {
-        let r = node.store.complete(&claim, done, RETENTION).await;
+        let r = node.store.complete(&claim, done).await;
         if r.is_ok() {
             node.mark_completed(&token_hex(&claim)).await?;
         }

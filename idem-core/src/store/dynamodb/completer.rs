@@ -9,7 +9,7 @@ use super::item::{corrupt, number, State, EXPIRES, PK};
 use super::Inner;
 use crate::error::Error;
 use crate::key::Key;
-use crate::step::{failed_step, Abandoned, INPUT_STEP};
+use crate::step::{failed_step, Abandoned, AbandonedQuery, INPUT_STEP};
 use crate::store::admin::scan::key_from_hex;
 
 /// The attempts counted on a steps item (as `steps.rs` writes it).
@@ -23,8 +23,7 @@ impl Inner {
     /// in progress past its lease and the clock-skew margin (when a claim may take it over).
     pub(super) async fn find_abandoned(
         &self,
-        after: Option<&Key>,
-        limit: u32,
+        query: AbandonedQuery<'_>,
     ) -> Result<Vec<Abandoned>, Error> {
         let input_attr = format!("f:{INPUT_STEP}");
         let mut candidates: Vec<(Key, Vec<u8>)> = Vec::new();
@@ -37,14 +36,14 @@ impl Inner {
             },
             |items| {
                 for item in &items {
-                    candidates.extend(candidate(item, &input_attr, after)?);
+                    candidates.extend(candidate(item, &input_attr, query.after)?);
                 }
                 Ok(())
             },
         )
         .await?;
         candidates.sort_unstable_by_key(|(k, _)| *k);
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let limit = usize::try_from(query.limit).unwrap_or(usize::MAX);
         let mut found = Vec::new();
         for (key, input) in candidates {
             if found.len() >= limit {

@@ -15,8 +15,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::envelope;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Claim, Completion, Record, Start, StoredResult};
-use crate::step::{StepLog, StepWrite};
+use crate::record::{Claim, Completion, Record, Start, StartRequest, StoredResult};
+use crate::step::{Abandoned, AbandonedQuery, StepLog, StepWrite};
 use crate::store::{check_duration, check_fingerprint, Store};
 
 use item::{
@@ -293,12 +293,12 @@ impl DynamoStore {
         &self,
         claim: &Claim,
         step: StepWrite<'_>,
-        retention: Duration,
         items: Vec<aws_sdk_dynamodb::types::TransactWriteItem>,
     ) -> Result<(), Error> {
-        check_duration("retention", retention)?;
+        step.check()?;
+        let retention_ms = duration_millis(step.retention);
         self.inner
-            .write_step(claim, step, duration_millis(retention), items)
+            .write_step(claim, step, retention_ms, items)
             .await
     }
 
@@ -585,15 +585,11 @@ fn too_large(item_bytes: usize) -> String {
 
 #[async_trait]
 impl Store for DynamoStore {
-    async fn start(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        check_duration("lease", lease)?;
+    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+        request.check()?;
+        let (key, fingerprint) = (request.key, request.fingerprint);
         let s = &*self.inner;
-        let lease_ms = duration_millis(lease);
+        let lease_ms = duration_millis(request.lease);
         for _ in 0..CLAIM_ATTEMPTS {
             let now_ms = s.now_ms();
             let expires_ms = now_ms.saturating_add(lease_ms);
@@ -659,16 +655,11 @@ impl Store for DynamoStore {
         )))
     }
 
-    async fn complete(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        check_duration("retention", retention)?;
+    async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
+        completion.check()?;
         let s = &*self.inner;
         let now_ms = s.now_ms();
-        let expires_ms = now_ms.saturating_add(duration_millis(retention));
+        let expires_ms = now_ms.saturating_add(duration_millis(completion.retention));
         let not_retained;
         let response = match completion.response {
             Some(bytes) if item::completed_size(bytes.len()) > MAX_ITEM_BYTES => {
@@ -802,12 +793,8 @@ impl Store for DynamoStore {
         Ok(out.attributes.is_some_and(|a| !a.is_empty()))
     }
 
-    async fn find_abandoned(
-        &self,
-        after: Option<&Key>,
-        limit: u32,
-    ) -> Result<Vec<crate::step::Abandoned>, Error> {
-        self.inner.find_abandoned(after, limit).await
+    async fn find_abandoned(&self, query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error> {
+        self.inner.find_abandoned(query).await
     }
 
     async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
@@ -817,14 +804,8 @@ impl Store for DynamoStore {
             .await
     }
 
-    async fn write_step(
-        &self,
-        claim: &Claim,
-        step: StepWrite<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        self.write_step_with(claim, step, retention, Vec::new())
-            .await
+    async fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error> {
+        self.write_step_with(claim, step, Vec::new()).await
     }
 
     /// Ended records and ended steps items alike (both carry `expires_ms`).

@@ -44,11 +44,11 @@ const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use idem_core::{Key, PostgresStore, Start, Store};
+/// use idem_core::{Key, PostgresStore, Start, StartRequest, Store};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
 /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
 /// let key = Key::derive("deposit", "alice", "req-1")?;
-/// match store.start(&key, None, Duration::from_secs(30)).await? {
+/// match store.start(StartRequest::new(&key, Duration::from_secs(30))).await? {
 ///     Start::Started(claim) => { /* run the work, then store.complete(&claim, …) */ }
 ///     Start::Completed(cached) => { /* replay cached.response */ }
 ///     Start::Locked { retry_after } => { /* another node is running it */ }

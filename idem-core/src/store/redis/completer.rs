@@ -8,7 +8,7 @@ use super::admin::Node;
 use super::{bytes, corrupt, step_record, store_error, Inner};
 use crate::error::Error;
 use crate::key::Key;
-use crate::step::{Abandoned, StepState, FAILED_STEP_PREFIX, INPUT_STEP};
+use crate::step::{Abandoned, AbandonedQuery, StepState, FAILED_STEP_PREFIX, INPUT_STEP};
 use crate::store::admin::scan::key_from_hex;
 
 /// How many keys each `SCAN` step asks for (a hint).
@@ -51,10 +51,9 @@ impl Inner {
     /// 1,000 hashes, on each master).
     pub(super) async fn find_abandoned(
         &self,
-        after: Option<&Key>,
-        limit: u32,
+        query: AbandonedQuery<'_>,
     ) -> Result<Vec<Abandoned>, Error> {
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let limit = usize::try_from(query.limit).unwrap_or(usize::MAX);
         let script = script();
         // The prefix holds no glob characters (the builder allows `A-Z a-z 0-9 _ - . :`).
         let pattern = format!("{}:{{*}}:steps", self.prefix);
@@ -65,7 +64,7 @@ impl Inner {
                 let (next, keys) = self.scan(&node, cursor, &pattern).await?;
                 let keys: Vec<Key> = keys
                     .into_iter()
-                    .filter(|k| after.is_none_or(|a| k > a))
+                    .filter(|k| query.after.is_none_or(|a| k > a))
                     .collect();
                 if !keys.is_empty() {
                     let mut pipe = redis::pipe();

@@ -17,8 +17,8 @@ use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Claim, Completion, Record, RecordState, Start, StoredResult};
-use crate::step::{StepLog, StepRecord, StepState, StepWrite};
+use crate::record::{Claim, Completion, Record, RecordState, Start, StartRequest, StoredResult};
+use crate::step::{Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite};
 use crate::store::{check_duration, Store};
 
 use scripts::{Lua, Scripts};
@@ -768,17 +768,13 @@ fn token(v: &Value) -> Result<Token, Error> {
 
 #[async_trait]
 impl Store for RedisStore {
-    async fn start(
-        &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
-    ) -> Result<Start, Error> {
-        check_duration("lease", lease)?;
+    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+        request.check()?;
+        let key = request.key;
         let token = Token::random();
         let token_bytes = token.to_bytes();
-        let fp: &[u8] = fingerprint.map_or(&[], |f| f.as_bytes());
-        let lease_ms = millis(lease);
+        let fp: &[u8] = request.fingerprint.map_or(&[], |f| f.as_bytes());
+        let lease_ms = millis(request.lease);
         let inner = &self.inner;
         let answer = inner
             .eval(
@@ -809,15 +805,10 @@ impl Store for RedisStore {
         }
     }
 
-    async fn complete(
-        &self,
-        claim: &Claim,
-        completion: Completion<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        check_duration("retention", retention)?;
+    async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
+        completion.check()?;
         let token = claim.token().to_bytes();
-        let retention = millis(retention);
+        let retention = millis(completion.retention);
         let (has, response): (&[u8], &[u8]) = match completion.response {
             Some(r) => (b"1", r),
             None => (b"0", b""),
@@ -892,11 +883,7 @@ impl Store for RedisStore {
             }),
             _ => return Err(corrupt(format!("a stored state is {state:?}"))),
         };
-        Ok(Some(Record {
-            key: *key,
-            fingerprint,
-            state,
-        }))
+        Ok(Some(Record::new(*key, fingerprint, state)))
     }
 
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
@@ -907,12 +894,8 @@ impl Store for RedisStore {
         Ok(int(&deleted).unwrap_or(0) > 0)
     }
 
-    async fn find_abandoned(
-        &self,
-        after: Option<&Key>,
-        limit: u32,
-    ) -> Result<Vec<crate::step::Abandoned>, Error> {
-        self.inner.find_abandoned(after, limit).await
+    async fn find_abandoned(&self, query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error> {
+        self.inner.find_abandoned(query).await
     }
 
     async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
@@ -963,15 +946,10 @@ impl Store for RedisStore {
         Ok(StepLog { attempt, steps })
     }
 
-    async fn write_step(
-        &self,
-        claim: &Claim,
-        step: StepWrite<'_>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        check_duration("retention", retention)?;
+    async fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error> {
+        step.check()?;
         let token = claim.token().to_bytes();
-        let retention = millis(retention);
+        let retention = millis(step.retention);
         let position = step.position.to_string();
         let (finished, result): (&[u8], &[u8]) = match step.result {
             Some(result) => (b"1", result),

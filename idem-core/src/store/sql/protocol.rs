@@ -13,7 +13,7 @@ use super::row::{columns, StoredRow};
 use super::steps::{steps_table, StepStatements};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Claim, Completion, Record, Start};
+use crate::record::{Claim, Completion, Record, Start, StartRequest};
 use crate::sql::dialect::{Dialect, Ops};
 use crate::sql::name::TableName;
 use crate::step::StepWrite;
@@ -47,9 +47,7 @@ pub trait TransactionalStore: Store + Sealed {
     async fn start_in(
         &self,
         conn: &mut Self::Connection,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
+        request: StartRequest<'_>,
     ) -> Result<Start, Error>;
 
     /// The store protocol's completion, on the caller's transaction.
@@ -59,7 +57,6 @@ pub trait TransactionalStore: Store + Sealed {
         conn: &mut Self::Connection,
         claim: &Claim,
         completion: Completion<'_>,
-        retention: Duration,
     ) -> Result<(), Error>;
 
     /// The store protocol's abort, on the caller's transaction.
@@ -74,7 +71,6 @@ pub trait TransactionalStore: Store + Sealed {
         conn: &mut Self::Connection,
         claim: &Claim,
         step: StepWrite<'_>,
-        retention: Duration,
     ) -> Result<(), Error>;
 }
 
@@ -109,17 +105,15 @@ macro_rules! sql_store {
         impl $crate::store::Store for $store {
             async fn start(
                 &self,
-                key: &$crate::Key,
-                fingerprint: Option<&$crate::Fingerprint>,
-                lease: std::time::Duration,
+                request: $crate::StartRequest<'_>,
             ) -> Result<$crate::Start, $crate::Error> {
-                let lease = $crate::sql::millis("lease", lease)?;
+                let lease = $crate::sql::millis("lease", request.lease)?;
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await?;
                 let via = $crate::store::sql::protocol::Via::Pool;
                 self.protocol()
-                    .start(via, &mut conn, key, fingerprint, lease)
+                    .start(via, &mut conn, request.key, request.fingerprint, lease)
                     .await
             }
 
@@ -127,15 +121,12 @@ macro_rules! sql_store {
                 &self,
                 claim: &$crate::Claim,
                 completion: $crate::Completion<'_>,
-                retention: std::time::Duration,
             ) -> Result<(), $crate::Error> {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await?;
-                $crate::store::TransactionalStore::complete_in(
-                    self, &mut conn, claim, completion, retention,
-                )
-                .await
+                $crate::store::TransactionalStore::complete_in(self, &mut conn, claim, completion)
+                    .await
             }
 
             async fn abort(&self, claim: &$crate::Claim) -> Result<(), $crate::Error> {
@@ -204,8 +195,7 @@ macro_rules! sql_store {
 
             async fn find_abandoned(
                 &self,
-                after: Option<&$crate::Key>,
-                limit: u32,
+                query: $crate::AbandonedQuery<'_>,
             ) -> Result<Vec<$crate::Abandoned>, $crate::Error> {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
@@ -213,7 +203,9 @@ macro_rules! sql_store {
                 self.protocol()
                     .steps()
                     .find_abandoned::<<Self as $crate::store::sql::protocol::SqlBackend>::Db>(
-                        &mut conn, after, limit,
+                        &mut conn,
+                        query.after,
+                        query.limit,
                     )
                     .await
             }
@@ -222,15 +214,11 @@ macro_rules! sql_store {
                 &self,
                 claim: &$crate::Claim,
                 step: $crate::StepWrite<'_>,
-                retention: std::time::Duration,
             ) -> Result<(), $crate::Error> {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await?;
-                $crate::store::TransactionalStore::write_step_in(
-                    self, &mut conn, claim, step, retention,
-                )
-                .await
+                $crate::store::TransactionalStore::write_step_in(self, &mut conn, claim, step).await
             }
         }
 
@@ -243,14 +231,12 @@ macro_rules! sql_store {
             async fn start_in(
                 &self,
                 conn: &mut $conn,
-                key: &$crate::Key,
-                fingerprint: Option<&$crate::Fingerprint>,
-                lease: std::time::Duration,
+                request: $crate::StartRequest<'_>,
             ) -> Result<$crate::Start, $crate::Error> {
-                let lease = $crate::sql::millis("lease", lease)?;
+                let lease = $crate::sql::millis("lease", request.lease)?;
                 let via = $crate::store::sql::protocol::Via::Transaction;
                 self.protocol()
-                    .start(via, conn, key, fingerprint, lease)
+                    .start(via, conn, request.key, request.fingerprint, lease)
                     .await
             }
 
@@ -259,9 +245,8 @@ macro_rules! sql_store {
                 conn: &mut $conn,
                 claim: &$crate::Claim,
                 completion: $crate::Completion<'_>,
-                retention: std::time::Duration,
             ) -> Result<(), $crate::Error> {
-                let retention = $crate::sql::millis("retention", retention)?;
+                let retention = $crate::sql::millis("retention", completion.retention)?;
                 self.protocol()
                     .complete(conn, claim, completion, retention)
                     .await
@@ -280,9 +265,8 @@ macro_rules! sql_store {
                 conn: &mut $conn,
                 claim: &$crate::Claim,
                 step: $crate::StepWrite<'_>,
-                retention: std::time::Duration,
             ) -> Result<(), $crate::Error> {
-                let retention = $crate::sql::millis("retention", retention)?;
+                let retention = $crate::sql::millis("retention", step.retention)?;
                 self.protocol()
                     .steps()
                     .write::<<Self as $crate::store::sql::protocol::SqlBackend>::Db>(

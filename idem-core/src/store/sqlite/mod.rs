@@ -41,19 +41,21 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Completion, Key, SqliteStore, Start, Store};
+/// use idem_core::{Completion, Key, SqliteStore, Start, StartRequest, Store};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let dir = tempfile::tempdir()?;
 /// let store = SqliteStore::open(dir.path().join("idem.db")).await?;
 ///
 /// let key = Key::derive("deposit", "alice", "req-1")?;
-/// let Start::Started(claim) = store.start(&key, None, Duration::from_secs(30)).await? else {
+/// let lease = Duration::from_secs(30);
+/// let Start::Started(claim) = store.start(StartRequest::new(&key, lease)).await? else {
 ///     unreachable!("a new key is always started");
 /// };
-/// let done = Completion { response: Some(&b"receipt-7"[..]), is_error: false };
-/// store.complete(&claim, done, Duration::from_secs(3600)).await?;
+/// let retention = Duration::from_secs(3600);
+/// let done = Completion { response: Some(&b"receipt-7"[..]), is_error: false, retention };
+/// store.complete(&claim, done).await?;
 ///
-/// let Start::Completed(cached) = store.start(&key, None, Duration::from_secs(30)).await? else {
+/// let Start::Completed(cached) = store.start(StartRequest::new(&key, lease)).await? else {
 ///     unreachable!("a completed key replays");
 /// };
 /// assert_eq!(cached.response.as_deref(), Some(&b"receipt-7"[..]));
