@@ -11,6 +11,9 @@ use std::time::Duration;
 use common::{idem, json, key};
 use idem::{Error, Idempotency, PostgresStore, SqliteStore, Start, StartRequest, Store};
 
+/// How long the seeded claims hold their keys.
+const HOUR: Duration = Duration::from_secs(3600);
+
 /// Three records: `done` completed with a JSON receipt, `running` claimed and running, `old`
 /// completed and then expired (its expiry moved into the past by `expire`).
 async fn seed(store: Arc<dyn Store>) {
@@ -23,10 +26,7 @@ async fn seed(store: Arc<dyn Store>) {
             .unwrap();
     }
     let Start::Started(_claim) = store
-        .start(StartRequest::new(
-            &key("running"),
-            Duration::from_secs(3600),
-        ))
+        .start(StartRequest::new(&key("running"), HOUR))
         .await
         .unwrap()
     else {

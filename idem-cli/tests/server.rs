@@ -17,6 +17,9 @@ const ADMIN: &str = "admin-token-0123456789";
 const ALICE: &str = "alice-token-0123456789";
 const BOB: &str = "bob-token-0123456789abc";
 
+/// How long the seeded claims hold their keys.
+const HOUR: Duration = Duration::from_secs(3600);
+
 /// The URL of the server at `address` for the caller of `token`.
 fn url(address: &str, token: &str) -> String {
     format!("idem+http://{address}?token={token}")
@@ -50,10 +53,7 @@ async fn the_command_works_through_a_server() {
         .await
         .unwrap();
     let Start::Started(_running) = alice
-        .start(StartRequest::new(
-            &key("running"),
-            Duration::from_secs(3600),
-        ))
+        .start(StartRequest::new(&key("running"), HOUR))
         .await
         .unwrap()
     else {
