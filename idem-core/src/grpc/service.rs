@@ -1,5 +1,6 @@
 //! [`IdempotencyService`]: one unary call through claim → handler → store, or replay.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use http::request::Parts;
@@ -47,101 +48,107 @@ guard_service_impl!(inner = Body, body = Body);
 
 /// One call: a unary method named at build with a key is claimed, run and stored, or replayed;
 /// anything else passes untouched.
-async fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
+#[allow(clippy::manual_async_fn)] // see the comment inside
+fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
     mut inner: S,
     config: Arc<Config<C>>,
     req: Request<R>,
-) -> Result<Response<Body>, S::Error> {
-    // Only the unary methods named at build: streaming calls and every other path pass
-    // untouched, their frames as they come.
-    let Some(method) = config.methods.get(req.uri().path()) else {
-        return pass(inner, req.map(Body::new)).await;
-    };
-    let from_metadata = match method.key() {
-        KeySource::Metadata => match metadata_key(req.headers(), &config) {
-            Ok(Some(key)) => Some(key),
-            Ok(None) if config.require_key => return Ok(key_missing(&config)),
-            Ok(None) => return pass(inner, req.map(Body::new)).await,
-            Err(detail) => return Ok(Problem::KeyMalformed.response(detail)),
-        },
-        KeySource::Field(_) | KeySource::Custom(_) => None,
-    };
-    let (parts, body) = req.into_parts();
-    // The message is read whole before anything is claimed: a call whose message never
-    // fully arrived claims nothing.
-    let limit = config.max_request.saturating_add(5);
-    let body = match read_request(body, &parts.headers, limit).await {
-        Ok(body) => body,
-        Err(ReadError::TooLarge) => {
-            return Ok(Problem::MessageTooLarge.response(format!(
-                "calls to this method with an idempotency key may carry a message of at \
-                 most {} bytes",
-                config.max_request
-            )))
-        }
-        Err(ReadError::Failed(e)) => {
-            return Ok(
-                Problem::MessageUnreadable.response(format!("reading the request failed: {e}"))
-            )
-        }
-    };
-    let message = match wire::unary_message(&body) {
-        Ok(message) => message,
-        Err(detail) => return Ok(Problem::MessageUnreadable.response(detail)),
-    };
-    let client_key = match from_metadata {
-        Some(key) => key,
-        None => match message_key(method.key(), message) {
-            Ok(Some(key)) => key,
-            Ok(None) if config.require_key => return Ok(key_missing(&config)),
-            Ok(None) => {
-                let req = Request::from_parts(parts, Body::new(Full::new(body)));
-                return pass(inner, req).await;
+) -> impl Future<Output = Result<Response<Body>, S::Error>> + Send {
+    // A plain function returning its future, not an `async fn`: an async fn keeps its
+    // arguments twice in its future (as arguments and as the locals they move into), and the
+    // request alone is some 200 bytes that every call boxes and moves.
+    async move {
+        // Only the unary methods named at build: streaming calls and every other path pass
+        // untouched, their frames as they come.
+        let Some(method) = config.methods.get(req.uri().path()) else {
+            return pass(inner, req.map(Body::new)).await;
+        };
+        let from_metadata = match method.key() {
+            KeySource::Metadata => match metadata_key(req.headers(), &config) {
+                Ok(Some(key)) => Some(key),
+                Ok(None) if config.require_key => return Ok(key_missing(&config)),
+                Ok(None) => return pass(inner, req.map(Body::new)).await,
+                Err(detail) => return Ok(Problem::KeyMalformed.response(detail)),
+            },
+            KeySource::Field(_) | KeySource::Custom(_) => None,
+        };
+        let (parts, body) = req.into_parts();
+        // The message is read whole before anything is claimed: a call whose message never
+        // fully arrived claims nothing.
+        let limit = config.max_request.saturating_add(5);
+        let body = match read_request(body, &parts.headers, limit).await {
+            Ok(body) => body,
+            Err(ReadError::TooLarge) => {
+                return Ok(Problem::MessageTooLarge.response(format!(
+                    "calls to this method with an idempotency key may carry a message of at \
+                     most {} bytes",
+                    config.max_request
+                )))
             }
-            Err(detail) => return Ok(Problem::KeyMalformed.response(detail)),
-        },
-    };
-    let key = match record_key(&config, &parts, &client_key) {
-        Ok(key) => key,
-        Err((problem, detail)) => return Ok(problem.response(detail)),
-    };
-    let fingerprint = wire::fingerprint(parts.uri.path(), message);
-    let req = Request::from_parts(parts, Body::new(Full::new(body)));
-
-    let limit = config.engine.policy().max_response_bytes();
-    let store_if = config.store_if.clone();
-    // Detached from the connection: once claimed, the handler runs to its end and its
-    // response is stored even if the client goes away or its deadline passes, so the
-    // client's retry replays it instead of running the handler a second time. Boxed
-    // here, where it is made: tonic's futures make it large, and every future that
-    // holds it on its way into the engine would otherwise copy all of it.
-    let work = Box::pin(async move {
-        let response = inner.call(req).await.map_err(Failure::Service)?;
-        let (parts, body) = response.into_parts();
-        let room = limit.saturating_sub(stored::head_len(&parts));
-        // Read whole, trailers included: a gRPC call's status is known only at its end.
-        match read_response(axum_core::body::Body::new(body), room).await {
-            Buffered::Whole { body, trailers } => {
-                let captured = Captured {
-                    parts,
-                    body,
-                    trailers,
-                };
-                if store_if(grpc_code(&captured)) {
-                    Ok(Reply::Stored(captured))
-                } else {
-                    Err(Failure::Pass(captured.into_response()))
+            Err(ReadError::Failed(e)) => {
+                return Ok(
+                    Problem::MessageUnreadable.response(format!("reading the request failed: {e}"))
+                )
+            }
+        };
+        let message = match wire::unary_message(&body) {
+            Ok(message) => message,
+            Err(detail) => return Ok(Problem::MessageUnreadable.response(detail)),
+        };
+        let client_key = match from_metadata {
+            Some(key) => key,
+            None => match message_key(method.key(), message) {
+                Ok(Some(key)) => key,
+                Ok(None) if config.require_key => return Ok(key_missing(&config)),
+                Ok(None) => {
+                    let req = Request::from_parts(parts, Body::new(Full::new(body)));
+                    return pass(inner, req).await;
                 }
+                Err(detail) => return Ok(Problem::KeyMalformed.response(detail)),
+            },
+        };
+        let key = match record_key(&config, &parts, &client_key) {
+            Ok(key) => key,
+            Err((problem, detail)) => return Ok(problem.response(detail)),
+        };
+        let fingerprint = wire::fingerprint(parts.uri.path(), message);
+        let req = Request::from_parts(parts, Body::new(Full::new(body)));
+
+        let limit = config.engine.policy().max_response_bytes();
+        let store_if = config.store_if.clone();
+        // Detached from the connection: once claimed, the handler runs to its end and its
+        // response is stored even if the client goes away or its deadline passes, so the
+        // client's retry replays it instead of running the handler a second time. Boxed
+        // here, where it is made: tonic's futures make it large, and every future that
+        // holds it on its way into the engine would otherwise copy all of it.
+        let work = Box::pin(async move {
+            let response = inner.call(req).await.map_err(Failure::Service)?;
+            let (parts, body) = response.into_parts();
+            let room = limit.saturating_sub(stored::head_len(&parts));
+            // Read whole, trailers included: a gRPC call's status is known only at its end.
+            match read_response(axum_core::body::Body::new(body), room).await {
+                Buffered::Whole { body, trailers } => {
+                    let captured = Captured {
+                        parts,
+                        body,
+                        trailers,
+                    };
+                    if store_if(grpc_code(&captured)) {
+                        Ok(Reply::Stored(captured))
+                    } else {
+                        Err(Failure::Pass(captured.into_response()))
+                    }
+                }
+                Buffered::Unstorable { body, why } => Ok(Reply::Unstorable {
+                    response: Response::from_parts(parts, body),
+                    why,
+                }),
             }
-            Buffered::Unstorable { body, why } => Ok(Reply::Unstorable {
-                response: Response::from_parts(parts, body),
-                why,
-            }),
-        }
-    });
-    capture::reply::run_once(&*config, key, fingerprint, work, from_engine)
-        .await
-        .map(|response| response.map(Body::new))
+        });
+        capture::reply::run_once(&*config, key, fingerprint, work, from_engine)
+            .await
+            .map(|response| response.map(Body::new))
+    }
 }
 
 /// The key from the metadata entry: `Ok(None)` without one; an entry sent twice, or a value that
