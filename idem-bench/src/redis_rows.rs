@@ -89,7 +89,7 @@ impl RawRedis {
 
     /// Runs a script by hand: `EVALSHA` through the client's `Script` (which loads it on
     /// `NOSCRIPT`), or, with a replica wait, `EVALSHA` and `WAIT` pipelined (the scripts were
-    /// loaded ahead, see [`load`](Self::load)).
+    /// loaded ahead when the rows are set up).
     async fn invoke(
         &self,
         call: &redis::ScriptInvocation<'_>,

@@ -317,7 +317,7 @@ where
 {
 }
 
-/// [`run`] for a body resolving to the function's return type `R` (given explicitly, so `?` in
+/// The engine's `run` for a body resolving to the function's return type `R` (given explicitly, so `?` in
 /// the body converts errors as in the original function, and unmet bounds are reported on `R`).
 ///
 /// Not an `async fn`: it prepares the call and returns the engine's own future for it, so the

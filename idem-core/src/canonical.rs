@@ -17,7 +17,7 @@ use std::fmt;
 /// with data, `Some` and newtype wrappers count one level each.
 ///
 /// The bound keeps a hostile or runaway payload from exhausting the stack. A deeper value gets
-/// [`FingerprintError::TooDeep`] from [`Fingerprint::of_json`]; a deeper HTTP body counts by its
+/// [`FingerprintError::TooDeep`] from [`Fingerprint::of_json`](crate::Fingerprint::of_json); a deeper HTTP body counts by its
 /// bytes. serde_json's parser stops at about the same depth, so a value it reads fits.
 ///
 /// ```

@@ -251,7 +251,7 @@ impl Fingerprint {
     ///
     /// # Errors
     ///
-    /// [`FingerprintError::TooDeep`] when `value` nests deeper than [`MAX_FINGERPRINT_DEPTH`]
+    /// [`FingerprintError::TooDeep`] when `value` nests deeper than [`MAX_FINGERPRINT_DEPTH`](crate::MAX_FINGERPRINT_DEPTH)
     /// levels, [`FingerprintError::Serialize`] when its `Serialize` implementation fails.
     pub fn of_json<T: Serialize + ?Sized>(value: &T) -> Result<Fingerprint, FingerprintError> {
         Ok(Fingerprint::of_bytes(&to_canonical(value)?))

@@ -54,7 +54,7 @@ use crate::error::Error;
 use crate::key::Key;
 
 /// How many calls in one get their latencies recorded, by default: see
-/// [`EngineBuilder::sample_latencies`].
+/// [`EngineBuilder::sample_latencies`](crate::EngineBuilder::sample_latencies).
 ///
 /// ```
 /// assert!(idem_core::DEFAULT_LATENCIES_ONE_IN >= 1);

@@ -160,7 +160,7 @@ impl Shared {
 impl Idempotency<JsonCodec> {
     /// An engine over `store` with the default [`Policy`] and JSON codec.
     ///
-    /// A store that answers without waiting ([`Store::immediate`], as a [`MemoryStore`] does) is
+    /// A store that answers without waiting ([`Store::immediate`], as a [`MemoryStore`](crate::MemoryStore) does) is
     /// called directly: its claims and completions are plain function calls, with no future
     /// boxed to be finished after a caller that goes away (a fresh call allocates only the
     /// encoded result and the store's copy of it).

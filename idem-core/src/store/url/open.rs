@@ -40,7 +40,7 @@ impl ConnectOptions {
     }
 
     /// Where the records are: the table (SQLite, PostgreSQL with `schema.table` allowed,
-    /// DynamoDB) or the key prefix (Redis). Default: [`Scheme::default_namespace`].
+    /// DynamoDB) or the key prefix (Redis). Default: [`Scheme::default_namespace`](crate::store::url::Scheme::default_namespace).
     ///
     /// ```
     /// let options = idem_core::store::url::ConnectOptions::new().namespace("app.idem_records");
