@@ -20,39 +20,44 @@ use crate::key::{Fingerprint, Key};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::store::TransactionalStore;
 
-/// What `engine = …` may name: an engine, or a reference or `Arc` to one.
+/// What `engine = …` may name: the engine the attribute's form needs (`Engine` is an
+/// [`Idempotency`], or with `transaction = …` a [`Transactional`](crate::Transactional)), a
+/// reference to one, or an `Arc` of one. One trait for both forms, so the error for a wrong
+/// `engine` reads the same and names the engine that was needed.
 #[diagnostic::on_unimplemented(
-    message = "`engine = …` must be an idem engine, not `{Self}`",
-    label = "not an `Idempotency` engine",
-    note = "`engine` takes an `idem::Idempotency`, a reference to one, or an `Arc` of one"
+    message = "`engine = …` must be an idem `{Engine}`, not `{Self}`",
+    label = "not an idem `{Engine}`",
+    note = "`engine` takes an `idem::Idempotency`, or, when the attribute has `transaction = …`, an `idem::Transactional` (such as `Transactional::new(sqlite_store)`); a reference to one or an `Arc` of one works too"
 )]
-pub trait AsEngine {
-    /// The engine's codec.
-    type Codec: Codec;
+pub trait EngineArg<Engine> {
     /// The engine.
-    fn as_engine(&self) -> &Idempotency<Self::Codec>;
+    fn engine(&self) -> &Engine;
 }
 
-impl<C: Codec> AsEngine for Idempotency<C> {
-    type Codec = C;
-    fn as_engine(&self) -> &Idempotency<C> {
+impl<C: Codec> EngineArg<Idempotency<C>> for Idempotency<C> {
+    fn engine(&self) -> &Idempotency<C> {
+        self
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl<S: TransactionalStore, C: Codec> EngineArg<Transactional<S, C>> for Transactional<S, C> {
+    fn engine(&self) -> &Transactional<S, C> {
         self
     }
 }
 
 // `&T` and `Arc<T>` name the engine `T` names. Written out, not by a macro: rustc lists these
 // impls in the attribute's diagnostics, and a macro's body would show there instead.
-impl<T: AsEngine + ?Sized> AsEngine for &T {
-    type Codec = T::Codec;
-    fn as_engine(&self) -> &Idempotency<T::Codec> {
-        (**self).as_engine()
+impl<E, T: EngineArg<E> + ?Sized> EngineArg<E> for &T {
+    fn engine(&self) -> &E {
+        (**self).engine()
     }
 }
 
-impl<T: AsEngine + ?Sized> AsEngine for Arc<T> {
-    type Codec = T::Codec;
-    fn as_engine(&self) -> &Idempotency<T::Codec> {
-        (**self).as_engine()
+impl<E, T: EngineArg<E> + ?Sized> EngineArg<E> for Arc<T> {
+    fn engine(&self) -> &E {
+        (**self).engine()
     }
 }
 
@@ -129,120 +134,88 @@ pub fn options(
     }
 }
 
+/// What the attribute computes before the body starts, from borrows of the arguments (so the
+/// body may still move them): the call's key, its fingerprint and its options.
+pub struct Prepared {
+    /// The key, `Ok(None)` when the client sent none.
+    pub key: Result<Option<Key>, Error>,
+    /// The fingerprint, `Ok(None)` when the call checks none.
+    pub fingerprint: Result<Option<Fingerprint>, Error>,
+    /// The attribute's `lease`, `retention`, `on_locked` and scope.
+    pub options: CallOptions,
+}
+
+impl Prepared {
+    /// The key, fingerprint and options, or the error that refuses the call before the store is
+    /// touched.
+    fn parts(self) -> Result<(Option<Key>, Option<Fingerprint>, CallOptions), Error> {
+        Ok((self.key?, self.fingerprint?, self.options))
+    }
+}
+
 /// The call with `detach = true` (see [`Call::run_detached`](crate::Call::run_detached)): once
 /// it has claimed the key, a cancelled caller cannot stop the body.
-pub async fn run_detached<En, T, E, F>(
-    engine: &En,
-    key: Result<Option<Key>, Error>,
-    fingerprint: Result<Option<Fingerprint>, Error>,
-    options: CallOptions,
+pub async fn run_detached<C, T, E, F>(
+    engine: &Idempotency<C>,
+    prepared: Prepared,
     body: F,
 ) -> Result<T, E>
 where
-    En: AsEngine + ?Sized,
+    C: Codec,
     F: Future<Output = Result<T, E>> + Send + 'static,
     T: Serialize + DeserializeOwned + Send + 'static,
     E: From<Error> + Send + 'static,
 {
-    let (key, fingerprint) = (key?, fingerprint?);
-    let call = engine.as_engine().call(key).fingerprint(fingerprint);
+    let (key, fingerprint, options) = prepared.parts()?;
+    let call = engine.call(key).fingerprint(fingerprint);
     let outcome = call.overrides(options).run_detached(body).await?;
     Ok(outcome.into_inner())
 }
-
-/// What `engine = …` may name together with `transaction = …`: a transactional engine, or a
-/// reference or `Arc` to one.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[diagnostic::on_unimplemented(
-    message = "with `transaction = …`, `engine = …` must be an idem `Transactional` engine, not `{Self}`",
-    label = "not a `Transactional` engine",
-    note = "`engine` then takes an `idem::Transactional` (such as `Transactional::new(sqlite_store)`), a reference to one, or an `Arc` of one"
-)]
-pub trait AsTransactional {
-    /// The engine's store.
-    type Store: TransactionalStore;
-    /// The engine's codec.
-    type Codec: Codec;
-    /// The engine.
-    fn as_transactional(&self) -> &Transactional<Self::Store, Self::Codec>;
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<S: TransactionalStore, C: Codec> AsTransactional for Transactional<S, C> {
-    type Store = S;
-    type Codec = C;
-    fn as_transactional(&self) -> &Transactional<S, C> {
-        self
-    }
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<T: AsTransactional + ?Sized> AsTransactional for &T {
-    type Store = T::Store;
-    type Codec = T::Codec;
-    fn as_transactional(&self) -> &Transactional<T::Store, T::Codec> {
-        (**self).as_transactional()
-    }
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<T: AsTransactional + ?Sized> AsTransactional for Arc<T> {
-    type Store = T::Store;
-    type Codec = T::Codec;
-    fn as_transactional(&self) -> &Transactional<T::Store, T::Codec> {
-        (**self).as_transactional()
-    }
-}
-
-/// The connection type of the transactional engine `En`.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub type TxConnection<En> = <<En as AsTransactional>::Store as TransactionalStore>::Connection;
 
 /// The caller's connection, as the engine's store needs it: `&mut *tx` coerces to it from a
 /// `&mut` connection, a `&mut Transaction` or a `&mut PoolConnection`. (One function for both
 /// uses, so a wrong type is reported once.)
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub fn tx_connection<'c, En: AsTransactional + ?Sized>(
-    _engine: &En,
-    conn: &'c mut TxConnection<En>,
-) -> &'c mut TxConnection<En> {
+pub fn tx_connection<'c, S: TransactionalStore, C: Codec>(
+    _engine: &Transactional<S, C>,
+    conn: &'c mut S::Connection,
+) -> &'c mut S::Connection {
     conn
 }
 
 /// Claims the call's key on the caller's connection (when the call has a key), or fetches its
 /// stored value. An invalid key or fingerprint is returned before the database is touched.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub async fn tx_begin<En, T>(
-    engine: &En,
-    conn: &mut TxConnection<En>,
-    key: Result<Option<Key>, Error>,
-    fingerprint: Result<Option<Fingerprint>, Error>,
-    options: CallOptions,
+pub async fn tx_begin<S, C, T>(
+    engine: &Transactional<S, C>,
+    conn: &mut S::Connection,
+    prepared: Prepared,
 ) -> Result<TxStart<T>, Error>
 where
-    En: AsTransactional + ?Sized,
+    S: TransactionalStore,
+    C: Codec,
     T: DeserializeOwned,
 {
-    let (key, fingerprint) = (key?, fingerprint?);
-    let call = engine.as_transactional().call(key).fingerprint(fingerprint);
+    let (key, fingerprint, options) = prepared.parts()?;
+    let call = engine.call(key).fingerprint(fingerprint);
     call.overrides(options).begin(conn).await
 }
 
 /// After the body: stores an `Ok` value under the claim, or releases the claim on `Err`, on the
 /// caller's connection.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub async fn tx_end<En, T, E>(
-    engine: &En,
-    conn: &mut TxConnection<En>,
+pub async fn tx_end<S, C, T, E>(
+    engine: &Transactional<S, C>,
+    conn: &mut S::Connection,
     claim: TxClaim,
     result: Result<T, E>,
 ) -> Result<T, E>
 where
-    En: AsTransactional + ?Sized,
+    S: TransactionalStore,
+    C: Codec,
     T: Serialize,
     E: From<Error>,
 {
-    let engine = engine.as_transactional();
     match result {
         Ok(value) => {
             engine.finish(conn, claim, &value).await?;
@@ -325,26 +298,23 @@ where
 /// the engine's future (about 2 KB) once more when it starts, and those moves cost more than the
 /// rest of the attribute.
 #[inline(always)]
-pub fn call<'a, R, En, F>(
-    engine: &'a En,
-    key: Result<Option<Key>, Error>,
-    fingerprint: Result<Option<Fingerprint>, Error>,
-    options: CallOptions,
+pub fn call<'a, R, C, F>(
+    engine: &'a Idempotency<C>,
+    prepared: Prepared,
     body: F,
 ) -> impl Future<Output = R> + 'a
 where
     R: IdempotentResult + 'a,
     R::Value: Storable,
     R::Error: CarriesIdemError,
-    En: AsEngine + ?Sized,
+    C: Codec,
     F: Future<Output = R> + 'a,
 {
-    let (key, fingerprint, refused) = match (key, fingerprint) {
-        (Ok(key), Ok(fingerprint)) => (key, fingerprint, None),
-        (Err(e), _) | (_, Err(e)) => (None, None, Some(e)),
+    let (key, fingerprint, options, refused) = match prepared.parts() {
+        Ok((key, fingerprint, options)) => (key, fingerprint, options, None),
+        Err(e) => (None, None, CallOptions::default(), Some(e)),
     };
     engine
-        .as_engine()
         .call(key)
         .fingerprint(fingerprint)
         .overrides(options)
@@ -353,27 +323,20 @@ where
 
 /// [`call`] for a function with `steps = name`: the body is a closure of the [`Steps`] handle
 /// its `name` binds, run through [`Call::run_steps`](crate::Call::run_steps).
-pub async fn call_steps<R, En, W, F>(
-    engine: &En,
-    key: Result<Option<Key>, Error>,
-    fingerprint: Result<Option<Fingerprint>, Error>,
-    options: CallOptions,
-    body: W,
-) -> R
+pub async fn call_steps<R, C, W, F>(engine: &Idempotency<C>, prepared: Prepared, body: W) -> R
 where
     R: IdempotentResult,
     R::Value: Storable,
     R::Error: CarriesIdemError,
-    En: AsEngine + ?Sized,
-    W: FnOnce(Steps<En::Codec>) -> F,
+    C: Codec,
+    W: FnOnce(Steps<C>) -> F,
     F: Future<Output = R>,
 {
-    let (key, fingerprint) = match (key, fingerprint) {
-        (Ok(key), Ok(fingerprint)) => (key, fingerprint),
-        (Err(e), _) | (_, Err(e)) => return R::from_result(Err(e.into())),
+    let (key, fingerprint, options) = match prepared.parts() {
+        Ok(parts) => parts,
+        Err(e) => return R::from_result(Err(e.into())),
     };
     let out = engine
-        .as_engine()
         .call(key)
         .fingerprint(fingerprint)
         .overrides(options)

@@ -382,12 +382,14 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
     };
     let engine = match &transaction {
         None => quote_spanned! {engine.span()=>
-            ::core::clone::Clone::clone(::idem::__private::AsEngine::as_engine(&(#engine)))
+            ::core::clone::Clone::clone(
+                ::idem::__private::EngineArg::<::idem::Idempotency<_>>::engine(&(#engine))
+            )
         },
         Some(_) => quote_spanned! {engine.span()=>
-            ::core::clone::Clone::clone(::idem::__private::AsTransactional::as_transactional(
-                &(#engine)
-            ))
+            ::core::clone::Clone::clone(
+                ::idem::__private::EngineArg::<::idem::Transactional<_, _>>::engine(&(#engine))
+            )
         },
     };
     let key = quote_spanned! {key.span()=> &(#key)};
@@ -423,10 +425,12 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
         #(#deprecated)*
         let __idem_engine = #engine;
         let __idem_scope: &'static str = #scope;
-        let __idem_key = ::idem::__private::key(__idem_scope, #caller, #key);
-        let __idem_fingerprint = #fingerprint;
-        let __idem_options =
-            ::idem::__private::options(#lease, #retention, #on_locked).scoped(__idem_scope);
+        let __idem_prepared = ::idem::__private::Prepared {
+            key: ::idem::__private::key(__idem_scope, #caller, #key),
+            fingerprint: #fingerprint,
+            options: ::idem::__private::options(#lease, #retention, #on_locked)
+                .scoped(__idem_scope),
+        };
     };
 
     // The return type appears as the first type argument of `call` (or of `check_return`, where
@@ -436,9 +440,7 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
         false => quote_spanned! {returns=>
             ::idem::__private::call::<#return_type, _, _>(
                 &__idem_engine,
-                __idem_key,
-                __idem_fingerprint,
-                __idem_options,
+                __idem_prepared,
                 #work,
             )
             .await
@@ -448,9 +450,7 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
             ::idem::__private::check_return::<#return_type>();
             ::idem::__private::run_detached(
                 &__idem_engine,
-                __idem_key,
-                __idem_fingerprint,
-                __idem_options,
+                __idem_prepared,
                 ::idem::__private::body::<#return_type, _>(#work),
             )
             .await
@@ -461,9 +461,7 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
             let call = quote_spanned! {returns=>
                 ::idem::__private::call_steps::<#return_type, _, _, _>(
                     &__idem_engine,
-                    __idem_key,
-                    __idem_fingerprint,
-                    __idem_options,
+                    __idem_prepared,
                     move |#steps| async move #block,
                 )
                 .await
@@ -502,9 +500,7 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
                 let __idem_claim = match ::idem::__private::tx_begin(
                     &__idem_engine,
                     #conn,
-                    __idem_key,
-                    __idem_fingerprint,
-                    __idem_options,
+                    __idem_prepared,
                 )
                 .await
                 {

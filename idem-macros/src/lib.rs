@@ -351,16 +351,18 @@ use proc_macro::TokenStream;
 ///
 /// ```text
 /// let __idem_engine = <clone of the engine named by `engine`>;        // one Arc clone
-/// let __idem_key = key(<scope>, <Some(&caller) or None>, &<key>);     // Result<Option<Key>, Error>
-/// let __idem_fingerprint = fingerprint(&<fingerprint>);    // with `fingerprint = <fingerprint>`
-/// let __idem_fingerprint = arguments(&[argument("cents", &cents), …]);   // or, by default
-/// let __idem_fingerprint = Ok(None);                    // or, with `()` or no argument hashed
-/// let __idem_options = options(<lease>, <retention>, <on_locked>);    // None: engine's policy
-/// call::<ReturnType, _, _>(&__idem_engine, __idem_key, __idem_fingerprint, __idem_options,
+/// let __idem_prepared = Prepared {
+///     key: key(<scope>, <Some(&caller) or None>, &<key>),         // Result<Option<Key>, Error>
+///     fingerprint: fingerprint(&<fingerprint>),        // with `fingerprint = <fingerprint>`
+///     fingerprint: arguments(&[argument("cents", &cents), …]),    // or, by default
+///     fingerprint: Ok(None),                        // or, with `()` or no argument hashed
+///     options: options(<lease>, <retention>, <on_locked>),        // None: engine's policy
+/// };
+/// call::<ReturnType, _, _>(&__idem_engine, __idem_prepared,
 ///     async move { <the original body> }).await
 /// ```
 ///
-/// where `key`, `fingerprint`, `arguments`, `argument`, `options` and `call` (a thin layer over
+/// where `Prepared`, `key`, `fingerprint`, `arguments`, `argument`, `options` and `call` (a thin layer over
 /// `run`; with `detach = true`, `check_return::<ReturnType>()` then `run_detached(…,
 /// body::<ReturnType, _>(…))`) are in `::idem::__private`; each `argument` is spanned on its
 /// argument, so one that is not `Serialize` is reported there. Without `scope`, `<scope>` is
