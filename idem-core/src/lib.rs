@@ -27,6 +27,8 @@ pub mod http;
 mod key;
 pub mod kit;
 mod observe;
+#[cfg(any(feature = "http", feature = "grpc"))]
+mod problem;
 mod pruner;
 mod record;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -96,9 +96,9 @@ mod wire;
 
 use http::HeaderName;
 
+pub use crate::problem::Problem;
 pub use ::tonic;
 pub use layer::{stores_by_default, IdempotencyLayer, LayerBuilder, UnaryMethod};
-pub use problem::Problem;
 pub use service::IdempotencyService;
 
 /// The metadata entry that carries the client's key by default: `idempotency-key`.

@@ -11,8 +11,9 @@ use tonic::Code;
 use tower::Service;
 
 use super::layer::{Config, KeySource};
-use super::problem::{from_engine, Problem};
+use super::problem::from_engine;
 use super::wire::{self, Message};
+use super::Problem;
 use crate::capture::body::{read_request, read_response, Buffered, LayerBody, ReadError};
 use crate::capture::guard::{guard_service, guard_service_impl, Inner};
 use crate::capture::reply::{Failure, Reply};
@@ -68,7 +69,7 @@ fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
                 Ok(Some(key)) => Some(key),
                 Ok(None) if config.require_key => return Ok(key_missing(&config)),
                 Ok(None) => return pass(inner, req.map(Body::new)).await,
-                Err(detail) => return Ok(Problem::KeyMalformed.response(detail)),
+                Err(detail) => return Ok(Problem::KeyMalformed.grpc_response(detail)),
             },
             KeySource::Field(_) | KeySource::Custom(_) => None,
         };
@@ -79,21 +80,20 @@ fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
         let body = match read_request(body, &parts.headers, limit).await {
             Ok(body) => body,
             Err(ReadError::TooLarge) => {
-                return Ok(Problem::MessageTooLarge.response(format!(
+                return Ok(Problem::BodyTooLarge.grpc_response(format!(
                     "calls to this method with an idempotency key may carry a message of at \
                      most {} bytes",
                     config.max_request
                 )))
             }
             Err(ReadError::Failed(e)) => {
-                return Ok(
-                    Problem::MessageUnreadable.response(format!("reading the request failed: {e}"))
-                )
+                return Ok(Problem::BodyUnreadable
+                    .grpc_response(format!("reading the request failed: {e}")))
             }
         };
         let message = match wire::unary_message(&body) {
             Ok(message) => message,
-            Err(detail) => return Ok(Problem::MessageUnreadable.response(detail)),
+            Err(detail) => return Ok(Problem::BodyUnreadable.grpc_response(detail)),
         };
         let client_key = match from_metadata {
             Some(key) => key,
@@ -104,12 +104,12 @@ fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
                     let req = Request::from_parts(parts, Body::new(Full::new(body)));
                     return pass(inner, req).await;
                 }
-                Err(detail) => return Ok(Problem::KeyMalformed.response(detail)),
+                Err(detail) => return Ok(Problem::KeyMalformed.grpc_response(detail)),
             },
         };
         let key = match record_key(&config, &parts, &client_key) {
             Ok(key) => key,
-            Err((problem, detail)) => return Ok(problem.response(detail)),
+            Err((problem, detail)) => return Ok(problem.grpc_response(detail)),
         };
         let fingerprint = wire::fingerprint(parts.uri.path(), message);
         let req = Request::from_parts(parts, Body::new(Full::new(body)));
@@ -192,7 +192,7 @@ fn message_key(source: &KeySource, message: Message<'_>) -> Result<Option<String
 }
 
 fn key_missing<B: Default, C>(config: &Config<C>) -> Response<B> {
-    Problem::KeyMissing.response(format!(
+    Problem::KeyMissing.grpc_response(format!(
         "calls to this method need an idempotency key: the {} metadata entry, or the request's \
          id field, e.g. \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
         config.key_metadata

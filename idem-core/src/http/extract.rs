@@ -8,7 +8,8 @@ use axum_core::response::{IntoResponse, Response};
 use http::request::Parts;
 
 use super::key_header::client_key;
-use super::problem::{Problem, ProblemConfig};
+use super::problem::ProblemConfig;
+use super::Problem;
 use super::IDEMPOTENCY_KEY;
 
 /// Put on a request by the layer once it has checked the request's `Idempotency-Key` and is

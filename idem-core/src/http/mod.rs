@@ -185,13 +185,13 @@ mod service;
 
 use http::HeaderName;
 
+pub use crate::problem::Problem;
 pub use ::http as types;
 pub use ::tower;
 pub use axum_core::body::Body;
 pub use extract::{IdempotencyKey, IdempotencyKeyRejection};
 pub use fingerprint::BodyFingerprint;
 pub use layer::{stores_by_default, IdempotencyLayer, LayerBuilder};
-pub use problem::Problem;
 pub use service::IdempotencyService;
 
 /// The request header carrying the client's key: `idempotency-key`.

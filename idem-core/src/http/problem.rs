@@ -1,4 +1,4 @@
-//! The layer's own error responses: `application/problem+json` (RFC 9457).
+//! How the HTTP layer says a [`Problem`]: `application/problem+json` (RFC 9457).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -9,68 +9,7 @@ use http::header::{CONTENT_TYPE, LINK, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::error::Error;
-
-/// A problem the layer answers itself, without calling the handler (or, for
-/// [`LeaseLost`](Self::LeaseLost), after it), or that the [`IdempotencyKey`](super::IdempotencyKey)
-/// extractor answers for the handler. The body is `application/problem+json` with `type`,
-/// `title`, `status` and `detail`.
-///
-/// `type` is the documentation link of the variant: [`type_uri`](Self::type_uri) on docs.rs by
-/// default, or `{base}#{slug}` (see [`slug`](Self::slug)) when the layer has a
-/// [`problem_base`](super::LayerBuilder::problem_base), which then also goes out as
-/// `Link: <{base}>; rel="describedby"`.
-///
-/// ```
-/// use idem_core::http::Problem;
-/// assert_eq!(Problem::KeyReused.status(), 422);
-/// assert_eq!(Problem::KeyInFlight.title(), "A request with this Idempotency-Key is in progress");
-/// assert!(Problem::KeyMissing.type_uri().ends_with("#variant.KeyMissing"));
-/// assert_eq!(Problem::KeyInFlight.slug(), "key-in-flight");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Problem {
-    /// 400: the method requires an `Idempotency-Key` and the request has none.
-    KeyMissing,
-    /// 400: the `Idempotency-Key` is not one structured-field string of 1 to 255 characters.
-    KeyMalformed,
-    /// 409 with `Retry-After`: another request with the same key is still running (or, in wait
-    /// mode, was still running when the wait ended). Retry unchanged.
-    KeyInFlight,
-    /// 422: the key was used before for a different request (method, path, query or body).
-    /// Send a new key for a new request.
-    KeyReused,
-    /// 413: the request body is larger than the layer buffers for fingerprinting. Nothing ran
-    /// and nothing was stored.
-    BodyTooLarge,
-    /// 400: the request body could not be read (the client went away or sent a broken body).
-    BodyUnreadable,
-    /// 503: the idempotency store cannot be reached. Nothing ran; retry later.
-    StoreUnavailable,
-    /// 500: the handler ran, but its claim on the key was taken over before the response could
-    /// be stored, so the request may have run twice. Check the resource before retrying.
-    LeaseLost,
-    /// 422: the first request with this key ran, but its response was not kept (larger than the
-    /// engine's `max_response_bytes`, or a body that failed), so it cannot be
-    /// replayed. The request is not run again: look up its effect (read the resource it created)
-    /// instead of retrying.
-    ResponseNotRetained,
-    /// 500: anything else (a store error, an unreadable stored response). The details are
-    /// logged, not sent.
-    Internal,
-    /// 401 (or 400, by [`caller_missing_status`](super::LayerBuilder::caller_missing_status)):
-    /// the layer scopes keys by the caller, and the [caller extractor](super::LayerBuilder::caller)
-    /// found no identity in this request. Nothing ran. Authenticate and retry.
-    CallerMissing,
-    /// 400: the caller identity the extractor returned cannot scope a key (empty, over 255
-    /// bytes, or a byte outside printable ASCII). Nothing ran.
-    CallerInvalid,
-    /// 500: a handler asked for the [`IdempotencyKey`](super::IdempotencyKey) of a request that
-    /// carries the header but that no layer checked (the route is outside the layer, or the
-    /// layer does not guard its method). A mistake in the server's setup, not the client's: the
-    /// key deduplicated nothing. Nothing was stored.
-    KeyUnguarded,
-}
+use crate::problem::Problem;
 
 impl Problem {
     /// The HTTP status of the response. For [`CallerMissing`](Self::CallerMissing) this is the
