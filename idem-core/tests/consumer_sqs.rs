@@ -5,7 +5,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::consumer::sqs::aws_sdk_sqs::types::{Message as SqsMessage, QueueAttributeName};
+use idem_core::consumer::sqs::aws_sdk_sqs::types::{
+    Message as SqsMessage, MessageSystemAttributeName, QueueAttributeName,
+};
 use idem_core::consumer::sqs::aws_sdk_sqs::Client;
 use idem_core::consumer::sqs::SqsConsumer;
 use idem_core::consumer::Consumer;
@@ -93,6 +95,24 @@ impl Shop {
             })
         }
     }
+}
+
+/// One receive from the queue at `url`: up to 10 messages, with their system attributes (the
+/// FIFO group among them), waiting up to `wait_s` for one and hiding what it gets for
+/// `visibility_s`.
+async fn receive(client: &Client, url: &str, wait_s: i32, visibility_s: i32) -> Vec<SqsMessage> {
+    client
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(wait_s)
+        .visibility_timeout(visibility_s)
+        .message_system_attribute_names(MessageSystemAttributeName::All)
+        .send()
+        .await
+        .unwrap()
+        .messages
+        .unwrap_or_default()
 }
 
 async fn store() -> Arc<dyn Store> {
@@ -214,16 +234,7 @@ async fn a_message_in_flight_elsewhere_comes_back_after_retry_after() {
     };
     let shop = Shop::new(&[]);
     let consumer = consumer_on(&client, &url, store);
-    let received = client
-        .receive_message()
-        .queue_url(&url)
-        .wait_time_seconds(1)
-        .visibility_timeout(2)
-        .send()
-        .await
-        .unwrap()
-        .messages
-        .unwrap_or_default();
+    let received = receive(&client, &url, 1, 2).await;
     assert_eq!(received.len(), 1);
     let outcomes = consumer.process(received, &shop.handler()).await;
     assert_eq!(outcomes[0].as_str(), "in_flight");
@@ -258,20 +269,7 @@ async fn fifo_queue_stops_a_group_at_its_failure() {
     }
     let shop = Shop::new(&["a2"]);
     let consumer = consumer_on(&client, &url, store().await);
-    let received = client
-        .receive_message()
-        .queue_url(&url)
-        .max_number_of_messages(10)
-        .wait_time_seconds(1)
-        .visibility_timeout(2)
-        .message_system_attribute_names(
-            idem_core::consumer::sqs::aws_sdk_sqs::types::MessageSystemAttributeName::All,
-        )
-        .send()
-        .await
-        .unwrap()
-        .messages
-        .unwrap_or_default();
+    let received = receive(&client, &url, 1, 2).await;
     let bodies: Vec<&str> = received
         .iter()
         .map(|m| m.body().unwrap_or_default())
@@ -299,32 +297,14 @@ async fn a_running_handler_keeps_its_message_invisible() {
     send(&client, &url, "slow-1", None).await;
     let shop = Shop::new(&[]);
     let consumer = consumer_on(&client, &url, store().await);
-    let received = client
-        .receive_message()
-        .queue_url(&url)
-        .wait_time_seconds(1)
-        .visibility_timeout(2)
-        .send()
-        .await
-        .unwrap()
-        .messages
-        .unwrap_or_default();
+    let received = receive(&client, &url, 1, 2).await;
     assert_eq!(received.len(), 1);
     let handler = shop.handler();
     let batch = tokio::spawn(async move { consumer.process(received, &handler).await });
     // Another consumer polls for 5 s, 2.5 visibility timeouts, while the handler is held.
     let watched_until = tokio::time::Instant::now() + Duration::from_secs(5);
     while tokio::time::Instant::now() < watched_until {
-        let seen = client
-            .receive_message()
-            .queue_url(&url)
-            .wait_time_seconds(0)
-            .visibility_timeout(0)
-            .send()
-            .await
-            .unwrap()
-            .messages
-            .unwrap_or_default();
+        let seen = receive(&client, &url, 0, 0).await;
         assert!(
             seen.is_empty(),
             "the message reappeared while its handler ran"
