@@ -249,7 +249,7 @@ fn unhex<const N: usize>(text: &str) -> Option<[u8; N]> {
     Some(bytes)
 }
 
-/// `d` in whole milliseconds (below 1 ms: 0, which the server refuses as the stores do).
+/// `d` in whole milliseconds (the store checked it first: at least 1 ms, at most ten years).
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -553,6 +553,7 @@ impl RemoteStore {
 #[async_trait]
 impl Store for RemoteStore {
     async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+        request.check()?;
         let out: StartOut = self
             .inner
             .call(
@@ -583,6 +584,7 @@ impl Store for RemoteStore {
     }
 
     async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
+        completion.check()?;
         let _: Empty = self
             .inner
             .call(
@@ -606,6 +608,7 @@ impl Store for RemoteStore {
     }
 
     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
+        crate::store::check_duration("lease", lease)?;
         let _: Empty = self.claim_call("renew", claim, Some(lease), None).await?;
         Ok(())
     }
@@ -646,6 +649,7 @@ impl Store for RemoteStore {
     }
 
     async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
+        crate::store::check_duration("retention", retention)?;
         let out: StepsOut = self
             .claim_call("steps.begin", claim, None, Some(retention))
             .await?;
@@ -664,6 +668,7 @@ impl Store for RemoteStore {
     }
 
     async fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error> {
+        step.check()?;
         let _: Empty = self
             .inner
             .call(
@@ -795,5 +800,50 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(store.server(), "http://h:1/prefix");
+    }
+
+    /// A duration out of range is refused here, as every store refuses it, before anything is
+    /// sent: the server at the address accepts connections but never answers, so a request
+    /// would end in a timeout, and it is left with no connection to accept.
+    #[tokio::test]
+    async fn bad_durations_are_refused_before_anything_is_sent() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let server = format!("http://{}", listener.local_addr().unwrap());
+        let store = RemoteStore::builder(server, "a-caller-token-0123456789")
+            .timeout(Duration::from_millis(200))
+            .build()
+            .unwrap();
+        let key = Key::derive("s", "", "k").unwrap();
+        let claim = Claim::new(key, Token::random());
+        let completion = Completion {
+            response: Some(b"r"),
+            is_error: false,
+            retention: Duration::ZERO,
+        };
+        let step = StepWrite {
+            name: "charge",
+            position: 0,
+            result: None,
+            retention: Duration::ZERO,
+        };
+        let refusals = [
+            store
+                .start(StartRequest::new(&key, Duration::ZERO))
+                .await
+                .err(),
+            store.complete(&claim, completion).await.err(),
+            store.renew(&claim, Duration::ZERO).await.err(),
+            store.begin_steps(&claim, Duration::ZERO).await.err(),
+            store.write_step(&claim, step).await.err(),
+        ];
+        for refusal in refusals {
+            assert!(
+                matches!(&refusal, Some(Error::InvalidConfig(_))),
+                "{refusal:?}"
+            );
+        }
+        let nothing = listener.accept().map(|_| ()).unwrap_err();
+        assert_eq!(nothing.kind(), std::io::ErrorKind::WouldBlock);
     }
 }
