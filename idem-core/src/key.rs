@@ -287,10 +287,14 @@ impl fmt::Debug for Fingerprint {
 /// A store changes a record on `complete`, `abort` or `renew` only while it still carries the
 /// claim's token, so a worker whose lease was taken over can never overwrite the new owner.
 ///
-/// A token must be unique, not secret: it never leaves the process except into the store, and
-/// whoever can read the store can write it too. So it comes from a per-thread generator
-/// (`fastrand`, seeded at random once per thread), not from the operating system: a
-/// `getrandom` system call per claim cost about a fifth of the memory store's whole claim.
+/// A token must be unique, not secret. In a library it leaves the process only into the store,
+/// and whoever can read the store can write it too. idem-server's fenced mode hands it to the
+/// client that made the claim; every request that uses it is authenticated as the caller, and
+/// names a key in that caller's own key space. So a client that guessed another's token could
+/// act only on keys it may already complete or evict itself. So the token comes from a
+/// per-thread generator (`fastrand`, seeded at random once per thread), not from the operating
+/// system: a `getrandom` system call per claim cost about a fifth of the memory store's whole
+/// claim.
 ///
 /// ```
 /// use idem_core::Token;
