@@ -215,8 +215,7 @@ fn record_json(record: &Record, with_response: bool) -> Value {
                 Ok(bytes) => {
                     out["response_bytes"] = json!(bytes.len());
                     if with_response {
-                        out["response"] = serde_json::from_slice::<Value>(bytes)
-                            .unwrap_or_else(|_| json!({ "not_json": hex(bytes) }));
+                        out["response"] = response_json(bytes);
                     }
                 }
                 Err(idem::Error::ResultNotRetained { reason }) => {
@@ -227,6 +226,55 @@ fn record_json(record: &Record, with_response: bool) -> Value {
         }
     }
     out
+}
+
+/// A stored result as JSON: a value `Idempotency::run` or `#[idempotent]` stored (JSON), a
+/// response the HTTP or gRPC layer stored (its status, headers, trailers and body), or else its
+/// bytes in hex.
+fn response_json(bytes: &[u8]) -> Value {
+    if let Ok(value) = serde_json::from_slice::<Value>(bytes) {
+        return value;
+    }
+    let Ok(stored) = idem::StoredResponse::decode(bytes) else {
+        return json!({ "not_json": hex(bytes) });
+    };
+    let trailers = stored.trailers.as_ref().map(|t| {
+        fields_json(
+            t.iter()
+                .map(|(name, value)| (name.as_str(), value.as_bytes())),
+        )
+    });
+    json!({
+        "stored_response": {
+            "status": stored.status.as_u16(),
+            "headers": fields_json(
+                stored.headers.iter().map(|(name, value)| (name.as_str(), value.as_bytes()))
+            ),
+            "trailers": trailers,
+            "body": body_json(&stored.body),
+        }
+    })
+}
+
+/// Header or trailer fields as `[name, value]` pairs, in order (a name may repeat); a value
+/// that is not text is shown in hex, as `{"hex": …}`.
+fn fields_json<'a>(fields: impl Iterator<Item = (&'a str, &'a [u8])>) -> Value {
+    fields
+        .map(|(name, value)| json!([name, text_json(value)]))
+        .collect()
+}
+
+/// A body as JSON when it is JSON, else as text when it is UTF-8, else `{"hex": …}`.
+fn body_json(body: &[u8]) -> Value {
+    serde_json::from_slice::<Value>(body).unwrap_or_else(|_| text_json(body))
+}
+
+/// Bytes as text when they are UTF-8, else `{"hex": …}`.
+fn text_json(bytes: &[u8]) -> Value {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => json!(text),
+        Err(_) => json!({ "hex": hex(bytes) }),
+    }
 }
 
 async fn inspect(opened: &Opened, which: &Which, as_json: bool) -> Result<String, Failure> {

@@ -223,19 +223,83 @@ async fn expire(url: &str, table: &str, kind: &Kind) {
     }
 }
 
-#[tokio::test]
-async fn sqlite_every_command() {
+/// A new SQLite file in a temporary directory (kept while the first value lives), its URL, and a
+/// store on it. The tests move records' expiry into the past and count them: no background
+/// pruner may delete them behind them.
+async fn sqlite_file() -> (tempfile::TempDir, String, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("idem.db");
-    // The test moves records' expiry into the past and counts them: no background pruner may
-    // delete them behind it.
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
     let store = SqliteStore::builder()
         .pruner(None)
-        .connect(&format!("sqlite://{}?mode=rwc", path.display()))
+        .connect(&format!("{url}?mode=rwc"))
         .await
         .unwrap();
+    (dir, url, store)
+}
+
+/// A response the HTTP layer stored shows through `inspect` as its status, headers and body,
+/// not as hex.
+#[tokio::test]
+async fn inspect_shows_a_response_the_http_layer_stored() {
+    use axum::routing::post;
+    use idem::http::types::{Request, StatusCode};
+    use idem::http::IdempotencyLayer;
+    use tower::ServiceExt;
+
+    let (_dir, url, store) = sqlite_file().await;
+    let layer = IdempotencyLayer::builder(Idempotency::new(store))
+        .scope("charge")
+        .caller(|_| Some("tenant-7".to_owned()))
+        .build()
+        .unwrap();
+    let app = axum::Router::new()
+        .route(
+            "/charges",
+            post(|| async {
+                (
+                    StatusCode::CREATED,
+                    [
+                        ("content-type", "application/json"),
+                        ("location", "/charges/7"),
+                    ],
+                    r#"{"receipt":4200}"#,
+                )
+            }),
+        )
+        .layer(layer);
+    let request = Request::post("/charges")
+        .header("idempotency-key", "\"http-1\"")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+
+    let args = [
+        "inspect", "--scope", "charge", "--caller", "tenant-7", "http-1",
+    ];
+    let inspect = json(&url, "idem_records", &args);
+    assert_eq!(inspect["state"], "completed");
+    let stored = &inspect["response"]["stored_response"];
+    assert_eq!(stored["status"], 201, "{inspect}");
+    assert_eq!(stored["body"], serde_json::json!({ "receipt": 4200 }));
+    let headers = stored["headers"].as_array().unwrap();
+    assert!(
+        headers.contains(&serde_json::json!(["location", "/charges/7"])),
+        "{headers:?}"
+    );
+    // The text form prints the same response, pretty.
+    let (ok, text, err) = idem(&url, "idem_records", &args);
+    assert!(ok, "{err}");
+    assert!(
+        text.contains("\"stored_response\"") && text.contains("\"status\": 201"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn sqlite_every_command() {
+    let (_dir, url, store) = sqlite_file().await;
     seed(Arc::new(store.clone())).await;
-    let url = format!("sqlite://{}", path.display());
     every_command(&url, "idem_records", Arc::new(store), Kind::Sql).await;
 }
 

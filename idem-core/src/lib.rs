@@ -35,6 +35,8 @@ mod record;
 mod sql;
 mod step;
 pub mod store;
+#[cfg(any(feature = "http", feature = "grpc", feature = "remote"))]
+mod stored_response;
 
 /// The aws-sdk-dynamodb (1.x) whose `Client` a [`DynamoStore`] is built on. Use this path to
 /// name the very version idem uses.
@@ -91,3 +93,5 @@ pub use store::sql::protocol::TransactionalStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
 pub use store::{Immediate, Store};
+#[cfg(any(feature = "http", feature = "grpc", feature = "remote"))]
+pub use stored_response::StoredResponse;

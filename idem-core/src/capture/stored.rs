@@ -8,7 +8,7 @@ use axum_core::body::Body;
 use bytes::Bytes;
 use http::header::CONNECTION;
 use http::response::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Response};
 use http_body::{Frame, SizeHint};
 
 use crate::error::BoxError;
@@ -49,11 +49,6 @@ impl Captured {
         Response::from_parts(self.parts, body)
     }
 }
-
-/// The format written now: version 2 adds the trailers. Version 1 (status, headers, body) is
-/// still read, so responses stored before trailers were kept replay as they were.
-const VERSION: u8 = 2;
-const VERSION_1: u8 = 1;
 
 /// A stored body followed by its trailers. It announces no exact size: HTTP/1.1 sends trailers
 /// only in a chunked body, which an exact size would turn into a `Content-Length` one.
@@ -122,94 +117,31 @@ fn field_len((name, value): (&HeaderName, &HeaderValue)) -> usize {
     2 + name.as_str().len() + 4 + value.len()
 }
 
-/// Version byte (2), status (u16), header count (u32), then per header the name (u16 length)
-/// and value (u32 length), then the trailers as the headers (a count, then the fields; a count
-/// of 0 when there are none), then the body to the end. Big-endian lengths.
+/// The bytes kept for `c`: its status, end-to-end headers, trailers and body, in the format
+/// [`StoredResponse`](crate::StoredResponse) reads.
 pub(crate) fn encode(c: &Captured) -> Result<Vec<u8>, BoxError> {
-    let trailers_len = c.trailers.as_ref().map_or(0, fields_len);
-    let mut out = crate::envelope::payload_buffer(head_len(&c.parts) + trailers_len + c.body.len());
-    out.push(VERSION);
-    out.extend_from_slice(&c.parts.status.as_u16().to_be_bytes());
-    put_fields(&mut out, stored_headers(&c.parts.headers))?;
-    put_fields(&mut out, c.trailers.iter().flat_map(|t| t.iter()))?;
-    out.extend_from_slice(&c.body);
-    Ok(out)
+    let headers = stored_headers(&c.parts.headers);
+    let reserve = head_len(&c.parts) + c.trailers.as_ref().map_or(0, fields_len) + c.body.len();
+    crate::stored_response::encode(
+        c.parts.status,
+        headers,
+        c.trailers.as_ref(),
+        &c.body,
+        reserve,
+    )
 }
 
-/// A count (u32), then each field's name and value.
-fn put_fields<'a>(
-    out: &mut Vec<u8>,
-    fields: impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)>,
-) -> Result<(), BoxError> {
-    // The count goes in front of the fields: written once they are counted.
-    let count_at = out.len();
-    out.extend_from_slice(&[0; 4]);
-    let mut count = 0usize;
-    for (name, value) in fields {
-        out.extend_from_slice(&u16::try_from(name.as_str().len())?.to_be_bytes());
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(&u32::try_from(value.len())?.to_be_bytes());
-        out.extend_from_slice(value.as_bytes());
-        count += 1;
-    }
-    out[count_at..count_at + 4].copy_from_slice(&u32::try_from(count)?.to_be_bytes());
-    Ok(())
-}
-
-/// Reads what [`encode`] wrote, or the version 1 layout (no trailers) written before it.
+/// Reads what [`encode`] wrote (or the version 1 layout, without trailers, written before it).
 pub(crate) fn decode(bytes: &[u8]) -> Result<Captured, BoxError> {
-    let mut r = Reader(bytes);
-    let version = r.take(1)?[0];
-    if version != VERSION && version != VERSION_1 {
-        return Err("stored HTTP response has an unknown format version".into());
-    }
-    let status = StatusCode::from_u16(u16::from_be_bytes(r.array()?))?;
-    let headers = r.fields()?;
-    let trailers = match version {
-        VERSION_1 => None,
-        _ => Some(r.fields()?).filter(|t| !t.is_empty()),
-    };
+    let stored = crate::stored_response::read(bytes)?;
     let (mut parts, ()) = Response::new(()).into_parts();
-    parts.status = status;
-    parts.headers = headers;
+    parts.status = stored.status;
+    parts.headers = stored.headers;
     Ok(Captured {
         parts,
-        body: Bytes::copy_from_slice(r.0),
-        trailers,
+        body: stored.body,
+        trailers: stored.trailers,
     })
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], BoxError> {
-        if self.0.len() < n {
-            return Err("stored HTTP response is truncated".into());
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], BoxError> {
-        let mut out = [0; N];
-        out.copy_from_slice(self.take(N)?);
-        Ok(out)
-    }
-
-    /// What [`put_fields`] wrote.
-    fn fields(&mut self) -> Result<HeaderMap, BoxError> {
-        let count = u32::from_be_bytes(self.array()?);
-        let mut fields = HeaderMap::new();
-        for _ in 0..count {
-            let len = u16::from_be_bytes(self.array()?);
-            let name = HeaderName::from_bytes(self.take(usize::from(len))?)?;
-            let len = u32::from_be_bytes(self.array()?);
-            let value = HeaderValue::from_bytes(self.take(usize::try_from(len)?)?)?;
-            fields.append(name, value);
-        }
-        Ok(fields)
-    }
 }
 
 #[cfg(test)]
@@ -262,7 +194,7 @@ mod tests {
         let mut other = bytes.clone();
         other[0] = 9;
         assert!(decode(&other).is_err());
-        assert!(decode(&[VERSION, 0x03, 0xe8, 0, 0, 0, 0, 0, 0, 0, 0]).is_err()); // status 1000
+        assert!(decode(&[2, 0x03, 0xe8, 0, 0, 0, 0, 0, 0, 0, 0]).is_err()); // status 1000
         assert!(decode(&bytes[..bytes.len() - 12]).is_err()); // cut inside the headers
     }
 
