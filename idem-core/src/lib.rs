@@ -92,6 +92,6 @@ pub use store::remote::{RemoteStore, RemoteStoreBuilder};
 pub use store::sql::protocol::TransactionalStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
-pub use store::{Immediate, Store};
+pub use store::{Immediate, Store, LAPSED_CLAIMS_KEPT};
 #[cfg(any(feature = "http", feature = "grpc", feature = "remote"))]
 pub use stored_response::StoredResponse;

@@ -3,8 +3,12 @@
 //!
 //! - while the store answers renewals, the lease is renewed on its own schedule whatever the
 //!   pause between two tries, so no caller, in this process or another, claims the key;
-//! - a call of this process that meets the pending completion waits for it and replays its
-//!   result: it never claims, even once the lease has run out in the store;
+//! - a call of this process that meets the pending completion never claims, even once the lease
+//!   has run out in the store: it follows its `on_locked` policy, failing fast with `Locked` and
+//!   the completion's next try as `retry_after`, or waiting at most its timeout for the
+//!   completion and then replaying its result;
+//! - a lapsed holder, with nobody having claimed the key since, completes when the store is
+//!   back, however long the outage (`LAPSED_CLAIMS_KEPT`), even with the store pruned;
 //! - what cannot be prevented, counted: another process whose retry reaches the store after an
 //!   outage longer than the lease claims the key and runs the work a second time.
 //!
@@ -16,7 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{
-    Error, Idempotency, Key, MemoryStore, Outcome, Store, StoreError, StoreErrorKind, TokioClock,
+    Error, Idempotency, Key, MemoryStore, OnLocked, Outcome, Store, StoreError, StoreErrorKind,
+    TokioClock,
 };
 use idem_test_support::forward::{Forward, Forwarding, Op};
 use tokio::time::Instant;
@@ -140,8 +145,7 @@ impl Tally {
 /// Completions fail for 5 s with a 2 s lease, while renewals work: the pause between two tries
 /// grows past the lease, but the lease is renewed on its own schedule, so the key stays this
 /// process's. Retries every 100 ms for 10 s, from this process and from another, never run the
-/// work again: this process's get the one result, the other's get `Locked` until it landed and
-/// then the replay.
+/// work again: both get `Locked` (fail fast, the default) until it landed, and then the replay.
 #[tokio::test(start_paused = true)]
 async fn completions_failing_longer_than_the_lease_keep_the_key() {
     let store = Arc::new(Faulty::new());
@@ -157,11 +161,16 @@ async fn completions_failing_longer_than_the_lease_keep_the_key() {
         "the caller gets its real result"
     );
 
+    let (mut locked_here, mut replayed_here) = (0, 0);
     let (mut locked_elsewhere, mut replayed_elsewhere) = (0, 0);
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let again = tally.call(&here).await.unwrap();
-        assert_eq!(again, Outcome::Replayed(100), "a retry in this process");
+        match tally.call(&here).await {
+            // The completion's next try is at most a third of the lease away.
+            Err(Error::Locked { retry_after }) if retry_after <= lease / 3 => locked_here += 1,
+            Ok(Outcome::Replayed(100)) => replayed_here += 1,
+            other => panic!("a retry in this process got {other:?}"),
+        }
         match tally.call(&elsewhere).await {
             Err(Error::Locked { .. }) => locked_elsewhere += 1,
             Ok(Outcome::Replayed(100)) => replayed_elsewhere += 1,
@@ -169,6 +178,7 @@ async fn completions_failing_longer_than_the_lease_keep_the_key() {
         }
         assert_eq!(tally.runs(), 1, "the work ran twice");
     }
+    assert!(locked_here > 0 && replayed_here > 0);
     assert!(locked_elsewhere > 0 && replayed_elsewhere > 0);
     let Some(record) = store.get(&key()).await.unwrap() else {
         panic!("the result was lost");
@@ -177,11 +187,13 @@ async fn completions_failing_longer_than_the_lease_keep_the_key() {
 }
 
 /// The store is down for 4 s right after the work, with a 3 s lease: renewals fail too, so the
-/// lease runs out in the store. A retry of this process 50 ms after the store is back, and every
-/// 50 ms after, meets the completion still pending here: it waits for it and replays, never
-/// claims. One execution, one answer.
+/// lease runs out in the store. Retries of this process every 50 ms, during the outage and after
+/// it, meet the completion still pending here: failing fast (the default), each is `Locked` at
+/// once, with the completion's next try (1 s, a third of the lease) as `retry_after`, until the
+/// completion lands; from then on each replays. None waits, none claims: one execution, one
+/// answer, and the result is in the store.
 #[tokio::test(start_paused = true)]
-async fn a_retry_here_after_an_outage_longer_than_the_lease_replays_the_pending_result() {
+async fn a_retry_here_after_an_outage_longer_than_the_lease_fails_fast_then_replays() {
     let store = Arc::new(Faulty::new());
     let lease = Duration::from_secs(3);
     let here = engine(&store, lease);
@@ -190,18 +202,112 @@ async fn a_retry_here_after_an_outage_longer_than_the_lease_replays_the_pending_
 
     tally.charge_then_outage(&here, &store, outage).await;
 
-    // Retries during the outage and after it: each replays the one result.
     let began = Instant::now();
+    let (mut locked, mut replayed) = (0, 0);
     while began.elapsed() < outage + Duration::from_secs(6) {
-        let again = tally.call(&here).await.unwrap();
-        assert_eq!(again, Outcome::Replayed(100), "at {:?}", began.elapsed());
+        let asked = Instant::now();
+        match tally.call(&here).await {
+            Err(Error::Locked { retry_after }) => {
+                assert_eq!(retry_after, Duration::from_secs(1));
+                assert_eq!(
+                    replayed,
+                    0,
+                    "Locked after a replay, at {:?}",
+                    began.elapsed()
+                );
+                locked += 1;
+            }
+            Ok(Outcome::Replayed(100)) => replayed += 1,
+            other => panic!("at {:?}: {other:?}", began.elapsed()),
+        }
+        assert_eq!(asked.elapsed(), Duration::ZERO, "a fail-fast call waited");
         assert_eq!(tally.runs(), 1, "the work ran twice");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert!(
+        locked > 0 && replayed > 0,
+        "{locked} locked, {replayed} replayed"
+    );
     let Some(record) = store.get(&key()).await.unwrap() else {
         panic!("the result was lost");
     };
     assert!(matches!(record.state, idem_core::RecordState::Completed(_)));
+}
+
+/// The same outage, with retries of this process that wait (`OnLocked::Wait`): one with a 500 ms
+/// timeout during the outage answers `Locked` after exactly 500 ms, not a lease; one with a 10 s
+/// timeout made during the outage returns the replay as soon as the completion lands, within its
+/// timeout. Neither claims: one execution.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_retry_here_waits_at_most_its_timeout_for_a_pending_completion() {
+    let store = Arc::new(Faulty::new());
+    let lease = Duration::from_secs(3);
+    let here = engine(&store, lease);
+    let tally = Tally::default();
+    let outage = Duration::from_secs(4);
+    let began = Instant::now();
+
+    tally.charge_then_outage(&here, &store, outage).await;
+
+    let here = &here;
+    let wait = |timeout| async move {
+        let asked = Instant::now();
+        let out = here
+            .call(key())
+            .on_locked(OnLocked::Wait { timeout })
+            .run(async { Ok::<_, Error>(999u64) })
+            .await;
+        (out, asked.elapsed())
+    };
+    let (short, waited) = wait(Duration::from_millis(500)).await;
+    assert!(
+        matches!(short, Err(Error::Locked { retry_after }) if retry_after == Duration::from_secs(1)),
+        "{short:?}"
+    );
+    assert_eq!(waited, Duration::from_millis(500));
+
+    let (long, waited) = wait(Duration::from_secs(10)).await;
+    assert_eq!(long.unwrap(), Outcome::Replayed(100));
+    assert!(waited < Duration::from_secs(10), "waited {waited:?}");
+    // Landed within one try's pause (at most 1 s) of the store coming back.
+    assert!(
+        began.elapsed() <= outage + Duration::from_secs(1),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(tally.runs(), 1, "the work ran twice");
+    let Some(record) = store.get(&key()).await.unwrap() else {
+        panic!("the result was lost");
+    };
+    assert!(matches!(record.state, idem_core::RecordState::Completed(_)));
+}
+
+/// The store is down for 40 s with a 3 s lease (thirteen leases), and pruned as the store comes
+/// back: the lapsed claim, which nobody took over, is kept (`LAPSED_CLAIMS_KEPT`), so the
+/// pending completion lands and the answer the caller got is the one stored.
+#[tokio::test(start_paused = true)]
+async fn a_lapsed_holder_completes_after_a_long_outage_and_a_prune() {
+    let store = Arc::new(Faulty::new());
+    let lease = Duration::from_secs(3);
+    let here = engine(&store, lease);
+    let tally = Tally::default();
+    let outage = Duration::from_secs(40);
+
+    tally.charge_then_outage(&here, &store, outage).await;
+    tokio::time::sleep(outage).await;
+    // Nothing pruned: the claim lapsed 37 s ago, a late holder may still complete it.
+    assert_eq!(store.0.inner.prune_expired(1_000).await.unwrap(), 0);
+    // Bounded: the completion's next try is at most a third of the lease away.
+    for _ in 0..100 {
+        if let Some(record) = store.get(&key()).await.unwrap() {
+            if matches!(record.state, idem_core::RecordState::Completed(_)) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(tally.call(&here).await.unwrap(), Outcome::Replayed(100));
+    assert_eq!(tally.runs(), 1, "the work ran twice");
 }
 
 /// The same outage, with the retry coming from another process (another engine over the store)
@@ -272,9 +378,20 @@ async fn a_pending_result_refuses_a_reused_key() {
         .run(async { Ok::<_, Error>(2u64) })
         .await;
     assert!(matches!(reused, Err(Error::KeyReused)), "{reused:?}");
+    // The same request is `Locked` while the completion is pending (failing fast), and waiting
+    // for it replays its result.
     let same = here
         .call(key())
         .fingerprint(a)
+        .run(async { Ok::<_, Error>(3u64) })
+        .await;
+    assert!(matches!(same, Err(Error::Locked { .. })), "{same:?}");
+    let same = here
+        .call(key())
+        .fingerprint(a)
+        .on_locked(OnLocked::Wait {
+            timeout: Duration::from_secs(20),
+        })
         .run(async { Ok::<_, Error>(3u64) })
         .await
         .unwrap();

@@ -1469,3 +1469,71 @@ async fn statement_timeout_during_complete() {
     completes_once(&engine, &store, 2, &runs).await;
     drop_store_tables(&store).await;
 }
+
+/// How many rows of `store`'s table hold `key`, whatever their state.
+async fn rows_of(pool: &PgPool, store: &PostgresStore, key: &Key) -> i64 {
+    let sql = format!("SELECT count(*) FROM {} WHERE key = $1", store.table());
+    sqlx::query_scalar(&sql)
+        .bind(key.as_bytes().as_slice())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The reliability harness's case on the store with its background pruner running: a claim with
+/// a 2 s lease, completed 3 s later with nobody having claimed the key meanwhile, completes and
+/// replays. The pruner demonstrably ran after the lease ended (a record whose retention ended
+/// later is gone, polled, bounded) and left the lapsed claim (`LAPSED_CLAIMS_KEPT`). Then a
+/// claim whose lease ended longer ago than that (its expiry moved back in the table) is pruned.
+#[tokio::test]
+async fn a_lapsed_holder_completes_with_the_pruner_running() {
+    let Some(url) = server() else { return };
+    let pruner = idem_core::PrunerConfig::new().interval(Duration::from_millis(50));
+    let store = fresh_store(&url, |b| b.pruner(pruner)).await;
+    let pool = pool(&url).await;
+    let late = match store
+        .start(StartRequest::new(&key(1), Duration::from_secs(2)))
+        .await
+        .unwrap()
+    {
+        Start::Started(c) => c,
+        other => panic!("a new key starts, got {other:?}"),
+    };
+    // Waits out the 2 s lease on the server's clock.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    completed(&store, 2, b"gone", Duration::from_millis(1)).await;
+    assert!(
+        eventually(|| async { rows_of(&pool, &store, &key(2)).await == 0 }).await,
+        "the pruner never ran"
+    );
+    assert_eq!(
+        rows_of(&pool, &store, &key(1)).await,
+        1,
+        "the lapsed claim was pruned"
+    );
+    store
+        .complete(&late, done(b"late", RETENTION))
+        .await
+        .unwrap();
+    assert!(replays(&store, 1).await);
+
+    let stale = claim(&store, 3).await;
+    sqlx::query(&format!(
+        "UPDATE {} SET expires_at = clock_timestamp() - $1 * interval '1 millisecond' - interval '1 second' WHERE key = $2",
+        store.table()
+    ))
+    .bind(i64::try_from(idem_core::LAPSED_CLAIMS_KEPT.as_millis()).unwrap())
+    .bind(key(3).as_bytes().as_slice())
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert!(
+        eventually(|| async { rows_of(&pool, &store, &key(3)).await == 0 }).await,
+        "a claim lapsed past the window was never pruned"
+    );
+    assert!(matches!(
+        store.complete(&stale, done(b"too late", RETENTION)).await,
+        Err(Error::LeaseLost)
+    ));
+    drop_store_tables(&store).await;
+}

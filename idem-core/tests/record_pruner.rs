@@ -39,14 +39,13 @@ fn done(retention: Duration) -> Completion<'static> {
     }
 }
 
-/// Adds `n` records that are about to expire: every other one a claim whose lease ends in
-/// [`SHORT`], the rest completed records whose retention ends in [`SHORT`].
+/// Adds `n` completed records whose retention ends in [`SHORT`]. (A claim whose lease ends is
+/// not the pruner's before `LAPSED_CLAIMS_KEPT` has passed too: its holder may still complete
+/// it; `a_record_pruner_leaves_a_lapsed_claim_to_its_holder` shows that.)
 async fn add_expiring(store: &dyn Store, scope: &str, n: usize) {
     for i in 0..n {
-        let c = claim(store, &key(scope, i), SHORT).await;
-        if i % 2 == 1 {
-            store.complete(&c, done(SHORT)).await.unwrap();
-        }
+        let c = claim(store, &key(scope, i), LONG).await;
+        store.complete(&c, done(SHORT)).await.unwrap();
     }
 }
 
@@ -519,16 +518,17 @@ async fn the_batch_size_is_the_stores_unless_the_config_names_one() {
     assert_eq!(plain.batch_size(), PrunerConfig::DEFAULT_BATCH_SIZE);
 }
 
-/// Adds 35 records whose leases really end (SQL stores use the database's clock) and 6 live
+/// Adds 35 records whose retentions really end (SQL stores use the database's clock) and 6 live
 /// ones; returns the live keys.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 async fn fill_sql(store: &dyn Store) -> Vec<Key> {
-    const SQL_LEASE: Duration = Duration::from_millis(250);
+    const SQL_RETENTION: Duration = Duration::from_millis(250);
     for i in 0..35 {
-        claim(store, &key("expired", i), SQL_LEASE).await;
+        let c = claim(store, &key("expired", i), LONG).await;
+        store.complete(&c, done(SQL_RETENTION)).await.unwrap();
     }
     let live = add_live(store, "live", 6).await;
-    // Waits out the leases: the database runs on this host's clock.
+    // Waits out the retentions: the database runs on this host's clock.
     tokio::time::sleep(Duration::from_millis(300)).await;
     live
 }
@@ -743,8 +743,8 @@ impl Backlog {
     }
 }
 
-/// Claims `rate × seconds` records on `store` whose leases end steadily, `rate` a second from
-/// 1 ms on (nothing has expired yet, so adding them frees nothing, and afterwards only the
+/// Completes `rate × seconds` records on `store` whose retentions end steadily, `rate` a second
+/// from 1 ms on (nothing has expired yet, so adding them frees nothing, and afterwards only the
 /// pruner touches them), spawns a pruner with the default config, and moves the records' clock
 /// with the tokio clock a millisecond at a time for `seconds` + 1 s, calling `each_ms` before
 /// each step. Checks that everything expired was pruned and the pruner reported.
@@ -775,7 +775,11 @@ async fn expire_steadily_after(
         .map(|i| quiet_ms * 1_000 + i * 1_000_000 / rate)
         .collect();
     for (i, &micros) in leases.iter().enumerate() {
-        claim(&**store, &key("steady", i), Duration::from_micros(micros)).await;
+        let c = claim(&**store, &key("steady", i), LONG).await;
+        store
+            .complete(&c, done(Duration::from_micros(micros)))
+            .await
+            .unwrap();
     }
     let expired_by = |ms: u64| leases.partition_point(|&l| l <= ms * 1_000);
     let handle = Pruner::records(store.clone(), config).unwrap().spawn();
@@ -909,4 +913,33 @@ async fn an_idle_pruner_backs_off_and_wakes_up_within_the_quiet_spell() {
     let calls = store.prune_calls.load(Ordering::SeqCst) - before;
     assert!((55..=75).contains(&calls), "{calls} runs in an idle hour");
     handle.shutdown().await;
+}
+
+/// A claim whose lease ended is left to its holder, who completes it after a prune; one whose
+/// lease ended longer ago than `LAPSED_CLAIMS_KEPT` is the pruner's.
+#[tokio::test(start_paused = true)]
+async fn a_record_pruner_leaves_a_lapsed_claim_to_its_holder() {
+    let (store, clock, _) = memory_store(0, 0).await;
+    let late = claim(&*store, &key("lapsed", 1), SHORT).await;
+    let gone = claim(&*store, &key("lapsed", 2), SHORT).await;
+    clock.advance(SHORT * 2);
+    let pruner = Pruner::records(store.clone(), config(100)).unwrap();
+    assert_eq!(pruner.run_once().await.unwrap().deleted, 0);
+    store.complete(&late, done(LONG)).await.unwrap();
+    assert!(matches!(
+        store
+            .start(StartRequest::new(&key("lapsed", 1), LONG))
+            .await
+            .unwrap(),
+        Start::Completed(_)
+    ));
+
+    // Past the window, the lapsed claim is the pruner's (and so is the completed record, whose
+    // retention ended too).
+    clock.advance(idem_core::LAPSED_CLAIMS_KEPT);
+    assert_eq!(pruner.run_once().await.unwrap().deleted, 2);
+    assert!(matches!(
+        store.complete(&gone, done(LONG)).await,
+        Err(idem_core::Error::LeaseLost)
+    ));
 }

@@ -1101,3 +1101,83 @@ async fn the_shipped_sql_file_makes_what_migrate_makes() {
     let c = claim(&store, &key(1), LEASE).await;
     store.complete(&c, done(b"ok", RETENTION)).await.unwrap();
 }
+
+/// How many rows of `store`'s table hold `key`, whatever their state.
+async fn rows_of(store: &SqliteStore, key: &Key) -> i64 {
+    let sql = format!("SELECT count(*) FROM \"{}\" WHERE key = $1", store.table());
+    sqlx::query_scalar(&sql)
+        .bind(key.as_bytes().as_slice())
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+/// The reliability harness's case on the store with its background pruner running: a claim with
+/// a 2 s lease, completed 3 s later with nobody having claimed the key meanwhile, completes and
+/// replays. The pruner demonstrably ran after the lease ended (a record whose retention ended
+/// later is gone, polled, bounded) and left the lapsed claim, which its holder could still
+/// complete (`LAPSED_CLAIMS_KEPT`).
+#[tokio::test]
+async fn a_lapsed_holder_completes_with_the_pruner_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let pruner = idem_core::PrunerConfig::new().interval(Duration::from_millis(50));
+    let store = SqliteStore::builder()
+        .pruner(pruner)
+        .open(db(&dir))
+        .await
+        .unwrap();
+    let late = claim(&store, &key(1), Duration::from_secs(2)).await;
+    // Waits out the lease on SQLite's clock (the host's).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let marker = claim(&store, &key(2), LEASE).await;
+    store
+        .complete(&marker, done(b"gone", Duration::from_millis(1)))
+        .await
+        .unwrap();
+    assert!(
+        eventually(|| async { rows_of(&store, &key(2)).await == 0 }).await,
+        "the pruner never ran"
+    );
+    assert_eq!(
+        rows_of(&store, &key(1)).await,
+        1,
+        "the lapsed claim was pruned"
+    );
+    store
+        .complete(&late, done(b"late", RETENTION))
+        .await
+        .unwrap();
+    match store
+        .start(StartRequest::new(&key(1), LEASE))
+        .await
+        .unwrap()
+    {
+        Start::Completed(r) => assert_eq!(r.response.as_deref(), Some(&b"late"[..])),
+        other => panic!("expected the late result, got {other:?}"),
+    }
+}
+
+/// The pruner is for space: a claim whose lease ended longer ago than `LAPSED_CLAIMS_KEPT` (its
+/// expiry moved back in the table) is deleted by `prune_expired`; one within it stays.
+#[tokio::test]
+async fn a_claim_lapsed_past_the_late_completion_window_is_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = quiet().open(db(&dir)).await.unwrap();
+    claim(&store, &key(1), SHORT).await;
+    claim(&store, &key(2), SHORT).await;
+    let kept_ms = i64::try_from(idem_core::LAPSED_CLAIMS_KEPT.as_millis()).unwrap();
+    let sql = format!(
+        "UPDATE \"{}\" SET expires_at = expires_at - $1 - 1000 WHERE key = $2",
+        store.table()
+    );
+    sqlx::query(&sql)
+        .bind(kept_ms)
+        .bind(key(1).as_bytes().as_slice())
+        .execute(store.pool())
+        .await
+        .unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    assert_eq!(store.prune_expired(100).await.unwrap(), 1);
+    assert_eq!(rows_of(&store, &key(1)).await, 0);
+    assert_eq!(rows_of(&store, &key(2)).await, 1);
+}

@@ -23,6 +23,7 @@ use std::time::Duration;
 pub mod bank;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
+pub mod faults;
 pub mod forward;
 #[cfg(feature = "grpc")]
 pub mod grpc;

@@ -272,6 +272,7 @@ macro_rules! __conformance {
             abort_frees_key,
             renew_extends_lease,
             complete_after_lease_end_without_takeover,
+            lapsed_holder_completes_while_nobody_took_over,
             retention_ends_then_runs_again,
             prune_deletes_only_expired,
             prune_respects_limit,

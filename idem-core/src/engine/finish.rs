@@ -15,7 +15,7 @@ use super::Shared;
 use crate::error::Error;
 use crate::key::Fingerprint;
 use crate::record::{Claim, Completion, StoredResult};
-use crate::store::Store;
+use crate::store::{Store, LAPSED_CLAIMS_KEPT};
 
 /// Polls `work` to completion while renewing the claim's lease every third of the lease, in the
 /// same task (so cancelling the call stops both). A renewal that fails for a passing reason is
@@ -60,6 +60,13 @@ pub(super) async fn renewing<F: Future>(
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 /// The longest pause between two tries of a completion that keeps failing.
 const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// When a call that met a completion this process retries in the background should try again:
+/// the longest pause between two of its tries (at most 2 s, and a third of the lease), after
+/// which the result has landed if the store answers again.
+pub(super) fn pending_retry_after(lease: Duration) -> Duration {
+    RETRY_MAX.min(lease / 3).max(Duration::from_millis(1))
+}
 
 /// Owns a claim until it is completed or released; dropping it armed (cancellation, panic)
 /// releases the claim on a task of its own, and a retry in this process waits for that.
@@ -265,8 +272,9 @@ struct Retrying {
 
 impl Retrying {
     /// Retries the completion until it lands, the key is taken over, a definite error says it
-    /// never will, or the retention (after which the result would not be replayed anyway) has
-    /// passed. The lease is renewed on its own schedule meanwhile (every third of it, whatever
+    /// never will, or the retention (after which the result would not be replayed anyway) or
+    /// [`LAPSED_CLAIMS_KEPT`] (after which a store may delete the lapsed claim) has passed,
+    /// whichever is sooner. The lease is renewed on its own schedule meanwhile (every third of it, whatever
     /// the pause between two tries), so while the store answers renewals the key stays this
     /// process's; and the pause between tries never exceeds a third of the lease, so once the
     /// store answers again the completion lands within that.
@@ -279,8 +287,8 @@ impl Retrying {
             is_error: self.pending.record.is_error,
             retention: self.retention,
         };
-        let give_up = Instant::now() + self.retention;
-        let longest = RETRY_MAX.min(self.lease / 3);
+        let give_up = Instant::now() + self.retention.min(LAPSED_CLAIMS_KEPT);
+        let longest = pending_retry_after(self.lease);
         let tries = async {
             let mut backoff = RETRY_FIRST.min(longest);
             // Bounded by `give_up`: every pass sleeps before its try.
@@ -299,7 +307,7 @@ impl Retrying {
                     }
                     Err(Error::Store(e)) if e.kind().is_transient() => {
                         if Instant::now() >= give_up {
-                            tracing::error!(%key, error = %e, "gave up storing the result after its retention");
+                            tracing::error!(%key, error = %e, "gave up storing the result: past its retention, or past the time a store keeps a lapsed claim");
                             return;
                         }
                     }

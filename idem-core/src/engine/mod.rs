@@ -53,7 +53,7 @@ pub(crate) use stored::Encoded;
 use cache::{Cache, Hit, Known};
 use claim::start;
 use detach::run_to_end;
-use finish::{renewing, ClaimGuard, PendingResult, Stored};
+use finish::{pending_retry_after, renewing, ClaimGuard, PendingResult, Stored};
 use stored::replay;
 use underway::{Completions, Releases};
 use waiters::{PollerRole, Typical, Waiters};
@@ -504,7 +504,11 @@ impl<C: Codec> Idempotency<C> {
             Box::pin(shared.releases.settled(key, lease)).await;
         }
         if let Some(pending) = shared.completions.get(key) {
-            return Box::pin(self.pending(key, fingerprint, lease, pending)).await;
+            let wait = match on_locked {
+                OnLocked::FailFast => Duration::ZERO,
+                OnLocked::Wait { timeout } => timeout,
+            };
+            return Box::pin(self.pending(key, fingerprint, lease, wait, pending)).await;
         }
         match on_locked {
             OnLocked::FailFast => match start(shared, key, fingerprint, lease).await? {
@@ -539,7 +543,8 @@ impl<C: Codec> Idempotency<C> {
             let mut woken = pin!(slot.notify.notified());
             woken.as_mut().enable();
             if let Some(pending) = shared.completions.get(key) {
-                return self.pending(key, fingerprint, lease, pending).await;
+                let left = deadline.saturating_duration_since(Instant::now());
+                return self.pending(key, fingerprint, lease, left, pending).await;
             }
             let retry_after = match start(shared, key, fingerprint, lease).await? {
                 Start::Started(c) => return Ok(Acquired::Claim(c)),
@@ -575,18 +580,27 @@ impl<C: Codec> Idempotency<C> {
 
 impl<C: Codec> Idempotency<C> {
     /// A call that meets a result this process is still storing in the background: it waits
-    /// for that completion (at most a lease) and replays the result, whether or not it landed;
-    /// it never claims the key, so the work that produced the result does not run again here.
+    /// up to `wait` (the call's [`OnLocked`] policy: none when failing fast, at most its
+    /// timeout when waiting) for that completion to end, then replays the result, whether or not
+    /// it landed. If the completion is still retrying when `wait` runs out, the call is
+    /// [`Error::Locked`], with a `retry_after` of the completion's next try. Either way it never
+    /// claims the key, so the work that produced the result does not run again here.
     async fn pending(
         &self,
         key: &Key,
         fingerprint: Option<&Fingerprint>,
         lease: Duration,
+        wait: Duration,
         pending: Arc<PendingResult>,
     ) -> Result<Acquired, Error> {
         crate::store::check_fingerprint(pending.fingerprint.as_ref(), fingerprint)?;
-        self.inner.shared.completions.settled(key, lease).await;
-        Ok(Acquired::Pending(pending.record.clone()))
+        // With no time to wait, `settled` still looks once: a completion that just ended replays.
+        if self.inner.shared.completions.settled(key, wait).await {
+            return Ok(Acquired::Pending(pending.record.clone()));
+        }
+        Err(Error::Locked {
+            retry_after: pending_retry_after(lease),
+        })
     }
 }
 

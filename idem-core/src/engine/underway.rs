@@ -95,12 +95,13 @@ impl<V: Clone> Underway<V> {
         self.lock().get(key).map(|slot| slot.value.clone())
     }
 
-    /// Waits until nothing is under way for `key` in this process, for at most `bound`.
-    pub(super) async fn settled(&self, key: &Key, bound: Duration) {
+    /// Waits until nothing is under way for `key` in this process, for at most `bound`: `true`
+    /// when that came, `false` when `bound` passed first.
+    pub(super) async fn settled(&self, key: &Key, bound: Duration) -> bool {
         if !self.under_way() {
-            return;
+            return true;
         }
-        let _ = tokio::time::timeout(bound, async {
+        tokio::time::timeout(bound, async {
             // Bounded: each pass waits for one end of what is under way for the key.
             loop {
                 let done = match self.lock().get(key) {
@@ -120,7 +121,8 @@ impl<V: Clone> Underway<V> {
                 ended.await;
             }
         })
-        .await;
+        .await
+        .is_ok()
     }
 
     #[cfg(test)]

@@ -15,7 +15,7 @@ use crate::record::{Claim, Completion, Record, RecordState, Start, StartRequest,
 use crate::step::{
     failed_step, Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP,
 };
-use crate::store::{check_duration, check_fingerprint, Immediate, Store};
+use crate::store::{check_duration, check_fingerprint, Immediate, Store, LAPSED_CLAIMS_KEPT};
 
 /// A record as the store keeps it: 96 bytes a slot with its key, where the public
 /// [`Record`]'s layout took 144. Every byte of a slot is paid for in each hash map's memory and
@@ -45,6 +45,16 @@ enum Phase {
 impl Entry {
     fn expires_at(&self) -> SystemTime {
         self.expires_at
+    }
+
+    /// When the store may free the record: its retention's end once completed; for a running
+    /// claim, `lapsed_kept` ([`LAPSED_CLAIMS_KEPT`]) after its lease's end, so that a holder
+    /// whose lease ran out, with nobody having claimed the key since, can still complete it.
+    fn freed_at(&self, lapsed_kept: Duration) -> SystemTime {
+        match self.phase {
+            Phase::Running => self.expires_at + lapsed_kept,
+            Phase::Completed { .. } => self.expires_at,
+        }
     }
 
     fn is_running(&self) -> bool {
@@ -218,6 +228,9 @@ struct Records {
     /// An entry at every record's expiry (and stale ones): expired records are found at the
     /// front without looking at any live one.
     by_expiry: ExpiryIndex,
+    /// How long a claim whose lease ended is kept for its holder: [`LAPSED_CLAIMS_KEPT`] (zero
+    /// in the index's own unit tests, which free claims at their lease's end).
+    lapsed_kept: Duration,
     /// How many index entries `expire` looked at, so a unit test can count that pruning does not
     /// scan.
     #[cfg(test)]
@@ -232,6 +245,7 @@ impl Default for Records {
             steps: KeyMap::default(),
             len: 0,
             by_expiry: ExpiryIndex::default(),
+            lapsed_kept: LAPSED_CLAIMS_KEPT,
             #[cfg(test)]
             examined: 0,
         }
@@ -276,7 +290,11 @@ impl Records {
                 self.len += 1;
             }
         }
-        self.by_expiry.push(lease, lease_until, key);
+        self.by_expiry.push(
+            lease + self.lapsed_kept,
+            lease_until + self.lapsed_kept,
+            key,
+        );
         Ok(token)
     }
 
@@ -284,7 +302,8 @@ impl Records {
         let shard = shard_of(key);
         // Its index entry becomes stale.
         let entry = self.shards[shard].remove(key)?;
-        self.by_expiry.retract(entry.expires_at(), key);
+        self.by_expiry
+            .retract(entry.freed_at(self.lapsed_kept), key);
         self.len -= 1;
         // Aborts and evictions empty the map too, not only expiry.
         self.shrink(shard);
@@ -293,7 +312,7 @@ impl Records {
 
     /// Applies `f` to the entry still carrying `claim`'s token, or fails with `LeaseLost`; with
     /// `in_progress`, a completed entry counts as lost too. When `f` moves the expiry (to now
-    /// plus `duration`), the index gets an entry there.
+    /// plus `duration`), the index gets an entry where the record is freed.
     fn update_owned(
         &mut self,
         claim: &Claim,
@@ -306,10 +325,16 @@ impl Records {
             Some(e) if e.token == claim.token() && (!in_progress || e.is_running()) => e,
             _ => return Err(Error::LeaseLost),
         };
-        let before = entry.expires_at();
+        let before = entry.freed_at(self.lapsed_kept);
         f(entry);
-        let after = entry.expires_at();
+        let after = entry.freed_at(self.lapsed_kept);
         if after != before {
+            // A running claim is freed a while after its lease, a completed record at its end.
+            let duration = if entry.is_running() {
+                duration + self.lapsed_kept
+            } else {
+                duration
+            };
             self.by_expiry.retract(before, key);
             self.by_expiry.push(duration, after, *key);
         }
@@ -383,7 +408,7 @@ impl Records {
             taken += 1;
             let shard = shard_of(&key);
             if let Slot::Occupied(slot) = self.shards[shard].entry(key) {
-                if slot.get().expires_at() == at {
+                if slot.get().freed_at(self.lapsed_kept) == at {
                     slot.remove();
                     self.len -= 1;
                     self.shrink(shard);
@@ -428,6 +453,9 @@ impl Records {
 ///   traffic goes on. `get` frees nothing.
 /// - When under a quarter of a map's capacity is in use (and it has more than 128 slots), the
 ///   map shrinks to twice its length, so the memory of a burst is returned.
+/// - A completed record is freed when its retention ends; a claim whose lease ended is kept for
+///   [`LAPSED_CLAIMS_KEPT`] more, so that its holder can still complete it while nobody takes
+///   the key over (the next `start` takes it over at once).
 ///
 /// Cost per mutating call: one hash lookup and, when it sets an expiry, one append to a queue
 /// (no allocation, O(1)); then up to 8 entries taken from the index, O(1) each. No call looks
@@ -782,7 +810,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<(Key, Entry)>(), 96);
     }
 
-    /// The index holds an entry at every record's expiry, and `len` counts the records.
+    /// The index holds an entry at every record's freeing time, and `len` counts the records.
     fn assert_in_step(store: &MemoryStore) {
         let records = store.lock();
         let index: std::collections::HashSet<_> = records.by_expiry.entries().copied().collect();
@@ -790,11 +818,49 @@ mod tests {
         for (shard, map) in records.shards.iter().enumerate() {
             for (k, e) in map {
                 assert_eq!(shard_of(k), shard);
-                assert!(index.contains(&(e.expires_at(), *k)));
+                assert!(index.contains(&(e.freed_at(records.lapsed_kept), *k)));
                 held += 1;
             }
         }
         assert_eq!(held, records.len);
+    }
+
+    /// A store on `clock` that frees a lapsed claim at its lease's end, as it did before
+    /// [`LAPSED_CLAIMS_KEPT`]: the index's own tests check its order, its stale entries and its
+    /// bounded work, which do not depend on when a claim is due.
+    fn indexed(clock: &ManualClock) -> MemoryStore {
+        let store = MemoryStore::with_clock(clock.clone());
+        store.lock().lapsed_kept = Duration::ZERO;
+        store
+    }
+
+    /// A running claim whose lease ended is kept for [`LAPSED_CLAIMS_KEPT`], neither swept by
+    /// the calls that follow nor pruned, and its holder completes it; past that window it is
+    /// freed.
+    #[tokio::test]
+    async fn a_lapsed_claim_is_kept_for_its_holder_then_freed() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(clock.clone());
+        let late = claim(&store, &key(1), Duration::from_secs(1)).await;
+        let gone = claim(&store, &key(2), Duration::from_secs(1)).await;
+        clock.advance(Duration::from_secs(3600));
+        // Calls of other keys sweep what is due; a prune frees what is due.
+        for i in 10..40 {
+            claim(&store, &key(i), LONG).await;
+        }
+        assert_eq!(store.prune_expired(100).await.unwrap(), 0);
+        store.complete(&late, done(LONG)).await.unwrap();
+        assert!(matches!(
+            store.start(StartRequest::new(&key(1), LONG)).await.unwrap(),
+            Start::Completed(_)
+        ));
+        clock.advance(LAPSED_CLAIMS_KEPT);
+        assert!(store.prune_expired(100).await.unwrap() >= 1);
+        assert!(matches!(
+            store.complete(&gone, done(LONG)).await,
+            Err(Error::LeaseLost)
+        ));
+        assert_in_step(&store);
     }
 
     fn index_len(store: &MemoryStore) -> usize {
@@ -804,7 +870,7 @@ mod tests {
     #[tokio::test]
     async fn index_follows_every_call() {
         let clock = ManualClock::new();
-        let store = MemoryStore::with_clock(clock.clone());
+        let store = indexed(&clock);
         let renewed = claim(&store, &key(1), Duration::from_secs(1)).await;
         store.renew(&renewed, LONG).await.unwrap();
         let completed = claim(&store, &key(2), LONG).await;
@@ -847,7 +913,7 @@ mod tests {
     #[tokio::test]
     async fn a_change_with_nothing_after_it_leaves_no_stale_entry() {
         let clock = ManualClock::new();
-        let store = MemoryStore::with_clock(clock.clone());
+        let store = indexed(&clock);
         for i in 0..100 {
             let c = claim(&store, &key(i), LONG).await;
             store.complete(&c, done(RETENTION)).await.unwrap();
@@ -883,7 +949,7 @@ mod tests {
     #[tokio::test]
     async fn stale_entries_neither_count_nor_cut_a_batch_short() {
         let clock = ManualClock::new();
-        let store = MemoryStore::with_clock(clock.clone());
+        let store = indexed(&clock);
         // 300 records claimed, then completed with a 1 s retention: 299 lease entries (stale
         // once completed, due at 0.5 s; only the newest is taken back) and 300 retention entries.
         let mut claims = Vec::new();
@@ -908,7 +974,7 @@ mod tests {
     #[tokio::test]
     async fn an_emptied_queue_keeps_its_slot_until_another_duration_needs_it() {
         let clock = ManualClock::new();
-        let store = MemoryStore::with_clock(clock.clone());
+        let store = indexed(&clock);
         // One record for each of QUEUES leases (2 s, 4 s, …); the 2 s claim then completes with
         // a 1 h retention, which takes its lease entry back and empties the 2 s queue.
         let mut first = None;
@@ -957,7 +1023,7 @@ mod tests {
     #[tokio::test]
     async fn many_durations_expire_in_order() {
         let clock = ManualClock::new();
-        let store = MemoryStore::with_clock(clock.clone());
+        let store = indexed(&clock);
         // 40 distinct leases, longest first: 1 s ..= 40 s, given in reverse.
         for i in (1..=40u64).rev() {
             claim(&store, &key(i), Duration::from_secs(i)).await;
@@ -995,7 +1061,7 @@ mod tests {
     #[tokio::test]
     async fn prune_does_not_scan_live_records() {
         let clock = ManualClock::new();
-        let store = MemoryStore::with_clock(clock.clone());
+        let store = indexed(&clock);
         fill(&store, 1_000_005, |i| {
             if i % 200_000 == 0 {
                 Duration::from_millis(10)
@@ -1023,7 +1089,7 @@ mod tests {
     async fn a_claim_among_a_million_expired_records_does_bounded_work() {
         const EXPIRED: u64 = 1_000_000;
         let clock = ManualClock::new();
-        let store = MemoryStore::with_clock(clock.clone());
+        let store = indexed(&clock);
         fill(&store, EXPIRED, |_| Duration::from_millis(10));
         clock.advance(Duration::from_millis(20));
 

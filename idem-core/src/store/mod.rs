@@ -56,6 +56,10 @@ pub mod url;
 ///   commit that fails (a full disk) is an error, never a claim reported as won.
 /// - **Lease is not retention.** An in-progress record blocks its key until its lease ends; a
 ///   completed one replays until its retention ends.
+/// - **A late holder still completes.** A claim whose lease ended, on a key nobody has claimed
+///   since, completes normally: the store keeps the lapsed record for
+///   [`LAPSED_CLAIMS_KEPT`] after its lease (neither `prune_expired` nor the backend's own
+///   expiry removes it sooner), while the next `start` takes it over as before.
 /// - **Database time.** SQL backends compute leases and expiry with the server's clock.
 /// - **Fingerprints.** A live record whose fingerprint differs from the one given to `start`
 ///   (both present) gives [`Error::KeyReused`]; an expired record is simply replaced.
@@ -292,6 +296,32 @@ forward_to_inner! {
 /// otherwise ([`PrunerConfig::DEFAULT_BATCH_SIZE`](crate::PrunerConfig::DEFAULT_BATCH_SIZE)):
 /// defined with the stores, which size their batches, so that they need nothing of the pruner.
 pub(crate) const DEFAULT_PRUNE_BATCH_SIZE: u32 = 100;
+
+/// How long a store keeps a claim whose lease ended and that nobody took over, so that its
+/// holder can still complete it: one day.
+///
+/// A lease ending does not end the work: a holder whose store was unreachable for longer than
+/// its lease (a server restarted, a network cut) still has the answer it gave its caller, and the
+/// engine retries the completion in the background. While nobody else has claimed the key, the
+/// record still carries the holder's token, and completing it is safe; so every store keeps a
+/// lapsed claim this long before [`Store::prune_expired`] (or the backend's own expiry, on Redis
+/// and DynamoDB) deletes it. The next `start` of the key takes a lapsed claim over at once, as
+/// before: keeping it only costs space. The engine stops retrying a completion after this long
+/// (or after the result's retention, if shorter).
+///
+/// ```
+/// assert_eq!(idem_core::LAPSED_CLAIMS_KEPT.as_secs(), 24 * 60 * 60);
+/// ```
+pub const LAPSED_CLAIMS_KEPT: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+
+/// [`LAPSED_CLAIMS_KEPT`] in milliseconds, as the stores' statements and scripts take it.
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "redis",
+    feature = "dynamodb"
+))]
+pub(crate) const LAPSED_CLAIMS_KEPT_MS: i64 = LAPSED_CLAIMS_KEPT.as_millis() as i64;
 
 /// Rejects a zero or absurd lease/retention before it reaches a store.
 pub(crate) fn check_duration(what: &str, d: Duration) -> Result<(), Error> {

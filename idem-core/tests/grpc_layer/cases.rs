@@ -469,3 +469,66 @@ pub async fn store_unreachable_is_unavailable(store: idem_core::SqliteStore) {
     );
     assert_eq!(server.runs(), 0);
 }
+
+/// The store fails the first call's completion (it went away right after the method ran): the
+/// client gets its answer and the engine goes on completing in the background. Retries through
+/// the layer meanwhile follow its `on_locked` and never run the method: failing fast,
+/// `UNAVAILABLE` (key in flight) at once with `grpc-retry-pushback-ms` of the completion's next
+/// try (2,000: at most 2 s, and a third of the 30 s lease); waiting 300 ms, the same after
+/// 300 ms; waiting 20 s once the store is back, the replay as soon as the completion lands.
+pub async fn pending_completion_follows_on_locked(store: Arc<dyn Store>) {
+    use idem_test_support::faults::CompletionsFail;
+    let failing = CompletionsFail::new(store);
+    let engine = idem_core::Idempotency::from_arc(failing.clone());
+    let serve = |wait: Option<Duration>| {
+        Server::start_with(engine.clone(), failing.clone(), move |b| match wait {
+            Some(timeout) => b.on_locked(OnLocked::Wait { timeout }),
+            None => b,
+        })
+    };
+    let (fast, waits, patient) = (
+        serve(None).await,
+        serve(Some(Duration::from_millis(300))).await,
+        serve(Some(Duration::from_secs(20))).await,
+    );
+    let new = payment(70, "");
+    let first = fast
+        .create(Some("k-pending"), Some(CALLER), new.clone())
+        .await
+        .unwrap();
+    assert!(!replayed(&first));
+
+    // A retry through `server`: refused as in flight, with the completion's next try as its
+    // pushback; how long it took.
+    let refused = |server: &Server| {
+        let call = server.create(Some("k-pending"), Some(CALLER), new.clone());
+        async move {
+            let asked = std::time::Instant::now();
+            let status = call.await.unwrap_err();
+            assert_problem(&status, Problem::KeyInFlight);
+            let pushback = status.metadata().get("grpc-retry-pushback-ms").unwrap();
+            assert_eq!(pushback.to_str().unwrap(), "2000");
+            asked.elapsed()
+        }
+    };
+    let took = refused(&fast).await;
+    assert!(took < Duration::from_secs(2), "a fail-fast retry waited");
+    let took = refused(&waits).await;
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+        "waited {took:?}"
+    );
+
+    failing.switch(false);
+    let replay = patient
+        .create(Some("k-pending"), Some(CALLER), new)
+        .await
+        .unwrap();
+    assert!(replayed(&replay));
+    assert_eq!(replay.get_ref(), first.get_ref());
+    assert_eq!(
+        fast.runs() + waits.runs() + patient.runs(),
+        1,
+        "the method ran twice"
+    );
+}

@@ -21,6 +21,7 @@ idem_test_support::per_store! {
         malformed_keys_are_invalid_argument,
         oversized_response_is_not_run_again,
         flaky_server_with_retries_books_each_payment_once,
+        pending_completion_follows_on_locked,
     };
     memory_store => idem_test_support::stores::memory,
     #[cfg(feature = "sqlite")]

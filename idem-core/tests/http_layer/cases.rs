@@ -800,3 +800,60 @@ pub async fn completed_response_is_stored(store: Arc<dyn Store>) {
         .unwrap();
     assert!(matches!(record.state, idem_core::RecordState::Completed(_)));
 }
+
+/// The store fails the first request's completion (it went away right after the handler ran):
+/// the client gets its `201` and the engine goes on completing in the background. Retries
+/// through the layer meanwhile follow its `on_locked` and never run the handler: failing fast,
+/// `409` at once with a `Retry-After` of the completion's next try (2 s: at most 2 s, and a third
+/// of the 30 s lease), not a silent wait of a lease; waiting 300 ms, `409` after 300 ms; waiting
+/// 20 s once the store is back, the replay as soon as the completion lands.
+pub async fn pending_completion_follows_on_locked(store: Arc<dyn Store>) {
+    use idem_test_support::faults::CompletionsFail;
+    let failing = CompletionsFail::new(store);
+    let engine = Idempotency::from_arc(failing.clone());
+    let layer = |wait: Option<Duration>| {
+        let builder = Server::builder(engine.clone());
+        let builder = match wait {
+            Some(timeout) => builder.on_locked(OnLocked::Wait { timeout }),
+            None => builder,
+        };
+        builder.build().unwrap()
+    };
+    let fast = Server::serve(failing.clone(), layer(None)).await;
+    let waits = Server::serve(failing.clone(), layer(Some(Duration::from_millis(300)))).await;
+    let patient = Server::serve(failing.clone(), layer(Some(Duration::from_secs(20)))).await;
+
+    let first = fast.post("/payments", Some("k-pending"), "{}").await;
+    assert_eq!(first.status, 201);
+    assert!(!first.replayed());
+
+    let asked = std::time::Instant::now();
+    let busy = fast.post("/payments", Some("k-pending"), "{}").await;
+    busy.problem(409);
+    assert_eq!(busy.header("retry-after"), Some("2"));
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "a fail-fast retry waited"
+    );
+
+    let asked = std::time::Instant::now();
+    let waited = waits.post("/payments", Some("k-pending"), "{}").await;
+    waited.problem(409);
+    assert_eq!(waited.header("retry-after"), Some("2"));
+    let took = asked.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+        "waited {took:?}"
+    );
+
+    failing.switch(false);
+    let replay = patient.post("/payments", Some("k-pending"), "{}").await;
+    assert_eq!(replay.status, 201);
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(
+        fast.runs() + waits.runs() + patient.runs(),
+        1,
+        "the handler ran twice"
+    );
+}

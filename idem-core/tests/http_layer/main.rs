@@ -40,6 +40,7 @@ idem_test_support::per_store! {
         response_with_trailers_is_replayed_with_them,
         response_in_frames_is_replayed_whole,
         completed_response_is_stored,
+        pending_completion_follows_on_locked,
     };
     memory_store => idem_test_support::stores::memory,
     #[cfg(feature = "sqlite")]

@@ -17,7 +17,7 @@ use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Claim, Completion, Record, Start, StartRequest, StoredResult};
 use crate::step::{Abandoned, AbandonedQuery, StepLog, StepWrite};
-use crate::store::{check_duration, check_fingerprint, Store};
+use crate::store::{check_duration, check_fingerprint, Store, LAPSED_CLAIMS_KEPT_MS};
 
 use item::{
     duration_millis, millis, number, pk, time_of, token, ttl_seconds, Item, State, COMPLETED,
@@ -55,7 +55,36 @@ const COMPLETE_WITH_RESPONSE: &str =
 const COMPLETE_WITHOUT_RESPONSE: &str =
     "SET state_n = :completed, expires_ms = :expires, ttl_s = :ttl, is_error = :is_error REMOVE response_b";
 const RENEW: &str = "SET expires_ms = :expires, ttl_s = :ttl";
-const EXPIRED: &str = "expires_ms <= :cutoff";
+/// What `prune_expired` deletes: ended retentions and ended steps items (no `state_n`), and
+/// claims that lapsed longer ago than a late holder may still complete them
+/// ([`LAPSED_CLAIMS_KEPT`](crate::LAPSED_CLAIMS_KEPT), `:lapsed`).
+const EXPIRED: &str = "expires_ms <= :cutoff AND (attribute_not_exists(state_n) OR state_n <> :in_progress OR expires_ms <= :lapsed)";
+
+/// The values [`EXPIRED`] names, at `now_ms` on this node's clock.
+fn expired_values(margin_ms: i64, now_ms: i64) -> HashMap<String, AttributeValue> {
+    let cutoff = now_ms.saturating_sub(margin_ms);
+    HashMap::from([
+        (":cutoff".to_owned(), number(cutoff)),
+        (
+            ":in_progress".to_owned(),
+            AttributeValue::N(IN_PROGRESS.to_owned()),
+        ),
+        (
+            ":lapsed".to_owned(),
+            number(cutoff.saturating_sub(LAPSED_CLAIMS_KEPT_MS)),
+        ),
+    ])
+}
+
+/// The `ttl_s` of a claim whose lease ends at `lease_end_ms`: DynamoDB's own deletion leaves it
+/// for [`LAPSED_CLAIMS_KEPT`](crate::LAPSED_CLAIMS_KEPT) after that, so that its holder can
+/// still complete it while nobody took the key over.
+fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
+    ttl_seconds(
+        lease_end_ms.saturating_add(LAPSED_CLAIMS_KEPT_MS),
+        margin_ms,
+    )
+}
 
 /// Records in a DynamoDB table: the store for serverless and scale-out services (feature
 /// `dynamodb`).
@@ -118,7 +147,7 @@ const EXPIRED: &str = "expires_ms <= :cutoff";
 /// | `expires_ms` | N | lease end (in progress) or retention end (completed), epoch milliseconds on the writer's clock |
 /// | `response_b` | B | the stored response, once completed with one |
 /// | `is_error` | BOOL | whether the response is an error result |
-/// | `ttl_s` | N | epoch seconds after which DynamoDB's TTL may delete the item |
+/// | `ttl_s` | N | epoch seconds after which DynamoDB's TTL may delete the item: the retention's end; for a claim, [`LAPSED_CLAIMS_KEPT`](crate::LAPSED_CLAIMS_KEPT) after its lease's end, so that a late holder can still complete it |
 ///
 /// # Round trips
 ///
@@ -189,7 +218,8 @@ const EXPIRED: &str = "expires_ms <= :cutoff";
 ///
 /// # Pruning
 ///
-/// `prune_expired(limit)` scans the table with the filter `expires_ms <= :cutoff`, in pages of up
+/// `prune_expired(limit)` scans the table with the filter `expires_ms <= :cutoff` (for a claim:
+/// its lease ended more than [`LAPSED_CLAIMS_KEPT`](crate::LAPSED_CLAIMS_KEPT) ago), in pages of up
 /// to 1,000 evaluated items, examining at most `max(4 × limit, 1000)` items per call, and deletes
 /// each expired item with a `DeleteItem` conditioned on the same expiry (an item claimed again
 /// meanwhile stays). A Scan reads (and bills) every item it examines, live or not, so a call on
@@ -605,7 +635,7 @@ impl Store for DynamoStore {
             }
             item.insert(STATE.to_owned(), AttributeValue::N(IN_PROGRESS.to_owned()));
             item.insert(EXPIRES.to_owned(), number(expires_ms));
-            item.insert(TTL.to_owned(), ttl_seconds(expires_ms, s.margin_ms));
+            item.insert(TTL.to_owned(), lapsed_ttl(expires_ms, s.margin_ms));
             let put = s
                 .client
                 .put_item()
@@ -754,7 +784,7 @@ impl Store for DynamoStore {
             .expression_attribute_values(":token", token(claim.token()))
             .expression_attribute_values(":in_progress", AttributeValue::N(IN_PROGRESS.to_owned()))
             .expression_attribute_values(":expires", number(expires_ms))
-            .expression_attribute_values(":ttl", ttl_seconds(expires_ms, s.margin_ms))
+            .expression_attribute_values(":ttl", lapsed_ttl(expires_ms, s.margin_ms))
             .send()
             .await;
         match updated {
@@ -819,7 +849,7 @@ impl Store for DynamoStore {
             .saturating_mul(PRUNE_EXAMINE_PER_LIMIT)
             .max(PRUNE_EXAMINE_MIN);
         let now_ms = s.now_ms();
-        let cutoff = s.cutoff(now_ms);
+        let values = expired_values(s.margin_ms, now_ms);
         let mut start = s
             .prune_cursor
             .lock()
@@ -837,7 +867,7 @@ impl Store for DynamoStore {
                 .table_name(&s.table)
                 .filter_expression(EXPIRED)
                 .projection_expression(PK)
-                .expression_attribute_values(":cutoff", cutoff.clone())
+                .set_expression_attribute_values(Some(values.clone()))
                 .consistent_read(true)
                 .limit(PRUNE_PAGE)
                 .set_exclusive_start_key(start.clone())
@@ -873,7 +903,7 @@ impl Store for DynamoStore {
                 .table_name(&s.table)
                 .set_key(Some(key))
                 .condition_expression(EXPIRED)
-                .expression_attribute_values(":cutoff", cutoff.clone())
+                .set_expression_attribute_values(Some(values.clone()))
                 .send()
                 .await;
             match outcome {

@@ -66,10 +66,11 @@ use scripts::{Lua, Scripts};
 ///
 /// Leases and retention are measured on the server's clock (`TIME` inside the scripts), never
 /// the application's. A completed record's key expires (`PEXPIREAT`) when its retention ends,
-/// and a running claim's key one lease after its lease ends, so Redis deletes ended records by
-/// itself and no [`Pruner`](crate::Pruner) is needed. A record counts as ended at its lease or
-/// retention end, whatever Redis has deleted yet; a claim's owner may still complete it during
-/// the extra lease if nobody claimed the key since (as on the SQL stores).
+/// and a running claim's key [`LAPSED_CLAIMS_KEPT`](crate::LAPSED_CLAIMS_KEPT) after its lease
+/// ends, so Redis deletes ended records by itself and no [`Pruner`](crate::Pruner) is needed. A
+/// record counts as ended at its lease or retention end, whatever Redis has deleted yet; a
+/// claim's owner may still complete it in that time if nobody claimed the key since (as on every
+/// store).
 ///
 /// # What a failover can lose
 ///

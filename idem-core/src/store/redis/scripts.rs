@@ -19,10 +19,13 @@
 //!
 //! Time is the server's: `TIME`, read inside the script (Redis 7 replicates a script's effects,
 //! not the script, so replicas store the same values). A completed record's key expires
-//! (`PEXPIREAT`) when its retention ends. A running claim's key expires one lease after its
-//! lease ends: the record stops counting at `e`, but a late `complete` by its owner, with nobody
-//! having claimed the key since, still lands within that grace (as on the SQL stores, where the
-//! row stays until it is pruned).
+//! (`PEXPIREAT`) when its retention ends. A running claim's key expires
+//! [`LAPSED_CLAIMS_KEPT`](crate::LAPSED_CLAIMS_KEPT) after its lease ends (`lapsed_kept`, in
+//! every script's prelude): the record stops counting at `e`, but a late `complete` by its
+//! owner, with nobody having claimed the key since, still lands within that time, as on every
+//! store.
+
+use crate::store::LAPSED_CLAIMS_KEPT_MS;
 
 /// `ms()`: the server's clock in milliseconds; `num(x)`: an integer as a string for
 /// `HSET`/`PEXPIREAT` (Lua numbers are doubles, and `tostring` would write large ones as
@@ -73,7 +76,7 @@ if ARGV[3] ~= '' then
 else
   redis.call('HSET', KEYS[1], 's', 'p', 't', ARGV[1], 'e', num(lease_end))
 end
-redis.call('PEXPIREAT', KEYS[1], num(lease_end + lease))
+redis.call('PEXPIREAT', KEYS[1], num(lease_end + lapsed_kept))
 return {'started'}
 ";
 
@@ -115,7 +118,7 @@ end
 local lease = tonumber(ARGV[2])
 local lease_end = ms() + lease
 redis.call('HSET', KEYS[1], 'e', num(lease_end))
-redis.call('PEXPIREAT', KEYS[1], num(lease_end + lease))
+redis.call('PEXPIREAT', KEYS[1], num(lease_end + lapsed_kept))
 return 1
 ";
 
@@ -184,7 +187,7 @@ pub(super) struct Lua {
 
 impl Lua {
     fn new(body: &str) -> Lua {
-        let body = format!("{PRELUDE}{body}");
+        let body = format!("{PRELUDE}local lapsed_kept = {LAPSED_CLAIMS_KEPT_MS}\n{body}");
         let sha = redis::Script::new(&body).get_hash().to_owned();
         Lua { body, sha }
     }

@@ -18,7 +18,7 @@ use crate::sql::dialect::{Dialect, Ops};
 use crate::sql::name::TableName;
 use crate::step::StepWrite;
 use crate::store::claim_order::{ClaimOrder, ClaimPath};
-use crate::store::Store;
+use crate::store::{Store, LAPSED_CLAIMS_KEPT_MS};
 
 /// How often `start` claims again when the live row it lost to vanished before it could be
 /// read (aborted, evicted, pruned or expired in between). Each retry needs another writer to
@@ -510,13 +510,17 @@ impl Statements {
                 "DELETE FROM {t} WHERE key = $1 AND token = $2 AND state = 0"
             ),
             evict: format!("DELETE FROM {t} WHERE key = $1"),
-            // PostgreSQL's SKIP LOCKED lets several pruners (and live claims holding row locks)
-            // run side by side; the row locks keep a key from being re-claimed between choosing
-            // and deleting.
+            // Ended retentions, and claims that lapsed longer ago than a late holder may still
+            // complete them (`LAPSED_CLAIMS_KEPT`): a lapsed claim nobody took over still carries
+            // its holder's token. PostgreSQL's SKIP LOCKED lets several pruners (and live claims
+            // holding row locks) run side by side; the row locks keep a key from being re-claimed
+            // between choosing and deleting.
             prune: format!(
                 "DELETE FROM {t} WHERE key IN ( \
                    SELECT key FROM {t} WHERE expires_at <= {now} \
+                     AND (state <> 0 OR expires_at <= {lapsed}) \
                    ORDER BY expires_at LIMIT $1{lock})",
+                lapsed = d.now_minus(&LAPSED_CLAIMS_KEPT_MS.to_string()),
                 lock = d.lock_batch,
             ),
         }
