@@ -268,7 +268,8 @@ async fn prune_deletes_at_most_limit_expired_rows() {
     let dir = tempfile::tempdir().unwrap();
     let store = quiet().open(db(&dir)).await.unwrap();
     for n in 0..5 {
-        claim(&store, &key(n), SHORT).await;
+        let c = claim(&store, &key(n), LEASE).await;
+        store.complete(&c, done(b"x", SHORT)).await.unwrap();
     }
     let live = claim(&store, &key(100), LEASE).await;
     let kept = claim(&store, &key(101), LEASE).await;
