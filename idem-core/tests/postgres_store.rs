@@ -1537,3 +1537,103 @@ async fn a_lapsed_holder_completes_with_the_pruner_running() {
     ));
     drop_store_tables(&store).await;
 }
+
+/// The relations PostgreSQL holds in `schema` (tables `r`, indexes `i`), as `kind name`, less
+/// the primary keys' indexes, which PostgreSQL names itself.
+async fn relations(pool: &PgPool, schema: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT c.relkind::text || ' ' || c.relname::text FROM pg_class c \
+         WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'i') \
+           AND c.relname::text NOT LIKE '%pkey' ORDER BY 1",
+    )
+    .bind(schema)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// The longest table name the docs allow (63 bytes, PostgreSQL's identifier limit) works, with
+/// a connect that migrates and with one that only checks: every derived name (ledger, steps
+/// table, the two expiry indexes) fits whole, so PostgreSQL keeps what the store names, and the
+/// store claims, keeps steps and completes. One byte more is refused before connecting.
+#[tokio::test]
+async fn a_table_name_of_the_longest_allowed_length_works() {
+    let Some(url) = server() else { return };
+    let pool = pool(&url).await;
+    let schema = unique_name("idem_long");
+    exec(&pool, &format!("CREATE SCHEMA \"{schema}\"")).await;
+    let table = format!("t{}", "x".repeat(62));
+    let store = quiet()
+        .table(format!("{schema}.{table}"))
+        .from_pool(pool.clone())
+        .await
+        .unwrap();
+    idem_test_support::claim_steps_and_complete(&store, &key(1)).await;
+    let names = relations(&pool, &schema).await;
+    assert_eq!(names.len(), 5, "{names:?}");
+    assert!(names.contains(&format!("r {table}")), "{names:?}");
+    let indexes: Vec<&String> = names.iter().filter(|n| n.starts_with("i ")).collect();
+    assert_eq!(indexes.len(), 2, "{names:?}");
+    // Not cut by PostgreSQL: the suffix the store gave is whole.
+    assert!(
+        indexes.iter().all(|n| n.ends_with("_expires_at_idx")),
+        "{names:?}"
+    );
+    let checking = quiet()
+        .table(format!("{schema}.{table}"))
+        .migrate_on_connect(false)
+        .from_pool(pool.clone())
+        .await
+        .unwrap();
+    idem_test_support::claim_steps_and_complete(&checking, &key(2)).await;
+    assert_eq!(relations(&pool, &schema).await, names);
+
+    let err = quiet()
+        .table(format!("{schema}.{table}x"))
+        .connect("postgres://nobody@127.0.0.1:1/none")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
+    exec(&pool, &format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
+}
+
+/// A deployment migrated to version 1 with a 48-byte table name (the longest version 1
+/// allowed) is upgraded: a connect that only checks says it is at version 1, a migrating one
+/// brings it to the current version with its records kept, and the store works.
+#[tokio::test]
+async fn a_v1_schema_with_a_48_byte_table_name_is_upgraded() {
+    let Some(url) = server() else { return };
+    let pool = pool(&url).await;
+    let schema = unique_name("idem_v1");
+    exec(&pool, &format!("CREATE SCHEMA \"{schema}\"")).await;
+    let table = format!("{schema}.v{}", "1".repeat(47));
+    let script = quiet().table(&table).schema_sql().unwrap();
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    exec(&mut *tx, idem_test_support::script_up_to(&script, 1)).await;
+    tx.commit().await.unwrap();
+    // A record the v1 store completed.
+    let kept = key(7);
+    let quoted = format!("\"{schema}\".\"v{}\"", "1".repeat(47));
+    sqlx::query(&format!(
+        "INSERT INTO {quoted} (key, token, state, expires_at, response) \
+         VALUES ($1, $2, 1, clock_timestamp() + interval '1 hour', $3)"
+    ))
+    .bind(kept.as_bytes().as_slice())
+    .bind(&[0u8; 16][..])
+    .bind(&b"v1 receipt"[..])
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let err = quiet()
+        .table(&table)
+        .migrate_on_connect(false)
+        .from_pool(pool.clone())
+        .await
+        .unwrap_err();
+    assert!(not_migrated(&err, Some(1), 2), "{err:?}");
+    let store = quiet().table(&table).from_pool(pool.clone()).await.unwrap();
+    idem_test_support::upgraded_and_working(&store, &kept, &key(8)).await;
+    exec(&pool, &format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
+}

@@ -1182,3 +1182,67 @@ async fn a_claim_lapsed_past_the_late_completion_window_is_pruned() {
     assert_eq!(rows_of(&store, &key(1)).await, 0);
     assert_eq!(rows_of(&store, &key(2)).await, 1);
 }
+
+/// The longest table name the docs allow (63 bytes, PostgreSQL's identifier limit) works: every
+/// name derived from it (ledger, steps table, indexes) is made to fit, and the store claims,
+/// keeps steps and completes. One byte more is refused before the file is touched.
+#[tokio::test]
+async fn a_table_name_of_the_longest_allowed_length_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = format!("t{}", "x".repeat(62));
+    let store = quiet().table(&table).open(db(&dir)).await.unwrap();
+    assert_eq!(store.table(), table);
+    idem_test_support::claim_steps_and_complete(&store, &key(1)).await;
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE name LIKE 't%' ORDER BY name")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    // The records table, its ledger, its steps table and their two indexes.
+    assert_eq!(names.len(), 5, "{names:?}");
+    assert!(names.iter().all(|n| n.len() <= 63), "{names:?}");
+    assert!(names.contains(&table), "{names:?}");
+    // Another store on the table finds the same names (and migrates nothing).
+    let again = quiet().table(&table).open(db(&dir)).await.unwrap();
+    idem_test_support::claim_steps_and_complete(&again, &key(2)).await;
+
+    let other = tempfile::tempdir().unwrap();
+    let err = quiet()
+        .table(format!("{table}x"))
+        .open(db(&other))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
+    assert!(!db(&other).exists());
+}
+
+/// A deployment migrated to version 1 with a 48-byte table name (the longest v1 allowed on
+/// PostgreSQL) is brought up to date by the current store, keeps its records, and works.
+#[tokio::test]
+async fn a_v1_schema_with_a_48_byte_table_name_is_upgraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = format!("v{}", "1".repeat(47));
+    let script = quiet().table(&table).schema_sql().unwrap();
+    let mut conn = sqlx::SqliteConnection::connect(&url_of(&db(&dir)))
+        .await
+        .unwrap();
+    sqlx::raw_sql(idem_test_support::script_up_to(&script, 1))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    // A record the v1 store completed.
+    let kept = key(7);
+    sqlx::query(&format!(
+        "INSERT INTO \"{table}\" (key, token, state, expires_at, response) \
+         VALUES ($1, zeroblob(16), 1, 4102444800000, $2)"
+    ))
+    .bind(kept.as_bytes().as_slice())
+    .bind(&b"v1 receipt"[..])
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+
+    let store = quiet().table(&table).open(db(&dir)).await.unwrap();
+    idem_test_support::upgraded_and_working(&store, &kept, &key(8)).await;
+}

@@ -56,6 +56,106 @@ pub fn not_migrated(err: &idem_core::Error, found: Option<i64>, needed: i64) -> 
     }
 }
 
+/// The part of a SQL store's migration script (its builder's `schema_sql`) that brings a schema
+/// to `version`: the ledger and the steps up to it. An applied step is never edited, so this is
+/// what that version's migrations made: the schema of a deployment still at `version`.
+///
+/// ```
+/// let script = "CREATE TABLE l;\n\n-- Version 1: a.\nCREATE TABLE a;\n\n-- Version 2: b.\nCREATE TABLE b;\n";
+/// assert_eq!(
+///     idem_test_support::script_up_to(script, 1),
+///     "CREATE TABLE l;\n\n-- Version 1: a.\nCREATE TABLE a;\n"
+/// );
+/// ```
+pub fn script_up_to(script: &str, version: i64) -> &str {
+    let next = format!("\n-- Version {}:", version + 1);
+    match script.find(&next) {
+        Some(end) => &script[..end],
+        None => panic!("the script has no version {}", version + 1),
+    }
+}
+
+/// Runs one operation with a step through `store` as the engine would, checking each answer:
+/// a claim that begins its steps (attempt 1) and stores one, released; a second claim that finds
+/// that step (attempt 2) and completes; then a replay of the result. For tests that a store on
+/// some table or schema works at all (a table name at its longest, a schema just upgraded).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let store = idem_core::MemoryStore::new();
+/// let key = idem_core::Key::derive("doc", "", "k1").unwrap();
+/// idem_test_support::claim_steps_and_complete(&store, &key).await;
+/// # }
+/// ```
+pub async fn claim_steps_and_complete(store: &dyn idem_core::Store, key: &idem_core::Key) {
+    use idem_core::{Completion, Start, StartRequest, StepState, StepWrite};
+    let lease = Duration::from_secs(30);
+    let retention = Duration::from_secs(3600);
+    let claim = || async {
+        match store.start(StartRequest::new(key, lease)).await.unwrap() {
+            Start::Started(claim) => claim,
+            other => panic!("expected a claim, got {other:?}"),
+        }
+    };
+    let first = claim().await;
+    let log = store.begin_steps(&first, retention).await.unwrap();
+    assert_eq!((log.attempt, log.steps.len()), (1, 0));
+    let step = StepWrite {
+        name: "charge",
+        position: 0,
+        result: Some(b"ch_1"),
+        retention,
+    };
+    store.write_step(&first, step).await.unwrap();
+    store.abort(&first).await.unwrap();
+    let second = claim().await;
+    let log = store.begin_steps(&second, retention).await.unwrap();
+    assert_eq!(log.attempt, 2);
+    assert_eq!(log.steps.len(), 1, "{:?}", log.steps);
+    assert_eq!(log.steps[0].name, "charge");
+    assert_eq!(log.steps[0].state, StepState::Finished(b"ch_1".to_vec()));
+    let done = Completion {
+        response: Some(b"receipt"),
+        is_error: false,
+        retention,
+    };
+    store.complete(&second, done).await.unwrap();
+    match store.start(StartRequest::new(key, lease)).await.unwrap() {
+        Start::Completed(stored) => assert_eq!(stored.response.as_deref(), Some(&b"receipt"[..])),
+        other => panic!("expected the replay, got {other:?}"),
+    }
+}
+
+/// Checks a SQL store just connected to a schema of an older version: its schema is now the
+/// current one (2), the completed record `kept` written before the upgrade is still there, and
+/// the store works ([`claim_steps_and_complete`] on `fresh`).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # #[cfg(feature = "sqlite")] {
+/// use idem_core::{Completion, Key, SqliteStore, Start, StartRequest, Store};
+/// let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
+/// let kept = Key::derive("doc", "", "kept").unwrap();
+/// let Start::Started(claim) = store.start(StartRequest::new(&kept, std::time::Duration::from_secs(30))).await.unwrap() else { panic!() };
+/// let done = Completion { response: None, is_error: false, retention: std::time::Duration::from_secs(60) };
+/// store.complete(&claim, done).await.unwrap();
+/// idem_test_support::upgraded_and_working(&store, &kept, &Key::derive("doc", "", "new").unwrap()).await;
+/// # } }
+/// ```
+pub async fn upgraded_and_working<S: idem_core::Store + idem_core::StoreAdmin>(
+    store: &S,
+    kept: &idem_core::Key,
+    fresh: &idem_core::Key,
+) {
+    assert_eq!(store.schema_version().await.unwrap(), 2);
+    let record = store.get(kept).await.unwrap();
+    match record.map(|r| r.state) {
+        Some(idem_core::RecordState::Completed(_)) => {}
+        other => panic!("the record written before the upgrade is {other:?}"),
+    }
+    claim_steps_and_complete(store, fresh).await;
+}
+
 /// The value of the environment variable `var`, or `None` after printing why `test` skips; a
 /// failure instead when `require` (such as `IDEM_REQUIRE_PG`) is `1`.
 ///

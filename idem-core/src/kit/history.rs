@@ -4,7 +4,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use super::backend::Backend;
-use super::{migrate, name, suffixed, ConcurrencyError, Recorded};
+use super::{migrate, name, ConcurrencyError, Recorded};
 use crate::key::Key;
 use crate::sql::migrate::Schema;
 use crate::sql::name::TableName;
@@ -90,23 +90,24 @@ impl<DB> Clone for RequestHistory<DB> {
 }
 
 impl<DB: Backend> RequestHistory<DB> {
-    /// The history kept in the table `table`. The pruner's lease lives in `<table>_pruner` and
-    /// the applied migrations in `<table>_migrations`, so `table` must be a plain SQL identifier
-    /// of at most 52 bytes.
+    /// The history kept in the table `table`, a plain SQL identifier (ASCII letters, digits
+    /// and `_`, not starting with a digit) of at most 63 bytes. The pruner's lease lives in
+    /// `<table>_pruner` and the applied migrations in `<table>_migrations`; a derived name
+    /// longer than 63 bytes is cut short and ends in a hash of the whole (docs/stores.md).
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
     /// use idem_core::kit::RequestHistory;
     /// assert!(RequestHistory::<sqlx::Sqlite>::new("request_history").is_ok());
-    /// assert!(RequestHistory::<sqlx::Sqlite>::new(&"h".repeat(60)).is_err());
+    /// assert!(RequestHistory::<sqlx::Sqlite>::new(&"h".repeat(63)).is_ok());
+    /// assert!(RequestHistory::<sqlx::Sqlite>::new(&"h".repeat(64)).is_err());
     /// # }
     /// ```
     pub fn new(table: &str) -> Result<RequestHistory<DB>, ConcurrencyError> {
         let table = name("history table", table)?;
-        suffixed(&table, "migrations table", "_migrations")?;
         Ok(RequestHistory {
-            lease_table: suffixed(&table, "pruner lease table", "_pruner")?,
-            created_at_index: suffixed(&table, "created_at index", "_created_at")?,
+            lease_table: table.suffixed("_pruner"),
+            created_at_index: table.suffixed("_created_at"),
             table,
             _db: PhantomData,
         })

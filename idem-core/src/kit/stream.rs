@@ -9,7 +9,7 @@ use sqlx::Connection;
 use uuid::Uuid;
 
 use super::backend::{is_unique_violation, Backend, SqlQuery};
-use super::{migrate, name, suffixed, ConcurrencyError, Version};
+use super::{migrate, name, ConcurrencyError, Version};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::sql::migrate::Schema;
 use crate::sql::name::TableName;
@@ -324,8 +324,9 @@ impl<DB> Clone for EventStreams<DB> {
 }
 
 impl<DB: Backend> EventStreams<DB> {
-    /// Streams kept in the table `table`: a plain SQL identifier of at most 52 bytes, leaving
-    /// room for its ledger `<table>_migrations`.
+    /// Streams kept in the table `table`: a plain SQL identifier of at most 63 bytes. Its
+    /// ledger is `<table>_migrations`, cut short and ending in a hash of the whole when that
+    /// is longer than 63 bytes (docs/stores.md).
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
@@ -336,11 +337,7 @@ impl<DB: Backend> EventStreams<DB> {
     /// ```
     pub fn new(table: &str) -> Result<EventStreams<DB>, ConcurrencyError> {
         Ok(EventStreams {
-            table: {
-                let table = name("event table", table)?;
-                suffixed(&table, "migrations table", "_migrations")?;
-                table
-            },
+            table: name("event table", table)?,
             _db: PhantomData,
         })
     }

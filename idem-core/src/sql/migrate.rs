@@ -126,7 +126,7 @@ impl Schema<'_> {
         &self,
         conn: &mut DB::Connection,
     ) -> Result<Migrated, Error> {
-        let ledger = self.table.suffixed("ledger table", "_migrations")?;
+        let ledger = self.table.suffixed("_migrations");
         let mut attempt = 1;
         loop {
             match self.migrate_once::<DB>(conn, &ledger).await {
@@ -208,7 +208,7 @@ impl Schema<'_> {
         &self,
         conn: &mut DB::Connection,
     ) -> Result<Migrated, Error> {
-        let ledger = self.table.suffixed("ledger table", "_migrations")?;
+        let ledger = self.table.suffixed("_migrations");
         let steps = Migration::parse(self.migrations);
         let not_migrated = |found| Error::SchemaNotMigrated {
             table: self.table.as_configured().to_owned(),
@@ -247,7 +247,7 @@ impl Schema<'_> {
     /// idempotent, so the script brings a schema of any older version up to date and changes
     /// nothing when applied again.
     pub(crate) fn script<DB: Ops>(&self, header: &str) -> Result<String, Error> {
-        let ledger = self.table.suffixed("ledger table", "_migrations")?;
+        let ledger = self.table.suffixed("_migrations");
         let mut script = String::new();
         for line in header.lines() {
             script.push_str(format!("-- {line}").trim_end());

@@ -2,11 +2,18 @@
 
 use std::fmt;
 
+use sha2::{Digest, Sha256};
+
 use crate::error::Error;
 
-/// The longest identifier PostgreSQL keeps (it truncates longer ones); SQLite has no limit, but
-/// one rule for both keeps a name portable.
-const MAX_LEN: usize = 63;
+/// The longest name, of a table or of anything derived from one: the longest identifier
+/// PostgreSQL keeps (it truncates longer ones). SQLite has no limit, but one rule for both keeps
+/// a name portable. This is the one limit of a table name (the SQL stores' and the kit's); the
+/// names derived from it always fit too ([`TableName::suffixed`]).
+pub(crate) const MAX_LEN: usize = 63;
+
+/// How many hex digits of a hash stand for the cut end of a derived name too long to keep whole.
+const HASH_DIGITS: usize = 8;
 
 /// A table or column name checked to be a plain SQL identifier, `[A-Za-z_][A-Za-z0-9_]{0,62}`,
 /// optionally schema-qualified (`schema.table`, PostgreSQL only).
@@ -52,16 +59,38 @@ impl TableName {
         }
     }
 
-    /// A name derived from this one (`<table>_migrations`), in the same schema, validated in
-    /// turn (so the base name must leave room for the suffix).
-    pub(crate) fn suffixed(&self, what: &str, suffix: &str) -> Result<TableName, Error> {
-        let name = format!("{}{suffix}", self.name);
-        check(what, &name)?;
-        Ok(TableName {
-            configured: format!("{}{suffix}", self.configured),
+    /// A name derived from this one (`<table>_migrations`, `<table>_steps_expires_at_idx`), in
+    /// the same schema, that fits [`MAX_LEN`] whatever this name's length: `<table><suffix>`
+    /// when that fits, which is every name up to `MAX_LEN - suffix.len()` bytes (so the names a
+    /// schema already holds keep theirs); otherwise the table name cut short, `_`, the first 8
+    /// hex digits of the SHA-256 of the whole derived name, and the suffix. The cut is stable
+    /// (the same name gives the same derived name in every version and on every machine), and
+    /// two table names that share the kept part differ in the hash. `suffix` is one of idem's own
+    /// (ASCII letters, digits and `_`, far shorter than `MAX_LEN`).
+    pub(crate) fn suffixed(&self, suffix: &str) -> TableName {
+        let whole = format!("{}{suffix}", self.name);
+        let name = if whole.len() <= MAX_LEN {
+            whole
+        } else {
+            let keep = MAX_LEN.saturating_sub(1 + HASH_DIGITS + suffix.len());
+            let digest = Sha256::digest(whole.as_bytes());
+            let hash: String = digest
+                .iter()
+                .take(HASH_DIGITS / 2)
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            // A validated name is ASCII, so any byte is a character boundary.
+            let kept = self.name.get(..keep).unwrap_or(&self.name);
+            format!("{kept}_{hash}{suffix}")
+        };
+        TableName {
+            configured: match &self.schema {
+                Some(schema) => format!("{schema}.{name}"),
+                None => name.clone(),
+            },
             schema: self.schema.clone(),
             name,
-        })
+        }
     }
 
     /// The same name without its schema: an index always lives in its table's schema, so its
@@ -147,15 +176,58 @@ mod tests {
         }
     }
 
+    /// Every suffix idem derives a name with, longest last.
+    const SUFFIXES: [&str; 8] = [
+        "_steps",
+        "_pruner",
+        "_migrations",
+        "_expires_at",
+        "_created_at",
+        "_expires_at_idx",
+        "_steps_expires_at",
+        "_steps_expires_at_idx",
+    ];
+
     #[test]
-    fn suffixes_are_validated_and_keep_the_schema() {
-        let long = TableName::new("table", &"a".repeat(60)).unwrap();
-        assert!(long.suffixed("lease table", "_pruner").is_err());
+    fn a_derived_name_is_the_name_and_suffix_while_it_fits() {
         let t = TableName::new("table", "jobs").unwrap();
+        assert_eq!(t.suffixed("_migrations").to_string(), "\"jobs_migrations\"");
+        // 48 + 15 = 63: the longest table whose index v1 named whole keeps that name.
+        let t = TableName::new("table", &"t".repeat(48)).unwrap();
         assert_eq!(
-            t.suffixed("ledger", "_migrations").unwrap().to_string(),
-            "\"jobs_migrations\""
+            t.suffixed("_expires_at_idx").name(),
+            format!("{}_expires_at_idx", "t".repeat(48))
         );
+    }
+
+    #[test]
+    fn a_derived_name_always_fits_and_is_a_valid_identifier() {
+        for len in 1..=MAX_LEN {
+            let t = TableName::new("table", &"t".repeat(len)).unwrap();
+            for suffix in SUFFIXES {
+                let derived = t.suffixed(suffix);
+                assert!(derived.name().len() <= MAX_LEN, "{len} {suffix}");
+                assert!(derived.name().ends_with(suffix), "{len} {suffix}");
+                check("derived", derived.name()).unwrap();
+                // Derived twice (the steps table's index).
+                let twice = derived.suffixed(suffix);
+                assert!(twice.name().len() <= MAX_LEN, "{len} {suffix} twice");
+            }
+        }
+    }
+
+    #[test]
+    fn a_cut_name_is_stable_and_tells_names_apart() {
+        let a = TableName::new("table", &format!("{}a", "t".repeat(62))).unwrap();
+        let b = TableName::new("table", &format!("{}b", "t".repeat(62))).unwrap();
+        let cut = a.suffixed("_steps_expires_at_idx");
+        // The same in every version: a schema created with it must be found again.
+        assert_eq!(
+            cut.name(),
+            format!("{}_{}_steps_expires_at_idx", "t".repeat(33), "b4fc678b")
+        );
+        assert_eq!(cut.name().len(), MAX_LEN);
+        assert_ne!(cut, b.suffixed("_steps_expires_at_idx"));
     }
 
     #[test]
@@ -164,10 +236,12 @@ mod tests {
         let t = TableName::qualified("table name", "app.Idem").unwrap();
         assert_eq!(t.to_string(), "\"app\".\"Idem\"");
         assert_eq!(t.as_configured(), "app.Idem");
-        assert_eq!(
-            t.suffixed("ledger", "_migrations").unwrap().to_string(),
-            "\"app\".\"Idem_migrations\""
-        );
+        let ledger = t.suffixed("_migrations");
+        assert_eq!(ledger.to_string(), "\"app\".\"Idem_migrations\"");
+        assert_eq!(ledger.as_configured(), "app.Idem_migrations");
+        let long = TableName::qualified("table name", &format!("app.{}", "t".repeat(63))).unwrap();
+        let cut = long.suffixed("_migrations");
+        assert_eq!(cut.as_configured(), format!("app.{}", cut.name()));
         assert_eq!(t.unqualified().to_string(), "\"Idem\"");
         for bad in ["a.b.c", ".t", "s.", "a-b.c"] {
             assert!(TableName::qualified("table name", bad).is_err(), "{bad}");

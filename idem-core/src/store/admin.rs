@@ -169,7 +169,7 @@ mod sql {
                 version: format!(
                     "SELECT CAST(coalesce(max(version), 0) AS {}) FROM {}",
                     d.bigint,
-                    t.suffixed("table", "_migrations")?
+                    t.suffixed("_migrations")
                 ),
             })
         }

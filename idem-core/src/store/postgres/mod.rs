@@ -29,10 +29,6 @@ sql_store_api!(
 /// claim) and short; two keep one slow renewal from holding up the others.
 const RENEW_CONNECTIONS: u32 = 2;
 
-/// The longest table name: PostgreSQL truncates identifiers at 63 bytes, and the store derives
-/// `<table>_migrations` and `<table>_expires_at_idx` from it.
-const MAX_TABLE_LEN: usize = 63 - "_expires_at_idx".len();
-
 /// Records in a PostgreSQL table: the store for services with more than one process or node.
 ///
 /// A claim is one conditional `INSERT … ON CONFLICT DO UPDATE` statement, leases and expiry use
@@ -330,10 +326,11 @@ impl Default for PostgresStoreBuilder {
 
 impl PostgresStoreBuilder {
     /// The table holding the records: `name` or `schema.name`, each part an identifier of
-    /// ASCII letters, digits and `_` not starting with a digit (the table name at most 48
-    /// bytes, leaving room for the derived `<table>_migrations` and `<table>_expires_at_idx`;
-    /// the schema at most 63). Names are quoted, so they are case-sensitive: `Idem` and `idem`
-    /// are two tables. The schema must exist. A bad name fails `connect`/`from_pool` with
+    /// ASCII letters, digits and `_` not starting with a digit, at most 63 bytes (PostgreSQL's
+    /// limit). The names derived from it (`<table>_migrations`, `<table>_steps`, their
+    /// `…_expires_at_idx` indexes) are the table name and a suffix while that fits 63 bytes;
+    /// a longer one is cut short and ends in a hash of the whole (docs/postgres.md). Names are
+    /// quoted, so they are case-sensitive: `Idem` and `idem` are two tables. The schema must exist. A bad name fails `connect`/`from_pool` with
     /// [`Error::InvalidConfig`] before anything touches the database.
     ///
     /// ```
@@ -526,7 +523,7 @@ impl PostgresStoreBuilder {
         let mut store = PostgresStore {
             pool,
             renew_pool,
-            protocol: Arc::new(Protocol::new(table, self.claim_order)?),
+            protocol: Arc::new(Protocol::new(table, self.claim_order)),
             pruner: None,
         };
         store.pruner = background::spawn(store.without_pruner(), self.pruner)?;
@@ -534,19 +531,9 @@ impl PostgresStoreBuilder {
     }
 }
 
-/// Validates `table` (`name` or `schema.name`, each a plain identifier), the name short enough
-/// for the names derived from it.
+/// Validates `table` (`name` or `schema.name`, each a plain identifier of at most 63 bytes).
 fn table_name(table: &str) -> Result<TableName, Error> {
-    let table = TableName::qualified("table name", table)?;
-    let name = table.name();
-    if name.len() > MAX_TABLE_LEN {
-        return Err(Error::InvalidConfig(format!(
-            "PostgreSQL table name {name:?} is {} bytes; at most {MAX_TABLE_LEN} leave room for \
-             the names derived from it (`<table>_expires_at_idx`) within PostgreSQL's 63",
-            name.len()
-        )));
-    }
-    Ok(table)
+    TableName::qualified("table name", table)
 }
 
 #[cfg(test)]
@@ -555,7 +542,7 @@ mod tests {
 
     #[test]
     fn table_names_are_validated() {
-        for ok in ["idem_records", "_x", "app.idem", "A1_b2", &"t".repeat(48)] {
+        for ok in ["idem_records", "_x", "app.idem", "A1_b2", &"t".repeat(63)] {
             assert!(table_name(ok).is_ok(), "{ok} should be accepted");
         }
         for bad in [
@@ -569,7 +556,7 @@ mod tests {
             ".t",
             "s.",
             "é",
-            &"t".repeat(49),
+            &"t".repeat(64),
         ] {
             assert!(
                 matches!(table_name(bad), Err(Error::InvalidConfig(_))),
@@ -583,14 +570,11 @@ mod tests {
         let t = table_name("app.Idem").unwrap();
         assert_eq!(t.to_string(), "\"app\".\"Idem\"");
         assert_eq!(
-            t.suffixed("ledger", "_migrations").unwrap().to_string(),
+            t.suffixed("_migrations").to_string(),
             "\"app\".\"Idem_migrations\""
         );
         assert_eq!(
-            t.suffixed("index", "_expires_at_idx")
-                .unwrap()
-                .unqualified()
-                .to_string(),
+            t.suffixed("_expires_at_idx").unqualified().to_string(),
             "\"Idem_expires_at_idx\""
         );
     }

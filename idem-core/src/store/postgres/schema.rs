@@ -16,17 +16,13 @@ const MIGRATIONS: &str = include_str!("../../../sql/postgres/migrations.sql");
 /// the table's schema.
 const SCHEMA: StoreSchema = StoreSchema {
     migrations: MIGRATIONS,
-    index: |table| {
-        Ok(table
-            .suffixed("index name", "_expires_at_idx")?
-            .unqualified())
-    },
+    index: |table| table.suffixed("_expires_at_idx").unqualified(),
 };
 
 /// Brings `table` (and its `<table>_expires_at_idx` index, in the table's schema) up to date;
 /// a ledger listing a version this build does not know (a newer idem) is refused.
 pub(super) async fn migrate(conn: &mut PgConnection, table: &TableName) -> Result<(), Error> {
-    let names = SCHEMA.names(table)?;
+    let names = SCHEMA.names(table);
     let migrated = SCHEMA.of(table, &names).migrate::<Postgres>(conn).await?;
     outcome(table, migrated)
 }
@@ -35,7 +31,7 @@ pub(super) async fn migrate(conn: &mut PgConnection, table: &TableName) -> Resul
 /// [`Error::SchemaNotMigrated`] when it is missing or older; a version this build does not
 /// know is refused as by [`migrate`].
 pub(super) async fn check(conn: &mut PgConnection, table: &TableName) -> Result<(), Error> {
-    let names = SCHEMA.names(table)?;
+    let names = SCHEMA.names(table);
     let checked = SCHEMA.of(table, &names).check::<Postgres>(conn).await?;
     outcome(table, checked)
 }

@@ -556,15 +556,15 @@ pub(crate) struct Protocol<DB> {
 }
 
 impl<DB: Ops> Protocol<DB> {
-    /// Fails when the steps table's name (`<table>_steps`) is too long.
-    pub(crate) fn new(table: TableName, claim_order: ClaimOrder) -> Result<Protocol<DB>, Error> {
-        Ok(Protocol {
+    /// The protocol of `table`, whose steps live in [`steps_table`].
+    pub(crate) fn new(table: TableName, claim_order: ClaimOrder) -> Protocol<DB> {
+        Protocol {
             sql: Statements::new(&DB::DIALECT, &table),
-            steps: StepStatements::new(&DB::DIALECT, &table, &steps_table(&table)?),
+            steps: StepStatements::new(&DB::DIALECT, &table, &steps_table(&table)),
             table,
             claim_path: ClaimPath::new(claim_order),
             db: PhantomData,
-        })
+        }
     }
 
     /// The records table.
@@ -780,7 +780,7 @@ mod tests {
     #[test]
     fn postgres_statements_name_the_quoted_table() {
         let t = TableName::qualified("table name", "app.Idem").unwrap();
-        let p = Protocol::<sqlx::Postgres>::new(t, ClaimOrder::Adaptive).unwrap();
+        let p = Protocol::<sqlx::Postgres>::new(t, ClaimOrder::Adaptive);
         assert!(p
             .sql
             .claim_counted

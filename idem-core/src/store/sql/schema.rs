@@ -14,7 +14,7 @@ pub(crate) struct StoreSchema {
     /// change what an applied step creates; append a new step.
     pub(crate) migrations: &'static str,
     /// The name of a table's expiry index (the records table's, and the steps table's).
-    pub(crate) index: fn(&TableName) -> Result<TableName, Error>,
+    pub(crate) index: fn(&TableName) -> TableName,
 }
 
 impl StoreSchema {
@@ -25,13 +25,13 @@ impl StoreSchema {
 
     /// The names the migrations of `table` fill in: its expiry index, its steps table
     /// ([`steps_table`]) and that table's expiry index.
-    pub(crate) fn names(&self, table: &TableName) -> Result<[(&'static str, TableName); 3], Error> {
-        let steps = steps_table(table)?;
-        Ok([
-            ("{index}", (self.index)(table)?),
-            ("{steps_index}", (self.index)(&steps)?),
+    pub(crate) fn names(&self, table: &TableName) -> [(&'static str, TableName); 3] {
+        let steps = steps_table(table);
+        [
+            ("{index}", (self.index)(table)),
+            ("{steps_index}", (self.index)(&steps)),
             ("{steps}", steps),
-        ])
+        ]
     }
 
     /// The migrator's schema of `table`, whose migrations fill in `names` ([`names`](Self::names)).
@@ -56,7 +56,7 @@ impl StoreSchema {
         store: &str,
         apply: &str,
     ) -> Result<String, Error> {
-        let names = self.names(table)?;
+        let names = self.names(table);
         self.of(table, &names).script::<DB>(&format!(
             "The schema of idem's {store} for the table {table}, up to version {latest}:\n\
              the statements {store}Builder::migrate runs, from {store}Builder::schema_sql.\n\

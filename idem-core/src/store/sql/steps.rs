@@ -21,8 +21,8 @@ use crate::step::{
 use super::corrupt;
 
 /// The table of `table`'s steps: `<table>_steps`, in the table's schema.
-pub(crate) fn steps_table(table: &TableName) -> Result<TableName, Error> {
-    table.suffixed("steps table", "_steps")
+pub(crate) fn steps_table(table: &TableName) -> TableName {
+    table.suffixed("_steps")
 }
 
 /// The statements of the steps, rendered once for a records table and its steps table.

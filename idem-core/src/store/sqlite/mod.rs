@@ -372,9 +372,12 @@ impl Default for SqliteStoreBuilder {
 
 impl SqliteStoreBuilder {
     /// The records table (default `idem_records`); its ledger of applied migrations is
-    /// `<table>_migrations`. Must be a plain identifier, `[A-Za-z_][A-Za-z0-9_]{0,62}`, not
-    /// starting with `sqlite_` (reserved by SQLite); otherwise connecting fails with
-    /// [`Error::InvalidConfig`]. Several tables make independent stores in one database file.
+    /// `<table>_migrations` and its steps table `<table>_steps`. Must be a plain identifier,
+    /// `[A-Za-z_][A-Za-z0-9_]{0,62}` (at most 63 bytes, as on PostgreSQL), not starting with
+    /// `sqlite_` (reserved by SQLite); otherwise connecting fails with
+    /// [`Error::InvalidConfig`]. A derived name longer than 63 bytes is cut short and ends in a
+    /// hash of the whole (docs/stores.md). Several tables make independent stores in one
+    /// database file.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -502,7 +505,7 @@ impl SqliteStoreBuilder {
             pool.clone()
         };
         let mut store = SqliteStore {
-            protocol: Arc::new(Protocol::new(table, self.claim_order)?),
+            protocol: Arc::new(Protocol::new(table, self.claim_order)),
             pool,
             renew_pool,
             pruner: None,

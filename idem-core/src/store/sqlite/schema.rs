@@ -16,7 +16,7 @@ const MIGRATIONS: &str = include_str!("../../../sql/sqlite/migrations.sql");
 /// The records table's schema: its migrations, and indexes named `<table>_expires_at`.
 const SCHEMA: StoreSchema = StoreSchema {
     migrations: MIGRATIONS,
-    index: |table| table.suffixed("index name", "_expires_at"),
+    index: |table| table.suffixed("_expires_at"),
 };
 
 /// The newest schema version.
@@ -28,7 +28,7 @@ pub(super) fn latest() -> i64 {
 /// this build does not know is refused, unless `PRAGMA quick_check` finds the file damaged:
 /// then the unknown version is garbage read from a damaged page, and the error says so.
 pub(super) async fn migrate(conn: &mut SqliteConnection, table: &TableName) -> Result<(), Error> {
-    let names = SCHEMA.names(table)?;
+    let names = SCHEMA.names(table);
     let migrated = SCHEMA.of(table, &names).migrate::<Sqlite>(conn).await?;
     outcome(conn, table, migrated).await
 }
@@ -36,7 +36,7 @@ pub(super) async fn migrate(conn: &mut SqliteConnection, table: &TableName) -> R
 /// Checks that `table` is up to date, changing nothing: [`Error::SchemaNotMigrated`] when it
 /// is missing or older; a version this build does not know is refused as by [`migrate`].
 pub(super) async fn check(conn: &mut SqliteConnection, table: &TableName) -> Result<(), Error> {
-    let names = SCHEMA.names(table)?;
+    let names = SCHEMA.names(table);
     let checked = SCHEMA.of(table, &names).check::<Sqlite>(conn).await?;
     outcome(conn, table, checked).await
 }
