@@ -13,7 +13,7 @@
 //!
 //! | `--url` | store | `--table` (alias `--prefix`) names |
 //! |---|---|---|
-//! | `sqlite://PATH` | SQLite (the file must exist; `?mode=rwc` creates it) | the table (default `idem_records`) |
+//! | `sqlite://PATH` | SQLite (the file must exist, except for `migrate`, which creates it; `?mode=rwc` creates it for any command) | the table (default `idem_records`) |
 //! | `postgres://USER@HOST/DB` | PostgreSQL | the table, `schema.table` allowed (default `idem_records`) |
 //! | `redis://[USER:PASSWORD@]HOST:PORT[/DB]` | Redis or Valkey, one server | the key prefix (default `idem`) |
 //! | `redis-cluster://[USER:PASSWORD@]HOST:PORT,HOST:PORT,…` | a Redis Cluster, from any of its nodes | the key prefix (default `idem`) |
@@ -61,7 +61,8 @@ idem-server: `idem+http://HOST:PORT?token=TOKEN` reaches the keys of the caller 
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, after_help = AFTER_HELP)]
 struct Cli {
-    /// The store: `sqlite://PATH` (the file must exist), `postgres://USER@HOST/DB`,
+    /// The store: `sqlite://PATH` (the file must exist, but `migrate` creates it),
+    /// `postgres://USER@HOST/DB`,
     /// `redis://HOST:PORT` (one server), `redis-cluster://HOST:PORT,HOST:PORT,…` (a cluster,
     /// from any of its nodes), `dynamodb://HOST:PORT` or `dynamodb+http://HOST:PORT` (an
     /// endpoint over HTTP, such as a local emulator), `dynamodb+https://HOST[:PORT]` or

@@ -26,14 +26,15 @@ pub enum Upkeep {
 
 impl Opened {
     /// Opens the store at `url` with its records under `table` (a table, or Redis's key prefix).
-    /// With `create`, a missing DynamoDB table is created; every other command leaves a
-    /// misspelled table an error rather than a new table.
+    /// With `create`, a missing DynamoDB table or SQLite file is created; every other command
+    /// leaves a misspelled table or path an error rather than a new, empty store.
     pub async fn open(url: &StoreUrl, table: &str, create: bool) -> Result<Opened, Failure> {
         // A command runs once and reports what it did: no pruner deleting behind it (`prune`
         // is the command for that).
         let options = ConnectOptions::new()
             .namespace(table)
             .create_table_if_missing(create)
+            .create_sqlite_file(create)
             .background_pruner(false);
         match url.connect(&options).await {
             Ok(opened) => Ok(Opened(opened)),

@@ -355,6 +355,34 @@ fn bad_urls_are_one_clear_line() {
     assert!(err.starts_with("idem: "), "{err}");
 }
 
+/// A misspelled SQLite path is an error for every command but `migrate`, which creates the file
+/// (as it creates a missing DynamoDB table); `?mode=rwc` creates it for any command.
+#[test]
+fn only_migrate_creates_a_missing_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.db");
+    let url = format!("sqlite://{}", path.display());
+    for command in ["stats", "list", "prune"] {
+        let (ok, _, err) = idem(&url, "idem_records", &[command]);
+        assert!(!ok, "{command}");
+        assert!(err.contains("no SQLite database at"), "{command}: {err}");
+        assert!(!path.exists(), "{command} created the file");
+    }
+    let (ok, _, err) = idem(&url, "idem_records", &["migrate"]);
+    assert!(ok, "{err}");
+    assert!(path.exists());
+    let (ok, _, err) = idem(&url, "idem_records", &["stats"]);
+    assert!(ok, "{err}");
+    let other = dir.path().join("other.db");
+    let (ok, _, err) = idem(
+        &format!("sqlite://{}?mode=rwc", other.display()),
+        "idem_records",
+        &["stats"],
+    );
+    assert!(ok, "{err}");
+    assert!(other.exists());
+}
+
 #[cfg(feature = "redis")]
 async fn redis_every_command(flavor: idem_test_support::redis::Flavor) {
     let Some(urls) =

@@ -1,5 +1,6 @@
 //! The one error type of idem.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::canonical::FingerprintError;
@@ -87,6 +88,29 @@ pub enum Error {
         found: Option<i64>,
         /// The schema version this version of idem needs.
         needed: i64,
+    },
+
+    /// A `SqliteStore` could not open its database file (`SqliteStore::open`, a `sqlite:` URL):
+    /// its directory does not exist, a missing file was not to be created (`mode=rw` or
+    /// `mode=ro` in the URL), or SQLite may not read, write or create it. Nothing was opened.
+    /// `reason` says which and what to do.
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let err = idem_core::SqliteStore::open("/no/such/dir/idem.db").await.unwrap_err();
+    /// let idem_core::Error::SqliteFile { path, reason } = &err else { panic!("{err}") };
+    /// assert_eq!(path, std::path::Path::new("/no/such/dir/idem.db"));
+    /// assert!(reason.starts_with("its directory \"/no/such/dir\" does not exist"), "{reason}");
+    /// # }
+    /// # #[cfg(not(feature = "sqlite"))] fn main() {}
+    /// ```
+    #[error("cannot open the SQLite database {path:?}: {reason}")]
+    SqliteFile {
+        /// The database file, as given.
+        path: PathBuf,
+        /// Why it could not be opened, and what to do.
+        reason: String,
     },
 
     /// A stored response could not be encoded or decoded (for instance the type changed since

@@ -91,7 +91,7 @@ pub use store::remote::{RemoteStore, RemoteStoreBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::sql::protocol::TransactionalStore;
 #[cfg(feature = "sqlite")]
-pub use store::sqlite::{SqliteStore, SqliteStoreBuilder};
+pub use store::sqlite::{SqliteStore, SqliteStoreBuilder, SqliteSync};
 pub use store::{Immediate, Store, LAPSED_CLAIMS_KEPT};
 #[cfg(any(feature = "http", feature = "grpc", feature = "remote"))]
 pub use stored_response::StoredResponse;

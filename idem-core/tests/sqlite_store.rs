@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Completion, Error, Key, RecordState, SqliteStore, SqliteStoreBuilder, Start, StartRequest,
-    Store, StoreError, StoreErrorKind,
+    Completion, Error, Key, RecordState, SqliteStore, SqliteStoreBuilder, SqliteSync, Start,
+    StartRequest, Store, StoreError, StoreErrorKind,
 };
 use sqlx::Connection;
 use tempfile::TempDir;
@@ -85,21 +85,29 @@ async fn completed_record_survives_reopening() {
     assert!(matches!(record.state, RecordState::Completed(_)));
 }
 
+/// `open` and a URL agree: both create a missing file; a URL that says `mode=rw` refuses one,
+/// naming it.
 #[tokio::test]
-async fn open_creates_the_file_and_connect_honours_the_url() {
+async fn open_and_connect_both_create_the_file_unless_the_url_says_mode_rw() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.db");
     let url = format!("sqlite://{}", missing.display());
-    assert!(matches!(
-        SqliteStore::connect(&url).await,
-        Err(Error::Store(_))
-    ));
+    match SqliteStore::connect(&format!("{url}?mode=rw")).await {
+        Err(Error::SqliteFile { path, reason }) => {
+            assert_eq!(path, missing);
+            assert!(reason.starts_with("the file does not exist"), "{reason}");
+        }
+        other => panic!("expected SqliteFile, got {other:?}"),
+    }
     assert!(!missing.exists());
 
-    SqliteStore::connect(&format!("{url}?mode=rwc"))
+    SqliteStore::connect(&url).await.unwrap();
+    assert!(missing.exists());
+    let created = dir.path().join("created.db");
+    SqliteStore::connect(&format!("sqlite://{}?mode=rwc", created.display()))
         .await
         .unwrap();
-    assert!(missing.exists());
+    assert!(created.exists());
 
     let opened = dir.path().join("opened.db");
     let store = SqliteStore::open(&opened).await.unwrap();
@@ -109,6 +117,41 @@ async fn open_creates_the_file_and_connect_honours_the_url() {
     assert!(!store.pool().options().get_test_before_acquire());
     let in_memory = SqliteStore::connect("sqlite::memory:").await.unwrap();
     assert!(!in_memory.pool().options().get_test_before_acquire());
+}
+
+/// A file in a directory that does not exist: the error names the file and the directory, by
+/// `open` and by URL.
+#[tokio::test]
+async fn a_missing_directory_is_named_in_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no-such-dir").join("idem.db");
+    let by_url = SqliteStore::connect(&format!("sqlite://{}", path.display())).await;
+    for result in [SqliteStore::open(&path).await, by_url] {
+        let err = result.unwrap_err();
+        let Error::SqliteFile {
+            path: named,
+            reason,
+        } = &err
+        else {
+            panic!("expected SqliteFile, got {err:?}");
+        };
+        assert_eq!(named, &path);
+        assert_eq!(
+            reason,
+            &format!(
+                "its directory {:?} does not exist: create it first, or give a path in a \
+                 directory that exists",
+                dir.path().join("no-such-dir")
+            )
+        );
+        assert!(err.to_string().contains(&format!("{path:?}")), "{err}");
+    }
+    // A directory where the file should be.
+    let err = SqliteStore::open(dir.path()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::SqliteFile { reason, .. } if reason.starts_with("it is a directory")),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -1245,4 +1288,66 @@ async fn a_v1_schema_with_a_48_byte_table_name_is_upgraded() {
 
     let store = quiet().table(&table).open(db(&dir)).await.unwrap();
     idem_test_support::upgraded_and_working(&store, &kept, &key(8)).await;
+}
+
+/// `PRAGMA synchronous` as every connection of the store's pool has it.
+async fn synchronous_levels(store: &SqliteStore) -> Vec<i64> {
+    let mut conns = Vec::new();
+    for _ in 0..2 {
+        conns.push(store.pool().acquire().await.unwrap());
+    }
+    let mut levels = Vec::new();
+    for conn in &mut conns {
+        levels.push(
+            sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(&mut **conn)
+                .await
+                .unwrap(),
+        );
+    }
+    levels
+}
+
+/// The durability setting reaches every connection: FULL (2) by default, NORMAL (1) from the
+/// builder or the URL, the URL's over the builder's.
+#[tokio::test]
+async fn synchronous_is_full_by_default_and_set_by_the_builder_or_the_url() {
+    const FULL: i64 = 2;
+    const NORMAL: i64 = 1;
+    let dir = tempfile::tempdir().unwrap();
+    let two = || quiet().max_connections(2);
+    let url = format!("sqlite://{}", db(&dir).display());
+    for (store, level) in [
+        (two().open(db(&dir)).await.unwrap(), FULL),
+        (two().connect(&url).await.unwrap(), FULL),
+        (
+            two()
+                .synchronous(SqliteSync::Normal)
+                .open(db(&dir))
+                .await
+                .unwrap(),
+            NORMAL,
+        ),
+        (
+            two()
+                .connect(&format!("{url}?synchronous=normal"))
+                .await
+                .unwrap(),
+            NORMAL,
+        ),
+        (
+            two()
+                .synchronous(SqliteSync::Normal)
+                .connect(&format!("{url}?synchronous=FULL"))
+                .await
+                .unwrap(),
+            FULL,
+        ),
+    ] {
+        assert_eq!(synchronous_levels(&store).await, [level, level]);
+    }
+    let err = SqliteStore::connect(&format!("{url}?synchronous=off"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
 }

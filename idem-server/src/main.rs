@@ -19,7 +19,7 @@ struct Args {
     listen: SocketAddr,
     /// The store, as a URL the `idem` command takes (sqlite, postgres, redis, redis-cluster,
     /// dynamodb).
-    #[arg(long, env = "IDEM_STORE", default_value = "sqlite://idem.db?mode=rwc")]
+    #[arg(long, env = "IDEM_STORE", default_value = "sqlite://idem.db")]
     store: String,
     /// The admin token: configures namespaces (at least 16 characters).
     #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]

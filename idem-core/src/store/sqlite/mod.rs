@@ -5,9 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
 
 use crate::error::Error;
 use crate::pruner::PrunerConfig;
@@ -17,8 +15,13 @@ use crate::store::sql::background::{self, Background};
 use crate::store::sql::protocol::{sql_store_api, Protocol};
 use crate::store::sql::DEFAULT_TABLE;
 
+mod file;
 mod protocol;
 mod schema;
+
+use file::cannot_open;
+pub use file::SqliteSync;
+pub(crate) use file::SqliteUrl;
 
 sql_store_api!(
     SqliteStore,
@@ -156,11 +159,14 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   and a commit is one append to the log. Switching a new file to WAL needs an exclusive lock
 ///   that SQLite does not wait for, so when several processes open a new file at once the store
 ///   retries the switch for up to the busy timeout.
-/// - `synchronous = NORMAL` on every connection: in WAL mode this is safe against corruption
-///   and against the application crashing; only a power loss or OS crash may roll back the last
-///   few commits (a completed record may be forgotten, so the work could run once more). Build
-///   the pool yourself with `synchronous = FULL` and use [`SqliteStore::from_pool`] if that
-///   matters.
+/// - `synchronous = FULL` on every connection ([`SqliteSync::Full`], the default): each commit
+///   is synced to disk before the statement returns, so a claim or completion the store
+///   acknowledged survives an OS crash or a power loss. [`SqliteSync::Normal`]
+///   ([`SqliteStoreBuilder::synchronous`], or `?synchronous=normal` in the URL) syncs only at
+///   checkpoints: in WAL mode that is still safe against corruption and against the
+///   application crashing, but a power loss or OS crash may roll back the last few commits (a
+///   completed record may be forgotten, so the work could run once more), for no `fsync` per
+///   write (docs/stores.md has the measured difference).
 /// - `busy_timeout = 5 s` (configurable) on every connection: a writer waits for the lock
 ///   instead of failing at once. A statement still blocked after the timeout fails with a
 ///   [`StoreErrorKind::Unavailable`](crate::StoreErrorKind::Unavailable) error, which [`Error::is_retryable`] reports as retryable.
@@ -250,6 +256,8 @@ impl SqliteStore {
     /// table `idem_records`, and creates or upgrades the schema.
     ///
     /// `":memory:"` opens a private in-memory database (see [Time](#time) and [Schema](#schema) below).
+    /// A file that cannot be opened (its directory does not exist, no permission) is
+    /// [`Error::SqliteFile`], naming the path and why.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -265,8 +273,10 @@ impl SqliteStore {
     /// Connects to a sqlx SQLite URL (`sqlite://path/to/idem.db`, `sqlite::memory:`) with the
     /// default settings and table `idem_records`, and creates or upgrades the schema.
     ///
-    /// As with sqlx, a missing file is an error unless the URL asks for it to be created with
-    /// `?mode=rwc`; [`open`](SqliteStore::open) always creates it.
+    /// A missing file is created, as [`open`](SqliteStore::open) creates it, unless the URL
+    /// says `?mode=rw` (or `?mode=ro`): then a missing file is [`Error::SqliteFile`]. Besides
+    /// sqlx's parameters the URL may say `synchronous=full` (the default) or
+    /// `synchronous=normal` ([`SqliteSync`]).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
@@ -332,7 +342,9 @@ impl SqliteStore {
     }
 }
 
-/// Configures a [`SqliteStore`] before connecting; made by [`SqliteStore::builder`].
+/// Configures a [`SqliteStore`] before connecting; made by [`SqliteStore::builder`]. Finish with
+/// [`open`](Self::open) (a path), [`connect`](Self::connect) (a URL) or
+/// [`from_pool`](Self::from_pool).
 ///
 /// ```
 /// use std::time::Duration;
@@ -352,6 +364,7 @@ pub struct SqliteStoreBuilder {
     table: String,
     max_connections: u32,
     busy_timeout: Duration,
+    synchronous: SqliteSync,
     claim_order: ClaimOrder,
     pruner: Option<PrunerConfig>,
     migrate_on_connect: bool,
@@ -363,6 +376,7 @@ impl Default for SqliteStoreBuilder {
             table: DEFAULT_TABLE.to_owned(),
             max_connections: 8,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            synchronous: SqliteSync::Full,
             claim_order: ClaimOrder::Adaptive,
             pruner: Some(PrunerConfig::new()),
             migrate_on_connect: true,
@@ -415,10 +429,35 @@ impl SqliteStoreBuilder {
         self
     }
 
+    /// When a write is acknowledged: [`SqliteSync::Full`] (the default) syncs every commit to
+    /// disk first, so it survives an OS crash or power loss; [`SqliteSync::Normal`] only at
+    /// checkpoints, which survives the process crashing but not the machine (see
+    /// [`SqliteSync`]). A URL's `synchronous=` parameter, if [`connect`](Self::connect) is
+    /// given one, overrides it. Ignored by [`from_pool`](SqliteStoreBuilder::from_pool), whose
+    /// pool keeps its own.
+    ///
+    /// ```
+    /// use idem_core::{SqliteStore, SqliteSync};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let store = SqliteStore::builder()
+    ///     .synchronous(SqliteSync::Normal)
+    ///     .open(dir.path().join("idem.db"))
+    ///     .await?;
+    /// let level: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(store.pool()).await?;
+    /// assert_eq!(level, 1); // NORMAL
+    /// # Ok(()) }
+    /// ```
+    pub fn synchronous(mut self, synchronous: SqliteSync) -> Self {
+        self.synchronous = synchronous;
+        self
+    }
+
     /// Opens (creating it if missing) the database file at `path`; `":memory:"` opens a private
     /// in-memory database. See [`SqliteStore::open`]. With
     /// [`migrate_on_connect(false)`](Self::migrate_on_connect) a missing file is not created:
-    /// it is a missing schema, [`Error::SchemaNotMigrated`].
+    /// it is a missing schema, [`Error::SchemaNotMigrated`]. A file that cannot be opened is
+    /// [`Error::SqliteFile`], naming it and why.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
@@ -431,7 +470,48 @@ impl SqliteStoreBuilder {
         if path == Path::new(":memory:") {
             return self.connect("sqlite::memory:").await;
         }
-        if !self.migrate_on_connect && !path.exists() {
+        self.open_file(SqliteConnectOptions::new().filename(path), None)
+            .await
+    }
+
+    /// Connects to a sqlx SQLite URL. See [`SqliteStore::connect`]: a missing file is created
+    /// unless the URL says `mode=rw` or `mode=ro`, and `synchronous=full|normal` overrides
+    /// [`synchronous`](Self::synchronous).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    /// let store = idem_core::SqliteStore::builder().connect(&url).await?; // creates the file
+    /// # let _ = store;
+    /// let missing = format!("sqlite://{}?mode=rw", dir.path().join("other.db").display());
+    /// let err = idem_core::SqliteStore::builder().connect(&missing).await.unwrap_err();
+    /// assert!(matches!(err, idem_core::Error::SqliteFile { .. }), "{err}");
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(mut self, url: &str) -> Result<SqliteStore, Error> {
+        let url = SqliteUrl::parse(url)?;
+        if let Some(synchronous) = url.synchronous {
+            self.synchronous = synchronous;
+        }
+        let options = SqliteConnectOptions::from_str(&url.sqlx)
+            .map_err(|e| Error::InvalidConfig(format!("bad SQLite URL {:?}: {e}", url.sqlx)))?;
+        if url.private {
+            return self.connect_with(options, true).await;
+        }
+        self.open_file(options, url.creates).await
+    }
+
+    /// Opens the database file `options` name. A missing file is created when `creates` (a
+    /// URL's `mode`) says so, or, when it says nothing, when the store migrates on connect:
+    /// without migrating, a missing file is a missing schema.
+    async fn open_file(
+        self,
+        options: SqliteConnectOptions,
+        creates: Option<bool>,
+    ) -> Result<SqliteStore, Error> {
+        let path = options.get_filename().to_owned();
+        if creates.is_none() && !self.migrate_on_connect && !path.exists() {
             // Only migrating creates a database: the file is the schema's first part.
             return Err(Error::SchemaNotMigrated {
                 table: self.table,
@@ -439,32 +519,8 @@ impl SqliteStoreBuilder {
                 needed: schema::latest(),
             });
         }
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(self.migrate_on_connect);
+        let options = options.create_if_missing(creates.unwrap_or(self.migrate_on_connect));
         self.connect_with(options, false).await
-    }
-
-    /// Connects to a sqlx SQLite URL. See [`SqliteStore::connect`].
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let dir = tempfile::tempdir()?;
-    /// let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
-    /// let store = idem_core::SqliteStore::builder().connect(&url).await?;
-    /// # let _ = store;
-    /// # Ok(()) }
-    /// ```
-    pub async fn connect(self, url: &str) -> Result<SqliteStore, Error> {
-        let Some(rest) = url.strip_prefix("sqlite:") else {
-            return Err(Error::InvalidConfig(format!(
-                "{url:?} is not a SQLite URL: use sqlite://path/to/file.db or sqlite::memory:"
-            )));
-        };
-        let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| Error::InvalidConfig(format!("bad SQLite URL {url:?}: {e}")))?;
-        self.connect_with(options, is_private_per_connection(rest))
-            .await
     }
 
     /// Uses a pool you configured. See [`SqliteStore::from_pool`].
@@ -584,8 +640,9 @@ impl SqliteStoreBuilder {
         // No `journal_mode` here: every new connection would try to switch the file, and two
         // first openers of a new file would fail each other (see `enable_wal`).
         let options = options
-            .synchronous(SqliteSynchronous::Normal)
+            .synchronous(self.synchronous.pragma())
             .busy_timeout(self.busy_timeout);
+        let path = options.get_filename().to_owned();
         let pool = if single_connection {
             // The database lives only as long as a connection to it: keep exactly one, forever.
             SqlitePoolOptions::new()
@@ -601,7 +658,8 @@ impl SqliteStoreBuilder {
         // away (it is a file this process opened; sqlx also pings it when it goes back).
         .test_before_acquire(false)
         .connect_with(options)
-        .await?;
+        .await
+        .map_err(|e| cannot_open(&path, e))?;
         if !single_connection {
             enable_wal(&mut *pool.acquire().await?, self.busy_timeout).await?;
         }
@@ -642,15 +700,6 @@ async fn enable_wal(conn: &mut SqliteConnection, patience: Duration) -> Result<(
     }
 }
 
-/// Whether the database a sqlx SQLite URL (less its `sqlite:` scheme) names lives only as long
-/// as a connection to it: `:memory:`, `mode=memory`, or an empty file name (SQLite's private
-/// temporary database).
-fn is_private_per_connection(url: &str) -> bool {
-    let url = url.strip_prefix("//").unwrap_or(url);
-    let (database, params) = url.split_once('?').unwrap_or((url, ""));
-    database == ":memory:" || database.is_empty() || params.split('&').any(|p| p == "mode=memory")
-}
-
 /// Whether the connection's main database is a file (a second connection reaches the same
 /// records), rather than an in-memory or temporary database (file name empty).
 async fn is_file_backed(conn: &mut SqliteConnection) -> Result<bool, Error> {
@@ -683,27 +732,6 @@ async fn check_version(conn: &mut SqliteConnection) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn in_memory_urls_are_recognised() {
-        for url in [
-            "sqlite::memory:",
-            "sqlite://:memory:",
-            "sqlite://?mode=memory",
-            "sqlite://",
-        ] {
-            let rest = url.strip_prefix("sqlite:").unwrap();
-            assert!(is_private_per_connection(rest), "{url}");
-        }
-        for url in [
-            "sqlite://idem.db",
-            "sqlite://idem.db?mode=rwc",
-            "sqlite:x:memory:",
-        ] {
-            let rest = url.strip_prefix("sqlite:").unwrap();
-            assert!(!is_private_per_connection(rest), "{url}");
-        }
-    }
 
     #[test]
     fn reserved_table_names_are_refused() {

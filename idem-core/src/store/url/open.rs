@@ -23,6 +23,8 @@ pub struct ConnectOptions {
     max_connections: Option<u32>,
     acquire_timeout: Option<Duration>,
     create_table_if_missing: bool,
+    /// A missing SQLite file is an error rather than created (unless the URL's `mode` says).
+    sqlite_file_must_exist: bool,
     /// `Some(false)`: no background pruner on a SQL store (a one-shot command, a test that
     /// counts rows).
     background_pruner: Option<bool>,
@@ -88,6 +90,29 @@ impl ConnectOptions {
         self
     }
 
+    /// Whether a missing SQLite file is created (`true`, the default, as `SqliteStore::open`
+    /// and `SqliteStore::connect` do) or is [`ConnectError::NoSqliteFile`] (`false`), so that
+    /// a misspelled path is an error rather than a new, empty database: the `idem` command
+    /// opens a store this way for every command but `migrate`. A URL that says `mode=rwc`
+    /// (create) or `mode=rw` / `mode=ro` (must exist) is followed whatever this says.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[cfg(feature = "sqlite")] {
+    /// use idem_core::store::url::{ConnectError, ConnectOptions, StoreUrl};
+    /// let dir = tempfile::tempdir()?;
+    /// let url = StoreUrl::parse(&format!("sqlite://{}", dir.path().join("idem.db").display()))?;
+    /// let err = url.connect(&ConnectOptions::new().create_sqlite_file(false)).await.unwrap_err();
+    /// assert!(matches!(err, ConnectError::NoSqliteFile { .. }));
+    /// url.connect(&ConnectOptions::new()).await?; // creates it
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    pub fn create_sqlite_file(mut self, create: bool) -> ConnectOptions {
+        self.sqlite_file_must_exist = !create;
+        self
+    }
+
     /// Whether a SQL store deletes its expired records in the background while it lives (its
     /// builder's default, on) — off for a command that runs once and reports what it did.
     /// Redis and DynamoDB expire records by themselves either way.
@@ -108,7 +133,7 @@ impl ConnectOptions {
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// # if cfg!(feature = "sqlite") {
 /// use idem_core::store::url::{ConnectError, ConnectOptions, StoreUrl};
-/// let url = StoreUrl::parse("sqlite:///no/such/dir/idem.db").unwrap();
+/// let url = StoreUrl::parse("sqlite:///no/such/dir/idem.db?mode=rw").unwrap();
 /// let err = url.connect(&ConnectOptions::new()).await.unwrap_err();
 /// assert!(matches!(err, ConnectError::NoSqliteFile { .. }));
 /// # } }
@@ -119,7 +144,8 @@ pub enum ConnectError {
     /// The URL cannot be opened by this build.
     #[error(transparent)]
     Url(#[from] StoreUrlError),
-    /// A SQLite file that does not exist, in a URL that does not ask to create it.
+    /// A SQLite file that does not exist, where [`ConnectOptions::create_sqlite_file`] is off or
+    /// the URL says `mode=rw` or `mode=ro`.
     #[error(
         "no SQLite database at {path:?}: check the path, or add ?mode=rwc to the URL to create it"
     )]
@@ -266,7 +292,8 @@ impl OpenedStore {
 
 impl StoreUrl {
     /// Opens the store this URL names, as [`ConnectOptions`] say, applying a SQL store's
-    /// migrations. A SQLite file must exist unless the URL says `?mode=rwc`; PostgreSQL is
+    /// migrations. A missing SQLite file is created unless the URL says `mode=rw` or `mode=ro`
+    /// or [`ConnectOptions::create_sqlite_file`] is off; PostgreSQL is
     /// reached with one connection first, so a refusal says why (bad password, no database)
     /// rather than a pool timeout; DynamoDB's client comes from the environment
     /// (`DynamoStore::client_from_env`). Bound it with
@@ -277,7 +304,7 @@ impl StoreUrl {
     /// # #[cfg(feature = "sqlite")] {
     /// use idem_core::store::url::{ConnectOptions, OpenedStore, StoreUrl};
     /// let dir = tempfile::tempdir()?;
-    /// let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
+    /// let url = format!("sqlite://{}", dir.path().join("idem.db").display());
     /// let opened = StoreUrl::parse(&url)?
     ///     .connect(&ConnectOptions::new().namespace("payments"))
     ///     .await?;
@@ -307,11 +334,11 @@ impl StoreUrl {
         match self {
             #[cfg(feature = "sqlite")]
             StoreUrl::Sqlite(url) => {
-                let rest = url.trim_start_matches("sqlite:");
-                let path = rest.trim_start_matches("//");
-                let (path, query) = path.split_once('?').unwrap_or((path, ""));
-                let creates = query.split('&').any(|p| p == "mode=rwc");
-                if !creates && !path.starts_with(':') && !std::path::Path::new(path).exists() {
+                let parsed = crate::store::sqlite::SqliteUrl::parse(url)?;
+                let creates = parsed.creates.unwrap_or(!options.sqlite_file_must_exist);
+                let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
+                let path = path.split_once('?').map_or(path, |(path, _)| path);
+                if !creates && !parsed.private && !std::path::Path::new(path).exists() {
                     return Err(ConnectError::NoSqliteFile {
                         path: path.to_owned(),
                     });
