@@ -23,9 +23,9 @@
 /// ```
 ///
 /// ```
-/// let names: Vec<&str> = idem_core::PROMETHEUS_BUCKETS.iter().map(|(name, _)| *name).collect();
+/// let names: Vec<&str> = idem::PROMETHEUS_BUCKETS.iter().map(|(name, _)| *name).collect();
 /// assert_eq!(names, ["idem_claim_seconds", "idem_work_seconds", "idem_complete_seconds"]);
-/// assert!(idem_core::PROMETHEUS_BUCKETS
+/// assert!(idem::PROMETHEUS_BUCKETS
 ///     .iter()
 ///     .all(|(_, bounds)| bounds.windows(2).all(|w| w[0] < w[1])));
 /// ```

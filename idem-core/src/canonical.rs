@@ -21,7 +21,7 @@ use std::fmt;
 /// bytes. serde_json's parser stops at about the same depth, so a value it reads fits.
 ///
 /// ```
-/// use idem_core::{Fingerprint, FingerprintError, MAX_FINGERPRINT_DEPTH};
+/// use idem::{Fingerprint, FingerprintError, MAX_FINGERPRINT_DEPTH};
 /// let mut deep = serde_json::json!(0);
 /// for _ in 0..MAX_FINGERPRINT_DEPTH {
 ///     deep = serde_json::json!([deep]);
@@ -38,7 +38,7 @@ pub const MAX_FINGERPRINT_DEPTH: usize = 128;
 /// Why a value could not be fingerprinted.
 ///
 /// ```
-/// use idem_core::{Fingerprint, FingerprintError};
+/// use idem::{Fingerprint, FingerprintError};
 /// struct Broken;
 /// impl serde::Serialize for Broken {
 ///     fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {

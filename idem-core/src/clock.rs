@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// A source of wall-clock time, injectable so tests control it.
 ///
 /// ```
-/// use idem_core::{Clock, ManualClock};
+/// use idem::{Clock, ManualClock};
 /// let clock = ManualClock::new();
 /// let t0 = clock.now();
 /// clock.advance(std::time::Duration::from_secs(5));
@@ -21,7 +21,7 @@ pub trait Clock: Send + Sync + 'static {
 /// The operating system's clock.
 ///
 /// ```
-/// use idem_core::{Clock, SystemClock};
+/// use idem::{Clock, SystemClock};
 /// assert!(SystemClock.now() > std::time::UNIX_EPOCH);
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
@@ -36,7 +36,7 @@ impl Clock for SystemClock {
 /// A clock that moves only when told to. Clones share the same time.
 ///
 /// ```
-/// use idem_core::{Clock, ManualClock};
+/// use idem::{Clock, ManualClock};
 /// let clock = ManualClock::new();
 /// let other = clock.clone();
 /// clock.advance(std::time::Duration::from_millis(10));
@@ -60,7 +60,7 @@ impl ManualClock {
     ///
     /// ```
     /// use std::time::{Duration, UNIX_EPOCH};
-    /// use idem_core::{Clock, ManualClock};
+    /// use idem::{Clock, ManualClock};
     /// let t = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     /// assert_eq!(ManualClock::at(t).now(), t);
     /// ```
@@ -95,7 +95,7 @@ impl Clock for ManualClock {
 /// with auto-advance while every task sleeps.
 ///
 /// ```
-/// use idem_core::{Clock, TokioClock};
+/// use idem::{Clock, TokioClock};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let clock = TokioClock::new();
 /// assert!(clock.now() >= std::time::UNIX_EPOCH);

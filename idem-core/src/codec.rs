@@ -12,11 +12,11 @@ use crate::error::BoxError;
 /// [`Error::Codec`](crate::Error::Codec).
 ///
 /// ```
-/// use idem_core::{Codec, JsonCodec};
+/// use idem::{Codec, JsonCodec};
 /// let bytes = JsonCodec.encode(&vec![1, 2, 3])?;
 /// let back: Vec<i32> = JsonCodec.decode(&bytes)?;
 /// assert_eq!(back, [1, 2, 3]);
-/// # Ok::<(), idem_core::BoxError>(())
+/// # Ok::<(), idem::BoxError>(())
 /// ```
 pub trait Codec: Send + Sync + 'static {
     /// Encodes `value`.
@@ -28,9 +28,9 @@ pub trait Codec: Send + Sync + 'static {
 /// serde JSON: readable in the database, stable across releases of your program.
 ///
 /// ```
-/// use idem_core::{Codec, JsonCodec};
+/// use idem::{Codec, JsonCodec};
 /// assert_eq!(JsonCodec.encode(&"hi")?, b"\"hi\"");
-/// # Ok::<(), idem_core::BoxError>(())
+/// # Ok::<(), idem::BoxError>(())
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct JsonCodec;

@@ -35,7 +35,7 @@ fn completer_lease_key() -> Result<Key, Error> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::CompleterConfig;
+/// use idem::CompleterConfig;
 /// let config = CompleterConfig::new()
 ///     .batch_size(200)
 ///     .concurrency(32)
@@ -59,7 +59,7 @@ impl CompleterConfig {
     /// pages per run.
     ///
     /// ```
-    /// assert_eq!(idem_core::CompleterConfig::new(), idem_core::CompleterConfig::default());
+    /// assert_eq!(idem::CompleterConfig::new(), idem::CompleterConfig::default());
     /// ```
     pub fn new() -> CompleterConfig {
         CompleterConfig {
@@ -75,7 +75,7 @@ impl CompleterConfig {
     /// The most operations one page finds (1 to 10,000).
     ///
     /// ```
-    /// let _ = idem_core::CompleterConfig::new().batch_size(500);
+    /// let _ = idem::CompleterConfig::new().batch_size(500);
     /// ```
     pub fn batch_size(mut self, batch_size: u32) -> CompleterConfig {
         self.batch_size = batch_size;
@@ -86,7 +86,7 @@ impl CompleterConfig {
     /// own: each holds a claim and a connection while its handler runs.
     ///
     /// ```
-    /// let _ = idem_core::CompleterConfig::new().concurrency(4);
+    /// let _ = idem::CompleterConfig::new().concurrency(4);
     /// ```
     pub fn concurrency(mut self, concurrency: usize) -> CompleterConfig {
         self.concurrency = concurrency;
@@ -98,7 +98,7 @@ impl CompleterConfig {
     /// lease). 1 drives the pages back to back.
     ///
     /// ```
-    /// let _ = idem_core::CompleterConfig::new().share(1.0);
+    /// let _ = idem::CompleterConfig::new().share(1.0);
     /// ```
     pub fn share(mut self, share: f64) -> CompleterConfig {
         self.share = share;
@@ -112,7 +112,7 @@ impl CompleterConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let _ = idem_core::CompleterConfig::new().interval(Duration::from_secs(2));
+    /// let _ = idem::CompleterConfig::new().interval(Duration::from_secs(2));
     /// ```
     pub fn interval(mut self, interval: Duration) -> CompleterConfig {
         self.interval = interval;
@@ -126,7 +126,7 @@ impl CompleterConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let _ = idem_core::CompleterConfig::new().lease(Duration::from_secs(20));
+    /// let _ = idem::CompleterConfig::new().lease(Duration::from_secs(20));
     /// ```
     pub fn lease(mut self, lease: Duration) -> CompleterConfig {
         self.lease = lease;
@@ -136,7 +136,7 @@ impl CompleterConfig {
     /// Stops a run after this many pages (at least 1), leaving the rest to the next run.
     ///
     /// ```
-    /// let _ = idem_core::CompleterConfig::new().max_batches(10);
+    /// let _ = idem::CompleterConfig::new().max_batches(10);
     /// ```
     pub fn max_batches(mut self, max_batches: u32) -> CompleterConfig {
         self.max_batches = Some(max_batches);
@@ -180,7 +180,7 @@ impl Default for CompleterConfig {
 /// What one completer run did.
 ///
 /// ```
-/// let report = idem_core::CompleteReport::default();
+/// let report = idem::CompleteReport::default();
 /// assert_eq!(report.completed, 0);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -245,7 +245,7 @@ type Drive<C> = Arc<dyn Fn(Idempotency<C>, Abandoned) -> BoxFuture + Send + Sync
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Completer, CompleterConfig, Error, Idempotency, Key, ManualClock, MemoryStore, Steps};
+/// use idem::{Completer, CompleterConfig, Error, Idempotency, Key, ManualClock, MemoryStore, Steps};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
 /// let clock = ManualClock::new();
 /// let engine = Idempotency::new(MemoryStore::with_clock(clock.clone()));
@@ -307,7 +307,7 @@ impl<C: Codec> Completer<C> {
     /// retention), with no handler yet. Checks `config`; otherwise [`Error::InvalidConfig`].
     ///
     /// ```
-    /// use idem_core::{Completer, CompleterConfig, Error, Idempotency, MemoryStore};
+    /// use idem::{Completer, CompleterConfig, Error, Idempotency, MemoryStore};
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let bad = Completer::new(engine, CompleterConfig::new().batch_size(0));
     /// assert!(matches!(bad, Err(Error::InvalidConfig(_))));
@@ -330,7 +330,7 @@ impl<C: Codec> Completer<C> {
     /// abandoned again, which it will not be until a claim of it dies again.
     ///
     /// ```
-    /// use idem_core::{Completer, CompleterConfig, Error, Idempotency, MemoryStore, Steps};
+    /// use idem::{Completer, CompleterConfig, Error, Idempotency, MemoryStore, Steps};
     /// async fn receipt(steps: Steps, input: Vec<u8>) -> Result<usize, Error> {
     ///     steps.run("send", || async { Ok::<_, Error>(input.len()) }).await
     /// }
@@ -393,8 +393,8 @@ impl<C: Codec> Completer<C> {
     /// tries again.
     ///
     /// ```
-    /// use idem_core::{Completer, CompleterConfig, Idempotency, MemoryStore};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// use idem::{Completer, CompleterConfig, Idempotency, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let mut handle = Completer::new(engine, CompleterConfig::new())?.spawn();
     /// assert_eq!(handle.next_report().await.map(|r| r.found), Some(0));
@@ -589,8 +589,8 @@ impl Renewal<'_> {
 /// (after the page in progress); [`shutdown`](CompleterHandle::shutdown) also waits for that.
 ///
 /// ```
-/// use idem_core::{Completer, CompleterConfig, Idempotency, MemoryStore};
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// use idem::{Completer, CompleterConfig, Idempotency, MemoryStore};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// let engine = Idempotency::new(MemoryStore::new());
 /// let mut handle = Completer::new(engine, CompleterConfig::new())?.spawn();
 /// let first = handle.next_report().await;
@@ -635,8 +635,8 @@ impl CompleterHandle {
     /// The report of the latest successful run, if any.
     ///
     /// ```
-    /// use idem_core::{Completer, CompleterConfig, Idempotency, MemoryStore};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// use idem::{Completer, CompleterConfig, Idempotency, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// let handle = Completer::new(Idempotency::new(MemoryStore::new()), CompleterConfig::new())?.spawn();
     /// assert_eq!(handle.last_report(), None); // the first run has not started yet
     /// # Ok(()) }

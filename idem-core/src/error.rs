@@ -15,7 +15,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// errors reach the caller through the function's own error type.
 ///
 /// ```
-/// use idem_core::Error;
+/// use idem::Error;
 /// let e = Error::Locked { retry_after: std::time::Duration::from_secs(2) };
 /// assert!(e.is_retryable());
 /// assert!(!Error::KeyReused.is_retryable());
@@ -98,8 +98,8 @@ pub enum Error {
     /// ```
     /// # #[cfg(feature = "sqlite")]
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let err = idem_core::SqliteStore::open("/no/such/dir/idem.db").await.unwrap_err();
-    /// let idem_core::Error::SqliteFile { path, reason } = &err else { panic!("{err}") };
+    /// let err = idem::SqliteStore::open("/no/such/dir/idem.db").await.unwrap_err();
+    /// let idem::Error::SqliteFile { path, reason } = &err else { panic!("{err}") };
     /// assert_eq!(path, std::path::Path::new("/no/such/dir/idem.db"));
     /// assert!(reason.starts_with("its directory \"/no/such/dir\" does not exist"), "{reason}");
     /// # }
@@ -234,7 +234,7 @@ impl StoreErrorKind {
     /// the statement, and pass.
     ///
     /// ```
-    /// use idem_core::StoreErrorKind;
+    /// use idem::StoreErrorKind;
     /// assert!(StoreErrorKind::Transient.is_transient());
     /// assert!(!StoreErrorKind::Corrupt.is_transient());
     /// ```
@@ -252,7 +252,7 @@ impl StoreErrorKind {
 /// A failure of the store's backend, with its kind and the backend's own error as source.
 ///
 /// ```
-/// use idem_core::{StoreError, StoreErrorKind};
+/// use idem::{StoreError, StoreErrorKind};
 /// let e = StoreError::new(StoreErrorKind::Corrupt, "token is 3 bytes");
 /// assert_eq!(e.kind(), StoreErrorKind::Corrupt);
 /// ```
@@ -299,7 +299,7 @@ impl StoreError {
 /// | anything else (a syntax error, a missing table, a violated constraint) | [`Query`](StoreErrorKind::Query) |
 ///
 /// ```
-/// use idem_core::{StoreError, StoreErrorKind};
+/// use idem::{StoreError, StoreErrorKind};
 /// let e = StoreError::from(sqlx::Error::PoolTimedOut);
 /// assert_eq!(e.kind(), StoreErrorKind::Unavailable);
 /// ```

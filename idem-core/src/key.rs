@@ -21,7 +21,7 @@ pub const MAX_KEY_LEN: usize = 255;
 /// Why a scope, caller or client key was refused.
 ///
 /// ```
-/// use idem_core::{Key, KeyError};
+/// use idem::{Key, KeyError};
 /// assert_eq!(Key::derive("deposit", "", ""), Err(KeyError::Empty { part: "client key" }));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -80,8 +80,8 @@ fn check(part: &'static str, value: &str, allow_empty: bool) -> Result<(), KeyEr
 /// Checks that `client_key` is a valid client key: 1..=255 bytes of printable ASCII.
 ///
 /// ```
-/// assert!(idem_core::validate_client_key("order-42").is_ok());
-/// assert!(idem_core::validate_client_key("tab\there").is_err());
+/// assert!(idem::validate_client_key("order-42").is_ok());
+/// assert!(idem::validate_client_key("tab\there").is_err());
 /// ```
 pub fn validate_client_key(client_key: &str) -> Result<(), KeyError> {
     check("client key", client_key, false)
@@ -101,12 +101,12 @@ pub(crate) fn check_scope(scope: &str) -> Result<(), KeyError> {
 /// - `client_key` is what the caller sent: a request id, an `Idempotency-Key` header, a message id.
 ///
 /// ```
-/// use idem_core::Key;
+/// use idem::Key;
 /// let a = Key::derive("a:b", "", "c")?;
 /// let b = Key::derive("a", "", "b:c")?;
 /// assert_ne!(a, b);
 /// assert_eq!(a, Key::derive("a:b", "", "c")?);
-/// # Ok::<(), idem_core::KeyError>(())
+/// # Ok::<(), idem::KeyError>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Key([u8; 32]);
@@ -154,10 +154,10 @@ impl Key {
     /// Rebuilds a key from its 32 stored bytes (as a store reads it back).
     ///
     /// ```
-    /// # use idem_core::Key;
+    /// # use idem::Key;
     /// let k = Key::derive("s", "", "k")?;
     /// assert_eq!(Key::from_bytes(*k.as_bytes()), k);
-    /// # Ok::<(), idem_core::KeyError>(())
+    /// # Ok::<(), idem::KeyError>(())
     /// ```
     pub const fn from_bytes(bytes: [u8; 32]) -> Key {
         Key(bytes)
@@ -190,13 +190,13 @@ impl fmt::Display for Key {
 /// SHA-256 of the canonical request payload; detects a key reused for another request.
 ///
 /// ```
-/// use idem_core::Fingerprint;
+/// use idem::Fingerprint;
 /// #[derive(serde::Serialize)]
 /// struct Deposit { account: u32, cents: u64 }
 /// let a = Fingerprint::of_json(&Deposit { account: 1, cents: 500 })?;
 /// let b = Fingerprint::of_json(&serde_json::json!({ "cents": 500, "account": 1 }))?;
 /// assert_eq!(a, b); // key order does not matter
-/// # Ok::<(), idem_core::FingerprintError>(())
+/// # Ok::<(), idem::FingerprintError>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
@@ -205,7 +205,7 @@ impl Fingerprint {
     /// SHA-256 of raw bytes.
     ///
     /// ```
-    /// # use idem_core::Fingerprint;
+    /// # use idem::Fingerprint;
     /// assert_eq!(Fingerprint::of_bytes(b"x"), Fingerprint::of_bytes(b"x"));
     /// ```
     pub fn of_bytes(bytes: &[u8]) -> Fingerprint {
@@ -238,7 +238,7 @@ impl Fingerprint {
     /// (HTTP 422).
     ///
     /// ```
-    /// use idem_core::Fingerprint;
+    /// use idem::Fingerprint;
     /// use std::collections::BTreeMap;
     /// let big = Fingerprint::of_json(&100_000_000_000_000_000_001_u128)?;
     /// assert_ne!(big, Fingerprint::of_json(&100_000_000_000_000_000_000_u128)?);
@@ -246,7 +246,7 @@ impl Fingerprint {
     /// let int_key = BTreeMap::from([(1, "a")]);
     /// let str_key = BTreeMap::from([("1", "a")]);
     /// assert_ne!(Fingerprint::of_json(&int_key)?, Fingerprint::of_json(&str_key)?);
-    /// # Ok::<(), idem_core::FingerprintError>(())
+    /// # Ok::<(), idem::FingerprintError>(())
     /// ```
     ///
     /// # Errors
@@ -260,7 +260,7 @@ impl Fingerprint {
     /// Rebuilds a fingerprint from its stored bytes.
     ///
     /// ```
-    /// # use idem_core::Fingerprint;
+    /// # use idem::Fingerprint;
     /// let f = Fingerprint::of_bytes(b"x");
     /// assert_eq!(Fingerprint::from_bytes(*f.as_bytes()), f);
     /// ```
@@ -297,7 +297,7 @@ impl fmt::Debug for Fingerprint {
 /// claim.
 ///
 /// ```
-/// use idem_core::Token;
+/// use idem::Token;
 /// assert_ne!(Token::random(), Token::random());
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -312,7 +312,7 @@ impl Token {
     /// Rebuilds a token from its 16 stored bytes.
     ///
     /// ```
-    /// # use idem_core::Token;
+    /// # use idem::Token;
     /// let t = Token::random();
     /// assert_eq!(Token::from_bytes(t.to_bytes()), t);
     /// ```
@@ -406,7 +406,7 @@ mod tests {
 /// `async fn ship<K: idem::KeyPart>(engine: &Idempotency, id: K)` and `key = id`):
 ///
 /// ```
-/// use idem_core::{Key, KeyError, KeyPart};
+/// use idem::{Key, KeyError, KeyPart};
 ///
 /// fn key_of<K: KeyPart>(id: K) -> Result<Option<Key>, KeyError> {
 ///     id.key_part().map(|id| Key::derive("ship", "", &id)).transpose()
@@ -427,7 +427,7 @@ mod tests {
 ///
 /// ```
 /// use std::borrow::Cow;
-/// use idem_core::KeyPart;
+/// use idem::KeyPart;
 ///
 /// struct OrderNo(u64);
 ///

@@ -31,12 +31,12 @@
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
-//! use idem_core::{Error, Idempotency, Key, MemoryStore, Stage};
+//! use idem::{Error, Idempotency, Key, MemoryStore, Stage};
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
 //! let seen = Arc::new(Mutex::new(Vec::new()));
 //! let log = seen.clone();
 //! let engine = Idempotency::builder(MemoryStore::new())
-//!     .observer(move |event: &idem_core::CallEvent<'_>| log.lock().unwrap().push((event.stage(), event.key().to_string())))
+//!     .observer(move |event: &idem::CallEvent<'_>| log.lock().unwrap().push((event.stage(), event.key().to_string())))
 //!     .build()?;
 //! let key = Key::derive("charge", "", "order-1")?;
 //! engine.call(key).scope("charge").run(async { Ok::<_, Error>(1) }).await?;
@@ -57,7 +57,7 @@ use crate::key::Key;
 /// [`EngineBuilder::sample_latencies`](crate::EngineBuilder::sample_latencies).
 ///
 /// ```
-/// assert!(idem_core::DEFAULT_LATENCIES_ONE_IN >= 1);
+/// assert!(idem::DEFAULT_LATENCIES_ONE_IN >= 1);
 /// ```
 pub const DEFAULT_LATENCIES_ONE_IN: u32 = 16;
 
@@ -102,7 +102,7 @@ impl Stage {
     /// `key_reused`, `lease_lost`, `failed`, `cancelled`.
     ///
     /// ```
-    /// assert_eq!(idem_core::Stage::LeaseLost.as_str(), "lease_lost");
+    /// assert_eq!(idem::Stage::LeaseLost.as_str(), "lease_lost");
     /// ```
     pub fn as_str(self) -> &'static str {
         match self {
@@ -185,7 +185,7 @@ impl CallEvent<'_> {
 /// result or the typed error it would have had.
 ///
 /// ```
-/// use idem_core::{CallEvent, Observer, Stage};
+/// use idem::{CallEvent, Observer, Stage};
 /// struct LeaseLostAlarm;
 /// impl Observer for LeaseLostAlarm {
 ///     fn observe(&self, event: &CallEvent<'_>) {
@@ -194,10 +194,10 @@ impl CallEvent<'_> {
 ///         }
 ///     }
 /// }
-/// let engine = idem_core::Idempotency::builder(idem_core::MemoryStore::new())
+/// let engine = idem::Idempotency::builder(idem::MemoryStore::new())
 ///     .observer(LeaseLostAlarm)
 ///     .build()?;
-/// # let _ = engine; Ok::<(), idem_core::Error>(())
+/// # let _ = engine; Ok::<(), idem::Error>(())
 /// ```
 pub trait Observer: Send + Sync + 'static {
     /// One stage of one call.

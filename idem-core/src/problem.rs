@@ -6,7 +6,7 @@
 /// An answer the layer gives itself, without calling the handler (or, for
 /// [`LeaseLost`](Self::LeaseLost), after it), or that the HTTP layer's `IdempotencyKey`
 /// extractor gives for the handler. The HTTP and gRPC layers share this type
-/// (`idem_core::http::Problem` and `idem_core::grpc::Problem` name it): a variant means the same
+/// (`idem::http::Problem` and `idem::grpc::Problem` name it): a variant means the same
 /// in both, and each layer says it in its own terms.
 ///
 /// - **HTTP**: an `application/problem+json` body (RFC 9457) with `type`, `title`, `status` and
@@ -22,14 +22,14 @@
 ///
 /// ```
 /// # #[cfg(all(feature = "http", feature = "grpc"))] {
-/// use idem_core::http::Problem;
+/// use idem::http::Problem;
 /// // One answer, said by each layer.
 /// assert_eq!(Problem::KeyReused.status(), 422);
 /// assert_eq!(Problem::KeyReused.slug(), "key-reused");
 /// assert_eq!(Problem::KeyReused.code(), tonic::Code::FailedPrecondition);
 /// assert_eq!(Problem::KeyReused.reason(), "IDEMPOTENCY_KEY_REUSED");
 /// // The two paths name one type.
-/// assert_eq!(idem_core::grpc::Problem::KeyInFlight, Problem::KeyInFlight);
+/// assert_eq!(idem::grpc::Problem::KeyInFlight, Problem::KeyInFlight);
 /// # }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

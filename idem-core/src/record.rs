@@ -13,10 +13,10 @@ use crate::store::check_duration;
 /// and `renew` succeed only while the stored record still carries this token.
 ///
 /// ```
-/// use idem_core::{Claim, Key, Token};
+/// use idem::{Claim, Key, Token};
 /// let claim = Claim::new(Key::derive("s", "", "k")?, Token::random());
 /// assert_eq!(claim.key(), &Key::derive("s", "", "k")?);
-/// # Ok::<(), idem_core::KeyError>(())
+/// # Ok::<(), idem::KeyError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
@@ -44,7 +44,7 @@ impl Claim {
 /// A completed record: the stored response, replayed to every later call with the same key.
 ///
 /// ```
-/// use idem_core::StoredResult;
+/// use idem::StoredResult;
 /// let c = StoredResult { response: Some(b"42".to_vec()), is_error: false, expires_at: std::time::SystemTime::now() };
 /// assert_eq!(c.response.as_deref(), Some(&b"42"[..]));
 /// ```
@@ -69,7 +69,7 @@ impl StoredResult {
     /// the raw [`Store`](crate::Store) API without a response reads as `null`.
     ///
     /// ```
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore, RecordState, Store};
+    /// use idem::{Error, Idempotency, Key, MemoryStore, RecordState, Store};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "c-1")?;
@@ -100,12 +100,12 @@ impl StoredResult {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Fingerprint, Key, StartRequest};
+/// use idem::{Fingerprint, Key, StartRequest};
 /// let key = Key::derive("deposit", "alice", "req-1")?;
 /// let fingerprint = Fingerprint::from_bytes([7; 32]);
 /// let request = StartRequest::new(&key, Duration::from_secs(30)).fingerprint(Some(&fingerprint));
 /// assert_eq!(request.fingerprint, Some(&fingerprint));
-/// # Ok::<(), idem_core::KeyError>(())
+/// # Ok::<(), idem::KeyError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StartRequest<'a> {
@@ -123,10 +123,10 @@ impl<'a> StartRequest<'a> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Key, StartRequest};
+    /// use idem::{Key, StartRequest};
     /// let key = Key::derive("s", "", "k")?;
     /// assert_eq!(StartRequest::new(&key, Duration::from_secs(30)).fingerprint, None);
-    /// # Ok::<(), idem_core::KeyError>(())
+    /// # Ok::<(), idem::KeyError>(())
     /// ```
     pub fn new(key: &'a Key, lease: Duration) -> StartRequest<'a> {
         StartRequest {
@@ -140,12 +140,12 @@ impl<'a> StartRequest<'a> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Fingerprint, Key, StartRequest};
+    /// use idem::{Fingerprint, Key, StartRequest};
     /// let key = Key::derive("s", "", "k")?;
     /// let fingerprint = Fingerprint::from_bytes([1; 32]);
     /// let request = StartRequest::new(&key, Duration::from_secs(30)).fingerprint(Some(&fingerprint));
     /// assert!(request.fingerprint.is_some());
-    /// # Ok::<(), idem_core::KeyError>(())
+    /// # Ok::<(), idem::KeyError>(())
     /// ```
     pub fn fingerprint(self, fingerprint: Option<&'a Fingerprint>) -> StartRequest<'a> {
         StartRequest {
@@ -159,12 +159,12 @@ impl<'a> StartRequest<'a> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Error, Key, StartRequest};
+    /// use idem::{Error, Key, StartRequest};
     /// let key = Key::derive("s", "", "k")?;
     /// assert!(StartRequest::new(&key, Duration::from_secs(30)).check().is_ok());
     /// let refused = StartRequest::new(&key, Duration::ZERO).check();
     /// assert!(matches!(refused, Err(Error::InvalidConfig(_))));
-    /// # Ok::<(), idem_core::KeyError>(())
+    /// # Ok::<(), idem::KeyError>(())
     /// ```
     pub fn check(&self) -> Result<(), Error> {
         check_duration("lease", self.lease)
@@ -175,7 +175,7 @@ impl<'a> StartRequest<'a> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::Completion;
+/// use idem::Completion;
 /// let c = Completion { response: Some(b"{}"), is_error: false, retention: Duration::from_secs(3600) };
 /// assert!(!c.is_error);
 /// ```
@@ -195,7 +195,7 @@ impl Completion<'_> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Completion, Error};
+    /// use idem::{Completion, Error};
     /// let forever = Completion { response: None, is_error: false, retention: Duration::MAX };
     /// assert!(matches!(forever.check(), Err(Error::InvalidConfig(_))));
     /// ```
@@ -207,7 +207,7 @@ impl Completion<'_> {
 /// The result of [`Store::start`](crate::Store::start).
 ///
 /// ```
-/// use idem_core::Start;
+/// use idem::Start;
 /// fn describe(s: &Start) -> &'static str {
 ///     match s {
 ///         Start::Started(_) => "run the work",
@@ -248,7 +248,7 @@ pub enum RecordState {
 /// A record as [`Store::get`](crate::Store::get) returns it (expired records read as absent).
 ///
 /// ```
-/// use idem_core::{Record, RecordState};
+/// use idem::{Record, RecordState};
 /// fn in_progress(r: &Record) -> bool { matches!(r.state, RecordState::InProgress { .. }) }
 /// # let _ = in_progress;
 /// ```
@@ -267,11 +267,11 @@ impl Record {
     ///
     /// ```
     /// use std::time::SystemTime;
-    /// use idem_core::{Key, Record, RecordState, Token};
+    /// use idem::{Key, Record, RecordState, Token};
     /// let key = Key::derive("s", "", "k")?;
     /// let running = RecordState::InProgress { token: Token::random(), lease_until: SystemTime::now() };
     /// assert_eq!(Record::new(key, None, running).key, key);
-    /// # Ok::<(), idem_core::KeyError>(())
+    /// # Ok::<(), idem::KeyError>(())
     /// ```
     pub fn new(key: Key, fingerprint: Option<Fingerprint>, state: RecordState) -> Record {
         Record {

@@ -13,7 +13,7 @@ use crate::store::check_duration;
 /// [`name`](Self::name).
 ///
 /// ```
-/// use idem_core::{StepRecord, StepState};
+/// use idem::{StepRecord, StepState};
 /// let charged = StepRecord { name: "charge".into(), position: 1, state: StepState::Finished(b"\"ch_1\"".to_vec()) };
 /// assert!(matches!(charged.state, StepState::Finished(_)));
 /// ```
@@ -30,7 +30,7 @@ pub struct StepRecord {
 /// Whether a step has its result.
 ///
 /// ```
-/// use idem_core::StepState;
+/// use idem::StepState;
 /// assert_ne!(StepState::Begun, StepState::Finished(Vec::new()));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +46,7 @@ pub enum StepState {
 /// and the steps stored so far, in the order they ran.
 ///
 /// ```
-/// use idem_core::StepLog;
+/// use idem::StepLog;
 /// let first = StepLog { attempt: 1, steps: Vec::new() };
 /// assert!(first.steps.is_empty());
 /// ```
@@ -73,7 +73,7 @@ impl StepLog {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::StepWrite;
+/// use idem::StepWrite;
 /// let begun = StepWrite { name: "charge", position: 1, result: None, retention: Duration::from_secs(60) };
 /// assert!(begun.result.is_none());
 /// ```
@@ -95,7 +95,7 @@ impl StepWrite<'_> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Error, StepWrite};
+    /// use idem::{Error, StepWrite};
     /// let none = StepWrite { name: "charge", position: 0, result: None, retention: Duration::ZERO };
     /// assert!(matches!(none.check(), Err(Error::InvalidConfig(_))));
     /// ```
@@ -108,7 +108,7 @@ impl StepWrite<'_> {
 /// up to `limit`, in key order, with keys greater than `after` (all keys when `None`).
 ///
 /// ```
-/// use idem_core::AbandonedQuery;
+/// use idem::AbandonedQuery;
 /// let first_page = AbandonedQuery { after: None, limit: 100 };
 /// assert_eq!(first_page.after, None);
 /// ```
@@ -124,7 +124,7 @@ impl AbandonedQuery<'_> {
     /// The first page: up to `limit` operations, from the smallest key.
     ///
     /// ```
-    /// use idem_core::AbandonedQuery;
+    /// use idem::AbandonedQuery;
     /// assert_eq!(AbandonedQuery::first(10), AbandonedQuery { after: None, limit: 10 });
     /// ```
     pub fn first(limit: u32) -> AbandonedQuery<'static> {
@@ -134,10 +134,10 @@ impl AbandonedQuery<'_> {
     /// The page after `key` (the last key of the previous page): up to `limit` operations.
     ///
     /// ```
-    /// use idem_core::{AbandonedQuery, Key};
+    /// use idem::{AbandonedQuery, Key};
     /// let last = Key::derive("rides", "", "r-9")?;
     /// assert_eq!(AbandonedQuery::after(&last, 10).after, Some(&last));
-    /// # Ok::<(), idem_core::KeyError>(())
+    /// # Ok::<(), idem::KeyError>(())
     /// ```
     pub fn after(key: &Key, limit: u32) -> AbandonedQuery<'_> {
         AbandonedQuery {
@@ -156,7 +156,7 @@ pub const MAX_STEP_NAME_LEN: usize = 255;
 /// steps. A step of your own may not take it ([`Error::InvalidStep`](crate::Error::InvalidStep)).
 ///
 /// ```
-/// assert_eq!(idem_core::INPUT_STEP, "idem.input");
+/// assert_eq!(idem::INPUT_STEP, "idem.input");
 /// ```
 pub const INPUT_STEP: &str = "idem.input";
 
@@ -185,12 +185,12 @@ pub(crate) const INPUT_POSITION: u32 = i32::MAX as u32;
 /// [`Completer`](crate::Completer) hands the handler registered for [`scope`](Self::scope).
 ///
 /// ```
-/// use idem_core::{Abandoned, Key};
+/// use idem::{Abandoned, Key};
 /// let key = Key::derive("rides", "rider-7", "req-1")?;
 /// let stored = Abandoned::encode_input("rides", b"{\"from\":\"a\"}");
 /// let found = Abandoned::decode(key, &stored)?;
 /// assert_eq!((found.scope.as_str(), &found.input[..]), ("rides", &b"{\"from\":\"a\"}"[..]));
-/// # Ok::<(), idem_core::Error>(())
+/// # Ok::<(), idem::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Abandoned {

@@ -21,7 +21,7 @@ const VERSION_1: u8 = 1;
 /// column. Available with the `http`, `grpc` or `remote` feature.
 ///
 /// ```
-/// use idem_core::StoredResponse;
+/// use idem::StoredResponse;
 /// // Version 1 of the format: status 201, one header, the body "hi".
 /// let mut bytes = vec![1, 0, 201, 0, 0, 0, 1, 0, 12];
 /// bytes.extend_from_slice(b"content-type");
@@ -33,7 +33,7 @@ const VERSION_1: u8 = 1;
 /// assert_eq!(stored.headers["content-type"], "text/plain");
 /// assert_eq!(stored.body, "hi");
 /// assert!(StoredResponse::decode(b"{\"receipt\":1}").is_err());
-/// # Ok::<(), idem_core::Error>(())
+/// # Ok::<(), idem::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]

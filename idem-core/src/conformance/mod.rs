@@ -42,9 +42,9 @@
 //! use std::time::Duration;
 //!
 //! use async_trait::async_trait;
-//! use idem_core::conformance::{self, Harness};
-//! use idem_core::{Abandoned, AbandonedQuery, Claim, Completion, Error, Key, MemoryStore, Record};
-//! use idem_core::{Start, StartRequest, StepLog, StepWrite, Store, TokioClock};
+//! use idem::conformance::{self, Harness};
+//! use idem::{Abandoned, AbandonedQuery, Claim, Completion, Error, Key, MemoryStore, Record};
+//! use idem::{Start, StartRequest, StepLog, StepWrite, Store, TokioClock};
 //!
 //! #[derive(Clone)]
 //! struct MyStore(MemoryStore);
@@ -97,7 +97,7 @@
 //! }
 //!
 //! // In a test file: `mod my_store` with one test per rule, each on a paused runtime.
-//! idem_core::conformance::suite!(my_store, MyHarness, (start_paused = true));
+//! idem::conformance::suite!(my_store, MyHarness, (start_paused = true));
 //!
 //! // Or all rules in one go.
 //! #[tokio::main(flavor = "current_thread", start_paused = true)]
@@ -131,7 +131,7 @@ pub use store::*;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use idem_core::{conformance::Harness, MemoryStore, Store};
+/// use idem::{conformance::Harness, MemoryStore, Store};
 ///
 /// struct Memory(MemoryStore);
 ///
@@ -188,7 +188,7 @@ pub trait Harness: Sized + Send + Sync + 'static {
 /// on a real clock they cost the suite's waiting time times the scale. Read once per process.
 ///
 /// ```
-/// let scale = idem_core::conformance::time_scale();
+/// let scale = idem::conformance::time_scale();
 /// assert!((1.0..=20.0).contains(&scale));
 /// ```
 ///
@@ -210,7 +210,7 @@ pub fn time_scale() -> f64 {
 ///
 /// ```
 /// use std::time::Duration;
-/// let lease = idem_core::conformance::scaled(Duration::from_millis(300));
+/// let lease = idem::conformance::scaled(Duration::from_millis(300));
 /// assert!(lease >= Duration::from_millis(300));
 /// ```
 pub fn scaled(nominal: Duration) -> Duration {
@@ -231,7 +231,7 @@ pub async fn run_all<H: Harness>() {
 ///
 /// ```
 /// # use std::sync::Arc;
-/// # use idem_core::{conformance::Harness, MemoryStore, Store};
+/// # use idem::{conformance::Harness, MemoryStore, Store};
 /// # struct MyHarness(MemoryStore);
 /// # #[async_trait::async_trait]
 /// # impl Harness for MyHarness {
@@ -240,7 +240,7 @@ pub async fn run_all<H: Harness>() {
 /// # }
 /// // Tests `my_store::new_key_starts`, `my_store::engine_storm_runs_each_key_once`, … on a
 /// // multi-threaded runtime each.
-/// idem_core::conformance::suite!(my_store, MyHarness, (flavor = "multi_thread", worker_threads = 2));
+/// idem::conformance::suite!(my_store, MyHarness, (flavor = "multi_thread", worker_threads = 2));
 /// # fn main() {}
 /// ```
 #[doc(inline)]

@@ -49,8 +49,8 @@ pub const DEFAULT_MARGIN: Duration = Duration::from_secs(1);
 ///
 /// ```no_run
 /// use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
-/// use idem_core::consumer::{lambda::Lambda, Consumer};
-/// use idem_core::{Idempotency, SqliteStore};
+/// use idem::consumer::{lambda::Lambda, Consumer};
+/// use idem::{Idempotency, SqliteStore};
 /// use lambda_runtime::{service_fn, LambdaEvent};
 ///
 /// async fn charge(message: SqsMessage) -> Result<String, std::io::Error> {
@@ -89,7 +89,7 @@ impl<C> Clone for Lambda<C> {
 /// ```
 /// let mut m = aws_lambda_events::event::sqs::SqsMessage::default();
 /// m.message_id = Some("m-1".into());
-/// assert_eq!(idem_core::consumer::lambda::message_id(&m).as_deref(), Some("m-1"));
+/// assert_eq!(idem::consumer::lambda::message_id(&m).as_deref(), Some("m-1"));
 /// ```
 pub fn message_id(message: &SqsMessage) -> Option<String> {
     message.message_id.clone()

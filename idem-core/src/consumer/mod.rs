@@ -21,9 +21,9 @@
 //! how the claim's lease and the broker's visibility timeout move together.
 //!
 //! ```
-//! use idem_core::consumer::{Consumer, Message, MessageOutcome};
-//! use idem_core::{Idempotency, MemoryStore};
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+//! use idem::consumer::{Consumer, Message, MessageOutcome};
+//! use idem::{Idempotency, MemoryStore};
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 //! let consumer = Consumer::new(Idempotency::new(MemoryStore::new()), "charge")?;
 //! // The queue delivered order 1 twice.
 //! let batch = vec![
@@ -68,8 +68,8 @@ pub mod sqs;
 /// optionally a fingerprint and an ordering group.
 ///
 /// ```
-/// use idem_core::consumer::Message;
-/// use idem_core::Fingerprint;
+/// use idem::consumer::Message;
+/// use idem::Fingerprint;
 /// let m = Message::keyed("payload", "msg-1")
 ///     .fingerprint(Fingerprint::of_bytes(b"payload"))
 ///     .group("customer-7");
@@ -100,7 +100,7 @@ impl<M> Message<M> {
     /// A message with no key: its handler runs every time it is delivered.
     ///
     /// ```
-    /// let m = idem_core::consumer::Message::unkeyed(1u8);
+    /// let m = idem::consumer::Message::unkeyed(1u8);
     /// assert_eq!(m.key(), None);
     /// ```
     pub fn unkeyed(body: M) -> Message<M> {
@@ -147,7 +147,7 @@ impl<M> Message<M> {
 /// `async fn`, as written.
 ///
 /// ```
-/// use idem_core::consumer::MessageHandler;
+/// use idem::consumer::MessageHandler;
 /// fn handler() -> impl MessageHandler<u64, Value = String, Error = std::io::Error> {
 ///     |cents: u64| async move { Ok(format!("charged {cents}")) }
 /// }
@@ -179,7 +179,7 @@ where
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::consumer::{Disposition, MessageOutcome};
+/// use idem::consumer::{Disposition, MessageOutcome};
 /// let twin: MessageOutcome<u8, std::io::Error> =
 ///     MessageOutcome::InFlight { retry_after: Duration::from_secs(2) };
 /// assert_eq!(twin.disposition(), Disposition::Redeliver { after: Some(Duration::from_secs(2)) });
@@ -254,7 +254,7 @@ impl Disposition {
     /// Whether the message is to be acknowledged.
     ///
     /// ```
-    /// assert!(idem_core::consumer::Disposition::Acknowledge.acknowledges());
+    /// assert!(idem::consumer::Disposition::Acknowledge.acknowledges());
     /// ```
     pub fn acknowledges(self) -> bool {
         self == Disposition::Acknowledge
@@ -282,8 +282,8 @@ impl<T, E> MessageOutcome<T, E> {
     /// `not_retained`, `in_flight`, `failed`, `not_processed`, `poison`.
     ///
     /// ```
-    /// let o: idem_core::consumer::MessageOutcome<u8, String> =
-    ///     idem_core::consumer::MessageOutcome::NotProcessed;
+    /// let o: idem::consumer::MessageOutcome<u8, String> =
+    ///     idem::consumer::MessageOutcome::NotProcessed;
     /// assert_eq!(o.as_str(), "not_processed");
     /// ```
     pub fn as_str(&self) -> &'static str {
@@ -359,13 +359,13 @@ impl<E> From<Error> for Wrapped<E> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::consumer::Consumer;
-/// use idem_core::{Idempotency, MemoryStore};
+/// use idem::consumer::Consumer;
+/// use idem::{Idempotency, MemoryStore};
 /// let consumer = Consumer::new(Idempotency::new(MemoryStore::new()), "orders")?
 ///     .concurrency(8)
 ///     .ordered(true)
 ///     .lease(Duration::from_secs(30));
-/// # let _ = consumer; Ok::<(), idem_core::Error>(())
+/// # let _ = consumer; Ok::<(), idem::Error>(())
 /// ```
 #[derive(Debug)]
 pub struct Consumer<C = JsonCodec> {
@@ -498,8 +498,8 @@ impl<C: Codec> Consumer<C> {
     /// step's commit (which carries the effect).
     ///
     /// ```
-    /// use idem_core::consumer::{Consumer, Message};
-    /// use idem_core::{Error, Idempotency, SqliteStore};
+    /// use idem::consumer::{Consumer, Message};
+    /// use idem::{Error, Idempotency, SqliteStore};
     /// use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;

@@ -35,10 +35,10 @@ type KeyOf = Arc<dyn Fn(&async_nats::Message) -> Option<String> + Send + Sync>;
 /// Runs a JetStream pull consumer's messages through a [`Consumer`]. Cheap to clone.
 ///
 /// ```no_run
-/// use idem_core::consumer::nats::{async_nats, NatsConsumer};
-/// use idem_core::consumer::Consumer;
-/// use idem_core::{Idempotency, MemoryStore};
-/// # async fn doc(pull: async_nats::jetstream::consumer::PullConsumer) -> Result<(), idem_core::Error> {
+/// use idem::consumer::nats::{async_nats, NatsConsumer};
+/// use idem::consumer::Consumer;
+/// use idem::{Idempotency, MemoryStore};
+/// # async fn doc(pull: async_nats::jetstream::consumer::PullConsumer) -> Result<(), idem::Error> {
 /// let orders = NatsConsumer::new(Consumer::new(Idempotency::new(MemoryStore::new()), "charge")?);
 /// let handler = |m: async_nats::Message| async move { Ok::<_, std::io::Error>(m.payload.len()) };
 /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

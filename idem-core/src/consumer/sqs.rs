@@ -43,10 +43,10 @@ const MAX_WAIT: Duration = Duration::from_secs(20);
 /// A consumer of one SQS queue. Cheap to clone.
 ///
 /// ```no_run
-/// use idem_core::consumer::sqs::{aws_sdk_sqs, SqsConsumer};
-/// use idem_core::consumer::Consumer;
-/// use idem_core::{Idempotency, SqliteStore};
-/// # async fn doc(client: aws_sdk_sqs::Client) -> Result<(), idem_core::Error> {
+/// use idem::consumer::sqs::{aws_sdk_sqs, SqsConsumer};
+/// use idem::consumer::Consumer;
+/// use idem::{Idempotency, SqliteStore};
+/// # async fn doc(client: aws_sdk_sqs::Client) -> Result<(), idem::Error> {
 /// let engine = Idempotency::new(SqliteStore::open("idem.db").await?);
 /// let orders = SqsConsumer::new(client, "https://sqs.eu-west-1.amazonaws.com/1234/orders", Consumer::new(engine, "charge")?);
 /// let handler = |m: aws_sdk_sqs::types::Message| async move {
@@ -121,7 +121,7 @@ impl<C: Codec> SqsConsumer<C> {
     /// message id.
     ///
     /// ```no_run
-    /// # fn doc(orders: idem_core::consumer::sqs::SqsConsumer<idem_core::JsonCodec>) {
+    /// # fn doc(orders: idem::consumer::sqs::SqsConsumer<idem::JsonCodec>) {
     /// let orders = orders.keyed_by(|m| m.body().map(|b| b.split(',').next().unwrap_or(b).to_owned()));
     /// # }
     /// ```
@@ -175,16 +175,16 @@ impl<C: Codec> SqsConsumer<C> {
     /// one transactional step ([`Consumer::process_steps`]).
     ///
     /// ```no_run
-    /// use idem_core::consumer::sqs::{aws_sdk_sqs, SqsConsumer};
-    /// use idem_core::consumer::Consumer;
-    /// use idem_core::{Error, Idempotency, SqliteStore};
+    /// use idem::consumer::sqs::{aws_sdk_sqs, SqsConsumer};
+    /// use idem::consumer::Consumer;
+    /// use idem::{Error, Idempotency, SqliteStore};
     /// use sqlx::Connection;
     /// # async fn doc(client: aws_sdk_sqs::Client) -> Result<(), Error> {
     /// let store = SqliteStore::open("shop.db").await?;
     /// let engine = Idempotency::new(store.clone());
     /// let orders = SqsConsumer::new(client, "https://sqs.eu-west-1.amazonaws.com/1234/orders", Consumer::new(engine, "charge")?);
     /// let store = &store;
-    /// let handler = |m: aws_sdk_sqs::types::Message, steps: idem_core::Steps| async move {
+    /// let handler = |m: aws_sdk_sqs::types::Message, steps: idem::Steps| async move {
     ///     let order = m.body().unwrap_or_default().to_owned();
     ///     let mut conn = store.pool().acquire().await?;
     ///     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;

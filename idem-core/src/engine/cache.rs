@@ -39,7 +39,7 @@ use crate::record::StoredResult;
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Error, Idempotency, Key, MemoryStore, ReplayCache, Store};
+/// use idem::{Error, Idempotency, Key, MemoryStore, ReplayCache, Store};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
 /// let store = std::sync::Arc::new(MemoryStore::new());
 /// let engine = Idempotency::builder(store.clone())
@@ -77,7 +77,7 @@ impl ReplayCache {
     /// A cache of at most `max_entries` completed records and `max_bytes` bytes of results.
     ///
     /// ```
-    /// use idem_core::ReplayCache;
+    /// use idem::ReplayCache;
     /// let cache = ReplayCache::new(10_000, 16 << 20);
     /// # let _ = cache;
     /// ```
@@ -95,7 +95,7 @@ impl ReplayCache {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::ReplayCache;
+    /// use idem::ReplayCache;
     /// let cache = ReplayCache::new(10_000, 16 << 20).max_age(Duration::from_secs(5));
     /// # let _ = cache;
     /// ```
@@ -109,7 +109,7 @@ impl ReplayCache {
     /// cache the same one, so that both see a retention end at the same moment.
     ///
     /// ```
-    /// use idem_core::{ManualClock, MemoryStore, ReplayCache};
+    /// use idem::{ManualClock, MemoryStore, ReplayCache};
     /// let clock = ManualClock::new();
     /// let store = MemoryStore::with_clock(clock.clone());
     /// let cache = ReplayCache::new(100, 1 << 20).clock(clock);

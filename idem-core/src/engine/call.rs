@@ -39,7 +39,7 @@ use crate::step::{StepLog, INPUT_POSITION, INPUT_STEP};
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Error, Fingerprint, Idempotency, Key, MemoryStore, OnLocked};
+/// use idem::{Error, Fingerprint, Idempotency, Key, MemoryStore, OnLocked};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
 /// let engine = Idempotency::new(MemoryStore::new());
 /// let key = Key::derive("charge", "customer-7", "order-1001")?;
@@ -99,7 +99,7 @@ impl<'e, En> Call<'e, En> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let queue: Arc<str> = Arc::from("orders");
@@ -170,7 +170,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     ///   work may have run twice.
     ///
     /// ```
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "customer-7", "order-1001")?;
@@ -245,7 +245,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore, OnLocked};
+    /// use idem::{Error, Idempotency, Key, MemoryStore, OnLocked};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "customer-7", "order-1001")?;
@@ -286,7 +286,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     /// [`Error::StoredError`] with its bytes.
     ///
     /// ```
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Error, Idempotency, Key, MemoryStore};
     /// #[derive(Debug, serde::Serialize, serde::Deserialize)]
     /// enum PayError { Declined, Idem(String) }
     /// impl From<Error> for PayError { fn from(e: Error) -> Self { PayError::Idem(e.to_string()) } }
@@ -336,7 +336,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     /// one per step (two for an [`at_most_once`](crate::Step::at_most_once) step).
     ///
     /// ```
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("ride", "rider-7", "req-1")?;
@@ -432,7 +432,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     /// [`Error::InvalidKey`] before anything is claimed. Errors otherwise as `run_steps`'.
     ///
     /// ```
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("rides", "rider-7", "req-1")?;

@@ -93,7 +93,7 @@ use waiters::{PollerRole, Typical, Waiters};
 /// lease (docs/never-twice.md).
 ///
 /// ```
-/// use idem_core::{Idempotency, Key, MemoryStore, Error};
+/// use idem::{Idempotency, Key, MemoryStore, Error};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
 /// let engine = Idempotency::new(MemoryStore::new());
 /// let key = Key::derive("charge", "customer-7", "order-1001")?;
@@ -166,7 +166,7 @@ impl Idempotency<JsonCodec> {
     /// encoded result and the store's copy of it).
     ///
     /// ```
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
@@ -181,7 +181,7 @@ impl Idempotency<JsonCodec> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use idem_core::{Idempotency, MemoryStore, Store};
+    /// use idem::{Idempotency, MemoryStore, Store};
     /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     /// let engine = Idempotency::from_arc(store.clone());
     /// # let _ = engine;
@@ -194,9 +194,9 @@ impl Idempotency<JsonCodec> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem::{Idempotency, MemoryStore};
     /// let engine = Idempotency::builder(MemoryStore::new()).lease(Duration::from_secs(10)).build()?;
-    /// # let _ = engine; Ok::<(), idem_core::Error>(())
+    /// # let _ = engine; Ok::<(), idem::Error>(())
     /// ```
     pub fn builder(store: impl Store) -> EngineBuilder {
         EngineBuilder::with(Arc::new(store) as Arc<dyn Store>, JsonCodec)
@@ -209,10 +209,10 @@ impl Idempotency<JsonCodec> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use idem_core::{Idempotency, MemoryStore, Store};
+    /// use idem::{Idempotency, MemoryStore, Store};
     /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     /// let engine = Idempotency::builder_from_arc(store).max_response_bytes(16 << 20).build()?;
-    /// # let _ = engine; Ok::<(), idem_core::Error>(())
+    /// # let _ = engine; Ok::<(), idem::Error>(())
     /// ```
     pub fn builder_from_arc(store: Arc<dyn Store>) -> EngineBuilder {
         EngineBuilder::with(store, JsonCodec)
@@ -258,7 +258,7 @@ impl<C: Codec> Idempotency<C> {
     /// A running claim on the key gets [`Error::LeaseLost`] when it completes.
     ///
     /// ```
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
@@ -285,7 +285,7 @@ impl<C: Codec> Idempotency<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("report", "", "2026-11")?;

@@ -16,7 +16,7 @@ use crate::store::{check_duration, Store};
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::OnLocked;
+/// use idem::OnLocked;
 /// let wait = OnLocked::Wait { timeout: Duration::from_secs(5) };
 /// assert_ne!(wait, OnLocked::FailFast);
 /// ```
@@ -41,11 +41,11 @@ pub enum OnLocked {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Idempotency, MemoryStore};
+/// use idem::{Idempotency, MemoryStore};
 /// let engine = Idempotency::builder(MemoryStore::new()).retention(Duration::from_secs(3600)).build()?;
 /// assert_eq!(engine.policy().retention(), Duration::from_secs(3600));
 /// assert_eq!(engine.policy().lease(), Duration::from_secs(30));
-/// # Ok::<(), idem_core::Error>(())
+/// # Ok::<(), idem::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
@@ -106,7 +106,7 @@ impl Policy {
 /// A result and whether it was computed now or replayed from the store.
 ///
 /// ```
-/// use idem_core::Outcome;
+/// use idem::Outcome;
 /// let o = Outcome::Replayed(7);
 /// assert!(o.is_replayed());
 /// assert_eq!(o.into_inner(), 7);
@@ -147,7 +147,7 @@ impl<T> Outcome<T> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Idempotency, MemoryStore, OnLocked};
+/// use idem::{Idempotency, MemoryStore, OnLocked};
 /// let engine = Idempotency::builder(MemoryStore::new())
 ///     .lease(Duration::from_secs(10))
 ///     .retention(Duration::from_secs(3600))
@@ -156,8 +156,8 @@ impl<T> Outcome<T> {
 /// assert_eq!(engine.policy().lease(), Duration::from_secs(10));
 ///
 /// let zero = Idempotency::builder(MemoryStore::new()).retention(Duration::ZERO).build();
-/// assert!(matches!(zero, Err(idem_core::Error::InvalidConfig(_))));
-/// # Ok::<(), idem_core::Error>(())
+/// assert!(matches!(zero, Err(idem::Error::InvalidConfig(_))));
+/// # Ok::<(), idem::Error>(())
 /// ```
 #[must_use = "call `build` to make the engine"]
 pub struct EngineBuilder<S = Arc<dyn Store>, C = JsonCodec> {
@@ -252,13 +252,13 @@ impl<S, C: Codec> EngineBuilder<S, C> {
     /// Observers and the tracing span are not sampled. `0` is refused by `build`.
     ///
     /// ```
-    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem::{Idempotency, MemoryStore};
     /// // Every call timed, as a low-traffic service may prefer.
     /// let engine = Idempotency::builder(MemoryStore::new()).sample_latencies(1).build()?;
     /// # let _ = engine;
     /// let zero = Idempotency::builder(MemoryStore::new()).sample_latencies(0).build();
-    /// assert!(matches!(zero, Err(idem_core::Error::InvalidConfig(_))));
-    /// # Ok::<(), idem_core::Error>(())
+    /// assert!(matches!(zero, Err(idem::Error::InvalidConfig(_))));
+    /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn sample_latencies(mut self, one_in: u32) -> Self {
         self.latencies_one_in = one_in;

@@ -30,7 +30,7 @@ use crate::store::check_duration;
 /// What [`Call::begin`] came to when it did not fail.
 ///
 /// ```
-/// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+/// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
 /// let engine = Idempotency::new(MemoryStore::new());
 /// let key = Key::derive("charge", "", "order-1")?;
@@ -55,7 +55,7 @@ pub enum Begun {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+/// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
 /// let engine = Idempotency::new(MemoryStore::new());
 /// let key = Key::derive("charge", "", "order-1")?;
@@ -80,7 +80,7 @@ impl<C> Finish<'_, C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
@@ -101,7 +101,7 @@ impl<C> Finish<'_, C> {
     /// holds through the network). The claim stays held after such a failure: finish it again.
     ///
     /// ```
-    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
@@ -141,7 +141,7 @@ impl<'a, C: Codec> IntoFuture for Finish<'a, C> {
 /// Who holds a key, as [`Idempotency::holder`] reads it.
 ///
 /// ```
-/// use idem_core::{Begun, Error, Holder, Idempotency, Key, MemoryStore};
+/// use idem::{Begun, Error, Holder, Idempotency, Key, MemoryStore};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
 /// let engine = Idempotency::new(MemoryStore::new());
 /// let key = Key::derive("charge", "", "order-1")?;
@@ -201,7 +201,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
@@ -254,7 +254,7 @@ impl<C: Codec> Idempotency<C> {
     /// labels the call in metrics and the observer, as [`Call::scope_named`].
     ///
     /// ```
-    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
@@ -326,7 +326,7 @@ impl<C: Codec> Idempotency<C> {
     /// never deleted by a release).
     ///
     /// ```
-    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
@@ -358,7 +358,7 @@ impl<C: Codec> Idempotency<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("report", "", "2026-11")?;
@@ -377,7 +377,7 @@ impl<C: Codec> Idempotency<C> {
     /// serves a store's reads (idem-server's `get` route) without reaching around the engine.
     ///
     /// ```
-    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore, RecordState};
+    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore, RecordState};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
@@ -397,7 +397,7 @@ impl<C: Codec> Idempotency<C> {
     /// [`Pruner`](crate::Pruner) does this in the background for a process that owns its store.
     ///
     /// ```
-    /// use idem_core::{Error, Idempotency, MemoryStore};
+    /// use idem::{Error, Idempotency, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// assert_eq!(engine.prune_expired(100).await?, 0);
@@ -414,7 +414,7 @@ impl<C: Codec> Idempotency<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore, StepWrite};
+    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore, StepWrite};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("ride", "", "r-1")?;
@@ -439,7 +439,7 @@ impl<C: Codec> Idempotency<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Begun, Error, Idempotency, Key, MemoryStore, StepWrite};
+    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore, StepWrite};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let Begun::Claimed(claim) = engine.call(Key::derive("ride", "", "r-2")?).begin().await? else { unreachable!() };

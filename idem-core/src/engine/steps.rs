@@ -29,7 +29,7 @@ use crate::step::{
 /// attempt stored gets [`Error::StepMismatch`].
 ///
 /// ```
-/// use idem_core::{Error, Idempotency, Key, MemoryStore};
+/// use idem::{Error, Idempotency, Key, MemoryStore};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
 /// let engine = Idempotency::new(MemoryStore::new());
 /// let key = Key::derive("ride", "rider-7", "req-1")?;
@@ -83,7 +83,7 @@ struct Progress {
 /// Which attempt of an operation is running: what [`Steps::attempt`] tells the work.
 ///
 /// ```
-/// use idem_core::Attempt;
+/// use idem::Attempt;
 /// let first = Attempt { number: 1, resumed: false };
 /// assert!(!first.resumed);
 /// ```
@@ -132,7 +132,7 @@ impl<C: Codec> Steps<C> {
     /// Which attempt of the operation this is.
     ///
     /// ```
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("ride", "", "r-1")?;
@@ -149,7 +149,7 @@ impl<C: Codec> Steps<C> {
     /// The step `name`, to set how it runs before running it.
     ///
     /// ```
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("ride", "", "r-2")?;
@@ -291,7 +291,7 @@ impl<C: Codec> Steps<C> {
     /// the lease. Errors as [`Step::run`]'s.
     ///
     /// ```
-    /// use idem_core::{Error, Idempotency, Key, SqliteStore};
+    /// use idem::{Error, Idempotency, Key, SqliteStore};
     /// use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;
@@ -345,7 +345,7 @@ impl<C: Codec> Steps<C> {
 /// `TransactWriteItems`, less the claim's fence and the steps item.
 ///
 /// ```
-/// assert_eq!(idem_core::MAX_DYNAMO_STEP_WRITES, 98);
+/// assert_eq!(idem::MAX_DYNAMO_STEP_WRITES, 98);
 /// ```
 #[cfg(feature = "dynamodb")]
 pub const MAX_DYNAMO_STEP_WRITES: usize = 98;
@@ -368,8 +368,8 @@ impl<C: Codec> Steps<C> {
     /// in one transaction.
     ///
     /// ```no_run
-    /// use idem_core::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
-    /// use idem_core::{DynamoStore, Error, Idempotency, Key};
+    /// use idem::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+    /// use idem::{DynamoStore, Error, Idempotency, Key};
     /// # async fn doc(store: DynamoStore) -> Result<(), Error> {
     /// let engine = Idempotency::new(store.clone());
     /// let key = Key::derive("orders", "", "order-1")?;
@@ -522,7 +522,7 @@ impl<C: Codec> Step<'_, C> {
     ///
     /// ```
     /// use std::sync::atomic::{AtomicU32, Ordering};
-    /// use idem_core::{Error, Idempotency, Key, MemoryStore};
+    /// use idem::{Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("ride", "", "r-3")?;

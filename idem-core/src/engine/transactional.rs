@@ -12,7 +12,7 @@
 //! completion statement (a replay is the claim statement, plus one read on SQLite).
 //!
 //! ```
-//! use idem_core::{Error, Key, Outcome, SqliteStore, Transactional};
+//! use idem::{Error, Key, Outcome, SqliteStore, Transactional};
 //! use sqlx::Connection;
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = tempfile::tempdir()?;
@@ -85,8 +85,8 @@ pub struct TxClaim {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{SqliteStore, Transactional};
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// use idem::{SqliteStore, Transactional};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// let idem = Transactional::new(SqliteStore::open(":memory:").await?);
 /// assert_eq!(idem.policy().retention(), Duration::from_secs(24 * 3600));
 /// let hourly = Transactional::builder(SqliteStore::open(":memory:").await?)
@@ -188,7 +188,7 @@ impl<S: TransactionalStore, C: Codec> Call<'_, Transactional<S, C>> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Error, Key, SqliteStore, Transactional, TxStart};
+    /// use idem::{Error, Key, SqliteStore, Transactional, TxStart};
     /// use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let store = SqliteStore::connect("sqlite::memory:").await?;

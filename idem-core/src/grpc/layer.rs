@@ -30,7 +30,7 @@ type KeyFn = dyn Fn(&[u8]) -> Result<Option<String>, String> + Send + Sync;
 /// same answer. Change it with [`store_if`](LayerBuilder::store_if).
 ///
 /// ```
-/// use idem_core::grpc::stores_by_default;
+/// use idem::grpc::stores_by_default;
 /// use tonic::Code;
 /// assert!(stores_by_default(Code::Ok));
 /// assert!(stores_by_default(Code::NotFound));
@@ -56,7 +56,7 @@ pub fn stores_by_default(code: Code) -> bool {
 /// `request_id`), or a function of the message bytes ([`key_from`](Self::key_from)).
 ///
 /// ```
-/// use idem_core::grpc::UnaryMethod;
+/// use idem::grpc::UnaryMethod;
 /// // `string request_id = 3;` in `TransferRequest`.
 /// let transfer = UnaryMethod::new("/bank.v1.Payments/Transfer").key_field(3);
 /// // Keyed by the `idempotency-key` metadata entry.
@@ -82,7 +82,7 @@ impl UnaryMethod {
     /// server routes the same path), keyed by the layer's key metadata entry.
     ///
     /// ```
-    /// # use idem_core::grpc::UnaryMethod;
+    /// # use idem::grpc::UnaryMethod;
     /// let m = UnaryMethod::new("/helloworld.Greeter/SayHello");
     /// # let _ = m;
     /// ```
@@ -97,7 +97,7 @@ impl UnaryMethod {
     /// [`NamedService::NAME`](tonic::server::NamedService::NAME) is `package.Service`).
     ///
     /// ```
-    /// # use idem_core::grpc::UnaryMethod;
+    /// # use idem::grpc::UnaryMethod;
     /// struct Greeter;
     /// impl tonic::server::NamedService for Greeter {
     ///     const NAME: &'static str = "helloworld.Greeter";
@@ -114,7 +114,7 @@ impl UnaryMethod {
     /// `INVALID_ARGUMENT`.
     ///
     /// ```
-    /// # use idem_core::grpc::UnaryMethod;
+    /// # use idem::grpc::UnaryMethod;
     /// // message CreateBookRequest { string parent = 1; Book book = 2; string request_id = 3; }
     /// let m = UnaryMethod::new("/library.v1.Library/CreateBook").key_field(3);
     /// # let _ = m;
@@ -130,7 +130,7 @@ impl UnaryMethod {
     /// message, say.
     ///
     /// ```
-    /// # use idem_core::grpc::UnaryMethod;
+    /// # use idem::grpc::UnaryMethod;
     /// let m = UnaryMethod::new("/bank.v1.Payments/Refund").key_from(|message| {
     ///     // In a real service: `RefundRequest::decode(message)` and its nested id.
     ///     Ok((!message.is_empty()).then(|| format!("refund-{}", message.len())))
@@ -148,7 +148,7 @@ impl UnaryMethod {
     /// The method's path.
     ///
     /// ```
-    /// # use idem_core::grpc::UnaryMethod;
+    /// # use idem::grpc::UnaryMethod;
     /// assert_eq!(UnaryMethod::new("/p.S/M").path(), "/p.S/M");
     /// ```
     pub fn path(&self) -> &str {
@@ -223,8 +223,8 @@ guard_layer! {
     /// `idempotent-replayed: true`. See the [module documentation](super).
     ///
     /// ```
-    /// use idem_core::grpc::IdempotencyLayer;
-    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem::grpc::IdempotencyLayer;
+    /// use idem::{Idempotency, MemoryStore};
     ///
     /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
     ///     .unary("/bank.v1.Payments/Create")
@@ -232,7 +232,7 @@ guard_layer! {
     ///     .build()?;
     /// // tonic::transport::Server::builder().layer(layer).add_service(…)
     /// # let _ = layer;
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
 }
 
@@ -242,14 +242,14 @@ impl<C: Codec> IdempotencyLayer<C> {
     /// [`caller`](LayerBuilder::caller) or [`shared_key_space`](LayerBuilder::shared_key_space).
     ///
     /// ```
-    /// use idem_core::grpc::{IdempotencyLayer, UnaryMethod};
-    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem::grpc::{IdempotencyLayer, UnaryMethod};
+    /// use idem::{Idempotency, MemoryStore};
     /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
     ///     .unary(UnaryMethod::new("/bank.v1.Payments/Transfer").key_field(3))
     ///     .shared_key_space()
     ///     .build()?;
     /// # let _ = layer;
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn builder(engine: Idempotency<C>) -> LayerBuilder<C> {
         LayerBuilder {
@@ -286,8 +286,8 @@ impl<C: Codec> IdempotencyLayer<C> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::grpc::{IdempotencyLayer, UnaryMethod};
-/// use idem_core::{Idempotency, MemoryStore, OnLocked};
+/// use idem::grpc::{IdempotencyLayer, UnaryMethod};
+/// use idem::{Idempotency, MemoryStore, OnLocked};
 ///
 /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
 ///     .unary("/bank.v1.Payments/Create")
@@ -302,7 +302,7 @@ impl<C: Codec> IdempotencyLayer<C> {
 ///     .max_request_message(64 * 1024)
 ///     .build()?;
 /// # let _ = layer;
-/// # Ok::<(), idem_core::Error>(())
+/// # Ok::<(), idem::Error>(())
 /// ```
 pub struct LayerBuilder<C = JsonCodec> {
     config: Config<C>,
@@ -329,7 +329,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// unary call from a streaming one on the wire, so you say which methods are unary.
     ///
     /// ```
-    /// # use idem_core::{grpc::{IdempotencyLayer, UnaryMethod}, Idempotency, MemoryStore};
+    /// # use idem::{grpc::{IdempotencyLayer, UnaryMethod}, Idempotency, MemoryStore};
     /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
     ///     .unary("/bank.v1.Payments/Create")
     ///     .unary(UnaryMethod::new("/bank.v1.Payments/Transfer").key_field(3));
@@ -344,7 +344,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// `idempotency-key`. An ASCII entry (not `-bin`), lowercase as gRPC sends it.
     ///
     /// ```
-    /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
     /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
     ///     .key_metadata("x-idempotency-key");
     /// # let _ = b;
@@ -359,7 +359,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// deduplication (`false`, the default: AIP-155 makes request ids optional).
         ///
         /// ```
-        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
         /// # let _ = b;
         /// ```
@@ -369,7 +369,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// characters). Default `"grpc"`. Renaming it forgets every stored response.
         ///
         /// ```
-        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("payments");
         /// # let _ = b;
         /// ```
@@ -383,7 +383,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// `INVALID_ARGUMENT`. Not together with [`shared_key_space`](Self::shared_key_space).
         ///
         /// ```
-        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
         /// #[derive(Clone)]
         /// struct Tenant(String);
         /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
@@ -391,7 +391,7 @@ impl<C: Codec> LayerBuilder<C> {
         ///     .caller(|parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()))
         ///     .build()?;
         /// # let _ = layer;
-        /// # Ok::<(), idem_core::Error>(())
+        /// # Ok::<(), idem::Error>(())
         /// ```
         caller;
 
@@ -401,13 +401,13 @@ impl<C: Codec> LayerBuilder<C> {
         /// retained. Only for services whose clients may all see each other's responses.
         ///
         /// ```
-        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
         /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     .unary("/internal.Ledger/Post")
         ///     .shared_key_space()
         ///     .build()?;
         /// # let _ = layer;
-        /// # Ok::<(), idem_core::Error>(())
+        /// # Ok::<(), idem::Error>(())
         /// ```
         shared_key_space;
 
@@ -415,7 +415,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// runs. Overrides [`Policy::lease`](crate::Policy::lease).
         ///
         /// ```
-        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     .lease(std::time::Duration::from_secs(5));
         /// # let _ = b;
@@ -426,7 +426,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// [`Policy::retention`](crate::Policy::retention).
         ///
         /// ```
-        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     .retention(std::time::Duration::from_secs(3600));
         /// # let _ = b;
@@ -438,7 +438,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// response ([`OnLocked::Wait`](crate::OnLocked::Wait)). Overrides [`Policy::on_locked`](crate::Policy::on_locked).
         ///
         /// ```
-        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
         /// # let _ = b;
@@ -451,7 +451,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// and frees the key. Default [`stores_by_default`].
         ///
         /// ```
-        /// # use idem_core::{grpc::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
+        /// # use idem::{grpc::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
         /// use tonic::Code;
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     // Let a corrected request run under the same key.
@@ -465,7 +465,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// default limit.
         ///
         /// ```
-        /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     .max_request_message(256 * 1024);
         /// # let _ = b;
@@ -480,7 +480,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// a valid key part; the lease or retention is out of range.
     ///
     /// ```
-    /// # use idem_core::{grpc::IdempotencyLayer, Idempotency, MemoryStore, Error};
+    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore, Error};
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let nothing = IdempotencyLayer::builder(engine.clone()).shared_key_space().build();
     /// assert!(matches!(nothing, Err(Error::InvalidConfig(m)) if m.contains(".unary(")));

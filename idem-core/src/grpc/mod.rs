@@ -9,8 +9,8 @@
 //! added to its headers, and the method does not run again.
 //!
 //! ```
-//! use idem_core::grpc::{IdempotencyLayer, UnaryMethod};
-//! use idem_core::{Idempotency, MemoryStore};
+//! use idem::grpc::{IdempotencyLayer, UnaryMethod};
+//! use idem::{Idempotency, MemoryStore};
 //!
 //! let engine = Idempotency::new(MemoryStore::new());
 //! let layer = IdempotencyLayer::builder(engine)
@@ -22,7 +22,7 @@
 //!     .build()?;
 //! // tonic::transport::Server::builder().layer(layer).add_service(PaymentsServer::new(…))
 //! # let _ = layer;
-//! # Ok::<(), idem_core::Error>(())
+//! # Ok::<(), idem::Error>(())
 //! ```
 //!
 //! # Which calls are guarded
@@ -104,7 +104,7 @@ pub use service::IdempotencyService;
 /// The metadata entry that carries the client's key by default: `idempotency-key`.
 ///
 /// ```
-/// assert_eq!(idem_core::grpc::IDEMPOTENCY_KEY, "idempotency-key");
+/// assert_eq!(idem::grpc::IDEMPOTENCY_KEY, "idempotency-key");
 /// ```
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
@@ -112,7 +112,7 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// `idempotent-replayed`.
 ///
 /// ```
-/// assert_eq!(idem_core::grpc::IDEMPOTENT_REPLAYED, "idempotent-replayed");
+/// assert_eq!(idem::grpc::IDEMPOTENT_REPLAYED, "idempotent-replayed");
 /// ```
 pub const IDEMPOTENT_REPLAYED: HeaderName = crate::capture::reply::IDEMPOTENT_REPLAYED;
 
@@ -120,6 +120,6 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = crate::capture::reply::IDEMPOTENT_RE
 /// (gRPC's retry design, A6), in milliseconds: `grpc-retry-pushback-ms`.
 ///
 /// ```
-/// assert_eq!(idem_core::grpc::RETRY_PUSHBACK, "grpc-retry-pushback-ms");
+/// assert_eq!(idem::grpc::RETRY_PUSHBACK, "grpc-retry-pushback-ms");
 /// ```
 pub const RETRY_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");

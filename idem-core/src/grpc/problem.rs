@@ -16,7 +16,7 @@ impl Problem {
     /// The gRPC status code the problem goes out with.
     ///
     /// ```
-    /// use idem_core::grpc::Problem;
+    /// use idem::grpc::Problem;
     /// assert_eq!(Problem::CallerMissing.code(), tonic::Code::Unauthenticated);
     /// ```
     pub fn code(self) -> Code {
@@ -37,7 +37,7 @@ impl Problem {
     /// constant in UPPER_SNAKE_CASE, as AIP-193 asks.
     ///
     /// ```
-    /// use idem_core::grpc::Problem;
+    /// use idem::grpc::Problem;
     /// assert_eq!(Problem::ResponseNotRetained.reason(), "RESPONSE_NOT_RETAINED");
     /// ```
     pub fn reason(self) -> &'static str {

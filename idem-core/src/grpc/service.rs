@@ -27,8 +27,8 @@ guard_service! {
     /// service or router. Build it through the layer.
     ///
     /// ```
-    /// use idem_core::grpc::IdempotencyLayer;
-    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem::grpc::IdempotencyLayer;
+    /// use idem::{Idempotency, MemoryStore};
     /// use tower::Layer;
     ///
     /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
@@ -40,7 +40,7 @@ guard_service! {
     ///     Ok::<_, std::convert::Infallible>(tonic::Status::unimplemented("").into_http::<tonic::body::Body>())
     /// }));
     /// # let _ = service;
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     debug = "grpc::IdempotencyService"
 }

@@ -33,8 +33,8 @@ pub(crate) struct KeyChecked;
 ///
 /// ```
 /// use axum::{routing::post, Router};
-/// use idem_core::http::{IdempotencyKey, IdempotencyLayer};
-/// use idem_core::{Idempotency, MemoryStore};
+/// use idem::http::{IdempotencyKey, IdempotencyLayer};
+/// use idem::{Idempotency, MemoryStore};
 ///
 /// /// Keeps the key with the payment, so support can look the request up.
 /// async fn create(key: IdempotencyKey) -> String {
@@ -53,7 +53,7 @@ pub(crate) struct KeyChecked;
 ///     .route("/payments", post(create).patch(update))
 ///     .layer(layer);
 /// # let _ = app;
-/// # Ok::<(), idem_core::Error>(())
+/// # Ok::<(), idem::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);
@@ -64,8 +64,8 @@ impl IdempotencyKey {
     /// ```
     /// use axum::{body::{to_bytes, Body}, routing::post, Router};
     /// use http::Request;
-    /// use idem_core::http::{IdempotencyKey, IdempotencyLayer};
-    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem::http::{IdempotencyKey, IdempotencyLayer};
+    /// use idem::{Idempotency, MemoryStore};
     /// use tower::ServiceExt;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
@@ -88,7 +88,7 @@ impl IdempotencyKey {
     /// The key as an owned string, without quotes.
     ///
     /// ```
-    /// # use idem_core::http::IdempotencyKey;
+    /// # use idem::http::IdempotencyKey;
     /// fn keep(key: IdempotencyKey) -> String {
     ///     key.into_string()
     /// }
@@ -172,7 +172,7 @@ impl<S> OptionalFromRequestParts<S> for IdempotencyKey {
 ///
 /// ```
 /// use axum::response::{IntoResponse, Response};
-/// use idem_core::http::{IdempotencyKey, IdempotencyKeyRejection, Problem};
+/// use idem::http::{IdempotencyKey, IdempotencyKeyRejection, Problem};
 ///
 /// /// Answers a missing key in the API's own words, anything else as the extractor does.
 /// async fn create(key: Result<IdempotencyKey, IdempotencyKeyRejection>) -> Response {
@@ -201,7 +201,7 @@ impl IdempotencyKeyRejection {
     /// ```
     /// use axum::extract::FromRequestParts;
     /// use http::Request;
-    /// use idem_core::http::{IdempotencyKey, Problem};
+    /// use idem::http::{IdempotencyKey, Problem};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {

@@ -14,7 +14,7 @@ use crate::key::Fingerprint;
 /// fingerprint differs from the first request's gets `422 Unprocessable Content`.
 ///
 /// ```
-/// use idem_core::http::BodyFingerprint;
+/// use idem::http::BodyFingerprint;
 /// // Only the amount and currency must match on a retry; a changed `note` is accepted.
 /// let fp = BodyFingerprint::JsonFields(vec!["/amount".into(), "/currency".into()]);
 /// assert_ne!(fp, BodyFingerprint::default());
@@ -48,7 +48,7 @@ impl BodyFingerprint {
     ///
     /// ```
     /// use http::{Method, Uri};
-    /// use idem_core::http::BodyFingerprint;
+    /// use idem::http::BodyFingerprint;
     /// let uri = Uri::from_static("/payments");
     /// let a = BodyFingerprint::Json.of(&Method::POST, &uri, br#"{"amount": 5, "to": "x"}"#);
     /// let b = BodyFingerprint::Json.of(&Method::POST, &uri, br#"{"to":"x","amount":5}"#);

@@ -28,7 +28,7 @@ type StoreIfFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
 /// [`store_if`](LayerBuilder::store_if).
 ///
 /// ```
-/// use idem_core::http::stores_by_default;
+/// use idem::http::stores_by_default;
 /// use http::StatusCode;
 /// assert!(stores_by_default(StatusCode::CREATED));
 /// assert!(stores_by_default(StatusCode::NOT_FOUND));
@@ -81,8 +81,8 @@ guard_layer! {
     ///
     /// ```
     /// use axum::{routing::post, Router};
-    /// use idem_core::http::IdempotencyLayer;
-    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem::http::IdempotencyLayer;
+    /// use idem::{Idempotency, MemoryStore};
     ///
     /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
     ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
@@ -91,7 +91,7 @@ guard_layer! {
     ///     .route("/payments", post(|| async { "created" }))
     ///     .layer(layer);
     /// # let _ = app;
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
 }
 
@@ -117,15 +117,15 @@ impl<C: Codec> IdempotencyLayer<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::http::IdempotencyLayer;
-    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem::http::IdempotencyLayer;
+    /// use idem::{Idempotency, MemoryStore};
     /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
     ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
     ///     .require_key(true)
     ///     .retention(Duration::from_secs(24 * 3600))
     ///     .build()?;
     /// # let _ = layer;
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn builder(engine: Idempotency<C>) -> LayerBuilder<C> {
         LayerBuilder::new(engine)
@@ -151,8 +151,8 @@ impl<C: Codec> IdempotencyLayer<C> {
 /// ```
 /// use std::time::Duration;
 /// use http::Method;
-/// use idem_core::http::{BodyFingerprint, IdempotencyLayer};
-/// use idem_core::{Idempotency, MemoryStore, OnLocked};
+/// use idem::http::{BodyFingerprint, IdempotencyLayer};
+/// use idem::{Idempotency, MemoryStore, OnLocked};
 ///
 /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
 ///     .methods([Method::POST])
@@ -171,7 +171,7 @@ impl<C: Codec> IdempotencyLayer<C> {
 ///     .problem_base("https://api.example.com/docs/idempotency")
 ///     .build()?;
 /// # let _ = layer;
-/// # Ok::<(), idem_core::Error>(())
+/// # Ok::<(), idem::Error>(())
 /// ```
 pub struct LayerBuilder<C = JsonCodec> {
     config: Config<C>,
@@ -212,7 +212,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// `Idempotency-Key` is ignored). Default `POST` and `PATCH`.
     ///
     /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
     /// use http::Method;
     /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
     ///     .methods([Method::POST, Method::PUT, Method::DELETE]);
@@ -228,7 +228,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// without deduplication (`false`, the default).
         ///
         /// ```
-        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
         /// # let _ = b;
         /// ```
@@ -245,7 +245,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// the same, so switching modes keeps every stored response.
     ///
     /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
     /// // Strict: only `Idempotency-Key: "…"`.
     /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).accept_bare_keys(false);
     /// # let _ = b;
@@ -261,7 +261,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// response.
         ///
         /// ```
-        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("billing-v2");
         /// # let _ = b;
         /// ```
@@ -281,14 +281,14 @@ impl<C: Codec> LayerBuilder<C> {
         /// runs. Not together with [`shared_key_space`](Self::shared_key_space).
         ///
         /// ```
-        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
         /// #[derive(Clone)]
         /// struct User(u64);
         /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     .caller(|parts| parts.extensions.get::<User>().map(|u| u.0.to_string()))
         ///     .build()?;
         /// # let _ = layer;
-        /// # Ok::<(), idem_core::Error>(())
+        /// # Ok::<(), idem::Error>(())
         /// ```
         caller;
 
@@ -307,13 +307,13 @@ impl<C: Codec> LayerBuilder<C> {
         /// Not together with [`caller`](Self::caller): [`build`](Self::build) refuses both.
         ///
         /// ```
-        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
         /// // An internal service with one client: there is nobody to keep apart.
         /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     .shared_key_space()
         ///     .build()?;
         /// # let _ = layer;
-        /// # Ok::<(), idem_core::Error>(())
+        /// # Ok::<(), idem::Error>(())
         /// ```
         shared_key_space;
     }
@@ -325,14 +325,14 @@ impl<C: Codec> LayerBuilder<C> {
     /// [`www_authenticate`](Self::www_authenticate), or choose `400` if your API has none.
     ///
     /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
     /// use http::StatusCode;
     /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
     ///     .caller(|parts| Some(parts.headers.get("x-tenant")?.to_str().ok()?.to_owned()))
     ///     .caller_missing_status(StatusCode::BAD_REQUEST)
     ///     .build()?;
     /// # let _ = layer;
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn caller_missing_status(mut self, status: StatusCode) -> Self {
         self.config.problems.caller_missing_status = status;
@@ -344,14 +344,14 @@ impl<C: Codec> LayerBuilder<C> {
     /// [`caller_missing_status`](Self::caller_missing_status).
     ///
     /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
     /// use http::HeaderValue;
     /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
     ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
     ///     .www_authenticate(HeaderValue::from_static(r#"ApiKey realm="payments""#))
     ///     .build()?;
     /// # let _ = layer;
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn www_authenticate(mut self, challenge: HeaderValue) -> Self {
         self.config.problems.www_authenticate = Some(challenge);
@@ -367,13 +367,13 @@ impl<C: Codec> LayerBuilder<C> {
     /// variant on docs.rs and no `Link` is sent.
     ///
     /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
     /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
     ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
     ///     .problem_base("https://api.example.com/docs/idempotency")
     ///     .build()?;
     /// # let _ = layer;
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn problem_base(mut self, base: impl Into<String>) -> Self {
         self.config.problems.base = Some(base.into());
@@ -384,7 +384,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// query). Default [`BodyFingerprint::Bytes`].
     ///
     /// ```
-    /// # use idem_core::{http::{BodyFingerprint, IdempotencyLayer}, Idempotency, MemoryStore};
+    /// # use idem::{http::{BodyFingerprint, IdempotencyLayer}, Idempotency, MemoryStore};
     /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
     ///     .fingerprint(BodyFingerprint::JsonFields(vec!["/amount".into()]));
     /// # let _ = b;
@@ -399,7 +399,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// the handler runs. Overrides [`Policy::lease`](crate::Policy::lease).
         ///
         /// ```
-        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     .lease(std::time::Duration::from_secs(5));
         /// # let _ = b;
@@ -412,7 +412,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// counts as new, so a request with it runs the handler again.
         ///
         /// ```
-        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     .retention(std::time::Duration::from_secs(7 * 24 * 3600));
         /// # let _ = b;
@@ -425,7 +425,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// [`Policy::on_locked`](crate::Policy::on_locked).
         ///
         /// ```
-        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
+        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
         /// # let _ = b;
@@ -438,7 +438,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// `text/event-stream`): a stored response is read whole before it is sent.
         ///
         /// ```
-        /// # use idem_core::{http::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
+        /// # use idem::{http::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     .store_if(|status, headers| {
         ///         stores_by_default(status)
@@ -452,7 +452,7 @@ impl<C: Codec> LayerBuilder<C> {
         /// with a key and a larger body gets `413` and nothing runs or is stored. Default 1 MiB.
         ///
         /// ```
-        /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore};
+        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
         /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
         ///     .max_request_body(256 * 1024);
         /// # let _ = b;
@@ -468,7 +468,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// [`problem_base`](Self::problem_base) is not an absolute `http(s)` URI without a fragment.
     ///
     /// ```
-    /// # use idem_core::{http::IdempotencyLayer, Idempotency, MemoryStore, Error};
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore, Error};
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let undecided = IdempotencyLayer::builder(engine.clone()).build();
     /// assert!(matches!(undecided, Err(Error::InvalidConfig(m)) if m.contains("shared_key_space()")));

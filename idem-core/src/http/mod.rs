@@ -8,10 +8,10 @@
 //!
 //! ```
 //! use axum::{http::StatusCode, routing::post, Router};
-//! use idem_core::http::IdempotencyLayer;
-//! use idem_core::{Idempotency, MemoryStore};
+//! use idem::http::IdempotencyLayer;
+//! use idem::{Idempotency, MemoryStore};
 //!
-//! # fn main() -> Result<(), idem_core::Error> {
+//! # fn main() -> Result<(), idem::Error> {
 //! let engine = Idempotency::new(MemoryStore::new());
 //! let app: Router = Router::new()
 //!     .route("/payments", post(|body: String| async move { (StatusCode::CREATED, body) }))
@@ -83,14 +83,14 @@
 //!
 //! ```
 //! use axum::{routing::post, Router};
-//! use idem_core::http::{IdempotencyKey, IdempotencyLayer};
-//! use idem_core::{Idempotency, MemoryStore};
+//! use idem::http::{IdempotencyKey, IdempotencyLayer};
+//! use idem::{Idempotency, MemoryStore};
 //!
 //! async fn create(key: IdempotencyKey) -> String {
 //!     format!("payment made under {key}")
 //! }
 //!
-//! # fn main() -> Result<(), idem_core::Error> {
+//! # fn main() -> Result<(), idem::Error> {
 //! let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
 //!     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
 //!     .build()?;
@@ -197,13 +197,13 @@ pub use service::IdempotencyService;
 /// The request header carrying the client's key: `idempotency-key`.
 ///
 /// ```
-/// assert_eq!(idem_core::http::IDEMPOTENCY_KEY, "idempotency-key");
+/// assert_eq!(idem::http::IDEMPOTENCY_KEY, "idempotency-key");
 /// ```
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// The header a replayed response carries, with the value `true`: `idempotent-replayed`.
 ///
 /// ```
-/// assert_eq!(idem_core::http::IDEMPOTENT_REPLAYED, "idempotent-replayed");
+/// assert_eq!(idem::http::IDEMPOTENT_REPLAYED, "idempotent-replayed");
 /// ```
 pub const IDEMPOTENT_REPLAYED: HeaderName = crate::capture::reply::IDEMPOTENT_REPLAYED;

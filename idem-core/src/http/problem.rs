@@ -17,7 +17,7 @@ impl Problem {
     /// ([`caller_missing_status`](super::LayerBuilder::caller_missing_status)).
     ///
     /// ```
-    /// use idem_core::http::Problem;
+    /// use idem::http::Problem;
     /// assert_eq!(Problem::BodyTooLarge.status(), 413);
     /// assert_eq!(Problem::CallerMissing.status(), 401);
     /// ```
@@ -41,7 +41,7 @@ impl Problem {
     /// The problem's short, fixed summary (the `title` member).
     ///
     /// ```
-    /// use idem_core::http::Problem;
+    /// use idem::http::Problem;
     /// assert_eq!(Problem::KeyMissing.title(), "Idempotency-Key is missing");
     /// ```
     pub fn title(self) -> &'static str {
@@ -67,7 +67,7 @@ impl Problem {
     /// hold one anchor per problem (`<h2 id="key-in-flight">`).
     ///
     /// ```
-    /// use idem_core::http::Problem;
+    /// use idem::http::Problem;
     /// assert_eq!(Problem::KeyReused.slug(), "key-reused");
     /// assert_eq!(Problem::CallerMissing.slug(), "caller-missing");
     /// ```
@@ -94,7 +94,7 @@ impl Problem {
     /// `{base}#{slug}` instead.
     ///
     /// ```
-    /// use idem_core::http::Problem;
+    /// use idem::http::Problem;
     /// assert!(Problem::KeyReused.type_uri().starts_with("https://docs.rs/idem-core/"));
     /// ```
     pub fn type_uri(self) -> &'static str {

@@ -29,8 +29,8 @@ guard_service! {
     ///
     /// ```
     /// use axum::{routing::post, Router};
-    /// use idem_core::http::IdempotencyLayer;
-    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem::http::IdempotencyLayer;
+    /// use idem::{Idempotency, MemoryStore};
     /// use tower::Layer;
     ///
     /// let router: Router = Router::new().route("/payments", post(|| async { "created" }));
@@ -39,7 +39,7 @@ guard_service! {
     ///     .build()?;
     /// let service = layer.layer(router);
     /// # let _ = service;
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     debug = "IdempotencyService"
 }

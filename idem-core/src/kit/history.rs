@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS {lease_table} (
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")] {
-/// use idem_core::kit::{Recorded, RequestHistory};
+/// use idem::kit::{Recorded, RequestHistory};
 /// # use sqlx::Connection;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
@@ -97,7 +97,7 @@ impl<DB: Backend> RequestHistory<DB> {
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
-    /// use idem_core::kit::RequestHistory;
+    /// use idem::kit::RequestHistory;
     /// assert!(RequestHistory::<sqlx::Sqlite>::new("request_history").is_ok());
     /// assert!(RequestHistory::<sqlx::Sqlite>::new(&"h".repeat(63)).is_ok());
     /// assert!(RequestHistory::<sqlx::Sqlite>::new(&"h".repeat(64)).is_err());
@@ -123,7 +123,7 @@ impl<DB: Backend> RequestHistory<DB> {
     /// # use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
-    /// let history = idem_core::kit::RequestHistory::<sqlx::Sqlite>::new("request_history")?;
+    /// let history = idem::kit::RequestHistory::<sqlx::Sqlite>::new("request_history")?;
     /// history.ensure_schema(&mut conn).await?;
     /// history.ensure_schema(&mut conn).await?; // idempotent
     /// # Ok(()) }
@@ -177,7 +177,7 @@ impl<DB: Backend> RequestHistory<DB> {
     /// # use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
-    /// let history = idem_core::kit::RequestHistory::<sqlx::Sqlite>::new("request_history")?;
+    /// let history = idem::kit::RequestHistory::<sqlx::Sqlite>::new("request_history")?;
     /// history.ensure_schema(&mut conn).await?;
     /// assert!(!history.contains(&mut conn, "deposit", "req-1").await?);
     /// let _ = history.record(&mut conn, "deposit", "req-1").await?;

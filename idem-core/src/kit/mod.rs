@@ -90,7 +90,7 @@ pub use versioned::{Entity, Inserted, Versioned, VersionedTable, VersionedTableB
 /// [`Version::NONE`].
 ///
 /// ```
-/// use idem_core::kit::Version;
+/// use idem::kit::Version;
 /// let v = Version::INITIAL;
 /// assert_eq!(v.get(), 1);
 /// assert_eq!(v.next(), Version::new(2));
@@ -111,7 +111,7 @@ impl Version {
     /// Wraps a raw version number, for instance one a client sent back.
     ///
     /// ```
-    /// assert_eq!(idem_core::kit::Version::new(7).get(), 7);
+    /// assert_eq!(idem::kit::Version::new(7).get(), 7);
     /// ```
     pub const fn new(version: u64) -> Version {
         Version(version)
@@ -120,7 +120,7 @@ impl Version {
     /// The raw version number.
     ///
     /// ```
-    /// assert_eq!(idem_core::kit::Version::NONE.get(), 0);
+    /// assert_eq!(idem::kit::Version::NONE.get(), 0);
     /// ```
     pub const fn get(self) -> u64 {
         self.0
@@ -129,7 +129,7 @@ impl Version {
     /// The version after one more change.
     ///
     /// ```
-    /// use idem_core::kit::Version;
+    /// use idem::kit::Version;
     /// assert_eq!(Version::NONE.next(), Version::INITIAL);
     /// ```
     pub const fn next(self) -> Version {
@@ -169,7 +169,7 @@ impl fmt::Display for Version {
 /// What can go wrong in the concurrency kit. Each variant says what the caller can do.
 ///
 /// ```
-/// use idem_core::kit::{ConcurrencyError, IsConflict, Version};
+/// use idem::kit::{ConcurrencyError, IsConflict, Version};
 /// let e = ConcurrencyError::Conflict { expected: Version::new(3), actual: Version::new(4) };
 /// assert!(e.is_conflict());
 /// assert_eq!(e.to_string(), "version conflict: expected version 3 but found 4; reload and apply the change again");
@@ -222,7 +222,7 @@ impl From<sqlx::Error> for ConcurrencyError {
 /// set.
 ///
 /// ```
-/// use idem_core::kit::{RecentIds, Recorded};
+/// use idem::kit::{RecentIds, Recorded};
 /// let mut seen = RecentIds::new(std::num::NonZeroUsize::new(8).unwrap());
 /// assert_eq!(seen.insert("req-1"), Recorded::New);
 /// assert_eq!(seen.insert("req-1"), Recorded::Duplicate);

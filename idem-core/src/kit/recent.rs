@@ -20,7 +20,7 @@ use super::Recorded;
 ///
 /// ```
 /// use std::num::NonZeroUsize;
-/// use idem_core::kit::{RecentIds, Recorded};
+/// use idem::kit::{RecentIds, Recorded};
 /// let mut recent = RecentIds::new(NonZeroUsize::new(2).unwrap());
 /// assert_eq!(recent.insert("a"), Recorded::New);
 /// assert_eq!(recent.insert("b"), Recorded::New);
@@ -83,7 +83,7 @@ impl RecentIds {
     ///
     /// ```
     /// use std::num::NonZeroUsize;
-    /// let recent = idem_core::kit::RecentIds::new(NonZeroUsize::new(10).unwrap());
+    /// let recent = idem::kit::RecentIds::new(NonZeroUsize::new(10).unwrap());
     /// assert!(recent.is_empty());
     /// assert_eq!(recent.capacity(), 10);
     /// ```
@@ -99,7 +99,7 @@ impl RecentIds {
     /// set is unchanged).
     ///
     /// ```
-    /// use idem_core::kit::{RecentIds, Recorded};
+    /// use idem::kit::{RecentIds, Recorded};
     /// let mut recent = RecentIds::default();
     /// assert_eq!(recent.insert("req-1"), Recorded::New);
     /// assert_eq!(recent.insert("req-1"), Recorded::Duplicate);
@@ -118,7 +118,7 @@ impl RecentIds {
     /// Whether `id` is among the recent ids.
     ///
     /// ```
-    /// let mut recent = idem_core::kit::RecentIds::default();
+    /// let mut recent = idem::kit::RecentIds::default();
     /// let _ = recent.insert("x");
     /// assert!(recent.contains("x") && !recent.contains("y"));
     /// ```
@@ -129,7 +129,7 @@ impl RecentIds {
     /// How many ids it remembers at most.
     ///
     /// ```
-    /// assert_eq!(idem_core::kit::RecentIds::default().capacity(), 100);
+    /// assert_eq!(idem::kit::RecentIds::default().capacity(), 100);
     /// ```
     pub fn capacity(&self) -> usize {
         self.capacity.get()
@@ -138,7 +138,7 @@ impl RecentIds {
     /// How many ids it holds now.
     ///
     /// ```
-    /// let mut recent = idem_core::kit::RecentIds::default();
+    /// let mut recent = idem::kit::RecentIds::default();
     /// let _ = recent.insert("x");
     /// assert_eq!(recent.len(), 1);
     /// ```
@@ -149,7 +149,7 @@ impl RecentIds {
     /// Whether it holds no id.
     ///
     /// ```
-    /// assert!(idem_core::kit::RecentIds::default().is_empty());
+    /// assert!(idem::kit::RecentIds::default().is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
@@ -158,7 +158,7 @@ impl RecentIds {
     /// The ids, oldest first.
     ///
     /// ```
-    /// let mut recent = idem_core::kit::RecentIds::default();
+    /// let mut recent = idem::kit::RecentIds::default();
     /// let _ = recent.insert("a");
     /// let _ = recent.insert("b");
     /// assert_eq!(recent.iter().collect::<Vec<_>>(), ["a", "b"]);

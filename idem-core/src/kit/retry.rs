@@ -11,7 +11,7 @@ use super::ConcurrencyError;
 /// [`retry_on_conflict`] can see through it.
 ///
 /// ```
-/// use idem_core::kit::{ConcurrencyError, IsConflict};
+/// use idem::kit::{ConcurrencyError, IsConflict};
 ///
 /// enum BankError { Kit(ConcurrencyError), Overdrawn }
 ///
@@ -43,7 +43,7 @@ impl IsConflict for ConcurrencyError {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::kit::RetryPolicy;
+/// use idem::kit::RetryPolicy;
 /// let policy = RetryPolicy::new(20).backoff(Duration::from_millis(1), Duration::from_millis(50));
 /// assert_eq!(policy.max_attempts(), 20);
 /// assert_eq!(RetryPolicy::default().max_attempts(), 10);
@@ -74,7 +74,7 @@ impl RetryPolicy {
     /// writer's save succeeded, so `max_attempts >= n` lets every writer through.
     ///
     /// ```
-    /// assert_eq!(idem_core::kit::RetryPolicy::new(0).max_attempts(), 1);
+    /// assert_eq!(idem::kit::RetryPolicy::new(0).max_attempts(), 1);
     /// ```
     pub fn new(max_attempts: u32) -> RetryPolicy {
         RetryPolicy {
@@ -88,7 +88,7 @@ impl RetryPolicy {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let p = idem_core::kit::RetryPolicy::new(3).backoff(Duration::ZERO, Duration::ZERO);
+    /// let p = idem::kit::RetryPolicy::new(3).backoff(Duration::ZERO, Duration::ZERO);
     /// assert_eq!(p.delay(1, &mut fastrand::Rng::new()), Duration::ZERO);
     /// ```
     pub fn backoff(mut self, initial: Duration, max: Duration) -> RetryPolicy {
@@ -100,7 +100,7 @@ impl RetryPolicy {
     /// The most runs of the operation, the first included.
     ///
     /// ```
-    /// assert_eq!(idem_core::kit::RetryPolicy::new(4).max_attempts(), 4);
+    /// assert_eq!(idem::kit::RetryPolicy::new(4).max_attempts(), 4);
     /// ```
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts
@@ -110,7 +110,7 @@ impl RetryPolicy {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let p = idem_core::kit::RetryPolicy::new(5).backoff(Duration::from_millis(10), Duration::from_millis(25));
+    /// let p = idem::kit::RetryPolicy::new(5).backoff(Duration::from_millis(10), Duration::from_millis(25));
     /// let mut rng = fastrand::Rng::with_seed(7);
     /// let d = p.delay(3, &mut rng);
     /// assert!(d >= Duration::from_micros(12_500) && d <= Duration::from_millis(25));
@@ -134,7 +134,7 @@ impl RetryPolicy {
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")] {
-/// # use idem_core::kit::{Entity, SqlQuery};
+/// # use idem::kit::{Entity, SqlQuery};
 /// # use sqlx::{sqlite::SqliteRow, Row, Sqlite};
 /// # struct Account { id: String, balance: i64 }
 /// # impl Entity<Sqlite> for Account {
@@ -146,7 +146,7 @@ impl RetryPolicy {
 /// #         Ok(Account { id: row.try_get("id")?, balance: row.try_get("balance")? })
 /// #     }
 /// # }
-/// use idem_core::kit::{retry_on_conflict, ConcurrencyError, RetryPolicy, VersionedTable};
+/// use idem::kit::{retry_on_conflict, ConcurrencyError, RetryPolicy, VersionedTable};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
 /// # sqlx::query("CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL, version INTEGER NOT NULL)").execute(&pool).await?;

@@ -18,7 +18,7 @@ use crate::sql::name::TableName;
 /// (`uuid5(NAMESPACE_URL, "https://docs.rs/idem/kit/events")`).
 ///
 /// ```
-/// assert_eq!(idem_core::kit::EVENT_NAMESPACE.get_version_num(), 5);
+/// assert_eq!(idem::kit::EVENT_NAMESPACE.get_version_num(), 5);
 /// ```
 pub const EVENT_NAMESPACE: Uuid = Uuid::from_u128(0x87708a3e_cbb2_5391_b851_ce8f2840ef91);
 
@@ -26,7 +26,7 @@ pub const EVENT_NAMESPACE: Uuid = Uuid::from_u128(0x87708a3e_cbb2_5391_b851_ce8f
 /// statement stays well inside every database's parameter limit.
 ///
 /// ```
-/// assert!(idem_core::kit::MAX_EVENTS_PER_APPEND >= 100);
+/// assert!(idem::kit::MAX_EVENTS_PER_APPEND >= 100);
 /// ```
 pub const MAX_EVENTS_PER_APPEND: usize = 1000;
 
@@ -40,7 +40,7 @@ const MAX_STREAM_LEN: usize = 255;
 /// The version an append expects the stream to be at.
 ///
 /// ```
-/// use idem_core::kit::{ExpectedVersion, Version};
+/// use idem::kit::{ExpectedVersion, Version};
 /// let after_open = ExpectedVersion::Exact(Version::INITIAL);
 /// assert_ne!(after_open, ExpectedVersion::NoStream);
 /// ```
@@ -65,7 +65,7 @@ pub enum ExpectedVersion {
 /// recognised exactly.
 ///
 /// ```
-/// use idem_core::kit::event_ids;
+/// use idem::kit::event_ids;
 /// let ids: Vec<_> = event_ids("account-1", "req-7").take(2).collect();
 /// assert_eq!(ids, event_ids("account-1", "req-7").take(2).collect::<Vec<_>>());
 /// assert_ne!(ids[0], ids[1]);
@@ -84,7 +84,7 @@ pub fn event_ids(stream: &str, request_id: &str) -> EventIds {
 /// The endless sequence of a request's event ids; see [`event_ids`].
 ///
 /// ```
-/// let first = idem_core::kit::event_ids("s", "r").next();
+/// let first = idem::kit::event_ids("s", "r").next();
 /// assert!(first.is_some());
 /// ```
 #[derive(Debug, Clone)]
@@ -105,7 +105,7 @@ impl Iterator for EventIds {
 /// An event to append: its type and its payload.
 ///
 /// ```
-/// use idem_core::kit::NewEvent;
+/// use idem::kit::NewEvent;
 /// let e = NewEvent::json("deposited", &serde_json::json!({ "amount": 10 }))?;
 /// assert_eq!(e.event_type(), "deposited");
 /// assert_eq!(e.payload(), br#"{"amount":10}"#);
@@ -121,7 +121,7 @@ impl NewEvent {
     /// An event with a payload of raw bytes.
     ///
     /// ```
-    /// let e = idem_core::kit::NewEvent::new("opened", b"{}".to_vec());
+    /// let e = idem::kit::NewEvent::new("opened", b"{}".to_vec());
     /// assert_eq!(e.payload(), b"{}");
     /// ```
     pub fn new(event_type: impl Into<String>, payload: Vec<u8>) -> NewEvent {
@@ -134,7 +134,7 @@ impl NewEvent {
     /// An event whose payload is `value` as JSON.
     ///
     /// ```
-    /// let e = idem_core::kit::NewEvent::json("withdrawn", &5)?;
+    /// let e = idem::kit::NewEvent::json("withdrawn", &5)?;
     /// assert_eq!(e.payload(), b"5");
     /// # Ok::<(), serde_json::Error>(())
     /// ```
@@ -148,7 +148,7 @@ impl NewEvent {
     /// The event's type.
     ///
     /// ```
-    /// assert_eq!(idem_core::kit::NewEvent::new("t", vec![]).event_type(), "t");
+    /// assert_eq!(idem::kit::NewEvent::new("t", vec![]).event_type(), "t");
     /// ```
     pub fn event_type(&self) -> &str {
         &self.event_type
@@ -157,7 +157,7 @@ impl NewEvent {
     /// The event's payload.
     ///
     /// ```
-    /// assert!(idem_core::kit::NewEvent::new("t", vec![]).payload().is_empty());
+    /// assert!(idem::kit::NewEvent::new("t", vec![]).payload().is_empty());
     /// ```
     pub fn payload(&self) -> &[u8] {
         &self.payload
@@ -167,7 +167,7 @@ impl NewEvent {
 /// A stored event, as [`EventStreams::read`] returns it.
 ///
 /// ```
-/// use idem_core::kit::{event_ids, Event, Version};
+/// use idem::kit::{event_ids, Event, Version};
 /// let e = Event {
 ///     stream: "account-1".into(),
 ///     version: Version::INITIAL,
@@ -200,7 +200,7 @@ impl Event {
     /// Decodes the payload as JSON.
     ///
     /// ```
-    /// # use idem_core::kit::{Event, Version};
+    /// # use idem::kit::{Event, Version};
     /// # let e = Event { stream: "s".into(), version: Version::INITIAL, event_id: uuid::Uuid::nil(),
     /// #     request_id: "r".into(), event_type: "t".into(), payload: b"7".to_vec() };
     /// let n: i64 = e.json()?;
@@ -215,7 +215,7 @@ impl Event {
 /// The outcome of [`EventStreams::append`].
 ///
 /// ```
-/// use idem_core::kit::{Appended, Version};
+/// use idem::kit::{Appended, Version};
 /// let a = Appended::New { first: Version::new(3), last: Version::new(4) };
 /// assert_eq!(a.last(), Version::new(4));
 /// ```
@@ -241,7 +241,7 @@ impl Appended {
     /// The version of the first event of this request, new or stored before.
     ///
     /// ```
-    /// use idem_core::kit::{Appended, Version};
+    /// use idem::kit::{Appended, Version};
     /// assert_eq!(Appended::Duplicate { first: Version::new(2) }.first(), Version::new(2));
     /// ```
     pub fn first(self) -> Version {
@@ -253,7 +253,7 @@ impl Appended {
     /// The version of the last appended event; for a duplicate, of its first stored event.
     ///
     /// ```
-    /// use idem_core::kit::{Appended, Version};
+    /// use idem::kit::{Appended, Version};
     /// assert_eq!(Appended::Duplicate { first: Version::new(2) }.last(), Version::new(2));
     /// ```
     pub fn last(self) -> Version {
@@ -276,7 +276,7 @@ impl Appended {
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")] {
-/// use idem_core::kit::{Appended, ConcurrencyError, EventStreams, ExpectedVersion, NewEvent, Version};
+/// use idem::kit::{Appended, ConcurrencyError, EventStreams, ExpectedVersion, NewEvent, Version};
 /// # use sqlx::Connection;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
@@ -330,7 +330,7 @@ impl<DB: Backend> EventStreams<DB> {
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
-    /// use idem_core::kit::EventStreams;
+    /// use idem::kit::EventStreams;
     /// assert!(EventStreams::<sqlx::Sqlite>::new("events").is_ok());
     /// assert!(EventStreams::<sqlx::Sqlite>::new("my events").is_err());
     /// # }
@@ -351,7 +351,7 @@ impl<DB: Backend> EventStreams<DB> {
     /// # use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
-    /// let streams = idem_core::kit::EventStreams::<sqlx::Sqlite>::new("events")?;
+    /// let streams = idem::kit::EventStreams::<sqlx::Sqlite>::new("events")?;
     /// streams.ensure_schema(&mut conn).await?;
     /// streams.ensure_schema(&mut conn).await?; // idempotent
     /// # Ok(()) }
@@ -479,7 +479,7 @@ impl<DB: Backend> EventStreams<DB> {
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
-    /// use idem_core::kit::{EventStreams, ExpectedVersion, NewEvent};
+    /// use idem::kit::{EventStreams, ExpectedVersion, NewEvent};
     /// # use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
@@ -510,7 +510,7 @@ impl<DB: Backend> EventStreams<DB> {
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
-    /// use idem_core::kit::{EventStreams, ExpectedVersion, NewEvent, Version};
+    /// use idem::kit::{EventStreams, ExpectedVersion, NewEvent, Version};
     /// # use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
@@ -548,7 +548,7 @@ impl<DB: Backend> EventStreams<DB> {
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
-    /// use idem_core::kit::{EventStreams, Version};
+    /// use idem::kit::{EventStreams, Version};
     /// # use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;

@@ -18,7 +18,7 @@ use super::{name, ConcurrencyError, Version};
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")] {
-/// use idem_core::kit::{Entity, SqlQuery};
+/// use idem::kit::{Entity, SqlQuery};
 /// use sqlx::{sqlite::SqliteRow, Row, Sqlite};
 ///
 /// struct Account { id: String, balance: i64 }
@@ -62,7 +62,7 @@ pub trait Entity<DB: Backend>: Sized + Send + Sync {
 /// based on.
 ///
 /// ```
-/// use idem_core::kit::{Version, Versioned};
+/// use idem::kit::{Version, Versioned};
 /// let mut balance = Versioned::new(100_i64, Version::new(3));
 /// *balance += 5;
 /// assert_eq!(*balance, 105);
@@ -79,7 +79,7 @@ impl<T> Versioned<T> {
     /// reject its change when the row moved on since the client read it.
     ///
     /// ```
-    /// use idem_core::kit::{Version, Versioned};
+    /// use idem::kit::{Version, Versioned};
     /// let v = Versioned::new("draft", Version::INITIAL);
     /// assert_eq!(v.version(), Version::INITIAL);
     /// ```
@@ -90,7 +90,7 @@ impl<T> Versioned<T> {
     /// The version the value was read at, or last saved as.
     ///
     /// ```
-    /// use idem_core::kit::{Version, Versioned};
+    /// use idem::kit::{Version, Versioned};
     /// assert_eq!(Versioned::new((), Version::new(9)).version().get(), 9);
     /// ```
     pub fn version(&self) -> Version {
@@ -100,7 +100,7 @@ impl<T> Versioned<T> {
     /// The value, without its version.
     ///
     /// ```
-    /// use idem_core::kit::{Version, Versioned};
+    /// use idem::kit::{Version, Versioned};
     /// assert_eq!(Versioned::new(7, Version::INITIAL).into_inner(), 7);
     /// ```
     pub fn into_inner(self) -> T {
@@ -124,7 +124,7 @@ impl<T> DerefMut for Versioned<T> {
 /// The outcome of [`VersionedTable::insert`].
 ///
 /// ```
-/// use idem_core::kit::{Inserted, Version, Versioned};
+/// use idem::kit::{Inserted, Version, Versioned};
 /// let outcome = Inserted::New(Versioned::new("alice", Version::INITIAL));
 /// assert!(matches!(outcome, Inserted::New(ref v) if v.version() == Version::INITIAL));
 /// ```
@@ -147,7 +147,7 @@ pub enum Inserted<T> {
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")] {
-/// # use idem_core::kit::{Entity, SqlQuery};
+/// # use idem::kit::{Entity, SqlQuery};
 /// # use sqlx::{sqlite::SqliteRow, Row, Sqlite};
 /// # struct Account { id: String, balance: i64 }
 /// # impl Entity<Sqlite> for Account {
@@ -159,7 +159,7 @@ pub enum Inserted<T> {
 /// #         Ok(Account { id: row.try_get("id")?, balance: row.try_get("balance")? })
 /// #     }
 /// # }
-/// use idem_core::kit::{ConcurrencyError, Inserted, Version, VersionedTable};
+/// use idem::kit::{ConcurrencyError, Inserted, Version, VersionedTable};
 /// # use sqlx::Connection;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
@@ -217,8 +217,8 @@ impl<T, DB> Clone for VersionedTable<T, DB> {
 ///
 /// ```
 /// # #[cfg(not(feature = "sqlite"))] fn main() {}
-/// # #[cfg(feature = "sqlite")] fn main() -> Result<(), idem_core::kit::ConcurrencyError> {
-/// # use idem_core::kit::{Entity, SqlQuery};
+/// # #[cfg(feature = "sqlite")] fn main() -> Result<(), idem::kit::ConcurrencyError> {
+/// # use idem::kit::{Entity, SqlQuery};
 /// # use sqlx::{sqlite::SqliteRow, Row, Sqlite};
 /// # struct Doc { key: i64 }
 /// # impl Entity<Sqlite> for Doc {
@@ -228,7 +228,7 @@ impl<T, DB> Clone for VersionedTable<T, DB> {
 /// #     fn bind<'q>(&'q self, q: SqlQuery<'q, Sqlite>) -> SqlQuery<'q, Sqlite> { q }
 /// #     fn from_row(row: &SqliteRow) -> Result<Self, sqlx::Error> { Ok(Doc { key: row.try_get("doc_key")? }) }
 /// # }
-/// use idem_core::kit::VersionedTable;
+/// use idem::kit::VersionedTable;
 /// let docs = VersionedTable::<Doc, Sqlite>::builder("docs")
 ///     .id_column("doc_key")
 ///     .version_column("rev")
@@ -309,7 +309,7 @@ impl<T: Entity<DB>, DB: Backend> VersionedTable<T, DB> {
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")] {
-    /// # use idem_core::kit::{Entity, SqlQuery};
+    /// # use idem::kit::{Entity, SqlQuery};
     /// # use sqlx::{sqlite::SqliteRow, Row, Sqlite};
     /// # struct Doc { id: i64 }
     /// # impl Entity<Sqlite> for Doc {
@@ -319,7 +319,7 @@ impl<T: Entity<DB>, DB: Backend> VersionedTable<T, DB> {
     /// #     fn bind<'q>(&'q self, q: SqlQuery<'q, Sqlite>) -> SqlQuery<'q, Sqlite> { q }
     /// #     fn from_row(row: &SqliteRow) -> Result<Self, sqlx::Error> { Ok(Doc { id: row.try_get("id")? }) }
     /// # }
-    /// use idem_core::kit::{ConcurrencyError, VersionedTable};
+    /// use idem::kit::{ConcurrencyError, VersionedTable};
     /// assert!(VersionedTable::<Doc, Sqlite>::new("docs").is_ok());
     /// assert!(matches!(VersionedTable::<Doc, Sqlite>::new("docs; DROP TABLE docs"),
     ///     Err(ConcurrencyError::InvalidConfig(_))));
@@ -333,8 +333,8 @@ impl<T: Entity<DB>, DB: Backend> VersionedTable<T, DB> {
     ///
     /// ```
     /// # #[cfg(not(feature = "sqlite"))] fn main() {}
-    /// # #[cfg(feature = "sqlite")] fn main() -> Result<(), idem_core::kit::ConcurrencyError> {
-    /// # use idem_core::kit::{Entity, SqlQuery};
+    /// # #[cfg(feature = "sqlite")] fn main() -> Result<(), idem::kit::ConcurrencyError> {
+    /// # use idem::kit::{Entity, SqlQuery};
     /// # use sqlx::{sqlite::SqliteRow, Row, Sqlite};
     /// # struct Doc { id: i64 }
     /// # impl Entity<Sqlite> for Doc {
@@ -344,7 +344,7 @@ impl<T: Entity<DB>, DB: Backend> VersionedTable<T, DB> {
     /// #     fn bind<'q>(&'q self, q: SqlQuery<'q, Sqlite>) -> SqlQuery<'q, Sqlite> { q }
     /// #     fn from_row(row: &SqliteRow) -> Result<Self, sqlx::Error> { Ok(Doc { id: row.try_get("id")? }) }
     /// # }
-    /// let docs = idem_core::kit::VersionedTable::<Doc, Sqlite>::builder("docs").version_column("rev").build()?;
+    /// let docs = idem::kit::VersionedTable::<Doc, Sqlite>::builder("docs").version_column("rev").build()?;
     /// # let _ = docs;
     /// # Ok(()) }
     /// ```

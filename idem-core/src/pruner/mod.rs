@@ -78,7 +78,7 @@ const MIN_RUN_WAIT: Duration = Duration::from_millis(10);
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::PrunerConfig;
+/// use idem::PrunerConfig;
 /// let config = PrunerConfig::new()
 ///     .batch_size(50)
 ///     .share(0.1)
@@ -106,7 +106,7 @@ impl PrunerConfig {
     /// [history](Pruner::history) pruner.
     ///
     /// ```
-    /// assert_eq!(idem_core::PrunerConfig::DEFAULT_BATCH_SIZE, 100);
+    /// assert_eq!(idem::PrunerConfig::DEFAULT_BATCH_SIZE, 100);
     /// ```
     pub const DEFAULT_BATCH_SIZE: u32 = crate::store::DEFAULT_PRUNE_BATCH_SIZE;
 
@@ -114,21 +114,21 @@ impl PrunerConfig {
     /// default.
     ///
     /// ```
-    /// assert_eq!(idem_core::PrunerConfig::DEFAULT_SHARE, 0.2);
+    /// assert_eq!(idem::PrunerConfig::DEFAULT_SHARE, 0.2);
     /// ```
     pub const DEFAULT_SHARE: f64 = 0.2;
 
     /// The longest time between the starts of two runs, by default.
     ///
     /// ```
-    /// assert_eq!(idem_core::PrunerConfig::DEFAULT_INTERVAL.as_secs(), 60);
+    /// assert_eq!(idem::PrunerConfig::DEFAULT_INTERVAL.as_secs(), 60);
     /// ```
     pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
 
     /// How long a run holds its lease without renewing it, by default.
     ///
     /// ```
-    /// assert_eq!(idem_core::PrunerConfig::DEFAULT_LEASE.as_secs(), 60);
+    /// assert_eq!(idem::PrunerConfig::DEFAULT_LEASE.as_secs(), 60);
     /// ```
     pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
@@ -140,7 +140,7 @@ impl PrunerConfig {
     /// pruner runs at a time.
     ///
     /// ```
-    /// use idem_core::PrunerConfig;
+    /// use idem::PrunerConfig;
     /// assert_eq!(PrunerConfig::new(), PrunerConfig::default());
     /// ```
     pub fn new() -> PrunerConfig {
@@ -163,10 +163,10 @@ impl PrunerConfig {
     /// 1.07-1.30 × (three runs).
     ///
     /// ```
-    /// use idem_core::{MemoryStore, Pruner, PrunerConfig};
+    /// use idem::{MemoryStore, Pruner, PrunerConfig};
     /// let pruner = Pruner::records(MemoryStore::new(), PrunerConfig::new().batch_size(500))?;
     /// assert_eq!(pruner.batch_size(), 500);
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn batch_size(mut self, batch_size: u32) -> PrunerConfig {
         self.batch_size = Some(batch_size);
@@ -183,7 +183,7 @@ impl PrunerConfig {
     ///
     /// ```
     /// // A SQLite service whose claims' tail matters more than a fast drain.
-    /// let _ = idem_core::PrunerConfig::new().share(0.01);
+    /// let _ = idem::PrunerConfig::new().share(0.01);
     /// ```
     pub fn share(mut self, share: f64) -> PrunerConfig {
         self.share = share;
@@ -196,7 +196,7 @@ impl PrunerConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let _ = idem_core::PrunerConfig::new().pause(Duration::from_millis(50));
+    /// let _ = idem::PrunerConfig::new().pause(Duration::from_millis(50));
     /// ```
     pub fn pause(mut self, pause: Duration) -> PrunerConfig {
         self.pause = Some(pause);
@@ -209,7 +209,7 @@ impl PrunerConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let _ = idem_core::PrunerConfig::new().interval(Duration::from_secs(600));
+    /// let _ = idem::PrunerConfig::new().interval(Duration::from_secs(600));
     /// ```
     pub fn interval(mut self, interval: Duration) -> PrunerConfig {
         self.interval = interval;
@@ -221,7 +221,7 @@ impl PrunerConfig {
     /// the pace allows. By default a run has no cap.
     ///
     /// ```
-    /// let _ = idem_core::PrunerConfig::new().max_batches(600);
+    /// let _ = idem::PrunerConfig::new().max_batches(600);
     /// ```
     pub fn max_batches(mut self, max_batches: u32) -> PrunerConfig {
         self.max_batches = Some(max_batches);
@@ -237,7 +237,7 @@ impl PrunerConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let _ = idem_core::PrunerConfig::new().lease(Duration::from_secs(10));
+    /// let _ = idem::PrunerConfig::new().lease(Duration::from_secs(10));
     /// ```
     pub fn lease(mut self, lease: Duration) -> PrunerConfig {
         self.lease = Some(lease);
@@ -249,7 +249,7 @@ impl PrunerConfig {
     /// several run; it saves the lease's statements when only one pruner exists.
     ///
     /// ```
-    /// let _ = idem_core::PrunerConfig::new().without_lease();
+    /// let _ = idem::PrunerConfig::new().without_lease();
     /// ```
     pub fn without_lease(mut self) -> PrunerConfig {
         self.lease = None;
@@ -307,7 +307,7 @@ impl Default for PrunerConfig {
 /// What one run of a [`Pruner`] did.
 ///
 /// ```
-/// use idem_core::PruneReport;
+/// use idem::PruneReport;
 /// let nothing = PruneReport::default();
 /// assert_eq!((nothing.deleted, nothing.batches, nothing.skipped, nothing.drained), (0, 0, false, false));
 /// ```
@@ -449,8 +449,8 @@ fn behind(
 /// what it deleted (`INFO`, or `DEBUG` when it deleted nothing) and returns a [`PruneReport`].
 ///
 /// ```
-/// use idem_core::{Idempotency, MemoryStore, Pruner, PrunerConfig};
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// use idem::{Idempotency, MemoryStore, Pruner, PrunerConfig};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// let engine = Idempotency::new(MemoryStore::new());
 /// let pruner = Pruner::records(engine.store().clone(), PrunerConfig::default())?;
 ///
@@ -490,7 +490,7 @@ impl Pruner {
     /// otherwise [`Error::InvalidConfig`].
     ///
     /// ```
-    /// use idem_core::{Error, MemoryStore, Pruner, PrunerConfig};
+    /// use idem::{Error, MemoryStore, Pruner, PrunerConfig};
     /// let bad = PrunerConfig::new().batch_size(0);
     /// assert!(matches!(Pruner::records(MemoryStore::new(), bad), Err(Error::InvalidConfig(_))));
     /// ```
@@ -508,7 +508,7 @@ impl Pruner {
     /// ```
     /// # #[cfg(feature = "sqlite")] {
     /// use std::time::Duration;
-    /// use idem_core::{kit::RequestHistory, Pruner, PrunerConfig};
+    /// use idem::{kit::RequestHistory, Pruner, PrunerConfig};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
     /// let history = RequestHistory::<sqlx::Sqlite>::new("request_history")?;
@@ -559,10 +559,10 @@ impl Pruner {
     /// [`PrunerConfig::DEFAULT_BATCH_SIZE`]).
     ///
     /// ```
-    /// use idem_core::{MemoryStore, Pruner, PrunerConfig};
+    /// use idem::{MemoryStore, Pruner, PrunerConfig};
     /// let pruner = Pruner::records(MemoryStore::new(), PrunerConfig::new())?;
     /// assert_eq!(pruner.batch_size(), PrunerConfig::DEFAULT_BATCH_SIZE);
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn batch_size(&self) -> u32 {
         self.config.batch()
@@ -920,8 +920,8 @@ impl Lease for RecordsLease {
 /// batch in progress); [`shutdown`](PrunerHandle::shutdown) also waits for that.
 ///
 /// ```
-/// use idem_core::{MemoryStore, Pruner, PrunerConfig};
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// use idem::{MemoryStore, Pruner, PrunerConfig};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// let mut handle = Pruner::records(MemoryStore::new(), PrunerConfig::default())?.spawn();
 /// let first = handle.next_report().await;
 /// assert_eq!(first, handle.last_report());
@@ -1053,8 +1053,8 @@ impl PrunerHandle {
     /// The report of the latest successful run, if any.
     ///
     /// ```
-    /// use idem_core::{MemoryStore, Pruner, PrunerConfig};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// use idem::{MemoryStore, Pruner, PrunerConfig};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// let handle = Pruner::records(MemoryStore::new(), PrunerConfig::default())?.spawn();
     /// // The first run has not had a chance to start yet.
     /// assert_eq!(handle.last_report(), None);

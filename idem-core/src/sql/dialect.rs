@@ -18,7 +18,7 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")] {
-/// use idem_core::kit::SqlQuery;
+/// use idem::kit::SqlQuery;
 /// use sqlx::Sqlite;
 /// fn bind_balance(q: SqlQuery<'_, Sqlite>, balance: i64) -> SqlQuery<'_, Sqlite> {
 ///     q.bind(balance)
@@ -33,7 +33,7 @@ pub type SqlQuery<'q, DB> = sqlx::query::Query<'q, DB, <DB as sqlx::Database>::A
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")] {
-/// fn runs_on<DB: idem_core::kit::Backend>() {}
+/// fn runs_on<DB: idem::kit::Backend>() {}
 /// runs_on::<sqlx::Sqlite>();
 /// # }
 /// ```

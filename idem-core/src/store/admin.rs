@@ -25,7 +25,7 @@ pub enum ListState {
 /// any), in key order, starting after `after`.
 ///
 /// ```
-/// use idem_core::{ListQuery, ListState};
+/// use idem::{ListQuery, ListState};
 ///
 /// let first_page = ListQuery { state: Some(ListState::InProgress), after: None, limit: 50 };
 /// assert_eq!(first_page.after, None);
@@ -65,7 +65,7 @@ pub struct StoreStats {
 /// whole prefix or table (each documents its round trips, and what it keeps of the order).
 ///
 /// ```
-/// use idem_core::{Error, StoreAdmin};
+/// use idem::{Error, StoreAdmin};
 ///
 /// /// One line for a dashboard: how many keys are running, and how many replay.
 /// async fn summary(store: &dyn StoreAdmin) -> Result<String, Error> {
@@ -74,11 +74,11 @@ pub struct StoreStats {
 /// }
 /// # #[cfg(feature = "sqlite")]
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
-/// # use idem_core::{Idempotency, Key, SqliteStore};
+/// # use idem::{Idempotency, Key, SqliteStore};
 /// # let store = SqliteStore::open(":memory:").await?;
 /// # Idempotency::new(store.clone()).call(Key::derive("s", "", "k")?).run(async { Ok::<_, Error>(1) }).await?;
 /// # assert_eq!(summary(&store).await?, "0 running, 1 completed");
-/// # let all = idem_core::ListQuery { state: None, after: None, limit: 10 };
+/// # let all = idem::ListQuery { state: None, after: None, limit: 10 };
 /// # assert_eq!(store.list(all).await?.len(), 1);
 /// # Ok(()) }
 /// # #[cfg(not(feature = "sqlite"))] fn main() {}

@@ -30,8 +30,8 @@ use crate::record::Start;
 ///
 /// ```
 /// # #[cfg(feature = "sqlite")]
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-/// use idem_core::{ClaimOrder, SqliteStore};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+/// use idem::{ClaimOrder, SqliteStore};
 /// // A webhook receiver whose senders retry a lot: answer repeats with one read.
 /// let store = SqliteStore::builder()
 ///     .claim_order(ClaimOrder::ReadFirst)

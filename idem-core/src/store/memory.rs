@@ -485,8 +485,8 @@ impl Records {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Completion, Key, ManualClock, MemoryStore, Start, StartRequest, Store};
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// use idem::{Completion, Key, ManualClock, MemoryStore, Start, StartRequest, Store};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// let clock = ManualClock::new();
 /// let store = MemoryStore::with_clock(clock.clone());
 /// let lease = Duration::from_secs(30);
@@ -526,7 +526,7 @@ impl MemoryStore {
     /// An empty store on the system clock.
     ///
     /// ```
-    /// let store = idem_core::MemoryStore::new();
+    /// let store = idem::MemoryStore::new();
     /// assert_eq!(store.len(), 0);
     /// ```
     pub fn new() -> MemoryStore {
@@ -536,7 +536,7 @@ impl MemoryStore {
     /// An empty store reading time from `clock`.
     ///
     /// ```
-    /// use idem_core::{ManualClock, MemoryStore};
+    /// use idem::{ManualClock, MemoryStore};
     /// let clock = ManualClock::new();
     /// let store = MemoryStore::with_clock(clock.clone());
     /// assert!(store.is_empty());
@@ -552,7 +552,7 @@ impl MemoryStore {
     /// may count some whose lease or retention has ended and that no call has freed yet.
     ///
     /// ```
-    /// let store = idem_core::MemoryStore::new();
+    /// let store = idem::MemoryStore::new();
     /// assert_eq!(store.len(), 0);
     /// ```
     pub fn len(&self) -> usize {
@@ -562,7 +562,7 @@ impl MemoryStore {
     /// Whether no record is held.
     ///
     /// ```
-    /// assert!(idem_core::MemoryStore::new().is_empty());
+    /// assert!(idem::MemoryStore::new().is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -7,7 +7,7 @@
 //! migrations, `protocol.rs` its tie to the shared store protocol) and share everything else in
 //! `store/sql/`: the protocol, written once against a connection, the dialect, the table name,
 //! the duration conversion, the row decoding and the migrator. All of them pass the same
-//! conformance suite (`idem_core::conformance`, feature `conformance`).
+//! conformance suite (`idem::conformance`, feature `conformance`).
 //! [`Pruner::records`](crate::Pruner::records) deletes their expired records in the background.
 
 use std::time::Duration;
@@ -69,8 +69,8 @@ pub mod url;
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Completion, Key, MemoryStore, Start, StartRequest, Store};
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// use idem::{Completion, Key, MemoryStore, Start, StartRequest, Store};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// let store = MemoryStore::new();
 /// let key = Key::derive("deposit", "alice", "req-1")?;
 /// let lease = Duration::from_secs(30);
@@ -133,7 +133,7 @@ pub trait Store: Send + Sync + 'static {
     /// fewer claims. A store that wraps another should return the inner store's.
     ///
     /// ```
-    /// use idem_core::{MemoryStore, PrunerConfig, Store};
+    /// use idem::{MemoryStore, PrunerConfig, Store};
     /// assert_eq!(MemoryStore::new().prune_batch_size(), PrunerConfig::DEFAULT_BATCH_SIZE);
     /// ```
     fn prune_batch_size(&self) -> u32 {
@@ -151,8 +151,8 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Key, MemoryStore, Start, StartRequest, StepState, StepWrite, Store};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// use idem::{Key, MemoryStore, Start, StartRequest, StepState, StepWrite, Store};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// let store = MemoryStore::new();
     /// let key = Key::derive("ride", "", "r-1")?;
     /// let (lease, day) = (Duration::from_secs(30), Duration::from_secs(86_400));
@@ -195,9 +195,9 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_core::{Abandoned, AbandonedQuery, Key, MemoryStore, ManualClock, Start, StartRequest};
-    /// use idem_core::{StepWrite, Store, INPUT_STEP};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// use idem::{Abandoned, AbandonedQuery, Key, MemoryStore, ManualClock, Start, StartRequest};
+    /// use idem::{StepWrite, Store, INPUT_STEP};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// let clock = ManualClock::new();
     /// let store = MemoryStore::with_clock(clock.clone());
     /// let key = Key::derive("rides", "", "r-1")?;
@@ -227,7 +227,7 @@ pub trait Store: Send + Sync + 'static {
     /// store that wraps another should return the inner store's.
     ///
     /// ```
-    /// use idem_core::{MemoryStore, Store};
+    /// use idem::{MemoryStore, Store};
     /// assert!(MemoryStore::new().immediate().is_some());
     /// ```
     fn immediate(&self) -> Option<&dyn Immediate> {
@@ -240,13 +240,13 @@ pub trait Store: Send + Sync + 'static {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Key, MemoryStore, Start, StartRequest, Store};
+/// use idem::{Key, MemoryStore, Start, StartRequest, Store};
 /// let store = MemoryStore::new();
 /// let now = store.immediate().expect("the memory store answers at once");
 /// let key = Key::derive("s", "", "k")?;
 /// let request = StartRequest::new(&key, Duration::from_secs(30));
 /// assert!(matches!(now.start_now(request)?, Start::Started(_)));
-/// # Ok::<(), idem_core::Error>(())
+/// # Ok::<(), idem::Error>(())
 /// ```
 pub trait Immediate: Send + Sync {
     /// [`Store::start`], done at once.
@@ -310,7 +310,7 @@ pub(crate) const DEFAULT_PRUNE_BATCH_SIZE: u32 = 100;
 /// (or after the result's retention, if shorter).
 ///
 /// ```
-/// assert_eq!(idem_core::LAPSED_CLAIMS_KEPT.as_secs(), 24 * 60 * 60);
+/// assert_eq!(idem::LAPSED_CLAIMS_KEPT.as_secs(), 24 * 60 * 60);
 /// ```
 pub const LAPSED_CLAIMS_KEPT: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
 

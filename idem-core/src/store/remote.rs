@@ -58,14 +58,14 @@ const MSGPACK: &str = "application/msgpack";
 /// network path (a sidecar or a mesh) where it leaves the host.
 ///
 /// ```no_run
-/// use idem_core::{Idempotency, Key, RemoteStore};
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// use idem::{Idempotency, Key, RemoteStore};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// let store = RemoteStore::builder("http://idem-server:8624", "billing-token-0123456789")
 ///     .namespace("payments")
 ///     .build()?;
 /// let idem = Idempotency::new(store);
 /// let key = Key::derive("charge", "", "order-1")?;
-/// let receipt = idem.call(key).run(async { Ok::<_, idem_core::Error>(42) }).await?;
+/// let receipt = idem.call(key).run(async { Ok::<_, idem::Error>(42) }).await?;
 /// assert_eq!(receipt.into_inner(), 42);
 /// # Ok(()) }
 /// ```
@@ -97,12 +97,12 @@ impl fmt::Debug for RemoteStore {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::RemoteStore;
+/// use idem::RemoteStore;
 /// let store = RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789")
 ///     .namespace("payments")
 ///     .timeout(Duration::from_secs(5))
 ///     .build()?;
-/// # let _ = store; Ok::<(), idem_core::Error>(())
+/// # let _ = store; Ok::<(), idem::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct RemoteStoreBuilder {
@@ -129,7 +129,7 @@ impl RemoteStore {
     /// token, which alone may [`prune`](Store::prune_expired)).
     ///
     /// ```
-    /// let builder = idem_core::RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789");
+    /// let builder = idem::RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789");
     /// # let _ = builder;
     /// ```
     pub fn builder(server: impl Into<String>, token: impl Into<String>) -> RemoteStoreBuilder {
@@ -144,9 +144,9 @@ impl RemoteStore {
     /// The server's address, as built.
     ///
     /// ```
-    /// let store = idem_core::RemoteStore::builder("http://127.0.0.1:8624/", "a-caller-token-0123456789").build()?;
+    /// let store = idem::RemoteStore::builder("http://127.0.0.1:8624/", "a-caller-token-0123456789").build()?;
     /// assert_eq!(store.server(), "http://127.0.0.1:8624");
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn server(&self) -> &str {
         &self.inner.base
@@ -159,7 +159,7 @@ impl RemoteStoreBuilder {
     /// timeout (30 s by default), so that the server's answer arrives first.
     ///
     /// ```
-    /// use idem_core::RemoteStoreBuilder;
+    /// use idem::RemoteStoreBuilder;
     /// assert_eq!(RemoteStoreBuilder::DEFAULT_TIMEOUT, std::time::Duration::from_secs(35));
     /// ```
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(35);
@@ -167,7 +167,7 @@ impl RemoteStoreBuilder {
     /// The namespace the keys live in; the server's `default` unless set.
     ///
     /// ```
-    /// let b = idem_core::RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789").namespace("payments");
+    /// let b = idem::RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789").namespace("payments");
     /// # let _ = b;
     /// ```
     pub fn namespace(mut self, namespace: impl Into<String>) -> RemoteStoreBuilder {
@@ -178,7 +178,7 @@ impl RemoteStoreBuilder {
     /// How long a request may take ([`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT) unless set).
     ///
     /// ```
-    /// let b = idem_core::RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789")
+    /// let b = idem::RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789")
     ///     .timeout(std::time::Duration::from_secs(5));
     /// # let _ = b;
     /// ```
@@ -192,7 +192,7 @@ impl RemoteStoreBuilder {
     /// token that cannot be a header value, or a timeout outside 1 ms..10 years.
     ///
     /// ```
-    /// use idem_core::{Error, RemoteStore};
+    /// use idem::{Error, RemoteStore};
     /// assert!(RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789").build().is_ok());
     /// let refused = RemoteStore::builder("https://idem.example", "a-caller-token-0123456789").build();
     /// assert!(matches!(refused, Err(Error::InvalidConfig(_))));
@@ -703,8 +703,8 @@ fn no_listing(what: &str) -> Error {
 /// [`Query`](StoreErrorKind::Query) that says to use the server's own store URL.
 ///
 /// ```
-/// use idem_core::{RemoteStore, StoreAdmin};
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// use idem::{RemoteStore, StoreAdmin};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// let store = RemoteStore::builder("http://127.0.0.1:9", "a-caller-token-0123456789").build()?;
 /// assert!(store.stats().await.is_err()); // refused here, nothing sent
 /// # Ok(()) }

@@ -16,7 +16,7 @@
 //! names the cargo feature that adds it. [`StoreUrl::connect`] opens the store.
 //!
 //! ```
-//! use idem_core::store::url::{Scheme, StoreUrl};
+//! use idem::store::url::{Scheme, StoreUrl};
 //!
 //! let url = StoreUrl::parse("redis-cluster://user:secret@10.0.0.1:7000,10.0.0.2:7000")?;
 //! assert_eq!(url.scheme(), Scheme::RedisCluster);
@@ -30,7 +30,7 @@
 //! // The password never reaches a message.
 //! let err = StoreUrl::parse("mysql://user:secret@db/app").unwrap_err();
 //! assert!(err.to_string().contains("unsupported store URL \"mysql://user:***@db/app\""));
-//! # Ok::<(), idem_core::store::url::StoreUrlError>(())
+//! # Ok::<(), idem::store::url::StoreUrlError>(())
 //! ```
 
 use std::fmt;
@@ -57,7 +57,7 @@ with_a_url_store! {
 /// The kinds of store URL, one per scheme (the `dynamodb` forms are one kind).
 ///
 /// ```
-/// use idem_core::store::url::Scheme;
+/// use idem::store::url::Scheme;
 /// assert_eq!(Scheme::RedisCluster.feature(), "redis");
 /// assert_eq!(Scheme::RedisCluster.default_namespace(), "idem");
 /// assert_eq!(Scheme::Postgres.is_built(), cfg!(feature = "postgres"));
@@ -93,7 +93,7 @@ impl Scheme {
     /// The URL prefixes of this scheme.
     ///
     /// ```
-    /// use idem_core::store::url::Scheme;
+    /// use idem::store::url::Scheme;
     /// assert_eq!(Scheme::Postgres.prefixes(), ["postgres://", "postgresql://"]);
     /// ```
     pub fn prefixes(self) -> &'static [&'static str] {
@@ -110,7 +110,7 @@ impl Scheme {
     /// The URL's form, as messages show it.
     ///
     /// ```
-    /// use idem_core::store::url::Scheme;
+    /// use idem::store::url::Scheme;
     /// assert_eq!(Scheme::Sqlite.form(), "sqlite://PATH");
     /// ```
     pub fn form(self) -> &'static str {
@@ -128,7 +128,7 @@ impl Scheme {
     /// scheme's store.
     ///
     /// ```
-    /// use idem_core::store::url::Scheme;
+    /// use idem::store::url::Scheme;
     /// assert_eq!(Scheme::DynamoDb.feature(), "dynamodb");
     /// ```
     pub fn feature(self) -> &'static str {
@@ -144,7 +144,7 @@ impl Scheme {
     /// Whether this build has the scheme's store (its [`feature`](Self::feature) is on).
     ///
     /// ```
-    /// use idem_core::store::url::Scheme;
+    /// use idem::store::url::Scheme;
     /// assert_eq!(Scheme::Sqlite.is_built(), cfg!(feature = "sqlite"));
     /// ```
     pub fn is_built(self) -> bool {
@@ -161,7 +161,7 @@ impl Scheme {
     /// its default key prefix, on an idem-server its default namespace.
     ///
     /// ```
-    /// use idem_core::store::url::Scheme;
+    /// use idem::store::url::Scheme;
     /// assert_eq!(Scheme::Sqlite.default_namespace(), "idem_records");
     /// assert_eq!(Scheme::Redis.default_namespace(), "idem");
     /// assert_eq!(Scheme::Remote.default_namespace(), "default");
@@ -190,14 +190,14 @@ impl fmt::Display for Scheme {
 /// A store URL, parsed: what [`connect`](StoreUrl::connect) needs to open the store.
 ///
 /// ```
-/// use idem_core::store::url::StoreUrl;
+/// use idem::store::url::StoreUrl;
 /// # if cfg!(feature = "dynamodb") {
 /// assert_eq!(
 ///     StoreUrl::parse("dynamodb://127.0.0.1:8000")?,
 ///     StoreUrl::DynamoDb { endpoint: "http://127.0.0.1:8000".into() },
 /// );
 /// # }
-/// # Ok::<(), idem_core::store::url::StoreUrlError>(())
+/// # Ok::<(), idem::store::url::StoreUrlError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -230,7 +230,7 @@ impl StoreUrl {
     /// when a Redis Cluster URL names no node or a DynamoDB URL no host; nothing is opened.
     ///
     /// ```
-    /// use idem_core::store::url::{StoreUrl, StoreUrlError};
+    /// use idem::store::url::{StoreUrl, StoreUrlError};
     /// # if cfg!(feature = "sqlite") {
     /// assert_eq!(
     ///     StoreUrl::parse("sqlite:///var/lib/app/idem.db")?,
@@ -326,7 +326,7 @@ impl StoreUrl {
     /// The URL's scheme.
     ///
     /// ```
-    /// use idem_core::store::url::{Scheme, StoreUrl};
+    /// use idem::store::url::{Scheme, StoreUrl};
     /// assert_eq!(StoreUrl::Redis("redis://127.0.0.1:6379".into()).scheme(), Scheme::Redis);
     /// ```
     pub fn scheme(&self) -> Scheme {
@@ -343,7 +343,7 @@ impl StoreUrl {
     /// Where the store keeps its records unless told otherwise: [`Scheme::default_namespace`].
     ///
     /// ```
-    /// use idem_core::store::url::StoreUrl;
+    /// use idem::store::url::StoreUrl;
     /// assert_eq!(StoreUrl::Postgres("postgres://localhost/app".into()).default_namespace(), "idem_records");
     /// ```
     pub fn default_namespace(&self) -> &'static str {
@@ -355,7 +355,7 @@ impl StoreUrl {
 /// write instead.
 ///
 /// ```
-/// use idem_core::store::url::{StoreUrl, StoreUrlError};
+/// use idem::store::url::{StoreUrl, StoreUrlError};
 /// let err = StoreUrl::parse("redis-cluster://").unwrap_err();
 /// if cfg!(feature = "redis") {
 ///     assert!(matches!(err, StoreUrlError::NoHost { .. }));
@@ -441,7 +441,7 @@ impl fmt::Display for Supported {
 /// module does; for a program's own messages that name a store URL.
 ///
 /// ```
-/// use idem_core::store::url::redacted;
+/// use idem::store::url::redacted;
 /// assert_eq!(redacted("postgres://app:s3cret@db/app"), "postgres://app:***@db/app");
 /// assert_eq!(redacted("sqlite://idem.db"), "sqlite://idem.db");
 /// assert_eq!(redacted("idem+http://h:8624?token=s3cret&x=1"), "idem+http://h:8624?token=***&x=1");

@@ -26,7 +26,7 @@ impl DynamoStore {
     /// that layout, and the release notes then say how to move.
     ///
     /// ```
-    /// assert_eq!(idem_core::DynamoStore::SCHEMA_VERSION, 1);
+    /// assert_eq!(idem::DynamoStore::SCHEMA_VERSION, 1);
     /// ```
     pub const SCHEMA_VERSION: i64 = 1;
 }
@@ -136,9 +136,9 @@ fn number_of(item: &Attrs, name: &str) -> Result<i64, Error> {
 /// `TableSizeBytes`, which it updates about every six hours (an emulator may report 0).
 ///
 /// ```no_run
-/// use idem_core::{DynamoStore, ListQuery, ListState, StoreAdmin};
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-/// # let client: idem_core::aws_sdk_dynamodb::Client = unimplemented!();
+/// use idem::{DynamoStore, ListQuery, ListState, StoreAdmin};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+/// # let client: idem::aws_sdk_dynamodb::Client = unimplemented!();
 /// let store = DynamoStore::builder().table("idem_records").build(client).await?;
 /// let first_page = ListQuery { state: Some(ListState::InProgress), after: None, limit: 50 };
 /// let running = store.list(first_page).await?;

@@ -25,10 +25,10 @@ impl DynamoStore {
     ///   `dynamodb.REGION.amazonaws.com`, or `us-east-1`.
     ///
     /// ```
-    /// use idem_core::DynamoStore;
+    /// use idem::DynamoStore;
     /// let client = DynamoStore::client_from_env("http://127.0.0.1:8000")?;
     /// # let _ = client;
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn client_from_env(endpoint: &str) -> Result<Client, Error> {
         let host = endpoint

@@ -99,8 +99,8 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use idem_core::{DynamoStore, Idempotency, Key};
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// use idem::{DynamoStore, Idempotency, Key};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// // In a service: `aws_sdk_dynamodb::Client::new(&aws_config::load_from_env().await)`.
 /// let config = aws_sdk_dynamodb::Config::builder()
 ///     .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
@@ -117,7 +117,7 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 /// let engine = Idempotency::new(store);
 /// let receipt = engine
 ///     .call(Key::derive("deposit", "alice", "req-1")?)
-///     .run(async { Ok::<_, idem_core::Error>(4200u64) })
+///     .run(async { Ok::<_, idem::Error>(4200u64) })
 ///     .await?;
 /// # let _ = receipt; Ok(()) }
 /// ```
@@ -291,7 +291,7 @@ impl DynamoStore {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let builder = idem_core::DynamoStore::builder()
+    /// let builder = idem::DynamoStore::builder()
     ///     .table("idem_orders")
     ///     .clock_skew_margin(Duration::from_secs(2));
     /// # let _ = builder;
@@ -308,9 +308,9 @@ impl DynamoStore {
     /// another key.
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
-    /// idem_core::DynamoStore::create_table(&client, "idem_records").await?;
+    /// idem::DynamoStore::create_table(&client, "idem_records").await?;
     /// # Ok(()) }
     /// ```
     pub async fn create_table(client: &Client, table: &str) -> Result<(), Error> {
@@ -335,9 +335,9 @@ impl DynamoStore {
     /// The table's name.
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
-    /// let store = idem_core::DynamoStore::builder().build(client).await?;
+    /// let store = idem::DynamoStore::builder().build(client).await?;
     /// assert_eq!(store.table(), "idem_records");
     /// # Ok(()) }
     /// ```
@@ -348,9 +348,9 @@ impl DynamoStore {
     /// The client the store sends its requests with.
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
-    /// let store = idem_core::DynamoStore::builder().build(client).await?;
+    /// let store = idem::DynamoStore::builder().build(client).await?;
     /// let same_client = store.client().clone();
     /// # let _ = same_client; Ok(()) }
     /// ```
@@ -364,10 +364,10 @@ impl DynamoStore {
     /// table, so a loop that prunes a whole table (the `idem prune` command) stops there.
     ///
     /// ```no_run
-    /// use idem_core::Store;
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// use idem::Store;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
-    /// let store = idem_core::DynamoStore::builder().build(client).await?;
+    /// let store = idem::DynamoStore::builder().build(client).await?;
     /// let mut deleted = 0;
     /// loop {
     ///     let n = store.prune_expired(1000).await?;
@@ -389,10 +389,10 @@ impl DynamoStore {
     /// The clock-skew margin (see [the store's docs](DynamoStore#time-and-clock-skew)).
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
-    /// let store = idem_core::DynamoStore::builder().build(client).await?;
-    /// assert_eq!(store.clock_skew_margin(), idem_core::DynamoStore::DEFAULT_CLOCK_SKEW_MARGIN);
+    /// let store = idem::DynamoStore::builder().build(client).await?;
+    /// assert_eq!(store.clock_skew_margin(), idem::DynamoStore::DEFAULT_CLOCK_SKEW_MARGIN);
     /// # Ok(()) }
     /// ```
     pub fn clock_skew_margin(&self) -> Duration {
@@ -404,9 +404,9 @@ impl DynamoStore {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
-/// let store = idem_core::DynamoStore::builder()
+/// let store = idem::DynamoStore::builder()
 ///     .table("billing-idem")
 ///     .clock_skew_margin(Duration::from_millis(500))
 ///     .build(client)
@@ -446,7 +446,7 @@ impl DynamoStoreBuilder {
     /// `a-z A-Z 0-9 _ - .`, checked by [`build`](Self::build).
     ///
     /// ```
-    /// let builder = idem_core::DynamoStore::builder().table("idem_payments");
+    /// let builder = idem::DynamoStore::builder().table("idem_payments");
     /// # let _ = builder;
     /// ```
     pub fn table(mut self, name: impl Into<String>) -> Self {
@@ -461,7 +461,7 @@ impl DynamoStoreBuilder {
     /// key stays blocked `margin` longer than its lease.
     ///
     /// ```
-    /// let builder = idem_core::DynamoStore::builder().clock_skew_margin(std::time::Duration::from_secs(2));
+    /// let builder = idem::DynamoStore::builder().clock_skew_margin(std::time::Duration::from_secs(2));
     /// # let _ = builder;
     /// ```
     pub fn clock_skew_margin(mut self, margin: Duration) -> Self {
@@ -474,7 +474,7 @@ impl DynamoStoreBuilder {
     /// the same table with different clocks act as two nodes with skewed clocks.
     ///
     /// ```
-    /// let builder = idem_core::DynamoStore::builder().clock(idem_core::ManualClock::new());
+    /// let builder = idem::DynamoStore::builder().clock(idem::ManualClock::new());
     /// # let _ = builder;
     /// ```
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -487,7 +487,7 @@ impl DynamoStoreBuilder {
     /// names it.
     ///
     /// ```
-    /// let builder = idem_core::DynamoStore::builder().create_table_if_missing(true);
+    /// let builder = idem::DynamoStore::builder().create_table_if_missing(true);
     /// # let _ = builder;
     /// ```
     pub fn create_table_if_missing(mut self, create: bool) -> Self {
@@ -504,9 +504,9 @@ impl DynamoStoreBuilder {
     /// reached.
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// # let client: aws_sdk_dynamodb::Client = unimplemented!();
-    /// let store = idem_core::DynamoStore::builder().build(client).await?;
+    /// let store = idem::DynamoStore::builder().build(client).await?;
     /// # let _ = store; Ok(()) }
     /// ```
     pub async fn build(self, client: Client) -> Result<DynamoStore, Error> {

@@ -22,7 +22,7 @@ sql_store_api!(
     PostgresStoreBuilder,
     PgPool,
     "no_run",
-    "idem_core::PostgresStore::connect(\"postgres://postgres@127.0.0.1/postgres\")"
+    "idem::PostgresStore::connect(\"postgres://postgres@127.0.0.1/postgres\")"
 );
 
 /// The size of the pool `renew` runs on. Renewals are rare (one per third of a lease per running
@@ -40,8 +40,8 @@ const RENEW_CONNECTIONS: u32 = 2;
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use idem_core::{Key, PostgresStore, Start, StartRequest, Store};
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// use idem::{Key, PostgresStore, Start, StartRequest, Store};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
 /// let key = Key::derive("deposit", "alice", "req-1")?;
 /// match store.start(StartRequest::new(&key, Duration::from_secs(30))).await? {
@@ -57,8 +57,8 @@ const RENEW_CONNECTIONS: u32 = 2;
 /// # Pointing idem at your database
 ///
 /// ```no_run
-/// use idem_core::PostgresStore;
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// use idem::PostgresStore;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// // Creates (or upgrades) the table `idem_records` and its expiry index on first connect.
 /// let store = PostgresStore::connect("postgres://app:secret@db.internal/app").await?;
 ///
@@ -85,8 +85,8 @@ const RENEW_CONNECTIONS: u32 = 2;
 /// migration of your own tool; idem never reads sqlx's `_sqlx_migrations`).
 ///
 /// ```no_run
-/// use idem_core::PostgresStore;
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// use idem::PostgresStore;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// // After `psql --single-transaction -f idem_records.sql` as the owner, and
 /// // GRANT SELECT, INSERT, UPDATE, DELETE ON idem_records, idem_records_migrations TO app;
 /// let store = PostgresStore::builder()
@@ -252,8 +252,8 @@ impl PostgresStore {
     /// to date. Use [`builder`](Self::builder) for another table or pool size.
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+    /// let store = idem::PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
     /// # let _ = store; Ok(()) }
     /// ```
     pub async fn connect(url: &str) -> Result<PostgresStore, Error> {
@@ -265,9 +265,9 @@ impl PostgresStore {
     /// [round trips](PostgresStore#round-trips)).
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/postgres").await?;
-    /// let store = idem_core::PostgresStore::from_pool(pool).await?;
+    /// let store = idem::PostgresStore::from_pool(pool).await?;
     /// # let _ = store; Ok(()) }
     /// ```
     pub async fn from_pool(pool: PgPool) -> Result<PostgresStore, Error> {
@@ -277,7 +277,7 @@ impl PostgresStore {
     /// Options: table name, pool size, acquire timeout.
     ///
     /// ```
-    /// let builder = idem_core::PostgresStore::builder().table("idem_orders").max_connections(20);
+    /// let builder = idem::PostgresStore::builder().table("idem_orders").max_connections(20);
     /// # let _ = builder;
     /// ```
     pub fn builder() -> PostgresStoreBuilder {
@@ -290,8 +290,8 @@ impl PostgresStore {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-/// let store = idem_core::PostgresStore::builder()
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+/// let store = idem::PostgresStore::builder()
 ///     .table("billing.idem_payments")
 ///     .max_connections(32)
 ///     .acquire_timeout(Duration::from_secs(2))
@@ -334,7 +334,7 @@ impl PostgresStoreBuilder {
     /// [`Error::InvalidConfig`] before anything touches the database.
     ///
     /// ```
-    /// let builder = idem_core::PostgresStore::builder().table("app.idem_records");
+    /// let builder = idem::PostgresStore::builder().table("app.idem_records");
     /// # let _ = builder;
     /// ```
     pub fn table(mut self, name: impl Into<String>) -> Self {
@@ -345,7 +345,7 @@ impl PostgresStoreBuilder {
     /// The pool size used by [`connect`](Self::connect) (default 10).
     ///
     /// ```
-    /// let builder = idem_core::PostgresStore::builder().max_connections(32);
+    /// let builder = idem::PostgresStore::builder().max_connections(32);
     /// # let _ = builder;
     /// ```
     pub fn max_connections(mut self, n: u32) -> Self {
@@ -358,7 +358,7 @@ impl PostgresStoreBuilder {
     /// down, calls fail after this long; a server that comes back sooner serves them.
     ///
     /// ```
-    /// let builder = idem_core::PostgresStore::builder().acquire_timeout(std::time::Duration::from_secs(2));
+    /// let builder = idem::PostgresStore::builder().acquire_timeout(std::time::Duration::from_secs(2));
     /// # let _ = builder;
     /// ```
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
@@ -380,7 +380,7 @@ impl PostgresStoreBuilder {
     /// sqlx does.
     ///
     /// ```
-    /// let builder = idem_core::PostgresStore::builder().ping_idle_after(std::time::Duration::from_secs(5));
+    /// let builder = idem::PostgresStore::builder().ping_idle_after(std::time::Duration::from_secs(5));
     /// # let _ = builder;
     /// ```
     pub fn ping_idle_after(mut self, idle: Duration) -> Self {
@@ -395,8 +395,8 @@ impl PostgresStoreBuilder {
     /// per statement.
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-    /// let builder = idem_core::PostgresStore::builder().max_connections(20);
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+    /// let builder = idem::PostgresStore::builder().max_connections(20);
     /// let pool = builder.pool_options().connect("postgres://app@db.internal/app").await?;
     /// let store = builder.from_pool(pool.clone()).await?;
     /// # let _ = store; Ok(()) }
@@ -425,8 +425,8 @@ impl PostgresStoreBuilder {
     /// Connects to `url` and brings the table up to date.
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::PostgresStore::builder().table("idem_orders")
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+    /// let store = idem::PostgresStore::builder().table("idem_orders")
     ///     .connect("postgres://postgres@127.0.0.1/postgres").await?;
     /// # let _ = store; Ok(()) }
     /// ```
@@ -446,9 +446,9 @@ impl PostgresStoreBuilder {
     /// runs on a second pool of at most two connections made with `pool`'s options.
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/postgres").await?;
-    /// let store = idem_core::PostgresStore::builder().table("idem_orders").from_pool(pool).await?;
+    /// let store = idem::PostgresStore::builder().table("idem_orders").from_pool(pool).await?;
     /// # let _ = store; Ok(()) }
     /// ```
     pub async fn from_pool(self, pool: PgPool) -> Result<PostgresStore, Error> {
@@ -465,7 +465,7 @@ impl PostgresStoreBuilder {
     ///
     /// ```no_run
     /// use sqlx::Connection;
-    /// use idem_core::PostgresStore;
+    /// use idem::PostgresStore;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// // The deployment step, as the schema's owner.
     /// let mut conn = sqlx::PgConnection::connect("postgres://owner@db.internal/app").await?;
@@ -494,10 +494,10 @@ impl PostgresStoreBuilder {
     /// `_sqlx_migrations`, which idem never reads).
     ///
     /// ```
-    /// let sql = idem_core::PostgresStore::builder().table("billing.idem").schema_sql()?;
+    /// let sql = idem::PostgresStore::builder().table("billing.idem").schema_sql()?;
     /// assert!(sql.contains(r#"CREATE TABLE IF NOT EXISTS "billing"."idem" ("#));
     /// assert!(sql.contains(r#"INSERT INTO "billing"."idem_migrations""#));
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn schema_sql(&self) -> Result<String, Error> {
         schema::script(&table_name(&self.table)?)

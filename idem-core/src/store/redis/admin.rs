@@ -22,7 +22,7 @@ impl RedisStore {
     /// the release notes then say how to move.
     ///
     /// ```
-    /// assert_eq!(idem_core::RedisStore::SCHEMA_VERSION, 1);
+    /// assert_eq!(idem::RedisStore::SCHEMA_VERSION, 1);
     /// ```
     pub const SCHEMA_VERSION: i64 = 1;
 }
@@ -302,8 +302,8 @@ fn decode(key: Key, replies: &[Value], now_ms: i64) -> Result<Option<Seen>, Erro
 /// refuses the command), not the server's whole memory.
 ///
 /// ```no_run
-/// use idem_core::{ListQuery, ListState, RedisStore, StoreAdmin};
-/// # async fn f() -> Result<(), idem_core::Error> {
+/// use idem::{ListQuery, ListState, RedisStore, StoreAdmin};
+/// # async fn f() -> Result<(), idem::Error> {
 /// let store = RedisStore::builder().prefix("payments").connect("redis://127.0.0.1:6379").await?;
 /// let first_page = ListQuery { state: Some(ListState::InProgress), after: None, limit: 50 };
 /// let running = store.list(first_page).await?;

@@ -26,8 +26,8 @@ use scripts::{Lua, Scripts};
 /// Records in Redis or Valkey, one server or a Redis Cluster (feature `redis`).
 ///
 /// ```no_run
-/// use idem_core::{Idempotency, RedisStore};
-/// # async fn f() -> Result<(), idem_core::Error> {
+/// use idem::{Idempotency, RedisStore};
+/// # async fn f() -> Result<(), idem::Error> {
 /// // One server (or a primary with replicas behind one address):
 /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
 /// // A Redis Cluster, from any of its nodes:
@@ -220,8 +220,8 @@ impl fmt::Debug for RedisStore {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use idem_core::RedisStore;
-/// # async fn f() -> Result<(), idem_core::Error> {
+/// use idem::RedisStore;
+/// # async fn f() -> Result<(), idem::Error> {
 /// let store = RedisStore::builder()
 ///     .prefix("orders")
 ///     .response_timeout(Duration::from_secs(1))
@@ -261,7 +261,7 @@ impl RedisStoreBuilder {
     /// with different prefixes share a server without seeing each other's records.
     ///
     /// ```
-    /// let _ = idem_core::RedisStore::builder().prefix("billing");
+    /// let _ = idem::RedisStore::builder().prefix("billing");
     /// ```
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -272,7 +272,7 @@ impl RedisStoreBuilder {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// let _ = idem_core::RedisStore::builder().connect_timeout(Duration::from_millis(500));
+    /// let _ = idem::RedisStore::builder().connect_timeout(Duration::from_millis(500));
     /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
@@ -285,7 +285,7 @@ impl RedisStoreBuilder {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// let _ = idem_core::RedisStore::builder().response_timeout(Duration::from_secs(1));
+    /// let _ = idem::RedisStore::builder().response_timeout(Duration::from_secs(1));
     /// ```
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
@@ -299,7 +299,7 @@ impl RedisStoreBuilder {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// let _ = idem_core::RedisStore::builder().wait_for_replicas(1, Duration::from_millis(100));
+    /// let _ = idem::RedisStore::builder().wait_for_replicas(1, Duration::from_millis(100));
     /// ```
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.wait = Some((replicas, timeout));
@@ -318,7 +318,7 @@ impl RedisStoreBuilder {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// let _ = idem_core::RedisStore::builder()
+    /// let _ = idem::RedisStore::builder()
     ///     .wait_for_replicas(1, Duration::from_millis(100))
     ///     .connections(16);
     /// ```
@@ -369,8 +369,8 @@ impl RedisStoreBuilder {
     /// [`Unavailable`](StoreErrorKind::Unavailable).
     ///
     /// ```no_run
-    /// # async fn f() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::RedisStore::builder().connect("redis://127.0.0.1:6379").await?;
+    /// # async fn f() -> Result<(), idem::Error> {
+    /// let store = idem::RedisStore::builder().connect("redis://127.0.0.1:6379").await?;
     /// # let _ = store; Ok(()) }
     /// ```
     pub async fn connect(self, url: &str) -> Result<RedisStore, Error> {
@@ -396,8 +396,8 @@ impl RedisStoreBuilder {
     /// client learns the others and follows the slots as they move.
     ///
     /// ```no_run
-    /// # async fn f() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::RedisStore::builder()
+    /// # async fn f() -> Result<(), idem::Error> {
+    /// let store = idem::RedisStore::builder()
     ///     .connect_cluster(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])
     ///     .await?;
     /// # let _ = store; Ok(()) }
@@ -458,7 +458,7 @@ impl RedisStore {
     /// A builder: prefix `idem`, connect timeout 2 s, response timeout 5 s, no replica wait.
     ///
     /// ```
-    /// let _ = idem_core::RedisStore::builder().prefix("idem");
+    /// let _ = idem::RedisStore::builder().prefix("idem");
     /// ```
     pub fn builder() -> RedisStoreBuilder {
         RedisStoreBuilder::default()
@@ -467,8 +467,8 @@ impl RedisStore {
     /// Connects to one server with the defaults; see [`RedisStoreBuilder::connect`].
     ///
     /// ```no_run
-    /// # async fn f() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// # async fn f() -> Result<(), idem::Error> {
+    /// let store = idem::RedisStore::connect("redis://127.0.0.1:6379").await?;
     /// # let _ = store; Ok(()) }
     /// ```
     pub async fn connect(url: &str) -> Result<RedisStore, Error> {
@@ -478,8 +478,8 @@ impl RedisStore {
     /// The key prefix.
     ///
     /// ```no_run
-    /// # async fn f() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// # async fn f() -> Result<(), idem::Error> {
+    /// let store = idem::RedisStore::connect("redis://127.0.0.1:6379").await?;
     /// assert_eq!(store.prefix(), "idem");
     /// # Ok(()) }
     /// ```
@@ -490,9 +490,9 @@ impl RedisStore {
     /// The Redis key holding the record of `key`: `<prefix>:{<key in hex>}`.
     ///
     /// ```no_run
-    /// # async fn f() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::RedisStore::connect("redis://127.0.0.1:6379").await?;
-    /// let key = idem_core::Key::from_bytes([0xab; 32]);
+    /// # async fn f() -> Result<(), idem::Error> {
+    /// let store = idem::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// let key = idem::Key::from_bytes([0xab; 32]);
     /// assert!(store.redis_key(&key).starts_with("idem:{abab"));
     /// # Ok(()) }
     /// ```
@@ -507,7 +507,7 @@ impl RedisStore {
     /// `KEYS[2]`); their arguments are listed in the store's source (`store/redis/scripts.rs`).
     ///
     /// ```
-    /// let scripts = idem_core::RedisStore::script_sources();
+    /// let scripts = idem::RedisStore::script_sources();
     /// assert!(scripts.iter().any(|(name, source)| *name == "claim" && source.contains("TIME")));
     /// ```
     pub fn script_sources() -> Vec<(&'static str, String)> {

@@ -32,9 +32,9 @@ const CLAIM_ATTEMPTS: usize = 3;
 /// connection, so pass `&mut tx`.
 ///
 /// ```
-/// fn takes<S: idem_core::TransactionalStore>(_: &S) {}
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-/// takes(&idem_core::SqliteStore::open(":memory:").await?);
+/// fn takes<S: idem::TransactionalStore>(_: &S) {}
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+/// takes(&idem::SqliteStore::open(":memory:").await?);
 /// # Ok(()) }
 /// ```
 #[async_trait]
@@ -290,7 +290,7 @@ macro_rules! sql_store_api {
             /// The connection pool, for running your own statements on the same database.
             ///
             #[doc = concat!("```", $fence)]
-            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
             #[doc = concat!("let store = ", $connect, ".await?;")]
             /// let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
             ///     .fetch_one(store.pool())
@@ -305,7 +305,7 @@ macro_rules! sql_store_api {
             /// The name of the records table, as configured.
             ///
             #[doc = concat!("```", $fence)]
-            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
             #[doc = concat!("let store = ", $connect, ".await?;")]
             /// assert_eq!(store.table(), "idem_records");
             /// # Ok(()) }
@@ -317,9 +317,9 @@ macro_rules! sql_store_api {
             /// The claim order `start` follows (see [`ClaimOrder`](crate::ClaimOrder)).
             ///
             #[doc = concat!("```", $fence)]
-            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
             #[doc = concat!("let store = ", $connect, ".await?;")]
-            /// assert_eq!(store.claim_order(), idem_core::ClaimOrder::Adaptive);
+            /// assert_eq!(store.claim_order(), idem::ClaimOrder::Adaptive);
             /// # Ok(()) }
             /// ```
             pub fn claim_order(&self) -> $crate::ClaimOrder {
@@ -330,7 +330,7 @@ macro_rules! sql_store_api {
             /// see the builder's `pruner`).
             ///
             #[doc = concat!("```", $fence)]
-            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+            /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
             #[doc = concat!("let store = ", $connect, ".await?;")]
             /// assert!(store.prunes_in_background());
             /// # Ok(()) }
@@ -356,9 +356,9 @@ macro_rules! sql_store_api {
             ///
             /// ```
             #[doc = concat!(
-                                        "let builder = idem_core::",
+                                        "let builder = idem::",
                                         stringify!($store),
-                                        "::builder().claim_order(idem_core::ClaimOrder::ReadFirst);"
+                                        "::builder().claim_order(idem::ClaimOrder::ReadFirst);"
                                     )]
             /// # let _ = builder;
             /// ```
@@ -382,12 +382,12 @@ macro_rules! sql_store_api {
             /// rows: its lease is a row of the table while a run lasts.
             ///
             /// ```
-            /// use idem_core::PrunerConfig;
+            /// use idem::PrunerConfig;
             #[doc = concat!(
-                "let quiet = idem_core::", stringify!($store), "::builder().pruner(None);"
+                "let quiet = idem::", stringify!($store), "::builder().pruner(None);"
             )]
             #[doc = concat!(
-                "let gentle = idem_core::", stringify!($store),
+                "let gentle = idem::", stringify!($store),
                 "::builder().pruner(PrunerConfig::new().share(0.05));"
             )]
             /// # let _ = (quiet, gentle);
@@ -407,7 +407,7 @@ macro_rules! sql_store_api {
             ///
             /// ```
             #[doc = concat!(
-                "let builder = idem_core::", stringify!($store), "::builder().migrate_on_connect(false);"
+                "let builder = idem::", stringify!($store), "::builder().migrate_on_connect(false);"
             )]
             /// # let _ = builder;
             /// ```

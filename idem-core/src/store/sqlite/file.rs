@@ -16,11 +16,11 @@ use crate::error::Error;
 /// `?synchronous=full` or `?synchronous=normal`).
 ///
 /// ```
-/// use idem_core::SqliteSync;
+/// use idem::SqliteSync;
 /// assert_eq!(SqliteSync::default(), SqliteSync::Full);
 /// assert_eq!("normal".parse::<SqliteSync>()?, SqliteSync::Normal);
 /// assert_eq!(SqliteSync::Normal.to_string(), "normal");
-/// # Ok::<(), idem_core::Error>(())
+/// # Ok::<(), idem::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]

@@ -28,7 +28,7 @@ sql_store_api!(
     SqliteStoreBuilder,
     SqlitePool,
     "",
-    "idem_core::SqliteStore::connect(\"sqlite::memory:\")"
+    "idem::SqliteStore::connect(\"sqlite::memory:\")"
 );
 
 /// The oldest SQLite whose SQL this store uses: `unixepoch('subsec')` came in 3.42.
@@ -44,7 +44,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Completion, Key, SqliteStore, Start, StartRequest, Store};
+/// use idem::{Completion, Key, SqliteStore, Start, StartRequest, Store};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let dir = tempfile::tempdir()?;
 /// let store = SqliteStore::open(dir.path().join("idem.db")).await?;
@@ -262,7 +262,7 @@ impl SqliteStore {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;
-    /// let store = idem_core::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// let store = idem::SqliteStore::open(dir.path().join("idem.db")).await?;
     /// assert_eq!(store.table(), "idem_records");
     /// # Ok(()) }
     /// ```
@@ -279,8 +279,8 @@ impl SqliteStore {
     /// `synchronous=normal` ([`SqliteSync`]).
     ///
     /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::SqliteStore::connect("sqlite::memory:").await?;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+    /// let store = idem::SqliteStore::connect("sqlite::memory:").await?;
     /// assert_eq!(store.pool().size(), 1); // in-memory: exactly one connection
     /// # Ok(()) }
     /// ```
@@ -317,7 +317,7 @@ impl SqliteStore {
     ///     .test_before_acquire(false)
     ///     .connect_with(options)
     ///     .await?;
-    /// let store = idem_core::SqliteStore::from_pool(pool).await?;
+    /// let store = idem::SqliteStore::from_pool(pool).await?;
     /// # let _ = store;
     /// # Ok(()) }
     /// ```
@@ -330,7 +330,7 @@ impl SqliteStore {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;
-    /// let store = idem_core::SqliteStore::builder()
+    /// let store = idem::SqliteStore::builder()
     ///     .table("payments_idem")
     ///     .open(dir.path().join("idem.db"))
     ///     .await?;
@@ -350,7 +350,7 @@ impl SqliteStore {
 /// use std::time::Duration;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let dir = tempfile::tempdir()?;
-/// let store = idem_core::SqliteStore::builder()
+/// let store = idem::SqliteStore::builder()
 ///     .table("idem_orders")
 ///     .max_connections(4)
 ///     .busy_timeout(Duration::from_secs(10))
@@ -395,8 +395,8 @@ impl SqliteStoreBuilder {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let err = idem_core::SqliteStore::builder().table("bad-name").connect("sqlite::memory:").await;
-    /// assert!(matches!(err, Err(idem_core::Error::InvalidConfig(_))));
+    /// let err = idem::SqliteStore::builder().table("bad-name").connect("sqlite::memory:").await;
+    /// assert!(matches!(err, Err(idem::Error::InvalidConfig(_))));
     /// # }
     /// ```
     pub fn table(mut self, name: impl Into<String>) -> Self {
@@ -409,7 +409,7 @@ impl SqliteStoreBuilder {
     /// which always use one, and by [`from_pool`](SqliteStoreBuilder::from_pool).
     ///
     /// ```
-    /// let builder = idem_core::SqliteStore::builder().max_connections(2);
+    /// let builder = idem::SqliteStore::builder().max_connections(2);
     /// # let _ = builder;
     /// ```
     pub fn max_connections(mut self, n: u32) -> Self {
@@ -421,7 +421,7 @@ impl SqliteStoreBuilder {
     /// 5 s). Ignored by [`from_pool`](SqliteStoreBuilder::from_pool).
     ///
     /// ```
-    /// let builder = idem_core::SqliteStore::builder().busy_timeout(std::time::Duration::from_secs(1));
+    /// let builder = idem::SqliteStore::builder().busy_timeout(std::time::Duration::from_secs(1));
     /// # let _ = builder;
     /// ```
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
@@ -437,7 +437,7 @@ impl SqliteStoreBuilder {
     /// pool keeps its own.
     ///
     /// ```
-    /// use idem_core::{SqliteStore, SqliteSync};
+    /// use idem::{SqliteStore, SqliteSync};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;
     /// let store = SqliteStore::builder()
@@ -460,8 +460,8 @@ impl SqliteStoreBuilder {
     /// [`Error::SqliteFile`], naming it and why.
     ///
     /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
-    /// let store = idem_core::SqliteStore::builder().table("t1").open(":memory:").await?;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+    /// let store = idem::SqliteStore::builder().table("t1").open(":memory:").await?;
     /// assert_eq!(store.table(), "t1");
     /// # Ok(()) }
     /// ```
@@ -482,11 +482,11 @@ impl SqliteStoreBuilder {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;
     /// let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-    /// let store = idem_core::SqliteStore::builder().connect(&url).await?; // creates the file
+    /// let store = idem::SqliteStore::builder().connect(&url).await?; // creates the file
     /// # let _ = store;
     /// let missing = format!("sqlite://{}?mode=rw", dir.path().join("other.db").display());
-    /// let err = idem_core::SqliteStore::builder().connect(&missing).await.unwrap_err();
-    /// assert!(matches!(err, idem_core::Error::SqliteFile { .. }), "{err}");
+    /// let err = idem::SqliteStore::builder().connect(&missing).await.unwrap_err();
+    /// assert!(matches!(err, idem::Error::SqliteFile { .. }), "{err}");
     /// # Ok(()) }
     /// ```
     pub async fn connect(mut self, url: &str) -> Result<SqliteStore, Error> {
@@ -526,14 +526,14 @@ impl SqliteStoreBuilder {
     /// Uses a pool you configured. See [`SqliteStore::from_pool`].
     ///
     /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// let pool = sqlx::sqlite::SqlitePoolOptions::new()
     ///     .max_connections(1)
     ///     .idle_timeout(None)
     ///     .max_lifetime(None)
     ///     .connect("sqlite::memory:")
     ///     .await?;
-    /// let store = idem_core::SqliteStore::builder().table("mine").from_pool(pool).await?;
+    /// let store = idem::SqliteStore::builder().table("mine").from_pool(pool).await?;
     /// assert_eq!(store.table(), "mine");
     /// # Ok(()) }
     /// ```
@@ -578,7 +578,7 @@ impl SqliteStoreBuilder {
     ///
     /// ```
     /// use sqlx::Connection;
-    /// use idem_core::SqliteStore;
+    /// use idem::SqliteStore;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;
     /// let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
@@ -610,10 +610,10 @@ impl SqliteStoreBuilder {
     /// `_sqlx_migrations`, which idem never reads).
     ///
     /// ```
-    /// let sql = idem_core::SqliteStore::builder().table("payments_idem").schema_sql()?;
+    /// let sql = idem::SqliteStore::builder().table("payments_idem").schema_sql()?;
     /// assert!(sql.contains(r#"CREATE TABLE IF NOT EXISTS "payments_idem" ("#));
     /// assert!(sql.contains(r#"INSERT INTO "payments_idem_migrations""#));
-    /// # Ok::<(), idem_core::Error>(())
+    /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn schema_sql(&self) -> Result<String, Error> {
         schema::script(&self.table_name()?)

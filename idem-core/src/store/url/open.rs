@@ -9,7 +9,7 @@ use crate::{error::Error, store::admin::StoreAdmin, store::Store};
 /// How [`StoreUrl::connect`] opens a store. The defaults are each store builder's own.
 ///
 /// ```
-/// use idem_core::store::url::ConnectOptions;
+/// use idem::store::url::ConnectOptions;
 /// let options = ConnectOptions::new()
 ///     .namespace("payments")
 ///     .max_connections(16)
@@ -34,7 +34,7 @@ impl ConnectOptions {
     /// The store builders' defaults; a missing DynamoDB table is an error.
     ///
     /// ```
-    /// let options = idem_core::store::url::ConnectOptions::new();
+    /// let options = idem::store::url::ConnectOptions::new();
     /// # let _ = options;
     /// ```
     pub fn new() -> ConnectOptions {
@@ -45,7 +45,7 @@ impl ConnectOptions {
     /// DynamoDB) or the key prefix (Redis). Default: [`Scheme::default_namespace`](crate::store::url::Scheme::default_namespace).
     ///
     /// ```
-    /// let options = idem_core::store::url::ConnectOptions::new().namespace("app.idem_records");
+    /// let options = idem::store::url::ConnectOptions::new().namespace("app.idem_records");
     /// # let _ = options;
     /// ```
     pub fn namespace(mut self, namespace: impl Into<String>) -> ConnectOptions {
@@ -56,7 +56,7 @@ impl ConnectOptions {
     /// The pool size of the SQL stores (their builders' `max_connections`).
     ///
     /// ```
-    /// let options = idem_core::store::url::ConnectOptions::new().max_connections(16);
+    /// let options = idem::store::url::ConnectOptions::new().max_connections(16);
     /// # let _ = options;
     /// ```
     pub fn max_connections(mut self, n: u32) -> ConnectOptions {
@@ -67,7 +67,7 @@ impl ConnectOptions {
     /// How long a PostgreSQL call waits for a pooled connection (`PostgresStoreBuilder::acquire_timeout`).
     ///
     /// ```
-    /// let options = idem_core::store::url::ConnectOptions::new()
+    /// let options = idem::store::url::ConnectOptions::new()
     ///     .acquire_timeout(std::time::Duration::from_secs(30));
     /// # let _ = options;
     /// ```
@@ -82,7 +82,7 @@ impl ConnectOptions {
     /// migrations); Redis has none.
     ///
     /// ```
-    /// let options = idem_core::store::url::ConnectOptions::new().create_table_if_missing(true);
+    /// let options = idem::store::url::ConnectOptions::new().create_table_if_missing(true);
     /// # let _ = options;
     /// ```
     pub fn create_table_if_missing(mut self, create: bool) -> ConnectOptions {
@@ -99,7 +99,7 @@ impl ConnectOptions {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # #[cfg(feature = "sqlite")] {
-    /// use idem_core::store::url::{ConnectError, ConnectOptions, StoreUrl};
+    /// use idem::store::url::{ConnectError, ConnectOptions, StoreUrl};
     /// let dir = tempfile::tempdir()?;
     /// let url = StoreUrl::parse(&format!("sqlite://{}", dir.path().join("idem.db").display()))?;
     /// let err = url.connect(&ConnectOptions::new().create_sqlite_file(false)).await.unwrap_err();
@@ -118,7 +118,7 @@ impl ConnectOptions {
     /// Redis and DynamoDB expire records by themselves either way.
     ///
     /// ```
-    /// let options = idem_core::store::url::ConnectOptions::new().background_pruner(false);
+    /// let options = idem::store::url::ConnectOptions::new().background_pruner(false);
     /// # let _ = options;
     /// ```
     pub fn background_pruner(mut self, on: bool) -> ConnectOptions {
@@ -132,7 +132,7 @@ impl ConnectOptions {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// # if cfg!(feature = "sqlite") {
-/// use idem_core::store::url::{ConnectError, ConnectOptions, StoreUrl};
+/// use idem::store::url::{ConnectError, ConnectOptions, StoreUrl};
 /// let url = StoreUrl::parse("sqlite:///no/such/dir/idem.db?mode=rw").unwrap();
 /// let err = url.connect(&ConnectOptions::new()).await.unwrap_err();
 /// assert!(matches!(err, ConnectError::NoSqliteFile { .. }));
@@ -181,7 +181,7 @@ pub enum ConnectError {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # if cfg!(feature = "sqlite") {
-/// use idem_core::store::url::{ConnectOptions, StoreUrl};
+/// use idem::store::url::{ConnectOptions, StoreUrl};
 /// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
 /// assert_eq!(opened.admin().schema_version().await?, 2); // the records table, then the steps table
 /// let store = opened.into_store();
@@ -220,9 +220,9 @@ impl OpenedStore {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # if cfg!(feature = "sqlite") {
-    /// # use idem_core::store::url::{ConnectOptions, StoreUrl};
+    /// # use idem::store::url::{ConnectOptions, StoreUrl};
     /// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
-    /// let store: &dyn idem_core::Store = opened.store();
+    /// let store: &dyn idem::Store = opened.store();
     /// # let _ = store;
     /// # }
     /// # Ok(()) }
@@ -236,7 +236,7 @@ impl OpenedStore {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # if cfg!(feature = "sqlite") {
-    /// # use idem_core::store::url::{ConnectOptions, StoreUrl};
+    /// # use idem::store::url::{ConnectOptions, StoreUrl};
     /// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
     /// assert_eq!(opened.admin().stats().await?.in_progress, 0);
     /// # }
@@ -267,9 +267,9 @@ impl OpenedStore {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # if cfg!(feature = "sqlite") {
-    /// # use idem_core::store::url::{ConnectOptions, StoreUrl};
+    /// # use idem::store::url::{ConnectOptions, StoreUrl};
     /// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
-    /// let idem = idem_core::Idempotency::new(opened.into_store());
+    /// let idem = idem::Idempotency::new(opened.into_store());
     /// # let _ = idem;
     /// # }
     /// # Ok(()) }
@@ -302,7 +302,7 @@ impl StoreUrl {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # #[cfg(feature = "sqlite")] {
-    /// use idem_core::store::url::{ConnectOptions, OpenedStore, StoreUrl};
+    /// use idem::store::url::{ConnectOptions, OpenedStore, StoreUrl};
     /// let dir = tempfile::tempdir()?;
     /// let url = format!("sqlite://{}", dir.path().join("idem.db").display());
     /// let opened = StoreUrl::parse(&url)?
