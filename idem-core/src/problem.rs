@@ -83,9 +83,10 @@ pub enum Problem {
     CallerInvalid,
     /// HTTP only (the gRPC layer has no key extractor, so it never answers this): a handler
     /// asked for the `IdempotencyKey` of a request that carries the header but that no layer
-    /// checked (the route is outside the layer, or the layer does not guard its method). A
-    /// mistake in the server's setup, not the client's: the key deduplicated nothing. Nothing
-    /// was stored. HTTP `500`; gRPC, were it sent, `INTERNAL`.
+    /// checked (the route is outside the layer, most often because it was added to the `Router`
+    /// after `.layer(…)`, or the layer does not guard its method). A mistake in the server's
+    /// setup, not the client's: the key deduplicated nothing. Nothing was stored. HTTP `500`;
+    /// gRPC, were it sent, `INTERNAL`.
     KeyUnguarded,
 }
 

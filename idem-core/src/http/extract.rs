@@ -23,10 +23,11 @@ pub(crate) struct KeyChecked;
 ///
 /// As `IdempotencyKey`, a request without the header is refused with `400`
 /// ([`Problem::KeyMissing`]); as `Option<IdempotencyKey>` it reads `None`. A request that
-/// carries the header but that no layer guarded (the route is outside the layer, or its method
-/// is not among the layer's [`methods`](super::LayerBuilder::methods)) is refused with `500`
-/// ([`Problem::KeyUnguarded`]) in both forms: its key deduplicates nothing, and a handler that
-/// trusted it would be wrong. The refusals are `application/problem+json` whose `type` links to
+/// carries the header but that no layer guarded (the route is outside the layer, most often
+/// because it was added to the `Router` after `.layer(…)`, or its method is not among the
+/// layer's [`methods`](super::LayerBuilder::methods)) is refused with `500`
+/// ([`Problem::KeyUnguarded`], whose detail names both causes and their fixes) in both forms:
+/// its key deduplicates nothing, and a handler that trusted it would be wrong. The refusals are `application/problem+json` whose `type` links to
 /// docs.rs (the extractor does not see the layer's
 /// [`problem_base`](super::LayerBuilder::problem_base)); take `Result<IdempotencyKey,
 /// IdempotencyKeyRejection>` to answer them your own way.
@@ -103,10 +104,14 @@ impl IdempotencyKey {
         if parts.extensions.get::<KeyChecked>().is_none() {
             return match headers.iter().next() {
                 None => Ok(None),
-                Some(_) => Err(IdempotencyKeyRejection {
-                    problem: Problem::KeyUnguarded,
-                    detail: UNGUARDED.to_owned(),
-                }),
+                Some(_) => {
+                    // A setup mistake: the operator reads it here, the client in the 500.
+                    tracing::error!(method = %parts.method, path = parts.uri.path(), "{UNGUARDED}");
+                    Err(IdempotencyKeyRejection {
+                        problem: Problem::KeyUnguarded,
+                        detail: UNGUARDED.to_owned(),
+                    })
+                }
             };
         }
         // The layer accepted this header under its own rules; read leniently, the same value
@@ -122,8 +127,11 @@ impl IdempotencyKey {
 }
 
 const UNGUARDED: &str = "this request carries an Idempotency-Key that no idempotency layer \
-                         checked (the route is outside the layer, or the layer does not guard \
-                         its method), so the handler cannot rely on it";
+                         checked, so the handler cannot rely on it: the route is not behind the \
+                         idempotency layer (a route added to the Router after .layer(…) is not \
+                         wrapped by it: add the route before calling .layer), or the layer does \
+                         not guard this method (add it to the layer's methods; POST and PATCH \
+                         by default)";
 
 const MISSING: &str = "this endpoint needs an Idempotency-Key header, e.g. \
                        Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"";

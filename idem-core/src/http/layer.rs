@@ -79,6 +79,12 @@ guard_layer! {
     /// a constructor that cannot fail would have to pick one of the two for you, and the only one
     /// it could pick without knowing your authentication lets a client replay another's responses.
     ///
+    /// axum's `Router::layer` wraps the routes the router has when it is called: **a route added
+    /// after `.layer(…)` is not guarded**, and nothing says so. Its requests run every time, and
+    /// an [`IdempotencyKey`](super::IdempotencyKey) extractor there answers `500`
+    /// ([`Problem::KeyUnguarded`](super::Problem::KeyUnguarded)) whose detail names this cause.
+    /// Add every route first, then the layer.
+    ///
     /// ```
     /// use axum::{routing::post, Router};
     /// use idem::http::IdempotencyLayer;
@@ -89,6 +95,8 @@ guard_layer! {
     ///     .build()?;
     /// let app: Router = Router::new()
     ///     .route("/payments", post(|| async { "created" }))
+    ///     .route("/refunds", post(|| async { "refunded" }))
+    ///     // Wraps the two routes above; a route added below this line would not be guarded.
     ///     .layer(layer);
     /// # let _ = app;
     /// # Ok::<(), idem::Error>(())

@@ -24,6 +24,10 @@
 //! # let _ = app; Ok(()) }
 //! ```
 //!
+//! `.layer(…)` wraps the routes added before it: a route added to the `Router` after it is not
+//! guarded (its requests run every time), and an [`IdempotencyKey`] extractor there answers
+//! `500` ([`Problem::KeyUnguarded`]) naming this cause. Add the routes first, then the layer.
+//!
 //! # Whose keys are whose
 //!
 //! A layer scopes keys in one of two ways, and [`build`](LayerBuilder::build) refuses to guess
@@ -78,8 +82,9 @@
 //! A handler behind the layer reads the key the layer checked with the [`IdempotencyKey`]
 //! extractor (without its quotes): `IdempotencyKey` refuses a request without one (`400`),
 //! `Option<IdempotencyKey>` reads `None`. Only the key of a request the layer guarded is given
-//! out: a request that carries the header on a route outside the layer, or with a method the
-//! layer does not guard, is refused with `500` ([`Problem::KeyUnguarded`]).
+//! out: a request that carries the header on a route outside the layer (one added after
+//! `.layer(…)`), or with a method the layer does not guard, is refused with `500`
+//! ([`Problem::KeyUnguarded`]).
 //!
 //! ```
 //! use axum::{routing::post, Router};

@@ -1,11 +1,13 @@
 //! The HTTP layer driven through a real axum server on a loopback port with a real HTTP client,
 //! once per store: every case in `cases.rs` runs against each store listed at the bottom.
-//! `config.rs` checks what the layer's builder refuses, which needs no store; `tasks.rs` which task
-//! runs the claim, the handler and a replay.
+//! `config.rs` checks what the layer's builder refuses, which needs no store; `routes.rs` a route
+//! added to the `Router` after the layer; `tasks.rs` which task runs the claim, the handler and a
+//! replay.
 #![cfg(feature = "http")]
 
 mod cases;
 mod config;
+mod routes;
 mod server;
 mod tasks;
 
