@@ -353,6 +353,17 @@ mod tests {
         );
     }
 
+    /// One alphabet for every way in: printable ASCII, the space included.
+    #[test]
+    fn client_keys_are_printable_ascii_space_included() {
+        for byte in 0..=0x7f_u8 {
+            let key = format!("a{}b", char::from(byte));
+            let printable = (0x20..=0x7e).contains(&byte);
+            assert_eq!(validate_client_key(&key).is_ok(), printable, "{byte:#x}");
+        }
+        assert!(Key::derive("charge", "", " order 42 ").is_ok());
+    }
+
     #[test]
     fn bad_client_keys_are_typed() {
         assert_eq!(

@@ -367,7 +367,8 @@ pub async fn fingerprint_mismatch_is_key_reused(h: &Harness) {
 }
 
 /// Malformed client keys and callers get a typed error; the body does not run and nothing is
-/// stored.
+/// stored. A space is printable ASCII, so a key that holds one is a key like any other (the
+/// alphabet of docs/architecture.md, "The key").
 pub async fn invalid_keys_change_nothing(h: &Harness) {
     let service = h.service("acme");
     let too_long = "k".repeat(256);
@@ -406,6 +407,13 @@ pub async fn invalid_keys_change_nothing(h: &Harness) {
     );
     assert_eq!(service.total_runs() + bad_caller.total_runs(), 0);
     assert_eq!(h.record_count().await, 0);
+
+    let spaced = Payment::new(" order 42 ", 100);
+    let first = service.pay(spaced.clone(), Duration::ZERO).await.unwrap();
+    let again = service.pay(spaced, Duration::ZERO).await.unwrap();
+    assert_eq!(again, first, "replayed, not run again");
+    assert_eq!(service.runs(" order 42 "), 1);
+    assert_eq!(h.record_count().await, 1);
 }
 
 /// A result over the engine's size limit is returned but not kept: the key is recorded as

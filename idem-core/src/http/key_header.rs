@@ -23,8 +23,11 @@ pub(crate) enum KeyHeaderError {
 
 /// The client key the request carries: `Ok(None)` without the header.
 ///
-/// With `accept_bare`, a value that does not start with a double quote is taken verbatim, as
-/// Stripe-style clients send it; it must be visible ASCII (no spaces).
+/// The key's alphabet is the engine's, printable ASCII (0x20..=0x7E), which is exactly what an
+/// RFC 8941 string holds. With `accept_bare`, a value that does not start with a double quote
+/// is taken verbatim, as Stripe-style clients send it; it must be visible ASCII (0x21..=0x7E):
+/// HTTP strips spaces around a field value, so a bare key cannot carry one faithfully, and a key
+/// that holds a space is sent quoted.
 pub(crate) fn client_key(
     fields: GetAll<'_, HeaderValue>,
     accept_bare: bool,
@@ -70,7 +73,8 @@ fn trim_ows(mut v: &[u8]) -> &[u8] {
 fn bare(value: &[u8]) -> Result<String, KeyHeaderError> {
     if value.iter().any(|b| !(0x21..=0x7e).contains(b)) {
         return Err(KeyHeaderError::Malformed {
-            reason: "an unquoted key may hold visible ASCII characters only",
+            reason: "an unquoted key may hold visible ASCII characters only (a key with a \
+                     space is sent quoted: HTTP strips spaces around an unquoted value)",
         });
     }
     Ok(value.iter().map(|&b| b as char).collect())
@@ -311,6 +315,38 @@ mod tests {
             parse(&[b"\"a\"", b"\"a\""], false),
             Err(KeyHeaderError::Repeated { count: 2 })
         );
+    }
+
+    /// Every key the engine takes (printable ASCII, 0x20..=0x7E) can be sent quoted, escaping
+    /// `"` and `\`; bare, every one without a space (a leading `"` starts the quoted form).
+    #[test]
+    fn the_header_carries_the_engines_alphabet() {
+        for byte in 0x20..=0x7e_u8 {
+            let c = char::from(byte);
+            let key = format!("a{c}b");
+            assert!(crate::validate_client_key(&key).is_ok(), "{key:?}");
+            let escaped = key.replace('\\', "\\\\").replace('"', "\\\"");
+            assert_eq!(
+                one(&format!("\"{escaped}\"")),
+                Ok(Some(key.clone())),
+                "{key:?}"
+            );
+            let bare = parse(&[key.as_bytes()], true);
+            if c == ' ' {
+                let Err(KeyHeaderError::Malformed { reason }) = bare else {
+                    panic!("a bare key with a space: {bare:?}");
+                };
+                assert!(reason.contains("sent quoted"), "{reason}");
+            } else {
+                assert_eq!(bare, Ok(Some(key)));
+            }
+        }
+        // Outside the alphabet, neither form.
+        for byte in [0x09_u8, 0x80, 0xff] {
+            let quoted = [b'"', b'a', byte, b'b', b'"'];
+            assert!(parse(&[&quoted], true).is_err(), "{byte:#x}");
+            assert!(parse(&[&quoted[1..4]], true).is_err(), "{byte:#x}");
+        }
     }
 
     #[test]

@@ -245,7 +245,9 @@ impl<C: Codec> LayerBuilder<C> {
 
     /// Whether to accept an unquoted key such as `Idempotency-Key: 8e03978e-40d5-…`, as Stripe
     /// and most existing clients send it. Default `true`: an unquoted key must be 1 to 255
-    /// visible ASCII characters, and `abc` and `"abc"` name the same key (the same record).
+    /// visible ASCII characters, and `abc` and `"abc"` name the same key (the same record). A
+    /// key that holds a space is sent quoted (`"order 42"`): HTTP strips the spaces around a
+    /// field value, so an unquoted key cannot carry one, and gets `400`.
     ///
     /// `false` is the strict mode: the draft standard makes the value a structured-field string
     /// (`Idempotency-Key: "8e03978e-40d5-…"`), and an unquoted key gets `400`

@@ -56,7 +56,7 @@
 //! | same key, different method, path, query or body | `422 Unprocessable Content` |
 //! | no key, key required | `400 Bad Request` |
 //! | no key, key optional | the handler's response, nothing stored |
-//! | malformed key: empty, over 255 characters, header sent twice, not visible ASCII; or, in [strict mode](LayerBuilder::accept_bare_keys), not one RFC 8941 string | `400 Bad Request` |
+//! | malformed key: empty, over 255 characters, header sent twice, outside printable ASCII, a bare key with a space (send it quoted); or, in [strict mode](LayerBuilder::accept_bare_keys), not one RFC 8941 string | `400 Bad Request` |
 //! | key, but the [caller extractor](LayerBuilder::caller) finds no identity | `401 Unauthorized` (or `400`, by [`caller_missing_status`](LayerBuilder::caller_missing_status)); nothing runs or is stored |
 //! | key, but the identity is empty, over 255 bytes or holds a byte outside printable ASCII | `400 Bad Request`; nothing runs or is stored |
 //! | body over [`max_request_body`](LayerBuilder::max_request_body) | `413 Content Too Large`, nothing runs or is stored |

@@ -376,6 +376,28 @@ pub async fn bare_keys_by_default(store: Arc<dyn Store>) {
     assert!(record.is_some());
 }
 
+/// A key may hold a space (the engine's alphabet is printable ASCII): quoted, it runs and
+/// replays under the key without its quotes; bare, it is refused, since HTTP strips the spaces
+/// around an unquoted value, and the detail says to quote it.
+pub async fn a_key_with_a_space_is_sent_quoted(store: Arc<dyn Store>) {
+    let server = Server::start(store.clone(), |b| b).await;
+    let first = post_raw_key(&server, "\" order 42 \"").await;
+    assert_eq!(first.status, 201);
+    let again = post_raw_key(&server, "\" order 42 \"").await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    let record = store.get(&record_key(CALLER, " order 42 ")).await.unwrap();
+    assert!(record.is_some());
+    let bare = post_raw_key(&server, "order 42").await.problem(400);
+    assert_eq!(bare["type"], Problem::KeyMalformed.type_uri());
+    let detail = bare["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("a key with a space is sent quoted"),
+        "{detail}"
+    );
+    assert_eq!(server.runs(), 1);
+}
+
 /// `accept_bare_keys(false)` is the draft's strict form: a bare key gets 400, a quoted one runs.
 pub async fn strict_mode_refuses_bare_keys(store: Arc<dyn Store>) {
     let server = Server::start(store, |b| b.accept_bare_keys(false)).await;

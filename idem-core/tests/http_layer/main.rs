@@ -25,6 +25,7 @@ idem_test_support::per_store! {
         problem_base_sets_type_and_link,
         bad_keys_are_400,
         bare_keys_by_default,
+        a_key_with_a_space_is_sent_quoted,
         strict_mode_refuses_bare_keys,
         extractor_rejections_are_not_stored,
         store_if_can_store_rejections,
