@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem::store::{Forward, Forwarding};
 use idem::{Key, PostgresStore, Pruner, PrunerConfig, SqliteStore, Start, StartRequest, Store};
-use idem_test_support::forward::{Forward, Forwarding};
 use sqlx::{PgPool, SqlitePool};
 use tokio::time::Instant;
 
@@ -328,7 +328,7 @@ struct Metered {
 
 #[async_trait]
 impl Forward for Metered {
-    fn records(&self) -> &dyn Store {
+    fn inner(&self) -> &dyn Store {
         &*self.inner
     }
 

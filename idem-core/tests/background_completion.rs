@@ -19,11 +19,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_core::store::{Forward, Forwarding, Operation};
 use idem_core::{
     Error, Idempotency, Key, MemoryStore, OnLocked, Outcome, Store, StoreError, StoreErrorKind,
     TokioClock,
 };
-use idem_test_support::forward::{Forward, Forwarding, Op};
 use tokio::time::Instant;
 
 /// A memory store that fails, with a passing error, every operation while it is down and every
@@ -84,13 +84,13 @@ impl Faulty {
 }
 
 impl Forward for Faulty {
-    fn records(&self) -> &dyn Store {
+    fn inner(&self) -> &dyn Store {
         &self.inner
     }
 
-    fn gate(&self, op: Op) -> Result<(), Error> {
+    fn gate(&self, op: Operation) -> Result<(), Error> {
         self.up()?;
-        if op == Op::Complete {
+        if op == Operation::Complete {
             self.check(&self.completions_fail_until)?;
         }
         Ok(())

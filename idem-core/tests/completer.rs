@@ -25,11 +25,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::conformance::scaled;
+use idem_core::store::{Forward, Forwarding};
 use idem_core::{
-    AbandonedQuery, Completer, CompleterConfig, Error, Idempotency, Key, ManualClock, MemoryStore,
-    OnLocked, Outcome, Start, StartRequest, Steps, Store, TokioClock,
+    Abandoned, AbandonedQuery, Completer, CompleterConfig, Error, Idempotency, Key, ManualClock,
+    MemoryStore, OnLocked, Outcome, Start, StartRequest, Steps, Store, TokioClock,
 };
-use idem_test_support::forward::{Forward, Forwarding};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -537,15 +537,54 @@ async fn retry_meets_completer_on_postgres() {
     idem_test_support::postgres::drop_store_tables(&store).await;
 }
 
-/// A store of one's own that keeps steps but has no query for abandoned operations (the
-/// trait's default): a [`Forwarding`] store passes every other operation, steps included, to a
-/// memory store, and leaves `find_abandoned` to the trait. A completer on it refuses, typed,
-/// and changes nothing.
+/// A store wrapped by one of one's own (overriding `start` only, to count claims) keeps the
+/// inner store's steps and its query for abandoned operations: the engine's steps, the
+/// completer and the retrying clients work through it as on the memory store itself, and the
+/// engine reaches the wrapper's `start` rather than the inner store's direct calls.
+struct CountsClaims {
+    inner: MemoryStore,
+    starts: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Forward for CountsClaims {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
+
+    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+        self.starts.fetch_add(1, Ordering::SeqCst);
+        self.inner.start(request).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_meets_completer_through_a_wrapper_that_overrides_start_only() {
+    let clock = ManualClock::new();
+    let store = Arc::new(Forwarding(CountsClaims {
+        inner: MemoryStore::with_clock(clock.clone()),
+        starts: AtomicUsize::new(0),
+    }));
+    retry_meets_completer(Idempotency::new(store.clone()), move |d| clock.advance(d)).await;
+    // At least the 20 abandoned claims, the 20 clients' claims, the 20 replays after and the
+    // completer's lease went through the wrapper's start (the completer's own claims vary).
+    let starts = store.starts.load(Ordering::SeqCst);
+    assert!(starts >= 61, "{starts} starts through the wrapper");
+}
+
+/// A store that keeps steps but has no query for abandoned operations: a memory store's, with
+/// `find_abandoned` refused as the `Store` trait's default refuses it. A completer on it
+/// refuses, typed, and changes nothing.
 struct NoQuery(MemoryStore);
 
+#[async_trait::async_trait]
 impl Forward for NoQuery {
-    fn records(&self) -> &dyn Store {
+    fn inner(&self) -> &dyn Store {
         &self.0
+    }
+
+    async fn find_abandoned(&self, _: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error> {
+        Err(Error::CompleterUnsupported)
     }
 }
 

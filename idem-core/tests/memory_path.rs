@@ -12,8 +12,8 @@
 use std::alloc::System;
 use std::sync::Arc;
 
+use idem_core::store::{Forward, Forwarding};
 use idem_core::{Error, Idempotency, Key, MemoryStore, Store};
-use idem_test_support::forward::{Forward, Forwarding};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 
 #[global_allocator]
@@ -42,7 +42,7 @@ async fn allocations_per_call(engine: &Idempotency, keys: &[Key]) -> (f64, f64) 
 struct Awaited(MemoryStore);
 
 impl Forward for Awaited {
-    fn records(&self) -> &dyn Store {
+    fn inner(&self) -> &dyn Store {
         &self.0
     }
 }

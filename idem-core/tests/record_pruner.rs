@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem_core::store::{Forward, Forwarding};
 use idem_core::{
     Claim, Completion, Error, Key, ManualClock, MemoryStore, PruneReport, Pruner, PrunerConfig,
-    Start, StartRequest, Store, StoreError, StoreErrorKind,
+    Record, Start, StartRequest, Store, StoreError, StoreErrorKind,
 };
-use idem_test_support::forward::{Forward, Forwarding};
 use tokio::time::Instant;
 
 const SHORT: Duration = Duration::from_secs(1);
@@ -92,20 +92,46 @@ impl TestStore {
     fn len(&self) -> usize {
         self.records.len()
     }
-}
 
-#[async_trait]
-impl Forward for TestStore {
-    fn records(&self) -> &dyn Store {
-        &self.records
-    }
-
-    fn route(&self, key: &Key) -> &dyn Store {
+    /// The store that keeps `key`: the lease's own for the lease, the records' for the rest.
+    fn route(&self, key: &Key) -> &MemoryStore {
         if *key == lease_key() {
             &self.leases
         } else {
             &self.records
         }
+    }
+}
+
+/// The operations on one key go where [`TestStore::route`] says; the pruner's go to the records.
+#[async_trait]
+impl Forward for TestStore {
+    fn inner(&self) -> &dyn Store {
+        &self.records
+    }
+
+    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+        self.route(request.key).start(request).await
+    }
+
+    async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
+        self.route(claim.key()).complete(claim, completion).await
+    }
+
+    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
+        self.route(claim.key()).abort(claim).await
+    }
+
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
+        self.route(claim.key()).renew(claim, lease).await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        self.route(key).get(key).await
+    }
+
+    async fn evict(&self, key: &Key) -> Result<bool, Error> {
+        self.route(key).evict(key).await
     }
 
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {

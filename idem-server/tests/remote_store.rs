@@ -239,14 +239,14 @@ struct Flaky {
     down: std::sync::atomic::AtomicBool,
 }
 
-impl idem_test_support::forward::Forward for Flaky {
-    fn records(&self) -> &dyn Store {
+impl idem_core::store::Forward for Flaky {
+    fn inner(&self) -> &dyn Store {
         &self.records
     }
 
-    fn gate(&self, op: idem_test_support::forward::Op) -> Result<(), Error> {
+    fn gate(&self, op: idem_core::store::Operation) -> Result<(), Error> {
         let down = self.down.load(std::sync::atomic::Ordering::SeqCst);
-        if down && op == idem_test_support::forward::Op::Complete {
+        if down && op == idem_core::store::Operation::Complete {
             return Err(Error::Store(idem_core::StoreError::new(
                 StoreErrorKind::Unavailable,
                 "injected: the store is down",
@@ -261,7 +261,7 @@ impl idem_test_support::forward::Forward for Flaky {
 /// held, and the same completion once the store is back lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_is_reported_only_once_it_committed() {
-    let flaky = Arc::new(idem_test_support::forward::Forwarding(Flaky {
+    let flaky = Arc::new(idem_core::store::Forwarding(Flaky {
         records: idem_core::MemoryStore::new(),
         down: std::sync::atomic::AtomicBool::new(false),
     }));

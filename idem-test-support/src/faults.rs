@@ -3,9 +3,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use idem_core::store::{Forward, Forwarding, Operation};
 use idem_core::{Error, Store, StoreError, StoreErrorKind};
-
-use crate::forward::{Forward, Forwarding, Op};
 
 /// A store whose completions fail with a passing error (`Unavailable`) while switched on, as a
 /// store that went away right after the work ran: the engine then answers the caller and goes on
@@ -48,12 +47,12 @@ impl CompletionsFail {
 }
 
 impl Forward for CompletionsFail {
-    fn records(&self) -> &dyn Store {
+    fn inner(&self) -> &dyn Store {
         &*self.records
     }
 
-    fn gate(&self, op: Op) -> Result<(), Error> {
-        if op == Op::Complete && self.failing.load(Ordering::SeqCst) {
+    fn gate(&self, op: Operation) -> Result<(), Error> {
+        if op == Operation::Complete && self.failing.load(Ordering::SeqCst) {
             return Err(Error::Store(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "injected: completions fail",

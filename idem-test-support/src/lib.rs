@@ -9,8 +9,7 @@
 //!
 //! Each store's helpers sit behind the feature of the same name (`postgres`, `redis`,
 //! `dynamodb`), which turns the store on in idem-core, so a test binary builds only the stores
-//! it tests. [`bank`] is the business the transactional tests pay into; [`forward`] a store in
-//! front of others, for tests that inject faults or route keys; [`hold`] a handler that waits
+//! it tests. [`bank`] is the business the transactional tests pay into; [`hold`] a handler that waits
 //! for its test; [`layer`] what the HTTP and gRPC layer tests share; [`grpc`] (feature `grpc`) the
 //! gRPC service the gRPC layer's tests, example and benchmark serve.
 #![forbid(unsafe_code)]
@@ -24,7 +23,6 @@ pub mod bank;
 #[cfg(feature = "dynamodb")]
 pub mod dynamodb;
 pub mod faults;
-pub mod forward;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod hold;

@@ -9,6 +9,7 @@
 //! the duration conversion, the row decoding and the migrator. All of them pass the same
 //! conformance suite (`idem::conformance`, feature `conformance`).
 //! [`Pruner::records`](crate::Pruner::records) deletes their expired records in the background.
+//! [`Forwarding`] wraps a store in one of yours that forwards whatever it does not change.
 
 use std::time::Duration;
 
@@ -63,6 +64,14 @@ pub mod url;
 /// - **Database time.** SQL backends compute leases and expiry with the server's clock.
 /// - **Fingerprints.** A live record whose fingerprint differs from the one given to `start`
 ///   (both present) gives [`Error::KeyReused`]; an expired record is simply replaced.
+///
+/// **A store that wraps another** (to count, log, route or inject faults) is best written as a
+/// [`Forward`], which [`Forwarding`] makes a `Store` that forwards every method the wrapper does
+/// not override. A `Store` impl of its own that forwards only the methods without a default
+/// keeps the defaults below, which do not forward: the steps of every call on it fail with
+/// [`Error::StepsUnsupported`], a [`Completer`](crate::Completer) with
+/// [`Error::CompleterUnsupported`], and a pruner uses the default batch size, whatever the inner
+/// store does.
 ///
 /// Use a store through [`Idempotency`](crate::Idempotency); call it directly to build your own
 /// engine:
@@ -130,7 +139,8 @@ pub trait Store: Send + Sync + 'static {
     /// [`PrunerConfig::DEFAULT_BATCH_SIZE`](crate::PrunerConfig::DEFAULT_BATCH_SIZE) (100), which
     /// the memory and SQLite stores keep (a SQLite batch holds the database's only write lock);
     /// [`PostgresStore`](crate::PostgresStore) says 1,000, where fewer, larger batches meet
-    /// fewer claims. A store that wraps another should return the inner store's.
+    /// fewer claims. A store that wraps another should return the inner store's, as
+    /// [`Forwarding`] does.
     ///
     /// ```
     /// use idem::{MemoryStore, PrunerConfig, Store};
@@ -224,7 +234,8 @@ pub trait Store: Send + Sync + 'static {
     /// and nothing to finish after a caller that goes away, since a call that never waits cannot
     /// be left half done. They must keep every rule of [`start`](Self::start) and
     /// [`complete`](Self::complete) (the conformance suite checks the engine's calls too). A
-    /// store that wraps another should return the inner store's.
+    /// store that wraps another returns the inner store's only if it changes neither `start`
+    /// nor `complete`, which the engine would otherwise bypass ([`Forward::immediate`]).
     ///
     /// ```
     /// use idem::{MemoryStore, Store};
@@ -256,10 +267,31 @@ pub trait Immediate: Send + Sync {
     fn complete_now(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error>;
 }
 
+/// Calls the macro `$then` with the [`Store`]'s async methods, one line each: its
+/// [`Operation`](forward::Operation), then its signature without `&self`. The impls that forward
+/// every method (`Arc<S>`'s below, [`Forwarding`]'s) are written from this one list, so a method
+/// the trait gains is forwarded by all of them.
+macro_rules! store_methods {
+    ($then:ident) => {
+        $then! {
+            Start: fn start(request: StartRequest<'_>) -> Result<Start, Error>;
+            Complete: fn complete(claim: &Claim, completion: Completion<'_>) -> Result<(), Error>;
+            Abort: fn abort(claim: &Claim) -> Result<(), Error>;
+            Renew: fn renew(claim: &Claim, lease: Duration) -> Result<(), Error>;
+            Get: fn get(key: &Key) -> Result<Option<Record>, Error>;
+            Evict: fn evict(key: &Key) -> Result<bool, Error>;
+            Prune: fn prune_expired(limit: u32) -> Result<u64, Error>;
+            BeginSteps: fn begin_steps(claim: &Claim, retention: Duration) -> Result<StepLog, Error>;
+            WriteStep: fn write_step(claim: &Claim, step: StepWrite<'_>) -> Result<(), Error>;
+            FindAbandoned: fn find_abandoned(query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error>;
+        }
+    };
+}
+
 /// Writes a `Store` impl for `Arc<S>` whose every method forwards to the store inside (the
-/// async ones listed, `prune_batch_size` and `immediate`).
+/// async ones `store_methods!` lists, `prune_batch_size` and `immediate`).
 macro_rules! forward_to_inner {
-    ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
+    ($($op:ident: fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
         #[async_trait]
         impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
             $(
@@ -279,18 +311,11 @@ macro_rules! forward_to_inner {
     };
 }
 
-forward_to_inner! {
-    fn start(&self, request: StartRequest<'_>) -> Result<Start, Error>;
-    fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error>;
-    fn abort(&self, claim: &Claim) -> Result<(), Error>;
-    fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error>;
-    fn get(&self, key: &Key) -> Result<Option<Record>, Error>;
-    fn evict(&self, key: &Key) -> Result<bool, Error>;
-    fn prune_expired(&self, limit: u32) -> Result<u64, Error>;
-    fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error>;
-    fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error>;
-    fn find_abandoned(&self, query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error>;
-}
+store_methods!(forward_to_inner);
+
+// After `store_methods!`, which it uses.
+mod forward;
+pub use forward::{Forward, Forwarding, Operation};
 
 /// How many expired records a pruner deletes per batch unless its store or its config says
 /// otherwise ([`PrunerConfig::DEFAULT_BATCH_SIZE`](crate::PrunerConfig::DEFAULT_BATCH_SIZE)):
