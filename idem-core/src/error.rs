@@ -222,6 +222,10 @@ pub enum StoreErrorKind {
     ReadOnly,
     /// The store rejected a statement.
     Query,
+    /// The store refused the credentials: a token or password it does not know, or one not
+    /// allowed this operation (idem-server's `401` and `403`). Retrying does not help: the
+    /// configuration must change.
+    Unauthorized,
     /// A stored row or file does not have the expected shape (wrong byte length, unknown state,
     /// a checksum that does not match, a damaged database file).
     Corrupt,
@@ -237,6 +241,7 @@ impl StoreErrorKind {
     /// use idem::StoreErrorKind;
     /// assert!(StoreErrorKind::Transient.is_transient());
     /// assert!(!StoreErrorKind::Corrupt.is_transient());
+    /// assert!(!StoreErrorKind::Unauthorized.is_transient());
     /// ```
     pub fn is_transient(self) -> bool {
         matches!(
@@ -263,6 +268,7 @@ impl StoreErrorKind {
     StoreErrorKind::Full => "is full",
     StoreErrorKind::ReadOnly => "is read-only",
     StoreErrorKind::Query => "query failed",
+    StoreErrorKind::Unauthorized => "refused the credentials",
     StoreErrorKind::Corrupt => "holds corrupt data",
 })]
 pub struct StoreError {

@@ -61,6 +61,14 @@ impl fmt::Debug for Tokens {
     }
 }
 
+/// The shortest admin or caller token the server takes, in bytes (`RemoteStore`'s builder
+/// refuses a shorter one: `idem_core::RemoteStoreBuilder::MIN_TOKEN_LEN`).
+///
+/// ```
+/// assert!(idem_server::auth::Tokens::new(&"a".repeat(idem_server::auth::MIN_TOKEN_LEN - 1), &[]).is_err());
+/// ```
+pub const MIN_TOKEN_LEN: usize = 16;
+
 fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
@@ -88,10 +96,10 @@ impl Tokens {
     /// ```
     pub fn new(admin: &str, callers: &[String]) -> Result<Tokens, BadCallerToken> {
         let mut known = vec![(digest(admin), Caller::Admin)];
-        if admin.len() < 16 {
-            return Err(BadCallerToken(
-                "the admin token must be at least 16 characters".into(),
-            ));
+        if admin.len() < MIN_TOKEN_LEN {
+            return Err(BadCallerToken(format!(
+                "the admin token must be at least {MIN_TOKEN_LEN} characters"
+            )));
         }
         for pair in callers {
             let Some((name, token)) = pair.split_once('=') else {
@@ -108,9 +116,9 @@ impl Tokens {
                     "caller name {name:?}: use 1 to 64 of A-Z a-z 0-9 _ . -"
                 )));
             }
-            if token.len() < 16 {
+            if token.len() < MIN_TOKEN_LEN {
                 return Err(BadCallerToken(format!(
-                    "the token of caller {name} must be at least 16 characters"
+                    "the token of caller {name} must be at least {MIN_TOKEN_LEN} characters"
                 )));
             }
             let d = digest(token);
@@ -124,8 +132,9 @@ impl Tokens {
         Ok(Tokens { known })
     }
 
-    /// The caller whose token `headers` carry as `Authorization: Bearer TOKEN`; `401` when
-    /// there is none or it is unknown.
+    /// The caller whose token `headers` carry as `Authorization: Bearer TOKEN`: Diom's `401
+    /// auth_required` when there is no such header, `401 invalid_token` when the token is
+    /// unknown.
     pub fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
         let presented = headers
             .get(header::AUTHORIZATION)
@@ -134,7 +143,7 @@ impl Tokens {
                 let (scheme, token) = v.trim().split_once(' ')?;
                 scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
             })
-            .ok_or_else(ApiError::unauthorized)?;
+            .ok_or_else(ApiError::auth_required)?;
         let presented = digest(presented);
         // Every known digest is compared, whichever matches.
         let mut found = None;
@@ -143,7 +152,7 @@ impl Tokens {
                 found = Some(caller);
             }
         }
-        found.cloned().ok_or_else(ApiError::unauthorized)
+        found.cloned().ok_or_else(ApiError::invalid_token)
     }
 }
 
@@ -178,13 +187,14 @@ mod tests {
                 .unwrap(),
             Caller::Named("billing".into())
         );
-        for refused in [
-            HeaderMap::new(),
-            with("Bearer admin-token-012345678"),
-            with("Basic admin-token-0123456789"),
-            with("admin-token-0123456789"),
+        for (refused, code) in [
+            (HeaderMap::new(), "auth_required"),
+            (with("Bearer admin-token-012345678"), "invalid_token"),
+            (with("Basic admin-token-0123456789"), "auth_required"),
+            (with("admin-token-0123456789"), "auth_required"),
         ] {
-            assert_eq!(tokens.caller(&refused).unwrap_err().status, 401);
+            let e = tokens.caller(&refused).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.code), (401, code));
         }
     }
 

@@ -6,6 +6,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use idem_core::{Fingerprint, Key, Token, MAX_KEY_LEN};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
 use sha2::{Digest, Sha256};
 
 use crate::auth::Caller;
@@ -17,40 +19,68 @@ const DIOM_MAX_LEN: usize = 256;
 /// The longest lock period or retention: the stores' bound.
 const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
-fn check(value: &str, location: &str, what: &str, extra: &[u8]) -> Result<(), ApiError> {
-    if value.is_empty() || value.len() > DIOM_MAX_LEN {
-        return Err(ApiError::invalid(
-            location,
-            format!(
-                "the {what} must be 1 to 256 characters, got {}",
-                value.len()
-            ),
-        ));
+/// What Diom says of a name its type `kind` refuses (its `string_wrapper!` in
+/// crates/diom-core/src/types/mod.rs): too short, too long, or out of its alphabet, where
+/// Diom's message shows the key's pattern for both kinds. Lengths are in bytes.
+fn refusal(value: &str, kind: &str, extra: &[u8]) -> Option<String> {
+    if value.is_empty() {
+        return Some("String too short".to_owned());
     }
-    if let Some(bad) = value
-        .bytes()
-        .find(|b| !(b.is_ascii_alphanumeric() || b"-/_.=+".contains(b) || extra.contains(b)))
-    {
-        return Err(ApiError::invalid(
-            location,
-            format!(
-                "the {what} holds {:?}; use A-Z a-z 0-9 and - / _ . = +{}",
-                char::from(bad),
-                if extra.is_empty() { "" } else { " :" }
-            ),
-        ));
+    if value.len() > DIOM_MAX_LEN {
+        return Some("String too long".to_owned());
     }
-    Ok(())
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-/_.=+".contains(&b) || extra.contains(&b);
+    (!value.bytes().all(allowed))
+        .then(|| format!(r"{kind} must match the following pattern: ^[a-zA-Z0-9\-/_.=+:]+$."))
 }
 
-/// A Diom key: 1 to 256 of `[a-zA-Z0-9-/_.=+:]`.
+fn key_refusal(key: &str) -> Option<String> {
+    refusal(key, "EntityKey", b":")
+}
+
+fn namespace_refusal(name: &str) -> Option<String> {
+    refusal(name, "NamespaceName", b"")
+}
+
+/// A key field as Diom's `EntityKey` decodes it: 1 to 256 bytes of `[a-zA-Z0-9-/_.=+:]`.
+pub(crate) fn entity_key<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let key = String::deserialize(d)?;
+    match key_refusal(&key) {
+        Some(why) => Err(D::Error::custom(why)),
+        None => Ok(key),
+    }
+}
+
+/// A namespace name field as Diom's `NamespaceName` decodes it: 1 to 256 bytes of
+/// `[a-zA-Z0-9-/_.=+]`.
+pub(crate) fn namespace_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let name = String::deserialize(d)?;
+    match namespace_refusal(&name) {
+        Some(why) => Err(D::Error::custom(why)),
+        None => Ok(name),
+    }
+}
+
+/// An optional namespace name (`null` or absent: none), as Diom's `Option<NamespaceName>`.
+pub(crate) fn optional_namespace_name<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<String>, D::Error> {
+    let name = Option::<String>::deserialize(d)?;
+    match name.as_deref().and_then(namespace_refusal) {
+        Some(why) => Err(D::Error::custom(why)),
+        None => Ok(name),
+    }
+}
+
+/// A Diom key: 1 to 256 of `[a-zA-Z0-9-/_.=+:]`; refused at `key` in Diom's words.
 pub fn check_key(key: &str) -> Result<(), ApiError> {
-    check(key, "body.key", "key", b":")
+    key_refusal(key).map_or(Ok(()), |why| Err(ApiError::invalid("key", why)))
 }
 
-/// A Diom namespace name: 1 to 256 of `[a-zA-Z0-9-/_.=+]`.
+/// A Diom namespace name: 1 to 256 of `[a-zA-Z0-9-/_.=+]`; refused at `location` in Diom's
+/// words.
 pub fn check_namespace(name: &str, location: &str) -> Result<(), ApiError> {
-    check(name, location, "namespace name", b"")
+    namespace_refusal(name).map_or(Ok(()), |why| Err(ApiError::invalid(location, why)))
 }
 
 /// A name as one part of an idem key: itself when it fits (255 bytes), else `#` and its SHA-256
@@ -70,8 +100,7 @@ pub fn part(name: &str) -> Cow<'_, str> {
 /// The idem key of `caller`'s `key` in the namespace whose scope is `scope`.
 pub fn key_of(scope: &str, caller: &Caller, key: &str) -> Result<Key, ApiError> {
     check_key(key)?;
-    Key::derive(scope, &caller.key_space(), &part(key))
-        .map_err(|e| ApiError::invalid("body.key", e))
+    Key::derive(scope, &caller.key_space(), &part(key)).map_err(|e| ApiError::invalid("key", e))
 }
 
 /// A lock period or retention in milliseconds: 1 ms to 10 years.
@@ -123,7 +152,7 @@ pub fn token_text(token: Token) -> String {
 pub fn parse_token(text: &str) -> Result<Token, ApiError> {
     parse_hex::<16>(text).map(Token::from_bytes).ok_or_else(|| {
         ApiError::invalid(
-            "body.token",
+            "token",
             "a token is the 32 hexadecimal digits `start` returned",
         )
     })
@@ -135,14 +164,14 @@ pub fn parse_token(text: &str) -> Result<Token, ApiError> {
 /// use idem_server::keys::{hex, parse_fingerprint_sha256};
 /// let f = idem_core::Fingerprint::of_bytes(b"POST /charge");
 /// assert_eq!(parse_fingerprint_sha256(&hex(f.as_bytes())).unwrap(), f);
-/// assert_eq!(parse_fingerprint_sha256("ab").unwrap_err().location.as_deref(), Some("body.fingerprint_sha256"));
+/// assert_eq!(parse_fingerprint_sha256("ab").unwrap_err().location.as_deref(), Some("fingerprint_sha256"));
 /// ```
 pub fn parse_fingerprint_sha256(text: &str) -> Result<Fingerprint, ApiError> {
     parse_hex::<32>(text)
         .map(Fingerprint::from_bytes)
         .ok_or_else(|| {
             ApiError::invalid(
-                "body.fingerprint_sha256",
+                "fingerprint_sha256",
                 "a fingerprint's SHA-256 is 64 hexadecimal digits",
             )
         })
@@ -160,11 +189,19 @@ mod tests {
         for bad in ["", "foo bar", "foo&bar", "foo\\bar", "é", &"k".repeat(257)] {
             let e = check_key(bad).unwrap_err();
             assert_eq!(
-                (e.status.as_u16(), e.location.as_deref()),
-                (422, Some("body.key"))
+                (e.status.as_u16(), e.code, e.location.as_deref()),
+                (422, "invalid_data", Some("key"))
             );
         }
-        assert!(check_namespace("a:b", "body.namespace").is_err());
+        assert_eq!(check_key("").unwrap_err().detail, "String too short");
+        assert_eq!(
+            check_key(&"k".repeat(257)).unwrap_err().detail,
+            "String too long"
+        );
+        assert_eq!(
+            check_namespace("a:b", "namespace").unwrap_err().detail,
+            r"NamespaceName must match the following pattern: ^[a-zA-Z0-9\-/_.=+:]+$."
+        );
     }
 
     #[test]
@@ -189,8 +226,8 @@ mod tests {
 
     #[test]
     fn periods_are_one_millisecond_to_ten_years() {
-        assert!(period(0, "body.lock_period_ms").is_err());
-        assert!(period(u64::MAX, "body.ttl_ms").is_err());
+        assert!(period(0, "lock_period_ms").is_err());
+        assert!(period(u64::MAX, "ttl_ms").is_err());
         assert_eq!(period(1, "x").unwrap(), Duration::from_millis(1));
     }
 }

@@ -222,8 +222,8 @@ pub(crate) fn engine_error(e: Error) -> ApiError {
             "fingerprint_mismatch",
             "the key was started with another fingerprint: a different request reused the key",
         ),
-        Error::InvalidConfig(detail) => ApiError::invalid("body", detail),
-        Error::InvalidStep(detail) => ApiError::invalid("body.name", detail),
+        Error::InvalidConfig(detail) => ApiError::invalid(".", detail),
+        Error::InvalidStep(detail) => ApiError::invalid("name", detail),
         Error::StepsUnsupported => ApiError::operation(
             StatusCode::NOT_IMPLEMENTED,
             "steps_unsupported",
@@ -275,9 +275,11 @@ where
     let out = Format::of_response(&headers);
     let timeout = app.inner.config.request_timeout;
     let answered = tokio::time::timeout(timeout, async {
+        // In Diom's order: the token, the content type, the body's size, then its fields.
         let caller = app.inner.tokens.caller(&headers)?;
+        let format = Format::of_request(&headers)?;
         let bytes = read_body(&headers, body, app.inner.config.max_body_bytes).await?;
-        let input = Format::of_request(&headers).decode::<T>(&bytes)?;
+        let input = format.decode::<T>(&bytes)?;
         handle(app.clone(), caller, input, out).await
     })
     .await;
@@ -297,20 +299,27 @@ where
 }
 
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    let too_large = || ApiError {
-        status: StatusCode::PAYLOAD_TOO_LARGE,
-        ..ApiError::invalid("body", format!("the body is larger than {limit} bytes"))
-    };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
+        return Err(ApiError::payload_too_large());
     }
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large())
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let over_limit = std::error::Error::source(&e)
+            .is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
+        if over_limit {
+            ApiError::payload_too_large()
+        } else {
+            // Diom's answer to a body that breaks off (the client went away, say).
+            ApiError::server(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "Failed to read request body",
+            )
+        }
+    })
 }
 
 /// Whether the caller wants the fenced answers.
@@ -327,17 +336,17 @@ async fn start(
     let (ns, key) = app
         .locate(&caller, input.namespace.as_deref(), &input.key)
         .await?;
-    let lease = period(input.lock_period_ms, "body.lock_period_ms")?;
+    let lease = period(input.lock_period_ms.get(), "lock_period_ms")?;
     let fingerprint = match (&input.fingerprint, &input.fingerprint_sha256) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
-                "body.fingerprint_sha256",
+                "fingerprint_sha256",
                 "send a fingerprint or its SHA-256, not both",
             ))
         }
         (Some(f), None) if f.is_empty() || f.len() > 4096 => {
             return Err(ApiError::invalid(
-                "body.fingerprint",
+                "fingerprint",
                 "a fingerprint is 1 to 4096 bytes",
             ))
         }
@@ -428,7 +437,7 @@ fn stored(bytes: &[u8]) -> Result<CompletedOut, ApiError> {
 /// A token-less complete or abort in a namespace that requires tokens.
 fn token_required() -> ApiError {
     ApiError::invalid(
-        "body.token",
+        "token",
         "this namespace requires the token `start` returned (send `fenced: true` to start)",
     )
 }
@@ -445,11 +454,11 @@ async fn complete(
     let (ns, key) = app
         .locate(&caller, input.namespace.as_deref(), &input.key)
         .await?;
-    let ttl = period(input.ttl_ms, "body.ttl_ms")?;
+    let ttl = period(input.ttl_ms.get(), "ttl_ms")?;
     let token = input.token.as_deref().map(parse_token).transpose()?;
     if input.absent && !input.response.is_empty() {
         return Err(ApiError::invalid(
-            "body.response",
+            "response",
             "a response marked absent must be empty",
         ));
     }
@@ -581,7 +590,7 @@ async fn renew(
     out: Format,
 ) -> Result<Response, ApiError> {
     let claim = app.held(&caller, &input).await?;
-    let lease = period(input.lock_period_ms, "body.lock_period_ms")?;
+    let lease = period(input.lock_period_ms.get(), "lock_period_ms")?;
     app.inner
         .engine
         .renew(&claim, lease)
@@ -650,10 +659,7 @@ async fn prune(
     input: PruneIn,
     out: Format,
 ) -> Result<Response, ApiError> {
-    admin_only(
-        &caller,
-        "pruning spans every caller's keys: it takes the admin token",
-    )?;
+    admin_only(&caller, "prune", "idempotency::*")?;
     let pruned = app
         .inner
         .engine
@@ -672,7 +678,7 @@ async fn begin_steps(
     out: Format,
 ) -> Result<Response, ApiError> {
     let claim = app.held(&caller, &input).await?;
-    let ttl = period(input.ttl_ms, "body.ttl_ms")?;
+    let ttl = period(input.ttl_ms.get(), "ttl_ms")?;
     let log = app
         .inner
         .engine
@@ -711,7 +717,7 @@ async fn write_step(
         name: &input.name,
         position: input.position,
         result: input.result.as_deref(),
-        retention: period(input.ttl_ms, "body.ttl_ms")?,
+        retention: period(input.ttl_ms.get(), "ttl_ms")?,
     };
     app.inner
         .engine
@@ -721,13 +727,13 @@ async fn write_step(
     Ok(out.respond(StatusCode::OK, &Empty {}))
 }
 
-const NAMESPACES_ADMIN: &str = "namespaces are configured with the admin token";
-
-fn admin_only(caller: &Caller, why: &str) -> Result<(), ApiError> {
+/// Refuses a caller token `action` on `resource`, as Diom refuses an operation its role's
+/// rules do not allow (`admin/namespace::NAME` for a namespace).
+fn admin_only(caller: &Caller, action: &str, resource: &str) -> Result<(), ApiError> {
     if caller.is_admin() {
         Ok(())
     } else {
-        Err(ApiError::operation(StatusCode::FORBIDDEN, "forbidden", why))
+        Err(ApiError::forbidden(action, resource))
     }
 }
 
@@ -737,7 +743,11 @@ async fn configure_namespace(
     input: ConfigureIn,
     out: Format,
 ) -> Result<Response, ApiError> {
-    admin_only(&caller, NAMESPACES_ADMIN)?;
+    admin_only(
+        &caller,
+        "configure",
+        &format!("admin/namespace::{}", input.name),
+    )?;
     let ns = app
         .inner
         .namespaces
@@ -752,13 +762,10 @@ async fn get_namespace(
     input: GetNamespaceIn,
     out: Format,
 ) -> Result<Response, ApiError> {
-    admin_only(&caller, NAMESPACES_ADMIN)?;
+    admin_only(&caller, "get", &format!("admin/namespace::{}", input.name))?;
     match app.inner.namespaces.get(&input.name).await? {
         Some(ns) => Ok(out.respond(StatusCode::OK, &ns)),
-        None => Err(ApiError::not_found(format!(
-            "no namespace `{}`",
-            input.name
-        ))),
+        None => Err(ApiError::not_found()),
     }
 }
 
@@ -787,7 +794,12 @@ async fn render_metrics(State(app): State<App>) -> Response {
             handle.render(),
         )
             .into_response(),
-        None => ApiError::not_found("metrics are not enabled on this server").respond(Format::Json),
+        None => ApiError::operation(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "metrics are not enabled on this server",
+        )
+        .respond(Format::Json),
     }
 }
 

@@ -1,15 +1,20 @@
 //! Diom's wire format: JSON or MessagePack chosen by `Content-Type` (requests) and `Accept`
-//! (responses), the request and result bodies, and the error body `{type, code, detail,
-//! location}` with its status codes.
+//! (responses), the request and result bodies, and Diom's error body `{type, code, detail,
+//! location}` with its status codes. Request bodies are decoded as Diom decodes them (serde with
+//! the path of the failing field), so a body Diom refuses is refused here with the same status,
+//! code, detail and location.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroU64;
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+use crate::keys::{entity_key, namespace_name, optional_namespace_name};
 
 /// The two encodings Diom speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,39 +32,106 @@ fn names_msgpack(value: Option<&HeaderValue>) -> bool {
         v.split(',').any(|part| {
             let essence = part.split(';').next().unwrap_or("").trim();
             essence.eq_ignore_ascii_case(MSGPACK)
-                || essence.eq_ignore_ascii_case("application/x-msgpack")
         })
     })
 }
 
 impl Format {
-    /// The request body's encoding: MessagePack when `Content-Type` says so, JSON otherwise.
-    pub fn of_request(headers: &HeaderMap) -> Format {
-        if names_msgpack(headers.get(header::CONTENT_TYPE)) {
-            Format::MsgPack
-        } else {
-            Format::Json
+    /// The request body's encoding, as Diom reads `Content-Type`: `application/json` or
+    /// `application/msgpack` (parameters such as `charset` aside). Anything else is refused
+    /// as Diom refuses it: `400 missing_content_type` without the header,
+    /// `400 invalid_content_type` with another type.
+    ///
+    /// ```
+    /// use axum::http::{header, HeaderMap, HeaderValue};
+    /// use idem_server::wire::Format;
+    /// let mut headers = HeaderMap::new();
+    /// assert_eq!(Format::of_request(&headers).unwrap_err().code, "missing_content_type");
+    /// headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+    /// assert_eq!(Format::of_request(&headers)?, Format::Json);
+    /// headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    /// assert_eq!(Format::of_request(&headers).unwrap_err().code, "invalid_content_type");
+    /// # Ok::<(), idem_server::wire::ApiError>(())
+    /// ```
+    pub fn of_request(headers: &HeaderMap) -> Result<Format, ApiError> {
+        let Some(value) = headers.get(header::CONTENT_TYPE) else {
+            return Err(ApiError::content_type("missing_content_type"));
+        };
+        let parsed: Option<mime::Mime> = value.to_str().ok().and_then(|v| v.parse().ok());
+        match parsed {
+            Some(m) if m.type_() == mime::APPLICATION && m.subtype() == "msgpack" => {
+                Ok(Format::MsgPack)
+            }
+            Some(m) if m.type_() == mime::APPLICATION && m.subtype() == mime::JSON => {
+                Ok(Format::Json)
+            }
+            _ => Err(ApiError::content_type("invalid_content_type")),
         }
     }
 
-    /// The response's encoding: MessagePack when `Accept` names it, JSON otherwise.
+    /// The response's encoding: MessagePack when `Accept` names it, or when there is no
+    /// `Accept` and the request's `Content-Type` is MessagePack (as Diom chooses); JSON
+    /// otherwise.
     pub fn of_response(headers: &HeaderMap) -> Format {
-        if names_msgpack(headers.get(header::ACCEPT)) {
+        let accept = headers.get(header::ACCEPT);
+        if names_msgpack(accept)
+            || (accept.is_none()
+                && headers
+                    .get(header::CONTENT_TYPE)
+                    .is_some_and(|v| v.as_bytes() == MSGPACK.as_bytes()))
+        {
             Format::MsgPack
         } else {
             Format::Json
         }
     }
 
-    /// Decodes a request body; a body that does not parse is invalid input.
+    /// Decodes a request body as Diom does: a value of the wrong type or refused by its field
+    /// (a bad key, a zero period; a missing field, at `.`) is `422 invalid_data` at the
+    /// field's path, with serde's words (in JSON, and the line and column); bytes that are
+    /// not JSON or MessagePack are `400 invalid_encoding`. Like Diom, bytes after the JSON
+    /// value are not read.
+    ///
+    /// ```
+    /// use idem_server::wire::{Format, StartIn};
+    /// let e = Format::Json.decode::<StartIn>(br#"{"key":"k","lock_period_ms":0}"#).unwrap_err();
+    /// assert_eq!((e.status.as_u16(), e.code, e.location.as_deref()), (422, "invalid_data", Some("lock_period_ms")));
+    /// assert_eq!(e.detail, "invalid value: integer `0`, expected a nonzero u64 at line 1 column 29");
+    /// let e = Format::Json.decode::<StartIn>(b"{").unwrap_err();
+    /// assert_eq!((e.status.as_u16(), e.code, e.location), (400, "invalid_encoding", None));
+    /// ```
     pub fn decode<T: DeserializeOwned>(self, bytes: &[u8]) -> Result<T, ApiError> {
         match self {
-            Format::Json => serde_json::from_slice(bytes).map_err(|e| {
-                ApiError::invalid("body", format!("the JSON body does not parse: {e}"))
-            }),
-            Format::MsgPack => rmp_serde::from_slice(bytes).map_err(|e| {
-                ApiError::invalid("body", format!("the MessagePack body does not parse: {e}"))
-            }),
+            Format::Json => {
+                let mut de = serde_json::Deserializer::from_slice(bytes);
+                serde_path_to_error::deserialize(&mut de).map_err(|e| {
+                    let location = e.path().to_string();
+                    let inner = e.into_inner();
+                    match inner.classify() {
+                        serde_json::error::Category::Data => ApiError::invalid(&location, inner),
+                        // An I/O error cannot come from a slice.
+                        serde_json::error::Category::Io
+                        | serde_json::error::Category::Syntax
+                        | serde_json::error::Category::Eof => ApiError::invalid_encoding(inner),
+                    }
+                })
+            }
+            Format::MsgPack => {
+                let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
+                serde_path_to_error::deserialize(&mut de).map_err(|e| {
+                    let location = e.path().to_string();
+                    match e.inner() {
+                        // A value of the wrong type, or one its field refuses (serde's own
+                        // errors, which rmp_serde calls `Syntax`): Diom 0.2.6 answers these
+                        // `invalid_data` at the field, in MessagePack as in JSON.
+                        rmp_serde::decode::Error::TypeMismatch(_)
+                        | rmp_serde::decode::Error::Syntax(_) => {
+                            ApiError::invalid(&location, e.inner())
+                        }
+                        other => ApiError::invalid_encoding(other),
+                    }
+                })
+            }
         }
     }
 
@@ -87,7 +159,7 @@ impl Format {
                     StatusCode::INTERNAL_SERVER_ERROR,
                     [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
                     Body::from(
-                        r#"{"type":"server-error","code":"internal_error","detail":"the response could not be encoded","location":null}"#,
+                        r#"{"type":"server-error","code":"server_error","detail":"response serialization error","location":null}"#,
                     ),
                 )
                     .into_response()
@@ -123,21 +195,65 @@ pub struct ApiError {
     pub code: &'static str,
     /// What happened, for a person.
     pub detail: String,
-    /// Where in the request the invalid input is (`body.key`), for invalid input. Always
-    /// present, `null` when there is none: Diom's Python client requires the field.
+    /// The path of the field the invalid input is at (`lock_period_ms`, `context.status`), as
+    /// Diom names it, for `invalid_data`. Always present, `null` when there is none: Diom's
+    /// Python client requires the field.
     pub location: Option<String>,
 }
 
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.status.as_u16(), self.code, self.detail)?;
+        if let Some(location) = &self.location {
+            write!(f, " (at {location})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ApiError {}
+
 impl ApiError {
-    /// `422`, invalid input at `location`.
+    fn input(status: StatusCode, code: &'static str, detail: impl fmt::Display) -> ApiError {
+        ApiError {
+            status,
+            kind: ErrorType::InvalidInput,
+            code,
+            detail: detail.to_string(),
+            location: None,
+        }
+    }
+
+    /// `422 invalid_data`: the value at `location` (a field's path, `lock_period_ms`) is
+    /// refused.
     pub fn invalid(location: &str, detail: impl fmt::Display) -> ApiError {
         ApiError {
-            status: StatusCode::UNPROCESSABLE_ENTITY,
-            kind: ErrorType::InvalidInput,
-            code: "validation",
-            detail: detail.to_string(),
             location: Some(location.to_owned()),
+            ..ApiError::input(StatusCode::UNPROCESSABLE_ENTITY, "invalid_data", detail)
         }
+    }
+
+    /// `400 invalid_encoding`: the body is not JSON or MessagePack.
+    pub fn invalid_encoding(detail: impl fmt::Display) -> ApiError {
+        ApiError::input(StatusCode::BAD_REQUEST, "invalid_encoding", detail)
+    }
+
+    /// `400 missing_content_type` or `400 invalid_content_type`, Diom's answers.
+    pub fn content_type(code: &'static str) -> ApiError {
+        ApiError::input(
+            StatusCode::BAD_REQUEST,
+            code,
+            "Expected request with `content-type: application/msgpack` or `content-type: application/json`",
+        )
+    }
+
+    /// `413 payload_too_large`: the body is over the server's limit.
+    pub fn payload_too_large() -> ApiError {
+        ApiError::input(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            "Request payload is too large.",
+        )
     }
 
     /// An operation error with its own status and code.
@@ -162,17 +278,32 @@ impl ApiError {
         }
     }
 
-    /// `400 not_found`, as Diom answers an unknown namespace.
-    pub fn not_found(detail: impl fmt::Display) -> ApiError {
-        ApiError::operation(StatusCode::BAD_REQUEST, "not_found", detail)
+    /// `400 not_found`, Diom's answer to an unknown namespace.
+    pub fn not_found() -> ApiError {
+        ApiError::operation(StatusCode::BAD_REQUEST, "not_found", "Entity not found")
     }
 
-    /// `401 unauthorized`: no token, or one the server does not know.
-    pub fn unauthorized() -> ApiError {
+    /// `401 auth_required`: no `Authorization: Bearer TOKEN` header.
+    pub fn auth_required() -> ApiError {
         ApiError::operation(
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "send a known token as `Authorization: Bearer TOKEN`",
+            "auth_required",
+            "`Authorization` header required",
+        )
+    }
+
+    /// `401 invalid_token`: a bearer token the server does not know.
+    pub fn invalid_token() -> ApiError {
+        ApiError::operation(StatusCode::UNAUTHORIZED, "invalid_token", "Invalid token.")
+    }
+
+    /// `403 forbidden`: a caller token asked for `action` on `resource`, which takes the admin
+    /// token (Diom's detail).
+    pub fn forbidden(action: &str, resource: &str) -> ApiError {
+        ApiError::operation(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("You do not have permission to perform `{action}` on `{resource}`"),
         )
     }
 
@@ -186,12 +317,13 @@ impl ApiError {
 #[derive(Debug, Deserialize)]
 pub struct StartIn {
     /// The namespace; the default one when absent.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_namespace_name")]
     pub namespace: Option<String>,
     /// The caller's idempotency key.
+    #[serde(deserialize_with = "entity_key")]
     pub key: String,
-    /// How long the lock holds without a renewal.
-    pub lock_period_ms: u64,
+    /// How long the lock holds without a renewal (at least 1).
+    pub lock_period_ms: NonZeroU64,
     /// Fenced extension: what the request was; a later start with the same key and another
     /// fingerprint gets `fingerprint_mismatch`.
     #[serde(default)]
@@ -211,9 +343,10 @@ pub struct StartIn {
 #[derive(Debug, Deserialize)]
 pub struct CompleteIn {
     /// The namespace; the default one when absent.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_namespace_name")]
     pub namespace: Option<String>,
     /// The caller's idempotency key.
+    #[serde(deserialize_with = "entity_key")]
     pub key: String,
     /// The response to keep and replay.
     #[serde(with = "serde_bytes")]
@@ -221,8 +354,8 @@ pub struct CompleteIn {
     /// Strings kept with the response (a status code, headers).
     #[serde(default)]
     pub context: Option<HashMap<String, String>>,
-    /// How long the response replays.
-    pub ttl_ms: u64,
+    /// How long the response replays (at least 1).
+    pub ttl_ms: NonZeroU64,
     /// Fenced extension: the claim's token from `start`.
     #[serde(default)]
     pub token: Option<String>,
@@ -243,9 +376,10 @@ pub struct CompleteIn {
 #[derive(Debug, Deserialize)]
 pub struct AbortIn {
     /// The namespace; the default one when absent.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_namespace_name")]
     pub namespace: Option<String>,
     /// The caller's idempotency key.
+    #[serde(deserialize_with = "entity_key")]
     pub key: String,
     /// Fenced extension: the claim's token from `start`.
     #[serde(default)]
@@ -256,20 +390,22 @@ pub struct AbortIn {
 #[derive(Debug, Deserialize)]
 pub struct RenewIn {
     /// The namespace; the default one when absent.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_namespace_name")]
     pub namespace: Option<String>,
     /// The caller's idempotency key.
+    #[serde(deserialize_with = "entity_key")]
     pub key: String,
     /// The claim's token from `start`.
     pub token: String,
-    /// The lock's new period, from now.
-    pub lock_period_ms: u64,
+    /// The lock's new period, from now (at least 1).
+    pub lock_period_ms: NonZeroU64,
 }
 
 /// `POST /api/v1.idempotency.namespace.configure`.
 #[derive(Debug, Deserialize)]
 pub struct ConfigureIn {
     /// The namespace's name.
+    #[serde(deserialize_with = "namespace_name")]
     pub name: String,
     /// Fenced extension: refuse complete and abort without a token in this namespace. Absent:
     /// unchanged (off for a new namespace).
@@ -281,6 +417,7 @@ pub struct ConfigureIn {
 #[derive(Debug, Deserialize)]
 pub struct GetNamespaceIn {
     /// The namespace's name.
+    #[serde(deserialize_with = "namespace_name")]
     pub name: String,
 }
 
@@ -375,9 +512,10 @@ impl CompletedOut {
 #[derive(Debug, Deserialize)]
 pub struct KeyIn {
     /// The namespace; the default one when absent.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_namespace_name")]
     pub namespace: Option<String>,
     /// The caller's idempotency key.
+    #[serde(deserialize_with = "entity_key")]
     pub key: String,
 }
 
@@ -475,20 +613,21 @@ pub struct PruneOut {
 /// ```
 /// let body = r#"{"key": "ride-1", "token": "0123456789abcdef0123456789abcdef", "ttl_ms": 60000}"#;
 /// let begin: idem_server::wire::StepsBeginIn = serde_json::from_str(body)?;
-/// assert_eq!(begin.ttl_ms, 60_000);
+/// assert_eq!(begin.ttl_ms.get(), 60_000);
 /// # Ok::<(), serde_json::Error>(())
 /// ```
 #[derive(Debug, Deserialize)]
 pub struct StepsBeginIn {
     /// The namespace; the default one when absent.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_namespace_name")]
     pub namespace: Option<String>,
     /// The operation's idempotency key.
+    #[serde(deserialize_with = "entity_key")]
     pub key: String,
     /// The operation's claim token from `start`.
     pub token: String,
-    /// How long the operation's steps are kept, from now.
-    pub ttl_ms: u64,
+    /// How long the operation's steps are kept, from now (at least 1).
+    pub ttl_ms: NonZeroU64,
 }
 
 /// `POST /api/v1.idempotency.steps.write` (fenced extension).
@@ -503,9 +642,10 @@ pub struct StepsBeginIn {
 #[derive(Debug, Deserialize)]
 pub struct StepWriteIn {
     /// The namespace; the default one when absent.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_namespace_name")]
     pub namespace: Option<String>,
     /// The operation's idempotency key.
+    #[serde(deserialize_with = "entity_key")]
     pub key: String,
     /// The operation's claim token from `start`.
     pub token: String,
@@ -516,8 +656,8 @@ pub struct StepWriteIn {
     /// Its result; absent to record that an at-most-once step begins.
     #[serde(default, with = "serde_bytes")]
     pub result: Option<Vec<u8>>,
-    /// How long the operation's steps are kept, from now.
-    pub ttl_ms: u64,
+    /// How long the operation's steps are kept, from now (at least 1).
+    pub ttl_ms: NonZeroU64,
 }
 
 /// One stored step, as `steps.begin` answers it.
@@ -584,18 +724,19 @@ mod tests {
 
     #[test]
     fn an_error_body_always_carries_its_location() {
-        let body = serde_json::to_value(ApiError::not_found("no namespace `x`")).unwrap();
+        let body = serde_json::to_value(ApiError::not_found()).unwrap();
         assert_eq!(
             body,
             serde_json::json!({"type": "operation-error", "code": "not_found",
-                "detail": "no namespace `x`", "location": null})
+                "detail": "Entity not found", "location": null})
         );
     }
 
     #[test]
     fn accept_and_content_type_choose_the_encoding() {
         let mut headers = HeaderMap::new();
-        assert_eq!(Format::of_request(&headers), Format::Json);
+        assert!(Format::of_request(&headers).is_err());
+        assert_eq!(Format::of_response(&headers), Format::Json);
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/msgpack"),
@@ -604,7 +745,23 @@ mod tests {
             header::ACCEPT,
             HeaderValue::from_static("text/html, application/msgpack;q=0.9"),
         );
-        assert_eq!(Format::of_request(&headers), Format::MsgPack);
+        assert_eq!(Format::of_request(&headers).unwrap(), Format::MsgPack);
         assert_eq!(Format::of_response(&headers), Format::MsgPack);
+        // No Accept: the answer is in the request's encoding when that is MessagePack.
+        headers.remove(header::ACCEPT);
+        assert_eq!(Format::of_response(&headers), Format::MsgPack);
+        for refused in [
+            "application/x-msgpack",
+            "text/json",
+            "application/problem+json",
+            "json",
+        ] {
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(refused));
+            assert_eq!(
+                Format::of_request(&headers).unwrap_err().code,
+                "invalid_content_type",
+                "{refused}"
+            );
+        }
     }
 }

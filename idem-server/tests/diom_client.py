@@ -139,11 +139,13 @@ assert idem.start("shared", lock(15_000)).status == "locked"
 check("key spaces")
 
 # errors
-e = raises(InvalidInputError, "validation", lambda: idem.start("foo bar", lock(1_000)))
-assert e.location == "body.key", e.location
-raises(InvalidInputError, "validation", lambda: idem.start("zero", lock(0)))
-raises(InvalidInputError, "validation", lambda: idem.complete("zero", done(b"", ttl_ms=0)))
-raises(OperationError, "unauthorized", lambda: client("not-a-known-token-at-all").idempotency.start("zero", lock(1_000)))
+e = raises(InvalidInputError, "invalid_data", lambda: idem.start("foo bar", lock(1_000)))
+assert e.location == "key", e.location
+e = raises(InvalidInputError, "invalid_data", lambda: idem.start("zero", lock(0)))
+assert e.location == "lock_period_ms", e.location
+e = raises(InvalidInputError, "invalid_data", lambda: idem.complete("zero", done(b"", ttl_ms=0)))
+assert e.location == "ttl_ms", e.location
+raises(OperationError, "invalid_token", lambda: client("not-a-known-token-at-all").idempotency.start("zero", lock(1_000)))
 assert idem.start("zero", lock(1_000)).status == "started", "a refused request claimed the key"
 check("errors")
 

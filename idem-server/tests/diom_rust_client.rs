@@ -275,9 +275,17 @@ async fn bad_input_and_bad_tokens_are_typed_errors() {
     let alice = client(&server, ALICE);
     let idem = alice.idempotency();
     let bad_key = idem.start("foo bar".into(), lock(1_000)).await.unwrap_err();
-    assert_eq!(class(&bad_key), ("invalid-input", "validation".to_owned()));
+    assert_eq!(
+        class(&bad_key),
+        ("invalid-input", "invalid_data".to_owned())
+    );
+    assert!(bad_key.to_string().contains("location=key"), "{bad_key}");
     let zero = idem.start("k".into(), lock(0)).await.unwrap_err();
-    assert_eq!(class(&zero), ("invalid-input", "validation".to_owned()));
+    assert_eq!(class(&zero), ("invalid-input", "invalid_data".to_owned()));
+    assert!(
+        zero.to_string().contains("location=lock_period_ms"),
+        "{zero}"
+    );
     let zero_ttl = idem
         .complete(
             "k".into(),
@@ -285,7 +293,14 @@ async fn bad_input_and_bad_tokens_are_typed_errors() {
         )
         .await
         .unwrap_err();
-    assert_eq!(class(&zero_ttl), ("invalid-input", "validation".to_owned()));
+    assert_eq!(
+        class(&zero_ttl),
+        ("invalid-input", "invalid_data".to_owned())
+    );
+    assert!(
+        zero_ttl.to_string().contains("location=ttl_ms"),
+        "{zero_ttl}"
+    );
     let stranger = client(&server, "not-a-known-token-at-all");
     let denied = stranger
         .idempotency()
@@ -294,7 +309,7 @@ async fn bad_input_and_bad_tokens_are_typed_errors() {
         .unwrap_err();
     assert_eq!(
         class(&denied),
-        ("operation-error", "unauthorized".to_owned())
+        ("operation-error", "invalid_token".to_owned())
     );
     // Nothing was claimed by any of them.
     assert_eq!(status(idem.start("k".into(), lock(1_000)).await), "started");

@@ -40,6 +40,7 @@ async fn a_stalled_request_is_answered_503_at_the_timeout() {
     });
     let stalled = Request::post("/api/v1.idempotency.start")
         .header("authorization", format!("Bearer {ALICE}"))
+        .header("content-type", "application/json")
         // A body whose bytes never come: a client that stalls.
         .body(Body::from_stream(stream::pending::<
             Result<Bytes, Infallible>,
@@ -63,6 +64,7 @@ async fn a_body_over_the_limit_is_413_declared_or_not() {
     // Declared in Content-Length: refused before the body is read.
     let declared = Request::post("/api/v1.idempotency.start")
         .header("authorization", format!("Bearer {ALICE}"))
+        .header("content-type", "application/json")
         .header("content-length", big.len())
         .body(Body::from(big.clone()))
         .unwrap();
@@ -72,11 +74,12 @@ async fn a_body_over_the_limit_is_413_declared_or_not() {
     // Not declared (chunked): the read stops at the limit.
     let streamed = Request::post("/api/v1.idempotency.start")
         .header("authorization", format!("Bearer {ALICE}"))
+        .header("content-type", "application/json")
         .body(Body::from(big))
         .unwrap();
     let (status, _, body) = call(&app, streamed).await;
     assert_eq!(status, 413);
-    assert_eq!(error_body(&body)["code"], "validation");
+    assert_eq!(error_body(&body)["code"], "payload_too_large");
     // Nothing was claimed.
     let (_, _, body) = call(
         &app,

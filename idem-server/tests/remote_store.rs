@@ -148,9 +148,9 @@ fn store_error<T: std::fmt::Debug>(result: Result<T, Error>) -> (StoreErrorKind,
 }
 
 /// What is not a rule of the suite but of the network: a server that cannot be reached, or
-/// does not answer in time, is `Unavailable`; a token it does not know, a caller's prune and an
-/// unknown namespace are `Query` refusals with the server's words; callers' key spaces stay
-/// apart.
+/// does not answer in time, is `Unavailable`; a token it does not know and a caller's prune
+/// are `Unauthorized`, naming the server, and not retried; an unknown namespace is a `Query`
+/// refusal with the server's words; callers' key spaces stay apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_network_and_the_servers_refusals_come_back_typed() {
     let harness = SqliteRemote::new().await.expect("a SQLite server");
@@ -192,11 +192,31 @@ async fn the_network_and_the_servers_refusals_come_back_typed() {
     assert!(message.contains("no answer within"), "{message}");
 
     let (kind, message) = store_error(remote("not-a-token-we-know-0000").get(&key).await);
-    assert_eq!(kind, StoreErrorKind::Query);
-    assert!(message.contains("401"), "{message}");
+    assert_eq!(kind, StoreErrorKind::Unauthorized, "{message}");
+    assert!(
+        message.contains(&server) && message.contains("401 Unauthorized invalid_token"),
+        "{message}"
+    );
+    assert!(!kind.is_transient(), "a wrong token is not retried");
+    // Through the engine: the refusal reaches the caller at once, typed, and the work never
+    // runs.
+    let engine = idem_core::Idempotency::new(remote("not-a-token-we-know-0000"));
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    let outcome = engine
+        .call(key)
+        .run(async {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, idem_core::Error>(1)
+        })
+        .await;
+    assert!(
+        matches!(&outcome, Err(idem_core::Error::Store(e)) if e.kind() == StoreErrorKind::Unauthorized),
+        "{outcome:?}"
+    );
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
     let alice = remote(ALICE);
     let (kind, message) = store_error(alice.prune_expired(10).await);
-    assert_eq!(kind, StoreErrorKind::Query);
+    assert_eq!(kind, StoreErrorKind::Unauthorized, "{message}");
     assert!(
         message.contains("403") && message.contains("admin token"),
         "{message}"
@@ -208,6 +228,17 @@ async fn the_network_and_the_servers_refusals_come_back_typed() {
     let (kind, message) = store_error(nowhere.get(&key).await);
     assert_eq!(kind, StoreErrorKind::Query);
     assert!(message.contains("not_found"), "{message}");
+
+    // The builder refuses a token no server takes; idem-server's minimum is the builder's.
+    assert_eq!(
+        idem_core::RemoteStoreBuilder::MIN_TOKEN_LEN,
+        idem_server::auth::MIN_TOKEN_LEN
+    );
+    let short = RemoteStore::builder(server.clone(), "abc").build();
+    assert!(
+        matches!(&short, Err(idem_core::Error::InvalidConfig(m)) if m.contains("at least 16")),
+        "{short:?}"
+    );
 
     // Alice's key is hers: the admin's same key is another record.
     let started = alice

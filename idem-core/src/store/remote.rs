@@ -48,13 +48,15 @@ const MSGPACK: &str = "application/msgpack";
 /// the store's clock); what a server failure loses is what its store loses.
 ///
 /// Errors, from the server's answers: `409 stale_holder` is [`Error::LeaseLost`], `422
-/// fingerprint_mismatch` [`Error::KeyReused`], `422 validation` [`Error::InvalidConfig`] (at
-/// `body.name`, [`Error::InvalidStep`]), `501 steps_unsupported` [`Error::StepsUnsupported`],
-/// `503` and a server that cannot be reached or does not answer within the timeout a store
-/// error of kind [`Unavailable`](StoreErrorKind::Unavailable) (whether the request took
-/// effect is unknown, as for any store), `500 corrupt` [`Corrupt`](StoreErrorKind::Corrupt),
-/// any other refusal (`401`, `403`, an unknown namespace) [`Query`](StoreErrorKind::Query)
-/// with the server's detail. Plain `http://` only: put TLS in front of the server on the
+/// fingerprint_mismatch` [`Error::KeyReused`], `422 invalid_data` and `400 invalid_encoding`
+/// [`Error::InvalidConfig`] (at `name`, [`Error::InvalidStep`]), `501 steps_unsupported`
+/// [`Error::StepsUnsupported`], `503` and a server that cannot be reached or does not answer
+/// within the timeout a store error of kind [`Unavailable`](StoreErrorKind::Unavailable)
+/// (whether the request took effect is unknown, as for any store), `500 corrupt`
+/// [`Corrupt`](StoreErrorKind::Corrupt), `401` and `403` (a token the server does not know, a
+/// caller token on `prune`) [`Unauthorized`](StoreErrorKind::Unauthorized), naming the
+/// server, which the engine does not retry; any other refusal (an unknown namespace)
+/// [`Query`](StoreErrorKind::Query) with the server's detail. Plain `http://` only: put TLS in front of the server on the
 /// network path (a sidecar or a mesh) where it leaves the host.
 ///
 /// ```no_run
@@ -164,6 +166,14 @@ impl RemoteStoreBuilder {
     /// ```
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(35);
 
+    /// The shortest token idem-server takes (its `--admin-token` and `--caller-token`
+    /// minimum): [`build`](Self::build) refuses a shorter one, which no server can know.
+    ///
+    /// ```
+    /// assert_eq!(idem_core::RemoteStoreBuilder::MIN_TOKEN_LEN, 16);
+    /// ```
+    pub const MIN_TOKEN_LEN: usize = 16;
+
     /// The namespace the keys live in; the server's `default` unless set.
     ///
     /// ```
@@ -189,16 +199,28 @@ impl RemoteStoreBuilder {
 
     /// The store. Nothing is sent yet: a server that cannot be reached shows at the first
     /// call. [`Error::InvalidConfig`] for an address that is not `http://HOST[:PORT][/PATH]`, a
-    /// token that cannot be a header value, or a timeout outside 1 ms..10 years.
+    /// token shorter than [`MIN_TOKEN_LEN`](Self::MIN_TOKEN_LEN) or that cannot be a header
+    /// value, or a timeout outside 1 ms..10 years.
     ///
     /// ```
     /// use idem::{Error, RemoteStore};
     /// assert!(RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789").build().is_ok());
     /// let refused = RemoteStore::builder("https://idem.example", "a-caller-token-0123456789").build();
     /// assert!(matches!(refused, Err(Error::InvalidConfig(_))));
+    /// let short = RemoteStore::builder("http://127.0.0.1:8624", "abc").build();
+    /// assert!(matches!(short, Err(Error::InvalidConfig(m)) if m.contains("at least 16")));
     /// ```
     pub fn build(self) -> Result<RemoteStore, Error> {
         crate::store::check_duration("the request timeout", self.timeout)?;
+        let length = self.token.len();
+        if length < Self::MIN_TOKEN_LEN {
+            return Err(Error::InvalidConfig(format!(
+                "the RemoteStore's token is {length} characters; idem-server's tokens are at \
+                 least {} (the minimum of its --admin-token and --caller-token): pass the token \
+                 the server was started with",
+                Self::MIN_TOKEN_LEN
+            )));
+        }
         let base = self.server.trim_end_matches('/').to_owned();
         let uri: Uri = base.parse().map_err(|e| {
             Error::InvalidConfig(format!(
@@ -283,9 +305,9 @@ struct Refusal {
     location: Option<String>,
 }
 
-/// The error a refusal of the server is (docs/server.md, "Errors"; the table on
+/// The error a refusal of the server at `server` is (docs/server.md, "Errors"; the table on
 /// [`RemoteStore`]).
-fn refused(status: StatusCode, body: &[u8]) -> Error {
+fn refused(server: &str, status: StatusCode, body: &[u8]) -> Error {
     let refusal: Refusal = rmp_serde::from_slice(body).unwrap_or_else(|_| Refusal {
         code: String::new(),
         detail: String::from_utf8_lossy(body).chars().take(200).collect(),
@@ -295,7 +317,7 @@ fn refused(status: StatusCode, body: &[u8]) -> Error {
         Error::Store(StoreError::new(
             kind,
             format!(
-                "idem-server answered {status} {}: {}",
+                "idem-server at {server} answered {status} {}: {}",
                 refusal.code, refusal.detail
             ),
         ))
@@ -303,11 +325,22 @@ fn refused(status: StatusCode, body: &[u8]) -> Error {
     match (status.as_u16(), refusal.code.as_str()) {
         (409, "stale_holder") => Error::LeaseLost,
         (422, "fingerprint_mismatch") => Error::KeyReused,
-        (422 | 413, _) => match refusal.location.as_deref() {
-            Some("body.name") => Error::InvalidStep(refusal.detail),
-            Some(at) => Error::InvalidConfig(format!("{} ({at})", refusal.detail)),
+        // A value the server refuses (`invalid_data` at its field; in MessagePack, Diom's
+        // decoder reports most of them as `invalid_encoding`), or a body over its limit.
+        (422 | 413, _) | (400, "invalid_encoding") => match refusal.location.as_deref() {
+            Some("name") => Error::InvalidStep(refusal.detail),
+            Some(at) => Error::InvalidConfig(format!("{} (at {at})", refusal.detail)),
             None => Error::InvalidConfig(refusal.detail),
         },
+        (401 | 403, _) => Error::Store(StoreError::new(
+            StoreErrorKind::Unauthorized,
+            format!(
+                "idem-server at {server} refused the token ({status} {}: {}): build the \
+                 RemoteStore with a token the server was started with (a --caller-token, or \
+                 the admin token, which alone may prune)",
+                refusal.code, refusal.detail
+            ),
+        )),
         (501, "steps_unsupported") => Error::StepsUnsupported,
         (503, _) | (502 | 504, _) => store(StoreErrorKind::Unavailable),
         (409, _) => store(StoreErrorKind::Transient),
@@ -358,7 +391,7 @@ impl Inner {
             .await
             .map_err(|_| unavailable(&format_args!("no answer within {:?}", self.timeout)))??;
         if status != StatusCode::OK {
-            return Err(refused(status, &body));
+            return Err(refused(&self.base, status, &body));
         }
         rmp_serde::from_slice(&body).map_err(|e| malformed(format_args!("{route}: {e}")))
     }
@@ -745,7 +778,11 @@ mod tests {
             .unwrap()
         };
         let at = |s: u16, code: &str, loc: Option<&str>| {
-            refused(StatusCode::from_u16(s).unwrap(), &body(code, loc))
+            refused(
+                "http://h:1",
+                StatusCode::from_u16(s).unwrap(),
+                &body(code, loc),
+            )
         };
         assert!(matches!(at(409, "stale_holder", None), Error::LeaseLost));
         assert!(matches!(
@@ -753,10 +790,14 @@ mod tests {
             Error::KeyReused
         ));
         assert!(
-            matches!(at(422, "validation", Some("body.ttl_ms")), Error::InvalidConfig(d) if d == "d (body.ttl_ms)")
+            matches!(at(422, "invalid_data", Some("ttl_ms")), Error::InvalidConfig(d) if d == "d (at ttl_ms)")
         );
         assert!(matches!(
-            at(422, "validation", Some("body.name")),
+            at(400, "invalid_encoding", None),
+            Error::InvalidConfig(d) if d == "d"
+        ));
+        assert!(matches!(
+            at(422, "invalid_data", Some("name")),
             Error::InvalidStep(_)
         ));
         assert!(matches!(
@@ -772,9 +813,18 @@ mod tests {
             StoreErrorKind::Unavailable
         );
         assert_eq!(kind(at(500, "corrupt", None)), StoreErrorKind::Corrupt);
-        assert_eq!(kind(at(401, "unauthorized", None)), StoreErrorKind::Query);
+        for (status, code) in [
+            (401, "invalid_token"),
+            (401, "auth_required"),
+            (403, "forbidden"),
+        ] {
+            let e = at(status, code, None);
+            assert!(e.to_string().contains("http://h:1"), "{e}");
+            assert_eq!(kind(e), StoreErrorKind::Unauthorized);
+        }
+        assert_eq!(kind(at(400, "not_found", None)), StoreErrorKind::Query);
         assert_eq!(
-            kind(refused(StatusCode::BAD_GATEWAY, b"<html>")),
+            kind(refused("http://h:1", StatusCode::BAD_GATEWAY, b"<html>")),
             StoreErrorKind::Unavailable
         );
     }
@@ -792,14 +842,30 @@ mod tests {
     fn only_plain_http_addresses_build() {
         for bad in ["https://h", "h:1", "http://h?x=1", "ftp://h"] {
             assert!(
-                RemoteStore::builder(bad, "t").build().is_err(),
+                RemoteStore::builder(bad, "a-caller-token-0123456789")
+                    .build()
+                    .is_err(),
                 "{bad} was taken"
             );
         }
-        let store = RemoteStore::builder("http://h:1/prefix/", "t")
+        let store = RemoteStore::builder("http://h:1/prefix/", "a-caller-token-0123456789")
             .build()
             .unwrap();
         assert_eq!(store.server(), "http://h:1/prefix");
+    }
+
+    #[test]
+    fn a_token_shorter_than_the_servers_minimum_is_refused() {
+        for short in ["", "abc", "fifteen-chars-x"] {
+            let refused = RemoteStore::builder("http://h:1", short).build();
+            assert!(
+                matches!(&refused, Err(Error::InvalidConfig(m)) if m.contains("at least 16")),
+                "{short:?}: {refused:?}"
+            );
+        }
+        assert!(RemoteStore::builder("http://h:1", "sixteen-chars-xx")
+            .build()
+            .is_ok());
     }
 
     /// A duration out of range is refused here, as every store refuses it, before anything is
