@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use idem_core::store::url::{ConnectOptions, StoreUrl};
+use idem_core::store::url::{ConnectOptions, Scheme, StoreUrl};
 use idem_server::{auth::Tokens, router, App, Config};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
@@ -45,10 +45,21 @@ struct Args {
     /// The store's table (SQL, DynamoDB) or key prefix (Redis).
     #[arg(long, env = "IDEM_TABLE")]
     table: Option<String>,
+    /// The SQL store's pool size, 1 to 1024 connections (default: SQLite 8, PostgreSQL 10).
+    /// Only for sqlite and postgres stores.
+    #[arg(
+        long,
+        env = "IDEM_MAX_CONNECTIONS",
+        value_parser = clap::value_parser!(u32).range(1..=MAX_POOL)
+    )]
+    max_connections: Option<u32>,
     /// Log lines as JSON objects.
     #[arg(long, env = "IDEM_LOG_JSON")]
     log_json: bool,
 }
+
+/// The largest pool `--max-connections` takes: more is a typo, not a deployment.
+const MAX_POOL: i64 = 1024;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -75,6 +86,17 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(table) = &args.table {
         options = options.namespace(table.clone());
     }
+    if let Some(n) = args.max_connections {
+        if !matches!(url.scheme(), Scheme::Sqlite | Scheme::Postgres) {
+            return Err(format!(
+                "--max-connections sizes the pool of a sqlite or postgres store; the {} store \
+                 keeps no such pool: leave it out",
+                url.scheme().form()
+            )
+            .into());
+        }
+        options = options.max_connections(n);
+    }
     let store = url.connect(&options).await?.into_store();
     let mut prometheus = PrometheusBuilder::new();
     for (name, bounds) in idem_core::PROMETHEUS_BUCKETS {
@@ -90,7 +112,12 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let app = App::new(store, tokens, config, Some(metrics))?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    tracing::info!(listen = %listener.local_addr()?, store = url.scheme().form(), "idem-server listening");
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        store = url.scheme().form(),
+        max_connections = args.max_connections,
+        "idem-server listening"
+    );
     axum::serve(listener, router(app))
         .with_graceful_shutdown(shutdown())
         .await?;
