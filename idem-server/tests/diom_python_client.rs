@@ -5,9 +5,7 @@
 
 mod common;
 
-use std::process::Stdio;
-
-use common::{serve, ADMIN, ALICE, BOB};
+use common::{run_python, serve, ADMIN, ALICE, BOB};
 use idem_server::Config;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,23 +19,14 @@ async fn diom_python_client_drives_every_path() {
     };
     let server = serve(Config::default()).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/diom_client.py");
-    let run = tokio::process::Command::new(&python)
-        .arg(script)
-        .env("IDEM_SERVER_URL", &server.url)
-        .env("IDEM_ADMIN", ADMIN)
-        .env("IDEM_ALICE", ALICE)
-        .env("IDEM_BOB", BOB)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(std::time::Duration::from_secs(120), run)
-        .await
-        .expect("the Python client ran for over two minutes")
-        .expect("the Python named by IDEM_DIOM_PYTHON does not run");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the Python client's checks failed");
+    let env = [
+        ("IDEM_SERVER_URL", server.url.as_str()),
+        ("IDEM_ADMIN", ADMIN),
+        ("IDEM_ALICE", ALICE),
+        ("IDEM_BOB", BOB),
+    ];
+    let (passed, stdout) = run_python(&python, script, &env).await;
+    assert!(passed, "the Python client's checks failed");
     assert!(
         stdout.contains("all 10 checks passed"),
         "not every check ran"

@@ -96,6 +96,26 @@ pub fn json(path: &str, token: Option<&str>, body: serde_json::Value) -> Request
         .unwrap()
 }
 
+/// Runs the Python script `script` with `python` and the environment `env`, for at most two
+/// minutes: whether it exited 0, and what it printed (its stdout; both streams are shown in
+/// the test's output).
+pub async fn run_python(python: &str, script: &str, env: &[(&str, &str)]) -> (bool, String) {
+    let mut command = tokio::process::Command::new(python);
+    command.arg(script).envs(env.iter().copied());
+    let run = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(120), run)
+        .await
+        .expect("the Python script ran for over two minutes")
+        .expect("the Python named by IDEM_DIOM_PYTHON does not run");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), stdout)
+}
+
 /// A free local port (bound, then released for a server process to take).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
