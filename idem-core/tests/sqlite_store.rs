@@ -1351,3 +1351,44 @@ async fn synchronous_is_full_by_default_and_set_by_the_builder_or_the_url() {
         .unwrap_err();
     assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
 }
+
+/// `close` stops the pruner, checkpoints the log and closes the pools: the `-wal` and `-shm`
+/// files are gone, the records are in the database file, and a call afterwards is refused as
+/// unavailable.
+#[tokio::test]
+async fn close_checkpoints_the_log_and_removes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, shm) = (
+        dir.path().join("idem.db-wal"),
+        dir.path().join("idem.db-shm"),
+    );
+    // With its background pruner, which must stop first.
+    let store = SqliteStore::open(db(&dir)).await.unwrap();
+    assert!(store.prunes_in_background());
+    let clone = store.clone();
+    for n in 0..50 {
+        let c = claim(&store, &key(n), LEASE).await;
+        store.complete(&c, done(b"kept", RETENTION)).await.unwrap();
+    }
+    assert!(
+        wal.exists() && shm.exists(),
+        "WAL mode keeps both while open"
+    );
+    store.close().await.unwrap();
+    assert!(!wal.exists(), "the log stayed behind");
+    assert!(!shm.exists(), "the shared-memory file stayed behind");
+    let err = clone.get(&key(0)).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.kind() == StoreErrorKind::Unavailable),
+        "{err:?}"
+    );
+    store.close().await.unwrap();
+
+    let reopened = quiet().open(db(&dir)).await.unwrap();
+    for n in 0..50 {
+        match reopened.get(&key(n)).await.unwrap() {
+            Some(record) => assert!(matches!(record.state, RecordState::Completed(_))),
+            None => panic!("record {n} lost"),
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! The `idem-server` binary: flags (or the environment), the store, the routes, and a graceful
-//! shutdown on SIGTERM or Ctrl-C.
+//! shutdown on SIGTERM or Ctrl-C, which answers the requests in flight and then closes the store
+//! (a SQLite store checkpoints its log, so no `-wal` or `-shm` file stays behind).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -97,7 +98,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         options = options.max_connections(n);
     }
-    let store = url.connect(&options).await?.into_store();
+    let opened = url.connect(&options).await?;
+    let store = opened.clone().into_store();
     let mut prometheus = PrometheusBuilder::new();
     for (name, bounds) in idem_core::PROMETHEUS_BUCKETS {
         prometheus =
@@ -121,7 +123,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     axum::serve(listener, router(app))
         .with_graceful_shutdown(shutdown())
         .await?;
-    tracing::info!("idem-server stopped: every request in flight was answered");
+    opened.close().await?;
+    tracing::info!("idem-server stopped: every request in flight was answered, the store closed");
     Ok(())
 }
 

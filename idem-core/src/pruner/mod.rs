@@ -968,6 +968,15 @@ impl<R: Copy + Send + Sync + 'static> Background<R> {
         *self.reports.borrow_and_update()
     }
 
+    /// Asks the task to stop and waits until it has, through a shared handle (a store's clones
+    /// share its pruner's). A panic of the task is not resumed here: the task is gone either way.
+    pub(crate) async fn stop(&self) {
+        self.stop.send_replace(true);
+        // The task holds the reports' sender: the channel closes when the task ends.
+        let mut reports = self.reports.clone();
+        while reports.changed().await.is_ok() {}
+    }
+
     /// Asks the task to stop and waits for it; resumes its panic, if it panicked.
     pub(crate) async fn shutdown(self) {
         self.stop.send_replace(true);
@@ -1068,6 +1077,12 @@ impl PrunerHandle {
     /// stopped. See [`PrunerHandle`] for an example.
     pub async fn next_report(&mut self) -> Option<PruneReport> {
         self.0.next_report().await
+    }
+
+    /// [`shutdown`](Self::shutdown) through a shared handle (a store's clones share their
+    /// pruner's), without resuming a panic.
+    pub(crate) async fn stop(&self) {
+        self.0.stop().await;
     }
 
     /// Stops the pruner after the batch in progress (a pause is cut short), lets it release

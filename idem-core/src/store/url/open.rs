@@ -189,7 +189,7 @@ pub enum ConnectError {
 /// # }
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum OpenedStore {
     /// From a `sqlite:` URL.
@@ -259,6 +259,36 @@ impl OpenedStore {
             OpenedStore::DynamoDb { store, .. } => store,
             #[cfg(feature = "remote")]
             OpenedStore::Remote(s) => s,
+        }
+    }
+
+    /// Closes the store cleanly once its last call is done: a SQLite store stops its pruner,
+    /// checkpoints its log and closes its connections, so its `-wal` and `-shm` files go
+    /// (`SqliteStore::close`); the other stores have nothing to close. Clones (and the store
+    /// [`into_store`](Self::into_store) gave) share what it closes. idem-server calls it when it
+    /// stops.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[cfg(feature = "sqlite")] {
+    /// # use idem_core::store::url::{ConnectOptions, StoreUrl};
+    /// let dir = tempfile::tempdir()?;
+    /// let url = StoreUrl::parse(&format!("sqlite://{}", dir.path().join("idem.db").display()))?;
+    /// let opened = url.connect(&ConnectOptions::new()).await?;
+    /// let engine = idem_core::Idempotency::new(opened.clone().into_store());
+    /// // … serve calls through `engine` …
+    /// opened.close().await?;
+    /// assert!(!dir.path().join("idem.db-wal").exists());
+    /// # let _ = engine;
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    pub async fn close(&self) -> Result<(), Error> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            OpenedStore::Sqlite(s) => s.close().await,
+            #[allow(unreachable_patterns)]
+            _ => Ok(()),
         }
     }
 
