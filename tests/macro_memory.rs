@@ -33,6 +33,16 @@ fn paused() -> Harness {
 }
 
 #[tokio::test(start_paused = true)]
+async fn skipped_arguments_are_not_hashed() {
+    macro_support::skipped_arguments_are_not_hashed(&paused()).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn key_only_arguments_are_not_hashed() {
+    macro_support::key_only_arguments_are_not_hashed(&paused()).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn duplicate_storm() {
     macro_support::duplicate_storm(&paused(), Duration::from_millis(50)).await;
 }

@@ -48,6 +48,16 @@ async fn duplicate_storm() {
 }
 
 #[tokio::test]
+async fn skipped_arguments_are_not_hashed() {
+    macro_support::skipped_arguments_are_not_hashed(&harness().await).await;
+}
+
+#[tokio::test]
+async fn key_only_arguments_are_not_hashed() {
+    macro_support::key_only_arguments_are_not_hashed(&harness().await).await;
+}
+
+#[tokio::test]
 async fn error_releases_the_claim() {
     macro_support::error_releases_the_claim(&harness().await).await;
 }

@@ -89,7 +89,7 @@ pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<Option<Fingerprin
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be hashed into the default fingerprint of `#[idempotent]`",
     label = "this argument is not `Serialize`",
-    note = "without `fingerprint = …`, the arguments (all but the engine, the key, the caller and a transaction) are hashed, so a key reused for another request gets `KeyReused`: derive `serde::Serialize` on this type, or write `fingerprint = <expr>` naming what identifies the request, or `fingerprint = ()` to check nothing"
+    note = "without `fingerprint = …`, the arguments (all but the engine, those the key and the caller are built from, a transaction and those named in `skip(…)`) are hashed, so a key reused for another request gets `KeyReused`: derive `serde::Serialize` on this type; or, if this argument is not part of the request (a client, a counter, a deadline), leave it out with `skip(<its name>)`; or write `fingerprint = <expr>` naming what identifies the request, or `fingerprint = ()` to check nothing"
 )]
 pub trait FingerprintArgument: Serialize {}
 

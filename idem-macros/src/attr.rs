@@ -5,17 +5,18 @@
 
 use syn::ext::IdentExt;
 use syn::parse::{discouraged::Speculative, Parse, ParseStream};
-use syn::{Expr, Ident, LitBool, LitStr, Token};
+use syn::{parenthesized, token, Expr, Ident, LitBool, LitStr, Token};
 
 use crate::duration::DurationLit;
 
 /// The arguments, in the order the docs list them.
-const NAMES: [&str; 11] = [
+const NAMES: [&str; 12] = [
     "key",
     "scope",
     "engine",
     "caller",
     "fingerprint",
+    "skip",
     "lease",
     "retention",
     "on_locked",
@@ -41,6 +42,8 @@ pub(crate) struct Args {
     pub(crate) engine: Arg<Expr>,
     pub(crate) caller: Arg<Expr>,
     pub(crate) fingerprint: Arg<Expr>,
+    /// The arguments `skip(…)` leaves out of the default fingerprint, each name once.
+    pub(crate) skip: Arg<Vec<Ident>>,
     pub(crate) lease: Arg<DurationLit>,
     pub(crate) retention: Arg<DurationLit>,
     pub(crate) on_locked: Arg<Expr>,
@@ -78,6 +81,7 @@ impl Parse for Args {
                 "engine" => assign(input, &mut args.engine, keyword, parse_expr)?,
                 "caller" => assign(input, &mut args.caller, keyword, parse_expr)?,
                 "fingerprint" => assign(input, &mut args.fingerprint, keyword, parse_expr)?,
+                "skip" => parse_skip(input, &mut args.skip, keyword)?,
                 "lease" => assign(input, &mut args.lease, keyword, parse_duration)?,
                 "retention" => assign(input, &mut args.retention, keyword, parse_duration)?,
                 "on_locked" => assign(input, &mut args.on_locked, keyword, parse_expr)?,
@@ -179,6 +183,73 @@ fn assign<V>(
     let value = value(input, name)?;
     *slot = Some((keyword, value));
     Ok(())
+}
+
+/// Parses `(a, b)` after `skip` into `slot`, refusing a second `skip` and a name given twice.
+fn parse_skip(
+    input: ParseStream<'_>,
+    slot: &mut Arg<Vec<Ident>>,
+    keyword: Ident,
+) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(syn::Error::new(
+            keyword.span(),
+            "`skip` given twice: name every argument to leave out in one `skip(…)`",
+        ));
+    }
+    if !input.peek(token::Paren) {
+        return Err(syn::Error::new(
+            keyword.span(),
+            "`skip` takes the names of arguments in parentheses, such as `skip(client, counter)`",
+        ));
+    }
+    let content;
+    parenthesized!(content in input);
+    let mut names: Vec<Ident> = Vec::new();
+    while !content.is_empty() {
+        let name = parse_argument_name(&content)?;
+        if names.iter().any(|seen| seen.unraw() == name.unraw()) {
+            return Err(syn::Error::new(
+                name.span(),
+                format!(
+                    "`{}` is named twice in `skip(…)`: name it once",
+                    name.unraw()
+                ),
+            ));
+        }
+        names.push(name);
+        if content.is_empty() {
+            break;
+        }
+        content.parse::<Token![,]>()?;
+    }
+    if names.is_empty() {
+        return Err(syn::Error::new(
+            keyword.span(),
+            "`skip()` names no argument: name the arguments to leave out of the default \
+             fingerprint, such as `skip(client, counter)`, or remove it",
+        ));
+    }
+    *slot = Some((keyword, names));
+    Ok(())
+}
+
+/// One name in `skip(…)`, `self` included (refused later, with the reason), or an error spanned
+/// on whatever expression stands in its place.
+fn parse_argument_name(input: ParseStream<'_>) -> syn::Result<Ident> {
+    let fork = input.fork();
+    if let Ok(ident) = fork.call(Ident::parse_any) {
+        if fork.is_empty() || fork.peek(Token![,]) {
+            input.advance_to(&fork);
+            return Ok(ident);
+        }
+    }
+    let expr: Expr = input.parse()?;
+    Err(syn::Error::new_spanned(
+        expr,
+        "`skip` takes the names of the function's arguments, such as `skip(client)`, not an \
+         expression: to hash part of an argument, write `fingerprint = …`",
+    ))
 }
 
 fn parse_expr(input: ParseStream<'_>, _name: &str) -> syn::Result<Expr> {

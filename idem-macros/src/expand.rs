@@ -169,20 +169,26 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         Ok(true) => params::check_detached(sig, &func.block.to_token_stream()),
         _ => Vec::new(),
     };
-    let fingerprint = match &args.fingerprint {
-        Some((_, Expr::Tuple(unit))) if unit.elems.is_empty() => Fingerprint::Nothing,
-        Some((_, fingerprint)) => Fingerprint::Expr(fingerprint.clone()),
-        None => {
+    let fingerprint = match (&args.fingerprint, &args.skip) {
+        (Some(_), Some((keyword, _))) => Err(syn::Error::new(
+            keyword.span(),
+            "`skip` only applies to the default fingerprint, which `fingerprint = …` replaces: \
+             remove `skip`, and leave those arguments out of the `fingerprint` expression",
+        )),
+        (Some((_, Expr::Tuple(unit))), None) if unit.elems.is_empty() => Ok(Fingerprint::Nothing),
+        (Some((_, fingerprint)), None) => Ok(Fingerprint::Expr(fingerprint.clone())),
+        (None, skip) => {
             let not_hashed = NotHashed {
                 engine: args.engine.as_ref().map(|(_, engine)| engine),
                 key: args.key.as_ref().map(|(_, key)| key),
                 caller: args.caller.as_ref().map(|(_, caller)| caller),
                 transaction: args.transaction.as_ref().map(|(_, parameter)| parameter),
+                skip: skip.as_ref().map_or(&[], |(_, names)| names),
             };
-            match params::hashed(sig, &not_hashed) {
+            params::hashed(sig, &not_hashed).map(|names| match names {
                 names if names.is_empty() => Fingerprint::Nothing,
                 names => Fingerprint::Arguments(names),
-            }
+            })
         }
     };
     let key = args.key.map(|(_, key)| key).ok_or_else(|| {
@@ -211,6 +217,7 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
             transactional.err(),
             detach.as_ref().err().cloned(),
             steps.as_ref().err().cloned(),
+            fingerprint.as_ref().err().cloned(),
         ]
         .into_iter()
         .flatten()
@@ -224,7 +231,7 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         key: key?,
         engine: engine?,
         caller: args.caller.map(|(_, caller)| caller),
-        fingerprint,
+        fingerprint: fingerprint?,
         lease: args.lease.map(|(_, lease)| lease),
         retention: args.retention.map(|(_, retention)| retention),
         on_locked: args.on_locked.map(|(_, on_locked)| on_locked),
@@ -314,7 +321,7 @@ fn check_transaction(func: &ItemFn, parameter: &Ident, args: &Args) -> syn::Resu
 }
 
 /// One error holding every error of `errors`, or `Ok` when there is none.
-fn combine_errors(errors: impl IntoIterator<Item = syn::Error>) -> syn::Result<()> {
+pub(crate) fn combine_errors(errors: impl IntoIterator<Item = syn::Error>) -> syn::Result<()> {
     let mut errors = errors.into_iter();
     match errors.next() {
         None => Ok(()),

@@ -183,6 +183,7 @@ use proc_macro::TokenStream;
 /// | `scope` | no | string literal, 1 to 255 bytes of printable ASCII, checked at compile time | Names the operation. Default: the function's path (below). |
 /// | `caller` | no | expression, as for `key` | Who asks (tenant, user, token id). Two callers sending the same key never share a record. Default: empty. |
 /// | `fingerprint` | no | expression of a `Serialize` type, or `()` | What identifies the request, hashed as canonical JSON: a call reusing a key with another fingerprint gets `idem::Error::KeyReused`. Default: the function's arguments but the engine, the key, the caller and a transaction ([below](#the-default-fingerprint)). `fingerprint = ()`: none, so a reused key replays its result whatever the arguments. |
+/// | `skip` | no | argument names in parentheses: `skip(client, deadline)` | Leaves those arguments out of the default fingerprint, so they need not be `Serialize` ([below](#skip)). Refused with `fingerprint = …`. |
 /// | `lease` | no | duration literal | How long a claim blocks its key without a heartbeat; renewed every third of it while the body runs. Default: the engine's policy (30 s). |
 /// | `retention` | no | duration literal | How long a completed result is replayed. Default: the engine's policy (24 h). |
 /// | `on_locked` | no | expression of type `idem::OnLocked` | What a call does while another call runs the same key: `OnLocked::FailFast` (`idem::Error::Locked`) or `OnLocked::Wait { timeout }` (then replay). Default: the engine's policy (fail fast). |
@@ -209,10 +210,14 @@ use proc_macro::TokenStream;
 ///
 /// - the receiver (`self`, `&self`, …);
 /// - the engine, and the argument it is taken from (`state` in `engine = state.idem`);
-/// - the key and the caller when they are an argument itself (`key = order_id`, `key =
-///   &order_id`): a key taken from a field (`key = req.id`) or a method (`key = id.as_str()`)
-///   leaves that argument in the fingerprint, as it may hold more of the request;
-/// - the `transaction` argument, and arguments bound to `_`.
+/// - the arguments the key or the caller is built from whole: `order_id` in `key = order_id`,
+///   `key = &order_id`, `key = order_id.as_ref()` (or `as_str`, `as_deref`, `borrow`, `clone`,
+///   `to_owned`, `to_string`) and `key = format!("{tenant}-{}", order_id)`. A key that reads a
+///   field, an index or another method (`key = req.id`, `key = req.id()`, `key = id.trim()`), or
+///   passes the argument to a function, holds only part of it, so the argument stays in the
+///   fingerprint: the rest of `req` is the request;
+/// - the `transaction` argument, and arguments bound to `_`;
+/// - the arguments named in `skip(…)` ([below](#skip)).
 ///
 /// They are hashed as a struct with one field per argument, named as the argument: the call
 /// `charge(&engine, "o-1", 100)` below has the fingerprint of `{"cents": 100}`, as
@@ -253,16 +258,78 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// Every hashed argument must be `Serialize`; one that is not is a compile error on that
-/// argument, which names the ways out: derive `Serialize` on its type, name what identifies the
-/// request with `fingerprint = <expr>` (such as `fingerprint = (cents, currency)`), or check
-/// nothing with `fingerprint = ()`. Name it also when an argument is not part of the request
-/// and changes between retries (a counter, a deadline, a trace id): hashed, it would make every
-/// retry `KeyReused`.
+/// argument, which names the ways out: derive `Serialize` on its type, leave it out with
+/// `skip(name)` when it is not part of the request, name what identifies the request with
+/// `fingerprint = <expr>` (such as `fingerprint = (cents, currency)`), or check nothing with
+/// `fingerprint = ()`. Skip it also when an argument is not part of the request and changes
+/// between retries (a counter, a deadline, a trace id): hashed, it would make every retry
+/// `KeyReused`.
 ///
-/// The arguments' names are part of the fingerprint: renaming, adding or removing a hashed
-/// argument changes it, so a retry that spans the deploy gets `KeyReused` for a key recorded
-/// before. Records made without a fingerprint (with `fingerprint = ()`, or by a function that
+/// An argument the key holds whole is left out because the key already tells its values apart:
+/// the same key means the same value of it. This reads the expression, not the types, so it
+/// assumes the conversions keep the whole value (your own type whose `as_ref()` or `Display`
+/// shows part of it would leave the rest unhashed) and that a `format!` key's pieces cannot run
+/// into each other (pick a separator they never contain). docs/attribute.md gives the rule in
+/// full and why it is not "used only in the key".
+///
+/// The arguments' names are part of the fingerprint: renaming, adding, removing or skipping a
+/// hashed argument changes it, so a retry that spans the deploy gets `KeyReused` for a key
+/// recorded before. Records made without a fingerprint (with `fingerprint = ()`, or by a function that
 /// had none when they were stored) replay to any arguments until they expire.
+///
+/// # `skip`
+///
+/// `skip(a, b)` leaves the named arguments out of the default fingerprint, as tracing's
+/// `#[instrument(skip(…))]` leaves them out of a span: a helper that is not part of the request
+/// (a client, a counter, a deadline) needs neither `Serialize` nor a `fingerprint = …` for the
+/// whole function. A reused key with a skipped argument changed replays; with a hashed one
+/// changed it gets `KeyReused`. Here `id`, which the key holds whole, is not hashed either, so
+/// its generic type need not be `Serialize`:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use idem::{idempotent, Idempotency, MemoryStore};
+///
+/// /// A handle the function uses, not part of the request (nor `Serialize`).
+/// struct Mailer { sent: AtomicU32 }
+///
+/// #[idempotent(key = id.as_ref(), scope = "confirm", engine = engine, skip(mailer, attempt))]
+/// async fn confirm<K: AsRef<str>>(
+///     engine: &Idempotency,
+///     mailer: &Mailer,
+///     id: K,
+///     cents: u64,
+///     attempt: u32,
+/// ) -> Result<u64, idem::Error> {
+///     mailer.sent.fetch_add(1, Ordering::SeqCst);
+///     println!("order {}, attempt {attempt}", id.as_ref());
+///     Ok(cents)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem::Error> {
+/// let engine = Idempotency::new(MemoryStore::new());
+/// let mailer = Mailer { sent: AtomicU32::new(0) };
+/// assert_eq!(confirm(&engine, &mailer, "o-1", 100, 1).await?, 100);
+/// assert_eq!(confirm(&engine, &mailer, String::from("o-1"), 100, 2).await?, 100); // replayed
+/// assert!(matches!(
+///     confirm(&engine, &mailer, "o-1", 999, 3).await,
+///     Err(idem::Error::KeyReused)
+/// ));
+/// assert_eq!(mailer.sent.load(Ordering::SeqCst), 1);
+/// # let key = idem::Key::derive("confirm", "", "o-1")?;
+/// # let record = engine.store().get(&key).await?.unwrap();
+/// # #[derive(serde::Serialize)]
+/// # struct Arguments { cents: u64 }
+/// # assert_eq!(record.fingerprint, Some(idem::Fingerprint::of_json(&Arguments { cents: 100 })?));
+/// # Ok(()) }
+/// ```
+///
+/// `skip` takes argument names, each once, in one `skip(…)`, and trims the default fingerprint
+/// only: with `fingerprint = …` (or `()`) it is a compile error. Naming what is left out already
+/// (`self`, the argument the engine is taken from, one the key or the caller is built from whole,
+/// the `transaction` argument) is an error that says why, so a `skip` lists only what it
+/// changes.
 ///
 /// # The default scope, and what a rename does
 ///
@@ -466,7 +533,10 @@ use proc_macro::TokenStream;
 /// empty, longer than 255 bytes or not printable ASCII (and, without `scope`, a function name
 /// that is not ASCII); a `transaction` that is not the name of a parameter, given with `lease`
 /// or `on_locked`, or on an `#[async_trait]` method; with `detach = true`, an argument whose type
-/// borrows (a reference, a lifetime other than `'static`) or `&self`, when the body uses it.
+/// borrows (a reference, a lifetime other than `'static`) or `&self`, when the body uses it; in
+/// `skip(…)`, a name that is not an argument (the error lists those that are), a name given twice,
+/// `skip` given twice or empty, `skip` with `fingerprint = …`, and a name the default fingerprint
+/// leaves out already (with the reason).
 /// The type checker reports, on the argument, an argument of the default fingerprint that is
 /// not `Serialize`; on the return type, a return type that is not a `Result`, an `Ok` type
 /// that is not `Serialize + DeserializeOwned` (such as axum's `Json<T>`) and an `Err` type

@@ -3,9 +3,11 @@
 
 use proc_macro2::{Spacing, TokenStream, TokenTree};
 use syn::ext::IdentExt;
+use syn::parse::Parser;
+use syn::punctuated::Punctuated;
 use syn::{
-    Expr, FnArg, GenericArgument, Ident, Lifetime, Pat, PathArguments, Signature, Type,
-    TypeParamBound, UnOp,
+    Expr, ExprLit, FnArg, GenericArgument, Ident, Lifetime, Lit, Pat, PathArguments, Signature,
+    Token, Type, TypeParamBound, UnOp,
 };
 
 /// What the attribute's arguments name, which the default fingerprint leaves out.
@@ -14,30 +16,104 @@ pub(crate) struct NotHashed<'a> {
     pub(crate) key: Option<&'a Expr>,
     pub(crate) caller: Option<&'a Expr>,
     pub(crate) transaction: Option<&'a Ident>,
+    /// The names given in `skip(…)`.
+    pub(crate) skip: &'a [Ident],
 }
 
+/// The methods a key may be built through and still be the whole argument it is called on:
+/// each gives the same value in another type, so two different arguments never give one key.
+const CONVERSIONS: [&str; 7] = [
+    "as_ref",
+    "as_str",
+    "as_deref",
+    "borrow",
+    "clone",
+    "to_owned",
+    "to_string",
+];
+
 /// The names bound by the parameters, in order, that the default fingerprint hashes: all but
-/// the receiver, the one `engine` is taken from (`state` in `engine = state.idem`), the one
-/// `key` or `caller` is (`id` in `key = id` or `key = &id`, not `req` in `key = req.id`: the
-/// rest of `req` is the request), and the `transaction` parameter.
-pub(crate) fn hashed(sig: &Signature, not_hashed: &NotHashed<'_>) -> Vec<Ident> {
-    let left_out: Vec<&Ident> = [
-        not_hashed.engine.and_then(root),
-        not_hashed.key.and_then(whole),
-        not_hashed.caller.and_then(whole),
-        not_hashed.transaction,
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+/// the receiver, the one `engine` is taken from (`state` in `engine = state.idem`), the ones the
+/// key or the caller is built from whole (see [`built_from`]), the `transaction` parameter, and
+/// those `skip(…)` names.
+///
+/// A name in `skip(…)` that no parameter binds, `self`, or one left out already is an error on
+/// that name, saying why.
+pub(crate) fn hashed(sig: &Signature, not_hashed: &NotHashed<'_>) -> syn::Result<Vec<Ident>> {
+    let mut left_out: Vec<(Ident, &str)> = Vec::new();
+    if let Some(engine) = not_hashed.engine.and_then(root) {
+        left_out.push((engine.clone(), "the engine is taken from it"));
+    }
+    for (expr, why) in [
+        (not_hashed.key, "the key is built from it"),
+        (not_hashed.caller, "the caller is built from it"),
+    ] {
+        let mut names = Vec::new();
+        if let Some(expr) = expr {
+            built_from(expr, &mut names);
+        }
+        left_out.extend(names.into_iter().map(|name| (name, why)));
+    }
+    if let Some(transaction) = not_hashed.transaction {
+        left_out.push((transaction.clone(), "it is the transaction"));
+    }
     let mut names = Vec::new();
     for input in &sig.inputs {
         if let FnArg::Typed(typed) = input {
             bindings(&typed.pat, &mut names);
         }
     }
-    names.retain(|name| !left_out.iter().any(|out| out.unraw() == name.unraw()));
-    names
+    let errors = not_hashed
+        .skip
+        .iter()
+        .filter_map(|skipped| check_skipped(sig, &names, &left_out, skipped));
+    crate::expand::combine_errors(errors)?;
+    names.retain(|name| {
+        let out = |other: &Ident| other.unraw() == name.unraw();
+        !left_out.iter().any(|(other, _)| out(other)) && !not_hashed.skip.iter().any(out)
+    });
+    Ok(names)
+}
+
+/// The error for a name in `skip(…)` that the default fingerprint would not hash anyway.
+fn check_skipped(
+    sig: &Signature,
+    names: &[Ident],
+    left_out: &[(Ident, &str)],
+    skipped: &Ident,
+) -> Option<syn::Error> {
+    let name = skipped.unraw();
+    let receiver = sig.receiver().is_some() && name == "self";
+    if receiver {
+        let message = "`self` is never part of the default fingerprint: remove it from `skip`";
+        return Some(syn::Error::new(skipped.span(), message));
+    }
+    if !names.iter().any(|n| n.unraw() == name) {
+        let message = match names {
+            [] => format!(
+                "`skip` names `{name}`, but `{}` has no argument to hash: remove `skip`",
+                sig.ident.unraw()
+            ),
+            _ => format!(
+                "`skip` names `{name}`, which is not an argument of `{}`; its arguments are {}",
+                sig.ident.unraw(),
+                names
+                    .iter()
+                    .map(|n| format!("`{}`", n.unraw()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        return Some(syn::Error::new(skipped.span(), message));
+    }
+    let (_, why) = left_out.iter().find(|(out, _)| out.unraw() == name)?;
+    Some(syn::Error::new(
+        skipped.span(),
+        format!(
+            "`{name}` is left out of the default fingerprint already, as {why}: remove it from \
+             `skip`"
+        ),
+    ))
 }
 
 /// The names a parameter's pattern binds: `x` in `x: T` and `mut x: T`, `a` and `b` in
@@ -77,6 +153,99 @@ fn whole(expr: &Expr) -> Option<&Ident> {
         Expr::Group(g) => whole(&g.expr),
         _ => None,
     }
+}
+
+/// Adds to `names` the variables a key (or caller) expression is built from whole, so that the
+/// key tells two of their values apart: the variable itself (`id`, `&id`), a [`CONVERSIONS`]
+/// method called on one (`id.as_ref()`, `n.to_string()`), and the arguments of `format!`, named,
+/// positional or captured (`format!("{tenant}-{}", id)`), each built so. Not a variable whose
+/// field, index or other method the key reads (`req` in `req.id`, `req.id()`, `id.trim()`), nor
+/// one passed to a function or another macro: the key then tells only part of it apart, and the
+/// rest of it is request data the fingerprint must hash.
+fn built_from(expr: &Expr, names: &mut Vec<Ident>) {
+    match expr {
+        Expr::Path(_) => names.extend(whole(expr).cloned()),
+        Expr::Reference(r) => built_from(&r.expr, names),
+        Expr::Unary(u) if matches!(u.op, UnOp::Deref(_)) => built_from(&u.expr, names),
+        Expr::Paren(p) => built_from(&p.expr, names),
+        Expr::Group(g) => built_from(&g.expr, names),
+        Expr::MethodCall(m) if m.args.is_empty() && CONVERSIONS.iter().any(|c| m.method == c) => {
+            built_from(&m.receiver, names);
+        }
+        Expr::Macro(m)
+            if m.mac
+                .path
+                .segments
+                .last()
+                .is_some_and(|s| s.ident == "format") =>
+        {
+            format_arguments(&m.mac.tokens, names);
+        }
+        _ => {}
+    }
+}
+
+/// The variables `format!(<tokens>)` writes whole into its text: its arguments, as
+/// [`built_from`] reads them, and the names the format string captures (`{id}`, `{id:>8}`);
+/// none when a width or precision is read from an argument.
+fn format_arguments(tokens: &TokenStream, names: &mut Vec<Ident>) {
+    let Ok(arguments) = Punctuated::<Expr, Token![,]>::parse_terminated.parse2(tokens.clone())
+    else {
+        return;
+    };
+    let mut arguments = arguments.into_iter();
+    let Some(Expr::Lit(ExprLit {
+        lit: Lit::Str(format),
+        ..
+    })) = arguments.next()
+    else {
+        return;
+    };
+    // A width or precision taken from an argument (`{:w$}`, `{:.*}`) pads the text instead of
+    // writing that argument: then no argument is counted, rather than telling them apart.
+    let text = format.value();
+    if text.contains('$') || text.contains(".*") {
+        return;
+    }
+    let mut named = Vec::new();
+    for argument in arguments {
+        match argument {
+            Expr::Assign(assign) => {
+                named.extend(whole(&assign.left).cloned());
+                built_from(&assign.right, names);
+            }
+            positional => built_from(&positional, names),
+        }
+    }
+    for captured in captures(&text) {
+        if !named.iter().any(|n| n == captured) {
+            names.push(Ident::new(captured, format.span()));
+        }
+    }
+}
+
+/// The names a format string captures as a value to write: `id` in `"{id}"` and `"{id:?}"`, but
+/// not an index (`{0}`) or an escaped brace (`{{id}}`).
+fn captures(format: &str) -> Vec<&str> {
+    let mut names = Vec::new();
+    let mut rest = format;
+    while let Some(open) = rest.find('{') {
+        rest = &rest[open + 1..];
+        if let Some(escaped) = rest.strip_prefix('{') {
+            rest = escaped;
+            continue;
+        }
+        let end = rest.find(['}', ':']).unwrap_or(rest.len());
+        let name = rest[..end].trim();
+        let identifier = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && name != "_";
+        if identifier {
+            names.push(name);
+        }
+        rest = &rest[end..];
+    }
+    names
 }
 
 /// The variable an expression is taken from: `state` in `state.idem`, `&state.idem` or
@@ -237,6 +406,7 @@ fn mentions(tokens: &TokenStream, name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use proc_macro2::Span;
     use quote::{quote, ToTokens};
     use syn::parse_quote;
 
@@ -312,12 +482,9 @@ mod tests {
             key: Some(&key),
             caller: Some(&caller),
             transaction: Some(&tx),
+            skip: &[],
         };
-        let names: Vec<String> = hashed(&sig, &not_hashed)
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        assert_eq!(names, ["req", "a", "b"]);
+        assert_eq!(names(&sig, &not_hashed), ["req", "a", "b"]);
 
         // A key taken from a field leaves the rest of the request hashed.
         let key: Expr = parse_quote!(req.id);
@@ -325,10 +492,98 @@ mod tests {
             key: Some(&key),
             ..not_hashed
         };
-        let names: Vec<String> = hashed(&sig, &not_hashed)
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        assert_eq!(names, ["req", "id", "a", "b"]);
+        assert_eq!(names(&sig, &not_hashed), ["req", "id", "a", "b"]);
+
+        // `skip` leaves out what it names, a name bound by a pattern too.
+        let skip: [Ident; 2] = [parse_quote!(req), parse_quote!(b)];
+        let not_hashed = NotHashed {
+            skip: &skip,
+            ..not_hashed
+        };
+        assert_eq!(names(&sig, &not_hashed), ["id", "a"]);
+    }
+
+    fn names(sig: &Signature, not_hashed: &NotHashed<'_>) -> Vec<String> {
+        match hashed(sig, not_hashed) {
+            Ok(names) => names.iter().map(ToString::to_string).collect(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// The variables a key expression is built from whole, as names.
+    fn sources(key: Expr) -> Vec<String> {
+        let mut names = Vec::new();
+        built_from(&key, &mut names);
+        names.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn a_key_is_built_from_a_variable_only_when_it_holds_all_of_it() {
+        let whole: [(Expr, &[&str]); 10] = [
+            (parse_quote!(id), &["id"]),
+            (parse_quote!(&*id), &["id"]),
+            (parse_quote!(id.as_ref()), &["id"]),
+            (parse_quote!(id.as_str().to_owned()), &["id"]),
+            (parse_quote!(n.to_string()), &["n"]),
+            (parse_quote!(format!("{}-{}", a, b)), &["a", "b"]),
+            (parse_quote!(format!("{a}-{b:>4}-{{c}}")), &["a", "b"]),
+            (
+                parse_quote!(&format!("{x}/{}", b.as_str(), x = a)),
+                &["b", "a"],
+            ),
+            (parse_quote!(std::format!("{0}{0}", a)), &["a"]),
+            (parse_quote!(format!("{}", format!("{a}"))), &["a"]),
+        ];
+        for (key, names) in whole {
+            assert_eq!(sources(key.clone()), names, "{}", key.to_token_stream());
+        }
+        let partial: [Expr; 8] = [
+            parse_quote!(req.id),
+            parse_quote!(req.id()),
+            parse_quote!(id.trim()),
+            parse_quote!(ids[0]),
+            parse_quote!(lookup(id)),
+            parse_quote!(format!("{}", req.id)),
+            parse_quote!(concat_ids!(a, b)),
+            parse_quote!(format!("{:w$}", req.id, w = width)),
+        ];
+        for key in partial {
+            assert_eq!(
+                sources(key.clone()),
+                Vec::<String>::new(),
+                "{}",
+                key.to_token_stream()
+            );
+        }
+    }
+
+    #[test]
+    fn skip_refuses_what_it_cannot_leave_out() {
+        let sig: Signature = parse_quote! {
+            async fn f(&self, state: &State, id: &str, cents: u64) -> Result<(), E>
+        };
+        let (engine, key): (Expr, Expr) = (parse_quote!(state.idem), parse_quote!(id.as_ref()));
+        let refused = |skip: Ident| {
+            let skip = [skip];
+            let not_hashed = NotHashed {
+                engine: Some(&engine),
+                key: Some(&key),
+                caller: None,
+                transaction: None,
+                skip: &skip,
+            };
+            match hashed(&sig, &not_hashed) {
+                Ok(names) => panic!("accepted, hashing {names:?}"),
+                Err(e) => e.to_string(),
+            }
+        };
+        assert_eq!(
+            refused(parse_quote!(amount)),
+            "`skip` names `amount`, which is not an argument of `f`; its arguments are `state`, \
+             `id`, `cents`"
+        );
+        assert!(refused(Ident::new("self", Span::call_site())).starts_with("`self` is never part"));
+        assert!(refused(parse_quote!(state)).contains("as the engine is taken from it"));
+        assert!(refused(parse_quote!(id)).contains("as the key is built from it"));
     }
 }

@@ -229,6 +229,158 @@ pub async fn charge_with_memo(
     })
 }
 
+/// What the caller keeps about its attempts: not part of the request, nor `Serialize`.
+#[derive(Default)]
+pub struct Attempts {
+    pub runs: AtomicU64,
+    /// The trace id of the last call that ran the body.
+    pub trace_id: AtomicU64,
+}
+
+/// `skip(attempts, trace_id)`: neither is hashed, so the default fingerprint is `cents` alone,
+/// and `Attempts` need not be `Serialize`.
+#[idempotent(key = order_id, scope = "charge-skip", engine = engine, skip(attempts, trace_id))]
+pub async fn charge_counted(
+    engine: &Idempotency,
+    order_id: &str,
+    cents: u64,
+    attempts: &Attempts,
+    trace_id: u64,
+) -> Result<Charge, PayError> {
+    attempts.runs.fetch_add(1, Ordering::SeqCst);
+    attempts.trace_id.store(trace_id, Ordering::SeqCst);
+    Ok(new_charge(order_id, cents))
+}
+
+/// A client key of the caller's own type, not `Serialize`.
+pub struct OrderId(pub String);
+
+impl AsRef<str> for OrderId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// `key = id.as_ref()`: the key is all of `id`, so `id` is left out of the default fingerprint
+/// (`cents` alone) and its generic type need not be `Serialize`.
+#[idempotent(key = id.as_ref(), scope = "ship", engine = engine)]
+pub async fn ship<K: AsRef<str>>(
+    engine: &Idempotency,
+    id: K,
+    cents: u64,
+) -> Result<Charge, PayError> {
+    Ok(new_charge(id.as_ref(), cents))
+}
+
+/// `key = format!(…)` of two arguments: both are left out, `cents` is hashed.
+#[idempotent(key = format!("{tenant}/{}", order), scope = "label", engine = engine)]
+pub async fn label(
+    engine: &Idempotency,
+    tenant: &str,
+    order: u64,
+    cents: u64,
+) -> Result<Charge, PayError> {
+    Ok(new_charge(&format!("{tenant}/{order}"), cents))
+}
+
+/// `key = payment.key.as_str()`: the key is one field of `payment`, whose rest (the amount) is
+/// the request, so `payment` stays in the default fingerprint.
+#[idempotent(key = payment.key.as_str(), scope = "pay-field", engine = engine)]
+pub async fn pay_by_field(engine: &Idempotency, payment: Payment) -> Result<Charge, PayError> {
+    Ok(new_charge(&payment.key, payment.cents))
+}
+
+/// The fingerprint the record of `key` under `scope` holds.
+async fn stored_fingerprint(h: &Harness, scope: &str, key: &str) -> Option<Fingerprint> {
+    let key = Key::derive(scope, "", key).unwrap();
+    h.engine
+        .store()
+        .get(&key)
+        .await
+        .unwrap()
+        .unwrap()
+        .fingerprint
+}
+
+/// `skip(…)`: the key reused with a skipped argument changed replays; with a hashed one changed
+/// it is refused. The record's fingerprint is the hashed arguments alone.
+pub async fn skipped_arguments_are_not_hashed(h: &Harness) {
+    let attempts = Attempts::default();
+    let first = charge_counted(&h.engine, "s-1", 100, &attempts, 1)
+        .await
+        .unwrap();
+    let other_attempts = Attempts::default();
+    let retry = charge_counted(&h.engine, "s-1", 100, &other_attempts, 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        retry, first,
+        "replayed: another trace id is the same request"
+    );
+    let reused = charge_counted(&h.engine, "s-1", 999, &attempts, 1).await;
+    assert!(
+        matches!(reused, Err(PayError::Idem(idem::Error::KeyReused))),
+        "{reused:?}"
+    );
+    assert_eq!(attempts.runs.load(Ordering::SeqCst), 1, "the body ran once");
+    assert_eq!(attempts.trace_id.load(Ordering::SeqCst), 1);
+    assert_eq!(other_attempts.runs.load(Ordering::SeqCst), 0);
+    let only_cents = Fingerprint::of_json(&serde_json::json!({ "cents": 100 })).unwrap();
+    assert_eq!(
+        stored_fingerprint(h, "charge-skip", "s-1").await,
+        Some(only_cents)
+    );
+}
+
+/// Arguments the key is built from whole (`id.as_ref()`, `format!`) are not hashed: the same key
+/// replays whatever their type, another amount is refused. An argument the key reads a field
+/// of stays hashed: the same key with another amount in it is refused.
+pub async fn key_only_arguments_are_not_hashed(h: &Harness) {
+    let only_cents = Fingerprint::of_json(&serde_json::json!({ "cents": 100 })).unwrap();
+
+    let first = ship(&h.engine, OrderId("o-1".into()), 100).await.unwrap();
+    let retry = ship(&h.engine, "o-1", 100).await.unwrap();
+    assert_eq!(retry, first, "the same key text, another type: replayed");
+    let reused = ship(&h.engine, "o-1", 999).await;
+    assert!(
+        matches!(reused, Err(PayError::Idem(idem::Error::KeyReused))),
+        "{reused:?}"
+    );
+    assert_eq!(stored_fingerprint(h, "ship", "o-1").await, Some(only_cents));
+
+    let first = label(&h.engine, "acme", 7, 100).await.unwrap();
+    assert_eq!(label(&h.engine, "acme", 7, 100).await.unwrap(), first);
+    let reused = label(&h.engine, "acme", 7, 999).await;
+    assert!(
+        matches!(reused, Err(PayError::Idem(idem::Error::KeyReused))),
+        "{reused:?}"
+    );
+    assert_ne!(label(&h.engine, "acme", 8, 100).await.unwrap(), first);
+    assert_eq!(
+        stored_fingerprint(h, "label", "acme/7").await,
+        Some(only_cents)
+    );
+
+    let first = pay_by_field(&h.engine, Payment::new("f-1", 100))
+        .await
+        .unwrap();
+    let again = pay_by_field(&h.engine, Payment::new("f-1", 100))
+        .await
+        .unwrap();
+    assert_eq!(again, first);
+    let reused = pay_by_field(&h.engine, Payment::new("f-1", 999)).await;
+    assert!(
+        matches!(reused, Err(PayError::Idem(idem::Error::KeyReused))),
+        "{reused:?}"
+    );
+    let payment = serde_json::json!({ "payment": { "key": "f-1", "cents": 100 } });
+    let payment = Fingerprint::of_json(&payment).unwrap();
+    assert_eq!(
+        stored_fingerprint(h, "pay-field", "f-1").await,
+        Some(payment)
+    );
+}
+
 /// Without `fingerprint`, the key reused with another amount is refused, and the same
 /// arguments replay.
 pub async fn default_fingerprint_refuses_another_request(h: &Harness) {
