@@ -430,7 +430,46 @@ macro_rules! on_every_store {
     };
 }
 
+/// A message whose completion the store fails (it went away right after the handler ran) is
+/// acknowledged with its result, its completion going on in the background. A redelivery
+/// meanwhile is handed back (`InFlight`, to come again after the completion's next try: 2 s, at
+/// most 2 s and a third of the 30 s lease), never run again; once the store is back, the
+/// redelivery replays. One effect.
+async fn a_redelivery_meeting_a_pending_completion_is_handed_back(store: Arc<dyn Store>) {
+    let failing = idem_test_support::faults::CompletionsFail::new(store);
+    let c = Consumer::new(Idempotency::from_arc(failing.clone()), "orders")
+        .unwrap()
+        .lease(Duration::from_secs(30));
+    let fx = Effects::default();
+    assert_eq!(
+        names(&c.process(vec![msg("a", Act::Ok)], fx.handler()).await),
+        ["done"]
+    );
+    let again = c.process(vec![msg("a", Act::Ok)], fx.handler()).await;
+    assert!(
+        matches!(again[0], MessageOutcome::InFlight { retry_after } if retry_after == Duration::from_secs(2)),
+        "{again:?}"
+    );
+    failing.switch(false);
+    // Bounded: the completion's next try is at most 2 s away.
+    let mut replayed = false;
+    for _ in 0..100 {
+        let redelivered = c.process(vec![msg("a", Act::Ok)], fx.handler()).await;
+        match names(&redelivered)[..] {
+            ["replayed"] => {
+                replayed = true;
+                break;
+            }
+            ["in_flight"] => tokio::time::sleep(Duration::from_millis(100)).await,
+            _ => panic!("{redelivered:?}"),
+        }
+    }
+    assert!(replayed, "the completion never landed");
+    assert_eq!(fx.count("a"), 1);
+}
+
 on_every_store!(
+    a_redelivery_meeting_a_pending_completion_is_handed_back,
     duplicates_in_and_across_batches_apply_once,
     a_twin_in_flight_elsewhere_is_handed_back_not_dropped,
     failures_and_panics_free_the_key_for_the_redelivery,

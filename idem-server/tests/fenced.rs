@@ -364,3 +364,61 @@ async fn the_store_routes_keep_key_spaces_fencing_and_typed_errors() {
     );
     all_refused_as_stale(&server, ALICE, "s", &token).await;
 }
+
+/// The store fails the completion behind a Diom client's `complete` (it went away right after
+/// the work ran): the server answers it, its engine storing the result in the background. A
+/// `start` of the key meanwhile is `locked` at once, with the completion's next try as its
+/// hint, never `started` (the work would run twice); once the store is back, it is `completed`
+/// with the response.
+#[tokio::test]
+async fn a_start_meeting_a_pending_completion_is_locked_then_completed() {
+    use idem_test_support::faults::CompletionsFail;
+    let dir = tempfile::tempdir().unwrap();
+    let failing = CompletionsFail::new(common::sqlite(&dir).await);
+    let store: std::sync::Arc<dyn idem_core::Store> = failing.clone();
+    let app = idem_server::App::new(store, common::tokens(), Config::default(), None).unwrap();
+    let post = |route: &str, body: Value| {
+        let request = json(&format!("/api/v1.idempotency.{route}"), Some(ALICE), body);
+        let app = app.clone();
+        async move {
+            let (status, _, bytes) = call(&app, request).await;
+            (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+        }
+    };
+    let (status, started) = post("start", j!({"key": "k-pending", "lock_period_ms": 30000})).await;
+    assert_eq!(
+        (status, started["status"].as_str()),
+        (200, Some("started")),
+        "{started}"
+    );
+    let (status, done) = post(
+        "complete",
+        j!({"key": "k-pending", "response": [1, 2], "ttl_ms": 60000}),
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+
+    let (status, locked) = post("start", j!({"key": "k-pending", "lock_period_ms": 30000})).await;
+    assert_eq!(
+        (status, locked["status"].as_str()),
+        (200, Some("locked")),
+        "{locked}"
+    );
+
+    failing.switch(false);
+    // Bounded: the completion's next try is at most 2 s away.
+    let mut completed = None;
+    for _ in 0..100 {
+        let (_, again) = post("start", j!({"key": "k-pending", "lock_period_ms": 30000})).await;
+        match again["status"].as_str() {
+            Some("completed") => {
+                completed = Some(again);
+                break;
+            }
+            Some("locked") => tokio::time::sleep(Duration::from_millis(100)).await,
+            _ => panic!("{again}"),
+        }
+    }
+    let completed = completed.expect("the completion never landed");
+    assert_eq!(completed["data"]["response"], j!([1, 2]), "{completed}");
+}
