@@ -19,8 +19,8 @@ use crate::step::{Abandoned, AbandonedQuery, StepLog, StepWrite};
 /// through the store handed to the engine.
 ///
 /// ```
-/// use idem_core::store::{Forward, Forwarding};
-/// use idem_core::{Idempotency, MemoryStore, Store};
+/// use idem::store::{Forward, Forwarding};
+/// use idem::{Idempotency, MemoryStore, Store};
 ///
 /// /// Forwards everything: what the memory store keeps and finds, this store does too.
 /// struct Plain {
@@ -90,8 +90,8 @@ macro_rules! forwarding {
         /// ```
         /// use std::sync::atomic::{AtomicU64, Ordering};
         /// use async_trait::async_trait;
-        /// use idem_core::store::{Forward, Forwarding};
-        /// use idem_core::{Error, Idempotency, Key, MemoryStore, Start, StartRequest, Store};
+        /// use idem::store::{Forward, Forwarding};
+        /// use idem::{Error, Idempotency, Key, MemoryStore, Start, StartRequest, Store};
         ///
         /// struct Counted {
         ///     inner: MemoryStore,
@@ -139,8 +139,8 @@ macro_rules! forwarding {
             /// the wrapper's method. `Ok` unless overridden.
             ///
             /// ```
-            /// use idem_core::store::{Forward, Forwarding, Operation};
-            /// use idem_core::{Error, MemoryStore, Store, StoreError, StoreErrorKind};
+            /// use idem::store::{Forward, Forwarding, Operation};
+            /// use idem::{Error, MemoryStore, Store, StoreError, StoreErrorKind};
             ///
             /// /// A memory store whose completions fail, as a store that goes down would.
             /// struct NoCompletions(MemoryStore);

@@ -170,7 +170,7 @@ impl RemoteStoreBuilder {
     /// minimum): [`build`](Self::build) refuses a shorter one, which no server can know.
     ///
     /// ```
-    /// assert_eq!(idem_core::RemoteStoreBuilder::MIN_TOKEN_LEN, 16);
+    /// assert_eq!(idem::RemoteStoreBuilder::MIN_TOKEN_LEN, 16);
     /// ```
     pub const MIN_TOKEN_LEN: usize = 16;
 

@@ -343,7 +343,7 @@ impl SqliteStore {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;
-    /// let store = idem_core::SqliteStore::open(dir.path().join("idem.db")).await?;
+    /// let store = idem::SqliteStore::open(dir.path().join("idem.db")).await?;
     /// // … serve calls …
     /// store.close().await?;
     /// assert!(!dir.path().join("idem.db-wal").exists());

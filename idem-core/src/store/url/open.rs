@@ -271,11 +271,11 @@ impl OpenedStore {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # #[cfg(feature = "sqlite")] {
-    /// # use idem_core::store::url::{ConnectOptions, StoreUrl};
+    /// # use idem::store::url::{ConnectOptions, StoreUrl};
     /// let dir = tempfile::tempdir()?;
     /// let url = StoreUrl::parse(&format!("sqlite://{}", dir.path().join("idem.db").display()))?;
     /// let opened = url.connect(&ConnectOptions::new()).await?;
-    /// let engine = idem_core::Idempotency::new(opened.clone().into_store());
+    /// let engine = idem::Idempotency::new(opened.clone().into_store());
     /// // … serve calls through `engine` …
     /// opened.close().await?;
     /// assert!(!dir.path().join("idem.db-wal").exists());
