@@ -110,6 +110,16 @@
 
 pub use idem_core::*;
 
+/// The [`Store`] trait and its backends, and [`url`](store::url): the store a URL names.
+///
+/// Everything of `idem_core::store`, and the URL parser and opener, which knows every store of
+/// this build and so lives in the facade.
+pub mod store {
+    pub use idem_core::store::*;
+
+    pub mod url;
+}
+
 #[doc(inline)]
 pub use idem_macros::idempotent;
 

@@ -18,7 +18,7 @@ use axum::http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idem_core::store::url::{ConnectOptions, StoreUrl};
+use idem::store::url::{ConnectOptions, StoreUrl};
 use idem_core::{Begun, Idempotency, Key};
 use idem_server::{auth::Tokens, router, App, Config};
 use serde::Serialize;

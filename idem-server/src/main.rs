@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use idem_core::store::url::{ConnectOptions, Scheme, StoreUrl};
+use idem::store::url::{ConnectOptions, Scheme, StoreUrl};
 use idem_server::{auth::Tokens, router, App, Config};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 

@@ -1,4 +1,4 @@
-//! Opens a store by URL (`idem_core::store::url`, which documents the schemes), so one worker
+//! Opens a store by URL (`idem::store::url`, which documents the schemes), so one worker
 //! mode runs against every backend this crate builds: PostgreSQL, DynamoDB and Redis (one
 //! server or a cluster). `namespace` is the table (created on connect; a missing DynamoDB
 //! table too) or Redis's key prefix.
@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::url::{ConnectOptions, StoreUrl};
+use idem::store::url::{ConnectOptions, StoreUrl};
 use idem_core::Store;
 
 /// The store behind `url`, its records under `namespace`. Panics with the reason when the URL

@@ -205,7 +205,7 @@ impl Idempotency<JsonCodec> {
 
 impl Idempotency<JsonCodec> {
     /// A [`EngineBuilder`] over a shared store (one opened from a URL by
-    /// [`store::url`](crate::store::url), say).
+    /// `idem::store::url`, say).
     ///
     /// ```
     /// use std::sync::Arc;

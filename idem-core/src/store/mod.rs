@@ -1,4 +1,4 @@
-//! The [`Store`] trait and its backends, and [`url`]: the store a URL names.
+//! The [`Store`] trait and its backends (`idem::store::url` opens one by URL).
 //!
 //! The backends: `memory`, `sqlite` (feature `sqlite`), `postgres` (feature `postgres`),
 //! `dynamodb` (feature `dynamodb`) and `redis` (feature `redis`), the last two laid out on their
@@ -40,7 +40,6 @@ pub(crate) mod remote;
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
-pub mod url;
 
 /// Where idempotency records live. Every backend keeps these rules:
 ///

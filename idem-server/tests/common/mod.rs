@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, Response};
 use http_body_util::BodyExt;
-use idem_core::store::url::{ConnectOptions, StoreUrl};
+use idem::store::url::{ConnectOptions, StoreUrl};
 use idem_core::Store;
 use idem_server::{auth::Tokens, router, App, Config};
 use tower::ServiceExt;

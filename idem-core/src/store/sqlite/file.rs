@@ -130,6 +130,32 @@ impl SqliteUrl {
     }
 }
 
+impl super::SqliteStore {
+    /// The path of the file `url` names when opening it needs that file to exist already and it
+    /// does not; `None` when it exists or would be created. A URL's `mode=rwc` or
+    /// `mode=memory` creates the file, `mode=rw` or `mode=ro` does not; a URL without `mode`
+    /// creates it when `create_missing` is true (as [`SqliteStore::connect`] does). What
+    /// `idem::store::url` asks before it opens a URL whose file must exist.
+    ///
+    /// ```
+    /// use idem::SqliteStore;
+    /// let missing = SqliteStore::missing_file("sqlite:///no/such/dir/idem.db?mode=rw", true)?;
+    /// assert_eq!(missing.as_deref(), Some("/no/such/dir/idem.db"));
+    /// assert_eq!(SqliteStore::missing_file("sqlite:///no/such/dir/idem.db", true)?, None);
+    /// assert_eq!(SqliteStore::missing_file("sqlite::memory:", false)?, None);
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    ///
+    /// [`SqliteStore::connect`]: super::SqliteStore::connect
+    pub fn missing_file(url: &str, create_missing: bool) -> Result<Option<String>, Error> {
+        let parsed = SqliteUrl::parse(url)?;
+        let creates = parsed.creates.unwrap_or(create_missing);
+        let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
+        let path = path.split_once('?').map_or(path, |(path, _)| path);
+        Ok((!creates && !parsed.private && !Path::new(path).exists()).then(|| path.to_owned()))
+    }
+}
+
 fn params_have(params: &str, param: &str) -> bool {
     params.split('&').any(|p| p == param)
 }

@@ -4,7 +4,7 @@
 use std::{sync::Arc, time::Duration};
 
 use super::{StoreUrl, StoreUrlError};
-use crate::{error::Error, store::admin::StoreAdmin, store::Store};
+use crate::{store::Store, Error, StoreAdmin};
 
 /// How [`StoreUrl::connect`] opens a store. The defaults are each store builder's own.
 ///
@@ -364,22 +364,17 @@ impl StoreUrl {
         match self {
             #[cfg(feature = "sqlite")]
             StoreUrl::Sqlite(url) => {
-                let parsed = crate::store::sqlite::SqliteUrl::parse(url)?;
-                let creates = parsed.creates.unwrap_or(!options.sqlite_file_must_exist);
-                let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
-                let path = path.split_once('?').map_or(path, |(path, _)| path);
-                if !creates && !parsed.private && !std::path::Path::new(path).exists() {
-                    return Err(ConnectError::NoSqliteFile {
-                        path: path.to_owned(),
-                    });
+                let missing = crate::SqliteStore::missing_file(url, !options.sqlite_file_must_exist)?;
+                if let Some(path) = missing {
+                    return Err(ConnectError::NoSqliteFile { path });
                 }
                 let builder = sql_options!(crate::SqliteStore::builder(), namespace, options);
                 Ok(OpenedStore::Sqlite(builder.connect(url).await?))
             }
             #[cfg(feature = "postgres")]
             StoreUrl::Postgres(url) => {
-                use sqlx::Connection;
-                let probe = sqlx::PgConnection::connect(url).await.map_err(|e| {
+                use crate::sqlx::Connection;
+                let probe = crate::sqlx::PgConnection::connect(url).await.map_err(|e| {
                     ConnectError::PostgresUnreachable {
                         reason: e.to_string(),
                     }
