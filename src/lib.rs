@@ -105,6 +105,7 @@
 //! # Ok(()) }
 //! # #[cfg(not(feature = "metrics"))] fn main() {}
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -122,6 +123,12 @@ pub mod store {
 
 #[doc(inline)]
 pub use idem_macros::idempotent;
+
+/// Queue consumers: batches of messages through the engine, one outcome per message (the
+/// `idem-consumer` crate; features `consumer`, and `sqs`, `lambda`, `nats` for the brokers).
+#[cfg(feature = "consumer")]
+#[cfg_attr(docsrs, doc(cfg(feature = "consumer")))]
+pub use idem_consumer as consumer;
 
 // The attribute's expansion calls `::idem::__private::…`; the glob above re-exports it too, but
 // the generated code depends on this path, so it is spelled out.

@@ -15,8 +15,6 @@ mod codec;
 mod completer;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-#[cfg(feature = "consumer")]
-pub mod consumer;
 mod engine;
 mod envelope;
 mod error;

@@ -2,7 +2,5 @@
 //! includes it (`mod support;`) compiles every part its features allow and uses some.
 #![allow(dead_code)]
 
-#[cfg(feature = "sqs")]
-pub mod sqs;
 #[cfg(feature = "sqlite")]
 pub mod steps_db;

@@ -1,17 +1,17 @@
 //! The long-running SQS consumer against moto's SQS (the server scripts/test starts for
 //! DynamoDB serves SQS too: IDEM_TEST_DYNAMODB_URL), standard and FIFO queues, on SQLite.
-#![cfg(all(feature = "sqs", feature = "sqlite"))]
+#![cfg(feature = "sqs")]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::consumer::sqs::aws_sdk_sqs::types::{
+use idem::{Idempotency, Key, SqliteStore, Store};
+use idem_consumer::sqs::aws_sdk_sqs::types::{
     Message as SqsMessage, MessageSystemAttributeName, QueueAttributeName,
 };
-use idem_core::consumer::sqs::aws_sdk_sqs::Client;
-use idem_core::consumer::sqs::SqsConsumer;
-use idem_core::consumer::Consumer;
-use idem_core::{Idempotency, Key, SqliteStore, Store};
+use idem_consumer::sqs::aws_sdk_sqs::Client;
+use idem_consumer::sqs::SqsConsumer;
+use idem_consumer::Consumer;
 use tokio::sync::Semaphore;
 
 mod support;
@@ -122,11 +122,7 @@ async fn store() -> Arc<dyn Store> {
     Arc::new(store)
 }
 
-fn consumer_on(
-    client: &Client,
-    url: &str,
-    store: Arc<dyn Store>,
-) -> SqsConsumer<idem_core::JsonCodec> {
+fn consumer_on(client: &Client, url: &str, store: Arc<dyn Store>) -> SqsConsumer<idem::JsonCodec> {
     let consumer = Consumer::new(Idempotency::from_arc(store), "orders").unwrap();
     SqsConsumer::new(client.clone(), url, consumer)
         .visibility(Duration::from_secs(2))
@@ -136,7 +132,7 @@ fn consumer_on(
 /// Runs `consumers` until every order is charged and the queue is empty (bounded), then shuts
 /// them down gracefully.
 async fn drain(
-    consumers: Vec<SqsConsumer<idem_core::JsonCodec>>,
+    consumers: Vec<SqsConsumer<idem::JsonCodec>>,
     shop: &Shop,
     client: &Client,
     url: &str,
@@ -226,7 +222,7 @@ async fn a_message_in_flight_elsewhere_comes_back_after_retry_after() {
                 .call(key)
                 .run_detached(async move {
                     held.acquire().await.unwrap().forget();
-                    Ok::<_, idem_core::Error>("charged o1".to_owned())
+                    Ok::<_, idem::Error>("charged o1".to_owned())
                 })
                 .await
                 .unwrap()

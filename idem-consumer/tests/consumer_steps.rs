@@ -10,14 +10,13 @@
 //! - DynamoDB: a write whose own condition fails cancels the step (a `Query` store error naming
 //!   it, nothing written), and a step of more than 98 writes is refused;
 //! - a handler that panics fails its message only and leaves its key free (SQLite).
-#![cfg(all(feature = "consumer", feature = "sqlite"))]
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use idem_core::consumer::{Consumer, Failure, Message, MessageOutcome};
-use idem_core::{Error, Idempotency, Key, SqliteStore, Steps, Store};
+use idem::{Error, Idempotency, Key, SqliteStore, Steps, Store};
+use idem_consumer::{Consumer, Failure, Message, MessageOutcome};
 use tokio::sync::{Notify, Semaphore};
 
 /// A store with a business table, and the effect written as the step "effect".
@@ -70,8 +69,7 @@ macro_rules! sql_shop {
 }
 
 sql_shop!(SqliteShop, SqliteStore, "BEGIN IMMEDIATE");
-#[cfg(feature = "postgres")]
-sql_shop!(PgShop, idem_core::PostgresStore, "BEGIN");
+sql_shop!(PgShop, idem::PostgresStore, "BEGIN");
 
 async fn sqlite() -> SqliteShop {
     let dir = tempfile::tempdir().unwrap();
@@ -83,8 +81,6 @@ async fn sqlite() -> SqliteShop {
         .unwrap();
     SqliteShop(store, "effects".into())
 }
-
-#[cfg(feature = "postgres")]
 async fn postgres() -> Option<PgShop> {
     let url = idem_test_support::setting(
         &idem_test_support::current_test(),
@@ -92,7 +88,7 @@ async fn postgres() -> Option<PgShop> {
         "IDEM_REQUIRE_PG",
     )?;
     let table = idem_test_support::unique_name("idem_cs");
-    let store = idem_core::PostgresStore::builder()
+    let store = idem::PostgresStore::builder()
         .table(&table)
         .pruner(None)
         .connect(&url)
@@ -253,33 +249,25 @@ async fn sqlite_a_run_that_died_after_its_step_is_finished_by_the_redelivery() {
 async fn sqlite_a_taken_over_claim_applies_nothing() {
     a_taken_over_claim_applies_nothing(sqlite().await).await;
 }
-
-#[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_twins_apply_once() {
     let Some(shop) = postgres().await else { return };
     twins_apply_once(shop).await;
 }
-
-#[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_run_that_died_after_its_step_is_finished_by_the_redelivery() {
     let Some(shop) = postgres().await else { return };
     a_run_that_died_after_its_step_is_finished_by_the_redelivery(shop).await;
 }
-
-#[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_taken_over_claim_applies_nothing() {
     let Some(shop) = postgres().await else { return };
     a_taken_over_claim_applies_nothing(shop).await;
 }
-
-#[cfg(feature = "dynamodb")]
 mod dynamodb {
-    use idem_core::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
-    use idem_core::consumer::{Consumer, Failure, Message, MessageOutcome};
-    use idem_core::{DynamoStore, Error, Idempotency, Steps, StoreErrorKind};
+    use idem::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
+    use idem::{DynamoStore, Error, Idempotency, Steps, StoreErrorKind};
+    use idem_consumer::{Consumer, Failure, Message, MessageOutcome};
 
     use super::Shop;
 

@@ -30,9 +30,9 @@ use aws_sdk_sqs::Client;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
-use crate::codec::Codec;
-use crate::Steps;
+use crate::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
+use idem_core::Codec;
+use idem_core::Steps;
 
 /// The aws-sdk-sqs (1.x) whose `Client` an [`SqsConsumer`] is built on.
 pub use aws_sdk_sqs;
@@ -161,7 +161,7 @@ impl<C: Codec> SqsConsumer<C> {
         H: MessageHandler<SqsMessage>,
         H::Error: fmt::Display,
     {
-        super::receive_loop(
+        crate::receive_loop(
             "SQS",
             shutdown,
             || self.receive(),
@@ -205,7 +205,7 @@ impl<C: Codec> SqsConsumer<C> {
         T: Serialize + DeserializeOwned,
         E: fmt::Display,
     {
-        super::receive_loop(
+        crate::receive_loop(
             "SQS",
             shutdown,
             || self.receive(),
@@ -292,7 +292,7 @@ impl<C: Codec> SqsConsumer<C> {
             let all = handles.iter().map(|(id, h)| (id, h, self.visibility));
             self.change_visibility(all)
         };
-        let outcomes = super::with_heartbeat(run(consumer, batch), self.visibility / 3, beat).await;
+        let outcomes = crate::with_heartbeat(run(consumer, batch), self.visibility / 3, beat).await;
         self.settle(&handles, &outcomes).await;
         outcomes
     }

@@ -3,7 +3,7 @@
 //! tower, the response serialized back. Each test checks that the partial-failure response names
 //! exactly the records to redeliver, and that invoking again with the same event applies nothing
 //! twice. On SQLite.
-#![cfg(all(feature = "lambda", feature = "sqlite"))]
+#![cfg(feature = "lambda")]
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_lambda_events::event::dynamodb;
 use aws_lambda_events::event::kinesis::KinesisEvent;
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
-use idem_core::consumer::lambda::Lambda;
-use idem_core::consumer::Consumer;
-use idem_core::{Idempotency, SqliteStore};
+use idem::{Idempotency, SqliteStore};
+use idem_consumer::lambda::Lambda;
+use idem_consumer::Consumer;
 use lambda_runtime::tower::{Service, ServiceExt};
 use lambda_runtime::{service_fn, Context, LambdaEvent};
 use serde_json::{json, Value};
@@ -59,7 +59,7 @@ impl Shop {
     }
 }
 
-async fn lambda() -> Lambda<idem_core::JsonCodec> {
+async fn lambda() -> Lambda<idem::JsonCodec> {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
     std::mem::forget(dir);
@@ -105,7 +105,7 @@ fn sqs_record(id: &str, order: &str, act: &str, group: Option<&str>) -> Value {
 
 /// Invokes the SQS handler as lambda_runtime does, returning the failed message ids.
 async fn invoke_sqs(
-    lambda: &Lambda<idem_core::JsonCodec>,
+    lambda: &Lambda<idem::JsonCodec>,
     shop: &Shop,
     records: &[Value],
     left: Duration,
@@ -261,11 +261,7 @@ fn kinesis_record(seq: &str, order: &str, act: &str) -> Value {
     })
 }
 
-async fn invoke_kinesis(
-    lambda: &Lambda<idem_core::JsonCodec>,
-    shop: &Shop,
-    records: &[Value],
-) -> Value {
+async fn invoke_kinesis(lambda: &Lambda<idem::JsonCodec>, shop: &Shop, records: &[Value]) -> Value {
     let event: KinesisEvent = serde_json::from_value(json!({ "Records": records })).unwrap();
     let shop = shop.clone();
     let handler = move |r: aws_lambda_events::event::kinesis::KinesisEventRecord| {

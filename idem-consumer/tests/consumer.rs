@@ -3,14 +3,13 @@
 //! failing and panicking handlers, results too large to keep, reused and invalid keys, FIFO
 //! groups that stop, a caller that goes away mid-batch, a deadline), and every outcome counted
 //! and seen by the observer.
-#![cfg(all(feature = "consumer", feature = "sqlite"))]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::consumer::{Consumer, Disposition, Failure, Message, MessageOutcome};
-use idem_core::{Error, Fingerprint, Idempotency, MemoryStore, SqliteStore, Store, TokioClock};
+use idem::{Error, Fingerprint, Idempotency, MemoryStore, SqliteStore, Store, TokioClock};
+use idem_consumer::{Consumer, Disposition, Failure, Message, MessageOutcome};
 use tokio::sync::Semaphore;
 
 /// What a handler does with a message.
@@ -113,8 +112,6 @@ async fn sqlite() -> Arc<dyn Store> {
     std::mem::forget(dir);
     Arc::new(store)
 }
-
-#[cfg(feature = "postgres")]
 async fn postgres() -> Option<Arc<dyn Store>> {
     let url = idem_test_support::postgres::pg_url(&idem_test_support::current_test())?;
     Some(Arc::new(
@@ -419,7 +416,6 @@ macro_rules! on_every_store {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $scenario() { super::$scenario(super::sqlite().await).await })*
         }
-        #[cfg(feature = "postgres")]
         mod postgres_store {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $scenario() {
@@ -526,7 +522,7 @@ async fn at_the_deadline_unfinished_messages_are_handed_back() {
 #[cfg(feature = "metrics")]
 #[test]
 fn every_outcome_is_counted_and_observed() {
-    use idem_core::Stage;
+    use idem::Stage;
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
     let recorder = DebuggingRecorder::new();
@@ -539,7 +535,7 @@ fn every_outcome_is_counted_and_observed() {
         runtime.block_on(async {
             let log = seen.clone();
             let engine = Idempotency::builder(MemoryStore::new())
-                .observer(move |e: &idem_core::CallEvent<'_>| {
+                .observer(move |e: &idem::CallEvent<'_>| {
                     if e.stage() != Stage::Claimed {
                         log.lock().unwrap().push(e.stage())
                     }

@@ -2,16 +2,16 @@
 //! scripts/nats-server.sh; IDEM_REQUIRE_NATS=1 makes a missing server a failure), on SQLite:
 //! three consumers with handlers slower than the ack wait, redelivery after the ack wait of a
 //! message whose consumer died, and nak with a delay for a message in flight elsewhere.
-#![cfg(all(feature = "nats", feature = "sqlite"))]
+#![cfg(feature = "nats")]
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::consumer::nats::async_nats::{self, jetstream};
-use idem_core::consumer::nats::NatsConsumer;
-use idem_core::consumer::Consumer;
-use idem_core::{Idempotency, Key, SqliteStore, Store};
+use idem::{Idempotency, Key, SqliteStore, Store};
+use idem_consumer::nats::async_nats::{self, jetstream};
+use idem_consumer::nats::NatsConsumer;
+use idem_consumer::Consumer;
 use tokio::sync::Semaphore;
 
 const ACK_WAIT: Duration = Duration::from_secs(1);
@@ -116,7 +116,7 @@ async fn sqlite_at(path: &Path) -> Arc<dyn Store> {
 }
 
 /// A consumer keyed by the order in the payload (so a producer's second publish is caught).
-fn nats_consumer(store: Arc<dyn Store>) -> NatsConsumer<idem_core::JsonCodec> {
+fn nats_consumer(store: Arc<dyn Store>) -> NatsConsumer<idem::JsonCodec> {
     let consumer = Consumer::new(Idempotency::from_arc(store), "orders").unwrap();
     NatsConsumer::new(consumer)
         .ack_wait(ACK_WAIT)
@@ -127,7 +127,7 @@ fn nats_consumer(store: Arc<dyn Store>) -> NatsConsumer<idem_core::JsonCodec> {
 /// Runs `consumers` on `pull` until every order is charged and nothing is pending or unacked
 /// (bounded), then shuts them down.
 async fn drain(
-    consumers: Vec<NatsConsumer<idem_core::JsonCodec>>,
+    consumers: Vec<NatsConsumer<idem::JsonCodec>>,
     pull: &jetstream::consumer::PullConsumer,
     shop: &Shop,
     orders: &[String],
@@ -244,7 +244,7 @@ async fn a_message_in_flight_elsewhere_is_nakked_with_a_delay() {
                 .run_detached(async move {
                     claimed.add_permits(1);
                     release.acquire().await.unwrap().forget();
-                    Ok::<_, idem_core::Error>("charged o-1 elsewhere".to_owned())
+                    Ok::<_, idem::Error>("charged o-1 elsewhere".to_owned())
                 })
                 .await
                 .unwrap()
@@ -269,7 +269,7 @@ async fn a_message_in_flight_elsewhere_is_nakked_with_a_delay() {
     };
     let outcomes = consumer.process(fetched.await, &shop.handler()).await;
     let retry_after = match &outcomes[0] {
-        idem_core::consumer::MessageOutcome::InFlight { retry_after } => *retry_after,
+        idem_consumer::MessageOutcome::InFlight { retry_after } => *retry_after,
         other => panic!("expected in flight, got {other:?}"),
     };
     // Not redelivered before the delay (the ack wait alone would not hold it back: 1 s).

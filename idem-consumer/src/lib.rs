@@ -1,5 +1,8 @@
-//! Queue consumers: every message of a batch goes through the engine once, and comes back with
-//! one [`MessageOutcome`] that says what its broker should do with it (feature `consumer`).
+//! Queue consumers for idem: every message of a batch goes through the engine once, and comes
+//! back with one [`MessageOutcome`] that says what its broker should do with it.
+//!
+//! Depend on the `idem` crate with feature `consumer` (and `sqs`, `lambda`, `nats` for the
+//! brokers): it re-exports this crate as `idem::consumer`.
 //!
 //! A [`Consumer`] holds an engine and a scope. [`Consumer::process`] takes a batch of
 //! [`Message`]s (a body, a key for each, `None` for no deduplication, and for ordered queues a
@@ -39,6 +42,11 @@
 //! # Ok(()) }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
@@ -52,16 +60,18 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::codec::{Codec, JsonCodec};
-use crate::error::Error;
-use crate::key::{Fingerprint, Key};
-use crate::{Call, Idempotency, OnLocked, Outcome, Steps};
+use idem_core::{
+    Call, Codec, Error, Fingerprint, Idempotency, JsonCodec, Key, OnLocked, Outcome, Steps,
+};
 
 #[cfg(feature = "lambda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lambda")))]
 pub mod lambda;
 #[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
 #[cfg(feature = "sqs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
 pub mod sqs;
 
 /// One message of a batch: its body (moved into the handler), the key that deduplicates it, and
@@ -353,7 +363,7 @@ impl<E> From<Error> for Wrapped<E> {
 /// replays the first.
 ///
 /// Each message's handler is detached once its claim is won
-/// ([`Call::run_detached`](crate::Call::run_detached)): if the caller drops the batch (or its
+/// ([`Call::run_detached`](Call::run_detached)): if the caller drops the batch (or its
 /// deadline passes), the handlers that started run to their end and their results are stored,
 /// so the redelivery replays them; the messages that had not started never start.
 ///
@@ -472,11 +482,11 @@ impl<C: Codec> Consumer<C> {
     }
 
     /// Exactly-once effects: [`process`](Self::process) whose handler runs each message as a
-    /// [steps operation](crate::Call::run_steps) and is given its [`Steps`] handle, to apply
+    /// [steps operation](Call::run_steps) and is given its [`Steps`] handle, to apply
     /// the message's effect as **one transactional step** that commits the effect's writes and
     /// the step's record together, fenced by the message's claim:
-    /// [`Steps::tx`] on SQLite and PostgreSQL (the handler's SQL writes, in its transaction),
-    /// [`Steps::dynamo_tx`] on DynamoDB (the handler's items, in one `TransactWriteItems`).
+    /// `Steps::tx` on SQLite and PostgreSQL (the handler's SQL writes, in its transaction),
+    /// `Steps::dynamo_tx` on DynamoDB (the handler's items, in one `TransactWriteItems`).
     ///
     /// An effect outside the store cannot be applied exactly once: a consumer killed after the
     /// effect and before its result is stored leaves a message that runs again. Here the

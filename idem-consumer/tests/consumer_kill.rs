@@ -15,12 +15,7 @@
 //! - the queue is empty (visible + not visible), within a bounded wait.
 //!
 //! The figures are printed (`consumer_kill <store>: ...`) for bench-results.
-#![cfg(all(
-    feature = "sqs",
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "dynamodb"
-))]
+#![cfg(feature = "sqs")]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -29,14 +24,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
-use idem_core::consumer::sqs::aws_sdk_sqs::types::{
+use idem::aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use idem::{DynamoStore, Error, Idempotency, PostgresStore, SqliteStore, Steps};
+use idem_consumer::sqs::aws_sdk_sqs::types::{
     Message as SqsMessage, QueueAttributeName, SendMessageBatchRequestEntry,
 };
-use idem_core::consumer::sqs::aws_sdk_sqs::Client;
-use idem_core::consumer::sqs::SqsConsumer;
-use idem_core::consumer::Consumer;
-use idem_core::{DynamoStore, Error, Idempotency, PostgresStore, SqliteStore, Steps};
+use idem_consumer::sqs::aws_sdk_sqs::Client;
+use idem_consumer::sqs::SqsConsumer;
+use idem_consumer::Consumer;
 use idem_test_support::Process;
 use serde::{Deserialize, Serialize};
 
@@ -238,7 +233,7 @@ impl Shop {
                     }
                     Err(e) => {
                         return Err(dynamo_error(
-                            idem_core::aws_sdk_dynamodb::error::DisplayErrorContext(e),
+                            idem::aws_sdk_dynamodb::error::DisplayErrorContext(e),
                         ))
                     }
                 }
@@ -512,7 +507,7 @@ where
 
 async fn consume_with_a_kill(store: &str, db: String, endpoint: String, prefix: String) {
     let total = messages();
-    let scale = idem_core::conformance::time_scale();
+    let scale = idem::conformance::time_scale();
     let client = sqs(&endpoint);
     let queue = client
         .create_queue()

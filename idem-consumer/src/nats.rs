@@ -23,8 +23,8 @@ use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::message::{AckKind, Acker};
 use futures_util::StreamExt;
 
-use super::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
-use crate::codec::Codec;
+use crate::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
+use idem_core::Codec;
 
 /// The async-nats (0.51) whose JetStream consumers a [`NatsConsumer`] reads.
 pub use async_nats;
@@ -125,7 +125,7 @@ impl<C: Codec> NatsConsumer<C> {
         H: MessageHandler<async_nats::Message>,
         H::Error: fmt::Display,
     {
-        super::receive_loop(
+        crate::receive_loop(
             "JetStream",
             shutdown,
             || self.fetch(pull),
@@ -180,7 +180,7 @@ impl<C: Codec> NatsConsumer<C> {
             }
         };
         let outcomes =
-            super::with_heartbeat(consumer.process(batch, handler), self.ack_wait / 3, beat).await;
+            crate::with_heartbeat(consumer.process(batch, handler), self.ack_wait / 3, beat).await;
         for (acker, outcome) in ackers.iter().zip(&outcomes) {
             let kind = match (outcome.disposition(), outcome) {
                 (Disposition::Acknowledge, _) => AckKind::Ack,

@@ -32,8 +32,8 @@ use aws_lambda_events::event::streams::{
 };
 use lambda_runtime::{Context, LambdaEvent};
 
-use super::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
-use crate::codec::Codec;
+use crate::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
+use idem_core::Codec;
 
 /// The aws_lambda_events (1.x) whose events these functions take (features `sqs`, `kinesis`,
 /// `dynamodb`, `streams`). Use this path to name the very version idem uses.

@@ -1,9 +1,9 @@
 //! moto's SQS for the consumer tests: the server scripts/test starts for DynamoDB serves SQS
 //! too (IDEM_TEST_DYNAMODB_URL).
 
-use idem_core::consumer::sqs::aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
-use idem_core::consumer::sqs::aws_sdk_sqs::types::QueueAttributeName;
-use idem_core::consumer::sqs::aws_sdk_sqs::{Client, Config};
+use idem_consumer::sqs::aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+use idem_consumer::sqs::aws_sdk_sqs::types::QueueAttributeName;
+use idem_consumer::sqs::aws_sdk_sqs::{Client, Config};
 
 /// moto's URL, or `None` to skip (a failure under IDEM_REQUIRE_DYNAMODB).
 pub fn endpoint() -> Option<String> {
