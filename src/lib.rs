@@ -108,6 +108,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use idem_core::*;
 
@@ -120,6 +121,24 @@ pub mod store {
 
     pub mod url;
 }
+
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+#[doc(inline)]
+pub use idem_tower::http;
+
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+#[doc(inline)]
+pub use idem_tower::grpc;
+
+#[cfg(any(feature = "http", feature = "grpc", feature = "remote"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "http", feature = "grpc", feature = "remote")))
+)]
+#[doc(inline)]
+pub use idem_tower::StoredResponse;
 
 #[doc(inline)]
 pub use idem_macros::idempotent;

@@ -6,7 +6,6 @@
 //! decodable: two different values never share bytes.
 
 mod ser;
-#[cfg(feature = "http")]
 pub(crate) mod text;
 
 pub(crate) use ser::{struct_to_canonical, to_canonical, DynSerialize};

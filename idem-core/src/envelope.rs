@@ -20,9 +20,9 @@ const NOT_RETAINED: u8 = 1;
 const HEAD: usize = 6;
 
 /// An empty buffer for an encoder to write a payload of about `len` bytes into, with room to
-/// spare for the head [`result`] puts in front of it (so that it does not reallocate and copy).
-#[cfg(any(feature = "http", feature = "grpc"))]
-pub(crate) fn payload_buffer(len: usize) -> Vec<u8> {
+/// spare for the head the engine's envelope puts in front of it when the result is stored (so
+/// that it does not reallocate and copy).
+pub fn payload_buffer(len: usize) -> Vec<u8> {
     Vec::with_capacity(len + HEAD)
 }
 

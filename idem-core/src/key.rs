@@ -88,7 +88,7 @@ pub fn validate_client_key(client_key: &str) -> Result<(), KeyError> {
 }
 
 /// Checks a scope as [`Key::derive`] does, for configuration read before any key is derived.
-pub(crate) fn check_scope(scope: &str) -> Result<(), KeyError> {
+pub fn check_scope(scope: &str) -> Result<(), KeyError> {
     check("scope", scope, false)
 }
 

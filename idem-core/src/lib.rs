@@ -6,10 +6,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod adapter;
 mod buckets;
 mod canonical;
-#[cfg(any(feature = "http", feature = "grpc"))]
-mod capture;
 mod clock;
 mod codec;
 mod completer;
@@ -18,23 +17,15 @@ pub mod conformance;
 mod engine;
 mod envelope;
 mod error;
-#[cfg(feature = "grpc")]
-pub mod grpc;
-#[cfg(feature = "http")]
-pub mod http;
 mod key;
 pub mod kit;
 mod observe;
-#[cfg(any(feature = "http", feature = "grpc"))]
-mod problem;
 mod pruner;
 mod record;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 mod step;
 pub mod store;
-#[cfg(any(feature = "http", feature = "grpc", feature = "remote"))]
-mod stored_response;
 
 /// The aws-sdk-dynamodb (1.x) whose `Client` a [`DynamoStore`] is built on. Use this path to
 /// name the very version idem uses.
@@ -91,5 +82,3 @@ pub use store::sql::protocol::TransactionalStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder, SqliteSync};
 pub use store::{Immediate, Store, LAPSED_CLAIMS_KEPT};
-#[cfg(any(feature = "http", feature = "grpc", feature = "remote"))]
-pub use stored_response::StoredResponse;

@@ -365,7 +365,7 @@ async fn the_http_layer_runs_once_with_the_server_as_its_store() {
             }),
         )
         .layer(
-            idem_core::http::IdempotencyLayer::builder(engine)
+            idem_tower::http::IdempotencyLayer::builder(engine)
                 .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
                 .build()
                 .expect("a layer scoped by caller"),

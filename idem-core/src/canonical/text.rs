@@ -6,7 +6,7 @@ use super::{enter, write_str};
 
 /// A JSON value read from text.
 #[derive(Debug, PartialEq)]
-pub(crate) enum Json<'a> {
+pub enum Json<'a> {
     /// `null`, `true`, `false` or a number, exactly as written.
     Atom(&'a str),
     /// A string, unescaped.
@@ -21,7 +21,7 @@ impl<'a> Json<'a> {
     /// Reads `body` as one JSON value (RFC 8259). `None` when it is not UTF-8 JSON, nests deeper
     /// than [`MAX_FINGERPRINT_DEPTH`](crate::MAX_FINGERPRINT_DEPTH), or repeats a key in an
     /// object (readers disagree on what that means, so it has no one canonical form).
-    pub(crate) fn parse(body: &'a [u8]) -> Option<Json<'a>> {
+    pub fn parse(body: &'a [u8]) -> Option<Json<'a>> {
         let mut parser = Parser {
             text: std::str::from_utf8(body).ok()?,
             pos: 0,
@@ -32,7 +32,7 @@ impl<'a> Json<'a> {
     }
 
     /// The value at a JSON Pointer (RFC 6901), found as serde_json's `Value::pointer` finds it.
-    pub(crate) fn pointer(&self, pointer: &str) -> Option<&Json<'a>> {
+    pub fn pointer(&self, pointer: &str) -> Option<&Json<'a>> {
         if pointer.is_empty() {
             return Some(self);
         }
@@ -52,8 +52,8 @@ impl<'a> Json<'a> {
     }
 
     /// The canonical form: no whitespace, members sorted by key, strings escaped as
-    /// [`to_canonical`](super::to_canonical) escapes them, numbers as written.
-    pub(crate) fn canonical(&self) -> Vec<u8> {
+    /// [`Fingerprint::of_json`](crate::Fingerprint::of_json)'s canonical form escapes them, numbers as written.
+    pub fn canonical(&self) -> Vec<u8> {
         let mut out = Vec::new();
         self.write(&mut out);
         out

@@ -45,10 +45,9 @@ pub use steps::{Attempt, Step, Steps};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use transactional::{Transactional, TxClaim, TxFuture, TxStart};
 
-#[doc(hidden)]
 pub use policy::Overrides;
 pub(crate) use policy::{Core, Resolved};
-pub(crate) use stored::Encoded;
+pub use stored::Encoded;
 
 use cache::{Cache, Hit, Known};
 use claim::start;
@@ -614,7 +613,7 @@ pub(crate) struct Guarded<'o, Fm, Er> {
 }
 
 /// How a call's `Ok` value is stored and replayed.
-pub(crate) trait Format<T> {
+pub trait Format<T> {
     /// The value as it is to be stored.
     fn encode(&self, value: &T) -> Encoded;
     /// A stored value.

@@ -285,9 +285,9 @@ impl<S, C: Codec> EngineBuilder<S, C> {
     }
 }
 
-/// The per-call choices of a [`Call`](crate::Call); `None` keeps the policy's. Public only for
-/// the attribute's expansion (`__private`).
-#[doc(hidden)]
+/// The per-call choices of a [`Call`](crate::Call); `None` keeps the policy's. Public for the
+/// attribute's expansion (`__private`) and for adapters ([`adapter`](crate::adapter)), which
+/// keep one set of choices for all their calls (a layer's builder sets them once).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Overrides {
     pub(crate) lease: Option<Duration>,
@@ -302,6 +302,38 @@ impl Overrides {
     pub fn scoped(mut self, scope: &'static str) -> Overrides {
         self.scope = Some(scope);
         self
+    }
+
+    /// The call's lease, as [`Call::lease`](crate::Call::lease) sets it.
+    pub fn lease(mut self, lease: Duration) -> Overrides {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// The call's retention, as [`Call::retention`](crate::Call::retention) sets it.
+    pub fn retention(mut self, retention: Duration) -> Overrides {
+        self.retention = Some(retention);
+        self
+    }
+
+    /// What the call does on a live claim, as [`Call::on_locked`](crate::Call::on_locked) sets
+    /// it.
+    pub fn on_locked(mut self, on_locked: OnLocked) -> Overrides {
+        self.on_locked = Some(on_locked);
+        self
+    }
+
+    /// Checks the lease and the retention set here as a call checks them when it runs (each
+    /// between 1 ms and 10 years), for configuration checked before any call: an
+    /// [`Error::InvalidConfig`] naming the first out of range.
+    pub fn check(&self) -> Result<(), Error> {
+        if let Some(lease) = self.lease {
+            check_duration("lease", lease)?;
+        }
+        if let Some(retention) = self.retention {
+            check_duration("retention", retention)?;
+        }
+        Ok(())
     }
 }
 

@@ -9,7 +9,7 @@ use crate::record::StoredResult;
 use super::Outcome;
 
 /// A result as the engine is about to store it.
-pub(crate) enum Encoded {
+pub enum Encoded {
     /// The encoded value.
     Bytes(Vec<u8>),
     /// The value cannot be stored (it could not be captured or encoded); why.

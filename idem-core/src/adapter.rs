@@ -1,0 +1,45 @@
+//! For adapters: what a crate that puts the engine behind a transport (idem-tower's HTTP and
+//! gRPC layers, the queue consumers) uses of the engine beyond its public API: running a call
+//! whose result is stored in the adapter's own format, one set of call options for all of an
+//! adapter's calls, and the checks and buffers the engine uses itself.
+//!
+//! **For adapter authors, in-tree and out; not covered by semver**: anything here may change in
+//! a minor release. Pin idem-core with `=` as the idem crates do (sqlx-core's "Semver Exempt
+//! API" is the model).
+
+use std::future::Future;
+
+use crate::codec::Codec;
+use crate::engine::{Call, Idempotency, Outcome};
+use crate::error::Error;
+
+pub use crate::canonical::text::Json;
+pub use crate::engine::{Encoded, Format, Overrides};
+pub use crate::envelope::payload_buffer;
+pub use crate::key::check_scope;
+
+/// `call` with `overrides` as its options (lease, retention, what it does on a live claim),
+/// replacing any set before: what an adapter's builder decided, once for all its calls.
+pub fn with_overrides<En>(call: Call<'_, En>, overrides: Overrides) -> Call<'_, En> {
+    call.overrides(overrides)
+}
+
+/// Runs `call` as [`Call::run_detached`] does (once its claim is won, the work runs to its end
+/// and its result is stored even if the caller goes away), with the value stored and replayed
+/// in `format` instead of the engine's codec: how the HTTP and gRPC layers keep a response.
+// A plain function returning the engine's future, as `run_detached`: no future of its own.
+#[inline(always)]
+pub fn run_detached_as<'e, C, T, E, F, Fm>(
+    call: Call<'e, Idempotency<C>>,
+    work: F,
+    format: Fm,
+) -> impl Future<Output = Result<Outcome<T>, E>> + Send + 'e
+where
+    C: Codec,
+    F: Future<Output = Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: From<Error> + Send + 'static,
+    Fm: Format<T> + Send + Sync + 'static,
+{
+    call.run_detached_as(work, format)
+}

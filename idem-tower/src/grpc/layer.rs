@@ -1,0 +1,599 @@
+//! [`IdempotencyLayer`], its builder and the methods it guards.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use http::HeaderName;
+use tonic::Code;
+
+use super::service::IdempotencyService;
+use super::IDEMPOTENCY_KEY;
+use crate::capture::guard::{guard_layer, guard_setters, key_space};
+use crate::capture::{check_builder, CallerFn};
+use idem_core::adapter::Overrides;
+use idem_core::{Codec, Error, Idempotency, JsonCodec};
+
+type StoreIfFn = dyn Fn(Code) -> bool + Send + Sync;
+type KeyFn = dyn Fn(&[u8]) -> Result<Option<String>, String> + Send + Sync;
+
+/// Whether the layer stores a call's answer by default, by its gRPC status: the final answers
+/// `OK`, `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `PERMISSION_DENIED`,
+/// `FAILED_PRECONDITION` and `OUT_OF_RANGE` are stored and replayed; the others say "try
+/// again" or "the server failed" (`CANCELLED`, `UNKNOWN`, `DEADLINE_EXCEEDED`,
+/// `RESOURCE_EXHAUSTED`, `ABORTED`, `UNIMPLEMENTED`, `INTERNAL`, `UNAVAILABLE`, `DATA_LOSS`,
+/// `UNAUTHENTICATED`), so they go to the client unstored and free the key for a retry.
+///
+/// Unlike the HTTP layer's `400`, `INVALID_ARGUMENT` is stored: a gRPC service answers it from
+/// its own validation, after reading the message, and a retry of the same message would get the
+/// same answer. Change it with [`store_if`](LayerBuilder::store_if).
+///
+/// ```
+/// use idem::grpc::stores_by_default;
+/// use tonic::Code;
+/// assert!(stores_by_default(Code::Ok));
+/// assert!(stores_by_default(Code::NotFound));
+/// assert!(!stores_by_default(Code::Unavailable));
+/// assert!(!stores_by_default(Code::Internal));
+/// ```
+pub fn stores_by_default(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Ok
+            | Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::PermissionDenied
+            | Code::FailedPrecondition
+            | Code::OutOfRange
+    )
+}
+
+/// A unary method the layer guards, by its path (`/package.Service/Method`), and where its
+/// key comes from: the layer's key metadata entry (`idempotency-key` by default), a string
+/// field of the request message ([`key_field`](Self::key_field), Google AIP-155's
+/// `request_id`), or a function of the message bytes ([`key_from`](Self::key_from)).
+///
+/// ```
+/// use idem::grpc::UnaryMethod;
+/// // `string request_id = 3;` in `TransferRequest`.
+/// let transfer = UnaryMethod::new("/bank.v1.Payments/Transfer").key_field(3);
+/// // Keyed by the `idempotency-key` metadata entry.
+/// let create: UnaryMethod = "/bank.v1.Payments/Create".into();
+/// assert_eq!(create.path(), "/bank.v1.Payments/Create");
+/// # let _ = transfer;
+/// ```
+#[derive(Clone)]
+pub struct UnaryMethod {
+    path: String,
+    key: KeySource,
+}
+
+#[derive(Clone)]
+pub(crate) enum KeySource {
+    Metadata,
+    Field(u32),
+    Custom(Arc<KeyFn>),
+}
+
+impl UnaryMethod {
+    /// The method at `path`, `/package.Service/Method` as gRPC sends it (tonic's generated
+    /// server routes the same path), keyed by the layer's key metadata entry.
+    ///
+    /// ```
+    /// # use idem::grpc::UnaryMethod;
+    /// let m = UnaryMethod::new("/helloworld.Greeter/SayHello");
+    /// # let _ = m;
+    /// ```
+    pub fn new(path: impl Into<String>) -> UnaryMethod {
+        UnaryMethod {
+            path: path.into(),
+            key: KeySource::Metadata,
+        }
+    }
+
+    /// The method named `method` of the tonic service `S` (its generated server type, whose
+    /// [`NamedService::NAME`](tonic::server::NamedService::NAME) is `package.Service`).
+    ///
+    /// ```
+    /// # use idem::grpc::UnaryMethod;
+    /// struct Greeter;
+    /// impl tonic::server::NamedService for Greeter {
+    ///     const NAME: &'static str = "helloworld.Greeter";
+    /// }
+    /// assert_eq!(UnaryMethod::of::<Greeter>("SayHello").path(), "/helloworld.Greeter/SayHello");
+    /// ```
+    pub fn of<S: tonic::server::NamedService>(method: &str) -> UnaryMethod {
+        UnaryMethod::new(format!("/{}/{method}", S::NAME))
+    }
+
+    /// Reads the key from the string field `number` at the top level of the request message
+    /// (Google AIP-155's `string request_id`), instead of metadata. An absent or empty field is
+    /// no key. The message must not be compressed: a compressed request with a key field gets
+    /// `INVALID_ARGUMENT`.
+    ///
+    /// ```
+    /// # use idem::grpc::UnaryMethod;
+    /// // message CreateBookRequest { string parent = 1; Book book = 2; string request_id = 3; }
+    /// let m = UnaryMethod::new("/library.v1.Library/CreateBook").key_field(3);
+    /// # let _ = m;
+    /// ```
+    pub fn key_field(mut self, number: u32) -> UnaryMethod {
+        self.key = KeySource::Field(number);
+        self
+    }
+
+    /// Reads the key from the request message with `extract`, given the message's bytes
+    /// (uncompressed protobuf): `Ok(None)` is no key, `Err(why)` answers `INVALID_ARGUMENT`
+    /// with `why`. Decode the message with your own generated type, for a key inside a nested
+    /// message, say.
+    ///
+    /// ```
+    /// # use idem::grpc::UnaryMethod;
+    /// let m = UnaryMethod::new("/bank.v1.Payments/Refund").key_from(|message| {
+    ///     // In a real service: `RefundRequest::decode(message)` and its nested id.
+    ///     Ok((!message.is_empty()).then(|| format!("refund-{}", message.len())))
+    /// });
+    /// # let _ = m;
+    /// ```
+    pub fn key_from(
+        mut self,
+        extract: impl Fn(&[u8]) -> Result<Option<String>, String> + Send + Sync + 'static,
+    ) -> UnaryMethod {
+        self.key = KeySource::Custom(Arc::new(extract));
+        self
+    }
+
+    /// The method's path.
+    ///
+    /// ```
+    /// # use idem::grpc::UnaryMethod;
+    /// assert_eq!(UnaryMethod::new("/p.S/M").path(), "/p.S/M");
+    /// ```
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub(crate) fn key(&self) -> &KeySource {
+        &self.key
+    }
+}
+
+impl From<&str> for UnaryMethod {
+    fn from(path: &str) -> UnaryMethod {
+        UnaryMethod::new(path)
+    }
+}
+
+impl From<String> for UnaryMethod {
+    fn from(path: String) -> UnaryMethod {
+        UnaryMethod::new(path)
+    }
+}
+
+impl fmt::Debug for UnaryMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = match &self.key {
+            KeySource::Metadata => "metadata".to_owned(),
+            KeySource::Field(n) => format!("field {n}"),
+            KeySource::Custom(_) => "a function of the message".to_owned(),
+        };
+        f.debug_struct("UnaryMethod")
+            .field("path", &self.path)
+            .field("key", &key)
+            .finish()
+    }
+}
+
+/// The checked configuration every [`IdempotencyService`] of one layer shares.
+pub(crate) struct Config<C> {
+    pub(crate) engine: Idempotency<C>,
+    pub(crate) options: Overrides,
+    pub(crate) methods: HashMap<String, UnaryMethod>,
+    pub(crate) key_metadata: HeaderName,
+    pub(crate) require_key: bool,
+    pub(crate) scope: Arc<str>,
+    /// `None` is the one shared key space, which [`LayerBuilder::build`] allows only after
+    /// [`LayerBuilder::shared_key_space`].
+    pub(crate) caller: Option<Box<CallerFn>>,
+    pub(crate) store_if: Arc<StoreIfFn>,
+    pub(crate) max_request: usize,
+}
+
+impl<C> fmt::Debug for Config<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut methods: Vec<_> = self.methods.values().collect();
+        methods.sort_by(|a, b| a.path.cmp(&b.path));
+        f.debug_struct("grpc::IdempotencyLayer")
+            .field("scope", &self.scope)
+            .field("methods", &methods)
+            .field("key_metadata", &self.key_metadata)
+            .field("require_key", &self.require_key)
+            .field("callers", &key_space(self.caller.is_some()))
+            .field("options", &self.options)
+            .field("max_request_message", &self.max_request)
+            .finish_non_exhaustive()
+    }
+}
+
+guard_layer! {
+    /// A tower [`Layer`](tower::Layer) for tonic servers that makes the unary calls it guards run once per key:
+    /// a retry gets the stored response (headers, message and trailers), marked
+    /// `idempotent-replayed: true`. See the [module documentation](super).
+    ///
+    /// ```
+    /// use idem::grpc::IdempotencyLayer;
+    /// use idem::{Idempotency, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .unary("/bank.v1.Payments/Create")
+    ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+    ///     .build()?;
+    /// // tonic::transport::Server::builder().layer(layer).add_service(…)
+    /// # let _ = layer;
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+}
+
+impl<C: Codec> IdempotencyLayer<C> {
+    /// A [`LayerBuilder`] with the defaults. Before [`build`](LayerBuilder::build) it needs at
+    /// least one [`unary`](LayerBuilder::unary) method, and
+    /// [`caller`](LayerBuilder::caller) or [`shared_key_space`](LayerBuilder::shared_key_space).
+    ///
+    /// ```
+    /// use idem::grpc::{IdempotencyLayer, UnaryMethod};
+    /// use idem::{Idempotency, MemoryStore};
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .unary(UnaryMethod::new("/bank.v1.Payments/Transfer").key_field(3))
+    ///     .shared_key_space()
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    pub fn builder(engine: Idempotency<C>) -> LayerBuilder<C> {
+        LayerBuilder {
+            config: Config {
+                engine,
+                options: Overrides::default(),
+                methods: HashMap::new(),
+                key_metadata: IDEMPOTENCY_KEY,
+                require_key: false,
+                scope: Arc::from("grpc"),
+                caller: None,
+                store_if: Arc::new(stores_by_default),
+                max_request: 4 << 20,
+            },
+            methods: Vec::new(),
+            key_metadata: None,
+            shared_key_space: false,
+        }
+    }
+}
+
+/// Configures a gRPC [`IdempotencyLayer`]. Defaults:
+///
+/// | setting | default |
+/// |---|---|
+/// | [`unary`](Self::unary) | none: [`build`](Self::build) needs at least one; every other path passes untouched |
+/// | [`key_metadata`](Self::key_metadata) | `idempotency-key` |
+/// | [`require_key`](Self::require_key) | `false`: a guarded call without a key runs unguarded |
+/// | [`scope`](Self::scope) | `"grpc"` |
+/// | [`caller`](Self::caller) or [`shared_key_space`](Self::shared_key_space) | none: [`build`](Self::build) refuses until one is chosen |
+/// | [`lease`](Self::lease), [`retention`](Self::retention), [`on_locked`](Self::on_locked) | the engine's policy (30 s, 24 h, fail fast) |
+/// | [`store_if`](Self::store_if) | [`stores_by_default`] |
+/// | [`max_request_message`](Self::max_request_message) | 4 MiB (tonic's default) |
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::grpc::{IdempotencyLayer, UnaryMethod};
+/// use idem::{Idempotency, MemoryStore, OnLocked};
+///
+/// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+///     .unary("/bank.v1.Payments/Create")
+///     .unary(UnaryMethod::new("/bank.v1.Payments/Transfer").key_field(3))
+///     .key_metadata("x-request-id")
+///     .require_key(true)
+///     .scope("payments-grpc")
+///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+///     .lease(Duration::from_secs(10))
+///     .on_locked(OnLocked::Wait { timeout: Duration::from_secs(5) })
+///     .store_if(|code| code == tonic::Code::Ok)
+///     .max_request_message(64 * 1024)
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), idem::Error>(())
+/// ```
+pub struct LayerBuilder<C = JsonCodec> {
+    config: Config<C>,
+    methods: Vec<UnaryMethod>,
+    key_metadata: Option<String>,
+    shared_key_space: bool,
+}
+
+impl<C> fmt::Debug for LayerBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("grpc::LayerBuilder")
+            .field("config", &self.config)
+            .field("methods", &self.methods)
+            .field("shared_key_space", &self.shared_key_space)
+            .finish()
+    }
+}
+
+impl<C: Codec> LayerBuilder<C> {
+    /// Guards the unary method `method`: a path such as `"/bank.v1.Payments/Create"` (keyed by
+    /// metadata), or a [`UnaryMethod`] that says where its key comes from. Call it once per
+    /// method. Every path not given here passes through the layer untouched, so streaming
+    /// methods, which the layer cannot store, are never guarded: the layer cannot tell a
+    /// unary call from a streaming one on the wire, so you say which methods are unary.
+    ///
+    /// ```
+    /// # use idem::{grpc::{IdempotencyLayer, UnaryMethod}, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .unary("/bank.v1.Payments/Create")
+    ///     .unary(UnaryMethod::new("/bank.v1.Payments/Transfer").key_field(3));
+    /// # let _ = b;
+    /// ```
+    pub fn unary(mut self, method: impl Into<UnaryMethod>) -> Self {
+        self.methods.push(method.into());
+        self
+    }
+
+    /// The metadata entry that carries the key of methods keyed by metadata. Default
+    /// `idempotency-key`. An ASCII entry (not `-bin`), lowercase as gRPC sends it.
+    ///
+    /// ```
+    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .key_metadata("x-idempotency-key");
+    /// # let _ = b;
+    /// ```
+    pub fn key_metadata(mut self, name: impl Into<String>) -> Self {
+        self.key_metadata = Some(name.into());
+        self
+    }
+
+    guard_setters! {
+        /// Whether a guarded call without a key gets `INVALID_ARGUMENT` ([`true`]) or runs without
+        /// deduplication (`false`, the default: AIP-155 makes request ids optional).
+        ///
+        /// ```
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
+        /// # let _ = b;
+        /// ```
+        require_key;
+
+        /// The name under which this layer's keys are stored (1 to 255 printable ASCII
+        /// characters). Default `"grpc"`. Renaming it forgets every stored response.
+        ///
+        /// ```
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("payments");
+        /// # let _ = b;
+        /// ```
+        scope;
+
+        /// Who is calling, from the request head (metadata are its headers; an authentication
+        /// layer before this one may put an extension there). Keys are scoped by it, so two callers
+        /// sending the same key and message get independent results. A guarded call with a key and
+        /// no identity gets `UNAUTHENTICATED` ([`Problem::CallerMissing`](super::Problem::CallerMissing))
+        /// and nothing runs; an identity that is empty, over 255 bytes or not printable ASCII gets
+        /// `INVALID_ARGUMENT`. Not together with [`shared_key_space`](Self::shared_key_space).
+        ///
+        /// ```
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// #[derive(Clone)]
+        /// struct Tenant(String);
+        /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .unary("/bank.v1.Payments/Create")
+        ///     .caller(|parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()))
+        ///     .build()?;
+        /// # let _ = layer;
+        /// # Ok::<(), idem::Error>(())
+        /// ```
+        caller;
+
+        /// Opts in to one key space shared by every client, instead of a [`caller`](Self::caller)
+        /// extractor. Any client that sends another client's key and message then gets that
+        /// client's stored response (its headers, message and trailers) for as long as it is
+        /// retained. Only for services whose clients may all see each other's responses.
+        ///
+        /// ```
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .unary("/internal.Ledger/Post")
+        ///     .shared_key_space()
+        ///     .build()?;
+        /// # let _ = layer;
+        /// # Ok::<(), idem::Error>(())
+        /// ```
+        shared_key_space;
+
+        /// How long a call's claim blocks its key without a heartbeat; renewed while the handler
+        /// runs. Overrides [`Policy::lease`](idem_core::Policy::lease).
+        ///
+        /// ```
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .lease(std::time::Duration::from_secs(5));
+        /// # let _ = b;
+        /// ```
+        lease;
+
+        /// How long a stored response is replayed. Overrides
+        /// [`Policy::retention`](idem_core::Policy::retention).
+        ///
+        /// ```
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .retention(std::time::Duration::from_secs(3600));
+        /// # let _ = b;
+        /// ```
+        retention;
+
+        /// What a call does while another with the same key runs: answer `UNAVAILABLE` with
+        /// `grpc-retry-pushback-ms` at once ([`OnLocked::FailFast`](idem_core::OnLocked::FailFast)), or wait for it and replay its
+        /// response ([`OnLocked::Wait`](idem_core::OnLocked::Wait)). Overrides [`Policy::on_locked`](idem_core::Policy::on_locked).
+        ///
+        /// ```
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
+        /// # let _ = b;
+        /// ```
+        on_locked;
+
+        /// Which answers are stored and replayed, by gRPC status (from the trailers, or from the
+        /// headers of a trailers-only response; a response without one, or whose HTTP status is not
+        /// `200`, counts as `UNKNOWN`). An answer that is not stored goes to the client as it is
+        /// and frees the key. Default [`stores_by_default`].
+        ///
+        /// ```
+        /// # use idem::{grpc::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
+        /// use tonic::Code;
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     // Let a corrected request run under the same key.
+        ///     .store_if(|code| stores_by_default(code) && code != Code::InvalidArgument);
+        /// # let _ = b;
+        /// ```
+        store_if(Code);
+
+        /// The largest request message the layer reads to fingerprint it, in bytes; a guarded call
+        /// with a larger one gets `RESOURCE_EXHAUSTED` and nothing runs. Default 4 MiB, tonic's own
+        /// default limit.
+        ///
+        /// ```
+        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+        ///     .max_request_message(256 * 1024);
+        /// # let _ = b;
+        /// ```
+        max_request(max_request_message);
+    }
+
+    /// Checks the configuration and builds the layer. [`Error::InvalidConfig`] when: no unary
+    /// method is given, a path is not `/package.Service/Method` or is given twice; neither
+    /// [`caller`](Self::caller) nor [`shared_key_space`](Self::shared_key_space) was chosen,
+    /// or both; the key metadata name is not a lowercase ASCII metadata name; the scope is not
+    /// a valid key part; the lease or retention is out of range.
+    ///
+    /// ```
+    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore, Error};
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let nothing = IdempotencyLayer::builder(engine.clone()).shared_key_space().build();
+    /// assert!(matches!(nothing, Err(Error::InvalidConfig(m)) if m.contains(".unary(")));
+    /// let bad = IdempotencyLayer::builder(engine).shared_key_space().unary("Create").build();
+    /// assert!(matches!(bad, Err(Error::InvalidConfig(_))));
+    /// ```
+    pub fn build(mut self) -> Result<IdempotencyLayer<C>, Error> {
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        check_builder(
+            "gRPC",
+            "idempotency keys",
+            "message",
+            self.config.caller.is_some(),
+            self.shared_key_space,
+            &self.config.scope,
+            &self.config.options,
+        )?;
+        if self.methods.is_empty() {
+            return bad(
+                "the gRPC layer guards no method: name each unary method with \
+                 .unary(\"/package.Service/Method\"); every other path passes untouched"
+                    .to_owned(),
+            );
+        }
+        for method in std::mem::take(&mut self.methods) {
+            let parts: Vec<&str> = method.path.split('/').collect();
+            if !matches!(parts.as_slice(), ["", service, name] if !service.is_empty() && !name.is_empty())
+            {
+                return bad(format!(
+                    "the gRPC layer's unary method {:?} is not a path of the form \
+                     \"/package.Service/Method\"",
+                    method.path
+                ));
+            }
+            if let Some(old) = self.config.methods.insert(method.path.clone(), method) {
+                return bad(format!(
+                    "the gRPC layer's unary method {:?} is given twice; give each method once",
+                    old.path
+                ));
+            }
+        }
+        if let Some(name) = self.key_metadata.take() {
+            let valid = HeaderName::from_bytes(name.as_bytes())
+                .ok()
+                .filter(|h| h.as_str() == name && !name.ends_with("-bin"));
+            match valid {
+                Some(header) => self.config.key_metadata = header,
+                None => {
+                    return bad(format!(
+                        "the gRPC layer's key_metadata {name:?} is not a lowercase ASCII \
+                         metadata name (letters, digits, '-', '_' and '.', not ending in -bin)"
+                    ))
+                }
+            }
+        }
+        Ok(IdempotencyLayer {
+            config: Arc::new(self.config),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use idem_core::MemoryStore;
+
+    fn refused(b: LayerBuilder) -> String {
+        match b.build() {
+            Err(Error::InvalidConfig(m)) => m,
+            other => panic!("built: {other:?}"),
+        }
+    }
+
+    fn builder() -> LayerBuilder {
+        IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).unary("/p.S/M")
+    }
+
+    #[test]
+    fn build_refuses_what_cannot_work() {
+        assert!(refused(builder()).contains(".shared_key_space()"));
+        assert!(refused(builder().shared_key_space().caller(|_| None)).contains("both"));
+        assert!(refused(builder().shared_key_space().unary("/p.S/M")).contains("twice"));
+        for path in ["p.S/M", "/p.S", "/p.S/", "//M", "/p.S/M/x"] {
+            let m = refused(builder().shared_key_space().unary(path));
+            assert!(m.contains("/package.Service/Method"), "{path}: {m}");
+        }
+        for name in ["Idempotency-Key", "key-bin", "a key", ""] {
+            let m = refused(builder().shared_key_space().key_metadata(name));
+            assert!(m.contains("metadata name"), "{name}: {m}");
+        }
+        assert!(refused(builder().shared_key_space().scope("")).contains("scope"));
+        assert!(matches!(
+            builder().shared_key_space().lease(Duration::ZERO).build(),
+            Err(Error::InvalidConfig(_))
+        ));
+    }
+
+    #[test]
+    fn builds_with_every_setting() {
+        let layer = builder()
+            .unary(UnaryMethod::new("/p.S/N").key_field(3))
+            .unary(UnaryMethod::new("/p.S/O").key_from(|_| Ok(None)))
+            .key_metadata("x-request-id")
+            .caller(|_| Some("c".into()))
+            .build()
+            .unwrap();
+        let debug = format!("{layer:?}");
+        assert!(
+            debug.contains("field 3") && debug.contains("x-request-id"),
+            "{debug}"
+        );
+        assert_eq!(layer.config.methods.len(), 3);
+        assert_eq!(layer.config.key_metadata, "x-request-id");
+    }
+}
