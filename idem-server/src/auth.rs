@@ -194,7 +194,7 @@ mod tests {
             (with("admin-token-0123456789"), "auth_required"),
         ] {
             let e = tokens.caller(&refused).unwrap_err();
-            assert_eq!((e.status.as_u16(), e.code), (401, code));
+            assert_eq!((e.status.as_u16(), e.body.code.as_str()), (401, code));
         }
     }
 

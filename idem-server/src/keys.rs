@@ -6,71 +6,14 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use idem_core::{Fingerprint, Key, Token, MAX_KEY_LEN};
-use serde::de::Error as _;
-use serde::{Deserialize, Deserializer};
+use idem_wire::names::{key_refusal, namespace_refusal};
 use sha2::{Digest, Sha256};
 
 use crate::auth::Caller;
 use crate::wire::ApiError;
 
-/// The longest key and namespace name Diom takes.
-const DIOM_MAX_LEN: usize = 256;
-
 /// The longest lock period or retention: the stores' bound.
 const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
-
-/// What Diom says of a name its type `kind` refuses (its `string_wrapper!` in
-/// crates/diom-core/src/types/mod.rs): too short, too long, or out of its alphabet, where
-/// Diom's message shows the key's pattern for both kinds. Lengths are in bytes.
-fn refusal(value: &str, kind: &str, extra: &[u8]) -> Option<String> {
-    if value.is_empty() {
-        return Some("String too short".to_owned());
-    }
-    if value.len() > DIOM_MAX_LEN {
-        return Some("String too long".to_owned());
-    }
-    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-/_.=+".contains(&b) || extra.contains(&b);
-    (!value.bytes().all(allowed))
-        .then(|| format!(r"{kind} must match the following pattern: ^[a-zA-Z0-9\-/_.=+:]+$."))
-}
-
-fn key_refusal(key: &str) -> Option<String> {
-    refusal(key, "EntityKey", b":")
-}
-
-fn namespace_refusal(name: &str) -> Option<String> {
-    refusal(name, "NamespaceName", b"")
-}
-
-/// A key field as Diom's `EntityKey` decodes it: 1 to 256 bytes of `[a-zA-Z0-9-/_.=+:]`.
-pub(crate) fn entity_key<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    let key = String::deserialize(d)?;
-    match key_refusal(&key) {
-        Some(why) => Err(D::Error::custom(why)),
-        None => Ok(key),
-    }
-}
-
-/// A namespace name field as Diom's `NamespaceName` decodes it: 1 to 256 bytes of
-/// `[a-zA-Z0-9-/_.=+]`.
-pub(crate) fn namespace_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    let name = String::deserialize(d)?;
-    match namespace_refusal(&name) {
-        Some(why) => Err(D::Error::custom(why)),
-        None => Ok(name),
-    }
-}
-
-/// An optional namespace name (`null` or absent: none), as Diom's `Option<NamespaceName>`.
-pub(crate) fn optional_namespace_name<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<String>, D::Error> {
-    let name = Option::<String>::deserialize(d)?;
-    match name.as_deref().and_then(namespace_refusal) {
-        Some(why) => Err(D::Error::custom(why)),
-        None => Ok(name),
-    }
-}
 
 /// A Diom key: 1 to 256 of `[a-zA-Z0-9-/_.=+:]`; refused at `key` in Diom's words.
 pub fn check_key(key: &str) -> Result<(), ApiError> {
@@ -164,7 +107,7 @@ pub fn parse_token(text: &str) -> Result<Token, ApiError> {
 /// use idem_server::keys::{hex, parse_fingerprint_sha256};
 /// let f = idem_core::Fingerprint::of_bytes(b"POST /charge");
 /// assert_eq!(parse_fingerprint_sha256(&hex(f.as_bytes())).unwrap(), f);
-/// assert_eq!(parse_fingerprint_sha256("ab").unwrap_err().location.as_deref(), Some("fingerprint_sha256"));
+/// assert_eq!(parse_fingerprint_sha256("ab").unwrap_err().body.location.as_deref(), Some("fingerprint_sha256"));
 /// ```
 pub fn parse_fingerprint_sha256(text: &str) -> Result<Fingerprint, ApiError> {
     parse_hex::<32>(text)
@@ -189,17 +132,21 @@ mod tests {
         for bad in ["", "foo bar", "foo&bar", "foo\\bar", "é", &"k".repeat(257)] {
             let e = check_key(bad).unwrap_err();
             assert_eq!(
-                (e.status.as_u16(), e.code, e.location.as_deref()),
+                (
+                    e.status.as_u16(),
+                    e.body.code.as_str(),
+                    e.body.location.as_deref()
+                ),
                 (422, "invalid_data", Some("key"))
             );
         }
-        assert_eq!(check_key("").unwrap_err().detail, "String too short");
+        assert_eq!(check_key("").unwrap_err().body.detail, "String too short");
         assert_eq!(
-            check_key(&"k".repeat(257)).unwrap_err().detail,
+            check_key(&"k".repeat(257)).unwrap_err().body.detail,
             "String too long"
         );
         assert_eq!(
-            check_namespace("a:b", "namespace").unwrap_err().detail,
+            check_namespace("a:b", "namespace").unwrap_err().body.detail,
             r"NamespaceName must match the following pattern: ^[a-zA-Z0-9\-/_.=+:]+$."
         );
     }

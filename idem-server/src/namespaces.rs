@@ -8,11 +8,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_core::{Begun, Error, Holder, Idempotency, Key};
+use idem_wire::NamespaceOut;
 use tokio::time::Instant;
 
 use crate::keys::{check_namespace, part};
 use crate::service::engine_error;
-use crate::wire::{ApiError, NamespaceOut};
+use crate::wire::ApiError;
 
 /// The name requests without a namespace use. It exists without being configured.
 pub const DEFAULT_NAMESPACE: &str = "default";

@@ -15,17 +15,18 @@ use idem_core::{
     Begun, Claim, Error, Fingerprint, Holder, Idempotency, RecordState, StepState, StepWrite,
     Store, StoreErrorKind,
 };
+use idem_wire::{
+    msgpack, route, AbortIn, CompleteIn, Completed, ConfigureNamespaceIn, Empty, EvictOut,
+    GetNamespaceIn, GetOut, GetStatus, KeyIn, PingOut, PruneIn, PruneOut, RenewIn, StartIn,
+    StartOut, StartStatus, StepOut, StepWriteIn, StepsBeginIn, StepsOut,
+};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::de::DeserializeOwned;
 
 use crate::auth::{Caller, Tokens};
 use crate::keys::{hex, key_of, parse_fingerprint_sha256, parse_token, period, token_text};
 use crate::namespaces::{Namespace, Namespaces};
-use crate::wire::{
-    AbortIn, ApiError, CompleteIn, CompletedOut, ConfigureIn, Empty, EvictOut, Format,
-    GetNamespaceIn, GetOut, KeyIn, PingOut, PruneIn, PruneOut, RenewIn, StartIn, StartOut, StepOut,
-    StepWriteIn, StepsBeginIn, StepsOut,
-};
+use crate::wire::{ApiError, Format};
 
 /// The OpenAPI document of the API, served at [`OPENAPI_PATH`].
 pub const OPENAPI: &str = include_str!("../openapi.json");
@@ -170,37 +171,28 @@ macro_rules! names_claim {
 names_claim!(RenewIn, StepsBeginIn, StepWriteIn);
 
 /// Diom's routes, the fenced extension's (`renew`, and `get`, `evict`, `prune`, `steps.begin`,
-/// `steps.write`, which make the server a store: `idem_core::RemoteStore`), `/metrics` and the
+/// `steps.write`, which make the server a store: `idem::RemoteStore`), `/metrics` and the
 /// OpenAPI document.
 pub fn router(app: App) -> Router {
     Router::new()
-        .route("/api/v1.idempotency.start", handled("start", start))
+        .route(route::START, handled("start", start))
+        .route(route::COMPLETE, handled("complete", complete))
+        .route(route::ABORT, handled("abort", abort))
+        .route(route::RENEW, handled("renew", renew))
+        .route(route::GET, handled("get", get_record))
+        .route(route::EVICT, handled("evict", evict))
+        .route(route::PRUNE, handled("prune", prune))
+        .route(route::STEPS_BEGIN, handled("steps.begin", begin_steps))
+        .route(route::STEPS_WRITE, handled("steps.write", write_step))
         .route(
-            "/api/v1.idempotency.complete",
-            handled("complete", complete),
-        )
-        .route("/api/v1.idempotency.abort", handled("abort", abort))
-        .route("/api/v1.idempotency.renew", handled("renew", renew))
-        .route("/api/v1.idempotency.get", handled("get", get_record))
-        .route("/api/v1.idempotency.evict", handled("evict", evict))
-        .route("/api/v1.idempotency.prune", handled("prune", prune))
-        .route(
-            "/api/v1.idempotency.steps.begin",
-            handled("steps.begin", begin_steps),
-        )
-        .route(
-            "/api/v1.idempotency.steps.write",
-            handled("steps.write", write_step),
-        )
-        .route(
-            "/api/v1.idempotency.namespace.configure",
+            route::NAMESPACE_CONFIGURE,
             handled("namespace.configure", configure_namespace),
         )
         .route(
-            "/api/v1.idempotency.namespace.get",
+            route::NAMESPACE_GET,
             handled("namespace.get", get_namespace),
         )
-        .route("/api/v1.health.ping", get(ping).post(ping))
+        .route(route::PING, get(ping).post(ping))
         .route(OPENAPI_PATH, get(openapi))
         .route("/metrics", get(render_metrics))
         .fallback(not_found)
@@ -367,26 +359,26 @@ async fn start(
     let answer = match begun {
         Ok(Begun::Claimed(claim)) => StartOut {
             token: fenced.then(|| token_text(claim.token())),
-            ..StartOut::of("started")
+            ..StartOut::of(StartStatus::Started)
         },
         Ok(Begun::Completed(bytes)) => {
             let data = stored(&bytes)?;
             StartOut {
                 data: Some(if fenced { data } else { data.diom() }),
-                ..StartOut::of("completed")
+                ..StartOut::of(StartStatus::Completed)
             }
         }
         // Kept as "completed, not retained" (larger than the limit): never run again.
         Err(Error::ResultNotRetained { .. }) => StartOut {
-            data: Some(CompletedOut::default()),
-            ..StartOut::of("completed")
+            data: Some(Completed::default()),
+            ..StartOut::of(StartStatus::Completed)
         },
         Err(Error::Locked { retry_after }) if fenced => StartOut {
             retry_after_ms: Some(millis(retry_after).max(1)),
             lease_left_ms: lease_left(&app, &key).await?,
-            ..StartOut::of("locked")
+            ..StartOut::of(StartStatus::Locked)
         },
-        Err(Error::Locked { .. }) => StartOut::of("locked"),
+        Err(Error::Locked { .. }) => StartOut::of(StartStatus::Locked),
         Err(e) => return Err(engine_error(e)),
     };
     Ok(out.respond(StatusCode::OK, &answer))
@@ -424,8 +416,8 @@ async fn lease_left(app: &App, key: &idem_core::Key) -> Result<Option<u64>, ApiE
 }
 
 /// A stored response and context, as `finish` stored them.
-fn stored(bytes: &[u8]) -> Result<CompletedOut, ApiError> {
-    rmp_serde::from_slice(bytes).map_err(|e| {
+fn stored(bytes: &[u8]) -> Result<Completed, ApiError> {
+    msgpack::from_slice(bytes).map_err(|e| {
         ApiError::server(
             StatusCode::INTERNAL_SERVER_ERROR,
             "corrupt",
@@ -462,14 +454,14 @@ async fn complete(
             "a response marked absent must be empty",
         ));
     }
-    let record = CompletedOut {
+    let record = Completed {
         response: input.response,
         context: input.context,
         is_error: input.is_error,
         absent: input.absent,
         expires_at_ms: Some(unix_ms(SystemTime::now() + ttl)),
     };
-    let bytes = rmp_serde::to_vec_named(&record)
+    let bytes = msgpack::to_vec(&record)
         .map_err(|e| ApiError::invalid("body", format!("the response cannot be kept: {e}")))?;
     let engine = &app.inner.engine;
     match token {
@@ -611,7 +603,7 @@ async fn get_record(
         .locate(&caller, input.namespace.as_deref(), &input.key)
         .await?;
     let Some(record) = app.inner.engine.record(&key).await.map_err(engine_error)? else {
-        return Ok(out.respond(StatusCode::OK, &GetOut::of("absent")));
+        return Ok(out.respond(StatusCode::OK, &GetOut::of(GetStatus::Absent)));
     };
     let fingerprint_sha256 = record.fingerprint.map(|f| hex(f.as_bytes()));
     let answer = match record.state {
@@ -619,12 +611,12 @@ async fn get_record(
             token: Some(token_text(token)),
             lease_until_ms: Some(unix_ms(lease_until)),
             fingerprint_sha256,
-            ..GetOut::of("in_progress")
+            ..GetOut::of(GetStatus::InProgress)
         },
         RecordState::Completed(kept) => {
             let (data, not_retained) = match kept.result() {
                 Ok(bytes) => (stored(bytes)?, None),
-                Err(Error::ResultNotRetained { reason }) => (CompletedOut::default(), Some(reason)),
+                Err(Error::ResultNotRetained { reason }) => (Completed::default(), Some(reason)),
                 Err(e) => return Err(engine_error(e)),
             };
             GetOut {
@@ -632,7 +624,7 @@ async fn get_record(
                 expires_at_ms: Some(unix_ms(kept.expires_at)),
                 data: Some(data),
                 not_retained,
-                ..GetOut::of("completed")
+                ..GetOut::of(GetStatus::Completed)
             }
         }
     };
@@ -740,7 +732,7 @@ fn admin_only(caller: &Caller, action: &str, resource: &str) -> Result<(), ApiEr
 async fn configure_namespace(
     app: App,
     caller: Caller,
-    input: ConfigureIn,
+    input: ConfigureNamespaceIn,
     out: Format,
 ) -> Result<Response, ApiError> {
     admin_only(

@@ -2,6 +2,7 @@
 //! fenced extension of Diom's protocol (docs/server.md, "RemoteStore"). Feature `remote`.
 
 use std::fmt;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -12,8 +13,13 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use idem_wire::{
+    msgpack, route, AbortIn, CompleteIn, Completed, Empty, ErrorBody, ErrorType, EvictOut, GetOut,
+    GetStatus, KeyIn, PruneIn, PruneOut, RenewIn, StartIn, StartOut, StartStatus, StepWriteIn,
+    StepsBeginIn, StepsOut,
+};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::envelope;
 use crate::error::{Error, StoreError, StoreErrorKind};
@@ -22,8 +28,6 @@ use crate::record::{Claim, Completion, Record, RecordState, Start, StartRequest,
 use crate::step::{StepLog, StepRecord, StepState, StepWrite};
 use crate::store::admin::{ListQuery, StoreAdmin, StoreStats};
 use crate::store::Store;
-
-const MSGPACK: &str = "application/msgpack";
 
 /// A [`Store`] kept by an idem-server: every operation is one request to the server's fenced
 /// routes (MessagePack over HTTP/1.1, pooled keep-alive connections), and the server runs it
@@ -294,24 +298,19 @@ fn token_of(text: Option<&str>) -> Result<Token, Error> {
         .ok_or_else(|| malformed("a claim without its 32-digit token"))
 }
 
-/// Diom's error body, as the server sends it.
-#[derive(Debug, Deserialize)]
-struct Refusal {
-    #[serde(default)]
-    code: String,
-    #[serde(default)]
-    detail: String,
-    #[serde(default)]
-    location: Option<String>,
-}
-
 /// The error a refusal of the server at `server` is (docs/server.md, "Errors"; the table on
 /// [`RemoteStore`]).
 fn refused(server: &str, status: StatusCode, body: &[u8]) -> Error {
-    let refusal: Refusal = rmp_serde::from_slice(body).unwrap_or_else(|_| Refusal {
-        code: String::new(),
-        detail: String::from_utf8_lossy(body).chars().take(200).collect(),
-        location: None,
+    // Not a body of the protocol (a proxy's page, say): its first words as the detail.
+    let refusal: ErrorBody = msgpack::from_slice(body).unwrap_or_else(|_| {
+        ErrorBody::new(
+            ErrorType::ServerError,
+            "",
+            String::from_utf8_lossy(body)
+                .chars()
+                .take(200)
+                .collect::<String>(),
+        )
     });
     let store = |kind| {
         Error::Store(StoreError::new(
@@ -350,26 +349,30 @@ fn refused(server: &str, status: StatusCode, body: &[u8]) -> Error {
 }
 
 impl Inner {
-    /// Posts `body` to the route `/api/v1.idempotency.{route}` and decodes the answer.
+    /// Posts `body` to `route` (a path of [`idem_wire::route`]) and decodes the answer.
     async fn call<B: Serialize, T: DeserializeOwned>(
         &self,
-        route: &str,
+        route: &'static str,
         body: &B,
     ) -> Result<T, Error> {
-        let encoded = rmp_serde::to_vec_named(body)
+        let encoded = msgpack::to_vec(body)
             .map_err(|e| Error::InvalidConfig(format!("the request cannot be encoded: {e}")))?;
         let request = Request::builder()
             .method(Method::POST)
-            .uri(format!("{}/api/v1.idempotency.{route}", self.base))
-            .header(header::CONTENT_TYPE, MSGPACK)
-            .header(header::ACCEPT, MSGPACK)
+            .uri(format!("{}{route}", self.base))
+            .header(header::CONTENT_TYPE, msgpack::CONTENT_TYPE)
+            .header(header::ACCEPT, msgpack::CONTENT_TYPE)
             .header(header::AUTHORIZATION, self.authorization.clone())
             .body(Full::new(Bytes::from(encoded)))
             .map_err(|e| Error::InvalidConfig(format!("the request cannot be built: {e}")))?;
         let unavailable = |e: &dyn fmt::Display| {
             Error::Store(StoreError::new(
                 StoreErrorKind::Unavailable,
-                format!("idem-server at {} did not answer {route}: {e}", self.base),
+                format!(
+                    "idem-server at {} did not answer {}: {e}",
+                    self.base,
+                    name(route)
+                ),
             ))
         };
         let exchange = async {
@@ -393,194 +396,61 @@ impl Inner {
         if status != StatusCode::OK {
             return Err(refused(&self.base, status, &body));
         }
-        rmp_serde::from_slice(&body).map_err(|e| malformed(format_args!("{route}: {e}")))
+        msgpack::from_slice(&body).map_err(|e| malformed(format_args!("{}: {e}", name(route))))
     }
 }
 
-/// Where a request acts: the key (its 64 hexadecimal digits) in the store's namespace, and
-/// the claim's token for the fenced routes. Flattened into each request.
-#[derive(Serialize)]
-struct At<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    namespace: Option<&'a str>,
-    key: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    token: Option<String>,
+/// A route's name, as errors say it: `start`, `steps.begin`.
+fn name(route: &str) -> &str {
+    route
+        .rsplit_once("v1.idempotency.")
+        .map_or(route, |(_, name)| name)
 }
 
-#[derive(Serialize)]
-struct StartIn<'a> {
-    #[serde(flatten)]
-    at: At<'a>,
-    lock_period_ms: u64,
-    fenced: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    fingerprint_sha256: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct StartOut {
-    status: String,
-    #[serde(default)]
-    token: Option<String>,
-    #[serde(default)]
-    retry_after_ms: Option<u64>,
-    #[serde(default)]
-    lease_left_ms: Option<u64>,
-    #[serde(default)]
-    data: Option<CompletedOut>,
-}
-
-#[derive(Default, Deserialize)]
-struct CompletedOut {
-    #[serde(default, with = "serde_bytes")]
-    response: Vec<u8>,
-    #[serde(default)]
-    is_error: bool,
-    #[serde(default)]
-    absent: bool,
-    #[serde(default)]
+/// The result in `data` as the store's caller stored it; `expires_at_ms` the retention's end
+/// as the server reports it (now when it reports none).
+fn stored_result(
+    data: Completed,
     expires_at_ms: Option<u64>,
-}
-
-impl CompletedOut {
-    /// The result as the store's caller stored it; `expires_at_ms` the retention's end as the
-    /// server reports it (now when it reports none).
-    fn into_result(self, expires_at_ms: Option<u64>, not_retained: Option<&str>) -> StoredResult {
-        let response = match not_retained {
-            // Larger than the server keeps: replayed as an engine's unretained result.
-            Some(reason) => Some(envelope::not_retained(reason)),
-            None if self.absent => None,
-            None => Some(self.response),
-        };
-        StoredResult {
-            response,
-            is_error: self.is_error,
-            expires_at: expires_at_ms
-                .or(self.expires_at_ms)
-                .map_or_else(SystemTime::now, at_unix_ms),
-        }
+    not_retained: Option<&str>,
+) -> StoredResult {
+    let response = match not_retained {
+        // Larger than the server keeps: replayed as an engine's unretained result.
+        Some(reason) => Some(envelope::not_retained(reason)),
+        None if data.absent => None,
+        None => Some(data.response),
+    };
+    StoredResult {
+        response,
+        is_error: data.is_error,
+        expires_at: expires_at_ms
+            .or(data.expires_at_ms)
+            .map_or_else(SystemTime::now, at_unix_ms),
     }
 }
 
-#[derive(Serialize)]
-struct CompleteIn<'a> {
-    #[serde(flatten)]
-    at: At<'a>,
-    #[serde(with = "serde_bytes")]
-    response: &'a [u8],
-    absent: bool,
-    is_error: bool,
-    /// Always: `{}` only once the result is in the server's store.
-    observed: bool,
-    ttl_ms: u64,
+/// `d` in whole milliseconds, as a period the protocol takes (the store checked `d` first: at
+/// least 1 ms).
+fn period_ms(d: Duration) -> Result<NonZeroU64, Error> {
+    NonZeroU64::new(millis(d))
+        .ok_or_else(|| Error::InvalidConfig(format!("a period of {d:?} is under 1 ms")))
 }
-
-/// `abort`, `renew` and `steps.begin`: a claim, and a period for the last two.
-#[derive(Serialize)]
-struct ClaimIn<'a> {
-    #[serde(flatten)]
-    at: At<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lock_period_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ttl_ms: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct GetOut {
-    status: String,
-    #[serde(default)]
-    token: Option<String>,
-    #[serde(default)]
-    lease_until_ms: Option<u64>,
-    #[serde(default)]
-    fingerprint_sha256: Option<String>,
-    #[serde(default)]
-    data: Option<CompletedOut>,
-    #[serde(default)]
-    expires_at_ms: Option<u64>,
-    #[serde(default)]
-    not_retained: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct EvictOut {
-    evicted: bool,
-}
-
-#[derive(Serialize)]
-struct PruneIn {
-    limit: u32,
-}
-
-#[derive(Deserialize)]
-struct PruneOut {
-    pruned: u64,
-}
-
-#[derive(Serialize)]
-struct StepWriteIn<'a> {
-    #[serde(flatten)]
-    at: At<'a>,
-    name: &'a str,
-    position: u32,
-    #[serde(with = "serde_bytes")]
-    result: Option<&'a [u8]>,
-    ttl_ms: u64,
-}
-
-#[derive(Deserialize)]
-struct StepsOut {
-    attempt: u32,
-    steps: Vec<StepOut>,
-}
-
-#[derive(Deserialize)]
-struct StepOut {
-    name: String,
-    position: u32,
-    #[serde(default, with = "serde_bytes")]
-    result: Option<Vec<u8>>,
-}
-
-/// Ignores whatever an answer that carries nothing (`{}`) holds.
-#[derive(Deserialize)]
-struct Empty {}
 
 impl RemoteStore {
-    /// Where a request on `key` acts.
-    fn at(&self, key: &Key) -> At<'_> {
-        At {
-            namespace: self.inner.namespace.as_deref(),
-            key: hex(key.as_bytes()),
-            token: None,
-        }
+    /// The namespace requests name (the server's default when none).
+    fn namespace(&self) -> Option<String> {
+        self.inner.namespace.clone()
     }
+}
 
-    /// Where a fenced request of `claim` acts.
-    fn held(&self, claim: &Claim) -> At<'_> {
-        At {
-            token: Some(hex(&claim.token().to_bytes())),
-            ..self.at(claim.key())
-        }
-    }
+/// `key` as the protocol sends it: its 64 hexadecimal digits.
+fn key_text(key: &Key) -> String {
+    hex(key.as_bytes())
+}
 
-    /// `abort`, `renew` or `steps.begin` of `claim`, with its lock period or retention.
-    async fn claim_call<T: DeserializeOwned>(
-        &self,
-        route: &str,
-        claim: &Claim,
-        lock_period: Option<Duration>,
-        retention: Option<Duration>,
-    ) -> Result<T, Error> {
-        let request = ClaimIn {
-            at: self.held(claim),
-            lock_period_ms: lock_period.map(millis),
-            ttl_ms: retention.map(millis),
-        };
-        self.inner.call(route, &request).await
-    }
+/// `claim`'s token as the protocol sends it: 32 hexadecimal digits.
+fn token_text(claim: &Claim) -> String {
+    hex(&claim.token().to_bytes())
 }
 
 #[async_trait]
@@ -590,29 +460,32 @@ impl Store for RemoteStore {
         let out: StartOut = self
             .inner
             .call(
-                "start",
+                route::START,
                 &StartIn {
-                    at: self.at(request.key),
-                    lock_period_ms: millis(request.lease),
+                    namespace: self.namespace(),
+                    key: key_text(request.key),
+                    lock_period_ms: period_ms(request.lease)?,
                     fenced: true,
                     fingerprint_sha256: request.fingerprint.map(|f| hex(f.as_bytes())),
+                    fingerprint: None,
                 },
             )
             .await?;
-        match out.status.as_str() {
-            "started" => Ok(Start::Started(Claim::new(
+        match out.status {
+            StartStatus::Started => Ok(Start::Started(Claim::new(
                 *request.key,
                 token_of(out.token.as_deref())?,
             ))),
-            "locked" => Ok(Start::Locked {
+            StartStatus::Locked => Ok(Start::Locked {
                 retry_after: Duration::from_millis(
                     out.lease_left_ms.or(out.retry_after_ms).unwrap_or(0),
                 ),
             }),
-            "completed" => Ok(Start::Completed(
-                out.data.unwrap_or_default().into_result(None, None),
-            )),
-            other => Err(malformed(format_args!("start's status {other:?}"))),
+            StartStatus::Completed => Ok(Start::Completed(stored_result(
+                out.data.unwrap_or_default(),
+                None,
+                None,
+            ))),
         }
     }
 
@@ -621,14 +494,18 @@ impl Store for RemoteStore {
         let _: Empty = self
             .inner
             .call(
-                "complete",
+                route::COMPLETE,
                 &CompleteIn {
-                    at: self.held(claim),
-                    response: completion.response.unwrap_or_default(),
+                    namespace: self.namespace(),
+                    key: key_text(claim.key()),
+                    token: Some(token_text(claim)),
+                    response: completion.response.unwrap_or_default().to_vec(),
                     absent: completion.response.is_none(),
                     is_error: completion.is_error,
+                    // Always: `{}` only once the result is in the server's store.
                     observed: true,
-                    ttl_ms: millis(completion.retention),
+                    ttl_ms: period_ms(completion.retention)?,
+                    context: None,
                 },
             )
             .await?;
@@ -636,18 +513,48 @@ impl Store for RemoteStore {
     }
 
     async fn abort(&self, claim: &Claim) -> Result<(), Error> {
-        let _: Empty = self.claim_call("abort", claim, None, None).await?;
+        let _: Empty = self
+            .inner
+            .call(
+                route::ABORT,
+                &AbortIn {
+                    namespace: self.namespace(),
+                    key: key_text(claim.key()),
+                    token: Some(token_text(claim)),
+                },
+            )
+            .await?;
         Ok(())
     }
 
     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
         crate::store::check_duration("lease", lease)?;
-        let _: Empty = self.claim_call("renew", claim, Some(lease), None).await?;
+        let _: Empty = self
+            .inner
+            .call(
+                route::RENEW,
+                &RenewIn {
+                    namespace: self.namespace(),
+                    key: key_text(claim.key()),
+                    token: token_text(claim),
+                    lock_period_ms: period_ms(lease)?,
+                },
+            )
+            .await?;
         Ok(())
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        let out: GetOut = self.inner.call("get", &self.at(key)).await?;
+        let out: GetOut = self
+            .inner
+            .call(
+                route::GET,
+                &KeyIn {
+                    namespace: self.namespace(),
+                    key: key_text(key),
+                },
+            )
+            .await?;
         let fingerprint = match out.fingerprint_sha256.as_deref() {
             None => None,
             Some(text) => Some(Fingerprint::from_bytes(
@@ -655,36 +562,53 @@ impl Store for RemoteStore {
                     .ok_or_else(|| malformed("a fingerprint of other than 64 digits"))?,
             )),
         };
-        let state = match out.status.as_str() {
-            "absent" => return Ok(None),
-            "in_progress" => RecordState::InProgress {
+        let state = match out.status {
+            GetStatus::Absent => return Ok(None),
+            GetStatus::InProgress => RecordState::InProgress {
                 token: token_of(out.token.as_deref())?,
                 lease_until: at_unix_ms(out.lease_until_ms.unwrap_or(0)),
             },
-            "completed" => RecordState::Completed(
-                out.data
-                    .unwrap_or_default()
-                    .into_result(out.expires_at_ms, out.not_retained.as_deref()),
-            ),
-            other => return Err(malformed(format_args!("get's status {other:?}"))),
+            GetStatus::Completed => RecordState::Completed(stored_result(
+                out.data.unwrap_or_default(),
+                out.expires_at_ms,
+                out.not_retained.as_deref(),
+            )),
         };
         Ok(Some(Record::new(*key, fingerprint, state)))
     }
 
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
-        let out: EvictOut = self.inner.call("evict", &self.at(key)).await?;
+        let out: EvictOut = self
+            .inner
+            .call(
+                route::EVICT,
+                &KeyIn {
+                    namespace: self.namespace(),
+                    key: key_text(key),
+                },
+            )
+            .await?;
         Ok(out.evicted)
     }
 
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
-        let out: PruneOut = self.inner.call("prune", &PruneIn { limit }).await?;
+        let out: PruneOut = self.inner.call(route::PRUNE, &PruneIn { limit }).await?;
         Ok(out.pruned)
     }
 
     async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
         crate::store::check_duration("retention", retention)?;
         let out: StepsOut = self
-            .claim_call("steps.begin", claim, None, Some(retention))
+            .inner
+            .call(
+                route::STEPS_BEGIN,
+                &StepsBeginIn {
+                    namespace: self.namespace(),
+                    key: key_text(claim.key()),
+                    token: token_text(claim),
+                    ttl_ms: period_ms(retention)?,
+                },
+            )
             .await?;
         Ok(StepLog {
             attempt: out.attempt,
@@ -705,13 +629,15 @@ impl Store for RemoteStore {
         let _: Empty = self
             .inner
             .call(
-                "steps.write",
+                route::STEPS_WRITE,
                 &StepWriteIn {
-                    at: self.held(claim),
-                    name: step.name,
+                    namespace: self.namespace(),
+                    key: key_text(claim.key()),
+                    token: token_text(claim),
+                    name: step.name.to_owned(),
                     position: step.position,
-                    result: step.result,
-                    ttl_ms: millis(step.retention),
+                    result: step.result.map(<[u8]>::to_vec),
+                    ttl_ms: period_ms(step.retention)?,
                 },
             )
             .await?;
@@ -764,16 +690,9 @@ mod tests {
     #[test]
     fn refusals_map_to_the_errors_the_stores_give() {
         let body = |code: &str, location: Option<&str>| {
-            #[derive(Serialize)]
-            struct B<'a> {
-                code: &'a str,
-                detail: &'a str,
-                location: Option<&'a str>,
-            }
-            rmp_serde::to_vec_named(&B {
-                code,
-                detail: "d",
-                location,
+            msgpack::to_vec(&ErrorBody {
+                location: location.map(str::to_owned),
+                ..ErrorBody::new(ErrorType::OperationError, code, "d")
             })
             .unwrap()
         };
