@@ -21,7 +21,11 @@
 //! | [`Poison`](MessageOutcome::Poison): its key was used for another payload, or cannot be a key | dead-letter |
 //!
 //! Brokers: `docs/consumers.md` says what each outcome becomes on SQS, Lambda and others, and
-//! how the claim's lease and the broker's visibility timeout move together.
+//! how the claim's lease and the broker's visibility timeout move together. A long-running
+//! consumer is one loop over a [`Broker`] ([`Consumer::run`]): receive a batch, run it while
+//! extending the broker's hold on its messages, settle each message by its outcome. The SQS
+//! ([`sqs`], feature `sqs`) and NATS JetStream ([`nats`], feature `nats`) consumers are that
+//! loop over their brokers; a broker of your own implements the trait.
 //!
 //! ```
 //! use idem::consumer::{Consumer, Message, MessageOutcome};
@@ -64,6 +68,7 @@ use idem_core::{
     Call, Codec, Error, Fingerprint, Idempotency, JsonCodec, Key, OnLocked, Outcome, Steps,
 };
 
+mod broker;
 #[cfg(feature = "lambda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lambda")))]
 pub mod lambda;
@@ -73,6 +78,8 @@ pub mod nats;
 #[cfg(feature = "sqs")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
 pub mod sqs;
+
+pub use broker::{Broker, Received};
 
 /// One message of a batch: its body (moved into the handler), the key that deduplicates it, and
 /// optionally a fingerprint and an ordering group.
@@ -759,64 +766,3 @@ fn count(scope: &Arc<str>, outcome: &'static str) {
 
 #[cfg(not(feature = "metrics"))]
 fn count(_scope: &Arc<str>, _outcome: &'static str) {}
-
-/// The loop of a long-running consumer: `receive` a batch and `process` it (its output
-/// dropped) until `shutdown`
-/// resolves, then return (a batch in hand is finished first, as shutdown is only watched while
-/// receiving). A failed receive is logged and tried again after a second.
-#[cfg(any(feature = "sqs", feature = "nats"))]
-async fn receive_loop<B, RE, R, RF, P, PF>(
-    broker: &str,
-    shutdown: impl Future<Output = ()>,
-    mut receive: R,
-    mut process: P,
-) where
-    RE: fmt::Display,
-    R: FnMut() -> RF,
-    RF: Future<Output = Result<Vec<B>, RE>>,
-    P: FnMut(Vec<B>) -> PF,
-    PF: Future,
-{
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let received = tokio::select! {
-            _ = &mut shutdown => return,
-            received = receive() => received,
-        };
-        match received {
-            Ok(batch) if batch.is_empty() => {}
-            Ok(batch) => {
-                process(batch).await;
-            }
-            Err(e) => {
-                tracing::warn!("receiving from {broker} failed: {e}");
-                tokio::select! {
-                    _ = &mut shutdown => return,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                }
-            }
-        }
-    }
-}
-
-/// Runs `work` and, every `every` until it ends, `beat` (extending the broker's hold on the
-/// batch's messages as the engine renews their claims). Both are polled together: a slow beat
-/// never holds up the work, whose claims renew inside it.
-#[cfg(any(feature = "sqs", feature = "nats"))]
-async fn with_heartbeat<O, B, BF>(work: impl Future<Output = O>, every: Duration, mut beat: B) -> O
-where
-    B: FnMut() -> BF,
-    BF: Future<Output = ()>,
-{
-    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
-    let heartbeat = async {
-        loop {
-            tick.tick().await;
-            beat().await;
-        }
-    };
-    tokio::select! {
-        out = work => out,
-        never = heartbeat => never,
-    }
-}

@@ -23,7 +23,7 @@ use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::message::{AckKind, Acker};
 use futures_util::StreamExt;
 
-use crate::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
+use crate::{Broker, Consumer, Disposition, Message, MessageHandler, MessageOutcome, Received};
 use idem_core::Codec;
 
 /// The async-nats (0.51) whose JetStream consumers a [`NatsConsumer`] reads.
@@ -119,19 +119,18 @@ impl<C: Codec> NatsConsumer<C> {
 
     /// Fetches and processes batches from `pull` until `shutdown` resolves; then stops fetching,
     /// finishes the batch in hand (handlers and answers) and returns. A failed fetch is logged
-    /// and tried again after a second.
+    /// and tried again after a second. The loop is [`Consumer::run`]'s, over the pull consumer
+    /// as a [`Broker`].
     pub async fn run<H>(&self, pull: &PullConsumer, handler: H, shutdown: impl Future<Output = ()>)
     where
         H: MessageHandler<async_nats::Message>,
         H::Error: fmt::Display,
     {
-        crate::receive_loop(
-            "JetStream",
-            shutdown,
-            || self.fetch(pull),
-            |batch| self.process(batch, &handler),
-        )
-        .await
+        let broker = Pull {
+            pull: Some(pull),
+            nats: self,
+        };
+        self.consumer.run(&broker, handler, shutdown).await
     }
 
     /// One fetch: up to `batch` messages, waiting up to `wait`.
@@ -162,44 +161,34 @@ impl<C: Codec> NatsConsumer<C> {
         H: MessageHandler<async_nats::Message>,
         H::Error: fmt::Display,
     {
-        let mut ackers = Vec::with_capacity(messages.len());
-        let mut batch = Vec::with_capacity(messages.len());
-        for message in messages {
-            let key = self.key_of(&message);
-            let (message, acker) = message.split();
-            ackers.push(acker);
-            batch.push(match key {
-                Some(key) => Message::keyed(message, key),
-                None => Message::unkeyed(message),
-            });
-        }
-        let consumer = self.consumer.clone().lease(self.ack_wait);
-        let beat = || async {
-            for acker in &ackers {
-                answer(acker, AckKind::Progress).await;
-            }
+        let received = self.received(messages);
+        let broker = Pull {
+            pull: None,
+            nats: self,
         };
-        let outcomes =
-            crate::with_heartbeat(consumer.process(batch, handler), self.ack_wait / 3, beat).await;
-        for (acker, outcome) in ackers.iter().zip(&outcomes) {
-            let kind = match (outcome.disposition(), outcome) {
-                (Disposition::Acknowledge, _) => AckKind::Ack,
-                (Disposition::Redeliver { after }, outcome) => {
-                    if let MessageOutcome::Failed(failure) = outcome {
-                        tracing::warn!("JetStream message handed back: {failure}");
-                    }
-                    AckKind::Nak(after)
-                }
-                (Disposition::DeadLetter, outcome) => {
-                    if let MessageOutcome::Poison(e) = outcome {
-                        tracing::error!("JetStream message terminated as poison: {e}");
-                    }
-                    AckKind::Term
-                }
-            };
-            answer(acker, kind).await;
-        }
-        outcomes
+        self.consumer
+            .process_received(&broker, received, handler)
+            .await
+    }
+
+    /// Fetched messages as batch messages, keyed by [`key_of`](Self::key_of), each with its
+    /// acker.
+    fn received(
+        &self,
+        messages: Vec<async_nats::jetstream::Message>,
+    ) -> Vec<(Message<async_nats::Message>, Acker)> {
+        messages
+            .into_iter()
+            .map(|message| {
+                let key = self.key_of(&message);
+                let (message, acker) = message.split();
+                let message = match key {
+                    Some(key) => Message::keyed(message, key),
+                    None => Message::unkeyed(message),
+                };
+                (message, acker)
+            })
+            .collect()
     }
 
     /// The key of a message: the key function's, else its `Nats-Msg-Id`, else its stream and
@@ -217,6 +206,52 @@ impl<C: Codec> NatsConsumer<C> {
             let info = message.info().ok()?;
             Some(format!("{}:{}", info.stream, info.stream_sequence))
         })
+    }
+}
+
+/// A pull consumer as a [`Broker`]: fetches from `pull` (none: answers messages fetched
+/// already, [`NatsConsumer::process`]); in-progress acks extend the ack wait; `ack`, `nak` (with
+/// the delay asked for) and `term` settle.
+struct Pull<'a, C> {
+    pull: Option<&'a PullConsumer>,
+    nats: &'a NatsConsumer<C>,
+}
+
+impl<C: Codec> Broker for Pull<'_, C> {
+    type Body = async_nats::Message;
+    type Receipt = Acker;
+    type Error = async_nats::Error;
+
+    fn hold(&self) -> Duration {
+        self.nats.ack_wait
+    }
+
+    fn name(&self) -> &str {
+        "JetStream"
+    }
+
+    async fn receive(&self) -> Result<Received<Self>, Self::Error> {
+        match self.pull {
+            Some(pull) => Ok(self.nats.received(self.nats.fetch(pull).await?)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    async fn extend(&self, held: &[Acker]) {
+        for acker in held {
+            answer(acker, AckKind::Progress).await;
+        }
+    }
+
+    async fn settle(&self, settled: Vec<(Acker, Disposition)>) {
+        for (acker, disposition) in settled {
+            let kind = match disposition {
+                Disposition::Acknowledge => AckKind::Ack,
+                Disposition::Redeliver { after } => AckKind::Nak(after),
+                Disposition::DeadLetter => AckKind::Term,
+            };
+            answer(&acker, kind).await;
+        }
     }
 }
 

@@ -30,7 +30,7 @@ use aws_sdk_sqs::Client;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
+use crate::{Broker, Consumer, Disposition, Message, MessageHandler, MessageOutcome, Received};
 use idem_core::Codec;
 use idem_core::Steps;
 
@@ -155,19 +155,14 @@ impl<C: Codec> SqsConsumer<C> {
 
     /// Receives and processes batches until `shutdown` resolves; then stops receiving, finishes
     /// the batch in hand (its handlers, deletes and visibility changes) and returns. A failed
-    /// receive is logged and tried again after a second.
+    /// receive is logged and tried again after a second. The loop is [`Consumer::run`]'s, over
+    /// this queue as a [`Broker`].
     pub async fn run<H>(&self, handler: H, shutdown: impl Future<Output = ()>)
     where
         H: MessageHandler<SqsMessage>,
         H::Error: fmt::Display,
     {
-        crate::receive_loop(
-            "SQS",
-            shutdown,
-            || self.receive(),
-            |batch| self.process(batch, &handler),
-        )
-        .await
+        self.consumer.run(&Queue(self), handler, shutdown).await
     }
 
     /// [`run`](Self::run) with exactly-once effects: each batch goes through
@@ -205,13 +200,55 @@ impl<C: Codec> SqsConsumer<C> {
         T: Serialize + DeserializeOwned,
         E: fmt::Display,
     {
-        crate::receive_loop(
-            "SQS",
-            shutdown,
-            || self.receive(),
-            |batch| self.process_steps(batch, &handler),
-        )
-        .await
+        self.consumer
+            .run_steps(&Queue(self), handler, shutdown)
+            .await
+    }
+
+    /// Runs one received batch and settles each message by its outcome; returns the outcomes.
+    pub async fn process<H>(
+        &self,
+        messages: Vec<SqsMessage>,
+        handler: &H,
+    ) -> Vec<MessageOutcome<H::Value, H::Error>>
+    where
+        H: MessageHandler<SqsMessage>,
+        H::Error: fmt::Display,
+    {
+        let received = self.received(messages);
+        self.consumer
+            .process_received(&Queue(self), received, handler)
+            .await
+    }
+
+    /// [`process`](Self::process) with exactly-once effects ([`Consumer::process_steps`]).
+    pub async fn process_steps<T, E, H, F>(
+        &self,
+        messages: Vec<SqsMessage>,
+        handler: &H,
+    ) -> Vec<MessageOutcome<T, E>>
+    where
+        H: Fn(SqsMessage, Steps<C>) -> F,
+        F: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: fmt::Display,
+    {
+        let received = self.received(messages);
+        self.consumer
+            .process_received_steps(&Queue(self), received, handler)
+            .await
+    }
+
+    /// Received messages as batch messages ([`keyed`](Self::keyed)), each with its receipt
+    /// handle.
+    fn received(&self, messages: Vec<SqsMessage>) -> Vec<(Message<SqsMessage>, String)> {
+        messages
+            .into_iter()
+            .map(|m| {
+                let handle = m.receipt_handle().unwrap_or_default().to_owned();
+                (self.keyed(m), handle)
+            })
+            .collect()
     }
 
     /// One receive (long poll).
@@ -230,101 +267,24 @@ impl<C: Codec> SqsConsumer<C> {
         Ok(out.messages.unwrap_or_default())
     }
 
-    /// Runs one received batch and settles each message by its outcome; returns the outcomes.
-    pub async fn process<H>(
-        &self,
-        messages: Vec<SqsMessage>,
-        handler: &H,
-    ) -> Vec<MessageOutcome<H::Value, H::Error>>
-    where
-        H: MessageHandler<SqsMessage>,
-        H::Error: fmt::Display,
-    {
-        self.settled(messages, |consumer, batch| async move {
-            consumer.process(batch, handler).await
-        })
-        .await
-    }
-
-    /// [`process`](Self::process) with exactly-once effects ([`Consumer::process_steps`]).
-    pub async fn process_steps<T, E, H, F>(
-        &self,
-        messages: Vec<SqsMessage>,
-        handler: &H,
-    ) -> Vec<MessageOutcome<T, E>>
-    where
-        H: Fn(SqsMessage, Steps<C>) -> F,
-        F: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
-        E: fmt::Display,
-    {
-        self.settled(messages, |consumer, batch| async move {
-            consumer.process_steps(batch, handler).await
-        })
-        .await
-    }
-
-    /// Runs one received batch through `run` (the consumer, with the claims' lease set to the
-    /// visibility, and the batch) while the heartbeat extends the messages' visibility, then
-    /// settles each message by its outcome.
-    async fn settled<T, E, R, RF>(
-        &self,
-        messages: Vec<SqsMessage>,
-        run: R,
-    ) -> Vec<MessageOutcome<T, E>>
-    where
-        R: FnOnce(Consumer<C>, Vec<Message<SqsMessage>>) -> RF,
-        RF: Future<Output = Vec<MessageOutcome<T, E>>>,
-        E: fmt::Display,
-    {
-        let handles: Vec<(String, String)> = messages
-            .iter()
-            .map(|m| {
-                (
-                    m.message_id().unwrap_or_default().to_owned(),
-                    m.receipt_handle().unwrap_or_default().to_owned(),
-                )
-            })
-            .collect();
-        let batch = messages.into_iter().map(|m| self.keyed(m)).collect();
-        let consumer = self.consumer.clone().lease(self.visibility);
-        let beat = || {
-            let all = handles.iter().map(|(id, h)| (id, h, self.visibility));
-            self.change_visibility(all)
-        };
-        let outcomes = crate::with_heartbeat(run(consumer, batch), self.visibility / 3, beat).await;
-        self.settle(&handles, &outcomes).await;
-        outcomes
-    }
-
-    /// Deletes what is done, delays what is in flight elsewhere, leaves the rest.
-    async fn settle<T, E: fmt::Display>(
-        &self,
-        handles: &[(String, String)],
-        outcomes: &[MessageOutcome<T, E>],
-    ) {
+    /// Deletes what is done, delays what is in flight elsewhere, leaves the rest (failed, not
+    /// processed, poison: the redrive policy dead-letters a message received too often).
+    async fn settle(&self, settled: Vec<(String, Disposition)>) {
         let mut delete = Vec::new();
         let mut delay = Vec::new();
-        for ((id, handle), outcome) in handles.iter().zip(outcomes) {
-            match (outcome.disposition(), outcome) {
-                (Disposition::Acknowledge, _) => delete.push((id, handle)),
-                (Disposition::Redeliver { after: Some(after) }, _) => {
+        for (handle, disposition) in &settled {
+            match disposition {
+                Disposition::Acknowledge => delete.push(handle),
+                Disposition::Redeliver { after: Some(after) } => {
                     // Whole seconds, rounded up: never back before the estimate.
                     let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-                    delay.push((id, handle, Duration::from_secs(secs.max(1))));
+                    delay.push((handle, Duration::from_secs(secs.max(1))));
                 }
-                (_, MessageOutcome::Poison(e)) => tracing::error!(
-                    queue = %self.queue_url, id,
-                    "poison message left for the dead-letter queue: {e}"
-                ),
-                (_, MessageOutcome::Failed(failure)) => {
-                    tracing::warn!(queue = %self.queue_url, id, "message handed back: {failure}")
-                }
-                _ => {}
+                Disposition::Redeliver { after: None } | Disposition::DeadLetter => {}
             }
         }
         if !delete.is_empty() {
-            let entries = delete.iter().enumerate().filter_map(|(i, (_, handle))| {
+            let entries = delete.iter().enumerate().filter_map(|(i, handle)| {
                 DeleteMessageBatchRequestEntry::builder()
                     .id(i.to_string())
                     .receipt_handle(*handle)
@@ -356,14 +316,11 @@ impl<C: Codec> SqsConsumer<C> {
         self.change_visibility(delay.into_iter()).await;
     }
 
-    /// Sets the visibility of messages (id, receipt handle, timeout), in one request.
-    async fn change_visibility<'a>(
-        &self,
-        messages: impl Iterator<Item = (&'a String, &'a String, Duration)>,
-    ) {
+    /// Sets the visibility of messages (receipt handle, timeout), in one request.
+    async fn change_visibility<'a>(&self, messages: impl Iterator<Item = (&'a String, Duration)>) {
         let entries: Vec<_> = messages
             .enumerate()
-            .filter_map(|(i, (_, handle, timeout))| {
+            .filter_map(|(i, (handle, timeout))| {
                 ChangeMessageVisibilityBatchRequestEntry::builder()
                     .id(i.to_string())
                     .receipt_handle(handle)
@@ -389,6 +346,40 @@ impl<C: Codec> SqsConsumer<C> {
                 aws_sdk_sqs::error::DisplayErrorContext(e)
             );
         }
+    }
+}
+
+/// The queue of an [`SqsConsumer`] as a [`Broker`]: receives with the consumer's visibility
+/// timeout, extends it, deletes what is done and delays what is in flight elsewhere.
+struct Queue<'a, C>(&'a SqsConsumer<C>);
+
+impl<C: Codec> Broker for Queue<'_, C> {
+    type Body = SqsMessage;
+    /// The receipt handle.
+    type Receipt = String;
+    type Error = String;
+
+    fn hold(&self) -> Duration {
+        self.0.visibility
+    }
+
+    fn name(&self) -> &str {
+        "SQS"
+    }
+
+    async fn receive(&self) -> Result<Received<Self>, String> {
+        Ok(self.0.received(self.0.receive().await?))
+    }
+
+    async fn extend(&self, held: &[String]) {
+        let visibility = self.0.visibility;
+        self.0
+            .change_visibility(held.iter().map(|r| (r, visibility)))
+            .await
+    }
+
+    async fn settle(&self, settled: Vec<(String, Disposition)>) {
+        self.0.settle(settled).await
     }
 }
 

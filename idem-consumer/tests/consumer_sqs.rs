@@ -215,12 +215,14 @@ async fn a_message_in_flight_elsewhere_comes_back_after_retry_after() {
     let elsewhere = Idempotency::from_arc(store.clone());
     let key = Key::derive("orders", "", &id).unwrap();
     let held = Arc::new(Semaphore::new(0));
+    let claimed = Arc::new(Semaphore::new(0));
     let holder = {
-        let held = held.clone();
+        let (held, claimed) = (held.clone(), claimed.clone());
         tokio::spawn(async move {
             elsewhere
                 .call(key)
                 .run_detached(async move {
+                    claimed.add_permits(1);
                     held.acquire().await.unwrap().forget();
                     Ok::<_, idem::Error>("charged o1".to_owned())
                 })
@@ -228,6 +230,8 @@ async fn a_message_in_flight_elsewhere_comes_back_after_retry_after() {
                 .unwrap()
         })
     };
+    // Its work runs once its claim is won: from here the key is held.
+    claimed.acquire().await.unwrap().forget();
     let shop = Shop::new(&[]);
     let consumer = consumer_on(&client, &url, store);
     let received = receive(&client, &url, 1, 2).await;
