@@ -21,7 +21,12 @@ pub mod grpc;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 #[cfg(any(feature = "http", feature = "grpc"))]
+mod layer;
+#[cfg(any(feature = "http", feature = "grpc"))]
 mod problem;
 mod stored_response;
 
+#[cfg(any(feature = "http", feature = "grpc"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "http", feature = "grpc"))))]
+pub use layer::{IdempotencyLayer, IdempotencyService, Protocol, Serve};
 pub use stored_response::StoredResponse;

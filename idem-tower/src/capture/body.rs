@@ -16,10 +16,7 @@ use idem_core::BoxError;
 
 /// A body a layer takes or passes on: bytes, an error that boxes, and `Send + 'static`, so
 /// that started work can outlive its caller.
-pub(crate) trait LayerBody:
-    http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
-{
-}
+pub trait LayerBody: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
 
 impl<B> LayerBody for B
 where

@@ -2,8 +2,7 @@
 //! response whole (status, end-to-end headers, body bytes and trailers) in a byte form the
 //! engine stores and a replay rebuilds exactly.
 
-pub(crate) mod body;
-pub(crate) mod guard;
+pub mod body;
 pub(crate) mod reply;
 pub(crate) mod stored;
 

@@ -72,7 +72,7 @@ pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idem
 
 /// What [`run_once`] takes from a layer's config: the engine, the call options the layer's
 /// builder set (lease, retention, waiting) and the scope that names its calls. Each layer's
-/// `Config<C>` has them, through `guard_service_impl!`.
+/// `Config<C>` has them (its `service.rs` implements this).
 pub(crate) trait Guarded {
     /// The engine's codec.
     type Codec: Codec;

@@ -3,16 +3,18 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
+use http::request::Parts;
 use http::HeaderName;
 use tonic::Code;
 
-use super::service::IdempotencyService;
 use super::IDEMPOTENCY_KEY;
-use crate::capture::guard::{guard_layer, guard_setters, key_space};
 use crate::capture::{check_builder, CallerFn};
+use crate::layer::sealed::Sealed;
+use crate::layer::{key_space, Protocol};
 use idem_core::adapter::Overrides;
-use idem_core::{Codec, Error, Idempotency, JsonCodec};
+use idem_core::{Codec, Error, Idempotency, JsonCodec, OnLocked};
 
 type StoreIfFn = dyn Fn(Code) -> bool + Send + Sync;
 type KeyFn = dyn Fn(&[u8]) -> Result<Option<String>, String> + Send + Sync;
@@ -186,7 +188,7 @@ impl fmt::Debug for UnaryMethod {
 }
 
 /// The checked configuration every [`IdempotencyService`] of one layer shares.
-pub(crate) struct Config<C> {
+pub struct Config<C> {
     pub(crate) engine: Idempotency<C>,
     pub(crate) options: Overrides,
     pub(crate) methods: HashMap<String, UnaryMethod>,
@@ -216,23 +218,36 @@ impl<C> fmt::Debug for Config<C> {
     }
 }
 
-guard_layer! {
-    /// A tower [`Layer`](tower::Layer) for tonic servers that makes the unary calls it guards run once per key:
-    /// a retry gets the stored response (headers, message and trailers), marked
-    /// `idempotent-replayed: true`. See the [module documentation](super).
-    ///
-    /// ```
-    /// use idem::grpc::IdempotencyLayer;
-    /// use idem::{Idempotency, MemoryStore};
-    ///
-    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .unary("/bank.v1.Payments/Create")
-    ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
-    ///     .build()?;
-    /// // tonic::transport::Server::builder().layer(layer).add_service(…)
-    /// # let _ = layer;
-    /// # Ok::<(), idem::Error>(())
-    /// ```
+/// A tower [`Layer`](tower::Layer) for tonic servers that makes the unary calls it guards run once per key:
+/// a retry gets the stored response (headers, message and trailers), marked
+/// `idempotent-replayed: true`. See the [module documentation](super).
+///
+/// ```
+/// use idem::grpc::IdempotencyLayer;
+/// use idem::{Idempotency, MemoryStore};
+///
+/// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+///     .unary("/bank.v1.Payments/Create")
+///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+///     .build()?;
+/// // tonic::transport::Server::builder().layer(layer).add_service(…)
+/// # let _ = layer;
+/// # Ok::<(), idem::Error>(())
+/// ```
+///
+/// This is the layer generic over the protocol, [`IdempotencyLayer<Grpc, C>`](crate::IdempotencyLayer),
+/// for gRPC: its builder and setters are the gRPC layer's.
+pub type IdempotencyLayer<C = JsonCodec> = crate::IdempotencyLayer<Grpc, C>;
+
+/// The gRPC protocol of an [`IdempotencyLayer`]: its configuration and its service.
+#[derive(Debug, Clone, Copy)]
+pub enum Grpc {}
+
+impl Sealed for Grpc {}
+
+impl Protocol for Grpc {
+    type Config<C> = Config<C>;
+    const SERVICE: &'static str = "grpc::IdempotencyService";
 }
 
 impl<C: Codec> IdempotencyLayer<C> {
@@ -353,123 +368,151 @@ impl<C: Codec> LayerBuilder<C> {
         self
     }
 
-    guard_setters! {
-        /// Whether a guarded call without a key gets `INVALID_ARGUMENT` ([`true`]) or runs without
-        /// deduplication (`false`, the default: AIP-155 makes request ids optional).
-        ///
-        /// ```
-        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
-        /// # let _ = b;
-        /// ```
-        require_key;
+    /// Whether a guarded call without a key gets `INVALID_ARGUMENT` ([`true`]) or runs without
+    /// deduplication (`false`, the default: AIP-155 makes request ids optional).
+    ///
+    /// ```
+    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
+    /// # let _ = b;
+    /// ```
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.config.require_key = required;
+        self
+    }
 
-        /// The name under which this layer's keys are stored (1 to 255 printable ASCII
-        /// characters). Default `"grpc"`. Renaming it forgets every stored response.
-        ///
-        /// ```
-        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("payments");
-        /// # let _ = b;
-        /// ```
-        scope;
+    /// The name under which this layer's keys are stored (1 to 255 printable ASCII
+    /// characters). Default `"grpc"`. Renaming it forgets every stored response.
+    ///
+    /// ```
+    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("payments");
+    /// # let _ = b;
+    /// ```
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.config.scope = Arc::from(scope.into());
+        self
+    }
 
-        /// Who is calling, from the request head (metadata are its headers; an authentication
-        /// layer before this one may put an extension there). Keys are scoped by it, so two callers
-        /// sending the same key and message get independent results. A guarded call with a key and
-        /// no identity gets `UNAUTHENTICATED` ([`Problem::CallerMissing`](super::Problem::CallerMissing))
-        /// and nothing runs; an identity that is empty, over 255 bytes or not printable ASCII gets
-        /// `INVALID_ARGUMENT`. Not together with [`shared_key_space`](Self::shared_key_space).
-        ///
-        /// ```
-        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-        /// #[derive(Clone)]
-        /// struct Tenant(String);
-        /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .unary("/bank.v1.Payments/Create")
-        ///     .caller(|parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()))
-        ///     .build()?;
-        /// # let _ = layer;
-        /// # Ok::<(), idem::Error>(())
-        /// ```
-        caller;
+    /// Who is calling, from the request head (metadata are its headers; an authentication
+    /// layer before this one may put an extension there). Keys are scoped by it, so two callers
+    /// sending the same key and message get independent results. A guarded call with a key and
+    /// no identity gets `UNAUTHENTICATED` ([`Problem::CallerMissing`](super::Problem::CallerMissing))
+    /// and nothing runs; an identity that is empty, over 255 bytes or not printable ASCII gets
+    /// `INVALID_ARGUMENT`. Not together with [`shared_key_space`](Self::shared_key_space).
+    ///
+    /// ```
+    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+    /// #[derive(Clone)]
+    /// struct Tenant(String);
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .unary("/bank.v1.Payments/Create")
+    ///     .caller(|parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    pub fn caller(
+        mut self,
+        extract: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.caller = Some(Box::new(extract));
+        self
+    }
 
-        /// Opts in to one key space shared by every client, instead of a [`caller`](Self::caller)
-        /// extractor. Any client that sends another client's key and message then gets that
-        /// client's stored response (its headers, message and trailers) for as long as it is
-        /// retained. Only for services whose clients may all see each other's responses.
-        ///
-        /// ```
-        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-        /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .unary("/internal.Ledger/Post")
-        ///     .shared_key_space()
-        ///     .build()?;
-        /// # let _ = layer;
-        /// # Ok::<(), idem::Error>(())
-        /// ```
-        shared_key_space;
+    /// Opts in to one key space shared by every client, instead of a [`caller`](Self::caller)
+    /// extractor. Any client that sends another client's key and message then gets that
+    /// client's stored response (its headers, message and trailers) for as long as it is
+    /// retained. Only for services whose clients may all see each other's responses.
+    ///
+    /// ```
+    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .unary("/internal.Ledger/Post")
+    ///     .shared_key_space()
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    pub fn shared_key_space(mut self) -> Self {
+        self.shared_key_space = true;
+        self
+    }
 
-        /// How long a call's claim blocks its key without a heartbeat; renewed while the handler
-        /// runs. Overrides [`Policy::lease`](idem_core::Policy::lease).
-        ///
-        /// ```
-        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .lease(std::time::Duration::from_secs(5));
-        /// # let _ = b;
-        /// ```
-        lease;
+    /// How long a call's claim blocks its key without a heartbeat; renewed while the handler
+    /// runs. Overrides [`Policy::lease`](idem_core::Policy::lease).
+    ///
+    /// ```
+    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .lease(std::time::Duration::from_secs(5));
+    /// # let _ = b;
+    /// ```
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.options = self.config.options.lease(lease);
+        self
+    }
 
-        /// How long a stored response is replayed. Overrides
-        /// [`Policy::retention`](idem_core::Policy::retention).
-        ///
-        /// ```
-        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .retention(std::time::Duration::from_secs(3600));
-        /// # let _ = b;
-        /// ```
-        retention;
+    /// How long a stored response is replayed. Overrides
+    /// [`Policy::retention`](idem_core::Policy::retention).
+    ///
+    /// ```
+    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .retention(std::time::Duration::from_secs(3600));
+    /// # let _ = b;
+    /// ```
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.options = self.config.options.retention(retention);
+        self
+    }
 
-        /// What a call does while another with the same key runs: answer `UNAVAILABLE` with
-        /// `grpc-retry-pushback-ms` at once ([`OnLocked::FailFast`](idem_core::OnLocked::FailFast)), or wait for it and replay its
-        /// response ([`OnLocked::Wait`](idem_core::OnLocked::Wait)). Overrides [`Policy::on_locked`](idem_core::Policy::on_locked).
-        ///
-        /// ```
-        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
-        /// # let _ = b;
-        /// ```
-        on_locked;
+    /// What a call does while another with the same key runs: answer `UNAVAILABLE` with
+    /// `grpc-retry-pushback-ms` at once ([`OnLocked::FailFast`](idem_core::OnLocked::FailFast)), or wait for it and replay its
+    /// response ([`OnLocked::Wait`](idem_core::OnLocked::Wait)). Overrides [`Policy::on_locked`](idem_core::Policy::on_locked).
+    ///
+    /// ```
+    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
+    /// # let _ = b;
+    /// ```
+    pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
+        self.config.options = self.config.options.on_locked(on_locked);
+        self
+    }
 
-        /// Which answers are stored and replayed, by gRPC status (from the trailers, or from the
-        /// headers of a trailers-only response; a response without one, or whose HTTP status is not
-        /// `200`, counts as `UNKNOWN`). An answer that is not stored goes to the client as it is
-        /// and frees the key. Default [`stores_by_default`].
-        ///
-        /// ```
-        /// # use idem::{grpc::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
-        /// use tonic::Code;
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     // Let a corrected request run under the same key.
-        ///     .store_if(|code| stores_by_default(code) && code != Code::InvalidArgument);
-        /// # let _ = b;
-        /// ```
-        store_if(Code);
+    /// Which answers are stored and replayed, by gRPC status (from the trailers, or from the
+    /// headers of a trailers-only response; a response without one, or whose HTTP status is not
+    /// `200`, counts as `UNKNOWN`). An answer that is not stored goes to the client as it is
+    /// and frees the key. Default [`stores_by_default`].
+    ///
+    /// ```
+    /// # use idem::{grpc::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
+    /// use tonic::Code;
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     // Let a corrected request run under the same key.
+    ///     .store_if(|code| stores_by_default(code) && code != Code::InvalidArgument);
+    /// # let _ = b;
+    /// ```
+    pub fn store_if(mut self, predicate: impl Fn(Code) -> bool + Send + Sync + 'static) -> Self {
+        self.config.store_if = Arc::new(predicate);
+        self
+    }
 
-        /// The largest request message the layer reads to fingerprint it, in bytes; a guarded call
-        /// with a larger one gets `RESOURCE_EXHAUSTED` and nothing runs. Default 4 MiB, tonic's own
-        /// default limit.
-        ///
-        /// ```
-        /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .max_request_message(256 * 1024);
-        /// # let _ = b;
-        /// ```
-        max_request(max_request_message);
+    /// The largest request message the layer reads to fingerprint it, in bytes; a guarded call
+    /// with a larger one gets `RESOURCE_EXHAUSTED` and nothing runs. Default 4 MiB, tonic's own
+    /// default limit.
+    ///
+    /// ```
+    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .max_request_message(256 * 1024);
+    /// # let _ = b;
+    /// ```
+    pub fn max_request_message(mut self, limit: usize) -> Self {
+        self.config.max_request = limit;
+        self
     }
 
     /// Checks the configuration and builds the layer. [`Error::InvalidConfig`] when: no unary
@@ -535,9 +578,7 @@ impl<C: Codec> LayerBuilder<C> {
                 }
             }
         }
-        Ok(IdempotencyLayer {
-            config: Arc::new(self.config),
-        })
+        Ok(IdempotencyLayer::from_config(self.config))
     }
 }
 
@@ -593,7 +634,7 @@ mod tests {
             debug.contains("field 3") && debug.contains("x-request-id"),
             "{debug}"
         );
-        assert_eq!(layer.config.methods.len(), 3);
-        assert_eq!(layer.config.key_metadata, "x-request-id");
+        assert_eq!(layer.config().methods.len(), 3);
+        assert_eq!(layer.config().key_metadata, "x-request-id");
     }
 }

@@ -98,7 +98,7 @@ use http::HeaderName;
 
 pub use crate::problem::Problem;
 pub use ::tonic;
-pub use layer::{stores_by_default, IdempotencyLayer, LayerBuilder, UnaryMethod};
+pub use layer::{stores_by_default, Grpc, IdempotencyLayer, LayerBuilder, UnaryMethod};
 pub use service::IdempotencyService;
 
 /// The metadata entry that carries the client's key by default: `idempotency-key`.

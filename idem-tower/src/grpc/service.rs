@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -10,41 +11,81 @@ use tonic::body::Body;
 use tonic::Code;
 use tower::Service;
 
-use super::layer::{Config, KeySource};
+use super::layer::{Config, Grpc, KeySource};
 use super::problem::from_engine;
 use super::wire::{self, Message};
 use super::Problem;
 use crate::capture::body::{read_request, read_response, Buffered, LayerBody, ReadError};
-use crate::capture::guard::{guard_service, guard_service_impl, Inner};
-use crate::capture::reply::{Failure, Reply};
+use crate::capture::reply::{Failure, Guarded, Reply};
 use crate::capture::stored::{self, Captured};
 use crate::capture::{self, CallerRefused};
-use idem_core::{validate_client_key, Codec, Key};
+use crate::layer::{Inner, Serve};
+use idem_core::adapter::Overrides;
+use idem_core::{validate_client_key, Codec, Idempotency, Key};
 
-guard_service! {
-    /// The service a gRPC [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a tonic
-    /// service or router. Build it through the layer.
-    ///
-    /// ```
-    /// use idem::grpc::IdempotencyLayer;
-    /// use idem::{Idempotency, MemoryStore};
-    /// use tower::Layer;
-    ///
-    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .unary("/bank.v1.Payments/Create")
-    ///     .shared_key_space()
-    ///     .build()?;
-    /// // Any tower service of `http::Request<tonic::body::Body>`, such as a generated server.
-    /// let service = layer.layer(tower::service_fn(|_req: http::Request<tonic::body::Body>| async {
-    ///     Ok::<_, std::convert::Infallible>(tonic::Status::unimplemented("").into_http::<tonic::body::Body>())
-    /// }));
-    /// # let _ = service;
-    /// # Ok::<(), idem::Error>(())
-    /// ```
-    debug = "grpc::IdempotencyService"
+/// The service a gRPC [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a tonic
+/// service or router. Build it through the layer.
+///
+/// ```
+/// use idem::grpc::IdempotencyLayer;
+/// use idem::{Idempotency, MemoryStore};
+/// use tower::Layer;
+///
+/// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+///     .unary("/bank.v1.Payments/Create")
+///     .shared_key_space()
+///     .build()?;
+/// // Any tower service of `http::Request<tonic::body::Body>`, such as a generated server.
+/// let service = layer.layer(tower::service_fn(|_req: http::Request<tonic::body::Body>| async {
+///     Ok::<_, std::convert::Infallible>(tonic::Status::unimplemented("").into_http::<tonic::body::Body>())
+/// }));
+/// # let _ = service;
+/// # Ok::<(), idem::Error>(())
+/// ```
+///
+/// This is the service generic over the protocol,
+/// [`IdempotencyService<S, Grpc, C>`](crate::IdempotencyService), for gRPC.
+pub type IdempotencyService<S, C> = crate::IdempotencyService<S, Grpc, C>;
+
+impl<R, S, B> Serve<R, S> for Grpc
+where
+    R: LayerBody,
+    S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: LayerBody,
+{
+    type Body = Body;
+    type Error = S::Error;
+
+    fn poll_ready(inner: &mut S, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        inner.poll_ready(cx)
+    }
+
+    fn serve<C: Codec>(
+        inner: S,
+        config: Arc<Config<C>>,
+        req: Request<R>,
+    ) -> impl Future<Output = Result<Response<Body>, S::Error>> + Send + 'static {
+        serve(inner, config, req)
+    }
 }
 
-guard_service_impl!(inner = Body, body = Body);
+impl<C: Codec> Guarded for Config<C> {
+    type Codec = C;
+
+    fn engine(&self) -> &Idempotency<C> {
+        &self.engine
+    }
+
+    fn options(&self) -> Overrides {
+        self.options
+    }
+
+    fn scope(&self) -> Arc<str> {
+        self.scope.clone()
+    }
+}
 
 /// One call: a unary method named at build with a key is claimed, run and stored, or replayed;
 /// anything else passes untouched.

@@ -2,16 +2,18 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
+use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 
 use super::fingerprint::BodyFingerprint;
 use super::problem::ProblemConfig;
-use super::service::IdempotencyService;
-use crate::capture::guard::{guard_layer, guard_setters, key_space};
 use crate::capture::{check_builder, CallerFn};
+use crate::layer::sealed::Sealed;
+use crate::layer::{key_space, Protocol};
 use idem_core::adapter::Overrides;
-use idem_core::{Codec, Error, Idempotency, JsonCodec};
+use idem_core::{Codec, Error, Idempotency, JsonCodec, OnLocked};
 
 type StoreIfFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
 
@@ -46,7 +48,7 @@ pub fn stores_by_default(status: StatusCode) -> bool {
 }
 
 /// The checked configuration every [`IdempotencyService`] of one layer shares.
-pub(crate) struct Config<C> {
+pub struct Config<C> {
     pub(crate) engine: Idempotency<C>,
     pub(crate) options: Overrides,
     pub(crate) methods: Vec<Method>,
@@ -62,44 +64,57 @@ pub(crate) struct Config<C> {
     pub(crate) problems: ProblemConfig,
 }
 
-guard_layer! {
-    /// A tower [`Layer`](tower::Layer) that makes `POST` and `PATCH` (by default) requests carrying an
-    /// `Idempotency-Key` header run once: a retry gets the stored response, marked
-    /// `Idempotent-Replayed: true`. See the [module documentation](super) for the exact behaviour.
-    ///
-    /// Works with every store: it only needs an [`Idempotency`] engine, whose policy gives the
-    /// default lease, retention, wait behaviour and the largest stored response
-    /// ([`Policy::max_response_bytes`](idem_core::Policy::max_response_bytes)).
-    ///
-    /// A layer is built with [`builder`](Self::builder), and [`build`](LayerBuilder::build) needs
-    /// one decision that has no safe default: whose keys are whose. Either keys are scoped by a
-    /// [`caller`](LayerBuilder::caller) identity, or the layer is told to use
-    /// [`shared_key_space`](LayerBuilder::shared_key_space). There is no `IdempotencyLayer::new`:
-    /// a constructor that cannot fail would have to pick one of the two for you, and the only one
-    /// it could pick without knowing your authentication lets a client replay another's responses.
-    ///
-    /// axum's `Router::layer` wraps the routes the router has when it is called: **a route added
-    /// after `.layer(…)` is not guarded**, and nothing says so. Its requests run every time, and
-    /// an [`IdempotencyKey`](super::IdempotencyKey) extractor there answers `500`
-    /// ([`Problem::KeyUnguarded`](super::Problem::KeyUnguarded)) whose detail names this cause.
-    /// Add every route first, then the layer.
-    ///
-    /// ```
-    /// use axum::{routing::post, Router};
-    /// use idem::http::IdempotencyLayer;
-    /// use idem::{Idempotency, MemoryStore};
-    ///
-    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
-    ///     .build()?;
-    /// let app: Router = Router::new()
-    ///     .route("/payments", post(|| async { "created" }))
-    ///     .route("/refunds", post(|| async { "refunded" }))
-    ///     // Wraps the two routes above; a route added below this line would not be guarded.
-    ///     .layer(layer);
-    /// # let _ = app;
-    /// # Ok::<(), idem::Error>(())
-    /// ```
+/// A tower [`Layer`](tower::Layer) that makes `POST` and `PATCH` (by default) requests carrying an
+/// `Idempotency-Key` header run once: a retry gets the stored response, marked
+/// `Idempotent-Replayed: true`. See the [module documentation](super) for the exact behaviour.
+///
+/// Works with every store: it only needs an [`Idempotency`] engine, whose policy gives the
+/// default lease, retention, wait behaviour and the largest stored response
+/// ([`Policy::max_response_bytes`](idem_core::Policy::max_response_bytes)).
+///
+/// A layer is built with [`builder`](Self::builder), and [`build`](LayerBuilder::build) needs
+/// one decision that has no safe default: whose keys are whose. Either keys are scoped by a
+/// [`caller`](LayerBuilder::caller) identity, or the layer is told to use
+/// [`shared_key_space`](LayerBuilder::shared_key_space). There is no `IdempotencyLayer::new`:
+/// a constructor that cannot fail would have to pick one of the two for you, and the only one
+/// it could pick without knowing your authentication lets a client replay another's responses.
+///
+/// axum's `Router::layer` wraps the routes the router has when it is called: **a route added
+/// after `.layer(…)` is not guarded**, and nothing says so. Its requests run every time, and
+/// an [`IdempotencyKey`](super::IdempotencyKey) extractor there answers `500`
+/// ([`Problem::KeyUnguarded`](super::Problem::KeyUnguarded)) whose detail names this cause.
+/// Add every route first, then the layer.
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use idem::http::IdempotencyLayer;
+/// use idem::{Idempotency, MemoryStore};
+///
+/// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+///     .build()?;
+/// let app: Router = Router::new()
+///     .route("/payments", post(|| async { "created" }))
+///     .route("/refunds", post(|| async { "refunded" }))
+///     // Wraps the two routes above; a route added below this line would not be guarded.
+///     .layer(layer);
+/// # let _ = app;
+/// # Ok::<(), idem::Error>(())
+/// ```
+///
+/// This is the layer generic over the protocol, [`IdempotencyLayer<Http, C>`](crate::IdempotencyLayer),
+/// for HTTP: its builder and setters are the HTTP layer's.
+pub type IdempotencyLayer<C = JsonCodec> = crate::IdempotencyLayer<Http, C>;
+
+/// The HTTP protocol of an [`IdempotencyLayer`]: its configuration and its service.
+#[derive(Debug, Clone, Copy)]
+pub enum Http {}
+
+impl Sealed for Http {}
+
+impl Protocol for Http {
+    type Config<C> = Config<C>;
+    const SERVICE: &'static str = "IdempotencyService";
 }
 
 impl<C> fmt::Debug for Config<C> {
@@ -230,16 +245,17 @@ impl<C: Codec> LayerBuilder<C> {
         self
     }
 
-    guard_setters! {
-        /// Whether a guarded request without an `Idempotency-Key` gets `400` ([`true`]) or runs
-        /// without deduplication (`false`, the default).
-        ///
-        /// ```
-        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
-        /// # let _ = b;
-        /// ```
-        require_key;
+    /// Whether a guarded request without an `Idempotency-Key` gets `400` ([`true`]) or runs
+    /// without deduplication (`false`, the default).
+    ///
+    /// ```
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
+    /// # let _ = b;
+    /// ```
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.config.require_key = required;
+        self
     }
 
     /// Whether to accept an unquoted key such as `Idempotency-Key: 8e03978e-40d5-…`, as Stripe
@@ -264,67 +280,77 @@ impl<C: Codec> LayerBuilder<C> {
         self
     }
 
-    guard_setters! {
-        /// The name under which this layer's keys are stored (1 to 255 printable ASCII characters),
-        /// so several APIs can share one store. Default `"http"`. Renaming it forgets every stored
-        /// response.
-        ///
-        /// ```
-        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("billing-v2");
-        /// # let _ = b;
-        /// ```
-        scope;
+    /// The name under which this layer's keys are stored (1 to 255 printable ASCII characters),
+    /// so several APIs can share one store. Default `"http"`. Renaming it forgets every stored
+    /// response.
+    ///
+    /// ```
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("billing-v2");
+    /// # let _ = b;
+    /// ```
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.config.scope = Arc::from(scope.into());
+        self
+    }
 
-        /// Who is asking, from the request head: an API key id, a user id, or an extension an
-        /// authentication layer put there. Keys are scoped by it, so two callers sending the same
-        /// key and body get independent results, each from its own run of the handler.
-        ///
-        /// The extractor runs for each guarded request that carries an `Idempotency-Key`. When it
-        /// returns `None` the request gets [`Problem::CallerMissing`](super::Problem::CallerMissing)
-        /// (`401`, or `400` by [`caller_missing_status`](Self::caller_missing_status)) and nothing
-        /// runs; there is no anonymous key space to fall back to. The identity must be 1 to 255
-        /// bytes of printable ASCII (hash longer ones yourself); any other gets
-        /// [`Problem::CallerInvalid`](super::Problem::CallerInvalid) (`400`). Add this layer inside
-        /// (after) the authentication layer, so the identity is set and checked when the extractor
-        /// runs. Not together with [`shared_key_space`](Self::shared_key_space).
-        ///
-        /// ```
-        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-        /// #[derive(Clone)]
-        /// struct User(u64);
-        /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .caller(|parts| parts.extensions.get::<User>().map(|u| u.0.to_string()))
-        ///     .build()?;
-        /// # let _ = layer;
-        /// # Ok::<(), idem::Error>(())
-        /// ```
-        caller;
+    /// Who is asking, from the request head: an API key id, a user id, or an extension an
+    /// authentication layer put there. Keys are scoped by it, so two callers sending the same
+    /// key and body get independent results, each from its own run of the handler.
+    ///
+    /// The extractor runs for each guarded request that carries an `Idempotency-Key`. When it
+    /// returns `None` the request gets [`Problem::CallerMissing`](super::Problem::CallerMissing)
+    /// (`401`, or `400` by [`caller_missing_status`](Self::caller_missing_status)) and nothing
+    /// runs; there is no anonymous key space to fall back to. The identity must be 1 to 255
+    /// bytes of printable ASCII (hash longer ones yourself); any other gets
+    /// [`Problem::CallerInvalid`](super::Problem::CallerInvalid) (`400`). Add this layer inside
+    /// (after) the authentication layer, so the identity is set and checked when the extractor
+    /// runs. Not together with [`shared_key_space`](Self::shared_key_space).
+    ///
+    /// ```
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// #[derive(Clone)]
+    /// struct User(u64);
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .caller(|parts| parts.extensions.get::<User>().map(|u| u.0.to_string()))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    pub fn caller(
+        mut self,
+        extract: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.caller = Some(Box::new(extract));
+        self
+    }
 
-        /// Opts in to one key space shared by every client, instead of a [`caller`](Self::caller)
-        /// extractor.
-        ///
-        /// **What it risks:** the record of a request is found by its `Idempotency-Key` alone, so
-        /// any client that learns another client's key and sends the same method, path and body
-        /// (the [fingerprint](Self::fingerprint)) gets that client's stored response: status,
-        /// headers (`Set-Cookie` and `Location` included) and body, for as long as the response is
-        /// [retained](Self::retention); and while the first request runs, it gets `409` for it. A
-        /// key that a client sends with a different body gets `422` even if the key is another
-        /// client's. Use it only where every client is equally trusted with every response: one
-        /// client (a single backend calling a service), or responses that hold nothing private.
-        ///
-        /// Not together with [`caller`](Self::caller): [`build`](Self::build) refuses both.
-        ///
-        /// ```
-        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-        /// // An internal service with one client: there is nobody to keep apart.
-        /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .shared_key_space()
-        ///     .build()?;
-        /// # let _ = layer;
-        /// # Ok::<(), idem::Error>(())
-        /// ```
-        shared_key_space;
+    /// Opts in to one key space shared by every client, instead of a [`caller`](Self::caller)
+    /// extractor.
+    ///
+    /// **What it risks:** the record of a request is found by its `Idempotency-Key` alone, so
+    /// any client that learns another client's key and sends the same method, path and body
+    /// (the [fingerprint](Self::fingerprint)) gets that client's stored response: status,
+    /// headers (`Set-Cookie` and `Location` included) and body, for as long as the response is
+    /// [retained](Self::retention); and while the first request runs, it gets `409` for it. A
+    /// key that a client sends with a different body gets `422` even if the key is another
+    /// client's. Use it only where every client is equally trusted with every response: one
+    /// client (a single backend calling a service), or responses that hold nothing private.
+    ///
+    /// Not together with [`caller`](Self::caller): [`build`](Self::build) refuses both.
+    ///
+    /// ```
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// // An internal service with one client: there is nobody to keep apart.
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .shared_key_space()
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    pub fn shared_key_space(mut self) -> Self {
+        self.shared_key_space = true;
+        self
     }
 
     /// The status of [`Problem::CallerMissing`](super::Problem::CallerMissing), the answer to a
@@ -403,70 +429,86 @@ impl<C: Codec> LayerBuilder<C> {
         self
     }
 
-    guard_setters! {
-        /// How long a request's claim blocks its key without a heartbeat; the engine renews it while
-        /// the handler runs. Overrides [`Policy::lease`](idem_core::Policy::lease).
-        ///
-        /// ```
-        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .lease(std::time::Duration::from_secs(5));
-        /// # let _ = b;
-        /// ```
-        lease;
+    /// How long a request's claim blocks its key without a heartbeat; the engine renews it while
+    /// the handler runs. Overrides [`Policy::lease`](idem_core::Policy::lease).
+    ///
+    /// ```
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .lease(std::time::Duration::from_secs(5));
+    /// # let _ = b;
+    /// ```
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.options = self.config.options.lease(lease);
+        self
+    }
 
-        /// How long a stored response is replayed, counted from when it was stored. Overrides
-        /// [`Policy::retention`](idem_core::Policy::retention). This is the key expiry policy the IETF
-        /// draft asks an API to publish: after it, the record may be pruned at any time and the key
-        /// counts as new, so a request with it runs the handler again.
-        ///
-        /// ```
-        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .retention(std::time::Duration::from_secs(7 * 24 * 3600));
-        /// # let _ = b;
-        /// ```
-        retention;
+    /// How long a stored response is replayed, counted from when it was stored. Overrides
+    /// [`Policy::retention`](idem_core::Policy::retention). This is the key expiry policy the IETF
+    /// draft asks an API to publish: after it, the record may be pruned at any time and the key
+    /// counts as new, so a request with it runs the handler again.
+    ///
+    /// ```
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .retention(std::time::Duration::from_secs(7 * 24 * 3600));
+    /// # let _ = b;
+    /// ```
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.options = self.config.options.retention(retention);
+        self
+    }
 
-        /// What a request does while another with the same key runs: answer `409` with
-        /// `Retry-After` at once ([`OnLocked::FailFast`](idem_core::OnLocked::FailFast)), or wait for it and replay its response
-        /// ([`OnLocked::Wait`](idem_core::OnLocked::Wait), `409` if the wait times out). Overrides
-        /// [`Policy::on_locked`](idem_core::Policy::on_locked).
-        ///
-        /// ```
-        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
-        /// # let _ = b;
-        /// ```
-        on_locked;
+    /// What a request does while another with the same key runs: answer `409` with
+    /// `Retry-After` at once ([`OnLocked::FailFast`](idem_core::OnLocked::FailFast)), or wait for it and replay its response
+    /// ([`OnLocked::Wait`](idem_core::OnLocked::Wait), `409` if the wait times out). Overrides
+    /// [`Policy::on_locked`](idem_core::Policy::on_locked).
+    ///
+    /// ```
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
+    /// # let _ = b;
+    /// ```
+    pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
+        self.config.options = self.config.options.on_locked(on_locked);
+        self
+    }
 
-        /// Which handler responses are stored and replayed, by status and headers. A response that
-        /// is not stored goes to the client as it is and frees the key, so a retry runs the handler
-        /// again. Default [`stores_by_default`]. Exclude streaming responses here (for instance
-        /// `text/event-stream`): a stored response is read whole before it is sent.
-        ///
-        /// ```
-        /// # use idem::{http::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .store_if(|status, headers| {
-        ///         stores_by_default(status)
-        ///             && headers.get("content-type").map_or(true, |v| v != "text/event-stream")
-        ///     });
-        /// # let _ = b;
-        /// ```
-        store_if(StatusCode, &HeaderMap);
+    /// Which handler responses are stored and replayed, by status and headers. A response that
+    /// is not stored goes to the client as it is and frees the key, so a retry runs the handler
+    /// again. Default [`stores_by_default`]. Exclude streaming responses here (for instance
+    /// `text/event-stream`): a stored response is read whole before it is sent.
+    ///
+    /// ```
+    /// # use idem::{http::{stores_by_default, IdempotencyLayer}, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .store_if(|status, headers| {
+    ///         stores_by_default(status)
+    ///             && headers.get("content-type").map_or(true, |v| v != "text/event-stream")
+    ///     });
+    /// # let _ = b;
+    /// ```
+    pub fn store_if(
+        mut self,
+        predicate: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.config.store_if = Arc::new(predicate);
+        self
+    }
 
-        /// The largest request body the layer reads to fingerprint it, in bytes; a guarded request
-        /// with a key and a larger body gets `413` and nothing runs or is stored. Default 1 MiB.
-        ///
-        /// ```
-        /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-        /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-        ///     .max_request_body(256 * 1024);
-        /// # let _ = b;
-        /// ```
-        max_request(max_request_body);
+    /// The largest request body the layer reads to fingerprint it, in bytes; a guarded request
+    /// with a key and a larger body gets `413` and nothing runs or is stored. Default 1 MiB.
+    ///
+    /// ```
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .max_request_body(256 * 1024);
+    /// # let _ = b;
+    /// ```
+    pub fn max_request_body(mut self, limit: usize) -> Self {
+        self.config.max_request = limit;
+        self
     }
 
     /// Checks the configuration and builds the layer. [`Error::InvalidConfig`] when: neither
@@ -495,9 +537,7 @@ impl<C: Codec> LayerBuilder<C> {
             &self.config.options,
         )?;
         check_problems(&mut self.config.problems)?;
-        Ok(IdempotencyLayer {
-            config: Arc::new(self.config),
-        })
+        Ok(IdempotencyLayer::from_config(self.config))
     }
 }
 

@@ -196,7 +196,7 @@ pub use ::tower;
 pub use axum_core::body::Body;
 pub use extract::{IdempotencyKey, IdempotencyKeyRejection};
 pub use fingerprint::BodyFingerprint;
-pub use layer::{stores_by_default, IdempotencyLayer, LayerBuilder};
+pub use layer::{stores_by_default, Http, IdempotencyLayer, LayerBuilder};
 pub use service::IdempotencyService;
 
 /// The request header carrying the client's key: `idempotency-key`.

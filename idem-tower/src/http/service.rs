@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use axum_core::body::Body;
 use bytes::Bytes;
@@ -11,39 +12,79 @@ use tower::Service;
 
 use super::extract::KeyChecked;
 use super::key_header::client_key;
-use super::layer::Config;
+use super::layer::{Config, Http};
 use super::problem::from_engine;
 use super::Problem;
 use super::IDEMPOTENCY_KEY;
 use crate::capture::body::{read_request, read_response, Buffered, LayerBody, ReadError};
-use crate::capture::guard::{guard_service, guard_service_impl, Inner};
-use crate::capture::reply::{Failure, Reply};
+use crate::capture::reply::{Failure, Guarded, Reply};
 use crate::capture::stored::{self, Captured};
 use crate::capture::{self, CallerRefused};
-use idem_core::{Codec, Key};
+use crate::layer::{Inner, Serve};
+use idem_core::adapter::Overrides;
+use idem_core::{Codec, Idempotency, Key};
 
-guard_service! {
-    /// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a handler or
-    /// router. Build it through the layer.
-    ///
-    /// ```
-    /// use axum::{routing::post, Router};
-    /// use idem::http::IdempotencyLayer;
-    /// use idem::{Idempotency, MemoryStore};
-    /// use tower::Layer;
-    ///
-    /// let router: Router = Router::new().route("/payments", post(|| async { "created" }));
-    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
-    ///     .build()?;
-    /// let service = layer.layer(router);
-    /// # let _ = service;
-    /// # Ok::<(), idem::Error>(())
-    /// ```
-    debug = "IdempotencyService"
+/// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a handler or
+/// router. Build it through the layer.
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use idem::http::IdempotencyLayer;
+/// use idem::{Idempotency, MemoryStore};
+/// use tower::Layer;
+///
+/// let router: Router = Router::new().route("/payments", post(|| async { "created" }));
+/// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+///     .build()?;
+/// let service = layer.layer(router);
+/// # let _ = service;
+/// # Ok::<(), idem::Error>(())
+/// ```
+///
+/// This is the service generic over the protocol,
+/// [`IdempotencyService<S, Http, C>`](crate::IdempotencyService), for HTTP.
+pub type IdempotencyService<S, C> = crate::IdempotencyService<S, Http, C>;
+
+impl<R, S, B> Serve<R, S> for Http
+where
+    R: LayerBody + From<Bytes>,
+    S: Service<Request<R>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: LayerBody,
+{
+    type Body = Body;
+    type Error = S::Error;
+
+    fn poll_ready(inner: &mut S, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        inner.poll_ready(cx)
+    }
+
+    fn serve<C: Codec>(
+        inner: S,
+        config: Arc<Config<C>>,
+        req: Request<R>,
+    ) -> impl Future<Output = Result<Response<Body>, S::Error>> + Send + 'static {
+        serve(inner, config, req)
+    }
 }
 
-guard_service_impl!(inner = ReqBody, body = Body, request: From<Bytes>);
+impl<C: Codec> Guarded for Config<C> {
+    type Codec = C;
+
+    fn engine(&self) -> &Idempotency<C> {
+        &self.engine
+    }
+
+    fn options(&self) -> Overrides {
+        self.options
+    }
+
+    fn scope(&self) -> Arc<str> {
+        self.scope.clone()
+    }
+}
 
 /// One request: a guarded method with a key is claimed, run and stored, or replayed; anything
 /// else passes untouched.
