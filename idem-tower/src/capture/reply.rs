@@ -72,16 +72,14 @@ pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idem
 
 /// What [`run_once`] takes from a layer's config: the engine, the call options the layer's
 /// builder set (lease, retention, waiting) and the scope that names its calls. Each layer's
-/// `Config<C>` has them (its `service.rs` implements this).
-pub(crate) trait Guarded {
-    /// The engine's codec.
-    type Codec: Codec;
+/// `Config<C>` holds one.
+pub(crate) struct Guard<C> {
     /// The engine the layer claims with.
-    fn engine(&self) -> &Idempotency<Self::Codec>;
+    pub(crate) engine: Idempotency<C>,
     /// The call options of the layer's builder.
-    fn options(&self) -> Overrides;
+    pub(crate) options: Overrides,
     /// The layer's scope: the label of its calls in metrics and traces.
-    fn scope(&self) -> Arc<str>;
+    pub(crate) scope: Arc<str>,
 }
 
 /// A guarded call of either layer once its key, fingerprint and work are known: runs `work`
@@ -91,20 +89,20 @@ pub(crate) trait Guarded {
 /// policy does not store, goes as it is; a replay is marked `idempotent-replayed: true`; an
 /// engine refusal or failure is answered by `refusal` (each layer's problem); an error of the
 /// inner service is returned.
-pub(crate) async fn run_once<G, E, F>(
-    config: &G,
+pub(crate) async fn run_once<C, E, F>(
+    guard: &Guard<C>,
     key: Key,
     fingerprint: Fingerprint,
     work: F,
     refusal: impl FnOnce(Error) -> Response<Body>,
 ) -> Result<Response<Body>, E>
 where
-    G: Guarded,
+    C: Codec,
     E: Send + 'static,
     F: Future<Output = Result<Reply, Failure<E>>> + Send + 'static,
 {
-    let call = config.engine().call(key).fingerprint(fingerprint);
-    let call = adapter::with_overrides(call, config.options()).scope_named(config.scope());
+    let call = guard.engine.call(key).fingerprint(fingerprint);
+    let call = adapter::with_overrides(call, guard.options).scope_named(guard.scope.clone());
     let outcome = adapter::run_detached_as(call, work, ReplyFormat).await;
     match outcome {
         Ok(Outcome::Fresh(reply)) => Ok(reply.into_response()),

@@ -10,6 +10,7 @@ use http::HeaderName;
 use tonic::Code;
 
 use super::IDEMPOTENCY_KEY;
+use crate::capture::reply::Guard;
 use crate::capture::{check_builder, CallerFn};
 use crate::layer::sealed::Sealed;
 use crate::layer::{key_space, Protocol};
@@ -189,12 +190,11 @@ impl fmt::Debug for UnaryMethod {
 
 /// The checked configuration every [`IdempotencyService`] of one layer shares.
 pub struct Config<C> {
-    pub(crate) engine: Idempotency<C>,
-    pub(crate) options: Overrides,
+    /// The engine, the call options and the scope.
+    pub(crate) guard: Guard<C>,
     pub(crate) methods: HashMap<String, UnaryMethod>,
     pub(crate) key_metadata: HeaderName,
     pub(crate) require_key: bool,
-    pub(crate) scope: Arc<str>,
     /// `None` is the one shared key space, which [`LayerBuilder::build`] allows only after
     /// [`LayerBuilder::shared_key_space`].
     pub(crate) caller: Option<Box<CallerFn>>,
@@ -207,12 +207,12 @@ impl<C> fmt::Debug for Config<C> {
         let mut methods: Vec<_> = self.methods.values().collect();
         methods.sort_by(|a, b| a.path.cmp(&b.path));
         f.debug_struct("grpc::IdempotencyLayer")
-            .field("scope", &self.scope)
+            .field("scope", &self.guard.scope)
             .field("methods", &methods)
             .field("key_metadata", &self.key_metadata)
             .field("require_key", &self.require_key)
             .field("callers", &key_space(self.caller.is_some()))
-            .field("options", &self.options)
+            .field("options", &self.guard.options)
             .field("max_request_message", &self.max_request)
             .finish_non_exhaustive()
     }
@@ -268,12 +268,14 @@ impl<C: Codec> IdempotencyLayer<C> {
     pub fn builder(engine: Idempotency<C>) -> LayerBuilder<C> {
         LayerBuilder {
             config: Config {
-                engine,
-                options: Overrides::default(),
+                guard: Guard {
+                    engine,
+                    options: Overrides::default(),
+                    scope: Arc::from("grpc"),
+                },
                 methods: HashMap::new(),
                 key_metadata: IDEMPOTENCY_KEY,
                 require_key: false,
-                scope: Arc::from("grpc"),
                 caller: None,
                 store_if: Arc::new(stores_by_default),
                 max_request: 4 << 20,
@@ -390,7 +392,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.config.scope = Arc::from(scope.into());
+        self.config.guard.scope = Arc::from(scope.into());
         self
     }
 
@@ -449,7 +451,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.config.options = self.config.options.lease(lease);
+        self.config.guard.options = self.config.guard.options.lease(lease);
         self
     }
 
@@ -463,7 +465,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.config.options = self.config.options.retention(retention);
+        self.config.guard.options = self.config.guard.options.retention(retention);
         self
     }
 
@@ -478,7 +480,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
-        self.config.options = self.config.options.on_locked(on_locked);
+        self.config.guard.options = self.config.guard.options.on_locked(on_locked);
         self
     }
 
@@ -537,8 +539,8 @@ impl<C: Codec> LayerBuilder<C> {
             "message",
             self.config.caller.is_some(),
             self.shared_key_space,
-            &self.config.scope,
-            &self.config.options,
+            &self.config.guard.scope,
+            &self.config.guard.options,
         )?;
         if self.methods.is_empty() {
             return bad(

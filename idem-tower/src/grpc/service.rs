@@ -16,12 +16,11 @@ use super::problem::from_engine;
 use super::wire::{self, Message};
 use super::Problem;
 use crate::capture::body::{read_request, read_response, Buffered, LayerBody, ReadError};
-use crate::capture::reply::{Failure, Guarded, Reply};
+use crate::capture::reply::{Failure, Reply};
 use crate::capture::stored::{self, Captured};
 use crate::capture::{self, CallerRefused};
 use crate::layer::{Inner, Serve};
-use idem_core::adapter::Overrides;
-use idem_core::{validate_client_key, Codec, Idempotency, Key};
+use idem_core::{validate_client_key, Codec, Key};
 
 /// The service a gRPC [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a tonic
 /// service or router. Build it through the layer.
@@ -68,22 +67,6 @@ where
         req: Request<R>,
     ) -> impl Future<Output = Result<Response<Body>, S::Error>> + Send + 'static {
         serve(inner, config, req)
-    }
-}
-
-impl<C: Codec> Guarded for Config<C> {
-    type Codec = C;
-
-    fn engine(&self) -> &Idempotency<C> {
-        &self.engine
-    }
-
-    fn options(&self) -> Overrides {
-        self.options
-    }
-
-    fn scope(&self) -> Arc<str> {
-        self.scope.clone()
     }
 }
 
@@ -154,7 +137,7 @@ fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
         let fingerprint = wire::fingerprint(parts.uri.path(), message);
         let req = Request::from_parts(parts, Body::new(Full::new(body)));
 
-        let limit = config.engine.policy().max_response_bytes();
+        let limit = config.guard.engine.policy().max_response_bytes();
         let store_if = config.store_if.clone();
         // Detached from the connection: once claimed, the handler runs to its end and its
         // response is stored even if the client goes away or its deadline passes, so the
@@ -185,7 +168,7 @@ fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
                 }),
             }
         });
-        capture::reply::run_once(&*config, key, fingerprint, work, from_engine)
+        capture::reply::run_once(&config.guard, key, fingerprint, work, from_engine)
             .await
             .map(|response| response.map(Body::new))
     }
@@ -246,25 +229,29 @@ fn record_key<C>(
     parts: &Parts,
     client_key: &str,
 ) -> Result<Key, (Problem, String)> {
-    capture::record_key(&config.scope, config.caller.as_deref(), parts, client_key).map_err(|e| {
-        match e {
-            CallerRefused::Missing => (
-                Problem::CallerMissing,
-                "this service keeps each caller's idempotency keys apart, and this call does not \
+    capture::record_key(
+        &config.guard.scope,
+        config.caller.as_deref(),
+        parts,
+        client_key,
+    )
+    .map_err(|e| match e {
+        CallerRefused::Missing => (
+            Problem::CallerMissing,
+            "this service keeps each caller's idempotency keys apart, and this call does not \
                  say who sends it; authenticate and call again"
-                    .to_owned(),
-            ),
-            CallerRefused::Empty => (
-                Problem::CallerInvalid,
-                "the caller identity taken from this call is empty, so it cannot keep this \
+                .to_owned(),
+        ),
+        CallerRefused::Empty => (
+            Problem::CallerInvalid,
+            "the caller identity taken from this call is empty, so it cannot keep this \
                  caller's idempotency keys apart from others'"
-                    .to_owned(),
-            ),
-            CallerRefused::Invalid(e) => (
-                Problem::CallerInvalid,
-                format!("the caller identity taken from this call cannot scope a key: {e}"),
-            ),
-        }
+                .to_owned(),
+        ),
+        CallerRefused::Invalid(e) => (
+            Problem::CallerInvalid,
+            format!("the caller identity taken from this call cannot scope a key: {e}"),
+        ),
     })
 }
 

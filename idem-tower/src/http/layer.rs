@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 
 use super::fingerprint::BodyFingerprint;
 use super::problem::ProblemConfig;
+use crate::capture::reply::Guard;
 use crate::capture::{check_builder, CallerFn};
 use crate::layer::sealed::Sealed;
 use crate::layer::{key_space, Protocol};
@@ -49,12 +50,11 @@ pub fn stores_by_default(status: StatusCode) -> bool {
 
 /// The checked configuration every [`IdempotencyService`] of one layer shares.
 pub struct Config<C> {
-    pub(crate) engine: Idempotency<C>,
-    pub(crate) options: Overrides,
+    /// The engine, the call options and the scope.
+    pub(crate) guard: Guard<C>,
     pub(crate) methods: Vec<Method>,
     pub(crate) require_key: bool,
     pub(crate) accept_bare_keys: bool,
-    pub(crate) scope: Arc<str>,
     /// The caller extractor. `None` is the one shared key space, which
     /// [`LayerBuilder::build`] allows only after [`LayerBuilder::shared_key_space`].
     pub(crate) caller: Option<Box<CallerFn>>,
@@ -120,13 +120,13 @@ impl Protocol for Http {
 impl<C> fmt::Debug for Config<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
-            .field("scope", &self.scope)
+            .field("scope", &self.guard.scope)
             .field("methods", &self.methods)
             .field("require_key", &self.require_key)
             .field("accept_bare_keys", &self.accept_bare_keys)
             .field("callers", &key_space(self.caller.is_some()))
             .field("fingerprint", &self.fingerprint)
-            .field("options", &self.options)
+            .field("options", &self.guard.options)
             .field("max_request_body", &self.max_request)
             .field("problems", &self.problems)
             .finish_non_exhaustive()
@@ -214,12 +214,14 @@ impl<C: Codec> LayerBuilder<C> {
     fn new(engine: Idempotency<C>) -> LayerBuilder<C> {
         LayerBuilder {
             config: Config {
-                engine,
-                options: Overrides::default(),
+                guard: Guard {
+                    engine,
+                    options: Overrides::default(),
+                    scope: Arc::from("http"),
+                },
                 methods: vec![Method::POST, Method::PATCH],
                 require_key: false,
                 accept_bare_keys: true,
-                scope: Arc::from("http"),
                 caller: None,
                 fingerprint: BodyFingerprint::default(),
                 store_if: Arc::new(|status, _: &HeaderMap| stores_by_default(status)),
@@ -290,7 +292,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.config.scope = Arc::from(scope.into());
+        self.config.guard.scope = Arc::from(scope.into());
         self
     }
 
@@ -439,7 +441,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.config.options = self.config.options.lease(lease);
+        self.config.guard.options = self.config.guard.options.lease(lease);
         self
     }
 
@@ -455,7 +457,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.config.options = self.config.options.retention(retention);
+        self.config.guard.options = self.config.guard.options.retention(retention);
         self
     }
 
@@ -471,7 +473,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
-        self.config.options = self.config.options.on_locked(on_locked);
+        self.config.guard.options = self.config.guard.options.on_locked(on_locked);
         self
     }
 
@@ -533,8 +535,8 @@ impl<C: Codec> LayerBuilder<C> {
             "body",
             self.config.caller.is_some(),
             self.shared_key_space,
-            &self.config.scope,
-            &self.config.options,
+            &self.config.guard.scope,
+            &self.config.guard.options,
         )?;
         check_problems(&mut self.config.problems)?;
         Ok(IdempotencyLayer::from_config(self.config))

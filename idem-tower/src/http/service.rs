@@ -17,12 +17,11 @@ use super::problem::from_engine;
 use super::Problem;
 use super::IDEMPOTENCY_KEY;
 use crate::capture::body::{read_request, read_response, Buffered, LayerBody, ReadError};
-use crate::capture::reply::{Failure, Guarded, Reply};
+use crate::capture::reply::{Failure, Reply};
 use crate::capture::stored::{self, Captured};
 use crate::capture::{self, CallerRefused};
 use crate::layer::{Inner, Serve};
-use idem_core::adapter::Overrides;
-use idem_core::{Codec, Idempotency, Key};
+use idem_core::{Codec, Key};
 
 /// The service an [`IdempotencyLayer`](super::IdempotencyLayer) wraps around a handler or
 /// router. Build it through the layer.
@@ -67,22 +66,6 @@ where
         req: Request<R>,
     ) -> impl Future<Output = Result<Response<Body>, S::Error>> + Send + 'static {
         serve(inner, config, req)
-    }
-}
-
-impl<C: Codec> Guarded for Config<C> {
-    type Codec = C;
-
-    fn engine(&self) -> &Idempotency<C> {
-        &self.engine
-    }
-
-    fn options(&self) -> Overrides {
-        self.options
-    }
-
-    fn scope(&self) -> Arc<str> {
-        self.scope.clone()
     }
 }
 
@@ -143,7 +126,7 @@ fn serve<S: Inner<R, B>, C: Codec, R: LayerBody + From<Bytes>, B: LayerBody>(
         let fingerprint = config.fingerprint.of(&parts.method, &parts.uri, &body);
         let mut req = Request::from_parts(parts, R::from(body));
 
-        let limit = config.engine.policy().max_response_bytes();
+        let limit = config.guard.engine.policy().max_response_bytes();
         let store_if = config.store_if.clone();
         // Detached from the connection: once claimed, the handler runs to its end and its response
         // is stored even if the client goes away, so the client's retry replays it instead of
@@ -170,7 +153,7 @@ fn serve<S: Inner<R, B>, C: Codec, R: LayerBody + From<Bytes>, B: LayerBody>(
                 },
             })
         };
-        capture::reply::run_once(&*config, key, fingerprint, work, |e| {
+        capture::reply::run_once(&config.guard, key, fingerprint, work, |e| {
             from_engine(&config.problems, e)
         })
         .await
@@ -188,7 +171,13 @@ fn record_key<C>(
                            request does not say who sends it; authenticate and send it again";
     const EMPTY: &str = "the caller identity taken from this request is empty, so it cannot \
                          keep this caller's Idempotency-Keys apart from others'";
-    capture::record_key(&config.scope, config.caller.as_deref(), parts, client_key).map_err(|e| {
+    capture::record_key(
+        &config.guard.scope,
+        config.caller.as_deref(),
+        parts,
+        client_key,
+    )
+    .map_err(|e| {
         match e {
             CallerRefused::Missing => (Problem::CallerMissing, MISSING.to_owned()),
             CallerRefused::Empty => (Problem::CallerInvalid, EMPTY.to_owned()),
