@@ -108,9 +108,12 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
-#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use idem_core::*;
+
+#[cfg(feature = "remote")]
+#[cfg_attr(docsrs, doc(cfg(feature = "remote")))]
+pub use idem_remote::{RemoteStore, RemoteStoreBuilder};
 
 /// The [`Store`] trait and its backends, and [`url`](store::url): the store a URL names.
 ///

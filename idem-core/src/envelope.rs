@@ -52,7 +52,7 @@ pub(crate) fn result(mut payload: Vec<u8>) -> Vec<u8> {
 }
 
 /// The record of a result that was not kept, with the reason a retry is told.
-pub(crate) fn not_retained(reason: &str) -> Vec<u8> {
+pub fn not_retained(reason: &str) -> Vec<u8> {
     wrap(NOT_RETAINED, reason.as_bytes())
 }
 

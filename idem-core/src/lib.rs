@@ -75,8 +75,6 @@ pub use store::memory::MemoryStore;
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisStore, RedisStoreBuilder};
-#[cfg(feature = "remote")]
-pub use store::remote::{RemoteStore, RemoteStoreBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::sql::protocol::TransactionalStore;
 #[cfg(feature = "sqlite")]

@@ -62,7 +62,7 @@ impl fmt::Debug for Tokens {
 }
 
 /// The shortest admin or caller token the server takes, in bytes (`RemoteStore`'s builder
-/// refuses a shorter one: `idem_core::RemoteStoreBuilder::MIN_TOKEN_LEN`).
+/// refuses a shorter one: `idem::RemoteStoreBuilder::MIN_TOKEN_LEN`).
 ///
 /// ```
 /// assert!(idem_server::auth::Tokens::new(&"a".repeat(idem_server::auth::MIN_TOKEN_LEN - 1), &[]).is_err());

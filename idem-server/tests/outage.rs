@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{free_port, ADMIN, ALICE};
-use idem_core::{Error, Idempotency, Key, Outcome, RecordState, RemoteStore, Store};
+use idem::RemoteStore;
+use idem_core::{Error, Idempotency, Key, Outcome, RecordState, Store};
 use idem_test_support::Process;
 use tokio::time::Instant;
 

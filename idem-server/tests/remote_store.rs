@@ -1,4 +1,4 @@
-//! The conformance suite through the network: `idem_core::RemoteStore` pointed at a real
+//! The conformance suite through the network: `idem::RemoteStore` pointed at a real
 //! idem-server, in process on a loopback port (`axum::serve`), over SQLite (a fresh file per
 //! rule) and over PostgreSQL (a fresh table per rule in the server `IDEM_TEST_PG_URL` names;
 //! without it the PostgreSQL rules skip, saying why, unless `IDEM_REQUIRE_PG=1`, set by
@@ -12,8 +12,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use std::time::Duration;
 
+use idem::{RemoteStore, RemoteStoreBuilder};
 use idem_core::conformance::{suite, Harness};
-use idem_core::{Error, Key, RemoteStore, Start, StartRequest, Store, StoreErrorKind};
+use idem_core::{Error, Key, Start, StartRequest, Store, StoreErrorKind};
 use idem_server::{auth::Tokens, router, App, Config};
 
 /// The admin token: the only one that may prune, which the suite's prune rules do.
@@ -231,7 +232,7 @@ async fn the_network_and_the_servers_refusals_come_back_typed() {
 
     // The builder refuses a token no server takes; idem-server's minimum is the builder's.
     assert_eq!(
-        idem_core::RemoteStoreBuilder::MIN_TOKEN_LEN,
+        RemoteStoreBuilder::MIN_TOKEN_LEN,
         idem_server::auth::MIN_TOKEN_LEN
     );
     let short = RemoteStore::builder(server.clone(), "abc").build();

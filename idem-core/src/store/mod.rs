@@ -33,8 +33,7 @@ pub(crate) mod memory;
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
-#[cfg(feature = "remote")]
-pub(crate) mod remote;
+pub mod support;
 // Shared by the SQL stores and the kit.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod sql;
@@ -348,7 +347,7 @@ pub const LAPSED_CLAIMS_KEPT: std::time::Duration = std::time::Duration::from_se
 pub(crate) const LAPSED_CLAIMS_KEPT_MS: i64 = LAPSED_CLAIMS_KEPT.as_millis() as i64;
 
 /// Rejects a zero or absurd lease/retention before it reaches a store.
-pub(crate) fn check_duration(what: &str, d: Duration) -> Result<(), Error> {
+pub fn check_duration(what: &str, d: Duration) -> Result<(), Error> {
     // Ten years in milliseconds still fits comfortably in an i64 of milliseconds.
     const MAX: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
     if d < Duration::from_millis(1) || d > MAX {

@@ -1,5 +1,5 @@
 //! [`RemoteStore`]: a [`Store`] that is an idem-server, reached over HTTP through the server's
-//! fenced extension of Diom's protocol (docs/server.md, "RemoteStore"). Feature `remote`.
+//! fenced extension of Diom's protocol (docs/server.md, "RemoteStore").
 
 use std::fmt;
 use std::num::NonZeroU64;
@@ -21,13 +21,12 @@ use idem_wire::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::envelope;
-use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Claim, Completion, Record, RecordState, Start, StartRequest, StoredResult};
-use crate::step::{StepLog, StepRecord, StepState, StepWrite};
-use crate::store::admin::{ListQuery, StoreAdmin, StoreStats};
-use crate::store::Store;
+use idem_core::store::support;
+use idem_core::{
+    Claim, Completion, Error, Fingerprint, Key, ListQuery, Record, RecordState, Start,
+    StartRequest, StepLog, StepRecord, StepState, StepWrite, Store, StoreAdmin, StoreError,
+    StoreErrorKind, StoreStats, StoredResult, Token,
+};
 
 /// A [`Store`] kept by an idem-server: every operation is one request to the server's fenced
 /// routes (MessagePack over HTTP/1.1, pooled keep-alive connections), and the server runs it
@@ -215,7 +214,7 @@ impl RemoteStoreBuilder {
     /// assert!(matches!(short, Err(Error::InvalidConfig(m)) if m.contains("at least 16")));
     /// ```
     pub fn build(self) -> Result<RemoteStore, Error> {
-        crate::store::check_duration("the request timeout", self.timeout)?;
+        support::check_duration("the request timeout", self.timeout)?;
         let length = self.token.len();
         if length < Self::MIN_TOKEN_LEN {
             return Err(Error::InvalidConfig(format!(
@@ -416,7 +415,7 @@ fn stored_result(
 ) -> StoredResult {
     let response = match not_retained {
         // Larger than the server keeps: replayed as an engine's unretained result.
-        Some(reason) => Some(envelope::not_retained(reason)),
+        Some(reason) => Some(support::not_retained(reason)),
         None if data.absent => None,
         None => Some(data.response),
     };
@@ -528,7 +527,7 @@ impl Store for RemoteStore {
     }
 
     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
-        crate::store::check_duration("lease", lease)?;
+        support::check_duration("lease", lease)?;
         let _: Empty = self
             .inner
             .call(
@@ -597,7 +596,7 @@ impl Store for RemoteStore {
     }
 
     async fn begin_steps(&self, claim: &Claim, retention: Duration) -> Result<StepLog, Error> {
-        crate::store::check_duration("retention", retention)?;
+        support::check_duration("retention", retention)?;
         let out: StepsOut = self
             .inner
             .call(
