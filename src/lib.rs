@@ -143,6 +143,15 @@ pub use idem_tower::grpc;
 #[doc(inline)]
 pub use idem_tower::StoredResponse;
 
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub use idem_dynamodb::{
+    aws_sdk_dynamodb, DynamoSteps, DynamoStore, DynamoStoreBuilder, MAX_DYNAMO_STEP_WRITES,
+};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use idem_redis::{RedisStore, RedisStoreBuilder};
+
 #[doc(inline)]
 pub use idem_macros::idempotent;
 

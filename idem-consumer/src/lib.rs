@@ -493,7 +493,7 @@ impl<C: Codec> Consumer<C> {
     /// the message's effect as **one transactional step** that commits the effect's writes and
     /// the step's record together, fenced by the message's claim:
     /// `Steps::tx` on SQLite and PostgreSQL (the handler's SQL writes, in its transaction),
-    /// `Steps::dynamo_tx` on DynamoDB (the handler's items, in one `TransactWriteItems`).
+    /// `DynamoSteps::dynamo_tx` on DynamoDB (the handler's items, in one `TransactWriteItems`).
     ///
     /// An effect outside the store cannot be applied exactly once: a consumer killed after the
     /// effect and before its result is stored leaves a message that runs again. Here the

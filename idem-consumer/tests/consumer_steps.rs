@@ -266,7 +266,7 @@ async fn postgres_a_taken_over_claim_applies_nothing() {
 }
 mod dynamodb {
     use idem::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
-    use idem::{DynamoStore, Error, Idempotency, Steps, StoreErrorKind};
+    use idem::{DynamoSteps, DynamoStore, Error, Idempotency, Steps, StoreErrorKind};
     use idem_consumer::{Consumer, Failure, Message, MessageOutcome};
 
     use super::Shop;

@@ -43,3 +43,7 @@ where
 {
     call.run_detached_as(work, format)
 }
+
+// A store's atomic step (idem-dynamodb's `DynamoSteps::dynamo_tx`): the step's record written in
+// one transaction with the step's effect.
+pub use crate::engine::{atomic_step, AtomicStep};

@@ -27,10 +27,6 @@ mod sql;
 mod step;
 pub mod store;
 
-/// The aws-sdk-dynamodb (1.x) whose `Client` a [`DynamoStore`] is built on. Use this path to
-/// name the very version idem uses.
-#[cfg(feature = "dynamodb")]
-pub use aws_sdk_dynamodb;
 /// The sqlx (0.8) this crate is built with: its pools and connections appear in the SQL stores'
 /// API (`SqliteStore::pool`, `TransactionalStore::Connection`) and the kit's. Use this path to
 /// name the very version idem uses. A major version of sqlx changes idem's major version.
@@ -41,14 +37,13 @@ pub use uuid;
 
 #[doc(hidden)]
 pub mod __private;
+pub mod adapter;
 
 pub use buckets::PROMETHEUS_BUCKETS;
 pub use canonical::{FingerprintError, MAX_FINGERPRINT_DEPTH};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
 pub use completer::{CompleteReport, Completer, CompleterConfig, CompleterHandle};
-#[cfg(feature = "dynamodb")]
-pub use engine::MAX_DYNAMO_STEP_WRITES;
 pub use engine::{
     Attempt, Begun, Call, EngineBuilder, Finish, Holder, Idempotency, OnLocked, Outcome, Policy,
     ReplayCache, Step, Steps,
@@ -68,13 +63,9 @@ pub use step::{
 pub use store::admin::{ListQuery, ListState, StoreAdmin, StoreStats};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::claim_order::ClaimOrder;
-#[cfg(feature = "dynamodb")]
-pub use store::dynamodb::{DynamoStore, DynamoStoreBuilder};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
-#[cfg(feature = "redis")]
-pub use store::redis::{RedisStore, RedisStoreBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::sql::protocol::TransactionalStore;
 #[cfg(feature = "sqlite")]

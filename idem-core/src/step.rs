@@ -163,12 +163,12 @@ pub const INPUT_STEP: &str = "idem.input";
 /// The reserved name of the record that marks an attempt of an operation with an input as
 /// failed (its work returned an error, which its caller got): `idem.failed.<attempt>`. A
 /// completer leaves such an operation alone until another attempt begins.
-pub(crate) fn failed_step(attempt: u32) -> String {
+pub fn failed_step(attempt: u32) -> String {
     format!("{FAILED_STEP_PREFIX}{attempt}")
 }
 
 /// The prefix of [`failed_step`]'s names.
-pub(crate) const FAILED_STEP_PREFIX: &str = "idem.failed.";
+pub const FAILED_STEP_PREFIX: &str = "idem.failed.";
 
 /// Step names starting with this are idem's own ([`INPUT_STEP`], the failure marks).
 pub(crate) const RESERVED_PREFIX: &str = "idem.";

@@ -175,39 +175,36 @@ fn postgres_storm_metrics_are_exact() {
 }
 
 /// The same storm on one Redis server and on the 3-master cluster, as `scripts/test` starts
-/// them.
-#[cfg(feature = "redis")]
+/// them (skipped unless idem-test-support has its feature `redis`: --workspace --all-features).
 #[test]
 fn redis_storm_metrics_are_exact() {
-    for flavor in [
-        idem_test_support::redis::Flavor::Single,
-        idem_test_support::redis::Flavor::Cluster,
-    ] {
+    for cluster in [false, true] {
         let recorder = DebuggingRecorder::new();
         let seen = with_recorder(&recorder, || async {
-            let store = idem_test_support::redis::fresh_store(flavor, |b| b).await?;
-            Some(storm(Arc::new(store)).await)
+            let (store, _nothing_left) = if cluster {
+                idem_test_support::stores::redis_cluster().await?
+            } else {
+                idem_test_support::stores::redis_single().await?
+            };
+            Some(storm(store).await)
         });
         let Some(seen) = seen else { return };
         assert_storm(&recorder, &seen);
     }
 }
 
-/// The same storm on the DynamoDB-compatible server `scripts/test` starts.
-#[cfg(feature = "dynamodb")]
+/// The same storm on the DynamoDB-compatible server `scripts/test` starts (skipped unless
+/// idem-test-support has its feature `dynamodb`: --workspace --all-features).
 #[test]
 fn dynamodb_storm_metrics_are_exact() {
-    let Some(url) = idem_test_support::dynamodb::dynamo_url("dynamodb_storm_metrics_are_exact")
-    else {
-        return;
-    };
     let recorder = DebuggingRecorder::new();
-    let (seen, table) = with_recorder(&recorder, || async {
-        let store = idem_test_support::dynamodb::fresh_store(&url, |b| b).await;
-        let table = store.table().to_owned();
-        (storm(Arc::new(store)).await, table)
+    let seen = with_recorder(&recorder, || async {
+        let (store, leftover) = idem_test_support::stores::dynamodb().await?;
+        let seen = storm(store).await;
+        leftover.remove().await;
+        Some(seen)
     });
-    idem_test_support::dynamodb::drop_table(&url, &table);
+    let Some(seen) = seen else { return };
     assert_storm(&recorder, &seen);
 }
 

@@ -7,11 +7,11 @@
 
 use std::time::Duration;
 
-use idem_core::aws_sdk_dynamodb::config::{
+use idem_dynamodb::aws_sdk_dynamodb::config::{
     timeout::TimeoutConfig, BehaviorVersion, Credentials, Region,
 };
-use idem_core::aws_sdk_dynamodb::{self, Client};
-use idem_core::{DynamoStore, DynamoStoreBuilder};
+use idem_dynamodb::aws_sdk_dynamodb::{self, Client};
+use idem_dynamodb::{DynamoStore, DynamoStoreBuilder};
 
 /// The shared test server's endpoint, or `None` after printing why `test` skips.
 ///

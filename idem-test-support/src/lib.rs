@@ -8,8 +8,8 @@
 //! `IDEM_REQUIRE_…=1` (set by `scripts/test`) makes that a failure.
 //!
 //! Each store's helpers sit behind the feature of the same name (`postgres`, `redis`,
-//! `dynamodb`), which turns the store on in idem-core, so a test binary builds only the stores
-//! it tests. [`bank`] is the business the transactional tests pay into; [`hold`] a handler that waits
+//! `dynamodb`), which turns the store on in idem-core or brings in its crate (`idem-redis`), so
+//! a test binary builds only the stores it tests. [`bank`] is the business the transactional tests pay into; [`hold`] a handler that waits
 //! for its test; [`layer`] what the HTTP and gRPC layer tests share; [`grpc`] (feature `grpc`) the
 //! gRPC service the gRPC layer's tests, example and benchmark serve.
 #![forbid(unsafe_code)]
@@ -388,4 +388,67 @@ impl Tally {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// Fails the test if a doc comment (`///`, `//!`) of a `.rs` file directly in `src` shows one
+/// of `paths` (such as `idem_core::`): users depend on the facade, `idem`, which re-exports a
+/// store crate's items, and its docs (rendered as `idem`'s) must name paths as `idem::…` so
+/// every example compiles as a user pastes it. The targets of intra-doc links (`](idem_core::X)`)
+/// are left out: rustdoc resolves them, the reader never sees them. `at_least` is how many
+/// sources the crate has at least (so that a wrong `src` fails).
+///
+/// ```
+/// let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// // This crate is no store's: its docs show idem-core's paths, but none of idem-redis.
+/// idem_test_support::docs_name_facade_paths(&src, &[concat!("idem_", "redis::")], 5);
+/// ```
+pub fn docs_name_facade_paths(src: &Path, paths: &[&str], at_least: usize) {
+    /// A doc comment's text with the targets of its intra-doc links (`](path)`) left out.
+    fn shown(doc: &str) -> String {
+        let mut out = String::new();
+        let mut rest = doc;
+        while let Some(at) = rest.find("](") {
+            out.push_str(&rest[..at]);
+            rest = &rest[at + 2..];
+            rest = rest.find(')').map_or("", |end| &rest[end + 1..]);
+        }
+        out.push_str(rest);
+        out
+    }
+    let mut found = Vec::new();
+    let mut files = 0;
+    let entries = std::fs::read_dir(src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+    for entry in entries {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|ext| ext != "rs") {
+            continue;
+        }
+        files += 1;
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            let Some(doc) = line
+                .strip_prefix("///")
+                .or_else(|| line.strip_prefix("//!"))
+            else {
+                continue;
+            };
+            let doc = shown(doc);
+            if paths.iter().any(|p| doc.contains(p)) {
+                let name = path.file_name().unwrap().to_string_lossy();
+                found.push(format!("src/{name}:{}: {line}", n + 1));
+            }
+        }
+    }
+    assert!(
+        files >= at_least,
+        "only {files} sources under {}",
+        src.display()
+    );
+    assert!(
+        found.is_empty(),
+        "write `idem::` (the facade users depend on) instead of {}:\n{}",
+        paths.join(" or "),
+        found.join("\n")
+    );
 }

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use idem_core::{RedisStore, RedisStoreBuilder};
+use idem_redis::{RedisStore, RedisStoreBuilder};
 
 /// Where a Redis test runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -39,9 +39,7 @@ pub use cache::ReplayCache;
 pub use call::Call;
 pub use policy::{EngineBuilder, OnLocked, Outcome, Policy};
 pub use split::{Begun, Finish, Holder};
-#[cfg(feature = "dynamodb")]
-pub use steps::MAX_DYNAMO_STEP_WRITES;
-pub use steps::{Attempt, Step, Steps};
+pub use steps::{atomic_step, AtomicStep, Attempt, Step, Steps};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use transactional::{Transactional, TxClaim, TxFuture, TxStart};
 

@@ -216,11 +216,10 @@ impl<C: Codec> Steps<C> {
         Ok(plan)
     }
 
-    /// Runs an atomic step ([`tx`](Self::tx), `dynamo_tx`): its replayed value if an earlier
+    /// Runs an atomic step ([`tx`](Self::tx), a store crate's through [`atomic_step`]): its replayed value if an earlier
     /// attempt committed it, else `run`, given how to make the step's record from its encoded
     /// result. An atomic step records no beginning: begun means an at-most-once step of older
     /// code; it was never committed with writes of its own, so it runs.
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "dynamodb"))]
     async fn atomic<'n, T, E, R, Fut>(&self, name: &'n str, run: R) -> Result<T, E>
     where
         R: FnOnce(StepAt<'n>) -> Fut,
@@ -248,7 +247,6 @@ impl<C: Codec> Steps<C> {
     }
 
     /// `value` encoded by the engine's codec.
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "dynamodb"))]
     fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, Error> {
         self.inner
             .engine
@@ -341,117 +339,13 @@ impl<C: Codec> Steps<C> {
     }
 }
 
-/// The most writes of a caller one [`Steps::dynamo_tx`] commits: DynamoDB's 100 actions per
-/// `TransactWriteItems`, less the claim's fence and the steps item.
-///
-/// ```
-/// assert_eq!(idem::MAX_DYNAMO_STEP_WRITES, 98);
-/// ```
-#[cfg(feature = "dynamodb")]
-pub const MAX_DYNAMO_STEP_WRITES: usize = 98;
-
-#[cfg(feature = "dynamodb")]
-impl<C: Codec> Steps<C> {
-    /// Runs the step `name` as an atomic phase on DynamoDB: `work` runs (outside any
-    /// transaction: it may be slow) and returns the step's value and the writes that are its
-    /// effect (`Put`, `Update`, `Delete` or `ConditionCheck` items, on any tables, at most
-    /// [`MAX_DYNAMO_STEP_WRITES`]); those writes and the step's record then commit in **one**
-    /// `TransactWriteItems`, with the check that the operation's claim still holds its record.
-    /// So the effect is applied once: a process killed before the commit left nothing (the
-    /// retry runs `work` again), one killed after it left a finished step that the retry
-    /// replays without running `work` or writing anything. One round trip.
-    ///
-    /// `store` is the store the engine runs on. Errors: `work`'s; [`Error::LeaseLost`] when the
-    /// operation was taken over (nothing was written); a [`StoreErrorKind::Query`](crate::StoreErrorKind::Query)
-    /// store error when one of the writes' own conditions failed (nothing was written) or
-    /// there are too many; otherwise as [`Step::run`]'s. Without a key the writes commit alone,
-    /// in one transaction.
-    ///
-    /// ```no_run
-    /// use idem::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
-    /// use idem::{DynamoStore, Error, Idempotency, Key};
-    /// # async fn doc(store: DynamoStore) -> Result<(), Error> {
-    /// let engine = Idempotency::new(store.clone());
-    /// let key = Key::derive("orders", "", "order-1")?;
-    /// let store = &store;
-    /// engine.call(key).run_steps(|steps| async move {
-    ///     steps.dynamo_tx(store, "charge", || async {
-    ///         let put = Put::builder()
-    ///             .table_name("charges")
-    ///             .item("pk", AttributeValue::S("order-1".into()))
-    ///             .item("cents", AttributeValue::N("4200".into()))
-    ///             .build()
-    ///             .map_err(|e| Error::InvalidConfig(e.to_string()))?;
-    ///         Ok::<_, Error>((4200u64, vec![TransactWriteItem::builder().put(put).build()]))
-    ///     }).await
-    /// }).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn dynamo_tx<T, E, F, Fut>(
-        &self,
-        store: &crate::DynamoStore,
-        name: &str,
-        work: F,
-    ) -> Result<T, E>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<(T, Vec<aws_sdk_dynamodb::types::TransactWriteItem>), E>>,
-        T: Serialize + DeserializeOwned,
-        E: From<Error>,
-    {
-        self.atomic(name, |step| async move {
-            let (value, writes) = work().await?;
-            if writes.len() > MAX_DYNAMO_STEP_WRITES {
-                return Err(Error::Store(crate::StoreError::new(
-                    crate::StoreErrorKind::Query,
-                    format!(
-                        "the step {name:?} has {} writes; one DynamoDB transaction carries at \
-                         most {MAX_DYNAMO_STEP_WRITES} besides the step's record",
-                        writes.len()
-                    ),
-                ))
-                .into());
-            }
-            let bytes = self.encode(&value)?;
-            match &self.inner.claim {
-                Some(claim) => {
-                    store
-                        .write_step_with(claim, step.finished(&bytes), writes)
-                        .await?
-                }
-                None if writes.is_empty() => {}
-                None => store
-                    .client()
-                    .transact_write_items()
-                    .set_transact_items(Some(writes))
-                    .send()
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| {
-                        Error::Store(crate::StoreError::new(
-                            crate::StoreErrorKind::Query,
-                            format!(
-                                "DynamoDB TransactWriteItems of the step {name:?} failed: {}",
-                                aws_sdk_dynamodb::error::DisplayErrorContext(e)
-                            ),
-                        ))
-                    })?,
-            }
-            Ok(value)
-        })
-        .await
-    }
-}
-
 /// An atomic step about to run: its name and position, to make its record from its result.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "dynamodb"))]
-struct StepAt<'n> {
+pub(crate) struct StepAt<'n> {
     name: &'n str,
     position: u32,
     retention: Duration,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "dynamodb"))]
 impl<'n> StepAt<'n> {
     /// The record of the step finished with `result`.
     fn finished<'r>(&self, result: &'r [u8]) -> StepWrite<'r>
@@ -465,6 +359,64 @@ impl<'n> StepAt<'n> {
             retention: self.retention,
         }
     }
+}
+
+/// An atomic step about to run, as [`atomic_step`] hands it to a store crate's step (DynamoDB's
+/// `dynamo_tx`): what the step's record is made of, and the claim that fences it.
+pub struct AtomicStep<'a, C> {
+    steps: &'a Steps<C>,
+    at: StepAt<'a>,
+}
+
+impl<'a, C: Codec> AtomicStep<'a, C> {
+    /// The step's name.
+    pub fn name(&self) -> &'a str {
+        self.at.name
+    }
+
+    /// The operation's claim, which the step's record must be written under (fenced by its
+    /// token); `None` for a call without a key, whose steps store nothing.
+    pub fn claim(&self) -> Option<&'a Claim> {
+        self.steps.inner.claim.as_ref()
+    }
+
+    /// `value` encoded by the engine's codec: the step's result, as its record keeps it.
+    pub fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, Error> {
+        self.steps.encode(value)
+    }
+
+    /// The record of the step finished with `result` (from [`encode`](Self::encode)), to write
+    /// in the same transaction as the step's effect.
+    pub fn finished<'r>(&self, result: &'r [u8]) -> StepWrite<'r>
+    where
+        'a: 'r,
+    {
+        self.at.finished(result)
+    }
+}
+
+/// Runs the step `name` of `steps` as an atomic phase written by a store crate (idem-dynamodb's
+/// `dynamo_tx`; `Steps::tx` on SQL is the same): its replayed value if an earlier attempt
+/// committed it, else `run`, which gets the [`AtomicStep`] to write the step's record with the
+/// effect's writes in one transaction of its store. The name is checked and its position taken
+/// as for any step; errors as [`Step::run`]'s, plus `run`'s.
+///
+/// A plain function returning the step's future, not an `async fn`: a state machine of its own
+/// around it would make every caller's future larger by the step's (a consumer's handler runs
+/// inside several such layers, and a debug build's thread stack is only 2 MiB).
+pub fn atomic_step<'a, C, T, E, R, Fut>(
+    steps: &'a Steps<C>,
+    name: &'a str,
+    run: R,
+) -> impl Future<Output = Result<T, E>> + use<'a, C, T, E, R, Fut>
+where
+    C: Codec,
+    R: FnOnce(AtomicStep<'a, C>) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    T: DeserializeOwned,
+    E: From<Error>,
+{
+    steps.atomic(name, move |at| run(AtomicStep { steps, at }))
 }
 
 /// What a step does at its position.

@@ -1,6 +1,6 @@
 //! What an operator reads of a store: records by state, page by page, and counts. The `idem`
 //! command is built on this. The SQL stores answer with a statement each (below); the Redis and
-//! DynamoDB stores scan (`store/redis/admin.rs`, `store/dynamodb/admin.rs`).
+//! DynamoDB stores scan (idem-redis's and idem-dynamodb's `admin.rs`), on `scan` below (`idem::store::support` to them).
 
 use std::time::SystemTime;
 
@@ -58,10 +58,29 @@ pub struct StoreStats {
     pub table_bytes: Option<u64>,
 }
 
+/// A [`StoreStats`] of a store of another crate, which cannot build the `#[non_exhaustive]`
+/// struct itself: its fields in order (`idem::store::support`; a field added later is a new
+/// argument here).
+pub fn store_stats(
+    in_progress: u64,
+    completed: u64,
+    expired: u64,
+    oldest_expiry: Option<SystemTime>,
+    table_bytes: Option<u64>,
+) -> StoreStats {
+    StoreStats {
+        in_progress,
+        completed,
+        expired,
+        oldest_expiry,
+        table_bytes,
+    }
+}
+
 /// Reading a store as an operator does (the `idem` command's `list`, `stats` and `migrate`).
 /// Implemented by [`SqliteStore`](crate::SqliteStore) and
 /// [`PostgresStore`](crate::PostgresStore) with one statement per call, and by
-/// [`RedisStore`](crate::RedisStore) and [`DynamoStore`](crate::DynamoStore) with a scan of the
+/// `RedisStore` (idem-redis) and `DynamoStore` (idem-dynamodb) with a scan of the
 /// whole prefix or table (each documents its round trips, and what it keeps of the order).
 ///
 /// ```
@@ -256,7 +275,6 @@ mod sql {
     );
 }
 
-#[cfg(any(feature = "redis", feature = "dynamodb"))]
 pub(crate) mod scan {
     //! What the scanning stores (Redis, DynamoDB) share: the page kept of a scan, the reads of
     //! its records, and the key's hex form.
@@ -271,14 +289,15 @@ pub(crate) mod scan {
     /// The `limit` smallest keys after `after` among those a scan offers, in order: what the scanning
     /// stores keep of a listing (memory for `limit` keys, whatever the number of records; a key
     /// offered twice counts once).
-    pub(crate) struct Smallest {
+    pub struct Smallest {
         keys: BTreeSet<Key>,
         after: Option<Key>,
         limit: usize,
     }
 
     impl Smallest {
-        pub(crate) fn new(after: Option<&Key>, limit: u32) -> Smallest {
+        /// An empty page of at most `limit` keys, all greater than `after` (when given).
+        pub fn new(after: Option<&Key>, limit: u32) -> Smallest {
             Smallest {
                 keys: BTreeSet::new(),
                 after: after.copied(),
@@ -286,7 +305,9 @@ pub(crate) mod scan {
             }
         }
 
-        pub(crate) fn offer(&mut self, key: Key) {
+        /// Keeps `key` if it belongs on the page: after the cursor, not kept already, and
+        /// smaller than the largest kept when the page is full (which it then replaces).
+        pub fn offer(&mut self, key: Key) {
             if self.limit == 0 || self.after.is_some_and(|a| key <= a) || self.keys.contains(&key) {
                 return;
             }
@@ -302,14 +323,14 @@ pub(crate) mod scan {
         }
 
         /// The keys kept, smallest first.
-        pub(crate) fn into_keys(self) -> impl Iterator<Item = Key> {
+        pub fn into_keys(self) -> impl Iterator<Item = Key> {
             self.keys.into_iter()
         }
     }
 
     /// The live records of `keys` (read one by one with [`Store::get`]), skipping any that ended or
     /// went away since the scan saw them.
-    pub(crate) async fn live_records(
+    pub async fn live_records(
         store: &dyn Store,
         keys: impl Iterator<Item = Key>,
     ) -> Result<Vec<Record>, Error> {
@@ -323,7 +344,7 @@ pub(crate) mod scan {
     }
 
     /// A key from the 64 lowercase hex digits the scanning stores write it as.
-    pub(crate) fn key_from_hex(hex: &str) -> Option<Key> {
+    pub fn key_from_hex(hex: &str) -> Option<Key> {
         let hex = hex.as_bytes();
         if hex.len() != 64 {
             return None;

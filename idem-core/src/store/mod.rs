@@ -1,8 +1,8 @@
 //! The [`Store`] trait and its backends (`idem::store::url` opens one by URL).
 //!
-//! The backends: `memory`, `sqlite` (feature `sqlite`), `postgres` (feature `postgres`),
-//! `dynamodb` (feature `dynamodb`) and `redis` (feature `redis`), the last two laid out on their
-//! own: they speak no SQL. The
+//! The backends: `memory`, `sqlite` (feature `sqlite`) and `postgres` (feature `postgres`);
+//! Redis and DynamoDB have crates of their own (idem-redis, idem-dynamodb: `idem::RedisStore`,
+//! `idem::DynamoStore`), built on [`support`]. The
 //! two SQL stores are laid out alike (`mod.rs` the store and its builder, `schema.rs` its
 //! migrations, `protocol.rs` its tie to the shared store protocol) and share everything else in
 //! `store/sql/`: the protocol, written once against a connection, the dialect, the table name,
@@ -26,13 +26,9 @@ pub(crate) use sql::protocol::TransactionalStore;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod claim_order;
-#[cfg(feature = "dynamodb")]
-pub(crate) mod dynamodb;
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
-#[cfg(feature = "redis")]
-pub(crate) mod redis;
 pub mod support;
 // Shared by the SQL stores and the kit.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -338,13 +334,7 @@ pub(crate) const DEFAULT_PRUNE_BATCH_SIZE: u32 = 100;
 pub const LAPSED_CLAIMS_KEPT: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
 
 /// [`LAPSED_CLAIMS_KEPT`] in milliseconds, as the stores' statements and scripts take it.
-#[cfg(any(
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "redis",
-    feature = "dynamodb"
-))]
-pub(crate) const LAPSED_CLAIMS_KEPT_MS: i64 = LAPSED_CLAIMS_KEPT.as_millis() as i64;
+pub const LAPSED_CLAIMS_KEPT_MS: i64 = LAPSED_CLAIMS_KEPT.as_millis() as i64;
 
 /// Rejects a zero or absurd lease/retention before it reaches a store.
 pub fn check_duration(what: &str, d: Duration) -> Result<(), Error> {
@@ -360,7 +350,7 @@ pub fn check_duration(what: &str, d: Duration) -> Result<(), Error> {
 
 /// The fingerprint rule: a live record whose fingerprint differs from the given one (both
 /// present) refuses the call with [`Error::KeyReused`].
-pub(crate) fn check_fingerprint(
+pub fn check_fingerprint(
     stored: Option<&Fingerprint>,
     given: Option<&Fingerprint>,
 ) -> Result<(), Error> {

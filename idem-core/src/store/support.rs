@@ -1,15 +1,21 @@
-//! For store authors, in-tree and out: what a store needs of idem-core beyond its public API.
-//! The stores of the idem crates (`idem-sql`, `idem-redis`, `idem-dynamodb`, `idem-remote`) use
-//! these, and a store of your own may.
+//! What a store needs from idem-core beyond its public API: for store authors, in-tree and out;
+//! not covered by semver: pin idem-core with `=` as the idem crates do (`idem-core = "=0.1.0"`),
+//! as sqlx-core's "Semver Exempt API" is pinned by sqlx's drivers.
 //!
-//! **Not covered by semver**: these items change with idem-core's internals, in any release.
-//! Pin idem-core with `=` as the idem crates do (`idem-core = "=0.1.0"`), as sqlx's drivers pin
-//! sqlx-core (its "Semver Exempt API").
+//! The rules every store keeps are the [`Store`](crate::Store) trait's; the conformance suite
+//! (`idem::conformance`, feature `conformance`) checks them. What is here are the pieces the
+//! in-tree stores share so each writes them once: the duration and fingerprint checks, the
+//! reserved step names, and the scanning stores' page of keys.
 
-pub use crate::store::check_duration;
+// The scanning stores (Redis, DynamoDB): the page a listing keeps, the reads of its records and
+// the key's hex form; lapsed claims' keeping; the checks and step names every store uses.
+pub use crate::step::{failed_step, FAILED_STEP_PREFIX};
+pub use crate::store::admin::scan::{key_from_hex, live_records, Smallest};
+pub use crate::store::admin::store_stats;
+pub use crate::store::{check_duration, check_fingerprint, LAPSED_CLAIMS_KEPT_MS};
 
-/// The engine's envelope, which it opens as
-/// [`Error::ResultNotRetained`](crate::Error::ResultNotRetained). `RemoteStore` writes it for a
-/// result its server did not keep; a later release makes the engine seal it, and stores stop
-/// writing the engine's envelope.
+/// The engine's envelope of a result not retained, which it opens as
+/// [`Error::ResultNotRetained`](crate::Error::ResultNotRetained). `DynamoStore` writes it for a
+/// result over its item size and `RemoteStore` for one its server did not keep; a later
+/// release makes the engine seal it, and stores stop writing the engine's envelope.
 pub use crate::envelope::not_retained;

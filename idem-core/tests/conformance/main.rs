@@ -1,26 +1,22 @@
 //! The conformance suite: one set of tests, written once in `idem_core::conformance` (feature
-//! `conformance`), run against every store.
+//! `conformance`), run against every store of this crate; the stores of their own crates run it
+//! in theirs (idem-redis's and idem-dynamodb's `tests/conformance.rs`).
 //!
 //! Each store contributes a [`Harness`](idem_core::conformance::Harness) (a fresh empty store
 //! per test) and one `suite!` line below. Time passes through `tokio::time::sleep`: the memory
 //! store runs on a paused runtime with [`idem_core::TokioClock`], so its waits are instant and
-//! exact; SQL stores use short leases on the database's own clock and really wait them out, and
-//! DynamoDB (moto under `scripts/test`, a server per rule: see `dynamodb.rs`) on the client's.
+//! exact; SQL stores use short leases on the database's own clock and really wait them out.
 
 #![cfg(feature = "conformance")]
 
 use idem_core::conformance::suite;
 
-#[cfg(feature = "dynamodb")]
-mod dynamodb;
 mod forwarding;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod harness;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
-#[cfg(feature = "redis")]
-mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -78,26 +74,5 @@ suite!(
 suite!(
     postgres_read_first,
     crate::postgres::PgHarness<2>,
-    (flavor = "multi_thread", worker_threads = 2)
-);
-
-#[cfg(feature = "dynamodb")]
-suite!(
-    dynamodb_store,
-    crate::dynamodb::DynamoHarness,
-    (flavor = "multi_thread", worker_threads = 2)
-);
-
-#[cfg(feature = "redis")]
-suite!(
-    redis_store,
-    crate::redis::RedisHarness<false>,
-    (flavor = "multi_thread", worker_threads = 2)
-);
-
-#[cfg(feature = "redis")]
-suite!(
-    redis_cluster,
-    crate::redis::RedisHarness<true>,
     (flavor = "multi_thread", worker_threads = 2)
 );

@@ -1,8 +1,4 @@
-//! The Redis/Valkey store (feature `redis`): one server or a Redis Cluster, through one type.
-
-mod admin;
-mod completer;
-mod scripts;
+//! [`RedisStore`] and its builder: the store, its connections and its errors.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,13 +11,14 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 
-use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Claim, Completion, Record, RecordState, Start, StartRequest, StoredResult};
-use crate::step::{Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite};
-use crate::store::{check_duration, Store};
+use idem_core::store::support::check_duration;
+use idem_core::{
+    Abandoned, AbandonedQuery, Claim, Completion, Error, Fingerprint, Key, Record, RecordState,
+    Start, StartRequest, StepLog, StepRecord, StepState, StepWrite, Store, StoreError,
+    StoreErrorKind, StoredResult, Token,
+};
 
-use scripts::{Lua, Scripts};
+use crate::scripts::{Lua, Scripts};
 
 /// Records in Redis or Valkey, one server or a Redis Cluster (feature `redis`).
 ///
@@ -54,7 +51,7 @@ use scripts::{Lua, Scripts};
 /// | `evict` | 1 | a script deleting the record and its steps |
 /// | `begin_steps`, `write_step` | 1 | a script each that checks the record is in progress under the claim's token, then counts the attempt or writes the step in the hash `<record key>:steps` (the same slot) |
 /// | `prune_expired` | 0 | nothing: Redis deletes ended records (and steps) itself |
-/// | [`StoreAdmin`](crate::StoreAdmin) `list`, `stats` | about 2 per 1,000 keys of the prefix | `SCAN` on every master, each step's keys read with pipelined `HMGET`s ([below](#impl-StoreAdmin-for-RedisStore)) |
+/// | [`StoreAdmin`](idem_core::StoreAdmin) `list`, `stats` | about 2 per 1,000 keys of the prefix | `SCAN` on every master, each step's keys read with pipelined `HMGET`s ([below](#impl-StoreAdmin-for-RedisStore)) |
 ///
 /// So a new key costs two round trips (claim, complete) and a replay one; with
 /// [`wait_for_replicas`](RedisStoreBuilder::wait_for_replicas) the claim and the completion
@@ -66,8 +63,8 @@ use scripts::{Lua, Scripts};
 ///
 /// Leases and retention are measured on the server's clock (`TIME` inside the scripts), never
 /// the application's. A completed record's key expires (`PEXPIREAT`) when its retention ends,
-/// and a running claim's key [`LAPSED_CLAIMS_KEPT`](crate::LAPSED_CLAIMS_KEPT) after its lease
-/// ends, so Redis deletes ended records by itself and no [`Pruner`](crate::Pruner) is needed. A
+/// and a running claim's key [`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT) after its lease
+/// ends, so Redis deletes ended records by itself and no [`Pruner`](idem_core::Pruner) is needed. A
 /// record counts as ended at its lease or retention end, whatever Redis has deleted yet; a
 /// claim's owner may still complete it in that time if nobody claimed the key since (as on every
 /// store).
@@ -116,12 +113,12 @@ use scripts::{Lua, Scripts};
 /// | anything else | [`Query`](StoreErrorKind::Query) |
 #[derive(Clone)]
 pub struct RedisStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    conn: Conn,
-    prefix: String,
+pub(crate) struct Inner {
+    pub(crate) conn: Conn,
+    pub(crate) prefix: String,
     scripts: Scripts,
     wait: Option<(u32, Duration)>,
 }
@@ -129,14 +126,14 @@ struct Inner {
 /// Connections to one server or to a cluster. Each multiplexes its callers over one socket per
 /// node; calls take the connections in turn (see [`RedisStoreBuilder::connections`]).
 #[derive(Clone)]
-enum Conn {
+pub(crate) enum Conn {
     Single(Pool<ConnectionManager>),
     Cluster(Pool<ClusterConnection>),
 }
 
 /// A few multiplexed connections, handed out in turn.
 #[derive(Clone)]
-struct Pool<C> {
+pub(crate) struct Pool<C> {
     conns: Arc<[C]>,
     next: Arc<AtomicUsize>,
 }
@@ -150,7 +147,7 @@ impl<C: Clone> Pool<C> {
     }
 
     /// The next connection (the builder never makes an empty pool; `None` if it did).
-    fn pick(&self) -> Option<C> {
+    pub(crate) fn pick(&self) -> Option<C> {
         let n = match self.conns.len() {
             0 | 1 => 0,
             len => self.next.fetch_add(1, Ordering::Relaxed) % len,
@@ -159,12 +156,12 @@ impl<C: Clone> Pool<C> {
     }
 }
 
-fn no_connection() -> RedisError {
+pub(crate) fn no_connection() -> RedisError {
     RedisError::from((ErrorKind::Io, "the store has no connection"))
 }
 
 impl Conn {
-    async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+    pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         match self {
             Conn::Single(p) => {
                 cmd.query_async(&mut p.pick().ok_or_else(no_connection)?)
@@ -177,7 +174,7 @@ impl Conn {
         }
     }
 
-    async fn pipe(&self, pipe: &Pipeline) -> Result<Vec<Value>, RedisError> {
+    pub(crate) async fn pipe(&self, pipe: &Pipeline) -> Result<Vec<Value>, RedisError> {
         match self {
             Conn::Single(p) => {
                 pipe.query_async(&mut p.pick().ok_or_else(no_connection)?)
@@ -504,7 +501,7 @@ impl RedisStore {
     /// `renew`, `get`, `begin_steps`, `write_step`, `evict`): to review them, or to pre-load
     /// them with `SCRIPT LOAD` (the store also sends one in full to a server that does not know
     /// it). Each takes the record's key as `KEYS[1]` (and the steps', for the last three, as
-    /// `KEYS[2]`); their arguments are listed in the store's source (`store/redis/scripts.rs`).
+    /// `KEYS[2]`); their arguments are listed in the store's source (idem-redis's `scripts.rs`).
     ///
     /// ```
     /// let scripts = idem::RedisStore::script_sources();
@@ -526,7 +523,7 @@ impl RedisStore {
 }
 
 impl Inner {
-    fn key(&self, key: &Key) -> String {
+    pub(crate) fn key(&self, key: &Key) -> String {
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut out = String::with_capacity(self.prefix.len() + 67);
         out.push_str(&self.prefix);
@@ -642,11 +639,11 @@ fn millis(d: Duration) -> Vec<u8> {
     ms.to_string().into_bytes()
 }
 
-fn time(ms: i64) -> SystemTime {
+pub(crate) fn time(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
-fn bytes(v: &Value) -> Option<&[u8]> {
+pub(crate) fn bytes(v: &Value) -> Option<&[u8]> {
     match v {
         Value::BulkString(b) => Some(b),
         Value::SimpleString(s) => Some(s.as_bytes()),
@@ -654,7 +651,7 @@ fn bytes(v: &Value) -> Option<&[u8]> {
     }
 }
 
-fn int(v: &Value) -> Option<i64> {
+pub(crate) fn int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(n) => Some(*n),
         _ => None,
@@ -662,7 +659,7 @@ fn int(v: &Value) -> Option<i64> {
 }
 
 /// A step from its field's name and its value (`b` or `f`, the position, `:`, the result).
-fn step_record(name: &[u8], value: &[u8]) -> Result<StepRecord, Error> {
+pub(crate) fn step_record(name: &[u8], value: &[u8]) -> Result<StepRecord, Error> {
     let bad = || corrupt(format!("a stored step is {value:?}"));
     let (state, rest) = value.split_first().ok_or_else(bad)?;
     let colon = rest.iter().position(|b| *b == b':').ok_or_else(bad)?;
@@ -685,7 +682,7 @@ fn step_record(name: &[u8], value: &[u8]) -> Result<StepRecord, Error> {
     })
 }
 
-fn corrupt(why: String) -> Error {
+pub(crate) fn corrupt(why: String) -> Error {
     Error::Store(StoreError::new(StoreErrorKind::Corrupt, why))
 }
 
@@ -717,7 +714,7 @@ fn kind_of(e: &RedisError) -> StoreErrorKind {
     }
 }
 
-fn store_error(op: &'static str, e: RedisError) -> Error {
+pub(crate) fn store_error(op: &'static str, e: RedisError) -> Error {
     Error::Store(StoreError::new(kind_of(&e), RedisFailure { op, source: e }))
 }
 

@@ -5,21 +5,20 @@
 //!
 //! Every test uses a fresh table; the tests that stop a server start one of their own with
 //! `IDEM_DYNAMODB_SERVER_CMD`.
-#![cfg(feature = "dynamodb")]
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use idem_core::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
-use idem_core::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
-use idem_core::aws_sdk_dynamodb::primitives::Blob;
-use idem_core::aws_sdk_dynamodb::types::{AttributeValue, TimeToLiveStatus};
-use idem_core::aws_sdk_dynamodb::Client;
 use idem_core::{
-    Claim, Clock, Completion, DynamoStore, Error, Idempotency, Key, ManualClock, Outcome,
-    RecordState, Start, StartRequest, Store, StoreErrorKind,
+    Claim, Clock, Completion, Error, Idempotency, Key, ManualClock, Outcome, RecordState, Start,
+    StartRequest, Store, StoreErrorKind,
 };
+use idem_dynamodb::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
+use idem_dynamodb::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use idem_dynamodb::aws_sdk_dynamodb::primitives::Blob;
+use idem_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, TimeToLiveStatus};
+use idem_dynamodb::aws_sdk_dynamodb::Client;
+use idem_dynamodb::DynamoStore;
 
 use idem_test_support::dynamodb::{self, client, dynamo_url, fresh_store, fresh_table, Server};
 
@@ -171,7 +170,6 @@ async fn skew_beyond_the_margin_takes_over_early_as_documented() {
 /// completes as "result not retained", and retries are told so and never run the work again
 /// (the conformance suite's unretained-result rule, at the store's limit instead of the
 /// engine's).
-#[cfg(feature = "conformance")]
 #[tokio::test]
 async fn a_result_over_400_kb_is_returned_once_and_never_reruns() {
     let Some(url) = url() else { return };
@@ -613,9 +611,9 @@ async fn prune_goes_on_where_it_stopped_and_spares_live_items() {
                     AttributeValue::N("4102444800000".into()),
                 ),
             ]);
-            idem_core::aws_sdk_dynamodb::types::WriteRequest::builder()
+            idem_dynamodb::aws_sdk_dynamodb::types::WriteRequest::builder()
                 .put_request(
-                    idem_core::aws_sdk_dynamodb::types::PutRequest::builder()
+                    idem_dynamodb::aws_sdk_dynamodb::types::PutRequest::builder()
                         .set_item(Some(item))
                         .build()
                         .unwrap(),
@@ -657,7 +655,7 @@ async fn prune_goes_on_where_it_stopped_and_spares_live_items() {
         .client()
         .scan()
         .table_name(store.table())
-        .select(idem_core::aws_sdk_dynamodb::types::Select::Count)
+        .select(idem_dynamodb::aws_sdk_dynamodb::types::Select::Count)
         .send()
         .await
         .unwrap();

@@ -1,27 +1,26 @@
-//! [`Store::find_abandoned`](crate::Store::find_abandoned) for DynamoDB: a consistent `Scan` of
+//! [`Store::find_abandoned`](idem_core::Store::find_abandoned) for DynamoDB: a consistent `Scan` of
 //! the steps items that keep a live input, then a consistent read of each candidate's record,
 //! in key order, until the page is full.
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::admin::Attrs;
-use super::item::{corrupt, number, State, EXPIRES, PK};
-use super::Inner;
-use crate::error::Error;
-use crate::key::Key;
-use crate::step::{failed_step, Abandoned, AbandonedQuery, INPUT_STEP};
-use crate::store::admin::scan::key_from_hex;
+use idem_core::store::support::{failed_step, key_from_hex};
+use idem_core::{Abandoned, AbandonedQuery, Error, Key, INPUT_STEP};
+
+use crate::admin::Attrs;
+use crate::item::{corrupt, number, State, EXPIRES, PK};
+use crate::store::Inner;
 
 /// The attempts counted on a steps item (as `steps.rs` writes it).
 const ATTEMPT: &str = "attempt_n";
 
 impl Inner {
-    /// See [`Store::find_abandoned`](crate::Store::find_abandoned): the whole table is scanned
+    /// See [`Store::find_abandoned`](idem_core::Store::find_abandoned): the whole table is scanned
     /// for steps items with an input (what the filter keeps is returned, and what it drops is
     /// still read), then each candidate after `after`, smallest key first, costs one
     /// `GetItem` until `limit` are found. An operation is abandoned when its record is gone, or
     /// in progress past its lease and the clock-skew margin (when a claim may take it over).
-    pub(super) async fn find_abandoned(
+    pub(crate) async fn find_abandoned(
         &self,
         query: AbandonedQuery<'_>,
     ) -> Result<Vec<Abandoned>, Error> {

@@ -5,19 +5,17 @@ use async_trait::async_trait;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisError, Value};
 
-use super::{bytes, corrupt, int, store_error, time, Conn, Inner, RedisStore};
-use crate::error::Error;
-use crate::key::Key;
-use crate::record::Record;
-use crate::store::admin::scan::{key_from_hex, live_records, Smallest};
-use crate::store::admin::{ListQuery, ListState, StoreAdmin, StoreStats};
+use idem_core::store::support::{key_from_hex, live_records, store_stats, Smallest};
+use idem_core::{Error, Key, ListQuery, ListState, Record, StoreAdmin, StoreStats};
+
+use crate::store::{bytes, corrupt, int, store_error, time, Conn, Inner, RedisStore};
 
 /// How many keys each `SCAN` step asks for (a hint: the server may return more or fewer).
 const SCAN_COUNT: usize = 1_000;
 
 impl RedisStore {
     /// The version of the record layout this store writes (one hash per record, with the fields
-    /// listed in `store/redis/scripts.rs`), as [`StoreAdmin::schema_version`] reports it. Redis
+    /// listed in `scripts.rs`), as [`StoreAdmin::schema_version`] reports it. Redis
     /// has no schema to migrate: the number changes only if a release changes that layout, and
     /// the release notes then say how to move.
     ///
@@ -60,7 +58,7 @@ impl Conn {
     pub(super) async fn query_on(&self, node: &Node, cmd: &Cmd) -> Result<Value, RedisError> {
         match (self, node) {
             (Conn::Cluster(p), Node::Primary { host, port }) => {
-                let mut conn = p.pick().ok_or_else(super::no_connection)?;
+                let mut conn = p.pick().ok_or_else(crate::store::no_connection)?;
                 conn.route_command(cmd.clone(), by_address(host, *port))
                     .await
             }
@@ -76,7 +74,7 @@ impl Conn {
     ) -> Result<Vec<Value>, RedisError> {
         match (self, node) {
             (Conn::Cluster(p), Node::Primary { host, port }) => {
-                let mut conn = p.pick().ok_or_else(super::no_connection)?;
+                let mut conn = p.pick().ok_or_else(crate::store::no_connection)?;
                 let route = SingleNodeRoutingInfo::ByAddress {
                     host: host.clone(),
                     port: *port,
@@ -98,7 +96,10 @@ impl Conn {
                 Ok(vec![(Node::Single, clock(&now)?)])
             }
             Conn::Cluster(p) => {
-                let mut conn = p.pick().ok_or_else(super::no_connection).map_err(failed)?;
+                let mut conn = p
+                    .pick()
+                    .ok_or_else(crate::store::no_connection)
+                    .map_err(failed)?;
                 let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 let answers = conn
                     .route_command(redis::cmd("TIME"), all)
@@ -282,7 +283,7 @@ fn decode(key: Key, replies: &[Value], now_ms: i64) -> Result<Option<Seen>, Erro
 /// primary), without loading the keyspace: each `SCAN` step returns about 1,000 keys and their
 /// state is read with one pipelined `HMGET` per key, in one round trip per step, on the master
 /// that holds them; a record counts as live by that master's clock, as
-/// [`Store::get`](crate::Store::get) judges it.
+/// [`Store::get`](idem_core::Store::get) judges it.
 ///
 /// | call | round trips | memory |
 /// |---|---|---|
@@ -323,6 +324,8 @@ impl StoreAdmin for RedisStore {
                         None => true,
                         Some(ListState::InProgress) => seen.in_progress,
                         Some(ListState::Completed) => !seen.in_progress,
+                        // A state added to idem-core later: this store lists none of it.
+                        Some(_) => false,
                     };
                     if seen.live && wanted {
                         page.offer(seen.key);
@@ -353,13 +356,13 @@ impl StoreAdmin for RedisStore {
                 oldest = Some(oldest.map_or(seen.expires_ms, |o| o.min(seen.expires_ms)));
             }
         }
-        Ok(StoreStats {
+        Ok(store_stats(
             in_progress,
             completed,
             expired,
-            oldest_expiry: oldest.map(time),
-            table_bytes: size,
-        })
+            oldest.map(time),
+            size,
+        ))
     }
 
     async fn schema_version(&self) -> Result<i64, Error> {

@@ -1,15 +1,14 @@
-//! [`Store::find_abandoned`](crate::Store::find_abandoned) for Redis: a `SCAN` of the steps
+//! [`Store::find_abandoned`](idem_core::Store::find_abandoned) for Redis: a `SCAN` of the steps
 //! hashes (`<prefix>:{<key>}:steps`) on every master, each batch judged by one pipelined script
 //! per hash, the smallest keys after `after` kept.
 
 use redis::Value;
 
-use super::admin::Node;
-use super::{bytes, corrupt, step_record, store_error, Inner};
-use crate::error::Error;
-use crate::key::Key;
-use crate::step::{Abandoned, AbandonedQuery, StepState, FAILED_STEP_PREFIX, INPUT_STEP};
-use crate::store::admin::scan::key_from_hex;
+use idem_core::store::support::{key_from_hex, FAILED_STEP_PREFIX};
+use idem_core::{Abandoned, AbandonedQuery, Error, Key, StepState, INPUT_STEP};
+
+use crate::admin::Node;
+use crate::store::{bytes, corrupt, step_record, store_error, Inner};
 
 /// How many keys each `SCAN` step asks for (a hint).
 const SCAN_COUNT: usize = 1_000;
@@ -46,7 +45,7 @@ return input
 }
 
 impl Inner {
-    /// See [`Store::find_abandoned`](crate::Store::find_abandoned): every steps hash of the
+    /// See [`Store::find_abandoned`](idem_core::Store::find_abandoned): every steps hash of the
     /// prefix is looked at, whatever `limit` (one `SCAN` step and one pipeline of scripts per
     /// 1,000 hashes, on each master).
     pub(super) async fn find_abandoned(

@@ -1,9 +1,13 @@
+//! The conformance suite (`idem_core::conformance`, written once for every store) against the
+//! DynamoDB store (moto under `scripts/test`, a server per rule: see [`DynamoHarness`]).
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::conformance::Harness;
-use idem_core::{DynamoStore, Store};
+use idem_core::conformance::{suite, Harness};
+use idem_core::Store;
+use idem_dynamodb::DynamoStore;
 
 use idem_test_support::dynamodb::{drop_table, fresh_store, own_or_shared_server, Server};
 
@@ -49,3 +53,9 @@ impl Drop for DynamoHarness {
         }
     }
 }
+
+suite!(
+    dynamodb_store,
+    crate::DynamoHarness,
+    (flavor = "multi_thread", worker_threads = 2)
+);

@@ -5,7 +5,7 @@
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 
-use crate::error::{Error, StoreError, StoreErrorKind};
+use idem_core::{Error, StoreError, StoreErrorKind};
 
 /// The codes DynamoDB answers when a request may succeed if sent again later.
 const TRANSIENT_CODES: &[&str] = &[
@@ -18,8 +18,8 @@ const TRANSIENT_CODES: &[&str] = &[
     "ServiceUnavailable",
 ];
 
-/// The kind of a failed request: see [`DynamoStore`](super::DynamoStore#errors).
-pub(super) fn kind_of<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> StoreErrorKind {
+/// The kind of a failed request: see [`DynamoStore`](crate::DynamoStore#errors).
+pub(crate) fn kind_of<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> StoreErrorKind {
     match e {
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             StoreErrorKind::Unavailable
@@ -37,7 +37,7 @@ pub(super) fn kind_of<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) ->
 }
 
 /// `e`, from the request `op` on `table`, as an [`Error::Store`]. A missing table is named.
-pub(super) fn store_error<E>(op: &'static str, table: &str, e: SdkError<E, HttpResponse>) -> Error
+pub(crate) fn store_error<E>(op: &'static str, table: &str, e: SdkError<E, HttpResponse>) -> Error
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {

@@ -6,8 +6,6 @@
 //! `IDEM_TEST_REDIS_CLUSTER_URLS`); the restart, replica and failover tests start servers of
 //! their own from `IDEM_REDIS_BINDIR` in a temp dir. Without the variables a test prints why
 //! and skips, unless `IDEM_REQUIRE_REDIS=1` makes that a failure.
-#![cfg(feature = "redis")]
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -16,9 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{
-    Completion, Error, Idempotency, Key, OnLocked, RecordState, RedisStore, Start, StartRequest,
-    Store, StoreErrorKind,
+    Completion, Error, Idempotency, Key, OnLocked, RecordState, Start, StartRequest, Store,
+    StoreErrorKind,
 };
+use idem_redis::RedisStore;
 use idem_test_support::redis::{fresh_store, redis_bindir, Flavor};
 use idem_test_support::Process;
 use tokio::time::{sleep, Instant};

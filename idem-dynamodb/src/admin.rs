@@ -7,16 +7,16 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::scan::builders::ScanFluentBuilder;
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::item::{number, time_of, COMPLETED, EXPIRES, IN_PROGRESS, PK, STATE};
-use super::{DynamoStore, Inner};
-use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::key::Key;
-use crate::record::Record;
-use crate::store::admin::scan::{key_from_hex, live_records, Smallest};
-use crate::store::admin::{ListQuery, ListState, StoreAdmin, StoreStats};
+use idem_core::store::support::{key_from_hex, live_records, store_stats, Smallest};
+use idem_core::{
+    Error, Key, ListQuery, ListState, Record, StoreAdmin, StoreError, StoreErrorKind, StoreStats,
+};
+
+use crate::item::{number, time_of, COMPLETED, EXPIRES, IN_PROGRESS, PK, STATE};
+use crate::store::{DynamoStore, Inner};
 
 /// A live record: its lease or retention has not ended for a node within the clock-skew margin
-/// (`:cutoff` is now minus the margin), as [`Store::get`](crate::Store::get) judges it.
+/// (`:cutoff` is now minus the margin), as [`Store::get`](idem_core::Store::get) judges it.
 const LIVE: &str = "expires_ms > :cutoff";
 
 impl DynamoStore {
@@ -31,7 +31,7 @@ impl DynamoStore {
     pub const SCHEMA_VERSION: i64 = 1;
 }
 
-pub(super) type Attrs = HashMap<String, AttributeValue>;
+pub(crate) type Attrs = HashMap<String, AttributeValue>;
 
 impl Inner {
     /// Every record of the table that passes `filter`, projected to `projection`, page by
@@ -58,8 +58,8 @@ impl Inner {
 
     /// A consistent `Scan` of the whole table, `query` adding its filter, names and values:
     /// `visit` sees each page's items and drops them before the next page is read. For the
-    /// admin calls and [`find_abandoned`](crate::Store::find_abandoned).
-    pub(super) async fn scan_pages(
+    /// admin calls and [`find_abandoned`](idem_core::Store::find_abandoned).
+    pub(crate) async fn scan_pages(
         &self,
         query: impl Fn(ScanFluentBuilder) -> ScanFluentBuilder,
         mut visit: impl FnMut(Vec<Attrs>) -> Result<(), Error>,
@@ -132,7 +132,7 @@ fn number_of(item: &Attrs, name: &str) -> Result<i64, Error> {
 /// (the keys' hex digits sort as their bytes) and continues exactly after `after`. A record
 /// counts as live until its expiry plus the [clock-skew margin](DynamoStore#time-and-clock-skew),
 /// as `get` does; `expired` counts the items past that which neither DynamoDB's TTL nor
-/// [`prune_expired`](crate::Store::prune_expired) has deleted yet. `table_bytes` is DynamoDB's
+/// [`prune_expired`](idem_core::Store::prune_expired) has deleted yet. `table_bytes` is DynamoDB's
 /// `TableSizeBytes`, which it updates about every six hours (an emulator may report 0).
 ///
 /// ```no_run
@@ -159,6 +159,8 @@ impl StoreAdmin for DynamoStore {
                 let code = match state {
                     ListState::InProgress => IN_PROGRESS,
                     ListState::Completed => COMPLETED,
+                    // A state added to idem-core later: this store lists none of it.
+                    _ => return Ok(Vec::new()),
                 };
                 values.insert(":state".to_owned(), AttributeValue::N(code.to_owned()));
             }
@@ -212,13 +214,13 @@ impl StoreAdmin for DynamoStore {
             .table()
             .and_then(|t| t.table_size_bytes())
             .and_then(|b| u64::try_from(b).ok());
-        Ok(StoreStats {
+        Ok(store_stats(
             in_progress,
             completed,
             expired,
-            oldest_expiry: oldest.map(time_of),
+            oldest.map(time_of),
             table_bytes,
-        })
+        ))
     }
 
     async fn schema_version(&self) -> Result<i64, Error> {
@@ -226,7 +228,7 @@ impl StoreAdmin for DynamoStore {
     }
 }
 
-/// `filter`, for records only: the steps items beside them (`store/dynamodb/steps.rs`) carry no
+/// `filter`, for records only: the steps items beside them (`steps.rs`) carry no
 /// state.
 fn records_only(filter: Option<&str>) -> String {
     match filter {

@@ -7,50 +7,50 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Record, RecordState, StoredResult};
+use idem_core::{
+    Error, Fingerprint, Key, Record, RecordState, StoreError, StoreErrorKind, StoredResult, Token,
+};
 
 /// The partition key: the record's key as 64 lowercase hex digits.
-pub(super) const PK: &str = "pk";
+pub(crate) const PK: &str = "pk";
 /// The claim's fencing token, 16 bytes.
-pub(super) const TOKEN: &str = "token_b";
+pub(crate) const TOKEN: &str = "token_b";
 /// The request's fingerprint, 32 bytes, when one was given.
-pub(super) const FINGERPRINT: &str = "fingerprint_b";
+pub(crate) const FINGERPRINT: &str = "fingerprint_b";
 /// 0 in progress, 1 completed.
-pub(super) const STATE: &str = "state_n";
+pub(crate) const STATE: &str = "state_n";
 /// Lease end (in progress) or retention end (completed), in milliseconds since the epoch, on
 /// the writing node's clock.
-pub(super) const EXPIRES: &str = "expires_ms";
+pub(crate) const EXPIRES: &str = "expires_ms";
 /// The stored response, once completed with one.
-pub(super) const RESPONSE: &str = "response_b";
+pub(crate) const RESPONSE: &str = "response_b";
 /// Whether the response is an error result.
-pub(super) const IS_ERROR: &str = "is_error";
+pub(crate) const IS_ERROR: &str = "is_error";
 /// DynamoDB's TTL attribute: seconds since the epoch after which DynamoDB may delete the item.
-pub(super) const TTL: &str = "ttl_s";
+pub(crate) const TTL: &str = "ttl_s";
 
-pub(super) const IN_PROGRESS: &str = "0";
-pub(super) const COMPLETED: &str = "1";
+pub(crate) const IN_PROGRESS: &str = "0";
+pub(crate) const COMPLETED: &str = "1";
 
 /// DynamoDB's limit on one item: 400 KB, counted as the UTF-8 length of every attribute name
 /// plus the size of every value.
-pub(super) const MAX_ITEM_BYTES: usize = 400 * 1024;
+pub(crate) const MAX_ITEM_BYTES: usize = 400 * 1024;
 
 /// The partition key value of `key`.
-pub(super) fn pk(key: &Key) -> AttributeValue {
+pub(crate) fn pk(key: &Key) -> AttributeValue {
     AttributeValue::S(key.to_string())
 }
 
-pub(super) fn number(n: i64) -> AttributeValue {
+pub(crate) fn number(n: i64) -> AttributeValue {
     AttributeValue::N(n.to_string())
 }
 
-pub(super) fn token(token: Token) -> AttributeValue {
+pub(crate) fn token(token: Token) -> AttributeValue {
     AttributeValue::B(Blob::new(token.to_bytes().to_vec()))
 }
 
 /// Milliseconds since the epoch (negative before it, which no sane clock gives).
-pub(super) fn millis(t: SystemTime) -> i64 {
+pub(crate) fn millis(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
         Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
@@ -58,12 +58,12 @@ pub(super) fn millis(t: SystemTime) -> i64 {
 }
 
 /// A duration in whole milliseconds, rounded up so a lease is never shorter than asked.
-pub(super) fn duration_millis(d: Duration) -> i64 {
+pub(crate) fn duration_millis(d: Duration) -> i64 {
     let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
-pub(super) fn time_of(ms: i64) -> SystemTime {
+pub(crate) fn time_of(ms: i64) -> SystemTime {
     if ms >= 0 {
         UNIX_EPOCH + Duration::from_millis(ms.unsigned_abs())
     } else {
@@ -74,7 +74,7 @@ pub(super) fn time_of(ms: i64) -> SystemTime {
 /// The TTL attribute for a record that expires at `expires_ms` and may be taken over
 /// `margin_ms` later: the first whole second after both, so DynamoDB never deletes an item that
 /// any node within the skew margin still treats as live.
-pub(super) fn ttl_seconds(expires_ms: i64, margin_ms: i64) -> AttributeValue {
+pub(crate) fn ttl_seconds(expires_ms: i64, margin_ms: i64) -> AttributeValue {
     let ms = expires_ms.saturating_add(margin_ms);
     number(ms.div_euclid(1000) + 1)
 }
@@ -82,7 +82,7 @@ pub(super) fn ttl_seconds(expires_ms: i64, margin_ms: i64) -> AttributeValue {
 /// The size DynamoDB counts for a completed item with a response of `response` bytes: every
 /// attribute name, the key, token, fingerprint and response bytes, and numbers at their largest
 /// (21 bytes). An overestimate by a few bytes at most, so an item it admits is never refused.
-pub(super) fn completed_size(response: usize) -> usize {
+pub(crate) fn completed_size(response: usize) -> usize {
     const NUMBER: usize = 21;
     PK.len()
         + 64
@@ -103,7 +103,7 @@ pub(super) fn completed_size(response: usize) -> usize {
 }
 
 /// A stored item whose shape is wrong: the table holds something the store did not write.
-pub(super) fn corrupt(key: &Key, what: impl std::fmt::Display) -> Error {
+pub(crate) fn corrupt(key: &Key, what: impl std::fmt::Display) -> Error {
     Error::Store(StoreError::new(
         StoreErrorKind::Corrupt,
         format!(
@@ -114,14 +114,14 @@ pub(super) fn corrupt(key: &Key, what: impl std::fmt::Display) -> Error {
 }
 
 /// A stored item, decoded.
-pub(super) struct Item {
-    pub(super) token: Token,
-    pub(super) fingerprint: Option<Fingerprint>,
-    pub(super) expires_ms: i64,
-    pub(super) state: State,
+pub(crate) struct Item {
+    pub(crate) token: Token,
+    pub(crate) fingerprint: Option<Fingerprint>,
+    pub(crate) expires_ms: i64,
+    pub(crate) state: State,
 }
 
-pub(super) enum State {
+pub(crate) enum State {
     InProgress,
     Completed {
         response: Option<Vec<u8>>,
@@ -132,7 +132,7 @@ pub(super) enum State {
 impl Item {
     /// Decodes the attributes DynamoDB returned (all of the item, or at least the token, state
     /// and expiry).
-    pub(super) fn decode(
+    pub(crate) fn decode(
         key: &Key,
         mut attrs: HashMap<String, AttributeValue>,
     ) -> Result<Item, Error> {
@@ -190,7 +190,7 @@ impl Item {
     }
 
     /// The record as `get` returns it.
-    pub(super) fn into_record(self, key: &Key) -> Record {
+    pub(crate) fn into_record(self, key: &Key) -> Record {
         let expires_at = time_of(self.expires_ms);
         Record {
             key: *key,

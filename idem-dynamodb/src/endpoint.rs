@@ -6,8 +6,9 @@ use std::time::Duration;
 use aws_sdk_dynamodb::config::{timeout::TimeoutConfig, BehaviorVersion, Credentials, Region};
 use aws_sdk_dynamodb::{Client, Config};
 
-use super::DynamoStore;
-use crate::error::Error;
+use idem_core::Error;
+
+use crate::store::DynamoStore;
 
 fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())

@@ -1,5 +1,5 @@
-//! The DynamoStore (its docs hold the item layout, the requests of each call, the clock-skew
-//! bound, the item size rule and what DynamoDB cannot keep of the store rules).
+//! [`DynamoStore`] and its builder (their docs hold the item layout, the requests of each call,
+//! the clock-skew bound, the item size rule and what DynamoDB cannot keep of the store rules).
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,26 +11,18 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
 
-use crate::clock::{Clock, SystemClock};
-use crate::envelope;
-use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::key::{Fingerprint, Key, Token};
-use crate::record::{Claim, Completion, Record, Start, StartRequest, StoredResult};
-use crate::step::{Abandoned, AbandonedQuery, StepLog, StepWrite};
-use crate::store::{check_duration, check_fingerprint, Store, LAPSED_CLAIMS_KEPT_MS};
+use idem_core::store::support::{self, check_duration, check_fingerprint, LAPSED_CLAIMS_KEPT_MS};
+use idem_core::{
+    Abandoned, AbandonedQuery, Claim, Clock, Completion, Error, Fingerprint, Key, Record, Start,
+    StartRequest, StepLog, StepWrite, Store, StoreError, StoreErrorKind, StoredResult, SystemClock,
+    Token,
+};
 
-use item::{
+use crate::item::{
     duration_millis, millis, number, pk, time_of, token, ttl_seconds, Item, State, COMPLETED,
     EXPIRES, FINGERPRINT, IN_PROGRESS, MAX_ITEM_BYTES, PK, STATE, TOKEN, TTL,
 };
-
-mod admin;
-mod completer;
-mod endpoint;
-mod errors;
-mod item;
-mod steps;
-mod table;
+use crate::{errors, item, table};
 
 /// The largest clock-skew margin the builder accepts.
 const MAX_CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(3600);
@@ -49,7 +41,7 @@ const PRUNE_PAGE: i32 = 1_000;
 // milliseconds: a record whose expiry is at or before it has ended for every node whose clock is
 // at most the margin ahead of the writer's.
 const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_ms <= :cutoff";
-const OWNED_IN_PROGRESS: &str = "token_b = :token AND state_n = :in_progress";
+pub(crate) const OWNED_IN_PROGRESS: &str = "token_b = :token AND state_n = :in_progress";
 const COMPLETE_WITH_RESPONSE: &str =
     "SET state_n = :completed, expires_ms = :expires, ttl_s = :ttl, is_error = :is_error, response_b = :response";
 const COMPLETE_WITHOUT_RESPONSE: &str =
@@ -57,7 +49,7 @@ const COMPLETE_WITHOUT_RESPONSE: &str =
 const RENEW: &str = "SET expires_ms = :expires, ttl_s = :ttl";
 /// What `prune_expired` deletes: ended retentions and ended steps items (no `state_n`), and
 /// claims that lapsed longer ago than a late holder may still complete them
-/// ([`LAPSED_CLAIMS_KEPT`](crate::LAPSED_CLAIMS_KEPT), `:lapsed`).
+/// ([`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT), `:lapsed`).
 const EXPIRED: &str = "expires_ms <= :cutoff AND (attribute_not_exists(state_n) OR state_n <> :in_progress OR expires_ms <= :lapsed)";
 
 /// The values [`EXPIRED`] names, at `now_ms` on this node's clock.
@@ -77,7 +69,7 @@ fn expired_values(margin_ms: i64, now_ms: i64) -> HashMap<String, AttributeValue
 }
 
 /// The `ttl_s` of a claim whose lease ends at `lease_end_ms`: DynamoDB's own deletion leaves it
-/// for [`LAPSED_CLAIMS_KEPT`](crate::LAPSED_CLAIMS_KEPT) after that, so that its holder can
+/// for [`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT) after that, so that its holder can
 /// still complete it while nobody took the key over.
 fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
     ttl_seconds(
@@ -132,7 +124,7 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 /// 2. Build the store on your client with [`DynamoStore::builder`]. `build` checks the table's
 ///    key with one `DescribeTable`.
 /// 3. The role needs `dynamodb:PutItem`, `UpdateItem`, `DeleteItem`, `GetItem`, `Scan` (for
-///    [`prune_expired`](Store::prune_expired) and the [`StoreAdmin`](crate::StoreAdmin) reads
+///    [`prune_expired`](Store::prune_expired) and the [`StoreAdmin`](idem_core::StoreAdmin) reads
 ///    only) and `DescribeTable` on the table; creating
 ///    it also needs `CreateTable`, `DescribeTimeToLive` and `UpdateTimeToLive`.
 ///
@@ -147,7 +139,7 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 /// | `expires_ms` | N | lease end (in progress) or retention end (completed), epoch milliseconds on the writer's clock |
 /// | `response_b` | B | the stored response, once completed with one |
 /// | `is_error` | BOOL | whether the response is an error result |
-/// | `ttl_s` | N | epoch seconds after which DynamoDB's TTL may delete the item: the retention's end; for a claim, [`LAPSED_CLAIMS_KEPT`](crate::LAPSED_CLAIMS_KEPT) after its lease's end, so that a late holder can still complete it |
+/// | `ttl_s` | N | epoch seconds after which DynamoDB's TTL may delete the item: the retention's end; for a claim, [`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT) after its lease's end, so that a late holder can still complete it |
 ///
 /// # Round trips
 ///
@@ -161,9 +153,9 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 /// | `get` | 1: `GetItem` with a strongly consistent read |
 /// | `evict` | 2: `DeleteItem` of the steps item, then of the record with `ReturnValues=ALL_OLD` |
 /// | `begin_steps` | 2: a consistent `GetItem` of the steps item `<key>:steps`, then a `TransactWriteItems` of a `ConditionCheck` (the record in progress under the claim's token) and a `Put` of the steps item |
-/// | `write_step` | 1: `TransactWriteItems` of the same `ConditionCheck` and an `Update` of the steps item (a finished step's result kept with `if_not_exists`); for [`Steps::dynamo_tx`](crate::Steps::dynamo_tx), the caller's writes in the same transaction |
+/// | `write_step` | 1: `TransactWriteItems` of the same `ConditionCheck` and an `Update` of the steps item (a finished step's result kept with `if_not_exists`); for [`Steps::dynamo_tx`](crate::DynamoSteps::dynamo_tx), the caller's writes in the same transaction |
 /// | `prune_expired(limit)` | Scan pages (below) plus one conditional `DeleteItem` per expired item |
-/// | [`StoreAdmin`](crate::StoreAdmin) `list`, `stats` | a `Scan` of the whole table each ([below](#impl-StoreAdmin-for-DynamoStore)) |
+/// | [`StoreAdmin`](idem_core::StoreAdmin) `list`, `stats` | a `Scan` of the whole table each ([below](#impl-StoreAdmin-for-DynamoStore)) |
 ///
 /// A server that does not return the old item with a failed condition (DynamoDB does; an old
 /// emulator may not) costs a duplicate one consistent `GetItem` more, and the claim is sent again
@@ -204,7 +196,7 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 /// retained" note instead, with the reason ("it is N bytes, more than DynamoDB's 400 KB item
 /// limit"), the caller of the fresh call still gets its result, and every retry gets
 /// [`Error::ResultNotRetained`] until the retention ends. Set
-/// [`Policy::max_response_bytes`](crate::Policy::max_response_bytes) below 400 KB to make that
+/// [`Policy::max_response_bytes`](idem_core::Policy::max_response_bytes) below 400 KB to make that
 /// limit explicit.
 ///
 /// # TTL lag
@@ -213,13 +205,13 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 /// expiry (AWS gives no bound; 48 hours is common). The store never relies on it: an expired item
 /// that TTL has not yet deleted is taken over by the claim's condition, reads as absent through
 /// `get`, and is deleted by `prune_expired`. TTL keeps the table from growing without anyone
-/// running a pruner; a [`Pruner`](crate::Pruner) is optional here. TTL deletions consume no
+/// running a pruner; a [`Pruner`](idem_core::Pruner) is optional here. TTL deletions consume no
 /// write capacity, while `prune_expired` pays for its Scan and deletes.
 ///
 /// # Pruning
 ///
 /// `prune_expired(limit)` scans the table with the filter `expires_ms <= :cutoff` (for a claim:
-/// its lease ended more than [`LAPSED_CLAIMS_KEPT`](crate::LAPSED_CLAIMS_KEPT) ago), in pages of up
+/// its lease ended more than [`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT) ago), in pages of up
 /// to 1,000 evaluated items, examining at most `max(4 × limit, 1000)` items per call, and deletes
 /// each expired item with a `DeleteItem` conditioned on the same expiry (an item claimed again
 /// meanwhile stays). A Scan reads (and bills) every item it examines, live or not, so a call on
@@ -239,7 +231,7 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 ///
 /// # Errors
 ///
-/// Failures are [`Error::Store`] with a [`StoreErrorKind`](crate::StoreErrorKind): a connection
+/// Failures are [`Error::Store`] with a [`StoreErrorKind`](idem_core::StoreErrorKind): a connection
 /// refused, a timeout or any other dispatch failure, and a response that could not be read, is
 /// `Unavailable`; throttling (`ProvisionedThroughputExceededException`, `ThrottlingException`,
 /// `RequestLimitExceeded`), `TransactionConflictException`, `LimitExceededException` and any
@@ -257,14 +249,14 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 /// (1.94.1 or later for the 1.136 release this was built with), newer than idem's own minimum.
 #[derive(Clone)]
 pub struct DynamoStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    client: Client,
-    table: String,
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) table: String,
     margin: Duration,
-    margin_ms: i64,
+    pub(crate) margin_ms: i64,
     clock: Arc<dyn Clock>,
     /// Where the next `prune_expired` goes on scanning: the start of the page it stopped in.
     prune_cursor: Mutex<Option<HashMap<String, AttributeValue>>>,
@@ -318,7 +310,7 @@ impl DynamoStore {
     }
 
     /// Writes the finished step `step` of `claim`'s operation and the caller's `items` in one
-    /// `TransactWriteItems` fenced by the claim ([`Steps::dynamo_tx`](crate::Steps::dynamo_tx)).
+    /// `TransactWriteItems` fenced by the claim ([`Steps::dynamo_tx`](crate::DynamoSteps::dynamo_tx)).
     pub(crate) async fn write_step_with(
         &self,
         claim: &Claim,
@@ -470,7 +462,7 @@ impl DynamoStoreBuilder {
     }
 
     /// The clock the store reads time from ([`SystemClock`] by default). Tests inject a
-    /// [`ManualClock`](crate::ManualClock) or [`TokioClock`](crate::TokioClock); two stores on
+    /// [`ManualClock`](idem_core::ManualClock) or [`TokioClock`](idem_core::TokioClock); two stores on
     /// the same table with different clocks act as two nodes with skewed clocks.
     ///
     /// ```
@@ -499,8 +491,8 @@ impl DynamoStoreBuilder {
     /// the store's key (one `DescribeTable`).
     ///
     /// Errors: [`Error::InvalidConfig`] for a bad table name or margin, or a table with another
-    /// key; a [`Query`](crate::StoreErrorKind::Query) store error naming the table when it does
-    /// not exist; [`Unavailable`](crate::StoreErrorKind::Unavailable) when DynamoDB cannot be
+    /// key; a [`Query`](idem_core::StoreErrorKind::Query) store error naming the table when it does
+    /// not exist; [`Unavailable`](idem_core::StoreErrorKind::Unavailable) when DynamoDB cannot be
     /// reached.
     ///
     /// ```no_run
@@ -540,7 +532,7 @@ fn remaining(until_ms: i64, now_ms: i64) -> Duration {
 }
 
 impl Inner {
-    fn now_ms(&self) -> i64 {
+    pub(crate) fn now_ms(&self) -> i64 {
         millis(self.clock.now())
     }
 
@@ -549,11 +541,11 @@ impl Inner {
         number(now_ms.saturating_sub(self.margin_ms))
     }
 
-    fn is_live(&self, item: &Item, now_ms: i64) -> bool {
+    pub(crate) fn is_live(&self, item: &Item, now_ms: i64) -> bool {
         item.expires_ms > now_ms.saturating_sub(self.margin_ms)
     }
 
-    fn error<E>(
+    pub(crate) fn error<E>(
         &self,
         op: &'static str,
         e: SdkError<E, aws_sdk_dynamodb::config::http::HttpResponse>,
@@ -594,7 +586,7 @@ impl Inner {
     }
 
     /// One consistent read of `key`'s item, decoded.
-    async fn read(&self, key: &Key) -> Result<Option<Item>, Error> {
+    pub(crate) async fn read(&self, key: &Key) -> Result<Option<Item>, Error> {
         let out = self
             .client
             .get_item()
@@ -695,7 +687,7 @@ impl Store for DynamoStore {
             Some(bytes) if item::completed_size(bytes.len()) > MAX_ITEM_BYTES => {
                 let reason = too_large(item::completed_size(bytes.len()));
                 tracing::warn!(key = %claim.key(), %reason, "the result is not retained; a retry gets ResultNotRetained and the work does not run again");
-                not_retained = envelope::not_retained(&reason);
+                not_retained = support::not_retained(&reason);
                 Some(&not_retained[..])
             }
             other => other,

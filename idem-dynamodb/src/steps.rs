@@ -1,31 +1,37 @@
-//! The steps of an operation on DynamoDB (docs/steps.md): one item per operation beside its
-//! record, under the partition key `<key hex>:steps`, holding `attempt_n` (the attempts
-//! counted), `token_b` (the claim counted last), `expires_ms`/`ttl_s` (the retention from the
-//! last write) and per step `p:<name>` (its position) and, once finished, `f:<name>` (its
-//! result). Every write is a `TransactWriteItems` of a `ConditionCheck` that the record is in
-//! progress under the claim's token and the `Update` of the steps item, so a claim that was
+//! The steps of an operation on DynamoDB (docs/steps.md), and [`DynamoSteps`], the atomic step
+//! that commits a caller's writes with its record. The store keeps one item per operation
+//! beside its record, under the partition key `<key hex>:steps`, holding `attempt_n` (the
+//! attempts counted), `token_b` (the claim counted last), `expires_ms`/`ttl_s` (the retention
+//! from the last write) and per step `p:<name>` (its position) and, once finished, `f:<name>`
+//! (its result). Every write is a `TransactWriteItems` of a `ConditionCheck` that the record is
+//! in progress under the claim's token and the `Update` of the steps item, so a claim that was
 //! taken over writes nothing.
 
 use std::collections::HashMap;
+use std::future::Future;
 
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
 
-use super::item::{number, pk, token, ttl_seconds, State, EXPIRES, IN_PROGRESS, PK, TOKEN, TTL};
-use super::{Inner, OWNED_IN_PROGRESS};
-use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::key::Key;
-use crate::record::Claim;
-use crate::step::{StepLog, StepRecord, StepState, StepWrite};
+use idem_core::adapter::atomic_step;
+use idem_core::{
+    Claim, Codec, Error, Key, StepLog, StepRecord, StepState, StepWrite, Steps, StoreError,
+    StoreErrorKind,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::item::{number, pk, token, ttl_seconds, State, EXPIRES, IN_PROGRESS, PK, TOKEN, TTL};
+use crate::store::{DynamoStore, Inner, OWNED_IN_PROGRESS};
 
 /// The attempts counted.
 const ATTEMPT: &str = "attempt_n";
 
 /// The partition key of `key`'s steps item: the record's, with `:steps` (a record's is 64 hex
 /// digits, so the two never meet).
-pub(super) fn steps_pk(key: &Key) -> AttributeValue {
+pub(crate) fn steps_pk(key: &Key) -> AttributeValue {
     AttributeValue::S(format!("{key}:steps"))
 }
 
@@ -37,9 +43,9 @@ fn build_error(e: aws_sdk_dynamodb::error::BuildError) -> Error {
 }
 
 impl Inner {
-    /// [`Store::begin_steps`](crate::Store::begin_steps): a consistent read of the steps item,
+    /// [`Store::begin_steps`](idem_core::Store::begin_steps): a consistent read of the steps item,
     /// then the fenced count of this attempt and the new retention (2 requests).
-    pub(super) async fn begin_steps(
+    pub(crate) async fn begin_steps(
         &self,
         claim: &Claim,
         retention_ms: i64,
@@ -97,11 +103,11 @@ impl Inner {
         Ok(StepLog { attempt, steps })
     }
 
-    /// [`Store::write_step`](crate::Store::write_step): one fenced transaction; a finished
+    /// [`Store::write_step`](idem_core::Store::write_step): one fenced transaction; a finished
     /// step keeps its first result (`if_not_exists`). The caller's `items` (none for
-    /// `write_step`, the effect of [`Steps::dynamo_tx`](crate::Steps::dynamo_tx)) commit in the
+    /// `write_step`, the effect of [`Steps::dynamo_tx`](crate::DynamoSteps::dynamo_tx)) commit in the
     /// same transaction.
-    pub(super) async fn write_step(
+    pub(crate) async fn write_step(
         &self,
         claim: &Claim,
         step: StepWrite<'_>,
@@ -226,7 +232,7 @@ impl Inner {
     }
 
     /// Deletes `key`'s steps item.
-    pub(super) async fn evict_steps(&self, key: &Key) -> Result<(), Error> {
+    pub(crate) async fn evict_steps(&self, key: &Key) -> Result<(), Error> {
         self.client
             .delete_item()
             .table_name(&self.table)
@@ -265,5 +271,136 @@ fn steps_of(key: &Key, attrs: &HashMap<String, AttributeValue>) -> Result<Vec<St
 }
 
 fn corrupt(key: &Key, what: String) -> Error {
-    super::item::corrupt(key, format_args!("its steps item is damaged: {what}"))
+    crate::item::corrupt(key, format_args!("its steps item is damaged: {what}"))
+}
+
+/// The most writes of a caller one [`DynamoSteps::dynamo_tx`] commits: DynamoDB's 100 actions
+/// per `TransactWriteItems`, less the claim's fence and the steps item.
+///
+/// ```
+/// assert_eq!(idem::MAX_DYNAMO_STEP_WRITES, 98);
+/// ```
+pub const MAX_DYNAMO_STEP_WRITES: usize = 98;
+
+mod sealed {
+    pub trait Sealed {}
+    impl<C> Sealed for idem_core::Steps<C> {}
+}
+
+/// DynamoDB's atomic step on [`Steps`]: [`dynamo_tx`](Self::dynamo_tx), which commits a step's
+/// writes and its record in one `TransactWriteItems`. Bring it into scope to call it
+/// (`use idem::DynamoSteps;`); it is implemented for [`Steps`] only.
+///
+/// An extension trait because the method shows aws-sdk-dynamodb's types, which idem-core's
+/// `Steps` must not (a new version of the SDK changes this crate only); named for what it
+/// extends, after the store, so that it sits beside the SQL stores' own extension of `Steps`
+/// in one `use idem::…` line without a clash (docs/steps.md, "On DynamoDB").
+pub trait DynamoSteps: sealed::Sealed {
+    /// Runs the step `name` as an atomic phase on DynamoDB: `work` runs (outside any
+    /// transaction: it may be slow) and returns the step's value and the writes that are its
+    /// effect (`Put`, `Update`, `Delete` or `ConditionCheck` items, on any tables, at most
+    /// [`MAX_DYNAMO_STEP_WRITES`]); those writes and the step's record then commit in **one**
+    /// `TransactWriteItems`, with the check that the operation's claim still holds its record.
+    /// So the effect is applied once: a process killed before the commit left nothing (the
+    /// retry runs `work` again), one killed after it left a finished step that the retry
+    /// replays without running `work` or writing anything. One round trip.
+    ///
+    /// `store` is the store the engine runs on. Errors: `work`'s; [`Error::LeaseLost`] when the
+    /// operation was taken over (nothing was written); a [`StoreErrorKind::Query`] store error
+    /// when one of the writes' own conditions failed (nothing was written) or there are too
+    /// many; otherwise as [`Step::run`](idem_core::Step::run)'s. Without a key the writes
+    /// commit alone, in one transaction.
+    ///
+    /// ```no_run
+    /// use idem::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+    /// use idem::{DynamoSteps, DynamoStore, Error, Idempotency, Key};
+    /// # async fn doc(store: DynamoStore) -> Result<(), Error> {
+    /// let engine = Idempotency::new(store.clone());
+    /// let key = Key::derive("orders", "", "order-1")?;
+    /// let store = &store;
+    /// engine.call(key).run_steps(|steps| async move {
+    ///     steps.dynamo_tx(store, "charge", || async {
+    ///         let put = Put::builder()
+    ///             .table_name("charges")
+    ///             .item("pk", AttributeValue::S("order-1".into()))
+    ///             .item("cents", AttributeValue::N("4200".into()))
+    ///             .build()
+    ///             .map_err(|e| Error::InvalidConfig(e.to_string()))?;
+    ///         Ok::<_, Error>((4200u64, vec![TransactWriteItem::builder().put(put).build()]))
+    ///     }).await
+    /// }).await?;
+    /// # Ok(()) }
+    /// ```
+    // An `async fn` in a public trait cannot promise its future is `Send` to generic callers;
+    // this trait is sealed and implemented for `Steps<C>` only, and a call on a `Steps` (the
+    // only kind there is) sees the implementation's future, which is `Send` when its parts are.
+    #[allow(async_fn_in_trait)]
+    async fn dynamo_tx<T, E, F, Fut>(
+        &self,
+        store: &DynamoStore,
+        name: &str,
+        work: F,
+    ) -> Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(T, Vec<TransactWriteItem>), E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>;
+}
+
+impl<C: Codec> DynamoSteps for Steps<C> {
+    async fn dynamo_tx<T, E, F, Fut>(
+        &self,
+        store: &DynamoStore,
+        name: &str,
+        work: F,
+    ) -> Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(T, Vec<TransactWriteItem>), E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+    {
+        atomic_step(self, name, |step| async move {
+            let (value, writes) = work().await?;
+            if writes.len() > MAX_DYNAMO_STEP_WRITES {
+                return Err(Error::Store(StoreError::new(
+                    StoreErrorKind::Query,
+                    format!(
+                        "the step {name:?} has {} writes; one DynamoDB transaction carries at \
+                         most {MAX_DYNAMO_STEP_WRITES} besides the step's record",
+                        writes.len()
+                    ),
+                ))
+                .into());
+            }
+            let bytes = step.encode(&value)?;
+            match step.claim() {
+                Some(claim) => {
+                    store
+                        .write_step_with(claim, step.finished(&bytes), writes)
+                        .await?
+                }
+                None if writes.is_empty() => {}
+                None => store
+                    .client()
+                    .transact_write_items()
+                    .set_transact_items(Some(writes))
+                    .send()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| {
+                        Error::Store(StoreError::new(
+                            StoreErrorKind::Query,
+                            format!(
+                                "DynamoDB TransactWriteItems of the step {name:?} failed: {}",
+                                aws_sdk_dynamodb::error::DisplayErrorContext(e)
+                            ),
+                        ))
+                    })?,
+            }
+            Ok(value)
+        })
+        .await
+    }
 }

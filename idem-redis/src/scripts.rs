@@ -20,12 +20,12 @@
 //! Time is the server's: `TIME`, read inside the script (Redis 7 replicates a script's effects,
 //! not the script, so replicas store the same values). A completed record's key expires
 //! (`PEXPIREAT`) when its retention ends. A running claim's key expires
-//! [`LAPSED_CLAIMS_KEPT`](crate::LAPSED_CLAIMS_KEPT) after its lease ends (`lapsed_kept`, in
+//! [`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT) after its lease ends (`lapsed_kept`, in
 //! every script's prelude): the record stops counting at `e`, but a late `complete` by its
 //! owner, with nobody having claimed the key since, still lands within that time, as on every
 //! store.
 
-use crate::store::LAPSED_CLAIMS_KEPT_MS;
+use idem_core::store::support::LAPSED_CLAIMS_KEPT_MS;
 
 /// `ms()`: the server's clock in milliseconds; `num(x)`: an integer as a string for
 /// `HSET`/`PEXPIREAT` (Lua numbers are doubles, and `tostring` would write large ones as

@@ -1,8 +1,12 @@
+//! The conformance suite (`idem_core::conformance`, written once for every store) against the
+//! Redis store: one server and a Redis Cluster, as `scripts/test` starts them.
+
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use idem_core::conformance::Harness;
-use idem_core::{RedisStore, Store};
+use idem_core::conformance::{suite, Harness};
+use idem_core::Store;
+use idem_redis::RedisStore;
 
 use idem_test_support::redis::{fresh_store, Flavor};
 
@@ -35,3 +39,15 @@ impl<const CLUSTER: bool> Harness for RedisHarness<CLUSTER> {
         true
     }
 }
+
+suite!(
+    redis_store,
+    crate::RedisHarness<false>,
+    (flavor = "multi_thread", worker_threads = 2)
+);
+
+suite!(
+    redis_cluster,
+    crate::RedisHarness<true>,
+    (flavor = "multi_thread", worker_threads = 2)
+);

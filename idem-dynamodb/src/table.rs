@@ -10,15 +10,16 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_dynamodb::Client;
 
-use super::errors::store_error;
-use super::item::{PK, TTL};
-use crate::error::{Error, StoreError, StoreErrorKind};
+use idem_core::{Error, StoreError, StoreErrorKind};
+
+use crate::errors::store_error;
+use crate::item::{PK, TTL};
 
 /// How long [`create`] waits for a new table to become `ACTIVE`.
 const ACTIVE_WITHIN: Duration = Duration::from_secs(120);
 
 /// DynamoDB's rules for a table name: 3 to 255 characters of `a-z A-Z 0-9 _ - .`.
-pub(super) fn validate_name(name: &str) -> Result<(), Error> {
+pub(crate) fn validate_name(name: &str) -> Result<(), Error> {
     let ok_len = (3..=255).contains(&name.len());
     let bad = name
         .chars()
@@ -47,7 +48,7 @@ async fn describe(client: &Client, table: &str) -> Result<DescribeTableOutput, E
 }
 
 /// Checks that `table` exists and that its only key is the string hash key `pk`.
-pub(super) async fn check(client: &Client, table: &str) -> Result<(), Error> {
+pub(crate) async fn check(client: &Client, table: &str) -> Result<(), Error> {
     let out = describe(client, table).await?;
     let keys = out.table().map(|t| t.key_schema()).unwrap_or_default();
     match keys {
@@ -61,7 +62,7 @@ pub(super) async fn check(client: &Client, table: &str) -> Result<(), Error> {
 
 /// Creates `table` (on-demand billing, string hash key `pk`) unless it exists, waits until it
 /// is `ACTIVE`, and enables TTL on `ttl_s` where the server supports it.
-pub(super) async fn create(client: &Client, table: &str) -> Result<(), Error> {
+pub(crate) async fn create(client: &Client, table: &str) -> Result<(), Error> {
     validate_name(table)?;
     let created = client
         .create_table()
