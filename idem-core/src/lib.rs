@@ -37,7 +37,6 @@ pub use uuid;
 
 #[doc(hidden)]
 pub mod __private;
-pub mod adapter;
 
 pub use buckets::PROMETHEUS_BUCKETS;
 pub use canonical::{FingerprintError, MAX_FINGERPRINT_DEPTH};
