@@ -53,6 +53,17 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::key::Key;
 
+// The metrics, or (without the feature) the same API recording nothing: the only place the
+// feature `metrics` is looked at.
+#[cfg(feature = "metrics")]
+mod meters;
+#[cfg(not(feature = "metrics"))]
+#[path = "observe/no_meters.rs"]
+mod meters;
+
+use meters::Meter;
+pub(crate) use meters::{pruned, Meters};
+
 /// How many calls in one get their latencies recorded, by default: see
 /// [`EngineBuilder::sample_latencies`](crate::EngineBuilder::sample_latencies).
 ///
@@ -230,14 +241,6 @@ impl Scope {
             Scope::Shared(s) => s,
         }
     }
-
-    #[cfg(feature = "metrics")]
-    fn label(&self) -> metrics::SharedString {
-        match self {
-            Scope::Static(s) => metrics::SharedString::from(*s),
-            Scope::Shared(s) => metrics::SharedString::from(s.clone()),
-        }
-    }
 }
 
 /// The first 8 bytes of a key, in hex: enough to find it in logs, nothing of what the client
@@ -250,174 +253,6 @@ impl fmt::Display for ShortKey<'_> {
             write!(f, "{b:02x}")?;
         }
         Ok(())
-    }
-}
-
-/// The metric handles of one scope, registered once per engine and scope: recording through a
-/// handle is an atomic operation, where the `metrics` macros would build and look up a key on
-/// every call.
-#[cfg(feature = "metrics")]
-pub(crate) struct Instruments {
-    scope: metrics::SharedString,
-    /// `idem_calls_total` by outcome, registered on first use.
-    calls: [std::sync::OnceLock<metrics::Counter>; STAGES],
-    claim: metrics::Histogram,
-    work: metrics::Histogram,
-    complete: metrics::Histogram,
-    in_flight: metrics::Gauge,
-}
-
-#[cfg(feature = "metrics")]
-const STAGES: usize = Stage::Cancelled as usize + 1;
-
-#[cfg(feature = "metrics")]
-impl Instruments {
-    fn new(scope: &Scope) -> Instruments {
-        let scope = scope.label();
-        let label = |name: &'static str| metrics::histogram!(name, "scope" => scope.clone());
-        Instruments {
-            calls: std::array::from_fn(|_| std::sync::OnceLock::new()),
-            claim: label("idem_claim_seconds"),
-            work: label("idem_work_seconds"),
-            complete: label("idem_complete_seconds"),
-            in_flight: metrics::gauge!("idem_claims_in_flight", "scope" => scope.clone()),
-            scope,
-        }
-    }
-
-    fn ended(&self, stage: Stage) {
-        self.calls[stage as usize]
-            .get_or_init(|| {
-                metrics::counter!(
-                    "idem_calls_total",
-                    "scope" => self.scope.clone(),
-                    "outcome" => stage.as_str()
-                )
-            })
-            .increment(1);
-    }
-}
-
-/// An engine's [`Instruments`], by scope, and how many calls in one record their latencies.
-#[cfg(feature = "metrics")]
-pub(crate) struct Meters {
-    /// Unique among the process's `Meters`: what a thread's cache of recent instruments is keyed
-    /// by (an address could be reused by a later engine).
-    id: u64,
-    by_scope: std::sync::RwLock<
-        std::collections::HashMap<Box<str>, Arc<Instruments>, foldhash::fast::RandomState>,
-    >,
-    latencies_one_in: u32,
-}
-
-/// How many (engine, scope) pairs each thread keeps the instruments of.
-#[cfg(feature = "metrics")]
-const RECENT: usize = 4;
-
-/// One entry of a thread's cache: the instruments of one scope of one engine.
-#[cfg(feature = "metrics")]
-struct Recent {
-    meters: u64,
-    scope: Box<str>,
-    instruments: Arc<Instruments>,
-}
-
-#[cfg(feature = "metrics")]
-thread_local! {
-    /// The instruments this thread used last, by engine ([`Meters::id`]) and scope. Found here,
-    /// a call reads them with no write to memory that other threads share: the shared map's
-    /// lock and an `Arc`'s count, taken on every call, made each worker thread of a busy
-    /// runtime pull those cache lines from the other (a tenth of a microsecond a call). An
-    /// entry keeps its instruments (metric handles) alive after its engine is gone, at most
-    /// [`RECENT`] per thread.
-    static RECENT_INSTRUMENTS: std::cell::RefCell<Vec<Recent>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
-#[cfg(feature = "metrics")]
-impl Meters {
-    pub(crate) fn new(latencies_one_in: u32) -> Meters {
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        Meters {
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            by_scope: Default::default(),
-            latencies_one_in,
-        }
-    }
-
-    /// The instruments of `scope` from the shared map, registered (with the recorder installed
-    /// now) at the scope's first call.
-    fn of(&self, scope: &Scope) -> Arc<Instruments> {
-        use std::sync::PoisonError;
-        if let Some(found) = self
-            .by_scope
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(scope.as_str())
-        {
-            return found.clone();
-        }
-        self.by_scope
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(scope.as_str().into())
-            .or_insert_with(|| Arc::new(Instruments::new(scope)))
-            .clone()
-    }
-
-    /// Runs `record` on the instruments of `scope`: from this thread's cache when they are in
-    /// it, otherwise from the shared map, then kept in the cache (the oldest of [`RECENT`]
-    /// entries gives way).
-    fn with(&self, scope: &Scope, record: impl FnOnce(&Instruments)) {
-        let name = scope.as_str();
-        let mut record = Some(record);
-        // `try_with`: a probe dropped while its thread's locals are being torn down goes to the
-        // map instead.
-        let _ = RECENT_INSTRUMENTS.try_with(|recent| {
-            let Ok(mut recent) = recent.try_borrow_mut() else {
-                return;
-            };
-            let found = recent
-                .iter()
-                .position(|r| r.meters == self.id && *r.scope == *name);
-            let at = match found {
-                Some(at) => at,
-                None => {
-                    if recent.len() == RECENT {
-                        recent.remove(0);
-                    }
-                    recent.push(Recent {
-                        meters: self.id,
-                        scope: name.into(),
-                        instruments: self.of(scope),
-                    });
-                    recent.len() - 1
-                }
-            };
-            if let (Some(record), Some(entry)) = (record.take(), recent.get(at)) {
-                record(&entry.instruments);
-            }
-        });
-        if let Some(record) = record {
-            record(&self.of(scope));
-        }
-    }
-
-    /// Whether this call records its latencies: one in `latencies_one_in`, at random (a
-    /// per-thread generator, no atomic).
-    fn sampled(&self) -> bool {
-        self.latencies_one_in <= 1 || fastrand::u32(..self.latencies_one_in) == 0
-    }
-}
-
-/// Without the `metrics` feature there is nothing to record.
-#[cfg(not(feature = "metrics"))]
-pub(crate) struct Meters;
-
-#[cfg(not(feature = "metrics"))]
-impl Meters {
-    pub(crate) fn new(_latencies_one_in: u32) -> Meters {
-        Meters
     }
 }
 
@@ -435,8 +270,7 @@ pub(crate) struct Probe<'a> {
     scope: &'a Scope,
     key: Key,
     span: tracing::Span,
-    #[cfg(feature = "metrics")]
-    meters: &'a Meters,
+    meters: Meter<'a>,
     /// Whether this call records its latencies (always false without `metrics`).
     sampled: bool,
     ended: bool,
@@ -471,19 +305,14 @@ impl<'a> Probe<'a> {
             // could come of it, the empty span checks nothing.
             span = tracing::Span::none();
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = meters;
+        let meters = Meter::new(meters);
         Probe {
             observer,
             scope,
             key,
             span,
-            #[cfg(feature = "metrics")]
             meters,
-            #[cfg(feature = "metrics")]
-            sampled: meters.sampled(),
-            #[cfg(not(feature = "metrics"))]
-            sampled: false,
+            sampled: meters.sample(),
             ended: false,
             claimed: false,
             work_took: None,
@@ -524,15 +353,12 @@ impl<'a> Probe<'a> {
         meters: &'a Meters,
         scope: &'a Scope,
     ) -> Self {
-        #[cfg(not(feature = "metrics"))]
-        let _ = meters;
         Probe {
             observer,
             scope,
             key: suspended.key,
             span: suspended.span,
-            #[cfg(feature = "metrics")]
-            meters,
+            meters: Meter::new(meters),
             sampled: suspended.sampled,
             ended: false,
             claimed: suspended.claimed,
@@ -585,39 +411,26 @@ impl<'a> Probe<'a> {
     /// The claim attempt ended after `took` (claimed, replayed or refused).
     pub(crate) fn claim_took(&self, took: Duration) {
         tracing::debug!(parent: &self.span, op = "claim", took_us = took.as_micros() as u64);
-        #[cfg(feature = "metrics")]
-        if self.sampled {
-            self.meters
-                .with(self.scope, |i| i.claim.record(took.as_secs_f64()));
-        }
+        self.meters.claim_took(self.scope, self.sampled, took);
     }
 
     /// The call holds its key; its work starts.
     pub(crate) fn claimed(&mut self) {
         self.claimed = true;
-        #[cfg(feature = "metrics")]
-        self.meters.with(self.scope, |i| i.in_flight.increment(1.0));
+        self.meters.claimed(self.scope);
         self.emit(Stage::Claimed, None);
     }
 
     /// The work ended after `took`.
     pub(crate) fn work_took(&mut self, took: Duration) {
         self.work_took = Some(took);
-        #[cfg(feature = "metrics")]
-        if self.sampled {
-            self.meters
-                .with(self.scope, |i| i.work.record(took.as_secs_f64()));
-        }
+        self.meters.work_took(self.scope, self.sampled, took);
     }
 
     /// The first try at storing the result ended after `took`.
     pub(crate) fn complete_took(&self, took: Duration) {
         tracing::debug!(parent: &self.span, op = "complete", took_us = took.as_micros() as u64);
-        #[cfg(feature = "metrics")]
-        if self.sampled {
-            self.meters
-                .with(self.scope, |i| i.complete.record(took.as_secs_f64()));
-        }
+        self.meters.complete_took(self.scope, self.sampled, took);
     }
 
     /// The call ended this way.
@@ -626,16 +439,7 @@ impl<'a> Probe<'a> {
             return;
         }
         self.span.record("outcome", stage.as_str());
-        #[cfg(feature = "metrics")]
-        {
-            let claimed = self.claimed;
-            self.meters.with(self.scope, |i| {
-                i.ended(stage);
-                if claimed {
-                    i.in_flight.decrement(1.0);
-                }
-            });
-        }
+        self.meters.ended(self.scope, stage, self.claimed);
         let took = match stage {
             Stage::Completed | Stage::NotRetained | Stage::Released | Stage::LeaseLost => {
                 self.work_took

@@ -678,9 +678,7 @@ impl Pruner {
             let deleted = deleted?;
             calls = calls.saturating_add(1);
             if deleted > 0 {
-                #[cfg(feature = "metrics")]
-                metrics::counter!("idem_pruned_total", "target" => self.target.label())
-                    .increment(deleted);
+                crate::observe::pruned(self.target.label(), deleted);
                 report.deleted += deleted;
                 report.batches += 1;
                 report.largest_batch = report.largest_batch.max(deleted);
@@ -790,7 +788,6 @@ pub(crate) trait Target: Send + Sync + 'static {
     fn name(&self) -> &str;
 
     /// The `target` label of `idem_pruned_total`: `records` or `history`.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     fn label(&self) -> &'static str;
 
     /// Deletes at most `limit` expired entries; how many went.
