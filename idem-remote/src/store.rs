@@ -14,9 +14,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idem_wire::{
-    msgpack, route, AbortIn, CompleteIn, Completed, Empty, ErrorBody, ErrorType, EvictOut, GetOut,
-    GetStatus, KeyIn, PruneIn, PruneOut, RenewIn, StartIn, StartOut, StartStatus, StepWriteIn,
-    StepsBeginIn, StepsOut,
+    hex, msgpack, route, AbortIn, CompleteIn, Completed, Empty, ErrorBody, ErrorType, EvictOut,
+    GetOut, GetStatus, KeyIn, PruneIn, PruneOut, RenewIn, StartIn, StartOut, StartStatus,
+    StepWriteIn, StepsBeginIn, StepsOut,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -252,28 +252,6 @@ impl RemoteStoreBuilder {
     }
 }
 
-/// `bytes` as lowercase hexadecimal digits.
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut text = String::with_capacity(2 * bytes.len());
-    for b in bytes {
-        let _ = write!(text, "{b:02x}");
-    }
-    text
-}
-
-/// `N` bytes from their `2 * N` hexadecimal digits.
-fn unhex<const N: usize>(text: &str) -> Option<[u8; N]> {
-    if text.len() != 2 * N || !text.is_ascii() {
-        return None;
-    }
-    let mut bytes = [0u8; N];
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(bytes)
-}
-
 /// `d` in whole milliseconds (the store checked it first: at least 1 ms, at most ten years).
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -292,7 +270,7 @@ fn malformed(what: impl fmt::Display) -> Error {
 }
 
 fn token_of(text: Option<&str>) -> Result<Token, Error> {
-    text.and_then(unhex::<16>)
+    text.and_then(hex::decode::<16>)
         .map(Token::from_bytes)
         .ok_or_else(|| malformed("a claim without its 32-digit token"))
 }
@@ -444,12 +422,12 @@ impl RemoteStore {
 
 /// `key` as the protocol sends it: its 64 hexadecimal digits.
 fn key_text(key: &Key) -> String {
-    hex(key.as_bytes())
+    hex::encode(key.as_bytes())
 }
 
 /// `claim`'s token as the protocol sends it: 32 hexadecimal digits.
 fn token_text(claim: &Claim) -> String {
-    hex(&claim.token().to_bytes())
+    hex::encode(&claim.token().to_bytes())
 }
 
 #[async_trait]
@@ -465,7 +443,7 @@ impl Store for RemoteStore {
                     key: key_text(request.key),
                     lock_period_ms: period_ms(request.lease)?,
                     fenced: true,
-                    fingerprint_sha256: request.fingerprint.map(|f| hex(f.as_bytes())),
+                    fingerprint_sha256: request.fingerprint.map(|f| hex::encode(f.as_bytes())),
                     fingerprint: None,
                 },
             )
@@ -557,7 +535,7 @@ impl Store for RemoteStore {
         let fingerprint = match out.fingerprint_sha256.as_deref() {
             None => None,
             Some(text) => Some(Fingerprint::from_bytes(
-                unhex::<32>(text)
+                hex::decode::<32>(text)
                     .ok_or_else(|| malformed("a fingerprint of other than 64 digits"))?,
             )),
         };
@@ -750,10 +728,13 @@ mod tests {
     #[test]
     fn keys_tokens_and_fingerprints_travel_as_hex() {
         let t = Token::random();
-        assert_eq!(token_of(Some(&hex(&t.to_bytes()))).unwrap(), t);
+        assert_eq!(token_of(Some(&hex::encode(&t.to_bytes()))).unwrap(), t);
         assert!(token_of(Some("zz")).is_err());
         let f = Fingerprint::of_bytes(b"x");
-        assert_eq!(unhex::<32>(&hex(f.as_bytes())), Some(*f.as_bytes()));
+        assert_eq!(
+            hex::decode::<32>(&hex::encode(f.as_bytes())),
+            Some(*f.as_bytes())
+        );
     }
 
     #[test]

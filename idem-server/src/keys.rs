@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use idem_core::{Fingerprint, Key, Token, MAX_KEY_LEN};
+use idem_wire::hex;
 use idem_wire::names::{key_refusal, namespace_refusal};
 use sha2::{Digest, Sha256};
 
@@ -61,56 +62,33 @@ pub fn period(ms: u64, location: &str) -> Result<Duration, ApiError> {
     Ok(d)
 }
 
-/// `bytes` as lowercase hexadecimal digits.
-///
-/// ```
-/// assert_eq!(idem_server::keys::hex(&[0x0f, 0xa0]), "0fa0");
-/// ```
-pub fn hex(bytes: &[u8]) -> String {
-    let mut text = String::with_capacity(2 * bytes.len());
-    for b in bytes {
-        let _ = write!(text, "{b:02x}");
-    }
-    text
-}
-
-/// `N` bytes from their `2 * N` hexadecimal digits; `None` for anything else.
-fn parse_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
-    if text.len() != 2 * N || !text.is_ascii() {
-        return None;
-    }
-    let mut bytes = [0u8; N];
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(bytes)
-}
-
 /// A claim token as the fenced extension sends it: 32 hexadecimal digits.
 pub fn token_text(token: Token) -> String {
-    hex(&token.to_bytes())
+    hex::encode(&token.to_bytes())
 }
 
 /// A claim token from its text.
 pub fn parse_token(text: &str) -> Result<Token, ApiError> {
-    parse_hex::<16>(text).map(Token::from_bytes).ok_or_else(|| {
-        ApiError::invalid(
-            "token",
-            "a token is the 32 hexadecimal digits `start` returned",
-        )
-    })
+    hex::decode::<16>(text)
+        .map(Token::from_bytes)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "token",
+                "a token is the 32 hexadecimal digits `start` returned",
+            )
+        })
 }
 
 /// A fingerprint given as its SHA-256 (`fingerprint_sha256`): 64 hexadecimal digits.
 ///
 /// ```
-/// use idem_server::keys::{hex, parse_fingerprint_sha256};
+/// use idem_server::keys::parse_fingerprint_sha256;
 /// let f = idem_core::Fingerprint::of_bytes(b"POST /charge");
-/// assert_eq!(parse_fingerprint_sha256(&hex(f.as_bytes())).unwrap(), f);
+/// assert_eq!(parse_fingerprint_sha256(&idem_wire::hex::encode(f.as_bytes())).unwrap(), f);
 /// assert_eq!(parse_fingerprint_sha256("ab").unwrap_err().body.location.as_deref(), Some("fingerprint_sha256"));
 /// ```
 pub fn parse_fingerprint_sha256(text: &str) -> Result<Fingerprint, ApiError> {
-    parse_hex::<32>(text)
+    hex::decode::<32>(text)
         .map(Fingerprint::from_bytes)
         .ok_or_else(|| {
             ApiError::invalid(

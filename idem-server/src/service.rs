@@ -16,7 +16,7 @@ use idem_core::{
     Store, StoreErrorKind,
 };
 use idem_wire::{
-    msgpack, route, AbortIn, CompleteIn, Completed, ConfigureNamespaceIn, Empty, EvictOut,
+    hex, msgpack, route, AbortIn, CompleteIn, Completed, ConfigureNamespaceIn, Empty, EvictOut,
     GetNamespaceIn, GetOut, GetStatus, KeyIn, PingOut, PruneIn, PruneOut, RenewIn, StartIn,
     StartOut, StartStatus, StepOut, StepWriteIn, StepsBeginIn, StepsOut,
 };
@@ -24,7 +24,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::de::DeserializeOwned;
 
 use crate::auth::{Caller, Tokens};
-use crate::keys::{hex, key_of, parse_fingerprint_sha256, parse_token, period, token_text};
+use crate::keys::{key_of, parse_fingerprint_sha256, parse_token, period, token_text};
 use crate::namespaces::{Namespace, Namespaces};
 use crate::wire::{ApiError, Format};
 
@@ -605,7 +605,7 @@ async fn get_record(
     let Some(record) = app.inner.engine.record(&key).await.map_err(engine_error)? else {
         return Ok(out.respond(StatusCode::OK, &GetOut::of(GetStatus::Absent)));
     };
-    let fingerprint_sha256 = record.fingerprint.map(|f| hex(f.as_bytes()));
+    let fingerprint_sha256 = record.fingerprint.map(|f| hex::encode(f.as_bytes()));
     let answer = match record.state {
         RecordState::InProgress { token, lease_until } => GetOut {
             token: Some(token_text(token)),

@@ -25,7 +25,8 @@
 //! | [`route::NAMESPACE_GET`] | [`GetNamespaceIn`] | [`NamespaceOut`] |
 //! | [`route::PING`] (also `GET`) | none | [`PingOut`] |
 //!
-//! A request type decodes as the server takes it: Diom's names ([`names`]) and non-zero
+//! Keys, claim tokens and fingerprints travel as hexadecimal digits ([`hex`]). A request type
+//! decodes as the server takes it: Diom's names ([`names`]) and non-zero
 //! periods are checked while decoding, so a refused value fails at its field. Types are named
 //! as the schemas of the OpenAPI document (`ErrorBody` is its `Error`).
 //!
@@ -46,6 +47,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
+pub mod hex;
 mod idempotency;
 pub mod msgpack;
 pub mod names;
