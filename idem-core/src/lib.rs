@@ -55,6 +55,8 @@ pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LE
 pub use observe::{CallEvent, Observer, Stage, DEFAULT_LATENCIES_ONE_IN};
 pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
 pub use record::{Claim, Completion, Record, RecordState, Start, StartRequest, StoredResult};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sql::error::sql_error;
 pub use step::{
     Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP,
     MAX_STEP_NAME_LEN,

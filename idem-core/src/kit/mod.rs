@@ -214,7 +214,7 @@ pub enum ConcurrencyError {
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl From<sqlx::Error> for ConcurrencyError {
     fn from(e: sqlx::Error) -> ConcurrencyError {
-        ConcurrencyError::Store(e.into())
+        ConcurrencyError::Store(crate::sql::error::sql_error(e))
     }
 }
 

@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::{Lease, Target};
 use crate::error::Error;
 use crate::kit::{millis, Backend, ConcurrencyError, RequestHistory};
+use crate::sql::error::sql_error;
 
 /// The ids of one history older than its retention.
 pub(crate) struct History<DB: Backend> {
@@ -58,8 +59,8 @@ impl<DB: Backend> History<DB> {
     }
 
     async fn execute(&self, query: crate::kit::SqlQuery<'_, DB>) -> Result<u64, Error> {
-        let mut conn = self.pool.acquire().await?;
-        Ok(DB::execute(&mut conn, query).await?)
+        let mut conn = self.pool.acquire().await.map_err(sql_error)?;
+        Ok(DB::execute(&mut conn, query).await.map_err(sql_error)?)
     }
 }
 

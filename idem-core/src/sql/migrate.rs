@@ -9,6 +9,7 @@ use sqlx::Connection;
 use super::dialect::Ops;
 use super::name::TableName;
 use crate::error::Error;
+use crate::sql::error::sql_error;
 
 /// One step of a schema, read from its [`Schema::migrations`] source. Versions only grow; an
 /// applied step is never edited, a change is a new step. Statements are idempotent
@@ -131,7 +132,7 @@ impl Schema<'_> {
         loop {
             match self.migrate_once::<DB>(conn, &ledger).await {
                 Err(e) if attempt < LEDGER_ATTEMPTS && is_duplicate_object(&e) => attempt += 1,
-                result => return Ok(result?),
+                result => return Ok(result.map_err(sql_error)?),
             }
         }
     }
@@ -215,22 +216,25 @@ impl Schema<'_> {
             found,
             needed: self.latest(),
         };
-        if !exists::<DB>(conn, &ledger).await? {
+        if !exists::<DB>(conn, &ledger).await.map_err(sql_error)? {
             return Err(not_migrated(None));
         }
         let sql = format!("SELECT version FROM {ledger}");
-        let rows = DB::fetch_all(conn, sqlx::query(&sql).persistent(false)).await?;
+        let rows = DB::fetch_all(conn, sqlx::query(&sql).persistent(false))
+            .await
+            .map_err(sql_error)?;
         let applied: Vec<i64> = rows
             .iter()
             .map(|row| DB::get_i64(row, 0))
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<_, _>>()
+            .map_err(sql_error)?;
         if let Some(unknown) = applied
             .iter()
             .find(|v| !steps.iter().any(|m| m.version == **v))
         {
             return Ok(Migrated::UnknownVersion(*unknown));
         }
-        if !exists::<DB>(conn, self.table).await? {
+        if !exists::<DB>(conn, self.table).await.map_err(sql_error)? {
             return Err(not_migrated(None));
         }
         if steps.iter().any(|m| !applied.contains(&m.version)) {

@@ -4,6 +4,7 @@
 //!
 //! - [`dialect`]: what differs between SQLite and PostgreSQL (the clock, placeholders, types),
 //!   and the sealed glue to sqlx.
+//! - [`error`]: sqlx's errors as [`StoreError`](crate::StoreError)s, by SQLSTATE or SQLite code.
 //! - [`name`]: [`TableName`](name::TableName), validated and quoted on render.
 //! - [`migrate`]: versioned [`Migration`](migrate::Migration)s applied in one transaction with a
 //!   `<table>_migrations` ledger, checked without changes, or written out as a `.sql` script.
@@ -14,6 +15,7 @@ use crate::error::Error;
 use crate::store::check_duration;
 
 pub(crate) mod dialect;
+pub(crate) mod error;
 pub(crate) mod migrate;
 pub(crate) mod name;
 

@@ -235,7 +235,8 @@ mod sql {
                         .bind(i64::from(query.limit))
                         .bind(pruner_lease()?)
                         .fetch_all(self.pool())
-                        .await?;
+                        .await
+                        .map_err(crate::sql::error::sql_error)?;
                     records(self, keys).await
                 }
 
@@ -243,7 +244,8 @@ mod sql {
                     let counts = sqlx::query_as(&AdminSql::new(self)?.stats)
                         .bind(pruner_lease()?)
                         .fetch_one(self.pool())
-                        .await?;
+                        .await
+                        .map_err(crate::sql::error::sql_error)?;
                     // Not every build of SQLite can tell (dbstat is a compile-time option).
                     let size: Option<i64> = sqlx::query_scalar($size)
                         .bind(self.table())
@@ -256,7 +258,10 @@ mod sql {
 
                 async fn schema_version(&self) -> Result<i64, Error> {
                     let version = AdminSql::new(self)?.version;
-                    Ok(sqlx::query_scalar(&version).fetch_one(self.pool()).await?)
+                    Ok(sqlx::query_scalar(&version)
+                        .fetch_one(self.pool())
+                        .await
+                        .map_err(crate::sql::error::sql_error)?)
                 }
             }
         };

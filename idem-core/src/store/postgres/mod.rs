@@ -8,6 +8,7 @@ use sqlx::Connection;
 
 use crate::error::Error;
 use crate::pruner::PrunerConfig;
+use crate::sql::error::sql_error;
 use crate::sql::name::TableName;
 use crate::store::claim_order::ClaimOrder;
 use crate::store::sql::background::{self, Background};
@@ -438,7 +439,7 @@ impl PostgresStoreBuilder {
             ));
         }
         background::check(self.pruner.as_ref())?;
-        let pool = self.pool_options().connect(url).await?;
+        let pool = self.pool_options().connect(url).await.map_err(sql_error)?;
         self.finish(pool, table).await
     }
 
@@ -505,7 +506,7 @@ impl PostgresStoreBuilder {
 
     /// Migrates or checks the schema on `pool`, then makes the store and spawns its pruner.
     async fn finish(self, pool: PgPool, table: TableName) -> Result<PostgresStore, Error> {
-        let mut conn = pool.acquire().await?;
+        let mut conn = pool.acquire().await.map_err(sql_error)?;
         if self.migrate_on_connect {
             schema::migrate(&mut conn, &table).await?;
         } else {

@@ -15,6 +15,7 @@ use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Claim, Completion, Record, Start, StartRequest};
 use crate::sql::dialect::{Dialect, Ops};
+use crate::sql::error::sql_error;
 use crate::sql::name::TableName;
 use crate::step::StepWrite;
 use crate::store::claim_order::{ClaimOrder, ClaimPath};
@@ -110,7 +111,8 @@ macro_rules! sql_store {
                 let lease = $crate::sql::millis("lease", request.lease)?;
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
-                    .await?;
+                    .await
+                    .map_err($crate::sql::error::sql_error)?;
                 let via = $crate::store::sql::protocol::Via::Pool;
                 self.protocol()
                     .start(via, &mut conn, request.key, request.fingerprint, lease)
@@ -124,7 +126,8 @@ macro_rules! sql_store {
             ) -> Result<(), $crate::Error> {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
-                    .await?;
+                    .await
+                    .map_err($crate::sql::error::sql_error)?;
                 $crate::store::TransactionalStore::complete_in(self, &mut conn, claim, completion)
                     .await
             }
@@ -132,7 +135,8 @@ macro_rules! sql_store {
             async fn abort(&self, claim: &$crate::Claim) -> Result<(), $crate::Error> {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
-                    .await?;
+                    .await
+                    .map_err($crate::sql::error::sql_error)?;
                 $crate::store::TransactionalStore::abort_in(self, &mut conn, claim).await
             }
 
@@ -144,7 +148,8 @@ macro_rules! sql_store {
                 let lease = $crate::sql::millis("lease", lease)?;
                 let mut conn = $crate::store::sql::protocol::SqlBackend::renew_pool(self)
                     .acquire()
-                    .await?;
+                    .await
+                    .map_err($crate::sql::error::sql_error)?;
                 self.protocol().renew(&mut conn, claim, lease).await
             }
 
@@ -154,21 +159,24 @@ macro_rules! sql_store {
             ) -> Result<Option<$crate::Record>, $crate::Error> {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
-                    .await?;
+                    .await
+                    .map_err($crate::sql::error::sql_error)?;
                 self.protocol().get(&mut conn, key).await
             }
 
             async fn evict(&self, key: &$crate::Key) -> Result<bool, $crate::Error> {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
-                    .await?;
+                    .await
+                    .map_err($crate::sql::error::sql_error)?;
                 self.protocol().evict(&mut conn, key).await
             }
 
             async fn prune_expired(&self, limit: u32) -> Result<u64, $crate::Error> {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
-                    .await?;
+                    .await
+                    .map_err($crate::sql::error::sql_error)?;
                 self.protocol().prune_expired(&mut conn, limit).await
             }
 
@@ -184,7 +192,8 @@ macro_rules! sql_store {
                 let retention = $crate::sql::millis("retention", retention)?;
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
-                    .await?;
+                    .await
+                    .map_err($crate::sql::error::sql_error)?;
                 self.protocol()
                     .steps()
                     .begin::<<Self as $crate::store::sql::protocol::SqlBackend>::Db>(
@@ -199,7 +208,8 @@ macro_rules! sql_store {
             ) -> Result<Vec<$crate::Abandoned>, $crate::Error> {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
-                    .await?;
+                    .await
+                    .map_err($crate::sql::error::sql_error)?;
                 self.protocol()
                     .steps()
                     .find_abandoned::<<Self as $crate::store::sql::protocol::SqlBackend>::Db>(
@@ -217,7 +227,8 @@ macro_rules! sql_store {
             ) -> Result<(), $crate::Error> {
                 let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
                     .acquire()
-                    .await?;
+                    .await
+                    .map_err($crate::sql::error::sql_error)?;
                 $crate::store::TransactionalStore::write_step_in(self, &mut conn, claim, step).await
             }
         }
@@ -636,15 +647,19 @@ impl<DB: Ops> Protocol<DB> {
             // (never `fetch_optional`) reads every row and the end of the reply.
             let row = match sql {
                 ClaimSql::Counted(_) => {
-                    if DB::execute(&mut *conn, query).await? == 1 {
+                    if DB::execute(&mut *conn, query).await.map_err(sql_error)? == 1 {
                         return Ok(Start::Started(Claim::new(*key, token)));
                     }
                     None
                 }
                 ClaimSql::Returning(_) => {
-                    let row = DB::fetch_all(&mut *conn, query).await?.into_iter().next();
+                    let row = DB::fetch_all(&mut *conn, query)
+                        .await
+                        .map_err(sql_error)?
+                        .into_iter()
+                        .next();
                     if let Some(row) = &row {
-                        if DB::get_bool(row, 0)? {
+                        if DB::get_bool(row, 0).map_err(sql_error)? {
                             return Ok(Start::Started(Claim::new(*key, token)));
                         }
                     }
@@ -678,7 +693,7 @@ impl<DB: Ops> Protocol<DB> {
         key: &Key,
     ) -> Result<Option<StoredRow>, Error> {
         let query = DB::bind_bytes(sqlx::query(&self.sql.read_live), &key.as_bytes()[..]);
-        let row = DB::fetch_optional(conn, query).await?;
+        let row = DB::fetch_optional(conn, query).await.map_err(sql_error)?;
         row.map(|row| StoredRow::decode::<DB>(&row, 0)).transpose()
     }
 
@@ -696,7 +711,11 @@ impl<DB: Ops> Protocol<DB> {
             DB::bind_opt_bytes(query, completion.response),
             completion.is_error,
         );
-        fenced(DB::execute(conn, DB::bind_i64(query, retention_ms)).await?)
+        fenced(
+            DB::execute(conn, DB::bind_i64(query, retention_ms))
+                .await
+                .map_err(sql_error)?,
+        )
     }
 
     /// [`Store::renew`].
@@ -708,7 +727,11 @@ impl<DB: Ops> Protocol<DB> {
     ) -> Result<(), Error> {
         let token = claim.token().to_bytes();
         let query = self.fenced_query(&self.sql.renew, claim.key(), &token);
-        fenced(DB::execute(conn, DB::bind_i64(query, lease_ms)).await?)
+        fenced(
+            DB::execute(conn, DB::bind_i64(query, lease_ms))
+                .await
+                .map_err(sql_error)?,
+        )
     }
 
     /// [`Store::abort`].
@@ -719,7 +742,7 @@ impl<DB: Ops> Protocol<DB> {
     ) -> Result<(), Error> {
         let token = claim.token().to_bytes();
         let query = self.fenced_query(&self.sql.abort, claim.key(), &token);
-        fenced(DB::execute(conn, query).await?)
+        fenced(DB::execute(conn, query).await.map_err(sql_error)?)
     }
 
     /// A statement fenced by the claim's key (`$1`) and token (`$2`).
@@ -759,7 +782,7 @@ impl<DB: Ops> Protocol<DB> {
         limit: u32,
     ) -> Result<u64, Error> {
         let query = DB::bind_i64(sqlx::query(&self.sql.prune), i64::from(limit));
-        let records = DB::execute(&mut *conn, query).await?;
+        let records = DB::execute(&mut *conn, query).await.map_err(sql_error)?;
         let left = u32::try_from(u64::from(limit).saturating_sub(records)).unwrap_or(0);
         if left == 0 {
             return Ok(records);

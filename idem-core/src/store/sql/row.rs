@@ -7,6 +7,7 @@ use crate::error::Error;
 use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Record, RecordState, Start, StoredResult};
 use crate::sql::dialect::{Dialect, Ops};
+use crate::sql::error::sql_error;
 use crate::store::check_fingerprint;
 
 /// The columns a [`StoredRow`] is decoded from, as `SELECT` expressions over the alias `r`:
@@ -36,20 +37,22 @@ pub(crate) struct StoredRow {
 impl StoredRow {
     /// Decodes the [`columns`], starting at column `first`.
     pub(crate) fn decode<DB: Ops>(row: &DB::Row, first: usize) -> Result<StoredRow, Error> {
-        let fingerprint = DB::get_opt_bytes(row, first)?
+        let fingerprint = DB::get_opt_bytes(row, first)
+            .map_err(sql_error)?
             .map(|b| fixed("fingerprint", b).map(Fingerprint::from_bytes))
             .transpose()?;
-        let token = DB::get_opt_bytes(row, first + 1)?
+        let token = DB::get_opt_bytes(row, first + 1)
+            .map_err(sql_error)?
             .map(|b| fixed("token", b).map(Token::from_bytes))
             .transpose()?;
         Ok(StoredRow {
             fingerprint,
             token,
-            state: DB::get_i64(row, first + 2)?,
-            response: DB::get_opt_bytes(row, first + 3)?,
-            is_error: DB::get_bool(row, first + 4)?,
-            expires_us: DB::get_i64(row, first + 5)?,
-            remaining_us: DB::get_i64(row, first + 6)?,
+            state: DB::get_i64(row, first + 2).map_err(sql_error)?,
+            response: DB::get_opt_bytes(row, first + 3).map_err(sql_error)?,
+            is_error: DB::get_bool(row, first + 4).map_err(sql_error)?,
+            expires_us: DB::get_i64(row, first + 5).map_err(sql_error)?,
+            remaining_us: DB::get_i64(row, first + 6).map_err(sql_error)?,
         })
     }
 

@@ -13,6 +13,7 @@ use crate::error::Error;
 use crate::key::Key;
 use crate::record::Claim;
 use crate::sql::dialect::{Dialect, Ops};
+use crate::sql::error::sql_error;
 use crate::sql::name::TableName;
 use crate::step::{
     Abandoned, StepLog, StepRecord, StepState, StepWrite, FAILED_STEP_PREFIX, INPUT_STEP,
@@ -115,13 +116,17 @@ impl StepStatements {
         // Every key is 32 bytes, so each sorts after the empty one.
         let after = after.map_or(&[][..], |k| &k.as_bytes()[..]);
         let query = DB::bind_bytes(sqlx::query(&self.abandoned), after);
-        let rows = DB::fetch_all(conn, DB::bind_i64(query, i64::from(limit))).await?;
+        let rows = DB::fetch_all(conn, DB::bind_i64(query, i64::from(limit)))
+            .await
+            .map_err(sql_error)?;
         rows.iter()
             .map(|row| {
-                let key: [u8; 32] = DB::get_bytes(row, 0)?
+                let key: [u8; 32] = DB::get_bytes(row, 0)
+                    .map_err(sql_error)?
                     .try_into()
                     .map_err(|_| corrupt("a steps row's key is not 32 bytes".into()))?;
-                let input = DB::get_opt_bytes(row, 1)?
+                let input = DB::get_opt_bytes(row, 1)
+                    .map_err(sql_error)?
                     .ok_or_else(|| corrupt("a finished step row has no result".into()))?;
                 Abandoned::decode(Key::from_bytes(key), &input)
             })
@@ -140,27 +145,32 @@ impl StepStatements {
         let token = claim.token().to_bytes();
         let key = &claim.key().as_bytes()[..];
         let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(&self.begin), key), &token[..]);
-        let rows = DB::fetch_all(&mut *conn, DB::bind_i64(query, retention_ms)).await?;
+        let rows = DB::fetch_all(&mut *conn, DB::bind_i64(query, retention_ms))
+            .await
+            .map_err(sql_error)?;
         let Some(row) = rows.first() else {
             return Err(Error::LeaseLost);
         };
-        let attempt = u32::try_from(DB::get_i64(row, 0)?)
+        let attempt = u32::try_from(DB::get_i64(row, 0).map_err(sql_error)?)
             .map_err(|_| corrupt("a steps row counts more attempts than fit in 32 bits".into()))?;
         let query = DB::bind_i64(
             DB::bind_bytes(sqlx::query(&self.refresh), key),
             retention_ms,
         );
         let mut steps = Vec::new();
-        for row in DB::fetch_all(conn, query).await? {
-            let position = u32::try_from(DB::get_i64(&row, 1)?)
+        for row in DB::fetch_all(conn, query).await.map_err(sql_error)? {
+            let position = u32::try_from(DB::get_i64(&row, 1).map_err(sql_error)?)
                 .map_err(|_| corrupt("a step row has a negative position".into()))?;
-            let state = match (DB::get_bool(&row, 2)?, DB::get_opt_bytes(&row, 3)?) {
+            let state = match (
+                DB::get_bool(&row, 2).map_err(sql_error)?,
+                DB::get_opt_bytes(&row, 3).map_err(sql_error)?,
+            ) {
                 (true, Some(result)) => StepState::Finished(result),
                 (true, None) => return Err(corrupt("a finished step row has no result".into())),
                 (false, _) => StepState::Begun,
             };
             steps.push(StepRecord {
-                name: DB::get_string(&row, 0)?,
+                name: DB::get_string(&row, 0).map_err(sql_error)?,
                 position,
                 state,
             });
@@ -184,11 +194,15 @@ impl StepStatements {
         let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(&self.write), key), &token[..]);
         let query = DB::bind_i64(DB::bind_str(query, step.name), i64::from(step.position));
         let query = DB::bind_opt_bytes(DB::bind_bool(query, step.result.is_some()), step.result);
-        if DB::execute(&mut *conn, DB::bind_i64(query, retention_ms)).await? == 1 {
+        if DB::execute(&mut *conn, DB::bind_i64(query, retention_ms))
+            .await
+            .map_err(sql_error)?
+            == 1
+        {
             return Ok(());
         }
         let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(&self.holds), key), &token[..]);
-        match DB::fetch_optional(conn, query).await? {
+        match DB::fetch_optional(conn, query).await.map_err(sql_error)? {
             // Still ours: the step had finished, and its first result stands.
             Some(_) => Ok(()),
             None => Err(Error::LeaseLost),
@@ -202,12 +216,12 @@ impl StepStatements {
         key: &Key,
         evict_record: &str,
     ) -> Result<bool, Error> {
-        let mut tx = conn.begin().await?;
+        let mut tx = conn.begin().await.map_err(sql_error)?;
         let query = DB::bind_bytes(sqlx::query(&self.evict), &key.as_bytes()[..]);
-        DB::execute(&mut *tx, query).await?;
+        DB::execute(&mut *tx, query).await.map_err(sql_error)?;
         let query = DB::bind_bytes(sqlx::query(evict_record), &key.as_bytes()[..]);
-        let evicted = DB::execute(&mut *tx, query).await? > 0;
-        tx.commit().await?;
+        let evicted = DB::execute(&mut *tx, query).await.map_err(sql_error)? > 0;
+        tx.commit().await.map_err(sql_error)?;
         Ok(evicted)
     }
 
@@ -218,6 +232,6 @@ impl StepStatements {
         limit: u32,
     ) -> Result<u64, Error> {
         let query = DB::bind_i64(sqlx::query(&self.prune), i64::from(limit));
-        Ok(DB::execute(conn, query).await?)
+        Ok(DB::execute(conn, query).await.map_err(sql_error)?)
     }
 }

@@ -9,6 +9,7 @@ use std::str::FromStr;
 use sqlx::sqlite::SqliteSynchronous;
 
 use crate::error::Error;
+use crate::sql::error::sql_error;
 
 /// When a [`SqliteStore`](crate::SqliteStore) acknowledges a write: SQLite's
 /// `PRAGMA synchronous` in WAL mode, set on every connection of the pool the store makes
@@ -169,7 +170,7 @@ pub(crate) fn cannot_open(path: &Path, e: sqlx::Error) -> Error {
         .and_then(|code| code.parse::<i32>().ok())
         .is_some_and(|code| code & 0xff == 14);
     if !cant_open {
-        return e.into();
+        return sql_error(e).into();
     }
     let dir = path
         .parent()

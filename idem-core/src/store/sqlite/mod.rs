@@ -9,6 +9,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoo
 
 use crate::error::Error;
 use crate::pruner::PrunerConfig;
+use crate::sql::error::sql_error;
 use crate::sql::name::TableName;
 use crate::store::claim_order::ClaimOrder;
 use crate::store::sql::background::{self, Background};
@@ -368,7 +369,7 @@ impl SqliteStore {
         .await;
         close_pool(&self.renew_pool).await;
         close_pool(&self.pool).await;
-        checkpoint?;
+        checkpoint.map_err(sql_error)?;
         Ok(())
     }
 
@@ -587,7 +588,7 @@ impl SqliteStoreBuilder {
     pub async fn from_pool(self, pool: SqlitePool) -> Result<SqliteStore, Error> {
         let table = self.table_name()?;
         background::check(self.pruner.as_ref())?;
-        let mut conn = pool.acquire().await?;
+        let mut conn = pool.acquire().await.map_err(sql_error)?;
         check_version(&mut conn).await?;
         if self.migrate_on_connect {
             schema::migrate(&mut conn, &table).await?;
@@ -708,7 +709,11 @@ impl SqliteStoreBuilder {
         .await
         .map_err(|e| cannot_open(&path, e))?;
         if !single_connection {
-            enable_wal(&mut *pool.acquire().await?, self.busy_timeout).await?;
+            enable_wal(
+                &mut *pool.acquire().await.map_err(sql_error)?,
+                self.busy_timeout,
+            )
+            .await?;
         }
         self.from_pool(pool).await
     }
@@ -751,7 +756,7 @@ async fn enable_wal(conn: &mut SqliteConnection, patience: Duration) -> Result<(
                 return Ok(());
             }
             Err(e) => {
-                let e = Error::from(e);
+                let e = Error::from(sql_error(e));
                 if !e.is_retryable() || tokio::time::Instant::now() >= deadline {
                     return Err(e);
                 }
@@ -768,7 +773,8 @@ async fn is_file_backed(conn: &mut SqliteConnection) -> Result<bool, Error> {
         sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
             .persistent(false)
             .fetch_optional(&mut *conn)
-            .await?
+            .await
+            .map_err(sql_error)?
             .flatten();
     Ok(file.is_some_and(|f| !f.is_empty()))
 }
@@ -777,7 +783,8 @@ async fn is_file_backed(conn: &mut SqliteConnection) -> Result<bool, Error> {
 async fn check_version(conn: &mut SqliteConnection) -> Result<(), Error> {
     let version: String = sqlx::query_scalar("SELECT sqlite_version()")
         .fetch_one(&mut *conn)
-        .await?;
+        .await
+        .map_err(sql_error)?;
     let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     if found < MIN_SQLITE {

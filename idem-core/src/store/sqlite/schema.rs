@@ -4,6 +4,7 @@
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 use crate::error::Error;
+use crate::sql::error::sql_error;
 use crate::sql::migrate::{unknown_version, Migrated};
 use crate::sql::name::TableName;
 use crate::store::sql::corrupt;
@@ -73,7 +74,8 @@ async fn check_integrity(conn: &mut SqliteConnection) -> Result<(), Error> {
     let findings: Vec<String> = sqlx::query_scalar("PRAGMA quick_check")
         .persistent(false)
         .fetch_all(&mut *conn)
-        .await?;
+        .await
+        .map_err(sql_error)?;
     if findings.len() == 1 && findings[0] == "ok" {
         return Ok(());
     }
