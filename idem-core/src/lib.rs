@@ -57,6 +57,8 @@ pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
 pub use record::{Claim, Completion, Record, RecordState, Start, StartRequest, StoredResult};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use sql::error::sql_error;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sql::protocol::TransactionalStore;
 pub use step::{
     Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP,
     MAX_STEP_NAME_LEN,
@@ -67,8 +69,6 @@ pub use store::claim_order::ClaimOrder;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use store::sql::protocol::TransactionalStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreBuilder, SqliteSync};
 pub use store::{Immediate, Store, LAPSED_CLAIMS_KEPT};

@@ -1,6 +1,6 @@
-//! The SQL plumbing the SQL stores and the concurrency kit both build on, below both: what
-//! differs between SQLite and PostgreSQL, validated table names, the one duration conversion,
-//! and the migrator.
+//! What the SQL stores (`store/sqlite/`, `store/postgres/`) and the concurrency kit build on:
+//! what differs between SQLite and PostgreSQL, validated table names, the one duration
+//! conversion, the migrator, and the store protocol both stores share.
 //!
 //! - [`dialect`]: what differs between SQLite and PostgreSQL (the clock, placeholders, types),
 //!   and the sealed glue to sqlx.
@@ -8,16 +8,35 @@
 //! - [`name`]: [`TableName`](name::TableName), validated and quoted on render.
 //! - [`migrate`]: versioned [`Migration`](migrate::Migration)s applied in one transaction with a
 //!   `<table>_migrations` ledger, checked without changes, or written out as a `.sql` script.
+//! - [`protocol`]: the store's statements and its operations, written once against a
+//!   connection, generic over the database; the pool path and the caller's-transaction path
+//!   ([`TransactionalStore`](crate::store::TransactionalStore)) both call them.
+//! - [`row`]: a record row as read back, decoded once for both databases.
+//! - [`schema`]: the names both stores' migrations fill in, and migrating, checking or
+//!   scripting a records table with them.
+//! - [`steps`]: the steps of an operation (docs/steps.md), in a table beside the records.
+//! - [`background`]: the pruner a store runs while it lives.
+//!
+//! Each store keeps only its connection settings, its schema and the
+//! [`SqlBackend`](protocol::SqlBackend) that ties them to the protocol.
 
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::store::check_duration;
 
+pub(crate) mod background;
 pub(crate) mod dialect;
 pub(crate) mod error;
 pub(crate) mod migrate;
 pub(crate) mod name;
+pub(crate) mod protocol;
+pub(crate) mod row;
+pub(crate) mod schema;
+pub(crate) mod steps;
+
+/// The records table a store uses unless configured otherwise.
+pub(crate) const DEFAULT_TABLE: &str = "idem_records";
 
 /// The one conversion of a lease, retention or interval into what SQL adds to the database's
 /// clock: whole milliseconds, **rounded up**, so a lease is never shorter than asked. The
@@ -27,6 +46,21 @@ pub(crate) fn millis(what: &str, d: Duration) -> Result<i64, Error> {
     check_duration(what, d)?;
     let ms = d.as_nanos().div_ceil(1_000_000);
     Ok(i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
+/// A fenced statement (complete, renew, abort) changed no row: the record no longer carries the
+/// claim's token (or, for renew and abort, has completed).
+pub(crate) fn fenced(rows_affected: u64) -> Result<(), Error> {
+    if rows_affected == 0 {
+        Err(Error::LeaseLost)
+    } else {
+        Ok(())
+    }
+}
+
+/// A stored row that does not have the shape the store writes.
+pub(crate) fn corrupt(what: String) -> Error {
+    Error::Store(StoreError::new(StoreErrorKind::Corrupt, what))
 }
 
 #[cfg(test)]

@@ -131,7 +131,7 @@ mod sql {
     use crate::key::Key;
     use crate::record::Record;
     use crate::sql::dialect::private::Ops;
-    use crate::store::sql::protocol::SqlBackend;
+    use crate::sql::protocol::SqlBackend;
     use crate::store::Store;
 
     /// The records of `keys`, skipping any that expired or went away since they were listed.
@@ -139,10 +139,7 @@ mod sql {
         let mut out = Vec::with_capacity(keys.len());
         for key in keys {
             let key = <[u8; 32]>::try_from(key.as_slice()).map_err(|_| {
-                crate::store::sql::corrupt(format!(
-                    "a stored key is {} bytes, expected 32",
-                    key.len()
-                ))
+                crate::sql::corrupt(format!("a stored key is {} bytes, expected 32", key.len()))
             })?;
             if let Some(record) = store.get(&Key::from_bytes(key)).await? {
                 out.push(record);

@@ -5,7 +5,7 @@
 //! `idem::DynamoStore`), built on [`support`]. The
 //! two SQL stores are laid out alike (`mod.rs` the store and its builder, `schema.rs` its
 //! migrations, `protocol.rs` its tie to the shared store protocol) and share everything else in
-//! `store/sql/`: the protocol, written once against a connection, the dialect, the table name,
+//! `sql/`: the protocol, written once against a connection, the dialect, the table name,
 //! the duration conversion, the row decoding and the migrator. All of them pass the same
 //! conformance suite (`idem::conformance`, feature `conformance`).
 //! [`Pruner::records`](crate::Pruner::records) deletes their expired records in the background.
@@ -22,19 +22,16 @@ use crate::step::{Abandoned, AbandonedQuery, StepLog, StepWrite};
 
 pub(crate) mod admin;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) use sql::protocol::TransactionalStore;
+pub(crate) use crate::sql::protocol::TransactionalStore;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) mod claim_order;
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
-pub mod support;
-// Shared by the SQL stores and the kit.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+pub mod support;
 
 /// Where idempotency records live. Every backend keeps these rules:
 ///

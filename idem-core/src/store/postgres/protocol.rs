@@ -3,7 +3,7 @@
 use sqlx::postgres::{PgConnection, PgPool, Postgres};
 
 use super::PostgresStore;
-use crate::store::sql::protocol::{sql_store, Protocol, SqlBackend};
+use crate::sql::protocol::{sql_store, Protocol, SqlBackend};
 
 impl SqlBackend for PostgresStore {
     type Db = Postgres;

@@ -6,7 +6,7 @@ use sqlx::postgres::{PgConnection, Postgres};
 use crate::error::Error;
 use crate::sql::migrate::{unknown_version, Migrated};
 use crate::sql::name::TableName;
-use crate::store::sql::schema::StoreSchema;
+use crate::sql::schema::StoreSchema;
 
 /// The schema's steps, oldest first: `idem-core/sql/postgres/migrations.sql`, whose header says
 /// what it fills in and how a step is added.

@@ -9,12 +9,12 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoo
 
 use crate::error::Error;
 use crate::pruner::PrunerConfig;
+use crate::sql::background::{self, Background};
 use crate::sql::error::sql_error;
 use crate::sql::name::TableName;
+use crate::sql::protocol::{sql_store_api, Protocol};
+use crate::sql::DEFAULT_TABLE;
 use crate::store::claim_order::ClaimOrder;
-use crate::store::sql::background::{self, Background};
-use crate::store::sql::protocol::{sql_store_api, Protocol};
-use crate::store::sql::DEFAULT_TABLE;
 
 mod file;
 mod protocol;

@@ -3,7 +3,7 @@
 use sqlx::sqlite::{Sqlite, SqliteConnection, SqlitePool};
 
 use super::SqliteStore;
-use crate::store::sql::protocol::{sql_store, Protocol, SqlBackend};
+use crate::sql::protocol::{sql_store, Protocol, SqlBackend};
 
 impl SqlBackend for SqliteStore {
     type Db = Sqlite;

@@ -4,11 +4,11 @@
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 
 use crate::error::Error;
+use crate::sql::corrupt;
 use crate::sql::error::sql_error;
 use crate::sql::migrate::{unknown_version, Migrated};
 use crate::sql::name::TableName;
-use crate::store::sql::corrupt;
-use crate::store::sql::schema::StoreSchema;
+use crate::sql::schema::StoreSchema;
 
 /// The schema's steps, oldest first: `idem-core/sql/sqlite/migrations.sql`, whose header says
 /// what it fills in and how a step is added.

@@ -109,11 +109,11 @@ macro_rules! sql_store {
                 request: $crate::StartRequest<'_>,
             ) -> Result<$crate::Start, $crate::Error> {
                 let lease = $crate::sql::millis("lease", request.lease)?;
-                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                let mut conn = $crate::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await
                     .map_err($crate::sql::error::sql_error)?;
-                let via = $crate::store::sql::protocol::Via::Pool;
+                let via = $crate::sql::protocol::Via::Pool;
                 self.protocol()
                     .start(via, &mut conn, request.key, request.fingerprint, lease)
                     .await
@@ -124,7 +124,7 @@ macro_rules! sql_store {
                 claim: &$crate::Claim,
                 completion: $crate::Completion<'_>,
             ) -> Result<(), $crate::Error> {
-                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                let mut conn = $crate::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await
                     .map_err($crate::sql::error::sql_error)?;
@@ -133,7 +133,7 @@ macro_rules! sql_store {
             }
 
             async fn abort(&self, claim: &$crate::Claim) -> Result<(), $crate::Error> {
-                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                let mut conn = $crate::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await
                     .map_err($crate::sql::error::sql_error)?;
@@ -146,7 +146,7 @@ macro_rules! sql_store {
                 lease: std::time::Duration,
             ) -> Result<(), $crate::Error> {
                 let lease = $crate::sql::millis("lease", lease)?;
-                let mut conn = $crate::store::sql::protocol::SqlBackend::renew_pool(self)
+                let mut conn = $crate::sql::protocol::SqlBackend::renew_pool(self)
                     .acquire()
                     .await
                     .map_err($crate::sql::error::sql_error)?;
@@ -157,7 +157,7 @@ macro_rules! sql_store {
                 &self,
                 key: &$crate::Key,
             ) -> Result<Option<$crate::Record>, $crate::Error> {
-                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                let mut conn = $crate::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await
                     .map_err($crate::sql::error::sql_error)?;
@@ -165,7 +165,7 @@ macro_rules! sql_store {
             }
 
             async fn evict(&self, key: &$crate::Key) -> Result<bool, $crate::Error> {
-                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                let mut conn = $crate::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await
                     .map_err($crate::sql::error::sql_error)?;
@@ -173,7 +173,7 @@ macro_rules! sql_store {
             }
 
             async fn prune_expired(&self, limit: u32) -> Result<u64, $crate::Error> {
-                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                let mut conn = $crate::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await
                     .map_err($crate::sql::error::sql_error)?;
@@ -181,7 +181,7 @@ macro_rules! sql_store {
             }
 
             fn prune_batch_size(&self) -> u32 {
-                <Self as $crate::store::sql::protocol::SqlBackend>::PRUNE_BATCH_SIZE
+                <Self as $crate::sql::protocol::SqlBackend>::PRUNE_BATCH_SIZE
             }
 
             async fn begin_steps(
@@ -190,13 +190,13 @@ macro_rules! sql_store {
                 retention: std::time::Duration,
             ) -> Result<$crate::StepLog, $crate::Error> {
                 let retention = $crate::sql::millis("retention", retention)?;
-                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                let mut conn = $crate::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await
                     .map_err($crate::sql::error::sql_error)?;
                 self.protocol()
                     .steps()
-                    .begin::<<Self as $crate::store::sql::protocol::SqlBackend>::Db>(
+                    .begin::<<Self as $crate::sql::protocol::SqlBackend>::Db>(
                         &mut conn, claim, retention,
                     )
                     .await
@@ -206,13 +206,13 @@ macro_rules! sql_store {
                 &self,
                 query: $crate::AbandonedQuery<'_>,
             ) -> Result<Vec<$crate::Abandoned>, $crate::Error> {
-                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                let mut conn = $crate::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await
                     .map_err($crate::sql::error::sql_error)?;
                 self.protocol()
                     .steps()
-                    .find_abandoned::<<Self as $crate::store::sql::protocol::SqlBackend>::Db>(
+                    .find_abandoned::<<Self as $crate::sql::protocol::SqlBackend>::Db>(
                         &mut conn,
                         query.after,
                         query.limit,
@@ -225,7 +225,7 @@ macro_rules! sql_store {
                 claim: &$crate::Claim,
                 step: $crate::StepWrite<'_>,
             ) -> Result<(), $crate::Error> {
-                let mut conn = $crate::store::sql::protocol::SqlBackend::pool(self)
+                let mut conn = $crate::sql::protocol::SqlBackend::pool(self)
                     .acquire()
                     .await
                     .map_err($crate::sql::error::sql_error)?;
@@ -233,7 +233,7 @@ macro_rules! sql_store {
             }
         }
 
-        impl $crate::store::sql::protocol::Sealed for $store {}
+        impl $crate::sql::protocol::Sealed for $store {}
 
         #[async_trait::async_trait]
         impl $crate::store::TransactionalStore for $store {
@@ -245,7 +245,7 @@ macro_rules! sql_store {
                 request: $crate::StartRequest<'_>,
             ) -> Result<$crate::Start, $crate::Error> {
                 let lease = $crate::sql::millis("lease", request.lease)?;
-                let via = $crate::store::sql::protocol::Via::Transaction;
+                let via = $crate::sql::protocol::Via::Transaction;
                 self.protocol()
                     .start(via, conn, request.key, request.fingerprint, lease)
                     .await
@@ -280,7 +280,7 @@ macro_rules! sql_store {
                 let retention = $crate::sql::millis("retention", step.retention)?;
                 self.protocol()
                     .steps()
-                    .write::<<Self as $crate::store::sql::protocol::SqlBackend>::Db>(
+                    .write::<<Self as $crate::sql::protocol::SqlBackend>::Db>(
                         conn, claim, step, retention,
                     )
                     .await
