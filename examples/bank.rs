@@ -41,7 +41,7 @@ use idem::kit::{
     ExpectedVersion, Inserted, IsConflict, NewEvent, RecentIds, Recorded, RequestHistory,
     RetryPolicy, SqlQuery, Versioned, VersionedTable,
 };
-use idem::{idempotent, Pruner, PrunerConfig, SqliteStore, Transactional, TransactionalStore};
+use idem::{idempotent, PrunerConfig, SqliteStore, Transactional, TransactionalStore};
 use serde::{Deserialize, Serialize};
 use sqlx::{Pool, Row};
 use tokio::task::JoinSet;
@@ -519,9 +519,8 @@ where
         }
         self.check_final_balance("acct-3").await?;
 
-        let pruner = Pruner::history(
+        let pruner = self.history.pruner(
             self.pool.clone(),
-            &self.history,
             Duration::from_secs(24 * 3600),
             PrunerConfig::new(),
         )?;

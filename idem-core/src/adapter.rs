@@ -8,15 +8,18 @@
 //! API" is the model).
 
 use std::future::Future;
+use std::sync::Arc;
 
 use crate::codec::Codec;
 use crate::engine::{Call, Idempotency, Outcome};
 use crate::error::Error;
+use crate::pruner::{Pruner, PrunerConfig};
 
 pub use crate::canonical::text::Json;
 pub use crate::engine::{Encoded, Format, Overrides};
 pub use crate::envelope::payload_buffer;
 pub use crate::key::check_scope;
+pub use crate::pruner::{Lease as PruneLease, Target as PruneTarget};
 
 /// `call` with `overrides` as its options (lease, retention, what it does on a live claim),
 /// replacing any set before: what an adapter's builder decided, once for all its calls.
@@ -47,3 +50,9 @@ where
 // A store's atomic step (idem-dynamodb's `DynamoSteps::dynamo_tx`): the step's record written in
 // one transaction with the step's effect.
 pub use crate::engine::{atomic_step, AtomicStep};
+
+/// A [`Pruner`] of `target` (what a kit's history prunes, say), once `config` is checked (see
+/// [`PrunerConfig`]; otherwise [`Error::InvalidConfig`]).
+pub fn pruner(target: Arc<dyn PruneTarget>, config: PrunerConfig) -> Result<Pruner, Error> {
+    Pruner::new(target, config)
+}

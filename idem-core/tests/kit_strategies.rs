@@ -33,7 +33,7 @@ macro_rules! suite {
                 retry_on_conflict, Appended, ConcurrencyError, Entity, EventStreams,
                 ExpectedVersion, Inserted, NewEvent, RecentIds, Recorded, RequestHistory, SqlQuery, Version, VersionedTable,
             };
-            use idem_core::{PruneReport, Pruner, PrunerConfig};
+            use idem_core::{PruneReport, PrunerConfig};
             use sqlx::{Pool, Row};
             use tokio::task::JoinSet;
 
@@ -503,8 +503,8 @@ macro_rules! suite {
                 let (table, history) = history_with(&pool).await;
                 exec(&pool, &$expired(&table, 5_000)).await;
                 let config = back_to_back().batch_size(500).interval(hour());
-                let mut a = Pruner::history(pool.clone(), &history, hour(), config.clone()).unwrap().spawn();
-                let mut b = Pruner::history(pool.clone(), &history, hour(), config).unwrap().spawn();
+                let mut a = history.pruner(pool.clone(), hour(), config.clone()).unwrap().spawn();
+                let mut b = history.pruner(pool.clone(), hour(), config).unwrap().spawn();
 
                 let history = Arc::new(history);
                 let mut inserts = JoinSet::new();
@@ -551,10 +551,7 @@ macro_rules! suite {
                 for i in 0..10 {
                     let _ = history.record(&mut *pool.acquire().await.unwrap(), "deposit", &format!("fresh-{i}")).await.unwrap();
                 }
-                let pruner = Pruner::history(
-                    pool.clone(),
-                    &history,
-                    hour(),
+                let pruner = history.pruner(pool.clone(), hour(),
                     back_to_back().batch_size(1_000),
                 )
                 .unwrap();
@@ -582,7 +579,7 @@ macro_rules! suite {
                 exec(&pool, &$expired(&table, 250)).await;
                 let pause = Duration::from_millis(100);
                 let config = PrunerConfig::new().batch_size(100).pause(pause);
-                let capped = Pruner::history(pool.clone(), &history, hour(), config.clone().max_batches(2))
+                let capped = history.pruner(pool.clone(), hour(), config.clone().max_batches(2))
                     .unwrap();
 
                 let first = capped.run_once().await.unwrap();
@@ -599,7 +596,7 @@ macro_rules! suite {
                     &format!("UPDATE {table}_pruner SET holder = 'elsewhere', lease_until = {}", $future),
                 )
                 .await;
-                let unleased = Pruner::history(pool.clone(), &history, hour(), config.without_lease())
+                let unleased = history.pruner(pool.clone(), hour(), config.without_lease())
                     .unwrap();
                 let paced = unleased.run_once().await.unwrap();
                 assert_eq!(
@@ -632,7 +629,7 @@ macro_rules! suite {
                 )
                 .await;
                 let pruner =
-                    Pruner::history(pool.clone(), &history, hour(), PrunerConfig::new()).unwrap();
+                    history.pruner(pool.clone(), hour(), PrunerConfig::new()).unwrap();
 
                 let skipped = pruner.run_once().await.unwrap();
                 assert!(skipped.skipped && !skipped.drained);
@@ -656,7 +653,7 @@ macro_rules! suite {
                 let (table, history) = history_with(&pool).await;
                 exec(&pool, &$expired(&table, 3)).await;
                 let config = PrunerConfig::new().interval(Duration::from_millis(50));
-                let mut handle = Pruner::history(pool.clone(), &history, hour(), config).unwrap().spawn();
+                let mut handle = history.pruner(pool.clone(), hour(), config).unwrap().spawn();
 
                 let on_start = tokio::time::timeout(Duration::from_secs(30), handle.next_report())
                     .await
@@ -680,7 +677,7 @@ macro_rules! suite {
                 assert_eq!(later, 4);
                 handle.shutdown().await;
                 // The lease was released on the way out: another pruner may run at once.
-                let next = Pruner::history(pool.clone(), &history, hour(), PrunerConfig::new())
+                let next = history.pruner(pool.clone(), hour(), PrunerConfig::new())
                     .unwrap()
                     .run_once()
                     .await

@@ -29,7 +29,7 @@ CREATE TABLE IF NOT EXISTS {lease_table} (
 ";
 
 /// The table of processed request ids: `(scope, request_id)` is the primary key, `created_at`
-/// the database time of the insert (indexed, for the [`Pruner`](crate::Pruner::history)).
+/// the database time of the insert (indexed, for its [`pruner`](RequestHistory::pruner)).
 ///
 /// Call [`record`](RequestHistory::record) first in the transaction that does the business
 /// write. [`Recorded::Duplicate`] means the request was done before: skip the write. Both

@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | [versioned updates](VersionedTable) | no lost update: a write based on a stale read fails with [`ConcurrencyError::Conflict`] | load 1 + save 1; a conflict costs 1 more read, then a whole retry |
 //! | [event streams](EventStreams) | appends at an expected version; the same request appended twice adds its events once | 1 append (+1 read on a conflict or a duplicate; +2 for a savepoint inside your own PostgreSQL transaction) |
-//! | [request history](RequestHistory) | exactly once, in your own transaction beside the business write | 1 insert inside the transaction you already run; pruning runs off the hot path ([`Pruner::history`](crate::Pruner::history)) |
+//! | [request history](RequestHistory) | exactly once, in your own transaction beside the business write | 1 insert inside the transaction you already run; pruning runs off the hot path ([`RequestHistory::pruner`]) |
 //! | [recent ids](RecentIds) | duplicates among the last N requests are skipped, for stores without transactions | 0 extra: the ids travel inside the aggregate's own row, saved with a versioned update |
 //!
 //! - **Versioned updates** compare and bump a version column in one conditional
@@ -27,7 +27,7 @@
 //! - **Request history** records `(scope, request_id)` in a table, inside the transaction that
 //!   does the business write: [`Recorded::Duplicate`] means "already done". The insert uses
 //!   `ON CONFLICT DO NOTHING`, so a duplicate never aborts the caller's PostgreSQL transaction. A
-//!   [`Pruner::history`](crate::Pruner::history) deletes ids older than the retention window in
+//!   [`RequestHistory::pruner`] deletes ids older than the retention window in
 //!   bounded batches, one instance at a time.
 //! - **Recent ids** keep a bounded set of the last N request ids inside the aggregate
 //!   ([`RecentIds`]), serialised with it. Combined with a versioned save, concurrent duplicates
@@ -62,6 +62,8 @@ mod backend {
 }
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod history;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod history_pruner;
 mod recent;
 mod retry;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -17,9 +17,6 @@ use crate::key::Key;
 use crate::record::{Claim, Start, StartRequest};
 use crate::store::{check_duration, Store};
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod history;
-
 /// The largest batch a pruner deletes in one call.
 const MAX_BATCH_SIZE: u32 = 100_000;
 
@@ -103,7 +100,7 @@ impl PrunerConfig {
     /// Entries one batch deletes at most, by default: the default of
     /// [`Store::prune_batch_size`], which the memory and SQLite stores keep
     /// ([`PostgresStore`](crate::PostgresStore) says 1,000), and the batch size of a
-    /// [history](Pruner::history) pruner.
+    /// [history](crate::kit::RequestHistory::pruner) pruner.
     ///
     /// ```
     /// assert_eq!(idem::PrunerConfig::DEFAULT_BATCH_SIZE, 100);
@@ -439,7 +436,8 @@ fn behind(
 /// Deletes what has expired, in bounded batches, in the background or on demand: expired
 /// idempotency records from any [`Store`] ([`Pruner::records`]), or request ids older than a
 /// retention window from a kit [`RequestHistory`](crate::kit::RequestHistory)
-/// ([`Pruner::history`], features `sqlite` or `postgres`).
+/// ([`RequestHistory::pruner`](crate::kit::RequestHistory::pruner), features `sqlite` or
+/// `postgres`).
 ///
 /// A store keeps an expired record until something deletes it (a new claim of the same key
 /// replaces it, but most keys never come back), and a history keeps every id it recorded. A
@@ -498,47 +496,8 @@ impl Pruner {
         Pruner::new(Arc::new(Records(Arc::new(store))), config)
     }
 
-    /// A pruner of the request ids in `history` (on `pool`) recorded more than `retention`
-    /// ago. Each batch is one statement,
-    /// `DELETE … WHERE (scope, request_id) IN (SELECT … WHERE created_at < now - retention LIMIT n)`
-    /// (`FOR UPDATE SKIP LOCKED` on PostgreSQL), so no statement holds many locks for long; its
-    /// lease is the one row of `<table>_pruner`. Checks `retention` (1 ms to 10 years) and
-    /// `config` (see [`PrunerConfig`]); otherwise [`Error::InvalidConfig`].
-    ///
-    /// ```
-    /// # #[cfg(feature = "sqlite")] {
-    /// use std::time::Duration;
-    /// use idem::{kit::RequestHistory, Pruner, PrunerConfig};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
-    /// let history = RequestHistory::<sqlx::Sqlite>::new("request_history")?;
-    /// history.ensure_schema(&mut *pool.acquire().await?).await?;
-    /// let _ = history.record(&mut *pool.acquire().await?, "deposit", "fresh").await?;
-    /// // An id recorded two hours ago.
-    /// sqlx::query("INSERT INTO request_history VALUES ('deposit', 'old', CAST(unixepoch('subsec') * 1000 AS INTEGER) - 7200000)")
-    ///     .execute(&pool).await?;
-    ///
-    /// let hour = Duration::from_secs(3600);
-    /// let pruner = Pruner::history(pool.clone(), &history, hour, PrunerConfig::default())?;
-    /// let report = pruner.run_once().await?;
-    /// assert_eq!((report.deleted, report.batches, report.drained), (1, 1, true));
-    /// assert!(history.contains(&mut *pool.acquire().await?, "deposit", "fresh").await?);
-    /// # Ok(()) }
-    /// # }
-    /// ```
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    pub fn history<DB: crate::kit::Backend>(
-        pool: sqlx::Pool<DB>,
-        history: &crate::kit::RequestHistory<DB>,
-        retention: Duration,
-        config: PrunerConfig,
-    ) -> Result<Pruner, Error> {
-        let target = history::History::new(pool, history, retention)?;
-        Pruner::new(Arc::new(target), config)
-    }
-
     /// Checks `config` and settles its batch size: the one it names, or the target's.
-    fn new(target: Arc<dyn Target>, mut config: PrunerConfig) -> Result<Pruner, Error> {
+    pub(crate) fn new(target: Arc<dyn Target>, mut config: PrunerConfig) -> Result<Pruner, Error> {
         config.validate()?;
         if config.batch_size.is_none() {
             let own = target.batch_size();
@@ -555,7 +514,7 @@ impl Pruner {
 
     /// The most entries one batch deletes before the pruner [steps up](PrunerConfig): the
     /// config's [`batch_size`](PrunerConfig::batch_size) if it names one, otherwise the store's
-    /// [`prune_batch_size`](Store::prune_batch_size) (for a [history](Pruner::history),
+    /// [`prune_batch_size`](Store::prune_batch_size) (for a [history](crate::kit::RequestHistory::pruner),
     /// [`PrunerConfig::DEFAULT_BATCH_SIZE`]).
     ///
     /// ```
@@ -781,9 +740,10 @@ impl Pruner {
     }
 }
 
-/// What a [`Pruner`] deletes from: the only part that differs between records and history ids.
+/// What a [`Pruner`] deletes from: the only part that differs between records and history ids
+/// (a kit's [`RequestHistory`](crate::kit::RequestHistory) implements it beside its store).
 #[async_trait]
-pub(crate) trait Target: Send + Sync + 'static {
+pub trait Target: Send + Sync + 'static {
     /// What it prunes, for log events.
     fn name(&self) -> &str;
 
@@ -804,7 +764,7 @@ pub(crate) trait Target: Send + Sync + 'static {
 
 /// The lease of one run, so that one pruner of a target works at a time.
 #[async_trait]
-pub(crate) trait Lease: Send {
+pub trait Lease: Send {
     /// Takes the lease if it is free or expired, or extends it if this run holds it; `false`
     /// when another holder has it.
     async fn acquire(&mut self) -> Result<bool, Error>;

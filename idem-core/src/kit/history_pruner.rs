@@ -1,5 +1,5 @@
-//! What the [`Pruner`](crate::Pruner) needs to prune a [`RequestHistory`]: the statement that
-//! deletes a batch of old ids, and the lease row in `<table>_pruner`.
+//! [`RequestHistory::pruner`]: a [`Pruner`] of a history's old ids, with what it needs: the
+//! statement that deletes a batch of them, and the lease row in `<table>_pruner`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,10 +8,51 @@ use async_trait::async_trait;
 use sqlx::Pool;
 use uuid::Uuid;
 
-use super::{Lease, Target};
+use crate::adapter::{pruner, PruneLease as Lease, PruneTarget as Target};
 use crate::error::Error;
 use crate::kit::{millis, Backend, ConcurrencyError, RequestHistory};
+use crate::pruner::{Pruner, PrunerConfig};
 use crate::sql::error::sql_error;
+
+impl<DB: Backend> RequestHistory<DB> {
+    /// A [`Pruner`] of the request ids in this history (on `pool`) recorded more than
+    /// `retention` ago. Each batch is one statement,
+    /// `DELETE … WHERE (scope, request_id) IN (SELECT … WHERE created_at < now - retention LIMIT n)`
+    /// (`FOR UPDATE SKIP LOCKED` on PostgreSQL), so no statement holds many locks for long; its
+    /// lease is the one row of `<table>_pruner`. Checks `retention` (1 ms to 10 years) and
+    /// `config` (see [`PrunerConfig`]); otherwise [`Error::InvalidConfig`].
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")] {
+    /// use std::time::Duration;
+    /// use idem::{kit::RequestHistory, PrunerConfig};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+    /// let history = RequestHistory::<sqlx::Sqlite>::new("request_history")?;
+    /// history.ensure_schema(&mut *pool.acquire().await?).await?;
+    /// let _ = history.record(&mut *pool.acquire().await?, "deposit", "fresh").await?;
+    /// // An id recorded two hours ago.
+    /// sqlx::query("INSERT INTO request_history VALUES ('deposit', 'old', CAST(unixepoch('subsec') * 1000 AS INTEGER) - 7200000)")
+    ///     .execute(&pool).await?;
+    ///
+    /// let hour = Duration::from_secs(3600);
+    /// let pruner = history.pruner(pool.clone(), hour, PrunerConfig::default())?;
+    /// let report = pruner.run_once().await?;
+    /// assert_eq!((report.deleted, report.batches, report.drained), (1, 1, true));
+    /// assert!(history.contains(&mut *pool.acquire().await?, "deposit", "fresh").await?);
+    /// # Ok(()) }
+    /// # }
+    /// ```
+    pub fn pruner(
+        &self,
+        pool: Pool<DB>,
+        retention: Duration,
+        config: PrunerConfig,
+    ) -> Result<Pruner, Error> {
+        let target = History::new(pool, self, retention)?;
+        pruner(Arc::new(target), config)
+    }
+}
 
 /// The ids of one history older than its retention.
 pub(crate) struct History<DB: Backend> {
