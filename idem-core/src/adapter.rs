@@ -10,16 +10,16 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::background::{Pruner, PrunerConfig};
 use crate::codec::Codec;
 use crate::engine::{Call, Idempotency, Outcome};
 use crate::error::Error;
-use crate::pruner::{Pruner, PrunerConfig};
 
-pub use crate::canonical::text::Json;
+pub use crate::background::{Lease as PruneLease, Target as PruneTarget};
+pub use crate::canonical::text::JsonText;
 pub use crate::engine::{Encoded, Format, Overrides};
 pub use crate::envelope::payload_buffer;
 pub use crate::key::check_scope;
-pub use crate::pruner::{Lease as PruneLease, Target as PruneTarget};
 
 /// `call` with `overrides` as its options (lease, retention, what it does on a live claim),
 /// replacing any set before: what an adapter's builder decided, once for all its calls.

@@ -11,7 +11,8 @@ mod buckets;
 mod canonical;
 mod clock;
 mod codec;
-mod completer;
+
+mod background;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod engine;
@@ -20,7 +21,6 @@ mod error;
 mod key;
 pub mod kit;
 mod observe;
-mod pruner;
 mod record;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
@@ -38,11 +38,12 @@ pub use uuid;
 #[doc(hidden)]
 pub mod __private;
 
+pub use background::{CompleteReport, Completer, CompleterConfig, CompleterHandle};
+pub use background::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
 pub use buckets::PROMETHEUS_BUCKETS;
 pub use canonical::{FingerprintError, MAX_FINGERPRINT_DEPTH};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
-pub use completer::{CompleteReport, Completer, CompleterConfig, CompleterHandle};
 pub use engine::{
     Attempt, Begun, Call, EngineBuilder, Finish, Holder, Idempotency, OnLocked, Outcome, Policy,
     ReplayCache, Step, Steps,
@@ -53,7 +54,6 @@ pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::KeyPart;
 pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
 pub use observe::{CallEvent, Observer, Stage, DEFAULT_LATENCIES_ONE_IN};
-pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
 pub use record::{Claim, Completion, Record, RecordState, Start, StartRequest, StoredResult};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use sql::error::sql_error;

@@ -6,22 +6,22 @@ use super::{enter, write_str};
 
 /// A JSON value read from text.
 #[derive(Debug, PartialEq)]
-pub enum Json<'a> {
+pub enum JsonText<'a> {
     /// `null`, `true`, `false` or a number, exactly as written.
     Atom(&'a str),
     /// A string, unescaped.
     Str(String),
     /// An array.
-    Array(Vec<Json<'a>>),
+    Array(Vec<JsonText<'a>>),
     /// An object's members, sorted by key; no key appears twice.
-    Object(Vec<(String, Json<'a>)>),
+    Object(Vec<(String, JsonText<'a>)>),
 }
 
-impl<'a> Json<'a> {
+impl<'a> JsonText<'a> {
     /// Reads `body` as one JSON value (RFC 8259). `None` when it is not UTF-8 JSON, nests deeper
     /// than [`MAX_FINGERPRINT_DEPTH`](crate::MAX_FINGERPRINT_DEPTH), or repeats a key in an
     /// object (readers disagree on what that means, so it has no one canonical form).
-    pub fn parse(body: &'a [u8]) -> Option<Json<'a>> {
+    pub fn parse(body: &'a [u8]) -> Option<JsonText<'a>> {
         let mut parser = Parser {
             text: std::str::from_utf8(body).ok()?,
             pos: 0,
@@ -32,7 +32,7 @@ impl<'a> Json<'a> {
     }
 
     /// The value at a JSON Pointer (RFC 6901), found as serde_json's `Value::pointer` finds it.
-    pub fn pointer(&self, pointer: &str) -> Option<&Json<'a>> {
+    pub fn pointer(&self, pointer: &str) -> Option<&JsonText<'a>> {
         if pointer.is_empty() {
             return Some(self);
         }
@@ -41,12 +41,12 @@ impl<'a> Json<'a> {
             .split('/')
             .map(|token| token.replace("~1", "/").replace("~0", "~"))
             .try_fold(self, |target, token| match target {
-                Json::Object(members) => members
+                JsonText::Object(members) => members
                     .binary_search_by(|(key, _)| key.as_str().cmp(&token))
                     .ok()
                     .and_then(|i| members.get(i))
                     .map(|(_, value)| value),
-                Json::Array(items) => array_index(&token).and_then(|i| items.get(i)),
+                JsonText::Array(items) => array_index(&token).and_then(|i| items.get(i)),
                 _ => None,
             })
     }
@@ -61,9 +61,9 @@ impl<'a> Json<'a> {
 
     fn write(&self, out: &mut Vec<u8>) {
         match self {
-            Json::Atom(text) => out.extend_from_slice(text.as_bytes()),
-            Json::Str(s) => write_str(out, s),
-            Json::Array(items) => {
+            JsonText::Atom(text) => out.extend_from_slice(text.as_bytes()),
+            JsonText::Str(s) => write_str(out, s),
+            JsonText::Array(items) => {
                 out.push(b'[');
                 for (i, item) in items.iter().enumerate() {
                     if i > 0 {
@@ -73,7 +73,7 @@ impl<'a> Json<'a> {
                 }
                 out.push(b']');
             }
-            Json::Object(members) => {
+            JsonText::Object(members) => {
                 out.push(b'{');
                 for (i, (key, value)) in members.iter().enumerate() {
                     if i > 0 {
@@ -127,12 +127,12 @@ impl<'a> Parser<'a> {
     }
 
     /// A value nested `depth` levels deep.
-    fn value(&mut self, depth: usize) -> Option<Json<'a>> {
+    fn value(&mut self, depth: usize) -> Option<JsonText<'a>> {
         self.skip_whitespace();
         match self.peek()? {
             b'[' => self.array(enter(depth).ok()?),
             b'{' => self.object(enter(depth).ok()?),
-            b'"' => self.string().map(Json::Str),
+            b'"' => self.string().map(JsonText::Str),
             b't' => self.word("true"),
             b'f' => self.word("false"),
             b'n' => self.word("null"),
@@ -141,7 +141,7 @@ impl<'a> Parser<'a> {
     }
 
     /// An array whose items are `depth` levels deep (the cursor is on its `[`).
-    fn array(&mut self, depth: usize) -> Option<Json<'a>> {
+    fn array(&mut self, depth: usize) -> Option<JsonText<'a>> {
         self.pos += 1;
         let mut items = Vec::new();
         self.skip_whitespace();
@@ -155,11 +155,11 @@ impl<'a> Parser<'a> {
                 self.expect(b',')?;
             }
         }
-        Some(Json::Array(items))
+        Some(JsonText::Array(items))
     }
 
     /// An object whose values are `depth` levels deep (the cursor is on its `{`).
-    fn object(&mut self, depth: usize) -> Option<Json<'a>> {
+    fn object(&mut self, depth: usize) -> Option<JsonText<'a>> {
         self.pos += 1;
         let mut members = Vec::new();
         self.skip_whitespace();
@@ -179,7 +179,7 @@ impl<'a> Parser<'a> {
         }
         members.sort_by(|a, b| a.0.cmp(&b.0));
         let unique = members.windows(2).all(|pair| pair[0].0 != pair[1].0);
-        unique.then_some(Json::Object(members))
+        unique.then_some(JsonText::Object(members))
     }
 
     /// A string, unescaped.
@@ -250,17 +250,17 @@ impl<'a> Parser<'a> {
         u32::from_str_radix(digits, 16).ok()
     }
 
-    fn word(&mut self, word: &'static str) -> Option<Json<'a>> {
+    fn word(&mut self, word: &'static str) -> Option<JsonText<'a>> {
         let end = self.pos + word.len();
         let found = self.text.get(self.pos..end)?;
         (found == word).then(|| {
             self.pos = end;
-            Json::Atom(found)
+            JsonText::Atom(found)
         })
     }
 
     /// A number as written: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
-    fn number(&mut self) -> Option<Json<'a>> {
+    fn number(&mut self) -> Option<JsonText<'a>> {
         let start = self.pos;
         self.eat(b'-');
         if !self.eat(b'0') {
@@ -275,7 +275,7 @@ impl<'a> Parser<'a> {
             }
             self.digits()?;
         }
-        self.text.get(start..self.pos).map(Json::Atom)
+        self.text.get(start..self.pos).map(JsonText::Atom)
     }
 
     /// One or more decimal digits.
@@ -294,7 +294,7 @@ mod tests {
     use crate::MAX_FINGERPRINT_DEPTH;
 
     fn canonical(text: &str) -> Option<String> {
-        Json::parse(text.as_bytes()).map(|v| String::from_utf8(v.canonical()).unwrap())
+        JsonText::parse(text.as_bytes()).map(|v| String::from_utf8(v.canonical()).unwrap())
     }
 
     #[test]
@@ -332,7 +332,7 @@ mod tests {
         ] {
             let value: serde_json::Value = serde_json::from_str(text).unwrap();
             let typed = super::super::to_canonical(&value).unwrap();
-            assert_eq!(Json::parse(text.as_bytes()).unwrap().canonical(), typed);
+            assert_eq!(JsonText::parse(text.as_bytes()).unwrap().canonical(), typed);
         }
     }
 
@@ -374,24 +374,24 @@ mod tests {
         ] {
             assert_eq!(canonical(text), None, "{text:?}");
         }
-        assert_eq!(Json::parse(b"\"\xff\""), None);
+        assert_eq!(JsonText::parse(b"\"\xff\""), None);
     }
 
     #[test]
     fn depth_is_bounded() {
         let nest = |n: usize| "[".repeat(n) + &"]".repeat(n);
-        assert!(Json::parse(nest(MAX_FINGERPRINT_DEPTH).as_bytes()).is_some());
-        assert!(Json::parse(nest(MAX_FINGERPRINT_DEPTH + 1).as_bytes()).is_none());
+        assert!(JsonText::parse(nest(MAX_FINGERPRINT_DEPTH).as_bytes()).is_some());
+        assert!(JsonText::parse(nest(MAX_FINGERPRINT_DEPTH + 1).as_bytes()).is_none());
         let objects = |n: usize| "{\"a\":".repeat(n) + "1" + &"}".repeat(n);
-        assert!(Json::parse(objects(MAX_FINGERPRINT_DEPTH).as_bytes()).is_some());
-        assert!(Json::parse(objects(MAX_FINGERPRINT_DEPTH + 1).as_bytes()).is_none());
-        assert!(Json::parse(nest(100_000).as_bytes()).is_none());
+        assert!(JsonText::parse(objects(MAX_FINGERPRINT_DEPTH).as_bytes()).is_some());
+        assert!(JsonText::parse(objects(MAX_FINGERPRINT_DEPTH + 1).as_bytes()).is_none());
+        assert!(JsonText::parse(nest(100_000).as_bytes()).is_none());
     }
 
     #[test]
     fn pointers_find_as_serde_json_does() {
         let text = r#"{"a":{"b/c":[10,{"~":true}],"":1},"n":null,"0":"zero"}"#;
-        let ours = Json::parse(text.as_bytes()).unwrap();
+        let ours = JsonText::parse(text.as_bytes()).unwrap();
         let theirs: serde_json::Value = serde_json::from_str(text).unwrap();
         for pointer in [
             "",
@@ -411,7 +411,7 @@ mod tests {
             "/x",
             "a",
         ] {
-            let ours = ours.pointer(pointer).map(Json::canonical);
+            let ours = ours.pointer(pointer).map(JsonText::canonical);
             let theirs = theirs
                 .pointer(pointer)
                 .map(|v| super::super::to_canonical(v).unwrap());

@@ -9,9 +9,9 @@ use sqlx::Pool;
 use uuid::Uuid;
 
 use crate::adapter::{pruner, PruneLease as Lease, PruneTarget as Target};
+use crate::background::{Pruner, PrunerConfig};
 use crate::error::Error;
 use crate::kit::{millis, Backend, ConcurrencyError, RequestHistory};
-use crate::pruner::{Pruner, PrunerConfig};
 use crate::sql::error::sql_error;
 
 impl<DB: Backend> RequestHistory<DB> {

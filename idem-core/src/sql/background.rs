@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use crate::background::{Pruner, PrunerConfig, PrunerHandle};
 use crate::error::Error;
-use crate::pruner::{Pruner, PrunerConfig, PrunerHandle};
 use crate::store::Store;
 
 /// A store's background pruner, shared by its clones. The handle stops the pruner when it is

@@ -193,7 +193,7 @@ mod sql {
 
     /// The key of the records pruner's lease row, as stored.
     fn pruner_lease() -> Result<Vec<u8>, Error> {
-        Ok(crate::pruner::records_lease_key()?.as_bytes().to_vec())
+        Ok(crate::background::records_lease_key()?.as_bytes().to_vec())
     }
 
     fn state_code(state: Option<ListState>) -> Option<i64> {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use http::{Method, Uri};
 use sha2::{Digest, Sha256};
 
-use idem_core::adapter::Json;
+use idem_core::adapter::JsonText;
 use idem_core::Fingerprint;
 
 /// Which view of the request body goes into the request fingerprint.
@@ -63,7 +63,7 @@ impl BodyFingerprint {
         for part in [method.as_str().as_bytes(), path.as_bytes()] {
             put(&mut h, part);
         }
-        let json = || Json::parse(body);
+        let json = || JsonText::parse(body);
         match self {
             BodyFingerprint::Bytes => tagged(&mut h, b'b', body),
             BodyFingerprint::Ignore => h.update([b'n']),
@@ -73,7 +73,7 @@ impl BodyFingerprint {
             },
             BodyFingerprint::JsonFields(pointers) => match json() {
                 Some(v) => {
-                    let picked: BTreeMap<&str, &Json> = pointers
+                    let picked: BTreeMap<&str, &JsonText> = pointers
                         .iter()
                         .filter_map(|p| v.pointer(p).map(|found| (p.as_str(), found)))
                         .collect();

@@ -6,8 +6,8 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::Connection;
 
+use crate::background::PrunerConfig;
 use crate::error::Error;
-use crate::pruner::PrunerConfig;
 use crate::sql::background::{self, Background};
 use crate::sql::error::sql_error;
 use crate::sql::name::TableName;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
 
+use crate::background::PrunerConfig;
 use crate::error::Error;
-use crate::pruner::PrunerConfig;
 use crate::sql::background::{self, Background};
 use crate::sql::error::sql_error;
 use crate::sql::name::TableName;

@@ -1,4 +1,4 @@
-//! The one background pruner: it deletes what has expired, either idempotency records from any
+//! The pruner: it deletes what has expired, either idempotency records from any
 //! [`Store`] or request ids from a kit [`RequestHistory`](crate::kit::RequestHistory), in
 //! bounded batches, optionally paced and optionally under a lease so that one node prunes at a
 //! time.
@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::{records_lease_key, stop_requested, Background, Lease, RecordsLease};
 use crate::error::Error;
-use crate::key::Key;
-use crate::record::{Claim, Start, StartRequest};
 use crate::store::{check_duration, Store};
 
 /// The largest batch a pruner deletes in one call.
@@ -762,26 +760,8 @@ pub trait Target: Send + Sync + 'static {
     fn lease(self: Arc<Self>, length: Duration) -> Box<dyn Lease>;
 }
 
-/// The lease of one run, so that one pruner of a target works at a time.
-#[async_trait]
-pub trait Lease: Send {
-    /// Takes the lease if it is free or expired, or extends it if this run holds it; `false`
-    /// when another holder has it.
-    async fn acquire(&mut self) -> Result<bool, Error>;
-
-    /// Gives the lease up, so the next pruner may run at once.
-    async fn release(&mut self) -> Result<(), Error>;
-}
-
 /// The expired records of a store.
 struct Records(Arc<dyn Store>);
-
-/// The record that is the lease of the records' pruners.
-/// The reserved key of the records pruner's lease, a record of the store itself (which the
-/// store's operator views leave out).
-pub(crate) fn records_lease_key() -> Result<Key, Error> {
-    Ok(Key::derive("idem.pruner", "", "records")?)
-}
 
 #[async_trait]
 impl Target for Records {
@@ -806,73 +786,6 @@ impl Target for Records {
     }
 }
 
-/// A claim of a reserved lease key in the store itself: the records pruner's, and the
-/// [`Completer`](crate::Completer)'s.
-pub(crate) struct RecordsLease {
-    store: Arc<dyn Store>,
-    /// The reserved key.
-    key: fn() -> Result<Key, Error>,
-    length: Duration,
-    claim: Option<Claim>,
-}
-
-impl RecordsLease {
-    /// A lease of `length` on the record `key` of `store`, not yet taken.
-    pub(crate) fn new(
-        store: Arc<dyn Store>,
-        key: fn() -> Result<Key, Error>,
-        length: Duration,
-    ) -> RecordsLease {
-        RecordsLease {
-            store,
-            key,
-            length,
-            claim: None,
-        }
-    }
-}
-
-#[async_trait]
-impl Lease for RecordsLease {
-    async fn acquire(&mut self) -> Result<bool, Error> {
-        if let Some(claim) = &self.claim {
-            return match self.store.renew(claim, self.length).await {
-                Ok(()) => Ok(true),
-                Err(Error::LeaseLost) => {
-                    self.claim = None;
-                    Ok(false)
-                }
-                Err(e) => Err(e),
-            };
-        }
-        let key = (self.key)()?;
-        match self
-            .store
-            .start(StartRequest::new(&key, self.length))
-            .await?
-        {
-            Start::Started(claim) => {
-                self.claim = Some(claim);
-                Ok(true)
-            }
-            // A live lease elsewhere; a completed record cannot be a pruner's, but it holds
-            // the key as firmly until its retention ends.
-            Start::Locked { .. } | Start::Completed(_) => Ok(false),
-        }
-    }
-
-    async fn release(&mut self) -> Result<(), Error> {
-        match self.claim.take() {
-            // Lost already: another pruner holds it now, which is all a release wants.
-            Some(claim) => match self.store.abort(&claim).await {
-                Ok(()) | Err(Error::LeaseLost) => Ok(()),
-                Err(e) => Err(e),
-            },
-            None => Ok(()),
-        }
-    }
-}
-
 /// Controls a [spawned](Pruner::spawn) pruner. Dropping it stops the pruner too (after the
 /// batch in progress); [`shutdown`](PrunerHandle::shutdown) also waits for that.
 ///
@@ -887,63 +800,6 @@ impl Lease for RecordsLease {
 /// ```
 #[derive(Debug)]
 pub struct PrunerHandle(Background<PruneReport>);
-
-/// A background task that runs until stopped and reports each successful run: what a
-/// [`PrunerHandle`] and a [`CompleterHandle`](crate::CompleterHandle) hold.
-#[derive(Debug)]
-pub(crate) struct Background<R> {
-    stop: watch::Sender<bool>,
-    reports: watch::Receiver<Option<R>>,
-    task: JoinHandle<()>,
-}
-
-impl<R: Copy + Send + Sync + 'static> Background<R> {
-    /// Spawns `body` with the stop signal and the sender of its reports.
-    pub(crate) fn spawn<F, Fut>(body: F) -> Background<R>
-    where
-        F: FnOnce(watch::Receiver<bool>, watch::Sender<Option<R>>) -> Fut,
-        Fut: std::future::Future<Output = ()> + Send + 'static,
-    {
-        let (stop, stop_rx) = watch::channel(false);
-        let (report_tx, reports) = watch::channel(None);
-        let task = tokio::spawn(body(stop_rx, report_tx));
-        Background {
-            stop,
-            reports,
-            task,
-        }
-    }
-
-    /// The report of the latest successful run, if any.
-    pub(crate) fn last_report(&self) -> Option<R> {
-        *self.reports.borrow()
-    }
-
-    /// Waits for the next successful run's report; `None` once the task has stopped.
-    pub(crate) async fn next_report(&mut self) -> Option<R> {
-        self.reports.changed().await.ok()?;
-        *self.reports.borrow_and_update()
-    }
-
-    /// Asks the task to stop and waits until it has, through a shared handle (a store's clones
-    /// share its pruner's). A panic of the task is not resumed here: the task is gone either way.
-    pub(crate) async fn stop(&self) {
-        self.stop.send_replace(true);
-        // The task holds the reports' sender: the channel closes when the task ends.
-        let mut reports = self.reports.clone();
-        while reports.changed().await.is_ok() {}
-    }
-
-    /// Asks the task to stop and waits for it; resumes its panic, if it panicked.
-    pub(crate) async fn shutdown(self) {
-        self.stop.send_replace(true);
-        if let Err(e) = self.task.await {
-            if e.is_panic() {
-                std::panic::resume_unwind(e.into_panic());
-            }
-        }
-    }
-}
 
 impl PrunerHandle {
     /// Runs `pruner` at once and then every interval until the handle stops it. A run that
@@ -1048,9 +904,4 @@ impl PrunerHandle {
     pub async fn shutdown(self) {
         self.0.shutdown().await
     }
-}
-
-/// Whether the handle asked the task to stop (sent `true` or was dropped).
-pub(crate) fn stop_requested(stop: &watch::Receiver<bool>) -> bool {
-    *stop.borrow() || stop.has_changed().is_err()
 }

@@ -15,11 +15,11 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::{stop_requested, Background, Lease, RecordsLease};
 use crate::codec::{Codec, JsonCodec};
 use crate::engine::{Idempotency, OnLocked, Outcome, Steps};
 use crate::error::Error;
 use crate::key::Key;
-use crate::pruner::{stop_requested, Background, Lease, RecordsLease};
 use crate::step::{Abandoned, AbandonedQuery};
 use crate::store::check_duration;
 
