@@ -6,8 +6,11 @@
 //! work succeeds and replayed to duplicates until its retention ends. A failure, cancellation
 //! or crash releases the key, so a retry runs again.
 //!
-//! This crate re-exports everything of `idem-core` (keys, records, the [`Store`] trait and its
-//! backends, the [`Idempotency`] engine) together with the [`idempotent`] attribute.
+//! This crate is the one to depend on. It re-exports everything of `idem-core` (keys, records,
+//! the [`Store`] trait and its backends, the [`Idempotency`] engine) with the [`idempotent`]
+//! attribute and, by cargo feature, the crates of the other stores and ways in (`redis`,
+//! `dynamodb`, `remote`, `http`, `grpc`, `consumer`, …), so every path is `idem::…` whichever
+//! crate holds the item. [`store::url`] opens any store of the build from a URL.
 //!
 //! # The attribute
 //!
@@ -108,6 +111,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![deny(rustdoc::broken_intra_doc_links)]
 
 pub use idem_core::*;
 

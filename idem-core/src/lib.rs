@@ -1,10 +1,17 @@
-//! The runtime of [idem](https://docs.rs/idem): keys, records, the [`Store`] trait and its
-//! backends, the [`Idempotency`] engine, the concurrency kit, and the HTTP and gRPC layers.
+//! The core of [idem](https://docs.rs/idem): keys and fingerprints, records, the [`Store`] trait
+//! and [`MemoryStore`], the [`Idempotency`] engine (calls, steps, detached work, the replay
+//! cache), the background jobs ([`Pruner`], [`Completer`]), observability and the concurrency
+//! kit; the SQLite and PostgreSQL stores until they move to a crate of their own.
 //!
-//! Depend on the `idem` crate, which re-exports all of this together with the `#[idempotent]`
-//! attribute.
+//! Depend on the `idem` crate, which re-exports all of this with the `#[idempotent]` attribute
+//! and, by feature, the other stores and the ways in (HTTP, gRPC, queue consumers). This crate's
+//! public API shows no pre-1.0 crate but sqlx (the SQL stores'); [`store::support`] and
+//! [`adapter`] are for the idem crates and out-of-tree stores and ways in, and are not covered by
+//! semver.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![deny(rustdoc::broken_intra_doc_links)]
 
 pub mod adapter;
 mod buckets;
@@ -14,6 +21,7 @@ mod codec;
 
 mod background;
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 mod engine;
 mod envelope;

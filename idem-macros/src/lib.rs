@@ -9,6 +9,7 @@
 //! in `params.rs`. All runtime logic is in `idem-core`, where it is tested without macros.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![deny(rustdoc::broken_intra_doc_links)]
 
 mod attr;
 mod duration;

@@ -893,8 +893,18 @@ impl PrunerHandle {
     }
 
     /// [`shutdown`](Self::shutdown) through a shared handle (a store's clones share their
-    /// pruner's), without resuming a panic.
-    pub(crate) async fn stop(&self) {
+    /// pruner's, and close it with this), without resuming a panic: the pruner stops after the
+    /// batch in progress and releases its lease; the handle reports nothing more.
+    ///
+    /// ```
+    /// use idem::{MemoryStore, Pruner, PrunerConfig};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+    /// let mut handle = Pruner::records(MemoryStore::new(), PrunerConfig::default())?.spawn();
+    /// handle.stop().await;
+    /// assert_eq!(handle.next_report().await, None);
+    /// # Ok(()) }
+    /// ```
+    pub async fn stop(&self) {
         self.0.stop().await;
     }
 
