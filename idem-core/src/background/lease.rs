@@ -25,7 +25,7 @@ pub trait Lease: Send {
 
 /// The reserved key of the records pruner's lease, a record of the store itself (which the
 /// store's operator views leave out).
-pub(crate) fn records_lease_key() -> Result<Key, Error> {
+pub fn records_lease_key() -> Result<Key, Error> {
     Ok(Key::derive("idem.pruner", "", "records")?)
 }
 

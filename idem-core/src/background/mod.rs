@@ -14,8 +14,9 @@ mod lease;
 mod pruner;
 
 pub use completer::{CompleteReport, Completer, CompleterConfig, CompleterHandle};
+pub use lease::records_lease_key;
 pub use lease::Lease;
-pub(crate) use lease::{records_lease_key, RecordsLease};
+pub(crate) use lease::RecordsLease;
 pub use pruner::Target;
 pub use pruner::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
 

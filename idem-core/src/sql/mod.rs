@@ -15,6 +15,7 @@
 //! - [`schema`]: the names both stores' migrations fill in, and migrating, checking or
 //!   scripting a records table with them.
 //! - [`steps`]: the steps of an operation (docs/steps.md), in a table beside the records.
+//! - [`admin`]: `StoreAdmin` for the SQL stores, one statement per call.
 //! - [`background`]: the pruner a store runs while it lives.
 //!
 //! Each store keeps only its connection settings, its schema and the
@@ -25,6 +26,7 @@ use std::time::Duration;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::store::check_duration;
 
+pub(crate) mod admin;
 pub(crate) mod background;
 pub(crate) mod dialect;
 pub(crate) mod error;

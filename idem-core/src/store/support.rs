@@ -19,3 +19,7 @@ pub use crate::store::{check_duration, check_fingerprint, LAPSED_CLAIMS_KEPT_MS}
 /// result over its item size and `RemoteStore` for one its server did not keep; a later
 /// release makes the engine seal it, and stores stop writing the engine's envelope.
 pub use crate::envelope::not_retained;
+
+/// The reserved key of the records pruner's lease: a record of the store itself, which a store's
+/// operator views (`StoreAdmin::list`, `stats`) leave out.
+pub use crate::background::records_lease_key;
