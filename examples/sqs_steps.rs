@@ -27,7 +27,7 @@ use idem::consumer::sqs::aws_sdk_sqs::{Client, Config};
 use idem::consumer::sqs::SqsConsumer;
 use idem::consumer::Consumer;
 use idem::sqlx::{self, Connection};
-use idem::{Error, Idempotency, SqliteStore, Steps};
+use idem::{Error, Idempotency, SqlSteps, SqliteStore, Steps};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 

@@ -492,7 +492,8 @@ impl<C: Codec> Consumer<C> {
     /// [steps operation](Call::run_steps) and is given its [`Steps`] handle, to apply
     /// the message's effect as **one transactional step** that commits the effect's writes and
     /// the step's record together, fenced by the message's claim:
-    /// `Steps::tx` on SQLite and PostgreSQL (the handler's SQL writes, in its transaction),
+    /// `steps.tx` (`idem::SqlSteps`) on SQLite and PostgreSQL (the handler's SQL writes, in its
+    /// transaction),
     /// `DynamoSteps::dynamo_tx` on DynamoDB (the handler's items, in one `TransactWriteItems`).
     ///
     /// An effect outside the store cannot be applied exactly once: a consumer killed after the
@@ -516,7 +517,7 @@ impl<C: Codec> Consumer<C> {
     ///
     /// ```
     /// use idem::consumer::{Consumer, Message};
-    /// use idem::{Error, Idempotency, SqliteStore};
+    /// use idem::{Error, Idempotency, SqlSteps, SqliteStore};
     /// use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let dir = tempfile::tempdir()?;

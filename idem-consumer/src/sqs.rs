@@ -172,7 +172,7 @@ impl<C: Codec> SqsConsumer<C> {
     /// ```no_run
     /// use idem::consumer::sqs::{aws_sdk_sqs, SqsConsumer};
     /// use idem::consumer::Consumer;
-    /// use idem::{Error, Idempotency, SqliteStore};
+    /// use idem::{Error, Idempotency, SqlSteps, SqliteStore};
     /// use sqlx::Connection;
     /// # async fn doc(client: aws_sdk_sqs::Client) -> Result<(), Error> {
     /// let store = SqliteStore::open("shop.db").await?;

@@ -25,7 +25,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem::aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
-use idem::{DynamoSteps, DynamoStore, Error, Idempotency, PostgresStore, SqliteStore, Steps};
+use idem::{
+    DynamoSteps, DynamoStore, Error, Idempotency, PostgresStore, SqlSteps, SqliteStore, Steps,
+};
 use idem_consumer::sqs::aws_sdk_sqs::types::{
     Message as SqsMessage, QueueAttributeName, SendMessageBatchRequestEntry,
 };

@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use idem::{Error, Idempotency, Key, SqliteStore, Steps, Store};
+use idem::{Error, Idempotency, Key, SqlSteps, SqliteStore, Steps, Store};
 use idem_consumer::{Consumer, Failure, Message, MessageOutcome};
 use tokio::sync::{Notify, Semaphore};
 

@@ -67,6 +67,8 @@ pub use record::{Claim, Completion, Record, RecordState, Start, StartRequest, St
 pub use sql::error::sql_error;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use sql::protocol::TransactionalStore;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sql::steps_tx::SqlSteps;
 pub use step::{
     Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP,
     MAX_STEP_NAME_LEN,

@@ -25,7 +25,7 @@ use axum::extract::State;
 use axum::http::Uri;
 use axum::routing::post;
 use axum::Router;
-use idem_core::{Error, Idempotency, Key, OnLocked, Outcome};
+use idem_core::{Error, Idempotency, Key, OnLocked, Outcome, SqlSteps};
 use serde::{Deserialize, Serialize};
 
 /// Set in the child: the scenario it runs, as `KEY=VALUE` lines (see [`Scenario`]).

@@ -216,7 +216,7 @@ impl<C: Codec> Steps<C> {
         Ok(plan)
     }
 
-    /// Runs an atomic step ([`tx`](Self::tx), a store crate's through [`atomic_step`]): its replayed value if an earlier
+    /// Runs an atomic step (a store crate's through [`atomic_step`]: `SqlSteps::tx`, `DynamoSteps::dynamo_tx`): its replayed value if an earlier
     /// attempt committed it, else `run`, given how to make the step's record from its encoded
     /// result. An atomic step records no beginning: begun means an at-most-once step of older
     /// code; it was never committed with writes of its own, so it runs.
@@ -268,74 +268,6 @@ impl<C: Codec> Steps<C> {
             retention: self.inner.retention,
         };
         self.inner.engine.store().write_step(claim, step).await
-    }
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<C: Codec> Steps<C> {
-    /// Runs the step `name` as an atomic phase (SQLite and PostgreSQL): `work` runs on the
-    /// caller's transaction `conn`, and the step's record is written on the same connection, so
-    /// committing the transaction commits the step's writes and its record together, and a
-    /// crash (or a rollback) before the commit leaves neither: the retry runs the step again
-    /// on a clean slate. A step an earlier attempt committed replays its result and runs
-    /// nothing on `conn`.
-    ///
-    /// `store` is the store the engine runs on, and `conn` a transaction on its database
-    /// (on SQLite open it with `BEGIN IMMEDIATE`, as for [`Transactional`](crate::Transactional)).
-    /// Commit only when this returns `Ok`: an `Err` (the work's, or [`Error::LeaseLost`] when
-    /// the operation was taken over) means roll back. The record's statement locks the
-    /// operation's record row until the commit on PostgreSQL (SQLite's write lock is held
-    /// anyway), so the lease renewal waits for it: keep the transaction well under a third of
-    /// the lease. Errors as [`Step::run`]'s.
-    ///
-    /// ```
-    /// use idem::{Error, Idempotency, Key, SqliteStore};
-    /// use sqlx::Connection;
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let dir = tempfile::tempdir()?;
-    /// let store = SqliteStore::open(dir.path().join("rides.db")).await?;
-    /// sqlx::query("CREATE TABLE rides (id INTEGER PRIMARY KEY, user_id TEXT)").execute(store.pool()).await?;
-    /// let engine = Idempotency::new(store.clone());
-    /// let key = Key::derive("rides", "user-7", "req-1")?;
-    /// let store = &store;
-    /// let ride = engine.call(key).run_steps(|steps| async move {
-    ///     let mut conn = store.pool().acquire().await.map_err(Error::from)?;
-    ///     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(Error::from)?;
-    ///     let id: i64 = steps.tx(store, &mut tx, "create ride", |tx| Box::pin(async move {
-    ///         let id = sqlx::query_scalar("INSERT INTO rides (user_id) VALUES ('user-7') RETURNING id")
-    ///             .fetch_one(&mut *tx).await.map_err(Error::from)?;
-    ///         Ok::<i64, Error>(id)
-    ///     })).await?;
-    ///     tx.commit().await.map_err(Error::from)?;
-    ///     Ok::<_, Error>(id)
-    /// }).await?;
-    /// assert_eq!(ride.into_inner(), 1);
-    /// # Ok(()) }
-    /// ```
-    pub async fn tx<S, T, E, F>(
-        &self,
-        store: &S,
-        conn: &mut S::Connection,
-        name: &str,
-        work: F,
-    ) -> Result<T, E>
-    where
-        S: crate::store::TransactionalStore,
-        F: for<'c> FnOnce(&'c mut S::Connection) -> super::TxFuture<'c, Result<T, E>>,
-        T: Serialize + DeserializeOwned,
-        E: From<Error>,
-    {
-        self.atomic(name, |step| async move {
-            let value = work(&mut *conn).await?;
-            let bytes = self.encode(&value)?;
-            if let Some(claim) = &self.inner.claim {
-                store
-                    .write_step_in(conn, claim, step.finished(&bytes))
-                    .await?;
-            }
-            Ok(value)
-        })
-        .await
     }
 }
 
@@ -396,7 +328,7 @@ impl<'a, C: Codec> AtomicStep<'a, C> {
 }
 
 /// Runs the step `name` of `steps` as an atomic phase written by a store crate (idem-dynamodb's
-/// `dynamo_tx`; `Steps::tx` on SQL is the same): its replayed value if an earlier attempt
+/// `dynamo_tx`, the SQL stores' `SqlSteps::tx`): its replayed value if an earlier attempt
 /// committed it, else `run`, which gets the [`AtomicStep`] to write the step's record with the
 /// effect's writes in one transaction of its store. The name is checked and its position taken
 /// as for any step; errors as [`Step::run`]'s, plus `run`'s.

@@ -17,6 +17,8 @@
 //! - [`steps`]: the steps of an operation (docs/steps.md), in a table beside the records.
 //! - [`admin`]: `StoreAdmin` for the SQL stores, one statement per call.
 //! - [`background`]: the pruner a store runs while it lives.
+//! - [`steps_tx`]: `steps.tx`, the atomic step in the caller's transaction
+//!   ([`SqlSteps`](steps_tx::SqlSteps)).
 //!
 //! Each store keeps only its connection settings, its schema and the
 //! [`SqlBackend`](protocol::SqlBackend) that ties them to the protocol.
@@ -36,6 +38,7 @@ pub(crate) mod protocol;
 pub(crate) mod row;
 pub(crate) mod schema;
 pub(crate) mod steps;
+pub(crate) mod steps_tx;
 
 /// The records table a store uses unless configured otherwise.
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";

@@ -65,7 +65,7 @@ pub trait TransactionalStore: Store + Sealed {
     async fn abort_in(&self, conn: &mut Self::Connection, claim: &Claim) -> Result<(), Error>;
 
     /// [`Store::write_step`] on the caller's transaction: a transactional step's record,
-    /// committed with the step's own writes ([`Steps::tx`](crate::Steps)).
+    /// committed with the step's own writes ([`SqlSteps::tx`](crate::SqlSteps::tx)).
     #[doc(hidden)]
     async fn write_step_in(
         &self,
