@@ -9,14 +9,21 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::background::{Pruner, PrunerConfig};
 use crate::codec::Codec;
-use crate::engine::{Call, Idempotency, Outcome};
+use crate::engine::{Call, Idempotency, Outcome, Policy};
 use crate::error::Error;
+use crate::key::Key;
+use crate::record::StoredResult;
 
 pub use crate::background::{Lease as PruneLease, Target as PruneTarget};
 pub use crate::canonical::text::JsonText;
+pub use crate::engine::{Core, EngineStore, Resolved};
 pub use crate::engine::{Encoded, Format, Overrides};
 pub use crate::envelope::payload_buffer;
 pub use crate::key::check_scope;
@@ -55,4 +62,47 @@ pub use crate::engine::{atomic_step, AtomicStep};
 /// [`PrunerConfig`]; otherwise [`Error::InvalidConfig`]).
 pub fn pruner(target: Arc<dyn PruneTarget>, config: PrunerConfig) -> Result<Pruner, Error> {
     Pruner::new(target, config)
+}
+
+// The transactional engine (idem-sql's `Transactional`): what both engines are made of besides
+// their store, read through these functions, as it cannot reach the engine's own fields.
+
+/// The policy `core` holds.
+pub fn policy<C>(core: &Core<C>) -> &Policy {
+    &core.policy
+}
+
+/// A call's `overrides` resolved against the policy of `core`, and checked.
+pub fn resolve<C: Codec>(core: &Core<C>, overrides: &Overrides) -> Result<Resolved, Error> {
+    core.resolve(overrides)
+}
+
+/// `overrides` with the call's lease.
+pub fn with_lease(mut overrides: Overrides, lease: Duration) -> Overrides {
+    overrides.lease = Some(lease);
+    overrides
+}
+
+/// `overrides` with the call's retention.
+pub fn with_retention(mut overrides: Overrides, retention: Duration) -> Overrides {
+    overrides.retention = Some(retention);
+    overrides
+}
+
+/// `value` of the call under `key` in its stored form: encoded by the codec of `core` and
+/// sealed, or the note that it was not retained (larger than the policy's limit, or refused by
+/// the codec).
+pub fn seal<C: Codec, T: Serialize + ?Sized>(core: &Core<C>, value: &T, key: &Key) -> Vec<u8> {
+    core.seal(value, key).bytes
+}
+
+/// The value a completed record replays, decoded by the codec of `core`: a stored error is
+/// [`Error::StoredError`], a result that was not retained [`Error::ResultNotRetained`].
+pub fn replay<C: Codec, T: DeserializeOwned>(
+    core: &Core<C>,
+    stored: StoredResult,
+) -> Result<T, Error> {
+    let (_, replayed) =
+        crate::engine::replay(stored, |bytes| core.decode(bytes), Error::StoredError);
+    replayed.map(Outcome::into_inner)
 }

@@ -57,7 +57,7 @@ pub use engine::{
     ReplayCache, Step, Steps,
 };
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use engine::{Transactional, TxClaim, TxFuture, TxStart};
+pub use engine::{Transactional, TxCall, TxClaim, TxFuture, TxStart};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::KeyPart;
 pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};

@@ -41,17 +41,17 @@ pub use policy::{EngineBuilder, OnLocked, Outcome, Policy};
 pub use split::{Begun, Finish, Holder};
 pub use steps::{atomic_step, AtomicStep, Attempt, Step, Steps};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use transactional::{Transactional, TxClaim, TxFuture, TxStart};
+pub use transactional::{Transactional, TxCall, TxClaim, TxFuture, TxStart};
 
 pub use policy::Overrides;
-pub(crate) use policy::{Core, Resolved};
+pub use policy::{Core, Resolved};
 pub use stored::Encoded;
 
 use cache::{Cache, Hit, Known};
 use claim::start;
 use detach::run_to_end;
 use finish::{pending_retry_after, renewing, ClaimGuard, PendingResult, Stored};
-use stored::replay;
+pub(crate) use stored::replay;
 use underway::{Completions, Releases};
 use waiters::{PollerRole, Typical, Waiters};
 
@@ -216,11 +216,32 @@ impl Idempotency<JsonCodec> {
     }
 }
 
-impl<C: Codec> EngineBuilder<Arc<dyn Store>, C> {
-    /// Checks the policy and builds the engine.
-    pub fn build(self) -> Result<Idempotency<C>, Error> {
+impl<S: EngineStore<C>, C: Codec> EngineBuilder<S, C> {
+    /// Checks the policy and builds the engine: an [`Idempotency`] (from
+    /// [`Idempotency::builder`]), or a [`Transactional`](crate::Transactional) (from its
+    /// `builder`).
+    pub fn build(self) -> Result<S::Engine, Error> {
         let (store, core) = self.parts()?;
-        Ok(Idempotency::from_parts(store, core))
+        Ok(S::engine(store, core))
+    }
+}
+
+/// What an [`EngineBuilder`] over a store of this type builds from the store and its checked
+/// policy and codec: an [`Idempotency`] over the shared store, or a transactional engine over a
+/// SQL store. For the engines' crates; see [`adapter`](crate::adapter).
+pub trait EngineStore<C>: Sized {
+    /// The engine built.
+    type Engine;
+
+    /// The engine of `store` and `core`.
+    fn engine(store: Self, core: Core<C>) -> Self::Engine;
+}
+
+impl<C: Codec> EngineStore<C> for Arc<dyn Store> {
+    type Engine = Idempotency<C>;
+
+    fn engine(store: Arc<dyn Store>, core: Core<C>) -> Idempotency<C> {
+        Idempotency::from_parts(store, core)
     }
 }
 

@@ -339,16 +339,19 @@ impl Overrides {
 
 /// A call's options, resolved against the policy and checked.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Resolved {
-    pub(crate) lease: Duration,
-    pub(crate) retention: Duration,
-    pub(crate) on_locked: OnLocked,
+pub struct Resolved {
+    /// The call's lease.
+    pub lease: Duration,
+    /// How long the call's result is kept.
+    pub retention: Duration,
+    /// What the call does when its key is locked.
+    pub on_locked: OnLocked,
 }
 
 /// What both engines are made of besides their store: the policy, the codec and the observer,
 /// and what they decide about a call (its options, how its result is stored and replayed).
 #[derive(Clone)]
-pub(crate) struct Core<C> {
+pub struct Core<C> {
     pub(crate) policy: Policy,
     pub(crate) codec: C,
     pub(crate) observer: Option<Arc<dyn Observer>>,
@@ -397,7 +400,6 @@ impl<C: Codec> Core<C> {
 
     /// `value` in its stored form: encoded by the codec and sealed, or the note that it was not
     /// retained (too large, not encodable).
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn seal<T: serde::Serialize + ?Sized>(&self, value: &T, key: &Key) -> Sealed {
         self.seal_encoded(Encoded::from(self.codec.encode(value)), key)
     }
@@ -408,7 +410,6 @@ impl<C: Codec> Core<C> {
     }
 
     /// Decodes a stored value with the codec.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn decode<T: serde::de::DeserializeOwned>(
         &self,
         bytes: &[u8],

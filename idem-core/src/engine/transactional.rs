@@ -46,17 +46,18 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{Call, Core, EngineBuilder, Outcome, Policy};
+use crate::adapter::{self, Core, EngineStore, Overrides};
 use crate::codec::{Codec, JsonCodec};
+use crate::engine::{EngineBuilder, Outcome, Policy};
 use crate::error::Error;
-use crate::key::Key;
+use crate::key::{Fingerprint, Key};
 use crate::record::{Claim, Completion, Start, StartRequest};
 use crate::store::TransactionalStore;
 
-/// A boxed future borrowing the connection, as a transactional [`Call::run`]'s work returns.
+/// A boxed future borrowing the connection, as a transactional [`TxCall::run`]'s work returns.
 pub type TxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 
-/// What a transactional [`Call::begin`] found.
+/// What a transactional [`TxCall::begin`] found.
 #[derive(Debug)]
 #[must_use = "run the work and call `finish`, or return the replayed value"]
 pub enum TxStart<T> {
@@ -78,8 +79,8 @@ pub struct TxClaim {
 
 /// The engine for transactional mode: a policy and codec over a [`TransactionalStore`].
 ///
-/// Start a call with [`call`](Self::call), then [`run`](Call::run) it with a closure, or
-/// [`begin`](Call::begin) it and [`finish`](Self::finish) it around your own code. Either way,
+/// Start a call with [`call`](Self::call), then [`run`](TxCall::run) it with a closure, or
+/// [`begin`](TxCall::begin) it and [`finish`](Self::finish) it around your own code. Either way,
 /// the caller opens and commits the transaction. If the work fails, its claim is deleted inside
 /// the transaction, so committing or rolling back both leave the key free for a retry.
 ///
@@ -116,11 +117,23 @@ impl<S: TransactionalStore> Transactional<S, JsonCodec> {
     }
 }
 
-impl<S: TransactionalStore, C: Codec> EngineBuilder<S, C> {
-    /// Checks the policy and builds the transactional engine.
-    pub fn build(self) -> Result<Transactional<S, C>, Error> {
-        let (store, core) = self.parts()?;
-        Ok(Transactional { store, core })
+/// An [`EngineBuilder`] over a SQL store builds its transactional engine.
+#[cfg(feature = "sqlite")]
+impl<C: Codec> EngineStore<C> for crate::SqliteStore {
+    type Engine = Transactional<crate::SqliteStore, C>;
+
+    fn engine(store: Self, core: Core<C>) -> Self::Engine {
+        Transactional { store, core }
+    }
+}
+
+/// An [`EngineBuilder`] over a SQL store builds its transactional engine.
+#[cfg(feature = "postgres")]
+impl<C: Codec> EngineStore<C> for crate::PostgresStore {
+    type Engine = Transactional<crate::PostgresStore, C>;
+
+    fn engine(store: Self, core: Core<C>) -> Self::Engine {
+        Transactional { store, core }
     }
 }
 
@@ -132,14 +145,19 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
 
     /// The policy.
     pub fn policy(&self) -> &Policy {
-        &self.core.policy
+        adapter::policy(&self.core)
     }
 
     /// Starts a call guarded by `key` (`None`: the work runs without deduplication); set what
-    /// differs from the policy on the returned [`Call`], then [`run`](Call::run) or
-    /// [`begin`](Call::begin) it on the caller's connection.
-    pub fn call(&self, key: impl Into<Option<Key>>) -> Call<'_, Self> {
-        Call::new(self, key.into())
+    /// differs from the policy on the returned [`TxCall`], then [`run`](TxCall::run) or
+    /// [`begin`](TxCall::begin) it on the caller's connection.
+    pub fn call(&self, key: impl Into<Option<Key>>) -> TxCall<'_, S, C> {
+        TxCall {
+            engine: self,
+            key: key.into(),
+            fingerprint: None,
+            overrides: Overrides::default(),
+        }
     }
 
     /// Stores `value` as the claim's result, inside the caller's transaction, for the retention
@@ -156,9 +174,9 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
         let Some(claim_) = claim.claim else {
             return Ok(());
         };
-        let sealed = self.core.seal(value, claim_.key());
+        let sealed = adapter::seal(&self.core, value, claim_.key());
         let done = Completion {
-            response: Some(&sealed.bytes),
+            response: Some(&sealed),
             is_error: false,
             retention: claim.retention,
         };
@@ -178,7 +196,45 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
     }
 }
 
-impl<S: TransactionalStore, C: Codec> Call<'_, Transactional<S, C>> {
+/// One call of a [`Transactional`] engine, made by [`Transactional::call`]: set what differs from
+/// the policy, then [`run`](Self::run) or [`begin`](Self::begin) it on the caller's connection.
+#[derive(Debug)]
+#[must_use = "a call does nothing until it is run and awaited"]
+pub struct TxCall<'e, S, C = JsonCodec> {
+    engine: &'e Transactional<S, C>,
+    key: Option<Key>,
+    fingerprint: Option<Fingerprint>,
+    overrides: Overrides,
+}
+
+impl<S, C> TxCall<'_, S, C> {
+    /// The fingerprint of the request (`None`: no fingerprint). A key completed with another
+    /// fingerprint is refused with [`Error::KeyReused`].
+    pub fn fingerprint(mut self, fingerprint: impl Into<Option<Fingerprint>>) -> Self {
+        self.fingerprint = fingerprint.into();
+        self
+    }
+
+    /// The claim's lease for this call, in place of the policy's.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.overrides = adapter::with_lease(self.overrides, lease);
+        self
+    }
+
+    /// How long this call's result is kept, in place of the policy's.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.overrides = adapter::with_retention(self.overrides, retention);
+        self
+    }
+
+    /// The options `#[idempotent]` gives (`__private::tx_begin`).
+    pub(crate) fn overrides(mut self, overrides: Overrides) -> Self {
+        self.overrides = overrides;
+        self
+    }
+}
+
+impl<S: TransactionalStore, C: Codec> TxCall<'_, S, C> {
     /// Claims the call's key inside the caller's transaction, or returns the stored result.
     /// The call's lease and retention are checked before anything is written; its retention
     /// applies when the claim is [`finish`](Transactional::finish)ed.
@@ -213,7 +269,7 @@ impl<S: TransactionalStore, C: Codec> Call<'_, Transactional<S, C>> {
         conn: &mut S::Connection,
     ) -> Result<TxStart<T>, Error> {
         let engine = self.engine;
-        let resolved = engine.core.resolve(&self.overrides)?;
+        let resolved = adapter::resolve(&engine.core, &self.overrides)?;
         let Some(key) = self.key else {
             return Ok(TxStart::Run(TxClaim {
                 claim: None,
@@ -228,9 +284,7 @@ impl<S: TransactionalStore, C: Codec> Call<'_, Transactional<S, C>> {
                 retention: resolved.retention,
             })),
             Start::Completed(cached) => {
-                let decode = |bytes: &[u8]| engine.core.decode(bytes);
-                let (_, replayed) = super::replay(cached, decode, Error::StoredError);
-                replayed.map(|outcome| TxStart::Replayed(outcome.into_inner()))
+                adapter::replay(&engine.core, cached).map(TxStart::Replayed)
             }
             Start::Locked { retry_after } => Err(Error::Locked { retry_after }),
         }
