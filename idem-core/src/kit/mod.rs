@@ -137,29 +137,6 @@ impl Version {
     pub const fn next(self) -> Version {
         Version(self.0.saturating_add(1))
     }
-
-    /// The version as stored: a non-negative BIGINT.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    pub(crate) fn to_sql(self) -> Result<i64, ConcurrencyError> {
-        i64::try_from(self.0).map_err(|_| {
-            ConcurrencyError::InvalidInput(format!(
-                "version {} is beyond the largest storable version {}",
-                self.0,
-                i64::MAX
-            ))
-        })
-    }
-
-    /// Reads a stored version; a negative one means the row was written by something else.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    pub(crate) fn from_sql(raw: i64) -> Result<Version, ConcurrencyError> {
-        u64::try_from(raw).map(Version).map_err(|_| {
-            ConcurrencyError::Store(StoreError::new(
-                crate::error::StoreErrorKind::Corrupt,
-                format!("stored version {raw} is negative"),
-            ))
-        })
-    }
 }
 
 impl fmt::Display for Version {
@@ -266,6 +243,29 @@ pub(crate) fn invalid_config(e: crate::error::Error) -> ConcurrencyError {
     }
 }
 
+/// A version as stored: a non-negative BIGINT. (A function, not a method of [`Version`], as
+/// the SQL kit is to live in a crate of its own.)
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn version_to_sql(version: Version) -> Result<i64, ConcurrencyError> {
+    i64::try_from(version.get()).map_err(|_| {
+        ConcurrencyError::InvalidInput(format!(
+            "version {version} is beyond the largest storable version {}",
+            i64::MAX
+        ))
+    })
+}
+
+/// Reads a stored version; a negative one means the row was written by something else.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn version_from_sql(raw: i64) -> Result<Version, ConcurrencyError> {
+    u64::try_from(raw).map(Version::new).map_err(|_| {
+        ConcurrencyError::Store(StoreError::new(
+            crate::error::StoreErrorKind::Corrupt,
+            format!("stored version {raw} is negative"),
+        ))
+    })
+}
+
 /// Brings a kit table up to date with the stores' migrator (see
 /// [`Schema::migrate`](crate::sql::migrate::Schema::migrate)).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -311,11 +311,11 @@ mod tests {
 
     #[test]
     fn versions_round_trip_through_sql() {
-        assert_eq!(Version::new(5).to_sql().unwrap(), 5);
-        assert!(Version::new(u64::MAX).to_sql().is_err());
-        assert_eq!(Version::from_sql(9).unwrap(), Version::new(9));
+        assert_eq!(version_to_sql(Version::new(5)).unwrap(), 5);
+        assert!(version_to_sql(Version::new(u64::MAX)).is_err());
+        assert_eq!(version_from_sql(9).unwrap(), Version::new(9));
         assert!(matches!(
-            Version::from_sql(-1),
+            version_from_sql(-1),
             Err(ConcurrencyError::Store(_))
         ));
     }

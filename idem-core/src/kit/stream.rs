@@ -9,7 +9,7 @@ use sqlx::Connection;
 use uuid::Uuid;
 
 use super::backend::{is_unique_violation, Backend, SqlQuery};
-use super::{migrate, name, ConcurrencyError, Version};
+use super::{migrate, name, version_from_sql, version_to_sql, ConcurrencyError, Version};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::sql::migrate::Schema;
 use crate::sql::name::TableName;
@@ -401,7 +401,7 @@ impl<DB: Backend> EventStreams<DB> {
             ExpectedVersion::NoStream => Some(Version::NONE),
             ExpectedVersion::Exact(v) => Some(v),
         };
-        let required_sql = required.map(Version::to_sql).transpose()?.unwrap_or(-1);
+        let required_sql = required.map(version_to_sql).transpose()?.unwrap_or(-1);
         let ids: Vec<Uuid> = event_ids(stream, request_id).take(events.len()).collect();
         let insert_sql = self.insert_sql(events.len());
         let follow_up_sql = format!(
@@ -425,7 +425,7 @@ impl<DB: Backend> EventStreams<DB> {
                 Ok(rows) => {
                     let mut versions = Vec::with_capacity(rows.len());
                     for row in &rows {
-                        versions.push(Version::from_sql(DB::get_i64(row, 0)?)?);
+                        versions.push(version_from_sql(DB::get_i64(row, 0)?)?);
                     }
                     if let (Some(first), Some(last)) =
                         (versions.iter().min(), versions.iter().max())
@@ -446,10 +446,10 @@ impl<DB: Backend> EventStreams<DB> {
             let row = DB::fetch_optional(conn, follow_up).await?.ok_or_else(|| {
                 StoreError::new(StoreErrorKind::Query, "a scalar select returned no row")
             })?;
-            let actual = Version::from_sql(DB::get_i64(&row, 0)?)?;
+            let actual = version_from_sql(DB::get_i64(&row, 0)?)?;
             if let Some(first) = DB::get_opt_i64(&row, 1)? {
                 return Ok(Appended::Duplicate {
-                    first: Version::from_sql(first)?,
+                    first: version_from_sql(first)?,
                 });
             }
             match required {
@@ -536,7 +536,10 @@ impl<DB: Backend> EventStreams<DB> {
             t = self.table
         );
         let query = DB::bind_i64(
-            DB::bind_i64(DB::bind_str(sqlx::query(&sql), stream), after.to_sql()?),
+            DB::bind_i64(
+                DB::bind_str(sqlx::query(&sql), stream),
+                version_to_sql(after)?,
+            ),
             i64::from(limit),
         );
         let rows = DB::fetch_all(conn, query).await?;
@@ -569,7 +572,7 @@ impl<DB: Backend> EventStreams<DB> {
         );
         let row = DB::fetch_optional(conn, DB::bind_str(sqlx::query(&sql), stream)).await?;
         match row {
-            Some(row) => Version::from_sql(DB::get_i64(&row, 0)?),
+            Some(row) => version_from_sql(DB::get_i64(&row, 0)?),
             None => Ok(Version::NONE),
         }
     }
@@ -622,7 +625,7 @@ const EVENT_COLUMNS: &str = "stream, version, event_id, request_id, event_type, 
 fn event_from_row<DB: Backend>(row: &DB::Row) -> Result<Event, ConcurrencyError> {
     Ok(Event {
         stream: DB::get_string(row, 0)?,
-        version: Version::from_sql(DB::get_i64(row, 1)?)?,
+        version: version_from_sql(DB::get_i64(row, 1)?)?,
         event_id: DB::get_uuid(row, 2)?,
         request_id: DB::get_string(row, 3)?,
         event_type: DB::get_string(row, 4)?,

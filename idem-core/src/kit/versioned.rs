@@ -8,7 +8,7 @@ use std::ops::{Deref, DerefMut};
 use sqlx::{Encode, Type};
 
 use super::backend::{Backend, SqlQuery};
-use super::{name, ConcurrencyError, Version};
+use super::{name, version_from_sql, version_to_sql, ConcurrencyError, Version};
 
 /// A type stored in one row of a table with an id column and a version column.
 ///
@@ -388,7 +388,7 @@ impl<T: Entity<DB>, DB: Backend> VersionedTable<T, DB> {
             .await?
             .ok_or(ConcurrencyError::NotFound)?;
         let value = T::from_row(&row)?;
-        let version = Version::from_sql(DB::get_i64(&row, T::COLUMNS.len() + 1)?)?;
+        let version = version_from_sql(DB::get_i64(&row, T::COLUMNS.len() + 1)?)?;
         Ok(Versioned::new(value, version))
     }
 
@@ -405,7 +405,7 @@ impl<T: Entity<DB>, DB: Backend> VersionedTable<T, DB> {
     ) -> Result<Version, ConcurrencyError> {
         let expected = entity.version();
         let query = entity.value.bind(sqlx::query(&self.update_sql));
-        let query = DB::bind_i64(query.bind(entity.value.id()), expected.to_sql()?);
+        let query = DB::bind_i64(query.bind(entity.value.id()), version_to_sql(expected)?);
         if DB::execute(conn, query).await? == 1 {
             entity.version = expected.next();
             return Ok(entity.version);
@@ -415,7 +415,7 @@ impl<T: Entity<DB>, DB: Backend> VersionedTable<T, DB> {
             None => Err(ConcurrencyError::NotFound),
             Some(row) => Err(ConcurrencyError::Conflict {
                 expected,
-                actual: Version::from_sql(DB::get_i64(&row, 0)?)?,
+                actual: version_from_sql(DB::get_i64(&row, 0)?)?,
             }),
         }
     }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::background::{Pruner, PrunerConfig, PrunerHandle};
 use crate::error::Error;
+use crate::store::support::check_pruner_config;
 use crate::store::Store;
 
 /// A store's background pruner, shared by its clones. The handle stops the pruner when it is
@@ -18,7 +19,7 @@ pub(crate) fn check(config: Option<&PrunerConfig>) -> Result<(), Error> {
     let Some(config) = config else {
         return Ok(());
     };
-    config.validate()?;
+    check_pruner_config(config)?;
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::InvalidConfig(
             "the store's background pruner runs on tokio, but no tokio runtime is running: \

@@ -26,7 +26,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::store::check_duration;
+use crate::store::support::check_duration;
 
 pub(crate) mod admin;
 pub(crate) mod background;

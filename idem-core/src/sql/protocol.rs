@@ -19,7 +19,8 @@ use crate::sql::error::sql_error;
 use crate::sql::name::TableName;
 use crate::step::StepWrite;
 use crate::store::claim_order::{ClaimOrder, ClaimPath};
-use crate::store::{Store, LAPSED_CLAIMS_KEPT_MS};
+use crate::store::support::LAPSED_CLAIMS_KEPT_MS;
+use crate::store::Store;
 
 /// How often `start` claims again when the live row it lost to vanished before it could be
 /// read (aborted, evicted, pruned or expired in between). Each retry needs another writer to

@@ -8,7 +8,7 @@ use crate::key::{Fingerprint, Key, Token};
 use crate::record::{Record, RecordState, Start, StoredResult};
 use crate::sql::dialect::{Dialect, Ops};
 use crate::sql::error::sql_error;
-use crate::store::check_fingerprint;
+use crate::store::support::check_fingerprint;
 
 /// The columns a [`StoredRow`] is decoded from, as `SELECT` expressions over the alias `r`:
 /// times as microseconds (since the Unix epoch, and left until expiry), from the database's

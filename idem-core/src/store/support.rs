@@ -23,3 +23,10 @@ pub use crate::envelope::not_retained;
 /// The reserved key of the records pruner's lease: a record of the store itself, which a store's
 /// operator views (`StoreAdmin::list`, `stats`) leave out.
 pub use crate::background::records_lease_key;
+
+/// Refuses a [`PrunerConfig`](crate::PrunerConfig) whose settings are out of range, as
+/// [`Pruner::records`](crate::Pruner::records) would: what a store that spawns its own pruner
+/// checks before it opens anything.
+pub fn check_pruner_config(config: &crate::PrunerConfig) -> Result<(), crate::Error> {
+    config.validate()
+}

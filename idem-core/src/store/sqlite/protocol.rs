@@ -21,7 +21,7 @@ impl SqlBackend for SqliteStore {
     }
 
     /// The default: a batch holds the database's only write lock, so every claim waits for it.
-    const PRUNE_BATCH_SIZE: u32 = crate::store::DEFAULT_PRUNE_BATCH_SIZE;
+    const PRUNE_BATCH_SIZE: u32 = crate::PrunerConfig::DEFAULT_BATCH_SIZE;
 }
 
 sql_store!(SqliteStore, SqliteConnection);
