@@ -148,7 +148,7 @@ pub struct Prepared {
 impl Prepared {
     /// The key, fingerprint and options, or the error that refuses the call before the store is
     /// touched.
-    fn parts(self) -> Result<(Option<Key>, Option<Fingerprint>, CallOptions), Error> {
+    pub fn parts(self) -> Result<(Option<Key>, Option<Fingerprint>, CallOptions), Error> {
         Ok((self.key?, self.fingerprint?, self.options))
     }
 }

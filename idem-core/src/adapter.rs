@@ -67,6 +67,18 @@ pub fn pruner(target: Arc<dyn PruneTarget>, config: PrunerConfig) -> Result<Prun
 // The transactional engine (idem-sql's `Transactional`): what both engines are made of besides
 // their store, read through these functions, as it cannot reach the engine's own fields.
 
+/// The default policy, the codec `codec` and no observer: what an engine built without a
+/// builder is made of.
+pub fn core<C>(codec: C) -> Core<C> {
+    Core::new(codec)
+}
+
+/// An [`EngineBuilder`](crate::EngineBuilder) of an engine over `store` with the default policy
+/// and `codec`: what the engine's `builder` returns.
+pub fn builder<S, C: Codec>(store: S, codec: C) -> crate::EngineBuilder<S, C> {
+    crate::EngineBuilder::with(store, codec)
+}
+
 /// The policy `core` holds.
 pub fn policy<C>(core: &Core<C>) -> &Policy {
     &core.policy

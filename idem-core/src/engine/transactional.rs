@@ -107,13 +107,13 @@ impl<S: TransactionalStore> Transactional<S, JsonCodec> {
     pub fn new(store: S) -> Transactional<S, JsonCodec> {
         Transactional {
             store,
-            core: Core::new(JsonCodec),
+            core: adapter::core(JsonCodec),
         }
     }
 
     /// A [`EngineBuilder`] to set the policy (lease, retention, response limit) or codec.
     pub fn builder(store: S) -> EngineBuilder<S> {
-        EngineBuilder::with(store, JsonCodec)
+        adapter::builder(store, JsonCodec)
     }
 }
 
