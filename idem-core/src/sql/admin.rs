@@ -10,6 +10,7 @@ use crate::record::Record;
 use crate::sql::dialect::private::Ops;
 use crate::sql::protocol::SqlBackend;
 use crate::store::admin::{ListQuery, ListState, StoreAdmin, StoreStats};
+use crate::store::support::store_stats;
 use crate::store::Store;
 
 /// The records of `keys`, skipping any that expired or went away since they were listed.
@@ -88,15 +89,15 @@ fn stats(
     table_bytes: Option<i64>,
 ) -> StoreStats {
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
-    StoreStats {
-        in_progress: count(in_progress),
-        completed: count(completed),
-        expired: count(expired),
-        oldest_expiry: oldest_us
+    store_stats(
+        count(in_progress),
+        count(completed),
+        count(expired),
+        oldest_us
             .and_then(|us| u64::try_from(us).ok())
             .map(|us| UNIX_EPOCH + Duration::from_micros(us)),
-        table_bytes: table_bytes.and_then(|b| u64::try_from(b).ok()),
-    }
+        table_bytes.and_then(|b| u64::try_from(b).ok()),
+    )
 }
 
 /// `impl StoreAdmin` for a SQL store; `$size` asks the database for the table's size on disk
