@@ -44,20 +44,24 @@ async fn charge(store: &SqliteStore, message: Message, steps: Steps) -> Result<i
     let order_id = message.body.unwrap_or_default();
     // The slow part (asking the payment provider, say) goes here, before the transaction:
     // SQLite holds its write lock from BEGIN IMMEDIATE to the commit.
-    let mut conn = store.pool().acquire().await?;
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    let mut conn = store.pool().acquire().await.map_err(idem::sql_error)?;
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(idem::sql_error)?;
     let charge_id = steps
         .tx(store, &mut tx, "charge", |tx| {
             Box::pin(async move {
                 let row = sqlx::query("INSERT INTO charges (order_id) VALUES (?)")
                     .bind(order_id)
                     .execute(&mut *tx)
-                    .await?;
+                    .await
+                    .map_err(idem::sql_error)?;
                 Ok::<_, Error>(row.last_insert_rowid())
             })
         })
         .await?;
-    tx.commit().await?;
+    tx.commit().await.map_err(idem::sql_error)?;
     Ok(charge_id)
 }
 
@@ -116,7 +120,10 @@ async fn left(client: &Client, queue_url: &str) -> Result<u64, BoxError> {
 /// `(orders charged, charges made)`.
 async fn charged(store: &SqliteStore) -> Result<(i64, i64), Error> {
     let counts = "SELECT COUNT(DISTINCT order_id), COUNT(*) FROM charges";
-    Ok(sqlx::query_as(counts).fetch_one(store.pool()).await?)
+    Ok(sqlx::query_as(counts)
+        .fetch_one(store.pool())
+        .await
+        .map_err(idem::sql_error)?)
 }
 
 fn main() -> std::process::ExitCode {

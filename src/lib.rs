@@ -119,6 +119,34 @@ pub use idem_core::*;
 #[cfg_attr(docsrs, doc(cfg(feature = "remote")))]
 pub use idem_remote::{RemoteStore, RemoteStoreBuilder};
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub use idem_sql::{
+    sql_error, sqlx, ClaimOrder, SqlSteps, SqlStore, SqlStoreBuilder, Transactional,
+    TransactionalStore, TxCall, TxClaim, TxFuture, TxStart,
+};
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use idem_sql::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use idem_sql::{SqliteStore, SqliteStoreBuilder, SqliteSync};
+
+/// The concurrency kit: optimistic concurrency and request deduplication for the data that
+/// retried work changes.
+///
+/// Four strategies, each for a different store: [versioned updates](kit::VersionedTable), [event
+/// streams](kit::EventStreams) and [request history](kit::RequestHistory) on SQLite and
+/// PostgreSQL (features `sqlite`, `postgres`: the idem-sql crate's half, which compares them with
+/// their round trips), and [recent ids](kit::RecentIds) for any store, with
+/// [`retry_on_conflict`](kit::retry_on_conflict) (idem-core's half). docs/kit.md shows each at
+/// work.
+pub mod kit {
+    pub use idem_core::kit::*;
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub use idem_sql::kit::*;
+}
+
 /// The [`Store`] trait and its backends, and [`url`](store::url): the store a URL names.
 ///
 /// Everything of `idem_core::store`, and the URL parser and opener, which knows every store of
@@ -165,10 +193,15 @@ pub use idem_macros::idempotent;
 #[cfg_attr(docsrs, doc(cfg(feature = "consumer")))]
 pub use idem_consumer as consumer;
 
-// The attribute's expansion calls `::idem::__private::…`; the glob above re-exports it too, but
-// the generated code depends on this path, so it is spelled out.
+// The attribute's expansion calls `::idem::__private::…`: idem-core's, and with `transaction =
+// …` idem-sql's (`tx_begin`, `tx_end`, `tx_connection`). The generated code depends on this path,
+// so it is spelled out.
 #[doc(hidden)]
-pub use idem_core::__private;
+pub mod __private {
+    pub use idem_core::__private::*;
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub use idem_sql::__private::*;
+}
 
 // The README's examples are compiled as doc tests, so they never rot; so are those of the docs
 // the README's sections moved to.

@@ -533,14 +533,14 @@ impl<C: Codec> Consumer<C> {
     /// let outcomes = consumer
     ///     .process_steps(batch, |(order, cents), steps| async move {
     ///         // The slow part (deciding what to write) goes here, outside the transaction.
-    ///         let mut conn = store.pool().acquire().await.map_err(Error::from)?;
-    ///         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(Error::from)?;
+    ///         let mut conn = store.pool().acquire().await.map_err(idem::sql_error)?;
+    ///         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(idem::sql_error)?;
     ///         steps.tx(store, &mut tx, "charge", |tx| Box::pin(async move {
     ///             sqlx::query("INSERT INTO charges VALUES (?, ?)").bind(order).bind(cents)
-    ///                 .execute(&mut *tx).await.map_err(Error::from)?;
+    ///                 .execute(&mut *tx).await.map_err(idem::sql_error)?;
     ///             Ok::<_, Error>(())
     ///         })).await?;
-    ///         tx.commit().await.map_err(Error::from)?;
+    ///         tx.commit().await.map_err(idem::sql_error)?;
     ///         Ok::<_, Error>(cents)
     ///     })
     ///     .await;

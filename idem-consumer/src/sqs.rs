@@ -181,13 +181,13 @@ impl<C: Codec> SqsConsumer<C> {
     /// let store = &store;
     /// let handler = |m: aws_sdk_sqs::types::Message, steps: idem::Steps| async move {
     ///     let order = m.body().unwrap_or_default().to_owned();
-    ///     let mut conn = store.pool().acquire().await?;
-    ///     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    ///     let mut conn = store.pool().acquire().await.map_err(idem::sql_error)?;
+    ///     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(idem::sql_error)?;
     ///     steps.tx(store, &mut tx, "charge", |tx| Box::pin(async move {
-    ///         sqlx::query("INSERT INTO charges (order_id) VALUES (?)").bind(order).execute(&mut *tx).await?;
+    ///         sqlx::query("INSERT INTO charges (order_id) VALUES (?)").bind(order).execute(&mut *tx).await.map_err(idem::sql_error)?;
     ///         Ok::<_, Error>(())
     ///     })).await?;
-    ///     tx.commit().await?;
+    ///     tx.commit().await.map_err(idem::sql_error)?;
     ///     Ok::<_, Error>(())
     /// };
     /// orders.run_steps(handler, std::future::pending()).await;

@@ -122,8 +122,8 @@ macro_rules! sql_effect {
         use sqlx::Connection;
         let (store, id) = ($store, $id.to_owned());
         let sql = format!("INSERT INTO {} (id, process) VALUES ($1, $2)", $effects);
-        let mut conn = store.pool().acquire().await?;
-        let mut tx = conn.begin_with($begin).await?;
+        let mut conn = store.pool().acquire().await.map_err(idem::sql_error)?;
+        let mut tx = conn.begin_with($begin).await.map_err(idem::sql_error)?;
         $steps
             .tx(store, &mut tx, "effect", |tx| {
                 Box::pin(async move {
@@ -131,12 +131,13 @@ macro_rules! sql_effect {
                         .bind(id)
                         .bind(i64::from(std::process::id()))
                         .execute(&mut *tx)
-                        .await?;
+                        .await
+                        .map_err(idem::sql_error)?;
                     Ok::<_, Error>(())
                 })
             })
             .await?;
-        tx.commit().await?;
+        tx.commit().await.map_err(idem::sql_error)?;
         Ok(())
     }};
 }
@@ -213,7 +214,8 @@ impl Shop {
             |pool, p| sqlx::query(&sql(p))
                 .bind(id)
                 .execute(pool)
-                .await?
+                .await
+                .map_err(idem::sql_error)?
                 .rows_affected()
                 == 1,
             |s, t| {

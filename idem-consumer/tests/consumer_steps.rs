@@ -43,17 +43,21 @@ macro_rules! sql_shop {
                 use sqlx::Connection;
                 let (store, id) = (&self.0, id.to_owned());
                 let sql = format!("INSERT INTO {} (id) VALUES ($1)", self.1);
-                let mut conn = store.pool().acquire().await?;
-                let mut tx = conn.begin_with($begin).await?;
+                let mut conn = store.pool().acquire().await.map_err(idem::sql_error)?;
+                let mut tx = conn.begin_with($begin).await.map_err(idem::sql_error)?;
                 let value = steps
                     .tx(store, &mut tx, "effect", |tx| {
                         Box::pin(async move {
-                            sqlx::query(&sql).bind(id).execute(&mut *tx).await?;
+                            sqlx::query(&sql)
+                                .bind(id)
+                                .execute(&mut *tx)
+                                .await
+                                .map_err(idem::sql_error)?;
                             Ok::<_, Error>(7)
                         })
                     })
                     .await?;
-                tx.commit().await?;
+                tx.commit().await.map_err(idem::sql_error)?;
                 Ok(value)
             }
 

@@ -13,15 +13,11 @@ use crate::canonical::{struct_to_canonical, DynSerialize};
 use crate::codec::Codec;
 pub use crate::engine::Overrides as CallOptions;
 use crate::engine::{Idempotency, OnLocked, Steps};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-use crate::engine::{Transactional, TxClaim, TxStart};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-use crate::store::TransactionalStore;
 
 /// What `engine = …` may name: the engine the attribute's form needs (`Engine` is an
-/// [`Idempotency`], or with `transaction = …` a [`Transactional`](crate::Transactional)), a
+/// [`Idempotency`], or with `transaction = …` idem-sql's `Transactional`), a
 /// reference to one, or an `Arc` of one. One trait for both forms, so the error for a wrong
 /// `engine` reads the same and names the engine that was needed.
 #[diagnostic::on_unimplemented(
@@ -36,13 +32,6 @@ pub trait EngineArg<Engine> {
 
 impl<C: Codec> EngineArg<Idempotency<C>> for Idempotency<C> {
     fn engine(&self) -> &Idempotency<C> {
-        self
-    }
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<S: TransactionalStore, C: Codec> EngineArg<Transactional<S, C>> for Transactional<S, C> {
-    fn engine(&self) -> &Transactional<S, C> {
         self
     }
 }
@@ -170,62 +159,6 @@ where
     let call = engine.call(key).fingerprint(fingerprint);
     let outcome = call.overrides(options).run_detached(body).await?;
     Ok(outcome.into_inner())
-}
-
-/// The caller's connection, as the engine's store needs it: `&mut *tx` coerces to it from a
-/// `&mut` connection, a `&mut Transaction` or a `&mut PoolConnection`. (One function for both
-/// uses, so a wrong type is reported once.)
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub fn tx_connection<'c, S: TransactionalStore, C: Codec>(
-    _engine: &Transactional<S, C>,
-    conn: &'c mut S::Connection,
-) -> &'c mut S::Connection {
-    conn
-}
-
-/// Claims the call's key on the caller's connection (when the call has a key), or fetches its
-/// stored value. An invalid key or fingerprint is returned before the database is touched.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub async fn tx_begin<S, C, T>(
-    engine: &Transactional<S, C>,
-    conn: &mut S::Connection,
-    prepared: Prepared,
-) -> Result<TxStart<T>, Error>
-where
-    S: TransactionalStore,
-    C: Codec,
-    T: DeserializeOwned,
-{
-    let (key, fingerprint, options) = prepared.parts()?;
-    let call = engine.call(key).fingerprint(fingerprint);
-    call.overrides(options).begin(conn).await
-}
-
-/// After the body: stores an `Ok` value under the claim, or releases the claim on `Err`, on the
-/// caller's connection.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub async fn tx_end<S, C, T, E>(
-    engine: &Transactional<S, C>,
-    conn: &mut S::Connection,
-    claim: TxClaim,
-    result: Result<T, E>,
-) -> Result<T, E>
-where
-    S: TransactionalStore,
-    C: Codec,
-    T: Serialize,
-    E: From<Error>,
-{
-    match result {
-        Ok(value) => {
-            engine.finish(conn, claim, &value).await?;
-            Ok(value)
-        }
-        Err(e) => {
-            engine.release(conn, claim).await;
-            Err(e)
-        }
-    }
 }
 
 /// What `#[idempotent]` needs of a function's return type: a `Result<T, E>`, written as such or

@@ -72,7 +72,7 @@ pub enum Error {
     /// `SqliteStoreBuilder` or `PostgresStoreBuilder`) found its
     /// table's schema missing or older than this version of idem needs. Nothing was changed.
     /// Bring the schema up to date out of band, as a role that may create tables: the builder's
-    /// `migrate`, or the store's `.sql` file (`idem-core/sql/`, or the builder's `schema_sql`
+    /// `migrate`, or the store's `.sql` file (`idem-sql/sql/`, or the builder's `schema_sql`
     /// for another table name). Then connect again.
     #[error(
         "the idem schema of table {table:?} is {}, and this version of idem needs version \

@@ -1,11 +1,11 @@
 //! The core of [idem](https://docs.rs/idem): keys and fingerprints, records, the [`Store`] trait
 //! and [`MemoryStore`], the [`Idempotency`] engine (calls, steps, detached work, the replay
 //! cache), the background jobs ([`Pruner`], [`Completer`]), observability and the concurrency
-//! kit; the SQLite and PostgreSQL stores until they move to a crate of their own.
+//! kit's store-independent parts.
 //!
 //! Depend on the `idem` crate, which re-exports all of this with the `#[idempotent]` attribute
 //! and, by feature, the other stores and the ways in (HTTP, gRPC, queue consumers). This crate's
-//! public API shows no pre-1.0 crate but sqlx (the SQL stores'); [`store::support`] and
+//! public API shows no pre-1.0 crate; [`store::support`] and
 //! [`adapter`] are for the idem crates and out-of-tree stores and ways in, and are not covered by
 //! semver.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -30,16 +30,9 @@ mod key;
 pub mod kit;
 mod observe;
 mod record;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod sql;
 mod step;
 pub mod store;
 
-/// The sqlx (0.8) this crate is built with: its pools and connections appear in the SQL stores'
-/// API (`SqliteStore::pool`, `TransactionalStore::Connection`) and the kit's. Use this path to
-/// name the very version idem uses. A major version of sqlx changes idem's major version.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use sqlx;
 /// The uuid (1.x) whose `Uuid` can be part of a key.
 pub use uuid;
 
@@ -56,29 +49,15 @@ pub use engine::{
     Attempt, Begun, Call, EngineBuilder, Finish, Holder, Idempotency, OnLocked, Outcome, Policy,
     ReplayCache, Step, Steps,
 };
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use engine::{Transactional, TxCall, TxClaim, TxFuture, TxStart};
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::KeyPart;
 pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
 pub use observe::{CallEvent, Observer, Stage, DEFAULT_LATENCIES_ONE_IN};
 pub use record::{Claim, Completion, Record, RecordState, Start, StartRequest, StoredResult};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use sql::error::sql_error;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use sql::protocol::TransactionalStore;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use sql::steps_tx::SqlSteps;
 pub use step::{
     Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP,
     MAX_STEP_NAME_LEN,
 };
 pub use store::admin::{ListQuery, ListState, StoreAdmin, StoreStats};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use store::claim_order::ClaimOrder;
 pub use store::memory::MemoryStore;
-#[cfg(feature = "postgres")]
-pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
-#[cfg(feature = "sqlite")]
-pub use store::sqlite::{SqliteStore, SqliteStoreBuilder, SqliteSync};
 pub use store::{Immediate, Store, LAPSED_CLAIMS_KEPT};

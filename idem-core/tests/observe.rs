@@ -1,6 +1,6 @@
 //! What operators see: the metrics, the observer's events and the tracing span of guarded calls,
 //! checked against storms and failures whose outcomes are known exactly.
-#![cfg(all(feature = "metrics", feature = "sqlite", feature = "postgres"))]
+#![cfg(feature = "metrics")]
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{
-    CallEvent, Error, Idempotency, Key, MemoryStore, OnLocked, SqliteStore, Stage, Store,
+    CallEvent, Error, Idempotency, Key, MemoryStore, OnLocked, Stage, Store,
     DEFAULT_LATENCIES_ONE_IN,
 };
+use idem_sql::SqliteStore;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 

@@ -2,7 +2,6 @@
 //! on) still prints the call's span to a `log` logger that lets DEBUG through: the engine drops a
 //! disabled span only when nothing could come of it. Its own test binary, since the logger is
 //! global to the process.
-#![cfg(feature = "sqlite")]
 
 use std::sync::Mutex;
 

@@ -4,6 +4,7 @@
 //! expiry, so the two move independently, on a [`TestStore`] that keeps the pruner's counts
 //! exact; the SQL tests wait out short leases for real.
 
+use idem_sql::sqlx;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -546,7 +547,6 @@ async fn the_batch_size_is_the_stores_unless_the_config_names_one() {
 
 /// Adds 35 records whose retentions really end (SQL stores use the database's clock) and 6 live
 /// ones; returns the live keys.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 async fn fill_sql(store: &dyn Store) -> Vec<Key> {
     const SQL_RETENTION: Duration = Duration::from_millis(250);
     for i in 0..35 {
@@ -561,7 +561,6 @@ async fn fill_sql(store: &dyn Store) -> Vec<Key> {
 
 /// [`fill_sql`], then [`prune_sql`], on a SQL store whose table `rows` counts: 41 rows before
 /// (35 expired and the live ones), 6 after.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 async fn fill_and_prune_sql<F: std::future::Future<Output = i64>>(
     store: Arc<dyn Store>,
     rows: impl Fn() -> F,
@@ -573,7 +572,6 @@ async fn fill_and_prune_sql<F: std::future::Future<Output = i64>>(
 }
 
 /// Prunes in batches of 10 and checks that exactly the 35 expired records went.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 async fn prune_sql(store: Arc<dyn Store>, live: &[Key]) {
     let pruner = Pruner::records(
         store.clone(),
@@ -598,16 +596,14 @@ async fn prune_sql(store: Arc<dyn Store>, live: &[Key]) {
 }
 
 /// A SQLite store in `dir` without a pruner of its own: the test's pruner is the one measured.
-#[cfg(feature = "sqlite")]
-async fn sqlite_without_pruner(dir: &tempfile::TempDir) -> idem_core::SqliteStore {
-    idem_core::SqliteStore::builder()
+async fn sqlite_without_pruner(dir: &tempfile::TempDir) -> idem_sql::SqliteStore {
+    idem_sql::SqliteStore::builder()
         .pruner(None)
         .open(dir.path().join("idem.db"))
         .await
         .unwrap()
 }
 
-#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn prunes_expired_sqlite_records_in_batches() {
     let dir = tempfile::tempdir().unwrap();
@@ -619,7 +615,6 @@ async fn prunes_expired_sqlite_records_in_batches() {
 
 /// A SQLite store's own batch is the default, 100: with nothing in the config, a run over 150
 /// expired records deletes them in a batch of 100 and one of 50.
-#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn a_sqlite_pruner_deletes_100_records_a_batch_by_default() {
     let dir = tempfile::tempdir().unwrap();
@@ -646,8 +641,7 @@ async fn a_sqlite_pruner_deletes_100_records_a_batch_by_default() {
 
 /// A PostgreSQL store on a table of its own (for `test`), and the table's name; `None` when the
 /// test skips.
-#[cfg(feature = "postgres")]
-async fn pg_store(test: &str) -> Option<(idem_core::PostgresStore, String)> {
+async fn pg_store(test: &str) -> Option<(idem_sql::PostgresStore, String)> {
     let url = idem_test_support::postgres::pg_url(test)?;
     // Without the store's own pruner: the test's pruner is the one measured.
     let store = idem_test_support::postgres::fresh_store(&url, |b| b.pruner(None)).await;
@@ -658,7 +652,6 @@ async fn pg_store(test: &str) -> Option<(idem_core::PostgresStore, String)> {
 /// A PostgreSQL store's own batch is 1,000 (docs/performance.md, "The sustained run"): with
 /// nothing in the config, a run over 1,500 expired records deletes them in a batch of 1,000 and
 /// one of 500, through an `Arc<dyn Store>` as an engine holds it.
-#[cfg(feature = "postgres")]
 #[tokio::test]
 async fn a_postgres_pruner_deletes_1000_records_a_batch_by_default() {
     let Some((store, table)) =
@@ -687,7 +680,6 @@ async fn a_postgres_pruner_deletes_1000_records_a_batch_by_default() {
     idem_test_support::postgres::drop_store_tables(&store).await;
 }
 
-#[cfg(feature = "postgres")]
 #[tokio::test]
 async fn prunes_expired_postgres_records_in_batches() {
     let Some((store, table)) = pg_store("prunes_expired_postgres_records_in_batches").await else {

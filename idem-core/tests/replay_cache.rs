@@ -1,10 +1,10 @@
 //! The replay cache: a hot key replays with no round trip, and the cache never changes what a
 //! call returns.
-#![cfg(feature = "sqlite")]
 
 use std::time::Duration;
 
-use idem_core::{Error, Fingerprint, Idempotency, Key, ReplayCache, SqliteStore};
+use idem_core::{Error, Fingerprint, Idempotency, Key, ReplayCache};
+use idem_sql::SqliteStore;
 
 /// With the cache on, a completed key replays after the database is gone: zero round trips.
 /// Another key, which needs the database, fails: the pool is really closed.

@@ -215,7 +215,6 @@ proptest! {
     }
 }
 
-#[cfg(feature = "sqlite")]
 proptest! {
     #![proptest_config(config(48))]
 
@@ -230,7 +229,7 @@ proptest! {
             let open = |name: &str| {
                 let path = dir.path().join(name);
                 async move {
-                    Arc::new(idem_core::SqliteStore::open(path).await.unwrap()) as Arc<dyn Store>
+                    Arc::new(idem_sql::SqliteStore::open(path).await.unwrap()) as Arc<dyn Store>
                 }
             };
             let cached = side(open("cached.db").await, Some((clock.clone(), unit)));

@@ -240,13 +240,13 @@ fn sigterm_finishes_the_request_in_flight_closes_the_store_and_exits_cleanly() {
         );
     }
     let in_progress = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let store = idem_core::SqliteStore::builder()
+        let store = idem_sql::SqliteStore::builder()
             .pruner(None)
             .migrate_on_connect(false)
             .open(&db)
             .await
             .unwrap();
-        let n: i64 = idem_core::sqlx::query_scalar("SELECT count(*) FROM idem_records")
+        let n: i64 = idem_sql::sqlx::query_scalar("SELECT count(*) FROM idem_records")
             .fetch_one(store.pool())
             .await
             .unwrap();

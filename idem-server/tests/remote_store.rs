@@ -67,7 +67,7 @@ pub struct SqliteRemote {
 impl Harness for SqliteRemote {
     async fn new() -> Option<Self> {
         let dir = tempfile::tempdir().expect("create a temporary directory");
-        let store = idem_core::SqliteStore::builder()
+        let store = idem_sql::SqliteStore::builder()
             .pruner(None)
             .open(dir.path().join("idem.db"))
             .await

@@ -2,7 +2,7 @@
 //! `storm-kv` mode, of any store opened by URL).
 //!
 //! The crate is not published. Its binary `idem-stress-worker` is one application node: it
-//! talks to PostgreSQL through [`idem_core::PostgresStore`] and reports what it saw on stdout,
+//! talks to PostgreSQL through [`idem_sql::PostgresStore`] and reports what it saw on stdout,
 //! one line per event. The integration tests under `tests/` start several of them, kill, pause
 //! or clock-skew them, and compare their reports with what the database holds.
 //!

@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use idem_core::{PostgresStore, RecordState, Store};
+use idem_core::{RecordState, Store};
+use idem_sql::PostgresStore;
 use idem_stress::worker::Worker;
 use idem_stress::{create_exec_table, key, key_name};
 use idem_test_support::postgres::{drop_tables, faketime_lib, pg_url};

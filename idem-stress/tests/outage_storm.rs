@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::{Error, Idempotency, OnLocked, Outcome, PostgresStore, Store};
+use idem_core::{Error, Idempotency, OnLocked, Outcome, Store};
+use idem_sql::PostgresStore;
 use idem_stress::key;
 use idem_test_support::postgres::{pg_bindir, TempCluster};
 

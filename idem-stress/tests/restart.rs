@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Claim, Completion, Error, PostgresStore, RecordState, Start, StartRequest, Store,
-    StoreErrorKind,
+    Claim, Completion, Error, RecordState, Start, StartRequest, Store, StoreErrorKind,
 };
+use idem_sql::PostgresStore;
 use idem_stress::key;
 use idem_test_support::postgres::{pg_bindir, TempCluster};
 use sqlx::Connection;

@@ -1,6 +1,6 @@
 //! The bank the transactional tests pay into, whether through the engine API
-//! (`idem-core/tests/transactional.rs`), the `#[idempotent(transaction = …)]` attribute
-//! (`tests/macro_tx_*.rs`) or the concurrency kit (`idem-core/tests/kit_strategies.rs`): the
+//! (`idem-sql/tests/transactional.rs`), the `#[idempotent(transaction = …)]` attribute
+//! (`tests/macro_tx_*.rs`) or the concurrency kit (`idem-sql/tests/kit_strategies.rs`): the
 //! deposits each delivers many times at once, and the business tables, one account and a
 //! ledger, as SQL that SQLite and PostgreSQL both run (SQLite accepts `$n` placeholders too).
 
@@ -155,9 +155,9 @@ pub mod sqlite {
 
     /// A store in a database file of its own (in the directory returned with it, deleted when
     /// dropped), with room for every delivery to hold a connection.
-    pub async fn store() -> (idem_core::SqliteStore, tempfile::TempDir) {
+    pub async fn store() -> (idem_sql::SqliteStore, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
-        let store = idem_core::SqliteStore::builder()
+        let store = idem_sql::SqliteStore::builder()
             .max_connections(16)
             .open(dir.path().join("bank.db"))
             .await

@@ -131,7 +131,8 @@ pub async fn claim_steps_and_complete(store: &dyn idem_core::Store, key: &idem_c
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// # #[cfg(feature = "sqlite")] {
-/// use idem_core::{Completion, Key, SqliteStore, Start, StartRequest, Store};
+/// use idem_core::{Completion, Key, Start, StartRequest, Store};
+/// use idem_sql::SqliteStore;
 /// let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
 /// let kept = Key::derive("doc", "", "kept").unwrap();
 /// let Start::Started(claim) = store.start(StartRequest::new(&kept, std::time::Duration::from_secs(30))).await.unwrap() else { panic!() };
@@ -390,12 +391,36 @@ impl Tally {
     }
 }
 
-/// Fails the test if a doc comment (`///`, `//!`) of a `.rs` file directly in `src` shows one
-/// of `paths` (such as `idem_core::`): users depend on the facade, `idem`, which re-exports a
-/// store crate's items, and its docs (rendered as `idem`'s) must name paths as `idem::…` so
-/// every example compiles as a user pastes it. The targets of intra-doc links (`](idem_core::X)`)
-/// are left out: rustdoc resolves them, the reader never sees them. `at_least` is how many
-/// sources the crate has at least (so that a wrong `src` fails).
+/// Every `.rs` file under `dir`, recursively (a test's view of a crate's sources).
+///
+/// ```
+/// let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// assert!(idem_test_support::rust_sources(&src).iter().any(|f| f.ends_with("lib.rs")));
+/// ```
+pub fn rust_sources(dir: &Path) -> Vec<std::path::PathBuf> {
+    fn walk(dir: &Path, found: &mut Vec<std::path::PathBuf>) {
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                found.push(path);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(dir, &mut found);
+    found
+}
+
+/// Fails the test if a doc comment (`///`, `//!`) of a `.rs` file under `src` (recursively)
+/// shows one of `paths` (such as `idem_core::`): users depend on the facade, `idem`, which
+/// re-exports the idem crates' items, and its docs (rendered as `idem`'s) must name paths as
+/// `idem::…` so every example compiles as a user pastes it. The targets of intra-doc links
+/// (`](idem_core::X)`) are left out: rustdoc resolves them, the reader never sees them.
+/// `at_least` is how many sources the crate has at least (so that a wrong `src` fails). Every
+/// published crate but idem-core (whose own test is stricter) calls it from `tests/doc_paths.rs`.
 ///
 /// ```
 /// let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -415,16 +440,16 @@ pub fn docs_name_facade_paths(src: &Path, paths: &[&str], at_least: usize) {
         out.push_str(rest);
         out
     }
+    let files = rust_sources(src);
+    assert!(
+        files.len() >= at_least,
+        "only {} sources under {}",
+        files.len(),
+        src.display()
+    );
     let mut found = Vec::new();
-    let mut files = 0;
-    let entries = std::fs::read_dir(src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
-    for entry in entries {
-        let path = entry.unwrap().path();
-        if path.extension().is_none_or(|ext| ext != "rs") {
-            continue;
-        }
-        files += 1;
-        let text = std::fs::read_to_string(&path).unwrap();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             let Some(doc) = line
@@ -435,16 +460,11 @@ pub fn docs_name_facade_paths(src: &Path, paths: &[&str], at_least: usize) {
             };
             let doc = shown(doc);
             if paths.iter().any(|p| doc.contains(p)) {
-                let name = path.file_name().unwrap().to_string_lossy();
-                found.push(format!("src/{name}:{}: {line}", n + 1));
+                let at = file.strip_prefix(src).unwrap_or(&file).display();
+                found.push(format!("src/{at}:{}: {line}", n + 1));
             }
         }
     }
-    assert!(
-        files >= at_least,
-        "only {files} sources under {}",
-        src.display()
-    );
     assert!(
         found.is_empty(),
         "write `idem::` (the facade users depend on) instead of {}:\n{}",

@@ -15,7 +15,7 @@ pub enum Leftover {
     Dir(#[allow(dead_code)] tempfile::TempDir),
     /// A table of its own on the shared PostgreSQL server.
     #[cfg(feature = "postgres")]
-    PgTable(idem_core::PostgresStore),
+    PgTable(idem_sql::PostgresStore),
     /// A server of the test's own (stopped when dropped), or a table on the shared one.
     #[cfg(feature = "dynamodb")]
     Dynamo(
@@ -51,7 +51,7 @@ pub async fn memory() -> Option<(Arc<dyn Store>, Leftover)> {
 #[cfg(feature = "sqlite")]
 pub async fn sqlite() -> Option<(Arc<dyn Store>, Leftover)> {
     let dir = tempfile::tempdir().unwrap();
-    let store = idem_core::SqliteStore::open(dir.path().join("idem.db"))
+    let store = idem_sql::SqliteStore::open(dir.path().join("idem.db"))
         .await
         .unwrap();
     Some((Arc::new(store), Leftover::Dir(dir)))

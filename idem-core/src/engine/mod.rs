@@ -30,8 +30,6 @@ mod policy;
 mod split;
 mod steps;
 mod stored;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod transactional;
 mod underway;
 mod waiters;
 
@@ -40,8 +38,6 @@ pub use call::Call;
 pub use policy::{EngineBuilder, OnLocked, Outcome, Policy};
 pub use split::{Begun, Finish, Holder};
 pub use steps::{atomic_step, AtomicStep, Attempt, Step, Steps};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use transactional::{Transactional, TxCall, TxClaim, TxFuture, TxStart};
 
 pub use policy::Overrides;
 pub use policy::{Core, Resolved};

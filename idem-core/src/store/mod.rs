@@ -21,16 +21,7 @@ use crate::record::{Claim, Completion, Record, Start, StartRequest};
 use crate::step::{Abandoned, AbandonedQuery, StepLog, StepWrite};
 
 pub(crate) mod admin;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) use crate::sql::protocol::TransactionalStore;
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) mod claim_order;
 pub(crate) mod memory;
-#[cfg(feature = "postgres")]
-pub(crate) mod postgres;
-#[cfg(feature = "sqlite")]
-pub(crate) mod sqlite;
 pub mod support;
 
 /// Where idempotency records live. Every backend keeps these rules:

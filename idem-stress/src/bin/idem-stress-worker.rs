@@ -47,9 +47,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_core::{
-    Claim, Completion, Error, Fingerprint, Idempotency, OnLocked, Outcome, PostgresStore, Start,
-    StartRequest, Store, StoreError, StoreErrorKind,
+    Claim, Completion, Error, Fingerprint, Idempotency, OnLocked, Outcome, Start, StartRequest,
+    Store, StoreError, StoreErrorKind,
 };
+use idem_sql::PostgresStore;
 use idem_stress::stores;
 use idem_stress::{key, key_name};
 use tokio::io::{AsyncBufReadExt, BufReader};

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use idem_core::{PostgresStore, PostgresStoreBuilder};
+use idem_sql::{PostgresStore, PostgresStoreBuilder};
 use sqlx::{Connection, PgPool};
 
 mod cluster;
@@ -112,7 +112,7 @@ pub async fn drop_tables(pool: &PgPool, names: &[&str]) {
 /// pool.
 ///
 /// ```no_run
-/// # async fn f(store: idem_core::PostgresStore) {
+/// # async fn f(store: idem_sql::PostgresStore) {
 /// idem_test_support::postgres::drop_store_tables(&store).await;
 /// # }
 /// ```

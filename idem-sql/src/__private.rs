@@ -1,0 +1,68 @@
+//! Support for the code `#[idempotent(transaction = …)]` expands to (the facade re-exports it
+//! beside idem-core's `__private`). Not a public API: it may change in any release.
+
+use idem_core::__private::{EngineArg, Prepared};
+use idem_core::{Codec, Error};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::{Transactional, TransactionalStore, TxClaim, TxStart};
+
+impl<S: TransactionalStore, C: Codec> EngineArg<Transactional<S, C>> for Transactional<S, C> {
+    fn engine(&self) -> &Transactional<S, C> {
+        self
+    }
+}
+
+/// The caller's connection, as the engine's store needs it: `&mut *tx` coerces to it from a
+/// `&mut` connection, a `&mut Transaction` or a `&mut PoolConnection`. (One function for both
+/// uses, so a wrong type is reported once.)
+pub fn tx_connection<'c, S: TransactionalStore, C: Codec>(
+    _engine: &Transactional<S, C>,
+    conn: &'c mut S::Connection,
+) -> &'c mut S::Connection {
+    conn
+}
+
+/// Claims the call's key on the caller's connection (when the call has a key), or fetches its
+/// stored value. An invalid key or fingerprint is returned before the database is touched.
+pub async fn tx_begin<S, C, T>(
+    engine: &Transactional<S, C>,
+    conn: &mut S::Connection,
+    prepared: Prepared,
+) -> Result<TxStart<T>, Error>
+where
+    S: TransactionalStore,
+    C: Codec,
+    T: DeserializeOwned,
+{
+    let (key, fingerprint, options) = prepared.parts()?;
+    let call = engine.call(key).fingerprint(fingerprint);
+    call.overrides(options).begin(conn).await
+}
+
+/// After the body: stores an `Ok` value under the claim, or releases the claim on `Err`, on the
+/// caller's connection.
+pub async fn tx_end<S, C, T, E>(
+    engine: &Transactional<S, C>,
+    conn: &mut S::Connection,
+    claim: TxClaim,
+    result: Result<T, E>,
+) -> Result<T, E>
+where
+    S: TransactionalStore,
+    C: Codec,
+    T: Serialize,
+    E: From<Error>,
+{
+    match result {
+        Ok(value) => {
+            engine.finish(conn, claim, &value).await?;
+            Ok(value)
+        }
+        Err(e) => {
+            engine.release(conn, claim).await;
+            Err(e)
+        }
+    }
+}

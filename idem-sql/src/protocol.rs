@@ -1,0 +1,461 @@
+//! The store protocol, written once: the statements of a SQL store and each operation against a
+//! connection, generic over the database ([`Ops`]). Both the pool path ([`Store`] on a pooled
+//! connection) and the caller's-transaction path ([`TransactionalStore`]) call it, from
+//! [`SqlStore<DB>`](crate::SqlStore)'s one impl of each.
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::fenced;
+use super::row::{columns, StoredRow};
+use super::steps::{steps_table, StepStatements};
+use crate::claim_order::{ClaimOrder, ClaimPath};
+use crate::dialect::{Dialect, Ops};
+use crate::error::sql_error;
+use crate::name::TableName;
+use idem_core::store::support::LAPSED_CLAIMS_KEPT_MS;
+use idem_core::Error;
+use idem_core::StepWrite;
+use idem_core::Store;
+use idem_core::{Claim, Completion, Record, Start, StartRequest};
+use idem_core::{Fingerprint, Key, Token};
+
+/// How often `start` claims again when the live row it lost to vanished before it could be
+/// read (aborted, evicted, pruned or expired in between). Each retry needs another writer to
+/// interleave, so three is plenty.
+const CLAIM_ATTEMPTS: usize = 3;
+
+/// A store whose claim and completion can run on a caller's transaction: the SQL stores, on
+/// their connection type (`SqliteConnection`, `PgConnection`). Sealed: implemented by
+/// [`SqliteStore`](crate::SqliteStore) and, with the `postgres` feature, `PostgresStore`; use
+/// it through [`Transactional`](crate::Transactional). A `sqlx::Transaction` derefs to its
+/// connection, so pass `&mut tx`.
+///
+/// ```
+/// fn takes<S: idem::TransactionalStore>(_: &S) {}
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+/// takes(&idem::SqliteStore::open(":memory:").await?);
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait TransactionalStore: Store + Sealed {
+    /// The connection the caller's transaction runs on.
+    type Connection: Send;
+
+    /// The store protocol's claim, on the caller's transaction.
+    #[doc(hidden)]
+    async fn start_in(
+        &self,
+        conn: &mut Self::Connection,
+        request: StartRequest<'_>,
+    ) -> Result<Start, Error>;
+
+    /// The store protocol's completion, on the caller's transaction.
+    #[doc(hidden)]
+    async fn complete_in(
+        &self,
+        conn: &mut Self::Connection,
+        claim: &Claim,
+        completion: Completion<'_>,
+    ) -> Result<(), Error>;
+
+    /// The store protocol's abort, on the caller's transaction.
+    #[doc(hidden)]
+    async fn abort_in(&self, conn: &mut Self::Connection, claim: &Claim) -> Result<(), Error>;
+
+    /// [`Store::write_step`] on the caller's transaction: a transactional step's record,
+    /// committed with the step's own writes ([`SqlSteps::tx`](crate::SqlSteps::tx)).
+    #[doc(hidden)]
+    async fn write_step_in(
+        &self,
+        conn: &mut Self::Connection,
+        claim: &Claim,
+        step: StepWrite<'_>,
+    ) -> Result<(), Error>;
+}
+
+/// Not nameable outside the crate: seals [`TransactionalStore`].
+pub trait Sealed {}
+
+/// The SQL of every operation, rendered once for a table and a database.
+#[derive(Debug)]
+struct Statements {
+    /// Insert, or take over a row whose lease or retention has ended. The pool path reads
+    /// whether it claimed from the count of rows it wrote (1 inserted or taken over, 0 left
+    /// alone), so the database builds no row and the driver decodes none.
+    claim_counted: String,
+    /// The claim of transactional mode: where the database can, one statement that also
+    /// returns the live row it did not claim; otherwise `claim_counted` with `RETURNING true AS
+    /// claimed`.
+    claim_in_transaction: String,
+    read_live: String,
+    complete: String,
+    renew: String,
+    abort: String,
+    evict: String,
+    prune: String,
+}
+
+impl Statements {
+    fn new(d: &Dialect, t: &TableName) -> Statements {
+        let now = d.now;
+        let lease_end = d.now_plus("$4");
+        let columns = columns(d);
+        // Meeting a live row, the bare claim locks it for the moment of the statement (on
+        // PostgreSQL), as any `ON CONFLICT DO UPDATE` does, and changes nothing.
+        let take_over = format!(
+            "ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
+               token = excluded.token, state = 0, expires_at = excluded.expires_at, \
+               response = NULL, is_error = false \
+             WHERE r.expires_at <= {now}"
+        );
+        let claim_counted = format!(
+            "INSERT INTO {t} AS r (key, fingerprint, token, state, expires_at, response, is_error) \
+             VALUES ($1, $2, $3, 0, {lease_end}, NULL, false) {take_over}"
+        );
+        // A row back (`claimed`) only when it claimed.
+        let claim = format!("{claim_counted} RETURNING true AS claimed");
+        let claim_in_transaction = if d.claim_reads_live {
+            // A live row in the statement's snapshot is returned as it is and nothing is
+            // written: a replay then takes no row lock, so the caller's transaction holds no
+            // lock on another caller's record, needs no transaction id and writes no WAL. A live
+            // row the snapshot cannot see (committed after the statement began, or still
+            // uncommitted) meets the insert's conflict check instead, which leaves it alone and
+            // returns no row; `start` then reads it afresh.
+            format!(
+                "WITH live AS ( \
+                   SELECT {columns} FROM {t} AS r WHERE r.key = $1 AND r.expires_at > {now}), \
+                 claimed AS ( \
+                   INSERT INTO {t} AS r (key, fingerprint, token, state, expires_at, response, is_error) \
+                   SELECT $1, $2, $3, 0, {lease_end}, NULL, false WHERE NOT EXISTS (SELECT 1 FROM live) \
+                   {take_over} RETURNING r.key) \
+                 SELECT true AS claimed, CAST(NULL AS {bytes}) AS fingerprint, \
+                   CAST(NULL AS {bytes}) AS token, CAST(0 AS {bigint}) AS state, \
+                   CAST(NULL AS {bytes}) AS response, false AS is_error, \
+                   CAST(0 AS {bigint}) AS expires_us, CAST(0 AS {bigint}) AS remaining_us \
+                 FROM claimed \
+                 UNION ALL \
+                 SELECT false, live.* FROM live WHERE NOT EXISTS (SELECT 1 FROM claimed)",
+                bytes = d.bytes,
+                bigint = d.bigint,
+            )
+        } else {
+            claim
+        };
+        Statements {
+            claim_counted,
+            claim_in_transaction,
+            read_live: format!(
+                "SELECT {columns} FROM {t} AS r WHERE r.key = $1 AND r.expires_at > {now}"
+            ),
+            // Fenced by the token alone, so that completing a claim again (a retry whose first
+            // commit landed but whose answer was lost) succeeds; the CASEs keep the first result
+            // and its retention. SET expressions read the row as it was before the update.
+            complete: format!(
+                "UPDATE {t} SET state = 1, \
+                   response = CASE WHEN state = 0 THEN $3 ELSE response END, \
+                   is_error = CASE WHEN state = 0 THEN $4 ELSE is_error END, \
+                   expires_at = CASE WHEN state = 0 THEN {retention_end} ELSE expires_at END \
+                 WHERE key = $1 AND token = $2",
+                retention_end = d.now_plus("$5"),
+            ),
+            renew: format!(
+                "UPDATE {t} SET expires_at = {lease_end} WHERE key = $1 AND token = $2 AND state = 0",
+                lease_end = d.now_plus("$3"),
+            ),
+            abort: format!(
+                "DELETE FROM {t} WHERE key = $1 AND token = $2 AND state = 0"
+            ),
+            evict: format!("DELETE FROM {t} WHERE key = $1"),
+            // Ended retentions, and claims that lapsed longer ago than a late holder may still
+            // complete them (`LAPSED_CLAIMS_KEPT`): a lapsed claim nobody took over still carries
+            // its holder's token. PostgreSQL's SKIP LOCKED lets several pruners (and live claims
+            // holding row locks) run side by side; the row locks keep a key from being re-claimed
+            // between choosing and deleting.
+            prune: format!(
+                "DELETE FROM {t} WHERE key IN ( \
+                   SELECT key FROM {t} WHERE expires_at <= {now} \
+                     AND (state <> 0 OR expires_at <= {lapsed}) \
+                   ORDER BY expires_at LIMIT $1{lock})",
+                lapsed = d.now_minus(&LAPSED_CLAIMS_KEPT_MS.to_string()),
+                lock = d.lock_batch,
+            ),
+        }
+    }
+}
+
+/// A claim statement and how it tells that it claimed.
+#[derive(Clone, Copy)]
+enum ClaimSql<'a> {
+    /// By the count of rows it wrote.
+    Counted(&'a str),
+    /// By the row it returns (`claimed`), which may be followed by the live row it met.
+    Returning(&'a str),
+}
+
+/// Where an operation runs: on a connection of the store's pool, or on the caller's
+/// transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    Pool,
+    Transaction,
+}
+
+/// A SQL store's protocol: its table, its statements and its claim order, with each operation
+/// written once against a connection of `DB`. Durations arrive converted by
+/// [`millis`](crate::millis).
+pub(crate) struct Protocol<DB> {
+    table: TableName,
+    sql: Statements,
+    steps: StepStatements,
+    claim_path: ClaimPath,
+    db: PhantomData<fn() -> DB>,
+}
+
+impl<DB: Ops> Protocol<DB> {
+    /// The protocol of `table`, whose steps live in [`steps_table`].
+    pub(crate) fn new(table: TableName, claim_order: ClaimOrder) -> Protocol<DB> {
+        Protocol {
+            sql: Statements::new(&DB::DIALECT, &table),
+            steps: StepStatements::new(&DB::DIALECT, &table, &steps_table(&table)),
+            table,
+            claim_path: ClaimPath::new(claim_order),
+            db: PhantomData,
+        }
+    }
+
+    /// The records table.
+    pub(crate) fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// The claim order of the pool path.
+    pub(crate) fn claim_order(&self) -> ClaimOrder {
+        self.claim_path.order()
+    }
+
+    /// [`Store::start`], on a pooled connection or on the caller's transaction (`via`).
+    ///
+    /// On a pooled connection, while the [`ClaimOrder`] reads first, a live record is answered
+    /// by one read, which never waits for a write lock; only a key that reads as free goes on
+    /// to the claim. A transaction always claims first, since a read before the write would make
+    /// the transaction's write wait or fail on a row it read.
+    pub(crate) async fn start(
+        &self,
+        via: Via,
+        conn: &mut DB::Connection,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease_ms: i64,
+    ) -> Result<Start, Error> {
+        if via == Via::Transaction {
+            let sql = ClaimSql::Returning(&self.sql.claim_in_transaction);
+            return self.claim(conn, sql, key, fingerprint, lease_ms).await;
+        }
+        let live = match self.claim_path.read_first() {
+            true => self.read_live(conn, key).await?,
+            false => None,
+        };
+        let result = match live {
+            Some(stored) => stored.into_start(fingerprint),
+            None => {
+                let sql = ClaimSql::Counted(&self.sql.claim_counted);
+                self.claim(conn, sql, key, fingerprint, lease_ms).await
+            }
+        };
+        self.claim_path.observe(&result);
+        result
+    }
+
+    /// Runs the claim statement `sql`; on a live record, answers from the row it returned or
+    /// from one read of it; claims again if that record vanished meanwhile.
+    async fn claim(
+        &self,
+        conn: &mut DB::Connection,
+        sql: ClaimSql<'_>,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+        lease_ms: i64,
+    ) -> Result<Start, Error> {
+        for _ in 0..CLAIM_ATTEMPTS {
+            let token = Token::random();
+            let token_bytes = token.to_bytes();
+            let text = match sql {
+                ClaimSql::Counted(text) | ClaimSql::Returning(text) => text,
+            };
+            let query = DB::bind_bytes(sqlx::query(text), &key.as_bytes()[..]);
+            let query = DB::bind_opt_bytes(query, fingerprint.map(|f| &f.as_bytes()[..]));
+            let query = DB::bind_i64(DB::bind_bytes(query, &token_bytes[..]), lease_ms);
+            // Both run the statement to its end, so an error the database reports at its end
+            // (the COMMIT of SQLite's autocommit mode on a full disk, PostgreSQL's at commit)
+            // fails the claim instead of being dropped, and a claim whose commit failed is never
+            // reported as won: `execute` waits for the statement's completion, and `fetch_all`
+            // (never `fetch_optional`) reads every row and the end of the reply.
+            let row = match sql {
+                ClaimSql::Counted(_) => {
+                    if DB::execute(&mut *conn, query).await.map_err(sql_error)? == 1 {
+                        return Ok(Start::Started(Claim::new(*key, token)));
+                    }
+                    None
+                }
+                ClaimSql::Returning(_) => {
+                    let row = DB::fetch_all(&mut *conn, query)
+                        .await
+                        .map_err(sql_error)?
+                        .into_iter()
+                        .next();
+                    if let Some(row) = &row {
+                        if DB::get_bool(row, 0).map_err(sql_error)? {
+                            return Ok(Start::Started(Claim::new(*key, token)));
+                        }
+                    }
+                    row
+                }
+            };
+            // Not claimed. A transactional claim may return the row that was live in its
+            // snapshot; one committed after the snapshot began is invisible there (no row), and
+            // one whose time ran out while the statement ran has nothing left: read it afresh.
+            let live = match row.map(|r| StoredRow::decode::<DB>(&r, 1)).transpose()? {
+                Some(stored) if stored.is_live() => Some(stored),
+                _ => self.read_live(conn, key).await?,
+            };
+            if let Some(stored) = live {
+                return stored.into_start(fingerprint);
+            }
+            // It vanished (aborted, evicted, pruned or expired) before we could read it: the key
+            // may be free now, so claim again.
+        }
+        // Other callers keep claiming and releasing this key faster than we can look: it is
+        // busy.
+        Ok(Start::Locked {
+            retry_after: Duration::ZERO,
+        })
+    }
+
+    /// The live (unexpired) record row of `key`.
+    async fn read_live(
+        &self,
+        conn: &mut DB::Connection,
+        key: &Key,
+    ) -> Result<Option<StoredRow>, Error> {
+        let query = DB::bind_bytes(sqlx::query(&self.sql.read_live), &key.as_bytes()[..]);
+        let row = DB::fetch_optional(conn, query).await.map_err(sql_error)?;
+        row.map(|row| StoredRow::decode::<DB>(&row, 0)).transpose()
+    }
+
+    /// [`Store::complete`].
+    pub(crate) async fn complete(
+        &self,
+        conn: &mut DB::Connection,
+        claim: &Claim,
+        completion: Completion<'_>,
+        retention_ms: i64,
+    ) -> Result<(), Error> {
+        let token = claim.token().to_bytes();
+        let query = self.fenced_query(&self.sql.complete, claim.key(), &token);
+        let query = DB::bind_bool(
+            DB::bind_opt_bytes(query, completion.response),
+            completion.is_error,
+        );
+        fenced(
+            DB::execute(conn, DB::bind_i64(query, retention_ms))
+                .await
+                .map_err(sql_error)?,
+        )
+    }
+
+    /// [`Store::renew`].
+    pub(crate) async fn renew(
+        &self,
+        conn: &mut DB::Connection,
+        claim: &Claim,
+        lease_ms: i64,
+    ) -> Result<(), Error> {
+        let token = claim.token().to_bytes();
+        let query = self.fenced_query(&self.sql.renew, claim.key(), &token);
+        fenced(
+            DB::execute(conn, DB::bind_i64(query, lease_ms))
+                .await
+                .map_err(sql_error)?,
+        )
+    }
+
+    /// [`Store::abort`].
+    pub(crate) async fn abort(
+        &self,
+        conn: &mut DB::Connection,
+        claim: &Claim,
+    ) -> Result<(), Error> {
+        let token = claim.token().to_bytes();
+        let query = self.fenced_query(&self.sql.abort, claim.key(), &token);
+        fenced(DB::execute(conn, query).await.map_err(sql_error)?)
+    }
+
+    /// A statement fenced by the claim's key (`$1`) and token (`$2`).
+    fn fenced_query<'q>(
+        &self,
+        sql: &'q str,
+        key: &'q Key,
+        token: &'q [u8],
+    ) -> crate::dialect::SqlQuery<'q, DB> {
+        DB::bind_bytes(DB::bind_bytes(sqlx::query(sql), &key.as_bytes()[..]), token)
+    }
+
+    /// [`Store::get`].
+    pub(crate) async fn get(
+        &self,
+        conn: &mut DB::Connection,
+        key: &Key,
+    ) -> Result<Option<Record>, Error> {
+        self.read_live(conn, key)
+            .await?
+            .map(|stored| stored.into_record(*key))
+            .transpose()
+    }
+
+    /// [`Store::evict`]: the record and its steps, in one transaction.
+    pub(crate) async fn evict(&self, conn: &mut DB::Connection, key: &Key) -> Result<bool, Error> {
+        self.steps
+            .evict_with::<DB>(conn, key, &self.sql.evict)
+            .await
+    }
+
+    /// [`Store::prune_expired`]: ended records, then ended step rows to fill the batch (so a
+    /// short batch still means nothing is left).
+    pub(crate) async fn prune_expired(
+        &self,
+        conn: &mut DB::Connection,
+        limit: u32,
+    ) -> Result<u64, Error> {
+        let query = DB::bind_i64(sqlx::query(&self.sql.prune), i64::from(limit));
+        let records = DB::execute(&mut *conn, query).await.map_err(sql_error)?;
+        let left = u32::try_from(u64::from(limit).saturating_sub(records)).unwrap_or(0);
+        if left == 0 {
+            return Ok(records);
+        }
+        Ok(records + self.steps.prune::<DB>(conn, left).await?)
+    }
+
+    /// The statements of the steps ([`Store::begin_steps`], [`Store::write_step`]).
+    pub(crate) fn steps(&self) -> &StepStatements {
+        &self.steps
+    }
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_statements_name_the_quoted_table() {
+        let t = TableName::qualified("table name", "app.Idem").unwrap();
+        let p = Protocol::<sqlx::Postgres>::new(t, ClaimOrder::Adaptive);
+        assert!(p
+            .sql
+            .claim_counted
+            .contains("INSERT INTO \"app\".\"Idem\" AS r"));
+        assert!(p.sql.claim_in_transaction.starts_with("WITH live AS"));
+    }
+}

@@ -1,0 +1,70 @@
+//! What the two SQL stores' schemas share: the names their migrations fill in besides
+//! `{table}`, and the migrator's [`Schema`] of a records table with them. Each store keeps its
+//! own migrations (a `.sql` file under `idem-sql/sql/`) and the way it names an index.
+
+use super::steps::steps_table;
+use crate::dialect::Ops;
+use crate::migrate::{self, Schema};
+use crate::name::TableName;
+use idem_core::Error;
+
+/// A SQL store's schema for any records table.
+pub(crate) struct StoreSchema {
+    /// Its steps, oldest first (see [`Migration::parse`](migrate::Migration::parse)). Never
+    /// change what an applied step creates; append a new step.
+    pub(crate) migrations: &'static str,
+    /// The name of a table's expiry index (the records table's, and the steps table's).
+    pub(crate) index: fn(&TableName) -> TableName,
+}
+
+impl StoreSchema {
+    /// The newest schema version.
+    pub(crate) fn latest(&self) -> i64 {
+        migrate::latest(self.migrations)
+    }
+
+    /// The names the migrations of `table` fill in: its expiry index, its steps table
+    /// ([`steps_table`]) and that table's expiry index.
+    pub(crate) fn names(&self, table: &TableName) -> [(&'static str, TableName); 3] {
+        let steps = steps_table(table);
+        [
+            ("{index}", (self.index)(table)),
+            ("{steps_index}", (self.index)(&steps)),
+            ("{steps}", steps),
+        ]
+    }
+
+    /// The migrator's schema of `table`, whose migrations fill in `names` ([`names`](Self::names)).
+    pub(crate) fn of<'a>(
+        &self,
+        table: &'a TableName,
+        names: &'a [(&'static str, TableName)],
+    ) -> Schema<'a> {
+        Schema {
+            table,
+            names,
+            migrations: self.migrations,
+        }
+    }
+
+    /// What the store's `migrate` runs on `table`, as a script to apply out of band, headed by
+    /// what it is: the schema of `store` (`SqliteStore`, `PostgresStore`) for `table`, and
+    /// `apply`, how to apply it.
+    pub(crate) fn script<DB: Ops>(
+        &self,
+        table: &TableName,
+        store: &str,
+        apply: &str,
+    ) -> Result<String, Error> {
+        let names = self.names(table);
+        self.of(table, &names).script::<DB>(&format!(
+            "The schema of idem's {store} for the table {table}, up to version {latest}:\n\
+             the statements {store}Builder::migrate runs, from {store}Builder::schema_sql.\n\
+             {apply}\n\
+             Every statement is idempotent: this script brings an older schema up to date, and\n\
+             applying it again changes nothing. For another table,\n\
+             {store}::builder().table(NAME).schema_sql() writes its script.",
+            latest = self.latest(),
+        ))
+    }
+}
