@@ -214,7 +214,7 @@ pub trait CarriesIdemError: From<Error> {}
 impl<E: From<Error>> CarriesIdemError for E {}
 
 /// Checks the return type `R` of an idempotent function, as [`call`] does, where the expansion
-/// calls [`run_detached`] (`detach = true`) or [`tx_begin`] and [`tx_end`] (`transaction = …`).
+/// calls [`run_detached`] (`detach = true`) or idem-sql's `tx_begin` and `tx_end` (`transaction = …`).
 pub fn check_return<R>()
 where
     R: IdempotentResult,

@@ -1,5 +1,5 @@
 //! The pruner: it deletes what has expired, either idempotency records from any
-//! [`Store`] or request ids from a kit [`RequestHistory`](crate::kit::RequestHistory), in
+//! [`Store`] or request ids from a kit `RequestHistory`, in
 //! bounded batches, optionally paced and optionally under a lease so that one node prunes at a
 //! time.
 
@@ -97,8 +97,8 @@ pub struct PrunerConfig {
 impl PrunerConfig {
     /// Entries one batch deletes at most, by default: the default of
     /// [`Store::prune_batch_size`], which the memory and SQLite stores keep
-    /// ([`PostgresStore`](crate::PostgresStore) says 1,000), and the batch size of a
-    /// [history](crate::kit::RequestHistory::pruner) pruner.
+    /// (`PostgresStore` says 1,000), and the batch size of a
+    /// history pruner.
     ///
     /// ```
     /// assert_eq!(idem::PrunerConfig::DEFAULT_BATCH_SIZE, 100);
@@ -433,8 +433,8 @@ fn behind(
 
 /// Deletes what has expired, in bounded batches, in the background or on demand: expired
 /// idempotency records from any [`Store`] ([`Pruner::records`]), or request ids older than a
-/// retention window from a kit [`RequestHistory`](crate::kit::RequestHistory)
-/// ([`RequestHistory::pruner`](crate::kit::RequestHistory::pruner), features `sqlite` or
+/// retention window from a kit `RequestHistory`
+/// (`RequestHistory::pruner`, features `sqlite` or
 /// `postgres`).
 ///
 /// A store keeps an expired record until something deletes it (a new claim of the same key
@@ -512,7 +512,7 @@ impl Pruner {
 
     /// The most entries one batch deletes before the pruner [steps up](PrunerConfig): the
     /// config's [`batch_size`](PrunerConfig::batch_size) if it names one, otherwise the store's
-    /// [`prune_batch_size`](Store::prune_batch_size) (for a [history](crate::kit::RequestHistory::pruner),
+    /// [`prune_batch_size`](Store::prune_batch_size) (for a history,
     /// [`PrunerConfig::DEFAULT_BATCH_SIZE`]).
     ///
     /// ```
@@ -739,7 +739,7 @@ impl Pruner {
 }
 
 /// What a [`Pruner`] deletes from: the only part that differs between records and history ids
-/// (a kit's [`RequestHistory`](crate::kit::RequestHistory) implements it beside its store).
+/// (a kit's `RequestHistory` implements it beside its store).
 #[async_trait]
 pub trait Target: Send + Sync + 'static {
     /// What it prunes, for log events.

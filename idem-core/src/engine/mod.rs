@@ -55,7 +55,7 @@ use waiters::{PollerRole, Typical, Waiters};
 /// result instead of running again. Cheap to clone (one `Arc`).
 ///
 /// Round trips per call (on top of the work itself; a SQL store's `start` may add one read, see
-/// its [`ClaimOrder`](crate::ClaimOrder)):
+/// its `ClaimOrder`):
 ///
 /// | path | statements |
 /// |---|---|
@@ -214,7 +214,7 @@ impl Idempotency<JsonCodec> {
 
 impl<S: EngineStore<C>, C: Codec> EngineBuilder<S, C> {
     /// Checks the policy and builds the engine: an [`Idempotency`] (from
-    /// [`Idempotency::builder`]), or a [`Transactional`](crate::Transactional) (from its
+    /// [`Idempotency::builder`]), or a `Transactional` (from its
     /// `builder`).
     pub fn build(self) -> Result<S::Engine, Error> {
         let (store, core) = self.parts()?;

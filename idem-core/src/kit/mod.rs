@@ -75,7 +75,7 @@ impl fmt::Display for Version {
     }
 }
 
-/// The outcome of recording a request id: in the [`RequestHistory`] table or in a [`RecentIds`]
+/// The outcome of recording a request id: in the SQL kit's `RequestHistory` table or in a [`RecentIds`]
 /// set.
 ///
 /// ```

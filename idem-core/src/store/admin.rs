@@ -78,8 +78,8 @@ pub fn store_stats(
 }
 
 /// Reading a store as an operator does (the `idem` command's `list`, `stats` and `migrate`).
-/// Implemented by [`SqliteStore`](crate::SqliteStore) and
-/// [`PostgresStore`](crate::PostgresStore) with one statement per call, and by
+/// Implemented by `SqliteStore` and
+/// `PostgresStore` with one statement per call, and by
 /// `RedisStore` (idem-redis) and `DynamoStore` (idem-dynamodb) with a scan of the
 /// whole prefix or table (each documents its round trips, and what it keeps of the order).
 ///

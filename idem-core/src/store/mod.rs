@@ -120,7 +120,7 @@ pub trait Store: Send + Sync + 'static {
     /// [`prune_expired`](Self::prune_expired) before it steps up. By default
     /// [`PrunerConfig::DEFAULT_BATCH_SIZE`](crate::PrunerConfig::DEFAULT_BATCH_SIZE) (100), which
     /// the memory and SQLite stores keep (a SQLite batch holds the database's only write lock);
-    /// [`PostgresStore`](crate::PostgresStore) says 1,000, where fewer, larger batches meet
+    /// `PostgresStore` says 1,000, where fewer, larger batches meet
     /// fewer claims. A store that wraps another should return the inner store's, as
     /// [`Forwarding`] does.
     ///
