@@ -73,6 +73,13 @@ pub fn core<C>(codec: C) -> Core<C> {
     Core::new(codec)
 }
 
+/// `core` over `store`: it learns the store's limit on a stored response
+/// ([`Store::max_response_bytes`](crate::Store::max_response_bytes)), so it seals a result over
+/// it as not retained itself. Every engine calls this once, when it is built.
+pub fn fit<C>(core: Core<C>, store: &dyn crate::Store) -> Core<C> {
+    core.fit(store)
+}
+
 /// An [`EngineBuilder`](crate::EngineBuilder) of an engine over `store` with the default policy
 /// and `codec`: what the engine's `builder` returns.
 pub fn builder<S, C: Codec>(store: S, codec: C) -> crate::EngineBuilder<S, C> {

@@ -17,7 +17,8 @@ use crate::error::{Error, StoreError, StoreErrorKind};
 
 const FORMAT: u8 = 0xE1;
 const NOT_RETAINED: u8 = 1;
-const HEAD: usize = 6;
+/// The envelope's head: format, flags, checksum.
+pub(crate) const HEAD: usize = 6;
 
 /// An empty buffer for an encoder to write a payload of about `len` bytes into, with room to
 /// spare for the head the engine's envelope puts in front of it when the result is stored (so
@@ -52,7 +53,7 @@ pub(crate) fn result(mut payload: Vec<u8>) -> Vec<u8> {
 }
 
 /// The record of a result that was not kept, with the reason a retry is told.
-pub fn not_retained(reason: &str) -> Vec<u8> {
+pub(crate) fn not_retained(reason: &str) -> Vec<u8> {
     wrap(NOT_RETAINED, reason.as_bytes())
 }
 

@@ -45,7 +45,12 @@ impl Claim {
 ///
 /// ```
 /// use idem::StoredResult;
-/// let c = StoredResult { response: Some(b"42".to_vec()), is_error: false, expires_at: std::time::SystemTime::now() };
+/// let c = StoredResult {
+///     response: Some(b"42".to_vec()),
+///     is_error: false,
+///     expires_at: std::time::SystemTime::now(),
+///     not_retained: None,
+/// };
 /// assert_eq!(c.response.as_deref(), Some(&b"42"[..]));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +61,13 @@ pub struct StoredResult {
     pub is_error: bool,
     /// When the retention ends and the key may run again.
     pub expires_at: SystemTime,
+    /// Why the result was not kept, when the store reports that rather than an engine's record
+    /// of it: `RemoteStore`, for a key whose result idem-server's engine did not retain.
+    /// `None` for every store that keeps what an engine wrote (an engine's own "not retained"
+    /// is in `response`, in its envelope). [`result`](Self::result) reads either as
+    /// [`Error::ResultNotRetained`]. Boxed, as it is rare: a call's future holds a
+    /// `StoredResult`, and every byte of it is moved with every call.
+    pub not_retained: Option<Box<str>>,
 }
 
 impl StoredResult {
@@ -83,6 +95,11 @@ impl StoredResult {
     ///
     /// [`StoreErrorKind::Corrupt`]: crate::StoreErrorKind::Corrupt
     pub fn result(&self) -> Result<&[u8], Error> {
+        if let Some(reason) = &self.not_retained {
+            return Err(Error::ResultNotRetained {
+                reason: reason.to_string(),
+            });
+        }
         let Some(stored) = &self.response else {
             return Ok(b"null");
         };

@@ -191,11 +191,14 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 ///
 /// # Item size: the 400 KB rule
 ///
-/// DynamoDB refuses items larger than 400 KB. A result whose item would be larger is never
-/// stored as such and never lets the work run again: `complete` stores the "result not
-/// retained" note instead, with the reason ("it is N bytes, more than DynamoDB's 400 KB item
-/// limit"), the caller of the fresh call still gets its result, and every retry gets
-/// [`Error::ResultNotRetained`] until the retention ends. Set
+/// DynamoDB refuses items larger than 400 KB. The store says how large a response fits in one
+/// item beside the rest of the record ([`Store::max_response_bytes`], 399,762 bytes), and the
+/// engine keeps a result whose stored form is larger as "completed, result not retained" itself,
+/// with the reason ("stored, it is N bytes, more than the store keeps in a record (399762)"):
+/// the caller of the fresh call still gets its result, and every retry gets
+/// [`Error::ResultNotRetained`] until the retention ends, never a second run. `complete` on the
+/// raw store refuses a larger response with a
+/// [`StoreErrorKind::Query`](idem_core::StoreErrorKind::Query) error and writes nothing. Set
 /// [`Policy::max_response_bytes`](idem_core::Policy::max_response_bytes) below 400 KB to make that
 /// limit explicit.
 ///
@@ -581,6 +584,7 @@ impl Inner {
                 response,
                 is_error,
                 expires_at: time_of(item.expires_ms),
+                not_retained: None,
             }),
         })
     }
@@ -600,13 +604,13 @@ impl Inner {
     }
 }
 
-/// The reason a result too large for one item is not retained.
-fn too_large(item_bytes: usize) -> String {
-    format!("it is {item_bytes} bytes, more than DynamoDB's 400 KB item limit")
-}
-
 #[async_trait]
 impl Store for DynamoStore {
+    /// The largest response whose completed item fits in DynamoDB's 400 KB.
+    fn max_response_bytes(&self) -> Option<usize> {
+        Some(MAX_ITEM_BYTES - item::completed_size(0))
+    }
+
     async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
         request.check()?;
         let (key, fingerprint) = (request.key, request.fingerprint);
@@ -682,16 +686,12 @@ impl Store for DynamoStore {
         let s = &*self.inner;
         let now_ms = s.now_ms();
         let expires_ms = now_ms.saturating_add(duration_millis(completion.retention));
-        let not_retained;
-        let response = match completion.response {
-            Some(bytes) if item::completed_size(bytes.len()) > MAX_ITEM_BYTES => {
-                let reason = too_large(item::completed_size(bytes.len()));
-                tracing::warn!(key = %claim.key(), %reason, "the result is not retained; a retry gets ResultNotRetained and the work does not run again");
-                not_retained = support::not_retained(&reason);
-                Some(&not_retained[..])
-            }
-            other => other,
-        };
+        support::check_response_size(
+            "DynamoStore",
+            MAX_ITEM_BYTES - item::completed_size(0),
+            &completion,
+        )?;
+        let response = completion.response;
         let update = s
             .client
             .update_item()
@@ -914,12 +914,13 @@ impl Store for DynamoStore {
 mod tests {
     use super::*;
 
+    /// The largest response the store takes makes an item of exactly 400 KB, by the store's
+    /// own (slightly over-) count, and the docs give its figure.
     #[test]
-    fn the_not_retained_reason_names_the_size_and_the_limit() {
-        let reason = too_large(item::completed_size(500 * 1024));
-        assert!(reason.contains("400 KB item limit"), "{reason}");
-        assert!(reason.starts_with("it is 5"), "{reason}");
-        assert!(item::completed_size(MAX_ITEM_BYTES - 1024) <= MAX_ITEM_BYTES);
+    fn the_largest_response_fills_an_item() {
+        let most = MAX_ITEM_BYTES - item::completed_size(0);
+        assert_eq!(item::completed_size(most), MAX_ITEM_BYTES);
+        assert_eq!(most, 399_762);
     }
 
     #[test]

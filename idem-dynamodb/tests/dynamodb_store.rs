@@ -179,7 +179,7 @@ async fn a_result_over_400_kb_is_returned_once_and_never_reruns() {
     let reason =
         idem_core::conformance::unretained_result_never_reruns(&engine, k, 500 * 1024).await;
     assert!(
-        reason.contains("400 KB item limit") && reason.contains("bytes"),
+        reason.contains("more than the store keeps in a record (399762)"),
         "{reason}"
     );
     let Some(RecordState::Completed(cached)) = store.get(&k).await.unwrap().map(|r| r.state) else {
@@ -189,6 +189,57 @@ async fn a_result_over_400_kb_is_returned_once_and_never_reruns() {
         cached.result(),
         Err(Error::ResultNotRetained { .. })
     ));
+}
+
+/// Only the engine keeps "not retained": the raw store refuses a response one byte over its
+/// `max_response_bytes`, typed, and writes nothing (the claim stays held); one of exactly that
+/// size makes an item DynamoDB takes, and replays whole.
+#[tokio::test]
+async fn a_raw_completion_over_the_item_limit_is_refused_and_writes_nothing() {
+    let Some(url) = url() else { return };
+    let store = fresh_store(&url, |b| b).await;
+    let most = store
+        .max_response_bytes()
+        .expect("DynamoDB has an item limit");
+    let k = key("raw-over-the-limit");
+    let held = claim(&store, &k, LONG).await;
+    let over = vec![1u8; most + 1];
+    let refused = store
+        .complete(
+            &held,
+            Completion {
+                response: Some(&over),
+                is_error: false,
+                retention: LONG,
+            },
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(Error::Store(e)) if e.kind() == StoreErrorKind::Query
+            && e.to_string().contains(&format!("at most {most} bytes"))),
+        "{refused:?}"
+    );
+    let record = store.get(&k).await.unwrap().expect("still claimed");
+    assert!(
+        matches!(record.state, RecordState::InProgress { token, .. } if token == held.token()),
+        "{record:?}"
+    );
+    let fits = vec![2u8; most];
+    store
+        .complete(
+            &held,
+            Completion {
+                response: Some(&fits),
+                is_error: false,
+                retention: LONG,
+            },
+        )
+        .await
+        .expect("a response of exactly max_response_bytes makes an item DynamoDB takes");
+    let Some(RecordState::Completed(kept)) = store.get(&k).await.unwrap().map(|r| r.state) else {
+        panic!("the key completed");
+    };
+    assert_eq!(kept.response.as_deref(), Some(&fits[..]));
 }
 
 /// A result just under the limit is stored and replayed whole.

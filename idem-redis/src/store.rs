@@ -751,6 +751,7 @@ fn cached(v: &[Value]) -> Result<StoredResult, Error> {
                 is_error: matches!(int(is_error), Some(1))
                     || bytes(is_error) == Some(b"1".as_slice()),
                 expires_at: time(at),
+                not_retained: None,
             })
         }
         _ => Err(corrupt(format!("a completed record answered {v:?}"))),
@@ -878,6 +879,7 @@ impl Store for RedisStore {
                 response: bytes(response).map(<[u8]>::to_vec),
                 is_error: bytes(is_error) == Some(b"1".as_slice()),
                 expires_at: time(at),
+                not_retained: None,
             }),
             _ => return Err(corrupt(format!("a stored state is {state:?}"))),
         };

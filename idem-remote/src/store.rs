@@ -86,6 +86,7 @@ struct Inner {
     authorization: HeaderValue,
     namespace: Option<String>,
     timeout: Duration,
+    max_response_bytes: usize,
 }
 
 impl fmt::Debug for RemoteStore {
@@ -115,6 +116,7 @@ pub struct RemoteStoreBuilder {
     token: String,
     namespace: Option<String>,
     timeout: Duration,
+    max_response_bytes: usize,
 }
 
 impl fmt::Debug for RemoteStoreBuilder {
@@ -124,6 +126,7 @@ impl fmt::Debug for RemoteStoreBuilder {
             .field("server", &self.server)
             .field("namespace", &self.namespace)
             .field("timeout", &self.timeout)
+            .field("max_response_bytes", &self.max_response_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -143,6 +146,7 @@ impl RemoteStore {
             token: token.into(),
             namespace: None,
             timeout: RemoteStoreBuilder::DEFAULT_TIMEOUT,
+            max_response_bytes: RemoteStoreBuilder::DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 
@@ -177,6 +181,15 @@ impl RemoteStoreBuilder {
     /// ```
     pub const MIN_TOKEN_LEN: usize = 16;
 
+    /// The largest response the store hands the server unless set: idem-server's default
+    /// `--max-body-bytes` (16 MiB) less 4 KiB for the rest of a `complete` request (its key,
+    /// namespace and token).
+    ///
+    /// ```
+    /// assert_eq!(idem::RemoteStoreBuilder::DEFAULT_MAX_RESPONSE_BYTES, (16 << 20) - 4096);
+    /// ```
+    pub const DEFAULT_MAX_RESPONSE_BYTES: usize = (16 << 20) - 4096;
+
     /// The namespace the keys live in; the server's `default` unless set.
     ///
     /// ```
@@ -200,10 +213,31 @@ impl RemoteStoreBuilder {
         self
     }
 
+    /// The largest stored response the server takes in a `complete`: its `--max-body-bytes`
+    /// less 4 KiB ([`DEFAULT_MAX_RESPONSE_BYTES`](Self::DEFAULT_MAX_RESPONSE_BYTES) unless
+    /// set). It is the store's [`Store::max_response_bytes`]: an engine keeps a larger result
+    /// as "completed, result not retained" (a retry gets
+    /// [`Error::ResultNotRetained`], never a second run) instead of sending what the server
+    /// would refuse with `413` after the work has run.
+    ///
+    /// ```
+    /// use idem::Store;
+    /// // A server started with --max-body-bytes 1048576.
+    /// let store = idem::RemoteStore::builder("http://127.0.0.1:8624", "a-caller-token-0123456789")
+    ///     .max_response_bytes((1 << 20) - 4096)
+    ///     .build()?;
+    /// assert_eq!(store.max_response_bytes(), Some((1 << 20) - 4096));
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    pub fn max_response_bytes(mut self, limit: usize) -> RemoteStoreBuilder {
+        self.max_response_bytes = limit;
+        self
+    }
+
     /// The store. Nothing is sent yet: a server that cannot be reached shows at the first
     /// call. [`Error::InvalidConfig`] for an address that is not `http://HOST[:PORT][/PATH]`, a
     /// token shorter than [`MIN_TOKEN_LEN`](Self::MIN_TOKEN_LEN) or that cannot be a header
-    /// value, or a timeout outside 1 ms..10 years.
+    /// value, a timeout outside 1 ms..10 years, or a `max_response_bytes` of 0.
     ///
     /// ```
     /// use idem::{Error, RemoteStore};
@@ -215,6 +249,13 @@ impl RemoteStoreBuilder {
     /// ```
     pub fn build(self) -> Result<RemoteStore, Error> {
         support::check_duration("the request timeout", self.timeout)?;
+        if self.max_response_bytes == 0 {
+            return Err(Error::InvalidConfig(
+                "the RemoteStore's max_response_bytes must be at least 1: the server's \
+                 --max-body-bytes less 4 KiB"
+                    .into(),
+            ));
+        }
         let length = self.token.len();
         if length < Self::MIN_TOKEN_LEN {
             return Err(Error::InvalidConfig(format!(
@@ -247,6 +288,7 @@ impl RemoteStoreBuilder {
                 authorization,
                 namespace: self.namespace,
                 timeout: self.timeout,
+                max_response_bytes: self.max_response_bytes,
             }),
         })
     }
@@ -385,24 +427,21 @@ fn name(route: &str) -> &str {
 }
 
 /// The result in `data` as the store's caller stored it; `expires_at_ms` the retention's end
-/// as the server reports it (now when it reports none).
+/// as the server reports it (now when it reports none); `not_retained` why the server's engine
+/// did not keep it, if it did not (the result is then typed, not an envelope of this store's
+/// making: the caller's engine replays it as `ResultNotRetained`).
 fn stored_result(
     data: Completed,
     expires_at_ms: Option<u64>,
-    not_retained: Option<&str>,
+    not_retained: Option<String>,
 ) -> StoredResult {
-    let response = match not_retained {
-        // Larger than the server keeps: replayed as an engine's unretained result.
-        Some(reason) => Some(support::not_retained(reason)),
-        None if data.absent => None,
-        None => Some(data.response),
-    };
     StoredResult {
-        response,
+        response: (!data.absent && not_retained.is_none()).then_some(data.response),
         is_error: data.is_error,
         expires_at: expires_at_ms
             .or(data.expires_at_ms)
             .map_or_else(SystemTime::now, at_unix_ms),
+        not_retained: not_retained.map(String::into_boxed_str),
     }
 }
 
@@ -432,6 +471,11 @@ fn token_text(claim: &Claim) -> String {
 
 #[async_trait]
 impl Store for RemoteStore {
+    /// The builder's [`max_response_bytes`](RemoteStoreBuilder::max_response_bytes).
+    fn max_response_bytes(&self) -> Option<usize> {
+        Some(self.inner.max_response_bytes)
+    }
+
     async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
         request.check()?;
         let out: StartOut = self
@@ -461,13 +505,14 @@ impl Store for RemoteStore {
             StartStatus::Completed => Ok(Start::Completed(stored_result(
                 out.data.unwrap_or_default(),
                 None,
-                None,
+                out.not_retained,
             ))),
         }
     }
 
     async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
         completion.check()?;
+        support::check_response_size("RemoteStore", self.inner.max_response_bytes, &completion)?;
         let _: Empty = self
             .inner
             .call(
@@ -548,7 +593,7 @@ impl Store for RemoteStore {
             GetStatus::Completed => RecordState::Completed(stored_result(
                 out.data.unwrap_or_default(),
                 out.expires_at_ms,
-                out.not_retained.as_deref(),
+                out.not_retained,
             )),
         };
         Ok(Some(Record::new(*key, fingerprint, state)))

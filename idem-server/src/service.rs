@@ -368,9 +368,11 @@ async fn start(
                 ..StartOut::of(StartStatus::Completed)
             }
         }
-        // Kept as "completed, not retained" (larger than the limit): never run again.
-        Err(Error::ResultNotRetained { .. }) => StartOut {
+        // Kept as "completed, not retained" (larger than the limit): never run again. A fenced
+        // caller (RemoteStore) is told why, and tells its engine's caller.
+        Err(Error::ResultNotRetained { reason }) => StartOut {
             data: Some(Completed::default()),
+            not_retained: fenced.then_some(reason),
             ..StartOut::of(StartStatus::Completed)
         },
         Err(Error::Locked { retry_after }) if fenced => StartOut {

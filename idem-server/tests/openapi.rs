@@ -95,6 +95,7 @@ fn cases() -> Vec<Case> {
                 token: Some(TOKEN.into()),
                 retry_after_ms: Some(5),
                 lease_left_ms: Some(7),
+                not_retained: Some("larger than the store keeps".into()),
                 ..StartOut::of(StartStatus::Completed)
             },
             StartOut::of(StartStatus::Locked),

@@ -32,8 +32,17 @@ struct Served {
 
 impl Served {
     async fn over(store: Arc<dyn Store>) -> Served {
+        Served::with(store, Config::default(), |b| b).await
+    }
+
+    /// The server over `store` with `config`, and a `RemoteStore` on it made by `remote`.
+    async fn with(
+        store: Arc<dyn Store>,
+        config: Config,
+        remote: impl FnOnce(RemoteStoreBuilder) -> RemoteStoreBuilder,
+    ) -> Served {
         let tokens = Tokens::new(ADMIN, &[format!("alice={ALICE}")]).expect("tokens long enough");
-        let app = App::new(store, tokens, Config::default(), None).expect("the server's engine");
+        let app = App::new(store, tokens, config, None).expect("the server's engine");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind a loopback port");
@@ -43,7 +52,7 @@ impl Served {
                 .await
                 .expect("the server runs until the test ends");
         });
-        let remote = RemoteStore::builder(format!("http://{address}"), ADMIN)
+        let remote = remote(RemoteStore::builder(format!("http://{address}"), ADMIN))
             .build()
             .expect("a loopback address builds");
         Served { remote, task }
@@ -336,6 +345,113 @@ async fn a_completion_is_reported_only_once_it_committed() {
     assert!(
         matches!(&replay, Ok(Start::Completed(kept)) if kept.response.as_deref() == Some(&b"paid"[..])),
         "{replay:?}"
+    );
+}
+
+/// A memory store that keeps responses of at most 1 KiB, as a DynamoDB-backed server keeps at
+/// most 400 KB: the server's engine learns the limit.
+struct Small {
+    records: idem_core::MemoryStore,
+}
+
+impl idem_core::store::Forward for Small {
+    fn inner(&self) -> &dyn Store {
+        &self.records
+    }
+
+    fn max_response_bytes(&self) -> Option<usize> {
+        Some(1024)
+    }
+}
+
+/// **Not retained, through the network.** A result the server's store cannot keep is kept by
+/// the server's engine as "not retained"; the caller that ran it gets it, and every retry
+/// through `RemoteStore` (its `start` and its `get`) is told so, typed, and never runs the work
+/// again. (Before the fenced `start` carried `not_retained`, a retry read an empty response
+/// as a damaged record.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_the_servers_store_cannot_keep_is_not_retained_and_never_reruns() {
+    let small = Arc::new(idem_core::store::Forwarding(Small {
+        records: idem_core::MemoryStore::new(),
+    }));
+    let served = Served::over(small).await;
+    let engine = idem_core::Idempotency::new(served.remote.clone());
+    let key = Key::derive("remote", "", "too-large-for-the-server").expect("a valid key");
+    let reason = idem_core::conformance::unretained_result_never_reruns(&engine, key, 4096).await;
+    assert!(
+        reason.contains("more than the store keeps in a record (1024)"),
+        "{reason}"
+    );
+    let record = served
+        .remote
+        .get(&key)
+        .await
+        .expect("get")
+        .expect("completed");
+    let idem_core::RecordState::Completed(kept) = record.state else {
+        panic!("the key completed: {record:?}");
+    };
+    assert_eq!(kept.not_retained.as_deref(), Some(reason.as_str()));
+    assert!(matches!(kept.result(), Err(Error::ResultNotRetained { reason: r }) if r == reason));
+}
+
+/// **Not retained before it is sent.** A result larger than the server takes in a request
+/// (`RemoteStoreBuilder::max_response_bytes`, the server's `--max-body-bytes` less 4 KiB) is
+/// kept as "not retained" by the caller's engine, which never sends what the server would
+/// refuse with `413` after the work ran (a completion that failed so would have let a retry run
+/// the work again). The raw store refuses such a completion, typed, and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_over_the_servers_body_limit_is_not_retained_and_never_reruns() {
+    let config = Config {
+        max_body_bytes: 8192,
+        ..Config::default()
+    };
+    let store: Arc<dyn Store> = Arc::new(idem_core::MemoryStore::new());
+    let served = Served::with(store, config, |b| b.max_response_bytes(8192 - 4096)).await;
+    assert_eq!(served.remote.max_response_bytes(), Some(4096));
+    let engine = idem_core::Idempotency::new(served.remote.clone());
+    let key = Key::derive("remote", "", "over-the-body-limit").expect("a valid key");
+    let reason = idem_core::conformance::unretained_result_never_reruns(&engine, key, 6000).await;
+    assert!(
+        reason.contains("more than the store keeps in a record (4096)"),
+        "{reason}"
+    );
+    // The raw store: refused before anything is sent.
+    let other = Key::derive("remote", "", "raw-over-the-limit").expect("a valid key");
+    let Ok(Start::Started(claim)) = served
+        .remote
+        .start(StartRequest::new(&other, Duration::from_secs(30)))
+        .await
+    else {
+        panic!("a new key is claimable");
+    };
+    let big = vec![7; 5000];
+    let refused = served
+        .remote
+        .complete(
+            &claim,
+            idem_core::Completion {
+                response: Some(&big),
+                is_error: false,
+                retention: Duration::from_secs(60),
+            },
+        )
+        .await;
+    let (kind, message) = store_error(refused);
+    assert_eq!(kind, StoreErrorKind::Query);
+    assert!(
+        message.contains("at most 4096 bytes, not 5000"),
+        "{message}"
+    );
+    let record = served
+        .remote
+        .get(&other)
+        .await
+        .expect("get")
+        .expect("claimed");
+    assert!(
+        matches!(record.state, idem_core::RecordState::InProgress { token, .. } if token == claim.token()),
+        "{record:?}"
     );
 }
 

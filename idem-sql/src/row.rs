@@ -70,6 +70,7 @@ impl StoredRow {
     fn cached(self) -> Result<StoredResult, Error> {
         Ok(StoredResult {
             expires_at: self.expires_at()?,
+            not_retained: None,
             response: self.response,
             is_error: self.is_error,
         })

@@ -46,7 +46,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::TransactionalStore;
+use crate::dialect::Backend;
+use crate::{SqlStore, TransactionalStore};
 use idem_core::adapter::{self, Core, EngineStore, Overrides};
 use idem_core::Error;
 use idem_core::{Claim, Completion, Start, StartRequest};
@@ -105,10 +106,7 @@ pub struct Transactional<S, C = JsonCodec> {
 impl<S: TransactionalStore> Transactional<S, JsonCodec> {
     /// Transactional mode over `store` with the default policy and the JSON codec.
     pub fn new(store: S) -> Transactional<S, JsonCodec> {
-        Transactional {
-            store,
-            core: adapter::core(JsonCodec),
-        }
+        Transactional::of(store, adapter::core(JsonCodec))
     }
 
     /// A [`EngineBuilder`] to set the policy (lease, retention, response limit) or codec.
@@ -117,23 +115,20 @@ impl<S: TransactionalStore> Transactional<S, JsonCodec> {
     }
 }
 
-/// An [`EngineBuilder`] over a SQL store builds its transactional engine.
-#[cfg(feature = "sqlite")]
-impl<C: Codec> EngineStore<C> for crate::SqliteStore {
-    type Engine = Transactional<crate::SqliteStore, C>;
-
-    fn engine(store: Self, core: Core<C>) -> Self::Engine {
+impl<S: TransactionalStore, C> Transactional<S, C> {
+    /// The engine of `store` and `core`, fitted to the store's limits.
+    fn of(store: S, core: Core<C>) -> Transactional<S, C> {
+        let core = adapter::fit(core, &store);
         Transactional { store, core }
     }
 }
 
 /// An [`EngineBuilder`] over a SQL store builds its transactional engine.
-#[cfg(feature = "postgres")]
-impl<C: Codec> EngineStore<C> for crate::PostgresStore {
-    type Engine = Transactional<crate::PostgresStore, C>;
+impl<DB: Backend, C: Codec> EngineStore<C> for SqlStore<DB> {
+    type Engine = Transactional<SqlStore<DB>, C>;
 
     fn engine(store: Self, core: Core<C>) -> Self::Engine {
-        Transactional { store, core }
+        Transactional::of(store, core)
     }
 }
 

@@ -28,5 +28,5 @@ mod stored_response;
 
 #[cfg(any(feature = "http", feature = "grpc"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "http", feature = "grpc"))))]
-pub use layer::{IdempotencyLayer, IdempotencyService, Protocol, Serve};
+pub use layer::{IdempotencyLayer, IdempotencyService, LayerBuilder, Protocol, Serve};
 pub use stored_response::StoredResponse;

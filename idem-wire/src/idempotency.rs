@@ -105,6 +105,10 @@ pub struct StartOut {
     /// the store reported it; absent when the key changed before it was read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_left_ms: Option<u64>,
+    /// Fenced extension: why the response was not kept (it was larger than the server keeps),
+    /// for `completed`; `data` is then empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_retained: Option<String>,
 }
 
 impl StartOut {
@@ -123,6 +127,7 @@ impl StartOut {
             token: None,
             retry_after_ms: None,
             lease_left_ms: None,
+            not_retained: None,
         }
     }
 }

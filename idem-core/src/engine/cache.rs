@@ -212,6 +212,7 @@ impl Cache {
                 response: entry.response.clone(),
                 is_error: entry.is_error,
                 expires_at: entry.expires_at,
+                not_retained: None,
             }))
         };
         let Some(given) = fingerprint else {
@@ -311,6 +312,7 @@ mod tests {
             response: Some(vec![7; len]),
             is_error: false,
             expires_at: SystemTime::now() + Duration::from_secs(3600),
+            not_retained: None,
         }
     }
 

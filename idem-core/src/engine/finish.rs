@@ -228,6 +228,7 @@ impl Completing {
                         response: Some(self.sealed),
                         is_error: self.is_error,
                         expires_at: SystemTime::now() + self.retention,
+                        not_retained: None,
                     },
                     fingerprint: self.fingerprint,
                 });

@@ -280,6 +280,7 @@ impl<S, C: Codec> EngineBuilder<S, C> {
             observer: self.observer,
             meters: Arc::new(Meters::new(self.latencies_one_in)),
             replay_cache: self.replay_cache,
+            store_limit: None,
         };
         Ok((self.store, core))
     }
@@ -359,6 +360,11 @@ pub struct Core<C> {
     pub(crate) meters: Arc<Meters>,
     /// The replay cache's settings, if it is on.
     pub(crate) replay_cache: Option<ReplayCache>,
+    /// The store's own limit on a stored response ([`Store::max_response_bytes`]), read when
+    /// the engine is built ([`Core::fit`]).
+    ///
+    /// [`Store::max_response_bytes`]: crate::Store::max_response_bytes
+    pub(crate) store_limit: Option<usize>,
 }
 
 impl<C> Core<C> {
@@ -370,7 +376,15 @@ impl<C> Core<C> {
             observer: None,
             meters: Arc::default(),
             replay_cache: None,
+            store_limit: None,
         }
+    }
+
+    /// This core over `store`: it learns the store's limit on a stored response, so it keeps a
+    /// result over it as not retained itself instead of handing it to the store.
+    pub(crate) fn fit(mut self, store: &dyn crate::Store) -> Core<C> {
+        self.store_limit = store.max_response_bytes();
+        self
     }
 }
 
@@ -404,9 +418,15 @@ impl<C: Codec> Core<C> {
         self.seal_encoded(Encoded::from(self.codec.encode(value)), key)
     }
 
-    /// An already encoded result in its stored form, within the policy's size limit.
+    /// An already encoded result in its stored form, within the policy's size limit and the
+    /// store's.
     pub(crate) fn seal_encoded(&self, encoded: Encoded, key: &Key) -> Sealed {
-        seal(encoded, self.policy.max_response_bytes, key)
+        seal(
+            encoded,
+            self.policy.max_response_bytes,
+            self.store_limit,
+            key,
+        )
     }
 
     /// Decodes a stored value with the codec.

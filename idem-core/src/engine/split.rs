@@ -639,4 +639,93 @@ mod tests {
             Err(Error::ResultNotRetained { .. })
         ));
     }
+
+    /// A memory store that keeps responses of at most `limit` bytes, and counts what it is
+    /// handed over that.
+    struct Small {
+        records: MemoryStore,
+        limit: usize,
+        handed_over: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Small {
+        fn engine(limit: usize) -> (Arc<crate::store::Forwarding<Small>>, Idempotency) {
+            let store = Arc::new(crate::store::Forwarding(Small {
+                records: MemoryStore::new(),
+                limit,
+                handed_over: Default::default(),
+            }));
+            (store.clone(), Idempotency::from_arc(store))
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::store::Forward for Small {
+        fn inner(&self) -> &dyn crate::Store {
+            &self.records
+        }
+
+        fn max_response_bytes(&self) -> Option<usize> {
+            Some(self.limit)
+        }
+
+        async fn complete(
+            &self,
+            claim: &crate::Claim,
+            completion: crate::Completion<'_>,
+        ) -> Result<(), Error> {
+            if completion.response.is_some_and(|r| r.len() > self.limit) {
+                self.handed_over
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            crate::Store::complete(&self.records, claim, completion).await
+        }
+    }
+
+    /// **The engine seals "not retained", the store never does.** Over a store with a limit of
+    /// its own, a result whose stored form (the result and the envelope's 6-byte head) is
+    /// over it is kept as not retained by the engine, with the store's limit as the reason,
+    /// and the store is never handed more than it keeps (not even the note: a reason that
+    /// would not fit is cut); one that fits exactly replays.
+    #[tokio::test]
+    async fn a_result_over_the_stores_own_limit_is_sealed_by_the_engine() {
+        let (store, engine) = Small::engine(80);
+        let claim = claimed(&engine, "f").await;
+        engine
+            .finish("split", &claim, vec![b'x'; 75])
+            .await
+            .unwrap();
+        let again = engine.call(key("f")).begin().await;
+        assert!(
+            matches!(&again, Err(Error::ResultNotRetained { reason })
+                if reason == "stored, it is 81 bytes, more than the store keeps in a record (80)"),
+            "{again:?}"
+        );
+        let claim = claimed(&engine, "g").await;
+        engine
+            .finish("split", &claim, vec![b'y'; 74])
+            .await
+            .unwrap();
+        assert!(matches!(
+            engine.call(key("g")).begin().await,
+            Ok(Begun::Completed(bytes)) if bytes == vec![b'y'; 74]
+        ));
+        // A store too small for the whole reason keeps the note with its reason cut.
+        let (tiny, engine) = Small::engine(30);
+        let claim = claimed(&engine, "h").await;
+        engine
+            .finish("split", &claim, vec![b'z'; 40])
+            .await
+            .unwrap();
+        assert!(matches!(
+            engine.call(key("h")).begin().await,
+            Err(Error::ResultNotRetained { reason }) if reason == "stored, it is 46 bytes, "
+        ));
+        for store in [store, tiny] {
+            assert_eq!(
+                store.handed_over.load(std::sync::atomic::Ordering::SeqCst),
+                0
+            );
+        }
+    }
 }

@@ -26,25 +26,49 @@ impl From<Result<Vec<u8>, BoxError>> for Encoded {
 }
 
 /// The stored form of a result: its bytes in a checksummed envelope, or the note that it was not
-/// retained (too large, not encodable, not capturable), so a retry is told instead of running
-/// the work again.
-pub(crate) fn seal(encoded: Encoded, limit: usize, key: &Key) -> Sealed {
+/// retained (too large for the policy's `limit` or for what the store keeps in a record, not
+/// encodable, not capturable), so a retry is told instead of running the work again. The engine
+/// alone writes the note: a store with a limit says so ([`Store::max_response_bytes`]) and is
+/// never handed more.
+///
+/// [`Store::max_response_bytes`]: crate::Store::max_response_bytes
+pub(crate) fn seal(
+    encoded: Encoded,
+    limit: usize,
+    store_limit: Option<usize>,
+    key: &Key,
+) -> Sealed {
     let reason = match encoded {
-        Encoded::Bytes(bytes) if bytes.len() <= limit => {
-            return Sealed {
-                bytes: envelope::result(bytes),
-                retained: true,
-            }
-        }
-        Encoded::Bytes(bytes) => format!(
+        Encoded::Bytes(bytes) if bytes.len() > limit => format!(
             "it is {} bytes, more than max_response_bytes ({limit})",
             bytes.len()
         ),
+        Encoded::Bytes(bytes) => {
+            let sealed = envelope::result(bytes);
+            match store_limit {
+                Some(most) if sealed.len() > most => format!(
+                    "stored, it is {} bytes, more than the store keeps in a record ({most})",
+                    sealed.len()
+                ),
+                _ => {
+                    return Sealed {
+                        bytes: sealed,
+                        retained: true,
+                    }
+                }
+            }
+        }
         Encoded::NotRetained(reason) => reason,
     };
     tracing::warn!(%key, %reason, "the result is not retained; a retry gets ResultNotRetained and the work does not run again");
+    // The note itself must fit the store: its reason is cut (at a character) if it would not.
+    let room = store_limit.map_or(usize::MAX, |most| most.saturating_sub(envelope::HEAD));
+    let mut end = reason.len().min(room);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
     Sealed {
-        bytes: envelope::not_retained(&reason),
+        bytes: envelope::not_retained(&reason[..end]),
         retained: false,
     }
 }

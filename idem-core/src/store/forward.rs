@@ -74,8 +74,8 @@ macro_rules! forwarding {
         /// [`Error::StepsUnsupported`], a [`Completer`](crate::Completer) on it with
         /// [`Error::CompleterUnsupported`], and its pruner takes the default batch size. A
         /// `Forward` forwards every method it does not override, [`Store::begin_steps`],
-        /// [`Store::write_step`], [`Store::find_abandoned`] and
-        /// [`Store::prune_batch_size`] included, and a method the `Store` trait gains later is
+        /// [`Store::write_step`], [`Store::find_abandoned`], [`Store::prune_batch_size`] and
+        /// [`Store::max_response_bytes`] included, and a method the `Store` trait gains later is
         /// forwarded too.
         ///
         /// Override what the wrapper changes: any operation (it then forwards to
@@ -183,6 +183,11 @@ macro_rules! forwarding {
                 self.inner().prune_batch_size()
             }
 
+            /// [`Store::max_response_bytes`]: the inner store's unless overridden.
+            fn max_response_bytes(&self) -> Option<usize> {
+                self.inner().max_response_bytes()
+            }
+
             /// [`Store::immediate`]: `None` unless overridden, so the engine reaches the
             /// wrapper's [`start`](Self::start) and [`complete`](Self::complete) (and its
             /// [`gate`](Self::gate)) through their futures. A wrapper that changes neither, and
@@ -205,6 +210,10 @@ macro_rules! forwarding {
 
             fn prune_batch_size(&self) -> u32 {
                 self.0.prune_batch_size()
+            }
+
+            fn max_response_bytes(&self) -> Option<usize> {
+                self.0.max_response_bytes()
             }
 
             fn immediate(&self) -> Option<&dyn Immediate> {

@@ -76,6 +76,7 @@ impl Entry {
                 response: self.response.as_deref().map(<[u8]>::to_vec),
                 is_error,
                 expires_at: self.expires_at,
+                not_retained: None,
             }),
         }
     }

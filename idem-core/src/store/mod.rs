@@ -132,6 +132,26 @@ pub trait Store: Send + Sync + 'static {
         DEFAULT_PRUNE_BATCH_SIZE
     }
 
+    /// The most bytes of a [`Completion`]'s response this store keeps in one record, when it has
+    /// a limit of its own: DynamoDB's 400 KB item, the request body idem-server takes. `None`,
+    /// the default, is no limit short of the engine's
+    /// [`max_response_bytes`](crate::Policy::max_response_bytes).
+    ///
+    /// The engine reads it when it is built and keeps a result whose stored form would be
+    /// larger as "completed, result not retained" itself (a retry gets
+    /// [`Error::ResultNotRetained`], never a second run), so a store never writes the engine's
+    /// envelope. A store refuses a larger response with a
+    /// [`StoreErrorKind::Query`](crate::StoreErrorKind::Query) error and keeps nothing. A store
+    /// that wraps another should return the inner store's, as [`Forwarding`] does.
+    ///
+    /// ```
+    /// use idem::{MemoryStore, Store};
+    /// assert_eq!(MemoryStore::new().max_response_bytes(), None);
+    /// ```
+    fn max_response_bytes(&self) -> Option<usize> {
+        None
+    }
+
     /// Begins (or resumes) the steps of the operation `claim` holds: counts this claim as the
     /// operation's next attempt if it is not the one counted last, keeps the operation's step
     /// records for `retention` from now, and returns them with the attempt's number.
@@ -271,7 +291,7 @@ macro_rules! store_methods {
 }
 
 /// Writes a `Store` impl for `Arc<S>` whose every method forwards to the store inside (the
-/// async ones `store_methods!` lists, `prune_batch_size` and `immediate`).
+/// async ones `store_methods!` lists, `prune_batch_size`, `max_response_bytes` and `immediate`).
 macro_rules! forward_to_inner {
     ($($op:ident: fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
         #[async_trait]
@@ -284,6 +304,10 @@ macro_rules! forward_to_inner {
 
             fn prune_batch_size(&self) -> u32 {
                 (**self).prune_batch_size()
+            }
+
+            fn max_response_bytes(&self) -> Option<usize> {
+                (**self).max_response_bytes()
             }
 
             fn immediate(&self) -> Option<&dyn Immediate> {

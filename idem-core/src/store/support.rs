@@ -4,8 +4,8 @@
 //!
 //! The rules every store keeps are the [`Store`](crate::Store) trait's; the conformance suite
 //! (`idem::conformance`, feature `conformance`) checks them. What is here are the pieces the
-//! in-tree stores share so each writes them once: the duration and fingerprint checks, the
-//! reserved step names, and the scanning stores' page of keys.
+//! in-tree stores share so each writes them once: the duration, fingerprint and response-size
+//! checks, the reserved step names, and the scanning stores' page of keys.
 
 // The scanning stores (Redis, DynamoDB): the page a listing keeps, the reads of its records and
 // the key's hex form; lapsed claims' keeping; the checks and step names every store uses.
@@ -14,11 +14,40 @@ pub use crate::store::admin::scan::{key_from_hex, live_records, Smallest};
 pub use crate::store::admin::store_stats;
 pub use crate::store::{check_duration, check_fingerprint, LAPSED_CLAIMS_KEPT_MS};
 
-/// The engine's envelope of a result not retained, which it opens as
-/// [`Error::ResultNotRetained`](crate::Error::ResultNotRetained). `DynamoStore` writes it for a
-/// result over its item size and `RemoteStore` for one its server did not keep; a later
-/// release makes the engine seal it, and stores stop writing the engine's envelope.
-pub use crate::envelope::not_retained;
+/// Refuses a completion whose response is over `limit`, the store's
+/// [`max_response_bytes`](crate::Store::max_response_bytes): a
+/// [`StoreErrorKind::Query`](crate::StoreErrorKind::Query) error naming `store`, the size and
+/// the limit, before anything is written. An engine never sends one (it keeps such a result as
+/// not retained itself); a caller of the raw store API is told instead of the store's own
+/// refusal.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::store::support::check_response_size;
+/// use idem::{Completion, StoreErrorKind};
+/// let big = vec![0; 11];
+/// let completion = Completion { response: Some(&big), is_error: false, retention: Duration::from_secs(60) };
+/// let refused = check_response_size("TinyStore", 10, &completion);
+/// assert!(matches!(refused, Err(idem::Error::Store(e)) if e.kind() == StoreErrorKind::Query));
+/// assert!(check_response_size("TinyStore", 11, &completion).is_ok());
+/// ```
+pub fn check_response_size(
+    store: &str,
+    limit: usize,
+    completion: &crate::Completion<'_>,
+) -> Result<(), crate::Error> {
+    match completion.response {
+        Some(bytes) if bytes.len() > limit => Err(crate::Error::Store(crate::StoreError::new(
+            crate::StoreErrorKind::Query,
+            format!(
+                "{store} keeps responses of at most {limit} bytes, not {}: an engine keeps such a \
+                 result as not retained (Store::max_response_bytes); nothing was written",
+                bytes.len()
+            ),
+        ))),
+        _ => Ok(()),
+    }
+}
 
 /// The reserved key of the records pruner's lease: a record of the store itself, which a store's
 /// operator views (`StoreAdmin::list`, `stats`) leave out.

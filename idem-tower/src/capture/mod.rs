@@ -8,8 +8,7 @@ pub(crate) mod stored;
 
 use http::request::Parts;
 
-use idem_core::adapter::{check_scope, Overrides};
-use idem_core::{Error, Key, KeyError};
+use idem_core::{Key, KeyError};
 
 /// Reads who is asking from a request head: the caller extractor both layers take.
 pub(crate) type CallerFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
@@ -47,40 +46,4 @@ pub(crate) fn record_key(
         tracing::warn!(error = %e, "idempotency caller identity refused");
         CallerRefused::Invalid(e)
     })
-}
-
-/// Checks what both layers' builders decide alike: whose keys are whose (a caller extractor or
-/// the shared key space, exactly one), the scope, and the lease and retention overrides.
-/// `layer` names the layer (`HTTP`, `gRPC`), `keys` what its clients send (`Idempotency-Keys`),
-/// `request` what a client sends with a key (`body`).
-pub(crate) fn check_builder(
-    layer: &str,
-    keys: &str,
-    request: &str,
-    has_caller: bool,
-    shared_key_space: bool,
-    scope: &str,
-    options: &Overrides,
-) -> Result<(), Error> {
-    match (has_caller, shared_key_space) {
-        (true, false) | (false, true) => {}
-        (false, false) => {
-            return Err(Error::InvalidConfig(format!(
-                "the {layer} layer does not know whose {keys} are whose: call .caller(|parts| …) \
-                 to scope keys by the identity of who asks (an API key id, a user id), or \
-                 .shared_key_space() to let every client share one key space, where any client \
-                 that sends another's key and {request} gets that client's response"
-            )))
-        }
-        (true, true) => {
-            return Err(Error::InvalidConfig(format!(
-                "the {layer} layer has both .caller(…) and .shared_key_space(); keep .caller(…) \
-                 to scope keys by caller, or remove it to share one key space"
-            )))
-        }
-    }
-    if let Err(e) = check_scope(scope) {
-        return Err(Error::InvalidConfig(format!("{layer} layer scope: {e}")));
-    }
-    options.check()
 }

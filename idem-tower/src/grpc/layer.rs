@@ -3,19 +3,14 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use http::request::Parts;
 use http::HeaderName;
 use tonic::Code;
 
 use super::IDEMPOTENCY_KEY;
-use crate::capture::reply::Guard;
-use crate::capture::{check_builder, CallerFn};
 use crate::layer::sealed::Sealed;
-use crate::layer::{key_space, Protocol};
-use idem_core::adapter::Overrides;
-use idem_core::{Codec, Error, Idempotency, JsonCodec, OnLocked};
+use crate::layer::{Common, Protocol};
+use idem_core::{Codec, Error, Idempotency, JsonCodec};
 
 type StoreIfFn = dyn Fn(Code) -> bool + Send + Sync;
 type KeyFn = dyn Fn(&[u8]) -> Result<Option<String>, String> + Send + Sync;
@@ -188,32 +183,41 @@ impl fmt::Debug for UnaryMethod {
     }
 }
 
-/// The checked configuration every [`IdempotencyService`] of one layer shares.
+/// The checked configuration every [`IdempotencyService`](super::IdempotencyService) of one
+/// layer shares: what both protocols have, and gRPC's own settings, checked.
 pub struct Config<C> {
-    /// The engine, the call options and the scope.
-    pub(crate) guard: Guard<C>,
+    pub(crate) common: Common<C>,
     pub(crate) methods: HashMap<String, UnaryMethod>,
     pub(crate) key_metadata: HeaderName,
-    pub(crate) require_key: bool,
-    /// `None` is the one shared key space, which [`LayerBuilder::build`] allows only after
-    /// [`LayerBuilder::shared_key_space`].
-    pub(crate) caller: Option<Box<CallerFn>>,
     pub(crate) store_if: Arc<StoreIfFn>,
-    pub(crate) max_request: usize,
 }
 
 impl<C> fmt::Debug for Config<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut methods: Vec<_> = self.methods.values().collect();
         methods.sort_by(|a, b| a.path.cmp(&b.path));
-        f.debug_struct("grpc::IdempotencyLayer")
-            .field("scope", &self.guard.scope)
+        self.common
+            .fields(&mut f.debug_struct("grpc::IdempotencyLayer"))
             .field("methods", &methods)
             .field("key_metadata", &self.key_metadata)
-            .field("require_key", &self.require_key)
-            .field("callers", &key_space(self.caller.is_some()))
-            .field("options", &self.guard.options)
-            .field("max_request_message", &self.max_request)
+            .field("max_request_message", &self.common.max_request)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The gRPC layer's own settings, as its builder's setters leave them (checked by
+/// [`LayerBuilder::build`]).
+pub struct Settings {
+    methods: Vec<UnaryMethod>,
+    key_metadata: Option<String>,
+    store_if: Arc<StoreIfFn>,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("methods", &self.methods)
+            .field("key_metadata", &self.key_metadata)
             .finish_non_exhaustive()
     }
 }
@@ -247,7 +251,10 @@ impl Sealed for Grpc {}
 
 impl Protocol for Grpc {
     type Config<C> = Config<C>;
+    type Settings = Settings;
     const SERVICE: &'static str = "grpc::IdempotencyService";
+    const BUILDER: &'static str = "grpc::LayerBuilder";
+    const WORDS: [&'static str; 3] = ["gRPC", "idempotency keys", "message"];
 }
 
 impl<C: Codec> IdempotencyLayer<C> {
@@ -266,24 +273,16 @@ impl<C: Codec> IdempotencyLayer<C> {
     /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn builder(engine: Idempotency<C>) -> LayerBuilder<C> {
-        LayerBuilder {
-            config: Config {
-                guard: Guard {
-                    engine,
-                    options: Overrides::default(),
-                    scope: Arc::from("grpc"),
-                },
-                methods: HashMap::new(),
-                key_metadata: IDEMPOTENCY_KEY,
-                require_key: false,
-                caller: None,
+        LayerBuilder::with(
+            engine,
+            "grpc",
+            4 << 20,
+            Settings {
+                methods: Vec::new(),
+                key_metadata: None,
                 store_if: Arc::new(stores_by_default),
-                max_request: 4 << 20,
             },
-            methods: Vec::new(),
-            key_metadata: None,
-            shared_key_space: false,
-        }
+        )
     }
 }
 
@@ -320,22 +319,11 @@ impl<C: Codec> IdempotencyLayer<C> {
 /// # let _ = layer;
 /// # Ok::<(), idem::Error>(())
 /// ```
-pub struct LayerBuilder<C = JsonCodec> {
-    config: Config<C>,
-    methods: Vec<UnaryMethod>,
-    key_metadata: Option<String>,
-    shared_key_space: bool,
-}
-
-impl<C> fmt::Debug for LayerBuilder<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("grpc::LayerBuilder")
-            .field("config", &self.config)
-            .field("methods", &self.methods)
-            .field("shared_key_space", &self.shared_key_space)
-            .finish()
-    }
-}
+///
+/// This is the builder generic over the protocol,
+/// [`LayerBuilder<Grpc, C>`](crate::LayerBuilder), for gRPC: the setters both protocols have
+/// are written there, gRPC's own here.
+pub type LayerBuilder<C = JsonCodec> = crate::LayerBuilder<Grpc, C>;
 
 impl<C: Codec> LayerBuilder<C> {
     /// Guards the unary method `method`: a path such as `"/bank.v1.Payments/Create"` (keyed by
@@ -352,7 +340,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn unary(mut self, method: impl Into<UnaryMethod>) -> Self {
-        self.methods.push(method.into());
+        self.settings.methods.push(method.into());
         self
     }
 
@@ -366,121 +354,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn key_metadata(mut self, name: impl Into<String>) -> Self {
-        self.key_metadata = Some(name.into());
-        self
-    }
-
-    /// Whether a guarded call without a key gets `INVALID_ARGUMENT` ([`true`]) or runs without
-    /// deduplication (`false`, the default: AIP-155 makes request ids optional).
-    ///
-    /// ```
-    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
-    /// # let _ = b;
-    /// ```
-    pub fn require_key(mut self, required: bool) -> Self {
-        self.config.require_key = required;
-        self
-    }
-
-    /// The name under which this layer's keys are stored (1 to 255 printable ASCII
-    /// characters). Default `"grpc"`. Renaming it forgets every stored response.
-    ///
-    /// ```
-    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("payments");
-    /// # let _ = b;
-    /// ```
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.config.guard.scope = Arc::from(scope.into());
-        self
-    }
-
-    /// Who is calling, from the request head (metadata are its headers; an authentication
-    /// layer before this one may put an extension there). Keys are scoped by it, so two callers
-    /// sending the same key and message get independent results. A guarded call with a key and
-    /// no identity gets `UNAUTHENTICATED` ([`Problem::CallerMissing`](super::Problem::CallerMissing))
-    /// and nothing runs; an identity that is empty, over 255 bytes or not printable ASCII gets
-    /// `INVALID_ARGUMENT`. Not together with [`shared_key_space`](Self::shared_key_space).
-    ///
-    /// ```
-    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// #[derive(Clone)]
-    /// struct Tenant(String);
-    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .unary("/bank.v1.Payments/Create")
-    ///     .caller(|parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()))
-    ///     .build()?;
-    /// # let _ = layer;
-    /// # Ok::<(), idem::Error>(())
-    /// ```
-    pub fn caller(
-        mut self,
-        extract: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.config.caller = Some(Box::new(extract));
-        self
-    }
-
-    /// Opts in to one key space shared by every client, instead of a [`caller`](Self::caller)
-    /// extractor. Any client that sends another client's key and message then gets that
-    /// client's stored response (its headers, message and trailers) for as long as it is
-    /// retained. Only for services whose clients may all see each other's responses.
-    ///
-    /// ```
-    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .unary("/internal.Ledger/Post")
-    ///     .shared_key_space()
-    ///     .build()?;
-    /// # let _ = layer;
-    /// # Ok::<(), idem::Error>(())
-    /// ```
-    pub fn shared_key_space(mut self) -> Self {
-        self.shared_key_space = true;
-        self
-    }
-
-    /// How long a call's claim blocks its key without a heartbeat; renewed while the handler
-    /// runs. Overrides [`Policy::lease`](idem_core::Policy::lease).
-    ///
-    /// ```
-    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .lease(std::time::Duration::from_secs(5));
-    /// # let _ = b;
-    /// ```
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.config.guard.options = self.config.guard.options.lease(lease);
-        self
-    }
-
-    /// How long a stored response is replayed. Overrides
-    /// [`Policy::retention`](idem_core::Policy::retention).
-    ///
-    /// ```
-    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .retention(std::time::Duration::from_secs(3600));
-    /// # let _ = b;
-    /// ```
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.config.guard.options = self.config.guard.options.retention(retention);
-        self
-    }
-
-    /// What a call does while another with the same key runs: answer `UNAVAILABLE` with
-    /// `grpc-retry-pushback-ms` at once ([`OnLocked::FailFast`](idem_core::OnLocked::FailFast)), or wait for it and replay its
-    /// response ([`OnLocked::Wait`](idem_core::OnLocked::Wait)). Overrides [`Policy::on_locked`](idem_core::Policy::on_locked).
-    ///
-    /// ```
-    /// # use idem::{grpc::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
-    /// # let _ = b;
-    /// ```
-    pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
-        self.config.guard.options = self.config.guard.options.on_locked(on_locked);
+        self.settings.key_metadata = Some(name.into());
         self
     }
 
@@ -498,7 +372,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn store_if(mut self, predicate: impl Fn(Code) -> bool + Send + Sync + 'static) -> Self {
-        self.config.store_if = Arc::new(predicate);
+        self.settings.store_if = Arc::new(predicate);
         self
     }
 
@@ -513,7 +387,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn max_request_message(mut self, limit: usize) -> Self {
-        self.config.max_request = limit;
+        self.common.max_request = limit;
         self
     }
 
@@ -531,25 +405,23 @@ impl<C: Codec> LayerBuilder<C> {
     /// let bad = IdempotencyLayer::builder(engine).shared_key_space().unary("Create").build();
     /// assert!(matches!(bad, Err(Error::InvalidConfig(_))));
     /// ```
-    pub fn build(mut self) -> Result<IdempotencyLayer<C>, Error> {
+    pub fn build(self) -> Result<IdempotencyLayer<C>, Error> {
         let bad = |m: String| Err(Error::InvalidConfig(m));
-        check_builder(
-            "gRPC",
-            "idempotency keys",
-            "message",
-            self.config.caller.is_some(),
-            self.shared_key_space,
-            &self.config.guard.scope,
-            &self.config.guard.options,
-        )?;
-        if self.methods.is_empty() {
+        let (common, settings) = self.checked()?;
+        let mut config = Config {
+            common,
+            methods: HashMap::new(),
+            key_metadata: IDEMPOTENCY_KEY,
+            store_if: settings.store_if,
+        };
+        if settings.methods.is_empty() {
             return bad(
                 "the gRPC layer guards no method: name each unary method with \
                  .unary(\"/package.Service/Method\"); every other path passes untouched"
                     .to_owned(),
             );
         }
-        for method in std::mem::take(&mut self.methods) {
+        for method in settings.methods {
             let parts: Vec<&str> = method.path.split('/').collect();
             if !matches!(parts.as_slice(), ["", service, name] if !service.is_empty() && !name.is_empty())
             {
@@ -559,19 +431,19 @@ impl<C: Codec> LayerBuilder<C> {
                     method.path
                 ));
             }
-            if let Some(old) = self.config.methods.insert(method.path.clone(), method) {
+            if let Some(old) = config.methods.insert(method.path.clone(), method) {
                 return bad(format!(
                     "the gRPC layer's unary method {:?} is given twice; give each method once",
                     old.path
                 ));
             }
         }
-        if let Some(name) = self.key_metadata.take() {
+        if let Some(name) = settings.key_metadata {
             let valid = HeaderName::from_bytes(name.as_bytes())
                 .ok()
                 .filter(|h| h.as_str() == name && !name.ends_with("-bin"));
             match valid {
-                Some(header) => self.config.key_metadata = header,
+                Some(header) => config.key_metadata = header,
                 None => {
                     return bad(format!(
                         "the gRPC layer's key_metadata {name:?} is not a lowercase ASCII \
@@ -580,7 +452,7 @@ impl<C: Codec> LayerBuilder<C> {
                 }
             }
         }
-        Ok(IdempotencyLayer::from_config(self.config))
+        Ok(IdempotencyLayer::from_config(config))
     }
 }
 

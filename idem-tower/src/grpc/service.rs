@@ -90,7 +90,7 @@ fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
         let from_metadata = match method.key() {
             KeySource::Metadata => match metadata_key(req.headers(), &config) {
                 Ok(Some(key)) => Some(key),
-                Ok(None) if config.require_key => return Ok(key_missing(&config)),
+                Ok(None) if config.common.require_key => return Ok(key_missing(&config)),
                 Ok(None) => return pass(inner, req.map(Body::new)).await,
                 Err(detail) => return Ok(Problem::KeyMalformed.grpc_response(detail)),
             },
@@ -99,14 +99,14 @@ fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
         let (parts, body) = req.into_parts();
         // The message is read whole before anything is claimed: a call whose message never
         // fully arrived claims nothing.
-        let limit = config.max_request.saturating_add(5);
+        let limit = config.common.max_request.saturating_add(5);
         let body = match read_request(body, &parts.headers, limit).await {
             Ok(body) => body,
             Err(ReadError::TooLarge) => {
                 return Ok(Problem::BodyTooLarge.grpc_response(format!(
                     "calls to this method with an idempotency key may carry a message of at \
                      most {} bytes",
-                    config.max_request
+                    config.common.max_request
                 )))
             }
             Err(ReadError::Failed(e)) => {
@@ -122,7 +122,7 @@ fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
             Some(key) => key,
             None => match message_key(method.key(), message) {
                 Ok(Some(key)) => key,
-                Ok(None) if config.require_key => return Ok(key_missing(&config)),
+                Ok(None) if config.common.require_key => return Ok(key_missing(&config)),
                 Ok(None) => {
                     let req = Request::from_parts(parts, Body::new(Full::new(body)));
                     return pass(inner, req).await;
@@ -137,7 +137,7 @@ fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
         let fingerprint = wire::fingerprint(parts.uri.path(), message);
         let req = Request::from_parts(parts, Body::new(Full::new(body)));
 
-        let limit = config.guard.engine.policy().max_response_bytes();
+        let limit = config.common.guard.engine.policy().max_response_bytes();
         let store_if = config.store_if.clone();
         // Detached from the connection: once claimed, the handler runs to its end and its
         // response is stored even if the client goes away or its deadline passes, so the
@@ -168,7 +168,7 @@ fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
                 }),
             }
         });
-        capture::reply::run_once(&config.guard, key, fingerprint, work, from_engine)
+        capture::reply::run_once(&config.common.guard, key, fingerprint, work, from_engine)
             .await
             .map(|response| response.map(Body::new))
     }
@@ -230,8 +230,8 @@ fn record_key<C>(
     client_key: &str,
 ) -> Result<Key, (Problem, String)> {
     capture::record_key(
-        &config.guard.scope,
-        config.caller.as_deref(),
+        &config.common.guard.scope,
+        config.common.caller.as_deref(),
         parts,
         client_key,
     )

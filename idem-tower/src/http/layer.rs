@@ -2,19 +2,14 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 
 use super::fingerprint::BodyFingerprint;
 use super::problem::ProblemConfig;
-use crate::capture::reply::Guard;
-use crate::capture::{check_builder, CallerFn};
 use crate::layer::sealed::Sealed;
-use crate::layer::{key_space, Protocol};
-use idem_core::adapter::Overrides;
-use idem_core::{Codec, Error, Idempotency, JsonCodec, OnLocked};
+use crate::layer::{Common, Protocol};
+use idem_core::{Codec, Error, Idempotency, JsonCodec};
 
 type StoreIfFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
 
@@ -48,20 +43,32 @@ pub fn stores_by_default(status: StatusCode) -> bool {
         || status == StatusCode::TOO_MANY_REQUESTS)
 }
 
-/// The checked configuration every [`IdempotencyService`] of one layer shares.
+/// The checked configuration every [`IdempotencyService`](super::IdempotencyService) of one
+/// layer shares: what both protocols have, and HTTP's own settings.
 pub struct Config<C> {
-    /// The engine, the call options and the scope.
-    pub(crate) guard: Guard<C>,
+    pub(crate) common: Common<C>,
+    pub(crate) http: Settings,
+}
+
+/// The HTTP layer's own settings, as its builder's setters leave them (checked by
+/// [`LayerBuilder::build`]).
+pub struct Settings {
     pub(crate) methods: Vec<Method>,
-    pub(crate) require_key: bool,
     pub(crate) accept_bare_keys: bool,
-    /// The caller extractor. `None` is the one shared key space, which
-    /// [`LayerBuilder::build`] allows only after [`LayerBuilder::shared_key_space`].
-    pub(crate) caller: Option<Box<CallerFn>>,
     pub(crate) fingerprint: BodyFingerprint,
     pub(crate) store_if: Arc<StoreIfFn>,
-    pub(crate) max_request: usize,
     pub(crate) problems: ProblemConfig,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("methods", &self.methods)
+            .field("accept_bare_keys", &self.accept_bare_keys)
+            .field("fingerprint", &self.fingerprint)
+            .field("problems", &self.problems)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A tower [`Layer`](tower::Layer) that makes `POST` and `PATCH` (by default) requests carrying an
@@ -114,21 +121,21 @@ impl Sealed for Http {}
 
 impl Protocol for Http {
     type Config<C> = Config<C>;
+    type Settings = Settings;
     const SERVICE: &'static str = "IdempotencyService";
+    const BUILDER: &'static str = "LayerBuilder";
+    const WORDS: [&'static str; 3] = ["HTTP", "Idempotency-Keys", "body"];
 }
 
 impl<C> fmt::Debug for Config<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyLayer")
-            .field("scope", &self.guard.scope)
-            .field("methods", &self.methods)
-            .field("require_key", &self.require_key)
-            .field("accept_bare_keys", &self.accept_bare_keys)
-            .field("callers", &key_space(self.caller.is_some()))
-            .field("fingerprint", &self.fingerprint)
-            .field("options", &self.guard.options)
-            .field("max_request_body", &self.max_request)
-            .field("problems", &self.problems)
+        self.common
+            .fields(&mut f.debug_struct("IdempotencyLayer"))
+            .field("methods", &self.http.methods)
+            .field("accept_bare_keys", &self.http.accept_bare_keys)
+            .field("fingerprint", &self.http.fingerprint)
+            .field("max_request_body", &self.common.max_request)
+            .field("problems", &self.http.problems)
             .finish_non_exhaustive()
     }
 }
@@ -150,7 +157,18 @@ impl<C: Codec> IdempotencyLayer<C> {
     /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn builder(engine: Idempotency<C>) -> LayerBuilder<C> {
-        LayerBuilder::new(engine)
+        LayerBuilder::with(
+            engine,
+            "http",
+            1 << 20,
+            Settings {
+                methods: vec![Method::POST, Method::PATCH],
+                accept_bare_keys: true,
+                fingerprint: BodyFingerprint::default(),
+                store_if: Arc::new(|status, _: &HeaderMap| stores_by_default(status)),
+                problems: ProblemConfig::default(),
+            },
+        )
     }
 }
 
@@ -195,43 +213,13 @@ impl<C: Codec> IdempotencyLayer<C> {
 /// # let _ = layer;
 /// # Ok::<(), idem::Error>(())
 /// ```
-pub struct LayerBuilder<C = JsonCodec> {
-    config: Config<C>,
-    /// Whether [`shared_key_space`](Self::shared_key_space) was called.
-    shared_key_space: bool,
-}
-
-impl<C> fmt::Debug for LayerBuilder<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LayerBuilder")
-            .field("config", &self.config)
-            .field("shared_key_space", &self.shared_key_space)
-            .finish()
-    }
-}
+///
+/// This is the builder generic over the protocol,
+/// [`LayerBuilder<Http, C>`](crate::LayerBuilder), for HTTP: the setters both protocols have
+/// are written there, HTTP's own here.
+pub type LayerBuilder<C = JsonCodec> = crate::LayerBuilder<Http, C>;
 
 impl<C: Codec> LayerBuilder<C> {
-    fn new(engine: Idempotency<C>) -> LayerBuilder<C> {
-        LayerBuilder {
-            config: Config {
-                guard: Guard {
-                    engine,
-                    options: Overrides::default(),
-                    scope: Arc::from("http"),
-                },
-                methods: vec![Method::POST, Method::PATCH],
-                require_key: false,
-                accept_bare_keys: true,
-                caller: None,
-                fingerprint: BodyFingerprint::default(),
-                store_if: Arc::new(|status, _: &HeaderMap| stores_by_default(status)),
-                max_request: 1 << 20,
-                problems: ProblemConfig::default(),
-            },
-            shared_key_space: false,
-        }
-    }
-
     /// The methods the layer guards; requests with other methods pass through untouched (their
     /// `Idempotency-Key` is ignored). Default `POST` and `PATCH`.
     ///
@@ -243,20 +231,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.config.methods = methods.into_iter().collect();
-        self
-    }
-
-    /// Whether a guarded request without an `Idempotency-Key` gets `400` ([`true`]) or runs
-    /// without deduplication (`false`, the default).
-    ///
-    /// ```
-    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).require_key(true);
-    /// # let _ = b;
-    /// ```
-    pub fn require_key(mut self, required: bool) -> Self {
-        self.config.require_key = required;
+        self.settings.methods = methods.into_iter().collect();
         self
     }
 
@@ -278,80 +253,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn accept_bare_keys(mut self, accept: bool) -> Self {
-        self.config.accept_bare_keys = accept;
-        self
-    }
-
-    /// The name under which this layer's keys are stored (1 to 255 printable ASCII characters),
-    /// so several APIs can share one store. Default `"http"`. Renaming it forgets every stored
-    /// response.
-    ///
-    /// ```
-    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).scope("billing-v2");
-    /// # let _ = b;
-    /// ```
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.config.guard.scope = Arc::from(scope.into());
-        self
-    }
-
-    /// Who is asking, from the request head: an API key id, a user id, or an extension an
-    /// authentication layer put there. Keys are scoped by it, so two callers sending the same
-    /// key and body get independent results, each from its own run of the handler.
-    ///
-    /// The extractor runs for each guarded request that carries an `Idempotency-Key`. When it
-    /// returns `None` the request gets [`Problem::CallerMissing`](super::Problem::CallerMissing)
-    /// (`401`, or `400` by [`caller_missing_status`](Self::caller_missing_status)) and nothing
-    /// runs; there is no anonymous key space to fall back to. The identity must be 1 to 255
-    /// bytes of printable ASCII (hash longer ones yourself); any other gets
-    /// [`Problem::CallerInvalid`](super::Problem::CallerInvalid) (`400`). Add this layer inside
-    /// (after) the authentication layer, so the identity is set and checked when the extractor
-    /// runs. Not together with [`shared_key_space`](Self::shared_key_space).
-    ///
-    /// ```
-    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// #[derive(Clone)]
-    /// struct User(u64);
-    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .caller(|parts| parts.extensions.get::<User>().map(|u| u.0.to_string()))
-    ///     .build()?;
-    /// # let _ = layer;
-    /// # Ok::<(), idem::Error>(())
-    /// ```
-    pub fn caller(
-        mut self,
-        extract: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.config.caller = Some(Box::new(extract));
-        self
-    }
-
-    /// Opts in to one key space shared by every client, instead of a [`caller`](Self::caller)
-    /// extractor.
-    ///
-    /// **What it risks:** the record of a request is found by its `Idempotency-Key` alone, so
-    /// any client that learns another client's key and sends the same method, path and body
-    /// (the [fingerprint](Self::fingerprint)) gets that client's stored response: status,
-    /// headers (`Set-Cookie` and `Location` included) and body, for as long as the response is
-    /// [retained](Self::retention); and while the first request runs, it gets `409` for it. A
-    /// key that a client sends with a different body gets `422` even if the key is another
-    /// client's. Use it only where every client is equally trusted with every response: one
-    /// client (a single backend calling a service), or responses that hold nothing private.
-    ///
-    /// Not together with [`caller`](Self::caller): [`build`](Self::build) refuses both.
-    ///
-    /// ```
-    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// // An internal service with one client: there is nobody to keep apart.
-    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .shared_key_space()
-    ///     .build()?;
-    /// # let _ = layer;
-    /// # Ok::<(), idem::Error>(())
-    /// ```
-    pub fn shared_key_space(mut self) -> Self {
-        self.shared_key_space = true;
+        self.settings.accept_bare_keys = accept;
         self
     }
 
@@ -372,7 +274,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn caller_missing_status(mut self, status: StatusCode) -> Self {
-        self.config.problems.caller_missing_status = status;
+        self.settings.problems.caller_missing_status = status;
         self
     }
 
@@ -391,7 +293,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn www_authenticate(mut self, challenge: HeaderValue) -> Self {
-        self.config.problems.www_authenticate = Some(challenge);
+        self.settings.problems.www_authenticate = Some(challenge);
         self
     }
 
@@ -413,7 +315,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # Ok::<(), idem::Error>(())
     /// ```
     pub fn problem_base(mut self, base: impl Into<String>) -> Self {
-        self.config.problems.base = Some(base.into());
+        self.settings.problems.base = Some(base.into());
         self
     }
 
@@ -427,53 +329,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn fingerprint(mut self, fingerprint: BodyFingerprint) -> Self {
-        self.config.fingerprint = fingerprint;
-        self
-    }
-
-    /// How long a request's claim blocks its key without a heartbeat; the engine renews it while
-    /// the handler runs. Overrides [`Policy::lease`](idem_core::Policy::lease).
-    ///
-    /// ```
-    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .lease(std::time::Duration::from_secs(5));
-    /// # let _ = b;
-    /// ```
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.config.guard.options = self.config.guard.options.lease(lease);
-        self
-    }
-
-    /// How long a stored response is replayed, counted from when it was stored. Overrides
-    /// [`Policy::retention`](idem_core::Policy::retention). This is the key expiry policy the IETF
-    /// draft asks an API to publish: after it, the record may be pruned at any time and the key
-    /// counts as new, so a request with it runs the handler again.
-    ///
-    /// ```
-    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .retention(std::time::Duration::from_secs(7 * 24 * 3600));
-    /// # let _ = b;
-    /// ```
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.config.guard.options = self.config.guard.options.retention(retention);
-        self
-    }
-
-    /// What a request does while another with the same key runs: answer `409` with
-    /// `Retry-After` at once ([`OnLocked::FailFast`](idem_core::OnLocked::FailFast)), or wait for it and replay its response
-    /// ([`OnLocked::Wait`](idem_core::OnLocked::Wait), `409` if the wait times out). Overrides
-    /// [`Policy::on_locked`](idem_core::Policy::on_locked).
-    ///
-    /// ```
-    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore, OnLocked};
-    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
-    ///     .on_locked(OnLocked::Wait { timeout: std::time::Duration::from_secs(10) });
-    /// # let _ = b;
-    /// ```
-    pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
-        self.config.guard.options = self.config.guard.options.on_locked(on_locked);
+        self.settings.fingerprint = fingerprint;
         self
     }
 
@@ -495,7 +351,7 @@ impl<C: Codec> LayerBuilder<C> {
         mut self,
         predicate: impl Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,
     ) -> Self {
-        self.config.store_if = Arc::new(predicate);
+        self.settings.store_if = Arc::new(predicate);
         self
     }
 
@@ -509,7 +365,7 @@ impl<C: Codec> LayerBuilder<C> {
     /// # let _ = b;
     /// ```
     pub fn max_request_body(mut self, limit: usize) -> Self {
-        self.config.max_request = limit;
+        self.common.max_request = limit;
         self
     }
 
@@ -528,18 +384,10 @@ impl<C: Codec> LayerBuilder<C> {
     /// let bad = IdempotencyLayer::builder(engine).shared_key_space().scope("").build();
     /// assert!(matches!(bad, Err(Error::InvalidConfig(_))));
     /// ```
-    pub fn build(mut self) -> Result<IdempotencyLayer<C>, Error> {
-        check_builder(
-            "HTTP",
-            "Idempotency-Keys",
-            "body",
-            self.config.caller.is_some(),
-            self.shared_key_space,
-            &self.config.guard.scope,
-            &self.config.guard.options,
-        )?;
-        check_problems(&mut self.config.problems)?;
-        Ok(IdempotencyLayer::from_config(self.config))
+    pub fn build(self) -> Result<IdempotencyLayer<C>, Error> {
+        let (common, mut http) = self.checked()?;
+        check_problems(&mut http.problems)?;
+        Ok(IdempotencyLayer::from_config(Config { common, http }))
     }
 }
 

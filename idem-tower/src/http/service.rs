@@ -81,17 +81,17 @@ fn serve<S: Inner<R, B>, C: Codec, R: LayerBody + From<Bytes>, B: LayerBody>(
     // arguments twice in its future (as arguments and as the locals they move into), and the
     // request alone is some 200 bytes that every call boxes and moves.
     async move {
-        if !config.methods.contains(req.method()) {
+        if !config.http.methods.contains(req.method()) {
             return pass(inner, req).await;
         }
         let client_key = match client_key(
             req.headers().get_all(IDEMPOTENCY_KEY),
-            config.accept_bare_keys,
+            config.http.accept_bare_keys,
         ) {
             Ok(Some(k)) => k,
-            Ok(None) if config.require_key => {
+            Ok(None) if config.common.require_key => {
                 return Ok(Problem::KeyMissing.response(
-                    &config.problems,
+                    &config.http.problems,
                     format!(
                         "{} requests to this API need an Idempotency-Key header, e.g. \
                      Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
@@ -100,34 +100,36 @@ fn serve<S: Inner<R, B>, C: Codec, R: LayerBody + From<Bytes>, B: LayerBody>(
                 ))
             }
             Ok(None) => return pass(inner, req).await,
-            Err(e) => return Ok(Problem::KeyMalformed.response(&config.problems, e)),
+            Err(e) => return Ok(Problem::KeyMalformed.response(&config.http.problems, e)),
         };
         let (parts, body) = req.into_parts();
         let key = match record_key(&config, &parts, &client_key) {
             Ok(key) => key,
-            Err((problem, detail)) => return Ok(problem.response(&config.problems, detail)),
+            Err((problem, detail)) => return Ok(problem.response(&config.http.problems, detail)),
         };
-        let body = match read_request(body, &parts.headers, config.max_request).await {
+        let body = match read_request(body, &parts.headers, config.common.max_request).await {
             Ok(body) => body,
             Err(ReadError::TooLarge) => {
                 return Ok(Problem::BodyTooLarge.response(
-                    &config.problems,
+                    &config.http.problems,
                     format!(
                         "requests with an Idempotency-Key may carry at most {} bytes of body",
-                        config.max_request
+                        config.common.max_request
                     ),
                 ))
             }
             Err(ReadError::Failed(e)) => {
-                return Ok(Problem::BodyUnreadable
-                    .response(&config.problems, format!("reading the body failed: {e}")))
+                return Ok(Problem::BodyUnreadable.response(
+                    &config.http.problems,
+                    format!("reading the body failed: {e}"),
+                ))
             }
         };
-        let fingerprint = config.fingerprint.of(&parts.method, &parts.uri, &body);
+        let fingerprint = config.http.fingerprint.of(&parts.method, &parts.uri, &body);
         let mut req = Request::from_parts(parts, R::from(body));
 
-        let limit = config.guard.engine.policy().max_response_bytes();
-        let store_if = config.store_if.clone();
+        let limit = config.common.guard.engine.policy().max_response_bytes();
+        let store_if = config.http.store_if.clone();
         // Detached from the connection: once claimed, the handler runs to its end and its response
         // is stored even if the client goes away, so the client's retry replays it instead of
         // running the handler a second time.
@@ -153,8 +155,8 @@ fn serve<S: Inner<R, B>, C: Codec, R: LayerBody + From<Bytes>, B: LayerBody>(
                 },
             })
         };
-        capture::reply::run_once(&config.guard, key, fingerprint, work, |e| {
-            from_engine(&config.problems, e)
+        capture::reply::run_once(&config.common.guard, key, fingerprint, work, |e| {
+            from_engine(&config.http.problems, e)
         })
         .await
     }
@@ -172,8 +174,8 @@ fn record_key<C>(
     const EMPTY: &str = "the caller identity taken from this request is empty, so it cannot \
                          keep this caller's Idempotency-Keys apart from others'";
     capture::record_key(
-        &config.guard.scope,
-        config.caller.as_deref(),
+        &config.common.guard.scope,
+        config.common.caller.as_deref(),
         parts,
         client_key,
     )
