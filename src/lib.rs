@@ -123,7 +123,7 @@ pub use idem_remote::{RemoteStore, RemoteStoreBuilder};
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub use idem_sql::{
     sql_error, sqlx, ClaimOrder, SqlSteps, SqlStore, SqlStoreBuilder, Transactional,
-    TransactionalStore, TxCall, TxClaim, TxFuture, TxStart,
+    TransactionalStore, TxCall, TxClaim, TxClaimOutcome, TxFuture,
 };
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

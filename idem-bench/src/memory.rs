@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    Completion, Error, Idempotency, Key, MemoryStore, Start, StartRequest, Store,
+    ClaimOutcome, ClaimRequest, Completion, Error, Idempotency, Key, MemoryStore, Store,
     DEFAULT_LATENCIES_ONE_IN,
 };
 use tokio::time::Instant;
@@ -16,7 +16,7 @@ use crate::BenchError;
 /// Mean time per call of each memory path.
 pub struct MemoryReport {
     pub calls: u64,
-    /// `Store::start` + `Store::complete` on a new key.
+    /// `Store::claim` + `Store::complete` on a new key.
     pub store_claim_complete: Duration,
     /// `Idempotency::run` on a new key: claim, trivial work, JSON encode, complete.
     pub engine_fresh: Duration,
@@ -128,7 +128,7 @@ pub async fn run(calls: u64) -> Result<MemoryReport, BenchError> {
     let keys: Vec<Key> = (0..calls).map(|_| Key::from_bytes(random_key())).collect();
     let t = Instant::now();
     for key in &keys {
-        let Start::Started(claim) = store.start(StartRequest::new(key, LEASE)).await? else {
+        let ClaimOutcome::Claimed(claim) = store.claim(ClaimRequest::new(key, LEASE)).await? else {
             return Err(BenchError::Unexpected("a new key was not claimable".into()));
         };
         let done = Completion {

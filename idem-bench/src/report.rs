@@ -181,7 +181,7 @@ impl Results {
             out,
             "\nMemory store, one task, {} calls each (mean time per call):\n\n\
              | path | ns/call |\n|---|--:|\n\
-             | `Store::start` + `Store::complete`, new key | {} |\n\
+             | `Store::claim` + `Store::complete`, new key | {} |\n\
              | `Idempotency::run`, new key (claim + work + JSON + complete) | {} |\n\
              | `Idempotency::run`, replay | {} |\n\
              | `#[idempotent]` fn, new 32-character request id (SHA-256 key derivation inside) | {} |\n\
@@ -218,7 +218,7 @@ impl Results {
         }
         let _ = write!(
             out,
-            "Claim (`Store::start` on a new random key) from {CLAIM_CONCURRENCY} task, on an empty table \
+            "Claim (`Store::claim` on a new random key) from {CLAIM_CONCURRENCY} task, on an empty table \
              and on one holding N live records:\n\n\
              | store | N | load N rows | p50 empty | p50 with N | p50 ratio | p99 empty | p99 with N |\n\
              |---|--:|--:|--:|--:|--:|--:|--:|\n"
@@ -472,7 +472,7 @@ impl Results {
             let _ = writeln!(
                 out,
                 "| memory full path (`Idempotency::run`, new key: claim, work, encode, complete) \
-                 ≤ 1.25 × the raw `Store::start` + `Store::complete` | {fresh:.2} × ({} ns ÷ {} \
+                 ≤ 1.25 × the raw `Store::claim` + `Store::complete` | {fresh:.2} × ({} ns ÷ {} \
                  ns) | {} |",
                 m.engine_fresh.as_nanos(),
                 m.store_claim_complete.as_nanos(),
@@ -481,7 +481,7 @@ impl Results {
             let _ = writeln!(
                 out,
                 "| memory replay (`Idempotency::run`, completed key) ≤ 1.0 × the raw \
-                 `Store::start` + `Store::complete` | {replay:.2} × ({} ns) | {} |",
+                 `Store::claim` + `Store::complete` | {replay:.2} × ({} ns) | {} |",
                 m.engine_replay.as_nanos(),
                 verdict(replay <= 1.0)
             );

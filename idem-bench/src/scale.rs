@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem::store::{Forward, Forwarding};
-use idem::{Key, PostgresStore, Pruner, PrunerConfig, SqliteStore, Start, StartRequest, Store};
+use idem::{
+    ClaimOutcome, ClaimRequest, Key, PostgresStore, Pruner, PrunerConfig, SqliteStore, Store,
+};
 use sqlx::{PgPool, SqlitePool};
 use tokio::time::Instant;
 
@@ -171,13 +173,13 @@ fn claim(store: Arc<dyn Store>) -> Op {
         let store = store.clone();
         async move {
             match store
-                .start(StartRequest::new(
+                .claim(ClaimRequest::new(
                     &Key::from_bytes(random_key()),
                     CLAIM_LEASE,
                 ))
                 .await?
             {
-                Start::Started(_) => Ok(Hit::Fresh),
+                ClaimOutcome::Claimed(_) => Ok(Hit::Fresh),
                 _ => Err(BenchError::Unexpected(
                     "a new random key was not claimable".into(),
                 )),

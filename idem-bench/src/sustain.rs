@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use idem::{
-    Completion, Key, PostgresStore, Pruner, PrunerConfig, SqliteStore, Start, StartRequest, Store,
+    ClaimOutcome, ClaimRequest, Completion, Key, PostgresStore, Pruner, PrunerConfig, SqliteStore,
+    Store,
 };
 use sqlx::{PgPool, SqlitePool};
 use tokio::sync::Semaphore;
@@ -194,8 +195,8 @@ async fn run_one(
                 let _permit = permit;
                 let key = Key::from_bytes(random_key());
                 let t = Instant::now();
-                let claim = match store.start(StartRequest::new(&key, LEASE)).await? {
-                    Start::Started(claim) => claim,
+                let claim = match store.claim(ClaimRequest::new(&key, LEASE)).await? {
+                    ClaimOutcome::Claimed(claim) => claim,
                     _ => return Err(BenchError::Unexpected("a new key was taken".into())),
                 };
                 let took = t.elapsed();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{idem, json, key};
-use idem::{Error, Idempotency, PostgresStore, SqliteStore, Start, StartRequest, Store};
+use idem::{ClaimOutcome, ClaimRequest, Error, Idempotency, PostgresStore, SqliteStore, Store};
 
 /// How long the seeded claims hold their keys.
 const HOUR: Duration = Duration::from_secs(3600);
@@ -25,8 +25,8 @@ async fn seed(store: Arc<dyn Store>) {
             .await
             .unwrap();
     }
-    let Start::Started(_claim) = store
-        .start(StartRequest::new(&key("running"), HOUR))
+    let ClaimOutcome::Claimed(_claim) = store
+        .claim(ClaimRequest::new(&key("running"), HOUR))
         .await
         .unwrap()
     else {
@@ -461,8 +461,8 @@ async fn redis_cluster_lists_every_master_in_key_order() {
     let mut keys: Vec<String> = Vec::new();
     for i in 0..40 {
         let k = key(&format!("many-{i}"));
-        let Start::Started(_) = store
-            .start(StartRequest::new(&k, Duration::from_secs(600)))
+        let ClaimOutcome::Claimed(_) = store
+            .claim(ClaimRequest::new(&k, Duration::from_secs(600)))
             .await
             .unwrap()
         else {

@@ -10,7 +10,7 @@ use std::time::Duration;
 mod common;
 
 use common::{idem, json, key};
-use idem::{Error, Idempotency, RemoteStore, Start, StartRequest, Store};
+use idem::{ClaimOutcome, ClaimRequest, Error, Idempotency, RemoteStore, Store};
 use idem_server::{auth::Tokens, router, App, Config};
 
 const ADMIN: &str = "admin-token-0123456789";
@@ -52,15 +52,15 @@ async fn the_command_works_through_a_server() {
         .run(async { Ok::<_, Error>(serde_json::json!({ "receipt": 4200 })) })
         .await
         .unwrap();
-    let Start::Started(_running) = alice
-        .start(StartRequest::new(&key("running"), HOUR))
+    let ClaimOutcome::Claimed(_running) = alice
+        .claim(ClaimRequest::new(&key("running"), HOUR))
         .await
         .unwrap()
     else {
         panic!("a new key is claimable");
     };
-    let Start::Started(old) = alice
-        .start(StartRequest::new(&key("old"), Duration::from_secs(3600)))
+    let ClaimOutcome::Claimed(old) = alice
+        .claim(ClaimRequest::new(&key("old"), Duration::from_secs(3600)))
         .await
         .unwrap()
     else {

@@ -46,14 +46,16 @@ pub use canonical::{FingerprintError, MAX_FINGERPRINT_DEPTH};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
 pub use engine::{
-    Attempt, Begun, Call, EngineBuilder, Finish, Holder, Idempotency, OnLocked, Outcome, Policy,
-    ReplayCache, Step, Steps,
+    Attempt, Call, CallClaim, EngineBuilder, Finish, Holder, Idempotency, OnLocked, Outcome,
+    Policy, ReplayCache, Step, Steps,
 };
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::KeyPart;
 pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
 pub use observe::{CallEvent, Observer, Stage, DEFAULT_LATENCIES_ONE_IN};
-pub use record::{Claim, Completion, Record, RecordState, Start, StartRequest, StoredResult};
+pub use record::{
+    Claim, ClaimOutcome, ClaimRequest, Completion, Record, RecordState, StoredResult,
+};
 pub use step::{
     Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP,
     MAX_STEP_NAME_LEN,

@@ -9,7 +9,7 @@ use crate::store::check_duration;
 
 /// Proof that this caller owns a key until its lease ends: the key and the fencing token.
 ///
-/// Returned by [`Store::start`](crate::Store::start) as [`Start::Started`]; `complete`, `abort`
+/// Returned by [`Store::claim`](crate::Store::claim) as [`ClaimOutcome::Claimed`]; `complete`, `abort`
 /// and `renew` succeed only while the stored record still carries this token.
 ///
 /// ```
@@ -112,20 +112,20 @@ impl StoredResult {
     }
 }
 
-/// What [`Store::start`](crate::Store::start) claims: a key, the fingerprint of the request
+/// What [`Store::claim`](crate::Store::claim) claims: a key, the fingerprint of the request
 /// (if any) and the lease a claim gets.
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem::{Fingerprint, Key, StartRequest};
+/// use idem::{Fingerprint, Key, ClaimRequest};
 /// let key = Key::derive("deposit", "alice", "req-1")?;
 /// let fingerprint = Fingerprint::from_bytes([7; 32]);
-/// let request = StartRequest::new(&key, Duration::from_secs(30)).fingerprint(Some(&fingerprint));
+/// let request = ClaimRequest::new(&key, Duration::from_secs(30)).fingerprint(Some(&fingerprint));
 /// assert_eq!(request.fingerprint, Some(&fingerprint));
 /// # Ok::<(), idem::KeyError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StartRequest<'a> {
+pub struct ClaimRequest<'a> {
     /// The key to claim.
     pub key: &'a Key,
     /// The fingerprint of the request; a live record with another one refuses the claim with
@@ -135,18 +135,18 @@ pub struct StartRequest<'a> {
     pub lease: Duration,
 }
 
-impl<'a> StartRequest<'a> {
+impl<'a> ClaimRequest<'a> {
     /// A claim of `key` for `lease`, without a fingerprint.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem::{Key, StartRequest};
+    /// use idem::{Key, ClaimRequest};
     /// let key = Key::derive("s", "", "k")?;
-    /// assert_eq!(StartRequest::new(&key, Duration::from_secs(30)).fingerprint, None);
+    /// assert_eq!(ClaimRequest::new(&key, Duration::from_secs(30)).fingerprint, None);
     /// # Ok::<(), idem::KeyError>(())
     /// ```
-    pub fn new(key: &'a Key, lease: Duration) -> StartRequest<'a> {
-        StartRequest {
+    pub fn new(key: &'a Key, lease: Duration) -> ClaimRequest<'a> {
+        ClaimRequest {
             key,
             fingerprint: None,
             lease,
@@ -157,15 +157,15 @@ impl<'a> StartRequest<'a> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem::{Fingerprint, Key, StartRequest};
+    /// use idem::{Fingerprint, Key, ClaimRequest};
     /// let key = Key::derive("s", "", "k")?;
     /// let fingerprint = Fingerprint::from_bytes([1; 32]);
-    /// let request = StartRequest::new(&key, Duration::from_secs(30)).fingerprint(Some(&fingerprint));
+    /// let request = ClaimRequest::new(&key, Duration::from_secs(30)).fingerprint(Some(&fingerprint));
     /// assert!(request.fingerprint.is_some());
     /// # Ok::<(), idem::KeyError>(())
     /// ```
-    pub fn fingerprint(self, fingerprint: Option<&'a Fingerprint>) -> StartRequest<'a> {
-        StartRequest {
+    pub fn fingerprint(self, fingerprint: Option<&'a Fingerprint>) -> ClaimRequest<'a> {
+        ClaimRequest {
             fingerprint,
             ..self
         }
@@ -176,10 +176,10 @@ impl<'a> StartRequest<'a> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem::{Error, Key, StartRequest};
+    /// use idem::{Error, Key, ClaimRequest};
     /// let key = Key::derive("s", "", "k")?;
-    /// assert!(StartRequest::new(&key, Duration::from_secs(30)).check().is_ok());
-    /// let refused = StartRequest::new(&key, Duration::ZERO).check();
+    /// assert!(ClaimRequest::new(&key, Duration::from_secs(30)).check().is_ok());
+    /// let refused = ClaimRequest::new(&key, Duration::ZERO).check();
     /// assert!(matches!(refused, Err(Error::InvalidConfig(_))));
     /// # Ok::<(), idem::KeyError>(())
     /// ```
@@ -221,24 +221,24 @@ impl Completion<'_> {
     }
 }
 
-/// The result of [`Store::start`](crate::Store::start).
+/// The result of [`Store::claim`](crate::Store::claim).
 ///
 /// ```
-/// use idem::Start;
-/// fn describe(s: &Start) -> &'static str {
+/// use idem::ClaimOutcome;
+/// fn describe(s: &ClaimOutcome) -> &'static str {
 ///     match s {
-///         Start::Started(_) => "run the work",
-///         Start::Completed(_) => "replay",
-///         Start::Locked { .. } => "busy",
+///         ClaimOutcome::Claimed(_) => "run the work",
+///         ClaimOutcome::Completed(_) => "replay",
+///         ClaimOutcome::Locked { .. } => "busy",
 ///     }
 /// }
-/// assert_eq!(describe(&Start::Locked { retry_after: std::time::Duration::ZERO }), "busy");
+/// assert_eq!(describe(&ClaimOutcome::Locked { retry_after: std::time::Duration::ZERO }), "busy");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[must_use = "a Started claim must be completed or aborted"]
-pub enum Start {
+#[must_use = "a Claimed outcome's claim must be completed or aborted"]
+pub enum ClaimOutcome {
     /// The key was absent, its lease had expired or its retention was over: this caller owns it.
-    Started(Claim),
+    Claimed(Claim),
     /// The key completed earlier: replay the stored response.
     Completed(StoredResult),
     /// Another claim holds a live lease on the key.

@@ -12,8 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::store::{Forward, Forwarding};
 use idem_core::{
-    Claim, Completion, Error, Key, ManualClock, MemoryStore, PruneReport, Pruner, PrunerConfig,
-    Record, Start, StartRequest, Store, StoreError, StoreErrorKind,
+    Claim, ClaimOutcome, ClaimRequest, Completion, Error, Key, ManualClock, MemoryStore,
+    PruneReport, Pruner, PrunerConfig, Record, Store, StoreError, StoreErrorKind,
 };
 use tokio::time::Instant;
 
@@ -26,9 +26,9 @@ fn key(scope: &str, n: usize) -> Key {
 }
 
 async fn claim(store: &dyn Store, key: &Key, lease: Duration) -> Claim {
-    match store.start(StartRequest::new(key, lease)).await.unwrap() {
-        Start::Started(c) => c,
-        other => panic!("expected Started, got {other:?}"),
+    match store.claim(ClaimRequest::new(key, lease)).await.unwrap() {
+        ClaimOutcome::Claimed(c) => c,
+        other => panic!("expected Claimed, got {other:?}"),
     }
 }
 
@@ -111,8 +111,8 @@ impl Forward for TestStore {
         &self.records
     }
 
-    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
-        self.route(request.key).start(request).await
+    async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
+        self.route(request.key).claim(request).await
     }
 
     async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
@@ -946,10 +946,10 @@ async fn a_record_pruner_leaves_a_lapsed_claim_to_its_holder() {
     store.complete(&late, done(LONG)).await.unwrap();
     assert!(matches!(
         store
-            .start(StartRequest::new(&key("lapsed", 1), LONG))
+            .claim(ClaimRequest::new(&key("lapsed", 1), LONG))
             .await
             .unwrap(),
-        Start::Completed(_)
+        ClaimOutcome::Completed(_)
     ));
 
     // Past the window, the lapsed claim is the pruner's (and so is the completed record, whose

@@ -13,9 +13,9 @@ use aws_sdk_dynamodb::Client;
 
 use idem_core::store::support::{self, check_duration, check_fingerprint, LAPSED_CLAIMS_KEPT_MS};
 use idem_core::{
-    Abandoned, AbandonedQuery, Claim, Clock, Completion, Error, Fingerprint, Key, Record, Start,
-    StartRequest, StepLog, StepWrite, Store, StoreError, StoreErrorKind, StoredResult, SystemClock,
-    Token,
+    Abandoned, AbandonedQuery, Claim, ClaimOutcome, ClaimRequest, Clock, Completion, Error,
+    Fingerprint, Key, Record, StepLog, StepWrite, Store, StoreError, StoreErrorKind, StoredResult,
+    SystemClock, Token,
 };
 
 use crate::item::{
@@ -569,10 +569,10 @@ impl Inner {
         item: Item,
         fingerprint: Option<&Fingerprint>,
         now_ms: i64,
-    ) -> Result<Start, Error> {
+    ) -> Result<ClaimOutcome, Error> {
         check_fingerprint(item.fingerprint.as_ref(), fingerprint)?;
         Ok(match item.state {
-            State::InProgress => Start::Locked {
+            State::InProgress => ClaimOutcome::Locked {
                 // Until the lease ends; once it has, until this node may take it over.
                 retry_after: if item.expires_ms > now_ms {
                     remaining(item.expires_ms, now_ms)
@@ -580,7 +580,7 @@ impl Inner {
                     remaining(item.expires_ms.saturating_add(self.margin_ms), now_ms)
                 },
             },
-            State::Completed { response, is_error } => Start::Completed(StoredResult {
+            State::Completed { response, is_error } => ClaimOutcome::Completed(StoredResult {
                 response,
                 is_error,
                 expires_at: time_of(item.expires_ms),
@@ -611,7 +611,7 @@ impl Store for DynamoStore {
         Some(MAX_ITEM_BYTES - item::completed_size(0))
     }
 
-    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+    async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
         request.check()?;
         let (key, fingerprint) = (request.key, request.fingerprint);
         let s = &*self.inner;
@@ -646,7 +646,7 @@ impl Store for DynamoStore {
                 .await;
             let old =
                 match put {
-                    Ok(_) => return Ok(Start::Started(Claim::new(*key, claim))),
+                    Ok(_) => return Ok(ClaimOutcome::Claimed(Claim::new(*key, claim))),
                     Err(SdkError::ServiceError(ctx))
                         if ctx.err().is_conditional_check_failed_exception() =>
                     {

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use idem_core::{
-    Claim, Clock, Completion, Error, Idempotency, Key, ManualClock, Outcome, RecordState, Start,
-    StartRequest, Store, StoreErrorKind,
+    Claim, ClaimOutcome, ClaimRequest, Clock, Completion, Error, Idempotency, Key, ManualClock,
+    Outcome, RecordState, Store, StoreErrorKind,
 };
 use idem_dynamodb::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
 use idem_dynamodb::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
@@ -41,9 +41,9 @@ fn done(bytes: &'static [u8], retention: Duration) -> Completion<'static> {
 }
 
 async fn claim(store: &DynamoStore, k: &Key, lease: Duration) -> Claim {
-    match store.start(StartRequest::new(k, lease)).await.unwrap() {
-        Start::Started(c) => c,
-        other => panic!("expected Started, got {other:?}"),
+    match store.claim(ClaimRequest::new(k, lease)).await.unwrap() {
+        ClaimOutcome::Claimed(c) => c,
+        other => panic!("expected Claimed, got {other:?}"),
     }
 }
 
@@ -112,14 +112,15 @@ async fn skew_within_the_margin_never_takes_over_a_live_lease() {
         clock.advance(at - clock.now().duration_since(claimed_at).unwrap());
         assert!(
             matches!(
-                b.start(StartRequest::new(&k, LONG)).await.unwrap(),
-                Start::Locked { .. }
+                b.claim(ClaimRequest::new(&k, LONG)).await.unwrap(),
+                ClaimOutcome::Locked { .. }
             ),
             "B took over A's live lease {at:?} into it"
         );
     }
     a.complete(&owner, done(b"a's result", LONG)).await.unwrap();
-    let Start::Completed(cached) = b.start(StartRequest::new(&k, LONG)).await.unwrap() else {
+    let ClaimOutcome::Completed(cached) = b.claim(ClaimRequest::new(&k, LONG)).await.unwrap()
+    else {
         panic!("B must replay A's result");
     };
     assert_eq!(cached.response.as_deref(), Some(&b"a's result"[..]));
@@ -130,8 +131,8 @@ async fn skew_within_the_margin_never_takes_over_a_live_lease() {
     let crashed = claim(&a, &k, lease).await;
     clock.advance(lease + Duration::from_millis(99));
     assert!(matches!(
-        b.start(StartRequest::new(&k, LONG)).await.unwrap(),
-        Start::Locked { .. }
+        b.claim(ClaimRequest::new(&k, LONG)).await.unwrap(),
+        ClaimOutcome::Locked { .. }
     ));
     clock.advance(Duration::from_millis(2));
     claim(&b, &k, LONG).await;
@@ -323,8 +324,8 @@ async fn each_call_costs_its_requests() {
     let k = key("counted");
     let f1 = idem_core::Fingerprint::of_bytes(b"one");
     let f2 = idem_core::Fingerprint::of_bytes(b"two");
-    let Start::Started(c) = store
-        .start(StartRequest::new(&k, LONG).fingerprint(Some(&f1)))
+    let ClaimOutcome::Claimed(c) = store
+        .claim(ClaimRequest::new(&k, LONG).fingerprint(Some(&f1)))
         .await
         .unwrap()
     else {
@@ -333,15 +334,15 @@ async fn each_call_costs_its_requests() {
     assert_eq!(requests.take(), only("PutItem"), "claim");
     assert!(matches!(
         store
-            .start(StartRequest::new(&k, LONG).fingerprint(Some(&f1)))
+            .claim(ClaimRequest::new(&k, LONG).fingerprint(Some(&f1)))
             .await
             .unwrap(),
-        Start::Locked { .. }
+        ClaimOutcome::Locked { .. }
     ));
     assert_eq!(requests.take(), only("PutItem"), "locked duplicate");
     assert!(matches!(
         store
-            .start(StartRequest::new(&k, LONG).fingerprint(Some(&f2)))
+            .claim(ClaimRequest::new(&k, LONG).fingerprint(Some(&f2)))
             .await,
         Err(Error::KeyReused)
     ));
@@ -371,10 +372,10 @@ async fn each_call_costs_its_requests() {
     assert_eq!(requests.take(), only("UpdateItem"), "complete again");
     assert!(matches!(
         store
-            .start(StartRequest::new(&k, LONG).fingerprint(Some(&f1)))
+            .claim(ClaimRequest::new(&k, LONG).fingerprint(Some(&f1)))
             .await
             .unwrap(),
-        Start::Completed(_)
+        ClaimOutcome::Completed(_)
     ));
     assert_eq!(requests.take(), only("PutItem"), "replay");
     assert!(matches!(store.abort(&c).await, Err(Error::LeaseLost)));
@@ -411,8 +412,8 @@ async fn stale_owner_is_rejected_on_real_time() {
     let lease = Duration::from_secs(1);
     let stale = claim(&a, &k, lease).await;
     assert!(matches!(
-        b.start(StartRequest::new(&k, LONG)).await.unwrap(),
-        Start::Locked { .. }
+        b.claim(ClaimRequest::new(&k, LONG)).await.unwrap(),
+        ClaimOutcome::Locked { .. }
     ));
     tokio::time::sleep(lease + margin + Duration::from_millis(100)).await;
     let owner = claim(&b, &k, LONG).await;
@@ -484,7 +485,7 @@ async fn a_server_stopped_and_restarted_mid_run() {
         .await
         .unwrap();
     let failures = [
-        store.start(StartRequest::new(&k, LONG)).await.unwrap_err(),
+        store.claim(ClaimRequest::new(&k, LONG)).await.unwrap_err(),
         store.complete(&c, done(b"r", LONG)).await.unwrap_err(),
         store.get(&k).await.unwrap_err(),
     ];
@@ -495,7 +496,7 @@ async fn a_server_stopped_and_restarted_mid_run() {
     let _server = tokio::task::spawn_blocking(move || Server::start_on(&cmd, port))
         .await
         .unwrap();
-    let e = store.start(StartRequest::new(&k, LONG)).await.unwrap_err();
+    let e = store.claim(ClaimRequest::new(&k, LONG)).await.unwrap_err();
     assert_eq!(kind(&e), Some(StoreErrorKind::Query), "{e}");
     assert!(
         e.to_string().contains(store.table()),
@@ -559,7 +560,7 @@ async fn a_malformed_item_is_corrupt() {
         .unwrap();
     for e in [
         store.get(&k).await.unwrap_err(),
-        store.start(StartRequest::new(&k, LONG)).await.unwrap_err(),
+        store.claim(ClaimRequest::new(&k, LONG)).await.unwrap_err(),
     ] {
         assert_eq!(kind(&e), Some(StoreErrorKind::Corrupt), "{e}");
     }

@@ -511,10 +511,10 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
                 )
                 .await
                 {
-                    ::core::result::Result::Ok(::idem::TxStart::Run(__idem_claim)) => {
+                    ::core::result::Result::Ok(::idem::TxClaimOutcome::Run(__idem_claim)) => {
                         __idem_claim
                     }
-                    ::core::result::Result::Ok(::idem::TxStart::Replayed(__idem_value)) => {
+                    ::core::result::Result::Ok(::idem::TxClaimOutcome::Replayed(__idem_value)) => {
                         return ::core::result::Result::Ok(__idem_value);
                     }
                     ::core::result::Result::Err(__idem_error) => {

@@ -502,8 +502,8 @@ use proc_macro::TokenStream;
 ///
 /// ```text
 /// let __idem_claim = match tx_begin(&engine, &mut *tx, key, fingerprint, options).await {
-///     Ok(TxStart::Run(claim)) => claim,
-///     Ok(TxStart::Replayed(value)) => return Ok(value),
+///     Ok(TxClaimOutcome::Run(claim)) => claim,
+///     Ok(TxClaimOutcome::Replayed(value)) => return Ok(value),
 ///     Err(e) => return Err(From::from(e)),
 /// };
 /// check_return::<ReturnType>();                      // the bounds on T and E, on the return type

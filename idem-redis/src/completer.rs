@@ -107,7 +107,9 @@ impl Inner {
             .map(
                 |(key, value)| match step_record(INPUT_STEP.as_bytes(), &value)?.state {
                     StepState::Finished(input) => Abandoned::decode(key, &input),
-                    StepState::Begun => Err(corrupt("an operation's input step is begun".into())),
+                    StepState::CallClaim => {
+                        Err(corrupt("an operation's input step is begun".into()))
+                    }
                 },
             )
             .collect()

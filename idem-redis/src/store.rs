@@ -13,8 +13,8 @@ use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 
 use idem_core::store::support::check_duration;
 use idem_core::{
-    Abandoned, AbandonedQuery, Claim, Completion, Error, Fingerprint, Key, Record, RecordState,
-    Start, StartRequest, StepLog, StepRecord, StepState, StepWrite, Store, StoreError,
+    Abandoned, AbandonedQuery, Claim, ClaimOutcome, ClaimRequest, Completion, Error, Fingerprint,
+    Key, Record, RecordState, StepLog, StepRecord, StepState, StepWrite, Store, StoreError,
     StoreErrorKind, StoredResult, Token,
 };
 
@@ -670,7 +670,7 @@ pub(crate) fn step_record(name: &[u8], value: &[u8]) -> Result<StepRecord, Error
     let result = &rest[colon + 1..];
     let state = match state {
         b'f' => StepState::Finished(result.to_vec()),
-        b'b' => StepState::Begun,
+        b'b' => StepState::CallClaim,
         _ => return Err(bad()),
     };
     let name = String::from_utf8(name.to_vec())
@@ -767,7 +767,7 @@ fn token(v: &Value) -> Result<Token, Error> {
 
 #[async_trait]
 impl Store for RedisStore {
-    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+    async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
         request.check()?;
         let key = request.key;
         let token = Token::random();
@@ -789,15 +789,15 @@ impl Store for RedisStore {
         };
         match parts.split_first() {
             Some((tag, rest)) => match bytes(tag) {
-                Some(b"started") => Ok(Start::Started(Claim::new(*key, token))),
+                Some(b"started") => Ok(ClaimOutcome::Claimed(Claim::new(*key, token))),
                 Some(b"locked") => {
                     let left = rest.first().and_then(int).unwrap_or(0);
-                    Ok(Start::Locked {
+                    Ok(ClaimOutcome::Locked {
                         retry_after: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
                     })
                 }
                 Some(b"reused") => Err(Error::KeyReused),
-                Some(b"done") => Ok(Start::Completed(cached(rest)?)),
+                Some(b"done") => Ok(ClaimOutcome::Completed(cached(rest)?)),
                 _ => Err(corrupt(format!("the claim script answered {parts:?}"))),
             },
             None => Err(corrupt("the claim script answered nothing".into())),

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{
-    Completion, Error, Idempotency, Key, OnLocked, RecordState, Start, StartRequest, Store,
+    ClaimOutcome, ClaimRequest, Completion, Error, Idempotency, Key, OnLocked, RecordState, Store,
     StoreErrorKind,
 };
 use idem_redis::RedisStore;
@@ -49,8 +49,8 @@ async fn stale_owner_is_fenced(flavor: Flavor) {
     };
     let k = key("stale");
     // A second: long enough that the check just below runs within it on a loaded machine.
-    let Start::Started(old) = store
-        .start(StartRequest::new(&k, Duration::from_secs(1)))
+    let ClaimOutcome::Claimed(old) = store
+        .claim(ClaimRequest::new(&k, Duration::from_secs(1)))
         .await
         .unwrap()
     else {
@@ -58,14 +58,14 @@ async fn stale_owner_is_fenced(flavor: Flavor) {
     };
     // Within the lease the key is held; the server's clock decides when it ends.
     assert!(matches!(
-        store.start(StartRequest::new(&k, LONG)).await.unwrap(),
-        Start::Locked { .. }
+        store.claim(ClaimRequest::new(&k, LONG)).await.unwrap(),
+        ClaimOutcome::Locked { .. }
     ));
     let deadline = Instant::now() + Duration::from_secs(10);
     let new = loop {
-        match store.start(StartRequest::new(&k, LONG)).await.unwrap() {
-            Start::Started(c) => break c,
-            Start::Locked { retry_after } => {
+        match store.claim(ClaimRequest::new(&k, LONG)).await.unwrap() {
+            ClaimOutcome::Claimed(c) => break c,
+            ClaimOutcome::Locked { retry_after } => {
                 assert!(retry_after <= Duration::from_secs(1), "{retry_after:?}");
                 assert!(Instant::now() < deadline, "the 1 s lease never ended");
                 sleep(retry_after.max(Duration::from_millis(5))).await;
@@ -83,7 +83,7 @@ async fn stale_owner_is_fenced(flavor: Flavor) {
     ));
     assert!(matches!(store.abort(&old).await, Err(Error::LeaseLost)));
     store.complete(&new, done(b"new", LONG)).await.unwrap();
-    let Start::Completed(c) = store.start(StartRequest::new(&k, LONG)).await.unwrap() else {
+    let ClaimOutcome::Completed(c) = store.claim(ClaimRequest::new(&k, LONG)).await.unwrap() else {
         panic!("the new owner's result replays");
     };
     assert_eq!(c.response.as_deref(), Some(&b"new"[..]));
@@ -715,7 +715,8 @@ async fn evict_and_get_on_a_cluster() {
     // Keys spread over every master: each record lives in one slot, by its hash tag.
     for i in 0..50 {
         let k = key(&format!("spread-{i}"));
-        let Start::Started(c) = store.start(StartRequest::new(&k, LONG)).await.unwrap() else {
+        let ClaimOutcome::Claimed(c) = store.claim(ClaimRequest::new(&k, LONG)).await.unwrap()
+        else {
             panic!("new key");
         };
         assert!(matches!(

@@ -23,8 +23,8 @@ use serde::Serialize;
 
 use idem_core::store::support;
 use idem_core::{
-    Claim, Completion, Error, Fingerprint, Key, ListQuery, Record, RecordState, Start,
-    StartRequest, StepLog, StepRecord, StepState, StepWrite, Store, StoreAdmin, StoreError,
+    Claim, ClaimOutcome, ClaimRequest, Completion, Error, Fingerprint, Key, ListQuery, Record,
+    RecordState, StepLog, StepRecord, StepState, StepWrite, Store, StoreAdmin, StoreError,
     StoreErrorKind, StoreStats, StoredResult, Token,
 };
 
@@ -36,7 +36,7 @@ use idem_core::{
 ///
 /// | `Store` method | route | the server's engine call |
 /// |---|---|---|
-/// | `start` | `start` (fenced, `fingerprint_sha256`) | `Call::begin`; a `locked` answer reads the record once more for the lease left |
+/// | `start` | `start` (fenced, `fingerprint_sha256`) | `Call::claim`; a `locked` answer reads the record once more for the lease left |
 /// | `complete` | `complete` (fenced, with `is_error`, `absent`, `observed`) | `Idempotency::finish` with `Finish::observed(true)` |
 /// | `abort` | `abort` (fenced) | `Idempotency::release` |
 /// | `renew` | `renew` | `Idempotency::renew` |
@@ -476,7 +476,7 @@ impl Store for RemoteStore {
         Some(self.inner.max_response_bytes)
     }
 
-    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+    async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
         request.check()?;
         let out: StartOut = self
             .inner
@@ -493,16 +493,16 @@ impl Store for RemoteStore {
             )
             .await?;
         match out.status {
-            StartStatus::Started => Ok(Start::Started(Claim::new(
+            StartStatus::Started => Ok(ClaimOutcome::Claimed(Claim::new(
                 *request.key,
                 token_of(out.token.as_deref())?,
             ))),
-            StartStatus::Locked => Ok(Start::Locked {
+            StartStatus::Locked => Ok(ClaimOutcome::Locked {
                 retry_after: Duration::from_millis(
                     out.lease_left_ms.or(out.retry_after_ms).unwrap_or(0),
                 ),
             }),
-            StartStatus::Completed => Ok(Start::Completed(stored_result(
+            StartStatus::Completed => Ok(ClaimOutcome::Completed(stored_result(
                 out.data.unwrap_or_default(),
                 None,
                 out.not_retained,
@@ -640,7 +640,9 @@ impl Store for RemoteStore {
                 .map(|step| StepRecord {
                     name: step.name,
                     position: step.position,
-                    state: step.result.map_or(StepState::Begun, StepState::Finished),
+                    state: step
+                        .result
+                        .map_or(StepState::CallClaim, StepState::Finished),
                 })
                 .collect(),
         })
@@ -839,7 +841,7 @@ mod tests {
         };
         let refusals = [
             store
-                .start(StartRequest::new(&key, Duration::ZERO))
+                .claim(ClaimRequest::new(&key, Duration::ZERO))
                 .await
                 .err(),
             store.complete(&claim, completion).await.err(),

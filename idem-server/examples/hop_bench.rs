@@ -1,6 +1,6 @@
 //! The service hop's cost: start+complete of new keys and the replay of completed ones, through
 //! idem-server (HTTP/1.1 on loopback, MessagePack as Diom's clients send it, pooled keep-alive
-//! connections) against the same calls on the engine in process (`Call::begin` then
+//! connections) against the same calls on the engine in process (`Call::claim` then
 //! `Idempotency::finish`), on the same store, in one run.
 //!
 //! ```text
@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idem::store::url::{ConnectOptions, StoreUrl};
-use idem_core::{Begun, Idempotency, Key};
+use idem_core::{CallClaim, Idempotency, Key};
 use idem_server::{auth::Tokens, router, App, Config};
 use serde::Serialize;
 
@@ -126,7 +126,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         let fresh = measure(ops, concurrency, move |i| {
             let e = e.clone();
             async move {
-                let Ok(Begun::Claimed(claim)) = e.call(key(i)).begin().await else {
+                let Ok(CallClaim::Claimed(claim)) = e.call(key(i)).claim().await else {
                     panic!("key {i} was not new");
                 };
                 e.finish("bench", &claim, b"ok".to_vec())
@@ -139,8 +139,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
         let replay = measure(ops, concurrency, move |i| {
             let e = e.clone();
             async move {
-                let replayed = e.call(key(i)).begin().await;
-                assert!(matches!(replayed, Ok(Begun::Completed(_))), "key {i}");
+                let replayed = e.call(key(i)).claim().await;
+                assert!(matches!(replayed, Ok(CallClaim::Completed(_))), "key {i}");
             }
         })
         .await;

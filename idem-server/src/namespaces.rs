@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_core::{Begun, Error, Holder, Idempotency, Key};
+use idem_core::{CallClaim, Error, Holder, Idempotency, Key};
 use idem_wire::NamespaceOut;
 use tokio::time::Instant;
 
@@ -173,12 +173,12 @@ impl Namespaces {
                 .engine
                 .call(key)
                 .lease(Duration::from_secs(10))
-                .begin()
+                .claim()
                 .await
             {
-                Ok(Begun::Claimed(claim)) => claim,
+                Ok(CallClaim::Claimed(claim)) => claim,
                 // Another configure got there first: start over from what it wrote.
-                Ok(Begun::Completed(_)) | Err(Error::Locked { .. }) => continue,
+                Ok(CallClaim::Completed(_)) | Err(Error::Locked { .. }) => continue,
                 Err(e) => return Err(engine_error(e)),
             };
             let bytes = serde_json::to_vec(&next).map_err(|e| {

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use idem_core::{
-    Begun, Claim, Error, Fingerprint, Holder, Idempotency, RecordState, StepState, StepWrite,
+    CallClaim, Claim, Error, Fingerprint, Holder, Idempotency, RecordState, StepState, StepWrite,
     Store, StoreErrorKind,
 };
 use idem_wire::{
@@ -353,15 +353,15 @@ async fn start(
         .scope_named(ns.scope.clone())
         .lease(lease)
         .fingerprint(fingerprint)
-        .begin()
+        .claim()
         .await;
     let fenced = fenced(&input);
     let answer = match begun {
-        Ok(Begun::Claimed(claim)) => StartOut {
+        Ok(CallClaim::Claimed(claim)) => StartOut {
             token: fenced.then(|| token_text(claim.token())),
             ..StartOut::of(StartStatus::Started)
         },
-        Ok(Begun::Completed(bytes)) => {
+        Ok(CallClaim::Completed(bytes)) => {
             let data = stored(&bytes)?;
             StartOut {
                 data: Some(if fenced { data } else { data.diom() }),
@@ -502,11 +502,11 @@ async fn tokenless_complete(
                 .call(key)
                 .scope_named(ns.scope.clone())
                 .lease(app.inner.config.tokenless_lease)
-                .begin()
+                .claim()
                 .await
             {
-                Ok(Begun::Claimed(claim)) => claim,
-                Ok(Begun::Completed(_)) | Err(Error::ResultNotRetained { .. }) => return Ok(()),
+                Ok(CallClaim::Claimed(claim)) => claim,
+                Ok(CallClaim::Completed(_)) | Err(Error::ResultNotRetained { .. }) => return Ok(()),
                 Err(Error::Locked { .. }) => continue,
                 Err(e) => return Err(engine_error(e)),
             },
@@ -686,7 +686,7 @@ async fn begin_steps(
             name: step.name,
             position: step.position,
             result: match step.state {
-                StepState::Begun => None,
+                StepState::CallClaim => None,
                 StepState::Finished(bytes) => Some(bytes),
             },
         })

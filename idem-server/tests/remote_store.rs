@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use idem::{RemoteStore, RemoteStoreBuilder};
 use idem_core::conformance::{suite, Harness};
-use idem_core::{Error, Key, Start, StartRequest, Store, StoreErrorKind};
+use idem_core::{ClaimOutcome, ClaimRequest, Error, Key, Store, StoreErrorKind};
 use idem_server::{auth::Tokens, router, App, Config};
 
 /// The admin token: the only one that may prune, which the suite's prune rules do.
@@ -195,7 +195,7 @@ async fn the_network_and_the_servers_refusals_come_back_typed() {
     .expect("builds");
     let (kind, message) = store_error(
         stalled
-            .start(StartRequest::new(&key, Duration::from_secs(30)))
+            .claim(ClaimRequest::new(&key, Duration::from_secs(30)))
             .await,
     );
     assert_eq!(kind, StoreErrorKind::Unavailable);
@@ -252,9 +252,12 @@ async fn the_network_and_the_servers_refusals_come_back_typed() {
 
     // Alice's key is hers: the admin's same key is another record.
     let started = alice
-        .start(StartRequest::new(&key, Duration::from_secs(30)))
+        .claim(ClaimRequest::new(&key, Duration::from_secs(30)))
         .await;
-    assert!(matches!(started, Ok(Start::Started(_))), "{started:?}");
+    assert!(
+        matches!(started, Ok(ClaimOutcome::Claimed(_))),
+        "{started:?}"
+    );
     assert!(harness
         .served
         .remote
@@ -266,10 +269,10 @@ async fn the_network_and_the_servers_refusals_come_back_typed() {
     let admin_start = harness
         .served
         .remote
-        .start(StartRequest::new(&key, Duration::from_secs(30)))
+        .claim(ClaimRequest::new(&key, Duration::from_secs(30)))
         .await;
     assert!(
-        matches!(admin_start, Ok(Start::Started(_))),
+        matches!(admin_start, Ok(ClaimOutcome::Claimed(_))),
         "{admin_start:?}"
     );
 }
@@ -309,8 +312,8 @@ async fn a_completion_is_reported_only_once_it_committed() {
     let served = Served::over(flaky.clone()).await;
     let store = &served.remote;
     let key = Key::derive("remote", "", "observed").expect("a valid key");
-    let Ok(Start::Started(claim)) = store
-        .start(StartRequest::new(&key, Duration::from_secs(30)))
+    let Ok(ClaimOutcome::Claimed(claim)) = store
+        .claim(ClaimRequest::new(&key, Duration::from_secs(30)))
         .await
     else {
         panic!("a new key is claimable");
@@ -340,10 +343,10 @@ async fn a_completion_is_reported_only_once_it_committed() {
         .await
         .expect("the same completion lands once the store is back");
     let replay = store
-        .start(StartRequest::new(&key, Duration::from_secs(30)))
+        .claim(ClaimRequest::new(&key, Duration::from_secs(30)))
         .await;
     assert!(
-        matches!(&replay, Ok(Start::Completed(kept)) if kept.response.as_deref() == Some(&b"paid"[..])),
+        matches!(&replay, Ok(ClaimOutcome::Completed(kept)) if kept.response.as_deref() == Some(&b"paid"[..])),
         "{replay:?}"
     );
 }
@@ -418,9 +421,9 @@ async fn a_result_over_the_servers_body_limit_is_not_retained_and_never_reruns()
     );
     // The raw store: refused before anything is sent.
     let other = Key::derive("remote", "", "raw-over-the-limit").expect("a valid key");
-    let Ok(Start::Started(claim)) = served
+    let Ok(ClaimOutcome::Claimed(claim)) = served
         .remote
-        .start(StartRequest::new(&other, Duration::from_secs(30)))
+        .claim(ClaimRequest::new(&other, Duration::from_secs(30)))
         .await
     else {
         panic!("a new key is claimable");

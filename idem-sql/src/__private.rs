@@ -6,7 +6,7 @@ use idem_core::{Codec, Error};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::{Transactional, TransactionalStore, TxClaim, TxStart};
+use crate::{Transactional, TransactionalStore, TxClaim, TxClaimOutcome};
 
 impl<S: TransactionalStore, C: Codec> EngineArg<Transactional<S, C>> for Transactional<S, C> {
     fn engine(&self) -> &Transactional<S, C> {
@@ -30,7 +30,7 @@ pub async fn tx_begin<S, C, T>(
     engine: &Transactional<S, C>,
     conn: &mut S::Connection,
     prepared: Prepared,
-) -> Result<TxStart<T>, Error>
+) -> Result<TxClaimOutcome<T>, Error>
 where
     S: TransactionalStore,
     C: Codec,
@@ -38,7 +38,7 @@ where
 {
     let (key, fingerprint, options) = prepared.parts()?;
     let call = engine.call(key).fingerprint(fingerprint);
-    call.overrides(options).begin(conn).await
+    call.overrides(options).claim(conn).await
 }
 
 /// After the body: stores an `Ok` value under the claim, or releases the claim on `Err`, on the

@@ -3,10 +3,10 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use idem_core::ClaimOutcome;
 use idem_core::Error;
-use idem_core::Start;
 
-/// Which statement a SQL store's [`Store::start`](idem_core::Store::start) runs first.
+/// Which statement a SQL store's [`Store::claim`](idem_core::Store::claim) runs first.
 ///
 /// A claim is always one conditional `INSERT … ON CONFLICT … DO UPDATE … WHERE expired`; what
 /// differs is whether a `SELECT` of the live record comes before it or after it:
@@ -92,13 +92,14 @@ impl ClaimPath {
 
     /// Records what a `start` found. Errors other than a reused key say nothing about the key
     /// and are not counted.
-    pub(crate) fn observe(&self, result: &Result<Start, Error>) {
+    pub(crate) fn observe(&self, result: &Result<ClaimOutcome, Error>) {
         if self.order != ClaimOrder::Adaptive {
             return;
         }
         let live = match result {
-            Ok(Start::Started(_)) => false,
-            Ok(Start::Completed(_) | Start::Locked { .. }) | Err(Error::KeyReused) => true,
+            Ok(ClaimOutcome::Claimed(_)) => false,
+            Ok(ClaimOutcome::Completed(_) | ClaimOutcome::Locked { .. })
+            | Err(Error::KeyReused) => true,
             Err(_) => return,
         };
         // A plain load and store: concurrent updates may overwrite each other, which only
@@ -116,13 +117,13 @@ mod tests {
     use idem_core::Claim;
     use idem_core::{Key, Token};
 
-    fn started() -> Result<Start, Error> {
+    fn started() -> Result<ClaimOutcome, Error> {
         let key = Key::derive("s", "c", "k").map_err(Error::from);
-        key.map(|k| Start::Started(Claim::new(k, Token::random())))
+        key.map(|k| ClaimOutcome::Claimed(Claim::new(k, Token::random())))
     }
 
-    fn locked() -> Result<Start, Error> {
-        Ok(Start::Locked {
+    fn locked() -> Result<ClaimOutcome, Error> {
+        Ok(ClaimOutcome::Locked {
             retry_after: std::time::Duration::ZERO,
         })
     }

@@ -93,7 +93,7 @@ pub use protocol::TransactionalStore;
 pub use sqlite::{SqliteStore, SqliteStoreBuilder, SqliteSync};
 pub use steps_tx::SqlSteps;
 pub use store::{SqlStore, SqlStoreBuilder};
-pub use transactional::{Transactional, TxCall, TxClaim, TxFuture, TxStart};
+pub use transactional::{Transactional, TxCall, TxClaim, TxClaimOutcome, TxFuture};
 
 /// The records table a store uses unless configured otherwise.
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";

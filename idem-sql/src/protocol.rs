@@ -19,7 +19,7 @@ use idem_core::store::support::LAPSED_CLAIMS_KEPT_MS;
 use idem_core::Error;
 use idem_core::StepWrite;
 use idem_core::Store;
-use idem_core::{Claim, Completion, Record, Start, StartRequest};
+use idem_core::{Claim, ClaimOutcome, ClaimRequest, Completion, Record};
 use idem_core::{Fingerprint, Key, Token};
 
 /// How often `start` claims again when the live row it lost to vanished before it could be
@@ -46,11 +46,11 @@ pub trait TransactionalStore: Store + Sealed {
 
     /// The store protocol's claim, on the caller's transaction.
     #[doc(hidden)]
-    async fn start_in(
+    async fn claim_in(
         &self,
         conn: &mut Self::Connection,
-        request: StartRequest<'_>,
-    ) -> Result<Start, Error>;
+        request: ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, Error>;
 
     /// The store protocol's completion, on the caller's transaction.
     #[doc(hidden)]
@@ -236,7 +236,7 @@ impl<DB: Ops> Protocol<DB> {
         self.claim_path.order()
     }
 
-    /// [`Store::start`], on a pooled connection or on the caller's transaction (`via`).
+    /// [`Store::claim`], on a pooled connection or on the caller's transaction (`via`).
     ///
     /// On a pooled connection, while the [`ClaimOrder`] reads first, a live record is answered
     /// by one read, which never waits for a write lock; only a key that reads as free goes on
@@ -249,7 +249,7 @@ impl<DB: Ops> Protocol<DB> {
         key: &Key,
         fingerprint: Option<&Fingerprint>,
         lease_ms: i64,
-    ) -> Result<Start, Error> {
+    ) -> Result<ClaimOutcome, Error> {
         if via == Via::Transaction {
             let sql = ClaimSql::Returning(&self.sql.claim_in_transaction);
             return self.claim(conn, sql, key, fingerprint, lease_ms).await;
@@ -278,7 +278,7 @@ impl<DB: Ops> Protocol<DB> {
         key: &Key,
         fingerprint: Option<&Fingerprint>,
         lease_ms: i64,
-    ) -> Result<Start, Error> {
+    ) -> Result<ClaimOutcome, Error> {
         for _ in 0..CLAIM_ATTEMPTS {
             let token = Token::random();
             let token_bytes = token.to_bytes();
@@ -296,7 +296,7 @@ impl<DB: Ops> Protocol<DB> {
             let row = match sql {
                 ClaimSql::Counted(_) => {
                     if DB::execute(&mut *conn, query).await.map_err(sql_error)? == 1 {
-                        return Ok(Start::Started(Claim::new(*key, token)));
+                        return Ok(ClaimOutcome::Claimed(Claim::new(*key, token)));
                     }
                     None
                 }
@@ -308,7 +308,7 @@ impl<DB: Ops> Protocol<DB> {
                         .next();
                     if let Some(row) = &row {
                         if DB::get_bool(row, 0).map_err(sql_error)? {
-                            return Ok(Start::Started(Claim::new(*key, token)));
+                            return Ok(ClaimOutcome::Claimed(Claim::new(*key, token)));
                         }
                     }
                     row
@@ -329,7 +329,7 @@ impl<DB: Ops> Protocol<DB> {
         }
         // Other callers keep claiming and releasing this key faster than we can look: it is
         // busy.
-        Ok(Start::Locked {
+        Ok(ClaimOutcome::Locked {
             retry_after: Duration::ZERO,
         })
     }

@@ -7,8 +7,8 @@ use crate::dialect::{Dialect, Ops};
 use crate::error::sql_error;
 use idem_core::store::support::check_fingerprint;
 use idem_core::Error;
+use idem_core::{ClaimOutcome, Record, RecordState, StoredResult};
 use idem_core::{Fingerprint, Key, Token};
-use idem_core::{Record, RecordState, Start, StoredResult};
 
 /// The columns a [`StoredRow`] is decoded from, as `SELECT` expressions over the alias `r`:
 /// times as microseconds (since the Unix epoch, and left until expiry), from the database's
@@ -77,13 +77,16 @@ impl StoredRow {
     }
 
     /// What `start` answers for this live row that it did not claim.
-    pub(crate) fn into_start(self, fingerprint: Option<&Fingerprint>) -> Result<Start, Error> {
+    pub(crate) fn into_start(
+        self,
+        fingerprint: Option<&Fingerprint>,
+    ) -> Result<ClaimOutcome, Error> {
         check_fingerprint(self.fingerprint.as_ref(), fingerprint)?;
         match self.state {
-            0 => Ok(Start::Locked {
+            0 => Ok(ClaimOutcome::Locked {
                 retry_after: Duration::from_micros(self.remaining_us.max(0).unsigned_abs()),
             }),
-            1 => Ok(Start::Completed(self.cached()?)),
+            1 => Ok(ClaimOutcome::Completed(self.cached()?)),
             s => Err(bad_state(s)),
         }
     }

@@ -9,8 +9,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use idem_core::{
-    Abandoned, AbandonedQuery, Claim, Completion, Error, Key, PrunerConfig, Record, Start,
-    StartRequest, StepLog, StepWrite, Store,
+    Abandoned, AbandonedQuery, Claim, ClaimOutcome, ClaimRequest, Completion, Error, Key,
+    PrunerConfig, Record, StepLog, StepWrite, Store,
 };
 
 use crate::background::Background;
@@ -286,7 +286,7 @@ impl<DB: Backend> fmt::Debug for SqlStoreBuilder<DB> {
 
 #[async_trait::async_trait]
 impl<DB: Backend> Store for SqlStore<DB> {
-    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+    async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
         let lease = crate::millis("lease", request.lease)?;
         let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
         let via = crate::protocol::Via::Pool;
@@ -367,11 +367,11 @@ impl<DB: Backend> crate::protocol::Sealed for SqlStore<DB> {}
 impl<DB: Backend> TransactionalStore for SqlStore<DB> {
     type Connection = DB::Connection;
 
-    async fn start_in(
+    async fn claim_in(
         &self,
         conn: &mut DB::Connection,
-        request: StartRequest<'_>,
-    ) -> Result<Start, Error> {
+        request: ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, Error> {
         let lease = crate::millis("lease", request.lease)?;
         let via = crate::protocol::Via::Transaction;
         self.protocol

@@ -50,7 +50,7 @@ use crate::dialect::Backend;
 use crate::{SqlStore, TransactionalStore};
 use idem_core::adapter::{self, Core, EngineStore, Overrides};
 use idem_core::Error;
-use idem_core::{Claim, Completion, Start, StartRequest};
+use idem_core::{Claim, ClaimOutcome, ClaimRequest, Completion};
 use idem_core::{Codec, JsonCodec};
 use idem_core::{EngineBuilder, Outcome, Policy};
 use idem_core::{Fingerprint, Key};
@@ -58,10 +58,10 @@ use idem_core::{Fingerprint, Key};
 /// A boxed future borrowing the connection, as a transactional [`TxCall::run`]'s work returns.
 pub type TxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 
-/// What a transactional [`TxCall::begin`] found.
+/// What a transactional [`TxCall::claim`] found.
 #[derive(Debug)]
 #[must_use = "run the work and call `finish`, or return the replayed value"]
-pub enum TxStart<T> {
+pub enum TxClaimOutcome<T> {
     /// The key is new (in this transaction), or the call has no key: run the work on the same
     /// connection, then [`finish`](Transactional::finish).
     Run(TxClaim),
@@ -80,8 +80,8 @@ pub struct TxClaim {
 
 /// The engine for transactional mode: a policy and codec over a [`TransactionalStore`].
 ///
-/// Start a call with [`call`](Self::call), then [`run`](TxCall::run) it with a closure, or
-/// [`begin`](TxCall::begin) it and [`finish`](Self::finish) it around your own code. Either way,
+/// Make a call with [`call`](Self::call), then [`run`](TxCall::run) it with a closure, or
+/// [`claim`](TxCall::claim) it and [`finish`](Self::finish) it around your own code. Either way,
 /// the caller opens and commits the transaction. If the work fails, its claim is deleted inside
 /// the transaction, so committing or rolling back both leave the key free for a retry.
 ///
@@ -145,7 +145,7 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
 
     /// Starts a call guarded by `key` (`None`: the work runs without deduplication); set what
     /// differs from the policy on the returned [`TxCall`], then [`run`](TxCall::run) or
-    /// [`begin`](TxCall::begin) it on the caller's connection.
+    /// [`claim`](TxCall::claim) it on the caller's connection.
     pub fn call(&self, key: impl Into<Option<Key>>) -> TxCall<'_, S, C> {
         TxCall {
             engine: self,
@@ -192,7 +192,7 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
 }
 
 /// One call of a [`Transactional`] engine, made by [`Transactional::call`]: set what differs from
-/// the policy, then [`run`](Self::run) or [`begin`](Self::begin) it on the caller's connection.
+/// the policy, then [`run`](Self::run) or [`claim`](Self::claim) it on the caller's connection.
 #[derive(Debug)]
 #[must_use = "a call does nothing until it is run and awaited"]
 pub struct TxCall<'e, S, C = JsonCodec> {
@@ -239,7 +239,7 @@ impl<S: TransactionalStore, C: Codec> TxCall<'_, S, C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem::{Error, Key, SqliteStore, Transactional, TxStart};
+    /// use idem::{Error, Key, SqliteStore, Transactional, TxClaimOutcome};
     /// use sqlx::Connection;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let store = SqliteStore::connect("sqlite::memory:").await?;
@@ -248,40 +248,40 @@ impl<S: TransactionalStore, C: Codec> TxCall<'_, S, C> {
     /// let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
     /// let week = Duration::from_secs(7 * 24 * 3600);
     /// let key = Key::derive("statement", "acct-1", "2026-11")?;
-    /// if let TxStart::<u64>::Run(claim) = idem.call(key).retention(week).begin(&mut tx).await? {
+    /// if let TxClaimOutcome::<u64>::Run(claim) = idem.call(key).retention(week).claim(&mut tx).await? {
     ///     idem.finish(&mut tx, claim, &42u64).await?; // kept for a week
     /// }
     /// tx.commit().await?;
     ///
     /// let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
     /// let other = Key::derive("statement", "acct-1", "2026-12")?;
-    /// let refused = idem.call(other).retention(Duration::ZERO).begin::<u64>(&mut tx).await;
+    /// let refused = idem.call(other).retention(Duration::ZERO).claim::<u64>(&mut tx).await;
     /// assert!(matches!(refused, Err(Error::InvalidConfig(_))));
     /// # Ok(()) }
     /// ```
-    pub async fn begin<T: DeserializeOwned>(
+    pub async fn claim<T: DeserializeOwned>(
         self,
         conn: &mut S::Connection,
-    ) -> Result<TxStart<T>, Error> {
+    ) -> Result<TxClaimOutcome<T>, Error> {
         let engine = self.engine;
         let resolved = adapter::resolve(&engine.core, &self.overrides)?;
         let Some(key) = self.key else {
-            return Ok(TxStart::Run(TxClaim {
+            return Ok(TxClaimOutcome::Run(TxClaim {
                 claim: None,
                 retention: resolved.retention,
             }));
         };
         let request =
-            StartRequest::new(&key, resolved.lease).fingerprint(self.fingerprint.as_ref());
-        match engine.store.start_in(conn, request).await? {
-            Start::Started(claim) => Ok(TxStart::Run(TxClaim {
+            ClaimRequest::new(&key, resolved.lease).fingerprint(self.fingerprint.as_ref());
+        match engine.store.claim_in(conn, request).await? {
+            ClaimOutcome::Claimed(claim) => Ok(TxClaimOutcome::Run(TxClaim {
                 claim: Some(claim),
                 retention: resolved.retention,
             })),
-            Start::Completed(cached) => {
-                adapter::replay(&engine.core, cached).map(TxStart::Replayed)
+            ClaimOutcome::Completed(cached) => {
+                adapter::replay(&engine.core, cached).map(TxClaimOutcome::Replayed)
             }
-            Start::Locked { retry_after } => Err(Error::Locked { retry_after }),
+            ClaimOutcome::Locked { retry_after } => Err(Error::Locked { retry_after }),
         }
     }
 
@@ -296,9 +296,9 @@ impl<S: TransactionalStore, C: Codec> TxCall<'_, S, C> {
         F: for<'c> FnOnce(&'c mut S::Connection) -> TxFuture<'c, Result<T, E>>,
     {
         let engine = self.engine;
-        let claim = match self.begin(conn).await? {
-            TxStart::Replayed(value) => return Ok(Outcome::Replayed(value)),
-            TxStart::Run(claim) => claim,
+        let claim = match self.claim(conn).await? {
+            TxClaimOutcome::Replayed(value) => return Ok(Outcome::Replayed(value)),
+            TxClaimOutcome::Run(claim) => claim,
         };
         match work(conn).await {
             Ok(value) => {

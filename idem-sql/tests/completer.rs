@@ -27,8 +27,8 @@ use std::time::Duration;
 use idem_core::conformance::scaled;
 use idem_core::store::{Forward, Forwarding};
 use idem_core::{
-    Abandoned, AbandonedQuery, Completer, CompleterConfig, Error, Idempotency, Key, ManualClock,
-    MemoryStore, OnLocked, Outcome, Start, StartRequest, Steps, Store, TokioClock,
+    Abandoned, AbandonedQuery, ClaimOutcome, ClaimRequest, Completer, CompleterConfig, Error,
+    Idempotency, Key, ManualClock, MemoryStore, OnLocked, Outcome, Steps, Store, TokioClock,
 };
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -371,7 +371,8 @@ async fn abandon_in_process(engine: &Idempotency, n: u32, lease: Duration) {
     let store = engine.store();
     for op in 0..n {
         let key = key_of(op);
-        let Start::Started(claim) = store.start(StartRequest::new(&key, lease)).await.unwrap()
+        let ClaimOutcome::Claimed(claim) =
+            store.claim(ClaimRequest::new(&key, lease)).await.unwrap()
         else {
             panic!("a fresh key starts");
         };
@@ -552,9 +553,9 @@ impl Forward for CountsClaims {
         &self.inner
     }
 
-    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+    async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
         self.starts.fetch_add(1, Ordering::SeqCst);
-        self.inner.start(request).await
+        self.inner.claim(request).await
     }
 }
 

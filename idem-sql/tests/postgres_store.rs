@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Claim, Completion, Error, Idempotency, Key, OnLocked, Outcome, RecordState, Start,
-    StartRequest, Store, StoreErrorKind, Token,
+    Claim, ClaimOutcome, ClaimRequest, Completion, Error, Idempotency, Key, OnLocked, Outcome,
+    RecordState, Store, StoreErrorKind, Token,
 };
 use idem_sql::{PostgresStore, PostgresStoreBuilder, Transactional};
 use idem_test_support::postgres::{
@@ -82,11 +82,11 @@ fn done(body: &[u8], retention: Duration) -> Completion<'_> {
 /// Claims `key(i)`, which must be new.
 async fn claim(store: &PostgresStore, i: usize) -> Claim {
     match store
-        .start(StartRequest::new(&key(i), LEASE))
+        .claim(ClaimRequest::new(&key(i), LEASE))
         .await
         .unwrap()
     {
-        Start::Started(c) => c,
+        ClaimOutcome::Claimed(c) => c,
         other => panic!("a new key starts, got {other:?}"),
     }
 }
@@ -102,10 +102,10 @@ async fn completed(store: &PostgresStore, i: usize, body: &[u8], retention: Dura
 async fn starts(store: &PostgresStore, i: usize) -> bool {
     matches!(
         store
-            .start(StartRequest::new(&key(i), LEASE))
+            .claim(ClaimRequest::new(&key(i), LEASE))
             .await
             .unwrap(),
-        Start::Started(_)
+        ClaimOutcome::Claimed(_)
     )
 }
 
@@ -113,10 +113,10 @@ async fn starts(store: &PostgresStore, i: usize) -> bool {
 async fn replays(store: &PostgresStore, i: usize) -> bool {
     matches!(
         store
-            .start(StartRequest::new(&key(i), LEASE))
+            .claim(ClaimRequest::new(&key(i), LEASE))
             .await
             .unwrap(),
-        Start::Completed(_)
+        ClaimOutcome::Completed(_)
     )
 }
 
@@ -299,18 +299,18 @@ async fn start_behind(
     pool: &PgPool,
     in_tx: bool,
     other: sqlx::Transaction<'_, sqlx::Postgres>,
-) -> Start {
+) -> ClaimOutcome {
     let claim = tokio::spawn({
         let (store, pool) = (store.clone(), pool.clone());
         async move {
             if !in_tx {
-                return store.start(StartRequest::new(&key(1), LEASE)).await;
+                return store.claim(ClaimRequest::new(&key(1), LEASE)).await;
             }
             let mut tx = pool.begin().await.map_err(idem_sql::sql_error)?;
-            let start = idem_sql::TransactionalStore::start_in(
+            let start = idem_sql::TransactionalStore::claim_in(
                 &store,
                 &mut tx,
-                StartRequest::new(&key(1), LEASE),
+                ClaimRequest::new(&key(1), LEASE),
             )
             .await;
             tx.commit().await.map_err(idem_sql::sql_error)?;
@@ -346,7 +346,7 @@ async fn claim_sees_rows_committed_after_its_snapshot() {
         .await
         .unwrap();
         match start_behind(&store, &pool, in_tx, tx).await {
-            Start::Locked { retry_after } => assert!(retry_after > Duration::from_secs(20)),
+            ClaimOutcome::Locked { retry_after } => assert!(retry_after > Duration::from_secs(20)),
             other => panic!("in_tx {in_tx}: expected Locked, got {other:?}"),
         }
 
@@ -369,7 +369,7 @@ async fn claim_sees_rows_committed_after_its_snapshot() {
         .await
         .unwrap();
         match start_behind(&store, &pool, in_tx, tx).await {
-            Start::Completed(cached) => {
+            ClaimOutcome::Completed(cached) => {
                 assert_eq!(cached.response.as_deref(), Some(&b"theirs"[..]))
             }
             other => panic!("in_tx {in_tx}: expected the other node's result, got {other:?}"),
@@ -396,7 +396,7 @@ async fn replays_without_the_row_lock(store: &PostgresStore, pool: &PgPool, tabl
     .unwrap();
     let start = tokio::spawn({
         let store = store.clone();
-        async move { store.start(StartRequest::new(&key(1), LEASE)).await }
+        async move { store.claim(ClaimRequest::new(&key(1), LEASE)).await }
     });
     let mut answered = false;
     for _ in 0..500 {
@@ -411,7 +411,7 @@ async fn replays_without_the_row_lock(store: &PostgresStore, pool: &PgPool, tabl
     }
     tx.rollback().await.unwrap();
     match start.await.unwrap() {
-        Ok(Start::Completed(_)) => answered,
+        Ok(ClaimOutcome::Completed(_)) => answered,
         other => panic!("expected a replay, got {other:?}"),
     }
 }
@@ -701,7 +701,7 @@ async fn server_errors_map_to_typed_kinds() {
     let mut only = store.pool().acquire().await.unwrap();
     exec(&mut *only, "SET default_transaction_read_only = on").await;
     drop(only);
-    let err = store.start(StartRequest::new(&key(1), LEASE)).await;
+    let err = store.claim(ClaimRequest::new(&key(1), LEASE)).await;
     assert_eq!(kind(&err), Some(StoreErrorKind::ReadOnly), "{err:?}");
     assert!(err.unwrap_err().is_retryable());
 
@@ -743,7 +743,7 @@ async fn a_commit_that_fails_after_the_rows_fails_the_call() {
     )
     .await;
 
-    let err = store.start(StartRequest::new(&key(2), LEASE)).await;
+    let err = store.claim(ClaimRequest::new(&key(2), LEASE)).await;
     assert_eq!(kind(&err), Some(StoreErrorKind::Full), "{err:?}");
     assert!(
         store.get(&key(2)).await.unwrap().is_none(),
@@ -773,7 +773,7 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
         let table = store.table();
         claim(&store, 1).await;
         exec(store.pool(), &format!("DROP TABLE \"{table}\"")).await;
-        let err = store.start(StartRequest::new(&key(2), LEASE)).await;
+        let err = store.claim(ClaimRequest::new(&key(2), LEASE)).await;
         assert_eq!(kind(&err), Some(StoreErrorKind::Query), "{err:?}");
 
         connect_at_once(&url, table, 4, "connect re-creates the table").await;
@@ -831,7 +831,7 @@ async fn a_full_disk_is_a_full_store_error() {
         "{e}"
     );
     let err = store
-        .start(StartRequest::new(&key(1), LEASE))
+        .claim(ClaimRequest::new(&key(1), LEASE))
         .await
         .unwrap_err();
     assert!(
@@ -1082,7 +1082,7 @@ async fn a_connection_is_pinged_only_after_ping_idle_after() {
     let unpinged = one_connection(Duration::from_secs(3600)).await;
     assert!(!unpinged.pool().options().get_test_before_acquire());
     terminate(&admin, idle_backend(&unpinged).await).await;
-    let err = unpinged.start(StartRequest::new(&key(1), LEASE)).await;
+    let err = unpinged.claim(ClaimRequest::new(&key(1), LEASE)).await;
     assert_eq!(kind(&err), Some(StoreErrorKind::Unavailable), "{err:?}");
     assert!(err.unwrap_err().is_retryable());
     // Nothing was claimed, and the next call gets a new connection.
@@ -1268,8 +1268,8 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
         .unwrap();
     let c = claim(&store, 1).await;
     store.complete(&c, done(b"paid", RETENTION)).await.unwrap();
-    let Start::Completed(replayed) = store
-        .start(StartRequest::new(&key(1), LEASE))
+    let ClaimOutcome::Completed(replayed) = store
+        .claim(ClaimRequest::new(&key(1), LEASE))
         .await
         .unwrap()
     else {
@@ -1495,11 +1495,11 @@ async fn a_lapsed_holder_completes_with_the_pruner_running() {
     let store = fresh_store(&url, |b| b.pruner(pruner)).await;
     let pool = pool(&url).await;
     let late = match store
-        .start(StartRequest::new(&key(1), Duration::from_secs(2)))
+        .claim(ClaimRequest::new(&key(1), Duration::from_secs(2)))
         .await
         .unwrap()
     {
-        Start::Started(c) => c,
+        ClaimOutcome::Claimed(c) => c,
         other => panic!("a new key starts, got {other:?}"),
     };
     // Waits out the 2 s lease on the server's clock.

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Completion, Error, Key, RecordState, Start, StartRequest, Store, StoreError, StoreErrorKind,
+    ClaimOutcome, ClaimRequest, Completion, Error, Key, RecordState, Store, StoreError,
+    StoreErrorKind,
 };
 use idem_sql::{SqliteStore, SqliteStoreBuilder, SqliteSync};
 use sqlx::Connection;
@@ -40,9 +41,9 @@ fn done(bytes: &[u8], retention: Duration) -> Completion<'_> {
 }
 
 async fn claim(store: &SqliteStore, key: &Key, lease: Duration) -> idem_core::Claim {
-    match store.start(StartRequest::new(key, lease)).await.unwrap() {
-        Start::Started(c) => c,
-        other => panic!("expected Started, got {other:?}"),
+    match store.claim(ClaimRequest::new(key, lease)).await.unwrap() {
+        ClaimOutcome::Claimed(c) => c,
+        other => panic!("expected Claimed, got {other:?}"),
     }
 }
 
@@ -74,8 +75,8 @@ async fn completed_record_survives_reopening() {
         store.pool().close().await;
     }
     let store = SqliteStore::open(db(&dir)).await.unwrap();
-    match store.start(StartRequest::new(&k, LEASE)).await.unwrap() {
-        Start::Completed(cached) => {
+    match store.claim(ClaimRequest::new(&k, LEASE)).await.unwrap() {
+        ClaimOutcome::Completed(cached) => {
             assert_eq!(cached.response.as_deref(), Some(&b"receipt"[..]));
             assert!(!cached.is_error);
         }
@@ -215,8 +216,8 @@ async fn tables_in_one_file_are_independent_stores() {
     b.abort(&in_b).await.unwrap();
     assert!(b.get(&k).await.unwrap().is_none());
     assert!(matches!(
-        a.start(StartRequest::new(&k, LEASE)).await.unwrap(),
-        Start::Completed(_)
+        a.claim(ClaimRequest::new(&k, LEASE)).await.unwrap(),
+        ClaimOutcome::Completed(_)
     ));
     assert!(a.evict(&k).await.unwrap());
     assert!(!b.evict(&k).await.unwrap());
@@ -246,10 +247,10 @@ async fn migrations_run_once_from_concurrent_pools_and_again_harmlessly() {
     let c = claim(&stores[0], &key(1), LEASE).await;
     assert!(matches!(
         stores[7]
-            .start(StartRequest::new(&key(1), LEASE))
+            .claim(ClaimRequest::new(&key(1), LEASE))
             .await
             .unwrap(),
-        Start::Locked { .. }
+        ClaimOutcome::Locked { .. }
     ));
     stores[1].abort(&c).await.unwrap();
 }
@@ -288,18 +289,18 @@ async fn concurrent_claims_start_exactly_once() {
                 } else {
                     second.clone()
                 };
-                tokio::spawn(async move { store.start(StartRequest::new(&k, LEASE)).await })
+                tokio::spawn(async move { store.claim(ClaimRequest::new(&k, LEASE)).await })
             })
             .collect();
         let (mut started, mut locked) = (0, 0);
         for t in tasks {
             match t.await.unwrap().unwrap() {
-                Start::Started(_) => started += 1,
-                Start::Locked { retry_after } => {
+                ClaimOutcome::Claimed(_) => started += 1,
+                ClaimOutcome::Locked { retry_after } => {
                     assert!(retry_after <= LEASE);
                     locked += 1;
                 }
-                Start::Completed(c) => panic!("nothing completed yet: {c:?}"),
+                ClaimOutcome::Completed(c) => panic!("nothing completed yet: {c:?}"),
             }
         }
         assert_eq!((started, locked), (1, 23), "round {round}");
@@ -340,8 +341,8 @@ async fn an_expired_lease_is_taken_over_and_fences_the_old_claim() {
     let store = quiet().open(db(&dir)).await.unwrap();
     let k = key(1);
     let old = claim(&store, &k, SHORT).await;
-    match store.start(StartRequest::new(&k, LEASE)).await.unwrap() {
-        Start::Locked { retry_after } => {
+    match store.claim(ClaimRequest::new(&k, LEASE)).await.unwrap() {
+        ClaimOutcome::Locked { retry_after } => {
             assert!(retry_after > Duration::ZERO && retry_after <= SHORT)
         }
         other => panic!("expected Locked while the lease runs, got {other:?}"),
@@ -382,8 +383,8 @@ async fn retention_ends_and_the_key_runs_again() {
     let c = claim(&store, &k, LEASE).await;
     store.complete(&c, done(b"first", SHORT)).await.unwrap();
     assert!(matches!(
-        store.start(StartRequest::new(&k, LEASE)).await.unwrap(),
-        Start::Completed(_)
+        store.claim(ClaimRequest::new(&k, LEASE)).await.unwrap(),
+        ClaimOutcome::Completed(_)
     ));
     tokio::time::sleep(PAST_SHORT).await;
     assert!(store.get(&k).await.unwrap().is_none());
@@ -402,7 +403,7 @@ async fn bad_durations_are_rejected_and_write_nothing() {
         ten_years_and_a_day,
     ] {
         assert!(matches!(
-            store.start(StartRequest::new(&key(1), lease)).await,
+            store.claim(ClaimRequest::new(&key(1), lease)).await,
             Err(Error::InvalidConfig(_))
         ));
     }
@@ -434,7 +435,7 @@ async fn a_held_write_lock_past_the_busy_timeout_is_unavailable() {
         .await
         .unwrap();
     let tx = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    match store.start(StartRequest::new(&key(1), LEASE)).await {
+    match store.claim(ClaimRequest::new(&key(1), LEASE)).await {
         Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}"),
         other => panic!("expected the store to be unavailable, got {other:?}"),
     }
@@ -450,12 +451,12 @@ async fn in_memory_store_keeps_its_records_across_operations() {
     let tasks: Vec<_> = (0..8)
         .map(|_| {
             let store = store.clone();
-            tokio::spawn(async move { store.start(StartRequest::new(&k, LEASE)).await.unwrap() })
+            tokio::spawn(async move { store.claim(ClaimRequest::new(&k, LEASE)).await.unwrap() })
         })
         .collect();
     let mut claims = Vec::new();
     for t in tasks {
-        if let Start::Started(c) = t.await.unwrap() {
+        if let ClaimOutcome::Claimed(c) = t.await.unwrap() {
             claims.push(c);
         }
     }
@@ -466,8 +467,8 @@ async fn in_memory_store_keeps_its_records_across_operations() {
         .unwrap();
     assert_eq!(store.pool().size(), 1);
     assert!(matches!(
-        store.start(StartRequest::new(&k, LEASE)).await.unwrap(),
-        Start::Completed(_)
+        store.claim(ClaimRequest::new(&k, LEASE)).await.unwrap(),
+        ClaimOutcome::Completed(_)
     ));
 
     let other = SqliteStore::open(":memory:").await.unwrap();
@@ -507,8 +508,8 @@ async fn replays_under_a_held_write_lock(store: &SqliteStore, path: &Path, key: 
         .await
         .unwrap();
     let tx = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    let answered = match store.start(StartRequest::new(key, LEASE)).await {
-        Ok(Start::Completed(_)) => true,
+    let answered = match store.claim(ClaimRequest::new(key, LEASE)).await {
+        Ok(ClaimOutcome::Completed(_)) => true,
         Err(Error::Store(e)) if e.kind() == StoreErrorKind::Unavailable => false,
         other => panic!("expected a replay or a busy database, got {other:?}"),
     };
@@ -540,10 +541,10 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
     for _ in 0..32 {
         assert!(matches!(
             fresh
-                .start(StartRequest::new(&done_key, LEASE))
+                .claim(ClaimRequest::new(&done_key, LEASE))
                 .await
                 .unwrap(),
-            Start::Completed(_)
+            ClaimOutcome::Completed(_)
         ));
     }
     assert!(replays_under_a_held_write_lock(&fresh, &path, &done_key).await);
@@ -562,10 +563,10 @@ async fn claim_order_follows_the_traffic_and_pinned_orders_hold() {
     }
     for _ in 0..32 {
         let replay = claim_first
-            .start(StartRequest::new(&done_key, LEASE))
+            .claim(ClaimRequest::new(&done_key, LEASE))
             .await
             .unwrap();
-        assert!(matches!(replay, Start::Completed(_)));
+        assert!(matches!(replay, ClaimOutcome::Completed(_)));
     }
     assert!(replays_under_a_held_write_lock(&read_first, &path, &done_key).await);
     assert!(!replays_under_a_held_write_lock(&claim_first, &path, &done_key).await);
@@ -601,7 +602,7 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
         .await
         .unwrap();
     let err = store
-        .start(StartRequest::new(&key(2), LEASE))
+        .claim(ClaimRequest::new(&key(2), LEASE))
         .await
         .unwrap_err();
     assert!(
@@ -674,7 +675,7 @@ fn scribble(path: &Path, offset: u64, len: u64) {
 async fn open_or_first_use(path: &Path) -> Error {
     match quiet().open(path).await {
         Err(e) => e,
-        Ok(store) => match store.start(StartRequest::new(&key(0), LEASE)).await {
+        Ok(store) => match store.claim(ClaimRequest::new(&key(0), LEASE)).await {
             Err(e) => e,
             Ok(start) => panic!("a damaged file served a start: {start:?}"),
         },
@@ -982,10 +983,10 @@ async fn expired_records_are_deleted_with_no_pruner_spawned() {
     );
     assert!(matches!(
         store
-            .start(StartRequest::new(&key(1_000), LEASE))
+            .claim(ClaimRequest::new(&key(1_000), LEASE))
             .await
             .unwrap(),
-        Start::Completed(_)
+        ClaimOutcome::Completed(_)
     ));
 }
 
@@ -1090,10 +1091,10 @@ async fn a_store_that_does_not_migrate_needs_the_schema_and_migrate_brings_it() 
     store.complete(&c, done(b"ok", RETENTION)).await.unwrap();
     assert!(matches!(
         store
-            .start(StartRequest::new(&key(1), LEASE))
+            .claim(ClaimRequest::new(&key(1), LEASE))
             .await
             .unwrap(),
-        Start::Completed(_)
+        ClaimOutcome::Completed(_)
     ));
 
     // A ledger that lists no version: the schema is older than this idem needs.
@@ -1192,11 +1193,11 @@ async fn a_lapsed_holder_completes_with_the_pruner_running() {
         .await
         .unwrap();
     match store
-        .start(StartRequest::new(&key(1), LEASE))
+        .claim(ClaimRequest::new(&key(1), LEASE))
         .await
         .unwrap()
     {
-        Start::Completed(r) => assert_eq!(r.response.as_deref(), Some(&b"late"[..])),
+        ClaimOutcome::Completed(r) => assert_eq!(r.response.as_deref(), Some(&b"late"[..])),
         other => panic!("expected the late result, got {other:?}"),
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use idem_core::{Error, Key, Outcome, RecordState, Store};
-use idem_sql::{Transactional, TransactionalStore, TxStart};
+use idem_sql::{Transactional, TransactionalStore, TxClaimOutcome};
 use idem_test_support::bank::{Tables, DELIVERIES, DEPOSITS, DEPOSITS_TOTAL};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
@@ -155,7 +155,8 @@ async fn dropped_transaction_leaves_nothing<D: Db>(db: Arc<D>) {
 
     // Crash 1: claimed and written by hand, then the transaction is dropped.
     let mut tx = db.begin().await;
-    let TxStart::Run(_claim) = db.idem().call(key).begin::<Receipt>(&mut tx).await.unwrap() else {
+    let TxClaimOutcome::Run(_claim) = db.idem().call(key).claim::<Receipt>(&mut tx).await.unwrap()
+    else {
         panic!("a new key must be claimed");
     };
     let balance = D::apply(&mut tx, db.tables(), "req-1", 500).await.unwrap();
@@ -317,9 +318,9 @@ async fn completed_key_replays_without_running<D: Db>(db: Arc<D>) {
     );
     assert_eq!(replayed, Outcome::Replayed(fresh.value().clone()));
 
-    match db.idem().call(key).begin::<Receipt>(&mut tx).await.unwrap() {
-        TxStart::Replayed(receipt) => assert_eq!(&receipt, fresh.value()),
-        TxStart::Run(claim) => panic!("a completed key was claimed again: {claim:?}"),
+    match db.idem().call(key).claim::<Receipt>(&mut tx).await.unwrap() {
+        TxClaimOutcome::Replayed(receipt) => assert_eq!(&receipt, fresh.value()),
+        TxClaimOutcome::Run(claim) => panic!("a completed key was claimed again: {claim:?}"),
     }
     D::commit(tx).await;
     assert_eq!(db.committed().await, (700, 1));

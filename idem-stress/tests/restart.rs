@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Claim, Completion, Error, RecordState, Start, StartRequest, Store, StoreErrorKind,
+    Claim, ClaimOutcome, ClaimRequest, Completion, Error, RecordState, Store, StoreErrorKind,
 };
 use idem_sql::PostgresStore;
 use idem_stress::key;
@@ -37,9 +37,9 @@ fn assert_unavailable(what: &str, r: Result<impl std::fmt::Debug, Error>) {
 }
 
 async fn claim(store: &PostgresStore, i: usize) -> Claim {
-    match store.start(StartRequest::new(&key(i), LEASE)).await {
-        Ok(Start::Started(claim)) => claim,
-        other => panic!("k{i}: expected Started, got {other:?}"),
+    match store.claim(ClaimRequest::new(&key(i), LEASE)).await {
+        Ok(ClaimOutcome::Claimed(claim)) => claim,
+        other => panic!("k{i}: expected Claimed, got {other:?}"),
     }
 }
 
@@ -48,19 +48,19 @@ async fn claim(store: &PostgresStore, i: usize) -> Claim {
 async fn run_to_completion(store: &PostgresStore, i: usize, response: &[u8]) {
     for _ in 0..200 {
         match store
-            .start(StartRequest::new(&key(i), LEASE))
+            .claim(ClaimRequest::new(&key(i), LEASE))
             .await
             .unwrap()
         {
-            Start::Started(claim) => {
+            ClaimOutcome::Claimed(claim) => {
                 store
                     .complete(&claim, done(response, RETENTION))
                     .await
                     .unwrap();
                 return;
             }
-            Start::Completed(_) => return,
-            Start::Locked { retry_after } => {
+            ClaimOutcome::Completed(_) => return,
+            ClaimOutcome::Locked { retry_after } => {
                 tokio::time::sleep(retry_after.max(Duration::from_millis(10))).await
             }
         }
@@ -146,7 +146,7 @@ async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
             let store = store.clone();
             async move {
                 store
-                    .start(StartRequest::new(&key(blocked_key), LEASE))
+                    .claim(ClaimRequest::new(&key(blocked_key), LEASE))
                     .await
             }
         });
@@ -183,7 +183,7 @@ async fn restart_mid_run_gives_typed_errors_and_loses_nothing() {
         assert_unavailable(
             "start while the server is down",
             store
-                .start(StartRequest::new(&key(base + 300), LEASE))
+                .claim(ClaimRequest::new(&key(base + 300), LEASE))
                 .await,
         );
         assert_unavailable("get while the server is down", store.get(&key(base)).await);

@@ -86,12 +86,12 @@ pub fn script_up_to(script: &str, version: i64) -> &str {
 /// # }
 /// ```
 pub async fn claim_steps_and_complete(store: &dyn idem_core::Store, key: &idem_core::Key) {
-    use idem_core::{Completion, Start, StartRequest, StepState, StepWrite};
+    use idem_core::{ClaimOutcome, ClaimRequest, Completion, StepState, StepWrite};
     let lease = Duration::from_secs(30);
     let retention = Duration::from_secs(3600);
     let claim = || async {
-        match store.start(StartRequest::new(key, lease)).await.unwrap() {
-            Start::Started(claim) => claim,
+        match store.claim(ClaimRequest::new(key, lease)).await.unwrap() {
+            ClaimOutcome::Claimed(claim) => claim,
             other => panic!("expected a claim, got {other:?}"),
         }
     };
@@ -118,8 +118,10 @@ pub async fn claim_steps_and_complete(store: &dyn idem_core::Store, key: &idem_c
         retention,
     };
     store.complete(&second, done).await.unwrap();
-    match store.start(StartRequest::new(key, lease)).await.unwrap() {
-        Start::Completed(stored) => assert_eq!(stored.response.as_deref(), Some(&b"receipt"[..])),
+    match store.claim(ClaimRequest::new(key, lease)).await.unwrap() {
+        ClaimOutcome::Completed(stored) => {
+            assert_eq!(stored.response.as_deref(), Some(&b"receipt"[..]))
+        }
         other => panic!("expected the replay, got {other:?}"),
     }
 }
@@ -131,11 +133,11 @@ pub async fn claim_steps_and_complete(store: &dyn idem_core::Store, key: &idem_c
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// # #[cfg(feature = "sqlite")] {
-/// use idem_core::{Completion, Key, Start, StartRequest, Store};
+/// use idem_core::{Completion, Key, ClaimOutcome, ClaimRequest, Store};
 /// use idem_sql::SqliteStore;
 /// let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
 /// let kept = Key::derive("doc", "", "kept").unwrap();
-/// let Start::Started(claim) = store.start(StartRequest::new(&kept, std::time::Duration::from_secs(30))).await.unwrap() else { panic!() };
+/// let ClaimOutcome::Claimed(claim) = store.claim(ClaimRequest::new(&kept, std::time::Duration::from_secs(30))).await.unwrap() else { panic!() };
 /// let done = Completion { response: None, is_error: false, retention: std::time::Duration::from_secs(60) };
 /// store.complete(&claim, done).await.unwrap();
 /// idem_test_support::upgraded_and_working(&store, &kept, &Key::derive("doc", "", "new").unwrap()).await;

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Claim, Start, StartRequest};
+use crate::record::{Claim, ClaimOutcome, ClaimRequest};
 use crate::store::Store;
 
 /// The lease of one run of a background job, so that one node runs it at a time.
@@ -71,16 +71,16 @@ impl Lease for RecordsLease {
         let key = (self.key)()?;
         match self
             .store
-            .start(StartRequest::new(&key, self.length))
+            .claim(ClaimRequest::new(&key, self.length))
             .await?
         {
-            Start::Started(claim) => {
+            ClaimOutcome::Claimed(claim) => {
                 self.claim = Some(claim);
                 Ok(true)
             }
             // A live lease elsewhere; a completed record cannot be a pruner's, but it holds
             // the key as firmly until its retention ends.
-            Start::Locked { .. } | Start::Completed(_) => Ok(false),
+            ClaimOutcome::Locked { .. } | ClaimOutcome::Completed(_) => Ok(false),
         }
     }
 

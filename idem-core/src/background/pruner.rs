@@ -480,7 +480,7 @@ impl Pruner {
     /// [`Idempotency`](crate::Idempotency) holds), through [`Store::prune_expired`].
     ///
     /// Its lease is a record of the store itself, under the reserved key
-    /// `Key::derive("idem.pruner", "", "records")`: claimed with [`Store::start`], renewed with
+    /// `Key::derive("idem.pruner", "", "records")`: claimed with [`Store::claim`], renewed with
     /// [`Store::renew`], released with [`Store::abort`], so it keeps the store's own rules
     /// (atomic claim, fencing, database time). Checks `config` (see [`PrunerConfig`]);
     /// otherwise [`Error::InvalidConfig`].

@@ -44,15 +44,15 @@
 //! use async_trait::async_trait;
 //! use idem::conformance::{self, Harness};
 //! use idem::{Abandoned, AbandonedQuery, Claim, Completion, Error, Key, MemoryStore, Record};
-//! use idem::{Start, StartRequest, StepLog, StepWrite, Store, TokioClock};
+//! use idem::{ClaimOutcome, ClaimRequest, StepLog, StepWrite, Store, TokioClock};
 //!
 //! #[derive(Clone)]
 //! struct MyStore(MemoryStore);
 //!
 //! #[async_trait]
 //! impl Store for MyStore {
-//!     async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
-//!         self.0.start(request).await
+//!     async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
+//!         self.0.claim(request).await
 //!     }
 //!     async fn complete(&self, claim: &Claim, done: Completion<'_>) -> Result<(), Error> {
 //!         self.0.complete(claim, done).await

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use crate::StoredResult;
-use crate::{Claim, Completion, Error, Fingerprint, Key, RecordState, Start, StartRequest, Store};
+use crate::{
+    Claim, ClaimOutcome, ClaimRequest, Completion, Error, Fingerprint, Key, RecordState, Store,
+};
 
 use super::{scaled, Harness};
 
@@ -38,9 +40,9 @@ pub(super) fn done(response: &[u8], retention: Duration) -> Completion<'_> {
 }
 
 pub(super) async fn claim(store: &dyn Store, key: &Key, lease: Duration) -> Claim {
-    match store.start(StartRequest::new(key, lease)).await.unwrap() {
-        Start::Started(c) => c,
-        other => panic!("expected Started, got {other:?}"),
+    match store.claim(ClaimRequest::new(key, lease)).await.unwrap() {
+        ClaimOutcome::Claimed(c) => c,
+        other => panic!("expected Claimed, got {other:?}"),
     }
 }
 
@@ -53,8 +55,8 @@ async fn claimed(h: &impl Harness, lease: Duration) -> (std::sync::Arc<dyn Store
 }
 
 pub(super) async fn replayed(store: &dyn Store, key: &Key) -> StoredResult {
-    match store.start(StartRequest::new(key, long())).await.unwrap() {
-        Start::Completed(c) => c,
+    match store.claim(ClaimRequest::new(key, long())).await.unwrap() {
+        ClaimOutcome::Completed(c) => c,
         other => panic!("expected Completed, got {other:?}"),
     }
 }
@@ -69,8 +71,8 @@ async fn assert_replays(store: &dyn Store, key: &Key, response: &[u8]) {
 
 /// A live claim holds `key`: a start is refused.
 async fn assert_locked(store: &dyn Store, key: &Key) {
-    let start = store.start(StartRequest::new(key, long())).await.unwrap();
-    assert!(matches!(start, Start::Locked { .. }), "{start:?}");
+    let start = store.claim(ClaimRequest::new(key, long())).await.unwrap();
+    assert!(matches!(start, ClaimOutcome::Locked { .. }), "{start:?}");
 }
 
 /// Bad input was refused as such.
@@ -102,15 +104,15 @@ pub async fn concurrent_starts_claim_once(h: impl Harness) {
     let tasks: Vec<_> = (0..64)
         .map(|_| {
             let s = s.clone();
-            tokio::spawn(async move { s.start(StartRequest::new(&k, long())).await.unwrap() })
+            tokio::spawn(async move { s.claim(ClaimRequest::new(&k, long())).await.unwrap() })
         })
         .collect();
     let mut started = 0;
     for t in tasks {
         match t.await.unwrap() {
-            Start::Started(_) => started += 1,
-            Start::Locked { .. } => {}
-            Start::Completed(c) => panic!("nothing completed, yet got {c:?}"),
+            ClaimOutcome::Claimed(_) => started += 1,
+            ClaimOutcome::Locked { .. } => {}
+            ClaimOutcome::Completed(c) => panic!("nothing completed, yet got {c:?}"),
         }
     }
     assert_eq!(
@@ -124,8 +126,8 @@ pub async fn live_claim_locks(h: impl Harness) {
     let s = h.store();
     let k = key("a");
     claim(&*s, &k, long()).await;
-    match s.start(StartRequest::new(&k, long())).await.unwrap() {
-        Start::Locked { retry_after } => {
+    match s.claim(ClaimRequest::new(&k, long())).await.unwrap() {
+        ClaimOutcome::Locked { retry_after } => {
             assert!(
                 retry_after <= long(),
                 "retry_after {retry_after:?} exceeds the lease"
@@ -183,21 +185,21 @@ pub async fn fingerprint_mismatch_is_key_reused(h: impl Harness) {
     let k = key("a");
     let f1 = Fingerprint::of_bytes(b"deposit 5");
     let f2 = Fingerprint::of_bytes(b"deposit 6");
-    let Start::Started(c) = s
-        .start(StartRequest::new(&k, long()).fingerprint(Some(&f1)))
+    let ClaimOutcome::Claimed(c) = s
+        .claim(ClaimRequest::new(&k, long()).fingerprint(Some(&f1)))
         .await
         .unwrap()
     else {
         panic!("not started")
     };
     assert!(matches!(
-        s.start(StartRequest::new(&k, long()).fingerprint(Some(&f2)))
+        s.claim(ClaimRequest::new(&k, long()).fingerprint(Some(&f2)))
             .await,
         Err(Error::KeyReused)
     ));
     s.complete(&c, done(b"r", long())).await.unwrap();
     assert!(matches!(
-        s.start(StartRequest::new(&k, long()).fingerprint(Some(&f2)))
+        s.claim(ClaimRequest::new(&k, long()).fingerprint(Some(&f2)))
             .await,
         Err(Error::KeyReused)
     ));
@@ -211,8 +213,8 @@ pub async fn matching_or_absent_fingerprint_replays(h: impl Harness) {
     let s = h.store();
     let k = key("a");
     let f = Fingerprint::of_bytes(b"req");
-    let Start::Started(c) = s
-        .start(StartRequest::new(&k, long()).fingerprint(Some(&f)))
+    let ClaimOutcome::Claimed(c) = s
+        .claim(ClaimRequest::new(&k, long()).fingerprint(Some(&f)))
         .await
         .unwrap()
     else {
@@ -220,14 +222,14 @@ pub async fn matching_or_absent_fingerprint_replays(h: impl Harness) {
     };
     s.complete(&c, done(b"r", long())).await.unwrap();
     assert!(matches!(
-        s.start(StartRequest::new(&k, long()).fingerprint(Some(&f)))
+        s.claim(ClaimRequest::new(&k, long()).fingerprint(Some(&f)))
             .await
             .unwrap(),
-        Start::Completed(_)
+        ClaimOutcome::Completed(_)
     ));
     assert!(matches!(
-        s.start(StartRequest::new(&k, long())).await.unwrap(),
-        Start::Completed(_)
+        s.claim(ClaimRequest::new(&k, long())).await.unwrap(),
+        ClaimOutcome::Completed(_)
     ));
 }
 
@@ -384,8 +386,8 @@ pub async fn get_reports_live_records_only(h: impl Harness) {
     let k = key("a");
     let f = Fingerprint::of_bytes(b"req");
     assert!(s.get(&k).await.unwrap().is_none());
-    let Start::Started(c) = s
-        .start(StartRequest::new(&k, short()).fingerprint(Some(&f)))
+    let ClaimOutcome::Claimed(c) = s
+        .claim(ClaimRequest::new(&k, short()).fingerprint(Some(&f)))
         .await
         .unwrap()
     else {
@@ -424,7 +426,7 @@ pub async fn evict_fences_running_claim(h: impl Harness) {
 pub async fn bad_durations_change_nothing(h: impl Harness) {
     let s = h.store();
     let k = key("a");
-    assert_invalid(s.start(StartRequest::new(&k, Duration::ZERO)).await);
+    assert_invalid(s.claim(ClaimRequest::new(&k, Duration::ZERO)).await);
     assert!(s.get(&k).await.unwrap().is_none());
     let c = claim(&*s, &k, long()).await;
     assert_invalid(s.complete(&c, done(b"r", Duration::ZERO)).await);

@@ -9,40 +9,43 @@ use super::underway::Releasing;
 use super::Shared;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::{Start, StartRequest};
+use crate::record::{ClaimOutcome, ClaimRequest};
 
 /// One claim attempt that is finished even if its caller goes away: a claim statement in flight
 /// (waiting on a lock, say) may still commit, so an orphaned attempt runs on to its end on a task
 /// of its own, and whatever it claimed is released. A retry in this process waits for that.
-pub(super) async fn start(
+pub(super) async fn attempt(
     shared: &Arc<Shared>,
     key: &Key,
     fingerprint: Option<&Fingerprint>,
     lease: Duration,
-) -> Result<Start, Error> {
+) -> Result<ClaimOutcome, Error> {
     if let Some(now) = shared.store.immediate() {
         // Done before this returns: nothing to run on after a caller that goes away.
-        return now.start_now(StartRequest::new(key, lease).fingerprint(fingerprint));
+        return now.claim_now(ClaimRequest::new(key, lease).fingerprint(fingerprint));
     }
     let attempt = {
         let (store, key, fingerprint) = (shared.store.clone(), *key, fingerprint.copied());
         // Through `&dyn Store`: on the `Arc` itself, the call would go through `Arc`'s
         // forwarding impl and box its future twice.
         Box::pin(async move {
-            let request = StartRequest::new(&key, lease).fingerprint(fingerprint.as_ref());
-            (*store).start(request).await
+            let request = ClaimRequest::new(&key, lease).fingerprint(fingerprint.as_ref());
+            (*store).claim(request).await
         })
     };
     let shared = shared.clone();
     let key = *key;
-    RunToEnd::new(attempt, move |attempt: BoxFuture<Result<Start, Error>>| {
-        let releasing = Releasing::begin(&shared, key);
-        Box::pin(async move {
-            if let Ok(Start::Started(claim)) = attempt.await {
-                release(releasing.store(), &claim).await;
-            }
-            drop(releasing);
-        })
-    })
+    RunToEnd::new(
+        attempt,
+        move |attempt: BoxFuture<Result<ClaimOutcome, Error>>| {
+            let releasing = Releasing::begin(&shared, key);
+            Box::pin(async move {
+                if let Ok(ClaimOutcome::Claimed(claim)) = attempt.await {
+                    release(releasing.store(), &claim).await;
+                }
+                drop(releasing);
+            })
+        },
+    )
     .await
 }

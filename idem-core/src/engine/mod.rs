@@ -18,7 +18,7 @@ use crate::codec::{Codec, JsonCodec};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{Probe, Stage};
-use crate::record::{Claim, Start, StoredResult};
+use crate::record::{Claim, ClaimOutcome, StoredResult};
 use crate::store::Store;
 
 mod cache;
@@ -36,7 +36,7 @@ mod waiters;
 pub use cache::ReplayCache;
 pub use call::Call;
 pub use policy::{EngineBuilder, OnLocked, Outcome, Policy};
-pub use split::{Begun, Finish, Holder};
+pub use split::{CallClaim, Finish, Holder};
 pub use steps::{atomic_step, AtomicStep, Attempt, Step, Steps};
 
 pub use policy::Overrides;
@@ -44,7 +44,7 @@ pub use policy::{Core, Resolved};
 pub use stored::Encoded;
 
 use cache::{Cache, Hit, Known};
-use claim::start;
+use claim::attempt;
 use detach::run_to_end;
 use finish::{pending_retry_after, renewing, ClaimGuard, PendingResult, Stored};
 pub(crate) use stored::replay;
@@ -527,10 +527,10 @@ impl<C: Codec> Idempotency<C> {
             return Box::pin(self.pending(key, fingerprint, lease, wait, pending)).await;
         }
         match on_locked {
-            OnLocked::FailFast => match start(shared, key, fingerprint, lease).await? {
-                Start::Started(c) => Ok(Acquired::Claim(c)),
-                Start::Completed(c) => Ok(Acquired::Replay(c)),
-                Start::Locked { retry_after } => Err(Error::Locked {
+            OnLocked::FailFast => match attempt(shared, key, fingerprint, lease).await? {
+                ClaimOutcome::Claimed(c) => Ok(Acquired::Claim(c)),
+                ClaimOutcome::Completed(c) => Ok(Acquired::Replay(c)),
+                ClaimOutcome::Locked { retry_after } => Err(Error::Locked {
                     retry_after: shared.typical.retry_after(retry_after),
                 }),
             },
@@ -562,10 +562,10 @@ impl<C: Codec> Idempotency<C> {
                 let left = deadline.saturating_duration_since(Instant::now());
                 return self.pending(key, fingerprint, lease, left, pending).await;
             }
-            let retry_after = match start(shared, key, fingerprint, lease).await? {
-                Start::Started(c) => return Ok(Acquired::Claim(c)),
-                Start::Completed(c) => return Ok(Acquired::Replay(c)),
-                Start::Locked { retry_after } => retry_after,
+            let retry_after = match attempt(shared, key, fingerprint, lease).await? {
+                ClaimOutcome::Claimed(c) => return Ok(Acquired::Claim(c)),
+                ClaimOutcome::Completed(c) => return Ok(Acquired::Replay(c)),
+                ClaimOutcome::Locked { retry_after } => retry_after,
             };
             let now = Instant::now();
             if now >= deadline {

@@ -1,4 +1,4 @@
-//! A call split across requests: the claim in one ([`Call::begin`]), the completion, release or
+//! A call split across requests: the claim in one ([`Call::claim`]), the completion, release or
 //! renewal in a later one, fenced by the claim's token ([`Idempotency::finish`],
 //! [`Idempotency::release`], [`Idempotency::renew`]). For transports whose work runs in another
 //! process than the engine: a service that takes `start` and `complete` as two requests
@@ -27,20 +27,20 @@ use crate::record::{Claim, Record, RecordState};
 use crate::step::{StepLog, StepWrite};
 use crate::store::check_duration;
 
-/// What [`Call::begin`] came to when it did not fail.
+/// What [`Call::claim`] came to when it did not fail.
 ///
 /// ```
-/// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
+/// use idem::{CallClaim, Error, Idempotency, Key, MemoryStore};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
 /// let engine = Idempotency::new(MemoryStore::new());
 /// let key = Key::derive("charge", "", "order-1")?;
-/// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+/// let CallClaim::Claimed(claim) = engine.call(key).claim().await? else { unreachable!() };
 /// engine.finish("charge", &claim, b"paid".to_vec()).await?;
-/// assert_eq!(engine.call(key).begin().await?, Begun::Completed(b"paid".to_vec()));
+/// assert_eq!(engine.call(key).claim().await?, CallClaim::Completed(b"paid".to_vec()));
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Begun {
+pub enum CallClaim {
     /// This caller holds the key until the lease ends: it runs the work, then
     /// [`finish`](Idempotency::finish)es or [`release`](Idempotency::release)s the claim,
     /// [`renew`](Idempotency::renew)ing it meanwhile if the work is long.
@@ -49,20 +49,20 @@ pub enum Begun {
     Completed(Vec<u8>),
 }
 
-/// A completion of a claim taken by [`Call::begin`], made by [`Idempotency::finish`]: it stores
+/// A completion of a claim taken by [`Call::claim`], made by [`Idempotency::finish`]: it stores
 /// its result once awaited, and may first set how long the result is kept and whether a
 /// passing store failure is reported.
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
+/// use idem::{CallClaim, Error, Idempotency, Key, MemoryStore};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
 /// let engine = Idempotency::new(MemoryStore::new());
 /// let key = Key::derive("charge", "", "order-1")?;
-/// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+/// let CallClaim::Claimed(claim) = engine.call(key).claim().await? else { unreachable!() };
 /// let finish = engine.finish("charge", &claim, b"paid".to_vec());
 /// finish.retention(Duration::from_secs(3600)).observed(true).await?;
-/// assert_eq!(engine.call(key).begin().await?, Begun::Completed(b"paid".to_vec()));
+/// assert_eq!(engine.call(key).claim().await?, CallClaim::Completed(b"paid".to_vec()));
 /// # Ok(()) }
 /// ```
 #[must_use = "a finish stores nothing until it is awaited"]
@@ -80,11 +80,11 @@ impl<C> Finish<'_, C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// use idem::{CallClaim, Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
-    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// let CallClaim::Claimed(claim) = engine.call(key).claim().await? else { unreachable!() };
     /// let week = Duration::from_secs(7 * 24 * 3600);
     /// engine.finish("charge", &claim, b"paid".to_vec()).retention(week).await?;
     /// # Ok(()) }
@@ -101,13 +101,13 @@ impl<C> Finish<'_, C> {
     /// holds through the network). The claim stays held after such a failure: finish it again.
     ///
     /// ```
-    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// use idem::{CallClaim, Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
-    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// let CallClaim::Claimed(claim) = engine.call(key).claim().await? else { unreachable!() };
     /// engine.finish("charge", &claim, b"paid".to_vec()).observed(true).await?;
-    /// assert_eq!(engine.call(key).begin().await?, Begun::Completed(b"paid".to_vec()));
+    /// assert_eq!(engine.call(key).claim().await?, CallClaim::Completed(b"paid".to_vec()));
     /// # Ok(()) }
     /// ```
     pub fn observed(mut self, observed: bool) -> Self {
@@ -141,12 +141,12 @@ impl<'a, C: Codec> IntoFuture for Finish<'a, C> {
 /// Who holds a key, as [`Idempotency::holder`] reads it.
 ///
 /// ```
-/// use idem::{Begun, Error, Holder, Idempotency, Key, MemoryStore};
+/// use idem::{CallClaim, Error, Holder, Idempotency, Key, MemoryStore};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
 /// let engine = Idempotency::new(MemoryStore::new());
 /// let key = Key::derive("charge", "", "order-1")?;
 /// assert_eq!(engine.holder(&key).await?, Holder::Absent);
-/// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+/// let CallClaim::Claimed(claim) = engine.call(key).claim().await? else { unreachable!() };
 /// assert_eq!(engine.holder(&key).await?, Holder::Claimed(claim));
 /// # Ok(()) }
 /// ```
@@ -160,7 +160,7 @@ pub enum Holder {
     Completed(Vec<u8>),
 }
 
-/// The stored bytes as they are: what [`Idempotency::finish`] stores, [`Call::begin`] replays.
+/// The stored bytes as they are: what [`Idempotency::finish`] stores, [`Call::claim`] replays.
 struct Raw;
 
 impl Format<Vec<u8>> for Raw {
@@ -201,16 +201,16 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// use idem::{CallClaim, Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
-    /// let first = engine.call(key).lease(Duration::from_secs(15)).begin().await?;
-    /// assert!(matches!(first, Begun::Claimed(_)));
-    /// assert!(matches!(engine.call(key).begin().await, Err(Error::Locked { .. })));
+    /// let first = engine.call(key).lease(Duration::from_secs(15)).claim().await?;
+    /// assert!(matches!(first, CallClaim::Claimed(_)));
+    /// assert!(matches!(engine.call(key).claim().await, Err(Error::Locked { .. })));
     /// # Ok(()) }
     /// ```
-    pub async fn begin(self) -> Result<Begun, Error> {
+    pub async fn claim(self) -> Result<CallClaim, Error> {
         let Some(key) = self.key else {
             return Err(Error::InvalidConfig(
                 "a split call needs a key to claim".into(),
@@ -232,18 +232,18 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
             .instrument(span)
             .await;
         match claimed {
-            Claimed::Ended(out) => out.map(|replayed| Begun::Completed(replayed.into_inner())),
+            Claimed::Ended(out) => out.map(|replayed| CallClaim::Completed(replayed.into_inner())),
             Claimed::Holding(holding) => {
                 // The call goes on in a later request: its end is reported there.
                 drop(probe.suspend());
-                Ok(Begun::Claimed(holding.claim))
+                Ok(CallClaim::Claimed(holding.claim))
             }
         }
     }
 }
 
 impl<C: Codec> Idempotency<C> {
-    /// The second half of a [`begin`](Call::begin)'s claim: stores `result` (sealed in the
+    /// The second half of a [`claim`](Call::claim)'s claim: stores `result` (sealed in the
     /// engine's checksummed envelope, within [`Policy::max_response_bytes`](crate::Policy)),
     /// fenced by the claim's token, once the returned [`Finish`] is awaited (for the policy's
     /// retention unless [`Finish::retention`] says otherwise). Finished even if the caller goes
@@ -254,14 +254,14 @@ impl<C: Codec> Idempotency<C> {
     /// labels the call in metrics and the observer, as [`Call::scope_named`].
     ///
     /// ```
-    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// use idem::{CallClaim, Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
-    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// let CallClaim::Claimed(claim) = engine.call(key).claim().await? else { unreachable!() };
     /// engine.finish("charge", &claim, b"paid".to_vec()).await?;
     /// engine.finish("charge", &claim, b"other".to_vec()).await?; // the first stands
-    /// assert_eq!(engine.call(key).begin().await?, Begun::Completed(b"paid".to_vec()));
+    /// assert_eq!(engine.call(key).claim().await?, CallClaim::Completed(b"paid".to_vec()));
     /// # Ok(()) }
     /// ```
     pub fn finish<'a>(
@@ -320,19 +320,19 @@ impl<C: Codec> Idempotency<C> {
         .await
     }
 
-    /// Releases a [`begin`](Call::begin)'s claim so a retry runs the work again, fenced by the
+    /// Releases a [`claim`](Call::claim)'s claim so a retry runs the work again, fenced by the
     /// claim's token; visible at once to calls of this process. [`Error::LeaseLost`] when the
     /// key is no longer this claim's, including when it has completed (a completed result is
     /// never deleted by a release).
     ///
     /// ```
-    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// use idem::{CallClaim, Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
-    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// let CallClaim::Claimed(claim) = engine.call(key).claim().await? else { unreachable!() };
     /// engine.release("charge", &claim).await?;
-    /// assert!(matches!(engine.call(key).begin().await?, Begun::Claimed(_)));
+    /// assert!(matches!(engine.call(key).claim().await?, CallClaim::Claimed(_)));
     /// assert!(matches!(engine.release("charge", &claim).await, Err(Error::LeaseLost)));
     /// # Ok(()) }
     /// ```
@@ -352,17 +352,17 @@ impl<C: Codec> Idempotency<C> {
         .await
     }
 
-    /// Extends a [`begin`](Call::begin)'s claim to `lease` from now (the heartbeat of long
+    /// Extends a [`claim`](Call::claim)'s claim to `lease` from now (the heartbeat of long
     /// work), fenced by its token: [`Error::LeaseLost`] when the key is no longer this claim's;
     /// [`Error::InvalidConfig`] for a lease out of range.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore};
+    /// use idem::{CallClaim, Error, Idempotency, Key, MemoryStore};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("report", "", "2026-11")?;
-    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// let CallClaim::Claimed(claim) = engine.call(key).claim().await? else { unreachable!() };
     /// engine.renew(&claim, Duration::from_secs(60)).await?;
     /// # Ok(()) }
     /// ```
@@ -377,12 +377,12 @@ impl<C: Codec> Idempotency<C> {
     /// serves a store's reads (idem-server's `get` route) without reaching around the engine.
     ///
     /// ```
-    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore, RecordState};
+    /// use idem::{CallClaim, Error, Idempotency, Key, MemoryStore, RecordState};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "", "order-1")?;
     /// assert!(engine.record(&key).await?.is_none());
-    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// let CallClaim::Claimed(claim) = engine.call(key).claim().await? else { unreachable!() };
     /// let record = engine.record(&key).await?.expect("claimed");
     /// assert!(matches!(record.state, RecordState::InProgress { token, .. } if token == claim.token()));
     /// # Ok(()) }
@@ -407,19 +407,19 @@ impl<C: Codec> Idempotency<C> {
         self.inner.shared.store.prune_expired(limit).await
     }
 
-    /// Begins (or resumes) the steps of a [`begin`](Call::begin)'s claim, whose work runs
+    /// Begins (or resumes) the steps of a [`claim`](Call::claim)'s claim, whose work runs
     /// elsewhere: [`Store::begin_steps`](crate::Store::begin_steps) through the engine, fenced
     /// by the claim's token. [`Error::InvalidConfig`] for a retention out of range, nothing
     /// read; [`Error::LeaseLost`], [`Error::StepsUnsupported`] as the store says.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore, StepWrite};
+    /// use idem::{CallClaim, Error, Idempotency, Key, MemoryStore, StepWrite};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("ride", "", "r-1")?;
     /// let day = Duration::from_secs(86_400);
-    /// let Begun::Claimed(claim) = engine.call(key).begin().await? else { unreachable!() };
+    /// let CallClaim::Claimed(claim) = engine.call(key).claim().await? else { unreachable!() };
     /// assert_eq!(engine.begin_steps(&claim, day).await?.attempt, 1);
     /// engine.write_step(&claim, StepWrite { name: "charge", position: 0, result: Some(b"7"), retention: day }).await?;
     /// assert_eq!(engine.begin_steps(&claim, day).await?.steps.len(), 1);
@@ -430,7 +430,7 @@ impl<C: Codec> Idempotency<C> {
         self.inner.shared.store.begin_steps(claim, retention).await
     }
 
-    /// Stores that a step of a [`begin`](Call::begin)'s claim begins, or its result:
+    /// Stores that a step of a [`claim`](Call::claim)'s claim begins, or its result:
     /// [`Store::write_step`](crate::Store::write_step) through the engine, fenced by the
     /// claim's token (see [`begin_steps`](Self::begin_steps) for an example). A step name of
     /// 0 or over [`MAX_STEP_NAME_LEN`](crate::MAX_STEP_NAME_LEN) bytes is
@@ -439,10 +439,10 @@ impl<C: Codec> Idempotency<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem::{Begun, Error, Idempotency, Key, MemoryStore, StepWrite};
+    /// use idem::{CallClaim, Error, Idempotency, Key, MemoryStore, StepWrite};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
-    /// let Begun::Claimed(claim) = engine.call(Key::derive("ride", "", "r-2")?).begin().await? else { unreachable!() };
+    /// let CallClaim::Claimed(claim) = engine.call(Key::derive("ride", "", "r-2")?).claim().await? else { unreachable!() };
     /// let unnamed = StepWrite { name: "", position: 0, result: None, retention: Duration::from_secs(60) };
     /// let refused = engine.write_step(&claim, unnamed).await;
     /// assert!(matches!(refused, Err(Error::InvalidStep(_))));
@@ -493,8 +493,8 @@ mod tests {
     }
 
     async fn claimed(engine: &Idempotency, k: &str) -> Claim {
-        match engine.call(key(k)).begin().await.unwrap() {
-            Begun::Claimed(claim) => claim,
+        match engine.call(key(k)).claim().await.unwrap() {
+            CallClaim::Claimed(claim) => claim,
             other => panic!("expected a claim, got {other:?}"),
         }
     }
@@ -508,13 +508,13 @@ mod tests {
             .unwrap();
         let claim = claimed(&engine, "a").await;
         assert!(matches!(
-            engine.call(key("a")).begin().await,
+            engine.call(key("a")).claim().await,
             Err(Error::Locked { .. })
         ));
         engine.finish("split", &claim, b"r".to_vec()).await.unwrap();
         assert_eq!(
-            engine.call(key("a")).begin().await.unwrap(),
-            Begun::Completed(b"r".to_vec())
+            engine.call(key("a")).claim().await.unwrap(),
+            CallClaim::Completed(b"r".to_vec())
         );
         assert_eq!(
             *seen.0.lock().unwrap(),
@@ -534,11 +534,11 @@ mod tests {
         let stale = match engine
             .call(key("b"))
             .lease(Duration::from_secs(1))
-            .begin()
+            .claim()
             .await
             .unwrap()
         {
-            Begun::Claimed(claim) => claim,
+            CallClaim::Claimed(claim) => claim,
             other => panic!("{other:?}"),
         };
         clock.advance(Duration::from_secs(2));
@@ -560,8 +560,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            engine.call(key("b")).begin().await.unwrap(),
-            Begun::Completed(b"new".to_vec())
+            engine.call(key("b")).claim().await.unwrap(),
+            CallClaim::Completed(b"new".to_vec())
         );
         assert!(matches!(
             engine.release("split", &fresh).await,
@@ -577,7 +577,8 @@ mod tests {
     async fn release_frees_the_key_and_a_fingerprint_is_kept() {
         let engine = Idempotency::new(MemoryStore::new());
         let fp = Fingerprint::of_bytes(b"one");
-        let Begun::Claimed(claim) = engine.call(key("c")).fingerprint(fp).begin().await.unwrap()
+        let CallClaim::Claimed(claim) =
+            engine.call(key("c")).fingerprint(fp).claim().await.unwrap()
         else {
             panic!("not claimed")
         };
@@ -585,15 +586,15 @@ mod tests {
             engine
                 .call(key("c"))
                 .fingerprint(Fingerprint::of_bytes(b"two"))
-                .begin()
+                .claim()
                 .await,
             Err(Error::KeyReused)
         ));
         engine.release("split", &claim).await.unwrap();
         assert_eq!(engine.holder(&key("c")).await.unwrap(), Holder::Absent);
         assert!(matches!(
-            engine.call(key("c")).begin().await.unwrap(),
-            Begun::Claimed(_)
+            engine.call(key("c")).claim().await.unwrap(),
+            CallClaim::Claimed(_)
         ));
     }
 
@@ -601,7 +602,7 @@ mod tests {
     async fn out_of_range_durations_change_nothing() {
         let engine = Idempotency::new(MemoryStore::new());
         assert!(matches!(
-            engine.call(key("d")).lease(Duration::ZERO).begin().await,
+            engine.call(key("d")).lease(Duration::ZERO).claim().await,
             Err(Error::InvalidConfig(_))
         ));
         assert_eq!(engine.holder(&key("d")).await.unwrap(), Holder::Absent);
@@ -635,7 +636,7 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(
-            engine.call(key("e")).begin().await,
+            engine.call(key("e")).claim().await,
             Err(Error::ResultNotRetained { .. })
         ));
     }
@@ -695,7 +696,7 @@ mod tests {
             .finish("split", &claim, vec![b'x'; 75])
             .await
             .unwrap();
-        let again = engine.call(key("f")).begin().await;
+        let again = engine.call(key("f")).claim().await;
         assert!(
             matches!(&again, Err(Error::ResultNotRetained { reason })
                 if reason == "stored, it is 81 bytes, more than the store keeps in a record (80)"),
@@ -707,8 +708,8 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(
-            engine.call(key("g")).begin().await,
-            Ok(Begun::Completed(bytes)) if bytes == vec![b'y'; 74]
+            engine.call(key("g")).claim().await,
+            Ok(CallClaim::Completed(bytes)) if bytes == vec![b'y'; 74]
         ));
         // A store too small for the whole reason keeps the note with its reason cut.
         let (tiny, engine) = Small::engine(30);
@@ -718,7 +719,7 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(
-            engine.call(key("h")).begin().await,
+            engine.call(key("h")).claim().await,
             Err(Error::ResultNotRetained { reason }) if reason == "stored, it is 46 bytes, "
         ));
         for store in [store, tiny] {

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use super::{Immediate, Store};
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Claim, Completion, Record, Start, StartRequest};
+use crate::record::{Claim, ClaimOutcome, ClaimRequest, Completion, Record};
 use crate::step::{Abandoned, AbandonedQuery, StepLog, StepWrite};
 
 /// A [`Store`] made of a [`Forward`]: each operation passes [`Forward::gate`], then goes to the
@@ -91,7 +91,7 @@ macro_rules! forwarding {
         /// use std::sync::atomic::{AtomicU64, Ordering};
         /// use async_trait::async_trait;
         /// use idem::store::{Forward, Forwarding};
-        /// use idem::{Error, Idempotency, Key, MemoryStore, Start, StartRequest, Store};
+        /// use idem::{Error, Idempotency, Key, MemoryStore, ClaimOutcome, ClaimRequest, Store};
         ///
         /// struct Counted {
         ///     inner: MemoryStore,
@@ -104,9 +104,9 @@ macro_rules! forwarding {
         ///         &self.inner
         ///     }
         ///
-        ///     async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+        ///     async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
         ///         self.claims.fetch_add(1, Ordering::Relaxed);
-        ///         self.inner.start(request).await
+        ///         self.inner.claim(request).await
         ///     }
         /// }
         ///
@@ -161,7 +161,7 @@ macro_rules! forwarding {
             /// }
             ///
             /// let store = Forwarding(NoCompletions(MemoryStore::new()));
-            /// assert!(store.gate(Operation::Start).is_ok());
+            /// assert!(store.gate(Operation::Claim).is_ok());
             /// assert!(store.gate(Operation::Complete).is_err());
             /// ```
             fn gate(&self, op: Operation) -> Result<(), Error> {
@@ -189,7 +189,7 @@ macro_rules! forwarding {
             }
 
             /// [`Store::immediate`]: `None` unless overridden, so the engine reaches the
-            /// wrapper's [`start`](Self::start) and [`complete`](Self::complete) (and its
+            /// wrapper's [`claim`](Self::claim) and [`complete`](Self::complete) (and its
             /// [`gate`](Self::gate)) through their futures. A wrapper that changes neither, and
             /// gates neither, may return `self.inner().immediate()` to keep the inner store's
             /// direct calls; one that changes either and returns the inner store's would be
@@ -288,7 +288,8 @@ mod tests {
         });
         let key = Key::derive("s", "", "k").unwrap();
         let lease = Duration::from_secs(30);
-        let Start::Started(claim) = store.start(StartRequest::new(&key, lease)).await.unwrap()
+        let ClaimOutcome::Claimed(claim) =
+            store.claim(ClaimRequest::new(&key, lease)).await.unwrap()
         else {
             panic!("a new key is claimed");
         };

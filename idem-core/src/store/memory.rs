@@ -11,7 +11,9 @@ use async_trait::async_trait;
 use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, KeyMap, Token};
-use crate::record::{Claim, Completion, Record, RecordState, Start, StartRequest, StoredResult};
+use crate::record::{
+    Claim, ClaimOutcome, ClaimRequest, Completion, Record, RecordState, StoredResult,
+};
 use crate::step::{
     failed_step, Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP,
 };
@@ -486,20 +488,20 @@ impl Records {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem::{Completion, Key, ManualClock, MemoryStore, Start, StartRequest, Store};
+/// use idem::{Completion, Key, ManualClock, MemoryStore, ClaimOutcome, ClaimRequest, Store};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// let clock = ManualClock::new();
 /// let store = MemoryStore::with_clock(clock.clone());
 /// let lease = Duration::from_secs(30);
 /// let old = Key::derive("deposit", "alice", "req-1")?;
-/// let Start::Started(claim) = store.start(StartRequest::new(&old, lease)).await? else { unreachable!() };
+/// let ClaimOutcome::Claimed(claim) = store.claim(ClaimRequest::new(&old, lease)).await? else { unreachable!() };
 /// let retention = Duration::from_secs(60);
 /// store.complete(&claim, Completion { response: None, is_error: false, retention }).await?;
 ///
 /// // Its retention ends; the next call frees it, with no prune.
 /// clock.advance(Duration::from_secs(61));
 /// let new = Key::derive("deposit", "alice", "req-2")?;
-/// store.start(StartRequest::new(&new, lease)).await?;
+/// store.claim(ClaimRequest::new(&new, lease)).await?;
 /// assert_eq!(store.len(), 1);
 /// # Ok(()) }
 /// ```
@@ -590,19 +592,19 @@ impl MemoryStore {
 
 /// Nothing in this store waits: the engine calls its claims and completions directly.
 impl Immediate for MemoryStore {
-    fn start_now(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+    fn claim_now(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
         request.check()?;
         let (key, fingerprint, lease) = (request.key, request.fingerprint, request.lease);
         self.mutate(
             |records, now| match records.claim(*key, now, lease, fingerprint.copied()) {
-                Ok(token) => Ok(Start::Started(Claim::new(*key, token))),
+                Ok(token) => Ok(ClaimOutcome::Claimed(Claim::new(*key, token))),
                 Err(e) => {
                     check_fingerprint(e.fingerprint(), fingerprint)?;
                     Ok(match e.state() {
-                        RecordState::InProgress { lease_until, .. } => Start::Locked {
+                        RecordState::InProgress { lease_until, .. } => ClaimOutcome::Locked {
                             retry_after: remaining(lease_until, now),
                         },
-                        RecordState::Completed(c) => Start::Completed(c),
+                        RecordState::Completed(c) => ClaimOutcome::Completed(c),
                     })
                 }
             },
@@ -637,8 +639,8 @@ impl Store for MemoryStore {
         Some(self)
     }
 
-    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
-        Immediate::start_now(self, request)
+    async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
+        Immediate::claim_now(self, request)
     }
 
     async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
@@ -747,7 +749,7 @@ impl Store for MemoryStore {
             let entry = records.steps_of(claim, now, now + step.retention);
             let state = match step.result {
                 Some(result) => StepState::Finished(result.to_vec()),
-                None => StepState::Begun,
+                None => StepState::CallClaim,
             };
             match entry.steps.iter_mut().find(|s| s.name == step.name) {
                 // The first result stands.
@@ -793,9 +795,9 @@ mod tests {
     }
 
     async fn claim(store: &MemoryStore, key: &Key, lease: Duration) -> Claim {
-        match store.start(StartRequest::new(key, lease)).await.unwrap() {
-            Start::Started(c) => c,
-            other => panic!("expected Started, got {other:?}"),
+        match store.claim(ClaimRequest::new(key, lease)).await.unwrap() {
+            ClaimOutcome::Claimed(c) => c,
+            other => panic!("expected Claimed, got {other:?}"),
         }
     }
 
@@ -852,8 +854,8 @@ mod tests {
         assert_eq!(store.prune_expired(100).await.unwrap(), 0);
         store.complete(&late, done(LONG)).await.unwrap();
         assert!(matches!(
-            store.start(StartRequest::new(&key(1), LONG)).await.unwrap(),
-            Start::Completed(_)
+            store.claim(ClaimRequest::new(&key(1), LONG)).await.unwrap(),
+            ClaimOutcome::Completed(_)
         ));
         clock.advance(LAPSED_CLAIMS_KEPT);
         assert!(store.prune_expired(100).await.unwrap() >= 1);
@@ -1102,8 +1104,8 @@ mod tests {
         assert_eq!(store.lock().examined, 2 * SWEEP);
         // A replay frees its few as well, and reads the record in one lookup.
         assert!(matches!(
-            store.start(StartRequest::new(&fresh, LONG)).await.unwrap(),
-            Start::Completed(_)
+            store.claim(ClaimRequest::new(&fresh, LONG)).await.unwrap(),
+            ClaimOutcome::Completed(_)
         ));
         assert_eq!(store.lock().examined, 3 * SWEEP);
         assert_eq!(store.len(), (EXPIRED as usize) - 3 * SWEEP + 1);
@@ -1166,18 +1168,18 @@ mod tests {
         for i in now_expiring + 1..KEYS {
             assert!(
                 matches!(
-                    store.start(StartRequest::new(&key(i), LONG)).await.unwrap(),
-                    Start::Completed(_)
+                    store.claim(ClaimRequest::new(&key(i), LONG)).await.unwrap(),
+                    ClaimOutcome::Completed(_)
                 ),
                 "key {i} is still retained"
             );
         }
         assert!(matches!(
             store
-                .start(StartRequest::new(&key(now_expiring), LONG))
+                .claim(ClaimRequest::new(&key(now_expiring), LONG))
                 .await
                 .unwrap(),
-            Start::Started(_)
+            ClaimOutcome::Claimed(_)
         ));
     }
 }

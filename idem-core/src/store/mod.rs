@@ -17,7 +17,7 @@ use async_trait::async_trait;
 
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::{Claim, Completion, Record, Start, StartRequest};
+use crate::record::{Claim, ClaimOutcome, ClaimRequest, Completion, Record};
 use crate::step::{Abandoned, AbandonedQuery, StepLog, StepWrite};
 
 pub(crate) mod admin;
@@ -27,7 +27,7 @@ pub mod support;
 /// Where idempotency records live. Every backend keeps these rules:
 ///
 /// - **Atomic claim.** Of any number of concurrent `start`s for one key, exactly one gets
-///   [`Start::Started`]. SQL backends do it in one conditional statement, never read-then-write.
+///   [`ClaimOutcome::Claimed`]. SQL backends do it in one conditional statement, never read-then-write.
 /// - **Fencing.** `complete`, `abort` and `renew` change the record only while it still carries
 ///   the claim's token; otherwise they return [`Error::LeaseLost`].
 /// - **Completing is idempotent per claim.** Completing a claim that already completed returns
@@ -60,19 +60,19 @@ pub mod support;
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem::{Completion, Key, MemoryStore, Start, StartRequest, Store};
+/// use idem::{Completion, Key, MemoryStore, ClaimOutcome, ClaimRequest, Store};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// let store = MemoryStore::new();
 /// let key = Key::derive("deposit", "alice", "req-1")?;
 /// let lease = Duration::from_secs(30);
-/// let Start::Started(claim) = store.start(StartRequest::new(&key, lease)).await? else {
+/// let ClaimOutcome::Claimed(claim) = store.claim(ClaimRequest::new(&key, lease)).await? else {
 ///     unreachable!("a new key is always started");
 /// };
 /// let retention = Duration::from_secs(3600);
 /// store.complete(&claim, Completion { response: Some(b"ok"), is_error: false, retention }).await?;
 /// // Completing the same claim again (say, after a lost answer) is Ok; the first result stands.
 /// store.complete(&claim, Completion { response: Some(b"again"), is_error: false, retention }).await?;
-/// let Start::Completed(cached) = store.start(StartRequest::new(&key, lease)).await? else {
+/// let ClaimOutcome::Completed(cached) = store.claim(ClaimRequest::new(&key, lease)).await? else {
 ///     unreachable!("a completed key replays");
 /// };
 /// assert_eq!(cached.response.as_deref(), Some(&b"ok"[..]));
@@ -80,9 +80,9 @@ pub mod support;
 /// ```
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Claims the request's key for its lease, or reports why not. See [`Start`]. A lease out
-    /// of range is [`Error::InvalidConfig`] ([`StartRequest::check`]).
-    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error>;
+    /// Claims the request's key for its lease, or reports why not. See [`ClaimOutcome`]. A lease out
+    /// of range is [`Error::InvalidConfig`] ([`ClaimRequest::check`]).
+    async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error>;
 
     /// Stores the response and keeps it for the completion's retention (one out of range is
     /// [`Error::InvalidConfig`], [`Completion::check`]). Fails with [`Error::LeaseLost`] when the
@@ -163,17 +163,17 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem::{Key, MemoryStore, Start, StartRequest, StepState, StepWrite, Store};
+    /// use idem::{Key, MemoryStore, ClaimOutcome, ClaimRequest, StepState, StepWrite, Store};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// let store = MemoryStore::new();
     /// let key = Key::derive("ride", "", "r-1")?;
     /// let (lease, day) = (Duration::from_secs(30), Duration::from_secs(86_400));
-    /// let Start::Started(claim) = store.start(StartRequest::new(&key, lease)).await? else { unreachable!() };
+    /// let ClaimOutcome::Claimed(claim) = store.claim(ClaimRequest::new(&key, lease)).await? else { unreachable!() };
     /// assert_eq!(store.begin_steps(&claim, day).await?.attempt, 1);
     /// let charged = StepWrite { name: "charge", position: 0, result: Some(b"7"), retention: day };
     /// store.write_step(&claim, charged).await?;
     /// store.abort(&claim).await?; // the work failed after its first step
-    /// let Start::Started(retry) = store.start(StartRequest::new(&key, lease)).await? else { unreachable!() };
+    /// let ClaimOutcome::Claimed(retry) = store.claim(ClaimRequest::new(&key, lease)).await? else { unreachable!() };
     /// let log = store.begin_steps(&retry, day).await?;
     /// assert_eq!(log.attempt, 2);
     /// assert_eq!(log.steps[0].state, StepState::Finished(b"7".to_vec()));
@@ -207,14 +207,14 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem::{Abandoned, AbandonedQuery, Key, MemoryStore, ManualClock, Start, StartRequest};
+    /// use idem::{Abandoned, AbandonedQuery, Key, MemoryStore, ManualClock, ClaimOutcome, ClaimRequest};
     /// use idem::{StepWrite, Store, INPUT_STEP};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
     /// let clock = ManualClock::new();
     /// let store = MemoryStore::with_clock(clock.clone());
     /// let key = Key::derive("rides", "", "r-1")?;
     /// let day = Duration::from_secs(86_400);
-    /// let Start::Started(claim) = store.start(StartRequest::new(&key, Duration::from_secs(30))).await? else { unreachable!() };
+    /// let ClaimOutcome::Claimed(claim) = store.claim(ClaimRequest::new(&key, Duration::from_secs(30))).await? else { unreachable!() };
     /// store.begin_steps(&claim, day).await?;
     /// let input = Abandoned::encode_input("rides", b"{}");
     /// store.write_step(&claim, StepWrite { name: INPUT_STEP, position: i32::MAX as u32, result: Some(&input), retention: day }).await?;
@@ -234,7 +234,7 @@ pub trait Store: Send + Sync + 'static {
     /// waiting (an in-process store such as [`MemoryStore`](crate::MemoryStore)); `None`, the
     /// default, for a store that does I/O. The engine then calls them directly: no future boxed,
     /// and nothing to finish after a caller that goes away, since a call that never waits cannot
-    /// be left half done. They must keep every rule of [`start`](Self::start) and
+    /// be left half done. They must keep every rule of [`claim`](Self::claim) and
     /// [`complete`](Self::complete) (the conformance suite checks the engine's calls too). A
     /// store that wraps another returns the inner store's only if it changes neither `start`
     /// nor `complete`, which the engine would otherwise bypass ([`Forward::immediate`]).
@@ -253,17 +253,17 @@ pub trait Store: Send + Sync + 'static {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem::{Key, MemoryStore, Start, StartRequest, Store};
+/// use idem::{Key, MemoryStore, ClaimOutcome, ClaimRequest, Store};
 /// let store = MemoryStore::new();
 /// let now = store.immediate().expect("the memory store answers at once");
 /// let key = Key::derive("s", "", "k")?;
-/// let request = StartRequest::new(&key, Duration::from_secs(30));
-/// assert!(matches!(now.start_now(request)?, Start::Started(_)));
+/// let request = ClaimRequest::new(&key, Duration::from_secs(30));
+/// assert!(matches!(now.claim_now(request)?, ClaimOutcome::Claimed(_)));
 /// # Ok::<(), idem::Error>(())
 /// ```
 pub trait Immediate: Send + Sync {
-    /// [`Store::start`], done at once.
-    fn start_now(&self, request: StartRequest<'_>) -> Result<Start, Error>;
+    /// [`Store::claim`], done at once.
+    fn claim_now(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error>;
 
     /// [`Store::complete`], done at once.
     fn complete_now(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error>;
@@ -276,7 +276,7 @@ pub trait Immediate: Send + Sync {
 macro_rules! store_methods {
     ($then:ident) => {
         $then! {
-            Start: fn start(request: StartRequest<'_>) -> Result<Start, Error>;
+            Claim: fn claim(request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error>;
             Complete: fn complete(claim: &Claim, completion: Completion<'_>) -> Result<(), Error>;
             Abort: fn abort(claim: &Claim) -> Result<(), Error>;
             Renew: fn renew(claim: &Claim, lease: Duration) -> Result<(), Error>;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use idem_core::conformance::Harness;
 use idem_core::store::{Forward, Forwarding};
-use idem_core::{Error, Start, StartRequest, Store};
+use idem_core::{ClaimOutcome, ClaimRequest, Error, Store};
 
 /// A wrapper of one's own that overrides `start` only (it counts claims) and forwards the rest
 /// through [`Forwarding`]: every rule, the steps' and the completer's among them, must hold
@@ -20,9 +20,9 @@ impl Forward for CountsClaims {
         &*self.inner
     }
 
-    async fn start(&self, request: StartRequest<'_>) -> Result<Start, Error> {
+    async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
         self.starts.fetch_add(1, Ordering::Relaxed);
-        self.inner.start(request).await
+        self.inner.claim(request).await
     }
 }
 

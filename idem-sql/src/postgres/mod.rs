@@ -29,14 +29,14 @@ const RENEW_CONNECTIONS: u32 = 2;
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use idem::{Key, PostgresStore, Start, StartRequest, Store};
+/// use idem::{Key, PostgresStore, ClaimOutcome, ClaimRequest, Store};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
 /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1/postgres").await?;
 /// let key = Key::derive("deposit", "alice", "req-1")?;
-/// match store.start(StartRequest::new(&key, Duration::from_secs(30))).await? {
-///     Start::Started(claim) => { /* run the work, then store.complete(&claim, …) */ }
-///     Start::Completed(cached) => { /* replay cached.response */ }
-///     Start::Locked { retry_after } => { /* another node is running it */ }
+/// match store.claim(ClaimRequest::new(&key, Duration::from_secs(30))).await? {
+///     ClaimOutcome::Claimed(claim) => { /* run the work, then store.complete(&claim, …) */ }
+///     ClaimOutcome::Completed(cached) => { /* replay cached.response */ }
+///     ClaimOutcome::Locked { retry_after } => { /* another node is running it */ }
 /// }
 /// # Ok(()) }
 /// ```

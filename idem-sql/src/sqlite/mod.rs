@@ -33,21 +33,21 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem::{Completion, Key, SqliteStore, Start, StartRequest, Store};
+/// use idem::{Completion, Key, SqliteStore, ClaimOutcome, ClaimRequest, Store};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let dir = tempfile::tempdir()?;
 /// let store = SqliteStore::open(dir.path().join("idem.db")).await?;
 ///
 /// let key = Key::derive("deposit", "alice", "req-1")?;
 /// let lease = Duration::from_secs(30);
-/// let Start::Started(claim) = store.start(StartRequest::new(&key, lease)).await? else {
+/// let ClaimOutcome::Claimed(claim) = store.claim(ClaimRequest::new(&key, lease)).await? else {
 ///     unreachable!("a new key is always started");
 /// };
 /// let retention = Duration::from_secs(3600);
 /// let done = Completion { response: Some(&b"receipt-7"[..]), is_error: false, retention };
 /// store.complete(&claim, done).await?;
 ///
-/// let Start::Completed(cached) = store.start(StartRequest::new(&key, lease)).await? else {
+/// let ClaimOutcome::Completed(cached) = store.claim(ClaimRequest::new(&key, lease)).await? else {
 ///     unreachable!("a completed key replays");
 /// };
 /// assert_eq!(cached.response.as_deref(), Some(&b"receipt-7"[..]));
@@ -134,7 +134,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// When the claim finds a live row (another caller claimed the key first), `start` reads it; if
 /// it vanished meanwhile (aborted, evicted or expired), `start` claims again, at most three
-/// times; a key churned that fast by other callers reads as [`Start::Locked`](idem_core::Start::Locked) with a zero
+/// times; a key churned that fast by other callers reads as [`ClaimOutcome::Locked`](idem_core::ClaimOutcome::Locked) with a zero
 /// `retry_after`. In transactional mode `start` always claims first: a read before the write
 /// would leave the transaction unable to take the write lock once another connection had
 /// committed.

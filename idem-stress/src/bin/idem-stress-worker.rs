@@ -47,8 +47,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_core::{
-    Claim, Completion, Error, Fingerprint, Idempotency, OnLocked, Outcome, Start, StartRequest,
-    Store, StoreError, StoreErrorKind,
+    Claim, ClaimOutcome, ClaimRequest, Completion, Error, Fingerprint, Idempotency, OnLocked,
+    Outcome, Store, StoreError, StoreErrorKind,
 };
 use idem_sql::PostgresStore;
 use idem_stress::stores;
@@ -264,10 +264,10 @@ where
             return Err(format!("deadline passed while {name} stayed locked"));
         }
         match store
-            .start(StartRequest::new(&k, lease).fingerprint(Some(&fp)))
+            .claim(ClaimRequest::new(&k, lease).fingerprint(Some(&fp)))
             .await
         {
-            Ok(Start::Started(claim)) => {
+            Ok(ClaimOutcome::Claimed(claim)) => {
                 let token = token_hex(&claim);
                 let response = run(name.clone(), token.clone()).await?;
                 let done = Completion {
@@ -452,12 +452,12 @@ async fn hold(opts: &Opts) -> Result<ExitCode, String> {
             let name = key_name(i);
             let claim = match node
                 .store
-                .start(
-                    StartRequest::new(&key(i), node.lease).fingerprint(Some(&fingerprint(&name))),
+                .claim(
+                    ClaimRequest::new(&key(i), node.lease).fingerprint(Some(&fingerprint(&name))),
                 )
                 .await
             {
-                Ok(Start::Started(claim)) => claim,
+                Ok(ClaimOutcome::Claimed(claim)) => claim,
                 other => return Err(format!("could not claim {name}: {other:?}")),
             };
             node.record_execution(&name, &token_hex(&claim)).await?;
@@ -497,16 +497,16 @@ async fn claim(opts: &Opts) -> Result<(), String> {
         }
         match node
             .store
-            .start(StartRequest::new(&key(i), node.lease).fingerprint(Some(&fingerprint(&name))))
+            .claim(ClaimRequest::new(&key(i), node.lease).fingerprint(Some(&fingerprint(&name))))
             .await
         {
-            Ok(Start::Started(claim)) => break claim,
-            Ok(Start::Completed(cached)) => {
+            Ok(ClaimOutcome::Claimed(claim)) => break claim,
+            Ok(ClaimOutcome::Completed(cached)) => {
                 let r = String::from_utf8_lossy(&cached.response.unwrap_or_default()).into_owned();
                 println!("replayed {r}");
                 return Ok(());
             }
-            Ok(Start::Locked { retry_after }) => {
+            Ok(ClaimOutcome::Locked { retry_after }) => {
                 println!("locked {}", retry_after.as_micros());
                 tokio::time::sleep(backoff(retry_after)).await;
             }
@@ -568,16 +568,16 @@ async fn main() -> ExitCode {
 /// A start that did not claim the key: the stored response of a completed one, or, for a live
 /// claim, a pause before the caller asks again (`None`; "locked" is printed once per key).
 async fn not_claimed(
-    start: Start,
+    start: ClaimOutcome,
     name: &str,
     said_locked: &mut bool,
 ) -> Option<Result<String, String>> {
     match start {
-        Start::Completed(cached) => {
+        ClaimOutcome::Completed(cached) => {
             let bytes = cached.response.unwrap_or_default();
             Some(String::from_utf8(bytes).map_err(|e| format!("response of {name}: {e}")))
         }
-        Start::Locked { retry_after } => {
+        ClaimOutcome::Locked { retry_after } => {
             if !*said_locked {
                 println!("locked {name}");
                 *said_locked = true;
@@ -585,6 +585,6 @@ async fn not_claimed(
             tokio::time::sleep(backoff(retry_after)).await;
             None
         }
-        Start::Started(_) => Some(Err(format!("start {name}: claimed where it should not"))),
+        ClaimOutcome::Claimed(_) => Some(Err(format!("start {name}: claimed where it should not"))),
     }
 }
