@@ -58,6 +58,34 @@ where
 // one transaction with the step's effect.
 pub use crate::engine::{atomic_step, AtomicStep};
 
+/// The [`Steps`](crate::Steps) a store crate's extension of them extends (idem-sql's `SqlSteps`,
+/// idem-dynamodb's `DynamoSteps`): the extension's method is then written once, as its trait's
+/// provided method over `steps()`, not again in an impl for `Steps`.
+///
+/// ```
+/// use idem::adapter::StepsOf;
+/// use idem::Steps;
+/// // What an extension's provided method starts from.
+/// fn extended<S: StepsOf>(extension: &S) -> &Steps<S::Codec> {
+///     extension.steps()
+/// }
+/// # let _ = extended::<Steps>;
+/// ```
+pub trait StepsOf {
+    /// The codec of the steps' results.
+    type Codec: Codec;
+    /// The steps themselves.
+    fn steps(&self) -> &crate::Steps<Self::Codec>;
+}
+
+impl<C: Codec> StepsOf for crate::Steps<C> {
+    type Codec = C;
+
+    fn steps(&self) -> &crate::Steps<C> {
+        self
+    }
+}
+
 /// A [`Pruner`] of `target` (what a kit's history prunes, say), once `config` is checked (see
 /// [`PrunerConfig`]; otherwise [`Error::InvalidConfig`]).
 pub fn pruner(target: Arc<dyn PruneTarget>, config: PrunerConfig) -> Result<Pruner, Error> {

@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWriteItem, Update};
 
-use idem_core::adapter::atomic_step;
+use idem_core::adapter::{atomic_step, StepsOf};
 use idem_core::{
     Claim, Codec, Error, Key, StepLog, StepRecord, StepState, StepWrite, Steps, StoreError,
     StoreErrorKind,
@@ -282,8 +282,12 @@ fn corrupt(key: &Key, what: String) -> Error {
 /// ```
 pub const MAX_DYNAMO_STEP_WRITES: usize = 98;
 
+impl<C: Codec> DynamoSteps for Steps<C> {}
+
 mod sealed {
+    /// Keeps the extension to [`Steps`](idem_core::Steps) alone.
     pub trait Sealed {}
+
     impl<C> Sealed for idem_core::Steps<C> {}
 }
 
@@ -295,7 +299,7 @@ mod sealed {
 /// `Steps` must not (a new version of the SDK changes this crate only); named for what it
 /// extends, after the store, so that it sits beside the SQL stores' own extension of `Steps`
 /// in one `use idem::…` line without a clash (docs/steps.md, "On DynamoDB").
-pub trait DynamoSteps: sealed::Sealed {
+pub trait DynamoSteps: sealed::Sealed + StepsOf {
     /// Runs the step `name` as an atomic phase on DynamoDB: `work` runs (outside any
     /// transaction: it may be slow) and returns the step's value and the writes that are its
     /// effect (`Put`, `Update`, `Delete` or `ConditionCheck` items, on any tables, at most
@@ -333,22 +337,8 @@ pub trait DynamoSteps: sealed::Sealed {
     /// ```
     // An `async fn` in a public trait cannot promise its future is `Send` to generic callers;
     // this trait is sealed and implemented for `Steps<C>` only, and a call on a `Steps` (the
-    // only kind there is) sees the implementation's future, which is `Send` when its parts are.
+    // only kind there is) sees the provided method's future, which is `Send` when its parts are.
     #[allow(async_fn_in_trait)]
-    async fn dynamo_tx<T, E, F, Fut>(
-        &self,
-        store: &DynamoStore,
-        name: &str,
-        work: F,
-    ) -> Result<T, E>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<(T, Vec<TransactWriteItem>), E>>,
-        T: Serialize + DeserializeOwned,
-        E: From<Error>;
-}
-
-impl<C: Codec> DynamoSteps for Steps<C> {
     async fn dynamo_tx<T, E, F, Fut>(
         &self,
         store: &DynamoStore,
@@ -361,7 +351,7 @@ impl<C: Codec> DynamoSteps for Steps<C> {
         T: Serialize + DeserializeOwned,
         E: From<Error>,
     {
-        atomic_step(self, name, |step| async move {
+        atomic_step(self.steps(), name, |step| async move {
             let (value, writes) = work().await?;
             if writes.len() > MAX_DYNAMO_STEP_WRITES {
                 return Err(Error::Store(StoreError::new(

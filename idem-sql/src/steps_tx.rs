@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::transactional::TxFuture;
 use crate::TransactionalStore;
-use idem_core::adapter::atomic_step;
+use idem_core::adapter::{atomic_step, StepsOf};
 use idem_core::Codec;
 use idem_core::Error;
 use idem_core::Steps;
@@ -17,7 +17,7 @@ use idem_core::Steps;
 /// An extension trait because the method shows sqlx's connection types, which idem-core's
 /// `Steps` must not once the SQL stores are a crate of their own (idem-sql); named after what it
 /// extends, as idem-dynamodb's `DynamoSteps`, so both sit in one `use idem::…` line.
-pub trait SqlSteps: sealed::Sealed {
+pub trait SqlSteps: sealed::Sealed + StepsOf {
     /// Runs the step `name` as an atomic phase (SQLite and PostgreSQL): `work` runs on the
     /// caller's transaction `conn`, and the step's record is written on the same connection, so
     /// committing the transaction commits the step's writes and its record together, and a
@@ -57,24 +57,10 @@ pub trait SqlSteps: sealed::Sealed {
     /// assert_eq!(ride.into_inner(), 1);
     /// # Ok(()) }
     /// ```
-    // Implemented for `Steps` alone, so a caller always sees the future's concrete type, which
-    // is `Send` when its parts are; a generic caller bound by this trait cannot name it.
+    // Provided here and implemented for `Steps` alone, so a caller always has a concrete `Steps`
+    // and sees the future's concrete type, which is `Send` when its parts are; a generic caller
+    // bound by this trait cannot name it.
     #[allow(async_fn_in_trait)]
-    async fn tx<S, T, E, F>(
-        &self,
-        store: &S,
-        conn: &mut S::Connection,
-        name: &str,
-        work: F,
-    ) -> Result<T, E>
-    where
-        S: TransactionalStore,
-        F: for<'c> FnOnce(&'c mut S::Connection) -> TxFuture<'c, Result<T, E>>,
-        T: Serialize + DeserializeOwned,
-        E: From<Error>;
-}
-
-impl<C: Codec> SqlSteps for Steps<C> {
     async fn tx<S, T, E, F>(
         &self,
         store: &S,
@@ -88,7 +74,7 @@ impl<C: Codec> SqlSteps for Steps<C> {
         T: Serialize + DeserializeOwned,
         E: From<Error>,
     {
-        atomic_step(self, name, |step| async move {
+        atomic_step(self.steps(), name, |step| async move {
             let value = work(&mut *conn).await?;
             let bytes = step.encode(&value)?;
             if let Some(claim) = step.claim() {
@@ -102,8 +88,10 @@ impl<C: Codec> SqlSteps for Steps<C> {
     }
 }
 
+impl<C: Codec> SqlSteps for Steps<C> {}
+
 mod sealed {
-    /// [`SqlSteps`](super::SqlSteps) is for [`Steps`](idem_core::Steps) alone.
+    /// Keeps the extension to [`Steps`](idem_core::Steps) alone.
     pub trait Sealed {}
 
     impl<C> Sealed for idem_core::Steps<C> {}
