@@ -5,7 +5,6 @@
 
 use idem_core::{Fingerprint, FingerprintError, MAX_FINGERPRINT_DEPTH};
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 use serde::ser::{Serialize, SerializeMap, SerializeStruct, Serializer};
 use serde_json::{json, Value};
 
@@ -13,37 +12,7 @@ fn fp<T: Serialize + ?Sized>(value: &T) -> Fingerprint {
     Fingerprint::of_json(value).unwrap()
 }
 
-fn config() -> Config {
-    Config {
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
-
-/// A deterministic shuffle (Fisher–Yates on a small LCG), so one seed gives one order.
-fn shuffle<T>(items: &mut [T], seed: &mut u64) {
-    for i in (1..items.len()).rev() {
-        items.swap(i, roll(seed) as usize % (i + 1));
-    }
-}
-
-/// The next number of a small LCG, for choices a test makes from one seed.
-fn roll(seed: &mut u64) -> u64 {
-    *seed = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    *seed >> 33
-}
-
-/// Integers where `f64` stops being exact, around 2^64, and anywhere.
-fn big_u128() -> impl Strategy<Value = u128> {
-    prop_oneof![
-        (0u128..1000).prop_map(|d| (1 << 53) + d),
-        (0u128..1000).prop_map(|d| u64::MAX as u128 - 500 + d),
-        (0u128..1000).prop_map(|d| 100_000_000_000_000_000_000 + d),
-        any::<u128>().prop_map(|x| x.saturating_sub(1)),
-    ]
-}
+use idem_test_support::props::{big_u128, config, roll, shuffle};
 
 // ---------------------------------------------------------------------------------------------
 // `Fingerprint::of_json`: a model of typed values and of when two of them are the same request.

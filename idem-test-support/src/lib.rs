@@ -29,6 +29,8 @@ pub mod hold;
 pub mod layer;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "props")]
+pub mod props;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod stores;
@@ -422,7 +424,8 @@ pub fn rust_sources(dir: &Path) -> Vec<std::path::PathBuf> {
 /// `idem::…` so every example compiles as a user pastes it. The targets of intra-doc links
 /// (`](idem_core::X)`) are left out: rustdoc resolves them, the reader never sees them.
 /// `at_least` is how many sources the crate has at least (so that a wrong `src` fails). Every
-/// published crate but idem-core (whose own test is stricter) calls it from `tests/doc_paths.rs`.
+/// published crate but idem-core (whose own test is stricter: [`sources_name_facade_paths`])
+/// calls it from `tests/doc_paths.rs`.
 ///
 /// ```
 /// let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -442,6 +445,34 @@ pub fn docs_name_facade_paths(src: &Path, paths: &[&str], at_least: usize) {
         out.push_str(rest);
         out
     }
+    name_facade_paths(src, paths, at_least, |line| {
+        line.strip_prefix("///")
+            .or_else(|| line.strip_prefix("//!"))
+            .map(shown)
+    });
+}
+
+/// The stricter check idem-core's `tests/doc_paths.rs` makes: no line of a `.rs` file under
+/// `src`, code or comment, names one of `paths` (inside a crate, code says `crate::`; and the
+/// doc strings its macros build are code).
+///
+/// ```
+/// let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// // This crate's code calls no item of idem-wire by its crate path.
+/// idem_test_support::sources_name_facade_paths(&src, &[concat!("idem_", "wire::")], 5);
+/// ```
+pub fn sources_name_facade_paths(src: &Path, paths: &[&str], at_least: usize) {
+    name_facade_paths(src, paths, at_least, |line| Some(line.to_owned()));
+}
+
+/// Fails the test if the part `pick` takes of a line (trimmed) of a `.rs` file under `src`
+/// names one of `paths`, or if there are fewer than `at_least` sources.
+fn name_facade_paths(
+    src: &Path,
+    paths: &[&str],
+    at_least: usize,
+    pick: impl Fn(&str) -> Option<String>,
+) {
     let files = rust_sources(src);
     assert!(
         files.len() >= at_least,
@@ -454,14 +485,10 @@ pub fn docs_name_facade_paths(src: &Path, paths: &[&str], at_least: usize) {
         let text = std::fs::read_to_string(&file).unwrap();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
-            let Some(doc) = line
-                .strip_prefix("///")
-                .or_else(|| line.strip_prefix("//!"))
-            else {
+            let Some(seen) = pick(line) else {
                 continue;
             };
-            let doc = shown(doc);
-            if paths.iter().any(|p| doc.contains(p)) {
+            if paths.iter().any(|p| seen.contains(p)) {
                 let at = file.strip_prefix(src).unwrap_or(&file).display();
                 found.push(format!("src/{at}:{}: {line}", n + 1));
             }
