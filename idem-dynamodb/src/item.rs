@@ -81,6 +81,12 @@ pub(crate) fn ttl_seconds(expires_ms: i64, margin_ms: i64) -> AttributeValue {
     number(ms.div_euclid(1000) + 1)
 }
 
+/// The largest response whose completed item fits in [`MAX_ITEM_BYTES`]: the store's
+/// `max_response_bytes`.
+pub(crate) fn max_response_bytes() -> usize {
+    MAX_ITEM_BYTES - completed_size(0)
+}
+
 /// The size DynamoDB counts for a completed item with a response of `response` bytes: every
 /// attribute name, the key, token, fingerprint and response bytes, and numbers at their largest
 /// (21 bytes). An overestimate by a few bytes at most, so an item it admits is never refused.

@@ -20,7 +20,7 @@ use idem_core::{
 
 use crate::item::{
     duration_millis, millis, number, pk, time_of, token, ttl_seconds, Item, State, COMPLETED,
-    EXPIRES, FINGERPRINT, IN_PROGRESS, MAX_ITEM_BYTES, PK, STATE, TOKEN, TTL,
+    EXPIRES, FINGERPRINT, IN_PROGRESS, PK, STATE, TOKEN, TTL,
 };
 use crate::{errors, item, table};
 
@@ -608,7 +608,7 @@ impl Inner {
 impl Store for DynamoStore {
     /// The largest response whose completed item fits in DynamoDB's 400 KB.
     fn max_response_bytes(&self) -> Option<usize> {
-        Some(MAX_ITEM_BYTES - item::completed_size(0))
+        Some(item::max_response_bytes())
     }
 
     async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
@@ -686,11 +686,7 @@ impl Store for DynamoStore {
         let s = &*self.inner;
         let now_ms = s.now_ms();
         let expires_ms = now_ms.saturating_add(duration_millis(completion.retention));
-        support::check_response_size(
-            "DynamoStore",
-            MAX_ITEM_BYTES - item::completed_size(0),
-            &completion,
-        )?;
+        support::check_response_size("DynamoStore", item::max_response_bytes(), &completion)?;
         let response = completion.response;
         let update = s
             .client
@@ -918,8 +914,8 @@ mod tests {
     /// own (slightly over-) count, and the docs give its figure.
     #[test]
     fn the_largest_response_fills_an_item() {
-        let most = MAX_ITEM_BYTES - item::completed_size(0);
-        assert_eq!(item::completed_size(most), MAX_ITEM_BYTES);
+        let most = item::max_response_bytes();
+        assert_eq!(item::completed_size(most), item::MAX_ITEM_BYTES);
         assert_eq!(most, 399_762);
     }
 
