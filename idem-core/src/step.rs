@@ -23,7 +23,7 @@ pub struct StepRecord {
     pub name: String,
     /// Where the step came in its operation: 0 for the first step the work ran.
     pub position: u32,
-    /// CallClaim, or finished with its result.
+    /// Begun, or finished with its result.
     pub state: StepState,
 }
 
@@ -31,13 +31,13 @@ pub struct StepRecord {
 ///
 /// ```
 /// use idem::StepState;
-/// assert_ne!(StepState::CallClaim, StepState::Finished(Vec::new()));
+/// assert_ne!(StepState::Begun, StepState::Finished(Vec::new()));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StepState {
     /// An at-most-once step was about to run and its result was never stored: the attempt that
     /// began it stopped inside it (or failed before storing it).
-    CallClaim,
+    Begun,
     /// The step's result, encoded by the engine's codec.
     Finished(Vec<u8>),
 }

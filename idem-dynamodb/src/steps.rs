@@ -258,7 +258,7 @@ fn steps_of(key: &Key, attrs: &HashMap<String, AttributeValue>) -> Result<Vec<St
         .ok_or_else(|| corrupt(key, format!("step {step:?} has position {value:?}")))?;
         let state = match attrs.get(&format!("f:{step}")) {
             Some(AttributeValue::B(result)) => StepState::Finished(result.as_ref().to_vec()),
-            None => StepState::CallClaim,
+            None => StepState::Begun,
             Some(other) => return Err(corrupt(key, format!("step {step:?} has result {other:?}"))),
         };
         steps.push(StepRecord {

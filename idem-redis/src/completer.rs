@@ -107,9 +107,7 @@ impl Inner {
             .map(
                 |(key, value)| match step_record(INPUT_STEP.as_bytes(), &value)?.state {
                     StepState::Finished(input) => Abandoned::decode(key, &input),
-                    StepState::CallClaim => {
-                        Err(corrupt("an operation's input step is begun".into()))
-                    }
+                    StepState::Begun => Err(corrupt("an operation's input step is begun".into())),
                 },
             )
             .collect()

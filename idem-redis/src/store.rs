@@ -670,7 +670,7 @@ pub(crate) fn step_record(name: &[u8], value: &[u8]) -> Result<StepRecord, Error
     let result = &rest[colon + 1..];
     let state = match state {
         b'f' => StepState::Finished(result.to_vec()),
-        b'b' => StepState::CallClaim,
+        b'b' => StepState::Begun,
         _ => return Err(bad()),
     };
     let name = String::from_utf8(name.to_vec())

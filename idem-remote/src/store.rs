@@ -640,9 +640,7 @@ impl Store for RemoteStore {
                 .map(|step| StepRecord {
                     name: step.name,
                     position: step.position,
-                    state: step
-                        .result
-                        .map_or(StepState::CallClaim, StepState::Finished),
+                    state: step.result.map_or(StepState::Begun, StepState::Finished),
                 })
                 .collect(),
         })

@@ -686,7 +686,7 @@ async fn begin_steps(
             name: step.name,
             position: step.position,
             result: match step.state {
-                StepState::CallClaim => None,
+                StepState::Begun => None,
                 StepState::Finished(bytes) => Some(bytes),
             },
         })

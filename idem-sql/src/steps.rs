@@ -166,7 +166,7 @@ impl StepStatements {
             ) {
                 (true, Some(result)) => StepState::Finished(result),
                 (true, None) => return Err(corrupt("a finished step row has no result".into())),
-                (false, _) => StepState::CallClaim,
+                (false, _) => StepState::Begun,
             };
             steps.push(StepRecord {
                 name: DB::get_string(&row, 0).map_err(sql_error)?,

@@ -91,7 +91,7 @@ pub async fn steps_resume_across_attempts(h: impl Harness) {
         shown(&log),
         [
             ("ride".to_owned(), StepState::Finished(b"41".to_vec())),
-            ("charge".to_owned(), StepState::CallClaim),
+            ("charge".to_owned(), StepState::Begun),
         ]
     );
     s.write_step(&second, finished("charge", 1, b"\"ch_1\"", long()))

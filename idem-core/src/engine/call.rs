@@ -387,7 +387,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                     Claimed::Holding(holding) => holding,
                 };
                 let (claim, retention) = holding.steps_of();
-                // CallClaim inside the work, so a store that refuses releases the claim as a
+                // Begun inside the work, so a store that refuses releases the claim as a
                 // failed work does.
                 let work = async move {
                     let log = engine.store().begin_steps(&claim, retention).await?;

@@ -207,7 +207,7 @@ impl<C: Codec> Steps<C> {
             }),
             (Some(stored), _) => Ok(match &stored.state {
                 StepState::Finished(bytes) => Plan::Replay(bytes.clone()),
-                StepState::CallClaim => Plan::CallClaim(position),
+                StepState::Begun => Plan::Begun(position),
             }),
             (None, None) => Ok(Plan::Run(position)),
         }?;
@@ -234,7 +234,7 @@ impl<C: Codec> Steps<C> {
                 .codec()
                 .decode(&bytes)
                 .map_err(Error::Codec)?),
-            Plan::CallClaim(position) | Plan::Run(position) => {
+            Plan::Begun(position) | Plan::Run(position) => {
                 let retention = self.inner.retention;
                 run(StepAt {
                     name,
@@ -356,7 +356,7 @@ enum Plan {
     /// An earlier attempt finished it: its stored result.
     Replay(Vec<u8>),
     /// An earlier attempt began it (an at-most-once step) and stored no result.
-    CallClaim(u32),
+    Begun(u32),
     /// Nothing stored: run it.
     Run(u32),
 }
@@ -435,7 +435,7 @@ impl<C: Codec> Step<'_, C> {
         let codec = steps.inner.engine.codec();
         let position = match steps.plan(self.name)? {
             Plan::Replay(bytes) => return Ok(codec.decode(&bytes).map_err(Error::Codec)?),
-            Plan::CallClaim(_) if self.at_most_once => {
+            Plan::Begun(_) if self.at_most_once => {
                 return Err(Error::StepInterrupted {
                     step: self.name.to_owned(),
                     attempt: steps.inner.attempt.number,
@@ -443,7 +443,7 @@ impl<C: Codec> Step<'_, C> {
                 .into())
             }
             // At least once: an interrupted step runs again.
-            Plan::CallClaim(position) | Plan::Run(position) => position,
+            Plan::Begun(position) | Plan::Run(position) => position,
         };
         if self.at_most_once {
             steps.write(self.name, position, None).await?;

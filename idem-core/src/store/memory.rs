@@ -749,7 +749,7 @@ impl Store for MemoryStore {
             let entry = records.steps_of(claim, now, now + step.retention);
             let state = match step.result {
                 Some(result) => StepState::Finished(result.to_vec()),
-                None => StepState::CallClaim,
+                None => StepState::Begun,
             };
             match entry.steps.iter_mut().find(|s| s.name == step.name) {
                 // The first result stands.
