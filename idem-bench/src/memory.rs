@@ -135,6 +135,7 @@ pub async fn run(calls: u64) -> Result<MemoryReport, BenchError> {
             response: Some(&response),
             is_error: false,
             retention: RETENTION,
+            key_retention: Duration::ZERO,
         };
         store.complete(&claim, done).await?;
     }

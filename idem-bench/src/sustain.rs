@@ -32,6 +32,7 @@ fn done(retention: Duration) -> Completion<'static> {
         response: Some(br#"{"account":7,"cents":4200}"#),
         is_error: false,
         retention,
+        key_retention: Duration::ZERO,
     }
 }
 

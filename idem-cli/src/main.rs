@@ -222,8 +222,19 @@ fn record_json(record: &Record, with_response: bool) -> Value {
                 Err(idem::Error::ResultNotRetained { reason }) => {
                     out["not_retained"] = json!(reason);
                 }
+                Err(idem::Error::Abandoned { reason }) => {
+                    out["abandoned"] = json!(reason);
+                }
                 Err(e) => out["unreadable"] = json!(e.to_string()),
             }
+        }
+        RecordState::Uncertain { since, .. } => {
+            out["state"] = json!("uncertain");
+            out["uncertain_for_ms"] = json!(-millis_until(*since));
+        }
+        RecordState::Expired { since } => {
+            out["state"] = json!("expired");
+            out["expired_for_ms"] = json!(-millis_until(*since));
         }
     }
     out

@@ -70,6 +70,7 @@ async fn the_command_works_through_a_server() {
         response: Some(b"x"),
         is_error: false,
         retention: Duration::from_millis(1),
+        key_retention: Duration::ZERO,
     };
     alice.complete(&old, kept).await.unwrap();
     // Bounded: the store's clock passes 1 ms of retention within a few polls.

@@ -119,6 +119,7 @@ pub fn options(
         lease,
         retention,
         on_locked,
+        on_lapse: None,
         scope: None,
     }
 }

@@ -3,9 +3,10 @@
 //!
 //! ```text
 //! byte 0      0xE1: the envelope's format (version 1)
-//! byte 1      flags: bit 0 set = the result was not retained
+//! byte 1      flags: 0 = a result; 1 = the result was not retained; 2 = the operation was
+//!             abandoned (an operator's resolution)
 //! bytes 2..6  CRC-32 (IEEE) of the flags and the payload, big-endian
-//! bytes 6..   the encoded result, or (not retained) why it was not kept, as UTF-8
+//! bytes 6..   the encoded result, or (not retained, abandoned) why, as UTF-8
 //! ```
 //!
 //! The checksum makes a damaged record (a flipped byte on disk, a truncated value) a typed
@@ -17,6 +18,7 @@ use crate::error::{Error, StoreError, StoreErrorKind};
 
 const FORMAT: u8 = 0xE1;
 const NOT_RETAINED: u8 = 1;
+const ABANDONED: u8 = 2;
 /// The envelope's head: format, flags, checksum.
 pub(crate) const HEAD: usize = 6;
 
@@ -34,6 +36,8 @@ pub(crate) enum Kept<'a> {
     Result(&'a [u8]),
     /// The work completed but its result was not kept; the reason.
     NotRetained(&'a str),
+    /// The operation was resolved as abandoned; the reason.
+    Abandoned(&'a str),
 }
 
 /// Wraps an encoded result.
@@ -55,6 +59,11 @@ pub(crate) fn result(mut payload: Vec<u8>) -> Vec<u8> {
 /// The record of a result that was not kept, with the reason a retry is told.
 pub(crate) fn not_retained(reason: &str) -> Vec<u8> {
     wrap(NOT_RETAINED, reason.as_bytes())
+}
+
+/// The record of an operation resolved as abandoned, with the reason a retry is told.
+pub(crate) fn abandoned(reason: &str) -> Vec<u8> {
+    wrap(ABANDONED, reason.as_bytes())
 }
 
 fn wrap(flags: u8, payload: &[u8]) -> Vec<u8> {
@@ -98,6 +107,9 @@ pub(crate) fn open(bytes: &[u8]) -> Result<Kept<'_>, Error> {
         NOT_RETAINED => std::str::from_utf8(payload)
             .map(Kept::NotRetained)
             .map_err(|_| damaged("its reason is not UTF-8")),
+        ABANDONED => std::str::from_utf8(payload)
+            .map(Kept::Abandoned)
+            .map_err(|_| damaged("its reason is not UTF-8")),
         _ => Err(damaged("unknown flags")),
     }
 }
@@ -116,6 +128,10 @@ mod tests {
         assert_eq!(
             open(&not_retained("too large")).unwrap(),
             Kept::NotRetained("too large")
+        );
+        assert_eq!(
+            open(&abandoned("refunded by hand")).unwrap(),
+            Kept::Abandoned("refunded by hand")
         );
     }
 

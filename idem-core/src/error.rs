@@ -1,7 +1,7 @@
 //! The one error type of idem.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::canonical::FingerprintError;
 use crate::key::KeyError;
@@ -37,6 +37,73 @@ pub enum Error {
     /// request. Nothing was changed.
     #[error("idempotency key reused for a different request: send a new key for a new request")]
     KeyReused,
+
+    /// The key was used before for a request fingerprinted under another policy version
+    /// ([`Fingerprint::with_policy`](crate::Fingerprint::with_policy)): what is fingerprinted
+    /// changed (a deploy) since the first request. Nothing was changed or run. The stored
+    /// request may be this one; send a new key if the request is new, or wait for the old
+    /// key's retention to end (docs/architecture.md, "Policy versions").
+    #[error(
+        "idempotency key used under policy version {stored}, and this call is version {current}: \
+         what is fingerprinted changed since the first request; nothing was run (send a new key \
+         for a new request)"
+    )]
+    PolicyChanged {
+        /// The version the key's record was stored under.
+        stored: u32,
+        /// This call's version.
+        current: u32,
+    },
+
+    /// The work for this key was claimed with [`OnLapse::Uncertain`](crate::OnLapse::Uncertain)
+    /// and its claim lapsed with no completion: whether its effect happened is unknown. It will
+    /// not run again until an operator or a reconciler resolves it (`idem uncertain`, `idem
+    /// resolve`, [`Idempotency::resolve`](crate::Idempotency::resolve)). Do not retry, with
+    /// this key or another: that could repeat the effect.
+    #[error(
+        "operation {operation} is uncertain since its claim lapsed at {since:?} with no \
+         completion: its effect may or may not have happened, so it will not run again until it \
+         is resolved (idem uncertain, idem resolve); do not retry with this or another key"
+    )]
+    Uncertain {
+        /// The operation's key: what `idem resolve` takes.
+        operation: crate::key::Key,
+        /// When its claim's lease ended.
+        since: SystemTime,
+    },
+
+    /// The work for this key completed, and its result's retention ended at `since`; the key is
+    /// kept (a tombstone, for the policy's
+    /// [`key_retention`](crate::Policy::key_retention)) so that it does not run again. Look up
+    /// the effect another way; send a new key for a new request.
+    #[error(
+        "the work for this key completed and its result expired at {since:?}; it will not run \
+         again: look up its effect instead of retrying, or send a new key for a new request"
+    )]
+    ResultExpired {
+        /// When the result's retention ended.
+        since: SystemTime,
+    },
+
+    /// An operator (or a reconciler) resolved this key's uncertain operation as abandoned: it
+    /// does not run again until its retention ends. `reason` is what they recorded.
+    #[error("the operation for this key was abandoned ({reason}); it will not run again")]
+    Abandoned {
+        /// Why, as recorded when it was resolved.
+        reason: String,
+    },
+
+    /// A resolution was refused: the operation is not uncertain (it is running, completed,
+    /// free or gone), or another resolution reached it first. Nothing was changed; list what
+    /// is uncertain again (`idem uncertain`).
+    #[error(
+        "operation {operation} is not uncertain (running, completed, resolved by someone else, or \
+         gone): nothing was changed; list the uncertain operations again"
+    )]
+    NotUncertain {
+        /// The operation's key.
+        operation: crate::key::Key,
+    },
 
     /// Another call holds a live claim on this key. Retry after `retry_after`, or configure
     /// [`OnLocked::Wait`](crate::OnLocked::Wait) to wait for it.

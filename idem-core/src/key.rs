@@ -163,6 +163,40 @@ impl Key {
         Key(bytes)
     }
 
+    /// A key to pass to a provider that takes an idempotency key of its own (Stripe's
+    /// `Idempotency-Key`, a payment network's request id) for this operation's effect, or for
+    /// its step `step`: `idem-` and 64 hex digits of SHA-256 over this key (and the step's
+    /// name). The same on every attempt and after a takeover, so the provider applies the
+    /// effect once, and a reconciler can ask it about that key; unrelated to the client's own
+    /// key, which never reaches the provider.
+    ///
+    /// ```
+    /// use idem::Key;
+    /// let key = Key::derive("charge", "alice", "req-1")?;
+    /// let op = key.provider_key(None);
+    /// assert!(op.starts_with("idem-") && op.len() == 69);
+    /// assert_ne!(op, key.provider_key(Some("charge")));
+    /// assert_eq!(key.provider_key(Some("charge")), key.provider_key(Some("charge")));
+    /// # Ok::<(), idem::KeyError>(())
+    /// ```
+    pub fn provider_key(&self, step: Option<&str>) -> String {
+        let mut h = Sha256::new();
+        h.update(b"idem/provider/v1");
+        h.update(self.0);
+        if let Some(step) = step {
+            h.update((step.len() as u64).to_be_bytes());
+            h.update(step.as_bytes());
+        }
+        let digest: [u8; 32] = h.finalize().into();
+        let mut out = String::with_capacity(69);
+        out.push_str("idem-");
+        for b in digest {
+            use std::fmt::Write;
+            let _ = write!(out, "{b:02x}");
+        }
+        out
+    }
+
     /// The 32 bytes of the digest, as stores keep them.
     pub const fn as_bytes(&self) -> &[u8; 32] {
         &self.0
@@ -187,7 +221,16 @@ impl fmt::Display for Key {
     }
 }
 
-/// SHA-256 of the canonical request payload; detects a key reused for another request.
+/// SHA-256 of the canonical request payload, with the version of the policy that made it;
+/// detects a key reused for another request.
+///
+/// Its 32 bytes are the first 28 of the digest (SHA-224's strength) and the policy version,
+/// big-endian: so every record that keeps a fingerprint keeps the version of the policy it was
+/// stored under, on every store, in the bytes it kept before. Two fingerprints whose digests
+/// differ are different requests ([`Error::KeyReused`](crate::Error::KeyReused)), or, when
+/// their versions differ too, the same request fingerprinted by two policies
+/// ([`Error::PolicyChanged`](crate::Error::PolicyChanged)); two with the same digest match
+/// whatever their versions (docs/architecture.md, "Policy versions").
 ///
 /// ```
 /// use idem::Fingerprint;
@@ -201,6 +244,9 @@ impl fmt::Display for Key {
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
 
+/// How many of a fingerprint's bytes are its digest; the rest is its policy version.
+const DIGEST: usize = 28;
+
 impl Fingerprint {
     /// SHA-256 of raw bytes.
     ///
@@ -209,7 +255,51 @@ impl Fingerprint {
     /// assert_eq!(Fingerprint::of_bytes(b"x"), Fingerprint::of_bytes(b"x"));
     /// ```
     pub fn of_bytes(bytes: &[u8]) -> Fingerprint {
-        Fingerprint(Sha256::digest(bytes).into())
+        let mut out: [u8; 32] = Sha256::digest(bytes).into();
+        out[DIGEST..].fill(0);
+        Fingerprint(out)
+    }
+
+    /// This fingerprint, made under policy `version` (0 by default). Set it when what is
+    /// fingerprinted changes (a field added to the request's fingerprint, another canonical
+    /// form), so a retry across the change gets [`Error::PolicyChanged`](crate::Error::PolicyChanged)
+    /// instead of [`Error::KeyReused`](crate::Error::KeyReused).
+    ///
+    /// ```
+    /// use idem::Fingerprint;
+    /// let v2 = Fingerprint::of_bytes(b"x").with_policy(2);
+    /// assert_eq!(v2.policy(), 2);
+    /// assert!(v2.same_request(&Fingerprint::of_bytes(b"x")));
+    /// ```
+    pub const fn with_policy(mut self, version: u32) -> Fingerprint {
+        let v = version.to_be_bytes();
+        let mut i = 0;
+        while i < 4 {
+            self.0[DIGEST + i] = v[i];
+            i += 1;
+        }
+        self
+    }
+
+    /// The version of the policy this fingerprint was made under.
+    ///
+    /// ```
+    /// assert_eq!(idem::Fingerprint::of_bytes(b"x").policy(), 0);
+    /// ```
+    pub const fn policy(&self) -> u32 {
+        let b = &self.0;
+        u32::from_be_bytes([b[DIGEST], b[DIGEST + 1], b[DIGEST + 2], b[DIGEST + 3]])
+    }
+
+    /// Whether both fingerprint the same request: their digests match, whatever their policy
+    /// versions.
+    ///
+    /// ```
+    /// use idem::Fingerprint;
+    /// assert!(!Fingerprint::of_bytes(b"x").same_request(&Fingerprint::of_bytes(b"y")));
+    /// ```
+    pub fn same_request(&self, other: &Fingerprint) -> bool {
+        self.0[..DIGEST] == other.0[..DIGEST]
     }
 
     /// SHA-256 of the canonical form of `value`: two encodings of the same request hash alike,
@@ -268,7 +358,7 @@ impl Fingerprint {
         Fingerprint(bytes)
     }
 
-    /// The 32 bytes of the digest.
+    /// The 32 bytes stores keep: 28 of the digest, then the policy version.
     pub const fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }

@@ -47,14 +47,15 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
 pub use engine::{
     Attempt, Call, CallClaim, EngineBuilder, Finish, Holder, Idempotency, OnLocked, Outcome,
-    Policy, ReplayCache, Step, Steps,
+    Policy, ReplayCache, Resolution, Step, Steps, DEFAULT_KEY_RETENTION,
 };
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::KeyPart;
 pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
 pub use observe::{CallEvent, Observer, Stage, DEFAULT_LATENCIES_ONE_IN};
 pub use record::{
-    Claim, ClaimOutcome, ClaimRequest, Completion, Record, RecordState, StoredResult,
+    Claim, ClaimOutcome, ClaimRequest, Completion, OnLapse, Record, RecordState, StoredResult,
+    UncertainOperation,
 };
 pub use step::{
     Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP,

@@ -102,6 +102,15 @@ pub enum Stage {
     /// The store failed ([`Error::Store`]), or the call was refused for another reason (an
     /// invalid option, a stored result that cannot be decoded).
     Failed,
+    /// The key's claim lapsed with no completion and its work cannot be repeated safely:
+    /// [`Error::Uncertain`]. An operator or a reconciler must resolve it: alert on this.
+    Uncertain,
+    /// The key's result expired and its tombstone refused the call: [`Error::ResultExpired`].
+    ResultExpired,
+    /// The key was stored under another policy version: [`Error::PolicyChanged`].
+    PolicyChanged,
+    /// The key's operation was resolved as abandoned: [`Error::Abandoned`].
+    Abandoned,
     /// The caller went away (a dropped future) before the call ended. A claim it held is
     /// released; detached work is not cancelled and reports its own end.
     Cancelled,
@@ -110,7 +119,8 @@ pub enum Stage {
 impl Stage {
     /// The stage's name, as the `outcome` label of `idem_calls_total` and the span's `outcome`
     /// field: `claimed`, `completed`, `not_retained`, `replayed`, `released`, `locked`,
-    /// `key_reused`, `lease_lost`, `failed`, `cancelled`.
+    /// `key_reused`, `lease_lost`, `failed`, `uncertain`, `result_expired`, `policy_changed`,
+    /// `abandoned`, `cancelled`.
     ///
     /// ```
     /// assert_eq!(idem::Stage::LeaseLost.as_str(), "lease_lost");
@@ -126,6 +136,10 @@ impl Stage {
             Stage::KeyReused => "key_reused",
             Stage::LeaseLost => "lease_lost",
             Stage::Failed => "failed",
+            Stage::Uncertain => "uncertain",
+            Stage::ResultExpired => "result_expired",
+            Stage::PolicyChanged => "policy_changed",
+            Stage::Abandoned => "abandoned",
             Stage::Cancelled => "cancelled",
         }
     }
@@ -137,6 +151,10 @@ impl Stage {
             Error::KeyReused => Stage::KeyReused,
             Error::LeaseLost => Stage::LeaseLost,
             Error::ResultNotRetained { .. } => Stage::NotRetained,
+            Error::Uncertain { .. } => Stage::Uncertain,
+            Error::ResultExpired { .. } => Stage::ResultExpired,
+            Error::PolicyChanged { .. } => Stage::PolicyChanged,
+            Error::Abandoned { .. } => Stage::Abandoned,
             _ => Stage::Failed,
         }
     }

@@ -108,6 +108,9 @@ impl StoredResult {
             Kept::NotRetained(reason) => Err(Error::ResultNotRetained {
                 reason: reason.to_owned(),
             }),
+            Kept::Abandoned(reason) => Err(Error::Abandoned {
+                reason: reason.to_owned(),
+            }),
         }
     }
 }
@@ -133,6 +136,9 @@ pub struct ClaimRequest<'a> {
     pub fingerprint: Option<&'a Fingerprint>,
     /// How long the claim holds the key unless renewed.
     pub lease: Duration,
+    /// What the key becomes if the lease ends with no completion: free to claim again
+    /// ([`OnLapse::Release`], the default) or [`OnLapse::Uncertain`].
+    pub on_lapse: OnLapse,
 }
 
 impl<'a> ClaimRequest<'a> {
@@ -150,7 +156,22 @@ impl<'a> ClaimRequest<'a> {
             key,
             fingerprint: None,
             lease,
+            on_lapse: OnLapse::Release,
         }
+    }
+
+    /// The same claim, becoming `on_lapse` if its lease ends with no completion.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem::{ClaimRequest, Key, OnLapse};
+    /// let key = Key::derive("charge", "", "c-1")?;
+    /// let request = ClaimRequest::new(&key, Duration::from_secs(30)).on_lapse(OnLapse::Uncertain);
+    /// assert_eq!(request.on_lapse, OnLapse::Uncertain);
+    /// # Ok::<(), idem::KeyError>(())
+    /// ```
+    pub fn on_lapse(self, on_lapse: OnLapse) -> ClaimRequest<'a> {
+        ClaimRequest { on_lapse, ..self }
     }
 
     /// The same claim with the request's `fingerprint` (`None` for none).
@@ -193,8 +214,9 @@ impl<'a> ClaimRequest<'a> {
 /// ```
 /// use std::time::Duration;
 /// use idem::Completion;
-/// let c = Completion { response: Some(b"{}"), is_error: false, retention: Duration::from_secs(3600) };
+/// let c = Completion::new(Some(b"{}"), Duration::from_secs(3600));
 /// assert!(!c.is_error);
+/// assert_eq!(c.key_retention, Duration::ZERO);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completion<'a> {
@@ -204,21 +226,89 @@ pub struct Completion<'a> {
     pub is_error: bool,
     /// How long the completed record replays the response: its retention, from now.
     pub retention: Duration,
+    /// How long the key is kept after the retention ends, as a tombstone without the response
+    /// ([`ClaimOutcome::Expired`]): a claim meets it instead of running the work again. Zero
+    /// for none: the key is free when the retention ends. Stores keep it in whole seconds,
+    /// rounded up (docs/architecture.md, "Past the lease").
+    pub key_retention: Duration,
 }
 
-impl Completion<'_> {
+impl<'a> Completion<'a> {
+    /// A completion that keeps `response` (not an error) for `retention`, with no tombstone
+    /// after it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem::Completion;
+    /// let c = Completion::new(None, Duration::from_secs(60));
+    /// assert_eq!(c.retention, Duration::from_secs(60));
+    /// ```
+    pub fn new(response: Option<&'a [u8]>, retention: Duration) -> Completion<'a> {
+        Completion {
+            response,
+            is_error: false,
+            retention,
+            key_retention: Duration::ZERO,
+        }
+    }
+
     /// Refuses a retention out of range (under 1 ms or over ten years) with
     /// [`Error::InvalidConfig`]: what every store checks first.
     ///
     /// ```
     /// use std::time::Duration;
     /// use idem::{Completion, Error};
-    /// let forever = Completion { response: None, is_error: false, retention: Duration::MAX };
+    /// let forever = Completion { response: None, is_error: false, retention: Duration::MAX, key_retention: Duration::ZERO };
     /// assert!(matches!(forever.check(), Err(Error::InvalidConfig(_))));
     /// ```
     pub fn check(&self) -> Result<(), Error> {
-        check_duration("retention", self.retention)
+        check_duration("retention", self.retention)?;
+        if !self.key_retention.is_zero() {
+            check_duration("key_retention", self.key_retention)?;
+        }
+        Ok(())
     }
+}
+
+/// What a claim's key becomes when its lease ends with no completion (its holder crashed,
+/// stalled or lost the store).
+///
+/// ```
+/// use idem::OnLapse;
+/// assert_eq!(OnLapse::default(), OnLapse::Release);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum OnLapse {
+    /// The key is free: the next claim takes it over and runs the work again. Right for work
+    /// whose effects are all in the store's database, or safe to repeat.
+    #[default]
+    Release,
+    /// The key becomes uncertain: nobody runs it again, and every claim gets
+    /// [`ClaimOutcome::Uncertain`] until it is resolved (`Idempotency::resolve`, `idem
+    /// resolve`, a reconciler). For work with an effect outside the store that must not repeat
+    /// (a charge, an email). The holder may still complete it while nobody has resolved it.
+    Uncertain,
+}
+
+/// An uncertain operation, as [`Store::find_uncertain`](crate::Store::find_uncertain) lists it:
+/// a claim made with [`OnLapse::Uncertain`] whose lease ended with no completion.
+///
+/// ```
+/// use std::time::SystemTime;
+/// use idem::{Key, Token, UncertainOperation};
+/// let op = UncertainOperation { key: Key::derive("charge", "", "c-1")?, token: Token::random(), since: SystemTime::now() };
+/// assert_eq!(op.key, Key::derive("charge", "", "c-1")?);
+/// # Ok::<(), idem::KeyError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UncertainOperation {
+    /// The operation's key.
+    pub key: Key,
+    /// The token of the claim that lapsed: what
+    /// [`Store::take_uncertain`](crate::Store::take_uncertain) is fenced by.
+    pub token: Token,
+    /// When its lease ended.
+    pub since: SystemTime,
 }
 
 /// The result of [`Store::claim`](crate::Store::claim).
@@ -230,6 +320,8 @@ impl Completion<'_> {
 ///         ClaimOutcome::Claimed(_) => "run the work",
 ///         ClaimOutcome::Completed(_) => "replay",
 ///         ClaimOutcome::Locked { .. } => "busy",
+///         ClaimOutcome::Uncertain { .. } => "ask an operator",
+///         ClaimOutcome::Expired { .. } => "too late to replay",
 ///     }
 /// }
 /// assert_eq!(describe(&ClaimOutcome::Locked { retry_after: std::time::Duration::ZERO }), "busy");
@@ -246,6 +338,18 @@ pub enum ClaimOutcome {
         /// Time left on the other claim's lease.
         retry_after: Duration,
     },
+    /// A claim made with [`OnLapse::Uncertain`] lapsed with no completion: whether its work
+    /// took effect is unknown, so nobody runs it again until it is resolved.
+    Uncertain {
+        /// When the lapsed claim's lease ended.
+        since: SystemTime,
+    },
+    /// The key completed, and its result's retention ended at `since`; the key is kept as a
+    /// tombstone (its completion's `key_retention`), so the work does not run again.
+    Expired {
+        /// When the result's retention ended.
+        since: SystemTime,
+    },
 }
 
 /// The state of a live record.
@@ -260,9 +364,25 @@ pub enum RecordState {
     },
     /// The work completed.
     Completed(StoredResult),
+    /// A claim made with [`OnLapse::Uncertain`] lapsed with no completion
+    /// ([`ClaimOutcome::Uncertain`]).
+    Uncertain {
+        /// The lapsed claim's token, which
+        /// [`Store::take_uncertain`](crate::Store::take_uncertain) is fenced by.
+        token: Token,
+        /// When its lease ended.
+        since: SystemTime,
+    },
+    /// The result's retention ended; the key is kept as a tombstone
+    /// ([`ClaimOutcome::Expired`]).
+    Expired {
+        /// When the result's retention ended.
+        since: SystemTime,
+    },
 }
 
-/// A record as [`Store::get`](crate::Store::get) returns it (expired records read as absent).
+/// A record as [`Store::get`](crate::Store::get) returns it (records that ended read as absent;
+/// uncertain ones and tombstones are live).
 ///
 /// ```
 /// use idem::{Record, RecordState};

@@ -74,7 +74,7 @@ impl StepLog {
 /// ```
 /// use std::time::Duration;
 /// use idem::StepWrite;
-/// let begun = StepWrite { name: "charge", position: 1, result: None, retention: Duration::from_secs(60) };
+/// let begun = StepWrite::new("charge", 1, None, Duration::from_secs(60));
 /// assert!(begun.result.is_none());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,16 +87,45 @@ pub struct StepWrite<'a> {
     pub result: Option<&'a [u8]>,
     /// How long the operation's step records are kept, from now.
     pub retention: Duration,
+    /// When `Some`, the write also sets what the operation's record becomes if its claim lapses
+    /// (the same fence): the engine writes [`OnLapse::Uncertain`](crate::OnLapse::Uncertain)
+    /// with an at-most-once step's begin, so a holder that dies inside it leaves the operation
+    /// uncertain, and the call's own choice back with that step's result.
+    pub on_lapse: Option<crate::record::OnLapse>,
 }
 
-impl StepWrite<'_> {
+impl<'a> StepWrite<'a> {
+    /// A write of step `name` at `position`: its begin (`result` `None`) or its result, keeping
+    /// the operation's steps for `retention`, leaving what the record becomes on lapse as it is.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem::StepWrite;
+    /// let charged = StepWrite::new("charge", 0, Some(b"7"), Duration::from_secs(60));
+    /// assert_eq!(charged.on_lapse, None);
+    /// ```
+    pub fn new(
+        name: &'a str,
+        position: u32,
+        result: Option<&'a [u8]>,
+        retention: Duration,
+    ) -> StepWrite<'a> {
+        StepWrite {
+            name,
+            position,
+            result,
+            retention,
+            on_lapse: None,
+        }
+    }
+
     /// Refuses a retention out of range (under 1 ms or over ten years) with
     /// [`Error::InvalidConfig`]: what every store checks first.
     ///
     /// ```
     /// use std::time::Duration;
     /// use idem::{Error, StepWrite};
-    /// let none = StepWrite { name: "charge", position: 0, result: None, retention: Duration::ZERO };
+    /// let none = StepWrite::new("charge", 0, None, Duration::ZERO);
     /// assert!(matches!(none.check(), Err(Error::InvalidConfig(_))));
     /// ```
     pub fn check(&self) -> Result<(), Error> {

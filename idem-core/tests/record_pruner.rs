@@ -37,6 +37,7 @@ fn done(retention: Duration) -> Completion<'static> {
         response: Some(b"ok"),
         is_error: false,
         retention,
+        key_retention: Duration::ZERO,
     }
 }
 

@@ -37,6 +37,7 @@ fn done(bytes: &'static [u8], retention: Duration) -> Completion<'static> {
         response: Some(bytes),
         is_error: false,
         retention,
+        key_retention: Duration::ZERO,
     }
 }
 
@@ -212,6 +213,7 @@ async fn a_raw_completion_over_the_item_limit_is_refused_and_writes_nothing() {
                 response: Some(&over),
                 is_error: false,
                 retention: LONG,
+                key_retention: Duration::ZERO,
             },
         )
         .await;
@@ -233,6 +235,7 @@ async fn a_raw_completion_over_the_item_limit_is_refused_and_writes_nothing() {
                 response: Some(&fits),
                 is_error: false,
                 retention: LONG,
+                key_retention: Duration::ZERO,
             },
         )
         .await
@@ -363,6 +366,7 @@ async fn each_call_costs_its_requests() {
         position: 0,
         result: Some(b"1"),
         retention: LONG,
+        on_lapse: None,
     };
     store.write_step(&c, step).await.unwrap();
     assert_eq!(requests.take(), only("TransactWriteItems"), "a step");

@@ -33,6 +33,7 @@ fn done(r: &[u8], retention: Duration) -> Completion<'_> {
         response: Some(r),
         is_error: false,
         retention,
+        key_retention: Duration::ZERO,
     }
 }
 

@@ -599,6 +599,26 @@ impl Store for RemoteStore {
         Ok(Some(Record::new(*key, fingerprint, state)))
     }
 
+    // LAPSE-STUB: replaced by the fenced protocol's take_uncertain/find_uncertain (issue 42).
+    async fn take_uncertain(
+        &self,
+        key: &idem_core::Key,
+        token: idem_core::Token,
+        lease: std::time::Duration,
+    ) -> Result<idem_core::Claim, idem_core::Error> {
+        let _ = (token, lease);
+        Err(idem_core::Error::NotUncertain { operation: *key })
+    }
+
+    // LAPSE-STUB
+    async fn find_uncertain(
+        &self,
+        query: idem_core::AbandonedQuery<'_>,
+    ) -> Result<Vec<idem_core::UncertainOperation>, idem_core::Error> {
+        let _ = query;
+        Ok(Vec::new())
+    }
+
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
         let out: EvictOut = self
             .inner
@@ -830,12 +850,14 @@ mod tests {
             response: Some(b"r"),
             is_error: false,
             retention: Duration::ZERO,
+            key_retention: Duration::ZERO,
         };
         let step = StepWrite {
             name: "charge",
             position: 0,
             result: None,
             retention: Duration::ZERO,
+            on_lapse: None,
         };
         let refusals = [
             store

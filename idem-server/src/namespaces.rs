@@ -98,7 +98,11 @@ impl Namespaces {
                     require_token: self.require_token,
                 }))
             }
-            Holder::Absent | Holder::Claimed(_) => Ok(None),
+            // LAPSE-STUB: namespaces are never uncertain; tombstones (issue 42).
+            Holder::Absent
+            | Holder::Claimed(_)
+            | Holder::Uncertain { .. }
+            | Holder::Expired { .. } => Ok(None),
         }
     }
 
@@ -164,7 +168,8 @@ impl Namespaces {
                     updated: now,
                     require_token: require_token.unwrap_or(false),
                 },
-                Holder::Claimed(_) => {
+                // LAPSE-STUB (issue 42)
+                Holder::Claimed(_) | Holder::Uncertain { .. } | Holder::Expired { .. } => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }

@@ -498,6 +498,8 @@ async fn tokenless_complete(
         let claim = match engine.holder(&key).await.map_err(engine_error)? {
             Holder::Completed(_) => return Ok(()),
             Holder::Claimed(claim) => claim,
+            // LAPSE-STUB (issue 42)
+            Holder::Uncertain { .. } | Holder::Expired { .. } => return Err(changed_hands()),
             Holder::Absent => match engine
                 .call(key)
                 .scope_named(ns.scope.clone())
@@ -559,6 +561,8 @@ async fn abort(
                         released = true;
                         break;
                     }
+                    // LAPSE-STUB (issue 42)
+                    Holder::Uncertain { .. } | Holder::Expired { .. } => break,
                     Holder::Claimed(claim) => match engine.release(&ns.scope, &claim).await {
                         Ok(()) => {
                             released = true;
@@ -609,6 +613,10 @@ async fn get_record(
     };
     let fingerprint_sha256 = record.fingerprint.map(|f| hex::encode(f.as_bytes()));
     let answer = match record.state {
+        // LAPSE-STUB (issue 42)
+        RecordState::Uncertain { .. } | RecordState::Expired { .. } => {
+            GetOut::of(GetStatus::Absent)
+        }
         RecordState::InProgress { token, lease_until } => GetOut {
             token: Some(token_text(token)),
             lease_until_ms: Some(unix_ms(lease_until)),
@@ -712,6 +720,7 @@ async fn write_step(
         position: input.position,
         result: input.result.as_deref(),
         retention: period(input.ttl_ms.get(), "ttl_ms")?,
+        on_lapse: None,
     };
     app.inner
         .engine

@@ -322,6 +322,7 @@ async fn a_completion_is_reported_only_once_it_committed() {
         response: Some(b"paid"),
         is_error: false,
         retention: Duration::from_secs(60),
+        key_retention: Duration::ZERO,
     };
     flaky
         .0
@@ -437,6 +438,7 @@ async fn a_result_over_the_servers_body_limit_is_not_retained_and_never_reruns()
                 response: Some(&big),
                 is_error: false,
                 retention: Duration::from_secs(60),
+                key_retention: Duration::ZERO,
             },
         )
         .await;

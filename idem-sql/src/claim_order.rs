@@ -98,8 +98,13 @@ impl ClaimPath {
         }
         let live = match result {
             Ok(ClaimOutcome::Claimed(_)) => false,
-            Ok(ClaimOutcome::Completed(_) | ClaimOutcome::Locked { .. })
-            | Err(Error::KeyReused) => true,
+            Ok(
+                ClaimOutcome::Completed(_)
+                | ClaimOutcome::Locked { .. }
+                | ClaimOutcome::Uncertain { .. }
+                | ClaimOutcome::Expired { .. },
+            )
+            | Err(Error::KeyReused | Error::PolicyChanged { .. }) => true,
             Err(_) => return,
         };
         // A plain load and store: concurrent updates may overwrite each other, which only

@@ -347,6 +347,26 @@ impl<DB: Backend> Store for SqlStore<DB> {
             .await
     }
 
+    // LAPSE-STUB: replaced by this store's own take_uncertain/find_uncertain (issue 42).
+    async fn take_uncertain(
+        &self,
+        key: &idem_core::Key,
+        token: idem_core::Token,
+        lease: std::time::Duration,
+    ) -> Result<idem_core::Claim, idem_core::Error> {
+        let _ = (token, lease);
+        Err(idem_core::Error::NotUncertain { operation: *key })
+    }
+
+    // LAPSE-STUB
+    async fn find_uncertain(
+        &self,
+        query: idem_core::AbandonedQuery<'_>,
+    ) -> Result<Vec<idem_core::UncertainOperation>, idem_core::Error> {
+        let _ = query;
+        Ok(Vec::new())
+    }
+
     async fn find_abandoned(&self, query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error> {
         let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
         self.protocol

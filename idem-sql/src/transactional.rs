@@ -174,6 +174,7 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
             response: Some(&sealed),
             is_error: false,
             retention: claim.retention,
+            key_retention: Duration::ZERO,
         };
         self.store.complete_in(conn, &claim_, done).await
     }
@@ -282,6 +283,12 @@ impl<S: TransactionalStore, C: Codec> TxCall<'_, S, C> {
                 adapter::replay(&engine.core, cached).map(TxClaimOutcome::Replayed)
             }
             ClaimOutcome::Locked { retry_after } => Err(Error::Locked { retry_after }),
+            // LAPSE-STUB: the transactional mode's answers to these (issue 42).
+            ClaimOutcome::Uncertain { since } => Err(Error::Uncertain {
+                operation: key,
+                since,
+            }),
+            ClaimOutcome::Expired { since } => Err(Error::ResultExpired { since }),
         }
     }
 

@@ -386,6 +386,7 @@ async fn abandon_in_process(engine: &Idempotency, n: u32, lease: Duration) {
             position,
             result: Some(result),
             retention: day,
+            on_lapse: None,
         };
         store
             .write_step(

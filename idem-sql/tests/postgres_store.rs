@@ -76,6 +76,7 @@ fn done(body: &[u8], retention: Duration) -> Completion<'_> {
         response: Some(body),
         is_error: false,
         retention,
+        key_retention: Duration::ZERO,
     }
 }
 

@@ -37,6 +37,7 @@ fn done(bytes: &[u8], retention: Duration) -> Completion<'_> {
         response: Some(bytes),
         is_error: false,
         retention,
+        key_retention: Duration::ZERO,
     }
 }
 
@@ -300,7 +301,7 @@ async fn concurrent_claims_start_exactly_once() {
                     assert!(retry_after <= LEASE);
                     locked += 1;
                 }
-                ClaimOutcome::Completed(c) => panic!("nothing completed yet: {c:?}"),
+                other => panic!("nothing completed or lapsed yet: {other:?}"),
             }
         }
         assert_eq!((started, locked), (1, 23), "round {round}");

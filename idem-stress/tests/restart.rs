@@ -24,6 +24,7 @@ fn done(response: &[u8], retention: Duration) -> Completion<'_> {
         response: Some(response),
         is_error: false,
         retention,
+        key_retention: Duration::ZERO,
     }
 }
 
@@ -60,6 +61,9 @@ async fn run_to_completion(store: &PostgresStore, i: usize, response: &[u8]) {
                 return;
             }
             ClaimOutcome::Completed(_) => return,
+            other @ (ClaimOutcome::Uncertain { .. } | ClaimOutcome::Expired { .. }) => {
+                panic!("no claim here is uncertain or tombstoned, yet got {other:?}")
+            }
             ClaimOutcome::Locked { retry_after } => {
                 tokio::time::sleep(retry_after.max(Duration::from_millis(10))).await
             }

@@ -105,6 +105,7 @@ pub async fn claim_steps_and_complete(store: &dyn idem_core::Store, key: &idem_c
         position: 0,
         result: Some(b"ch_1"),
         retention,
+        on_lapse: None,
     };
     store.write_step(&first, step).await.unwrap();
     store.abort(&first).await.unwrap();
@@ -118,6 +119,7 @@ pub async fn claim_steps_and_complete(store: &dyn idem_core::Store, key: &idem_c
         response: Some(b"receipt"),
         is_error: false,
         retention,
+        key_retention: Duration::ZERO,
     };
     store.complete(&second, done).await.unwrap();
     match store.claim(ClaimRequest::new(key, lease)).await.unwrap() {
@@ -140,7 +142,7 @@ pub async fn claim_steps_and_complete(store: &dyn idem_core::Store, key: &idem_c
 /// let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
 /// let kept = Key::derive("doc", "", "kept").unwrap();
 /// let ClaimOutcome::Claimed(claim) = store.claim(ClaimRequest::new(&kept, std::time::Duration::from_secs(30))).await.unwrap() else { panic!() };
-/// let done = Completion { response: None, is_error: false, retention: std::time::Duration::from_secs(60) };
+/// let done = Completion { response: None, is_error: false, retention: std::time::Duration::from_secs(60), key_retention: Duration::ZERO };
 /// store.complete(&claim, done).await.unwrap();
 /// idem_test_support::upgraded_and_working(&store, &kept, &Key::derive("doc", "", "new").unwrap()).await;
 /// # } }

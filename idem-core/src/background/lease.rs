@@ -80,7 +80,12 @@ impl Lease for RecordsLease {
             }
             // A live lease elsewhere; a completed record cannot be a pruner's, but it holds
             // the key as firmly until its retention ends.
-            ClaimOutcome::Locked { .. } | ClaimOutcome::Completed(_) => Ok(false),
+            // (Nor can an uncertain claim or a tombstone: a lease is claimed as `Release`, and
+            // never completed.)
+            ClaimOutcome::Locked { .. }
+            | ClaimOutcome::Completed(_)
+            | ClaimOutcome::Uncertain { .. }
+            | ClaimOutcome::Expired { .. } => Ok(false),
         }
     }
 

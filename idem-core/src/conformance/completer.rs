@@ -26,6 +26,7 @@ async fn store_input(s: &dyn Store, c: &Claim, scope: &str, input: &[u8]) {
         position: INPUT_POSITION,
         result: Some(&stored),
         retention: long(),
+        on_lapse: None,
     };
     s.write_step(c, step).await.unwrap();
 }
@@ -40,6 +41,7 @@ async fn with_input(s: &dyn Store, k: &Key, lease: std::time::Duration, input: &
         position: 0,
         result: Some(b"1"),
         retention: long(),
+        on_lapse: None,
     };
     s.write_step(&c, a).await.unwrap();
     c
@@ -99,6 +101,7 @@ pub async fn abandoned_found_when_unheld_only(h: impl Harness) {
         position: INPUT_POSITION,
         result: Some(b""),
         retention: long(),
+        on_lapse: None,
     };
     s.write_step(&c, step).await.unwrap();
     s.abort(&c).await.unwrap();

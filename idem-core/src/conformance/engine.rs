@@ -357,6 +357,7 @@ pub async fn unretained_result_never_reruns(engine: &Idempotency, k: Key, len: u
 pub async fn engine_retention_then_rerun(h: impl Harness) {
     let engine = Idempotency::builder(h.store())
         .retention(short())
+        .key_retention(Duration::ZERO)
         .build()
         .unwrap();
     let k = key("retained");

@@ -115,11 +115,13 @@ use crate::store::Store;
 
 mod completer;
 mod engine;
+mod lapse;
 mod steps;
 mod store;
 
 pub use completer::*;
 pub use engine::*;
+pub use lapse::*;
 pub use steps::*;
 pub use store::*;
 
@@ -306,7 +308,19 @@ macro_rules! __conformance {
             engine_interrupted_step_per_mode,
             abandoned_found_when_unheld_only,
             abandoned_pages_by_key,
-            engine_completer_finishes_abandoned
+            engine_completer_finishes_abandoned,
+            uncertain_lapse_is_never_taken_over,
+            uncertain_holder_still_completes,
+            take_uncertain_is_fenced,
+            uncertain_resolutions_free_or_lapse_again,
+            uncertain_pages_by_key,
+            step_writes_set_what_a_lapse_leaves,
+            tombstone_answers_expired_then_frees,
+            tombstone_is_pruned_after_key_retention,
+            policy_change_is_not_key_reused,
+            engine_uncertain_never_reruns,
+            engine_uncertain_failed_or_abandoned,
+            engine_tombstone_then_runs
         );
     };
     (@tests $harness:ty, $rt:tt; $($rule:ident),*) => {

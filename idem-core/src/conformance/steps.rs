@@ -21,6 +21,7 @@ fn finished<'a>(
         position,
         result: Some(result),
         retention,
+        on_lapse: None,
     }
 }
 
@@ -30,6 +31,7 @@ fn begun(name: &str, position: u32, retention: Duration) -> StepWrite<'_> {
         position,
         result: None,
         retention,
+        on_lapse: None,
     }
 }
 

@@ -36,6 +36,7 @@ pub(super) fn done(response: &[u8], retention: Duration) -> Completion<'_> {
         response: Some(response),
         is_error: false,
         retention,
+        key_retention: Duration::ZERO,
     }
 }
 
@@ -112,7 +113,7 @@ pub async fn concurrent_starts_claim_once(h: impl Harness) {
         match t.await.unwrap() {
             ClaimOutcome::Claimed(_) => started += 1,
             ClaimOutcome::Locked { .. } => {}
-            ClaimOutcome::Completed(c) => panic!("nothing completed, yet got {c:?}"),
+            other => panic!("nothing completed or lapsed, yet got {other:?}"),
         }
     }
     assert_eq!(
@@ -150,6 +151,7 @@ pub async fn completed_replays(h: impl Harness) {
             response: Some(b"receipt"),
             is_error: true,
             retention: long(),
+            key_retention: Duration::ZERO,
         },
     )
     .await
@@ -170,6 +172,7 @@ pub async fn completed_without_response_replays(h: impl Harness) {
             response: None,
             is_error: false,
             retention: long(),
+            key_retention: Duration::ZERO,
         },
     )
     .await

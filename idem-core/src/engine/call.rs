@@ -16,6 +16,7 @@ use crate::codec::Codec;
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{Probe, Scope};
+use crate::record::OnLapse;
 use crate::step::{StepLog, INPUT_POSITION, INPUT_STEP};
 
 /// One call through an engine, made by [`Idempotency::call`] (or `Transactional::call`, features
@@ -149,6 +150,50 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
         self.overrides.on_locked = Some(on_locked);
         self
+    }
+
+    /// What this call's key becomes if its claim lapses with no completion (the policy's
+    /// [`on_lapse`](crate::Policy::on_lapse) otherwise): [`OnLapse::Uncertain`] for work whose
+    /// effect must not repeat (a charge through a provider), so that a holder that dies or
+    /// stalls past its lease leaves the key uncertain, and every retry gets
+    /// [`Error::Uncertain`] until it is resolved ([`Idempotency::resolve`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem::{Error, Idempotency, Key, ManualClock, MemoryStore, OnLapse};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let clock = ManualClock::new();
+    /// let engine = Idempotency::new(MemoryStore::with_clock(clock.clone()));
+    /// let key = Key::derive("charge", "", "c-1")?;
+    /// let idem::CallClaim::Claimed(_dead) = engine.call(key).on_lapse(OnLapse::Uncertain).claim().await? else {
+    ///     unreachable!()
+    /// };
+    /// clock.advance(Duration::from_secs(31)); // its holder stalled past the lease
+    /// let retry = engine.call(key).run(async { Ok::<_, Error>("charged again") }).await;
+    /// assert!(matches!(retry, Err(Error::Uncertain { operation, .. }) if operation == key));
+    /// # Ok(()) }
+    /// ```
+    pub fn on_lapse(mut self, on_lapse: OnLapse) -> Self {
+        self.overrides.on_lapse = Some(on_lapse);
+        self
+    }
+
+    /// The key to pass to a provider that takes an idempotency key of its own (Stripe's
+    /// `Idempotency-Key`, a bank's request id) for this call's effect: derived from the call's
+    /// key, so the same on every attempt and after a takeover, and never the client's key
+    /// itself. `None` for a call without a key. See [`Key::provider_key`].
+    ///
+    /// ```
+    /// use idem::{Idempotency, Key, MemoryStore};
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "alice", "req-1")?;
+    /// let first = engine.call(key).provider_key();
+    /// assert_eq!(first, engine.call(key).provider_key());
+    /// assert_eq!(first, Some(key.provider_key(None)));
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    pub fn provider_key(&self) -> Option<String> {
+        self.key.map(|k| k.provider_key(None))
     }
 
     /// Runs `work` once per key: the first call runs it and stores its `Ok` value; later calls
@@ -364,7 +409,13 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
             let input = self.steps_input.transpose()?;
             let engine = self.engine;
             let Some(key) = self.key else {
-                let steps = Steps::new(engine.clone(), None, Duration::ZERO, StepLog::first());
+                let steps = Steps::new(
+                    engine.clone(),
+                    None,
+                    Duration::ZERO,
+                    OnLapse::Release,
+                    StepLog::first(),
+                );
                 return work(steps).await.map(Outcome::Fresh);
             };
             let core = &engine.inner.core;
@@ -386,13 +437,15 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                     Claimed::Ended(out) => return out,
                     Claimed::Holding(holding) => holding,
                 };
-                let (claim, retention) = holding.steps_of();
+                let (claim, retention, on_lapse) = holding.steps_of();
                 // Begun inside the work, so a store that refuses releases the claim as a
                 // failed work does.
                 let work = async move {
                     let log = engine.store().begin_steps(&claim, retention).await?;
                     let Some(input) = &input else {
-                        return work(Steps::new(engine.clone(), Some(claim), retention, log)).await;
+                        let steps =
+                            Steps::new(engine.clone(), Some(claim), retention, on_lapse, log);
+                        return work(steps).await;
                     };
                     store_input(engine.store(), &claim, &log, input, retention).await?;
                     let attempt = log.attempt;
@@ -400,6 +453,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                         engine.clone(),
                         Some(claim.clone()),
                         retention,
+                        on_lapse,
                         log,
                     ))
                     .await;
@@ -683,6 +737,7 @@ async fn store_input(
         position: INPUT_POSITION,
         result: Some(input),
         retention,
+        on_lapse: None,
     };
     store.write_step(claim, step).await
 }
@@ -701,6 +756,7 @@ async fn mark_failed(
         position: INPUT_POSITION,
         result: Some(b""),
         retention,
+        on_lapse: None,
     };
     store.write_step(claim, step).await
 }

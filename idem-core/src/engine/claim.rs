@@ -1,14 +1,12 @@
 //! The claim attempt: one `start` that is finished even if its caller goes away.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::detach::{BoxFuture, RunToEnd};
 use super::finish::release;
 use super::underway::Releasing;
 use super::Shared;
 use crate::error::Error;
-use crate::key::{Fingerprint, Key};
 use crate::record::{ClaimOutcome, ClaimRequest};
 
 /// One claim attempt that is finished even if its caller goes away: a claim statement in flight
@@ -16,25 +14,27 @@ use crate::record::{ClaimOutcome, ClaimRequest};
 /// of its own, and whatever it claimed is released. A retry in this process waits for that.
 pub(super) async fn attempt(
     shared: &Arc<Shared>,
-    key: &Key,
-    fingerprint: Option<&Fingerprint>,
-    lease: Duration,
+    request: ClaimRequest<'_>,
 ) -> Result<ClaimOutcome, Error> {
     if let Some(now) = shared.store.immediate() {
         // Done before this returns: nothing to run on after a caller that goes away.
-        return now.claim_now(ClaimRequest::new(key, lease).fingerprint(fingerprint));
+        return now.claim_now(request);
     }
     let attempt = {
-        let (store, key, fingerprint) = (shared.store.clone(), *key, fingerprint.copied());
+        let store = shared.store.clone();
+        let (key, fingerprint) = (*request.key, request.fingerprint.copied());
+        let (lease, on_lapse) = (request.lease, request.on_lapse);
         // Through `&dyn Store`: on the `Arc` itself, the call would go through `Arc`'s
         // forwarding impl and box its future twice.
         Box::pin(async move {
-            let request = ClaimRequest::new(&key, lease).fingerprint(fingerprint.as_ref());
+            let request = ClaimRequest::new(&key, lease)
+                .fingerprint(fingerprint.as_ref())
+                .on_lapse(on_lapse);
             (*store).claim(request).await
         })
     };
     let shared = shared.clone();
-    let key = *key;
+    let key = *request.key;
     RunToEnd::new(
         attempt,
         move |attempt: BoxFuture<Result<ClaimOutcome, Error>>| {

@@ -139,6 +139,7 @@ impl ClaimGuard {
             response: Some(&sealed),
             is_error: false,
             retention,
+            key_retention: self.shared.key_retention,
         };
         let stored = renewing(store, &claim, lease, store.complete(&claim, completion)).await;
         self.shared.waiters.wake(claim.key());
@@ -211,6 +212,7 @@ impl Completing {
             response: Some(&self.sealed),
             is_error: self.is_error,
             retention: self.retention,
+            key_retention: self.shared.key_retention,
         }
     }
 
@@ -287,6 +289,7 @@ impl Retrying {
             response,
             is_error: self.pending.record.is_error,
             retention: self.retention,
+            key_retention: self.shared.key_retention,
         };
         let give_up = Instant::now() + self.retention.min(LAPSED_CLAIMS_KEPT);
         let longest = pending_retry_after(self.lease);

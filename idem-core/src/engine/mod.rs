@@ -18,7 +18,7 @@ use crate::codec::{Codec, JsonCodec};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{Probe, Stage};
-use crate::record::{Claim, ClaimOutcome, StoredResult};
+use crate::record::{Claim, ClaimOutcome, ClaimRequest, OnLapse, StoredResult};
 use crate::store::Store;
 
 mod cache;
@@ -27,6 +27,7 @@ mod claim;
 mod detach;
 mod finish;
 mod policy;
+mod resolve;
 mod split;
 mod steps;
 mod stored;
@@ -35,7 +36,8 @@ mod waiters;
 
 pub use cache::ReplayCache;
 pub use call::Call;
-pub use policy::{EngineBuilder, OnLocked, Outcome, Policy};
+pub use policy::{EngineBuilder, OnLocked, Outcome, Policy, DEFAULT_KEY_RETENTION};
+pub use resolve::Resolution;
 pub use split::{CallClaim, Finish, Holder};
 pub use steps::{atomic_step, AtomicStep, Attempt, Step, Steps};
 
@@ -136,16 +138,19 @@ struct Shared {
     completions: Completions,
     /// How long recent work took: the basis of `retry_after`.
     typical: Typical,
+    /// The policy's [`key_retention`](Policy::key_retention): every completion's tombstone.
+    key_retention: Duration,
 }
 
 impl Shared {
-    fn new(store: Arc<dyn Store>) -> Arc<Shared> {
+    fn new(store: Arc<dyn Store>, key_retention: Duration) -> Arc<Shared> {
         Arc::new(Shared {
             store,
             waiters: Waiters::default(),
             releases: Releases::default(),
             completions: Completions::default(),
             typical: Typical::default(),
+            key_retention,
         })
     }
 }
@@ -246,7 +251,7 @@ impl<C: Codec> Idempotency<C> {
         let core = core.fit(&*store);
         Idempotency {
             inner: Arc::new(Inner {
-                shared: Shared::new(store),
+                shared: Shared::new(store, core.policy.key_retention),
                 cache: core.replay_cache.clone().map(Cache::new),
                 core,
             }),
@@ -374,6 +379,7 @@ impl<C: Codec> Idempotency<C> {
                 fingerprint.as_ref(),
                 resolved.lease,
                 resolved.on_locked,
+                resolved.on_lapse,
             )
             .await;
         // The clock is read when something uses it: the claim's time (a timed call), or the
@@ -503,6 +509,7 @@ impl<C: Codec> Idempotency<C> {
         fingerprint: Option<&Fingerprint>,
         lease: Duration,
         on_locked: OnLocked,
+        on_lapse: OnLapse,
     ) -> Result<Acquired, Error> {
         let shared = &self.inner.shared;
         if let Some(cache) = &self.inner.cache {
@@ -526,17 +533,17 @@ impl<C: Codec> Idempotency<C> {
             };
             return Box::pin(self.pending(key, fingerprint, lease, wait, pending)).await;
         }
+        let claim = ClaimRequest::new(key, lease)
+            .fingerprint(fingerprint)
+            .on_lapse(on_lapse);
         match on_locked {
-            OnLocked::FailFast => match attempt(shared, key, fingerprint, lease).await? {
-                ClaimOutcome::Claimed(c) => Ok(Acquired::Claim(c)),
-                ClaimOutcome::Completed(c) => Ok(Acquired::Replay(c)),
-                ClaimOutcome::Locked { retry_after } => Err(Error::Locked {
+            OnLocked::FailFast => match acquired(attempt(shared, claim).await?, key)? {
+                Ok(acquired) => Ok(acquired),
+                Err(retry_after) => Err(Error::Locked {
                     retry_after: shared.typical.retry_after(retry_after),
                 }),
             },
-            OnLocked::Wait { timeout } => {
-                Box::pin(self.wait_for(key, fingerprint, lease, timeout)).await
-            }
+            OnLocked::Wait { timeout } => Box::pin(self.wait_for(claim, timeout)).await,
         }
     }
 
@@ -544,11 +551,10 @@ impl<C: Codec> Idempotency<C> {
     /// stored result, waiting up to `timeout` for a live claim on it to end.
     async fn wait_for(
         &self,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        lease: Duration,
+        claim: ClaimRequest<'_>,
         timeout: Duration,
     ) -> Result<Acquired, Error> {
+        let (key, fingerprint, lease) = (claim.key, claim.fingerprint, claim.lease);
         let shared = &self.inner.shared;
         let deadline = Instant::now() + timeout;
         let slot = shared.waiters.join(*key);
@@ -562,10 +568,9 @@ impl<C: Codec> Idempotency<C> {
                 let left = deadline.saturating_duration_since(Instant::now());
                 return self.pending(key, fingerprint, lease, left, pending).await;
             }
-            let retry_after = match attempt(shared, key, fingerprint, lease).await? {
-                ClaimOutcome::Claimed(c) => return Ok(Acquired::Claim(c)),
-                ClaimOutcome::Completed(c) => return Ok(Acquired::Replay(c)),
-                ClaimOutcome::Locked { retry_after } => retry_after,
+            let retry_after = match acquired(attempt(shared, claim).await?, key)? {
+                Ok(acquired) => return Ok(acquired),
+                Err(retry_after) => retry_after,
             };
             let now = Instant::now();
             if now >= deadline {
@@ -592,6 +597,24 @@ impl<C: Codec> Idempotency<C> {
             }
         }
     }
+}
+
+/// What a claim's outcome gives a call: the claim or a result to replay, or (`Err` inside) how
+/// long the live claim that holds the key may last; an uncertain key or a tombstone is the
+/// call's error, never waited on (neither ends by itself).
+fn acquired(outcome: ClaimOutcome, key: &Key) -> Result<Result<Acquired, Duration>, Error> {
+    Ok(match outcome {
+        ClaimOutcome::Claimed(c) => Ok(Acquired::Claim(c)),
+        ClaimOutcome::Completed(c) => Ok(Acquired::Replay(c)),
+        ClaimOutcome::Locked { retry_after } => Err(retry_after),
+        ClaimOutcome::Uncertain { since } => {
+            return Err(Error::Uncertain {
+                operation: *key,
+                since,
+            })
+        }
+        ClaimOutcome::Expired { since } => return Err(Error::ResultExpired { since }),
+    })
 }
 
 impl<C: Codec> Idempotency<C> {
@@ -664,8 +687,13 @@ pub(crate) struct Holding {
 
 impl Holding {
     /// The claim and the retention a call's steps are stored with.
-    fn steps_of(&self) -> (Claim, Duration) {
-        (self.claim.clone(), self.resolved.retention)
+    fn steps_of(&self) -> (Claim, Duration, OnLapse) {
+        let Resolved {
+            retention,
+            on_lapse,
+            ..
+        } = self.resolved;
+        (self.claim.clone(), retention, on_lapse)
     }
 }
 

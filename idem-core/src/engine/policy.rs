@@ -10,6 +10,7 @@ use crate::codec::{Codec, JsonCodec};
 use crate::error::Error;
 use crate::key::Key;
 use crate::observe::{Meters, Observer, DEFAULT_LATENCIES_ONE_IN};
+use crate::record::OnLapse;
 use crate::store::{check_duration, Store};
 
 /// What a call does when another call holds a live claim on its key.
@@ -53,7 +54,12 @@ pub struct Policy {
     pub(crate) retention: Duration,
     pub(crate) on_locked: OnLocked,
     pub(crate) max_response_bytes: usize,
+    pub(crate) key_retention: Duration,
+    pub(crate) on_lapse: OnLapse,
 }
+
+/// [`Policy::key_retention`]'s default: seven days.
+pub const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl Default for Policy {
     fn default() -> Self {
@@ -62,6 +68,8 @@ impl Default for Policy {
             retention: Duration::from_secs(24 * 3600),
             on_locked: OnLocked::FailFast,
             max_response_bytes: 1 << 20,
+            key_retention: DEFAULT_KEY_RETENTION,
+            on_lapse: OnLapse::Release,
         }
     }
 }
@@ -91,9 +99,27 @@ impl Policy {
         self.max_response_bytes
     }
 
+    /// How long a key is kept after its result's retention ends, as a tombstone without the
+    /// result: a retry then gets [`Error::ResultExpired`] instead of running the work again.
+    /// Default [`DEFAULT_KEY_RETENTION`], seven days; zero frees the key when the retention
+    /// ends. docs/architecture.md ("Past the lease") says why, and what a tombstone costs per
+    /// store.
+    pub fn key_retention(&self) -> Duration {
+        self.key_retention
+    }
+
+    /// What a call's key becomes if its claim lapses with no completion. Default
+    /// [`OnLapse::Release`]: a retry runs the work again.
+    pub fn on_lapse(&self) -> OnLapse {
+        self.on_lapse
+    }
+
     fn validate(&self) -> Result<(), Error> {
         check_duration("lease", self.lease)?;
         check_duration("retention", self.retention)?;
+        if !self.key_retention.is_zero() {
+            check_duration("key_retention", self.key_retention)?;
+        }
         if self.max_response_bytes == 0 {
             return Err(Error::InvalidConfig(
                 "max_response_bytes must be at least 1".into(),
@@ -206,6 +232,33 @@ impl<S, C: Codec> EngineBuilder<S, C> {
         self
     }
 
+    /// Sets [`Policy::key_retention`] (zero for no tombstones).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem::{Idempotency, MemoryStore};
+    /// let engine = Idempotency::builder(MemoryStore::new()).key_retention(Duration::ZERO).build()?;
+    /// assert_eq!(engine.policy().key_retention(), Duration::ZERO);
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    pub fn key_retention(mut self, key_retention: Duration) -> Self {
+        self.policy.key_retention = key_retention;
+        self
+    }
+
+    /// Sets [`Policy::on_lapse`] for every call of the engine (a call may set its own).
+    ///
+    /// ```
+    /// use idem::{Idempotency, MemoryStore, OnLapse};
+    /// let engine = Idempotency::builder(MemoryStore::new()).on_lapse(OnLapse::Uncertain).build()?;
+    /// assert_eq!(engine.policy().on_lapse(), OnLapse::Uncertain);
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    pub fn on_lapse(mut self, on_lapse: OnLapse) -> Self {
+        self.policy.on_lapse = on_lapse;
+        self
+    }
+
     /// Uses another codec for stored results.
     pub fn codec<C2: Codec>(self, codec: C2) -> EngineBuilder<S, C2> {
         EngineBuilder {
@@ -294,6 +347,7 @@ pub struct Overrides {
     pub(crate) lease: Option<Duration>,
     pub(crate) retention: Option<Duration>,
     pub(crate) on_locked: Option<OnLocked>,
+    pub(crate) on_lapse: Option<OnLapse>,
     /// The call's label in metrics, traces and hooks (the attribute's scope).
     pub(crate) scope: Option<&'static str>,
 }
@@ -324,6 +378,13 @@ impl Overrides {
         self
     }
 
+    /// What the call's key becomes if its claim lapses, as
+    /// [`Call::on_lapse`](crate::Call::on_lapse) sets it.
+    pub fn on_lapse(mut self, on_lapse: OnLapse) -> Overrides {
+        self.on_lapse = Some(on_lapse);
+        self
+    }
+
     /// Checks the lease and the retention set here as a call checks them when it runs (each
     /// between 1 ms and 10 years), for configuration checked before any call: an
     /// [`Error::InvalidConfig`] naming the first out of range.
@@ -347,6 +408,8 @@ pub struct Resolved {
     pub retention: Duration,
     /// What the call does when its key is locked.
     pub on_locked: OnLocked,
+    /// What the call's key becomes if its claim lapses.
+    pub on_lapse: OnLapse,
 }
 
 /// What both engines are made of besides their store: the policy, the codec and the observer,
@@ -409,6 +472,7 @@ impl<C: Codec> Core<C> {
             lease: pick("lease", overrides.lease, self.policy.lease)?,
             retention: pick("retention", overrides.retention, self.policy.retention)?,
             on_locked: overrides.on_locked.unwrap_or(self.policy.on_locked),
+            on_lapse: overrides.on_lapse.unwrap_or(self.policy.on_lapse),
         })
     }
 

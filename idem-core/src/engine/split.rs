@@ -158,6 +158,17 @@ pub enum Holder {
     Claimed(Claim),
     /// A completed record, with the bytes [`finish`](Idempotency::finish) stored.
     Completed(Vec<u8>),
+    /// A claim made with [`OnLapse::Uncertain`](crate::OnLapse::Uncertain) lapsed with no
+    /// completion: nobody may act on it but a resolution ([`Idempotency::resolve`]).
+    Uncertain {
+        /// When its lease ended.
+        since: std::time::SystemTime,
+    },
+    /// The result's retention ended at `since`; the key is a tombstone.
+    Expired {
+        /// When the result's retention ended.
+        since: std::time::SystemTime,
+    },
 }
 
 /// The stored bytes as they are: what [`Idempotency::finish`] stores, [`Call::claim`] replays.
@@ -421,7 +432,7 @@ impl<C: Codec> Idempotency<C> {
     /// let day = Duration::from_secs(86_400);
     /// let CallClaim::Claimed(claim) = engine.call(key).claim().await? else { unreachable!() };
     /// assert_eq!(engine.begin_steps(&claim, day).await?.attempt, 1);
-    /// engine.write_step(&claim, StepWrite { name: "charge", position: 0, result: Some(b"7"), retention: day }).await?;
+    /// engine.write_step(&claim, StepWrite { name: "charge", position: 0, result: Some(b"7"), retention: day, on_lapse: None }).await?;
     /// assert_eq!(engine.begin_steps(&claim, day).await?.steps.len(), 1);
     /// # Ok(()) }
     /// ```
@@ -443,7 +454,7 @@ impl<C: Codec> Idempotency<C> {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let CallClaim::Claimed(claim) = engine.call(Key::derive("ride", "", "r-2")?).claim().await? else { unreachable!() };
-    /// let unnamed = StepWrite { name: "", position: 0, result: None, retention: Duration::from_secs(60) };
+    /// let unnamed = StepWrite { name: "", position: 0, result: None, retention: Duration::from_secs(60), on_lapse: None };
     /// let refused = engine.write_step(&claim, unnamed).await;
     /// assert!(matches!(refused, Err(Error::InvalidStep(_))));
     /// # Ok(()) }
@@ -464,6 +475,8 @@ impl<C: Codec> Idempotency<C> {
             Some(record) => match record.state {
                 RecordState::InProgress { token, .. } => Holder::Claimed(Claim::new(*key, token)),
                 RecordState::Completed(stored) => Holder::Completed(stored.result()?.to_vec()),
+                RecordState::Uncertain { since, .. } => Holder::Uncertain { since },
+                RecordState::Expired { since } => Holder::Expired { since },
             },
         })
     }

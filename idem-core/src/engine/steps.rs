@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::Idempotency;
 use crate::codec::{Codec, JsonCodec};
 use crate::error::Error;
-use crate::record::Claim;
+use crate::record::{Claim, OnLapse};
 use crate::step::{
     StepLog, StepRecord, StepState, StepWrite, INPUT_STEP, MAX_STEP_NAME_LEN, RESERVED_PREFIX,
 };
@@ -69,6 +69,9 @@ struct Inner<C> {
     /// `None` for a call without a key: every step runs, nothing is stored.
     claim: Option<Claim>,
     retention: Duration,
+    /// What the call's key becomes on lapse: an at-most-once step sets
+    /// [`OnLapse::Uncertain`] while it runs, and this back once it stored its result.
+    on_lapse: OnLapse,
     attempt: Attempt,
     progress: Mutex<Progress>,
 }
@@ -103,6 +106,7 @@ impl<C: Codec> Steps<C> {
         engine: Idempotency<C>,
         claim: Option<Claim>,
         retention: Duration,
+        on_lapse: OnLapse,
         mut log: StepLog,
     ) -> Steps<C> {
         // The operation's input (`Call::run_steps_with`) is no step of the work's.
@@ -119,6 +123,7 @@ impl<C: Codec> Steps<C> {
                 engine,
                 claim,
                 retention,
+                on_lapse,
                 attempt,
                 progress: Mutex::new(Progress {
                     stored: log.steps,
@@ -127,6 +132,29 @@ impl<C: Codec> Steps<C> {
                 }),
             }),
         }
+    }
+
+    /// The key to pass to a provider that takes an idempotency key of its own for the effect
+    /// of step `step` ([`Key::provider_key`](crate::Key::provider_key)): the same on every
+    /// attempt and after a takeover, so a step retried after a crash inside it charges once,
+    /// and a reconciler can ask the provider about it. `None` when the call has no key.
+    ///
+    /// ```
+    /// use idem::{Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("rides", "", "r-1")?;
+    /// let charged_with = engine
+    ///     .call(key)
+    ///     .run_steps(|steps| async move { Ok::<_, Error>(steps.provider_key("charge")) })
+    ///     .await?
+    ///     .into_inner();
+    /// assert_eq!(charged_with, Some(key.provider_key(Some("charge"))));
+    /// # Ok(()) }
+    /// ```
+    pub fn provider_key(&self, step: &str) -> Option<String> {
+        let claim = self.inner.claim.as_ref()?;
+        Some(claim.key().provider_key(Some(step)))
     }
 
     /// Which attempt of the operation this is.
@@ -256,8 +284,15 @@ impl<C: Codec> Steps<C> {
     }
 
     /// Stores the step `name` at `position` for this attempt's claim, begun (`result` `None`)
-    /// or finished (nothing without a key).
-    async fn write(&self, name: &str, position: u32, result: Option<&[u8]>) -> Result<(), Error> {
+    /// or finished (nothing without a key), setting what the key becomes on lapse when
+    /// `on_lapse` is `Some`.
+    async fn write(
+        &self,
+        name: &str,
+        position: u32,
+        result: Option<&[u8]>,
+        on_lapse: Option<OnLapse>,
+    ) -> Result<(), Error> {
         let Some(claim) = &self.inner.claim else {
             return Ok(());
         };
@@ -266,6 +301,7 @@ impl<C: Codec> Steps<C> {
             position,
             result,
             retention: self.inner.retention,
+            on_lapse,
         };
         self.inner.engine.store().write_step(claim, step).await
     }
@@ -289,6 +325,7 @@ impl<'n> StepAt<'n> {
             position: self.position,
             result: Some(result),
             retention: self.retention,
+            on_lapse: None,
         }
     }
 }
@@ -445,12 +482,20 @@ impl<C: Codec> Step<'_, C> {
             // At least once: an interrupted step runs again.
             Plan::Begun(position) | Plan::Run(position) => position,
         };
+        // While an at-most-once step runs, a holder that dies inside it leaves the key
+        // uncertain, never free: its effect may have happened. Its result puts the call's own
+        // choice back (nothing to write when the call is uncertain on lapse anyway).
+        let raised = (self.at_most_once && steps.inner.on_lapse == OnLapse::Release)
+            .then_some(OnLapse::Release);
         if self.at_most_once {
-            steps.write(self.name, position, None).await?;
+            let uncertain = raised.map(|_| OnLapse::Uncertain);
+            steps.write(self.name, position, None, uncertain).await?;
         }
         let value = work().await?;
         let bytes = codec.encode(&value).map_err(Error::Codec)?;
-        steps.write(self.name, position, Some(&bytes)).await?;
+        steps
+            .write(self.name, position, Some(&bytes), raised)
+            .await?;
         Ok(value)
     }
 }

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 
 use super::{Immediate, Store};
 use crate::error::Error;
-use crate::key::Key;
-use crate::record::{Claim, ClaimOutcome, ClaimRequest, Completion, Record};
+use crate::key::{Key, Token};
+use crate::record::{Claim, ClaimOutcome, ClaimRequest, Completion, Record, UncertainOperation};
 use crate::step::{Abandoned, AbandonedQuery, StepLog, StepWrite};
 
 /// A [`Store`] made of a [`Forward`]: each operation passes [`Forward::gate`], then goes to the

@@ -12,7 +12,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, KeyMap, Token};
 use crate::record::{
-    Claim, ClaimOutcome, ClaimRequest, Completion, Record, RecordState, StoredResult,
+    Claim, ClaimOutcome, ClaimRequest, Completion, OnLapse, Record, RecordState, StoredResult,
+    UncertainOperation,
 };
 use crate::step::{
     failed_step, Abandoned, AbandonedQuery, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP,
@@ -27,8 +28,11 @@ struct Entry {
     /// The token of the claim that wrote the record, kept after completion so that completing
     /// the same claim again is recognised.
     token: Token,
-    /// The lease's end while the claim runs; the retention's end once completed.
+    /// The lease's end while the claim runs; the result's retention's end once completed.
     expires_at: SystemTime,
+    /// How long a completed record's key is kept after its retention, as a tombstone, in whole
+    /// seconds (its completion's `key_retention`, rounded up): in the slot's padding.
+    kept_secs: u32,
     /// The stored response of a completed record, if it has one.
     response: Option<Box<[u8]>>,
     /// Boxed: most records of the engine carry none, and inline it would take 33 bytes of every
@@ -37,42 +41,72 @@ struct Entry {
     phase: Phase,
 }
 
-/// Whether a record's claim runs or its work completed (and how): one byte.
+/// Whether a record's claim runs (and what it becomes on lapse) or its work completed (and
+/// how).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    Running,
+    Running { uncertain: bool },
     Completed { is_error: bool },
 }
 
 impl Entry {
-    fn expires_at(&self) -> SystemTime {
-        self.expires_at
+    /// When the record's tombstone ends: its retention's end plus `kept_secs`.
+    fn key_until(&self) -> SystemTime {
+        self.expires_at + Duration::from_secs(u64::from(self.kept_secs))
     }
 
-    /// When the store may free the record: its retention's end once completed; for a running
-    /// claim, `lapsed_kept` ([`LAPSED_CLAIMS_KEPT`]) after its lease's end, so that a holder
-    /// whose lease ran out, with nobody having claimed the key since, can still complete it.
-    fn freed_at(&self, lapsed_kept: Duration) -> SystemTime {
+    /// When the store next acts on the record by itself, if ever: for a running claim,
+    /// `lapsed_kept` ([`LAPSED_CLAIMS_KEPT`]) after its lease's end (so that a holder whose lease
+    /// ran out, with nobody having claimed the key since, can still complete it), and never
+    /// for an uncertain one; for a completed record, its retention's end when its response is
+    /// then dropped for a tombstone, else its tombstone's end, when it is freed.
+    fn due_at(&self, lapsed_kept: Duration) -> Option<SystemTime> {
         match self.phase {
-            Phase::Running => self.expires_at + lapsed_kept,
-            Phase::Completed { .. } => self.expires_at,
+            Phase::Running { uncertain: true } => None,
+            Phase::Running { uncertain: false } => Some(self.expires_at + lapsed_kept),
+            Phase::Completed { .. } if self.kept_secs > 0 && self.response.is_some() => {
+                Some(self.expires_at)
+            }
+            Phase::Completed { .. } => Some(self.key_until()),
+        }
+    }
+
+    /// Whether the record still holds its key at `now`: a running claim while its lease runs
+    /// (an uncertain one always), a completed one until its tombstone ends.
+    fn holds_key(&self, now: SystemTime) -> bool {
+        match self.phase {
+            Phase::Running { uncertain } => uncertain || self.expires_at > now,
+            Phase::Completed { .. } => self.key_until() > now,
         }
     }
 
     fn is_running(&self) -> bool {
-        self.phase == Phase::Running
+        matches!(self.phase, Phase::Running { .. })
+    }
+
+    /// Whether this is an uncertain claim whose lease ended by `now`.
+    fn is_uncertain(&self, now: SystemTime) -> bool {
+        self.phase == (Phase::Running { uncertain: true }) && self.expires_at <= now
     }
 
     fn fingerprint(&self) -> Option<&Fingerprint> {
         self.fingerprint.as_deref()
     }
 
-    /// The record's state as [`Store`] callers see it (a completed record's response copied).
-    fn state(&self) -> RecordState {
+    /// The record's state at `now` as [`Store`] callers see it (a completed record's response
+    /// copied).
+    fn state(&self, now: SystemTime) -> RecordState {
         match self.phase {
-            Phase::Running => RecordState::InProgress {
+            Phase::Running { .. } if self.is_uncertain(now) => RecordState::Uncertain {
+                token: self.token,
+                since: self.expires_at,
+            },
+            Phase::Running { .. } => RecordState::InProgress {
                 token: self.token,
                 lease_until: self.expires_at,
+            },
+            Phase::Completed { .. } if self.expires_at <= now => RecordState::Expired {
+                since: self.expires_at,
             },
             Phase::Completed { is_error } => RecordState::Completed(StoredResult {
                 response: self.response.as_deref().map(<[u8]>::to_vec),
@@ -272,18 +306,20 @@ impl Records {
         now: SystemTime,
         lease: Duration,
         fingerprint: Option<Fingerprint>,
+        uncertain: bool,
     ) -> Result<Token, &Entry> {
         let lease_until = now + lease;
         let token = Token::random();
         let entry = Entry {
             token,
             expires_at: lease_until,
+            kept_secs: 0,
             response: None,
             fingerprint: fingerprint.map(Box::new),
-            phase: Phase::Running,
+            phase: Phase::Running { uncertain },
         };
         match self.shards[shard_of(&key)].entry(key) {
-            Slot::Occupied(slot) if slot.get().expires_at() > now => return Err(slot.into_mut()),
+            Slot::Occupied(slot) if slot.get().holds_key(now) => return Err(slot.into_mut()),
             // An expired record is replaced; its old index entry is now stale.
             Slot::Occupied(mut slot) => {
                 slot.insert(entry);
@@ -293,11 +329,13 @@ impl Records {
                 self.len += 1;
             }
         }
-        self.by_expiry.push(
-            lease + self.lapsed_kept,
-            lease_until + self.lapsed_kept,
-            key,
-        );
+        if !uncertain {
+            self.by_expiry.push(
+                lease + self.lapsed_kept,
+                lease_until + self.lapsed_kept,
+                key,
+            );
+        }
         Ok(token)
     }
 
@@ -305,8 +343,9 @@ impl Records {
         let shard = shard_of(key);
         // Its index entry becomes stale.
         let entry = self.shards[shard].remove(key)?;
-        self.by_expiry
-            .retract(entry.freed_at(self.lapsed_kept), key);
+        if let Some(due) = entry.due_at(self.lapsed_kept) {
+            self.by_expiry.retract(due, key);
+        }
         self.len -= 1;
         // Aborts and evictions empty the map too, not only expiry.
         self.shrink(shard);
@@ -314,13 +353,13 @@ impl Records {
     }
 
     /// Applies `f` to the entry still carrying `claim`'s token, or fails with `LeaseLost`; with
-    /// `in_progress`, a completed entry counts as lost too. When `f` moves the expiry (to now
-    /// plus `duration`), the index gets an entry where the record is freed.
+    /// `in_progress`, a completed entry counts as lost too. When `f` moves when the store next
+    /// acts on the record ([`Entry::due_at`]), the index follows.
     fn update_owned(
         &mut self,
         claim: &Claim,
         in_progress: bool,
-        duration: Duration,
+        now: SystemTime,
         f: impl FnOnce(&mut Entry),
     ) -> Result<(), Error> {
         let key = claim.key();
@@ -328,18 +367,19 @@ impl Records {
             Some(e) if e.token == claim.token() && (!in_progress || e.is_running()) => e,
             _ => return Err(Error::LeaseLost),
         };
-        let before = entry.freed_at(self.lapsed_kept);
+        let before = entry.due_at(self.lapsed_kept);
         f(entry);
-        let after = entry.freed_at(self.lapsed_kept);
+        let after = entry.due_at(self.lapsed_kept);
         if after != before {
-            // A running claim is freed a while after its lease, a completed record at its end.
-            let duration = if entry.is_running() {
-                duration + self.lapsed_kept
-            } else {
-                duration
-            };
-            self.by_expiry.retract(before, key);
-            self.by_expiry.push(duration, after, *key);
+            if let Some(before) = before {
+                self.by_expiry.retract(before, key);
+            }
+            if let Some(after) = after {
+                // Every due time is now plus the duration its call set (a lease and the
+                // lapsed claims' keeping, a retention, a tombstone): its queue.
+                let duration = after.duration_since(now).unwrap_or_default();
+                self.by_expiry.push(duration, after, *key);
+            }
         }
         Ok(())
     }
@@ -410,13 +450,24 @@ impl Records {
             };
             taken += 1;
             let shard = shard_of(&key);
-            if let Slot::Occupied(slot) = self.shards[shard].entry(key) {
-                if slot.get().freed_at(self.lapsed_kept) == at {
+            if let Slot::Occupied(mut slot) = self.shards[shard].entry(key) {
+                if slot.get().due_at(self.lapsed_kept) != Some(at) {
+                    continue;
+                }
+                let entry = slot.get_mut();
+                if entry.kept_secs > 0 && entry.response.is_some() && !entry.is_running() {
+                    // Its retention ended: the response goes, the key stays as a tombstone
+                    // until its own end.
+                    entry.response = None;
+                    let kept = Duration::from_secs(u64::from(entry.kept_secs));
+                    let until = entry.key_until();
+                    self.by_expiry.push(kept, until, key);
+                } else {
                     slot.remove();
                     self.len -= 1;
                     self.shrink(shard);
-                    freed += 1;
                 }
+                freed += 1;
             }
         }
         freed
@@ -496,7 +547,7 @@ impl Records {
 /// let old = Key::derive("deposit", "alice", "req-1")?;
 /// let ClaimOutcome::Claimed(claim) = store.claim(ClaimRequest::new(&old, lease)).await? else { unreachable!() };
 /// let retention = Duration::from_secs(60);
-/// store.complete(&claim, Completion { response: None, is_error: false, retention }).await?;
+/// store.complete(&claim, Completion { response: None, is_error: false, retention, key_retention: Duration::ZERO }).await?;
 ///
 /// // Its retention ends; the next call frees it, with no prune.
 /// clock.advance(Duration::from_secs(61));
@@ -595,27 +646,31 @@ impl Immediate for MemoryStore {
     fn claim_now(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
         request.check()?;
         let (key, fingerprint, lease) = (request.key, request.fingerprint, request.lease);
-        self.mutate(
-            |records, now| match records.claim(*key, now, lease, fingerprint.copied()) {
+        let uncertain = request.on_lapse == OnLapse::Uncertain;
+        self.mutate(|records, now| {
+            match records.claim(*key, now, lease, fingerprint.copied(), uncertain) {
                 Ok(token) => Ok(ClaimOutcome::Claimed(Claim::new(*key, token))),
                 Err(e) => {
                     check_fingerprint(e.fingerprint(), fingerprint)?;
-                    Ok(match e.state() {
+                    Ok(match e.state(now) {
                         RecordState::InProgress { lease_until, .. } => ClaimOutcome::Locked {
                             retry_after: remaining(lease_until, now),
                         },
                         RecordState::Completed(c) => ClaimOutcome::Completed(c),
+                        RecordState::Uncertain { since, .. } => ClaimOutcome::Uncertain { since },
+                        RecordState::Expired { since } => ClaimOutcome::Expired { since },
                     })
                 }
-            },
-        )
+            }
+        })
     }
 
     fn complete_now(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
         completion.check()?;
         let retention = completion.retention;
+        let kept_secs = whole_secs(completion.key_retention);
         self.mutate(|records, now| {
-            records.update_owned(claim, false, retention, |e| {
+            records.update_owned(claim, false, now, |e| {
                 // Completing the same claim again succeeds and keeps the first result.
                 if e.is_running() {
                     e.phase = Phase::Completed {
@@ -623,6 +678,7 @@ impl Immediate for MemoryStore {
                     };
                     e.response = completion.response.map(Box::from);
                     e.expires_at = now + retention;
+                    e.kept_secs = kept_secs;
                 }
             })
         })
@@ -631,6 +687,13 @@ impl Immediate for MemoryStore {
 
 fn remaining(until: SystemTime, now: SystemTime) -> Duration {
     until.duration_since(now).unwrap_or(Duration::ZERO)
+}
+
+/// `d` in whole seconds, rounded up (a tombstone's length as the stores keep it), at most
+/// `u32::MAX` (136 years; a completion checks it under ten).
+fn whole_secs(d: Duration) -> u32 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    u32::try_from(secs).unwrap_or(u32::MAX)
 }
 
 #[async_trait]
@@ -648,8 +711,8 @@ impl Store for MemoryStore {
     }
 
     async fn abort(&self, claim: &Claim) -> Result<(), Error> {
-        self.mutate(|records, _| {
-            records.update_owned(claim, true, Duration::ZERO, |_| ())?;
+        self.mutate(|records, now| {
+            records.update_owned(claim, true, now, |_| ())?;
             records.remove(claim.key());
             Ok(())
         })
@@ -658,7 +721,7 @@ impl Store for MemoryStore {
     async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
         check_duration("lease", lease)?;
         self.mutate(|records, now| {
-            records.update_owned(claim, true, lease, |e| {
+            records.update_owned(claim, true, now, |e| {
                 // `update_owned` only calls this on a running claim.
                 e.expires_at = now + lease;
             })
@@ -670,8 +733,8 @@ impl Store for MemoryStore {
         Ok(self
             .lock()
             .get(key)
-            .filter(|e| e.expires_at() > now)
-            .map(|e| Record::new(*key, e.fingerprint().copied(), e.state())))
+            .filter(|e| e.holds_key(now))
+            .map(|e| Record::new(*key, e.fingerprint().copied(), e.state(now))))
     }
 
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
@@ -720,9 +783,9 @@ impl Store for MemoryStore {
                     && after.is_none_or(|after| key.as_bytes() > after.as_bytes())
                     // No claim holds it and it has not completed: its record is gone (freed
                     // after its lease, or released) or running past its lease.
-                    && records
-                        .get(key)
-                        .is_none_or(|e| e.is_running() && e.expires_at() <= now)
+                    && records.get(key).is_none_or(|e| {
+                        e.phase == (Phase::Running { uncertain: false }) && e.expires_at <= now
+                    })
                     && !steps.steps.iter().any(|s| s.name == failed)
             })
             .filter_map(|(key, steps)| {
@@ -742,10 +805,63 @@ impl Store for MemoryStore {
             .collect()
     }
 
+    async fn take_uncertain(
+        &self,
+        key: &Key,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, Error> {
+        check_duration("lease", lease)?;
+        self.mutate(|records, now| {
+            match records.shards[shard_of(key)].get_mut(key) {
+                Some(e) if e.token == token && e.is_uncertain(now) => {
+                    // Uncertain claims have no index entry, and this one stays uncertain.
+                    e.token = Token::random();
+                    e.expires_at = now + lease;
+                    Ok(Claim::new(*key, e.token))
+                }
+                _ => Err(Error::NotUncertain { operation: *key }),
+            }
+        })
+    }
+
+    async fn find_uncertain(
+        &self,
+        query: AbandonedQuery<'_>,
+    ) -> Result<Vec<UncertainOperation>, Error> {
+        let now = self.clock.now();
+        let AbandonedQuery { after, limit } = query;
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let records = self.lock();
+        let mut found: Vec<UncertainOperation> = records
+            .shards
+            .iter()
+            .flatten()
+            .filter(|(key, e)| {
+                e.is_uncertain(now) && after.is_none_or(|after| key.as_bytes() > after.as_bytes())
+            })
+            .map(|(key, e)| UncertainOperation {
+                key: *key,
+                token: e.token,
+                since: e.expires_at,
+            })
+            .collect();
+        found.sort_unstable_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
+        found.truncate(limit);
+        Ok(found)
+    }
+
     async fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error> {
         step.check()?;
         self.mutate(|records, now| {
             records.check_running(claim)?;
+            if let Some(on_lapse) = step.on_lapse {
+                records.update_owned(claim, true, now, |e| {
+                    e.phase = Phase::Running {
+                        uncertain: on_lapse == OnLapse::Uncertain,
+                    };
+                })?;
+            }
             let entry = records.steps_of(claim, now, now + step.retention);
             let state = match step.result {
                 Some(result) => StepState::Finished(result.to_vec()),
@@ -791,6 +907,7 @@ mod tests {
             response: Some(b"r"),
             is_error: false,
             retention,
+            key_retention: Duration::ZERO,
         }
     }
 
@@ -821,7 +938,10 @@ mod tests {
         for (shard, map) in records.shards.iter().enumerate() {
             for (k, e) in map {
                 assert_eq!(shard_of(k), shard);
-                assert!(index.contains(&(e.freed_at(records.lapsed_kept), *k)));
+                // An uncertain claim is never due: it has no entry.
+                if let Some(due) = e.due_at(records.lapsed_kept) {
+                    assert!(index.contains(&(due, *k)));
+                }
                 held += 1;
             }
         }
@@ -1053,7 +1173,7 @@ mod tests {
         let now = store.clock.now();
         let mut records = store.lock();
         for i in 0..n {
-            assert!(records.claim(key(i), now, lease(i), None).is_ok());
+            assert!(records.claim(key(i), now, lease(i), None, false).is_ok());
         }
         records.examined = 0;
     }

@@ -16,8 +16,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::Error;
-use crate::key::{Fingerprint, Key};
-use crate::record::{Claim, ClaimOutcome, ClaimRequest, Completion, Record};
+use crate::key::{Fingerprint, Key, Token};
+use crate::record::{Claim, ClaimOutcome, ClaimRequest, Completion, Record, UncertainOperation};
 use crate::step::{Abandoned, AbandonedQuery, StepLog, StepWrite};
 
 pub(crate) mod admin;
@@ -44,8 +44,17 @@ pub mod support;
 ///   [`LAPSED_CLAIMS_KEPT`] after its lease (neither `prune_expired` nor the backend's own
 ///   expiry removes it sooner), while the next `start` takes it over as before.
 /// - **Database time.** SQL backends compute leases and expiry with the server's clock.
-/// - **Fingerprints.** A live record whose fingerprint differs from the one given to `start`
-///   (both present) gives [`Error::KeyReused`]; an expired record is simply replaced.
+/// - **Fingerprints.** A live record whose fingerprint is of another request than the one given
+///   to `claim` (both present) gives [`Error::KeyReused`], or [`Error::PolicyChanged`] when
+///   their policy versions differ too ([`check_fingerprint`]); an ended record is simply
+///   replaced.
+/// - **Uncertain, not free.** A claim made with [`OnLapse::Uncertain`](crate::OnLapse::Uncertain) whose lease ends with no
+///   completion is never taken over by `claim` ([`ClaimOutcome::Uncertain`]) and never removed
+///   by `prune_expired` or the backend's expiry: only its holder (`complete`, `abort`, `renew`
+///   with its token), [`take_uncertain`](Store::take_uncertain) or `evict` change it.
+/// - **Tombstones.** A completion with a `key_retention` keeps the key that much longer than
+///   the result: after the retention a claim gets [`ClaimOutcome::Expired`], and the store may
+///   drop the response's bytes (`prune_expired` does); after `key_retention` the key is free.
 ///
 /// **A store that wraps another** (to count, log, route or inject faults) is best written as a
 /// [`Forward`], which [`Forwarding`] makes a `Store` that forwards every method the wrapper does
@@ -69,9 +78,9 @@ pub mod support;
 ///     unreachable!("a new key is always started");
 /// };
 /// let retention = Duration::from_secs(3600);
-/// store.complete(&claim, Completion { response: Some(b"ok"), is_error: false, retention }).await?;
+/// store.complete(&claim, Completion { response: Some(b"ok"), is_error: false, retention, key_retention: Duration::ZERO }).await?;
 /// // Completing the same claim again (say, after a lost answer) is Ok; the first result stands.
-/// store.complete(&claim, Completion { response: Some(b"again"), is_error: false, retention }).await?;
+/// store.complete(&claim, Completion { response: Some(b"again"), is_error: false, retention, key_retention: Duration::ZERO }).await?;
 /// let ClaimOutcome::Completed(cached) = store.claim(ClaimRequest::new(&key, lease)).await? else {
 ///     unreachable!("a completed key replays");
 /// };
@@ -170,7 +179,7 @@ pub trait Store: Send + Sync + 'static {
     /// let (lease, day) = (Duration::from_secs(30), Duration::from_secs(86_400));
     /// let ClaimOutcome::Claimed(claim) = store.claim(ClaimRequest::new(&key, lease)).await? else { unreachable!() };
     /// assert_eq!(store.begin_steps(&claim, day).await?.attempt, 1);
-    /// let charged = StepWrite { name: "charge", position: 0, result: Some(b"7"), retention: day };
+    /// let charged = StepWrite { name: "charge", position: 0, result: Some(b"7"), retention: day, on_lapse: None };
     /// store.write_step(&claim, charged).await?;
     /// store.abort(&claim).await?; // the work failed after its first step
     /// let ClaimOutcome::Claimed(retry) = store.claim(ClaimRequest::new(&key, lease)).await? else { unreachable!() };
@@ -217,7 +226,7 @@ pub trait Store: Send + Sync + 'static {
     /// let ClaimOutcome::Claimed(claim) = store.claim(ClaimRequest::new(&key, Duration::from_secs(30))).await? else { unreachable!() };
     /// store.begin_steps(&claim, day).await?;
     /// let input = Abandoned::encode_input("rides", b"{}");
-    /// store.write_step(&claim, StepWrite { name: INPUT_STEP, position: i32::MAX as u32, result: Some(&input), retention: day }).await?;
+    /// store.write_step(&claim, StepWrite { name: INPUT_STEP, position: i32::MAX as u32, result: Some(&input), retention: day, on_lapse: None }).await?;
     /// let first_page = AbandonedQuery::first(10);
     /// assert!(store.find_abandoned(first_page).await?.is_empty()); // its lease runs
     /// clock.advance(Duration::from_secs(31)); // the holder died
@@ -229,6 +238,50 @@ pub trait Store: Send + Sync + 'static {
         let _ = query;
         Err(Error::CompleterUnsupported)
     }
+
+    /// Takes over the uncertain operation of `key` (see [`OnLapse::Uncertain`](crate::OnLapse::Uncertain)) to resolve it:
+    /// only while its record is a claim made with `OnLapse::Uncertain`, still carrying `token`,
+    /// whose lease has ended (database time) with no completion. The record then carries a new
+    /// token and a lease of `lease` from now, and stays uncertain on lapse; the caller resolves
+    /// it through the returned claim: `complete` (completed, or abandoned through an engine),
+    /// `abort` (failed: the key frees), or lets it lapse again (still unknown). Anything else is
+    /// [`Error::NotUncertain`] and changes nothing: a live lease (its holder is back), another
+    /// token (another resolution reached it first), a completed, absent or ordinary record.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem::{Completion, Key, ManualClock, MemoryStore, OnLapse, ClaimOutcome, ClaimRequest, Store};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+    /// let clock = ManualClock::new();
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let key = Key::derive("charge", "", "c-1")?;
+    /// let lease = Duration::from_secs(30);
+    /// let request = ClaimRequest::new(&key, lease).on_lapse(OnLapse::Uncertain);
+    /// let ClaimOutcome::Claimed(holder) = store.claim(request).await? else { unreachable!() };
+    /// clock.advance(Duration::from_secs(31)); // the holder died mid-charge
+    /// assert!(matches!(store.claim(request).await?, ClaimOutcome::Uncertain { .. }));
+    /// let ops = store.find_uncertain(idem::AbandonedQuery::first(10)).await?;
+    /// let resolver = store.take_uncertain(&key, ops[0].token, lease).await?;
+    /// // A second resolver, fenced by the same token, is refused.
+    /// assert!(store.take_uncertain(&key, ops[0].token, lease).await.is_err());
+    /// store.complete(&resolver, Completion::new(Some(b"charged"), Duration::from_secs(60))).await?;
+    /// assert!(matches!(store.claim(request).await?, ClaimOutcome::Completed(_)));
+    /// # let _ = holder; Ok(()) }
+    /// ```
+    async fn take_uncertain(
+        &self,
+        key: &Key,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, Error>;
+
+    /// Up to `query.limit` uncertain operations (claims made with [`OnLapse::Uncertain`](crate::OnLapse::Uncertain) whose
+    /// lease ended with no completion), with keys greater than `query.after`, by key: what
+    /// `idem uncertain` lists and a reconciler resolves. A read only.
+    async fn find_uncertain(
+        &self,
+        query: AbandonedQuery<'_>,
+    ) -> Result<Vec<UncertainOperation>, Error>;
 
     /// This store's claim and completion as plain function calls, if it answers them without
     /// waiting (an in-process store such as [`MemoryStore`](crate::MemoryStore)); `None`, the
@@ -286,6 +339,8 @@ macro_rules! store_methods {
             BeginSteps: fn begin_steps(claim: &Claim, retention: Duration) -> Result<StepLog, Error>;
             WriteStep: fn write_step(claim: &Claim, step: StepWrite<'_>) -> Result<(), Error>;
             FindAbandoned: fn find_abandoned(query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error>;
+            TakeUncertain: fn take_uncertain(key: &Key, token: Token, lease: Duration) -> Result<Claim, Error>;
+            FindUncertain: fn find_uncertain(query: AbandonedQuery<'_>) -> Result<Vec<UncertainOperation>, Error>;
         }
     };
 }
@@ -360,14 +415,34 @@ pub fn check_duration(what: &str, d: Duration) -> Result<(), Error> {
     Ok(())
 }
 
-/// The fingerprint rule: a live record whose fingerprint differs from the given one (both
-/// present) refuses the call with [`Error::KeyReused`].
+/// The fingerprint rule: a live record whose fingerprint is of another request than the given
+/// one (both present, [`Fingerprint::same_request`] false) refuses the call, with
+/// [`Error::PolicyChanged`] when their policy versions differ too, else [`Error::KeyReused`].
+///
+/// ```
+/// use idem::store::support::check_fingerprint;
+/// use idem::{Error, Fingerprint};
+/// let (a, b) = (Fingerprint::of_bytes(b"a"), Fingerprint::of_bytes(b"b"));
+/// assert!(check_fingerprint(Some(&a), Some(&a.with_policy(2))).is_ok());
+/// assert!(matches!(check_fingerprint(Some(&a), Some(&b)), Err(Error::KeyReused)));
+/// let changed = check_fingerprint(Some(&a), Some(&b.with_policy(2)));
+/// assert!(matches!(changed, Err(Error::PolicyChanged { stored: 0, current: 2 })));
+/// ```
 pub fn check_fingerprint(
     stored: Option<&Fingerprint>,
     given: Option<&Fingerprint>,
 ) -> Result<(), Error> {
     match (stored, given) {
-        (Some(stored), Some(given)) if stored != given => Err(Error::KeyReused),
+        (Some(stored), Some(given)) if !stored.same_request(given) => {
+            if stored.policy() != given.policy() {
+                Err(Error::PolicyChanged {
+                    stored: stored.policy(),
+                    current: given.policy(),
+                })
+            } else {
+                Err(Error::KeyReused)
+            }
+        }
         _ => Ok(()),
     }
 }

@@ -26,7 +26,7 @@ pub use crate::store::{check_duration, check_fingerprint, LAPSED_CLAIMS_KEPT_MS}
 /// use idem::store::support::check_response_size;
 /// use idem::{Completion, StoreErrorKind};
 /// let big = vec![0; 11];
-/// let completion = Completion { response: Some(&big), is_error: false, retention: Duration::from_secs(60) };
+/// let completion = Completion { response: Some(&big), is_error: false, retention: Duration::from_secs(60), key_retention: Duration::ZERO };
 /// let refused = check_response_size("TinyStore", 10, &completion);
 /// assert!(matches!(refused, Err(idem::Error::Store(e)) if e.kind() == StoreErrorKind::Query));
 /// assert!(check_response_size("TinyStore", 11, &completion).is_ok());

@@ -274,6 +274,7 @@ where
                     response: Some(response.as_bytes()),
                     is_error: false,
                     retention: RETENTION,
+                    key_retention: Duration::ZERO,
                 };
                 match store.complete(&claim, done).await {
                     Ok(()) => {
@@ -510,6 +511,11 @@ async fn claim(opts: &Opts) -> Result<(), String> {
                 println!("locked {}", retry_after.as_micros());
                 tokio::time::sleep(backoff(retry_after)).await;
             }
+            Ok(other @ (ClaimOutcome::Uncertain { .. } | ClaimOutcome::Expired { .. })) => {
+                return Err(format!(
+                    "start {name}: no claim here lapses uncertain, got {other:?}"
+                ))
+            }
             Err(e) => return Err(format!("start {name}: {e}")),
         }
     };
@@ -519,6 +525,7 @@ async fn claim(opts: &Opts) -> Result<(), String> {
         response: Some(value.as_bytes()),
         is_error: false,
         retention: RETENTION,
+        key_retention: Duration::ZERO,
     };
     if opts.flags.contains_key("then-wait") {
         println!("waiting");
@@ -586,5 +593,8 @@ async fn not_claimed(
             None
         }
         ClaimOutcome::Claimed(_) => Some(Err(format!("start {name}: claimed where it should not"))),
+        other @ (ClaimOutcome::Uncertain { .. } | ClaimOutcome::Expired { .. }) => Some(Err(
+            format!("start {name}: got {other:?} where nothing lapses uncertain"),
+        )),
     }
 }
