@@ -347,7 +347,21 @@ impl Fingerprint {
         Ok(Fingerprint::of_bytes(&to_canonical(value)?))
     }
 
-    /// Rebuilds a fingerprint from its stored bytes.
+    /// A fingerprint of policy version 0 from a SHA-256 `digest` computed elsewhere (a
+    /// transport hashing a request as it streams by): its first 28 bytes are kept.
+    ///
+    /// ```
+    /// use idem::Fingerprint;
+    /// let f = Fingerprint::from_digest([0xab; 32]);
+    /// assert_eq!(f.policy(), 0);
+    /// assert!(f.same_request(&Fingerprint::from_digest([0xab; 32]).with_policy(3)));
+    /// ```
+    pub const fn from_digest(digest: [u8; 32]) -> Fingerprint {
+        Fingerprint(digest).with_policy(0)
+    }
+
+    /// Rebuilds a fingerprint from its stored bytes (digest and policy version as they were
+    /// kept).
     ///
     /// ```
     /// # use idem::Fingerprint;

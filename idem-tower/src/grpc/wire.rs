@@ -124,7 +124,7 @@ pub(crate) fn fingerprint(path: &str, message: Message<'_>) -> Fingerprint {
     h.update([u8::from(message.compressed)]);
     h.update((message.bytes.len() as u64).to_be_bytes());
     h.update(message.bytes);
-    Fingerprint::from_bytes(h.finalize().into())
+    Fingerprint::from_digest(h.finalize().into())
 }
 
 #[cfg(test)]

@@ -87,7 +87,7 @@ impl BodyFingerprint {
                 None => tagged(&mut h, b'b', body),
             },
         }
-        Fingerprint::from_bytes(h.finalize().into())
+        Fingerprint::from_digest(h.finalize().into())
     }
 }
 
