@@ -16,7 +16,7 @@ use std::time::Duration;
 use http::request::Parts;
 use http::{Request, Response};
 use idem_core::adapter::{check_scope, Overrides};
-use idem_core::{Codec, Error, Idempotency, JsonCodec, OnLocked};
+use idem_core::{Codec, Error, Idempotency, JsonCodec, OnLapse, OnLocked};
 use tower::{Layer, Service};
 
 use crate::capture::reply::Guard;
@@ -197,6 +197,7 @@ impl<P: Protocol, C: Codec> LayerBuilder<P, C> {
                     engine,
                     options: Overrides::default(),
                     scope: Arc::from(scope),
+                    policy: None,
                 },
                 require_key: false,
                 caller: None,
@@ -340,6 +341,43 @@ impl<P: Protocol, C: Codec> LayerBuilder<P, C> {
     /// ```
     pub fn on_locked(mut self, on_locked: OnLocked) -> Self {
         self.common.guard.options = self.common.guard.options.on_locked(on_locked);
+        self
+    }
+
+    /// What a request's key becomes if its handler's claim lapses with no response stored (the
+    /// process died or stalled past the lease): free, so a retry runs the handler again
+    /// ([`OnLapse::Release`], the engine's default), or, for handlers whose effect must not
+    /// repeat (a charge through a provider), uncertain ([`OnLapse::Uncertain`]): every retry
+    /// then gets `Problem::OperationUncertain` (HTTP `409` naming the operation, gRPC
+    /// `ABORTED`) until an operator or a reconciler resolves it. Overrides
+    /// [`Policy::on_lapse`](idem_core::Policy::on_lapse).
+    ///
+    /// ```
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore, OnLapse};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .on_lapse(OnLapse::Uncertain);
+    /// # let _ = b;
+    /// ```
+    pub fn on_lapse(mut self, on_lapse: OnLapse) -> Self {
+        self.common.guard.options = self.common.guard.options.on_lapse(on_lapse);
+        self
+    }
+
+    /// The version of what this layer fingerprints (`Fingerprint::with_policy`), kept with
+    /// every record it stores. By default derived from the layer's fingerprint settings (HTTP:
+    /// the body view, [`fingerprint`](crate::http::LayerBuilder::fingerprint); gRPC: the
+    /// message as sent), so a deploy that changes them answers a retry across the change whose
+    /// request now fingerprints differently with `Problem::PolicyChanged` (HTTP `409`), not
+    /// `Problem::KeyReused`. Set it yourself when what the request means changes without the
+    /// settings changing (a field's meaning, a new required header).
+    ///
+    /// ```
+    /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore};
+    /// let b = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new())).policy_version(2);
+    /// # let _ = b;
+    /// ```
+    pub fn policy_version(mut self, version: u32) -> Self {
+        self.common.guard.policy = Some(version);
         self
     }
 

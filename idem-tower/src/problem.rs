@@ -71,6 +71,24 @@ pub enum Problem {
     /// request does not run again: look up its effect (read the resource it created) instead
     /// of retrying. HTTP `422`; gRPC `FAILED_PRECONDITION`.
     ResponseNotRetained,
+    /// The first request with this key claimed it for work whose effect must not repeat
+    /// (`on_lapse(OnLapse::Uncertain)`), and its claim lapsed with no response stored: whether
+    /// the effect happened is unknown, so it will not run again until an operator or a
+    /// reconciler resolves the operation the problem names (`operation`, the key's hex form:
+    /// what `idem resolve` takes). Do not retry, with this key or another. HTTP `409`; gRPC
+    /// `ABORTED`.
+    OperationUncertain,
+    /// The first request with this key ran, and its response's retention has ended; the key is
+    /// kept so that the request does not run again. Look up its effect; send a new key for a
+    /// new request. HTTP `409`; gRPC `ALREADY_EXISTS`.
+    ResultExpired,
+    /// The key was first used under another version of what the layer fingerprints (a deploy
+    /// changed it), and this request differs from that one as the new version sees it. Nothing
+    /// ran. Send a new key for a new request. HTTP `409`; gRPC `FAILED_PRECONDITION`.
+    PolicyChanged,
+    /// The operation of this key was resolved by an operator as abandoned: it will not run
+    /// again. HTTP `422`; gRPC `FAILED_PRECONDITION`.
+    OperationAbandoned,
     /// Anything else (a store error, an unreadable stored response). The details are logged,
     /// not sent. HTTP `500`; gRPC `INTERNAL`.
     Internal,
@@ -98,7 +116,7 @@ mod tests {
 
     /// Every problem, with what the outcome table in docs/architecture.md and the variant's
     /// documentation say it becomes: HTTP status, gRPC code.
-    const TABLE: [(Problem, u16, Code); 13] = [
+    const TABLE: [(Problem, u16, Code); 17] = [
         (Problem::KeyMissing, 400, Code::InvalidArgument),
         (Problem::KeyMalformed, 400, Code::InvalidArgument),
         (Problem::KeyInFlight, 409, Code::Unavailable),
@@ -112,6 +130,10 @@ mod tests {
         (Problem::CallerMissing, 401, Code::Unauthenticated),
         (Problem::CallerInvalid, 400, Code::InvalidArgument),
         (Problem::KeyUnguarded, 500, Code::Internal),
+        (Problem::OperationUncertain, 409, Code::Aborted),
+        (Problem::ResultExpired, 409, Code::AlreadyExists),
+        (Problem::PolicyChanged, 409, Code::FailedPrecondition),
+        (Problem::OperationAbandoned, 422, Code::FailedPrecondition),
     ];
 
     #[test]

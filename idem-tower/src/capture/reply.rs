@@ -80,6 +80,10 @@ pub(crate) struct Guard<C> {
     pub(crate) options: Overrides,
     /// The layer's scope: the label of its calls in metrics and traces.
     pub(crate) scope: Arc<str>,
+    /// The version of what the layer fingerprints, stamped on every request's fingerprint
+    /// (`Fingerprint::with_policy`): the builder's `policy_version`, or the protocol's own,
+    /// derived from its fingerprint settings when the layer is built.
+    pub(crate) policy: Option<u32>,
 }
 
 /// A guarded call of either layer once its key, fingerprint and work are known: runs `work`
@@ -101,6 +105,7 @@ where
     E: Send + 'static,
     F: Future<Output = Result<Reply, Failure<E>>> + Send + 'static,
 {
+    let fingerprint = fingerprint.with_policy(guard.policy.unwrap_or(0));
     let call = guard.engine.call(key).fingerprint(fingerprint);
     let call = adapter::with_overrides(call, guard.options).scope_named(guard.scope.clone());
     let outcome = adapter::run_detached_as(call, work, ReplyFormat).await;

@@ -407,7 +407,11 @@ impl<C: Codec> LayerBuilder<C> {
     /// ```
     pub fn build(self) -> Result<IdempotencyLayer<C>, Error> {
         let bad = |m: String| Err(Error::InvalidConfig(m));
-        let (common, settings) = self.checked()?;
+        let (mut common, settings) = self.checked()?;
+        common
+            .guard
+            .policy
+            .get_or_insert(super::wire::FINGERPRINT_VERSION);
         let mut config = Config {
             common,
             methods: HashMap::new(),

@@ -26,7 +26,12 @@ impl Problem {
             | Problem::BodyUnreadable
             | Problem::CallerInvalid => Code::InvalidArgument,
             Problem::KeyInFlight | Problem::StoreUnavailable => Code::Unavailable,
-            Problem::KeyReused | Problem::ResponseNotRetained => Code::FailedPrecondition,
+            Problem::KeyReused
+            | Problem::ResponseNotRetained
+            | Problem::PolicyChanged
+            | Problem::OperationAbandoned => Code::FailedPrecondition,
+            Problem::OperationUncertain => Code::Aborted,
+            Problem::ResultExpired => Code::AlreadyExists,
             Problem::BodyTooLarge => Code::ResourceExhausted,
             Problem::LeaseLost | Problem::Internal | Problem::KeyUnguarded => Code::Internal,
             Problem::CallerMissing => Code::Unauthenticated,
@@ -55,13 +60,28 @@ impl Problem {
             Problem::CallerMissing => "CALLER_MISSING",
             Problem::CallerInvalid => "CALLER_INVALID",
             Problem::KeyUnguarded => "IDEMPOTENCY_KEY_UNGUARDED",
+            Problem::OperationUncertain => "OPERATION_UNCERTAIN",
+            Problem::ResultExpired => "RESULT_EXPIRED",
+            Problem::PolicyChanged => "POLICY_CHANGED",
+            Problem::OperationAbandoned => "OPERATION_ABANDONED",
         }
     }
 
     /// The trailers-only response: `grpc-status`, `grpc-message` (the detail) and
     /// `grpc-status-details-bin`.
     pub(crate) fn grpc_response<B: Default>(self, detail: impl Into<String>) -> Response<B> {
-        self.grpc_status(detail.into(), MetadataMap::new())
+        self.grpc_status(detail.into(), MetadataMap::new(), &[])
+            .into_http()
+    }
+
+    /// [`grpc_response`](Self::grpc_response) whose `ErrorInfo` carries `metadata` (for
+    /// [`OperationUncertain`](Self::OperationUncertain), the `operation` it names).
+    pub(crate) fn grpc_response_about<B: Default>(
+        self,
+        detail: impl Into<String>,
+        metadata: &[(&str, &str)],
+    ) -> Response<B> {
+        self.grpc_status(detail.into(), MetadataMap::new(), metadata)
             .into_http()
     }
 
@@ -76,11 +96,11 @@ impl Problem {
         metadata
             .as_mut()
             .insert(RETRY_PUSHBACK, HeaderValue::from(pushback_ms(after)));
-        self.grpc_status(detail.into(), metadata).into_http()
+        self.grpc_status(detail.into(), metadata, &[]).into_http()
     }
 
-    fn grpc_status(self, detail: String, metadata: MetadataMap) -> Status {
-        let details = status_details(self.code(), &detail, self.reason());
+    fn grpc_status(self, detail: String, metadata: MetadataMap, info: &[(&str, &str)]) -> Status {
+        let details = status_details(self.code(), &detail, self.reason(), info);
         Status::with_details_and_metadata(self.code(), detail, details, metadata)
     }
 }
@@ -93,12 +113,19 @@ fn pushback_ms(after: Duration) -> u64 {
 }
 
 /// A `google.rpc.Status { code, message, details: [Any(google.rpc.ErrorInfo { reason, domain:
-/// "idem" })] }`, encoded by hand: three messages of a few fields do not need a protobuf
-/// library.
-fn status_details(code: Code, message: &str, reason: &str) -> Bytes {
+/// "idem", metadata })] }`, encoded by hand: three messages of a few fields do not need a
+/// protobuf library.
+fn status_details(code: Code, message: &str, reason: &str, metadata: &[(&str, &str)]) -> Bytes {
     let mut info = Vec::new();
     field(&mut info, 1, reason.as_bytes());
     field(&mut info, 2, b"idem");
+    // `map<string, string> metadata = 3`: one entry message per pair.
+    for (key, value) in metadata {
+        let mut entry = Vec::new();
+        field(&mut entry, 1, key.as_bytes());
+        field(&mut entry, 2, value.as_bytes());
+        field(&mut info, 3, &entry);
+    }
     let mut any = Vec::new();
     field(&mut any, 1, b"type.googleapis.com/google.rpc.ErrorInfo");
     field(&mut any, 2, &info);
@@ -137,6 +164,32 @@ pub(crate) fn from_engine<B: Default>(error: Error) -> Response<B> {
         Error::ResultNotRetained { reason } => Problem::ResponseNotRetained.grpc_response(format!(
             "the call with this idempotency key already ran, but its response was not kept \
              ({reason}); it will not run again: look up its effect instead of retrying"
+        )),
+        Error::Uncertain { operation, .. } => {
+            tracing::warn!(%operation, "idempotency: a call met an uncertain operation");
+            let operation = operation.to_string();
+            Problem::OperationUncertain.grpc_response_about(
+                format!(
+                    "the call with this idempotency key began work whose effect must not repeat, \
+                     and stopped before its response was stored: whether it took effect is \
+                     unknown, so it will not run again until operation {operation} is resolved; \
+                     do not retry, with this key or another"
+                ),
+                &[("operation", &operation)],
+            )
+        }
+        Error::ResultExpired { .. } => Problem::ResultExpired.grpc_response(
+            "the call with this idempotency key already ran and its response has expired; it will \
+             not run again: look up its effect, or send a new key for a new request",
+        ),
+        Error::PolicyChanged { stored, current } => Problem::PolicyChanged.grpc_response(format!(
+            "this idempotency key was first used under request policy {stored}, and this call \
+             differs from that one as policy {current} sees it; nothing ran: send a new key for a \
+             new request"
+        )),
+        Error::Abandoned { reason } => Problem::OperationAbandoned.grpc_response(format!(
+            "the call with this idempotency key was resolved as abandoned ({reason}); it will not \
+             run again"
         )),
         Error::Store(e) if e.kind().is_transient() => {
             tracing::warn!(error = %e, "idempotency store unavailable");

@@ -114,6 +114,10 @@ fn take<'a>(r: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
     Ok(head)
 }
 
+/// The policy version of [`fingerprint`]'s scheme (a layer's default `policy_version`):
+/// `"grpc"` in ASCII for its first scheme (`idem-grpc/v1`); a new scheme takes a new number.
+pub(crate) const FINGERPRINT_VERSION: u32 = u32::from_be_bytes(*b"grpc");
+
 /// The fingerprint of a unary call: SHA-256 over the method path and the request message as it
 /// came (its compressed flag and bytes), length-prefixed.
 pub(crate) fn fingerprint(path: &str, message: Message<'_>) -> Fingerprint {

@@ -91,6 +91,38 @@ impl BodyFingerprint {
     }
 }
 
+impl BodyFingerprint {
+    /// The policy version of this view (the HTTP layer's default `policy_version`): the first
+    /// four bytes of SHA-256 over the fingerprint's scheme and the view (with its JSON
+    /// Pointers), so a deploy that changes the view changes the version.
+    ///
+    /// ```
+    /// use idem::http::BodyFingerprint;
+    /// assert_eq!(BodyFingerprint::Json.version(), BodyFingerprint::Json.version());
+    /// assert_ne!(BodyFingerprint::Json.version(), BodyFingerprint::Bytes.version());
+    /// let amount = BodyFingerprint::JsonFields(vec!["/amount".into()]);
+    /// let both = BodyFingerprint::JsonFields(vec!["/amount".into(), "/currency".into()]);
+    /// assert_ne!(amount.version(), both.version());
+    /// ```
+    pub fn version(&self) -> u32 {
+        let mut h = Sha256::new();
+        h.update(b"idem-http/v1");
+        match self {
+            BodyFingerprint::Bytes => h.update([b'b']),
+            BodyFingerprint::Ignore => h.update([b'n']),
+            BodyFingerprint::Json => h.update([b'j']),
+            BodyFingerprint::JsonFields(pointers) => {
+                h.update([b'f']);
+                for p in pointers {
+                    put(&mut h, p.as_bytes());
+                }
+            }
+        }
+        let digest: [u8; 32] = h.finalize().into();
+        u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
+    }
+}
+
 fn put(h: &mut Sha256, part: &[u8]) {
     h.update((part.len() as u64).to_be_bytes());
     h.update(part);

@@ -385,8 +385,10 @@ impl<C: Codec> LayerBuilder<C> {
     /// assert!(matches!(bad, Err(Error::InvalidConfig(_))));
     /// ```
     pub fn build(self) -> Result<IdempotencyLayer<C>, Error> {
-        let (common, mut http) = self.checked()?;
+        let (mut common, mut http) = self.checked()?;
         check_problems(&mut http.problems)?;
+        let derived = http.fingerprint.version();
+        common.guard.policy.get_or_insert(derived);
         Ok(IdempotencyLayer::from_config(Config { common, http }))
     }
 }

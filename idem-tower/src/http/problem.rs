@@ -28,8 +28,13 @@ impl Problem {
             | Problem::BodyUnreadable
             | Problem::CallerInvalid => StatusCode::BAD_REQUEST,
             Problem::CallerMissing => StatusCode::UNAUTHORIZED,
-            Problem::KeyInFlight => StatusCode::CONFLICT,
-            Problem::KeyReused | Problem::ResponseNotRetained => StatusCode::UNPROCESSABLE_ENTITY,
+            Problem::KeyInFlight
+            | Problem::OperationUncertain
+            | Problem::ResultExpired
+            | Problem::PolicyChanged => StatusCode::CONFLICT,
+            Problem::KeyReused | Problem::ResponseNotRetained | Problem::OperationAbandoned => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::LeaseLost | Problem::Internal | Problem::KeyUnguarded => {
@@ -59,6 +64,12 @@ impl Problem {
             Problem::CallerMissing => "Caller identity is missing",
             Problem::CallerInvalid => "Caller identity is invalid",
             Problem::KeyUnguarded => "Idempotency-Key was not checked by an idempotency layer",
+            Problem::OperationUncertain => {
+                "The outcome of the request with this Idempotency-Key is uncertain"
+            }
+            Problem::ResultExpired => "The response to this Idempotency-Key has expired",
+            Problem::PolicyChanged => "Idempotency-Key was used under another request policy",
+            Problem::OperationAbandoned => "The request with this Idempotency-Key was abandoned",
         }
     }
 
@@ -86,6 +97,10 @@ impl Problem {
             Problem::CallerMissing => "caller-missing",
             Problem::CallerInvalid => "caller-invalid",
             Problem::KeyUnguarded => "key-unguarded",
+            Problem::OperationUncertain => "operation-uncertain",
+            Problem::ResultExpired => "result-expired",
+            Problem::PolicyChanged => "policy-changed",
+            Problem::OperationAbandoned => "operation-abandoned",
         }
     }
 
@@ -120,6 +135,10 @@ impl Problem {
             Problem::CallerMissing => doc!("CallerMissing"),
             Problem::CallerInvalid => doc!("CallerInvalid"),
             Problem::KeyUnguarded => doc!("KeyUnguarded"),
+            Problem::OperationUncertain => doc!("OperationUncertain"),
+            Problem::ResultExpired => doc!("ResultExpired"),
+            Problem::PolicyChanged => doc!("PolicyChanged"),
+            Problem::OperationAbandoned => doc!("OperationAbandoned"),
         }
     }
 
@@ -129,6 +148,18 @@ impl Problem {
         self,
         config: &ProblemConfig,
         detail: impl fmt::Display,
+    ) -> Response<Body> {
+        self.response_about(config, detail, None)
+    }
+
+    /// [`response`](Self::response) naming the operation it is about: the extension member
+    /// `operation` (the key's hex form, what `idem resolve` takes), as
+    /// [`OperationUncertain`](Self::OperationUncertain) carries.
+    pub(crate) fn response_about(
+        self,
+        config: &ProblemConfig,
+        detail: impl fmt::Display,
+        operation: Option<String>,
     ) -> Response<Body> {
         let status = match self {
             Problem::CallerMissing => config.caller_missing_status,
@@ -143,6 +174,7 @@ impl Problem {
             title: self.title(),
             status: status.as_u16(),
             detail: detail.to_string(),
+            operation,
         };
         // Serializing four plain fields cannot fail; the fallback keeps the path panic-free.
         let json = serde_json::to_vec(&body).unwrap_or_default();
@@ -223,6 +255,10 @@ struct ProblemBody {
     title: &'static str,
     status: u16,
     detail: String,
+    /// The operation a problem is about, where one is named (an extension member, RFC 9457
+    /// section 3.2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    operation: Option<String>,
 }
 
 /// The response for an engine error met while claiming, running or completing a request.
@@ -244,6 +280,39 @@ pub(crate) fn from_engine(config: &ProblemConfig, error: Error) -> Response<Body
             format!(
                 "the request with this Idempotency-Key already ran, but its response was not kept \
              ({reason}); it will not run again: look up its effect instead of retrying"
+            ),
+        ),
+        Error::Uncertain { operation, .. } => {
+            tracing::warn!(%operation, "idempotency: a request met an uncertain operation");
+            Problem::OperationUncertain.response_about(
+                config,
+                format!(
+                    "the request with this Idempotency-Key began work whose effect must not \
+                     repeat, and stopped before its response was stored: whether it took effect \
+                     is unknown, so it will not run again until operation {operation} is \
+                     resolved; do not retry, with this key or another"
+                ),
+                Some(operation.to_string()),
+            )
+        }
+        Error::ResultExpired { .. } => Problem::ResultExpired.response(
+            config,
+            "the request with this Idempotency-Key already ran and its response has expired; it \
+             will not run again: look up its effect, or send a new key for a new request",
+        ),
+        Error::PolicyChanged { stored, current } => Problem::PolicyChanged.response(
+            config,
+            format!(
+                "this Idempotency-Key was first used under request policy {stored}, and this \
+                 request differs from that one as policy {current} sees it; nothing ran: send a \
+                 new key for a new request"
+            ),
+        ),
+        Error::Abandoned { reason } => Problem::OperationAbandoned.response(
+            config,
+            format!(
+                "the request with this Idempotency-Key was resolved as abandoned ({reason}); it \
+                 will not run again"
             ),
         ),
         Error::Store(e) if e.kind().is_transient() => {

@@ -531,3 +531,82 @@ pub async fn pending_completion_follows_on_locked(store: Arc<dyn Store>) {
         "the method ran twice"
     );
 }
+
+/// A lease short enough to wait out in a case, and the wait past it.
+fn short_lease() -> (Duration, Duration) {
+    let lease = idem::conformance::scaled(Duration::from_millis(300));
+    (lease, lease + Duration::from_millis(150))
+}
+
+/// A key whose call's claim lapsed with no response, on a layer that declares its effect not
+/// repeatable: retries get `ABORTED` (reason `OPERATION_UNCERTAIN`, the operation in the
+/// `ErrorInfo`'s metadata) and the method never runs; resolved as completed, retries replay.
+pub async fn uncertain_key_is_aborted_naming_the_operation(store: Arc<dyn Store>) {
+    let (lease, past) = short_lease();
+    let engine = idem::Idempotency::builder(store.clone())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let server = Server::start_with(engine.clone(), store, |b| {
+        b.on_lapse(idem::OnLapse::Uncertain)
+    })
+    .await;
+    let key = Key::derive("grpc", CALLER, "k-dead").unwrap();
+    let idem::CallClaim::Claimed(_dead) = engine
+        .call(key)
+        .on_lapse(idem::OnLapse::Uncertain)
+        .claim()
+        .await
+        .unwrap()
+    else {
+        panic!("a new key is claimed")
+    };
+    tokio::time::sleep(past).await;
+    let refused = server
+        .create(Some("k-dead"), Some(CALLER), payment(7, ""))
+        .await
+        .unwrap_err();
+    assert_problem(&refused, Problem::OperationUncertain);
+    let details = String::from_utf8_lossy(refused.details()).into_owned();
+    assert!(details.contains("operation"), "{details}");
+    assert!(details.contains(&key.to_string()), "{details}");
+    assert_eq!(server.runs(), 0);
+}
+
+/// After a response's retention, a retry gets `ALREADY_EXISTS` (reason `RESULT_EXPIRED`) from
+/// the key's tombstone, never a second run.
+pub async fn expired_result_is_already_exists(store: Arc<dyn Store>) {
+    let (retention, past) = short_lease();
+    let engine = idem::Idempotency::builder(store.clone())
+        .retention(retention)
+        .build()
+        .unwrap();
+    let server = Server::start_with(engine, store, |b| b).await;
+    server
+        .create(Some("k-old"), Some(CALLER), payment(7, ""))
+        .await
+        .unwrap();
+    tokio::time::sleep(past).await;
+    let late = server
+        .create(Some("k-old"), Some(CALLER), payment(7, ""))
+        .await
+        .unwrap_err();
+    assert_problem(&late, Problem::ResultExpired);
+    assert_eq!(server.runs(), 1);
+}
+
+/// A key stored under one policy version, retried with another message under another version:
+/// `FAILED_PRECONDITION` with reason `POLICY_CHANGED`, not `IDEMPOTENCY_KEY_REUSED`.
+pub async fn changed_policy_is_policy_changed(store: Arc<dyn Store>) {
+    let v1 = Server::start(store.clone(), |b| b.policy_version(1)).await;
+    v1.create(Some("k-v"), Some(CALLER), payment(1, ""))
+        .await
+        .unwrap();
+    let v2 = Server::start(store, |b| b.policy_version(2)).await;
+    let changed = v2
+        .create(Some("k-v"), Some(CALLER), payment(2, ""))
+        .await
+        .unwrap_err();
+    assert_problem(&changed, Problem::PolicyChanged);
+    assert_eq!(v2.runs(), 0);
+}

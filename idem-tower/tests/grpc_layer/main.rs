@@ -22,6 +22,9 @@ idem_test_support::per_store! {
         oversized_response_is_not_run_again,
         flaky_server_with_retries_books_each_payment_once,
         pending_completion_follows_on_locked,
+        uncertain_key_is_aborted_naming_the_operation,
+        expired_result_is_already_exists,
+        changed_policy_is_policy_changed,
     };
     memory_store => idem_test_support::stores::memory,
     sqlite_store => idem_test_support::stores::sqlite,

@@ -879,3 +879,119 @@ pub async fn pending_completion_follows_on_locked(store: Arc<dyn Store>) {
         "the handler ran twice"
     );
 }
+
+/// A lease short enough to wait out in a case, and the wait past it.
+fn short_lease() -> (Duration, Duration) {
+    let lease = idem::conformance::scaled(Duration::from_millis(300));
+    (lease, lease + Duration::from_millis(150))
+}
+
+/// A key whose handler's claim lapsed with no response (its process died mid-charge), on a layer
+/// that declares its effect not repeatable: every retry is `409 operation-uncertain` naming the
+/// operation, and the handler never runs; resolved as failed by an operator, the next retry runs
+/// once.
+pub async fn uncertain_key_is_409_naming_the_operation(store: Arc<dyn Store>) {
+    let (lease, past) = short_lease();
+    let engine = Idempotency::builder(store.clone())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let server = Server::start_with(engine.clone(), store, |b| {
+        b.on_lapse(idem::OnLapse::Uncertain)
+    })
+    .await;
+    let key = record_key(CALLER, "k-dead");
+    // The holder: claimed as the layer claims, then gone without a word.
+    let idem::CallClaim::Claimed(_dead) = engine
+        .call(key)
+        .on_lapse(idem::OnLapse::Uncertain)
+        .claim()
+        .await
+        .unwrap()
+    else {
+        panic!("a new key is claimed")
+    };
+    tokio::time::sleep(past).await;
+    for _ in 0..2 {
+        let again = server
+            .post("/payments", Some("k-dead"), r#"{"amount":5}"#)
+            .await;
+        let problem = again.problem(409);
+        assert_eq!(problem["type"], Problem::OperationUncertain.type_uri());
+        assert_eq!(problem["operation"], key.to_string());
+        assert_eq!(again.header("retry-after"), None, "it says not to retry");
+    }
+    assert_eq!(server.runs(), 0);
+    engine
+        .resolve(&key, idem::Resolution::Failed)
+        .await
+        .unwrap();
+    let retry = server
+        .post("/payments", Some("k-dead"), r#"{"amount":5}"#)
+        .await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(server.runs(), 1);
+}
+
+/// After a response's retention, a retry gets `409 result-expired` from the key's tombstone,
+/// never a second run; once the tombstone ends, the key runs again.
+pub async fn expired_result_is_409_then_runs_after_key_retention(store: Arc<dyn Store>) {
+    let (retention, past) = short_lease();
+    let kept = idem::conformance::scaled(Duration::from_secs(1));
+    let engine = Idempotency::builder(store.clone())
+        .retention(retention)
+        .key_retention(kept)
+        .build()
+        .unwrap();
+    let server = Server::start_with(engine, store, |b| b).await;
+    let first = server
+        .post("/payments", Some("k-old"), r#"{"amount":5}"#)
+        .await;
+    assert_eq!(first.status, 201);
+    tokio::time::sleep(past).await;
+    let late = server
+        .post("/payments", Some("k-old"), r#"{"amount":5}"#)
+        .await;
+    let problem = late.problem(409);
+    assert_eq!(problem["type"], Problem::ResultExpired.type_uri());
+    assert_eq!(server.runs(), 1);
+    tokio::time::sleep(kept + Duration::from_millis(1100)).await;
+    let later = server
+        .post("/payments", Some("k-old"), r#"{"amount":5}"#)
+        .await;
+    assert_eq!(later.status, 201);
+    assert!(!later.replayed());
+    assert_eq!(server.runs(), 2);
+}
+
+/// A deploy that changes what the layer fingerprints (the body's bytes, then its JSON): a retry
+/// of a key stored before it, whose request now fingerprints differently, gets `409
+/// policy-changed`, not `422`; the same change under the same version is still `422`.
+pub async fn changed_fingerprint_policy_is_409(store: Arc<dyn Store>) {
+    let before = Server::start(store.clone(), |b| b).await;
+    let first = before
+        .post_json("/payments", "\"k-deploy\"", r#"{"amount": 5}"#)
+        .await;
+    assert_eq!(first.status, 201);
+    let after = Server::start(store.clone(), |b| {
+        b.fingerprint(idem::http::BodyFingerprint::Json)
+    })
+    .await;
+    let across = after
+        .post_json("/payments", "\"k-deploy\"", r#"{"amount":5,"note":"x"}"#)
+        .await;
+    let problem = across.problem(409);
+    assert_eq!(problem["type"], Problem::PolicyChanged.type_uri());
+    assert_eq!(after.runs(), 0);
+    // Pinned to the old version, the same change reads as a reused key.
+    let pinned = Server::start(store, |b| {
+        b.fingerprint(idem::http::BodyFingerprint::Json)
+            .policy_version(idem::http::BodyFingerprint::Bytes.version())
+    })
+    .await;
+    pinned
+        .post_json("/payments", "\"k-deploy\"", r#"{"amount":5,"note":"x"}"#)
+        .await
+        .problem(422);
+    assert_eq!(pinned.runs(), 0);
+}

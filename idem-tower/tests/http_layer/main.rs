@@ -44,6 +44,9 @@ idem_test_support::per_store! {
         response_in_frames_is_replayed_whole,
         completed_response_is_stored,
         pending_completion_follows_on_locked,
+        uncertain_key_is_409_naming_the_operation,
+        expired_result_is_409_then_runs_after_key_retention,
+        changed_fingerprint_policy_is_409,
     };
     memory_store => idem_test_support::stores::memory,
     sqlite_store => idem_test_support::stores::sqlite,
