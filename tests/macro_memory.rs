@@ -144,10 +144,19 @@ async fn retention_sets_how_long_a_result_is_replayed() {
         "replayed within the retention"
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // After the retention the key is a tombstone (the engine's default `key_retention`, seven
+    // days): told, not run again.
+    let expired = t.short_lived("k").await;
+    assert!(
+        matches!(expired, Err(idem::Error::ResultExpired { .. })),
+        "{expired:?}"
+    );
+    assert_eq!(t.runs.load(Ordering::SeqCst), 1);
+    tokio::time::sleep(idem::DEFAULT_KEY_RETENTION).await;
     assert_eq!(
         t.short_lived("k").await.unwrap(),
         2,
-        "runs again after the retention"
+        "runs again after the retention and the tombstone"
     );
 }
 
@@ -269,4 +278,71 @@ async fn methods_of_the_same_name_on_two_types_do_not_share_keys() {
         let key = idem::Key::derive(&scope, "", "42").unwrap();
         assert!(engine.store().get(&key).await.unwrap().is_some(), "{scope}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn policy_versions_tell_a_changed_fingerprint_from_a_reused_key() {
+    macro_support::policy_versions_tell_a_changed_fingerprint_from_a_reused_key(&paused()).await;
+}
+
+/// A memory store (on tokio's clock) whose renewals fail: what a holder sees of an outage
+/// longer than its lease.
+struct NoRenewals(MemoryStore);
+
+impl idem::store::Forward for NoRenewals {
+    fn inner(&self) -> &dyn idem::Store {
+        &self.0
+    }
+
+    fn gate(&self, op: idem::store::Operation) -> Result<(), idem::Error> {
+        match op {
+            idem::store::Operation::Renew => Err(idem::Error::Store(idem::StoreError::new(
+                idem::StoreErrorKind::Unavailable,
+                "the store is down",
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Charges `order_id` once the gate opens: an effect outside the store that must not repeat.
+#[idempotent(key = order_id, scope = "charge-uncertain", engine = engine, on_lapse = uncertain, skip(gate))]
+async fn charge_once(
+    engine: &Idempotency,
+    order_id: &str,
+    gate: Arc<tokio::sync::Semaphore>,
+) -> Result<u32, idem::Error> {
+    gate.acquire()
+        .await
+        .map_err(|e| idem::Error::Codec(e.into()))?
+        .forget();
+    Ok(7)
+}
+
+/// `on_lapse = uncertain`: a call whose holder cannot renew past its lease (an outage) leaves
+/// the key uncertain: a retry gets `Error::Uncertain` naming the operation and does not run;
+/// the late holder still completes, and retries then replay its result.
+#[tokio::test(start_paused = true)]
+async fn on_lapse_uncertain_keeps_a_lapsed_key_from_running_again() {
+    let store = idem::store::Forwarding(NoRenewals(MemoryStore::with_clock(TokioClock::new())));
+    let engine = Idempotency::builder(store)
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let holder = {
+        let (engine, gate) = (engine.clone(), gate.clone());
+        tokio::spawn(async move { charge_once(&engine, "o-1", gate).await })
+    };
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    let retry = charge_once(&engine, "o-1", Arc::new(tokio::sync::Semaphore::new(1))).await;
+    let key = idem::Key::derive("charge-uncertain", "", "o-1").unwrap();
+    assert!(
+        matches!(retry, Err(idem::Error::Uncertain { operation, .. }) if operation == key),
+        "{retry:?}"
+    );
+    gate.add_permits(1);
+    assert_eq!(holder.await.unwrap().unwrap(), 7);
+    let replayed = charge_once(&engine, "o-1", Arc::new(tokio::sync::Semaphore::new(1))).await;
+    assert_eq!(replayed.unwrap(), 7);
 }

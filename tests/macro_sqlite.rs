@@ -121,3 +121,9 @@ async fn cancelled_then_retried_is_never_locked() {
 async fn detached_body_survives_its_caller() {
     macro_support::detached_body_survives_its_caller(&harness().await).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_versions_tell_a_changed_fingerprint_from_a_reused_key() {
+    macro_support::policy_versions_tell_a_changed_fingerprint_from_a_reused_key(&harness().await)
+        .await;
+}

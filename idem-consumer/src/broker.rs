@@ -243,6 +243,13 @@ impl<C: Codec> Consumer<C> {
                 MessageOutcome::Poison(e) => {
                     tracing::error!(broker, key, "poison message, to the dead-letter queue: {e}")
                 }
+                MessageOutcome::Uncertain(e) => {
+                    tracing::error!(
+                        broker,
+                        key,
+                        "uncertain message, to the dead-letter queue: {e}"
+                    )
+                }
                 MessageOutcome::Failed(failure) => {
                     tracing::warn!(broker, key, "message handed back: {failure}")
                 }

@@ -297,6 +297,9 @@ fn log<T, E: fmt::Display>(what: &str, id: &str, outcome: &MessageOutcome<T, E>)
         MessageOutcome::Poison(e) => {
             tracing::error!(id, "{what} is poison (dead-letter it): {e}")
         }
+        MessageOutcome::Uncertain(e) => {
+            tracing::error!(id, "{what} is uncertain (dead-letter it, resolve it): {e}")
+        }
         other if other.disposition() == Disposition::DeadLetter => {}
         other => tracing::debug!(id, outcome = other.as_str(), "{what} handed back"),
     }

@@ -65,7 +65,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use idem_core::{
-    Call, Codec, Error, Fingerprint, Idempotency, JsonCodec, Key, OnLocked, Outcome, Steps,
+    Call, Codec, Error, Fingerprint, Idempotency, JsonCodec, Key, OnLapse, OnLocked, Outcome, Steps,
 };
 
 mod broker;
@@ -226,8 +226,21 @@ pub enum MessageOutcome<T, E> {
     NotProcessed,
     /// The message can never succeed as it is: its key was used for another payload
     /// ([`Error::KeyReused`]), or its key or fingerprint is invalid ([`Error::InvalidKey`],
-    /// [`Error::Fingerprint`]). Route it to a dead-letter queue.
+    /// [`Error::Fingerprint`]), or under another policy version ([`Error::PolicyChanged`]).
+    /// Route it to a dead-letter queue.
     Poison(Error),
+    /// An earlier delivery's handler claimed the key for work whose effect must not repeat
+    /// (`on_lapse(OnLapse::Uncertain)`) and its claim lapsed with no result
+    /// ([`Error::Uncertain`], naming the operation): whether it took effect is unknown. Route
+    /// it to a dead-letter queue, never redeliver it forever; an operator or a reconciler
+    /// resolves the operation (`idem uncertain`, `idem resolve`), and a redrive then replays or
+    /// runs it as resolved.
+    Uncertain(Error),
+    /// An earlier delivery's operation is closed without a result to replay: its result's
+    /// retention ended and its key is a tombstone ([`Error::ResultExpired`]), or an operator
+    /// resolved it as abandoned ([`Error::Abandoned`]). Acknowledge: it never runs again
+    /// under this key.
+    Closed(Error),
 }
 
 /// Why a message [`Failed`](MessageOutcome::Failed).
@@ -282,21 +295,22 @@ impl<T, E> MessageOutcome<T, E> {
     /// What the broker should do with the message.
     pub fn disposition(&self) -> Disposition {
         match self {
-            MessageOutcome::Done(_) | MessageOutcome::Replayed(_) | MessageOutcome::NotRetained => {
-                Disposition::Acknowledge
-            }
+            MessageOutcome::Done(_)
+            | MessageOutcome::Replayed(_)
+            | MessageOutcome::NotRetained
+            | MessageOutcome::Closed(_) => Disposition::Acknowledge,
             MessageOutcome::InFlight { retry_after } => Disposition::Redeliver {
                 after: Some(*retry_after),
             },
             MessageOutcome::Failed(_) | MessageOutcome::NotProcessed => {
                 Disposition::Redeliver { after: None }
             }
-            MessageOutcome::Poison(_) => Disposition::DeadLetter,
+            MessageOutcome::Poison(_) | MessageOutcome::Uncertain(_) => Disposition::DeadLetter,
         }
     }
 
     /// The outcome's name, as the `outcome` label of `idem_messages_total`: `done`, `replayed`,
-    /// `not_retained`, `in_flight`, `failed`, `not_processed`, `poison`.
+    /// `not_retained`, `in_flight`, `failed`, `not_processed`, `poison`, `uncertain`, `closed`.
     ///
     /// ```
     /// let o: idem::consumer::MessageOutcome<u8, String> =
@@ -312,6 +326,8 @@ impl<T, E> MessageOutcome<T, E> {
             MessageOutcome::Failed(_) => "failed",
             MessageOutcome::NotProcessed => "not_processed",
             MessageOutcome::Poison(_) => "poison",
+            MessageOutcome::Uncertain(_) => "uncertain",
+            MessageOutcome::Closed(_) => "closed",
         }
     }
 
@@ -332,9 +348,12 @@ impl<T, E> MessageOutcome<T, E> {
             Err(Wrapped::Engine(e)) => match e {
                 Error::Locked { retry_after } => MessageOutcome::InFlight { retry_after },
                 Error::ResultNotRetained { .. } => MessageOutcome::NotRetained,
-                Error::KeyReused | Error::InvalidKey(_) | Error::Fingerprint(_) => {
-                    MessageOutcome::Poison(e)
-                }
+                Error::KeyReused
+                | Error::PolicyChanged { .. }
+                | Error::InvalidKey(_)
+                | Error::Fingerprint(_) => MessageOutcome::Poison(e),
+                Error::Uncertain { .. } => MessageOutcome::Uncertain(e),
+                Error::ResultExpired { .. } | Error::Abandoned { .. } => MessageOutcome::Closed(e),
                 e => MessageOutcome::Failed(Failure::Engine(e)),
             },
         }
@@ -391,6 +410,7 @@ pub struct Consumer<C = JsonCodec> {
     concurrency: usize,
     ordered: bool,
     lease: Option<Duration>,
+    on_lapse: Option<OnLapse>,
     deadline: Option<Instant>,
 }
 
@@ -402,6 +422,7 @@ impl<C> Clone for Consumer<C> {
             concurrency: self.concurrency,
             ordered: self.ordered,
             lease: self.lease,
+            on_lapse: self.on_lapse,
             deadline: self.deadline,
         }
     }
@@ -421,6 +442,7 @@ impl<C: Codec> Consumer<C> {
             concurrency: 16,
             ordered: false,
             lease: None,
+            on_lapse: None,
             deadline: None,
         })
     }
@@ -447,6 +469,26 @@ impl<C: Codec> Consumer<C> {
     /// [`InFlight`](MessageOutcome::InFlight).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
+        self
+    }
+
+    /// What a message's key becomes if its handler's claim lapses with no result (the consumer
+    /// process died or stalled past the lease): free, so the redelivery runs the handler again
+    /// (the engine's [`Policy::on_lapse`](idem_core::Policy::on_lapse), by default), or, for
+    /// handlers with an effect outside the store that must not repeat,
+    /// [`OnLapse::Uncertain`]: the redelivery is then
+    /// [`Uncertain`](MessageOutcome::Uncertain) and goes to the dead-letter queue until the
+    /// operation is resolved.
+    ///
+    /// ```
+    /// use idem::consumer::Consumer;
+    /// use idem::{Idempotency, MemoryStore, OnLapse};
+    /// let consumer = Consumer::new(Idempotency::new(MemoryStore::new()), "charges")?
+    ///     .on_lapse(OnLapse::Uncertain);
+    /// # let _ = consumer; Ok::<(), idem::Error>(())
+    /// ```
+    pub fn on_lapse(mut self, on_lapse: OnLapse) -> Self {
+        self.on_lapse = Some(on_lapse);
         self
     }
 
@@ -704,6 +746,10 @@ impl<C: Codec> Consumer<C> {
             .scope_named(self.scope.clone())
             .fingerprint(fingerprint)
             .on_locked(OnLocked::FailFast);
+        let call = match self.on_lapse {
+            Some(on_lapse) => call.on_lapse(on_lapse),
+            None => call,
+        };
         match self.lease {
             Some(lease) => call.lease(lease),
             None => call,

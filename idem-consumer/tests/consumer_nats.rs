@@ -294,3 +294,60 @@ async fn a_message_in_flight_elsewhere_is_nakked_with_a_delay() {
         "the handler ran although the other run stored its result"
     );
 }
+
+/// A message whose key was left uncertain by a consumer that died mid-charge: the redelivery
+/// is `uncertain`, its handler does not run, and it is terminated (`AckKind::Term`: JetStream
+/// stops redelivering it, and advisories tell the dead-letter handling), never redelivered
+/// forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncertain_message_is_terminated_not_redelivered() {
+    let Some(url) = nats_url() else { return };
+    let (js, name, pull) = stream(&url).await;
+    publish(&js, &name, "o-dead").await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite_at(&dir.path().join("idem.db")).await;
+    let lease = Duration::from_millis(300);
+    let dead = Idempotency::builder(store.clone())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let key = Key::derive("orders", "", "o-dead").unwrap();
+    let idem::CallClaim::Claimed(_) = dead
+        .call(key)
+        .on_lapse(idem::OnLapse::Uncertain)
+        .claim()
+        .await
+        .unwrap()
+    else {
+        panic!("a new key is claimed")
+    };
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    let shop = Shop::new(None);
+    let consumer = nats_consumer(store);
+    let fetch = |wait: Duration| {
+        let pull = pull.clone();
+        async move {
+            let mut batch = pull
+                .fetch()
+                .max_messages(1)
+                .expires(wait)
+                .messages()
+                .await
+                .unwrap();
+            let mut out = Vec::new();
+            while let Some(m) = futures_util::StreamExt::next(&mut batch).await {
+                out.push(m.unwrap());
+            }
+            out
+        }
+    };
+    let outcomes = consumer
+        .process(fetch(Duration::from_secs(1)).await, &shop.handler())
+        .await;
+    assert_eq!(outcomes.len(), 1);
+    assert_eq!(outcomes[0].as_str(), "uncertain");
+    assert_eq!(shop.charged("o-dead"), 0, "an uncertain message ran");
+    // Past its ack wait it does not come back: it was terminated.
+    let again = fetch(ACK_WAIT * 2).await;
+    assert!(again.is_empty(), "an uncertain message was redelivered");
+}

@@ -321,3 +321,52 @@ async fn a_running_handler_keeps_its_message_invisible() {
     );
     assert_eq!(shop.charged("slow-1"), 1);
 }
+
+/// A message whose key was left uncertain by a consumer that died mid-charge (its claim made
+/// with `OnLapse::Uncertain`, lapsed with no result): the redelivery is `uncertain`, its
+/// handler does not run and it is not deleted (the queue's redrive policy moves it to the
+/// dead-letter queue; nothing acknowledges it). Once an operator resolves the operation as
+/// failed, the next delivery runs it, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncertain_message_is_dead_lettered_until_resolved() {
+    let Some(endpoint) = endpoint() else { return };
+    let client = client(&endpoint);
+    let url = queue(&client, false).await;
+    let id = send(&client, &url, "o1", None).await;
+    let store = store().await;
+    let lease = Duration::from_millis(300);
+    // The consumer that died inside the charge.
+    let dead = Idempotency::builder(store.clone())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let key = Key::derive("orders", "", &id).unwrap();
+    let idem::CallClaim::Claimed(_) = dead
+        .call(key)
+        .on_lapse(idem::OnLapse::Uncertain)
+        .claim()
+        .await
+        .unwrap()
+    else {
+        panic!("a new key is claimed")
+    };
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    let shop = Shop::new(&[]);
+    let consumer = consumer_on(&client, &url, store.clone());
+    let received = receive(&client, &url, 1, 1).await;
+    assert_eq!(received.len(), 1);
+    let outcomes = consumer.process(received, &shop.handler()).await;
+    assert_eq!(outcomes[0].as_str(), "uncertain");
+    assert!(matches!(
+        outcomes[0].disposition(),
+        idem_consumer::Disposition::DeadLetter
+    ));
+    assert_eq!(shop.charged("o1"), 0, "an uncertain message ran");
+    assert_eq!(
+        left_in_queue(&client, &url).await,
+        1,
+        "an uncertain message was deleted"
+    );
+    dead.resolve(&key, idem::Resolution::Failed).await.unwrap();
+    drain(vec![consumer], &shop, &client, &url, &["o1"]).await;
+}

@@ -109,19 +109,29 @@ pub fn body<R, F: Future<Output = R>>(f: F) -> F {
     f
 }
 
-/// The per-call options the attribute's `lease`, `retention` and `on_locked` set.
+/// The per-call options the attribute's `lease`, `retention`, `on_locked` and `on_lapse` set.
 pub fn options(
     lease: Option<Duration>,
     retention: Option<Duration>,
     on_locked: Option<OnLocked>,
+    on_lapse: Option<crate::OnLapse>,
 ) -> CallOptions {
     CallOptions {
         lease,
         retention,
         on_locked,
-        on_lapse: None,
+        on_lapse,
         scope: None,
     }
+}
+
+/// The attribute's fingerprint stamped with its policy version (`policy = …`, or the one the
+/// attribute derived from what it hashes).
+pub fn versioned(
+    fingerprint: Result<Option<Fingerprint>, Error>,
+    policy: u32,
+) -> Result<Option<Fingerprint>, Error> {
+    fingerprint.map(|f| f.map(|f| f.with_policy(policy)))
 }
 
 /// What the attribute computes before the body starts, from borrows of the arguments (so the

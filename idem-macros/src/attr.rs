@@ -5,12 +5,12 @@
 
 use syn::ext::IdentExt;
 use syn::parse::{discouraged::Speculative, Parse, ParseStream};
-use syn::{parenthesized, token, Expr, Ident, LitBool, LitStr, Token};
+use syn::{parenthesized, token, Expr, Ident, LitBool, LitInt, LitStr, Token};
 
 use crate::duration::DurationLit;
 
 /// The arguments, in the order the docs list them.
-const NAMES: [&str; 12] = [
+const NAMES: [&str; 14] = [
     "key",
     "scope",
     "engine",
@@ -20,6 +20,8 @@ const NAMES: [&str; 12] = [
     "lease",
     "retention",
     "on_locked",
+    "on_lapse",
+    "policy",
     "transaction",
     "detach",
     "steps",
@@ -47,6 +49,10 @@ pub(crate) struct Args {
     pub(crate) lease: Arg<DurationLit>,
     pub(crate) retention: Arg<DurationLit>,
     pub(crate) on_locked: Arg<Expr>,
+    /// `uncertain` or `release`.
+    pub(crate) on_lapse: Arg<Ident>,
+    /// The fingerprint's policy version, as written.
+    pub(crate) policy: Arg<u32>,
     pub(crate) transaction: Arg<Ident>,
     pub(crate) detach: Arg<LitBool>,
     /// The name the body's [`Steps`] handle is bound to.
@@ -85,6 +91,8 @@ impl Parse for Args {
                 "lease" => assign(input, &mut args.lease, keyword, parse_duration)?,
                 "retention" => assign(input, &mut args.retention, keyword, parse_duration)?,
                 "on_locked" => assign(input, &mut args.on_locked, keyword, parse_expr)?,
+                "on_lapse" => assign(input, &mut args.on_lapse, keyword, parse_on_lapse)?,
+                "policy" => assign(input, &mut args.policy, keyword, parse_policy)?,
                 "transaction" => assign(input, &mut args.transaction, keyword, parse_parameter)?,
                 "detach" => assign(input, &mut args.detach, keyword, parse_bool)?,
                 "steps" => assign(input, &mut args.steps, keyword, parse_binding)?,
@@ -273,6 +281,33 @@ fn parse_binding(input: ParseStream<'_>, _name: &str) -> syn::Result<Ident> {
         input,
         "`steps` takes a name for the body's `idem::Steps` handle, such as `steps = steps`",
     )
+}
+
+/// What the key becomes if the call's claim lapses: `uncertain` or `release`, or an error
+/// spanned on whatever stands in its place.
+fn parse_on_lapse(input: ParseStream<'_>, _name: &str) -> syn::Result<Ident> {
+    let refusal = "`on_lapse` takes `uncertain` (the call's effect must not repeat: a claim that \
+                   lapses leaves the key uncertain until it is resolved) or `release` (the \
+                   default: a retry runs again), such as `on_lapse = uncertain`";
+    let ident = parse_name(input, refusal)?;
+    match ident.to_string().as_str() {
+        "uncertain" | "release" => Ok(ident),
+        _ => Err(syn::Error::new(ident.span(), refusal)),
+    }
+}
+
+/// The fingerprint's policy version: an integer literal that fits a `u32`.
+fn parse_policy(input: ParseStream<'_>, _name: &str) -> syn::Result<u32> {
+    let refusal = "`policy` takes the version of what the fingerprint hashes, a whole number \
+                   from 0 to 4294967295, such as `policy = 2`";
+    if input.peek(LitInt) {
+        let lit: LitInt = input.parse()?;
+        return lit
+            .base10_parse::<u32>()
+            .map_err(|_| syn::Error::new(lit.span(), refusal));
+    }
+    let expr: Expr = input.parse()?;
+    Err(syn::Error::new_spanned(expr, refusal))
 }
 
 /// A bare name, or `refusal` spanned on the expression written instead.

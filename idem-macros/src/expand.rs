@@ -72,6 +72,10 @@ struct Call {
     lease: Option<DurationLit>,
     retention: Option<DurationLit>,
     on_locked: Option<Expr>,
+    /// `uncertain` or `release`, as written.
+    on_lapse: Option<Ident>,
+    /// The fingerprint's policy version: `policy = …`, or derived from what it hashes.
+    policy: u32,
     /// The parameter holding the caller's connection or transaction: transactional mode.
     transaction: Option<Ident>,
     /// Run the body on a task of its own, so cancelling the caller cannot stop it.
@@ -224,6 +228,7 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         .chain(borrowed),
     )?;
     let (form, return_type) = form?;
+    let fingerprint = fingerprint?;
     Ok(Call {
         form,
         return_type,
@@ -231,10 +236,15 @@ fn check(func: &ItemFn, args: Args) -> syn::Result<Call> {
         key: key?,
         engine: engine?,
         caller: args.caller.map(|(_, caller)| caller),
-        fingerprint: fingerprint?,
         lease: args.lease.map(|(_, lease)| lease),
         retention: args.retention.map(|(_, retention)| retention),
         on_locked: args.on_locked.map(|(_, on_locked)| on_locked),
+        on_lapse: args.on_lapse.map(|(_, on_lapse)| on_lapse),
+        policy: match args.policy {
+            Some((_, version)) => version,
+            None => derived_policy(&fingerprint, sig),
+        },
+        fingerprint,
         transaction: args.transaction.map(|(_, parameter)| parameter),
         detach: detach?,
         steps: steps?,
@@ -317,7 +327,48 @@ fn check_transaction(func: &ItemFn, parameter: &Ident, args: &Args) -> syn::Resu
              remove `on_locked`",
         )
     });
-    combine_errors([missing, lease, on_locked].into_iter().flatten())
+    let on_lapse = args.on_lapse.as_ref().map(|(keyword, _)| {
+        syn::Error::new_spanned(
+            keyword,
+            "`on_lapse` does not apply with `transaction`: the claim, the work and the result \
+             commit together in your transaction, so a call that dies leaves nothing to lapse; \
+             remove `on_lapse`",
+        )
+    });
+    combine_errors([missing, lease, on_locked, on_lapse].into_iter().flatten())
+}
+
+/// The default policy version of a fingerprint: FNV-1a (32 bits) over what it is made of (the
+/// hashed parameters' names and types, or the `fingerprint = …` expression, as written), so a
+/// change to what the attribute hashes is a new version, and a retry across the deploy that
+/// made it gets `PolicyChanged` rather than `KeyReused`. No fingerprint: 0.
+fn derived_policy(fingerprint: &Fingerprint, sig: &syn::Signature) -> u32 {
+    let text = match fingerprint {
+        Fingerprint::Nothing => return 0,
+        Fingerprint::Expr(expr) => format!("expr:{}", expr.to_token_stream()),
+        Fingerprint::Arguments(names) => {
+            let mut text = String::from("arguments:");
+            for name in names {
+                let ty = sig.inputs.iter().find_map(|input| match input {
+                    syn::FnArg::Typed(typed) => match &*typed.pat {
+                        syn::Pat::Ident(pat) if pat.ident == *name => {
+                            Some(typed.ty.to_token_stream().to_string())
+                        }
+                        _ => None,
+                    },
+                    syn::FnArg::Receiver(_) => None,
+                });
+                text.push_str(&format!("{}:{};", name.unraw(), ty.unwrap_or_default()));
+            }
+            text
+        }
+    };
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in "idem-attr/v1\0".bytes().chain(text.bytes()) {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash
 }
 
 /// One error holding every error of `errors`, or `Ok` when there is none.
@@ -369,6 +420,8 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
         lease,
         retention,
         on_locked,
+        on_lapse,
+        policy,
         transaction,
         detach,
         steps,
@@ -424,6 +477,15 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
     let lease = duration(lease);
     let retention = duration(retention);
     let on_locked = typed_on_locked(on_locked);
+    let on_lapse = match on_lapse {
+        Some(word) if word == "uncertain" => quote_spanned! {word.span()=>
+            ::core::option::Option::Some(::idem::OnLapse::Uncertain)
+        },
+        Some(word) => quote_spanned! {word.span()=>
+            ::core::option::Option::Some(::idem::OnLapse::Release)
+        },
+        None => quote!(::core::option::Option::None),
+    };
     // Everything the record needs is computed from borrows before the body starts, so the body
     // may still move the function's arguments. With `transaction`, `lease` and `on_locked` are
     // refused, so the options hold the retention only.
@@ -434,8 +496,8 @@ fn expand(func: ItemFn, call: Call) -> TokenStream {
         let __idem_scope: &'static str = #scope;
         let __idem_prepared = ::idem::__private::Prepared {
             key: ::idem::__private::key(__idem_scope, #caller, #key),
-            fingerprint: #fingerprint,
-            options: ::idem::__private::options(#lease, #retention, #on_locked)
+            fingerprint: ::idem::__private::versioned(#fingerprint, #policy),
+            options: ::idem::__private::options(#lease, #retention, #on_locked, #on_lapse)
                 .scoped(__idem_scope),
         };
     };

@@ -290,8 +290,16 @@ pub async fn pay_by_field(engine: &Idempotency, payment: Payment) -> Result<Char
     Ok(new_charge(&payment.key, payment.cents))
 }
 
-/// The fingerprint the record of `key` under `scope` holds.
+/// The fingerprint the record of `key` under `scope` holds, its policy version set aside (see
+/// [`policy_versions_tell_a_changed_fingerprint_from_a_reused_key`]).
 async fn stored_fingerprint(h: &Harness, scope: &str, key: &str) -> Option<Fingerprint> {
+    stored_versioned(h, scope, key)
+        .await
+        .map(|f| f.with_policy(0))
+}
+
+/// The fingerprint the record of `key` under `scope` holds, as stored.
+async fn stored_versioned(h: &Harness, scope: &str, key: &str) -> Option<Fingerprint> {
     let key = Key::derive(scope, "", key).unwrap();
     h.engine
         .store()
@@ -300,6 +308,76 @@ async fn stored_fingerprint(h: &Harness, scope: &str, key: &str) -> Option<Finge
         .unwrap()
         .unwrap()
         .fingerprint
+}
+
+/// `policy = 1`: the fingerprint of this deploy's request.
+#[idempotent(key = order_id, scope = "charge-policy", engine = engine, policy = 1)]
+pub async fn charge_v1(
+    engine: &Idempotency,
+    order_id: &str,
+    cents: u64,
+) -> Result<Charge, PayError> {
+    Ok(new_charge(order_id, cents))
+}
+
+/// `policy = 2`: the next deploy, whose fingerprint reads the request another way (here the
+/// amount in tenths).
+#[idempotent(key = order_id, scope = "charge-policy", engine = engine, fingerprint = cents / 10, policy = 2)]
+pub async fn charge_v2(
+    engine: &Idempotency,
+    order_id: &str,
+    cents: u64,
+) -> Result<Charge, PayError> {
+    Ok(new_charge(order_id, cents))
+}
+
+/// `policy = …`: a retry across a deploy that changed what is fingerprinted gets
+/// `PolicyChanged`, not `KeyReused`, and runs nothing; the record keeps the version it was
+/// stored under. Without `policy`, the attribute derives a version from what it hashes: stable
+/// from call to call, and not 0.
+pub async fn policy_versions_tell_a_changed_fingerprint_from_a_reused_key(h: &Harness) {
+    let first = charge_v1(&h.engine, "p-1", 100).await.unwrap();
+    let across = charge_v2(&h.engine, "p-1", 100).await;
+    assert!(
+        matches!(
+            across,
+            Err(PayError::Idem(idem::Error::PolicyChanged {
+                stored: 1,
+                current: 2
+            }))
+        ),
+        "{across:?}"
+    );
+    assert_eq!(
+        stored_versioned(h, "charge-policy", "p-1")
+            .await
+            .map(|f| f.policy()),
+        Some(1)
+    );
+    assert_eq!(charge_v1(&h.engine, "p-1", 100).await.unwrap(), first);
+    charge(&h.engine, "acme", "d-1", 100).await.unwrap();
+    let key = Key::derive("charge", "acme", "d-1").unwrap();
+    let derived = h
+        .engine
+        .store()
+        .get(&key)
+        .await
+        .unwrap()
+        .unwrap()
+        .fingerprint;
+    let derived = derived.map(|f| f.policy());
+    assert!(matches!(derived, Some(v) if v != 0), "{derived:?}");
+    charge(&h.engine, "acme", "d-2", 100).await.unwrap();
+    let key = Key::derive("charge", "acme", "d-2").unwrap();
+    let again = h
+        .engine
+        .store()
+        .get(&key)
+        .await
+        .unwrap()
+        .unwrap()
+        .fingerprint;
+    assert_eq!(again.map(|f| f.policy()), derived);
 }
 
 /// `skip(…)`: the key reused with a skipped argument changed replays; with a hashed one changed
@@ -431,7 +509,8 @@ pub async fn default_fingerprint_leaves_out_engine_key_and_caller(h: &Harness) {
     for tenant in ["acme", "globex"] {
         let key = Key::derive("charge", tenant, "o-4").unwrap();
         let record = h.engine.store().get(&key).await.unwrap().unwrap();
-        assert_eq!(record.fingerprint, Some(only_cents), "{tenant}");
+        let digest = record.fingerprint.map(|f| f.with_policy(0));
+        assert_eq!(digest, Some(only_cents), "{tenant}");
     }
     let through_another_engine = charge(&h.second_engine, "acme", "o-4", 100).await.unwrap();
     assert_eq!(through_another_engine, acme);
