@@ -72,13 +72,14 @@ async fn a_cached_replay_needs_no_database() {
     assert!(matches!(down, Err(Error::Store(_))), "{down:?}");
 }
 
-/// An entry leaves with its record's retention: the key then runs again. The store and the
-/// cache read one clock (tokio's, paused).
+/// An entry leaves with its record's retention: the key then runs again (no tombstone here:
+/// `key_retention` zero). The store and the cache read one clock (tokio's, paused).
 #[tokio::test(start_paused = true)]
 async fn a_cached_entry_ends_with_its_retention() {
     let clock = idem_core::TokioClock::new();
     let engine = Idempotency::builder(idem_core::MemoryStore::with_clock(clock.clone()))
         .retention(Duration::from_secs(2))
+        .key_retention(Duration::ZERO)
         .replay_cache(ReplayCache::new(100, 1 << 20).clock(clock))
         .build()
         .unwrap();

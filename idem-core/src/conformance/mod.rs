@@ -45,6 +45,7 @@
 //! use idem::conformance::{self, Harness};
 //! use idem::{Abandoned, AbandonedQuery, Claim, Completion, Error, Key, MemoryStore, Record};
 //! use idem::{ClaimOutcome, ClaimRequest, StepLog, StepWrite, Store, TokioClock};
+//! use idem::{Token, UncertainOperation};
 //!
 //! #[derive(Clone)]
 //! struct MyStore(MemoryStore);
@@ -80,6 +81,15 @@
 //!     }
 //!     async fn find_abandoned(&self, query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error> {
 //!         self.0.find_abandoned(query).await
+//!     }
+//!     async fn take_uncertain(&self, key: &Key, token: Token, lease: Duration) -> Result<Claim, Error> {
+//!         self.0.take_uncertain(key, token, lease).await
+//!     }
+//!     async fn find_uncertain(
+//!         &self,
+//!         query: AbandonedQuery<'_>,
+//!     ) -> Result<Vec<UncertainOperation>, Error> {
+//!         self.0.find_uncertain(query).await
 //!     }
 //! }
 //!

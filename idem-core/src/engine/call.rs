@@ -169,7 +169,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     ///     unreachable!()
     /// };
     /// clock.advance(Duration::from_secs(31)); // its holder stalled past the lease
-    /// let retry = engine.call(key).run(async { Ok::<_, Error>("charged again") }).await;
+    /// let retry = engine.call(key).run(async { Ok::<_, Error>("charged again".to_owned()) }).await;
     /// assert!(matches!(retry, Err(Error::Uncertain { operation, .. }) if operation == key));
     /// # Ok(()) }
     /// ```

@@ -402,7 +402,9 @@ impl<C: Codec> Idempotency<C> {
                 return Claimed::Holding(Holding {
                     claim,
                     fingerprint,
-                    resolved,
+                    lease: resolved.lease,
+                    retention: resolved.retention,
+                    on_lapse: resolved.on_lapse,
                     began,
                 });
             }
@@ -441,10 +443,10 @@ impl<C: Codec> Idempotency<C> {
         let Holding {
             claim,
             fingerprint,
-            resolved: Resolved {
-                lease, retention, ..
-            },
+            lease,
+            retention,
             began,
+            ..
         } = holding;
         let (lease, retention, began) = (*lease, *retention, *began);
         let core = &self.inner.core;
@@ -680,7 +682,11 @@ pub(crate) enum Claimed<T, E> {
 pub(crate) struct Holding {
     claim: Claim,
     fingerprint: Option<Fingerprint>,
-    resolved: Resolved,
+    /// What the call's work needs of its options ([`Resolved`] less `on_locked`, which is
+    /// spent once the key is claimed: 16 bytes of every call's future).
+    lease: Duration,
+    retention: Duration,
+    on_lapse: OnLapse,
     /// When the claim came back, if the work is timed: its time runs from here.
     began: Option<Instant>,
 }
@@ -688,12 +694,7 @@ pub(crate) struct Holding {
 impl Holding {
     /// The claim and the retention a call's steps are stored with.
     fn steps_of(&self) -> (Claim, Duration, OnLapse) {
-        let Resolved {
-            retention,
-            on_lapse,
-            ..
-        } = self.resolved;
-        (self.claim.clone(), retention, on_lapse)
+        (self.claim.clone(), self.retention, self.on_lapse)
     }
 }
 

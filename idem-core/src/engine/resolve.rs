@@ -61,7 +61,7 @@ impl<C: Codec> Idempotency<C> {
     /// // The provider says the charge went through.
     /// engine.resolve(&key, Resolution::Completed(b"7".to_vec())).await?;
     /// let replayed = engine.call(key).run(async { Ok::<_, Error>(1) }).await?;
-    /// assert_eq!(replayed, 7);
+    /// assert_eq!(replayed.into_inner(), 7);
     /// // A second resolution is refused.
     /// let again = engine.resolve(&key, Resolution::Failed).await;
     /// assert!(matches!(again, Err(Error::NotUncertain { .. })));
