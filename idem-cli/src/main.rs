@@ -88,6 +88,15 @@ enum Command {
     Inspect(Which),
     /// Delete one record, whatever its state: the key runs again on its next call.
     Evict(Which),
+    /// List the uncertain operations, in key order, a page at a time: claims made with
+    /// `OnLapse::Uncertain` that lapsed with no result. Nobody runs them again until each is
+    /// resolved (`idem resolve`); alert on any.
+    Uncertain(PageArgs),
+    /// Resolve one uncertain operation, fenced (a resolution that another reached first, or of
+    /// an operation that is not uncertain, is refused and changes nothing): as completed with
+    /// the result every retry then replays, as failed (the key frees; the next retry runs), or
+    /// as abandoned (retries are told so until the retention ends).
+    Resolve(ResolveArgs),
     /// List live records in key order, a page at a time (on Redis and DynamoDB each page scans
     /// every record).
     List(ListArgs),
@@ -134,6 +143,35 @@ struct ListArgs {
     /// Continue after this record (the `next` of the previous page).
     #[arg(long)]
     after: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct PageArgs {
+    /// How many operations at most.
+    #[arg(long, default_value_t = 50)]
+    limit: u32,
+    /// Continue after this operation (the `next` of the previous page).
+    #[arg(long)]
+    after: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct ResolveArgs {
+    #[command(flatten)]
+    which: Which,
+    /// Its effect happened: the result every retry replays, as the application stores it
+    /// (JSON for a call's value).
+    #[arg(long, value_name = "JSON", group = "resolution")]
+    completed: Option<String>,
+    /// Its effect did not happen: free the key so the next retry runs the work.
+    #[arg(long, group = "resolution")]
+    failed: bool,
+    /// Neither, and it must not run again: retries are told this reason.
+    #[arg(long, value_name = "REASON", group = "resolution")]
+    abandoned: Option<String>,
+    /// How long a completed or abandoned resolution is kept, in seconds.
+    #[arg(long, default_value_t = 86_400)]
+    retention_secs: u64,
 }
 
 #[derive(Debug, Args)]
@@ -334,6 +372,83 @@ async fn evict(opened: &Opened, which: &Which, as_json: bool) -> Result<String, 
         json!({ "evicted": key.to_string() }).to_string()
     } else {
         format!("evicted {key}: its next call runs the work again\n")
+    })
+}
+
+async fn uncertain(opened: &Opened, args: &PageArgs, as_json: bool) -> Result<String, Failure> {
+    let after = args.after.as_deref().map(parse_hash).transpose()?;
+    let query = idem::AbandonedQuery {
+        after: after.as_ref(),
+        limit: args.limit,
+    };
+    let page = opened.engine(None)?.uncertain(query).await?;
+    let next = (page.len() == args.limit as usize)
+        .then(|| page.last().map(|op| op.key.to_string()))
+        .flatten();
+    if as_json {
+        let operations: Vec<Value> = page
+            .iter()
+            .map(|op| {
+                json!({
+                    "key": op.key.to_string(),
+                    "uncertain_for_ms": -millis_until(op.since),
+                })
+            })
+            .collect();
+        return Ok(json!({ "operations": operations, "next": next }).to_string());
+    }
+    if page.is_empty() {
+        return Ok("no uncertain operation\n".to_owned());
+    }
+    let mut table = Table::new(["key", "uncertain for"]);
+    for op in &page {
+        table.row([&op.key.to_string(), &seconds(-millis_until(op.since))]);
+    }
+    let mut text = table.render();
+    if let Some(next) = next {
+        text.push_str(&format!("next page: --after {next}\n"));
+    }
+    text.push_str(
+        "resolve each: idem resolve --hash KEY --completed JSON | --failed | --abandoned REASON\n",
+    );
+    Ok(text)
+}
+
+async fn resolve(opened: &Opened, args: &ResolveArgs, as_json: bool) -> Result<String, Failure> {
+    let key = key_of(&args.which)?;
+    let (resolution, said) = match (&args.completed, args.failed, &args.abandoned) {
+        (Some(result), false, None) => {
+            serde_json::from_str::<Value>(result).map_err(|e| {
+                Failure::Usage(format!("--completed takes the result as JSON: {e}"))
+            })?;
+            (
+                idem::Resolution::Completed(result.clone().into_bytes()),
+                "completed: retries replay its result",
+            )
+        }
+        (None, true, None) => (
+            idem::Resolution::Failed,
+            "failed: its key is free, the next retry runs",
+        ),
+        (None, false, Some(reason)) => (
+            idem::Resolution::Abandoned(reason.clone()),
+            "abandoned: retries are told so",
+        ),
+        _ => {
+            return Err(Failure::Usage(
+                "say how it ended: --completed JSON, --failed or --abandoned REASON".into(),
+            ))
+        }
+    };
+    let retention = std::time::Duration::from_secs(args.retention_secs);
+    opened
+        .engine(Some(retention))?
+        .resolve(&key, resolution)
+        .await?;
+    Ok(if as_json {
+        json!({ "resolved": key.to_string() }).to_string()
+    } else {
+        format!("resolved {key} as {said}\n")
     })
 }
 
@@ -546,6 +661,8 @@ async fn run(cli: Cli) -> Result<String, Failure> {
     match &cli.command {
         Command::Inspect(which) => inspect(&opened, which, cli.json).await,
         Command::Evict(which) => evict(&opened, which, cli.json).await,
+        Command::Uncertain(args) => uncertain(&opened, args, cli.json).await,
+        Command::Resolve(args) => resolve(&opened, args, cli.json).await,
         Command::List(args) => list(&opened, args, cli.json).await,
         Command::Stats => stats(&opened, cli.json).await,
         Command::Prune(args) => prune(&opened, args, cli.json).await,

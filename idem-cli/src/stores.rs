@@ -54,6 +54,18 @@ impl Opened {
         self.0.admin()
     }
 
+    /// An engine over the store, for what an operator does through one (list and resolve
+    /// uncertain operations), keeping a resolution for `retention` (the engine's default when
+    /// `None`).
+    pub fn engine(&self, retention: Option<Duration>) -> Result<idem::Idempotency, Failure> {
+        let builder = idem::Idempotency::builder(self.0.clone().into_store());
+        let builder = match retention {
+            Some(retention) => builder.retention(retention),
+            None => builder,
+        };
+        Ok(builder.build()?)
+    }
+
     pub fn upkeep(&self) -> Upkeep {
         match &self.0 {
             #[cfg(feature = "redis")]

@@ -554,3 +554,67 @@ fn distributed_store_urls_fail_in_one_line() {
         assert!(!ok && err.contains("`--features dynamodb`"), "{err}");
     }
 }
+
+/// `idem uncertain` lists an operation whose uncertain claim lapsed; `idem resolve` resolves it,
+/// fenced: a second resolution is refused with a clear line and changes nothing; the key then
+/// replays the resolution; an operation resolved as failed frees its key; a bad resolution is a
+/// usage error.
+#[tokio::test]
+async fn uncertain_operations_are_listed_and_resolved() {
+    let (_dir, url, store) = sqlite_file().await;
+    let lease = Duration::from_millis(200);
+    for k in ["charged", "declined"] {
+        let k = key(k);
+        let request = ClaimRequest::new(&k, lease).on_lapse(idem::OnLapse::Uncertain);
+        let ClaimOutcome::Claimed(_dead) = store.claim(request).await.unwrap() else {
+            panic!("a new key is claimable");
+        };
+    }
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let listed = json(&url, "idem_records", &["uncertain"]);
+    let keys: Vec<&str> = listed["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["key"].as_str().unwrap())
+        .collect();
+    let (charged, declined) = (key("charged").to_string(), key("declined").to_string());
+    let mut expected = vec![charged.as_str(), declined.as_str()];
+    expected.sort_unstable();
+    assert_eq!(keys, expected, "{listed}");
+
+    let resolve = |hash: &str, how: &[&str]| {
+        let mut args = vec!["resolve", "--hash", hash];
+        args.extend_from_slice(how);
+        idem(&url, "idem_records", &args)
+    };
+    let (ok, text, err) = resolve(&charged, &["--completed", r#"{"receipt":4200}"#]);
+    assert!(ok, "{err}");
+    assert!(text.contains("completed"), "{text}");
+    let (ok, _, err) = resolve(&charged, &["--failed"]);
+    assert!(!ok);
+    assert!(err.contains("is not uncertain"), "{err}");
+    let inspect = json(&url, "idem_records", &["inspect", "--hash", &charged]);
+    assert_eq!(inspect["response"], serde_json::json!({ "receipt": 4200 }));
+
+    let (ok, _, err) = resolve(&declined, &["--completed", "not json"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--completed takes the result as JSON"),
+        "{err}"
+    );
+    let (ok, _, err) = resolve(&declined, &[]);
+    assert!(!ok, "a resolution needs a verdict");
+    assert!(err.contains("--failed"), "{err}");
+    let (ok, _, err) = resolve(&declined, &["--failed"]);
+    assert!(ok, "{err}");
+    assert!(matches!(
+        store
+            .claim(ClaimRequest::new(&key("declined"), HOUR))
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed(_)
+    ));
+    let listed = json(&url, "idem_records", &["uncertain"]);
+    assert_eq!(listed["operations"], serde_json::json!([]));
+}
