@@ -47,7 +47,7 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use codec::{Codec, JsonCodec};
 pub use engine::{
     Attempt, Call, CallClaim, EngineBuilder, Finish, Holder, Idempotency, OnLocked, Outcome,
-    Policy, ReplayCache, Resolution, Step, Steps, DEFAULT_KEY_RETENTION,
+    Policy, Reconciled, ReplayCache, Resolution, Step, Steps, DEFAULT_KEY_RETENTION,
 };
 pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::KeyPart;

@@ -17,9 +17,10 @@ use tokio::time::Instant;
 
 use super::{stop_requested, Background, Lease, RecordsLease};
 use crate::codec::{Codec, JsonCodec};
-use crate::engine::{Idempotency, OnLocked, Outcome, Steps};
+use crate::engine::{renewing, Idempotency, OnLocked, Outcome, Reconciled, Resolution, Steps};
 use crate::error::Error;
 use crate::key::Key;
+use crate::record::UncertainOperation;
 use crate::step::{Abandoned, AbandonedQuery};
 use crate::store::check_duration;
 
@@ -200,6 +201,17 @@ pub struct CompleteReport {
     /// Found operations whose handler failed (its claim was released, so a retry resumes it);
     /// each is logged (`WARN`).
     pub failed: u64,
+    /// Uncertain operations found (claims made with `OnLapse::Uncertain` that lapsed), when a
+    /// [reconciler](Completer::reconciler) is registered.
+    pub uncertain: u64,
+    /// Uncertain operations a reconciler found completed: completed with its result.
+    pub reconciled: u64,
+    /// Uncertain operations a reconciler found failed: their keys freed for the next retry.
+    pub reconciled_failed: u64,
+    /// Uncertain operations left uncertain: the reconciler could not tell, failed, or the
+    /// operation has no stored input or no reconciler for its scope (each needs an operator:
+    /// `idem uncertain`).
+    pub still_uncertain: u64,
     /// Pages read.
     pub batches: u32,
     /// Another completer held the lease, so this run did nothing.
@@ -216,6 +228,50 @@ enum Driven {
     Replayed,
     Busy,
     Failed,
+    /// An uncertain operation, as its reconciler found it (or left it).
+    Reconciled(Verdict),
+}
+
+/// What reconciling one uncertain operation came to.
+#[derive(Clone, Copy)]
+enum Verdict {
+    Completed,
+    Failed,
+    StillUncertain,
+}
+
+/// A registered reconciler, typed away: asks the provider about one uncertain operation (its
+/// key and stored input), and answers with the result encoded by the engine's codec.
+type Reconcile<C> = Arc<
+    dyn Fn(
+            Idempotency<C>,
+            Key,
+            Vec<u8>,
+        ) -> Pin<Box<dyn Future<Output = Result<Reconciled<Vec<u8>>, Error>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// What one page holds: abandoned operations to finish, or uncertain ones to reconcile.
+enum Job {
+    Abandoned(Abandoned),
+    Uncertain(UncertainOperation),
+}
+
+impl Job {
+    fn key(&self) -> Key {
+        match self {
+            Job::Abandoned(op) => op.key,
+            Job::Uncertain(op) => op.key,
+        }
+    }
+}
+
+/// Which operations a run pages through.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Abandoned,
+    Uncertain,
 }
 
 type BoxFuture = Pin<Box<dyn Future<Output = Driven> + Send>>;
@@ -279,6 +335,9 @@ pub struct Completer<C = JsonCodec> {
     engine: Idempotency<C>,
     config: CompleterConfig,
     handlers: HashMap<String, Drive<C>>,
+    /// Shared with the tasks that reconcile, which learn an operation's scope only once they
+    /// hold it.
+    reconcilers: Arc<HashMap<String, Reconcile<C>>>,
 }
 
 impl<C> Clone for Completer<C> {
@@ -287,6 +346,7 @@ impl<C> Clone for Completer<C> {
             engine: self.engine.clone(),
             config: self.config.clone(),
             handlers: self.handlers.clone(),
+            reconcilers: self.reconcilers.clone(),
         }
     }
 }
@@ -295,9 +355,12 @@ impl<C> fmt::Debug for Completer<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut scopes: Vec<&String> = self.handlers.keys().collect();
         scopes.sort();
+        let mut reconciled: Vec<&String> = self.reconcilers.keys().collect();
+        reconciled.sort();
         f.debug_struct("Completer")
             .field("config", &self.config)
             .field("scopes", &scopes)
+            .field("reconciled", &reconciled)
             .finish_non_exhaustive()
     }
 }
@@ -318,7 +381,80 @@ impl<C: Codec> Completer<C> {
             engine,
             config,
             handlers: HashMap::new(),
+            reconcilers: Arc::default(),
         })
+    }
+
+    /// Registers `reconcile` for the uncertain operations stored under `scope` (claims made
+    /// with [`OnLapse::Uncertain`](crate::OnLapse::Uncertain) that lapsed with no result, which
+    /// ran through [`Call::run_steps_with`](crate::Call::run_steps_with) and so keep their
+    /// input), in place of any earlier one. Each run, after finishing abandoned operations,
+    /// pages through the store's uncertain operations and, for each of this scope, takes it
+    /// over (fenced by its lapsed claim's token: an operator or another completer resolving it
+    /// at the same moment wins or loses whole), and calls `reconcile` with the operation's key
+    /// and stored input, its claim renewed meanwhile. `reconcile` asks the provider what
+    /// happened (by the key it was given, [`Key::provider_key`]) and answers:
+    ///
+    /// - [`Reconciled::Completed`]: the operation completes with this result (the type the
+    ///   client's work returns), and every retry replays it;
+    /// - [`Reconciled::Failed`]: its key is freed, and the next retry runs it;
+    /// - [`Reconciled::Unknown`] (or an `Err`): it is left uncertain, for the next run or an
+    ///   operator (`idem uncertain`).
+    ///
+    /// Operations without a stored input, or of a scope without a reconciler, are left
+    /// uncertain (counted in [`still_uncertain`](CompleteReport::still_uncertain)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem::{Completer, CompleterConfig, Error, Idempotency, Key, ManualClock, MemoryStore};
+    /// use idem::{OnLapse, Reconciled};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let clock = ManualClock::new();
+    /// let engine = Idempotency::new(MemoryStore::with_clock(clock.clone()));
+    /// let key = Key::derive("charges", "", "c-1")?;
+    /// // A client dies inside the charge: its claim lapses, and the key is uncertain.
+    /// let client = engine.call(key).on_lapse(OnLapse::Uncertain).run_steps_with(
+    ///     "charges",
+    ///     b"4200".to_vec(),
+    ///     |steps| async move { std::future::pending::<Result<String, Error>>().await },
+    /// );
+    /// let _ = tokio::time::timeout(Duration::from_millis(10), client).await;
+    /// tokio::task::yield_now().await; // its claim is given up, uncertain (a died process's lapses)
+    /// clock.advance(Duration::from_secs(120));
+    ///
+    /// // The provider, asked by the operation's provider key, says the charge went through.
+    /// let completer = Completer::new(engine.clone(), CompleterConfig::new())?
+    ///     .reconciler("charges", |key: Key, input: Vec<u8>| async move {
+    ///         let _asked_for = key.provider_key(Some("charge"));
+    ///         Ok::<_, Error>(Reconciled::Completed(format!("charged {}", String::from_utf8_lossy(&input))))
+    ///     });
+    /// let report = completer.run_once().await?;
+    /// assert_eq!((report.uncertain, report.reconciled), (1, 1));
+    /// let retry = engine.call(key).run(async { Ok::<_, Error>("charged twice".to_owned()) }).await?;
+    /// assert_eq!(retry.into_inner(), "charged 4200");
+    /// # Ok(()) }
+    /// ```
+    pub fn reconciler<T, R, F>(mut self, scope: &str, reconcile: R) -> Completer<C>
+    where
+        R: Fn(Key, Vec<u8>) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<Reconciled<T>, Error>> + Send + 'static,
+        T: Serialize + Send + 'static,
+    {
+        let reconcile = Arc::new(reconcile);
+        let typed: Reconcile<C> = Arc::new(move |engine: Idempotency<C>, key, input| {
+            let asked = reconcile(key, input);
+            Box::pin(async move {
+                Ok(match asked.await? {
+                    Reconciled::Completed(value) => {
+                        Reconciled::Completed(engine.codec().encode(&value).map_err(Error::Codec)?)
+                    }
+                    Reconciled::Failed => Reconciled::Failed,
+                    Reconciled::Unknown => Reconciled::Unknown,
+                })
+            })
+        });
+        Arc::make_mut(&mut self.reconcilers).insert(scope.to_owned(), typed);
+        self
     }
 
     /// Registers `handler` for the operations stored under `scope` (the `scope` given to
@@ -421,11 +557,26 @@ impl<C: Codec> Completer<C> {
             tracing::debug!("another completer holds the lease; skipping this run");
             return Ok(());
         }
-        let outcome = self.pages(stop, &mut lease, report).await;
+        let mut stop = stop;
+        let mut outcome = self
+            .pages(Pass::Abandoned, stop.as_deref_mut(), &mut lease, report)
+            .await;
+        if outcome.is_ok() && !self.reconcilers.is_empty() {
+            outcome = self.pages(Pass::Uncertain, stop, &mut lease, report).await;
+        }
         let released = lease.release().await;
         report.elapsed = started.elapsed();
         outcome?;
         released?;
+        if report.uncertain > 0 {
+            tracing::info!(
+                uncertain = report.uncertain,
+                reconciled = report.reconciled,
+                reconciled_failed = report.reconciled_failed,
+                still_uncertain = report.still_uncertain,
+                "reconciled uncertain operations"
+            );
+        }
         if report.found > 0 {
             tracing::info!(
                 found = report.found,
@@ -443,6 +594,7 @@ impl<C: Codec> Completer<C> {
 
     async fn pages(
         &self,
+        pass: Pass,
         mut stop: Option<&mut watch::Receiver<bool>>,
         lease: &mut RecordsLease,
         report: &mut CompleteReport,
@@ -459,24 +611,32 @@ impl<C: Codec> Completer<C> {
                 return Ok(());
             }
             let page_started = Instant::now();
-            let page = self
-                .engine
-                .store()
-                .find_abandoned(AbandonedQuery {
-                    after: after.as_ref(),
-                    limit: self.config.batch_size,
-                })
-                .await?;
+            let query = AbandonedQuery {
+                after: after.as_ref(),
+                limit: self.config.batch_size,
+            };
+            let store = self.engine.store();
+            let page: Vec<Job> = match pass {
+                Pass::Abandoned => {
+                    let page = store.find_abandoned(query).await?;
+                    report.found += page.len() as u64;
+                    page.into_iter().map(Job::Abandoned).collect()
+                }
+                Pass::Uncertain => {
+                    let page = store.find_uncertain(query).await?;
+                    report.uncertain += page.len() as u64;
+                    page.into_iter().map(Job::Uncertain).collect()
+                }
+            };
             report.batches += 1;
-            report.found += page.len() as u64;
             let full = page.len() >= self.config.batch_size as usize;
-            after = page.last().map(|op| op.key);
+            after = page.last().map(Job::key);
             if !self.drive(page, lease, report).await {
                 tracing::warn!("completer lease lost while driving a page; stopping this run");
                 return Ok(());
             }
             if !full {
-                report.drained = true;
+                report.drained |= pass == Pass::Abandoned;
                 return Ok(());
             }
             if self
@@ -511,7 +671,7 @@ impl<C: Codec> Completer<C> {
     /// under its own claim), and the run stops after them.
     async fn drive(
         &self,
-        page: Vec<Abandoned>,
+        page: Vec<Job>,
         lease: &mut RecordsLease,
         report: &mut CompleteReport,
     ) -> bool {
@@ -527,29 +687,111 @@ impl<C: Codec> Completer<C> {
             Some(Driven::Replayed) => report.replayed += 1,
             Some(Driven::Busy) => report.busy += 1,
             Some(Driven::Failed) => report.failed += 1,
+            Some(Driven::Reconciled(Verdict::Completed)) => report.reconciled += 1,
+            Some(Driven::Reconciled(Verdict::Failed)) => report.reconciled_failed += 1,
+            Some(Driven::Reconciled(Verdict::StillUncertain)) => report.still_uncertain += 1,
             // The handler panicked (its claim was released by the engine).
             None => report.failed += 1,
         };
-        for op in page {
-            let Some(drive) = self.handlers.get(&op.scope) else {
-                tracing::debug!(
-                    scope = op.scope.as_str(),
-                    "no completer handler for this scope"
-                );
-                report.unhandled += 1;
-                continue;
+        for job in page {
+            let task = match job {
+                Job::Abandoned(op) => match self.handlers.get(&op.scope) {
+                    Some(drive) => drive(self.engine.clone(), op),
+                    None => {
+                        tracing::debug!(
+                            scope = op.scope.as_str(),
+                            "no completer handler for this scope"
+                        );
+                        report.unhandled += 1;
+                        continue;
+                    }
+                },
+                Job::Uncertain(op) => {
+                    Box::pin(reconcile(self.engine.clone(), op, self.reconcilers.clone()))
+                        as BoxFuture
+                }
             };
             while tasks.len() >= self.config.concurrency {
                 if let Some(done) = renewal.next_done(&mut tasks).await {
                     count(done, report);
                 }
             }
-            tasks.spawn(drive(self.engine.clone(), op));
+            tasks.spawn(task);
         }
         while let Some(done) = renewal.next_done(&mut tasks).await {
             count(done, report);
         }
         renewal.held
+    }
+}
+
+/// Reconciles one uncertain operation: takes it over (fenced by its lapsed claim's token), reads
+/// its scope and stored input, asks the scope's reconciler with the claim renewed, and settles
+/// it as the reconciler says; an operation it cannot ask about is given back, still uncertain.
+async fn reconcile<C: Codec>(
+    engine: Idempotency<C>,
+    op: UncertainOperation,
+    reconcilers: Arc<HashMap<String, Reconcile<C>>>,
+) -> Driven {
+    let store = engine.store();
+    let lease = engine.policy().lease();
+    let claim = match store.take_uncertain(&op.key, op.token, lease).await {
+        Ok(claim) => claim,
+        // Resolved by someone else, or its holder came back: not ours.
+        Err(Error::NotUncertain { .. }) => return Driven::Busy,
+        Err(e) => {
+            tracing::warn!(key = %op.key, error = %e, "taking over an uncertain operation failed");
+            return Driven::Failed;
+        }
+    };
+    let give_back = |why: &str, error: Option<&Error>| {
+        tracing::warn!(key = %op.key, error = ?error, "an uncertain operation stays uncertain: {why}");
+    };
+    let asked = match engine.input_of(&claim).await {
+        Ok(Some(Abandoned { scope, input, .. })) => match reconcilers.get(&scope) {
+            Some(reconcile) => {
+                let asking = reconcile(engine.clone(), op.key, input);
+                renewing(&**store, &claim, lease, asking).await
+            }
+            None => Ok(Reconciled::Unknown),
+        },
+        Ok(None) => Ok(Reconciled::Unknown),
+        Err(e) => Err(e),
+    };
+    let settled = match asked {
+        Ok(Reconciled::Completed(result)) => engine
+            .settle(&claim, Resolution::Completed(result))
+            .await
+            .map(|()| Verdict::Completed),
+        Ok(Reconciled::Failed) => engine
+            .settle(&claim, Resolution::Failed)
+            .await
+            .map(|()| Verdict::Failed),
+        Ok(Reconciled::Unknown) => {
+            give_back(
+                "the provider could not tell, or there is no input or reconciler",
+                None,
+            );
+            engine
+                .put_back(&claim)
+                .await
+                .map(|()| Verdict::StillUncertain)
+        }
+        Err(e) => {
+            give_back("the reconciler failed", Some(&e));
+            engine
+                .put_back(&claim)
+                .await
+                .map(|()| Verdict::StillUncertain)
+        }
+    };
+    match settled {
+        Ok(verdict) => Driven::Reconciled(verdict),
+        // The takeover's lease ends by itself and the operation is uncertain again.
+        Err(e) => {
+            tracing::warn!(key = %op.key, error = %e, "settling an uncertain operation failed");
+            Driven::Reconciled(Verdict::StillUncertain)
+        }
     }
 }
 

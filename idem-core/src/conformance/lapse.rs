@@ -459,3 +459,110 @@ pub async fn engine_tombstone_then_runs(h: impl Harness) {
     wait(kept + Duration::from_millis(1100)).await;
     assert_eq!(call().await.unwrap(), Outcome::Fresh(1));
 }
+
+/// Through a completer with a reconciler: of four uncertain operations (each a client that died
+/// inside its work, claimed with `OnLapse::Uncertain` through `run_steps_with`), the one the
+/// provider says went through completes with the provider's result (a retry replays it, never
+/// runs), the one it says failed is freed (a retry runs it, once), the one it cannot tell about
+/// stays uncertain, and one of a scope without a reconciler stays uncertain too. The
+/// abandoned-operation pass never runs any of them. A second run finds only what is left.
+pub async fn engine_reconciler_settles_uncertain_operations(h: impl Harness) {
+    if !h.finds_abandoned() {
+        return;
+    }
+    let engine = Idempotency::builder(h.store())
+        .lease(short())
+        .on_lapse(OnLapse::Uncertain)
+        .build()
+        .unwrap();
+    let ops = [
+        ("charges", "went-through"),
+        ("charges", "declined"),
+        ("charges", "no-answer"),
+        ("refunds", "no-reconciler"),
+    ];
+    for (scope, name) in ops {
+        let client = engine.call(key(name)).run_steps_with(
+            scope,
+            name.as_bytes().to_vec(),
+            |_steps| async { std::future::pending::<Result<String, Error>>().await },
+        );
+        // The client dies inside its work: its claim is left to lapse.
+        let _ = tokio::time::timeout(Duration::from_millis(20), client).await;
+    }
+    wait(past_short()).await;
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let heard = asked.clone();
+    let completer = crate::Completer::new(engine.clone(), crate::CompleterConfig::new())
+        .unwrap()
+        .handler("charges", |_steps, _input| async {
+            Err::<String, _>(Error::InvalidConfig(
+                "the completer must not run these".into(),
+            ))
+        })
+        .reconciler("charges", move |k: Key, input: Vec<u8>| {
+            heard.lock().unwrap().push(k.provider_key(Some("charge")));
+            async move {
+                Ok::<_, Error>(match &input[..] {
+                    b"went-through" => crate::Reconciled::Completed("ch_1".to_owned()),
+                    b"declined" => crate::Reconciled::Failed,
+                    _ => crate::Reconciled::Unknown,
+                })
+            }
+        });
+    let report = completer.run_once().await.unwrap();
+    assert_eq!(
+        (
+            report.found,
+            report.uncertain,
+            report.reconciled,
+            report.reconciled_failed,
+            report.still_uncertain
+        ),
+        (0, 4, 1, 1, 2),
+        "{report:?}"
+    );
+    assert_eq!(
+        asked.lock().unwrap().len(),
+        3,
+        "asked once per operation of its scope"
+    );
+    let runs = AtomicUsize::new(0);
+    let retry = |name: &'static str| {
+        let (engine, runs) = (&engine, &runs);
+        async move {
+            engine
+                .call(key(name))
+                .run(async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(format!("charged {name}"))
+                })
+                .await
+        }
+    };
+    assert_eq!(
+        retry("went-through").await.unwrap(),
+        Outcome::Replayed("ch_1".to_owned())
+    );
+    assert_eq!(
+        retry("declined").await.unwrap(),
+        Outcome::Fresh("charged declined".to_owned())
+    );
+    // Given back, the operations left lapse at once and are uncertain again, for the next run
+    // (or an operator).
+    wait(Duration::from_millis(50)).await;
+    for name in ["no-answer", "no-reconciler"] {
+        let again = retry(name).await;
+        assert!(matches!(again, Err(Error::Uncertain { .. })), "{again:?}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let again = completer.run_once().await.unwrap();
+    assert_eq!(
+        (again.uncertain, again.still_uncertain),
+        (2, 2),
+        "{again:?}"
+    );
+    wait(Duration::from_millis(50)).await;
+    let listed = engine.uncertain(AbandonedQuery::first(10)).await.unwrap();
+    assert_eq!(listed.len(), 2);
+}

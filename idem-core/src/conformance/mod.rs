@@ -330,7 +330,8 @@ macro_rules! __conformance {
             policy_change_is_not_key_reused,
             engine_uncertain_never_reruns,
             engine_uncertain_failed_or_abandoned,
-            engine_tombstone_then_runs
+            engine_tombstone_then_runs,
+            engine_reconciler_settles_uncertain_operations
         );
     };
     (@tests $harness:ty, $rt:tt; $($rule:ident),*) => {

@@ -14,13 +14,13 @@ use super::underway::Releasing;
 use super::Shared;
 use crate::error::Error;
 use crate::key::Fingerprint;
-use crate::record::{Claim, Completion, StoredResult};
+use crate::record::{Claim, Completion, OnLapse, StoredResult};
 use crate::store::{Store, LAPSED_CLAIMS_KEPT};
 
 /// Polls `work` to completion while renewing the claim's lease every third of the lease, in the
 /// same task (so cancelling the call stops both). A renewal that fails for a passing reason is
 /// retried sooner, with backoff, for as long as the lease lasts.
-pub(super) async fn renewing<F: Future>(
+pub(crate) async fn renewing<F: Future>(
     store: &dyn Store,
     claim: &Claim,
     lease: Duration,
@@ -73,13 +73,18 @@ pub(super) fn pending_retry_after(lease: Duration) -> Duration {
 pub(super) struct ClaimGuard {
     shared: Arc<Shared>,
     claim: Option<Claim>,
+    /// What the claim becomes if the guard is dropped holding it (the caller went away, the
+    /// work panicked): released, or, for work whose effect must not repeat, left to lapse
+    /// uncertain at once, as if its holder had died.
+    on_lapse: OnLapse,
 }
 
 impl ClaimGuard {
-    pub(super) fn new(shared: Arc<Shared>, claim: Claim) -> ClaimGuard {
+    pub(super) fn new(shared: Arc<Shared>, claim: Claim, on_lapse: OnLapse) -> ClaimGuard {
         ClaimGuard {
             shared,
             claim: Some(claim),
+            on_lapse,
         }
     }
 
@@ -166,6 +171,17 @@ impl ClaimGuard {
 
 impl Drop for ClaimGuard {
     fn drop(&mut self) {
+        if self.on_lapse == OnLapse::Uncertain {
+            // Stopped at an unknown point of work that must not repeat: its claim lapses now,
+            // and the key is uncertain (docs/architecture.md, "Past the lease").
+            if let Some(claim) = self.claim.take() {
+                let store = self.shared.store.clone();
+                spawn_or_drop(Box::pin(async move {
+                    let _ = store.renew(&claim, Duration::from_millis(1)).await;
+                }));
+            }
+            return;
+        }
         if let Some(releasing) = self.releasing() {
             spawn_or_drop(releasing);
         }

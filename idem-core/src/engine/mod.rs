@@ -37,7 +37,7 @@ mod waiters;
 pub use cache::ReplayCache;
 pub use call::Call;
 pub use policy::{EngineBuilder, OnLocked, Outcome, Policy, DEFAULT_KEY_RETENTION};
-pub use resolve::Resolution;
+pub use resolve::{Reconciled, Resolution};
 pub use split::{CallClaim, Finish, Holder};
 pub use steps::{atomic_step, AtomicStep, Attempt, Step, Steps};
 
@@ -48,7 +48,8 @@ pub use stored::Encoded;
 use cache::{Cache, Hit, Known};
 use claim::attempt;
 use detach::run_to_end;
-use finish::{pending_retry_after, renewing, ClaimGuard, PendingResult, Stored};
+pub(crate) use finish::renewing;
+use finish::{pending_retry_after, ClaimGuard, PendingResult, Stored};
 pub(crate) use stored::replay;
 use underway::{Completions, Releases};
 use waiters::{PollerRole, Typical, Waiters};
@@ -451,7 +452,7 @@ impl<C: Codec> Idempotency<C> {
         let (lease, retention, began) = (*lease, *retention, *began);
         let core = &self.inner.core;
         let shared = &self.inner.shared;
-        let guard = ClaimGuard::new(shared.clone(), claim.clone());
+        let guard = ClaimGuard::new(shared.clone(), claim.clone(), holding.on_lapse);
         let result = renewing(&*shared.store, claim, lease, work).await;
         let ended = began.map(|began| {
             let ended = Instant::now();

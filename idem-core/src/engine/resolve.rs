@@ -2,14 +2,36 @@
 //! decides (`idem resolve`, idem-server's admin routes) and a reconciler learns from a provider,
 //! applied through one fenced takeover and the store's own completion or release.
 
+use std::time::Duration;
+
 use crate::codec::Codec;
 use crate::envelope;
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Completion, RecordState, UncertainOperation};
-use crate::step::AbandonedQuery;
+use crate::record::{Claim, Completion, RecordState, UncertainOperation};
+use crate::step::{Abandoned, AbandonedQuery, StepState, INPUT_STEP};
 
 use super::Idempotency;
+
+/// What a [`Completer`](crate::Completer)'s reconciler learned from the provider about an
+/// uncertain operation (see [`Completer::reconciler`](crate::Completer::reconciler)).
+///
+/// ```
+/// use idem::Reconciled;
+/// let charged: Reconciled<String> = Reconciled::Completed("ch_1".into());
+/// assert!(matches!(charged, Reconciled::Completed(_)));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reconciled<T> {
+    /// The effect happened, with this result: the operation completes with it, and every retry
+    /// replays it.
+    Completed(T),
+    /// The effect did not happen: the operation's key is freed, and the next retry runs it.
+    Failed,
+    /// The provider cannot tell yet: the operation stays uncertain, for the next run (or an
+    /// operator).
+    Unknown,
+}
 
 /// What an uncertain operation's effect turned out to be, as
 /// [`Idempotency::resolve`] records it.
@@ -74,10 +96,20 @@ impl<C: Codec> Idempotency<C> {
             Some(RecordState::Uncertain { token, .. }) => token,
             _ => return Err(not_uncertain()),
         };
+        let claim = store
+            .take_uncertain(key, token, self.policy().lease())
+            .await?;
+        self.settle(&claim, resolution).await
+    }
+
+    /// Applies `resolution` through `claim`, a takeover of an uncertain operation
+    /// ([`Store::take_uncertain`](crate::Store::take_uncertain)): completes it (with the result,
+    /// or the note that it was abandoned) or releases it (failed).
+    pub(crate) async fn settle(&self, claim: &Claim, resolution: Resolution) -> Result<(), Error> {
+        let store = self.store();
         let policy = self.policy();
-        let claim = store.take_uncertain(key, token, policy.lease()).await?;
         let sealed = match resolution {
-            Resolution::Failed => return store.abort(&claim).await,
+            Resolution::Failed => return store.abort(claim).await,
             Resolution::Completed(result) => envelope::result(result),
             Resolution::Abandoned(reason) => envelope::abandoned(&reason),
         };
@@ -87,7 +119,37 @@ impl<C: Codec> Idempotency<C> {
             retention: policy.retention(),
             key_retention: policy.key_retention(),
         };
-        store.complete(&claim, completion).await
+        store.complete(claim, completion).await
+    }
+
+    /// The scope and input an operation stored with its steps
+    /// ([`Call::run_steps_with`](crate::Call::run_steps_with)), read through `claim`, a takeover
+    /// of it: `None` for an operation that stored none (or on a store that keeps no steps).
+    pub(crate) async fn input_of(&self, claim: &Claim) -> Result<Option<Abandoned>, Error> {
+        let log = match self
+            .store()
+            .begin_steps(claim, self.policy().retention())
+            .await
+        {
+            Ok(log) => log,
+            Err(Error::StepsUnsupported) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        log.steps
+            .iter()
+            .find_map(|s| match &s.state {
+                StepState::Finished(input) if s.name == INPUT_STEP => Some(input),
+                _ => None,
+            })
+            .map(|input| Abandoned::decode(*claim.key(), input))
+            .transpose()
+    }
+
+    /// Gives a takeover of an uncertain operation back, still uncertain: its lease ends a
+    /// millisecond from now, and the operation is uncertain again (since then), under the
+    /// takeover's token. What a reconciler that could not tell does.
+    pub(crate) async fn put_back(&self, claim: &Claim) -> Result<(), Error> {
+        self.store().renew(claim, Duration::from_millis(1)).await
     }
 
     /// Up to `query.limit` uncertain operations with keys after `query.after`, by key: what

@@ -23,7 +23,7 @@ use crate::codec::Codec;
 use crate::error::{BoxError, Error};
 use crate::key::Key;
 use crate::observe::{Probe, Scope, Stage};
-use crate::record::{Claim, Record, RecordState};
+use crate::record::{Claim, OnLapse, Record, RecordState};
 use crate::step::{StepLog, StepWrite};
 use crate::store::check_duration;
 
@@ -316,7 +316,7 @@ impl<C: Codec> Idempotency<C> {
             } else {
                 Stage::NotRetained
             };
-            let guard = ClaimGuard::new(engine.inner.shared.clone(), claim);
+            let guard = ClaimGuard::new(engine.inner.shared.clone(), claim, OnLapse::Release);
             let stored = if observed {
                 guard.complete_once(sealed.bytes, retention, lease).await
             } else {
