@@ -6,9 +6,12 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRou
 use redis::{Cmd, Pipeline, RedisError, Value};
 
 use idem_core::store::support::{key_from_hex, live_records, store_stats, Smallest};
-use idem_core::{Error, Key, ListQuery, ListState, Record, StoreAdmin, StoreStats};
+use idem_core::{
+    AbandonedQuery, Error, Key, ListQuery, ListState, Record, RecordState, StoreAdmin, StoreStats,
+    UncertainOperation,
+};
 
-use crate::store::{bytes, corrupt, int, store_error, time, Conn, Inner, RedisStore};
+use crate::store::{bytes, corrupt, int, store_error, time, Conn, Inner, RedisStore, RESPONSE};
 
 /// How many keys each `SCAN` step asks for (a hint: the server may return more or fewer).
 const SCAN_COUNT: usize = 1_000;
@@ -36,9 +39,15 @@ struct Seen {
     key: Key,
     in_progress: bool,
     expires_ms: i64,
-    /// Its lease or retention has not ended on its node's clock.
+    /// It holds its key on its node's clock: a lease that runs, an uncertain claim (lapsed or
+    /// not), a retention or a tombstone that has not ended.
     live: bool,
-    /// `MEMORY USAGE` of its key, when asked and answered.
+    /// An uncertain claim whose lease has ended, or a tombstone: live past its `expires_ms`.
+    past_expiry: bool,
+    /// An uncertain claim whose lease has ended.
+    uncertain: bool,
+    /// `MEMORY USAGE` of its key (and of its response's, kept apart with a tombstone), when
+    /// asked and answered.
     bytes: Option<u64>,
 }
 
@@ -215,16 +224,24 @@ impl<'a> Scan<'a> {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             for (_, name) in &keys {
-                pipe.cmd("HMGET").arg(*name).arg("s").arg("e");
+                pipe.cmd("HMGET")
+                    .arg(*name)
+                    .arg("s")
+                    .arg("e")
+                    .arg("u")
+                    .arg("k");
                 if self.memory {
                     pipe.cmd("MEMORY").arg("USAGE").arg(*name);
+                    let mut response = name.to_vec();
+                    response.extend_from_slice(RESPONSE.as_bytes());
+                    pipe.cmd("MEMORY").arg("USAGE").arg(response);
                 }
             }
             let replies = conn
                 .pipe_on(node, &pipe)
                 .await
                 .map_err(|e| store_error("admin HMGET", e))?;
-            let per_key = if self.memory { 2 } else { 1 };
+            let per_key = if self.memory { 3 } else { 1 };
             let mut seen = Vec::with_capacity(keys.len());
             for ((key, _), replies) in keys.iter().zip(replies.chunks(per_key)) {
                 if let Some(record) = decode(*key, replies, *now_ms)? {
@@ -241,17 +258,22 @@ impl<'a> Scan<'a> {
     }
 }
 
-/// One key's `HMGET s e` (and `MEMORY USAGE`) replies; `None` when the key went away since the
-/// `SCAN` saw it.
+/// One key's `HMGET s e u k` (and the two `MEMORY USAGE`s) replies; `None` when the key went
+/// away since the `SCAN` saw it.
 fn decode(key: Key, replies: &[Value], now_ms: i64) -> Result<Option<Seen>, Error> {
     let fields = match replies.first() {
         Some(Value::Array(fields)) => fields,
         Some(Value::ServerError(e)) => return Err(store_error("admin HMGET", e.clone().into())),
         other => return Err(corrupt(format!("HMGET of key {key} answered {other:?}"))),
     };
-    let (state, expires) = match fields.as_slice() {
-        [Value::Nil, Value::Nil] => return Ok(None),
-        [state, expires] => (bytes(state), bytes(expires)),
+    let (state, expires, uncertain, kept) = match fields.as_slice() {
+        [Value::Nil, Value::Nil, ..] => return Ok(None),
+        [state, expires, uncertain, kept] => (
+            bytes(state),
+            bytes(expires),
+            bytes(uncertain) == Some(b"1".as_slice()),
+            bytes(kept),
+        ),
         _ => return Err(corrupt(format!("HMGET of key {key} answered {fields:?}"))),
     };
     let in_progress = match state {
@@ -267,15 +289,35 @@ fn decode(key: Key, replies: &[Value], now_ms: i64) -> Result<Option<Seen>, Erro
         .and_then(|e| std::str::from_utf8(e).ok())
         .and_then(|e| e.parse::<i64>().ok())
         .ok_or_else(|| corrupt(format!("the stored expiry of key {key} is {expires:?}")))?;
+    let kept_ms = match kept {
+        None => 0,
+        Some(k) => std::str::from_utf8(k)
+            .ok()
+            .and_then(|k| k.parse::<i64>().ok())
+            .ok_or_else(|| corrupt(format!("the stored tombstone of key {key} is {k:?}")))?
+            .saturating_mul(1000),
+    };
+    let ended = expires_ms <= now_ms;
+    let live = if in_progress {
+        !ended || uncertain
+    } else {
+        expires_ms.saturating_add(kept_ms) > now_ms
+    };
+    let memory = |i: usize| {
+        replies
+            .get(i)
+            .and_then(int)
+            .and_then(|b| u64::try_from(b).ok())
+    };
     Ok(Some(Seen {
         key,
         in_progress,
         expires_ms,
-        live: expires_ms > now_ms,
-        bytes: replies
-            .get(1)
-            .and_then(int)
-            .and_then(|b| u64::try_from(b).ok()),
+        live,
+        past_expiry: live && ended,
+        uncertain: in_progress && uncertain && ended,
+        // A response kept apart that is gone (or never was) adds nothing.
+        bytes: memory(1).map(|b| b.saturating_add(memory(2).unwrap_or(0))),
     }))
 }
 
@@ -297,10 +339,19 @@ fn decode(key: Key, replies: &[Value], now_ms: i64) -> Result<Option<Seen>, Erro
 /// `SCAN` may return a key twice while the keyspace grows or shrinks (Redis rehashing): `list`
 /// keeps each key once, but `stats` may count such a key twice, so its counts are exact only on a
 /// keyspace that does not change size during the scan. `expired` counts records whose lease or
-/// retention has ended and that Redis has not yet deleted (it deletes them itself, within a
-/// lease of the end for a claim, at once for a completion when next touched or sampled);
-/// `table_bytes` is the sum of `MEMORY USAGE` over the records' keys (`None` when the server
-/// refuses the command), not the server's whole memory.
+/// retention has ended and that Redis has not yet deleted (it deletes them itself, within
+/// [`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT) of the end for a claim, at once for a
+/// completion when next touched or sampled); `table_bytes` is the sum of `MEMORY USAGE` over the
+/// records' keys and their responses kept apart (`None` when the server refuses the command),
+/// not the server's whole memory.
+///
+/// **Past the lease.** An uncertain claim (its lease ended with no completion) still holds its
+/// key: `list` gives it under [`ListState::InProgress`] (read as
+/// [`RecordState::Uncertain`]) and `stats` counts it in `in_progress`. A tombstone (a completion
+/// past its retention, within its `key_retention`) is listed under [`ListState::Completed`]
+/// (read as [`RecordState::Expired`]) and counted in `completed`. Neither counts as `expired`,
+/// and neither takes part in `oldest_expiry`, whose end has passed: that is the earliest end
+/// still to come of a running lease or a retention.
 ///
 /// ```no_run
 /// use idem::{ListQuery, ListState, RedisStore, StoreAdmin};
@@ -353,7 +404,9 @@ impl StoreAdmin for RedisStore {
                 } else {
                     completed += 1;
                 }
-                oldest = Some(oldest.map_or(seen.expires_ms, |o| o.min(seen.expires_ms)));
+                if !seen.past_expiry {
+                    oldest = Some(oldest.map_or(seen.expires_ms, |o| o.min(seen.expires_ms)));
+                }
             }
         }
         Ok(store_stats(
@@ -367,6 +420,40 @@ impl StoreAdmin for RedisStore {
 
     async fn schema_version(&self) -> Result<i64, Error> {
         Ok(RedisStore::SCHEMA_VERSION)
+    }
+}
+
+impl RedisStore {
+    /// [`Store::find_uncertain`](idem_core::Store::find_uncertain): the scan of `list` (every
+    /// record of the prefix, on every master), keeping the `limit` smallest keys after `after`
+    /// of uncertain claims whose lease had ended on their master's clock, then one `get` per
+    /// key kept, so that each operation returned is uncertain when read (one that was resolved
+    /// meanwhile is left out).
+    pub(crate) async fn uncertain_page(
+        &self,
+        query: AbandonedQuery<'_>,
+    ) -> Result<Vec<UncertainOperation>, Error> {
+        let mut page = Smallest::new(query.after, query.limit);
+        if query.limit > 0 {
+            let mut scan = Scan::start(&self.inner, false).await?;
+            while let Some(batch) = scan.next().await? {
+                for seen in batch.into_iter().filter(|seen| seen.uncertain) {
+                    page.offer(seen.key);
+                }
+            }
+        }
+        Ok(live_records(self, page.into_keys())
+            .await?
+            .into_iter()
+            .filter_map(|record| match record.state {
+                RecordState::Uncertain { token, since } => Some(UncertainOperation {
+                    key: record.key,
+                    token,
+                    since,
+                }),
+                _ => None,
+            })
+            .collect())
     }
 }
 
@@ -387,22 +474,34 @@ mod tests {
     #[test]
     fn a_key_gone_since_the_scan_is_skipped() {
         let key = Key::from_bytes([1; 32]);
-        let gone = [Value::Array(vec![Value::Nil, Value::Nil])];
+        let gone = [Value::Array(vec![Value::Nil; 4])];
         assert!(decode(key, &gone, 0).unwrap().is_none());
+        let fields = |s: &[u8], e: &[u8], u: Option<&[u8]>, k: Option<&[u8]>| {
+            let field = |v: Option<&[u8]>| v.map_or(Value::Nil, |v| Value::BulkString(v.to_vec()));
+            Value::Array(vec![field(Some(s)), field(Some(e)), field(u), field(k)])
+        };
         let running = [
-            Value::Array(vec![
-                Value::BulkString(b"p".to_vec()),
-                Value::BulkString(b"2000".to_vec()),
-            ]),
+            fields(b"p", b"2000", None, None),
             Value::Int(72),
+            Value::Nil,
         ];
         let seen = decode(key, &running, 1000).unwrap().unwrap();
         assert!(seen.in_progress && seen.live && seen.bytes == Some(72));
         assert!(!decode(key, &running, 2000).unwrap().unwrap().live);
-        let odd = [Value::Array(vec![
-            Value::BulkString(b"z".to_vec()),
-            Value::BulkString(b"1".to_vec()),
-        ])];
+        // An uncertain claim holds its key once lapsed; a tombstone until it ends.
+        let uncertain = [fields(b"p", b"2000", Some(b"1"), None)];
+        let seen = decode(key, &uncertain, 3000).unwrap().unwrap();
+        assert!(seen.live && seen.uncertain && seen.past_expiry);
+        assert!(!decode(key, &uncertain, 1000).unwrap().unwrap().uncertain);
+        let tombstone = [
+            fields(b"c", b"2000", None, Some(b"2")),
+            Value::Int(80),
+            Value::Int(60),
+        ];
+        let seen = decode(key, &tombstone, 3000).unwrap().unwrap();
+        assert!(seen.live && seen.past_expiry && !seen.uncertain && seen.bytes == Some(140));
+        assert!(!decode(key, &tombstone, 4000).unwrap().unwrap().live);
+        let odd = [fields(b"z", b"1", None, None)];
         assert!(decode(key, &odd, 0).is_err());
     }
 }

@@ -15,8 +15,9 @@ const SCAN_COUNT: usize = 1_000;
 
 /// KEYS[1] the record, KEYS[2] its steps. The input step's value when the operation is
 /// abandoned: its steps keep a finished input, no claim holds it (the record is gone, or in
-/// progress past its lease on the server's clock), and its latest attempt (`a`) is not marked
-/// failed; else false.
+/// progress past its lease on the server's clock, and not uncertain: an uncertain operation is
+/// for its resolution, not to run again), and its latest attempt (`a`) is not marked failed;
+/// else false.
 fn script() -> String {
     format!(
         r"
@@ -24,8 +25,8 @@ local input = redis.call('HGET', KEYS[2], 's:{INPUT_STEP}')
 if not input or string.sub(input, 1, 1) ~= 'f' then
   return false
 end
-local r = redis.call('HMGET', KEYS[1], 's', 'e')
-if r[1] == 'c' then
+local r = redis.call('HMGET', KEYS[1], 's', 'e', 'u')
+if r[1] == 'c' or r[3] == '1' then
   return false
 end
 if r[1] == 'p' then

@@ -11,11 +11,11 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
 
-use idem_core::store::support::check_duration;
+use idem_core::store::support::{check_duration, check_fingerprint};
 use idem_core::{
     Abandoned, AbandonedQuery, Claim, ClaimOutcome, ClaimRequest, Completion, Error, Fingerprint,
-    Key, Record, RecordState, StepLog, StepRecord, StepState, StepWrite, Store, StoreError,
-    StoreErrorKind, StoredResult, Token,
+    Key, OnLapse, Record, RecordState, StepLog, StepRecord, StepState, StepWrite, Store,
+    StoreError, StoreErrorKind, StoredResult, Token, UncertainOperation,
 };
 
 use crate::scripts::{Lua, Scripts};
@@ -44,13 +44,15 @@ use crate::scripts::{Lua, Scripts};
 ///
 /// | operation | round trips | what runs on the server |
 /// |---|---|---|
-/// | `start` (new key, replay, locked, key reused) | 1 | the claim script: reads the record and, when it is absent or ended, writes the claim |
-/// | `complete` | 1 | the fenced completion script |
+/// | `start` (new key, replay, locked, uncertain, tombstone, key reused) | 1 | the claim script: reads the record and, when it is absent or ended, writes the claim |
+/// | `complete` | 1 | the fenced completion script (with a `key_retention`, it also writes the response's own key `<record key>:r`, the same slot) |
 /// | `abort`, `renew` | 1 | a fenced script each |
 /// | `get` | 1 | a read-only script (it needs the server's clock) |
-/// | `evict` | 1 | a script deleting the record and its steps |
-/// | `begin_steps`, `write_step` | 1 | a script each that checks the record is in progress under the claim's token, then counts the attempt or writes the step in the hash `<record key>:steps` (the same slot) |
-/// | `prune_expired` | 0 | nothing: Redis deletes ended records (and steps) itself |
+/// | `evict` | 1 | a script deleting the record, its steps and its response |
+/// | `begin_steps`, `write_step` | 1 | a script each that checks the record is in progress under the claim's token, then counts the attempt or writes the step in the hash `<record key>:steps` (the same slot); a `write_step` with `on_lapse` sets the record's uncertain flag in the same script |
+/// | `take_uncertain` | 1 | a script that takes over the record only while it is uncertain, lapsed and carries the token |
+/// | `find_uncertain` | the scan of `list`, then 1 `get` per operation returned | as `list` ([below](#impl-StoreAdmin-for-RedisStore)) |
+/// | `prune_expired` | 0 | nothing: Redis deletes ended records (and steps, and tombstones' responses) itself |
 /// | [`StoreAdmin`](idem_core::StoreAdmin) `list`, `stats` | about 2 per 1,000 keys of the prefix | `SCAN` on every master, each step's keys read with pipelined `HMGET`s ([below](#impl-StoreAdmin-for-RedisStore)) |
 ///
 /// So a new key costs two round trips (claim, complete) and a replay one; with
@@ -68,6 +70,18 @@ use crate::scripts::{Lua, Scripts};
 /// record counts as ended at its lease or retention end, whatever Redis has deleted yet; a
 /// claim's owner may still complete it in that time if nobody claimed the key since (as on every
 /// store).
+///
+/// **Past the lease** (`docs/architecture.md`). A claim made with
+/// [`OnLapse::Uncertain`] (or set so by a step write) has no expiry at all: once its lease ends
+/// it answers [`ClaimOutcome::Uncertain`] and stays until its holder completes or aborts it,
+/// [`take_uncertain`](Store::take_uncertain) resolves it, or it is evicted. A completion with a
+/// [`key_retention`](Completion::key_retention) keeps its response in a key of its own,
+/// `<record key>:r`, that expires when the retention ends, and the record (without the response)
+/// expires when the tombstone ends, rounded up to whole seconds; in between a claim answers
+/// [`ClaimOutcome::Expired`]. So Redis drops a tombstone's result bytes by itself: a tombstone
+/// is the record's hash alone, 216 bytes of `MEMORY USAGE` under the prefix `idem` with a
+/// fingerprint (Redis 7.0; `docs/stores.md`). A completion without a `key_retention` keeps its
+/// response in the record, as before.
 ///
 /// # What a failover can lose
 ///
@@ -515,6 +529,7 @@ impl RedisStore {
             ("abort", s.abort.body),
             ("renew", s.renew.body),
             ("get", s.get.body),
+            ("take_uncertain", s.take_uncertain.body),
             ("begin_steps", s.begin_steps.body),
             ("write_step", s.write_step.body),
             ("evict", s.evict.body),
@@ -547,27 +562,28 @@ impl Inner {
         args: &[&[u8]],
         replicated: bool,
     ) -> Result<Value, Error> {
-        self.eval_keys(op, lua, key, false, args, replicated).await
+        self.eval_keys(op, lua, key, &[], args, replicated).await
     }
 
-    /// [`eval`](Self::eval), with the key of the record's steps as `KEYS[2]` when `steps`.
+    /// [`eval`](Self::eval), with the record's key followed by `suffixes` as `KEYS[2]`, … (the
+    /// record's steps, [`STEPS`], or its response, [`RESPONSE`]).
     async fn eval_keys(
         &self,
         op: &'static str,
         lua: &Lua,
         key: &Key,
-        steps: bool,
+        suffixes: &[&str],
         args: &[&[u8]],
         replicated: bool,
     ) -> Result<Value, Error> {
         let key = self.key(key);
-        // The same hash tag as the record's: one cluster slot, so one script may touch both.
-        let steps_key = steps.then(|| format!("{key}:steps"));
+        // The same hash tag as the record's: one cluster slot, so one script may touch them all.
+        let others: Vec<String> = suffixes.iter().map(|s| format!("{key}{s}")).collect();
         let command = |verb: &str, script: &str| {
             let mut cmd = redis::cmd(verb);
-            cmd.arg(script).arg(1 + usize::from(steps)).arg(&key);
-            if let Some(steps_key) = &steps_key {
-                cmd.arg(steps_key);
+            cmd.arg(script).arg(1 + others.len()).arg(&key);
+            for other in &others {
+                cmd.arg(other);
             }
             for a in args {
                 cmd.arg(*a);
@@ -632,6 +648,13 @@ impl Inner {
         }
     }
 }
+
+/// What a record's steps hash appends to its key.
+pub(crate) const STEPS: &str = ":steps";
+
+/// What the key of a record's response kept apart (a completion with a tombstone) appends to
+/// the record's key.
+pub(crate) const RESPONSE: &str = ":r";
 
 /// Milliseconds as the scripts take them: rounded up, so a lease is never shorter than asked.
 fn millis(d: Duration) -> Vec<u8> {
@@ -765,6 +788,22 @@ fn token(v: &Value) -> Result<Token, Error> {
         .ok_or_else(|| corrupt(format!("a stored token is {v:?}, not 16 bytes")))
 }
 
+/// The fingerprint stored in a record, as a script returned it (absent: `Nil`).
+fn stored_fingerprint(v: &Value) -> Result<Option<Fingerprint>, Error> {
+    match bytes(v) {
+        Some(b) => Ok(Some(Fingerprint::from_bytes(
+            <[u8; 32]>::try_from(b)
+                .map_err(|_| corrupt(format!("a stored fingerprint is {} bytes", b.len())))?,
+        ))),
+        None => Ok(None),
+    }
+}
+
+/// `d` in whole seconds, rounded up (a tombstone's length as the stores keep it).
+fn whole_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
 #[async_trait]
 impl Store for RedisStore {
     async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
@@ -774,18 +813,29 @@ impl Store for RedisStore {
         let token_bytes = token.to_bytes();
         let fp: &[u8] = request.fingerprint.map_or(&[], |f| f.as_bytes());
         let lease_ms = millis(request.lease);
+        let uncertain: &[u8] = match request.on_lapse {
+            OnLapse::Uncertain => b"1",
+            _ => b"0",
+        };
         let inner = &self.inner;
         let answer = inner
-            .eval(
+            .eval_keys(
                 "claim",
                 &inner.scripts.claim,
                 key,
-                &[&token_bytes, &lease_ms, fp],
+                &[RESPONSE],
+                &[&token_bytes, &lease_ms, fp, uncertain],
                 true,
             )
             .await?;
         let Value::Array(parts) = answer else {
             return Err(corrupt(format!("the claim script answered {answer:?}")));
+        };
+        let at = |rest: &[Value]| {
+            rest.first()
+                .and_then(int)
+                .map(time)
+                .ok_or_else(|| corrupt(format!("the claim script answered {parts:?}")))
         };
         match parts.split_first() {
             Some((tag, rest)) => match bytes(tag) {
@@ -796,7 +846,17 @@ impl Store for RedisStore {
                         retry_after: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
                     })
                 }
-                Some(b"reused") => Err(Error::KeyReused),
+                Some(b"reused") => {
+                    let stored = rest.first().map(stored_fingerprint).transpose()?.flatten();
+                    check_fingerprint(stored.as_ref(), request.fingerprint)?;
+                    Err(corrupt(format!(
+                        "the claim script found another request's fingerprint, but {stored:?} \
+                         is of the same request as {:?}",
+                        request.fingerprint
+                    )))
+                }
+                Some(b"uncertain") => Ok(ClaimOutcome::Uncertain { since: at(rest)? }),
+                Some(b"expired") => Ok(ClaimOutcome::Expired { since: at(rest)? }),
                 Some(b"done") => Ok(ClaimOutcome::Completed(cached(rest)?)),
                 _ => Err(corrupt(format!("the claim script answered {parts:?}"))),
             },
@@ -813,16 +873,23 @@ impl Store for RedisStore {
             None => (b"0", b""),
         };
         let is_error: &[u8] = if completion.is_error { b"1" } else { b"0" };
+        let kept = whole_secs(completion.key_retention).to_string();
         let inner = &self.inner;
-        inner
-            .fenced(
+        match inner
+            .eval_keys(
                 "complete",
                 &inner.scripts.complete,
-                claim,
-                &[&token, &retention, has, response, is_error],
+                claim.key(),
+                &[RESPONSE],
+                &[&token, &retention, has, response, is_error, kept.as_bytes()],
                 true,
             )
-            .await
+            .await?
+        {
+            Value::Int(1) => Ok(()),
+            Value::Int(0) => Err(Error::LeaseLost),
+            other => Err(corrupt(format!("the complete script answered {other:?}"))),
+        }
     }
 
     async fn abort(&self, claim: &Claim) -> Result<(), Error> {
@@ -852,7 +919,7 @@ impl Store for RedisStore {
     async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
         let inner = &self.inner;
         let answer = inner
-            .eval("get", &inner.scripts.get, key, &[], false)
+            .eval_keys("get", &inner.scripts.get, key, &[RESPONSE], &[], false)
             .await?;
         let Value::Array(parts) = answer else {
             return Err(corrupt(format!("the get script answered {answer:?}")));
@@ -863,24 +930,24 @@ impl Store for RedisStore {
             }
             return Err(corrupt(format!("the get script answered {parts:?}")));
         };
-        let at = int(at).ok_or_else(|| corrupt(format!("expiry {at:?}")))?;
-        let fingerprint = match bytes(fp) {
-            Some(b) => Some(Fingerprint::from_bytes(<[u8; 32]>::try_from(b).map_err(
-                |_| corrupt(format!("a stored fingerprint is {} bytes", b.len())),
-            )?)),
-            None => None,
-        };
+        let at = time(int(at).ok_or_else(|| corrupt(format!("expiry {at:?}")))?);
+        let fingerprint = stored_fingerprint(fp)?;
         let state = match bytes(state) {
             Some(b"p") => RecordState::InProgress {
                 token: token(tok)?,
-                lease_until: time(at),
+                lease_until: at,
+            },
+            Some(b"u") => RecordState::Uncertain {
+                token: token(tok)?,
+                since: at,
             },
             Some(b"c") => RecordState::Completed(StoredResult {
                 response: bytes(response).map(<[u8]>::to_vec),
                 is_error: bytes(is_error) == Some(b"1".as_slice()),
-                expires_at: time(at),
+                expires_at: at,
                 not_retained: None,
             }),
+            Some(b"x") => RecordState::Expired { since: at },
             _ => return Err(corrupt(format!("a stored state is {state:?}"))),
         };
         Ok(Some(Record::new(*key, fingerprint, state)))
@@ -889,29 +956,50 @@ impl Store for RedisStore {
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
         let inner = &self.inner;
         let deleted = inner
-            .eval_keys("evict", &inner.scripts.evict, key, true, &[], false)
+            .eval_keys(
+                "evict",
+                &inner.scripts.evict,
+                key,
+                &[STEPS, RESPONSE],
+                &[],
+                false,
+            )
             .await?;
         Ok(int(&deleted).unwrap_or(0) > 0)
     }
 
-    // LAPSE-STUB: replaced by this store's own take_uncertain/find_uncertain (issue 42).
     async fn take_uncertain(
         &self,
-        key: &idem_core::Key,
-        token: idem_core::Token,
-        lease: std::time::Duration,
-    ) -> Result<idem_core::Claim, idem_core::Error> {
-        let _ = (token, lease);
-        Err(idem_core::Error::NotUncertain { operation: *key })
+        key: &Key,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, Error> {
+        check_duration("lease", lease)?;
+        let new = Token::random();
+        let inner = &self.inner;
+        let answer = inner
+            .eval(
+                "take_uncertain",
+                &inner.scripts.take_uncertain,
+                key,
+                &[&token.to_bytes(), &new.to_bytes(), &millis(lease)],
+                true,
+            )
+            .await?;
+        match answer {
+            Value::Int(1) => Ok(Claim::new(*key, new)),
+            Value::Int(0) => Err(Error::NotUncertain { operation: *key }),
+            other => Err(corrupt(format!(
+                "the take_uncertain script answered {other:?}"
+            ))),
+        }
     }
 
-    // LAPSE-STUB
     async fn find_uncertain(
         &self,
-        query: idem_core::AbandonedQuery<'_>,
-    ) -> Result<Vec<idem_core::UncertainOperation>, idem_core::Error> {
-        let _ = query;
-        Ok(Vec::new())
+        query: AbandonedQuery<'_>,
+    ) -> Result<Vec<UncertainOperation>, Error> {
+        self.uncertain_page(query).await
     }
 
     async fn find_abandoned(&self, query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error> {
@@ -928,7 +1016,7 @@ impl Store for RedisStore {
                 "begin_steps",
                 &inner.scripts.begin_steps,
                 claim.key(),
-                true,
+                &[STEPS],
                 &[&token, &retention],
                 false,
             )
@@ -966,6 +1054,8 @@ impl Store for RedisStore {
         Ok(StepLog { attempt, steps })
     }
 
+    /// One script, fenced by the claim: the step, and with `on_lapse` the record's uncertain
+    /// flag and its expiry (none while uncertain).
     async fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error> {
         step.check()?;
         let token = claim.token().to_bytes();
@@ -975,21 +1065,27 @@ impl Store for RedisStore {
             Some(result) => (b"1", result),
             None => (b"0", b""),
         };
+        let on_lapse: &[u8] = match step.on_lapse {
+            None => b"",
+            Some(OnLapse::Uncertain) => b"u",
+            Some(_) => b"r",
+        };
         let inner = &self.inner;
-        let args: [&[u8]; 6] = [
+        let args: [&[u8]; 7] = [
             &token,
             &retention,
             step.name.as_bytes(),
             position.as_bytes(),
             finished,
             result,
+            on_lapse,
         ];
         match inner
             .eval_keys(
                 "write_step",
                 &inner.scripts.write_step,
                 claim.key(),
-                true,
+                &[STEPS],
                 &args,
                 true,
             )
@@ -1001,7 +1097,8 @@ impl Store for RedisStore {
         }
     }
 
-    /// Redis deletes ended records itself (key expiry): nothing to do, 0.
+    /// Redis deletes ended records itself (key expiry), and a tombstone's response with its
+    /// own key's expiry: nothing to do, 0.
     async fn prune_expired(&self, _limit: u32) -> Result<u64, Error> {
         Ok(0)
     }

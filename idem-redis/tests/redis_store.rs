@@ -729,3 +729,169 @@ async fn evict_and_get_on_a_cluster() {
         assert!(store.get(&k).await.unwrap().is_none());
     }
 }
+
+/// A plain connection to the shared single server, for reading what the store wrote.
+async fn raw_single() -> Option<redis::aio::MultiplexedConnection> {
+    let urls = idem_test_support::redis::redis_urls(Flavor::Single, "raw")?;
+    let client = redis::Client::open(urls[0].as_str()).unwrap();
+    Some(client.get_multiplexed_async_connection().await.unwrap())
+}
+
+async fn raw<T: redis::FromRedisValue>(
+    conn: &mut redis::aio::MultiplexedConnection,
+    args: &[&str],
+) -> T {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(conn).await.unwrap()
+}
+
+/// **Tombstones keep no result bytes.** A completion with a `key_retention` keeps its response
+/// in a key of its own (`<record>:r`, the record's hash tag) that expires with the retention;
+/// the record, without the response, expires with the tombstone. Once the retention has ended
+/// the response key is gone and the record's fields hold no byte of the result. Measured with
+/// `MEMORY USAGE` under the default prefix `idem` (the figures in docs/stores.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tombstone_keeps_no_result_bytes() {
+    let Some(urls) = idem_test_support::redis::redis_urls(Flavor::Single, "tombstone") else {
+        return;
+    };
+    let Some(mut conn) = raw_single().await else {
+        return;
+    };
+    // The default prefix, so that the key names (and the bytes measured) are a deployment's;
+    // a key of its own, evicted at the end.
+    let store = RedisStore::builder()
+        .prefix("idem")
+        .connect(&urls[0])
+        .await
+        .unwrap();
+    let k = key(&idem_test_support::unique_name("tombstone"));
+    let record = store.redis_key(&k);
+    let response_key = format!("{record}:r");
+    let fingerprint = idem_core::Fingerprint::of_bytes(b"the request");
+    let result = vec![0xa5u8; 1000];
+    let ClaimOutcome::Claimed(c) = store
+        .claim(ClaimRequest::new(&k, LONG).fingerprint(Some(&fingerprint)))
+        .await
+        .unwrap()
+    else {
+        panic!("a new key starts");
+    };
+    let completion = Completion {
+        key_retention: Duration::from_secs(60),
+        ..done(&result, Duration::from_secs(1))
+    };
+    store.complete(&c, completion).await.unwrap();
+    let fields: HashMap<String, Vec<u8>> = raw(&mut conn, &["HGETALL", &record]).await;
+    assert!(!fields.contains_key("r"), "{fields:?}");
+    assert_eq!(fields.get("k").map(Vec::as_slice), Some(&b"60"[..]));
+    let kept: Vec<u8> = raw(&mut conn, &["GET", &response_key]).await;
+    assert_eq!(kept, result);
+    let response_ttl: i64 = raw(&mut conn, &["PTTL", &response_key]).await;
+    let record_ttl: i64 = raw(&mut conn, &["PTTL", &record]).await;
+    assert!((1..=1000).contains(&response_ttl), "{response_ttl}");
+    assert!((60_000..=61_000).contains(&record_ttl), "{record_ttl}");
+    let completed: i64 = raw(&mut conn, &["MEMORY", "USAGE", &record, "SAMPLES", "0"]).await;
+    let response_bytes: i64 = raw(
+        &mut conn,
+        &["MEMORY", "USAGE", &response_key, "SAMPLES", "0"],
+    )
+    .await;
+
+    // The retention ends (the server's clock): the record reads as a tombstone.
+    let expired = idem_test_support::eventually(|| async {
+        matches!(
+            store.get(&k).await.unwrap().map(|r| r.state),
+            Some(RecordState::Expired { .. })
+        )
+    })
+    .await;
+    assert!(expired, "the 1 s retention never ended");
+    let exists: i64 = raw(&mut conn, &["EXISTS", &response_key]).await;
+    assert_eq!(exists, 0, "the response outlived its retention");
+    let fields: HashMap<String, Vec<u8>> = raw(&mut conn, &["HGETALL", &record]).await;
+    let names: std::collections::BTreeSet<&str> = fields.keys().map(String::as_str).collect();
+    assert_eq!(names, ["e", "f", "k", "s", "t", "x"].into());
+    let longest = fields.values().map(Vec::len).max().unwrap_or(0);
+    assert!(longest <= 32, "a field keeps {longest} bytes: {fields:?}");
+    let tombstone: i64 = raw(&mut conn, &["MEMORY", "USAGE", &record, "SAMPLES", "0"]).await;
+    eprintln!(
+        "MEMORY USAGE under prefix `idem`: completed record {completed} B + its 1000-byte \
+         response {response_bytes} B; tombstone {tombstone} B (its response key gone)"
+    );
+    assert!(tombstone < 256, "a tombstone takes {tombstone} bytes");
+    assert!(matches!(
+        store
+            .claim(ClaimRequest::new(&k, LONG).fingerprint(Some(&fingerprint)))
+            .await
+            .unwrap(),
+        ClaimOutcome::Expired { .. }
+    ));
+    assert!(store.evict(&k).await.unwrap());
+}
+
+/// **An uncertain claim never expires by itself**: its key has no TTL (`PTTL` -1) from the
+/// claim on, through a renewal and a takeover, and gets one again only when a step write sets
+/// the claim back to release or it completes; an ordinary claim's key has one throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncertain_claim_has_no_expiry() {
+    let Some(store) = fresh_store(Flavor::Single, |b| b).await else {
+        return;
+    };
+    let Some(mut conn) = raw_single().await else {
+        return;
+    };
+    let day = Duration::from_secs(86_400);
+    let k = key("uncertain");
+    let record = store.redis_key(&k);
+    let request = ClaimRequest::new(&k, LONG).on_lapse(idem_core::OnLapse::Uncertain);
+    let ClaimOutcome::Claimed(c) = store.claim(request).await.unwrap() else {
+        panic!("a new key starts");
+    };
+    let pttl = |conn: &mut redis::aio::MultiplexedConnection| {
+        let record = record.clone();
+        let mut conn = conn.clone();
+        async move { raw::<i64>(&mut conn, &["PTTL", &record]).await }
+    };
+    assert_eq!(pttl(&mut conn).await, -1);
+    store.renew(&c, LONG).await.unwrap();
+    assert_eq!(pttl(&mut conn).await, -1);
+    store.begin_steps(&c, day).await.unwrap();
+    let step = |on_lapse| idem_core::StepWrite {
+        on_lapse: Some(on_lapse),
+        ..idem_core::StepWrite::new("charge", 0, None, day)
+    };
+    store
+        .write_step(&c, step(idem_core::OnLapse::Release))
+        .await
+        .unwrap();
+    assert!(pttl(&mut conn).await > LONG.as_millis() as i64);
+    store
+        .write_step(&c, step(idem_core::OnLapse::Uncertain))
+        .await
+        .unwrap();
+    assert_eq!(pttl(&mut conn).await, -1);
+    let completion = Completion {
+        key_retention: Duration::from_secs(5),
+        ..done(b"ok", LONG)
+    };
+    store.complete(&c, completion).await.unwrap();
+    let left = pttl(&mut conn).await;
+    assert!(left > LONG.as_millis() as i64, "{left}");
+    let fields: HashMap<String, Vec<u8>> = raw(&mut conn, &["HGETALL", &record]).await;
+    assert!(!fields.contains_key("u"), "{fields:?}");
+
+    let ordinary = key("ordinary");
+    let ClaimOutcome::Claimed(_) = store
+        .claim(ClaimRequest::new(&ordinary, LONG))
+        .await
+        .unwrap()
+    else {
+        panic!("a new key starts");
+    };
+    let left: i64 = raw(&mut conn, &["PTTL", &store.redis_key(&ordinary)]).await;
+    assert!(left > LONG.as_millis() as i64, "{left}");
+}
