@@ -15,17 +15,18 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idem_wire::{
     hex, msgpack, route, AbortIn, CompleteIn, Completed, Empty, ErrorBody, ErrorType, EvictOut,
-    GetOut, GetStatus, KeyIn, PruneIn, PruneOut, RenewIn, StartIn, StartOut, StartStatus,
-    StepWriteIn, StepsBeginIn, StepsOut,
+    FindUncertainIn, FindUncertainOut, GetOut, GetStatus, KeyIn, PruneIn, PruneOut, RenewIn,
+    StartIn, StartOut, StartStatus, StepWriteIn, StepsBeginIn, StepsOut, TakeUncertainIn,
+    TakeUncertainOut,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use idem_core::store::support;
 use idem_core::{
-    Claim, ClaimOutcome, ClaimRequest, Completion, Error, Fingerprint, Key, ListQuery, Record,
-    RecordState, StepLog, StepRecord, StepState, StepWrite, Store, StoreAdmin, StoreError,
-    StoreErrorKind, StoreStats, StoredResult, Token,
+    AbandonedQuery, Claim, ClaimOutcome, ClaimRequest, Completion, Error, Fingerprint, Key,
+    ListQuery, OnLapse, Record, RecordState, StepLog, StepRecord, StepState, StepWrite, Store,
+    StoreAdmin, StoreError, StoreErrorKind, StoreStats, StoredResult, Token, UncertainOperation,
 };
 
 /// A [`Store`] kept by an idem-server: every operation is one request to the server's fenced
@@ -36,14 +37,16 @@ use idem_core::{
 ///
 /// | `Store` method | route | the server's engine call |
 /// |---|---|---|
-/// | `start` | `start` (fenced, `fingerprint_sha256`) | `Call::claim`; a `locked` answer reads the record once more for the lease left |
-/// | `complete` | `complete` (fenced, with `is_error`, `absent`, `observed`) | `Idempotency::finish` with `Finish::observed(true)` |
+/// | `start` | `start` (fenced, `fingerprint_sha256`, `on_lapse`) | `Call::claim` with `Call::on_lapse`; a `locked` answer reads the record once more for the lease left |
+/// | `complete` | `complete` (fenced, with `is_error`, `absent`, `observed`, `key_retention_ms`) | `Idempotency::finish` with `Finish::observed(true)` and `Finish::key_retention` |
 /// | `abort` | `abort` (fenced) | `Idempotency::release` |
 /// | `renew` | `renew` | `Idempotency::renew` |
 /// | `get` | `get` | `Idempotency::record` |
 /// | `evict` | `evict` | `Idempotency::evict` |
 /// | `prune_expired` | `prune` (admin token) | `Idempotency::prune_expired` |
-/// | `begin_steps`, `write_step` | `steps.begin`, `steps.write` | `Idempotency::begin_steps`, `write_step` |
+/// | `begin_steps`, `write_step` | `steps.begin`, `steps.write` (with `on_lapse`) | `Idempotency::begin_steps`, `write_step` |
+/// | `take_uncertain` | `uncertain.take` | `Idempotency::take_uncertain` |
+/// | `find_uncertain` | `uncertain.find` (pages of at most 1,000) | `Idempotency::uncertain`, with the names the server keeps of its keys |
 ///
 /// A key is sent as its 64 hexadecimal digits, in the namespace the store is built with, in
 /// the key space of its bearer token: two services with different tokens never share a key.
@@ -51,7 +54,9 @@ use idem_core::{
 /// the store's clock); what a server failure loses is what its store loses.
 ///
 /// Errors, from the server's answers: `409 stale_holder` is [`Error::LeaseLost`], `422
-/// fingerprint_mismatch` [`Error::KeyReused`], `422 invalid_data` and `400 invalid_encoding`
+/// fingerprint_mismatch` [`Error::KeyReused`], `422 policy_changed` [`Error::PolicyChanged`],
+/// `409 not_uncertain` [`Error::NotUncertain`], `409 abandoned` [`Error::Abandoned`] (a key the
+/// server's admin resolved so), `422 invalid_data` and `400 invalid_encoding`
 /// [`Error::InvalidConfig`] (at `name`, [`Error::InvalidStep`]), `501 steps_unsupported`
 /// [`Error::StepsUnsupported`], `503` and a server that cannot be reached or does not answer
 /// within the timeout a store error of kind [`Unavailable`](StoreErrorKind::Unavailable)
@@ -318,8 +323,8 @@ fn token_of(text: Option<&str>) -> Result<Token, Error> {
 }
 
 /// The error a refusal of the server at `server` is (docs/server.md, "Errors"; the table on
-/// [`RemoteStore`]).
-fn refused(server: &str, status: StatusCode, body: &[u8]) -> Error {
+/// [`RemoteStore`]), of a request about `key` when it names one.
+fn refused(server: &str, status: StatusCode, body: &[u8], key: Option<&Key>) -> Error {
     // Not a body of the protocol (a proxy's page, say): its first words as the detail.
     let refusal: ErrorBody = msgpack::from_slice(body).unwrap_or_else(|_| {
         ErrorBody::new(
@@ -340,9 +345,33 @@ fn refused(server: &str, status: StatusCode, body: &[u8]) -> Error {
             ),
         ))
     };
+    // The refusals that name the request's key (a server answers them only for one).
+    if let (409, Some(&operation)) = (status.as_u16(), key) {
+        match refusal.code.as_str() {
+            "uncertain" => {
+                return Error::Uncertain {
+                    operation,
+                    since: at_unix_ms(refusal.since_ms.unwrap_or(0)),
+                }
+            }
+            "not_uncertain" => return Error::NotUncertain { operation },
+            _ => {}
+        }
+    }
     match (status.as_u16(), refusal.code.as_str()) {
         (409, "stale_holder") => Error::LeaseLost,
         (422, "fingerprint_mismatch") => Error::KeyReused,
+        (422, "policy_changed") => match (refusal.stored_policy, refusal.current_policy) {
+            (Some(stored), Some(current)) => Error::PolicyChanged { stored, current },
+            _ => malformed("policy_changed without the two policy versions"),
+        },
+        (409, "abandoned") => Error::Abandoned {
+            reason: refusal.reason.unwrap_or(refusal.detail),
+        },
+        (409, "result_expired") => Error::ResultExpired {
+            since: at_unix_ms(refusal.since_ms.unwrap_or(0)),
+        },
+        (409, "too_many_uncertain") => store(StoreErrorKind::Query),
         // A value the server refuses (`invalid_data` at its field; in MessagePack, Diom's
         // decoder reports most of them as `invalid_encoding`), or a body over its limit.
         (422 | 413, _) | (400, "invalid_encoding") => match refusal.location.as_deref() {
@@ -373,6 +402,16 @@ impl Inner {
         &self,
         route: &'static str,
         body: &B,
+    ) -> Result<T, Error> {
+        self.call_on(route, body, None).await
+    }
+
+    /// [`call`](Self::call) for a request about `key`, whose refusals may name it.
+    async fn call_on<B: Serialize, T: DeserializeOwned>(
+        &self,
+        route: &'static str,
+        body: &B,
+        key: Option<&Key>,
     ) -> Result<T, Error> {
         let encoded = msgpack::to_vec(body)
             .map_err(|e| Error::InvalidConfig(format!("the request cannot be encoded: {e}")))?;
@@ -413,7 +452,7 @@ impl Inner {
             .await
             .map_err(|_| unavailable(&format_args!("no answer within {:?}", self.timeout)))??;
         if status != StatusCode::OK {
-            return Err(refused(&self.base, status, &body));
+            return Err(refused(&self.base, status, &body, key));
         }
         msgpack::from_slice(&body).map_err(|e| malformed(format_args!("{}: {e}", name(route))))
     }
@@ -442,6 +481,22 @@ fn stored_result(
             .or(data.expires_at_ms)
             .map_or_else(SystemTime::now, at_unix_ms),
         not_retained: not_retained.map(String::into_boxed_str),
+    }
+}
+
+/// What the server reports `since_ms` (for an uncertain key, when its claim's lease ended; for a
+/// tombstone, when its result expired) as a time; an answer without it is malformed.
+fn since(since_ms: Option<u64>) -> Result<SystemTime, Error> {
+    since_ms
+        .map(at_unix_ms)
+        .ok_or_else(|| malformed("an uncertain key or a tombstone without `since_ms`"))
+}
+
+/// The engine's [`OnLapse`] as the protocol sends it.
+fn wire_on_lapse(on_lapse: OnLapse) -> idem_wire::OnLapse {
+    match on_lapse {
+        OnLapse::Release => idem_wire::OnLapse::Release,
+        OnLapse::Uncertain => idem_wire::OnLapse::Uncertain,
     }
 }
 
@@ -480,7 +535,7 @@ impl Store for RemoteStore {
         request.check()?;
         let out: StartOut = self
             .inner
-            .call(
+            .call_on(
                 route::START,
                 &StartIn {
                     namespace: self.namespace(),
@@ -489,7 +544,9 @@ impl Store for RemoteStore {
                     fenced: true,
                     fingerprint_sha256: request.fingerprint.map(|f| hex::encode(f.as_bytes())),
                     fingerprint: None,
+                    on_lapse: wire_on_lapse(request.on_lapse),
                 },
+                Some(request.key),
             )
             .await?;
         match out.status {
@@ -507,6 +564,12 @@ impl Store for RemoteStore {
                 None,
                 out.not_retained,
             ))),
+            StartStatus::Uncertain => Ok(ClaimOutcome::Uncertain {
+                since: since(out.since_ms)?,
+            }),
+            StartStatus::Expired => Ok(ClaimOutcome::Expired {
+                since: since(out.since_ms)?,
+            }),
         }
     }
 
@@ -528,6 +591,7 @@ impl Store for RemoteStore {
                     observed: true,
                     ttl_ms: period_ms(completion.retention)?,
                     context: None,
+                    key_retention_ms: millis(completion.key_retention),
                 },
             )
             .await?;
@@ -590,33 +654,93 @@ impl Store for RemoteStore {
                 token: token_of(out.token.as_deref())?,
                 lease_until: at_unix_ms(out.lease_until_ms.unwrap_or(0)),
             },
-            GetStatus::Completed => RecordState::Completed(stored_result(
-                out.data.unwrap_or_default(),
-                out.expires_at_ms,
-                out.not_retained,
-            )),
+            GetStatus::Completed => {
+                let mut kept = stored_result(
+                    out.data.unwrap_or_default(),
+                    out.expires_at_ms,
+                    out.not_retained,
+                );
+                if let Some(reason) = out.abandoned {
+                    // Resolved as abandoned by the server's own engine (its admin).
+                    kept.response = Some(support::abandoned_result(&reason));
+                }
+                RecordState::Completed(kept)
+            }
+            GetStatus::Uncertain => RecordState::Uncertain {
+                token: token_of(out.token.as_deref())?,
+                since: since(out.since_ms)?,
+            },
+            GetStatus::Expired => RecordState::Expired {
+                since: since(out.since_ms)?,
+            },
         };
         Ok(Some(Record::new(*key, fingerprint, state)))
     }
 
-    // LAPSE-STUB: replaced by the fenced protocol's take_uncertain/find_uncertain (issue 42).
     async fn take_uncertain(
         &self,
-        key: &idem_core::Key,
-        token: idem_core::Token,
-        lease: std::time::Duration,
-    ) -> Result<idem_core::Claim, idem_core::Error> {
-        let _ = (token, lease);
-        Err(idem_core::Error::NotUncertain { operation: *key })
+        key: &Key,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, Error> {
+        support::check_duration("lease", lease)?;
+        let out: TakeUncertainOut = self
+            .inner
+            .call_on(
+                route::UNCERTAIN_TAKE,
+                &TakeUncertainIn {
+                    namespace: self.namespace(),
+                    key: key_text(key),
+                    token: hex::encode(&token.to_bytes()),
+                    lock_period_ms: period_ms(lease)?,
+                },
+                Some(key),
+            )
+            .await?;
+        Ok(Claim::new(*key, token_of(Some(&out.token))?))
     }
 
-    // LAPSE-STUB
+    /// Pages of at most [`idem_wire::MAX_PAGE`] from the server until `query.limit` are found
+    /// or a page is its last. A key of the caller's that is not a `RemoteStore`'s (64
+    /// hexadecimal digits: one a Diom client started in the same namespace with the same
+    /// token) is left out.
     async fn find_uncertain(
         &self,
-        query: idem_core::AbandonedQuery<'_>,
-    ) -> Result<Vec<idem_core::UncertainOperation>, idem_core::Error> {
-        let _ = query;
-        Ok(Vec::new())
+        query: AbandonedQuery<'_>,
+    ) -> Result<Vec<UncertainOperation>, Error> {
+        let wanted = query.limit as usize;
+        let mut found = Vec::new();
+        let mut after = query.after.map(key_text);
+        while found.len() < wanted {
+            let limit = (wanted - found.len()).min(idem_wire::MAX_PAGE as usize) as u32;
+            let out: FindUncertainOut = self
+                .inner
+                .call(
+                    route::UNCERTAIN_FIND,
+                    &FindUncertainIn {
+                        namespace: self.namespace(),
+                        after: after.clone(),
+                        limit,
+                    },
+                )
+                .await?;
+            let last_page = out.operations.len() < limit as usize;
+            for op in out.operations {
+                after = Some(op.key.clone());
+                let Some(bytes) = hex::decode::<32>(&op.key) else {
+                    continue;
+                };
+                found.push(UncertainOperation {
+                    key: Key::from_bytes(bytes),
+                    token: token_of(Some(&op.token))?,
+                    since: at_unix_ms(op.since_ms),
+                });
+            }
+            if last_page {
+                break;
+            }
+        }
+        Ok(found)
     }
 
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
@@ -680,6 +804,7 @@ impl Store for RemoteStore {
                     position: step.position,
                     result: step.result.map(<[u8]>::to_vec),
                     ttl_ms: period_ms(step.retention)?,
+                    on_lapse: step.on_lapse.map(wire_on_lapse),
                 },
             )
             .await?;
@@ -743,6 +868,7 @@ mod tests {
                 "http://h:1",
                 StatusCode::from_u16(s).unwrap(),
                 &body(code, loc),
+                None,
             )
         };
         assert!(matches!(at(409, "stale_holder", None), Error::LeaseLost));
@@ -785,7 +911,12 @@ mod tests {
         }
         assert_eq!(kind(at(400, "not_found", None)), StoreErrorKind::Query);
         assert_eq!(
-            kind(refused("http://h:1", StatusCode::BAD_GATEWAY, b"<html>")),
+            kind(refused(
+                "http://h:1",
+                StatusCode::BAD_GATEWAY,
+                b"<html>",
+                None
+            )),
             StoreErrorKind::Unavailable
         );
     }

@@ -22,6 +22,7 @@ pub mod auth;
 pub mod keys;
 pub mod namespaces;
 mod service;
+pub mod uncertain;
 pub mod wire;
 
 pub use service::{router, App, Config, OPENAPI, OPENAPI_PATH};

@@ -43,6 +43,17 @@ struct Args {
     /// How long a request may take, in milliseconds.
     #[arg(long, env = "IDEM_REQUEST_TIMEOUT_MS", default_value_t = 30_000)]
     request_timeout_ms: u64,
+    /// How long, in milliseconds, a key the server resolves on its own account (an admin's
+    /// `uncertain.resolve`) is kept as a tombstone after its result's retention; 0 for none. A
+    /// `complete` keeps the tombstone its `key_retention_ms` asks for (none when absent, as in
+    /// Diom). At most ten years.
+    #[arg(
+        long,
+        env = "IDEM_KEY_RETENTION_MS",
+        default_value_t = idem_core::DEFAULT_KEY_RETENTION.as_millis() as u64,
+        value_parser = clap::value_parser!(u64).range(0..=MAX_PERIOD_MS)
+    )]
+    key_retention_ms: u64,
     /// The store's table (SQL, DynamoDB) or key prefix (Redis).
     #[arg(long, env = "IDEM_TABLE")]
     table: Option<String>,
@@ -61,6 +72,9 @@ struct Args {
 
 /// The largest pool `--max-connections` takes: more is a typo, not a deployment.
 const MAX_POOL: i64 = 1024;
+
+/// The longest period the stores take, ten years, in milliseconds.
+const MAX_PERIOD_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -110,6 +124,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         max_body_bytes: args.max_body_bytes,
         request_timeout: Duration::from_millis(args.request_timeout_ms),
         require_token: args.require_token,
+        key_retention: Duration::from_millis(args.key_retention_ms),
         ..Config::default()
     };
     let app = App::new(store, tokens, config, Some(metrics))?;

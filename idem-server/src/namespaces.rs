@@ -1,13 +1,14 @@
 //! Namespaces as Diom has them: configured by the admin, each a key space of its own. They are
 //! records in the same store, written through the engine (one completed record per namespace,
-//! retained ten years), so every server node over one store sees the same ones; each node
-//! keeps a namespace it has read for a few seconds.
+//! retained ten years, with no tombstone after it and released, never uncertain, if a
+//! configure dies holding it), so every server node over one store sees the same ones; each
+//! node keeps a namespace it has read for a few seconds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_core::{CallClaim, Error, Holder, Idempotency, Key};
+use idem_core::{CallClaim, Error, Holder, Idempotency, Key, OnLapse};
 use idem_wire::NamespaceOut;
 use tokio::time::Instant;
 
@@ -90,15 +91,14 @@ impl Namespaces {
             .map_err(engine_error)?
         {
             Holder::Completed(bytes) => decode(&bytes).map(Some),
-            Holder::Absent | Holder::Claimed(_) if name == DEFAULT_NAMESPACE => {
-                Ok(Some(NamespaceOut {
-                    name: name.to_owned(),
-                    created: 0,
-                    updated: 0,
-                    require_token: self.require_token,
-                }))
-            }
-            // LAPSE-STUB: namespaces are never uncertain; tombstones (issue 42).
+            // A record that is not a namespace's settings (one being written, or one an older
+            // server left as a tombstone or uncertain) configures nothing.
+            _ if name == DEFAULT_NAMESPACE => Ok(Some(NamespaceOut {
+                name: name.to_owned(),
+                created: 0,
+                updated: 0,
+                require_token: self.require_token,
+            })),
             Holder::Absent
             | Holder::Claimed(_)
             | Holder::Uncertain { .. }
@@ -162,14 +162,20 @@ impl Namespaces {
                         ..old
                     }
                 }
+                // A record with no settings left in it blocks nothing: namespace records keep
+                // no tombstone and are never uncertain, but one written otherwise (by an older
+                // server) is evicted and the namespace written anew.
+                Holder::Uncertain { .. } | Holder::Expired { .. } => {
+                    self.engine.evict(&key).await.map_err(engine_error)?;
+                    continue;
+                }
                 Holder::Absent => NamespaceOut {
                     name: name.to_owned(),
                     created: now,
                     updated: now,
                     require_token: require_token.unwrap_or(false),
                 },
-                // LAPSE-STUB (issue 42)
-                Holder::Claimed(_) | Holder::Uncertain { .. } | Holder::Expired { .. } => {
+                Holder::Claimed(_) => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
@@ -178,12 +184,20 @@ impl Namespaces {
                 .engine
                 .call(key)
                 .lease(Duration::from_secs(10))
+                .on_lapse(OnLapse::Release)
                 .claim()
                 .await
             {
                 Ok(CallClaim::Claimed(claim)) => claim,
-                // Another configure got there first: start over from what it wrote.
-                Ok(CallClaim::Completed(_)) | Err(Error::Locked { .. }) => continue,
+                // Another configure got there first: start over from what it wrote. (A tombstone
+                // or an uncertain record met here is an older server's: evicted next pass.)
+                Ok(CallClaim::Completed(_))
+                | Err(
+                    Error::Locked { .. }
+                    | Error::ResultExpired { .. }
+                    | Error::Uncertain { .. }
+                    | Error::Abandoned { .. },
+                ) => continue,
                 Err(e) => return Err(engine_error(e)),
             };
             let bytes = serde_json::to_vec(&next).map_err(|e| {
@@ -196,6 +210,7 @@ impl Namespaces {
             self.engine
                 .finish(SCOPE, &claim, bytes)
                 .retention(FOREVER)
+                .key_retention(Duration::ZERO)
                 .await
                 .map_err(engine_error)?;
             self.lock().remove(name);

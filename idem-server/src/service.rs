@@ -12,13 +12,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use idem_core::{
-    CallClaim, Claim, Error, Fingerprint, Holder, Idempotency, RecordState, StepState, StepWrite,
-    Store, StoreErrorKind,
+    AbandonedQuery, CallClaim, Claim, Error, Fingerprint, Holder, Idempotency, OnLapse,
+    RecordState, Resolution, StepState, StepWrite, Store, StoreErrorKind,
 };
 use idem_wire::{
     hex, msgpack, route, AbortIn, CompleteIn, Completed, ConfigureNamespaceIn, Empty, EvictOut,
-    GetNamespaceIn, GetOut, GetStatus, KeyIn, PingOut, PruneIn, PruneOut, RenewIn, StartIn,
-    StartOut, StartStatus, StepOut, StepWriteIn, StepsBeginIn, StepsOut,
+    FindUncertainIn, FindUncertainOut, GetNamespaceIn, GetOut, GetStatus, KeyIn, ListUncertainIn,
+    ListUncertainOut, ListedUncertain, PingOut, PruneIn, PruneOut, RenewIn, ResolutionKind,
+    ResolveIn, StartIn, StartOut, StartStatus, StepOut, StepWriteIn, StepsBeginIn, StepsOut,
+    TakeUncertainIn, TakeUncertainOut, UncertainOut,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::de::DeserializeOwned;
@@ -26,6 +28,7 @@ use serde::de::DeserializeOwned;
 use crate::auth::{Caller, Tokens};
 use crate::keys::{key_of, parse_fingerprint_sha256, parse_token, period, token_text};
 use crate::namespaces::{Namespace, Namespaces};
+use crate::uncertain::{self, Name};
 use crate::wire::{ApiError, Format};
 
 /// The OpenAPI document of the API, served at [`OPENAPI_PATH`].
@@ -52,6 +55,12 @@ pub struct Config {
     /// The lock period a token-less complete of an unclaimed key claims it with, for the one
     /// statement it takes to complete it. Default 30 s.
     pub tokenless_lease: Duration,
+    /// The engine's [`key_retention`](idem_core::Policy::key_retention): how long the server
+    /// keeps a key as a tombstone after the retention of a result it completes on its own
+    /// account, an admin's resolution (`uncertain.resolve`). A `complete` keeps the tombstone
+    /// its `key_retention_ms` asks for (none when absent, as in Diom). Default
+    /// [`DEFAULT_KEY_RETENTION`](idem_core::DEFAULT_KEY_RETENTION), seven days; zero for none.
+    pub key_retention: Duration,
 }
 
 impl Default for Config {
@@ -61,6 +70,7 @@ impl Default for Config {
             request_timeout: Duration::from_secs(30),
             require_token: false,
             tokenless_lease: Duration::from_secs(30),
+            key_retention: idem_core::DEFAULT_KEY_RETENTION,
         }
     }
 }
@@ -99,6 +109,7 @@ impl App {
     ) -> Result<App, Error> {
         let engine = Idempotency::builder_from_arc(store)
             .max_response_bytes(config.max_body_bytes.max(1))
+            .key_retention(config.key_retention)
             .build()?;
         Ok(App::from_engine(engine, tokens, config, metrics))
     }
@@ -171,8 +182,9 @@ macro_rules! names_claim {
 names_claim!(RenewIn, StepsBeginIn, StepWriteIn);
 
 /// Diom's routes, the fenced extension's (`renew`, and `get`, `evict`, `prune`, `steps.begin`,
-/// `steps.write`, which make the server a store: `idem::RemoteStore`), `/metrics` and the
-/// OpenAPI document.
+/// `steps.write`, `uncertain.take`, `uncertain.find`, which make the server a store:
+/// `idem::RemoteStore`; the admin's `uncertain.list` and `uncertain.resolve`), `/metrics` and
+/// the OpenAPI document.
 pub fn router(app: App) -> Router {
     Router::new()
         .route(route::START, handled("start", start))
@@ -184,6 +196,22 @@ pub fn router(app: App) -> Router {
         .route(route::PRUNE, handled("prune", prune))
         .route(route::STEPS_BEGIN, handled("steps.begin", begin_steps))
         .route(route::STEPS_WRITE, handled("steps.write", write_step))
+        .route(
+            route::UNCERTAIN_TAKE,
+            handled("uncertain.take", take_uncertain),
+        )
+        .route(
+            route::UNCERTAIN_FIND,
+            handled("uncertain.find", find_uncertain),
+        )
+        .route(
+            route::UNCERTAIN_LIST,
+            handled("uncertain.list", list_uncertain),
+        )
+        .route(
+            route::UNCERTAIN_RESOLVE,
+            handled("uncertain.resolve", resolve_uncertain),
+        )
         .route(
             route::NAMESPACE_CONFIGURE,
             handled("namespace.configure", configure_namespace),
@@ -213,6 +241,56 @@ pub(crate) fn engine_error(e: Error) -> ApiError {
             StatusCode::UNPROCESSABLE_ENTITY,
             "fingerprint_mismatch",
             "the key was started with another fingerprint: a different request reused the key",
+        ),
+        Error::PolicyChanged { stored, current } => {
+            let mut e = ApiError::operation(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "policy_changed",
+                format!(
+                    "the key was started with a fingerprint of policy version {stored}, and this \
+                     request's is version {current}: what is fingerprinted changed since; nothing \
+                     was run (send a new key for a new request)"
+                ),
+            );
+            e.body.stored_policy = Some(stored);
+            e.body.current_policy = Some(current);
+            e
+        }
+        Error::Uncertain { since, .. } => {
+            let mut e = ApiError::operation(
+                StatusCode::CONFLICT,
+                "uncertain",
+                "the key's claim ran out with no completion, so whether its work took effect is \
+                 unknown: it is not run, completed or released again until it is resolved \
+                 (uncertain.resolve)",
+            );
+            e.body.since_ms = Some(unix_ms(since));
+            e
+        }
+        Error::ResultExpired { since } => {
+            let mut e = ApiError::operation(
+                StatusCode::CONFLICT,
+                "result_expired",
+                "the key completed and its response expired; it is kept so that the work does \
+                 not run again: look up its effect, or send a new key for a new request",
+            );
+            e.body.since_ms = Some(unix_ms(since));
+            e
+        }
+        Error::Abandoned { reason } => {
+            let mut e = ApiError::operation(
+                StatusCode::CONFLICT,
+                "abandoned",
+                format!("the key was resolved as abandoned ({reason}); it is not run again"),
+            );
+            e.body.reason = Some(reason);
+            e
+        }
+        Error::NotUncertain { .. } => ApiError::operation(
+            StatusCode::CONFLICT,
+            "not_uncertain",
+            "the key is not uncertain under that token (its holder is back, another resolution \
+             came first, or it is running, completed or free): nothing was changed",
         ),
         Error::InvalidConfig(detail) => ApiError::invalid(".", detail),
         Error::InvalidStep(detail) => ApiError::invalid("name", detail),
@@ -346,6 +424,11 @@ async fn start(
         (None, Some(digest)) => Some(parse_fingerprint_sha256(digest)?),
         (None, None) => None,
     };
+    let on_lapse = on_lapse_of(input.on_lapse);
+    if on_lapse == OnLapse::Uncertain {
+        let name = name_of(&ns, &caller, &input.key);
+        uncertain::keep(&app.inner.engine, &key, &name).await?;
+    }
     let begun = app
         .inner
         .engine
@@ -353,37 +436,70 @@ async fn start(
         .scope_named(ns.scope.clone())
         .lease(lease)
         .fingerprint(fingerprint)
+        .on_lapse(on_lapse)
         .claim()
         .await;
     let fenced = fenced(&input);
-    let answer = match begun {
-        Ok(CallClaim::Claimed(claim)) => StartOut {
-            token: fenced.then(|| token_text(claim.token())),
-            ..StartOut::of(StartStatus::Started)
-        },
-        Ok(CallClaim::Completed(bytes)) => {
-            let data = stored(&bytes)?;
-            StartOut {
-                data: Some(if fenced { data } else { data.diom() }),
-                ..StartOut::of(StartStatus::Completed)
+    let answer =
+        match begun {
+            Ok(CallClaim::Claimed(claim)) => StartOut {
+                token: fenced.then(|| token_text(claim.token())),
+                ..StartOut::of(StartStatus::Started)
+            },
+            Ok(CallClaim::Completed(bytes)) => {
+                let data = stored(&bytes)?;
+                StartOut {
+                    data: Some(if fenced { data } else { data.diom() }),
+                    ..StartOut::of(StartStatus::Completed)
+                }
             }
-        }
-        // Kept as "completed, not retained" (larger than the limit): never run again. A fenced
-        // caller (RemoteStore) is told why, and tells its engine's caller.
-        Err(Error::ResultNotRetained { reason }) => StartOut {
-            data: Some(Completed::default()),
-            not_retained: fenced.then_some(reason),
-            ..StartOut::of(StartStatus::Completed)
-        },
-        Err(Error::Locked { retry_after }) if fenced => StartOut {
-            retry_after_ms: Some(millis(retry_after).max(1)),
-            lease_left_ms: lease_left(&app, &key).await?,
-            ..StartOut::of(StartStatus::Locked)
-        },
-        Err(Error::Locked { .. }) => StartOut::of(StartStatus::Locked),
-        Err(e) => return Err(engine_error(e)),
-    };
+            // Kept as "completed, not retained" (larger than the limit): never run again. A fenced
+            // caller (RemoteStore) is told why, and tells its engine's caller.
+            Err(Error::ResultNotRetained { reason }) => StartOut {
+                data: Some(Completed::default()),
+                not_retained: fenced.then_some(reason),
+                ..StartOut::of(StartStatus::Completed)
+            },
+            Err(Error::Locked { retry_after }) if fenced => StartOut {
+                retry_after_ms: Some(millis(retry_after).max(1)),
+                lease_left_ms: lease_left(&app, &key).await?,
+                ..StartOut::of(StartStatus::Locked)
+            },
+            Err(Error::Locked { .. }) => StartOut::of(StartStatus::Locked),
+            // Past the lease, fenced: what the key is, and since when.
+            Err(Error::Uncertain { since, .. }) if fenced => StartOut {
+                since_ms: Some(unix_ms(since)),
+                ..StartOut::of(StartStatus::Uncertain)
+            },
+            Err(Error::ResultExpired { since }) if fenced => StartOut {
+                since_ms: Some(unix_ms(since)),
+                ..StartOut::of(StartStatus::Expired)
+            },
+            // Diom's clients know three answers: a key that must not run again (uncertain, a
+            // tombstone, resolved as abandoned) is `locked` to them, never `started`.
+            Err(
+                Error::Uncertain { .. } | Error::ResultExpired { .. } | Error::Abandoned { .. },
+            ) if !fenced => StartOut::of(StartStatus::Locked),
+            Err(e) => return Err(engine_error(e)),
+        };
     Ok(out.respond(StatusCode::OK, &answer))
+}
+
+/// The wire's `on_lapse` as the engine's.
+fn on_lapse_of(on_lapse: idem_wire::OnLapse) -> OnLapse {
+    match on_lapse {
+        idem_wire::OnLapse::Release => OnLapse::Release,
+        idem_wire::OnLapse::Uncertain => OnLapse::Uncertain,
+    }
+}
+
+/// The name the server keeps of `caller`'s `key` in `ns` while it may be uncertain.
+fn name_of(ns: &Namespace, caller: &Caller, key: &str) -> Name {
+    Name {
+        namespace: ns.scope.to_string(),
+        caller: caller.key_space(),
+        key: key.to_owned(),
+    }
 }
 
 /// `d` in whole milliseconds, saturating.
@@ -449,6 +565,10 @@ async fn complete(
         .locate(&caller, input.namespace.as_deref(), &input.key)
         .await?;
     let ttl = period(input.ttl_ms.get(), "ttl_ms")?;
+    let key_retention = match input.key_retention_ms {
+        0 => Duration::ZERO,
+        ms => period(ms, "key_retention_ms")?,
+    };
     let token = input.token.as_deref().map(parse_token).transpose()?;
     if input.absent && !input.response.is_empty() {
         return Err(ApiError::invalid(
@@ -470,23 +590,27 @@ async fn complete(
         Some(token) => engine
             .finish(&ns.scope, &Claim::new(key, token), bytes)
             .retention(ttl)
+            .key_retention(key_retention)
             .observed(input.observed)
             .await
             .map_err(engine_error)?,
-        None => tokenless_complete(&app, &ns, key, bytes, ttl).await?,
+        None => tokenless_complete(&app, &ns, key, bytes, ttl, key_retention).await?,
     }
     Ok(out.respond(StatusCode::OK, &Empty {}))
 }
 
 /// Diom's complete, which carries no token: completes whichever claim holds the key; a key
 /// nobody holds is claimed and completed (Diom stores a response for a key that was never
-/// started); a completed key keeps its first response (Diom would overwrite it).
+/// started); a completed key keeps its first response (Diom would overwrite it), and so does a
+/// tombstone or a key resolved as abandoned. An uncertain key is refused (`409 uncertain`):
+/// only a resolution, or its holder's token, may end it.
 async fn tokenless_complete(
     app: &App,
     ns: &Namespace,
     key: idem_core::Key,
     bytes: Vec<u8>,
     ttl: Duration,
+    key_retention: Duration,
 ) -> Result<(), ApiError> {
     if ns.require_token {
         return Err(token_required());
@@ -495,11 +619,15 @@ async fn tokenless_complete(
     // Bounded: each pass meets the key in one state; a key that changes hands under every
     // pass gets `409 conflict`.
     for _ in 0..TOKENLESS_TRIES {
-        let claim = match engine.holder(&key).await.map_err(engine_error)? {
-            Holder::Completed(_) => return Ok(()),
+        let claim = match ended(engine.holder(&key).await)? {
+            Holder::Completed(_) | Holder::Expired { .. } => return Ok(()),
             Holder::Claimed(claim) => claim,
-            // LAPSE-STUB (issue 42)
-            Holder::Uncertain { .. } | Holder::Expired { .. } => return Err(changed_hands()),
+            Holder::Uncertain { since } => {
+                return Err(engine_error(Error::Uncertain {
+                    operation: key,
+                    since,
+                }))
+            }
             Holder::Absent => match engine
                 .call(key)
                 .scope_named(ns.scope.clone())
@@ -508,7 +636,12 @@ async fn tokenless_complete(
                 .await
             {
                 Ok(CallClaim::Claimed(claim)) => claim,
-                Ok(CallClaim::Completed(_)) | Err(Error::ResultNotRetained { .. }) => return Ok(()),
+                Ok(CallClaim::Completed(_))
+                | Err(
+                    Error::ResultNotRetained { .. }
+                    | Error::ResultExpired { .. }
+                    | Error::Abandoned { .. },
+                ) => return Ok(()),
                 Err(Error::Locked { .. }) => continue,
                 Err(e) => return Err(engine_error(e)),
             },
@@ -516,6 +649,7 @@ async fn tokenless_complete(
         match engine
             .finish(&ns.scope, &claim, bytes.clone())
             .retention(ttl)
+            .key_retention(key_retention)
             .await
         {
             Ok(()) => return Ok(()),
@@ -524,6 +658,18 @@ async fn tokenless_complete(
         }
     }
     Err(changed_hands())
+}
+
+/// Who holds a key, for a token-less complete or abort: a completed key whose result cannot be
+/// replayed (not retained, resolved as abandoned) is completed all the same.
+fn ended(holder: Result<Holder, Error>) -> Result<Holder, ApiError> {
+    match holder {
+        Ok(holder) => Ok(holder),
+        Err(Error::ResultNotRetained { .. } | Error::Abandoned { .. }) => {
+            Ok(Holder::Completed(Vec::new()))
+        }
+        Err(e) => Err(engine_error(e)),
+    }
 }
 
 fn changed_hands() -> ApiError {
@@ -552,17 +698,24 @@ async fn abort(
             .map_err(engine_error)?,
         None if ns.require_token => return Err(token_required()),
         // Diom's abort: releases whichever claim holds the key. A completed key keeps its
-        // response (Diom would delete it), and a key nobody holds is left as it is.
+        // response (Diom would delete it), a tombstone stays, and a key nobody holds is left
+        // as it is; an uncertain key is refused (`409 uncertain`).
         None => {
             let mut released = false;
             for _ in 0..TOKENLESS_TRIES {
-                match engine.holder(&key).await.map_err(engine_error)? {
-                    Holder::Absent | Holder::Completed(_) => {
+                match ended(engine.holder(&key).await)? {
+                    Holder::Absent | Holder::Completed(_) | Holder::Expired { .. } => {
                         released = true;
                         break;
                     }
-                    // LAPSE-STUB (issue 42)
-                    Holder::Uncertain { .. } | Holder::Expired { .. } => break,
+                    // Not released: its work may have taken effect. Only a resolution, or its
+                    // holder's token, ends it.
+                    Holder::Uncertain { since } => {
+                        return Err(engine_error(Error::Uncertain {
+                            operation: key,
+                            since,
+                        }))
+                    }
                     Holder::Claimed(claim) => match engine.release(&ns.scope, &claim).await {
                         Ok(()) => {
                             released = true;
@@ -613,10 +766,17 @@ async fn get_record(
     };
     let fingerprint_sha256 = record.fingerprint.map(|f| hex::encode(f.as_bytes()));
     let answer = match record.state {
-        // LAPSE-STUB (issue 42)
-        RecordState::Uncertain { .. } | RecordState::Expired { .. } => {
-            GetOut::of(GetStatus::Absent)
-        }
+        RecordState::Uncertain { token, since } => GetOut {
+            token: Some(token_text(token)),
+            since_ms: Some(unix_ms(since)),
+            fingerprint_sha256,
+            ..GetOut::of(GetStatus::Uncertain)
+        },
+        RecordState::Expired { since } => GetOut {
+            since_ms: Some(unix_ms(since)),
+            fingerprint_sha256,
+            ..GetOut::of(GetStatus::Expired)
+        },
         RecordState::InProgress { token, lease_until } => GetOut {
             token: Some(token_text(token)),
             lease_until_ms: Some(unix_ms(lease_until)),
@@ -624,16 +784,19 @@ async fn get_record(
             ..GetOut::of(GetStatus::InProgress)
         },
         RecordState::Completed(kept) => {
-            let (data, not_retained) = match kept.result() {
-                Ok(bytes) => (stored(bytes)?, None),
-                Err(Error::ResultNotRetained { reason }) => (Completed::default(), Some(reason)),
+            let (mut data, mut not_retained, mut abandoned) = (Completed::default(), None, None);
+            match kept.result() {
+                Ok(bytes) => data = stored(bytes)?,
+                Err(Error::ResultNotRetained { reason }) => not_retained = Some(reason),
+                Err(Error::Abandoned { reason }) => abandoned = Some(reason),
                 Err(e) => return Err(engine_error(e)),
-            };
+            }
             GetOut {
                 fingerprint_sha256,
                 expires_at_ms: Some(unix_ms(kept.expires_at)),
                 data: Some(data),
                 not_retained,
+                abandoned,
                 ..GetOut::of(GetStatus::Completed)
             }
         }
@@ -715,16 +878,200 @@ async fn write_step(
     out: Format,
 ) -> Result<Response, ApiError> {
     let claim = app.held(&caller, &input).await?;
+    let on_lapse = input.on_lapse.map(on_lapse_of);
     let step = StepWrite {
         name: &input.name,
         position: input.position,
         result: input.result.as_deref(),
         retention: period(input.ttl_ms.get(), "ttl_ms")?,
-        on_lapse: None,
+        on_lapse,
     };
+    step.check().map_err(engine_error)?;
+    // The key's name is kept before the write makes it uncertain on lapse, so no uncertain
+    // key goes unnamed; a step name the engine refuses then changes nothing.
+    if on_lapse == Some(OnLapse::Uncertain)
+        && !input.name.is_empty()
+        && input.name.len() <= idem_core::MAX_STEP_NAME_LEN
+    {
+        let ns = app
+            .inner
+            .namespaces
+            .resolve(input.namespace.as_deref())
+            .await?;
+        let name = name_of(&ns, &caller, &input.key);
+        uncertain::keep(&app.inner.engine, claim.key(), &name).await?;
+    }
     app.inner
         .engine
         .write_step(&claim, step)
+        .await
+        .map_err(engine_error)?;
+    Ok(out.respond(StatusCode::OK, &Empty {}))
+}
+
+/// The fenced extension's `uncertain.take`: takes over the caller's uncertain key, fenced by
+/// the lapsed claim's token, through the engine; the new claim's token resolves it
+/// (`complete`, `abort`) or lapses uncertain again.
+async fn take_uncertain(
+    app: App,
+    caller: Caller,
+    input: TakeUncertainIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    let (_, key) = app
+        .locate(&caller, input.namespace.as_deref(), &input.key)
+        .await?;
+    let token = parse_token(&input.token)?;
+    let lease = period(input.lock_period_ms.get(), "lock_period_ms")?;
+    let claim = app
+        .inner
+        .engine
+        .take_uncertain(&key, token, lease)
+        .await
+        .map_err(engine_error)?;
+    let answer = TakeUncertainOut {
+        token: token_text(claim.token()),
+    };
+    Ok(out.respond(StatusCode::OK, &answer))
+}
+
+/// The fenced extension's `uncertain.find`: up to `limit` of the caller's uncertain keys in
+/// the namespace, by key, after `after`, read through the engine's listing and the names the
+/// server keeps ([`uncertain`]).
+async fn find_uncertain(
+    app: App,
+    caller: Caller,
+    input: FindUncertainIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    let limit = uncertain::page(input.limit)?;
+    let ns = app
+        .inner
+        .namespaces
+        .resolve(input.namespace.as_deref())
+        .await?;
+    let found = uncertain::find(
+        &app.inner.engine,
+        &ns.scope,
+        &caller.key_space(),
+        input.after.as_deref(),
+        limit as usize,
+    )
+    .await?;
+    let operations = found
+        .into_iter()
+        .map(|(key, op)| UncertainOut {
+            key,
+            token: token_text(op.token),
+            since_ms: unix_ms(op.since),
+        })
+        .collect();
+    Ok(out.respond(StatusCode::OK, &FindUncertainOut { operations }))
+}
+
+/// The admin's `uncertain.list`: up to `limit` uncertain operations of every caller and
+/// namespace, by store key, after `after`, through the engine, each with its name when the
+/// server keeps it.
+async fn list_uncertain(
+    app: App,
+    caller: Caller,
+    input: ListUncertainIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    admin_only(&caller, "list", "idempotency::uncertain")?;
+    let limit = uncertain::page(input.limit)?;
+    let after = input
+        .after
+        .as_deref()
+        .map(|text| uncertain::store_key(text, "after"))
+        .transpose()?;
+    let engine = &app.inner.engine;
+    let query = AbandonedQuery {
+        after: after.as_ref(),
+        limit,
+    };
+    let page = engine.uncertain(query).await.map_err(engine_error)?;
+    let mut operations = Vec::with_capacity(page.len());
+    for op in page {
+        let name = uncertain::name_of(engine, &op.key).await?;
+        operations.push(ListedUncertain {
+            key: hex::encode(op.key.as_bytes()),
+            token: token_text(op.token),
+            since_ms: unix_ms(op.since),
+            namespace: name.as_ref().map(|n| n.namespace.clone()),
+            caller: name.as_ref().map(|n| n.caller.clone()),
+            client_key: name.map(|n| n.key),
+        });
+    }
+    Ok(out.respond(StatusCode::OK, &ListUncertainOut { operations }))
+}
+
+/// The admin's `uncertain.resolve`: resolves an uncertain operation through
+/// `Idempotency::resolve` (the key's lapsed token read, the fenced takeover, then the
+/// completion or release), for the engine policy's retention and tombstone. A key that is not
+/// uncertain (any more) is `409 not_uncertain`, and nothing changes.
+async fn resolve_uncertain(
+    app: App,
+    caller: Caller,
+    input: ResolveIn,
+    out: Format,
+) -> Result<Response, ApiError> {
+    admin_only(&caller, "resolve", "idempotency::uncertain")?;
+    let key = uncertain::store_key(&input.key, "key")?;
+    let engine = &app.inner.engine;
+    let refuse = |field: &str, why: &str| Err(ApiError::invalid(field, why));
+    let resolution = match input.resolution {
+        ResolutionKind::Completed => {
+            if input.reason.is_some() {
+                return refuse("reason", "a reason is for an abandoned resolution");
+            }
+            let Some(response) = input.response else {
+                return refuse("response", "a completed resolution names its response");
+            };
+            let retention = engine.policy().retention();
+            let record = Completed {
+                response,
+                context: input.context,
+                is_error: false,
+                absent: false,
+                expires_at_ms: Some(unix_ms(SystemTime::now() + retention)),
+            };
+            let bytes = msgpack::to_vec(&record).map_err(|e| {
+                ApiError::invalid("body", format!("the response cannot be kept: {e}"))
+            })?;
+            Resolution::Completed(bytes)
+        }
+        ResolutionKind::Failed | ResolutionKind::Abandoned
+            if input.response.is_some() || input.context.is_some() =>
+        {
+            let field = if input.response.is_some() {
+                "response"
+            } else {
+                "context"
+            };
+            return refuse(field, "a response is for a completed resolution");
+        }
+        ResolutionKind::Failed if input.reason.is_some() => {
+            return refuse("reason", "a reason is for an abandoned resolution");
+        }
+        ResolutionKind::Failed => Resolution::Failed,
+        ResolutionKind::Abandoned => match input.reason {
+            Some(reason) if !reason.is_empty() && reason.len() <= idem_wire::MAX_REASON_LEN => {
+                Resolution::Abandoned(reason)
+            }
+            _ => {
+                return refuse(
+                    "reason",
+                    &format!(
+                        "an abandoned resolution says why, in 1 to {} bytes",
+                        idem_wire::MAX_REASON_LEN
+                    ),
+                )
+            }
+        },
+    };
+    engine
+        .resolve(&key, resolution)
         .await
         .map_err(engine_error)?;
     Ok(out.respond(StatusCode::OK, &Empty {}))

@@ -66,6 +66,34 @@ fn completed() -> Completed {
     }
 }
 
+fn uncertain() -> UncertainOut {
+    UncertainOut {
+        key: KEY.into(),
+        token: TOKEN.into(),
+        since_ms: 1_800_000_000_000,
+    }
+}
+
+fn listed() -> ListedUncertain {
+    ListedUncertain {
+        namespace: Some("payments".into()),
+        caller: Some("caller:billing".into()),
+        client_key: Some(KEY.into()),
+        ..listed_unnamed()
+    }
+}
+
+fn listed_unnamed() -> ListedUncertain {
+    ListedUncertain {
+        key: SHA256.into(),
+        token: TOKEN.into(),
+        since_ms: 1_800_000_000_000,
+        namespace: None,
+        caller: None,
+        client_key: None,
+    }
+}
+
 fn cases() -> Vec<Case> {
     let ns = || Some("payments".to_owned());
     vec![
@@ -73,6 +101,10 @@ fn cases() -> Vec<Case> {
             "Error",
             ErrorBody {
                 location: Some("ttl_ms".into()),
+                since_ms: Some(1_800_000_000_000),
+                reason: Some("refunded by hand".into()),
+                stored_policy: Some(1),
+                current_policy: Some(u32::MAX),
                 ..ErrorBody::new(ErrorType::InvalidInput, "invalid_data", "d")
             },
             ErrorBody::new(ErrorType::ServerError, "corrupt", "d"),
@@ -84,6 +116,7 @@ fn cases() -> Vec<Case> {
                 fenced: true,
                 fingerprint: Some("POST /charge".into()),
                 fingerprint_sha256: Some(SHA256.into()),
+                on_lapse: OnLapse::Uncertain,
                 ..StartIn::new(KEY, period(30_000))
             },
             StartIn::new(KEY, period(30_000)),
@@ -96,7 +129,8 @@ fn cases() -> Vec<Case> {
                 retry_after_ms: Some(5),
                 lease_left_ms: Some(7),
                 not_retained: Some("larger than the store keeps".into()),
-                ..StartOut::of(StartStatus::Completed)
+                since_ms: Some(1_800_000_000_000),
+                ..StartOut::of(StartStatus::Uncertain)
             },
             StartOut::of(StartStatus::Locked),
         ),
@@ -113,6 +147,7 @@ fn cases() -> Vec<Case> {
                 observed: true,
                 ttl_ms: period(60_000),
                 context: Some([("status".to_owned(), "201".to_owned())].into()),
+                key_retention_ms: 315_360_000_000,
             },
             CompleteIn {
                 namespace: None,
@@ -124,6 +159,7 @@ fn cases() -> Vec<Case> {
                 observed: false,
                 ttl_ms: period(1),
                 context: None,
+                key_retention_ms: 0,
             },
         ),
         case(
@@ -211,7 +247,9 @@ fn cases() -> Vec<Case> {
                 data: Some(completed()),
                 expires_at_ms: Some(2),
                 not_retained: Some("larger than the limit".into()),
-                ..GetOut::of(GetStatus::Completed)
+                since_ms: Some(3),
+                abandoned: Some("refunded by hand".into()),
+                ..GetOut::of(GetStatus::Expired)
             },
             GetOut::of(GetStatus::Absent),
         ),
@@ -247,6 +285,7 @@ fn cases() -> Vec<Case> {
                 position: 1,
                 result: Some(b"7".to_vec()),
                 ttl_ms: period(60_000),
+                on_lapse: Some(OnLapse::Uncertain),
             },
             StepWriteIn {
                 namespace: None,
@@ -256,6 +295,92 @@ fn cases() -> Vec<Case> {
                 position: 0,
                 result: None,
                 ttl_ms: period(1),
+                on_lapse: None,
+            },
+        ),
+        case(
+            "TakeUncertainIn",
+            TakeUncertainIn {
+                namespace: ns(),
+                key: KEY.into(),
+                token: TOKEN.into(),
+                lock_period_ms: period(315_360_000_000),
+            },
+            TakeUncertainIn {
+                namespace: None,
+                key: KEY.into(),
+                token: TOKEN.into(),
+                lock_period_ms: period(1),
+            },
+        ),
+        case(
+            "TakeUncertainOut",
+            TakeUncertainOut {
+                token: TOKEN.into(),
+            },
+            TakeUncertainOut {
+                token: TOKEN.into(),
+            },
+        ),
+        case(
+            "FindUncertainIn",
+            FindUncertainIn {
+                namespace: ns(),
+                after: Some(KEY.into()),
+                limit: MAX_PAGE,
+            },
+            FindUncertainIn {
+                namespace: None,
+                after: None,
+                limit: 1,
+            },
+        ),
+        case("UncertainOut", uncertain(), uncertain()),
+        case(
+            "FindUncertainOut",
+            FindUncertainOut {
+                operations: vec![uncertain()],
+            },
+            FindUncertainOut {
+                operations: Vec::new(),
+            },
+        ),
+        case(
+            "ListUncertainIn",
+            ListUncertainIn {
+                after: Some(SHA256.into()),
+                limit: MAX_PAGE,
+            },
+            ListUncertainIn {
+                after: None,
+                limit: 1,
+            },
+        ),
+        case("ListedUncertain", listed(), listed_unnamed()),
+        case(
+            "ListUncertainOut",
+            ListUncertainOut {
+                operations: vec![listed(), listed_unnamed()],
+            },
+            ListUncertainOut {
+                operations: Vec::new(),
+            },
+        ),
+        case(
+            "ResolveIn",
+            ResolveIn {
+                key: SHA256.into(),
+                resolution: ResolutionKind::Completed,
+                response: Some(b"ok".to_vec()),
+                context: Some([("status".to_owned(), "201".to_owned())].into()),
+                reason: Some("r".repeat(MAX_REASON_LEN)),
+            },
+            ResolveIn {
+                key: SHA256.into(),
+                resolution: ResolutionKind::Failed,
+                response: None,
+                context: None,
+                reason: None,
             },
         ),
         case(
@@ -537,6 +662,22 @@ fn every_route_names_its_types() {
         (route::PRUNE, Some("PruneIn"), "PruneOut"),
         (route::STEPS_BEGIN, Some("StepsBeginIn"), "StepsOut"),
         (route::STEPS_WRITE, Some("StepWriteIn"), "Empty"),
+        (
+            route::UNCERTAIN_TAKE,
+            Some("TakeUncertainIn"),
+            "TakeUncertainOut",
+        ),
+        (
+            route::UNCERTAIN_FIND,
+            Some("FindUncertainIn"),
+            "FindUncertainOut",
+        ),
+        (
+            route::UNCERTAIN_LIST,
+            Some("ListUncertainIn"),
+            "ListUncertainOut",
+        ),
+        (route::UNCERTAIN_RESOLVE, Some("ResolveIn"), "Empty"),
         (
             route::NAMESPACE_CONFIGURE,
             Some("ConfigureNamespaceIn"),

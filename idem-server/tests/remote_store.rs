@@ -1,6 +1,6 @@
 //! The conformance suite through the network: `idem::RemoteStore` pointed at a real
-//! idem-server, in process on a loopback port (`axum::serve`), over SQLite (a fresh file per
-//! rule) and over PostgreSQL (a fresh table per rule in the server `IDEM_TEST_PG_URL` names;
+//! idem-server, in process on a loopback port (`axum::serve`), over a memory store, over SQLite
+//! (a fresh file per rule) and over PostgreSQL (a fresh table per rule in the server `IDEM_TEST_PG_URL` names;
 //! without it the PostgreSQL rules skip, saying why, unless `IDEM_REQUIRE_PG=1`, set by
 //! `scripts/test`, makes that a failure). Every rule of the suite runs: the store rules through
 //! the `Store` trait over HTTP, the engine's promises with the server as the store, and the
@@ -98,6 +98,36 @@ impl Harness for SqliteRemote {
 suite!(
     over_sqlite,
     crate::SqliteRemote,
+    (flavor = "multi_thread", worker_threads = 2)
+);
+
+/// The server over a memory store: the whole suite through the network on the store that
+/// defines the rules, so what fails over SQLite or PostgreSQL and not here is theirs, not the
+/// protocol's.
+pub struct MemoryRemote {
+    served: Served,
+}
+
+#[async_trait]
+impl Harness for MemoryRemote {
+    async fn new() -> Option<Self> {
+        let served = Served::over(Arc::new(idem_core::MemoryStore::new())).await;
+        Some(MemoryRemote { served })
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(self.served.remote.clone())
+    }
+
+    /// RemoteStore does not carry the completer's query (docs/steps.md, "Completer").
+    fn finds_abandoned(&self) -> bool {
+        false
+    }
+}
+
+suite!(
+    over_memory,
+    crate::MemoryRemote,
     (flavor = "multi_thread", worker_threads = 2)
 );
 

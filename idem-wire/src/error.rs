@@ -18,7 +18,10 @@ pub enum ErrorType {
 
 /// The body of an error answer on any route (the OpenAPI document's `Error`): `{type, code,
 /// detail, location}`, with the answer's status beside it (`409 stale_holder`, `422
-/// invalid_data` at `location`, `503 store_unavailable`; docs/server.md, "Errors").
+/// invalid_data` at `location`, `503 store_unavailable`; docs/server.md, "Errors"). The fenced
+/// extension's refusals past the lease (`422 policy_changed`, `409 abandoned`, `409
+/// result_expired`, `409 uncertain`) add what their caller needs, in fields Diom's own
+/// answers never carry.
 ///
 /// ```
 /// use idem_wire::{ErrorBody, ErrorType};
@@ -46,6 +49,21 @@ pub struct ErrorBody {
     /// Python client requires the field.
     #[serde(default)]
     pub location: Option<String>,
+    /// Fenced extension, `result_expired` and `uncertain`: when the key's result expired, or
+    /// its claim's lock ran out, in Unix milliseconds on the store's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
+    /// Fenced extension, `abandoned`: the reason recorded when the key was resolved as
+    /// abandoned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Fenced extension, `policy_changed`: the policy version the key's fingerprint was
+    /// stored under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_policy: Option<u32>,
+    /// Fenced extension, `policy_changed`: the policy version of this request's fingerprint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_policy: Option<u32>,
 }
 
 impl ErrorBody {
@@ -56,6 +74,10 @@ impl ErrorBody {
             code: code.into(),
             detail: detail.into(),
             location: None,
+            since_ms: None,
+            reason: None,
+            stored_policy: None,
+            current_policy: None,
         }
     }
 }

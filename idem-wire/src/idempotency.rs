@@ -10,6 +10,7 @@ use std::num::NonZeroU64;
 
 use serde::{Deserialize, Serialize};
 
+use crate::lapse::OnLapse;
 use crate::names::{entity_key, optional_namespace_name};
 
 /// `POST /api/v1.idempotency.start` ([`route::START`](crate::route::START)): claim `key`, or
@@ -41,6 +42,11 @@ pub struct StartIn {
     /// fingerprint gets `fingerprint_mismatch`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
+    /// Fenced extension: what the key becomes if the lock runs out with no complete or abort:
+    /// free to start again (`release`, the default) or `uncertain` (nobody runs it again until
+    /// it is resolved; a fenced `start` then answers `uncertain`).
+    #[serde(default, skip_serializing_if = "OnLapse::is_release")]
+    pub on_lapse: OnLapse,
 }
 
 impl StartIn {
@@ -62,6 +68,7 @@ impl StartIn {
             fenced: false,
             fingerprint_sha256: None,
             fingerprint: None,
+            on_lapse: OnLapse::Release,
         }
     }
 }
@@ -76,10 +83,19 @@ pub enum StartStatus {
     Locked,
     /// The key is completed: `data` is its stored response.
     Completed,
+    /// Fenced extension: a claim made with `on_lapse: uncertain` ran out with no completion
+    /// (since `since_ms`): whether its work took effect is unknown, so nobody runs it again
+    /// until it is resolved. Diom's clients (not fenced) get `locked`.
+    Uncertain,
+    /// Fenced extension: the key completed and its response expired at `since_ms`; the key is
+    /// kept (a tombstone, `key_retention_ms`) so the work does not run again. Diom's clients
+    /// (not fenced) get `locked`.
+    Expired,
 }
 
 /// What `start` answers ([`route::START`](crate::route::START)): `{"status": "started" |
-/// "locked" | "completed", …}`.
+/// "locked" | "completed", …}`, and for a fenced start `"uncertain"` or `"expired"` with
+/// `since_ms`.
 ///
 /// ```
 /// use idem_wire::{StartOut, StartStatus};
@@ -109,6 +125,10 @@ pub struct StartOut {
     /// for `completed`; `data` is then empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_retained: Option<String>,
+    /// Fenced extension, for `uncertain` (when the claim's lock ran out) and `expired` (when
+    /// the response expired): in Unix milliseconds on the store's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
 }
 
 impl StartOut {
@@ -128,6 +148,7 @@ impl StartOut {
             retry_after_ms: None,
             lease_left_ms: None,
             not_retained: None,
+            since_ms: None,
         }
     }
 }
@@ -211,6 +232,16 @@ pub struct CompleteIn {
     /// Strings kept with the response (a status code, headers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<HashMap<String, String>>,
+    /// Fenced extension: how long the key is kept after `ttl_ms`, as a tombstone without the
+    /// response (a fenced `start` then answers `expired`, Diom's `locked`), so the work does
+    /// not run again; 0 or absent for none (the key is free when `ttl_ms` ends, as in Diom).
+    /// At most ten years.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub key_retention_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// `POST /api/v1.idempotency.abort` ([`route::ABORT`](crate::route::ABORT)): release the
@@ -285,10 +316,16 @@ pub enum GetStatus {
     InProgress,
     /// The key is completed.
     Completed,
+    /// A claim made with `on_lapse: uncertain` ran out with no completion: `token` is the
+    /// lapsed claim's (what [`route::UNCERTAIN_TAKE`](crate::route::UNCERTAIN_TAKE) is
+    /// fenced by), `since_ms` when its lock ran out.
+    Uncertain,
+    /// The response expired at `since_ms`; the key is kept as a tombstone.
+    Expired,
 }
 
 /// What `get` answers ([`route::GET`](crate::route::GET)): `{"status": "absent" |
-/// "in_progress" | "completed", …}`.
+/// "in_progress" | "completed" | "uncertain" | "expired", …}`.
 ///
 /// ```
 /// use idem_wire::{GetOut, GetStatus};
@@ -300,7 +337,7 @@ pub enum GetStatus {
 pub struct GetOut {
     /// `absent` (no live record), `in_progress` or `completed`.
     pub status: GetStatus,
-    /// The holder's claim token, for `in_progress`.
+    /// The holder's claim token, for `in_progress`; the lapsed claim's, for `uncertain`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
     /// When the holder's lease ends, in Unix milliseconds on the store's clock, for
@@ -320,6 +357,14 @@ pub struct GetOut {
     /// Why the response was not kept (it was larger than the server's limit), for `completed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_retained: Option<String>,
+    /// For `uncertain`, when the claim's lock ran out; for `expired`, when the response
+    /// expired: in Unix milliseconds on the store's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
+    /// For `completed`: the key was resolved as abandoned (an operator's resolution of an
+    /// uncertain key), for this reason; `data` is then empty and the work never runs again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abandoned: Option<String>,
 }
 
 impl GetOut {
@@ -340,6 +385,8 @@ impl GetOut {
             data: None,
             expires_at_ms: None,
             not_retained: None,
+            since_ms: None,
+            abandoned: None,
         }
     }
 }
@@ -445,6 +492,11 @@ pub struct StepWriteIn {
     pub result: Option<Vec<u8>>,
     /// How long the operation's steps are kept, from now (at least 1).
     pub ttl_ms: NonZeroU64,
+    /// What the operation's key becomes if its claim's lock runs out, set with this write
+    /// (the same fence): `uncertain` with an at-most-once step's begin, the call's own choice
+    /// back with its result. Absent: unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_lapse: Option<OnLapse>,
 }
 
 /// One stored step, as `steps.begin` answers it, in [`StepsOut`].

@@ -7,8 +7,9 @@
 //! maps, [`msgpack`]), and answers `200` with its answer body or an error status with an
 //! [`ErrorBody`]. Diom's idempotency routes (`start`, `complete`, `abort`, the namespace
 //! routes) take Diom's bodies; the fenced extension adds fields to them (the claim's token, a
-//! fingerprint) and the routes that make the server a store (`renew`, `get`, `evict`, `prune`,
-//! `steps.begin`, `steps.write`).
+//! fingerprint, what a key becomes past its lease) and the routes that make the server a store
+//! (`renew`, `get`, `evict`, `prune`, `steps.begin`, `steps.write`, `uncertain.take`,
+//! `uncertain.find`), with the admin's `uncertain.list` and `uncertain.resolve`.
 //!
 //! | route | request | answer |
 //! |---|---|---|
@@ -21,6 +22,10 @@
 //! | [`route::PRUNE`] | [`PruneIn`] | [`PruneOut`] |
 //! | [`route::STEPS_BEGIN`] | [`StepsBeginIn`] | [`StepsOut`] |
 //! | [`route::STEPS_WRITE`] | [`StepWriteIn`] | [`Empty`] |
+//! | [`route::UNCERTAIN_TAKE`] | [`TakeUncertainIn`] | [`TakeUncertainOut`] |
+//! | [`route::UNCERTAIN_FIND`] | [`FindUncertainIn`] | [`FindUncertainOut`] |
+//! | [`route::UNCERTAIN_LIST`] | [`ListUncertainIn`] | [`ListUncertainOut`] |
+//! | [`route::UNCERTAIN_RESOLVE`] | [`ResolveIn`] | [`Empty`] |
 //! | [`route::NAMESPACE_CONFIGURE`] | [`ConfigureNamespaceIn`] | [`NamespaceOut`] |
 //! | [`route::NAMESPACE_GET`] | [`GetNamespaceIn`] | [`NamespaceOut`] |
 //! | [`route::PING`] (also `GET`) | none | [`PingOut`] |
@@ -49,6 +54,7 @@
 mod error;
 pub mod hex;
 mod idempotency;
+mod lapse;
 pub mod msgpack;
 pub mod names;
 mod namespace;
@@ -58,5 +64,10 @@ pub use error::{ErrorBody, ErrorType};
 pub use idempotency::{
     AbortIn, CompleteIn, Completed, Empty, EvictOut, GetOut, GetStatus, KeyIn, PruneIn, PruneOut,
     RenewIn, StartIn, StartOut, StartStatus, StepOut, StepWriteIn, StepsBeginIn, StepsOut,
+};
+pub use lapse::{
+    FindUncertainIn, FindUncertainOut, ListUncertainIn, ListUncertainOut, ListedUncertain, OnLapse,
+    ResolutionKind, ResolveIn, TakeUncertainIn, TakeUncertainOut, UncertainOut, MAX_PAGE,
+    MAX_REASON_LEN,
 };
 pub use namespace::{ConfigureNamespaceIn, GetNamespaceIn, NamespaceOut, PingOut};

@@ -67,6 +67,17 @@ pub(crate) fn entity_key<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::E
     }
 }
 
+/// An optional key field (`null` or absent: none), each key as Diom's `EntityKey` decodes it.
+pub(crate) fn optional_entity_key<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<String>, D::Error> {
+    let key = Option::<String>::deserialize(d)?;
+    match key.as_deref().and_then(key_refusal) {
+        Some(why) => Err(D::Error::custom(why)),
+        None => Ok(key),
+    }
+}
+
 /// A namespace name field as Diom's `NamespaceName` decodes it.
 pub(crate) fn namespace_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     let name = String::deserialize(d)?;

@@ -33,6 +33,18 @@ pub const STEPS_BEGIN: &str = "/api/v1.idempotency.steps.begin";
 /// Fenced extension: store that a step begins, or its result
 /// ([`StepWriteIn`](crate::StepWriteIn) → [`Empty`](crate::Empty)).
 pub const STEPS_WRITE: &str = "/api/v1.idempotency.steps.write";
+/// Fenced extension: take over the caller's uncertain key to resolve it
+/// ([`TakeUncertainIn`](crate::TakeUncertainIn) → [`TakeUncertainOut`](crate::TakeUncertainOut)).
+pub const UNCERTAIN_TAKE: &str = "/api/v1.idempotency.uncertain.take";
+/// Fenced extension: the caller's uncertain keys in a namespace, by key
+/// ([`FindUncertainIn`](crate::FindUncertainIn) → [`FindUncertainOut`](crate::FindUncertainOut)).
+pub const UNCERTAIN_FIND: &str = "/api/v1.idempotency.uncertain.find";
+/// Fenced extension, admin token: every uncertain operation, by store key
+/// ([`ListUncertainIn`](crate::ListUncertainIn) → [`ListUncertainOut`](crate::ListUncertainOut)).
+pub const UNCERTAIN_LIST: &str = "/api/v1.idempotency.uncertain.list";
+/// Fenced extension, admin token: resolve an uncertain operation as completed, failed or
+/// abandoned ([`ResolveIn`](crate::ResolveIn) → [`Empty`](crate::Empty)).
+pub const UNCERTAIN_RESOLVE: &str = "/api/v1.idempotency.uncertain.resolve";
 /// Diom's namespace configuration, admin token
 /// ([`ConfigureNamespaceIn`](crate::ConfigureNamespaceIn) →
 /// [`NamespaceOut`](crate::NamespaceOut)).

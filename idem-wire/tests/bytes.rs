@@ -43,6 +43,7 @@ fn remote_store_requests_keep_their_bytes() {
         observed: true,
         ttl_ms: period(86_400_000),
         context: None,
+        key_retention_ms: 0,
     };
     assert_eq!(
         hex(&msgpack::to_vec(&complete).unwrap()),
@@ -57,6 +58,7 @@ fn remote_store_requests_keep_their_bytes() {
         position: 2,
         result: result.map(<[u8]>::to_vec),
         ttl_ms: period(60_000),
+        on_lapse: None,
     };
     let prefix =
         "87a96e616d657370616365a87061796d656e7473a36b6579a26b31a5746f6b656ea27431a46e616d65\

@@ -90,13 +90,14 @@ impl ClaimGuard {
 
     /// Stores the sealed result. From here on the work has run, so this is finished even if the
     /// caller goes away, and a failure that passes is retried in the background: `Ok` says
-    /// whether the result is in the store already or still on its way there.
+    /// whether the result is in the store already or still on its way there. The key is kept
+    /// as a tombstone for `key_retention` after `retention`.
     pub(super) async fn complete(
         mut self,
         sealed: Vec<u8>,
         is_error: bool,
         fingerprint: Option<Fingerprint>,
-        retention: Duration,
+        [retention, key_retention]: [Duration; 2],
         lease: Duration,
     ) -> Result<Stored, Error> {
         let Some(claim) = self.claim.take() else {
@@ -109,6 +110,7 @@ impl ClaimGuard {
             is_error,
             fingerprint,
             retention,
+            key_retention,
             lease,
         };
         if let Some(now) = self.shared.store.immediate() {
@@ -133,7 +135,7 @@ impl ClaimGuard {
     pub(super) async fn complete_once(
         mut self,
         sealed: Vec<u8>,
-        retention: Duration,
+        [retention, key_retention]: [Duration; 2],
         lease: Duration,
     ) -> Result<(), Error> {
         let Some(claim) = self.claim.take() else {
@@ -144,7 +146,7 @@ impl ClaimGuard {
             response: Some(&sealed),
             is_error: false,
             retention,
-            key_retention: self.shared.key_retention,
+            key_retention,
         };
         let stored = renewing(store, &claim, lease, store.complete(&claim, completion)).await;
         self.shared.waiters.wake(claim.key());
@@ -208,6 +210,7 @@ struct Completing {
     /// with another one is refused as the store would refuse it.
     fingerprint: Option<Fingerprint>,
     retention: Duration,
+    key_retention: Duration,
     lease: Duration,
 }
 
@@ -228,7 +231,7 @@ impl Completing {
             response: Some(&self.sealed),
             is_error: self.is_error,
             retention: self.retention,
-            key_retention: self.shared.key_retention,
+            key_retention: self.key_retention,
         }
     }
 
@@ -258,6 +261,7 @@ impl Completing {
                     claim: self.claim,
                     pending,
                     retention: self.retention,
+                    key_retention: self.key_retention,
                     lease: self.lease,
                 };
                 spawn_or_drop(Box::pin(retrying.until_landed()));
@@ -286,6 +290,7 @@ struct Retrying {
     claim: Claim,
     pending: Arc<PendingResult>,
     retention: Duration,
+    key_retention: Duration,
     lease: Duration,
 }
 
@@ -305,7 +310,7 @@ impl Retrying {
             response,
             is_error: self.pending.record.is_error,
             retention: self.retention,
-            key_retention: self.shared.key_retention,
+            key_retention: self.key_retention,
         };
         let give_up = Instant::now() + self.retention.min(LAPSED_CLAIMS_KEPT);
         let longest = pending_retry_after(self.lease);

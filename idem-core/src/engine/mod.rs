@@ -490,7 +490,13 @@ impl<C: Codec> Idempotency<C> {
             (cache, record, until)
         });
         let completed = guard
-            .complete(sealed.bytes, is_error, *fingerprint, retention, lease)
+            .complete(
+                sealed.bytes,
+                is_error,
+                *fingerprint,
+                [retention, shared.key_retention],
+                lease,
+            )
             .await;
         // StoredResult only once it is in the store: until then, calls here meet the pending result,
         // which the store may yet refuse (the key taken over after a long outage).

@@ -72,6 +72,7 @@ pub struct Finish<'a, C> {
     claim: &'a Claim,
     result: Vec<u8>,
     retention: Option<Duration>,
+    key_retention: Option<Duration>,
     observed: bool,
 }
 
@@ -91,6 +92,27 @@ impl<C> Finish<'_, C> {
     /// ```
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = Some(retention);
+        self
+    }
+
+    /// Keeps the key as a tombstone for `key_retention` after the result's retention ends
+    /// (zero for none) instead of the engine policy's
+    /// [`key_retention`](crate::Policy::key_retention): for a transport whose client says how
+    /// long (idem-server's `complete` with `key_retention_ms`, which `RemoteStore` sends from
+    /// its engine's policy). One out of range is [`Error::InvalidConfig`], nothing stored.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem::{CallClaim, Error, Idempotency, Key, MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "", "order-1")?;
+    /// let CallClaim::Claimed(claim) = engine.call(key).claim().await? else { unreachable!() };
+    /// engine.finish("charge", &claim, b"paid".to_vec()).key_retention(Duration::ZERO).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn key_retention(mut self, key_retention: Duration) -> Self {
+        self.key_retention = Some(key_retention);
         self
     }
 
@@ -123,6 +145,7 @@ impl<C> fmt::Debug for Finish<'_, C> {
             .field("claim", self.claim)
             .field("result_len", &self.result.len())
             .field("retention", &self.retention)
+            .field("key_retention", &self.key_retention)
             .field("observed", &self.observed)
             .finish()
     }
@@ -287,6 +310,7 @@ impl<C: Codec> Idempotency<C> {
             claim,
             result,
             retention: None,
+            key_retention: None,
             observed: false,
         }
     }
@@ -298,12 +322,17 @@ impl<C: Codec> Idempotency<C> {
             claim,
             result,
             retention,
+            key_retention,
             observed,
             ..
         } = finish;
         let policy = &self.inner.core.policy;
         let retention = retention.unwrap_or(policy.retention);
         check_duration("retention", retention)?;
+        let key_retention = key_retention.unwrap_or(policy.key_retention);
+        if !key_retention.is_zero() {
+            check_duration("key_retention", key_retention)?;
+        }
         let scope = Scope::Shared(Arc::from(scope));
         let (engine, claim, lease) = (self.clone(), claim.clone(), policy.lease);
         run_to_end(async move {
@@ -318,10 +347,12 @@ impl<C: Codec> Idempotency<C> {
             };
             let guard = ClaimGuard::new(engine.inner.shared.clone(), claim, OnLapse::Release);
             let stored = if observed {
-                guard.complete_once(sealed.bytes, retention, lease).await
+                guard
+                    .complete_once(sealed.bytes, [retention, key_retention], lease)
+                    .await
             } else {
                 guard
-                    .complete(sealed.bytes, false, None, retention, lease)
+                    .complete(sealed.bytes, false, None, [retention, key_retention], lease)
                     .await
                     .map(|_: Stored| ())
             };
@@ -380,6 +411,37 @@ impl<C: Codec> Idempotency<C> {
     pub async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
         check_duration("lease", lease)?;
         self.inner.shared.store.renew(claim, lease).await
+    }
+
+    /// Takes over the uncertain operation of `key` whose lapsed claim carried `token`, for
+    /// `lease` from now: [`Store::take_uncertain`](crate::Store::take_uncertain) through the
+    /// engine, for a transport that serves a store's takeover (idem-server's `uncertain.take`
+    /// route) without reaching around the engine. [`Error::NotUncertain`] when the key is not
+    /// uncertain under that token (nothing changed); [`Error::InvalidConfig`] for a lease out
+    /// of range. [`resolve`](Self::resolve) is the whole resolution in one call.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem::{Error, Idempotency, Key, MemoryStore, Token};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// let engine = Idempotency::new(MemoryStore::new());
+    /// let key = Key::derive("charge", "", "c-1")?;
+    /// let refused = engine.take_uncertain(&key, Token::random(), Duration::from_secs(30)).await;
+    /// assert!(matches!(refused, Err(Error::NotUncertain { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub async fn take_uncertain(
+        &self,
+        key: &Key,
+        token: crate::key::Token,
+        lease: Duration,
+    ) -> Result<Claim, Error> {
+        check_duration("lease", lease)?;
+        self.inner
+            .shared
+            .store
+            .take_uncertain(key, token, lease)
+            .await
     }
 
     /// The record of `key` as the store keeps it (expired reads as `None`), its result still

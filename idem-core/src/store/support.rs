@@ -49,6 +49,23 @@ pub fn check_response_size(
     }
 }
 
+/// The stored bytes of an operation resolved as abandoned with `reason`, as an engine's
+/// [`Idempotency::resolve`](crate::Idempotency::resolve) stores them: for a store that learns of
+/// such a result from elsewhere (`RemoteStore`, for a key idem-server's own engine resolved),
+/// as [`StoredResult::not_retained`](crate::StoredResult::not_retained) is for a result not kept.
+/// An engine replays it as [`Error::Abandoned`](crate::Error::Abandoned).
+///
+/// ```
+/// use std::time::SystemTime;
+/// use idem::store::support::abandoned_result;
+/// use idem::{Error, StoredResult};
+/// let kept = StoredResult { response: Some(abandoned_result("refunded")), is_error: false, expires_at: SystemTime::now(), not_retained: None };
+/// assert!(matches!(kept.result(), Err(Error::Abandoned { reason }) if reason == "refunded"));
+/// ```
+pub fn abandoned_result(reason: &str) -> Vec<u8> {
+    crate::envelope::abandoned(reason)
+}
+
 /// The reserved key of the records pruner's lease: a record of the store itself, which a store's
 /// operator views (`StoreAdmin::list`, `stats`) leave out.
 pub use crate::background::records_lease_key;
