@@ -97,7 +97,8 @@ impl ClaimGuard {
         sealed: Vec<u8>,
         is_error: bool,
         fingerprint: Option<Fingerprint>,
-        [retention, key_retention]: [Duration; 2],
+        retention: Duration,
+        key_retention: Tombstone,
         lease: Duration,
     ) -> Result<Stored, Error> {
         let Some(claim) = self.claim.take() else {
@@ -135,7 +136,8 @@ impl ClaimGuard {
     pub(super) async fn complete_once(
         mut self,
         sealed: Vec<u8>,
-        [retention, key_retention]: [Duration; 2],
+        retention: Duration,
+        key_retention: Tombstone,
         lease: Duration,
     ) -> Result<(), Error> {
         let Some(claim) = self.claim.take() else {
@@ -146,7 +148,7 @@ impl ClaimGuard {
             response: Some(&sealed),
             is_error: false,
             retention,
-            key_retention,
+            key_retention: key_retention.duration(),
         };
         let stored = renewing(store, &claim, lease, store.complete(&claim, completion)).await;
         self.shared.waiters.wake(claim.key());
@@ -210,7 +212,7 @@ struct Completing {
     /// with another one is refused as the store would refuse it.
     fingerprint: Option<Fingerprint>,
     retention: Duration,
-    key_retention: Duration,
+    key_retention: Tombstone,
     lease: Duration,
 }
 
@@ -231,7 +233,7 @@ impl Completing {
             response: Some(&self.sealed),
             is_error: self.is_error,
             retention: self.retention,
-            key_retention: self.key_retention,
+            key_retention: self.key_retention.duration(),
         }
     }
 
@@ -284,13 +286,29 @@ pub(super) struct PendingResult {
     pub(super) fingerprint: Option<Fingerprint>,
 }
 
+/// How long a completion keeps its key as a tombstone, in whole seconds (rounded up, as every
+/// store keeps it): four bytes where a `Duration` takes sixteen, in every call's future.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Tombstone(u32);
+
+impl Tombstone {
+    pub(super) fn of(d: Duration) -> Tombstone {
+        let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
+        Tombstone(u32::try_from(secs).unwrap_or(u32::MAX))
+    }
+
+    fn duration(self) -> Duration {
+        Duration::from_secs(u64::from(self.0))
+    }
+}
+
 /// A completion retried in the background.
 struct Retrying {
     shared: Arc<Shared>,
     claim: Claim,
     pending: Arc<PendingResult>,
     retention: Duration,
-    key_retention: Duration,
+    key_retention: Tombstone,
     lease: Duration,
 }
 
@@ -310,7 +328,7 @@ impl Retrying {
             response,
             is_error: self.pending.record.is_error,
             retention: self.retention,
-            key_retention: self.key_retention,
+            key_retention: self.key_retention.duration(),
         };
         let give_up = Instant::now() + self.retention.min(LAPSED_CLAIMS_KEPT);
         let longest = pending_retry_after(self.lease);

@@ -49,7 +49,7 @@ use cache::{Cache, Hit, Known};
 use claim::attempt;
 use detach::run_to_end;
 pub(crate) use finish::renewing;
-use finish::{pending_retry_after, ClaimGuard, PendingResult, Stored};
+use finish::{pending_retry_after, ClaimGuard, PendingResult, Stored, Tombstone};
 pub(crate) use stored::replay;
 use underway::{Completions, Releases};
 use waiters::{PollerRole, Typical, Waiters};
@@ -494,7 +494,8 @@ impl<C: Codec> Idempotency<C> {
                 sealed.bytes,
                 is_error,
                 *fingerprint,
-                [retention, shared.key_retention],
+                retention,
+                Tombstone::of(shared.key_retention),
                 lease,
             )
             .await;

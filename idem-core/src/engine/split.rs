@@ -15,7 +15,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use super::detach::run_to_end;
-use super::finish::{ClaimGuard, Stored};
+use super::finish::{ClaimGuard, Stored, Tombstone};
 use super::steps::check_step_name;
 use super::underway::Releasing;
 use super::{Call, Claimed, Encoded, Errors, Format, Idempotency};
@@ -348,11 +348,18 @@ impl<C: Codec> Idempotency<C> {
             let guard = ClaimGuard::new(engine.inner.shared.clone(), claim, OnLapse::Release);
             let stored = if observed {
                 guard
-                    .complete_once(sealed.bytes, [retention, key_retention], lease)
+                    .complete_once(sealed.bytes, retention, Tombstone::of(key_retention), lease)
                     .await
             } else {
                 guard
-                    .complete(sealed.bytes, false, None, [retention, key_retention], lease)
+                    .complete(
+                        sealed.bytes,
+                        false,
+                        None,
+                        retention,
+                        Tombstone::of(key_retention),
+                        lease,
+                    )
                     .await
                     .map(|_: Stored| ())
             };
