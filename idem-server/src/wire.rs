@@ -171,8 +171,9 @@ impl Format {
 pub struct ApiError {
     /// The HTTP status.
     pub status: StatusCode,
-    /// The body: Diom's `{type, code, detail, location}`.
-    pub body: ErrorBody,
+    /// The body: Diom's `{type, code, detail, location}` and the fenced extension's fields; boxed, so
+    /// a `Result` with it stays small.
+    pub body: Box<ErrorBody>,
 }
 
 impl fmt::Display for ApiError {
@@ -197,7 +198,7 @@ impl ApiError {
     ) -> ApiError {
         ApiError {
             status,
-            body: ErrorBody::new(kind, code, detail.to_string()),
+            body: Box::new(ErrorBody::new(kind, code, detail.to_string())),
         }
     }
 
