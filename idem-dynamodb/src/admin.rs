@@ -9,15 +9,21 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use idem_core::store::support::{key_from_hex, live_records, store_stats, Smallest};
 use idem_core::{
-    Error, Key, ListQuery, ListState, Record, StoreAdmin, StoreError, StoreErrorKind, StoreStats,
+    AbandonedQuery, Error, Key, ListQuery, ListState, Record, RecordState, StoreAdmin, StoreError,
+    StoreErrorKind, StoreStats, UncertainOperation,
 };
 
-use crate::item::{number, time_of, COMPLETED, EXPIRES, IN_PROGRESS, PK, STATE};
+use crate::item::{number, time_of, EXPIRES, IN_PROGRESS, PK, RETAINED, STATE, UNCERTAIN};
 use crate::store::{DynamoStore, Inner};
 
-/// A live record: its lease or retention has not ended for a node within the clock-skew margin
-/// (`:cutoff` is now minus the margin), as [`Store::get`](idem_core::Store::get) judges it.
-const LIVE: &str = "expires_ms > :cutoff";
+/// A live record: it holds its key for a node within the clock-skew margin (`:cutoff` is now
+/// minus the margin), as [`Store::get`](idem_core::Store::get) judges it: its lease, retention
+/// or tombstone has not ended, or it is an uncertain claim.
+const LIVE: &str = "(expires_ms > :cutoff OR attribute_exists(uncertain))";
+
+/// An uncertain claim whose lease has ended for every node within the margin.
+const UNCERTAIN_LAPSED: &str =
+    "state_n = :in_progress AND attribute_exists(uncertain) AND expires_ms <= :cutoff";
 
 impl DynamoStore {
     /// The version of the item layout this store writes (the attributes in the
@@ -135,6 +141,14 @@ fn number_of(item: &Attrs, name: &str) -> Result<i64, Error> {
 /// [`prune_expired`](idem_core::Store::prune_expired) has deleted yet. `table_bytes` is DynamoDB's
 /// `TableSizeBytes`, which it updates about every six hours (an emulator may report 0).
 ///
+/// **Past the lease.** An uncertain claim (its lease ended with no completion) still holds its
+/// key: `list` gives it under [`ListState::InProgress`] (read as [`RecordState::Uncertain`]) and
+/// `stats` counts it in `in_progress`. A tombstone (a completion past its retention, within its
+/// `key_retention`, its response dropped by `prune_expired` or not yet) is listed under
+/// [`ListState::Completed`] (read as [`RecordState::Expired`]) and counted in `completed`.
+/// Neither counts as `expired`, and neither takes part in `oldest_expiry`, whose end has passed:
+/// that is the earliest end still to come of a running lease or a retention.
+///
 /// ```no_run
 /// use idem::{DynamoStore, ListQuery, ListState, StoreAdmin};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
@@ -154,15 +168,19 @@ impl StoreAdmin for DynamoStore {
         if query.limit > 0 {
             let mut filter = LIVE.to_owned();
             let mut values = HashMap::from([(":cutoff".to_owned(), number(s.cutoff_ms()))]);
-            if let Some(state) = query.state {
-                filter.push_str(" AND state_n = :state");
-                let code = match state {
-                    ListState::InProgress => IN_PROGRESS,
-                    ListState::Completed => COMPLETED,
-                    // A state added to idem-core later: this store lists none of it.
-                    _ => return Ok(Vec::new()),
-                };
-                values.insert(":state".to_owned(), AttributeValue::N(code.to_owned()));
+            match query.state {
+                None => {}
+                Some(ListState::InProgress) => {
+                    filter.push_str(" AND state_n = :running");
+                    values.insert(":running".to_owned(), number(0));
+                }
+                // Tombstones too, stripped of their response or not.
+                Some(ListState::Completed) => {
+                    filter.push_str(" AND state_n <> :running");
+                    values.insert(":running".to_owned(), number(0));
+                }
+                // A state added to idem-core later: this store lists none of it.
+                Some(_) => return Ok(Vec::new()),
             }
             if let Some(after) = query.after {
                 filter.push_str(" AND pk > :after");
@@ -184,21 +202,36 @@ impl StoreAdmin for DynamoStore {
         let cutoff = s.cutoff_ms();
         let (mut in_progress, mut completed, mut expired) = (0u64, 0u64, 0u64);
         let mut oldest: Option<i64> = None;
-        let projection = format!("{PK}, {STATE}, {EXPIRES}");
+        let projection = format!("{PK}, {STATE}, {EXPIRES}, {UNCERTAIN}, {RETAINED}");
         s.scan_all(None, &projection, HashMap::new(), |items| {
             for item in &items {
                 let expires_ms = number_of(item, EXPIRES)?;
                 let state = number_of(item, STATE)?;
-                if expires_ms <= cutoff {
+                let uncertain = matches!(item.get(UNCERTAIN), Some(AttributeValue::Bool(true)));
+                if expires_ms <= cutoff && !(state == 0 && uncertain) {
                     expired += 1;
                     continue;
                 }
-                match state {
-                    0 => in_progress += 1,
-                    1 => completed += 1,
-                    _ => return Err(malformed(item.get(PK), "its state is neither 0 nor 1")),
+                // The end still to come of a lease or a retention, if any: not an uncertain
+                // claim's, nor a tombstone's.
+                let ends = match state {
+                    0 => {
+                        in_progress += 1;
+                        Some(expires_ms).filter(|e| *e > cutoff)
+                    }
+                    1 | 2 => {
+                        completed += 1;
+                        let retention = match item.get(RETAINED) {
+                            Some(_) => number_of(item, RETAINED)?,
+                            None => expires_ms,
+                        };
+                        Some(retention).filter(|e| state == 1 && *e > cutoff)
+                    }
+                    _ => return Err(malformed(item.get(PK), "its state is not 0, 1 or 2")),
+                };
+                if let Some(end) = ends {
+                    oldest = Some(oldest.map_or(end, |o| o.min(end)));
                 }
-                oldest = Some(oldest.map_or(expires_ms, |o| o.min(expires_ms)));
             }
             Ok(())
         })
@@ -225,6 +258,54 @@ impl StoreAdmin for DynamoStore {
 
     async fn schema_version(&self) -> Result<i64, Error> {
         Ok(DynamoStore::SCHEMA_VERSION)
+    }
+}
+
+impl DynamoStore {
+    /// [`Store::find_uncertain`](idem_core::Store::find_uncertain): a `Scan` of the whole table
+    /// as `list`'s, filtered on the server to uncertain claims whose lease ended (for every node
+    /// within the margin) after `after`, keeping the `limit` smallest keys, then one consistent
+    /// `GetItem` per key kept, so that each operation returned is uncertain when read (one
+    /// resolved meanwhile is left out).
+    pub(crate) async fn uncertain_page(
+        &self,
+        query: AbandonedQuery<'_>,
+    ) -> Result<Vec<UncertainOperation>, Error> {
+        let s = &*self.inner;
+        let mut page = Smallest::new(query.after, query.limit);
+        if query.limit > 0 {
+            let mut filter = UNCERTAIN_LAPSED.to_owned();
+            let mut values = HashMap::from([
+                (":cutoff".to_owned(), number(s.cutoff_ms())),
+                (
+                    ":in_progress".to_owned(),
+                    AttributeValue::N(IN_PROGRESS.to_owned()),
+                ),
+            ]);
+            if let Some(after) = query.after {
+                filter.push_str(" AND pk > :after");
+                values.insert(":after".to_owned(), AttributeValue::S(after.to_string()));
+            }
+            s.scan_all(Some(&filter), PK, values, |items| {
+                for item in &items {
+                    page.offer(key_of(item)?);
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(live_records(self, page.into_keys())
+            .await?
+            .into_iter()
+            .filter_map(|record| match record.state {
+                RecordState::Uncertain { token, since } => Some(UncertainOperation {
+                    key: record.key,
+                    token,
+                    since,
+                }),
+                _ => None,
+            })
+            .collect())
     }
 }
 

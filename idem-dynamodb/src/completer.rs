@@ -19,7 +19,8 @@ impl Inner {
     /// for steps items with an input (what the filter keeps is returned, and what it drops is
     /// still read), then each candidate after `after`, smallest key first, costs one
     /// `GetItem` until `limit` are found. An operation is abandoned when its record is gone, or
-    /// in progress past its lease and the clock-skew margin (when a claim may take it over).
+    /// in progress past its lease and the clock-skew margin (when a claim may take it over) and
+    /// not uncertain.
     pub(crate) async fn find_abandoned(
         &self,
         query: AbandonedQuery<'_>,
@@ -48,10 +49,13 @@ impl Inner {
             if found.len() >= limit {
                 break;
             }
+            // An uncertain operation always holds its key: it is for its resolution, never run
+            // again by a completer.
             let unheld = match self.read(&key).await? {
                 None => true,
                 Some(item) => {
-                    matches!(item.state, State::InProgress) && !self.is_live(&item, self.now_ms())
+                    matches!(item.state, State::InProgress { .. })
+                        && !self.holds_key(&item, self.now_ms())
                 }
             };
             if unheld {

@@ -17,11 +17,20 @@ pub(crate) const PK: &str = "pk";
 pub(crate) const TOKEN: &str = "token_b";
 /// The request's fingerprint, 32 bytes, when one was given.
 pub(crate) const FINGERPRINT: &str = "fingerprint_b";
-/// 0 in progress, 1 completed.
+/// 0 in progress, 1 completed, 2 a tombstone whose response `prune_expired` dropped.
 pub(crate) const STATE: &str = "state_n";
-/// Lease end (in progress) or retention end (completed), in milliseconds since the epoch, on
-/// the writing node's clock.
+/// Lease end (in progress), or the end of a completed record: its retention's, or its
+/// tombstone's when it has one; in milliseconds since the epoch, on the writing node's clock.
 pub(crate) const EXPIRES: &str = "expires_ms";
+/// The retention's end of a completion with a tombstone (its `key_retention`, in whole
+/// seconds, is `expires_ms` less this), in milliseconds since the epoch.
+pub(crate) const RETAINED: &str = "retained_ms";
+/// `true` on a claim that becomes uncertain if its lease ends
+/// ([`OnLapse::Uncertain`](idem_core::OnLapse::Uncertain)); absent otherwise.
+pub(crate) const UNCERTAIN: &str = "uncertain";
+/// A running claim's `ttl_s` as an ordinary claim: what `ttl_s` becomes again when a step
+/// write sets an uncertain claim back to release.
+pub(crate) const LAPSE_TTL: &str = "lapse_ttl_s";
 /// The stored response, once completed with one.
 pub(crate) const RESPONSE: &str = "response_b";
 /// Whether the response is an error result.
@@ -31,6 +40,7 @@ pub(crate) const TTL: &str = "ttl_s";
 
 pub(crate) const IN_PROGRESS: &str = "0";
 pub(crate) const COMPLETED: &str = "1";
+pub(crate) const TOMBSTONE: &str = "2";
 
 /// DynamoDB's limit on one item, 400 KB, counted as the UTF-8 length of every attribute name
 /// plus the size of every value; taken as 400,000 bytes. AWS documents "400 KB" and takes up to
@@ -89,7 +99,8 @@ pub(crate) fn max_response_bytes() -> usize {
 
 /// The size DynamoDB counts for a completed item with a response of `response` bytes: every
 /// attribute name, the key, token, fingerprint and response bytes, and numbers at their largest
-/// (21 bytes). An overestimate by a few bytes at most, so an item it admits is never refused.
+/// (21 bytes), with a tombstone's retention end. An overestimate by a few bytes at most, so an
+/// item it admits is never refused.
 pub(crate) fn completed_size(response: usize) -> usize {
     const NUMBER: usize = 21;
     PK.len()
@@ -103,6 +114,8 @@ pub(crate) fn completed_size(response: usize) -> usize {
         + EXPIRES.len()
         + NUMBER
         + TTL.len()
+        + NUMBER
+        + RETAINED.len()
         + NUMBER
         + IS_ERROR.len()
         + 1
@@ -130,10 +143,21 @@ pub(crate) struct Item {
 }
 
 pub(crate) enum State {
-    InProgress,
+    InProgress {
+        /// It becomes uncertain if its lease ends.
+        uncertain: bool,
+    },
     Completed {
         response: Option<Vec<u8>>,
         is_error: bool,
+        /// The retention's end, when a tombstone follows it (`expires_ms` is then the
+        /// tombstone's end).
+        retained_ms: Option<i64>,
+    },
+    /// A completion past its retention whose response `prune_expired` dropped.
+    Tombstone {
+        /// The retention's end.
+        retained_ms: i64,
     },
 }
 
@@ -170,8 +194,25 @@ impl Item {
                 .map_err(|_| corrupt(key, format_args!("expiry `{n}` is not an integer")))?,
             _ => return Err(corrupt(key, "no numeric expiry")),
         };
+        let retained_ms = match attrs.get(RETAINED) {
+            None => None,
+            Some(AttributeValue::N(n)) => Some(n.parse::<i64>().map_err(|_| {
+                corrupt(key, format_args!("retention end `{n}` is not an integer"))
+            })?),
+            Some(_) => return Err(corrupt(key, "retention end is not a number")),
+        };
         let state = match attrs.get(STATE) {
-            Some(AttributeValue::N(n)) if n == IN_PROGRESS => State::InProgress,
+            Some(AttributeValue::N(n)) if n == IN_PROGRESS => State::InProgress {
+                uncertain: match attrs.get(UNCERTAIN) {
+                    None => false,
+                    Some(AttributeValue::Bool(b)) => *b,
+                    Some(_) => return Err(corrupt(key, "uncertain is not a boolean")),
+                },
+            },
+            Some(AttributeValue::N(n)) if n == TOMBSTONE => State::Tombstone {
+                retained_ms: retained_ms
+                    .ok_or_else(|| corrupt(key, "a tombstone has no retention end"))?,
+            },
             Some(AttributeValue::N(n)) if n == COMPLETED => State::Completed {
                 response: match attrs.remove(RESPONSE) {
                     None | Some(AttributeValue::Null(_)) => None,
@@ -183,6 +224,7 @@ impl Item {
                     Some(AttributeValue::Bool(b)) => *b,
                     Some(_) => return Err(corrupt(key, "is_error is not a boolean")),
                 },
+                retained_ms,
             },
             Some(AttributeValue::N(n)) => {
                 return Err(corrupt(key, format_args!("unknown state {n}")))
@@ -197,25 +239,56 @@ impl Item {
         })
     }
 
-    /// The record as `get` returns it.
-    pub(crate) fn into_record(self, key: &Key) -> Record {
-        let expires_at = time_of(self.expires_ms);
+    /// Whether the item still holds its key for a node whose clock, less the clock-skew
+    /// margin, reads `cutoff_ms`: an uncertain claim always (lapsed or not), any other until
+    /// its `expires_ms` (a lease, a retention, a tombstone).
+    pub(crate) fn holds_key(&self, cutoff_ms: i64) -> bool {
+        matches!(self.state, State::InProgress { uncertain: true }) || self.expires_ms > cutoff_ms
+    }
+
+    /// The record as `get` returns it, for an item that [holds its key](Self::holds_key) at
+    /// `cutoff_ms`: a claim past its lease (and the margin) is uncertain; a completion past its
+    /// retention (and the margin), or stripped of its response, is a tombstone.
+    pub(crate) fn into_record(self, key: &Key, cutoff_ms: i64) -> Record {
+        let state = match self.state {
+            State::InProgress { .. } if self.expires_ms > cutoff_ms => RecordState::InProgress {
+                token: self.token,
+                lease_until: time_of(self.expires_ms),
+            },
+            State::InProgress { .. } => RecordState::Uncertain {
+                token: self.token,
+                since: time_of(self.expires_ms),
+            },
+            State::Tombstone { retained_ms } => RecordState::Expired {
+                since: time_of(retained_ms),
+            },
+            State::Completed {
+                retained_ms: Some(retained_ms),
+                ..
+            } if retained_ms <= cutoff_ms => RecordState::Expired {
+                since: time_of(retained_ms),
+            },
+            State::Completed {
+                response,
+                is_error,
+                retained_ms,
+            } => RecordState::Completed(StoredResult {
+                response,
+                is_error,
+                expires_at: time_of(retained_ms.unwrap_or(self.expires_ms)),
+                not_retained: None,
+            }),
+        };
         Record {
             key: *key,
             fingerprint: self.fingerprint,
-            state: match self.state {
-                State::InProgress => RecordState::InProgress {
-                    token: self.token,
-                    lease_until: expires_at,
-                },
-                State::Completed { response, is_error } => RecordState::Completed(StoredResult {
-                    response,
-                    is_error,
-                    expires_at,
-                    not_retained: None,
-                }),
-            },
+            state,
         }
+    }
+
+    /// Whether the item is a completion (with its response, or a tombstone without it).
+    pub(crate) fn is_completed(&self) -> bool {
+        !matches!(self.state, State::InProgress { .. })
     }
 }
 

@@ -5,7 +5,9 @@
 //! from the last write) and per step `p:<name>` (its position) and, once finished, `f:<name>`
 //! (its result). Every write is a `TransactWriteItems` of a `ConditionCheck` that the record is
 //! in progress under the claim's token and the `Update` of the steps item, so a claim that was
-//! taken over writes nothing.
+//! taken over writes nothing. A step write with `on_lapse` changes the record instead of only
+//! checking it: an `Update` under the same condition that sets or removes its `uncertain` flag
+//! (and its `ttl_s` with it), in the same transaction.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,13 +19,16 @@ use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, TransactWrite
 
 use idem_core::adapter::{atomic_step, StepsOf};
 use idem_core::{
-    Claim, Codec, Error, Key, StepLog, StepRecord, StepState, StepWrite, Steps, StoreError,
-    StoreErrorKind,
+    Claim, Codec, Error, Key, OnLapse, StepLog, StepRecord, StepState, StepWrite, Steps,
+    StoreError, StoreErrorKind,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::item::{number, pk, token, ttl_seconds, State, EXPIRES, IN_PROGRESS, PK, TOKEN, TTL};
+use crate::item::{
+    number, pk, token, ttl_seconds, State, EXPIRES, IN_PROGRESS, LAPSE_TTL, PK, TOKEN, TTL,
+    UNCERTAIN,
+};
 use crate::store::{DynamoStore, Inner, OWNED_IN_PROGRESS};
 
 /// The attempts counted.
@@ -98,8 +103,12 @@ impl Inner {
             .set_item(Some(item))
             .build()
             .map_err(build_error)?;
-        self.fenced_steps_write(claim, TransactWriteItem::builder().put(put).build())
-            .await?;
+        self.fenced_steps_writes(
+            claim,
+            None,
+            vec![TransactWriteItem::builder().put(put).build()],
+        )
+        .await?;
         Ok(StepLog { attempt, steps })
     }
 
@@ -137,7 +146,7 @@ impl Inner {
         let update = update.build().map_err(build_error)?;
         let mut writes = vec![TransactWriteItem::builder().update(update).build()];
         writes.extend(items);
-        self.fenced_steps_writes(claim, writes).await
+        self.fenced_steps_writes(claim, step.on_lapse, writes).await
     }
 
     /// The update of `claim`'s steps item, with its new retention (`:expires`, `:ttl`).
@@ -155,34 +164,60 @@ impl Inner {
             .expression_attribute_values(":ttl", ttl_seconds(expires_ms, self.margin_ms))
     }
 
-    /// Runs `write` in one transaction with the check that `claim` still holds its record.
-    /// A cancelled transaction whose record is no longer ours is `LeaseLost`; one cancelled for
-    /// another reason (a conflicting transaction) is a passing store error.
-    async fn fenced_steps_write(
-        &self,
-        claim: &Claim,
-        write: TransactWriteItem,
-    ) -> Result<(), Error> {
-        self.fenced_steps_writes(claim, vec![write]).await
-    }
-
-    /// [`fenced_steps_write`](Self::fenced_steps_write) of several writes: the steps item's
-    /// first, then a caller's. A caller's write whose own condition failed cancels the whole
-    /// transaction and is a [`StoreErrorKind::Query`] error naming it.
+    /// Runs `writes` (the steps item's first, then a caller's) in one transaction with the check
+    /// that `claim` still holds its record: a `ConditionCheck`, or with `on_lapse` an `Update` of
+    /// the record under the same condition that sets what it becomes on lapse. A cancelled
+    /// transaction whose record is no longer ours is `LeaseLost`; one cancelled for another
+    /// reason (a conflicting transaction) is a passing store error. A caller's write whose own
+    /// condition failed cancels the whole transaction and is a [`StoreErrorKind::Query`] error
+    /// naming it.
     async fn fenced_steps_writes(
         &self,
         claim: &Claim,
+        on_lapse: Option<OnLapse>,
         writes: Vec<TransactWriteItem>,
     ) -> Result<(), Error> {
-        let fence = ConditionCheck::builder()
-            .table_name(&self.table)
-            .key(PK, pk(claim.key()))
-            .condition_expression(OWNED_IN_PROGRESS)
-            .expression_attribute_values(":token", token(claim.token()))
-            .expression_attribute_values(":in_progress", AttributeValue::N(IN_PROGRESS.to_owned()))
-            .build()
-            .map_err(build_error)?;
-        let mut items = vec![TransactWriteItem::builder().condition_check(fence).build()];
+        let fence = match on_lapse {
+            None => TransactWriteItem::builder()
+                .condition_check(
+                    ConditionCheck::builder()
+                        .table_name(&self.table)
+                        .key(PK, pk(claim.key()))
+                        .condition_expression(OWNED_IN_PROGRESS)
+                        .expression_attribute_values(":token", token(claim.token()))
+                        .expression_attribute_values(
+                            ":in_progress",
+                            AttributeValue::N(IN_PROGRESS.to_owned()),
+                        )
+                        .build()
+                        .map_err(build_error)?,
+                )
+                .build(),
+            Some(on_lapse) => {
+                let update = Update::builder()
+                    .table_name(&self.table)
+                    .key(PK, pk(claim.key()))
+                    .condition_expression(OWNED_IN_PROGRESS)
+                    .expression_attribute_values(":token", token(claim.token()))
+                    .expression_attribute_values(
+                        ":in_progress",
+                        AttributeValue::N(IN_PROGRESS.to_owned()),
+                    );
+                let update = match on_lapse {
+                    // `ttl_s` not a number: DynamoDB's TTL leaves the claim alone.
+                    OnLapse::Uncertain => update
+                        .update_expression(format!("SET {UNCERTAIN} = :yes, {TTL} = :yes"))
+                        .expression_attribute_values(":yes", AttributeValue::Bool(true)),
+                    // The lease's own TTL again, which every renewal keeps in `lapse_ttl_s`.
+                    _ => update
+                        .update_expression(format!("SET {TTL} = {LAPSE_TTL} REMOVE {UNCERTAIN}")),
+                };
+                TransactWriteItem::builder()
+                    .update(update.build().map_err(build_error)?)
+                    .build()
+            }
+        };
+        let mut items = vec![fence];
         items.extend(writes);
         let sent = self
             .client
@@ -216,7 +251,7 @@ impl Inner {
                 match self.read(claim.key()).await? {
                     Some(item)
                         if item.token == claim.token()
-                            && matches!(item.state, State::InProgress) =>
+                            && matches!(item.state, State::InProgress { .. }) =>
                     {
                         Err(Error::Store(StoreError::new(
                             StoreErrorKind::Transient,

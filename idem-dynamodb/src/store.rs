@@ -14,13 +14,13 @@ use aws_sdk_dynamodb::Client;
 use idem_core::store::support::{self, check_duration, check_fingerprint, LAPSED_CLAIMS_KEPT_MS};
 use idem_core::{
     Abandoned, AbandonedQuery, Claim, ClaimOutcome, ClaimRequest, Clock, Completion, Error,
-    Fingerprint, Key, Record, StepLog, StepWrite, Store, StoreError, StoreErrorKind, StoredResult,
-    SystemClock, Token,
+    Fingerprint, Key, OnLapse, Record, RecordState, StepLog, StepWrite, Store, StoreError,
+    StoreErrorKind, SystemClock, Token, UncertainOperation,
 };
 
 use crate::item::{
-    duration_millis, millis, number, pk, time_of, token, ttl_seconds, Item, State, COMPLETED,
-    EXPIRES, FINGERPRINT, IN_PROGRESS, PK, STATE, TOKEN, TTL,
+    duration_millis, millis, number, pk, token, ttl_seconds, Item, COMPLETED, EXPIRES, FINGERPRINT,
+    IN_PROGRESS, LAPSE_TTL, PK, STATE, TOKEN, TOMBSTONE, TTL, UNCERTAIN,
 };
 use crate::{errors, item, table};
 
@@ -40,17 +40,33 @@ const PRUNE_PAGE: i32 = 1_000;
 // The expressions, written once. `:cutoff` is "now minus the clock-skew margin" in epoch
 // milliseconds: a record whose expiry is at or before it has ended for every node whose clock is
 // at most the margin ahead of the writer's.
-const CLAIM_CONDITION: &str = "attribute_not_exists(pk) OR expires_ms <= :cutoff";
+/// A claim takes the key when it has no item, or one that ended and is not an uncertain claim
+/// (which never ends by itself). A completed record's `expires_ms` is its tombstone's end when
+/// it has one.
+const CLAIM_CONDITION: &str =
+    "attribute_not_exists(pk) OR (expires_ms <= :cutoff AND attribute_not_exists(uncertain))";
 pub(crate) const OWNED_IN_PROGRESS: &str = "token_b = :token AND state_n = :in_progress";
-const COMPLETE_WITH_RESPONSE: &str =
-    "SET state_n = :completed, expires_ms = :expires, ttl_s = :ttl, is_error = :is_error, response_b = :response";
-const COMPLETE_WITHOUT_RESPONSE: &str =
-    "SET state_n = :completed, expires_ms = :expires, ttl_s = :ttl, is_error = :is_error REMOVE response_b";
-const RENEW: &str = "SET expires_ms = :expires, ttl_s = :ttl";
-/// What `prune_expired` deletes: ended retentions and ended steps items (no `state_n`), and
-/// claims that lapsed longer ago than a late holder may still complete them
-/// ([`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT), `:lapsed`).
-const EXPIRED: &str = "expires_ms <= :cutoff AND (attribute_not_exists(state_n) OR state_n <> :in_progress OR expires_ms <= :lapsed)";
+/// What a completion sets and removes; `{}` are the response's and the tombstone's parts.
+const COMPLETE: &str =
+    "SET state_n = :completed, expires_ms = :expires, ttl_s = :ttl, is_error = :is_error";
+/// A renewal: an uncertain claim's `ttl_s` stays what its `uncertain` holds (`true`, not a
+/// number, which DynamoDB's TTL ignores); an ordinary one's moves with the lease.
+const RENEW: &str =
+    "SET expires_ms = :expires, lapse_ttl_s = :ttl, ttl_s = if_not_exists(uncertain, :ttl)";
+/// Which record `take_uncertain` takes over: an uncertain claim of the token, lapsed for every
+/// node within the margin.
+const UNCERTAIN_LAPSED: &str = "token_b = :token AND state_n = :in_progress AND attribute_exists(uncertain) AND expires_ms <= :cutoff";
+const TAKE_UNCERTAIN: &str = "SET token_b = :new, expires_ms = :expires, lapse_ttl_s = :ttl";
+/// What `prune_expired` deletes: ended records (a completed one's `expires_ms` is its
+/// tombstone's end when it has one) and ended steps items (no `state_n`), and claims that
+/// lapsed longer ago than a late holder may still complete them
+/// ([`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT), `:lapsed`); never an uncertain claim.
+const EXPIRED: &str = "expires_ms <= :cutoff AND attribute_not_exists(uncertain) AND (attribute_not_exists(state_n) OR state_n <> :in_progress OR expires_ms <= :lapsed)";
+/// What `prune_expired` strips of its response: a completion whose retention ended before its
+/// tombstone does.
+const TO_STRIP: &str = "state_n = :completed AND retained_ms <= :cutoff";
+/// The strip: the item becomes a tombstone without the result's bytes.
+const STRIP: &str = "SET state_n = :tombstone REMOVE response_b";
 
 /// The values [`EXPIRED`] names, at `now_ms` on this node's clock.
 fn expired_values(margin_ms: i64, now_ms: i64) -> HashMap<String, AttributeValue> {
@@ -66,6 +82,33 @@ fn expired_values(margin_ms: i64, now_ms: i64) -> HashMap<String, AttributeValue
             number(cutoff.saturating_sub(LAPSED_CLAIMS_KEPT_MS)),
         ),
     ])
+}
+
+/// The values [`TO_STRIP`] and [`STRIP`] name, at `now_ms` on this node's clock.
+fn strip_values(margin_ms: i64, now_ms: i64) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        (
+            ":cutoff".to_owned(),
+            number(now_ms.saturating_sub(margin_ms)),
+        ),
+        (
+            ":completed".to_owned(),
+            AttributeValue::N(COMPLETED.to_owned()),
+        ),
+        (
+            ":tombstone".to_owned(),
+            AttributeValue::N(TOMBSTONE.to_owned()),
+        ),
+    ])
+}
+
+/// `d` in whole seconds, rounded up (a tombstone's length as the stores keep it), in
+/// milliseconds.
+fn whole_seconds_ms(d: Duration) -> i64 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i64::try_from(secs)
+        .unwrap_or(i64::MAX / 1000)
+        .saturating_mul(1000)
 }
 
 /// The `ttl_s` of a claim whose lease ends at `lease_end_ms`: DynamoDB's own deletion leaves it
@@ -135,26 +178,31 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 /// | `pk` | S (hash key) | the record's key, 64 hex digits |
 /// | `token_b` | B | the claim's random 128-bit fencing token |
 /// | `fingerprint_b` | B | the request's fingerprint, when given |
-/// | `state_n` | N | 0 in progress, 1 completed |
-/// | `expires_ms` | N | lease end (in progress) or retention end (completed), epoch milliseconds on the writer's clock |
-/// | `response_b` | B | the stored response, once completed with one |
+/// | `state_n` | N | 0 in progress, 1 completed, 2 a tombstone whose response `prune_expired` dropped |
+/// | `expires_ms` | N | lease end (in progress), or the end of a completed record: its retention's, or with a `key_retention` its tombstone's; epoch milliseconds on the writer's clock |
+/// | `retained_ms` | N | with a `key_retention`: the retention's end (the tombstone, in whole seconds rounded up, is `expires_ms` less this) |
+/// | `uncertain` | BOOL | `true` on a claim that becomes uncertain if its lease ends ([`OnLapse::Uncertain`]); absent otherwise |
+/// | `lapse_ttl_s` | N | a running claim's TTL as an ordinary claim, kept by every claim and renewal, for a step write that sets an uncertain claim back to release |
+/// | `response_b` | B | the stored response, once completed with one; dropped from a tombstone |
 /// | `is_error` | BOOL | whether the response is an error result |
-/// | `ttl_s` | N | epoch seconds after which DynamoDB's TTL may delete the item: the retention's end; for a claim, [`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT) after its lease's end, so that a late holder can still complete it |
+/// | `ttl_s` | N, or BOOL | epoch seconds after which DynamoDB's TTL may delete the item: the end of the retention, or of the tombstone; for a claim, [`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT) after its lease's end, so that a late holder can still complete it. `true` on an uncertain claim: not a number, so DynamoDB's TTL leaves the item alone (as AWS documents for a TTL attribute of another type) |
 ///
 /// # Round trips
 ///
 /// | call | requests |
 /// |---|---|
-/// | `start`, new or expired key | 1: `PutItem` conditioned on `attribute_not_exists(pk) OR expires_ms <= :cutoff` |
-/// | `start`, live key (replay, locked, key reused) | the same 1 `PutItem`: its condition fails and, with `ReturnValuesOnConditionCheckFailure=ALL_OLD`, returns the live item that decides the outcome |
+/// | `start`, new or expired key | 1: `PutItem` conditioned on `attribute_not_exists(pk) OR (expires_ms <= :cutoff AND attribute_not_exists(uncertain))` |
+/// | `start`, live key (replay, locked, uncertain, tombstone, key reused) | the same 1 `PutItem`: its condition fails and, with `ReturnValuesOnConditionCheckFailure=ALL_OLD`, returns the live item that decides the outcome |
 /// | `complete` | 1: `UpdateItem` conditioned on the token and the in-progress state; a failed condition returns the old item, which tells "already completed by this claim" (Ok) from a lost lease |
-/// | `renew` | 1: `UpdateItem` conditioned on the token and the in-progress state |
+/// | `renew` | 1: `UpdateItem` conditioned on the token and the in-progress state (`ttl_s = if_not_exists(uncertain, :ttl)`: an uncertain claim's stays `true`) |
+/// | `take_uncertain` | 1: `UpdateItem` of the token and lease, conditioned on the token, the in-progress state, `uncertain` and the lease's end (with the margin) |
+/// | `find_uncertain` | a `Scan` of the whole table as `list`'s, filtered to lapsed uncertain claims, then one consistent `GetItem` per operation returned |
 /// | `abort` | 1: `DeleteItem` conditioned on the token and the in-progress state |
 /// | `get` | 1: `GetItem` with a strongly consistent read |
 /// | `evict` | 2: `DeleteItem` of the steps item, then of the record with `ReturnValues=ALL_OLD` |
 /// | `begin_steps` | 2: a consistent `GetItem` of the steps item `<key>:steps`, then a `TransactWriteItems` of a `ConditionCheck` (the record in progress under the claim's token) and a `Put` of the steps item |
-/// | `write_step` | 1: `TransactWriteItems` of the same `ConditionCheck` and an `Update` of the steps item (a finished step's result kept with `if_not_exists`); for [`Steps::dynamo_tx`](crate::DynamoSteps::dynamo_tx), the caller's writes in the same transaction |
-/// | `prune_expired(limit)` | Scan pages (below) plus one conditional `DeleteItem` per expired item |
+/// | `write_step` | 1: `TransactWriteItems` of the same `ConditionCheck` (with `on_lapse`, an `Update` of the record under the same condition that sets or removes `uncertain`, and `ttl_s` with it) and an `Update` of the steps item (a finished step's result kept with `if_not_exists`); for [`Steps::dynamo_tx`](crate::DynamoSteps::dynamo_tx), the caller's writes in the same transaction |
+/// | `prune_expired(limit)` | Scan pages (below) plus one conditional `DeleteItem` per expired item and one conditional `UpdateItem` per tombstone it strips |
 /// | [`StoreAdmin`](idem_core::StoreAdmin) `list`, `stats` | a `Scan` of the whole table each ([below](#impl-StoreAdmin-for-DynamoStore)) |
 ///
 /// A server that does not return the old item with a failed condition (DynamoDB does; an old
@@ -192,9 +240,9 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 /// # Item size: the 400 KB rule
 ///
 /// DynamoDB refuses items larger than 400 KB. The store says how large a response fits in one
-/// item beside the rest of the record ([`Store::max_response_bytes`], 399,762 bytes), and the
+/// item beside the rest of the record ([`Store::max_response_bytes`], 399,730 bytes), and the
 /// engine keeps a result whose stored form is larger as "completed, result not retained" itself,
-/// with the reason ("stored, it is N bytes, more than the store keeps in a record (399762)"):
+/// with the reason ("stored, it is N bytes, more than the store keeps in a record (399730)"):
 /// the caller of the fresh call still gets its result, and every retry gets
 /// [`Error::ResultNotRetained`] until the retention ends, never a second run. `complete` on the
 /// raw store refuses a larger response with a
@@ -211,13 +259,35 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 /// running a pruner; a [`Pruner`](idem_core::Pruner) is optional here. TTL deletions consume no
 /// write capacity, while `prune_expired` pays for its Scan and deletes.
 ///
+/// # Past the lease
+///
+/// (`docs/architecture.md`.) An uncertain claim ([`OnLapse::Uncertain`], or set so by a step
+/// write) is never deleted by DynamoDB's TTL (its `ttl_s` is `true`, not a number) nor by
+/// `prune_expired` (whose condition excludes `uncertain`), and no claim's condition takes it
+/// over: past its lease (and the margin) a claim answers [`ClaimOutcome::Uncertain`] until its
+/// holder completes or aborts it, [`take_uncertain`](Store::take_uncertain) resolves it, or it
+/// is evicted.
+///
+/// A completion with a [`key_retention`](Completion::key_retention) keeps the item until the
+/// tombstone's end (`expires_ms` and `ttl_s`), with the retention's end in `retained_ms`; past
+/// the retention (and the margin) a claim answers [`ClaimOutcome::Expired`] and `get` reads
+/// [`RecordState::Expired`], never the response. DynamoDB cannot drop one attribute by itself,
+/// so **the response's bytes stay in the item until `prune_expired` strips them** (a
+/// conditional `UpdateItem` that removes `response_b` and sets `state_n` to 2, counted in what
+/// it returns) or DynamoDB's TTL deletes the whole item at the tombstone's end. Run a
+/// [`Pruner`](idem_core::Pruner) (or `idem prune`) where the result's bytes must go when the
+/// retention ends. A stripped tombstone is at most 200 bytes as DynamoDB counts item size
+/// (155 without a fingerprint): its key, token, fingerprint, state, three times and `is_error`.
+///
 /// # Pruning
 ///
 /// `prune_expired(limit)` scans the table with the filter `expires_ms <= :cutoff` (for a claim:
-/// its lease ended more than [`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT) ago), in pages of up
-/// to 1,000 evaluated items, examining at most `max(4 × limit, 1000)` items per call, and deletes
-/// each expired item with a `DeleteItem` conditioned on the same expiry (an item claimed again
-/// meanwhile stays). A Scan reads (and bills) every item it examines, live or not, so a call on
+/// its lease ended more than [`LAPSED_CLAIMS_KEPT`](idem_core::LAPSED_CLAIMS_KEPT) ago, and never an
+/// uncertain claim) or `retained_ms <= :cutoff` (a tombstone that still has its response), in
+/// pages of up to 1,000 evaluated items, examining at most `max(4 × limit, 1000)` items per
+/// call, and deletes each expired item with a `DeleteItem` conditioned on the same expiry (an
+/// item claimed again meanwhile stays), or strips a tombstone's response with an `UpdateItem`
+/// conditioned likewise; both count towards `limit` and the number returned. A Scan reads (and bills) every item it examines, live or not, so a call on
 /// a large table is expensive: prefer TTL, and prune rarely if at all. Successive calls continue
 /// where the previous one stopped, so a call returning less than `limit` may have stopped at
 /// its examination budget rather than at the end of the table; the next call goes on from there.
@@ -544,8 +614,10 @@ impl Inner {
         number(now_ms.saturating_sub(self.margin_ms))
     }
 
-    pub(crate) fn is_live(&self, item: &Item, now_ms: i64) -> bool {
-        item.expires_ms > now_ms.saturating_sub(self.margin_ms)
+    /// Whether `item` holds its key at `now_ms` on this node's clock (less the margin): see
+    /// [`Item::holds_key`].
+    pub(crate) fn holds_key(&self, item: &Item, now_ms: i64) -> bool {
+        item.holds_key(now_ms.saturating_sub(self.margin_ms))
     }
 
     pub(crate) fn error<E>(
@@ -566,27 +638,31 @@ impl Inner {
     /// What a duplicate `start` gets from the live item it met.
     fn duplicate(
         &self,
+        key: &Key,
         item: Item,
         fingerprint: Option<&Fingerprint>,
         now_ms: i64,
     ) -> Result<ClaimOutcome, Error> {
         check_fingerprint(item.fingerprint.as_ref(), fingerprint)?;
-        Ok(match item.state {
-            State::InProgress => ClaimOutcome::Locked {
-                // Until the lease ends; once it has, until this node may take it over.
-                retry_after: if item.expires_ms > now_ms {
-                    remaining(item.expires_ms, now_ms)
-                } else {
-                    remaining(item.expires_ms.saturating_add(self.margin_ms), now_ms)
+        let expires_ms = item.expires_ms;
+        Ok(
+            match item
+                .into_record(key, now_ms.saturating_sub(self.margin_ms))
+                .state
+            {
+                RecordState::InProgress { .. } => ClaimOutcome::Locked {
+                    // Until the lease ends; once it has, until this node may take it over.
+                    retry_after: if expires_ms > now_ms {
+                        remaining(expires_ms, now_ms)
+                    } else {
+                        remaining(expires_ms.saturating_add(self.margin_ms), now_ms)
+                    },
                 },
+                RecordState::Uncertain { since, .. } => ClaimOutcome::Uncertain { since },
+                RecordState::Completed(result) => ClaimOutcome::Completed(result),
+                RecordState::Expired { since } => ClaimOutcome::Expired { since },
             },
-            State::Completed { response, is_error } => ClaimOutcome::Completed(StoredResult {
-                response,
-                is_error,
-                expires_at: time_of(item.expires_ms),
-                not_retained: None,
-            }),
-        })
+        )
     }
 
     /// One consistent read of `key`'s item, decoded.
@@ -616,6 +692,7 @@ impl Store for DynamoStore {
         let (key, fingerprint) = (request.key, request.fingerprint);
         let s = &*self.inner;
         let lease_ms = duration_millis(request.lease);
+        let uncertain = request.on_lapse == OnLapse::Uncertain;
         for _ in 0..CLAIM_ATTEMPTS {
             let now_ms = s.now_ms();
             let expires_ms = now_ms.saturating_add(lease_ms);
@@ -631,7 +708,15 @@ impl Store for DynamoStore {
             }
             item.insert(STATE.to_owned(), AttributeValue::N(IN_PROGRESS.to_owned()));
             item.insert(EXPIRES.to_owned(), number(expires_ms));
-            item.insert(TTL.to_owned(), lapsed_ttl(expires_ms, s.margin_ms));
+            let ttl = lapsed_ttl(expires_ms, s.margin_ms);
+            if uncertain {
+                // Not a number: DynamoDB's TTL never deletes the item (see "Item").
+                item.insert(UNCERTAIN.to_owned(), AttributeValue::Bool(true));
+                item.insert(TTL.to_owned(), AttributeValue::Bool(true));
+            } else {
+                item.insert(TTL.to_owned(), ttl.clone());
+            }
+            item.insert(LAPSE_TTL.to_owned(), ttl);
             let put = s
                 .client
                 .put_item()
@@ -666,8 +751,8 @@ impl Store for DynamoStore {
             // ended since (or a read-back item that is gone or expired) is claimed again.
             let now_ms = s.now_ms();
             match old {
-                Some(item) if s.is_live(&item, now_ms) => {
-                    return s.duplicate(item, fingerprint, now_ms);
+                Some(item) if s.holds_key(&item, now_ms) => {
+                    return s.duplicate(key, item, fingerprint, now_ms);
                 }
                 _ => continue,
             }
@@ -685,9 +770,20 @@ impl Store for DynamoStore {
         completion.check()?;
         let s = &*self.inner;
         let now_ms = s.now_ms();
-        let expires_ms = now_ms.saturating_add(duration_millis(completion.retention));
+        let retained_ms = now_ms.saturating_add(duration_millis(completion.retention));
+        let kept_ms = whole_seconds_ms(completion.key_retention);
+        let expires_ms = retained_ms.saturating_add(kept_ms);
         support::check_response_size("DynamoStore", item::max_response_bytes(), &completion)?;
         let response = completion.response;
+        let mut set = COMPLETE.to_owned();
+        let mut remove = format!("{UNCERTAIN}, {LAPSE_TTL}");
+        match response {
+            Some(_) => set.push_str(", response_b = :response"),
+            None => remove.push_str(", response_b"),
+        }
+        if kept_ms > 0 {
+            set.push_str(", retained_ms = :retained");
+        }
         let update = s
             .client
             .update_item()
@@ -700,15 +796,19 @@ impl Store for DynamoStore {
             .expression_attribute_values(":expires", number(expires_ms))
             .expression_attribute_values(":ttl", ttl_seconds(expires_ms, s.margin_ms))
             .expression_attribute_values(":is_error", AttributeValue::Bool(completion.is_error))
+            .update_expression(format!("{set} REMOVE {remove}"))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         let update = match response {
-            Some(bytes) => update
-                .update_expression(COMPLETE_WITH_RESPONSE)
-                .expression_attribute_values(
-                    ":response",
-                    AttributeValue::B(Blob::new(bytes.to_vec())),
-                ),
-            None => update.update_expression(COMPLETE_WITHOUT_RESPONSE),
+            Some(bytes) => update.expression_attribute_values(
+                ":response",
+                AttributeValue::B(Blob::new(bytes.to_vec())),
+            ),
+            None => update,
+        };
+        let update = if kept_ms > 0 {
+            update.expression_attribute_values(":retained", number(retained_ms))
+        } else {
+            update
         };
         let old = match update.send().await {
             Ok(_) => return Ok(()),
@@ -726,11 +826,7 @@ impl Store for DynamoStore {
         };
         // Completed by this very claim before (its answer was lost): the first result stands.
         match old {
-            Some(item)
-                if item.token == claim.token() && matches!(item.state, State::Completed { .. }) =>
-            {
-                Ok(())
-            }
+            Some(item) if item.token == claim.token() && item.is_completed() => Ok(()),
             _ => Err(Error::LeaseLost),
         }
     }
@@ -789,10 +885,10 @@ impl Store for DynamoStore {
     async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
         let s = &*self.inner;
         let item = s.read(key).await?;
-        let now_ms = s.now_ms();
+        let cutoff_ms = s.now_ms().saturating_sub(s.margin_ms);
         Ok(item
-            .filter(|item| s.is_live(item, now_ms))
-            .map(|item| item.into_record(key)))
+            .filter(|item| item.holds_key(cutoff_ms))
+            .map(|item| item.into_record(key, cutoff_ms)))
     }
 
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
@@ -811,24 +907,48 @@ impl Store for DynamoStore {
         Ok(out.attributes.is_some_and(|a| !a.is_empty()))
     }
 
-    // LAPSE-STUB: replaced by this store's own take_uncertain/find_uncertain (issue 42).
     async fn take_uncertain(
         &self,
-        key: &idem_core::Key,
-        token: idem_core::Token,
-        lease: std::time::Duration,
-    ) -> Result<idem_core::Claim, idem_core::Error> {
-        let _ = (token, lease);
-        Err(idem_core::Error::NotUncertain { operation: *key })
+        key: &Key,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, Error> {
+        check_duration("lease", lease)?;
+        let s = &*self.inner;
+        let now_ms = s.now_ms();
+        let expires_ms = now_ms.saturating_add(duration_millis(lease));
+        let new = Token::random();
+        let updated = s
+            .client
+            .update_item()
+            .table_name(&s.table)
+            .key(PK, pk(key))
+            .update_expression(TAKE_UNCERTAIN)
+            .condition_expression(UNCERTAIN_LAPSED)
+            .expression_attribute_values(":token", item::token(token))
+            .expression_attribute_values(":in_progress", AttributeValue::N(IN_PROGRESS.to_owned()))
+            .expression_attribute_values(":cutoff", s.cutoff(now_ms))
+            .expression_attribute_values(":new", item::token(new))
+            .expression_attribute_values(":expires", number(expires_ms))
+            .expression_attribute_values(":ttl", lapsed_ttl(expires_ms, s.margin_ms))
+            .send()
+            .await;
+        match updated {
+            Ok(_) => Ok(Claim::new(*key, new)),
+            Err(SdkError::ServiceError(ctx))
+                if ctx.err().is_conditional_check_failed_exception() =>
+            {
+                Err(Error::NotUncertain { operation: *key })
+            }
+            Err(e) => Err(s.error("UpdateItem", e)),
+        }
     }
 
-    // LAPSE-STUB
     async fn find_uncertain(
         &self,
-        query: idem_core::AbandonedQuery<'_>,
-    ) -> Result<Vec<idem_core::UncertainOperation>, idem_core::Error> {
-        let _ = query;
-        Ok(Vec::new())
+        query: AbandonedQuery<'_>,
+    ) -> Result<Vec<UncertainOperation>, Error> {
+        self.uncertain_page(query).await
     }
 
     async fn find_abandoned(&self, query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error> {
@@ -846,7 +966,8 @@ impl Store for DynamoStore {
         self.write_step_with(claim, step, Vec::new()).await
     }
 
-    /// Ended records and ended steps items alike (both carry `expires_ms`).
+    /// Ended records and ended steps items alike (both carry `expires_ms`), and the responses
+    /// of tombstones whose retention ended (each counted).
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
         let s = &*self.inner;
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
@@ -858,6 +979,12 @@ impl Store for DynamoStore {
             .max(PRUNE_EXAMINE_MIN);
         let now_ms = s.now_ms();
         let values = expired_values(s.margin_ms, now_ms);
+        let strip_values = strip_values(s.margin_ms, now_ms);
+        let mut scan_values = values.clone();
+        scan_values.extend(strip_values.clone());
+        scan_values.remove(":tombstone");
+        let filter = format!("({EXPIRED}) OR ({TO_STRIP})");
+        let cutoff = now_ms.saturating_sub(s.margin_ms);
         let mut start = s
             .prune_cursor
             .lock()
@@ -873,9 +1000,9 @@ impl Store for DynamoStore {
                 .client
                 .scan()
                 .table_name(&s.table)
-                .filter_expression(EXPIRED)
-                .projection_expression(PK)
-                .set_expression_attribute_values(Some(values.clone()))
+                .filter_expression(&filter)
+                .projection_expression(format!("{PK}, {EXPIRES}"))
+                .set_expression_attribute_values(Some(scan_values.clone()))
                 .consistent_read(true)
                 .limit(PRUNE_PAGE)
                 .set_exclusive_start_key(start.clone())
@@ -904,22 +1031,56 @@ impl Store for DynamoStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = resume;
         let mut deleted = 0;
-        for key in expired {
-            let outcome = s
-                .client
-                .delete_item()
-                .table_name(&s.table)
-                .set_key(Some(key))
-                .condition_expression(EXPIRED)
-                .set_expression_attribute_values(Some(values.clone()))
-                .send()
-                .await;
+        for mut found in expired {
+            // An item that ended goes; one found only by its retention's end is stripped.
+            let ended = match found.remove(EXPIRES) {
+                Some(AttributeValue::N(n)) => n.parse::<i64>().is_ok_and(|e| e <= cutoff),
+                _ => true,
+            };
+            let key = Some(found);
+            let outcome = if ended {
+                s.client
+                    .delete_item()
+                    .table_name(&s.table)
+                    .set_key(key)
+                    .condition_expression(EXPIRED)
+                    .set_expression_attribute_values(Some(values.clone()))
+                    .send()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| match e {
+                        SdkError::ServiceError(ctx)
+                            if ctx.err().is_conditional_check_failed_exception() =>
+                        {
+                            None
+                        }
+                        e => Some(s.error("DeleteItem", e)),
+                    })
+            } else {
+                s.client
+                    .update_item()
+                    .table_name(&s.table)
+                    .set_key(key)
+                    .update_expression(STRIP)
+                    .condition_expression(TO_STRIP)
+                    .set_expression_attribute_values(Some(strip_values.clone()))
+                    .send()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| match e {
+                        SdkError::ServiceError(ctx)
+                            if ctx.err().is_conditional_check_failed_exception() =>
+                        {
+                            None
+                        }
+                        e => Some(s.error("UpdateItem", e)),
+                    })
+            };
             match outcome {
-                Ok(_) => deleted += 1,
-                // Claimed again or renewed since the scan: it stays.
-                Err(SdkError::ServiceError(ctx))
-                    if ctx.err().is_conditional_check_failed_exception() => {}
-                Err(e) => return Err(s.error("DeleteItem", e)),
+                Ok(()) => deleted += 1,
+                // Claimed again, renewed or stripped since the scan: it stays as it is.
+                Err(None) => {}
+                Err(Some(e)) => return Err(e),
             }
         }
         Ok(deleted)
@@ -936,7 +1097,7 @@ mod tests {
     fn the_largest_response_fills_an_item() {
         let most = item::max_response_bytes();
         assert_eq!(item::completed_size(most), item::MAX_ITEM_BYTES);
-        assert_eq!(most, 399_762);
+        assert_eq!(most, 399_730);
     }
 
     #[test]

@@ -181,7 +181,7 @@ async fn a_result_over_400_kb_is_returned_once_and_never_reruns() {
     let reason =
         idem_core::conformance::unretained_result_never_reruns(&engine, k, 500 * 1024).await;
     assert!(
-        reason.contains("more than the store keeps in a record (399762)"),
+        reason.contains("more than the store keeps in a record (399730)"),
         "{reason}"
     );
     let Some(RecordState::Completed(cached)) = store.get(&k).await.unwrap().map(|r| r.state) else {
@@ -306,8 +306,9 @@ fn only(op: &str) -> HashMap<String, usize> {
 /// **Round trips**: a new key is one PutItem to claim and one UpdateItem to complete; a
 /// duplicate (locked, replay, key reused) is the same one PutItem, its outcome read from the
 /// old item that the failed condition returns; renew and abort are one request each; a step is
-/// one TransactWriteItems, beginning steps a GetItem and one; evict deletes the steps item,
-/// then the record (docs/steps.md).
+/// one TransactWriteItems (also when it sets the record's `on_lapse`), beginning steps a GetItem
+/// and one; `take_uncertain` one conditional UpdateItem; evict deletes the steps item, then the
+/// record (docs/steps.md).
 #[tokio::test]
 async fn each_call_costs_its_requests() {
     let Some(url) = url() else { return };
@@ -370,6 +371,18 @@ async fn each_call_costs_its_requests() {
     };
     store.write_step(&c, step).await.unwrap();
     assert_eq!(requests.take(), only("TransactWriteItems"), "a step");
+    let uncertain = idem_core::StepWrite {
+        name: "mail",
+        result: None,
+        on_lapse: Some(idem_core::OnLapse::Uncertain),
+        ..step
+    };
+    store.write_step(&c, uncertain).await.unwrap();
+    assert_eq!(
+        requests.take(),
+        only("TransactWriteItems"),
+        "a step that sets the record's on_lapse"
+    );
     store.complete(&c, done(b"r", LONG)).await.unwrap();
     assert_eq!(requests.take(), only("UpdateItem"), "complete");
     store.complete(&c, done(b"again", LONG)).await.unwrap();
@@ -390,6 +403,11 @@ async fn each_call_costs_its_requests() {
     );
     store.get(&k).await.unwrap();
     assert_eq!(requests.take(), only("GetItem"), "get");
+    assert!(matches!(
+        store.take_uncertain(&k, c.token(), LONG).await,
+        Err(Error::NotUncertain { .. })
+    ));
+    assert_eq!(requests.take(), only("UpdateItem"), "take_uncertain");
     assert!(store.evict(&k).await.unwrap());
     assert_eq!(
         requests.take(),
@@ -720,4 +738,227 @@ async fn prune_goes_on_where_it_stopped_and_spares_live_items() {
         LIVE as i32,
         "only the expired items went"
     );
+}
+
+/// `key`'s item as the table holds it.
+async fn raw_item(store: &DynamoStore, key: &Key) -> HashMap<String, AttributeValue> {
+    store
+        .client()
+        .get_item()
+        .table_name(store.table())
+        .key("pk", AttributeValue::S(key.to_string()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap_or_default()
+}
+
+/// The size DynamoDB bills for `item`: each attribute's name in UTF-8 plus its value (a
+/// string's UTF-8 bytes, a binary's bytes, a number's significant digits at two a byte plus
+/// one, a boolean one byte), as AWS documents it for item sizes.
+fn item_size(item: &HashMap<String, AttributeValue>) -> usize {
+    item.iter()
+        .map(|(name, value)| {
+            name.len()
+                + match value {
+                    AttributeValue::S(s) => s.len(),
+                    AttributeValue::B(b) => b.as_ref().len(),
+                    AttributeValue::N(n) => {
+                        let digits: String = n.chars().filter(char::is_ascii_digit).collect();
+                        let significant = digits.trim_start_matches('0').trim_end_matches('0');
+                        significant.len().div_ceil(2) + 1
+                    }
+                    AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
+                    other => panic!("an attribute the store does not write: {other:?}"),
+                }
+        })
+        .sum()
+}
+
+/// **Tombstones keep no result bytes.** A completion with a `key_retention` writes
+/// `expires_ms` at the tombstone's end (so the claim's condition and DynamoDB's TTL keep the
+/// key that long) and `retained_ms` at the retention's end. Past the retention a claim gets
+/// `Expired` and `get` reads the tombstone, whether `prune_expired` has run or not; the first
+/// prune strips the response (`state_n` 2, counted), and past the tombstone the next deletes
+/// the item. The item's size without its response is what a tombstone costs
+/// (docs/stores.md).
+#[tokio::test]
+async fn a_tombstone_keeps_no_result_bytes() {
+    let Some(url) = url() else { return };
+    let clock = ManualClock::new();
+    let store = fresh_store(&url, |b| {
+        b.clock(clock.clone())
+            .clock_skew_margin(Duration::from_millis(100))
+    })
+    .await;
+    let k = key("tombstone");
+    let fingerprint = idem_core::Fingerprint::of_bytes(b"the request");
+    let request = ClaimRequest::new(&k, LONG).fingerprint(Some(&fingerprint));
+    let ClaimOutcome::Claimed(c) = store.claim(request).await.unwrap() else {
+        panic!("a new key starts");
+    };
+    let result = vec![0xa5u8; 1000];
+    let day = Duration::from_secs(86_400);
+    let completion = Completion {
+        response: Some(&result),
+        is_error: false,
+        retention: Duration::from_secs(60),
+        // Rounded up to whole seconds.
+        key_retention: day - Duration::from_millis(500),
+    };
+    store.complete(&c, completion).await.unwrap();
+    let item = raw_item(&store, &k).await;
+    let number = |item: &HashMap<String, AttributeValue>, name: &str| match item.get(name) {
+        Some(AttributeValue::N(n)) => n.parse::<i64>().unwrap(),
+        other => panic!("{name}: {other:?}"),
+    };
+    let retained = number(&item, "retained_ms");
+    assert_eq!(number(&item, "expires_ms"), retained + 86_400_000);
+    assert!(number(&item, "ttl_s") * 1000 > retained + 86_400_000);
+    assert!(!item.contains_key("uncertain") && !item.contains_key("lapse_ttl_s"));
+    let completed_bytes = item_size(&item);
+    assert!(matches!(
+        store.claim(request).await.unwrap(),
+        ClaimOutcome::Completed(r) if r.response.as_deref() == Some(&result[..])
+    ));
+
+    // The retention ends: a tombstone before any prune, with the same retention end.
+    clock.advance(Duration::from_secs(61));
+    let since = idem_core::ClaimOutcome::Expired {
+        since: std::time::UNIX_EPOCH + Duration::from_millis(retained as u64),
+    };
+    assert_eq!(store.claim(request).await.unwrap(), since);
+    assert!(raw_item(&store, &k).await.contains_key("response_b"));
+    assert_eq!(
+        store.prune_expired(100).await.unwrap(),
+        1,
+        "the strip counts"
+    );
+    let item = raw_item(&store, &k).await;
+    assert!(!item.contains_key("response_b"), "{item:?}");
+    assert_eq!(item.get("state_n"), Some(&AttributeValue::N("2".into())));
+    let longest = item
+        .values()
+        .map(|v| match v {
+            AttributeValue::B(b) => b.as_ref().len(),
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(longest <= 32, "a binary attribute keeps {longest} bytes");
+    let tombstone_bytes = item_size(&item);
+    eprintln!(
+        "DynamoDB item size: completed with a 1000-byte response {completed_bytes} B; \
+         tombstone {tombstone_bytes} B ({item:?})"
+    );
+    // At most 200 bytes: each number at its longest (13 digits of milliseconds take 8 bytes;
+    // the manual clock's round times take fewer).
+    assert!(
+        tombstone_bytes <= 200,
+        "a tombstone takes {tombstone_bytes} bytes"
+    );
+    assert_eq!(store.prune_expired(100).await.unwrap(), 0, "stripped once");
+    assert_eq!(store.claim(request).await.unwrap(), since);
+    assert!(matches!(
+        store.get(&k).await.unwrap().map(|r| r.state),
+        Some(RecordState::Expired { .. })
+    ));
+    // Completing the same claim again is still Ok, and changes nothing.
+    store.complete(&c, done(b"again", LONG)).await.unwrap();
+    assert_eq!(store.claim(request).await.unwrap(), since);
+
+    // The tombstone ends: the next prune deletes it, and the key is free.
+    clock.advance(day);
+    assert_eq!(store.prune_expired(100).await.unwrap(), 1);
+    assert!(raw_item(&store, &k).await.is_empty());
+    assert!(matches!(
+        store.claim(request).await.unwrap(),
+        ClaimOutcome::Claimed(_)
+    ));
+}
+
+/// **An uncertain claim never expires by itself.** Its `ttl_s` is `true` (not a number, which
+/// DynamoDB's TTL ignores) from the claim on, through a renewal, a step write that sets it
+/// uncertain again, and a takeover; a step write that sets it back to release gives it its
+/// lease's TTL again (`lapse_ttl_s`). A day past its lease, `prune_expired` deletes the
+/// ordinary claim that lapsed beside it and leaves the uncertain one, which still reads as
+/// uncertain and is taken over.
+#[tokio::test]
+async fn an_uncertain_claim_is_never_pruned_nor_given_a_ttl() {
+    let Some(url) = url() else { return };
+    let clock = ManualClock::new();
+    let store = fresh_store(&url, |b| {
+        b.clock(clock.clone())
+            .clock_skew_margin(Duration::from_millis(100))
+    })
+    .await;
+    let u = key("uncertain");
+    let request =
+        ClaimRequest::new(&u, Duration::from_secs(1)).on_lapse(idem_core::OnLapse::Uncertain);
+    let ClaimOutcome::Claimed(c) = store.claim(request).await.unwrap() else {
+        panic!("a new key starts");
+    };
+    let ttl = |item: HashMap<String, AttributeValue>| item.get("ttl_s").cloned();
+    let never = Some(AttributeValue::Bool(true));
+    assert_eq!(ttl(raw_item(&store, &u).await), never);
+    let step = |on_lapse| idem_core::StepWrite {
+        on_lapse: Some(on_lapse),
+        ..idem_core::StepWrite::new("charge", 0, None, Duration::from_secs(86_400 * 3))
+    };
+    store
+        .write_step(&c, step(idem_core::OnLapse::Release))
+        .await
+        .unwrap();
+    let item = raw_item(&store, &u).await;
+    assert!(!item.contains_key("uncertain"), "{item:?}");
+    assert!(matches!(item.get("ttl_s"), Some(AttributeValue::N(_))));
+    assert_eq!(item.get("ttl_s"), item.get("lapse_ttl_s"));
+    store
+        .write_step(&c, step(idem_core::OnLapse::Uncertain))
+        .await
+        .unwrap();
+    assert_eq!(ttl(raw_item(&store, &u).await), never);
+    store.renew(&c, Duration::from_secs(1)).await.unwrap();
+    let item = raw_item(&store, &u).await;
+    assert_eq!(item.get("ttl_s"), never.as_ref());
+    assert!(matches!(
+        item.get("lapse_ttl_s"),
+        Some(AttributeValue::N(_))
+    ));
+
+    let o = key("ordinary");
+    claim(&store, &o, Duration::from_secs(1)).await;
+    clock.advance(idem_core::LAPSED_CLAIMS_KEPT + Duration::from_secs(2));
+    assert_eq!(
+        store.prune_expired(100).await.unwrap(),
+        1,
+        "the ordinary claim"
+    );
+    assert!(raw_item(&store, &o).await.is_empty());
+    assert!(matches!(
+        store.get(&u).await.unwrap().map(|r| r.state),
+        Some(RecordState::Uncertain { token, .. }) if token == c.token()
+    ));
+    assert!(matches!(
+        store.claim(request).await.unwrap(),
+        ClaimOutcome::Uncertain { .. }
+    ));
+    let resolver = store
+        .take_uncertain(&u, c.token(), Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(ttl(raw_item(&store, &u).await), never);
+    assert!(matches!(
+        store.take_uncertain(&u, c.token(), LONG).await,
+        Err(Error::NotUncertain { .. })
+    ));
+    store
+        .complete(&resolver, done(b"resolved", LONG))
+        .await
+        .unwrap();
+    let item = raw_item(&store, &u).await;
+    assert!(matches!(item.get("ttl_s"), Some(AttributeValue::N(_))));
+    assert!(!item.contains_key("uncertain") && !item.contains_key("lapse_ttl_s"));
 }
