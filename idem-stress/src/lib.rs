@@ -13,6 +13,7 @@
 //! `idem-test-support`.
 #![forbid(unsafe_code)]
 
+pub mod charges;
 pub mod stores;
 pub mod storm;
 pub mod worker;

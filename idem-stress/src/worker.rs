@@ -123,6 +123,31 @@ impl Worker {
         let _ = self.child.wait().await;
     }
 
+    /// `kill -STOP`: the process freezes where it is (a node stalled by a long GC pause, a
+    /// swapped-out VM), its timers and renewals with it, until [`resume`](Self::resume).
+    pub async fn pause(&mut self) {
+        self.signal("STOP").await;
+    }
+
+    /// `kill -CONT`: a [paused](Self::pause) process runs on from where it stopped.
+    pub async fn resume(&mut self) {
+        self.signal("CONT").await;
+    }
+
+    async fn signal(&mut self, signal: &str) {
+        let pid = self
+            .child
+            .id()
+            .unwrap_or_else(|| panic!("worker {} has exited", self.name));
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .await
+            .unwrap_or_else(|e| panic!("cannot run kill -{signal}: {e}"));
+        assert!(status.success(), "kill -{signal} {pid} failed: {status}");
+    }
+
     /// Reads every remaining line and waits for the worker to exit; panics unless it exits
     /// with status 0 within `timeout`. Returns every line it printed.
     pub async fn finish(mut self, timeout: Duration) -> Vec<String> {

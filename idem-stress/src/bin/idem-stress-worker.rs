@@ -35,7 +35,15 @@
 //!       lost <key>, locked <key>, error <key> <message> as in `storm`, and `done` at the end.
 //! ```
 //!
-//! Every mode but `storm-kv` first prints `clock <local unix µs> <server unix µs>` (how skewed this node is).
+//! idem-stress-worker charge --url U --table T --provider P --from A --to B [--tasks 16]
+//!                           [--lease-ms 2000]
+//!     charges orders A..B-1 through the payment provider at P (`idem_stress::charges`), each
+//!     once, claimed with `OnLapse::Uncertain`, `--tasks` at a time, and prints
+//!       charged <i> <charge id>    order i's charge (fresh or replayed)
+//!       failed <i> <message>       order i's call failed (uncertain, a provider error, …)
+//!     and `done` at the end.
+//!
+//! Every mode but `storm-kv` and `charge` first prints `clock <local unix µs> <server unix µs>` (how skewed this node is).
 //! Business executions go to the exec table (see `idem_stress::create_exec_table`): one row per
 //! execution, marked `completed` once `complete` succeeded.
 
@@ -558,8 +566,9 @@ async fn main() -> ExitCode {
             "storm-kv" => storm_kv(&opts).await.map(|()| ExitCode::SUCCESS),
             "hold" => hold(&opts).await,
             "claim" => claim(&opts).await.map(|()| ExitCode::SUCCESS),
+            "charge" => charge(&opts).await.map(|()| ExitCode::SUCCESS),
             other => Err(format!(
-                "unknown mode {other}: storm, storm-kv, hold or claim"
+                "unknown mode {other}: storm, storm-kv, hold, claim or charge"
             )),
         },
     };
@@ -570,6 +579,46 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `charge`: orders `--from`..`--to` through the provider, `--tasks` at a time.
+async fn charge(opts: &Opts) -> Result<(), String> {
+    let store = PostgresStore::builder()
+        .pruner(None)
+        .table(opts.str("table")?)
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(opts.str("url")?)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let engine = Idempotency::new(store);
+    let provider = idem_stress::charges::Client::new(opts.str("provider")?);
+    let (from, to) = (opts.num("from", 0)?, opts.num("to", 0)?);
+    let lease = opts.ms("lease-ms", 2000)?;
+    let tasks = opts.num("tasks", 16)?.max(1);
+    let next = Arc::new(AtomicU64::new(from));
+    println!("ready");
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..tasks {
+        let (engine, provider, next) = (engine.clone(), provider.clone(), next.clone());
+        workers.spawn(async move {
+            // Bounded: each pass takes the next order, until `to`.
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= to {
+                    return;
+                }
+                let i = usize::try_from(i).unwrap_or(usize::MAX);
+                match idem_stress::charges::charge(&engine, &provider, i, lease).await {
+                    Ok(id) => println!("charged {i} {}", id.into_inner()),
+                    Err(e) => println!("failed {i} {e}"),
+                }
+            }
+        });
+    }
+    while workers.join_next().await.is_some() {}
+    println!("done");
+    Ok(())
 }
 
 /// A start that did not claim the key: the stored response of a completed one, or, for a live
