@@ -910,6 +910,52 @@ mod tests {
             assert_eq!(kind(e), StoreErrorKind::Unauthorized);
         }
         assert_eq!(kind(at(400, "not_found", None)), StoreErrorKind::Query);
+        // Past the lease: the refusals carry what the typed errors need.
+        let past = |s: u16, body: ErrorBody, key: Option<&Key>| {
+            let bytes = msgpack::to_vec(&body).unwrap();
+            refused("http://h:1", StatusCode::from_u16(s).unwrap(), &bytes, key)
+        };
+        let with = |code: &str| ErrorBody::new(ErrorType::OperationError, code, "d");
+        let changed = ErrorBody {
+            stored_policy: Some(1),
+            current_policy: Some(2),
+            ..with("policy_changed")
+        };
+        assert!(matches!(
+            past(422, changed, None),
+            Error::PolicyChanged {
+                stored: 1,
+                current: 2
+            }
+        ));
+        assert_eq!(
+            kind(past(422, with("policy_changed"), None)),
+            StoreErrorKind::Corrupt
+        );
+        let abandoned = ErrorBody {
+            reason: Some("refunded".into()),
+            ..with("abandoned")
+        };
+        assert!(
+            matches!(past(409, abandoned, None), Error::Abandoned { reason } if reason == "refunded")
+        );
+        let key = Key::derive("s", "", "k").unwrap();
+        assert!(matches!(
+            past(409, with("not_uncertain"), Some(&key)),
+            Error::NotUncertain { operation } if operation == key
+        ));
+        let uncertain = ErrorBody {
+            since_ms: Some(5),
+            ..with("uncertain")
+        };
+        assert!(matches!(
+            past(409, uncertain, Some(&key)),
+            Error::Uncertain { operation, since } if operation == key && since == at_unix_ms(5)
+        ));
+        assert_eq!(
+            kind(at(409, "too_many_uncertain", None)),
+            StoreErrorKind::Query
+        );
         assert_eq!(
             kind(refused(
                 "http://h:1",

@@ -73,6 +73,48 @@ fn remote_store_requests_keep_their_bytes() {
     );
 }
 
+/// What a claim that is uncertain on lapse, a completion with a tombstone and a step write
+/// that sets what a lapse leaves add: one field each, after the fields sent before, so a
+/// request that sets none of them (every request of a `RemoteStore` whose engine keeps no
+/// tombstones and claims as before) is the bytes above.
+#[test]
+fn the_fields_past_the_lease_are_sent_only_when_set() {
+    let start = StartIn {
+        on_lapse: OnLapse::Uncertain,
+        ..StartIn::new("k1", period(30_000))
+    };
+    assert!(hex(&msgpack::to_vec(&start).unwrap()).ends_with(&hex(b"\xa8on_lapse\xa9uncertain")));
+    let json = serde_json::to_value(StartIn::new("k1", period(1))).unwrap();
+    assert!(json.get("on_lapse").is_none(), "{json}");
+    let complete = CompleteIn {
+        namespace: None,
+        key: "k1".into(),
+        token: None,
+        response: Vec::new(),
+        absent: false,
+        is_error: false,
+        observed: false,
+        ttl_ms: period(1),
+        context: None,
+        key_retention_ms: 1000,
+    };
+    assert!(hex(&msgpack::to_vec(&complete).unwrap())
+        .ends_with(&hex(b"\xb0key_retention_ms\xcd\x03\xe8")));
+    for body in [
+        r#"{"key": "k", "lock_period_ms": 1, "on_lapse": "release"}"#,
+        r#"{"key": "k", "lock_period_ms": 1}"#,
+    ] {
+        assert_eq!(
+            serde_json::from_str::<StartIn>(body).unwrap().on_lapse,
+            OnLapse::Release
+        );
+    }
+    assert!(serde_json::from_str::<StartIn>(
+        r#"{"key": "k", "lock_period_ms": 1, "on_lapse": "never"}"#
+    )
+    .is_err());
+}
+
 fn round_trips<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(value: T) {
     let packed: T = msgpack::from_slice(&msgpack::to_vec(&value).unwrap()).unwrap();
     assert_eq!(packed, value);
@@ -119,6 +161,36 @@ fn every_body_reads_back_as_written() {
         ..ErrorBody::new(ErrorType::InvalidInput, "invalid_data", "must be 1 or more")
     });
     round_trips(Empty {});
+    round_trips(StartOut {
+        since_ms: Some(1_800_000_000_000),
+        ..StartOut::of(StartStatus::Expired)
+    });
+    round_trips(GetOut {
+        token: Some("t".into()),
+        since_ms: Some(1),
+        ..GetOut::of(GetStatus::Uncertain)
+    });
+    round_trips(ErrorBody {
+        stored_policy: Some(1),
+        current_policy: Some(2),
+        since_ms: Some(3),
+        reason: Some("refunded".into()),
+        ..ErrorBody::new(ErrorType::OperationError, "policy_changed", "d")
+    });
+    round_trips(FindUncertainOut {
+        operations: vec![UncertainOut {
+            key: "k".into(),
+            token: "t".into(),
+            since_ms: 1,
+        }],
+    });
+    round_trips(ResolveIn {
+        key: "00".repeat(32),
+        resolution: ResolutionKind::Completed,
+        response: Some(b"ok".to_vec()),
+        context: None,
+        reason: None,
+    });
 }
 
 #[test]

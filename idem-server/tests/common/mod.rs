@@ -48,7 +48,13 @@ impl Drop for Server {
 
 pub async fn serve(config: Config) -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let app = App::new(sqlite(&dir).await, tokens(), config, None).unwrap();
+    let store = sqlite(&dir).await;
+    serve_on(store, config, dir).await
+}
+
+/// A server over `store` (`dir` is dropped with it), listening on a free local port.
+pub async fn serve_on(store: Arc<dyn Store>, config: Config, dir: tempfile::TempDir) -> Server {
+    let app = App::new(store, tokens(), config, None).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let routes = router(app.clone());
