@@ -21,8 +21,8 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::Router;
-use idem_core::{Error, Idempotency, Key, OnLapse, Outcome, Reconciled, StoreError};
 use idem_core::StoreErrorKind;
+use idem_core::{Error, Idempotency, Key, OnLapse, Outcome, Reconciled, StoreError};
 
 /// The scope the operations are stored under, and their reconciler's.
 pub const SCOPE: &str = "charges";
@@ -164,7 +164,10 @@ impl Client {
             .await
             .map_err(unavailable)?;
         if !response.status().is_success() {
-            return Err(unavailable(format!("the provider answered {}", response.status())));
+            return Err(unavailable(format!(
+                "the provider answered {}",
+                response.status()
+            )));
         }
         response.text().await.map_err(unavailable)
     }
@@ -222,21 +225,22 @@ pub async fn charge(
         .await
 }
 
+/// What [`reconciler`] answers for one operation.
+pub type Asked =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Reconciled<String>, Error>> + Send>>;
+
 /// The reconciler of [`charge`]'s operations: asks the provider whether the charge with the
 /// operation's provider key went through.
-pub fn reconciler(
-    provider: Client,
-) -> impl Fn(Key, Vec<u8>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Reconciled<String>, Error>> + Send>>
-       + Send
-       + Sync
-       + 'static {
+pub fn reconciler(provider: Client) -> impl Fn(Key, Vec<u8>) -> Asked + Send + Sync + 'static {
     move |key: Key, _input: Vec<u8>| {
         let provider = provider.clone();
         Box::pin(async move {
-            Ok(match provider.lookup(&key.provider_key(Some("charge"))).await? {
-                Some(id) => Reconciled::Completed(id),
-                None => Reconciled::Failed,
-            })
+            Ok(
+                match provider.lookup(&key.provider_key(Some("charge"))).await? {
+                    Some(id) => Reconciled::Completed(id),
+                    None => Reconciled::Failed,
+                },
+            )
         })
     }
 }

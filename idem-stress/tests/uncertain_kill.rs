@@ -110,7 +110,10 @@ async fn interrupted_workers(scratch: &Scratch, provider: &Provider, engine: &Id
     drop(scratch.engine().await);
     let mut a = scratch.worker("a", provider, 0, ORDERS / 2);
     a.wait_for("ready", RUN).await;
-    until("200 charges of worker a", RUN, || provider.total_posts() >= 200).await;
+    until("200 charges of worker a", RUN, || {
+        provider.total_posts() >= 200
+    })
+    .await;
     a.kill9().await;
 
     let before_b = provider.total_posts();
@@ -141,7 +144,11 @@ async fn interrupted_workers(scratch: &Scratch, provider: &Provider, engine: &Id
         met += 1;
     }
     assert!(met > 0, "the frozen worker had no claim in flight");
-    assert_eq!(provider.total_posts(), posts, "a retry of an uncertain order charged");
+    assert_eq!(
+        provider.total_posts(),
+        posts,
+        "a retry of an uncertain order charged"
+    );
     b.resume().await;
     let lines = b.finish(RUN).await;
     assert!(lines.iter().any(|l| l == "done"), "{lines:?}");
@@ -174,7 +181,10 @@ async fn a_reconciler_settles_every_interrupted_order_and_none_is_charged_twice(
         .uncertain(AbandonedQuery::first(10_000))
         .await
         .expect("list the uncertain operations");
-    assert!(!uncertain.is_empty(), "the killed worker left nothing uncertain");
+    assert!(
+        !uncertain.is_empty(),
+        "the killed worker left nothing uncertain"
+    );
     let client = Client::new(&provider.base);
     let completer = Completer::new(engine.clone(), CompleterConfig::new().batch_size(1000))
         .expect("a valid config")
@@ -236,7 +246,10 @@ async fn without_a_reconciler_every_interrupted_order_is_listed_and_none_runs_tw
             Err(e) => panic!("order {i}, retried: {e}"),
         }
     }
-    assert!(!uncertain.is_empty(), "the killed worker left nothing uncertain");
+    assert!(
+        !uncertain.is_empty(),
+        "the killed worker left nothing uncertain"
+    );
     assert_eq!(charged + uncertain.len(), ORDERS);
     charged_at_most_once(&provider);
     // Only orders the workers never reached ran now; none that was interrupted did.
