@@ -188,7 +188,9 @@ use proc_macro::TokenStream;
 /// | `lease` | no | duration literal | How long a claim blocks its key without a heartbeat; renewed every third of it while the body runs. Default: the engine's policy (30 s). |
 /// | `retention` | no | duration literal | How long a completed result is replayed. Default: the engine's policy (24 h). |
 /// | `on_locked` | no | expression of type `idem::OnLocked` | What a call does while another call runs the same key: `OnLocked::FailFast` (`idem::Error::Locked`) or `OnLocked::Wait { timeout }` (then replay). Default: the engine's policy (fail fast). |
-/// | `transaction` | no | the name of a parameter: `&mut sqlx::Transaction<'_, DB>` or `&mut` connection | Transactional mode (below): the claim, the body and the stored result share this transaction. `engine` is then an `idem::Transactional`; `lease` and `on_locked` are refused. |
+/// | `on_lapse` | no | `uncertain` or `release` | What the key becomes if the call's claim lapses with no result (its process died, stalled past the lease, or the call was cancelled): `release` frees it, so a retry runs the body again; `uncertain` keeps it from running again (every retry gets `idem::Error::Uncertain`) until an operator or a reconciler resolves it. For a body whose effect outside the store must not repeat (a charge, an email). Default: the engine's policy (`release`). |
+/// | `policy` | no | an integer literal, 0 to 4294967295 | The version of what the fingerprint hashes, kept with each record: a retry across a deploy that changed it, whose request now fingerprints differently, gets `idem::Error::PolicyChanged` rather than `KeyReused`. Default: derived from what is hashed (the hashed parameters' names and types, or the `fingerprint` expression as written), so changing those changes it. |
+/// | `transaction` | no | the name of a parameter: `&mut sqlx::Transaction<'_, DB>` or `&mut` connection | Transactional mode (below): the claim, the body and the stored result share this transaction. `engine` is then an `idem::Transactional`; `lease`, `on_locked` and `on_lapse` are refused. |
 /// | `detach` | no | `true` or `false` | `true`: once the call has claimed its key, the body runs to its end on a task of its own, and its result is stored, even if the caller is cancelled (a `timeout`, a client that disconnects); a retry replays it. The body must own what it uses (`'static + Send`): take arguments by value and `self: Arc<Self>` rather than `&self`; a borrowed argument (or `&self`) that the body uses is a compile error on it saying so. Refused with `transaction`. Default `false`: a cancelled call stops the body and releases the claim, so a retry runs it again. |
 /// | `steps` | no | a name, such as `steps = steps` | Binds an `idem::Steps` handle to that name in the body, which runs through `Call::run_steps`: each `steps.run("name", …)` is stored as it finishes, and a call after a failure or a crash replays the finished steps and continues at the first unfinished one (docs/steps.md). Refused with `transaction`, with `detach = true` and on `#[async_trait]` methods. |
 ///
@@ -421,16 +423,16 @@ use proc_macro::TokenStream;
 /// let __idem_engine = <clone of the engine named by `engine`>;        // one Arc clone
 /// let __idem_prepared = Prepared {
 ///     key: key(<scope>, <Some(&caller) or None>, &<key>),         // Result<Option<Key>, Error>
-///     fingerprint: fingerprint(&<fingerprint>),        // with `fingerprint = <fingerprint>`
-///     fingerprint: arguments(&[argument("cents", &cents), …]),    // or, by default
-///     fingerprint: Ok(None),                        // or, with `()` or no argument hashed
-///     options: options(<lease>, <retention>, <on_locked>),        // None: engine's policy
+///     fingerprint: versioned(fingerprint(&<fingerprint>), <policy>), // `fingerprint = <fingerprint>`
+///     fingerprint: versioned(arguments(&[argument("cents", &cents), …]), <policy>), // by default
+///     fingerprint: versioned(Ok(None), 0),          // or, with `()` or no argument hashed
+///     options: options(<lease>, <retention>, <on_locked>, <on_lapse>), // None: engine's policy
 /// };
 /// call::<ReturnType, _, _>(&__idem_engine, __idem_prepared,
 ///     async move { <the original body> }).await
 /// ```
 ///
-/// where `Prepared`, `key`, `fingerprint`, `arguments`, `argument`, `options` and `call` (a thin layer over
+/// where `Prepared`, `key`, `fingerprint`, `arguments`, `argument`, `versioned`, `options` and `call` (a thin layer over
 /// `run`; with `detach = true`, `check_return::<ReturnType>()` then `run_detached(…,
 /// body::<ReturnType, _>(…))`) are in `::idem::__private`; each `argument` is spanned on its
 /// argument, so one that is not `Serialize` is reported there. Without `scope`, `<scope>` is
@@ -514,9 +516,10 @@ use proc_macro::TokenStream;
 /// The body is not a `move` block: it borrows the transaction while it runs, so `tx` is usable
 /// in the body and after it (it must not be moved away, for instance committed, inside the
 /// body). An `Err` releases the claim inside the transaction, so committing leaves the key free;
-/// rolling back does too. `retention` sets how long the result is kept. `lease` and `on_locked` do
-/// not apply: the claim is invisible to other calls until the commit, and a duplicate waits on
-/// the database's lock rather than on the lease. A plain connection outside a transaction also
+/// rolling back does too. `retention` sets how long the result is kept. `lease`, `on_locked` and
+/// `on_lapse` do not apply: the claim is invisible to other calls until the commit, a duplicate
+/// waits on the database's lock rather than on the lease, and a call that dies leaves nothing to
+/// lapse. A plain connection outside a transaction also
 /// works, but then every statement commits on its own and the one-transaction guarantee is
 /// gone.
 ///

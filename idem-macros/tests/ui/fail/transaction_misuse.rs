@@ -29,6 +29,12 @@ async fn leased(idem: &Engine, tx: &mut Tx<'_>, id: &str) -> Result<u64, idem::E
     Ok(1)
 }
 
+#[idempotent(key = id, engine = idem, transaction = tx, on_lapse = uncertain)]
+async fn uncertain(idem: &Engine, tx: &mut Tx<'_>, id: &str) -> Result<u64, idem::Error> {
+    let _ = (idem, tx, id);
+    Ok(1)
+}
+
 #[idempotent(
     key = id,
     engine = idem,
