@@ -1,10 +1,18 @@
 //! [`StoreAdmin`] for the SQL stores: one statement per call.
+//!
+//! A record is live while it holds its key (the records table's `holds_key`): an uncertain
+//! claim (lapsed, never resolved) is listed and counted **in progress**, its work having
+//! neither completed nor been released; a tombstone (completed, its result's retention over,
+//! its key kept) is listed and counted **completed**, the work having completed, and `get`
+//! reads it as `RecordState::Expired`. `expired` counts the rows that no longer hold their key
+//! and wait for the pruner.
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
 use crate::dialect::Backend;
+use crate::row::holds_key;
 use crate::SqlStore;
 use idem_core::store::support::store_stats;
 use idem_core::Error;
@@ -39,12 +47,13 @@ impl AdminSql {
         let d = &DB::DIALECT;
         let t = store.protocol.table();
         let now = d.now;
-        let live = format!("expires_at > {now}");
+        // Live: the record holds its key (uncertain claims and tombstones do).
+        let live = holds_key(d);
         Ok(AdminSql {
             // The pruner's lease is a record of the table under a reserved key ($4): not
             // one of the application's, so neither listed nor counted.
             list: format!(
-                "SELECT key FROM {t} WHERE {live} AND key <> $4 \
+                "SELECT key FROM {t} AS r WHERE {live} AND key <> $4 \
                  AND (CAST($1 AS {bigint}) IS NULL OR state = $1) \
                  AND (CAST($2 AS {bytes}) IS NULL OR key > $2) \
                  ORDER BY key LIMIT $3",
@@ -57,9 +66,15 @@ impl AdminSql {
                    CAST(coalesce(sum(CASE WHEN state = 1 AND {live} THEN 1 ELSE 0 END), 0) AS {b}), \
                    CAST(coalesce(sum(CASE WHEN {live} THEN 0 ELSE 1 END), 0) AS {b}), \
                    {oldest} \
-                 FROM {t} WHERE key <> $1",
+                 FROM {t} AS r WHERE key <> $1",
                 b = d.bigint,
-                oldest = d.micros_of(&format!("min(CASE WHEN {live} THEN expires_at END)")),
+                // The next end among the rows that end by time: a lease, a retention, or a
+                // tombstone whose retention is over. A lapsed uncertain claim never ends.
+                oldest = d.micros_of(&format!(
+                    "min(CASE WHEN r.expires_at > {now} THEN \
+                       CASE WHEN r.state = 1 AND r.result_until > {now} THEN r.result_until \
+                            ELSE r.expires_at END END)"
+                )),
             ),
             version: format!(
                 "SELECT CAST(coalesce(max(version), 0) AS {}) FROM {}",

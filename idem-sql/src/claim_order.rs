@@ -11,7 +11,7 @@ use idem_core::Error;
 /// A claim is always one conditional `INSERT … ON CONFLICT … DO UPDATE … WHERE expired`; what
 /// differs is whether a `SELECT` of the live record comes before it or after it:
 ///
-/// | order | new key | live key (replay, locked, reused) |
+/// | order | new key | live key (replay, locked, reused, uncertain, tombstone) |
 /// |---|---|---|
 /// | [`ClaimFirst`](ClaimOrder::ClaimFirst) | 1 statement: the claim | 2: the claim, which meets the live row and leaves it alone, then the `SELECT` |
 /// | [`ReadFirst`](ClaimOrder::ReadFirst) | 2: the `SELECT`, which finds nothing, then the claim | 1: the `SELECT` |
@@ -90,8 +90,9 @@ impl ClaimPath {
         }
     }
 
-    /// Records what a `start` found. Errors other than a reused key say nothing about the key
-    /// and are not counted.
+    /// Records what a `start` found: a live record is any that refused the claim (completed,
+    /// locked, uncertain, a tombstone, a reused key or a changed policy), which a read first
+    /// answers alone. Other errors say nothing about the key and are not counted.
     pub(crate) fn observe(&self, result: &Result<ClaimOutcome, Error>) {
         if self.order != ClaimOrder::Adaptive {
             return;

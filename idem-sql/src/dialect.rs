@@ -89,6 +89,12 @@ impl Dialect {
         format!("({} + {param}{})", self.now, self.millis)
     }
 
+    /// `at + param milliseconds`, for a time `at` read once and used twice in a statement (on
+    /// PostgreSQL each `clock_timestamp()` reads the clock anew).
+    pub(crate) fn at_plus(&self, at: &str, param: &str) -> String {
+        format!("({at} + {param}{})", self.millis)
+    }
+
     /// `now - $param milliseconds`.
     pub fn now_minus(&self, param: &str) -> String {
         format!("({} - {param}{})", self.now, self.millis)

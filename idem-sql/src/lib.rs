@@ -108,6 +108,19 @@ pub(crate) fn millis(what: &str, d: Duration) -> Result<i64, Error> {
     Ok(i64::try_from(ms).unwrap_or(i64::MAX))
 }
 
+/// A completion's `key_retention` as the stores keep it: whole seconds, **rounded up** (as every
+/// store keeps a tombstone's length, docs/architecture.md "Past the lease"), in the
+/// milliseconds SQL adds to a time; zero for no tombstone. Checked first as
+/// [`Completion::check`](idem_core::Completion::check) checks it (zero, or 1 ms to ten years).
+pub(crate) fn key_retention_millis(d: Duration) -> Result<i64, Error> {
+    if d.is_zero() {
+        return Ok(0);
+    }
+    check_duration("key_retention", d)?;
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    Ok(i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX))
+}
+
 /// A fenced statement (complete, renew, abort) changed no row: the record no longer carries the
 /// claim's token (or, for renew and abort, has completed).
 pub(crate) fn fenced(rows_affected: u64) -> Result<(), Error> {
@@ -126,6 +139,22 @@ pub(crate) fn corrupt(what: String) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_retention_is_whole_seconds_rounded_up() {
+        assert_eq!(key_retention_millis(Duration::ZERO).unwrap(), 0);
+        assert_eq!(
+            key_retention_millis(Duration::from_millis(1)).unwrap(),
+            1000
+        );
+        assert_eq!(key_retention_millis(Duration::from_secs(2)).unwrap(), 2000);
+        assert_eq!(
+            key_retention_millis(Duration::from_millis(2001)).unwrap(),
+            3000
+        );
+        assert!(key_retention_millis(Duration::from_nanos(1)).is_err());
+        assert!(key_retention_millis(Duration::from_secs(u64::MAX)).is_err());
+    }
 
     #[test]
     fn millis_round_up_and_check_range() {

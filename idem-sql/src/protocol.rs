@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::fenced;
-use super::row::{columns, StoredRow};
+use super::row::{columns, holds_key, time, StoredRow};
 use super::steps::{steps_table, StepStatements};
+use super::{corrupt, fenced};
 use crate::claim_order::{ClaimOrder, ClaimPath};
 use crate::dialect::{Dialect, Ops};
 use crate::error::sql_error;
@@ -19,8 +19,8 @@ use idem_core::store::support::LAPSED_CLAIMS_KEPT_MS;
 use idem_core::Error;
 use idem_core::StepWrite;
 use idem_core::Store;
-use idem_core::{Claim, ClaimOutcome, ClaimRequest, Completion, Record};
-use idem_core::{Fingerprint, Key, Token};
+use idem_core::{Claim, ClaimOutcome, ClaimRequest, Completion, OnLapse, Record};
+use idem_core::{Key, Token, UncertainOperation};
 
 /// How often `start` claims again when the live row it lost to vanished before it could be
 /// read (aborted, evicted, pruned or expired in between). Each retry needs another writer to
@@ -82,9 +82,9 @@ pub trait Sealed {}
 /// The SQL of every operation, rendered once for a table and a database.
 #[derive(Debug)]
 struct Statements {
-    /// Insert, or take over a row whose lease or retention has ended. The pool path reads
-    /// whether it claimed from the count of rows it wrote (1 inserted or taken over, 0 left
-    /// alone), so the database builds no row and the driver decodes none.
+    /// Insert, or take over a row that no longer holds its key ([`holds_key`]). The pool path
+    /// reads whether it claimed from the count of rows it wrote (1 inserted or taken over, 0
+    /// left alone), so the database builds no row and the driver decodes none.
     claim_counted: String,
     /// The claim of transactional mode: where the database can, one statement that also
     /// returns the live row it did not claim; otherwise `claim_counted` with `RETURNING true AS
@@ -96,24 +96,39 @@ struct Statements {
     abort: String,
     evict: String,
     prune: String,
+    /// Drops the response of completed records whose retention ended while their tombstone
+    /// runs.
+    strip: String,
+    take_uncertain: String,
+    find_uncertain: String,
 }
+
+/// The condition of a claim made with `OnLapse::Uncertain` that has not completed, in the
+/// words of the partial index of version 3 (`{uncertain_index}`), so both databases use it.
+const UNCERTAIN: &str = "state = 0 AND uncertain = true";
 
 impl Statements {
     fn new(d: &Dialect, t: &TableName) -> Statements {
         let now = d.now;
         let lease_end = d.now_plus("$4");
         let columns = columns(d);
-        // Meeting a live row, the bare claim locks it for the moment of the statement (on
-        // PostgreSQL), as any `ON CONFLICT DO UPDATE` does, and changes nothing.
+        let holds_key = holds_key(d);
+        // Meeting a row that holds its key, the bare claim locks it for the moment of the
+        // statement (on PostgreSQL), as any `ON CONFLICT DO UPDATE` does, and changes nothing.
+        // A lapsed uncertain claim holds its key: only `take_uncertain` takes it over.
         let take_over = format!(
             "ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
                token = excluded.token, state = 0, expires_at = excluded.expires_at, \
-               response = NULL, is_error = false \
-             WHERE r.expires_at <= {now}"
+               response = NULL, is_error = false, result_until = NULL, \
+               uncertain = excluded.uncertain \
+             WHERE NOT {holds_key}"
+        );
+        let insert = format!(
+            "INSERT INTO {t} AS r \
+             (key, fingerprint, token, state, expires_at, response, is_error, result_until, uncertain)"
         );
         let claim_counted = format!(
-            "INSERT INTO {t} AS r (key, fingerprint, token, state, expires_at, response, is_error) \
-             VALUES ($1, $2, $3, 0, {lease_end}, NULL, false) {take_over}"
+            "{insert} VALUES ($1, $2, $3, 0, {lease_end}, NULL, false, NULL, $5) {take_over}"
         );
         // A row back (`claimed`) only when it claimed.
         let claim = format!("{claim_counted} RETURNING true AS claimed");
@@ -126,15 +141,17 @@ impl Statements {
             // returns no row; `start` then reads it afresh.
             format!(
                 "WITH live AS ( \
-                   SELECT {columns} FROM {t} AS r WHERE r.key = $1 AND r.expires_at > {now}), \
+                   SELECT {columns} FROM {t} AS r WHERE r.key = $1 AND {holds_key}), \
                  claimed AS ( \
-                   INSERT INTO {t} AS r (key, fingerprint, token, state, expires_at, response, is_error) \
-                   SELECT $1, $2, $3, 0, {lease_end}, NULL, false WHERE NOT EXISTS (SELECT 1 FROM live) \
+                   {insert} \
+                   SELECT $1, $2, $3, 0, {lease_end}, NULL, false, NULL, $5 \
+                   WHERE NOT EXISTS (SELECT 1 FROM live) \
                    {take_over} RETURNING r.key) \
                  SELECT true AS claimed, CAST(NULL AS {bytes}) AS fingerprint, \
                    CAST(NULL AS {bytes}) AS token, CAST(0 AS {bigint}) AS state, \
-                   CAST(NULL AS {bytes}) AS response, false AS is_error, \
-                   CAST(0 AS {bigint}) AS expires_us, CAST(0 AS {bigint}) AS remaining_us \
+                   CAST(NULL AS {bytes}) AS response, false AS is_error, false AS uncertain, \
+                   CAST(0 AS {bigint}) AS expires_us, CAST(0 AS {bigint}) AS result_us, \
+                   CAST(0 AS {bigint}) AS now_us \
                  FROM claimed \
                  UNION ALL \
                  SELECT false, live.* FROM live WHERE NOT EXISTS (SELECT 1 FROM claimed)",
@@ -147,19 +164,24 @@ impl Statements {
         Statements {
             claim_counted,
             claim_in_transaction,
-            read_live: format!(
-                "SELECT {columns} FROM {t} AS r WHERE r.key = $1 AND r.expires_at > {now}"
-            ),
+            read_live: format!("SELECT {columns} FROM {t} AS r WHERE r.key = $1 AND {holds_key}"),
             // Fenced by the token alone, so that completing a claim again (a retry whose first
-            // commit landed but whose answer was lost) succeeds; the CASEs keep the first result
-            // and its retention. SET expressions read the row as it was before the update.
+            // commit landed but whose answer was lost) succeeds, and a lapsed uncertain claim's
+            // holder still completes it; the CASEs keep the first result and its times. SET
+            // expressions read the row as it was before the update. The clock is read once
+            // (`c.at`), so a completion without a tombstone ($6 = 0) ends its key exactly when
+            // its result.
             complete: format!(
-                "UPDATE {t} SET state = 1, \
-                   response = CASE WHEN state = 0 THEN $3 ELSE response END, \
-                   is_error = CASE WHEN state = 0 THEN $4 ELSE is_error END, \
-                   expires_at = CASE WHEN state = 0 THEN {retention_end} ELSE expires_at END \
-                 WHERE key = $1 AND token = $2",
-                retention_end = d.now_plus("$5"),
+                "UPDATE {t} AS r SET state = 1, \
+                   response = CASE WHEN r.state = 0 THEN $3 ELSE r.response END, \
+                   is_error = CASE WHEN r.state = 0 THEN $4 ELSE r.is_error END, \
+                   result_until = CASE WHEN r.state = 0 THEN {retention_end} ELSE r.result_until END, \
+                   expires_at = CASE WHEN r.state = 0 THEN {key_end} ELSE r.expires_at END, \
+                   uncertain = false \
+                 FROM (SELECT {now} AS at) AS c \
+                 WHERE r.key = $1 AND r.token = $2",
+                retention_end = d.at_plus("c.at", "$5"),
+                key_end = d.at_plus("c.at", "($5 + $6)"),
             ),
             renew: format!(
                 "UPDATE {t} SET expires_at = {lease_end} WHERE key = $1 AND token = $2 AND state = 0",
@@ -169,18 +191,42 @@ impl Statements {
                 "DELETE FROM {t} WHERE key = $1 AND token = $2 AND state = 0"
             ),
             evict: format!("DELETE FROM {t} WHERE key = $1"),
-            // Ended retentions, and claims that lapsed longer ago than a late holder may still
-            // complete them (`LAPSED_CLAIMS_KEPT`): a lapsed claim nobody took over still carries
-            // its holder's token. PostgreSQL's SKIP LOCKED lets several pruners (and live claims
-            // holding row locks) run side by side; the row locks keep a key from being re-claimed
-            // between choosing and deleting.
+            // Ended tombstones and retentions, and claims that lapsed longer ago than a late
+            // holder may still complete them (`LAPSED_CLAIMS_KEPT`): a lapsed claim nobody took
+            // over still carries its holder's token. Never an uncertain claim. PostgreSQL's
+            // SKIP LOCKED lets several pruners (and live claims holding row locks) run side by
+            // side; the row locks keep a key from being re-claimed between choosing and
+            // deleting.
             prune: format!(
                 "DELETE FROM {t} WHERE key IN ( \
                    SELECT key FROM {t} WHERE expires_at <= {now} \
-                     AND (state <> 0 OR expires_at <= {lapsed}) \
+                     AND (state <> 0 OR (uncertain = false AND expires_at <= {lapsed})) \
                    ORDER BY expires_at LIMIT $1{lock})",
                 lapsed = d.now_minus(&LAPSED_CLAIMS_KEPT_MS.to_string()),
                 lock = d.lock_batch,
+            ),
+            // The partial index `{result_index}` holds exactly these rows (its condition is
+            // repeated word for word, so both databases use it): completed, a response kept, a
+            // tombstone after the retention. Stripped, a row leaves the index.
+            strip: format!(
+                "UPDATE {t} SET response = NULL WHERE key IN ( \
+                   SELECT key FROM {t} WHERE response IS NOT NULL AND expires_at > result_until \
+                     AND result_until <= {now} \
+                   ORDER BY result_until LIMIT $1{lock})",
+                lock = d.lock_batch,
+            ),
+            // Fenced by the lapsed claim's token: of two resolvers only the first changes the
+            // row. The claim stays uncertain on lapse.
+            take_uncertain: format!(
+                "UPDATE {t} SET token = $3, expires_at = {lease_end} \
+                 WHERE key = $1 AND token = $2 AND {UNCERTAIN} AND expires_at <= {now}",
+                lease_end = d.now_plus("$4"),
+            ),
+            find_uncertain: format!(
+                "SELECT key, token, {since} FROM {t} \
+                 WHERE {UNCERTAIN} AND expires_at <= {now} AND key > $1 \
+                 ORDER BY key LIMIT $2",
+                since = d.micros_of("expires_at"),
             ),
         }
     }
@@ -246,23 +292,22 @@ impl<DB: Ops> Protocol<DB> {
         &self,
         via: Via,
         conn: &mut DB::Connection,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
+        request: ClaimRequest<'_>,
         lease_ms: i64,
     ) -> Result<ClaimOutcome, Error> {
         if via == Via::Transaction {
             let sql = ClaimSql::Returning(&self.sql.claim_in_transaction);
-            return self.claim(conn, sql, key, fingerprint, lease_ms).await;
+            return self.claim(conn, sql, request, lease_ms).await;
         }
         let live = match self.claim_path.read_first() {
-            true => self.read_live(conn, key).await?,
+            true => self.read_live(conn, request.key).await?,
             false => None,
         };
         let result = match live {
-            Some(stored) => stored.into_start(fingerprint),
+            Some(stored) => stored.into_start(request.fingerprint),
             None => {
                 let sql = ClaimSql::Counted(&self.sql.claim_counted);
-                self.claim(conn, sql, key, fingerprint, lease_ms).await
+                self.claim(conn, sql, request, lease_ms).await
             }
         };
         self.claim_path.observe(&result);
@@ -275,10 +320,11 @@ impl<DB: Ops> Protocol<DB> {
         &self,
         conn: &mut DB::Connection,
         sql: ClaimSql<'_>,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
+        request: ClaimRequest<'_>,
         lease_ms: i64,
     ) -> Result<ClaimOutcome, Error> {
+        let (key, fingerprint) = (request.key, request.fingerprint);
+        let uncertain = request.on_lapse == OnLapse::Uncertain;
         for _ in 0..CLAIM_ATTEMPTS {
             let token = Token::random();
             let token_bytes = token.to_bytes();
@@ -288,6 +334,7 @@ impl<DB: Ops> Protocol<DB> {
             let query = DB::bind_bytes(sqlx::query(text), &key.as_bytes()[..]);
             let query = DB::bind_opt_bytes(query, fingerprint.map(|f| &f.as_bytes()[..]));
             let query = DB::bind_i64(DB::bind_bytes(query, &token_bytes[..]), lease_ms);
+            let query = DB::bind_bool(query, uncertain);
             // Both run the statement to its end, so an error the database reports at its end
             // (the COMMIT of SQLite's autocommit mode on a full disk, PostgreSQL's at commit)
             // fails the claim instead of being dropped, and a claim whose commit failed is never
@@ -345,13 +392,15 @@ impl<DB: Ops> Protocol<DB> {
         row.map(|row| StoredRow::decode::<DB>(&row, 0)).transpose()
     }
 
-    /// [`Store::complete`].
+    /// [`Store::complete`]: the result for `retention_ms`, and the key for `key_retention_ms`
+    /// more (a tombstone; 0 for none).
     pub(crate) async fn complete(
         &self,
         conn: &mut DB::Connection,
         claim: &Claim,
         completion: Completion<'_>,
         retention_ms: i64,
+        key_retention_ms: i64,
     ) -> Result<(), Error> {
         let token = claim.token().to_bytes();
         let query = self.fenced_query(&self.sql.complete, claim.key(), &token);
@@ -359,11 +408,59 @@ impl<DB: Ops> Protocol<DB> {
             DB::bind_opt_bytes(query, completion.response),
             completion.is_error,
         );
-        fenced(
-            DB::execute(conn, DB::bind_i64(query, retention_ms))
-                .await
-                .map_err(sql_error)?,
-        )
+        let query = DB::bind_i64(DB::bind_i64(query, retention_ms), key_retention_ms);
+        fenced(DB::execute(conn, query).await.map_err(sql_error)?)
+    }
+
+    /// [`Store::take_uncertain`]: one fenced statement; a new token and lease on the row only
+    /// while it is an uncertain claim, lapsed, carrying `token`.
+    pub(crate) async fn take_uncertain(
+        &self,
+        conn: &mut DB::Connection,
+        key: &Key,
+        token: Token,
+        lease_ms: i64,
+    ) -> Result<Claim, Error> {
+        let (old, new) = (token.to_bytes(), Token::random());
+        let new_bytes = new.to_bytes();
+        let query = self.fenced_query(&self.sql.take_uncertain, key, &old);
+        let query = DB::bind_i64(DB::bind_bytes(query, &new_bytes[..]), lease_ms);
+        match DB::execute(conn, query).await.map_err(sql_error)? {
+            0 => Err(Error::NotUncertain { operation: *key }),
+            _ => Ok(Claim::new(*key, new)),
+        }
+    }
+
+    /// [`Store::find_uncertain`]: one statement, on the partial index of uncertain claims.
+    pub(crate) async fn find_uncertain(
+        &self,
+        conn: &mut DB::Connection,
+        after: Option<&Key>,
+        limit: u32,
+    ) -> Result<Vec<UncertainOperation>, Error> {
+        // Every key is 32 bytes, so each sorts after the empty one.
+        let after = after.map_or(&[][..], |k| &k.as_bytes()[..]);
+        let query = DB::bind_bytes(sqlx::query(&self.sql.find_uncertain), after);
+        let rows = DB::fetch_all(conn, DB::bind_i64(query, i64::from(limit)))
+            .await
+            .map_err(sql_error)?;
+        rows.iter()
+            .map(|row| {
+                let key: [u8; 32] = DB::get_bytes(row, 0)
+                    .map_err(sql_error)?
+                    .try_into()
+                    .map_err(|_| corrupt("a stored key is not 32 bytes".to_owned()))?;
+                let token: [u8; 16] = DB::get_bytes(row, 1)
+                    .map_err(sql_error)?
+                    .try_into()
+                    .map_err(|_| corrupt("a stored token is not 16 bytes".to_owned()))?;
+                Ok(UncertainOperation {
+                    key: Key::from_bytes(key),
+                    token: Token::from_bytes(token),
+                    since: time("expires_at", DB::get_i64(row, 2).map_err(sql_error)?)?,
+                })
+            })
+            .collect()
     }
 
     /// [`Store::renew`].
@@ -422,20 +519,26 @@ impl<DB: Ops> Protocol<DB> {
             .await
     }
 
-    /// [`Store::prune_expired`]: ended records, then ended step rows to fill the batch (so a
-    /// short batch still means nothing is left).
+    /// [`Store::prune_expired`]: ended records, then the responses of tombstones whose
+    /// retention ended, then ended step rows, each filling what is left of the batch (so a
+    /// short batch still means nothing is left). A stripped response counts as one.
     pub(crate) async fn prune_expired(
         &self,
         conn: &mut DB::Connection,
         limit: u32,
     ) -> Result<u64, Error> {
+        let left = |done: u64| u32::try_from(u64::from(limit).saturating_sub(done)).unwrap_or(0);
         let query = DB::bind_i64(sqlx::query(&self.sql.prune), i64::from(limit));
-        let records = DB::execute(&mut *conn, query).await.map_err(sql_error)?;
-        let left = u32::try_from(u64::from(limit).saturating_sub(records)).unwrap_or(0);
-        if left == 0 {
-            return Ok(records);
+        let mut done = DB::execute(&mut *conn, query).await.map_err(sql_error)?;
+        if left(done) == 0 {
+            return Ok(done);
         }
-        Ok(records + self.steps.prune::<DB>(conn, left).await?)
+        let query = DB::bind_i64(sqlx::query(&self.sql.strip), i64::from(left(done)));
+        done += DB::execute(&mut *conn, query).await.map_err(sql_error)?;
+        if left(done) == 0 {
+            return Ok(done);
+        }
+        Ok(done + self.steps.prune::<DB>(conn, left(done)).await?)
     }
 
     /// The statements of the steps ([`Store::begin_steps`], [`Store::write_step`]).
@@ -457,5 +560,45 @@ mod tests {
             .claim_counted
             .contains("INSERT INTO \"app\".\"Idem\" AS r"));
         assert!(p.sql.claim_in_transaction.starts_with("WITH live AS"));
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod sqlite_plans {
+    /// The plan SQLite makes for `sql` (binding `$1` and `$2` to `x''` and 10), one line per
+    /// step.
+    async fn plan(store: &crate::SqliteStore, sql: &str) -> Vec<String> {
+        let rows = sqlx::query(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .bind(&[][..])
+            .bind(10)
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|row| sqlx::Row::get::<String, _>(row, "detail"))
+            .collect()
+    }
+
+    /// The statements that look for the rows of version 3's partial indexes use them: the
+    /// pruner's stripping of responses and `find_uncertain`, whatever the table's size.
+    #[tokio::test]
+    async fn the_partial_indexes_serve_their_statements() {
+        let store = crate::SqliteStore::connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let strip = plan(&store, &store.protocol.sql.strip).await;
+        assert!(
+            strip
+                .iter()
+                .any(|s| s.contains("USING INDEX idem_records_result_until")),
+            "{strip:?}"
+        );
+        let uncertain = plan(&store, &store.protocol.sql.find_uncertain).await;
+        assert!(
+            uncertain
+                .iter()
+                .any(|s| s.contains("USING INDEX idem_records_uncertain")),
+            "{uncertain:?}"
+        );
     }
 }

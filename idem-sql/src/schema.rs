@@ -13,8 +13,10 @@ pub(crate) struct StoreSchema {
     /// Its steps, oldest first (see [`Migration::parse`](migrate::Migration::parse)). Never
     /// change what an applied step creates; append a new step.
     pub(crate) migrations: &'static str,
-    /// The name of a table's expiry index (the records table's, and the steps table's).
-    pub(crate) index: fn(&TableName) -> TableName,
+    /// The name of a table's index on a column (`expires_at`: the records table's expiry
+    /// index, and the steps table's; `result_until` and `uncertain`: the records table's
+    /// partial indexes of version 3).
+    pub(crate) index: fn(&TableName, &str) -> TableName,
 }
 
 impl StoreSchema {
@@ -24,12 +26,15 @@ impl StoreSchema {
     }
 
     /// The names the migrations of `table` fill in: its expiry index, its steps table
-    /// ([`steps_table`]) and that table's expiry index.
-    pub(crate) fn names(&self, table: &TableName) -> [(&'static str, TableName); 3] {
+    /// ([`steps_table`]) and that table's expiry index, and its partial indexes of the
+    /// responses a tombstone sheds and of the uncertain claims.
+    pub(crate) fn names(&self, table: &TableName) -> [(&'static str, TableName); 5] {
         let steps = steps_table(table);
         [
-            ("{index}", (self.index)(table)),
-            ("{steps_index}", (self.index)(&steps)),
+            ("{index}", (self.index)(table, "expires_at")),
+            ("{steps_index}", (self.index)(&steps, "expires_at")),
+            ("{result_index}", (self.index)(table, "result_until")),
+            ("{uncertain_index}", (self.index)(table, "uncertain")),
             ("{steps}", steps),
         ]
     }
@@ -49,7 +54,7 @@ impl StoreSchema {
 
     /// What the store's `migrate` runs on `table`, as a script to apply out of band, headed by
     /// what it is: the schema of `store` (`SqliteStore`, `PostgresStore`) for `table`, and
-    /// `apply`, how to apply it.
+    /// `apply`, how to apply it and what applying it again does.
     pub(crate) fn script<DB: Ops>(
         &self,
         table: &TableName,
@@ -61,9 +66,7 @@ impl StoreSchema {
             "The schema of idem's {store} for the table {table}, up to version {latest}:\n\
              the statements {store}Builder::migrate runs, from {store}Builder::schema_sql.\n\
              {apply}\n\
-             Every statement is idempotent: this script brings an older schema up to date, and\n\
-             applying it again changes nothing. For another table,\n\
-             {store}::builder().table(NAME).schema_sql() writes its script.",
+             For another table, {store}::builder().table(NAME).schema_sql() writes its script.",
             latest = self.latest(),
         ))
     }

@@ -16,6 +16,7 @@ use idem_core::store::support::FAILED_STEP_PREFIX;
 use idem_core::Claim;
 use idem_core::Error;
 use idem_core::Key;
+use idem_core::OnLapse;
 use idem_core::{Abandoned, StepLog, StepRecord, StepState, StepWrite, INPUT_STEP};
 
 use super::corrupt;
@@ -34,6 +35,12 @@ pub(crate) struct StepStatements {
     refresh: String,
     /// Stores that a step began, or its result (fenced).
     write: String,
+    /// `write` that also sets the record's `uncertain` ($8), in one statement where the
+    /// database has data-modifying CTEs (PostgreSQL).
+    write_on_lapse: Option<String>,
+    /// Sets the record's `uncertain` ($3), fenced as `write`: before `write`, in one
+    /// transaction, where there is no `write_on_lapse` (SQLite).
+    set_on_lapse: String,
     /// Whether the claim still holds its running record.
     holds: String,
     evict: String,
@@ -53,6 +60,23 @@ impl StepStatements {
         // The fence: a row only while the record is in progress under the claim's token.
         let fence =
             format!("FROM {t} AS r WHERE r.key = $1 AND r.token = $2 AND r.state = 0{lock}");
+        // A finished step keeps its first result; an ended one (from an earlier life of the
+        // key, not yet pruned) is replaced.
+        let write_row = |from: &str| {
+            format!(
+                "{insert} SELECT r.key, $3, $4, r.token, 0, $5, $6, {until} {from} \
+                 ON CONFLICT (key, name) DO UPDATE SET position = excluded.position, \
+                   token = excluded.token, finished = excluded.finished, \
+                   result = excluded.result, expires_at = excluded.expires_at \
+                 WHERE s.finished = false OR s.expires_at <= {now}",
+                until = d.now_plus("$7"),
+            )
+        };
+        let set_uncertain = |param: &str| {
+            format!(
+                "UPDATE {t} SET uncertain = {param} WHERE key = $1 AND token = $2 AND state = 0"
+            )
+        };
         StepStatements {
             begin: format!(
                 "{insert} SELECT r.key, '', -1, r.token, 1, false, NULL, {until} {fence} \
@@ -70,16 +94,17 @@ impl StepStatements {
                  RETURNING name, CAST(position AS {bigint}), finished, result",
                 until = d.now_plus("$2"),
             ),
-            // A finished step keeps its first result; an ended one (from an earlier life of
-            // the key, not yet pruned) is replaced.
-            write: format!(
-                "{insert} SELECT r.key, $3, $4, r.token, 0, $5, $6, {until} {fence} \
-                 ON CONFLICT (key, name) DO UPDATE SET position = excluded.position, \
-                   token = excluded.token, finished = excluded.finished, \
-                   result = excluded.result, expires_at = excluded.expires_at \
-                 WHERE s.finished = false OR s.expires_at <= {now}",
-                until = d.now_plus("$7"),
-            ),
+            write: write_row(&fence),
+            // The record's update is the fence: the step row is written from the row it
+            // returns, so a stale claim changes neither.
+            write_on_lapse: d.claim_reads_live.then(|| {
+                format!(
+                    "WITH r AS ({} RETURNING key, token) {}",
+                    set_uncertain("$8"),
+                    write_row("FROM r")
+                )
+            }),
+            set_on_lapse: set_uncertain("$3"),
             holds: format!("SELECT 1 FROM {t} WHERE key = $1 AND token = $2 AND state = 0"),
             evict: format!("DELETE FROM {s} WHERE key = $1"),
             prune: format!(
@@ -88,14 +113,16 @@ impl StepStatements {
                    ORDER BY expires_at LIMIT $1{lock_batch})",
                 lock_batch = d.lock_batch,
             ),
-            // No claim holds it (its record is gone, or running past its lease), it has not
+            // No claim holds it (its record is gone, or running past its lease and not
+            // uncertain: the completer never runs an uncertain operation again), it has not
             // completed, and its latest attempt (the '' row's count) was not marked failed.
             abandoned: format!(
                 "SELECT s.key, s.result FROM {s} AS s \
                  JOIN {s} AS a ON a.key = s.key AND a.name = '' \
                  LEFT JOIN {t} AS r ON r.key = s.key \
                  WHERE s.name = '{INPUT_STEP}' AND s.finished = true AND s.expires_at > {now} \
-                   AND (r.key IS NULL OR (r.state = 0 AND r.expires_at <= {now})) \
+                   AND (r.key IS NULL OR (r.state = 0 AND r.expires_at <= {now} \
+                     AND r.uncertain = false)) \
                    AND NOT EXISTS (SELECT 1 FROM {s} AS f WHERE f.key = s.key \
                      AND f.name = '{FAILED_STEP_PREFIX}' || CAST(a.attempt AS TEXT)) \
                    AND s.key > $1 \
@@ -180,7 +207,10 @@ impl StepStatements {
 
     /// [`Store::write_step`](idem_core::Store::write_step), on the store's pool or on the caller's
     /// transaction (a transactional step): one statement, and one read more when it wrote
-    /// nothing, to tell a finished step (kept) from a claim taken over.
+    /// nothing, to tell a finished step (kept) from a claim taken over. A write with
+    /// `on_lapse` sets the record's `uncertain` under the same fence: in the same statement
+    /// on PostgreSQL; on SQLite by a statement before it, in one transaction (a savepoint in
+    /// the caller's), rolled back if the fence fails.
     pub(crate) async fn write<DB: Ops>(
         &self,
         conn: &mut DB::Connection,
@@ -188,16 +218,58 @@ impl StepStatements {
         step: StepWrite<'_>,
         retention_ms: i64,
     ) -> Result<(), Error> {
+        let Some(on_lapse) = step.on_lapse else {
+            return self
+                .write_fenced::<DB>(conn, &self.write, None, claim, step, retention_ms)
+                .await;
+        };
+        let uncertain = on_lapse == OnLapse::Uncertain;
+        if let Some(sql) = &self.write_on_lapse {
+            return self
+                .write_fenced::<DB>(conn, sql, Some(uncertain), claim, step, retention_ms)
+                .await;
+        }
         let token = claim.token().to_bytes();
         let key = &claim.key().as_bytes()[..];
-        let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(&self.write), key), &token[..]);
-        let query = DB::bind_i64(DB::bind_str(query, step.name), i64::from(step.position));
-        let query = DB::bind_opt_bytes(DB::bind_bool(query, step.result.is_some()), step.result);
-        if DB::execute(&mut *conn, DB::bind_i64(query, retention_ms))
+        let mut tx = conn.begin().await.map_err(sql_error)?;
+        let query = DB::bind_bytes(
+            DB::bind_bytes(sqlx::query(&self.set_on_lapse), key),
+            &token[..],
+        );
+        if DB::execute(&mut *tx, DB::bind_bool(query, uncertain))
             .await
             .map_err(sql_error)?
-            == 1
+            == 0
         {
+            // Dropping `tx` rolls it back; it changed nothing.
+            return Err(Error::LeaseLost);
+        }
+        self.write_fenced::<DB>(&mut tx, &self.write, None, claim, step, retention_ms)
+            .await?;
+        Ok(tx.commit().await.map_err(sql_error)?)
+    }
+
+    /// Runs the step write `sql` (with the record's `uncertain` as `$8` when given), then, if it
+    /// wrote nothing, reads whether the claim still holds its record.
+    async fn write_fenced<DB: Ops>(
+        &self,
+        conn: &mut DB::Connection,
+        sql: &str,
+        uncertain: Option<bool>,
+        claim: &Claim,
+        step: StepWrite<'_>,
+        retention_ms: i64,
+    ) -> Result<(), Error> {
+        let token = claim.token().to_bytes();
+        let key = &claim.key().as_bytes()[..];
+        let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(sql), key), &token[..]);
+        let query = DB::bind_i64(DB::bind_str(query, step.name), i64::from(step.position));
+        let query = DB::bind_opt_bytes(DB::bind_bool(query, step.result.is_some()), step.result);
+        let mut query = DB::bind_i64(query, retention_ms);
+        if let Some(uncertain) = uncertain {
+            query = DB::bind_bool(query, uncertain);
+        }
+        if DB::execute(&mut *conn, query).await.map_err(sql_error)? == 1 {
             return Ok(());
         }
         let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(&self.holds), key), &token[..]);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use idem_core::{
     Abandoned, AbandonedQuery, Claim, ClaimOutcome, ClaimRequest, Completion, Error, Key,
-    PrunerConfig, Record, StepLog, StepWrite, Store,
+    PrunerConfig, Record, StepLog, StepWrite, Store, Token, UncertainOperation,
 };
 
 use crate::background::Background;
@@ -290,9 +290,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         let lease = crate::millis("lease", request.lease)?;
         let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
         let via = crate::protocol::Via::Pool;
-        self.protocol
-            .start(via, &mut conn, request.key, request.fingerprint, lease)
-            .await
+        self.protocol.start(via, &mut conn, request, lease).await
     }
 
     async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
@@ -347,24 +345,27 @@ impl<DB: Backend> Store for SqlStore<DB> {
             .await
     }
 
-    // LAPSE-STUB: replaced by this store's own take_uncertain/find_uncertain (issue 42).
     async fn take_uncertain(
         &self,
-        key: &idem_core::Key,
-        token: idem_core::Token,
+        key: &Key,
+        token: Token,
         lease: std::time::Duration,
-    ) -> Result<idem_core::Claim, idem_core::Error> {
-        let _ = (token, lease);
-        Err(idem_core::Error::NotUncertain { operation: *key })
+    ) -> Result<Claim, Error> {
+        let lease = crate::millis("lease", lease)?;
+        let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
+        self.protocol
+            .take_uncertain(&mut conn, key, token, lease)
+            .await
     }
 
-    // LAPSE-STUB
     async fn find_uncertain(
         &self,
-        query: idem_core::AbandonedQuery<'_>,
-    ) -> Result<Vec<idem_core::UncertainOperation>, idem_core::Error> {
-        let _ = query;
-        Ok(Vec::new())
+        query: AbandonedQuery<'_>,
+    ) -> Result<Vec<UncertainOperation>, Error> {
+        let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
+        self.protocol
+            .find_uncertain(&mut conn, query.after, query.limit)
+            .await
     }
 
     async fn find_abandoned(&self, query: AbandonedQuery<'_>) -> Result<Vec<Abandoned>, Error> {
@@ -394,9 +395,7 @@ impl<DB: Backend> TransactionalStore for SqlStore<DB> {
     ) -> Result<ClaimOutcome, Error> {
         let lease = crate::millis("lease", request.lease)?;
         let via = crate::protocol::Via::Transaction;
-        self.protocol
-            .start(via, conn, request.key, request.fingerprint, lease)
-            .await
+        self.protocol.start(via, conn, request, lease).await
     }
 
     async fn complete_in(
@@ -406,8 +405,9 @@ impl<DB: Backend> TransactionalStore for SqlStore<DB> {
         completion: Completion<'_>,
     ) -> Result<(), Error> {
         let retention = crate::millis("retention", completion.retention)?;
+        let key_retention = crate::key_retention_millis(completion.key_retention)?;
         self.protocol
-            .complete(conn, claim, completion, retention)
+            .complete(conn, claim, completion, retention, key_retention)
             .await
     }
 

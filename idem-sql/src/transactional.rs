@@ -156,7 +156,9 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
     }
 
     /// Stores `value` as the claim's result, inside the caller's transaction, for the retention
-    /// chosen when the call began. It becomes the replayed answer when the caller commits. A
+    /// chosen when the call began, and keeps the key for the policy's
+    /// [`key_retention`](Policy::key_retention) after it (a tombstone: a retry then gets
+    /// [`Error::ResultExpired`]). It becomes the replayed answer when the caller commits. A
     /// value larger than [`Policy::max_response_bytes`] (or one the codec refuses) is not kept:
     /// the key is recorded as completed without it, and a retry gets
     /// [`Error::ResultNotRetained`].
@@ -174,7 +176,7 @@ impl<S: TransactionalStore, C: Codec> Transactional<S, C> {
             response: Some(&sealed),
             is_error: false,
             retention: claim.retention,
-            key_retention: Duration::ZERO,
+            key_retention: self.policy().key_retention(),
         };
         self.store.complete_in(conn, &claim_, done).await
     }
@@ -236,7 +238,11 @@ impl<S: TransactionalStore, C: Codec> TxCall<'_, S, C> {
     /// applies when the claim is [`finish`](Transactional::finish)ed.
     ///
     /// [`Error::Locked`] means a claim made outside any transaction (by the pooled engine) is
-    /// running; [`Error::KeyReused`] that the fingerprint differs from the stored one.
+    /// running; [`Error::KeyReused`] (or [`Error::PolicyChanged`]) that the fingerprint differs
+    /// from the stored one; [`Error::ResultExpired`] that the key completed and its result's
+    /// retention ended, its tombstone still running ([`Policy::key_retention`]): the work is
+    /// not run again; [`Error::Uncertain`] that a claim made outside any transaction with
+    /// `OnLapse::Uncertain` lapsed with no completion (resolve it first).
     ///
     /// ```
     /// use std::time::Duration;
@@ -283,7 +289,9 @@ impl<S: TransactionalStore, C: Codec> TxCall<'_, S, C> {
                 adapter::replay(&engine.core, cached).map(TxClaimOutcome::Replayed)
             }
             ClaimOutcome::Locked { retry_after } => Err(Error::Locked { retry_after }),
-            // LAPSE-STUB: the transactional mode's answers to these (issue 42).
+            // A claim made outside any transaction with `OnLapse::Uncertain` lapsed: not run
+            // again here either. (This mode's own claims are `OnLapse::Release`: a transaction
+            // that dies rolls its claim back with its writes, so nothing is left uncertain.)
             ClaimOutcome::Uncertain { since } => Err(Error::Uncertain {
                 operation: key,
                 since,

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Claim, ClaimOutcome, ClaimRequest, Completion, Error, Idempotency, Key, OnLocked, Outcome,
-    RecordState, Store, StoreErrorKind, Token,
+    Claim, ClaimOutcome, ClaimRequest, Completion, Error, Idempotency, Key, OnLapse, OnLocked,
+    Outcome, RecordState, Store, StoreErrorKind, Token,
 };
 use idem_sql::{PostgresStore, PostgresStoreBuilder, Transactional};
 use idem_test_support::postgres::{
@@ -176,7 +176,7 @@ async fn concurrent_first_connects_migrate_once() {
     .unwrap();
     assert_eq!(
         versions,
-        vec![1, 2],
+        vec![1, 2, 3],
         "each migration is recorded exactly once"
     );
     assert!(
@@ -1210,7 +1210,7 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, Error::SchemaNotMigrated { table: t, found: None, needed: 2 } if *t == table),
+        matches!(&err, Error::SchemaNotMigrated { table: t, found: None, needed: 3 } if *t == table),
         "{err:?}"
     );
     assert!(err.to_string().contains("migrate"), "{err}");
@@ -1252,7 +1252,7 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
         .fetch_all(&owner)
         .await
         .unwrap();
-    assert_eq!(listed.len(), 2);
+    assert_eq!(listed.len(), 3);
     assert_eq!(listed, by_migrate_listed);
 
     // The application role: the rights to read and write rows, and nothing more.
@@ -1292,7 +1292,7 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
         .from_pool(app_pool().await.unwrap())
         .await
         .unwrap_err();
-    assert!(not_migrated(&err, Some(0), 2), "{err:?}");
+    assert!(not_migrated(&err, Some(0), 3), "{err:?}");
 
     let pool = store.pool().clone();
     drop(store);
@@ -1558,7 +1558,7 @@ async fn relations(pool: &PgPool, schema: &str) -> Vec<String> {
 
 /// The longest table name the docs allow (63 bytes, PostgreSQL's identifier limit) works, with
 /// a connect that migrates and with one that only checks: every derived name (ledger, steps
-/// table, the two expiry indexes) fits whole, so PostgreSQL keeps what the store names, and the
+/// table, the two expiry indexes, the records table's two partial indexes) fits whole, so PostgreSQL keeps what the store names, and the
 /// store claims, keeps steps and completes. One byte more is refused before connecting.
 #[tokio::test]
 async fn a_table_name_of_the_longest_allowed_length_works() {
@@ -1574,13 +1574,16 @@ async fn a_table_name_of_the_longest_allowed_length_works() {
         .unwrap();
     idem_test_support::claim_steps_and_complete(&store, &key(1)).await;
     let names = relations(&pool, &schema).await;
-    assert_eq!(names.len(), 5, "{names:?}");
+    assert_eq!(names.len(), 7, "{names:?}");
     assert!(names.contains(&format!("r {table}")), "{names:?}");
     let indexes: Vec<&String> = names.iter().filter(|n| n.starts_with("i ")).collect();
-    assert_eq!(indexes.len(), 2, "{names:?}");
+    assert_eq!(indexes.len(), 4, "{names:?}");
     // Not cut by PostgreSQL: the suffix the store gave is whole.
+    let suffixes = ["_expires_at_idx", "_result_until_idx", "_uncertain_idx"];
     assert!(
-        indexes.iter().all(|n| n.ends_with("_expires_at_idx")),
+        indexes
+            .iter()
+            .all(|n| suffixes.iter().any(|s| n.ends_with(s))),
         "{names:?}"
     );
     let checking = quiet()
@@ -1636,8 +1639,193 @@ async fn a_v1_schema_with_a_48_byte_table_name_is_upgraded() {
         .from_pool(pool.clone())
         .await
         .unwrap_err();
-    assert!(not_migrated(&err, Some(1), 2), "{err:?}");
+    assert!(not_migrated(&err, Some(1), 3), "{err:?}");
     let store = quiet().table(&table).from_pool(pool.clone()).await.unwrap();
     idem_test_support::upgraded_and_working(&store, &kept, &key(8)).await;
     exec(&pool, &format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
+}
+
+/// A lease or retention short enough to wait out in a test, and a wait past it (the server's
+/// clock is the host's).
+const SHORT: Duration = Duration::from_millis(300);
+const PAST_SHORT: Duration = Duration::from_millis(600);
+
+/// A completion with a tombstone keeps its result for its retention; then `prune_expired`
+/// drops the response's bytes (counting the row) and keeps the row, which a claim meets as
+/// `Expired` (since the retention's end) and `get` reads as such; a completion without one is
+/// deleted at the same moment. The row left holds no response: 113 bytes as
+/// `pg_column_size` counts it (145 with a fingerprint; docs/postgres.md has what that makes
+/// with the page's item pointer and the index entries), and it is out of the partial index of
+/// responses to drop.
+#[tokio::test]
+async fn a_tombstone_keeps_no_response_bytes_after_prune() {
+    on_fresh(|url, store| async move {
+        let pool = pool(&url).await;
+        let table = store.table().to_owned();
+        let body = vec![7u8; 4096];
+        let c = claim(&store, 1).await;
+        let tombstone = Completion {
+            key_retention: Duration::from_secs(3600),
+            ..done(&body, SHORT)
+        };
+        store.complete(&c, tombstone).await.unwrap();
+        let c = claim(&store, 2).await;
+        store.complete(&c, done(b"gone", SHORT)).await.unwrap();
+        let (kept, gone) = (key(1), key(2));
+        let (gap, result_us): (i64, i64) = sqlx::query_as(&format!(
+            "SELECT extract(epoch from expires_at - result_until)::bigint, \
+               (extract(epoch from result_until) * 1000000)::bigint \
+             FROM \"{table}\" WHERE key = $1"
+        ))
+        .bind(kept.as_bytes().as_slice())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(gap, 3600, "whole seconds after the result");
+        let in_index = format!(
+            "SELECT count(*) FROM \"{table}\" WHERE response IS NOT NULL \
+               AND expires_at > result_until"
+        );
+        assert_eq!(count(&pool, &in_index).await, 1);
+        tokio::time::sleep(PAST_SHORT).await;
+
+        // One record deleted, one response dropped; then nothing left to do.
+        assert_eq!(store.prune_expired(1000).await.unwrap(), 2);
+        assert_eq!(store.prune_expired(1000).await.unwrap(), 0);
+        assert_eq!(rows_of(&pool, &store, &gone).await, 0);
+        assert_eq!(count(&pool, &in_index).await, 0);
+        let (stripped, bytes): (bool, i32) = sqlx::query_as(&format!(
+            "SELECT response IS NULL, pg_column_size(r.*) FROM \"{table}\" AS r WHERE key = $1"
+        ))
+        .bind(kept.as_bytes().as_slice())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!((stripped, bytes), (true, 113));
+        let since =
+            std::time::UNIX_EPOCH + Duration::from_micros(u64::try_from(result_us).unwrap());
+        for _ in 0..2 {
+            match store.claim(ClaimRequest::new(&kept, LEASE)).await.unwrap() {
+                ClaimOutcome::Expired { since: s } => assert_eq!(s, since),
+                other => panic!("a tombstone answers Expired, got {other:?}"),
+            }
+        }
+        match store.get(&kept).await.unwrap().map(|r| r.state) {
+            Some(RecordState::Expired { since: s }) => assert_eq!(s, since),
+            other => panic!("get of a tombstone read {other:?}"),
+        }
+    })
+    .await;
+}
+
+/// A table at schema version 2 (before uncertain claims and tombstones), holding what a
+/// version-2 store wrote, is upgraded: a connect that only checks says it is at version 2, a
+/// migrating one brings it to version 3; its rows read as before (no `result_until`: a
+/// completed record's retention ends with its `expires_at`), a running claim still locks its
+/// key, an ended record is pruned, and the store then keeps tombstones and uncertain claims on
+/// the upgraded table.
+#[tokio::test]
+async fn a_v2_schema_is_upgraded_and_its_records_read_as_before() {
+    let Some(url) = server() else { return };
+    let pool = pool(&url).await;
+    let table = unique_name("idem_v2");
+    let script = quiet().table(&table).schema_sql().unwrap();
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    exec(&mut *tx, idem_test_support::script_up_to(&script, 2)).await;
+    tx.commit().await.unwrap();
+    let (completed, running, ended) = (key(1), key(2), key(3));
+    for (k, state, expires, response) in [
+        (
+            &completed,
+            1i16,
+            "interval '1 hour'",
+            Some(&b"v2 receipt"[..]),
+        ),
+        (&running, 0, "interval '1 hour'", None),
+        (&ended, 1, "interval '-1 second'", Some(&b"old"[..])),
+    ] {
+        sqlx::query(&format!(
+            "INSERT INTO \"{table}\" (key, token, state, expires_at, response) \
+             VALUES ($1, $2, $3, clock_timestamp() + {expires}, $4)"
+        ))
+        .bind(k.as_bytes().as_slice())
+        .bind(&[0u8; 16][..])
+        .bind(state)
+        .bind(response)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let expires_us: i64 = sqlx::query_scalar(&format!(
+        "SELECT (extract(epoch from expires_at) * 1000000)::bigint FROM \"{table}\" WHERE key = $1"
+    ))
+    .bind(completed.as_bytes().as_slice())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+
+    let err = quiet()
+        .table(&table)
+        .migrate_on_connect(false)
+        .from_pool(pool.clone())
+        .await
+        .unwrap_err();
+    assert!(not_migrated(&err, Some(2), 3), "{err:?}");
+    let store = quiet().table(&table).from_pool(pool.clone()).await.unwrap();
+    idem_test_support::upgraded_and_working(&store, &completed, &key(8)).await;
+    match store
+        .claim(ClaimRequest::new(&completed, LEASE))
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Completed(r) => {
+            assert_eq!(r.response.as_deref(), Some(&b"v2 receipt"[..]));
+            let us = u64::try_from(expires_us).unwrap();
+            assert_eq!(
+                r.expires_at,
+                std::time::UNIX_EPOCH + Duration::from_micros(us)
+            );
+        }
+        other => panic!("the v2 record replays, got {other:?}"),
+    }
+    assert!(matches!(
+        store
+            .claim(ClaimRequest::new(&running, LEASE))
+            .await
+            .unwrap(),
+        ClaimOutcome::Locked { .. }
+    ));
+    assert!(store.get(&ended).await.unwrap().is_none());
+    assert_eq!(store.prune_expired(1000).await.unwrap(), 1);
+    assert_eq!(rows_of(&pool, &store, &ended).await, 0);
+
+    // The new columns work on the upgraded table.
+    let c = claim(&store, 4).await;
+    let tombstone = Completion {
+        key_retention: Duration::from_secs(60),
+        ..done(b"paid", SHORT)
+    };
+    store.complete(&c, tombstone).await.unwrap();
+    let uncertain = key(5);
+    let request = ClaimRequest::new(&uncertain, SHORT).on_lapse(OnLapse::Uncertain);
+    let ClaimOutcome::Claimed(_dead) = store.claim(request).await.unwrap() else {
+        panic!("a new key is claimed");
+    };
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(matches!(
+        store
+            .claim(ClaimRequest::new(&key(4), LEASE))
+            .await
+            .unwrap(),
+        ClaimOutcome::Expired { .. }
+    ));
+    assert!(matches!(
+        store
+            .claim(ClaimRequest::new(&uncertain, LEASE))
+            .await
+            .unwrap(),
+        ClaimOutcome::Uncertain { .. }
+    ));
+    drop_store_tables(&store).await;
 }

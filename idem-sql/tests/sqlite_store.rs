@@ -5,10 +5,10 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Completion, Error, Key, RecordState, Store, StoreError,
+    ClaimOutcome, ClaimRequest, Completion, Error, Key, OnLapse, RecordState, Store, StoreError,
     StoreErrorKind,
 };
 use idem_sql::{SqliteStore, SqliteStoreBuilder, SqliteSync};
@@ -243,7 +243,7 @@ async fn migrations_run_once_from_concurrent_pools_and_again_harmlessly() {
         .fetch_all(store.pool())
         .await
         .unwrap();
-    assert_eq!(versions, vec![1, 2]);
+    assert_eq!(versions, vec![1, 2, 3]);
     // Every pool sees the one table.
     let c = claim(&stores[0], &key(1), LEASE).await;
     assert!(matches!(
@@ -626,7 +626,7 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
         .fetch_all(store.pool())
         .await
         .unwrap();
-    assert_eq!(versions, vec![1, 2]);
+    assert_eq!(versions, vec![1, 2, 3]);
 }
 
 /// Fills a database with completed records (so its tables span several pages), closes it, and
@@ -1066,7 +1066,7 @@ async fn a_store_that_does_not_migrate_needs_the_schema_and_migrate_brings_it() 
 
     let err = checking().open(db(&dir)).await.unwrap_err();
     assert!(
-        matches!(&err, Error::SchemaNotMigrated { table, found: None, needed: 2 } if table == "idem_records"),
+        matches!(&err, Error::SchemaNotMigrated { table, found: None, needed: 3 } if table == "idem_records"),
         "{err:?}"
     );
     assert!(
@@ -1076,7 +1076,7 @@ async fn a_store_that_does_not_migrate_needs_the_schema_and_migrate_brings_it() 
 
     let url = url_of(&db(&dir));
     let err = checking().connect(&url).await.unwrap_err();
-    assert!(not_migrated(&err, None, 2), "{err:?}");
+    assert!(not_migrated(&err, None, 3), "{err:?}");
     let message = err.to_string();
     assert!(
         message.contains("migrate") && message.contains(".sql"),
@@ -1104,15 +1104,16 @@ async fn a_store_that_does_not_migrate_needs_the_schema_and_migrate_brings_it() 
         .await
         .unwrap();
     let err = checking().connect(&url).await.unwrap_err();
-    assert!(not_migrated(&err, Some(0), 2), "{err:?}");
+    assert!(not_migrated(&err, Some(0), 3), "{err:?}");
     // Another table of the same database is not migrated either.
     let err = checking().table("other").connect(&url).await.unwrap_err();
-    assert!(not_migrated(&err, None, 2), "{err:?}");
+    assert!(not_migrated(&err, None, 3), "{err:?}");
 }
 
 /// The `.sql` file shipped for teams that migrate out of band makes what `migrate()` makes, to
-/// the byte of every `CREATE`; applying it again changes nothing, and a store that does not
-/// migrate then works on it. It is what `schema_sql()` writes.
+/// the byte of every `CREATE`, and a store that does not migrate then works on it. It is what
+/// `schema_sql()` writes. Applying it again fails at version 3's `ADD COLUMN` (SQLite cannot
+/// add a column only if it is missing) and changes nothing, committed or not.
 #[tokio::test]
 async fn the_shipped_sql_file_makes_what_migrate_makes() {
     let file = include_str!("../sql/sqlite/idem_records.sql");
@@ -1125,15 +1126,23 @@ async fn the_shipped_sql_file_makes_what_migrate_makes() {
 
     let applied = url_of(&dir.path().join("applied.db"));
     let mut conn = sqlx::SqliteConnection::connect(&applied).await.unwrap();
-    for _ in 0..2 {
-        let mut tx = conn.begin().await.unwrap();
-        sqlx::raw_sql(file).execute(&mut *tx).await.unwrap();
-        tx.commit().await.unwrap();
-    }
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::raw_sql(file).execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(schema_of(&applied).await, schema_of(&migrated).await);
+    let mut tx = conn.begin().await.unwrap();
+    let again = sqlx::raw_sql(file).execute(&mut *tx).await.unwrap_err();
+    assert!(
+        again
+            .to_string()
+            .contains("duplicate column name: result_until"),
+        "{again}"
+    );
+    tx.commit().await.unwrap();
     assert_eq!(schema_of(&applied).await, schema_of(&migrated).await);
     let ledger = "SELECT version, description FROM idem_records_migrations";
     let listed: Vec<(i64, String)> = sqlx::query_as(ledger).fetch_all(&mut conn).await.unwrap();
-    assert_eq!(listed.len(), 2);
+    assert_eq!(listed.len(), 3);
     let mut other = sqlx::SqliteConnection::connect(&migrated).await.unwrap();
     let by_migrate: Vec<(i64, String)> =
         sqlx::query_as(ledger).fetch_all(&mut other).await.unwrap();
@@ -1243,8 +1252,9 @@ async fn a_table_name_of_the_longest_allowed_length_works() {
             .fetch_all(store.pool())
             .await
             .unwrap();
-    // The records table, its ledger, its steps table and their two indexes.
-    assert_eq!(names.len(), 5, "{names:?}");
+    // The records table, its ledger, its steps table, their two expiry indexes and the
+    // records table's two partial indexes.
+    assert_eq!(names.len(), 7, "{names:?}");
     assert!(names.iter().all(|n| n.len() <= 63), "{names:?}");
     assert!(names.contains(&table), "{names:?}");
     // Another store on the table finds the same names (and migrates nothing).
@@ -1393,4 +1403,184 @@ async fn close_checkpoints_the_log_and_removes_it() {
             None => panic!("record {n} lost"),
         }
     }
+}
+
+/// The payload bytes SQLite's `dbstat` counts for the b-tree `name` (a table or an index).
+async fn payload_of(store: &SqliteStore, name: &str) -> i64 {
+    sqlx::query_scalar("SELECT coalesce(sum(payload), 0) FROM dbstat WHERE name = $1")
+        .bind(name)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+/// A completion with a tombstone keeps its result for its retention; then `prune_expired`
+/// drops the response's bytes (counting the row) and keeps the row, which a claim meets as
+/// `Expired` (since the retention's end) and `get` reads as such. A completion without one is
+/// deleted at the same moment. The row left holds no response: a 70-byte record in the table
+/// (102 with a fingerprint), 35 bytes in the key's index and 9 in the expiry index (each with
+/// the row's rowid, 0 bytes for rowid 1 here, 1 to 3 in a table of millions), and none in the
+/// partial indexes (docs/stores.md has what that makes on the page).
+#[tokio::test]
+async fn a_tombstone_keeps_no_response_bytes_after_prune() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = quiet().open(db(&dir)).await.unwrap();
+    let (kept, gone) = (key(1), key(2));
+    let body = vec![7u8; 4096];
+    let c = claim(&store, &kept, LEASE).await;
+    let tombstone = Completion {
+        key_retention: Duration::from_secs(3600),
+        ..done(&body, SHORT)
+    };
+    store.complete(&c, tombstone).await.unwrap();
+    let c = claim(&store, &gone, LEASE).await;
+    store.complete(&c, done(b"gone", SHORT)).await.unwrap();
+    let table = store.table().to_owned();
+    let (result_until, expires_at): (i64, i64) = sqlx::query_as(&format!(
+        "SELECT result_until, expires_at FROM \"{table}\" WHERE key = $1"
+    ))
+    .bind(kept.as_bytes().as_slice())
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        expires_at - result_until,
+        3_600_000,
+        "whole seconds after the result"
+    );
+    assert!(payload_of(&store, &format!("{table}_result_until")).await > 0);
+    tokio::time::sleep(PAST_SHORT).await;
+
+    // One record deleted, one response dropped; then nothing left to do.
+    assert_eq!(store.prune_expired(100).await.unwrap(), 2);
+    assert_eq!(store.prune_expired(100).await.unwrap(), 0);
+    assert_eq!(rows_of(&store, &gone).await, 0);
+    let (response, bytes): (Option<Vec<u8>>, i64) = sqlx::query_as(&format!(
+        "SELECT response, length(key) + length(token) FROM \"{table}\" WHERE key = $1"
+    ))
+    .bind(kept.as_bytes().as_slice())
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!((response, bytes), (None, 48));
+    let since = UNIX_EPOCH + Duration::from_millis(result_until.try_into().unwrap());
+    for _ in 0..2 {
+        match store.claim(ClaimRequest::new(&kept, LEASE)).await.unwrap() {
+            ClaimOutcome::Expired { since: s } => assert_eq!(s, since),
+            other => panic!("a tombstone answers Expired, got {other:?}"),
+        }
+    }
+    match store.get(&kept).await.unwrap().map(|r| r.state) {
+        Some(RecordState::Expired { since: s }) => assert_eq!(s, since),
+        other => panic!("get of a tombstone read {other:?}"),
+    }
+
+    // What the tombstone costs: its record, its entries in the key's and the expiry index,
+    // and nothing in the partial indexes (it left the result index when stripped).
+    let record = payload_of(&store, &table).await;
+    let key_index = payload_of(&store, &format!("sqlite_autoindex_{table}_1")).await;
+    let expiry_index = payload_of(&store, &format!("{table}_expires_at")).await;
+    let partial = payload_of(&store, &format!("{table}_result_until")).await
+        + payload_of(&store, &format!("{table}_uncertain")).await;
+    assert_eq!((record, key_index, expiry_index, partial), (70, 35, 9, 0));
+}
+
+/// A table at schema version 2 (before uncertain claims and tombstones), holding what a
+/// version-2 store wrote, is upgraded on connect: its rows read as before (no `result_until`:
+/// a completed record's retention ends with its `expires_at`), a running claim still locks its
+/// key, an ended record is pruned, and the store then keeps tombstones and uncertain claims on
+/// the upgraded table.
+#[tokio::test]
+async fn a_v2_schema_is_upgraded_and_its_records_read_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = SqliteStore::builder().schema_sql().unwrap();
+    let mut conn = sqlx::SqliteConnection::connect(&url_of(&db(&dir)))
+        .await
+        .unwrap();
+    sqlx::raw_sql(idem_test_support::script_up_to(&script, 2))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let (completed, running, ended) = (key(1), key(2), key(3));
+    let now = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
+    for (k, state, expires, response) in [
+        (
+            &completed,
+            1,
+            format!("{now} + 3600000"),
+            Some(&b"v2 receipt"[..]),
+        ),
+        (&running, 0, format!("{now} + 3600000"), None),
+        (&ended, 1, format!("{now} - 1000"), Some(&b"old"[..])),
+    ] {
+        sqlx::query(&format!(
+            "INSERT INTO idem_records (key, token, state, expires_at, response) \
+             VALUES ($1, zeroblob(16), $2, {expires}, $3)"
+        ))
+        .bind(k.as_bytes().as_slice())
+        .bind(state)
+        .bind(response)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    let expires_ms: i64 = sqlx::query_scalar("SELECT expires_at FROM idem_records WHERE key = $1")
+        .bind(completed.as_bytes().as_slice())
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+
+    let store = quiet().open(db(&dir)).await.unwrap();
+    idem_test_support::upgraded_and_working(&store, &completed, &key(8)).await;
+    match store
+        .claim(ClaimRequest::new(&completed, LEASE))
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Completed(r) => {
+            assert_eq!(r.response.as_deref(), Some(&b"v2 receipt"[..]));
+            let ms = u64::try_from(expires_ms).unwrap();
+            assert_eq!(r.expires_at, UNIX_EPOCH + Duration::from_millis(ms));
+        }
+        other => panic!("the v2 record replays, got {other:?}"),
+    }
+    assert!(matches!(
+        store
+            .claim(ClaimRequest::new(&running, LEASE))
+            .await
+            .unwrap(),
+        ClaimOutcome::Locked { .. }
+    ));
+    assert!(store.get(&ended).await.unwrap().is_none());
+    assert_eq!(store.prune_expired(100).await.unwrap(), 1);
+    assert_eq!(rows_of(&store, &ended).await, 0);
+
+    // The new columns work on the upgraded table.
+    let c = claim(&store, &key(4), LEASE).await;
+    let tombstone = Completion {
+        key_retention: Duration::from_secs(60),
+        ..done(b"paid", SHORT)
+    };
+    store.complete(&c, tombstone).await.unwrap();
+    let uncertain = key(5);
+    let request = ClaimRequest::new(&uncertain, SHORT).on_lapse(OnLapse::Uncertain);
+    let ClaimOutcome::Claimed(_dead) = store.claim(request).await.unwrap() else {
+        panic!("a new key is claimed");
+    };
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(matches!(
+        store
+            .claim(ClaimRequest::new(&key(4), LEASE))
+            .await
+            .unwrap(),
+        ClaimOutcome::Expired { .. }
+    ));
+    assert!(matches!(
+        store
+            .claim(ClaimRequest::new(&key(5), LEASE))
+            .await
+            .unwrap(),
+        ClaimOutcome::Uncertain { .. }
+    ));
 }

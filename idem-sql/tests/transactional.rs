@@ -9,11 +9,12 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::ops::DerefMut;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{Error, Key, Outcome, RecordState, Store};
+use idem_core::{ClaimOutcome, ClaimRequest, Error, Key, OnLapse, Outcome, RecordState, Store};
 use idem_sql::{Transactional, TransactionalStore, TxClaimOutcome};
 use idem_test_support::bank::{Tables, DELIVERIES, DEPOSITS, DEPOSITS_TOTAL};
 use serde::{Deserialize, Serialize};
@@ -51,6 +52,13 @@ trait Db: Sized + Send + Sync + 'static {
     async fn open(test: &str) -> Option<Self>;
 
     fn idem(&self) -> &Transactional<Self::Store>;
+
+    /// Transactional mode over the same store with another `retention` and `key_retention`.
+    fn with_retention(
+        &self,
+        retention: Duration,
+        key_retention: Duration,
+    ) -> Transactional<Self::Store>;
 
     fn tables(&self) -> &Arc<Tables>;
 
@@ -326,6 +334,79 @@ async fn completed_key_replays_without_running<D: Db>(db: Arc<D>) {
     assert_eq!(db.committed().await, (700, 1));
 }
 
+/// Past the lease in transactional mode. Its completions keep the policy's `key_retention`:
+/// once the result's retention ends, a retry gets `Error::ResultExpired` (since the retention's
+/// end, as `get` reads the tombstone) and the work does not run. A key that a claim made outside
+/// any transaction with `OnLapse::Uncertain` left uncertain is `Error::Uncertain` naming it.
+/// Neither writes anything.
+async fn expired_and_uncertain_keys_are_refused<D: Db>(db: Arc<D>) {
+    let db = &*db;
+    let retention = Duration::from_millis(500);
+    let idem = db.with_retention(retention, Duration::from_secs(3600));
+    assert_eq!(idem.policy().key_retention(), Duration::from_secs(3600));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let key = Key::derive("deposit", "acct", "req-expiring").unwrap();
+    let mut tx = db.begin().await;
+    assert_eq!(
+        counted_deposit(db, &idem, &mut tx, key, &ran)
+            .await
+            .unwrap(),
+        Outcome::Fresh(100)
+    );
+    D::commit(tx).await;
+    tokio::time::sleep(retention * 2).await;
+    let mut tx = db.begin().await;
+    let since = match counted_deposit(db, &idem, &mut tx, key, &ran).await {
+        Err(BankError::Idem(Error::ResultExpired { since })) => since,
+        other => panic!("a retry past the retention must not run: {other:?}"),
+    };
+    drop(tx);
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        record_of(db, &key).await,
+        Some(RecordState::Expired { since })
+    );
+
+    let store = db.idem().store();
+    let uncertain = Key::derive("deposit", "acct", "req-uncertain").unwrap();
+    let lease = Duration::from_millis(300);
+    let request = ClaimRequest::new(&uncertain, lease).on_lapse(OnLapse::Uncertain);
+    let ClaimOutcome::Claimed(_dead) = store.claim(request).await.unwrap() else {
+        panic!("a new key is claimed");
+    };
+    tokio::time::sleep(lease * 2).await;
+    let mut tx = db.begin().await;
+    match counted_deposit(db, &idem, &mut tx, uncertain, &ran).await {
+        Err(BankError::Idem(Error::Uncertain { operation, .. })) => {
+            assert_eq!(operation, uncertain)
+        }
+        other => panic!("an uncertain key must not run: {other:?}"),
+    }
+    drop(tx);
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert_eq!(db.committed().await, (100, 1));
+}
+
+/// A deposit of 100 through `idem`, counting its runs in `ran`.
+async fn counted_deposit<D: Db>(
+    db: &D,
+    idem: &Transactional<D::Store>,
+    conn: &mut D::Conn,
+    key: Key,
+    ran: &Arc<AtomicUsize>,
+) -> Result<Outcome<u32>, BankError> {
+    let (tables, ran) = (db.tables().clone(), ran.clone());
+    idem.call(key)
+        .run(conn, move |conn| {
+            Box::pin(async move {
+                ran.fetch_add(1, Ordering::SeqCst);
+                D::apply(conn, &tables, "req-expiring", 100).await?;
+                Ok::<u32, BankError>(100)
+            })
+        })
+        .await
+}
+
 /// Implements [`Db`] for one database, a struct of `idem`, `tables` and `_keep` (what must live
 /// as long as the database) with an inherent `records(test)` that opens the records store; the
 /// bodies are the same text for both, only the types, the integer type and the `BEGIN`
@@ -358,6 +439,18 @@ macro_rules! impl_db {
 
             fn idem(&self) -> &Transactional<$store> {
                 &self.idem
+            }
+
+            fn with_retention(
+                &self,
+                retention: std::time::Duration,
+                key_retention: std::time::Duration,
+            ) -> Transactional<$store> {
+                Transactional::builder(self.idem.store().clone())
+                    .retention(retention)
+                    .key_retention(key_retention)
+                    .build()
+                    .unwrap()
             }
 
             fn tables(&self) -> &Arc<Tables> {
@@ -441,6 +534,12 @@ macro_rules! tests_for {
         async fn an_error_releases_the_claim_and_commit_leaves_the_key_free() {
             let test = "an_error_releases_the_claim_and_commit_leaves_the_key_free";
             on_a_db(test, super::error_releases_the_claim::<$db>).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn expired_and_uncertain_keys_are_refused_without_running() {
+            let test = "expired_and_uncertain_keys_are_refused_without_running";
+            on_a_db(test, super::expired_and_uncertain_keys_are_refused::<$db>).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

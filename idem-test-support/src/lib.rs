@@ -131,7 +131,7 @@ pub async fn claim_steps_and_complete(store: &dyn idem_core::Store, key: &idem_c
 }
 
 /// Checks a SQL store just connected to a schema of an older version: its schema is now the
-/// current one (2), the completed record `kept` written before the upgrade is still there, and
+/// current one (3), the completed record `kept` written before the upgrade is still there, and
 /// the store works ([`claim_steps_and_complete`] on `fresh`).
 ///
 /// ```
@@ -142,7 +142,7 @@ pub async fn claim_steps_and_complete(store: &dyn idem_core::Store, key: &idem_c
 /// let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
 /// let kept = Key::derive("doc", "", "kept").unwrap();
 /// let ClaimOutcome::Claimed(claim) = store.claim(ClaimRequest::new(&kept, std::time::Duration::from_secs(30))).await.unwrap() else { panic!() };
-/// let done = Completion { response: None, is_error: false, retention: std::time::Duration::from_secs(60), key_retention: Duration::ZERO };
+/// let done = Completion { response: None, is_error: false, retention: std::time::Duration::from_secs(60), key_retention: std::time::Duration::ZERO };
 /// store.complete(&claim, done).await.unwrap();
 /// idem_test_support::upgraded_and_working(&store, &kept, &Key::derive("doc", "", "new").unwrap()).await;
 /// # } }
@@ -152,7 +152,7 @@ pub async fn upgraded_and_working<S: idem_core::Store + idem_core::StoreAdmin>(
     kept: &idem_core::Key,
     fresh: &idem_core::Key,
 ) {
-    assert_eq!(store.schema_version().await.unwrap(), 2);
+    assert_eq!(store.schema_version().await.unwrap(), 3);
     let record = store.get(kept).await.unwrap();
     match record.map(|r| r.state) {
         Some(idem_core::RecordState::Completed(_)) => {}

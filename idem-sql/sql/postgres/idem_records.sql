@@ -1,10 +1,10 @@
--- The schema of idem's PostgresStore for the table "idem_records", up to version 2:
+-- The schema of idem's PostgresStore for the table "idem_records", up to version 3:
 -- the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.
 -- Apply it in one transaction, as a role that may create tables in the schema
 -- (psql --single-transaction -f FILE).
 -- Every statement is idempotent: this script brings an older schema up to date, and
--- applying it again changes nothing. For another table,
--- PostgresStore::builder().table(NAME).schema_sql() writes its script.
+-- applying it again changes nothing.
+-- For another table, PostgresStore::builder().table(NAME).schema_sql() writes its script.
 
 CREATE TABLE IF NOT EXISTS "idem_records_migrations" (
     version     BIGINT NOT NULL PRIMARY KEY,
@@ -39,3 +39,10 @@ CREATE TABLE IF NOT EXISTS "idem_records_steps" (
     PRIMARY KEY (key, name)
 );
 CREATE INDEX IF NOT EXISTS "idem_records_steps_expires_at_idx" ON "idem_records_steps" (expires_at);
+
+-- Version 3: uncertain claims and tombstones.
+INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (3, 'uncertain claims and tombstones', clock_timestamp()) ON CONFLICT (version) DO NOTHING;
+ALTER TABLE "idem_records" ADD COLUMN IF NOT EXISTS result_until timestamptz NULL;
+ALTER TABLE "idem_records" ADD COLUMN IF NOT EXISTS uncertain boolean NOT NULL DEFAULT false;
+CREATE INDEX IF NOT EXISTS "idem_records_result_until_idx" ON "idem_records" (result_until) WHERE response IS NOT NULL AND expires_at > result_until;
+CREATE INDEX IF NOT EXISTS "idem_records_uncertain_idx" ON "idem_records" (key) WHERE state = 0 AND uncertain = true;

@@ -1,6 +1,7 @@
 -- The migrations of idem's PostgresStore, oldest first, as the store includes them: each step
 -- opens with its "-- Version N: ..." line; {table} is the records table, {index} its expiry
--- index, {steps} the steps table (<table>_steps) and {steps_index} that table's expiry index.
+-- index, {steps} the steps table (<table>_steps) and {steps_index} that table's expiry index,
+-- {result_index} and {uncertain_index} the records table's partial indexes of version 3.
 -- Never change what an applied step creates; append a new step. Every statement is
 -- idempotent (IF NOT EXISTS): a records table found missing is re-created by running the
 -- applied steps again. idem_records.sql beside this file is the script these make for the
@@ -33,3 +34,16 @@ CREATE TABLE IF NOT EXISTS {steps} (
     PRIMARY KEY (key, name)
 );
 CREATE INDEX IF NOT EXISTS {steps_index} ON {steps} (expires_at);
+
+-- Version 3: uncertain claims and tombstones.
+-- What a record keeps past its lease (docs/architecture.md, "Past the lease"). expires_at stays
+-- when the key frees: a running claim's lease end, a completed record's tombstone end (its
+-- retention's end when it has no tombstone). result_until is a completed record's retention
+-- end (NULL while running, and on rows completed before this version, which read it as
+-- expires_at); uncertain marks a claim made with OnLapse::Uncertain, which no claim takes over
+-- once its lease ends. The partial indexes hold only the rows the pruner strips of their
+-- response (a tombstone's, once its retention ends) and the uncertain claims.
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS result_until timestamptz NULL;
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS uncertain boolean NOT NULL DEFAULT false;
+CREATE INDEX IF NOT EXISTS {result_index} ON {table} (result_until) WHERE response IS NOT NULL AND expires_at > result_until;
+CREATE INDEX IF NOT EXISTS {uncertain_index} ON {table} (key) WHERE state = 0 AND uncertain = true;

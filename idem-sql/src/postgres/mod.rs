@@ -37,6 +37,8 @@ const RENEW_CONNECTIONS: u32 = 2;
 ///     ClaimOutcome::Claimed(claim) => { /* run the work, then store.complete(&claim, …) */ }
 ///     ClaimOutcome::Completed(cached) => { /* replay cached.response */ }
 ///     ClaimOutcome::Locked { retry_after } => { /* another node is running it */ }
+///     ClaimOutcome::Uncertain { since } => { /* its holder died with OnLapse::Uncertain */ }
+///     ClaimOutcome::Expired { since } => { /* completed; its result expired at `since` */ }
 /// }
 /// # Ok(()) }
 /// ```
@@ -105,15 +107,35 @@ const RENEW_CONNECTIONS: u32 = 2;
 ///     fingerprint bytea       NULL,          -- 32 bytes: SHA-256 of the request, if given
 ///     token       bytea       NOT NULL,      -- 16 bytes: the claim's random fencing token
 ///     state       smallint    NOT NULL,      -- 0 in progress, 1 completed
-///     expires_at  timestamptz NOT NULL,      -- lease end (in progress), retention end (completed)
+///     expires_at  timestamptz NOT NULL,      -- when the key frees: lease end (in progress),
+///                                            -- tombstone end (completed)
 ///     response    bytea       NULL,          -- the encoded response once completed
-///     is_error    boolean     NOT NULL DEFAULT false
+///     is_error    boolean     NOT NULL DEFAULT false,
+///     -- version 3 (docs/architecture.md, "Past the lease"):
+///     result_until timestamptz NULL,         -- completed: the result's retention end (NULL on
+///                                            -- rows completed before version 3: expires_at)
+///     uncertain   boolean     NOT NULL DEFAULT false -- claimed with OnLapse::Uncertain
 /// );
 /// CREATE INDEX idem_records_expires_at_idx ON idem_records (expires_at);
+/// -- Partial: the responses the pruner drops (a tombstone's, after its retention) ...
+/// CREATE INDEX idem_records_result_until_idx ON idem_records (result_until)
+///     WHERE response IS NOT NULL AND expires_at > result_until;
+/// -- ... and the uncertain claims (find_uncertain).
+/// CREATE INDEX idem_records_uncertain_idx ON idem_records (key)
+///     WHERE state = 0 AND uncertain = true;
 /// -- applied migrations, one row per version
 /// CREATE TABLE idem_records_migrations (version bigint PRIMARY KEY, description text NOT NULL,
 ///                                       applied_at timestamptz NOT NULL);
 /// ```
+///
+/// A completion with a `key_retention` keeps its result until `result_until` and its key until
+/// `expires_at`, `result_until` plus the `key_retention` in whole seconds (rounded up); without
+/// one the two are equal. Once `result_until` passes the record is a tombstone (a claim gets
+/// [`ClaimOutcome::Expired`](idem_core::ClaimOutcome::Expired)) and the pruner drops its
+/// response: the row left is 113 bytes (145 with a fingerprint) as `pg_column_size` counts it,
+/// about 200 with its line pointer and index entries (docs/postgres.md). A claim made with
+/// [`OnLapse::Uncertain`](idem_core::OnLapse::Uncertain) whose lease ends is never taken over
+/// nor pruned (`uncertain`): only its holder, `take_uncertain` or `evict` change it.
 ///
 /// Migrations are embedded and versioned (`schema.rs`) and applied by the migrator that the
 /// SQLite store and the kit share. On connect the pending versions are applied in one
@@ -141,15 +163,19 @@ const RENEW_CONNECTIONS: u32 = 2;
 ///
 /// | call | statements |
 /// |---|---|
-/// | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= clock_timestamp()`, which claimed if it wrote a row (the command tag's count, so no row comes back); 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
-/// | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which meets the live row and changes nothing, then the `SELECT`) |
+/// | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE NOT (expires_at > clock_timestamp() OR (state = 0 AND uncertain = true))`, which claimed if it wrote a row (the command tag's count, so no row comes back); 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
+/// | `start`, live key (replay, locked, reused, uncertain, tombstone) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which meets the live row and changes nothing, then the `SELECT`) |
 /// | `start`, live row vanishing between the two statements | the claim again, at most three times in all |
 /// | `start` in transactional mode | 1 for every key: a data-modifying CTE that claims, or returns the live row unlocked (below) |
 /// | `complete` | 1: `UPDATE … WHERE key = $1 AND token = $2`, which keeps the first result when the claim had already completed |
 /// | `renew` | 1: `UPDATE … WHERE key = $1 AND token = $2 AND state = 0`, on the renewal pool (below) |
 /// | `abort` | 1: `DELETE … WHERE key = $1 AND token = $2 AND state = 0` |
-/// | `get`, `evict` | 1 |
-/// | `prune_expired(limit)` | 1, deleting at most `limit` rows found through the expiry index |
+/// | `get` | 1 |
+/// | `evict` | 2 `DELETE`s (its steps, the record) in one transaction |
+/// | `take_uncertain` | 1: `UPDATE … WHERE key = $1 AND token = $2 AND state = 0 AND uncertain = true AND expires_at <= clock_timestamp()` |
+/// | `find_uncertain` | 1 `SELECT`, on the partial index of uncertain claims |
+/// | `write_step`, with or without `on_lapse` | 1 (with it, a data-modifying CTE sets the record's `uncertain` and is the step's fence); one `SELECT` more when it wrote nothing |
+/// | `prune_expired(limit)` | up to 3, each filling what the batch has left: a `DELETE` of ended records (through the expiry index; never an uncertain claim), an `UPDATE … SET response = NULL` of tombstones past their retention (through the partial index), a `DELETE` of ended steps |
 ///
 /// Statements are prepared once per pooled connection (sqlx's statement cache), so each of the
 /// above is one network round trip once a connection is warm. Every statement's reply is read to

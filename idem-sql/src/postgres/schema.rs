@@ -12,11 +12,11 @@ use idem_core::Error;
 /// what it fills in and how a step is added.
 const MIGRATIONS: &str = include_str!("../../sql/postgres/migrations.sql");
 
-/// The records table's schema: its migrations, and indexes named `<table>_expires_at_idx` in
-/// the table's schema.
+/// The records table's schema: its migrations, and indexes named `<table>_<column>_idx`
+/// (`<table>_expires_at_idx`) in the table's schema.
 const SCHEMA: StoreSchema = StoreSchema {
     migrations: MIGRATIONS,
-    index: |table| table.suffixed("_expires_at_idx").unqualified(),
+    index: |table, column| table.suffixed(&format!("_{column}_idx")).unqualified(),
 };
 
 /// Brings `table` (and its `<table>_expires_at_idx` index, in the table's schema) up to date;
@@ -38,7 +38,14 @@ pub(super) async fn check(conn: &mut PgConnection, table: &TableName) -> Result<
 
 /// What [`migrate`] runs, as a script for `psql` or a migration tool.
 pub(super) fn script(table: &TableName) -> Result<String, Error> {
-    SCHEMA.script::<Postgres>(table, "PostgresStore", "Apply it in one transaction, as a role that may create tables in the schema\n(psql --single-transaction -f FILE).")
+    SCHEMA.script::<Postgres>(
+        table,
+        "PostgresStore",
+        "Apply it in one transaction, as a role that may create tables in the schema\n\
+         (psql --single-transaction -f FILE).\n\
+         Every statement is idempotent: this script brings an older schema up to date, and\n\
+         applying it again changes nothing.",
+    )
 }
 
 /// What a migration or a check found, as the store reports it.

@@ -44,7 +44,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///     unreachable!("a new key is always started");
 /// };
 /// let retention = Duration::from_secs(3600);
-/// let done = Completion { response: Some(&b"receipt-7"[..]), is_error: false, retention };
+/// let done = Completion::new(Some(&b"receipt-7"[..]), retention);
 /// store.complete(&claim, done).await?;
 ///
 /// let ClaimOutcome::Completed(cached) = store.claim(ClaimRequest::new(&key, lease)).await? else {
@@ -65,12 +65,32 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///     fingerprint BLOB             CHECK (fingerprint IS NULL OR length(fingerprint) = 32),
 ///     token       BLOB    NOT NULL CHECK (length(token) = 16),
 ///     state       INTEGER NOT NULL CHECK (state IN (0, 1)),   -- 0 in progress, 1 completed
-///     expires_at  INTEGER NOT NULL,  -- ms since the Unix epoch: lease end, then retention end
+///     expires_at  INTEGER NOT NULL,  -- ms since the Unix epoch: when the key frees (a lease's
+///                                    -- end; a completed record's tombstone end)
 ///     response    BLOB,
-///     is_error    INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1))
+///     is_error    INTEGER NOT NULL DEFAULT 0 CHECK (is_error IN (0, 1)),
+///     -- version 3 (docs/architecture.md, "Past the lease"):
+///     result_until INTEGER,          -- completed: the result's retention end (NULL on rows
+///                                    -- completed before version 3: expires_at)
+///     uncertain   INTEGER NOT NULL DEFAULT 0 CHECK (uncertain IN (0, 1)) -- OnLapse::Uncertain
 /// );
 /// CREATE INDEX "idem_records_expires_at" ON "idem_records" (expires_at);
+/// -- Partial: the responses the pruner drops (a tombstone's, after its retention) ...
+/// CREATE INDEX "idem_records_result_until" ON "idem_records" (result_until)
+///     WHERE response IS NOT NULL AND expires_at > result_until;
+/// -- ... and the uncertain claims (find_uncertain).
+/// CREATE INDEX "idem_records_uncertain" ON "idem_records" (key)
+///     WHERE state = 0 AND uncertain = true;
 /// ```
+///
+/// A completion with a `key_retention` keeps its result until `result_until` and its key until
+/// `expires_at`, `result_until` plus the `key_retention` in whole seconds (rounded up); without
+/// one the two are equal. Once `result_until` passes the record is a tombstone (a claim gets
+/// [`ClaimOutcome::Expired`](idem_core::ClaimOutcome::Expired)), and the pruner drops its
+/// response: the row left costs a 70-byte record (102 with a fingerprint) and two index entries
+/// of about 40 and 14 bytes (docs/stores.md). A claim made with
+/// [`OnLapse::Uncertain`](idem_core::OnLapse::Uncertain) whose lease ends is never taken over
+/// nor pruned (`uncertain`): only its holder, `take_uncertain` or `evict` change it.
 ///
 /// `key` is the 32-byte [`Key`](idem_core::Key), `token` the claim's random 128-bit [`Token`](idem_core::Token) (kept after
 /// completion, so a token is never reused for a key). It is an ordinary rowid table rather than
@@ -99,14 +119,17 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// | operation | statements |
 /// |---|---|
-/// | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at <= now`, which claimed if it wrote a row (its count of changed rows, so no row comes back to decode); 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
-/// | `start`, live key (replay, locked, reused) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which finds the live row, then the `SELECT`) |
+/// | `start`, new or expired key | 1: `INSERT … ON CONFLICT (key) DO UPDATE … WHERE NOT (expires_at > now OR (state = 0 AND uncertain = true))`, which claimed if it wrote a row (its count of changed rows, so no row comes back to decode); 2 while reading first (a `SELECT` of the live row, which finds none, comes before it) |
+/// | `start`, live key (replay, locked, reused, uncertain, tombstone) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which finds the live row, then the `SELECT`) |
 /// | `complete` | 1 `UPDATE … WHERE key = ? AND token = ?`, which keeps the first result when the claim had already completed |
 /// | `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0`, on the renewal connection (below) |
 /// | `abort` | 1 `DELETE … WHERE key = ? AND token = ? AND state = 0` |
-/// | `evict` | 1 `DELETE` |
+/// | `evict` | 1 `DELETE` of the record and 1 of its steps, in a transaction |
 /// | `get` | 1 `SELECT` |
-/// | `prune_expired` | 1 `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now ORDER BY expires_at LIMIT ?)` |
+/// | `take_uncertain` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0 AND uncertain = true AND expires_at <= now` |
+/// | `find_uncertain` | 1 `SELECT`, on the partial index of uncertain claims |
+/// | `write_step` with `on_lapse` (an at-most-once step's begin and result) | 2 in a transaction: the record's `uncertain`, fenced as the step, then the step (SQLite has no data-modifying CTE); without it 1 |
+/// | `prune_expired` | up to 3, each filling what the batch has left: `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now … ORDER BY expires_at LIMIT ?)` (never an uncertain claim), then `UPDATE … SET response = NULL` of tombstones past their retention (on the partial index), then the ended steps |
 ///
 /// Every statement runs to its end before its result is used (the claim's count of rows, the
 /// transactional claim's `RETURNING` row): in autocommit mode SQLite commits when the statement
@@ -172,8 +195,9 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// damaged page, and the error says so; see below).
 ///
 /// A records table that is missing although the ledger lists its steps as applied (someone
-/// dropped it) is created again on connect by re-running the applied steps, whose statements
-/// are idempotent (`IF NOT EXISTS`); the records it held are gone.
+/// dropped it) is created again on connect by re-running the applied steps (their statements
+/// are idempotent, `IF NOT EXISTS`, but version 3's `ADD COLUMN`s, which then add the columns
+/// to the table just created); the records it held are gone.
 ///
 /// **Migrating out of band.** With
 /// [`migrate_on_connect(false)`](SqliteStoreBuilder::migrate_on_connect) connecting only checks
@@ -582,9 +606,12 @@ impl SqliteStoreBuilder {
     /// The SQL [`migrate`](Self::migrate) runs, for this builder's table, as a script to apply
     /// with your own tools (`sqlite3 idem.db < idem_records.sql`, a migration tool): the
     /// ledger `<table>_migrations`, then each schema version's row in it and its statements.
-    /// Every statement is idempotent (`IF NOT EXISTS`, `ON CONFLICT DO NOTHING`), so the script
-    /// of a newer idem brings any older schema up to date, and applying it twice changes
-    /// nothing. `idem-sql/sql/sqlite/idem_records.sql` is this script for the default table.
+    /// Every statement is idempotent (`IF NOT EXISTS`, `ON CONFLICT DO NOTHING`) but version 3's
+    /// two `ALTER TABLE … ADD COLUMN`s, which SQLite cannot make conditional: the script of a
+    /// newer idem brings any older schema up to date, and applied again to a table at version 3
+    /// or later it fails at them ("duplicate column name") and changes nothing, committed or
+    /// rolled back (`migrate`, which reads the ledger, runs each version once). `idem-sql/sql/sqlite/idem_records.sql` is this script for the
+    /// default table.
     /// Run it in one transaction (`BEGIN; … COMMIT;` around it with `sqlite3`). It touches only
     /// idem's own tables (a tool such as sqlx's migrator records the file in its own ledger,
     /// `_sqlx_migrations`, which idem never reads).

@@ -14,10 +14,11 @@ use idem_core::Error;
 /// what it fills in and how a step is added.
 const MIGRATIONS: &str = include_str!("../../sql/sqlite/migrations.sql");
 
-/// The records table's schema: its migrations, and indexes named `<table>_expires_at`.
+/// The records table's schema: its migrations, and indexes named `<table>_<column>`
+/// (`<table>_expires_at`).
 const SCHEMA: StoreSchema = StoreSchema {
     migrations: MIGRATIONS,
-    index: |table| table.suffixed("_expires_at"),
+    index: |table, column| table.suffixed(&format!("_{column}")),
 };
 
 /// The newest schema version.
@@ -47,7 +48,10 @@ pub(super) fn script(table: &TableName) -> Result<String, Error> {
     SCHEMA.script::<Sqlite>(
         table,
         "SqliteStore",
-        "Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;).",
+        "Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;).\n\
+         Every statement is idempotent but version 3's ADD COLUMNs, which SQLite cannot make\n\
+         conditional: this script brings an older schema up to date, and applied again to a\n\
+         table at version 3 it fails at them (duplicate column name) and changes nothing.",
     )
 }
 
