@@ -496,3 +496,82 @@ async fn diom_python_client_sees_locked_past_the_lease() {
         "expired"
     );
 }
+
+/// A namespace's record is the server's own, written through its engine: whatever the engine's
+/// policy (here: uncertain on lapse, tombstones of a week), it is claimed released on lapse and
+/// completed with no tombstone, so it ends with its retention; and one an older server left as a
+/// tombstone or uncertain never blocks configuring the namespace again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_records_never_block_reconfiguration() {
+    use idem_core::{CallClaim, Idempotency, Key, OnLapse};
+    let clock = ManualClock::new();
+    let engine = Idempotency::builder(MemoryStore::with_clock(clock.clone()))
+        .on_lapse(OnLapse::Uncertain)
+        .build()
+        .unwrap();
+    let app =
+        idem_server::App::from_engine(engine.clone(), common::tokens(), Config::default(), None);
+    let post = |route: &str, token: &str, body: Value| {
+        let request = json(&format!("/api/v1.idempotency.{route}"), Some(token), body);
+        let app = app.clone();
+        async move {
+            let (status, _, bytes) = call(&app, request).await;
+            (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+        }
+    };
+    let record = |name: &str| Key::derive("idem-server.namespaces", "", name).unwrap();
+    let configure = |name: &str| j!({"name": name, "require_token": true});
+
+    assert_eq!(
+        post("namespace.configure", ADMIN, configure("payments"))
+            .await
+            .0,
+        200
+    );
+    // The settings an older server left: as a tombstone, and uncertain.
+    let settings =
+        |name: &str| serde_json::to_vec(&j!({"name": name, "created": 1, "updated": 1})).unwrap();
+    let CallClaim::Claimed(old) = engine.call(record("ledger")).claim().await.unwrap() else {
+        panic!("a new key is claimed");
+    };
+    engine
+        .finish("old", &old, settings("ledger"))
+        .retention(Duration::from_secs(1))
+        .key_retention(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let dying = engine.call(record("audit")).lease(Duration::from_secs(1));
+    assert!(matches!(
+        dying.claim().await.unwrap(),
+        CallClaim::Claimed(_)
+    ));
+    clock.advance(Duration::from_secs(2));
+    assert!(matches!(
+        engine.holder(&record("ledger")).await.unwrap(),
+        idem_core::Holder::Expired { .. }
+    ));
+    assert!(matches!(
+        engine.holder(&record("audit")).await.unwrap(),
+        idem_core::Holder::Uncertain { .. }
+    ));
+    for name in ["ledger", "audit"] {
+        let (status, out) = post("namespace.configure", ADMIN, configure(name)).await;
+        assert_eq!(status, 200, "{name}: {out}");
+        let (_, got) = post("namespace.get", ADMIN, j!({"name": name})).await;
+        assert_eq!(got["require_token"], true, "{name}: {got}");
+        let start = j!({"namespace": name, "key": "k", "lock_period_ms": 1000});
+        assert_eq!(post("start", ALICE, start).await.1["status"], "started");
+    }
+    // Its own records end with their retention (ten years), with no tombstone after it.
+    clock.advance(Duration::from_secs(10 * 365 * 24 * 3600 + 1));
+    assert_eq!(
+        engine.holder(&record("payments")).await.unwrap(),
+        idem_core::Holder::Absent
+    );
+    assert_eq!(
+        post("namespace.configure", ADMIN, configure("payments"))
+            .await
+            .0,
+        200
+    );
+}
