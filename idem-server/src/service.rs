@@ -632,6 +632,7 @@ async fn tokenless_complete(
                 .call(key)
                 .scope_named(ns.scope.clone())
                 .lease(app.inner.config.tokenless_lease)
+                .on_lapse(OnLapse::Release)
                 .claim()
                 .await
             {

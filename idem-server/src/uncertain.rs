@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use crate::service::engine_error;
 use crate::wire::ApiError;
 
-/// The scope of the name records' keys.
-const SCOPE: &str = "idem-server.names";
+/// The scope of the name records' keys, and of their calls in metrics and the observer.
+pub const SCOPE: &str = "idem-server.names";
 
 /// How long the name of a key claimed uncertain on lapse is kept: a week, as long as the
 /// engine's default tombstone, and longer again each time a listing finds its operation still
@@ -69,6 +69,7 @@ async fn write(engine: &Idempotency, at: &Key, name: &Name, again: bool) -> Resu
     }
     let claimed = engine
         .call(*at)
+        .scope_named(SCOPE)
         .lease(Duration::from_secs(10))
         .on_lapse(OnLapse::Release)
         .claim()

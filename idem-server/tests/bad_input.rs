@@ -1,7 +1,7 @@
 //! Bad input never gets a 5xx, never claims a key, and never panics: a million generated
 //! request bodies for every route, Diom's and the fenced extension's (valid bodies with wrong
 //! types, bad keys, zero and huge periods, unknown namespaces, bad tokens, fingerprints, digests,
-//! step names and limits; then byte-level mutations of them, in JSON and
+//! step names, limits, `on_lapse` values and resolutions; then byte-level mutations of them, in JSON and
 //! MessagePack; oversized bodies; missing, wrong and other callers' bearer tokens) through the
 //! router in process. Each is answered with a 4xx and Diom's error body, or a 200 when it was a
 //! valid request after all.
@@ -19,20 +19,21 @@ use idem_server::{auth::Tokens, router, App, Config};
 use serde_json::{json, Map, Value};
 use tower::ServiceExt;
 
-/// Counts claims.
+/// Counts claims of callers' keys (not of the names the server keeps of keys claimed
+/// uncertain on lapse, which it writes before it claims one: docs/server.md, "Past the lease").
 #[derive(Default, Clone)]
 struct Claims(Arc<AtomicUsize>);
 
 impl Observer for Claims {
     fn observe(&self, event: &CallEvent<'_>) {
-        if event.stage() == Stage::Claimed {
+        if event.stage() == Stage::Claimed && event.scope() != idem_server::uncertain::SCOPE {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
     }
 }
 
 const LIMIT: usize = 4096;
-const ROUTES: [&str; 11] = [
+const ROUTES: [&str; 15] = [
     "start",
     "complete",
     "abort",
@@ -42,6 +43,10 @@ const ROUTES: [&str; 11] = [
     "prune",
     "steps.begin",
     "steps.write",
+    "uncertain.take",
+    "uncertain.find",
+    "uncertain.list",
+    "uncertain.resolve",
     "namespace.configure",
     "namespace.get",
 ];
@@ -64,6 +69,9 @@ struct Pools {
     digests: Vec<Value>,
     counts: Vec<Value>,
     step_names: Vec<Value>,
+    on_lapses: Vec<Value>,
+    resolutions: Vec<Value>,
+    reasons: Vec<Value>,
 }
 
 impl Pools {
@@ -143,6 +151,29 @@ impl Pools {
                 json!("2"),
                 Value::Null,
             ],
+            on_lapses: vec![
+                json!("release"),
+                json!("uncertain"),
+                json!("Uncertain"),
+                json!(""),
+                json!(1),
+                Value::Null,
+            ],
+            resolutions: vec![
+                json!("completed"),
+                json!("failed"),
+                json!("abandoned"),
+                json!("done"),
+                json!(0),
+                Value::Null,
+            ],
+            reasons: vec![
+                json!("refunded"),
+                json!(""),
+                json!("r".repeat(1025)),
+                json!(3),
+                Value::Null,
+            ],
             step_names: vec![
                 json!("charge"),
                 json!(""),
@@ -166,6 +197,7 @@ impl Pools {
                 ("fingerprint", &self.fingerprints),
                 ("fingerprint_sha256", &self.digests),
                 ("fenced", &self.flags),
+                ("on_lapse", &self.on_lapses),
             ],
             "complete" => &[
                 ("key", &self.keys),
@@ -176,6 +208,7 @@ impl Pools {
                 ("token", &self.tokens),
                 ("is_error", &self.flags),
                 ("absent", &self.flags),
+                ("key_retention_ms", &self.periods),
             ],
             "abort" => &[
                 ("key", &self.keys),
@@ -204,6 +237,26 @@ impl Pools {
                 ("position", &self.counts),
                 ("result", &self.responses),
                 ("ttl_ms", &self.periods),
+                ("on_lapse", &self.on_lapses),
+            ],
+            "uncertain.take" => &[
+                ("key", &self.keys),
+                ("namespace", &self.namespaces),
+                ("token", &self.tokens),
+                ("lock_period_ms", &self.periods),
+            ],
+            "uncertain.find" => &[
+                ("namespace", &self.namespaces),
+                ("after", &self.keys),
+                ("limit", &self.counts),
+            ],
+            "uncertain.list" => &[("after", &self.digests), ("limit", &self.counts)],
+            "uncertain.resolve" => &[
+                ("key", &self.digests),
+                ("resolution", &self.resolutions),
+                ("response", &self.responses),
+                ("context", &self.contexts),
+                ("reason", &self.reasons),
             ],
             _ => &[("name", &self.namespaces), ("require_token", &self.flags)],
         };
