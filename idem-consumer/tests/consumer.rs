@@ -406,6 +406,49 @@ async fn unkeyed_messages_run_every_time_and_concurrency_is_bounded(store: Arc<d
     );
 }
 
+/// A redelivery after the result's retention meets the key's tombstone: `closed`, acknowledged,
+/// never run again; one whose fingerprint changed under another policy version (a deploy
+/// changed what is fingerprinted) is poison (`PolicyChanged`), dead-lettered, never run.
+async fn a_tombstone_closes_and_a_changed_policy_is_poison(store: Arc<dyn Store>) {
+    let retention = Duration::from_millis(300);
+    let engine = Idempotency::builder(store)
+        .retention(retention)
+        .build()
+        .unwrap();
+    let c = Consumer::new(engine, "orders").unwrap();
+    let fx = Effects::default();
+    let order = |id: &'static str, cents: u32, policy: u32| {
+        Message::keyed(Job { id, act: Act::Ok }, id)
+            .fingerprint(Fingerprint::of_json(&cents).unwrap().with_policy(policy))
+    };
+    let first = c
+        .process(
+            vec![order("old", 100, 1), order("v1", 100, 1)],
+            fx.handler(),
+        )
+        .await;
+    assert_eq!(names(&first), ["done", "done"]);
+    let changed = c.process(vec![order("v1", 250, 2)], fx.handler()).await;
+    assert_eq!(names(&changed), ["poison"]);
+    assert!(matches!(
+        &changed[0],
+        MessageOutcome::Poison(Error::PolicyChanged {
+            stored: 1,
+            current: 2
+        })
+    ));
+    assert_eq!(changed[0].disposition(), Disposition::DeadLetter);
+    tokio::time::sleep(retention + Duration::from_millis(200)).await;
+    let late = c.process(vec![order("old", 100, 1)], fx.handler()).await;
+    assert_eq!(names(&late), ["closed"]);
+    assert!(matches!(
+        &late[0],
+        MessageOutcome::Closed(Error::ResultExpired { .. })
+    ));
+    assert_eq!(late[0].disposition(), Disposition::Acknowledge);
+    assert_eq!((fx.count("old"), fx.count("v1")), (1, 1));
+}
+
 macro_rules! on_every_store {
     ($($scenario:ident),* $(,)?) => {
         mod memory_store {
@@ -474,6 +517,7 @@ on_every_store!(
     fifo_groups_stop_at_their_first_unacknowledged_message,
     a_caller_gone_mid_batch_leaves_started_work_finished,
     unkeyed_messages_run_every_time_and_concurrency_is_bounded,
+    a_tombstone_closes_and_a_changed_policy_is_poison,
 );
 
 /// At the deadline the batch answers: what finished is acknowledged, what did not is handed
