@@ -183,7 +183,8 @@ pub enum ConnectError {
 /// # if cfg!(feature = "sqlite") {
 /// use idem::store::url::{ConnectOptions, StoreUrl};
 /// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
-/// assert_eq!(opened.admin().schema_version().await?, 2); // the records table, then the steps table
+/// // The records table, the steps table, then what a record keeps past its lease.
+/// assert_eq!(opened.admin().schema_version().await?, 3);
 /// let store = opened.into_store();
 /// # let _ = store;
 /// # }
