@@ -18,7 +18,9 @@
 //! | [`InFlight`](MessageOutcome::InFlight): its twin runs elsewhere now | hand back, redeliver after `retry_after` |
 //! | [`Failed`](MessageOutcome::Failed): the handler failed or panicked, or the store did | hand back; the key is free for the redelivery |
 //! | [`NotProcessed`](MessageOutcome::NotProcessed): an earlier message of its group did not finish, or the batch's deadline came first | hand back |
-//! | [`Poison`](MessageOutcome::Poison): its key was used for another payload, or cannot be a key | dead-letter |
+//! | [`Poison`](MessageOutcome::Poison): its key was used for another payload (or under another policy version), or cannot be a key | dead-letter |
+//! | [`Uncertain`](MessageOutcome::Uncertain): an earlier delivery's claim, made with `OnLapse::Uncertain`, lapsed with no result | dead-letter, never redelivered forever; resolve it (`idem resolve`, a reconciler) |
+//! | [`Closed`](MessageOutcome::Closed): done earlier and its result expired (a tombstone), or resolved as abandoned | acknowledge, never run again |
 //!
 //! Brokers: `docs/consumers.md` says what each outcome becomes on SQS, Lambda and others, and
 //! how the claim's lease and the broker's visibility timeout move together. A long-running

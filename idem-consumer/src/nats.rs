@@ -6,7 +6,8 @@
 //! | done, replayed, not retained | `ack` |
 //! | in flight elsewhere | `nak` with a delay of `retry_after` |
 //! | failed, not processed | `nak` (redelivered at once; the consumer's `backoff` spaces it) |
-//! | poison | `term`: never redelivered (JetStream's dead-letter: an advisory on `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED`) |
+//! | poison, uncertain | `term`: never redelivered (JetStream's dead-letter: an advisory on `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED`) |
+//! | closed | `ack` |
 //!
 //! A message's key is its `Nats-Msg-Id` header (the publisher's deduplication id), else its
 //! stream and stream sequence (which a redelivery keeps). **Ack wait and lease move together:**

@@ -6,7 +6,8 @@
 //! | done, replayed, not retained | deleted |
 //! | in flight elsewhere | its visibility set to `retry_after` (whole seconds, at least 1), so it comes back when the other run should be over |
 //! | failed, not processed | left: it reappears when its visibility timeout ends |
-//! | poison | left for the queue's redrive policy (`maxReceiveCount` → dead-letter queue); logged as an error |
+//! | poison, uncertain | left for the queue's redrive policy (`maxReceiveCount` → dead-letter queue); logged as an error. Give every queue a redrive policy: without one such a message comes back until its retention ends |
+//! | closed | deleted |
 //!
 //! **Lease and visibility move together.** Messages are received with a visibility timeout equal
 //! to the claims' lease ([`SqsConsumer::visibility`], 30 s by default). While a batch runs, the

@@ -199,6 +199,13 @@ pub fn failed_step(attempt: u32) -> String {
 /// The prefix of [`failed_step`]'s names.
 pub const FAILED_STEP_PREFIX: &str = "idem.failed.";
 
+/// The reserved name of the record that an uncertain operation, taken over by `attempt` to be
+/// resolved, was resolved as failed: its effect did not happen, so the next attempt runs an
+/// at-most-once step the lapsed attempt had begun (`idem.rerun.<attempt>`).
+pub(crate) fn rerun_step(attempt: u32) -> String {
+    format!("idem.rerun.{attempt}")
+}
+
 /// Step names starting with this are idem's own ([`INPUT_STEP`], the failure marks).
 pub(crate) const RESERVED_PREFIX: &str = "idem.";
 

@@ -7,9 +7,11 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::scan::builders::ScanFluentBuilder;
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use idem_core::store::support::{key_from_hex, live_records, store_stats, Smallest};
+use idem_core::store::support::{
+    key_from_hex, live_records, live_uncertain, store_stats, Smallest,
+};
 use idem_core::{
-    AbandonedQuery, Error, Key, ListQuery, ListState, Record, RecordState, StoreAdmin, StoreError,
+    AbandonedQuery, Error, Key, ListQuery, ListState, Record, StoreAdmin, StoreError,
     StoreErrorKind, StoreStats, UncertainOperation,
 };
 
@@ -142,10 +144,10 @@ fn number_of(item: &Attrs, name: &str) -> Result<i64, Error> {
 /// `TableSizeBytes`, which it updates about every six hours (an emulator may report 0).
 ///
 /// **Past the lease.** An uncertain claim (its lease ended with no completion) still holds its
-/// key: `list` gives it under [`ListState::InProgress`] (read as [`RecordState::Uncertain`]) and
+/// key: `list` gives it under [`ListState::InProgress`] (read as [`RecordState::Uncertain`](idem_core::RecordState::Uncertain)) and
 /// `stats` counts it in `in_progress`. A tombstone (a completion past its retention, within its
 /// `key_retention`, its response dropped by `prune_expired` or not yet) is listed under
-/// [`ListState::Completed`] (read as [`RecordState::Expired`]) and counted in `completed`.
+/// [`ListState::Completed`] (read as [`RecordState::Expired`](idem_core::RecordState::Expired)) and counted in `completed`.
 /// Neither counts as `expired`, and neither takes part in `oldest_expiry`, whose end has passed:
 /// that is the earliest end still to come of a running lease or a retention.
 ///
@@ -294,33 +296,61 @@ impl DynamoStore {
             })
             .await?;
         }
-        Ok(live_records(self, page.into_keys())
-            .await?
-            .into_iter()
-            .filter_map(|record| match record.state {
-                RecordState::Uncertain { token, since } => Some(UncertainOperation {
-                    key: record.key,
-                    token,
-                    since,
-                }),
-                _ => None,
-            })
-            .collect())
+        live_uncertain(self, page.into_keys()).await
     }
 }
 
 /// `filter`, for records only: the steps items beside them (`steps.rs`) carry no
-/// state.
+/// state. A filter in parentheses already is not put in more: DynamoDB refuses an expression
+/// with redundant parentheses.
 fn records_only(filter: Option<&str>) -> String {
     match filter {
+        Some(filter) if parenthesized(filter) => {
+            format!("{filter} AND attribute_exists({STATE})")
+        }
         Some(filter) => format!("({filter}) AND attribute_exists({STATE})"),
         None => format!("attribute_exists({STATE})"),
     }
 }
 
+/// Whether `expression` is one group in parentheses, from its first character to its last.
+fn parenthesized(expression: &str) -> bool {
+    let mut depth = 0usize;
+    for (i, c) in expression.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 && i + 1 < expression.len() {
+                    return false;
+                }
+            }
+            _ if depth == 0 => return false,
+            _ => {}
+        }
+    }
+    depth == 0 && expression.starts_with('(')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A filter is parenthesized once: DynamoDB refuses `((a OR b)) AND c`.
+    #[test]
+    fn filters_get_one_pair_of_parentheses() {
+        assert_eq!(
+            records_only(Some(LIVE)),
+            format!("{LIVE} AND attribute_exists({STATE})")
+        );
+        let both = format!("{LIVE} AND state_n = :running");
+        assert_eq!(
+            records_only(Some(&both)),
+            format!("({both}) AND attribute_exists({STATE})")
+        );
+        assert!(!parenthesized("(a) AND (b)"));
+        assert!(parenthesized("((a) AND (b))"));
+    }
 
     #[test]
     fn items_decode_or_are_named_malformed() {

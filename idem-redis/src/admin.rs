@@ -5,9 +5,11 @@ use async_trait::async_trait;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisError, Value};
 
-use idem_core::store::support::{key_from_hex, live_records, store_stats, Smallest};
+use idem_core::store::support::{
+    key_from_hex, live_records, live_uncertain, store_stats, Smallest,
+};
 use idem_core::{
-    AbandonedQuery, Error, Key, ListQuery, ListState, Record, RecordState, StoreAdmin, StoreStats,
+    AbandonedQuery, Error, Key, ListQuery, ListState, Record, StoreAdmin, StoreStats,
     UncertainOperation,
 };
 
@@ -347,9 +349,9 @@ fn decode(key: Key, replies: &[Value], now_ms: i64) -> Result<Option<Seen>, Erro
 ///
 /// **Past the lease.** An uncertain claim (its lease ended with no completion) still holds its
 /// key: `list` gives it under [`ListState::InProgress`] (read as
-/// [`RecordState::Uncertain`]) and `stats` counts it in `in_progress`. A tombstone (a completion
+/// [`RecordState::Uncertain`](idem_core::RecordState::Uncertain)) and `stats` counts it in `in_progress`. A tombstone (a completion
 /// past its retention, within its `key_retention`) is listed under [`ListState::Completed`]
-/// (read as [`RecordState::Expired`]) and counted in `completed`. Neither counts as `expired`,
+/// (read as [`RecordState::Expired`](idem_core::RecordState::Expired)) and counted in `completed`. Neither counts as `expired`,
 /// and neither takes part in `oldest_expiry`, whose end has passed: that is the earliest end
 /// still to come of a running lease or a retention.
 ///
@@ -442,18 +444,7 @@ impl RedisStore {
                 }
             }
         }
-        Ok(live_records(self, page.into_keys())
-            .await?
-            .into_iter()
-            .filter_map(|record| match record.state {
-                RecordState::Uncertain { token, since } => Some(UncertainOperation {
-                    key: record.key,
-                    token,
-                    since,
-                }),
-                _ => None,
-            })
-            .collect())
+        live_uncertain(self, page.into_keys()).await
     }
 }
 

@@ -191,32 +191,52 @@ async fn a_reconciler_settles_every_interrupted_order_and_none_is_charged_twice(
         .reconciler(charges::SCOPE, charges::reconciler(client.clone()));
     let report = completer.run_once().await.expect("a completer run");
     assert_eq!(report.uncertain, uncertain.len() as u64, "{report:?}");
-    assert_eq!(
-        report.reconciled + report.reconciled_failed,
-        report.uncertain,
-        "every uncertain order settled: {report:?}"
-    );
     assert!(report.reconciled > 0, "{report:?}");
-    let left = engine
+    // What the reconciler could not ask about (an order killed between its claim and storing
+    // its input, so before its charge) is left uncertain, for an operator: listed, never
+    // charged.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let left: BTreeSet<_> = engine
         .uncertain(AbandonedQuery::first(10_000))
         .await
-        .expect("list the uncertain operations");
-    assert!(left.is_empty(), "{left:?}");
+        .expect("list the uncertain operations")
+        .into_iter()
+        .map(|op| op.key)
+        .collect();
+    assert_eq!(left.len() as u64, report.still_uncertain, "{report:?}");
+    let posts = provider.posts();
+    for k in &left {
+        assert!(
+            !posts.contains_key(&k.provider_key(Some("charge"))),
+            "an order left uncertain had reached the provider"
+        );
+    }
 
     // Every client retries: a settled order replays (the reconciler's result is the
-    // provider's charge), a failed one runs once, the rest replay their worker's result.
+    // provider's charge), a failed one runs once, the rest replay their worker's result; an
+    // order left uncertain is told so and does not run.
     let mut ids = BTreeSet::new();
     for i in 0..ORDERS {
-        let out = charges::charge(&engine, &client, i, LEASE)
-            .await
-            .unwrap_or_else(|e| panic!("order {i}, retried: {e}"));
-        ids.insert(out.into_inner());
+        match charges::charge(&engine, &client, i, LEASE).await {
+            Ok(out) => {
+                ids.insert(out.into_inner());
+            }
+            Err(Error::Uncertain { operation, .. }) => assert!(left.contains(&operation)),
+            Err(e) => panic!("order {i}, retried: {e}"),
+        }
     }
     charged_at_most_once(&provider);
-    let posts = provider.posts();
-    assert_eq!(posts.len(), ORDERS, "every order charged");
-    assert_eq!(provider.charged().len(), ORDERS);
-    assert_eq!(ids.len(), ORDERS, "each order has its own charge");
+    assert_eq!(
+        provider.posts().len(),
+        ORDERS - left.len(),
+        "every other order charged"
+    );
+    assert_eq!(provider.charged().len(), ORDERS - left.len());
+    assert_eq!(
+        ids.len(),
+        ORDERS - left.len(),
+        "each order has its own charge"
+    );
     scratch.cleanup().await;
 }
 

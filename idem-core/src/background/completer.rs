@@ -561,8 +561,15 @@ impl<C: Codec> Completer<C> {
         let mut outcome = self
             .pages(Pass::Abandoned, stop.as_deref_mut(), &mut lease, report)
             .await;
-        if outcome.is_ok() && !self.reconcilers.is_empty() {
-            outcome = self.pages(Pass::Uncertain, stop, &mut lease, report).await;
+        if !self.reconcilers.is_empty() {
+            // A store that cannot find abandoned operations (`RemoteStore`) may still find
+            // uncertain ones: the reconcilers run there all the same.
+            if matches!(outcome, Err(Error::CompleterUnsupported)) && self.handlers.is_empty() {
+                outcome = Ok(());
+            }
+            if outcome.is_ok() {
+                outcome = self.pages(Pass::Uncertain, stop, &mut lease, report).await;
+            }
         }
         let released = lease.release().await;
         report.elapsed = started.elapsed();

@@ -482,13 +482,20 @@ pub async fn engine_reconciler_settles_uncertain_operations(h: impl Harness) {
         ("refunds", "no-reconciler"),
     ];
     for (scope, name) in ops {
+        let inside = tokio::sync::Semaphore::new(0);
         let client = engine.call(key(name)).run_steps_with(
             scope,
             name.as_bytes().to_vec(),
-            |_steps| async { std::future::pending::<Result<String, Error>>().await },
+            |_steps| async {
+                inside.add_permits(1);
+                std::future::pending::<Result<String, Error>>().await
+            },
         );
-        // The client dies inside its work: its claim is left to lapse.
-        let _ = tokio::time::timeout(Duration::from_millis(20), client).await;
+        // The client dies inside its work (its input stored): its claim is left to lapse.
+        tokio::select! {
+            _ = client => panic!("the client's work never ends"),
+            _ = inside.acquire() => {}
+        }
     }
     wait(past_short()).await;
     let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -565,4 +572,48 @@ pub async fn engine_reconciler_settles_uncertain_operations(h: impl Harness) {
     wait(Duration::from_millis(50)).await;
     let listed = engine.uncertain(AbandonedQuery::first(10)).await.unwrap();
     assert_eq!(listed.len(), 2);
+}
+
+/// An operation whose holder died inside an at-most-once step is uncertain; resolved as
+/// *failed* (the step's effect did not happen), the next retry runs that step again, once,
+/// instead of answering `StepInterrupted`, and replays after that.
+pub async fn engine_failed_resolution_reruns_an_interrupted_step(h: impl Harness) {
+    if !h.keeps_steps() {
+        return;
+    }
+    let s = h.store();
+    let engine = Idempotency::builder(s.clone()).build().unwrap();
+    let k = key("rerun-the-charge");
+    let day = scaled(Duration::from_secs(86_400));
+    // The holder: began the charge (at most once) and died inside it.
+    let c = claim(&*s, &k, short()).await;
+    s.begin_steps(&c, day).await.unwrap();
+    let begun = StepWrite {
+        on_lapse: Some(OnLapse::Uncertain),
+        ..StepWrite::new("charge", 0, None, day)
+    };
+    s.write_step(&c, begun).await.unwrap();
+    wait(past_short()).await;
+    let runs = AtomicUsize::new(0);
+    let retry = || async {
+        let runs = &runs;
+        engine
+            .call(k)
+            .run_steps(|steps| async move {
+                steps
+                    .step("charge")
+                    .at_most_once()
+                    .run(|| async {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, Error>("ch_1".to_owned())
+                    })
+                    .await
+            })
+            .await
+    };
+    assert!(matches!(retry().await, Err(Error::Uncertain { .. })));
+    engine.resolve(&k, Resolution::Failed).await.unwrap();
+    assert_eq!(retry().await.unwrap(), Outcome::Fresh("ch_1".to_owned()));
+    assert_eq!(retry().await.unwrap(), Outcome::Replayed("ch_1".to_owned()));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

@@ -331,7 +331,8 @@ macro_rules! __conformance {
             engine_uncertain_never_reruns,
             engine_uncertain_failed_or_abandoned,
             engine_tombstone_then_runs,
-            engine_reconciler_settles_uncertain_operations
+            engine_reconciler_settles_uncertain_operations,
+            engine_failed_resolution_reruns_an_interrupted_step
         );
     };
     (@tests $harness:ty, $rt:tt; $($rule:ident),*) => {

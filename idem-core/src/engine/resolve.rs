@@ -109,7 +109,10 @@ impl<C: Codec> Idempotency<C> {
         let store = self.store();
         let policy = self.policy();
         let sealed = match resolution {
-            Resolution::Failed => return store.abort(claim).await,
+            Resolution::Failed => {
+                self.mark_rerun(claim).await?;
+                return store.abort(claim).await;
+            }
             Resolution::Completed(result) => envelope::result(result),
             Resolution::Abandoned(reason) => envelope::abandoned(&reason),
         };
@@ -120,6 +123,27 @@ impl<C: Codec> Idempotency<C> {
             key_retention: policy.key_retention(),
         };
         store.complete(claim, completion).await
+    }
+
+    /// Records, for an operation with steps, that the attempt `claim` holds resolved it as
+    /// failed, so that the next attempt runs again the at-most-once steps the lapsed one had
+    /// begun (which would otherwise answer `StepInterrupted`). Nothing for an operation
+    /// without steps, or on a store that keeps none.
+    async fn mark_rerun(&self, claim: &Claim) -> Result<(), Error> {
+        let store = self.store();
+        let retention = self.policy().retention();
+        let log = match store.begin_steps(claim, retention).await {
+            Ok(log) => log,
+            Err(Error::StepsUnsupported) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if !log.steps.iter().any(|s| s.state == StepState::Begun) {
+            return Ok(());
+        }
+        let name = crate::step::rerun_step(log.attempt);
+        let mark =
+            crate::step::StepWrite::new(&name, crate::step::INPUT_POSITION, Some(b""), retention);
+        store.write_step(claim, mark).await
     }
 
     /// The scope and input an operation stored with its steps

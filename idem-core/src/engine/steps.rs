@@ -72,6 +72,9 @@ struct Inner<C> {
     /// What the call's key becomes on lapse: an at-most-once step sets
     /// [`OnLapse::Uncertain`] while it runs, and this back once it stored its result.
     on_lapse: OnLapse,
+    /// Whether at-most-once steps begun by an earlier attempt run again: the operation was
+    /// resolved as failed since.
+    rerun: bool,
     attempt: Attempt,
     progress: Mutex<Progress>,
 }
@@ -109,6 +112,12 @@ impl<C: Codec> Steps<C> {
         on_lapse: OnLapse,
         mut log: StepLog,
     ) -> Steps<C> {
+        // The attempt before this one resolved the operation as failed (see `Idempotency::settle`):
+        // the at-most-once steps it found begun did not take effect, and run again.
+        let rerun = log.attempt > 1 && {
+            let resolved = crate::step::rerun_step(log.attempt - 1);
+            log.steps.iter().any(|s| s.name == resolved)
+        };
         // The operation's input (`Call::run_steps_with`) is no step of the work's.
         log.steps.retain(|s| !s.name.starts_with(RESERVED_PREFIX));
         let attempt = Attempt {
@@ -124,6 +133,7 @@ impl<C: Codec> Steps<C> {
                 claim,
                 retention,
                 on_lapse,
+                rerun,
                 attempt,
                 progress: Mutex::new(Progress {
                     stored: log.steps,
@@ -472,7 +482,7 @@ impl<C: Codec> Step<'_, C> {
         let codec = steps.inner.engine.codec();
         let position = match steps.plan(self.name)? {
             Plan::Replay(bytes) => return Ok(codec.decode(&bytes).map_err(Error::Codec)?),
-            Plan::Begun(_) if self.at_most_once => {
+            Plan::Begun(_) if self.at_most_once && !steps.inner.rerun => {
                 return Err(Error::StepInterrupted {
                     step: self.name.to_owned(),
                     attempt: steps.inner.attempt.number,

@@ -186,6 +186,30 @@ pub(crate) mod scan {
         Ok(out)
     }
 
+    /// The uncertain operations among the live records of `keys` (read as
+    /// [`live_records`] reads them), for a scanning store's
+    /// [`find_uncertain`](crate::Store::find_uncertain): a scan finds the candidates, and each
+    /// is read again so that one resolved since the scan saw it is left out.
+    pub async fn live_uncertain(
+        store: &dyn Store,
+        keys: impl Iterator<Item = Key>,
+    ) -> Result<Vec<crate::record::UncertainOperation>, Error> {
+        Ok(live_records(store, keys)
+            .await?
+            .into_iter()
+            .filter_map(|record| match record.state {
+                crate::record::RecordState::Uncertain { token, since } => {
+                    Some(crate::record::UncertainOperation {
+                        key: record.key,
+                        token,
+                        since,
+                    })
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
     /// A key from the 64 lowercase hex digits the scanning stores write it as.
     pub fn key_from_hex(hex: &str) -> Option<Key> {
         let hex = hex.as_bytes();

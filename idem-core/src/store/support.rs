@@ -10,7 +10,7 @@
 // The scanning stores (Redis, DynamoDB): the page a listing keeps, the reads of its records and
 // the key's hex form; lapsed claims' keeping; the checks and step names every store uses.
 pub use crate::step::{failed_step, FAILED_STEP_PREFIX};
-pub use crate::store::admin::scan::{key_from_hex, live_records, Smallest};
+pub use crate::store::admin::scan::{key_from_hex, live_records, live_uncertain, Smallest};
 pub use crate::store::admin::store_stats;
 pub use crate::store::{check_duration, check_fingerprint, LAPSED_CLAIMS_KEPT_MS};
 

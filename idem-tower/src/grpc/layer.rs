@@ -296,6 +296,8 @@ impl<C: Codec> IdempotencyLayer<C> {
 /// | [`scope`](Self::scope) | `"grpc"` |
 /// | [`caller`](Self::caller) or [`shared_key_space`](Self::shared_key_space) | none: [`build`](Self::build) refuses until one is chosen |
 /// | [`lease`](Self::lease), [`retention`](Self::retention), [`on_locked`](Self::on_locked) | the engine's policy (30 s, 24 h, fail fast) |
+/// | [`on_lapse`](Self::on_lapse) | the engine's policy (`OnLapse::Release`: a lapsed claim frees its key) |
+/// | [`policy_version`](Self::policy_version) | `"grpc"`, the version of the message fingerprint's scheme |
 /// | [`store_if`](Self::store_if) | [`stores_by_default`] |
 /// | [`max_request_message`](Self::max_request_message) | 4 MiB (tonic's default) |
 ///

@@ -184,6 +184,8 @@ impl<C: Codec> IdempotencyLayer<C> {
 /// | [`caller_missing_status`](Self::caller_missing_status) | `401 Unauthorized`, without [`www_authenticate`](Self::www_authenticate) |
 /// | [`fingerprint`](Self::fingerprint) | method, path and query, body bytes |
 /// | [`lease`](Self::lease), [`retention`](Self::retention), [`on_locked`](Self::on_locked) | the engine's policy (30 s, 24 h, fail fast) |
+/// | [`on_lapse`](Self::on_lapse) | the engine's policy (`OnLapse::Release`: a lapsed claim frees its key) |
+/// | [`policy_version`](Self::policy_version) | derived from [`fingerprint`](Self::fingerprint) ([`BodyFingerprint::version`]) |
 /// | [`store_if`](Self::store_if) | [`stores_by_default`] |
 /// | [`max_request_body`](Self::max_request_body) | 1 MiB |
 /// | [`problem_base`](Self::problem_base) | none: problem `type`s link to docs.rs, no `Link` header |
