@@ -13,6 +13,10 @@ use crate::{
 use super::store::{claim, done, key, long, past_short, short, wait};
 use super::{scaled, Harness};
 
+/// How long after a reconciler gave an operation back it reads as uncertain on every store:
+/// its 1 ms lease, plus DynamoDB's clock-skew margin (100 ms in our harness) and room to spare.
+const GIVEN_BACK: Duration = Duration::from_millis(300);
+
 /// A claim of `key` for `lease` that becomes uncertain if it lapses.
 async fn uncertain_claim(store: &dyn Store, key: &Key, lease: Duration) -> Claim {
     let request = ClaimRequest::new(key, lease).on_lapse(OnLapse::Uncertain);
@@ -557,7 +561,7 @@ pub async fn engine_reconciler_settles_uncertain_operations(h: impl Harness) {
     );
     // Given back, the operations left lapse at once and are uncertain again, for the next run
     // (or an operator).
-    wait(Duration::from_millis(50)).await;
+    wait(GIVEN_BACK).await;
     for name in ["no-answer", "no-reconciler"] {
         let again = retry(name).await;
         assert!(matches!(again, Err(Error::Uncertain { .. })), "{again:?}");
@@ -569,7 +573,7 @@ pub async fn engine_reconciler_settles_uncertain_operations(h: impl Harness) {
         (2, 2),
         "{again:?}"
     );
-    wait(Duration::from_millis(50)).await;
+    wait(GIVEN_BACK).await;
     let listed = engine.uncertain(AbandonedQuery::first(10)).await.unwrap();
     assert_eq!(listed.len(), 2);
 }
