@@ -203,8 +203,11 @@ pub const FAILED_STEP_PREFIX: &str = "idem.failed.";
 /// resolved, was resolved as failed: its effect did not happen, so the next attempt runs an
 /// at-most-once step the lapsed attempt had begun (`idem.rerun.<attempt>`).
 pub(crate) fn rerun_step(attempt: u32) -> String {
-    format!("idem.rerun.{attempt}")
+    format!("{RERUN_STEP_PREFIX}{attempt}")
 }
+
+/// The prefix of [`rerun_step`]'s names.
+pub(crate) const RERUN_STEP_PREFIX: &str = "idem.rerun.";
 
 /// Step names starting with this are idem's own ([`INPUT_STEP`], the failure marks).
 pub(crate) const RESERVED_PREFIX: &str = "idem.";

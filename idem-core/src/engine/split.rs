@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::detach::run_to_end;
 use super::finish::{ClaimGuard, Stored, Tombstone};
-use super::steps::check_step_name;
+use super::steps::check_written_step_name;
 use super::underway::Releasing;
 use super::{Call, Claimed, Encoded, Errors, Format, Idempotency};
 use crate::codec::Codec;
@@ -513,9 +513,12 @@ impl<C: Codec> Idempotency<C> {
     /// Stores that a step of a [`claim`](Call::claim)'s claim begins, or its result:
     /// [`Store::write_step`](crate::Store::write_step) through the engine, fenced by the
     /// claim's token (see [`begin_steps`](Self::begin_steps) for an example). A step name of
-    /// 0 or over [`MAX_STEP_NAME_LEN`](crate::MAX_STEP_NAME_LEN) bytes is
-    /// [`Error::InvalidStep`], a retention out of range [`Error::InvalidConfig`]; either writes
-    /// nothing. A step that has its result keeps it (`Ok`).
+    /// 0 or over [`MAX_STEP_NAME_LEN`](crate::MAX_STEP_NAME_LEN) bytes, or one of idem's own
+    /// prefix `idem.` other than the records an engine writes itself (the input, an attempt's
+    /// failure, a failed resolution's rerun, which a transport relaying another engine's store
+    /// calls passes on), is [`Error::InvalidStep`], a retention out of range
+    /// [`Error::InvalidConfig`]; either writes nothing. A step that has its result keeps it
+    /// (`Ok`).
     ///
     /// ```
     /// use std::time::Duration;
@@ -530,7 +533,7 @@ impl<C: Codec> Idempotency<C> {
     /// ```
     pub async fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error> {
         step.check()?;
-        check_step_name(step.name)?;
+        check_written_step_name(step.name)?;
         self.inner.shared.store.write_step(claim, step).await
     }
 

@@ -511,6 +511,20 @@ impl<C: Codec> Step<'_, C> {
 }
 
 /// A step name is 1 to [`MAX_STEP_NAME_LEN`] bytes: else [`Error::InvalidStep`].
+/// [`check_step_name`] for a step record written through the raw store API
+/// ([`Idempotency::write_step`](crate::Idempotency::write_step): a transport relaying another
+/// engine's store calls, as idem-server does for `RemoteStore`): idem's own records (the input,
+/// an attempt's failure, a failed resolution's rerun) pass as well.
+pub(crate) fn check_written_step_name(name: &str) -> Result<(), Error> {
+    let own = name == INPUT_STEP
+        || name.starts_with(crate::step::FAILED_STEP_PREFIX)
+        || name.starts_with(crate::step::RERUN_STEP_PREFIX);
+    if own && name.len() <= MAX_STEP_NAME_LEN {
+        return Ok(());
+    }
+    check_step_name(name)
+}
+
 pub(crate) fn check_step_name(name: &str) -> Result<(), Error> {
     if name.starts_with(RESERVED_PREFIX) {
         return Err(Error::InvalidStep(format!(
