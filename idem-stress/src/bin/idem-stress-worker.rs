@@ -33,8 +33,6 @@
 //!       exec <key> <token>         this process ran the work of <key> (one line per execution)
 //!       resp <key> <response>     the response a caller got (fresh or replayed)
 //!       lost <key>, locked <key>, error <key> <message> as in `storm`, and `done` at the end.
-//! ```
-//!
 //! idem-stress-worker charge --url U --table T --provider P --from A --to B [--tasks 16]
 //!                           [--lease-ms 2000]
 //!     charges orders A..B-1 through the payment provider at P (`idem_stress::charges`), each
@@ -42,6 +40,7 @@
 //!       charged <i> <charge id>    order i's charge (fresh or replayed)
 //!       failed <i> <message>       order i's call failed (uncertain, a provider error, …)
 //!     and `done` at the end.
+//! ```
 //!
 //! Every mode but `storm-kv` and `charge` first prints `clock <local unix µs> <server unix µs>` (how skewed this node is).
 //! Business executions go to the exec table (see `idem_stress::create_exec_table`): one row per
