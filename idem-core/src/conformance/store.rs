@@ -88,6 +88,23 @@ fn assert_lease_lost(result: Result<(), Error>) {
     assert!(matches!(result, Err(Error::LeaseLost)), "{result:?}");
 }
 
+/// Reads five keys, `keys` (sorted), through a paged listing `find` (given the last key of the
+/// previous page, `None` for the first) two a page, and checks that the pages hold them in order,
+/// the third one short, and that a page after the last key is empty.
+pub(super) async fn assert_pages<F, Fut>(keys: &[Key], find: F)
+where
+    F: Fn(Option<Key>) -> Fut,
+    Fut: std::future::Future<Output = Vec<Key>>,
+{
+    let first = find(None).await;
+    let second = find(first.get(1).copied()).await;
+    let third = find(second.get(1).copied()).await;
+    let seen: Vec<Key> = first.iter().chain(&second).chain(&third).copied().collect();
+    assert_eq!(seen, keys);
+    assert_eq!(third.len(), 1, "the last page is short");
+    assert!(find(keys.last().copied()).await.is_empty());
+}
+
 pub(super) async fn wait(d: Duration) {
     tokio::time::sleep(d).await;
 }
