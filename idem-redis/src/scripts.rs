@@ -134,7 +134,9 @@ redis.call('HDEL', KEYS[1], 'u')
 if kept > 0 then
   redis.call('HSET', KEYS[1], 's', 'c', 'e', num(until_), 'x', ARGV[5], 'k', ARGV[6])
   if ARGV[3] == '1' then
-    redis.call('SET', KEYS[2], ARGV[4], 'PXAT', num(until_))
+    -- Redis drops a key once its clock passes PXAT; the record reads as a tombstone from
+    -- `until_` itself, so the response ends one millisecond earlier and no read sees both.
+    redis.call('SET', KEYS[2], ARGV[4], 'PXAT', num(until_ - 1))
   end
   redis.call('PEXPIREAT', KEYS[1], num(until_ + 1000 * kept))
   return 1
