@@ -54,6 +54,9 @@ pub struct Policy {
     pub(crate) retention: Duration,
     pub(crate) on_locked: OnLocked,
     pub(crate) max_response_bytes: usize,
+    /// Whether `max_response_bytes` was set: if not, a store that keeps more (one that offloads
+    /// large results) raises it to its own limit when the engine is built.
+    pub(crate) max_response_set: bool,
     pub(crate) key_retention: Duration,
     pub(crate) on_lapse: OnLapse,
 }
@@ -68,6 +71,7 @@ impl Default for Policy {
             retention: Duration::from_secs(24 * 3600),
             on_locked: OnLocked::FailFast,
             max_response_bytes: 1 << 20,
+            max_response_set: false,
             key_retention: DEFAULT_KEY_RETENTION,
             on_lapse: OnLapse::Release,
         }
@@ -92,9 +96,11 @@ impl Policy {
         self.on_locked
     }
 
-    /// The largest encoded result stored, in bytes. Default 1 MiB. A larger result is not kept:
-    /// the caller still gets it, and the key is recorded as completed without its result, so a
-    /// retry gets [`Error::ResultNotRetained`] instead of running the work again.
+    /// The largest encoded result stored, in bytes. Default 1 MiB, or, when the store states a
+    /// larger limit of its own ([`Store::max_response_bytes`](crate::Store::max_response_bytes):
+    /// a store that offloads large results to object storage), the store's. A larger result is
+    /// not kept: the caller still gets it, and the key is recorded as completed without its
+    /// result, so a retry gets [`Error::ResultNotRetained`] instead of running the work again.
     pub fn max_response_bytes(&self) -> usize {
         self.max_response_bytes
     }
@@ -229,6 +235,7 @@ impl<S, C: Codec> EngineBuilder<S, C> {
     /// Sets [`Policy::max_response_bytes`].
     pub fn max_response_bytes(mut self, limit: usize) -> Self {
         self.policy.max_response_bytes = limit;
+        self.policy.max_response_set = true;
         self
     }
 
@@ -445,8 +452,14 @@ impl<C> Core<C> {
 
     /// This core over `store`: it learns the store's limit on a stored response, so it keeps a
     /// result over it as not retained itself instead of handing it to the store.
+    /// A policy whose limit was not set takes a larger one the store states (an offloading
+    /// store's), so that its default does not keep a result the store could keep as not
+    /// retained.
     pub(crate) fn fit(mut self, store: &dyn crate::Store) -> Core<C> {
         self.store_limit = store.max_response_bytes();
+        if let (false, Some(limit)) = (self.policy.max_response_set, self.store_limit) {
+            self.policy.max_response_bytes = self.policy.max_response_bytes.max(limit);
+        }
         self
     }
 }

@@ -814,4 +814,33 @@ mod tests {
             );
         }
     }
+
+    /// **A store that keeps more raises the default, never a limit that was set.** An engine
+    /// whose limit was not set takes a store's larger one (an offloading store's): a result
+    /// over the 1 MiB default replays. A smaller store limit leaves the policy's default, and
+    /// a limit set on the builder stays whatever the store says.
+    #[tokio::test]
+    async fn a_store_that_keeps_more_raises_the_default_limit() {
+        let default = crate::Policy::default().max_response_bytes();
+        let (_, engine) = Small::engine(4 << 20);
+        assert_eq!(engine.policy().max_response_bytes(), 4 << 20);
+        let claim = claimed(&engine, "i").await;
+        let large = vec![b'l'; default + 1];
+        engine.finish("split", &claim, large.clone()).await.unwrap();
+        assert!(matches!(
+            engine.call(key("i")).claim().await,
+            Ok(CallClaim::Completed(bytes)) if bytes == large
+        ));
+        let (_, engine) = Small::engine(1000);
+        assert_eq!(engine.policy().max_response_bytes(), default);
+        let set = Idempotency::builder(crate::store::Forwarding(Small {
+            records: MemoryStore::new(),
+            limit: 4 << 20,
+            handed_over: Default::default(),
+        }))
+        .max_response_bytes(1000)
+        .build()
+        .unwrap();
+        assert_eq!(set.policy().max_response_bytes(), 1000);
+    }
 }

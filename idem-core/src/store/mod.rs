@@ -149,7 +149,10 @@ pub trait Store: Send + Sync + 'static {
     /// The engine reads it when it is built and keeps a result whose stored form would be
     /// larger as "completed, result not retained" itself (a retry gets
     /// [`Error::ResultNotRetained`], never a second run), so a store never writes the engine's
-    /// envelope. A store refuses a larger response with a
+    /// envelope. A store that keeps more than the engine's 1 MiB default (one that offloads
+    /// large results to object storage) states its limit here too: an engine whose
+    /// [`max_response_bytes`](crate::EngineBuilder::max_response_bytes) was not set takes it.
+    /// A store refuses a larger response with a
     /// [`StoreErrorKind::Query`](crate::StoreErrorKind::Query) error and keeps nothing. A store
     /// that wraps another should return the inner store's, as [`Forwarding`] does.
     ///
