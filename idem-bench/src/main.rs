@@ -20,6 +20,7 @@
 mod consumer;
 mod cpu;
 mod dynamo;
+mod encryption;
 mod grpc;
 mod harness;
 mod memory;
@@ -63,7 +64,7 @@ pub enum BenchError {
     Redis(String),
     #[error("the benchmark measured the wrong thing: {0}")]
     Unexpected(String),
-    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers,grpc] [--dynamodb-url dynamodb://HOST:PORT] [--redis-url redis://HOST:PORT] [--redis-cluster-url redis-cluster://HOST:PORT,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]]")]
+    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers,grpc] [--dynamodb-url dynamodb://HOST:PORT] [--redis-url redis://HOST:PORT] [--redis-cluster-url redis-cluster://HOST:PORT,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]] [--consumer] [--encryption]")]
     Usage(String),
 }
 
@@ -91,6 +92,8 @@ struct Args {
     /// `--consumer`: only the consumer rows (the batch API against hand-written conditional
     /// writes) on SQLite and, given its URL, PostgreSQL.
     consumer: bool,
+    /// `--encryption`: only the cost of sealing on a replay (memory store, 1 KB and 1 MiB).
+    encryption: bool,
     /// `--sustain`: only the sustained runs, at this rate for this long.
     sustain: bool,
     sustain_rate: u32,
@@ -126,6 +129,7 @@ impl Args {
             prune_pause: None,
             prune_share: None,
             consumer: false,
+            encryption: false,
             sustain: false,
             sustain_rate: 3_000,
             sustain_secs: 300,
@@ -157,6 +161,7 @@ impl Args {
                 "--no-scale" => args.scale = false,
                 "--sustain" => args.sustain = true,
                 "--consumer" => args.consumer = true,
+                "--encryption" => args.encryption = true,
                 "--sustain-rate" => {
                     args.sustain_rate = number("--sustain-rate", value("--sustain-rate")?)?
                 }
@@ -226,7 +231,7 @@ impl Args {
         if args.prune_batch == Some(0) {
             return Err(BenchError::Usage("--prune-batch must be at least 1".into()));
         }
-        if args.wants("postgres") && args.pg_url.is_none() {
+        if args.wants("postgres") && args.pg_url.is_none() && !args.encryption {
             return Err(BenchError::Usage(
                 "no PostgreSQL URL: pass --pg-url, set IDEM_TEST_PG_URL, or run scripts/bench"
                     .into(),
@@ -492,6 +497,20 @@ async fn bench() -> Result<(), BenchError> {
     }
     if args.consumer {
         return consumer_rows(&args).await;
+    }
+    if args.encryption {
+        println!("| replay of | plain | encrypted | encrypted ÷ plain (median of slices) |");
+        println!("|---|---|---|---|");
+        for row in encryption::run(args.quick).await? {
+            println!(
+                "| {} bytes | {:.1} µs | {:.1} µs | {:.2} |",
+                row.bytes,
+                row.plain.as_secs_f64() * 1e6,
+                row.encrypted.as_secs_f64() * 1e6,
+                row.ratio
+            );
+        }
+        return Ok(());
     }
     let plan = Plan::new(args.quick);
     let started = std::time::Instant::now();

@@ -296,6 +296,14 @@ pub enum StoreErrorKind {
     /// A stored row or file does not have the expected shape (wrong byte length, unknown state,
     /// a checksum that does not match, a damaged database file).
     Corrupt,
+    /// A stored value is encrypted under a key id the key provider does not have
+    /// (`EncryptedStore`, feature `encryption`). Nothing ran; the
+    /// value opens again once the provider has the key.
+    KeyUnavailable,
+    /// A stored value does not open: the key under its id is not the one that sealed it, it
+    /// was copied from another record, it is damaged, or it is not encrypted where it should
+    /// be (`EncryptedStore`, feature `encryption`). Nothing ran.
+    Undecryptable,
 }
 
 impl StoreErrorKind {
@@ -337,6 +345,8 @@ impl StoreErrorKind {
     StoreErrorKind::Query => "query failed",
     StoreErrorKind::Unauthorized => "refused the credentials",
     StoreErrorKind::Corrupt => "holds corrupt data",
+    StoreErrorKind::KeyUnavailable => "holds a value sealed under a key it was not given",
+    StoreErrorKind::Undecryptable => "holds a value that does not decrypt",
 })]
 pub struct StoreError {
     kind: StoreErrorKind,

@@ -62,5 +62,10 @@ pub use step::{
     MAX_STEP_NAME_LEN,
 };
 pub use store::admin::{ListQuery, ListState, StoreAdmin, StoreStats};
+#[cfg(feature = "encryption")]
+#[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
+pub use store::encrypted::{
+    EncryptedStore, Encryption, EncryptionKey, EncryptionKeys, KeyRing, ENCRYPTION_OVERHEAD,
+};
 pub use store::memory::MemoryStore;
 pub use store::{Immediate, Store, LAPSED_CLAIMS_KEPT};

@@ -124,12 +124,14 @@ use async_trait::async_trait;
 use crate::store::Store;
 
 mod completer;
+mod encrypted;
 mod engine;
 mod lapse;
 mod steps;
 mod store;
 
 pub use completer::*;
+pub use encrypted::*;
 pub use engine::*;
 pub use lapse::*;
 pub use steps::*;
@@ -332,7 +334,10 @@ macro_rules! __conformance {
             engine_uncertain_failed_or_abandoned,
             engine_tombstone_then_runs,
             engine_reconciler_settles_uncertain_operations,
-            engine_failed_resolution_reruns_an_interrupted_step
+            engine_failed_resolution_reruns_an_interrupted_step,
+            encrypted_store_keeps_no_plaintext,
+            encrypted_store_rotates_keys,
+            encrypted_store_refuses_moved_and_wrong_keys
         );
     };
     (@tests $harness:ty, $rt:tt; $($rule:ident),*) => {

@@ -380,6 +380,8 @@ store_methods!(forward_to_inner);
 // After `store_methods!`, which it uses.
 mod forward;
 pub use forward::{Forward, Forwarding, Operation};
+#[cfg(feature = "encryption")]
+pub(crate) mod encrypted;
 
 /// How many expired records a pruner deletes per batch unless its store or its config says
 /// otherwise ([`PrunerConfig::DEFAULT_BATCH_SIZE`](crate::PrunerConfig::DEFAULT_BATCH_SIZE)):
