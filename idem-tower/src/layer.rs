@@ -20,6 +20,7 @@ use idem_core::{Codec, Error, Idempotency, JsonCodec, OnLapse, OnLocked};
 use tower::{Layer, Service};
 
 use crate::capture::reply::Guard;
+use crate::capture::stored::HeaderRule;
 use crate::capture::CallerFn;
 
 /// The protocol an [`IdempotencyLayer`] speaks: `idem::http::Http` (feature `http`) or
@@ -198,6 +199,7 @@ impl<P: Protocol, C: Codec> LayerBuilder<P, C> {
                     options: Overrides::default(),
                     scope: Arc::from(scope),
                     policy: None,
+                    headers: Arc::new(HeaderRule::All),
                 },
                 require_key: false,
                 caller: None,
@@ -274,7 +276,8 @@ impl<P: Protocol, C: Codec> LayerBuilder<P, C> {
     /// **What it risks:** the record of a request is found by its key alone, so any client that
     /// learns another client's key and sends the same request (the same fingerprint: HTTP's
     /// method, path and body, gRPC's method and message) gets that client's stored response:
-    /// status, headers (`Set-Cookie` and `Location` included), body or message and trailers,
+    /// status, headers (`Location` included; over HTTP, `Set-Cookie` too if the layer's
+    /// `replay_headers` keeps it, which the default does not), body or message and trailers,
     /// for as long as the response is [retained](Self::retention); and while the first request
     /// runs, it is told the key is in use. A key that a client sends with a different request
     /// is refused as reused even if the key is another client's. Use it only where every client

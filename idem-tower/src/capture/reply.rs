@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum_core::body::Body;
 use http::{HeaderName, HeaderValue, Response};
 
-use super::stored::{self, Captured};
+use super::stored::{self, Captured, HeaderRule};
 use idem_core::adapter::{self, Encoded, Format, Overrides};
 use idem_core::{BoxError, Codec, Error, Fingerprint, Idempotency, Key, Outcome};
 
@@ -33,19 +33,22 @@ impl Reply {
 }
 
 /// How the engine stores and replays a [`Reply`]: the layers' own byte format
-/// (`capture/stored.rs`).
-pub(crate) struct ReplyFormat;
+/// (`capture/stored.rs`), with the headers the layer's rule keeps, both when it stores a
+/// response and when it replays one.
+pub(crate) struct ReplyFormat {
+    pub(crate) headers: Arc<HeaderRule>,
+}
 
 impl Format<Reply> for ReplyFormat {
     fn encode(&self, reply: &Reply) -> Encoded {
         match reply {
-            Reply::Stored(captured) => Encoded::from(stored::encode(captured)),
+            Reply::Stored(captured) => Encoded::from(stored::encode(captured, &self.headers)),
             Reply::Unstorable { why, .. } => Encoded::NotRetained(format!("the response {why}")),
         }
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<Reply, BoxError> {
-        stored::decode(bytes).map(Reply::Stored)
+        stored::decode(bytes, &self.headers).map(Reply::Stored)
     }
 }
 
@@ -71,8 +74,8 @@ impl<E> From<Error> for Failure<E> {
 pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// What [`run_once`] takes from a layer's config: the engine, the call options the layer's
-/// builder set (lease, retention, waiting) and the scope that names its calls. Each layer's
-/// `Config<C>` holds one.
+/// builder set (lease, retention, waiting), the scope that names its calls and the headers it
+/// stores. Each layer's `Config<C>` holds one.
 pub(crate) struct Guard<C> {
     /// The engine the layer claims with.
     pub(crate) engine: Idempotency<C>,
@@ -84,6 +87,9 @@ pub(crate) struct Guard<C> {
     /// (`Fingerprint::with_policy`): the builder's `policy_version`, or the protocol's own,
     /// derived from its fingerprint settings when the layer is built.
     pub(crate) policy: Option<u32>,
+    /// Which response headers are stored and replayed: every end-to-end one unless the
+    /// protocol's builder says otherwise (HTTP's `replay_headers`).
+    pub(crate) headers: Arc<HeaderRule>,
 }
 
 /// A guarded call of either layer once its key, fingerprint and work are known: runs `work`
@@ -108,7 +114,10 @@ where
     let fingerprint = fingerprint.with_policy(guard.policy.unwrap_or(0));
     let call = guard.engine.call(key).fingerprint(fingerprint);
     let call = adapter::with_overrides(call, guard.options).scope_named(guard.scope.clone());
-    let outcome = adapter::run_detached_as(call, work, ReplyFormat).await;
+    let format = ReplyFormat {
+        headers: guard.headers.clone(),
+    };
+    let outcome = adapter::run_detached_as(call, work, format).await;
     match outcome {
         Ok(Outcome::Fresh(reply)) => Ok(reply.into_response()),
         Ok(Outcome::Replayed(reply)) => {

@@ -87,8 +87,60 @@ impl http_body::Body for WithTrailers {
     }
 }
 
-/// The headers a replay carries: all but the hop-by-hop ones and those `Connection` names.
-fn stored_headers(headers: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+/// Whether `name` (in any case) is one of the [`HOP_BY_HOP`] headers, which are never stored.
+pub(crate) fn is_hop_by_hop(name: &str) -> bool {
+    HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
+}
+
+/// Which end-to-end headers of a response a layer stores, and which of a stored response's
+/// headers it replays: the HTTP layer's `ReplayHeaders` as its builder checked it, or every
+/// one (the gRPC layer's). Hop-by-hop headers are never stored, whatever the rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HeaderRule {
+    /// Every end-to-end header.
+    All,
+    /// Only these (lowercase, as `HeaderName`s are).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    Allow(Vec<HeaderName>),
+    /// All but these.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    Deny(Vec<HeaderName>),
+}
+
+impl HeaderRule {
+    /// Whether the rule keeps the end-to-end header `name`.
+    pub(crate) fn keeps(&self, name: &HeaderName) -> bool {
+        match self {
+            HeaderRule::All => true,
+            HeaderRule::Allow(names) => names.contains(name),
+            HeaderRule::Deny(names) => !names.contains(name),
+        }
+    }
+
+    /// Drops from `headers` those the rule does not keep, leaving the others in their order: a
+    /// record stored under a wider rule (an earlier deploy's, or a release before the rule)
+    /// replays what this one keeps. Nothing is copied when every header is kept, as it is for
+    /// a record stored under this rule.
+    fn retain(&self, headers: &mut HeaderMap) {
+        if headers.keys().all(|name| self.keeps(name)) {
+            return;
+        }
+        let mut kept = HeaderMap::with_capacity(headers.keys_len());
+        for (name, value) in headers.iter() {
+            if self.keeps(name) {
+                kept.append(name.clone(), value.clone());
+            }
+        }
+        *headers = kept;
+    }
+}
+
+/// The headers a response is stored with, and so replayed with: those `rule` keeps, less the
+/// hop-by-hop ones and those `Connection` names.
+fn stored_headers<'a>(
+    headers: &'a HeaderMap,
+    rule: &'a HeaderRule,
+) -> impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)> {
     let named: Vec<String> = headers
         .get_all(CONNECTION)
         .iter()
@@ -97,15 +149,16 @@ fn stored_headers(headers: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &He
         .map(|t| t.trim().to_ascii_lowercase())
         .collect();
     headers.iter().filter(move |(name, _)| {
-        let name = name.as_str();
-        !HOP_BY_HOP.contains(&name) && !named.iter().any(|n| n == name)
+        let text = name.as_str();
+        !is_hop_by_hop(text) && !named.iter().any(|n| n == text) && rule.keeps(name)
     })
 }
 
-/// The encoded size of the status, the stored headers and the trailer count: what [`encode`]
-/// writes before the trailers.
-pub(crate) fn head_len(parts: &Parts) -> usize {
-    1 + 2 + 4 + stored_headers(&parts.headers).map(field_len).sum::<usize>() + 4
+/// The encoded size of the status, the headers `rule` stores and the trailer count: what
+/// [`encode`] writes before the trailers.
+pub(crate) fn head_len(parts: &Parts, rule: &HeaderRule) -> usize {
+    let headers: usize = stored_headers(&parts.headers, rule).map(field_len).sum();
+    1 + 2 + 4 + headers + 4
 }
 
 /// The encoded size of trailer fields (without their count).
@@ -117,11 +170,12 @@ fn field_len((name, value): (&HeaderName, &HeaderValue)) -> usize {
     2 + name.as_str().len() + 4 + value.len()
 }
 
-/// The bytes kept for `c`: its status, end-to-end headers, trailers and body, in the format
-/// [`StoredResponse`](crate::StoredResponse) reads.
-pub(crate) fn encode(c: &Captured) -> Result<Vec<u8>, BoxError> {
-    let headers = stored_headers(&c.parts.headers);
-    let reserve = head_len(&c.parts) + c.trailers.as_ref().map_or(0, fields_len) + c.body.len();
+/// The bytes kept for `c`: its status, the end-to-end headers `rule` keeps, trailers and body,
+/// in the format [`StoredResponse`](crate::StoredResponse) reads.
+pub(crate) fn encode(c: &Captured, rule: &HeaderRule) -> Result<Vec<u8>, BoxError> {
+    let headers = stored_headers(&c.parts.headers, rule);
+    let reserve =
+        head_len(&c.parts, rule) + c.trailers.as_ref().map_or(0, fields_len) + c.body.len();
     crate::stored_response::encode(
         c.parts.status,
         headers,
@@ -131,12 +185,14 @@ pub(crate) fn encode(c: &Captured) -> Result<Vec<u8>, BoxError> {
     )
 }
 
-/// Reads what [`encode`] wrote (or the version 1 layout, without trailers, written before it).
-pub(crate) fn decode(bytes: &[u8]) -> Result<Captured, BoxError> {
+/// Reads what [`encode`] wrote (or the version 1 layout, without trailers, written before it),
+/// with the headers `rule` keeps.
+pub(crate) fn decode(bytes: &[u8], rule: &HeaderRule) -> Result<Captured, BoxError> {
     let stored = crate::stored_response::read(bytes)?;
     let (mut parts, ()) = Response::new(()).into_parts();
     parts.status = stored.status;
     parts.headers = stored.headers;
+    rule.retain(&mut parts.headers);
     Ok(Captured {
         parts,
         body: stored.body,
@@ -147,6 +203,13 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Captured, BoxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every end-to-end header: the gRPC layer's rule.
+    const ALL: &HeaderRule = &HeaderRule::All;
+
+    fn names(list: &[&'static str]) -> Vec<HeaderName> {
+        list.iter().map(|n| HeaderName::from_static(n)).collect()
+    }
 
     fn captured() -> Captured {
         let response = Response::builder()
@@ -173,9 +236,9 @@ mod tests {
     #[test]
     fn round_trip_keeps_end_to_end_headers_only() {
         let c = captured();
-        let bytes = encode(&c).unwrap();
-        assert_eq!(bytes.len(), head_len(&c.parts) + c.body.len());
-        let back = decode(&bytes).unwrap();
+        let bytes = encode(&c, ALL).unwrap();
+        assert_eq!(bytes.len(), head_len(&c.parts, ALL) + c.body.len());
+        let back = decode(&bytes, ALL).unwrap();
         assert_eq!(back.parts.status, 201);
         assert_eq!(back.body, c.body);
         assert!(back.trailers.is_none());
@@ -188,14 +251,14 @@ mod tests {
 
     #[test]
     fn damaged_records_are_errors() {
-        let bytes = encode(&captured()).unwrap();
-        assert!(decode(&bytes[..5]).is_err());
-        assert!(decode(&[]).is_err());
+        let bytes = encode(&captured(), ALL).unwrap();
+        assert!(decode(&bytes[..5], ALL).is_err());
+        assert!(decode(&[], ALL).is_err());
         let mut other = bytes.clone();
         other[0] = 9;
-        assert!(decode(&other).is_err());
-        assert!(decode(&[2, 0x03, 0xe8, 0, 0, 0, 0, 0, 0, 0, 0]).is_err()); // status 1000
-        assert!(decode(&bytes[..bytes.len() - 12]).is_err()); // cut inside the headers
+        assert!(decode(&other, ALL).is_err());
+        assert!(decode(&[2, 0x03, 0xe8, 0, 0, 0, 0, 0, 0, 0, 0], ALL).is_err()); // status 1000
+        assert!(decode(&bytes[..bytes.len() - 12], ALL).is_err()); // cut inside the headers
     }
 
     #[test]
@@ -211,12 +274,12 @@ mod tests {
             HeaderValue::from_static("CAUSD25vIHN1Y2ggcGF5bWVudA"),
         );
         c.trailers = Some(trailers.clone());
-        let bytes = encode(&c).unwrap();
+        let bytes = encode(&c, ALL).unwrap();
         assert_eq!(
             bytes.len(),
-            head_len(&c.parts) + fields_len(&trailers) + c.body.len()
+            head_len(&c.parts, ALL) + fields_len(&trailers) + c.body.len()
         );
-        let back = decode(&bytes).unwrap();
+        let back = decode(&bytes, ALL).unwrap();
         assert_eq!(back.body, c.body);
         assert_eq!(back.trailers.unwrap(), trailers);
     }
@@ -230,10 +293,90 @@ mod tests {
         v1.extend_from_slice(&[0, 0, 0, 10]);
         v1.extend_from_slice(b"text/plain");
         v1.extend_from_slice(b"hi");
-        let back = decode(&v1).unwrap();
+        let back = decode(&v1, ALL).unwrap();
         assert_eq!(back.parts.status, 201);
         assert_eq!(back.parts.headers["content-type"], "text/plain");
         assert_eq!(back.body, "hi");
         assert!(back.trailers.is_none());
+    }
+
+    /// What a rule drops is not in the stored bytes at all (not only absent from the replay),
+    /// and what it keeps is stored in order, every value of a name kept, byte for byte.
+    #[test]
+    fn the_rule_decides_what_is_stored() {
+        let c = captured();
+        let deny = HeaderRule::Deny(names(&["set-cookie", "x-binary"]));
+        let bytes = encode(&c, &deny).unwrap();
+        assert_eq!(bytes.len(), head_len(&c.parts, &deny) + c.body.len());
+        for gone in [&b"set-cookie"[..], b"a=1", b"b=2", b"\xff\x80"] {
+            assert!(
+                !bytes.windows(gone.len()).any(|w| w == gone),
+                "{gone:?} stored"
+            );
+        }
+        let stored = crate::StoredResponse::decode(&bytes).unwrap();
+        let kept: Vec<_> = stored.headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(kept, ["content-type"]);
+
+        let allow = HeaderRule::Allow(names(&["set-cookie", "x-binary"]));
+        let bytes = encode(&c, &allow).unwrap();
+        assert_eq!(bytes.len(), head_len(&c.parts, &allow) + c.body.len());
+        let back = decode(&bytes, &allow).unwrap();
+        let kept: Vec<_> = back.parts.headers.iter().collect();
+        assert_eq!(
+            kept,
+            [
+                (
+                    &HeaderName::from_static("set-cookie"),
+                    &HeaderValue::from_static("a=1")
+                ),
+                (
+                    &HeaderName::from_static("set-cookie"),
+                    &HeaderValue::from_static("b=2")
+                ),
+                (
+                    &HeaderName::from_static("x-binary"),
+                    &HeaderValue::from_bytes(b"\xff\x80").unwrap()
+                ),
+            ]
+        );
+        assert_eq!(back.body, c.body);
+    }
+
+    /// Hop-by-hop headers, and those `Connection` names, are never stored, even when an allow
+    /// list names them (the builder refuses that; the rule holds without it).
+    #[test]
+    fn hop_by_hop_headers_are_never_stored() {
+        let c = captured();
+        let allow = HeaderRule::Allow(names(&[
+            "content-type",
+            "connection",
+            "x-private",
+            "upgrade",
+        ]));
+        let back = decode(&encode(&c, &allow).unwrap(), ALL).unwrap();
+        let kept: Vec<_> = back.parts.headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(kept, ["content-type"]);
+        assert!(is_hop_by_hop("Transfer-Encoding") && is_hop_by_hop("keep-alive"));
+        assert!(!is_hop_by_hop("trailer") && !is_hop_by_hop("set-cookie"));
+    }
+
+    /// A record stored under a wider rule (an earlier deploy's, or `All` before the rule
+    /// existed) replays only what the current rule keeps, the rest in its order.
+    #[test]
+    fn the_rule_applies_to_records_stored_before_it() {
+        let c = captured();
+        let bytes = encode(&c, ALL).unwrap();
+        let deny = HeaderRule::Deny(names(&["set-cookie"]));
+        let back = decode(&bytes, &deny).unwrap();
+        let kept: Vec<_> = back.parts.headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(kept, ["content-type", "x-binary"]);
+        let allow = HeaderRule::Allow(names(&["x-binary", "content-type"]));
+        let back = decode(&bytes, &allow).unwrap();
+        let kept: Vec<_> = back.parts.headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(kept, ["content-type", "x-binary"]);
+        // Under its own rule, nothing is dropped.
+        let back = decode(&bytes, ALL).unwrap();
+        assert_eq!(back.parts.headers.get_all("set-cookie").iter().count(), 2);
     }
 }

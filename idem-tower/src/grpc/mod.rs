@@ -6,7 +6,10 @@
 //! and its whole response is stored: headers, the message and the trailers (`grpc-status`,
 //! `grpc-message`, `grpc-status-details-bin` and any custom trailing metadata). A retry with
 //! the same key gets that response again, byte for byte, with `idempotent-replayed: true`
-//! added to its headers, and the method does not run again.
+//! added to its headers, and the method does not run again. Every metadata entry is replayed:
+//! the HTTP layer's `replay_headers` rule, which drops the headers of the first exchange
+//! (`Set-Cookie`, `Date`, rate-limit headers, request ids), has no gRPC counterpart
+//! (docs/grpc.md, "Which metadata are replayed", says why).
 //!
 //! ```
 //! use idem::grpc::{IdempotencyLayer, UnaryMethod};

@@ -139,6 +139,7 @@ fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
 
         let limit = config.common.guard.engine.policy().max_response_bytes();
         let store_if = config.store_if.clone();
+        let headers = config.common.guard.headers.clone();
         // Detached from the connection: once claimed, the handler runs to its end and its
         // response is stored even if the client goes away or its deadline passes, so the
         // client's retry replays it instead of running the handler a second time. Boxed
@@ -147,7 +148,7 @@ fn serve<S: Inner<Body, B>, C: Codec, R: LayerBody, B: LayerBody>(
         let work = Box::pin(async move {
             let response = inner.call(req).await.map_err(Failure::Service)?;
             let (parts, body) = response.into_parts();
-            let room = limit.saturating_sub(stored::head_len(&parts));
+            let room = limit.saturating_sub(stored::head_len(&parts, &headers));
             // Read whole, trailers included: a gRPC call's status is known only at its end.
             match read_response(axum_core::body::Body::new(body), room).await {
                 Buffered::Whole { body, trailers } => {

@@ -7,6 +7,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 
 use super::fingerprint::BodyFingerprint;
 use super::problem::ProblemConfig;
+use super::replay_headers::ReplayHeaders;
 use crate::layer::sealed::Sealed;
 use crate::layer::{Common, Protocol};
 use idem_core::{Codec, Error, Idempotency, JsonCodec};
@@ -58,6 +59,8 @@ pub struct Settings {
     pub(crate) fingerprint: BodyFingerprint,
     pub(crate) store_if: Arc<StoreIfFn>,
     pub(crate) problems: ProblemConfig,
+    /// As set; [`LayerBuilder::build`] checks it into the guard's header rule.
+    pub(crate) replay_headers: ReplayHeaders,
 }
 
 impl fmt::Debug for Settings {
@@ -67,6 +70,7 @@ impl fmt::Debug for Settings {
             .field("accept_bare_keys", &self.accept_bare_keys)
             .field("fingerprint", &self.fingerprint)
             .field("problems", &self.problems)
+            .field("replay_headers", &self.replay_headers)
             .finish_non_exhaustive()
     }
 }
@@ -136,6 +140,7 @@ impl<C> fmt::Debug for Config<C> {
             .field("fingerprint", &self.http.fingerprint)
             .field("max_request_body", &self.common.max_request)
             .field("problems", &self.http.problems)
+            .field("replay_headers", &self.http.replay_headers)
             .finish_non_exhaustive()
     }
 }
@@ -167,6 +172,7 @@ impl<C: Codec> IdempotencyLayer<C> {
                 fingerprint: BodyFingerprint::default(),
                 store_if: Arc::new(|status, _: &HeaderMap| stores_by_default(status)),
                 problems: ProblemConfig::default(),
+                replay_headers: ReplayHeaders::default(),
             },
         )
     }
@@ -188,6 +194,7 @@ impl<C: Codec> IdempotencyLayer<C> {
 /// | [`policy_version`](Self::policy_version) | derived from [`fingerprint`](Self::fingerprint) ([`BodyFingerprint::version`]) |
 /// | [`store_if`](Self::store_if) | [`stores_by_default`] |
 /// | [`max_request_body`](Self::max_request_body) | 1 MiB |
+/// | [`replay_headers`](Self::replay_headers) | every end-to-end header but [`ReplayHeaders::DEFAULT_DENIED`] (`Set-Cookie`, `Date`, `Age`, rate-limit headers, `Retry-After`, request and trace ids, `Server-Timing`) |
 /// | [`problem_base`](Self::problem_base) | none: problem `type`s link to docs.rs, no `Link` header |
 ///
 /// ```
@@ -371,12 +378,38 @@ impl<C: Codec> LayerBuilder<C> {
         self
     }
 
+    /// Which end-to-end response headers are stored with a response, and so replayed: a
+    /// [`ReplayHeaders`] deny or allow list. Default [`ReplayHeaders::default()`], every header
+    /// but those that describe the first exchange ([`ReplayHeaders::DEFAULT_DENIED`]:
+    /// `Set-Cookie`, `Date`, `Age`, the rate-limit headers, `Retry-After`, request and trace
+    /// ids, `Server-Timing`). The first client always gets every header; hop-by-hop headers are
+    /// never stored; a replay always carries `idempotent-replayed: true`. The rule also applies
+    /// when a stored response is replayed, so narrowing it holds for responses stored before.
+    /// [`build`](Self::build) refuses a name that is not a header name, and a hop-by-hop one in
+    /// an allow list.
+    ///
+    /// ```
+    /// # use idem::{http::{IdempotencyLayer, ReplayHeaders}, Idempotency, MemoryStore};
+    /// let layer = IdempotencyLayer::builder(Idempotency::new(MemoryStore::new()))
+    ///     .caller(|parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+    ///     .replay_headers(ReplayHeaders::allow(["Content-Type", "Location", "ETag"]))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    pub fn replay_headers(mut self, rule: ReplayHeaders) -> Self {
+        self.settings.replay_headers = rule;
+        self
+    }
+
     /// Checks the configuration and builds the layer. [`Error::InvalidConfig`] when: neither
     /// [`caller`](Self::caller) nor [`shared_key_space`](Self::shared_key_space) was chosen, or
     /// both; the scope is not a valid key part; the lease or retention is out of range; the
     /// [`caller_missing_status`](Self::caller_missing_status) is not 400 or 401, or is 400 with
     /// a [`www_authenticate`](Self::www_authenticate) challenge; the
-    /// [`problem_base`](Self::problem_base) is not an absolute `http(s)` URI without a fragment.
+    /// [`problem_base`](Self::problem_base) is not an absolute `http(s)` URI without a fragment;
+    /// a name in [`replay_headers`](Self::replay_headers) is not a header name, or is a
+    /// hop-by-hop one in an allow list.
     ///
     /// ```
     /// # use idem::{http::IdempotencyLayer, Idempotency, MemoryStore, Error};
@@ -389,6 +422,7 @@ impl<C: Codec> LayerBuilder<C> {
     pub fn build(self) -> Result<IdempotencyLayer<C>, Error> {
         let (mut common, mut http) = self.checked()?;
         check_problems(&mut http.problems)?;
+        common.guard.headers = Arc::new(http.replay_headers.check()?);
         let derived = http.fingerprint.version();
         common.guard.policy.get_or_insert(derived);
         Ok(IdempotencyLayer::from_config(Config { common, http }))

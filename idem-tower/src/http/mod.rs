@@ -38,8 +38,9 @@
 //!   sending the same key and body each get their own run of the handler and their own response.
 //!   A request without an identity is refused (`401`), never put in a shared space.
 //! - [`shared_key_space`](LayerBuilder::shared_key_space): one key space for every client. Any
-//!   client that sends another's key and body gets that client's stored response, `Set-Cookie`
-//!   included; only for APIs whose clients are all trusted with each other's responses.
+//!   client that sends another's key and body gets that client's stored response, with every
+//!   header [`replay_headers`](LayerBuilder::replay_headers) keeps (not `Set-Cookie`, by
+//!   default); only for APIs whose clients are all trusted with each other's responses.
 //!
 //! There is no `IdempotencyLayer::new(engine)`: a constructor without this choice would have to
 //! make it for you, and the only choice it could make is the unsafe one.
@@ -51,7 +52,7 @@
 //! | request | response |
 //! |---|---|
 //! | new key | the handler's response; stored unless [`store_if`](LayerBuilder::store_if) says no (default: 5xx, 400, 408, 409, 422 and 429 are not stored, and free the key for a retry) |
-//! | same key, same request, after it completed | the stored status, headers and body, plus `Idempotent-Replayed: true` |
+//! | same key, same request, after it completed | the stored status, headers ([`replay_headers`](LayerBuilder::replay_headers)) and body, plus `Idempotent-Replayed: true` |
 //! | same key while the first request still runs | `409 Conflict` with `Retry-After`; or, with [`OnLocked::Wait`](idem_core::OnLocked::Wait), the first request's response once it is done |
 //! | same key, different method, path, query or body | `422 Unprocessable Content` |
 //! | no key, key required | `400 Bad Request` |
@@ -119,8 +120,14 @@
 //!
 //! # What a replay carries
 //!
-//! The stored status, the exact body bytes and every header but these, which describe one
-//! connection rather than the response: `Connection`, any header `Connection` names,
+//! The stored status, the exact body bytes and the headers [`ReplayHeaders`] keeps (set with
+//! [`replay_headers`](LayerBuilder::replay_headers)): by default every end-to-end header but
+//! those that describe the first exchange rather than its result,
+//! [`ReplayHeaders::DEFAULT_DENIED`] (`Set-Cookie`, `Date`, `Age`, the rate-limit headers,
+//! `Retry-After`, request and trace ids, `Server-Timing`), each kept header with every value,
+//! in order, byte for byte. The rule decides what is stored (a dropped header is not in the
+//! record) and applies again at the replay. The first client gets every header. Headers that
+//! describe one connection are never stored: `Connection`, any header `Connection` names,
 //! `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`, `Proxy-Authorization`, `TE`,
 //! `Transfer-Encoding` and `Upgrade`. `Date` is written by the HTTP server for each
 //! message, so a replay carries the time of the replay. Response extensions are not stored. A
@@ -186,6 +193,7 @@ mod fingerprint;
 mod key_header;
 mod layer;
 mod problem;
+mod replay_headers;
 mod service;
 
 use http::HeaderName;
@@ -197,6 +205,7 @@ pub use axum_core::body::Body;
 pub use extract::{IdempotencyKey, IdempotencyKeyRejection};
 pub use fingerprint::BodyFingerprint;
 pub use layer::{stores_by_default, Http, IdempotencyLayer, LayerBuilder};
+pub use replay_headers::ReplayHeaders;
 pub use service::IdempotencyService;
 
 /// The request header carrying the client's key: `idempotency-key`.

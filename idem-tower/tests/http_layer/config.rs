@@ -1,7 +1,7 @@
 //! What `LayerBuilder::build` refuses, before any request: no store or server needed.
 
 use axum::http::{HeaderValue, StatusCode};
-use idem::http::{IdempotencyLayer, LayerBuilder};
+use idem::http::{IdempotencyLayer, LayerBuilder, ReplayHeaders};
 use idem::{Error, Idempotency, MemoryStore};
 
 use crate::server::{LayerServer, Server};
@@ -82,4 +82,33 @@ fn problem_base_is_an_absolute_web_address() {
         let message = refused(Server::builder(engine()).problem_base(bad));
         assert!(message.contains("problem_base"), "{bad}: {message}");
     }
+}
+
+#[test]
+fn replay_headers_are_header_names() {
+    for good in [
+        ReplayHeaders::default(),
+        ReplayHeaders::all(),
+        ReplayHeaders::allow(Vec::<String>::new()),
+        ReplayHeaders::allow(["Content-Type", "location", "X-Payment-Status"]),
+        // A hop-by-hop header in a deny list says what the layer does anyway.
+        ReplayHeaders::deny(["set-cookie", "Connection"]),
+    ] {
+        let built = Server::builder(engine())
+            .replay_headers(good.clone())
+            .build();
+        assert!(built.is_ok(), "{good:?}: {built:?}");
+    }
+    for bad in ["", "x custom", "Set-Cookie: a=1", "x-ünicode", "x-a,x-b"] {
+        for rule in [ReplayHeaders::allow([bad]), ReplayHeaders::deny([bad])] {
+            let message = refused(Server::builder(engine()).replay_headers(rule));
+            assert!(message.contains("replay_headers"), "{bad:?}: {message}");
+            assert!(message.contains(&format!("{bad:?}")), "{bad:?}: {message}");
+        }
+    }
+    // An allow list cannot keep a header that is never stored.
+    let message = refused(
+        Server::builder(engine()).replay_headers(ReplayHeaders::allow(["Transfer-Encoding"])),
+    );
+    assert!(message.contains("hop-by-hop"), "{message}");
 }

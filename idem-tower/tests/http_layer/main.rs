@@ -2,11 +2,12 @@
 //! once per store: every case in `cases.rs` runs against each store listed at the bottom.
 //! `config.rs` checks what the layer's builder refuses, which needs no store; `routes.rs` a route
 //! added to the `Router` after the layer; `tasks.rs` which task runs the claim, the handler and a
-//! replay.
+//! replay; `headers.rs` which response headers are stored and replayed (`replay_headers`).
 #![cfg(feature = "http")]
 
 mod cases;
 mod config;
+mod headers;
 mod routes;
 mod server;
 mod tasks;
