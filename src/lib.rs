@@ -231,3 +231,7 @@ struct StepsDoctests;
 #[cfg(all(doctest, feature = "remote"))]
 #[doc = include_str!("../docs/server.md")]
 struct ServerDoctests;
+
+#[cfg(all(doctest, feature = "encryption", feature = "sqlite"))]
+#[doc = include_str!("../docs/encryption.md")]
+struct EncryptionDoctests;
