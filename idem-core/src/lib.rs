@@ -29,6 +29,7 @@ mod error;
 mod key;
 pub mod kit;
 mod observe;
+mod outbox;
 mod record;
 mod step;
 pub mod store;
@@ -40,6 +41,7 @@ pub use uuid;
 pub mod __private;
 
 pub use background::{CompleteReport, Completer, CompleterConfig, CompleterHandle};
+pub use background::{DispatchReport, Dispatcher, DispatcherConfig, DispatcherHandle};
 pub use background::{PruneReport, Pruner, PrunerConfig, PrunerHandle};
 pub use buckets::PROMETHEUS_BUCKETS;
 pub use canonical::{FingerprintError, MAX_FINGERPRINT_DEPTH};
@@ -53,6 +55,10 @@ pub use error::{BoxError, Error, StoreError, StoreErrorKind};
 pub use key::KeyPart;
 pub use key::{validate_client_key, Fingerprint, Key, KeyError, Token, MAX_KEY_LEN};
 pub use observe::{CallEvent, Observer, Stage, DEFAULT_LATENCIES_ONE_IN};
+pub use outbox::{
+    ChannelPublisher, MemoryOutbox, MessageId, OutboxMessage, OutboxSource, PendingMessage,
+    Publisher, MAX_OUTBOX_NAME_LEN, MAX_OUTBOX_PAYLOAD,
+};
 pub use record::{
     Claim, ClaimOutcome, ClaimRequest, Completion, OnLapse, Record, RecordState, StoredResult,
     UncertainOperation,

@@ -34,7 +34,7 @@ pub fn records_lease_key() -> Result<Key, Error> {
 pub(crate) struct RecordsLease {
     store: Arc<dyn Store>,
     /// The reserved key.
-    key: fn() -> Result<Key, Error>,
+    key: Arc<dyn Fn() -> Result<Key, Error> + Send + Sync>,
     length: Duration,
     claim: Option<Claim>,
 }
@@ -43,12 +43,12 @@ impl RecordsLease {
     /// A lease of `length` on the record `key` of `store`, not yet taken.
     pub(crate) fn new(
         store: Arc<dyn Store>,
-        key: fn() -> Result<Key, Error>,
+        key: impl Fn() -> Result<Key, Error> + Send + Sync + 'static,
         length: Duration,
     ) -> RecordsLease {
         RecordsLease {
             store,
-            key,
+            key: Arc::new(key),
             length,
             claim: None,
         }

@@ -1,5 +1,6 @@
-//! The background jobs: the [`Pruner`](crate::Pruner), which deletes what has expired, and the
-//! [`Completer`](crate::Completer), which finishes operations abandoned past their lease. Each
+//! The background jobs: the [`Pruner`](crate::Pruner), which deletes what has expired, the
+//! [`Completer`](crate::Completer), which finishes operations abandoned past their lease, and the
+//! [`Dispatcher`](crate::Dispatcher), which publishes an outbox. Each
 //! is a loop on a spawned task that one node runs at a time: they share the task and its handle
 //! ([`Background`]: stop, shutdown, reports), the stop signal ([`stop_requested`]) and the lease
 //! ([`Lease`], [`RecordsLease`]: a claim of a reserved key in the store itself). What differs is
@@ -10,10 +11,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 mod completer;
+mod dispatcher;
 mod lease;
 mod pruner;
 
 pub use completer::{CompleteReport, Completer, CompleterConfig, CompleterHandle};
+pub use dispatcher::{DispatchReport, Dispatcher, DispatcherConfig, DispatcherHandle};
 pub use lease::records_lease_key;
 pub use lease::Lease;
 pub(crate) use lease::RecordsLease;
