@@ -122,15 +122,15 @@ pub use idem_remote::{RemoteStore, RemoteStoreBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
 pub use idem_sql::{
-    sql_error, sqlx, ClaimOrder, SqlSteps, SqlStore, SqlStoreBuilder, Transactional,
-    TransactionalStore, TxCall, TxClaim, TxClaimOutcome, TxFuture,
+    sql_error, sqlx, ClaimOrder, SqlOutbox, SqlSteps, SqlStore, SqlStoreBuilder, Transactional,
+    TransactionalStore, TxCall, TxClaim, TxClaimOutcome, TxFuture, MAX_OUTBOX_MESSAGES_PER_ADD,
 };
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use idem_sql::{PostgresStore, PostgresStoreBuilder};
+pub use idem_sql::{PostgresOutbox, PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use idem_sql::{SqliteStore, SqliteStoreBuilder, SqliteSync};
+pub use idem_sql::{SqliteOutbox, SqliteStore, SqliteStoreBuilder, SqliteSync};
 
 /// The concurrency kit: optimistic concurrency and request deduplication for the data that
 /// retried work changes.

@@ -11,10 +11,14 @@ const CARD: &str = "4111111111111111";
 async fn charge(steps: Steps, input: Vec<u8>) -> Result<String, Error> {
     let card = String::from_utf8_lossy(&input).into_owned();
     let auth: String = steps
-        .run("authorize", || async { Ok::<_, Error>(format!("auth of {card}")) })
+        .run("authorize", || async {
+            Ok::<_, Error>(format!("auth of {card}"))
+        })
         .await?;
     steps
-        .run("capture", || async { Ok::<_, Error>(format!("captured {auth}")) })
+        .run("capture", || async {
+            Ok::<_, Error>(format!("captured {auth}"))
+        })
         .await
 }
 
@@ -32,7 +36,9 @@ async fn no_byte_of_the_database_files_holds_the_plaintext() {
     let key = Key::derive("payments", "shop-1", "order-1").unwrap();
     let first = engine
         .call(key)
-        .run_steps_with("payments", input.clone(), |steps| charge(steps, input.clone()))
+        .run_steps_with("payments", input.clone(), |steps| {
+            charge(steps, input.clone())
+        })
         .await
         .unwrap();
     let plain = Key::derive("cards", "shop-1", "card-1").unwrap();

@@ -66,6 +66,7 @@ pub(crate) mod steps_tx;
 
 mod claim_order;
 pub mod kit;
+mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
@@ -84,6 +85,11 @@ pub use sqlx;
 
 pub use claim_order::ClaimOrder;
 pub use error::sql_error;
+#[cfg(feature = "postgres")]
+pub use outbox::PostgresOutbox;
+#[cfg(feature = "sqlite")]
+pub use outbox::SqliteOutbox;
+pub use outbox::{SqlOutbox, MAX_OUTBOX_MESSAGES_PER_ADD};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};

@@ -23,8 +23,8 @@ pub(crate) struct Migration {
     /// What the step does, recorded next to the version for whoever inspects the database.
     pub(crate) description: &'static str,
     /// Statements run in order. `{table}` is the quoted table, each name of
-    /// [`Schema::names`] its quoted value, and `{now}`, `{timestamp}`, `{bigint}`, `{bytes}`
-    /// and `{uuid}` the database's ([`Dialect::render`](super::dialect::Dialect::render)).
+    /// [`Schema::names`] its quoted value, and `{now}`, `{timestamp}`, `{bigint}`, `{bytes}`,
+    /// `{uuid}` and `{serial}` the database's ([`Dialect::render`](super::dialect::Dialect::render)).
     pub(crate) statements: Vec<String>,
 }
 
