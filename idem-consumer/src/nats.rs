@@ -263,3 +263,84 @@ async fn answer(acker: &Acker, kind: AckKind) {
         tracing::warn!("answering a JetStream message failed: {e}");
     }
 }
+
+/// Publishes outbox messages to NATS JetStream (the [`Dispatcher`](idem_core::Dispatcher)'s
+/// [`Publisher`](idem_core::Publisher)): one publish per message, awaited until the stream
+/// acknowledges it, on the subject its route names (by default `<prefix>.<aggregate type>`).
+/// Each message carries its outbox id as `Nats-Msg-Id`, so the stream drops a second copy
+/// within its duplicate window (2 minutes by default) and a [`NatsConsumer`] keys by it, and its
+/// type and aggregate as the headers `idem-type`, `idem-aggregate-type`, `idem-aggregate-id`.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use idem::consumer::nats::{async_nats, NatsPublisher};
+/// use idem::{Dispatcher, DispatcherConfig, SqliteOutbox, SqliteStore};
+/// # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
+/// let js = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
+/// let store = SqliteStore::open("idem.db").await?;
+/// let outbox = SqliteOutbox::new(store.pool().clone(), "outbox").await?;
+/// let publisher = NatsPublisher::new(js, "events"); // an `order` message goes to `events.order`
+/// let dispatcher = Dispatcher::new(Arc::new(store), Arc::new(outbox), Arc::new(publisher), DispatcherConfig::new())?;
+/// # let _ = dispatcher;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct NatsPublisher {
+    jetstream: async_nats::jetstream::Context,
+    route: Arc<dyn Fn(&idem_core::OutboxMessage) -> String + Send + Sync>,
+}
+
+impl fmt::Debug for NatsPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsPublisher").finish_non_exhaustive()
+    }
+}
+
+impl NatsPublisher {
+    /// Publishes each message on `<prefix>.<aggregate type>`.
+    pub fn new(jetstream: async_nats::jetstream::Context, prefix: impl Into<String>) -> Self {
+        let prefix: String = prefix.into();
+        NatsPublisher {
+            jetstream,
+            route: Arc::new(move |m| format!("{prefix}.{}", m.aggregate_type)),
+        }
+    }
+
+    /// Publishes each message on the subject `route` gives it.
+    ///
+    /// ```no_run
+    /// # fn doc(js: idem::consumer::nats::async_nats::jetstream::Context) {
+    /// use idem::consumer::nats::NatsPublisher;
+    /// let publisher = NatsPublisher::routed(js, |m| format!("events.{}.{}", m.aggregate_type, m.kind));
+    /// # }
+    /// ```
+    pub fn routed(
+        jetstream: async_nats::jetstream::Context,
+        route: impl Fn(&idem_core::OutboxMessage) -> String + Send + Sync + 'static,
+    ) -> Self {
+        NatsPublisher {
+            jetstream,
+            route: Arc::new(route),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl idem_core::Publisher for NatsPublisher {
+    async fn publish(&self, m: &idem_core::OutboxMessage) -> Result<(), idem_core::BoxError> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            m.id.to_string().as_str(),
+        );
+        headers.insert("idem-type", m.kind.as_str());
+        headers.insert("idem-aggregate-type", m.aggregate_type.as_str());
+        headers.insert("idem-aggregate-id", m.aggregate_id.as_str());
+        let ack = self
+            .jetstream
+            .publish_with_headers((self.route)(m), headers, m.payload.clone().into())
+            .await?;
+        ack.await?;
+        Ok(())
+    }
+}

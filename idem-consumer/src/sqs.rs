@@ -118,7 +118,8 @@ impl<C: Codec> SqsConsumer<C> {
     }
 
     /// How each message's key is found (`None`: no deduplication): a business id from the body
-    /// catches a producer's second send too. By default, the FIFO deduplication id, else the
+    /// catches a producer's second send too. By default, the outbox id an [`SqsPublisher`]
+    /// sent it with (attribute [`ID_ATTRIBUTE`]), else the FIFO deduplication id, else the
     /// message id.
     ///
     /// ```no_run
@@ -262,6 +263,7 @@ impl<C: Codec> SqsConsumer<C> {
             .wait_time_seconds(self.wait.as_secs() as i32)
             .visibility_timeout(self.visibility.as_secs() as i32)
             .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names(ID_ATTRIBUTE)
             .send()
             .await
             .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;
@@ -384,9 +386,15 @@ impl<C: Codec> Broker for Queue<'_, C> {
     }
 }
 
-/// The FIFO deduplication id of a message, else its message id.
+/// The outbox id a [`SqsPublisher`] sent it with, else its FIFO deduplication id, else its
+/// message id.
 fn default_key(message: &SqsMessage) -> Option<String> {
-    attribute(message, MessageSystemAttributeName::MessageDeduplicationId)
+    message
+        .message_attributes()
+        .and_then(|a| a.get(ID_ATTRIBUTE))
+        .and_then(|v| v.string_value())
+        .map(str::to_owned)
+        .or_else(|| attribute(message, MessageSystemAttributeName::MessageDeduplicationId))
         .or_else(|| message.message_id().map(str::to_owned))
 }
 
@@ -407,5 +415,121 @@ impl<C> SqsConsumer<C> {
             Some(group) => out.group(group),
             None => out,
         }
+    }
+}
+
+/// The message attribute every [`SqsPublisher`] message carries with its outbox
+/// [`MessageId`](idem_core::MessageId); an [`SqsConsumer`] keys by it by default.
+pub const ID_ATTRIBUTE: &str = "idem-id";
+
+/// Publishes outbox messages to SQS (the [`Dispatcher`](idem_core::Dispatcher)'s
+/// [`Publisher`](idem_core::Publisher)): one `SendMessage` per message, to the queue its route
+/// names (one queue by default). The body is the payload, which must be UTF-8 (SQS bodies are
+/// text; a payload that is not is an error, and the message stays unsent). Every message carries
+/// its id in the attribute [`ID_ATTRIBUTE`] and its type in `idem-type`; to a FIFO queue (a URL
+/// ending in `.fifo`) it is sent with the id as `MessageDeduplicationId` (so SQS drops a second
+/// copy within its 5-minute window) and its aggregate as `MessageGroupId` (so its aggregate's
+/// messages are delivered in order; cut to SQS's 128 characters).
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use idem::consumer::sqs::{aws_sdk_sqs, SqsPublisher};
+/// use idem::{Dispatcher, DispatcherConfig, SqliteOutbox, SqliteStore};
+/// # async fn doc(client: aws_sdk_sqs::Client) -> Result<(), idem::Error> {
+/// let store = SqliteStore::open("idem.db").await?;
+/// let outbox = SqliteOutbox::new(store.pool().clone(), "outbox").await?;
+/// let publisher = SqsPublisher::new(client, "https://sqs.eu-west-1.amazonaws.com/1234/orders.fifo");
+/// let dispatcher = Dispatcher::new(Arc::new(store), Arc::new(outbox), Arc::new(publisher), DispatcherConfig::new())?;
+/// let handle = dispatcher.spawn();
+/// # handle.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct SqsPublisher {
+    client: Client,
+    route: Arc<dyn Fn(&idem_core::OutboxMessage) -> String + Send + Sync>,
+}
+
+impl fmt::Debug for SqsPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqsPublisher").finish_non_exhaustive()
+    }
+}
+
+impl SqsPublisher {
+    /// Publishes every message to the queue at `queue_url`.
+    pub fn new(client: Client, queue_url: impl Into<String>) -> SqsPublisher {
+        let url: String = queue_url.into();
+        SqsPublisher {
+            client,
+            route: Arc::new(move |_| url.clone()),
+        }
+    }
+
+    /// Publishes each message to the queue whose URL `route` gives it (by its aggregate type,
+    /// for instance).
+    ///
+    /// ```no_run
+    /// # fn doc(client: idem::consumer::sqs::aws_sdk_sqs::Client) {
+    /// use idem::consumer::sqs::SqsPublisher;
+    /// let publisher = SqsPublisher::routed(client, |m| {
+    ///     format!("https://sqs.eu-west-1.amazonaws.com/1234/{}.fifo", m.aggregate_type)
+    /// });
+    /// # }
+    /// ```
+    pub fn routed(
+        client: Client,
+        route: impl Fn(&idem_core::OutboxMessage) -> String + Send + Sync + 'static,
+    ) -> SqsPublisher {
+        SqsPublisher {
+            client,
+            route: Arc::new(route),
+        }
+    }
+}
+
+/// A string message attribute.
+fn string_attribute(
+    value: impl Into<String>,
+) -> Result<aws_sdk_sqs::types::MessageAttributeValue, idem_core::BoxError> {
+    Ok(aws_sdk_sqs::types::MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(value)
+        .build()?)
+}
+
+#[async_trait::async_trait]
+impl idem_core::Publisher for SqsPublisher {
+    async fn publish(&self, m: &idem_core::OutboxMessage) -> Result<(), idem_core::BoxError> {
+        let body = std::str::from_utf8(&m.payload).map_err(|_| {
+            format!(
+                "outbox message {} has a payload that is not UTF-8, and an SQS body is text: \
+                 encode it (JSON, base64) before adding it",
+                m.id
+            )
+        })?;
+        let url = (self.route)(m);
+        let mut send = self
+            .client
+            .send_message()
+            .queue_url(&url)
+            .message_body(body)
+            .message_attributes(ID_ATTRIBUTE, string_attribute(m.id.to_string())?)
+            .message_attributes("idem-type", string_attribute(&m.kind)?);
+        if url.ends_with(".fifo") {
+            let mut group = format!("{}:{}", m.aggregate_type, m.aggregate_id);
+            let mut end = group.len().min(128);
+            while !group.is_char_boundary(end) {
+                end -= 1;
+            }
+            group.truncate(end);
+            send = send
+                .message_group_id(group)
+                .message_deduplication_id(m.id.to_string());
+        }
+        send.send()
+            .await
+            .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;
+        Ok(())
     }
 }
