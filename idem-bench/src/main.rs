@@ -24,6 +24,7 @@ mod encryption;
 mod grpc;
 mod harness;
 mod memory;
+mod outbox;
 mod peers;
 mod raw;
 mod redis_rows;
@@ -64,7 +65,7 @@ pub enum BenchError {
     Redis(String),
     #[error("the benchmark measured the wrong thing: {0}")]
     Unexpected(String),
-    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers,grpc] [--dynamodb-url dynamodb://HOST:PORT] [--redis-url redis://HOST:PORT] [--redis-cluster-url redis-cluster://HOST:PORT,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]] [--consumer] [--encryption]")]
+    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers,grpc] [--dynamodb-url dynamodb://HOST:PORT] [--redis-url redis://HOST:PORT] [--redis-cluster-url redis-cluster://HOST:PORT,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]] [--consumer] [--encryption] [--outbox]")]
     Usage(String),
 }
 
@@ -94,6 +95,8 @@ struct Args {
     consumer: bool,
     /// `--encryption`: only the cost of sealing on a replay (memory store, 1 KB and 1 MiB).
     encryption: bool,
+    /// `--outbox`: only the dispatcher against a hand-written poller (SQLite, PostgreSQL).
+    outbox: bool,
     /// `--sustain`: only the sustained runs, at this rate for this long.
     sustain: bool,
     sustain_rate: u32,
@@ -130,6 +133,7 @@ impl Args {
             prune_share: None,
             consumer: false,
             encryption: false,
+            outbox: false,
             sustain: false,
             sustain_rate: 3_000,
             sustain_secs: 300,
@@ -162,6 +166,7 @@ impl Args {
                 "--sustain" => args.sustain = true,
                 "--consumer" => args.consumer = true,
                 "--encryption" => args.encryption = true,
+                "--outbox" => args.outbox = true,
                 "--sustain-rate" => {
                     args.sustain_rate = number("--sustain-rate", value("--sustain-rate")?)?
                 }
@@ -231,7 +236,7 @@ impl Args {
         if args.prune_batch == Some(0) {
             return Err(BenchError::Usage("--prune-batch must be at least 1".into()));
         }
-        if args.wants("postgres") && args.pg_url.is_none() && !args.encryption {
+        if args.wants("postgres") && args.pg_url.is_none() && !args.encryption && !args.outbox {
             return Err(BenchError::Usage(
                 "no PostgreSQL URL: pass --pg-url, set IDEM_TEST_PG_URL, or run scripts/bench"
                     .into(),
@@ -497,6 +502,25 @@ async fn bench() -> Result<(), BenchError> {
     }
     if args.consumer {
         return consumer_rows(&args).await;
+    }
+    if args.outbox {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!("| store | dispatcher msg/s | hand-written poller msg/s | ratio | lag p50 / p99, dispatcher | lag p50 / p99, poller |");
+        println!("|---|---|---|---|---|---|");
+        for r in outbox::run(args.pg_url.as_deref(), args.quick).await? {
+            println!(
+                "| {} | {:.0} | {:.0} | {:.2} | {:.1} / {:.1} ms | {:.1} / {:.1} ms |",
+                r.store,
+                r.dispatcher_rate,
+                r.poller_rate,
+                r.dispatcher_rate / r.poller_rate,
+                ms(r.dispatcher_lag.0),
+                ms(r.dispatcher_lag.1),
+                ms(r.poller_lag.0),
+                ms(r.poller_lag.1),
+            );
+        }
+        return Ok(());
     }
     if args.encryption {
         println!("| replay of | plain | encrypted | encrypted ÷ plain (median of slices) |");

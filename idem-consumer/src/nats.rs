@@ -134,6 +134,40 @@ impl<C: Codec> NatsConsumer<C> {
         self.consumer.run(&broker, handler, shutdown).await
     }
 
+    /// [`run`](Self::run) with exactly-once effects ([`Consumer::run_steps`]): the handler
+    /// applies each message's effect as a transactional step (`steps.tx`, `dynamo_tx`), so a
+    /// consumer killed at any point applies it once.
+    ///
+    /// ```no_run
+    /// use idem::consumer::nats::{async_nats, NatsConsumer};
+    /// use idem::consumer::Consumer;
+    /// use idem::{Error, Idempotency, MemoryStore, Steps};
+    /// # async fn doc(pull: async_nats::jetstream::consumer::PullConsumer) -> Result<(), Error> {
+    /// let nats = NatsConsumer::new(Consumer::new(Idempotency::new(MemoryStore::new()), "apply")?);
+    /// let handler = |m: async_nats::Message, steps: Steps| async move {
+    ///     steps.run("apply", || async { Ok::<_, Error>(m.payload.len()) }).await
+    /// };
+    /// nats.run_steps(&pull, handler, std::future::pending()).await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_steps<T, E, H, F>(
+        &self,
+        pull: &PullConsumer,
+        handler: H,
+        shutdown: impl Future<Output = ()>,
+    ) where
+        H: Fn(async_nats::Message, idem_core::Steps<C>) -> F,
+        F: Future<Output = Result<T, E>>,
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        E: fmt::Display,
+    {
+        let broker = Pull {
+            pull: Some(pull),
+            nats: self,
+        };
+        self.consumer.run_steps(&broker, handler, shutdown).await
+    }
+
     /// One fetch: up to `batch` messages, waiting up to `wait`.
     async fn fetch(
         &self,

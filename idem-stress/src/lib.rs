@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod charges;
+pub mod outbox_loop;
 pub mod stores;
 pub mod storm;
 pub mod worker;

@@ -1,0 +1,148 @@
+//! The outbox's whole loop across processes (`tests/outbox_kill.rs`): a producing store's
+//! outbox, the dispatcher node that publishes it to a broker, and the receiving node that
+//! applies each message's effect once, in its own PostgreSQL database. The binary
+//! `idem-outbox-node` runs either node; this module holds what it and the test share: which
+//! store and which broker a node talks to, by its arguments.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::consumer::nats::{async_nats, NatsPublisher};
+use idem::consumer::sqs::aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+use idem::consumer::sqs::aws_sdk_sqs::{Client as SqsClient, Config as SqsConfig};
+use idem::consumer::sqs::SqsPublisher;
+use idem_core::{Error, OutboxSource, Publisher, Store};
+use idem_sql::{PostgresOutbox, PostgresStore, SqliteOutbox, SqliteStore};
+
+/// The producing side's store: SQLite (a database file the test process writes too) or
+/// PostgreSQL (a records table and an outbox table of the test's own).
+#[derive(Debug, Clone)]
+pub enum Producer {
+    /// `sqlite:<path>`.
+    Sqlite(String),
+    /// `postgres:<url>`.
+    Postgres(String),
+}
+
+impl Producer {
+    /// The store named by `spec` (`sqlite:<path>` or `postgres:<url>`).
+    pub fn parse(spec: &str) -> Result<Producer, String> {
+        match spec.split_once(':') {
+            Some(("sqlite", path)) => Ok(Producer::Sqlite(path.to_owned())),
+            Some(("postgres", url)) => Ok(Producer::Postgres(url.to_owned())),
+            _ => Err(format!(
+                "a producer is sqlite:<path> or postgres:<url>, not {spec:?}"
+            )),
+        }
+    }
+
+    /// The store (for the dispatchers' lease, in `records`) and the outbox `table` on it.
+    pub async fn open(
+        &self,
+        records: &str,
+        table: &str,
+    ) -> Result<(Arc<dyn Store>, Arc<dyn OutboxSource>), Error> {
+        match self {
+            Producer::Sqlite(path) => {
+                let store = SqliteStore::builder().pruner(None).open(path).await?;
+                let outbox = SqliteOutbox::new(store.pool().clone(), table).await?;
+                Ok((Arc::new(store), Arc::new(outbox)))
+            }
+            Producer::Postgres(url) => {
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(8)
+                    .connect(url)
+                    .await
+                    .map_err(idem_sql::sql_error)?;
+                let store = PostgresStore::builder()
+                    .pruner(None)
+                    .table(records)
+                    .from_pool(pool.clone())
+                    .await?;
+                let outbox = PostgresOutbox::new(pool, table).await?;
+                Ok((Arc::new(store), Arc::new(outbox)))
+            }
+        }
+    }
+}
+
+/// The broker between the two nodes.
+#[derive(Debug, Clone)]
+pub enum BrokerSpec {
+    /// `sqs:<endpoint>|<queue url>` (moto's endpoint).
+    Sqs { endpoint: String, queue: String },
+    /// `nats:<url>|<stream>`: messages go to `<stream>.<aggregate type>`.
+    Nats { url: String, stream: String },
+}
+
+impl BrokerSpec {
+    /// The broker named by `spec`.
+    pub fn parse(spec: &str) -> Result<BrokerSpec, String> {
+        let (kind, rest) = spec.split_once(':').ok_or("a broker is sqs:… or nats:…")?;
+        let (a, b) = rest
+            .split_once('|')
+            .ok_or_else(|| format!("a broker spec is kind:<address>|<name>, not {spec:?}"))?;
+        match kind {
+            "sqs" => Ok(BrokerSpec::Sqs {
+                endpoint: a.to_owned(),
+                queue: b.to_owned(),
+            }),
+            "nats" => Ok(BrokerSpec::Nats {
+                url: a.to_owned(),
+                stream: b.to_owned(),
+            }),
+            _ => Err(format!("unknown broker {kind:?}")),
+        }
+    }
+
+    /// The spec as the node's argument.
+    pub fn arg(&self) -> String {
+        match self {
+            BrokerSpec::Sqs { endpoint, queue } => format!("sqs:{endpoint}|{queue}"),
+            BrokerSpec::Nats { url, stream } => format!("nats:{url}|{stream}"),
+        }
+    }
+
+    /// The publisher a dispatcher node uses.
+    pub async fn publisher(&self) -> Result<Arc<dyn Publisher>, String> {
+        Ok(match self {
+            BrokerSpec::Sqs { endpoint, queue } => {
+                Arc::new(SqsPublisher::new(sqs_client(endpoint), queue.clone()))
+            }
+            BrokerSpec::Nats { url, stream } => {
+                let client = async_nats::connect(url).await.map_err(|e| e.to_string())?;
+                Arc::new(NatsPublisher::new(
+                    async_nats::jetstream::new(client),
+                    stream.clone(),
+                ))
+            }
+        })
+    }
+}
+
+/// An SQS client of moto at `endpoint`, with placeholder credentials.
+pub fn sqs_client(endpoint: &str) -> SqsClient {
+    let config = SqsConfig::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "static"))
+        .endpoint_url(endpoint)
+        .timeout_config(
+            idem::consumer::sqs::aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
+                .operation_timeout(Duration::from_secs(30))
+                .build(),
+        )
+        .build();
+    SqsClient::from_conf(config)
+}
+
+/// The receiving service's table of applied effects: one row per application of a message's
+/// effect, with no unique key, so a second application would show as a second row.
+pub async fn create_effects_table(pool: &sqlx::PgPool, table: &str) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE IF NOT EXISTS \"{table}\" (message_id TEXT NOT NULL, body TEXT NOT NULL)"
+    ))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
