@@ -188,7 +188,8 @@ pub use idem_redis::{RedisStore, RedisStoreBuilder};
 pub use idem_macros::idempotent;
 
 /// Queue consumers: batches of messages through the engine, one outcome per message (the
-/// `idem-consumer` crate; features `consumer`, and `sqs`, `lambda`, `nats` for the brokers).
+/// `idem-consumer` crate; features `consumer`, and `sqs`, `lambda`, `nats`, `kafka` for the
+/// brokers).
 #[cfg(feature = "consumer")]
 #[cfg_attr(docsrs, doc(cfg(feature = "consumer")))]
 pub use idem_consumer as consumer;

@@ -1,8 +1,8 @@
 //! The [`Broker`] trait and the one run loop that drives every long-running consumer: receive a
 //! batch, run it through a [`Consumer`] while the broker's hold on its messages is extended, and
-//! settle each message by its outcome. The SQS and NATS consumers are brokers driven by this
-//! loop; a broker of your own is one `impl Broker` away (a Kafka topic, a database queue, an
-//! in-process channel), driven by [`Consumer::run`].
+//! settle each message by its outcome. The SQS, NATS and Kafka consumers are brokers driven by
+//! this loop; a broker of your own is one `impl Broker` away (a database queue, an in-process
+//! channel), driven by [`Consumer::run`].
 
 use std::fmt;
 use std::future::Future;

@@ -1,8 +1,8 @@
 //! Queue consumers for idem: every message of a batch goes through the engine once, and comes
 //! back with one [`MessageOutcome`] that says what its broker should do with it.
 //!
-//! Depend on the `idem` crate with feature `consumer` (and `sqs`, `lambda`, `nats` for the
-//! brokers): it re-exports this crate as `idem::consumer`.
+//! Depend on the `idem` crate with feature `consumer` (and `sqs`, `lambda`, `nats`, `kafka` for
+//! the brokers): it re-exports this crate as `idem::consumer`.
 //!
 //! A [`Consumer`] holds an engine and a scope. [`Consumer::process`] takes a batch of
 //! [`Message`]s (a body, a key for each, `None` for no deduplication, and for ordered queues a
@@ -26,8 +26,9 @@
 //! how the claim's lease and the broker's visibility timeout move together. A long-running
 //! consumer is one loop over a [`Broker`] ([`Consumer::run`]): receive a batch, run it while
 //! extending the broker's hold on its messages, settle each message by its outcome. The SQS
-//! ([`sqs`], feature `sqs`) and NATS JetStream ([`nats`], feature `nats`) consumers are that
-//! loop over their brokers; a broker of your own implements the trait.
+//! ([`sqs`], feature `sqs`), NATS JetStream ([`nats`], feature `nats`) and Kafka ([`kafka`],
+//! feature `kafka`: in order per partition, committing past final outcomes only) consumers are
+//! that loop over their brokers; a broker of your own implements the trait.
 //!
 //! ```
 //! use idem::consumer::{Consumer, Message, MessageOutcome};
@@ -71,6 +72,9 @@ use idem_core::{
 };
 
 mod broker;
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub mod kafka;
 #[cfg(feature = "lambda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lambda")))]
 pub mod lambda;
