@@ -882,3 +882,126 @@ impl<C: Codec, X: ConsumerContext + 'static, R: Send + Sync> Broker for Partitio
         self.commit(commits);
     }
 }
+
+/// Publishes outbox messages to Kafka (the [`Dispatcher`](idem_core::Dispatcher)'s
+/// [`Publisher`](idem_core::Publisher)): one produce per message, awaited until the broker
+/// acknowledged it, to the topic its route names (one topic by default), with the aggregate id
+/// as the record key (so an aggregate's messages share a partition, in order), the outbox id in
+/// the header [`ID_HEADER`] (which a [`KafkaConsumer`] keys by) and the type in `idem-type`.
+/// Build the producer with [`KafkaPublisher::producer_config`]: the idempotent producer
+/// (`enable.idempotence=true`, `acks=all`), so a retried send inside one producer session is
+/// written once; a re-publish after a dispatcher's crash is a new send, which the consumer's
+/// key absorbs.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use idem::consumer::kafka::{rdkafka, KafkaPublisher};
+/// use idem::{Dispatcher, DispatcherConfig, SqliteOutbox, SqliteStore};
+/// # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
+/// let producer: rdkafka::producer::FutureProducer =
+///     KafkaPublisher::producer_config("127.0.0.1:9092").create()?;
+/// let store = SqliteStore::open("idem.db").await?;
+/// let outbox = SqliteOutbox::new(store.pool().clone(), "outbox").await?;
+/// let publisher = KafkaPublisher::new(producer, "orders");
+/// let dispatcher = Dispatcher::new(Arc::new(store), Arc::new(outbox), Arc::new(publisher), DispatcherConfig::new())?;
+/// # let _ = dispatcher;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct KafkaPublisher {
+    producer: FutureProducer,
+    route: Arc<dyn Fn(&idem_core::OutboxMessage) -> String + Send + Sync>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for KafkaPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaPublisher")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaPublisher {
+    /// Publishes every message to `topic`.
+    pub fn new(producer: FutureProducer, topic: impl Into<String>) -> KafkaPublisher {
+        let topic: String = topic.into();
+        KafkaPublisher::routed(producer, move |_| topic.clone())
+    }
+
+    /// Publishes each message to the topic `route` gives it.
+    ///
+    /// ```no_run
+    /// # fn doc(producer: idem::consumer::kafka::rdkafka::producer::FutureProducer) {
+    /// use idem::consumer::kafka::KafkaPublisher;
+    /// let publisher = KafkaPublisher::routed(producer, |m| format!("{}-events", m.aggregate_type));
+    /// # }
+    /// ```
+    pub fn routed(
+        producer: FutureProducer,
+        route: impl Fn(&idem_core::OutboxMessage) -> String + Send + Sync + 'static,
+    ) -> KafkaPublisher {
+        KafkaPublisher {
+            producer,
+            route: Arc::new(route),
+            timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// How long one message may wait in the producer's queue before its publish fails (and
+    /// the message stays unsent): 30 s by default.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # fn doc(publisher: idem::consumer::kafka::KafkaPublisher) {
+    /// let publisher = publisher.timeout(Duration::from_secs(5));
+    /// # }
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> KafkaPublisher {
+        self.timeout = timeout;
+        self
+    }
+
+    /// A producer's configuration for `bootstrap_servers`: the idempotent producer
+    /// (`enable.idempotence=true`, which sets `acks=all` and keeps order per partition across
+    /// retries).
+    ///
+    /// ```
+    /// let config = idem::consumer::kafka::KafkaPublisher::producer_config("127.0.0.1:9092");
+    /// assert_eq!(config.get("enable.idempotence"), Some("true"));
+    /// ```
+    pub fn producer_config(bootstrap_servers: &str) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", bootstrap_servers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all");
+        config
+    }
+}
+
+#[async_trait::async_trait]
+impl idem_core::Publisher for KafkaPublisher {
+    async fn publish(&self, m: &idem_core::OutboxMessage) -> Result<(), idem_core::BoxError> {
+        let id = m.id.to_string();
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: ID_HEADER,
+                value: Some(id.as_str()),
+            })
+            .insert(Header {
+                key: "idem-type",
+                value: Some(m.kind.as_str()),
+            });
+        let topic = (self.route)(m);
+        let record = FutureRecord::to(&topic)
+            .key(m.aggregate_id.as_str())
+            .payload(m.payload.as_slice())
+            .headers(headers);
+        self.producer
+            .send(record, self.timeout)
+            .await
+            .map_err(|(e, _)| e)?;
+        Ok(())
+    }
+}

@@ -653,3 +653,66 @@ async fn run_steps_applies_each_effect_once() {
     // 10 orders and the 2 end markers ran once each: every other delivery replayed.
     assert_eq!(runs.load(Ordering::SeqCst), 12);
 }
+
+/// **The outbox to Kafka.** A dispatcher publishes a memory outbox (two orders' messages) through
+/// `KafkaPublisher`; one message is published again, as after a dispatcher's crash between the
+/// broker's acknowledgement and marking it sent. The records carry the outbox id in `idem-id`
+/// and the aggregate as their key (one partition per aggregate, in order); the consumer, keyed
+/// by `idem-id`, applies every message once and replays the copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_publishes_once_per_id_through_the_consumer() {
+    use idem::{Dispatcher, DispatcherConfig, MemoryOutbox, MessageId};
+    use idem::{OutboxMessage, Publisher};
+    use idem_consumer::kafka::KafkaPublisher;
+    let cluster = Cluster::new(3);
+    let outbox = Arc::new(MemoryOutbox::new());
+    let mut messages = Vec::new();
+    for (order, step) in [("o-1", "placed"), ("o-2", "placed"), ("o-1", "paid")] {
+        let key = Key::derive("orders", "", &format!("{order}-{step}")).unwrap();
+        let m = OutboxMessage::new(
+            MessageId::derive(&key, step),
+            "order",
+            order,
+            step,
+            format!("{order} {step}").into_bytes(),
+        )
+        .unwrap();
+        outbox.add(m.clone());
+        messages.push(m);
+    }
+    let producer: FutureProducer =
+        KafkaPublisher::producer_config(&cluster.mock.bootstrap_servers())
+            .create()
+            .unwrap();
+    let publisher = Arc::new(KafkaPublisher::new(producer, TOPIC));
+    let dispatcher = Dispatcher::new(
+        Arc::new(MemoryStore::new()),
+        outbox.clone(),
+        publisher.clone(),
+        DispatcherConfig::new(),
+    )
+    .unwrap();
+    assert_eq!(dispatcher.run_once().await.unwrap().published, 3);
+    publisher.publish(&messages[0]).await.unwrap();
+
+    let shop = Shop::default();
+    let events = Events::default();
+    let running = Running::start(
+        kafka(events.engine(MemoryStore::new())),
+        cluster.stream("outbox-readers", TOPIC),
+        &shop,
+    );
+    let payloads = ["o-1 placed", "o-2 placed", "o-1 paid"];
+    until("every outbox message is applied", || async {
+        payloads.iter().all(|p| shop.charged(p) == 1)
+    })
+    .await;
+    until("the copy is replayed", || async {
+        events.count(Stage::Replayed) >= 1
+    })
+    .await;
+    running.stop().await;
+    for p in payloads {
+        assert_eq!(shop.charged(p), 1, "{p}");
+    }
+}
