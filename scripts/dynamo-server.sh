@@ -8,6 +8,8 @@
 #   dynamo_start     starts moto on 127.0.0.1 on a free port (scripts/moto-serial.py: one request
 #                    at a time, so conditional writes are atomic as in DynamoDB), waits until it
 #                    answers (bounded), and exports IDEM_TEST_DYNAMODB_URL, IDEM_REQUIRE_DYNAMODB=1,
+#                    IDEM_TEST_S3_URL (the same endpoint: moto serves S3 there too, for
+#                    idem-object-store's tests) and IDEM_REQUIRE_S3=1,
 #                    IDEM_DYNAMODB_SERVER_CMD (how a test starts a server of its own: the command,
 #                    to which it appends `HOST PORT`) and dummy AWS credentials, region and
 #                    AWS_EC2_METADATA_DISABLED=true so nothing reaches the network
@@ -54,10 +56,14 @@ dynamo_start() {
     export IDEM_TEST_DYNAMODB_URL="http://127.0.0.1:$port"
     export IDEM_REQUIRE_DYNAMODB=1
     export IDEM_DYNAMODB_SERVER_CMD="$moto_python $launcher"
+    # moto serves S3 on the same endpoint (path-style requests, any bucket name).
+    export IDEM_TEST_S3_URL="$IDEM_TEST_DYNAMODB_URL"
+    export IDEM_REQUIRE_S3=1
     # Dummy credentials and region for any SDK that reads them; never the instance metadata.
     export AWS_ACCESS_KEY_ID=idem-test AWS_SECRET_ACCESS_KEY=idem-test AWS_REGION=us-east-1
     export AWS_EC2_METADATA_DISABLED=true
     say "IDEM_TEST_DYNAMODB_URL=$IDEM_TEST_DYNAMODB_URL IDEM_REQUIRE_DYNAMODB=1"
+    say "IDEM_TEST_S3_URL=$IDEM_TEST_S3_URL IDEM_REQUIRE_S3=1"
 }
 
 dynamo_stop() {

@@ -9,8 +9,9 @@
 //! This crate is the one to depend on. It re-exports everything of `idem-core` (keys, records,
 //! the [`Store`] trait and its backends, the [`Idempotency`] engine) with the [`idempotent`]
 //! attribute and, by cargo feature, the crates of the other stores and ways in (`redis`,
-//! `dynamodb`, `remote`, `http`, `grpc`, `consumer`, …), so every path is `idem::…` whichever
-//! crate holds the item. [`store::url`] opens any store of the build from a URL.
+//! `dynamodb`, `remote`, `object-store`, `http`, `grpc`, `consumer`, …), so every path is
+//! `idem::…` whichever crate holds the item. [`store::url`] opens any store of the build from a
+//! URL.
 //!
 //! # The attribute
 //!
@@ -180,6 +181,9 @@ pub use idem_tower::StoredResponse;
 pub use idem_dynamodb::{
     aws_sdk_dynamodb, DynamoSteps, DynamoStore, DynamoStoreBuilder, MAX_DYNAMO_STEP_WRITES,
 };
+#[cfg(feature = "object-store")]
+#[cfg_attr(docsrs, doc(cfg(feature = "object-store")))]
+pub use idem_object_store::{object_store, OffloadStore, OffloadStoreBuilder};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use idem_redis::{RedisStore, RedisStoreBuilder};
