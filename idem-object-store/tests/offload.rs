@@ -137,17 +137,27 @@ impl Bucket {
 
 use futures_util::TryStreamExt;
 
-/// `len` lowercase letters, not all alike and never repeating in a part (so a shifted,
-/// truncated or reordered copy differs), different for each `seed`.
+/// `len` lowercase letters, different for each `seed`, none of its 64 KiB blocks alike (each is
+/// one random block turned by another amount), so a shifted, truncated or reordered copy
+/// differs. Made of block copies: a 100 MiB value costs little even in a debug build.
 fn letters(len: usize, seed: u64) -> String {
+    const BLOCK: usize = 64 * 1024;
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut bytes = Vec::with_capacity(len + 8);
-    while bytes.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        // Eight letters a step: each byte of x, folded into a..z.
-        bytes.extend(x.to_le_bytes().map(|b| b'a' + b % 26));
+    let block: Vec<u8> = (0..BLOCK)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b'a' + (x % 26) as u8
+        })
+        .collect();
+    let mut bytes = Vec::with_capacity(len + BLOCK);
+    for turn in (0..).map(|i: usize| i.wrapping_mul(7_919) % BLOCK) {
+        if bytes.len() >= len {
+            break;
+        }
+        bytes.extend_from_slice(&block[turn..]);
+        bytes.extend_from_slice(&block[..turn]);
     }
     bytes.truncate(len);
     String::from_utf8(bytes).expect("letters are UTF-8")
