@@ -179,7 +179,8 @@ pub use idem_tower::StoredResponse;
 #[cfg(feature = "dynamodb")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
 pub use idem_dynamodb::{
-    aws_sdk_dynamodb, DynamoSteps, DynamoStore, DynamoStoreBuilder, MAX_DYNAMO_STEP_WRITES,
+    aws_sdk_dynamodb, DynamoOutbox, DynamoOutboxBuilder, DynamoSteps, DynamoStore,
+    DynamoStoreBuilder, MAX_DYNAMO_OUTBOX_SHARDS, MAX_DYNAMO_STEP_WRITES,
 };
 #[cfg(feature = "object-store")]
 #[cfg_attr(docsrs, doc(cfg(feature = "object-store")))]
@@ -232,6 +233,10 @@ struct ConsumersDoctests;
 #[cfg(all(doctest, feature = "sqlite"))]
 #[doc = include_str!("../docs/steps.md")]
 struct StepsDoctests;
+
+#[cfg(all(doctest, feature = "dynamodb", feature = "sqlite"))]
+#[doc = include_str!("../docs/outbox.md")]
+struct OutboxDoctests;
 
 #[cfg(all(doctest, feature = "remote"))]
 #[doc = include_str!("../docs/server.md")]

@@ -26,6 +26,11 @@ pub(crate) fn kind_of<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) ->
         }
         SdkError::ServiceError(ctx) => {
             let code = ctx.err().code().unwrap_or_default();
+            // An item collection (the items of one partition key value of a table with a local
+            // secondary index, such as the outbox's shards) reached DynamoDB's 10 GB.
+            if code == "ItemCollectionSizeLimitExceededException" {
+                return StoreErrorKind::Full;
+            }
             if TRANSIENT_CODES.contains(&code) || ctx.raw().status().is_server_error() {
                 StoreErrorKind::Transient
             } else {
@@ -36,8 +41,18 @@ pub(crate) fn kind_of<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) ->
     }
 }
 
-/// `e`, from the request `op` on `table`, as an [`Error::Store`]. A missing table is named.
-pub(crate) fn store_error<E>(op: &'static str, table: &str, e: SdkError<E, HttpResponse>) -> Error
+/// How the store's table is created: what a missing table's error tells to do.
+pub(crate) const CREATE_STORE_TABLE: &str =
+    "DynamoStore::create_table or the builder's create_table_if_missing(true)";
+
+/// `e`, from the request `op` on `table`, as an [`Error::Store`]. A missing table is named,
+/// with how to create it (`create_with`: the store's or the outbox's helpers).
+pub(crate) fn table_error<E>(
+    op: &'static str,
+    table: &str,
+    create_with: &str,
+    e: SdkError<E, HttpResponse>,
+) -> Error
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
@@ -48,8 +63,7 @@ where
                 kind,
                 format!(
                     "DynamoDB {op} failed: the table `{table}` does not exist (or is not ACTIVE) \
-                     in this region and endpoint; create it with DynamoStore::create_table or \
-                     the builder's create_table_if_missing(true)"
+                     in this region and endpoint; create it with {create_with}"
                 ),
             ));
         }

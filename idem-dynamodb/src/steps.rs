@@ -40,7 +40,8 @@ pub(crate) fn steps_pk(key: &Key) -> AttributeValue {
     AttributeValue::S(format!("{key}:steps"))
 }
 
-fn build_error(e: aws_sdk_dynamodb::error::BuildError) -> Error {
+/// A request that could not be built (a required part missing): a `Query` store error.
+pub(crate) fn build_error(e: aws_sdk_dynamodb::error::BuildError) -> Error {
     Error::Store(StoreError::new(
         StoreErrorKind::Query,
         format!("DynamoDB TransactWriteItems could not be built: {e}"),
@@ -229,22 +230,40 @@ impl Inner {
             Ok(_) => Ok(()),
             Err(SdkError::ServiceError(ctx)) if ctx.err().is_transaction_canceled_exception() => {
                 // The fence is item 0, the steps item 1, the caller's from 2 on.
-                let refused = match ctx.err() {
-                    TransactWriteItemsError::TransactionCanceledException(e) => e
-                        .cancellation_reasons()
+                let reasons = match ctx.err() {
+                    TransactWriteItemsError::TransactionCanceledException(e) => {
+                        e.cancellation_reasons()
+                    }
+                    _ => &[],
+                };
+                let callers = |code: &str| {
+                    reasons
                         .iter()
                         .enumerate()
                         .skip(2)
-                        .find(|(_, r)| r.code() == Some("ConditionalCheckFailed"))
-                        .map(|(i, _)| i - 2),
-                    _ => None,
+                        .find(|(_, r)| r.code() == Some(code))
+                        .map(|(i, _)| i - 2)
                 };
-                if let Some(i) = refused {
+                if let Some(i) = callers("ConditionalCheckFailed") {
                     return Err(Error::Store(StoreError::new(
                         StoreErrorKind::Query,
                         format!(
                             "DynamoDB TransactWriteItems of a step was cancelled: the condition \
                              of the step's write {i} (counted from 0) failed; nothing was written"
+                        ),
+                    )));
+                }
+                // A table with a local secondary index (an outbox's shard) holds at most 10 GB
+                // per partition key value.
+                if let Some(i) = callers("ItemCollectionSizeLimitExceeded") {
+                    return Err(Error::Store(StoreError::new(
+                        StoreErrorKind::Full,
+                        format!(
+                            "DynamoDB TransactWriteItems of a step was cancelled: the step's \
+                             write {i} (counted from 0) would grow its item collection past \
+                             10 GB; nothing was written. Delete or prune items under its \
+                             partition key (an outbox: prune sent messages sooner, or use a \
+                             table with more shards)"
                         ),
                     )));
                 }

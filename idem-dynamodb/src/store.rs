@@ -308,9 +308,11 @@ fn lapsed_ttl(lease_end_ms: i64, margin_ms: i64) -> AttributeValue {
 /// refused, a timeout or any other dispatch failure, and a response that could not be read, is
 /// `Unavailable`; throttling (`ProvisionedThroughputExceededException`, `ThrottlingException`,
 /// `RequestLimitExceeded`), `TransactionConflictException`, `LimitExceededException` and any
-/// 5xx answer are `Transient`; a validation error, a missing table (the message names it) or
-/// any other refusal is `Query`; an item that the store did not write in its layout is
-/// `Corrupt`. Failed conditions are not errors: they decide `Locked`, `Completed`,
+/// 5xx answer are `Transient`; an item collection at its 10 GB
+/// (`ItemCollectionSizeLimitExceededException`, on a table with a local secondary index such as
+/// a [`DynamoOutbox`](crate::DynamoOutbox)'s) is `Full`; a validation error, a missing table
+/// (the message names it) or any other refusal is `Query`; an item that the store did not
+/// write in its layout is `Corrupt`. Failed conditions are not errors: they decide `Locked`, `Completed`,
 /// `KeyReused` and `LeaseLost`. The SDK's own retry policy (from your client's configuration)
 /// runs first.
 ///
@@ -632,7 +634,7 @@ impl Inner {
             + Sync
             + 'static,
     {
-        errors::store_error(op, &self.table, e)
+        errors::table_error(op, &self.table, errors::CREATE_STORE_TABLE, e)
     }
 
     /// What a duplicate `start` gets from the live item it met.

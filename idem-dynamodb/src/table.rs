@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
+use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::create_table::{CreateTableError, CreateTableOutput};
 use aws_sdk_dynamodb::operation::describe_table::DescribeTableOutput;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
@@ -12,7 +14,7 @@ use aws_sdk_dynamodb::Client;
 
 use idem_core::{Error, StoreError, StoreErrorKind};
 
-use crate::errors::store_error;
+use crate::errors::{table_error, CREATE_STORE_TABLE};
 use crate::item::{PK, TTL};
 
 /// How long [`create`] waits for a new table to become `ACTIVE`.
@@ -37,19 +39,24 @@ pub(crate) fn validate_name(name: &str) -> Result<(), Error> {
     )))
 }
 
-/// `table`'s description (`DescribeTable`).
-async fn describe(client: &Client, table: &str) -> Result<DescribeTableOutput, Error> {
+/// `table`'s description (`DescribeTable`); a missing table's error says to create it with
+/// `create_with`.
+pub(crate) async fn describe(
+    client: &Client,
+    table: &str,
+    create_with: &str,
+) -> Result<DescribeTableOutput, Error> {
     client
         .describe_table()
         .table_name(table)
         .send()
         .await
-        .map_err(|e| store_error("DescribeTable", table, e))
+        .map_err(|e| table_error("DescribeTable", table, create_with, e))
 }
 
 /// Checks that `table` exists and that its only key is the string hash key `pk`.
 pub(crate) async fn check(client: &Client, table: &str) -> Result<(), Error> {
-    let out = describe(client, table).await?;
+    let out = describe(client, table, CREATE_STORE_TABLE).await?;
     let keys = out.table().map(|t| t.key_schema()).unwrap_or_default();
     match keys {
         [k] if k.attribute_name() == PK && *k.key_type() == KeyType::Hash => Ok(()),
@@ -84,22 +91,34 @@ pub(crate) async fn create(client: &Client, table: &str) -> Result<(), Error> {
         )
         .send()
         .await;
-    match created {
-        Ok(_) => {}
-        // Another node created it first, or it was there already.
-        Err(SdkError::ServiceError(ctx)) if ctx.err().is_resource_in_use_exception() => {}
-        Err(e) => return Err(store_error("CreateTable", table, e)),
-    }
-    wait_active(client, table).await?;
+    finish_create(client, table, created, CREATE_STORE_TABLE).await?;
     check(client, table).await?;
     enable_ttl(client, table).await
 }
 
-async fn wait_active(client: &Client, table: &str) -> Result<(), Error> {
+/// Finishes a `CreateTable` of `table`: a table that exists already (another node created it
+/// first) will do; then waits until it is `ACTIVE`. `create_with` is what a missing table's
+/// error tells to do.
+pub(crate) async fn finish_create(
+    client: &Client,
+    table: &str,
+    created: Result<CreateTableOutput, SdkError<CreateTableError, HttpResponse>>,
+    create_with: &str,
+) -> Result<(), Error> {
+    match created {
+        Ok(_) => {}
+        Err(SdkError::ServiceError(ctx)) if ctx.err().is_resource_in_use_exception() => {}
+        Err(e) => return Err(table_error("CreateTable", table, create_with, e)),
+    }
+    wait_active(client, table, create_with).await
+}
+
+/// Waits (two minutes at most) until `table` is `ACTIVE`.
+async fn wait_active(client: &Client, table: &str, create_with: &str) -> Result<(), Error> {
     let deadline = tokio::time::Instant::now() + ACTIVE_WITHIN;
     let mut pause = Duration::from_millis(50);
     loop {
-        let out = describe(client, table).await?;
+        let out = describe(client, table, create_with).await?;
         if out.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
             return Ok(());
         }
@@ -128,7 +147,14 @@ async fn enable_ttl(client: &Client, table: &str) -> Result<(), Error> {
             tracing::warn!(table, code = ?ctx.err().code(), "the server does not describe TTL; leaving it to prune_expired");
             return Ok(());
         }
-        Err(e) => return Err(store_error("DescribeTimeToLive", table, e)),
+        Err(e) => {
+            return Err(table_error(
+                "DescribeTimeToLive",
+                table,
+                CREATE_STORE_TABLE,
+                e,
+            ))
+        }
     };
     let status = current.as_ref().and_then(|d| d.time_to_live_status());
     let attribute = current.as_ref().and_then(|d| d.attribute_name());
@@ -159,7 +185,12 @@ async fn enable_ttl(client: &Client, table: &str) -> Result<(), Error> {
             tracing::warn!(table, code = ?ctx.err().code(), "could not enable TTL; leaving it to prune_expired");
             Ok(())
         }
-        Err(e) => Err(store_error("UpdateTimeToLive", table, e)),
+        Err(e) => Err(table_error(
+            "UpdateTimeToLive",
+            table,
+            CREATE_STORE_TABLE,
+            e,
+        )),
     }
 }
 

@@ -6,21 +6,19 @@
 //! Every test uses a fresh table; the tests that stop a server start one of their own with
 //! `IDEM_DYNAMODB_SERVER_CMD`.
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use idem_core::{
     Claim, ClaimOutcome, ClaimRequest, Clock, Completion, Error, Idempotency, Key, ManualClock,
     Outcome, RecordState, Store, StoreErrorKind,
 };
-use idem_dynamodb::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
-use idem_dynamodb::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use idem_dynamodb::aws_sdk_dynamodb::primitives::Blob;
 use idem_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, TimeToLiveStatus};
-use idem_dynamodb::aws_sdk_dynamodb::Client;
 use idem_dynamodb::DynamoStore;
 
-use idem_test_support::dynamodb::{self, client, dynamo_url, fresh_store, fresh_table, Server};
+use idem_test_support::dynamodb::{
+    client, counted_client, dynamo_url, fresh_store, fresh_table, Requests, Server,
+};
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -267,40 +265,8 @@ async fn a_result_under_400_kb_replays() {
     assert_eq!(again, Outcome::Replayed(value));
 }
 
-/// Counts the requests a client sends, by operation.
-#[derive(Debug, Default, Clone)]
-struct Requests(Arc<Mutex<HashMap<String, usize>>>);
-
-impl Requests {
-    fn take(&self) -> HashMap<String, usize> {
-        std::mem::take(&mut *self.0.lock().unwrap())
-    }
-}
-
-impl Intercept for Requests {
-    fn name(&self) -> &'static str {
-        "Requests"
-    }
-
-    fn read_before_transmit(
-        &self,
-        context: &BeforeTransmitInterceptorContextRef<'_>,
-        _: &RuntimeComponents,
-        _: &mut ConfigBag,
-    ) -> Result<(), idem_core::BoxError> {
-        let target = context
-            .request()
-            .headers()
-            .get("x-amz-target")
-            .unwrap_or("?");
-        let op = target.rsplit('.').next().unwrap_or(target).to_owned();
-        *self.0.lock().unwrap().entry(op).or_default() += 1;
-        Ok(())
-    }
-}
-
 fn only(op: &str) -> HashMap<String, usize> {
-    HashMap::from([(op.to_owned(), 1)])
+    Requests::only(op, 1)
 }
 
 /// **Round trips**: a new key is one PutItem to claim and one UpdateItem to complete; a
@@ -316,8 +282,7 @@ async fn each_call_costs_its_requests() {
     DynamoStore::create_table(&client(&url), &table)
         .await
         .unwrap();
-    let requests = Requests::default();
-    let counted = Client::from_conf(dynamodb::config(&url).interceptor(requests.clone()).build());
+    let (counted, requests) = counted_client(&url);
     let store = DynamoStore::builder()
         .table(&table)
         .build(counted)

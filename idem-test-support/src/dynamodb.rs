@@ -5,10 +5,14 @@
 //! test's own ([`Server`]) starts with `IDEM_DYNAMODB_SERVER_CMD`. Clients use static test
 //! credentials and a fixed region, so nothing is looked up elsewhere.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_dynamodb::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
 use idem_dynamodb::aws_sdk_dynamodb::config::{
-    timeout::TimeoutConfig, BehaviorVersion, Credentials, Region,
+    timeout::TimeoutConfig, BehaviorVersion, ConfigBag, Credentials, Intercept, Region,
+    RuntimeComponents,
 };
 use idem_dynamodb::aws_sdk_dynamodb::{self, Client};
 use idem_dynamodb::{DynamoStore, DynamoStoreBuilder};
@@ -85,6 +89,82 @@ pub fn config(endpoint: &str) -> aws_sdk_dynamodb::config::Builder {
                 .operation_timeout(Duration::from_secs(120))
                 .build(),
         )
+}
+
+/// Counts the requests a client sends, by operation (`PutItem`, `Query`, …): add it to a
+/// client's [`config`] with `.interceptor(requests.clone())`, or take [`counted_client`]'s.
+///
+/// ```
+/// use idem_test_support::dynamodb::Requests;
+/// let requests = Requests::default();
+/// assert!(requests.take().is_empty());
+/// assert_eq!(Requests::only("Query", 2), std::collections::HashMap::from([("Query".to_owned(), 2)]));
+/// ```
+#[derive(Debug, Default, Clone)]
+pub struct Requests(Arc<Mutex<HashMap<String, usize>>>);
+
+impl Requests {
+    /// The requests counted since the last `take`, by operation; counting starts again.
+    pub fn take(&self) -> HashMap<String, usize> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// What [`take`](Self::take) returns after `n` requests of `op` alone.
+    pub fn only(op: &str, n: usize) -> HashMap<String, usize> {
+        HashMap::from([(op.to_owned(), n)])
+    }
+}
+
+impl Intercept for Requests {
+    fn name(&self) -> &'static str {
+        "Requests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), idem_core::BoxError> {
+        let op = operation(context);
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(op)
+            .or_default() += 1;
+        Ok(())
+    }
+}
+
+/// The operation of the request an interceptor sees (`PutItem`, `Query`, …), from its
+/// `X-Amz-Target` header; `?` without one.
+///
+/// ```no_run
+/// use idem_dynamodb::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
+/// fn log(context: &BeforeTransmitInterceptorContextRef<'_>) {
+///     println!("{}", idem_test_support::dynamodb::operation(context));
+/// }
+/// ```
+pub fn operation(context: &BeforeTransmitInterceptorContextRef<'_>) -> String {
+    let target = context
+        .request()
+        .headers()
+        .get("x-amz-target")
+        .unwrap_or("?");
+    target.rsplit('.').next().unwrap_or(target).to_owned()
+}
+
+/// A [`client`] of `endpoint` whose requests the returned [`Requests`] counts.
+///
+/// ```
+/// let (_client, requests) = idem_test_support::dynamodb::counted_client("http://127.0.0.1:8000");
+/// assert!(requests.take().is_empty());
+/// ```
+pub fn counted_client(endpoint: &str) -> (Client, Requests) {
+    let requests = Requests::default();
+    let client = Client::from_conf(config(endpoint).interceptor(requests.clone()).build());
+    (client, requests)
 }
 
 /// A table name no other test uses.
