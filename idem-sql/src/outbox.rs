@@ -197,11 +197,14 @@ impl<DB: Backend> SqlOutbox<DB> {
     }
 }
 
+/// The outbox's table name: `schema.table` is allowed on PostgreSQL.
 fn table_name<DB: Backend>(table: &str) -> Result<TableName, Error> {
+    let qualified = DB::DIALECT.store == "PostgresStore";
     #[cfg(feature = "postgres")]
-    if DB::DIALECT.store == "PostgresStore" {
+    if qualified {
         return TableName::qualified("outbox table", table);
     }
+    let _ = qualified;
     TableName::new("outbox table", table)
 }
 
