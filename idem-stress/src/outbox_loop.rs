@@ -7,10 +7,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem::aws_sdk_dynamodb;
+use idem::consumer::kafka::{rdkafka, KafkaPublisher};
 use idem::consumer::nats::{async_nats, NatsPublisher};
 use idem::consumer::sqs::aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use idem::consumer::sqs::aws_sdk_sqs::{Client as SqsClient, Config as SqsConfig};
 use idem::consumer::sqs::SqsPublisher;
+use idem::{DynamoOutbox, DynamoStore};
 use idem_core::{Error, OutboxSource, Publisher, Store};
 use idem_sql::{PostgresOutbox, PostgresStore, SqliteOutbox, SqliteStore};
 
@@ -22,16 +25,20 @@ pub enum Producer {
     Sqlite(String),
     /// `postgres:<url>`.
     Postgres(String),
+    /// `dynamodb:<endpoint>` (moto): the dispatchers' lease in a DynamoStore table, the outbox
+    /// in a table of its own.
+    Dynamo(String),
 }
 
 impl Producer {
-    /// The store named by `spec` (`sqlite:<path>` or `postgres:<url>`).
+    /// The store named by `spec` (`sqlite:<path>`, `postgres:<url>` or `dynamodb:<endpoint>`).
     pub fn parse(spec: &str) -> Result<Producer, String> {
         match spec.split_once(':') {
             Some(("sqlite", path)) => Ok(Producer::Sqlite(path.to_owned())),
             Some(("postgres", url)) => Ok(Producer::Postgres(url.to_owned())),
+            Some(("dynamodb", endpoint)) => Ok(Producer::Dynamo(endpoint.to_owned())),
             _ => Err(format!(
-                "a producer is sqlite:<path> or postgres:<url>, not {spec:?}"
+                "a producer is sqlite:<path>, postgres:<url> or dynamodb:<endpoint>, not {spec:?}"
             )),
         }
     }
@@ -62,8 +69,39 @@ impl Producer {
                 let outbox = PostgresOutbox::new(pool, table).await?;
                 Ok((Arc::new(store), Arc::new(outbox)))
             }
+            Producer::Dynamo(endpoint) => {
+                let client = dynamo_client(endpoint);
+                let store = DynamoStore::builder()
+                    .table(records)
+                    .create_table_if_missing(true)
+                    .build(client.clone())
+                    .await?;
+                let outbox = DynamoOutbox::builder().table(table).build(client).await?;
+                Ok((Arc::new(store), Arc::new(outbox)))
+            }
         }
     }
+
+    /// The spec as the node's argument.
+    pub fn arg(&self) -> String {
+        match self {
+            Producer::Sqlite(path) => format!("sqlite:{path}"),
+            Producer::Postgres(url) => format!("postgres:{url}"),
+            Producer::Dynamo(endpoint) => format!("dynamodb:{endpoint}"),
+        }
+    }
+}
+
+/// A DynamoDB client of moto at `endpoint`, with placeholder credentials.
+pub fn dynamo_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "static"))
+        .endpoint_url(endpoint)
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
 }
 
 /// The broker between the two nodes.
@@ -73,12 +111,16 @@ pub enum BrokerSpec {
     Sqs { endpoint: String, queue: String },
     /// `nats:<url>|<stream>`: messages go to `<stream>.<aggregate type>`.
     Nats { url: String, stream: String },
+    /// `kafka:<bootstrap servers>|<topic>` (librdkafka's mock cluster, hosted by the test).
+    Kafka { servers: String, topic: String },
 }
 
 impl BrokerSpec {
     /// The broker named by `spec`.
     pub fn parse(spec: &str) -> Result<BrokerSpec, String> {
-        let (kind, rest) = spec.split_once(':').ok_or("a broker is sqs:… or nats:…")?;
+        let (kind, rest) = spec
+            .split_once(':')
+            .ok_or("a broker is sqs:…, nats:… or kafka:…")?;
         let (a, b) = rest
             .split_once('|')
             .ok_or_else(|| format!("a broker spec is kind:<address>|<name>, not {spec:?}"))?;
@@ -91,6 +133,10 @@ impl BrokerSpec {
                 url: a.to_owned(),
                 stream: b.to_owned(),
             }),
+            "kafka" => Ok(BrokerSpec::Kafka {
+                servers: a.to_owned(),
+                topic: b.to_owned(),
+            }),
             _ => Err(format!("unknown broker {kind:?}")),
         }
     }
@@ -100,6 +146,7 @@ impl BrokerSpec {
         match self {
             BrokerSpec::Sqs { endpoint, queue } => format!("sqs:{endpoint}|{queue}"),
             BrokerSpec::Nats { url, stream } => format!("nats:{url}|{stream}"),
+            BrokerSpec::Kafka { servers, topic } => format!("kafka:{servers}|{topic}"),
         }
     }
 
@@ -115,6 +162,13 @@ impl BrokerSpec {
                     async_nats::jetstream::new(client),
                     stream.clone(),
                 ))
+            }
+            BrokerSpec::Kafka { servers, topic } => {
+                let producer: rdkafka::producer::FutureProducer =
+                    KafkaPublisher::producer_config(servers)
+                        .create()
+                        .map_err(|e| e.to_string())?;
+                Arc::new(KafkaPublisher::new(producer, topic.clone()))
             }
         })
     }

@@ -2,15 +2,17 @@
 //! SIGKILL it.
 //!
 //! ```text
-//! idem-outbox-node dispatch --producer sqlite:<path>|postgres:<url> --records T --outbox T
-//!                           --broker sqs:<endpoint>|<queue url>|nats:<url>|<stream>
+//! idem-outbox-node dispatch --producer sqlite:<path>, postgres:<url> or dynamodb:<endpoint>
+//!                           --records T --outbox T
+//!                           --broker sqs:<endpoint>|<queue url>, nats:<url>|<stream>
+//!                                    or kafka:<bootstrap servers>|<topic>
 //!                           [--lease-ms 2000] [--interval-ms 20]
 //!     publishes the producer's outbox to the broker with a Dispatcher (spawned, under its
 //!     lease), printing `ready`, then `published <n>` (this process's running total) after
 //!     each run that published, until killed.
 //! idem-outbox-node apply --broker … --pg <url> --records T --effects T [--lease-ms 5000]
 //!     the receiving service: consumes the broker (SQS: the queue; NATS: the stream's durable
-//!     consumer `apply`), keyed by the outbox id, and applies each message's effect (a row in
+//!     consumer `apply`; Kafka: the topic, as the group `apply`), keyed by the outbox id, and applies each message's effect (a row in
 //!     the effects table) in the same PostgreSQL transaction as its step record
 //!     (`run_steps` + `steps.tx`), so a kill at any point applies it once. Prints `ready`,
 //!     then runs until killed.
@@ -20,6 +22,7 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use idem::consumer::kafka::{rdkafka, KafkaConsumer, ID_HEADER};
 use idem::consumer::nats::{async_nats, NatsConsumer};
 use idem::consumer::sqs::aws_sdk_sqs::types::Message as SqsMessage;
 use idem::consumer::sqs::{SqsConsumer, ID_ATTRIBUTE};
@@ -200,6 +203,33 @@ async fn apply(flags: &HashMap<String, String>) -> Result<(), String> {
                 async move { effect(&store, &effects, steps, id, body).await }
             };
             nats.run_steps(&pull, handler, std::future::pending()).await;
+        }
+        BrokerSpec::Kafka { servers, topic } => {
+            use rdkafka::consumer::Consumer as _;
+            use rdkafka::message::{Headers, Message as _};
+            let stream: rdkafka::consumer::StreamConsumer =
+                KafkaConsumer::<idem::JsonCodec>::client_config(&servers, "apply")
+                    .set("session.timeout.ms", "6000")
+                    .set("heartbeat.interval.ms", "200")
+                    .create()
+                    .map_err(|e| e.to_string())?;
+            stream.subscribe(&[&topic]).map_err(|e| e.to_string())?;
+            let kafka = KafkaConsumer::new(consumer).lease(lease);
+            println!("ready");
+            let handler = |m: rdkafka::message::OwnedMessage, steps: Steps| {
+                let id = m
+                    .headers()
+                    .and_then(|h| h.iter().find(|h| h.key == ID_HEADER))
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default();
+                let body = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+                let (store, effects) = (store.clone(), effects.clone());
+                async move { effect(&store, &effects, steps, id, body).await }
+            };
+            kafka
+                .run_steps(&stream, handler, std::future::pending())
+                .await;
         }
     }
     Err("the consumer stopped".into())
