@@ -101,71 +101,52 @@ trait Db: Send + Sync + 'static {
     fn mark(&self, seq: i64) -> impl std::future::Future<Output = Result<(), BenchError>> + Send;
 }
 
-struct Sqlite {
-    pool: sqlx::SqlitePool,
-    outbox: SqlOutbox<sqlx::Sqlite>,
+/// A database's [`Db`]: its pool, its outbox, and its clock expression for the poller's mark.
+macro_rules! sql_db {
+    ($name:ident, $db:ty, $pool:ty, $now:expr) => {
+        struct $name {
+            pool: $pool,
+            outbox: SqlOutbox<$db>,
+        }
+
+        impl Db for $name {
+            type Outbox = SqlOutbox<$db>;
+            fn outbox(&self) -> Self::Outbox {
+                self.outbox.clone()
+            }
+            async fn add(&self, chunk: &[OutboxMessage]) -> Result<(), BenchError> {
+                let mut tx = self.pool.begin().await?;
+                self.outbox.add(&mut tx, chunk).await?;
+                tx.commit().await?;
+                Ok(())
+            }
+            async fn unsent(&self) -> Result<Vec<(i64, Vec<u8>)>, BenchError> {
+                let sql = format!(
+                    "SELECT seq, payload FROM {} WHERE sent_at IS NULL ORDER BY seq LIMIT 500",
+                    self.outbox.table()
+                );
+                Ok(sqlx::query_as(&sql).fetch_all(&self.pool).await?)
+            }
+            async fn mark(&self, seq: i64) -> Result<(), BenchError> {
+                let sql = format!(
+                    "UPDATE {} SET sent_at = {} WHERE seq = $1",
+                    self.outbox.table(),
+                    $now
+                );
+                sqlx::query(&sql).bind(seq).execute(&self.pool).await?;
+                Ok(())
+            }
+        }
+    };
 }
 
-impl Db for Sqlite {
-    type Outbox = SqlOutbox<sqlx::Sqlite>;
-    fn outbox(&self) -> Self::Outbox {
-        self.outbox.clone()
-    }
-    async fn add(&self, chunk: &[OutboxMessage]) -> Result<(), BenchError> {
-        let mut tx = self.pool.begin().await?;
-        self.outbox.add(&mut tx, chunk).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-    async fn unsent(&self) -> Result<Vec<(i64, Vec<u8>)>, BenchError> {
-        let sql = format!(
-            "SELECT seq, payload FROM {} WHERE sent_at IS NULL ORDER BY seq LIMIT 500",
-            self.outbox.table()
-        );
-        Ok(sqlx::query_as(&sql).fetch_all(&self.pool).await?)
-    }
-    async fn mark(&self, seq: i64) -> Result<(), BenchError> {
-        let sql = format!(
-            "UPDATE {} SET sent_at = CAST(round(unixepoch('subsec') * 1000) AS INTEGER) WHERE seq = $1",
-            self.outbox.table()
-        );
-        sqlx::query(&sql).bind(seq).execute(&self.pool).await?;
-        Ok(())
-    }
-}
-
-struct Postgres {
-    pool: sqlx::PgPool,
-    outbox: SqlOutbox<sqlx::Postgres>,
-}
-
-impl Db for Postgres {
-    type Outbox = SqlOutbox<sqlx::Postgres>;
-    fn outbox(&self) -> Self::Outbox {
-        self.outbox.clone()
-    }
-    async fn add(&self, chunk: &[OutboxMessage]) -> Result<(), BenchError> {
-        let mut tx = self.pool.begin().await?;
-        self.outbox.add(&mut tx, chunk).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-    async fn unsent(&self) -> Result<Vec<(i64, Vec<u8>)>, BenchError> {
-        let sql = format!(
-            "SELECT seq, payload FROM {} WHERE sent_at IS NULL ORDER BY seq LIMIT 500",
-            self.outbox.table()
-        );
-        Ok(sqlx::query_as(&sql).fetch_all(&self.pool).await?)
-    }
-    async fn mark(&self, seq: i64) -> Result<(), BenchError> {
-        let sql = format!(
-            "UPDATE {} SET sent_at = clock_timestamp() WHERE seq = $1",
-            self.outbox.table()
-        );
-        sqlx::query(&sql).bind(seq).execute(&self.pool).await?;
-        Ok(())
-    }
-}
+sql_db!(
+    Sqlite,
+    sqlx::Sqlite,
+    sqlx::SqlitePool,
+    "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)"
+);
+sql_db!(Postgres, sqlx::Postgres, sqlx::PgPool, "clock_timestamp()");
 
 /// Adds messages `from..from + n`, 100 per transaction.
 async fn fill<D: Db>(db: &D, from: u64, n: u64) -> Result<(), BenchError> {
