@@ -18,6 +18,9 @@
 //!   | `idem_complete_seconds` | histogram | `scope` | storing the result (the first try) |
 //!   | `idem_claims_in_flight` | gauge | `scope` | claims held by running work in this process |
 //!   | `idem_pruned_total` | counter | `target` | records (`records`) or request ids (`history`) deleted by a `Pruner` |
+//!   | `idem_outbox_published_total` | counter | `outbox` | messages a `Dispatcher` published (its lease name) |
+//!   | `idem_outbox_failed_total` | counter | `outbox` | messages whose publishing failed (left unsent for the next run) |
+//!   | `idem_outbox_lag_seconds` | gauge | `outbox` | the longest a message published by the last run had waited since it was added |
 //!
 //!   The three histograms record one call in
 //!   [`DEFAULT_LATENCIES_ONE_IN`](crate::DEFAULT_LATENCIES_ONE_IN), drawn at random
@@ -62,7 +65,7 @@ mod meters;
 mod meters;
 
 use meters::Meter;
-pub(crate) use meters::{pruned, Meters};
+pub(crate) use meters::{dispatched, pruned, Meters};
 
 /// How many calls in one get their latencies recorded, by default: see
 /// [`EngineBuilder::sample_latencies`](crate::EngineBuilder::sample_latencies).

@@ -498,3 +498,35 @@ fn pruner_deletions_are_counted() {
         25.0
     );
 }
+
+/// The dispatcher counts what it publishes and what fails under its lease name, and sets its
+/// lag gauge.
+#[test]
+fn dispatcher_runs_are_counted() {
+    use idem_core::{
+        ChannelPublisher, Dispatcher, DispatcherConfig, MemoryOutbox, MessageId, OutboxMessage,
+    };
+    let recorder = DebuggingRecorder::new();
+    let report = with_recorder(&recorder, || async {
+        let outbox = Arc::new(MemoryOutbox::new());
+        for i in 0..7 {
+            let key = Key::derive("orders", "", &i.to_string()).unwrap();
+            let id = MessageId::derive(&key, "placed");
+            outbox.add(OutboxMessage::new(id, "order", i.to_string(), "placed", vec![]).unwrap());
+        }
+        let (publisher, _received) = ChannelPublisher::new(16);
+        let dispatcher = Dispatcher::new(
+            Arc::new(MemoryStore::new()),
+            outbox,
+            Arc::new(publisher),
+            DispatcherConfig::new().name("orders"),
+        )
+        .unwrap();
+        dispatcher.run_once().await.unwrap()
+    });
+    assert_eq!(report.published, 7);
+    let metrics = snapshot(&recorder);
+    assert_eq!(metrics["idem_outbox_published_total{outbox=orders}"], 7.0);
+    assert_eq!(metrics["idem_outbox_failed_total{outbox=orders}"], 0.0);
+    assert!(metrics.contains_key("idem_outbox_lag_seconds{outbox=orders}"));
+}

@@ -362,6 +362,12 @@ impl Dispatcher {
         report.elapsed = started.elapsed();
         pruned?;
         released?;
+        crate::observe::dispatched(
+            &self.config.name,
+            report.published,
+            report.failed,
+            report.max_lag,
+        );
         if report.published + report.failed > 0 {
             tracing::info!(
                 published = report.published,

@@ -221,3 +221,13 @@ impl<'a> Meter<'a> {
 pub(crate) fn pruned(target: &'static str, deleted: u64) {
     metrics::counter!("idem_pruned_total", "target" => target).increment(deleted);
 }
+
+/// A dispatcher run published `published` messages, failed to publish `failed`, and the
+/// longest a published message had waited was `max_lag`: `idem_outbox_published_total`,
+/// `idem_outbox_failed_total`, `idem_outbox_lag_seconds` (a gauge, per dispatcher name).
+pub(crate) fn dispatched(name: &str, published: u64, failed: u64, max_lag: Duration) {
+    let name = metrics::SharedString::from(name.to_owned());
+    metrics::counter!("idem_outbox_published_total", "outbox" => name.clone()).increment(published);
+    metrics::counter!("idem_outbox_failed_total", "outbox" => name.clone()).increment(failed);
+    metrics::gauge!("idem_outbox_lag_seconds", "outbox" => name).set(max_lag.as_secs_f64());
+}

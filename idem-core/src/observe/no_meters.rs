@@ -41,3 +41,5 @@ impl<'a> Meter<'a> {
 }
 
 pub(crate) fn pruned(_target: &'static str, _deleted: u64) {}
+
+pub(crate) fn dispatched(_name: &str, _published: u64, _failed: u64, _max_lag: Duration) {}
