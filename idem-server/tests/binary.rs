@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{free_port, ADMIN};
+use common::ADMIN;
 
 /// The line of README.md that starts idem-server, after `cargo run -p idem-server -- `.
 const README_PREFIX: &str = "cargo run -p idem-server -- ";
@@ -58,33 +58,28 @@ fn server(dir: &Path, addr: &str, args: &[String]) -> Command {
 
 /// Waits (at most 60 s, polling) for `addr` to accept a connection; panics with what the
 /// server wrote to `stderr` if it exits first.
-fn wait_listening(
-    server: &mut idem_test_support::Process,
-    addr: &str,
-    stderr: Option<std::process::ChildStderr>,
-) {
-    for _ in 0..600 {
-        if TcpStream::connect(addr).is_ok() {
-            return;
-        }
-        if let Some(status) = server.exited() {
-            let mut said = String::new();
-            if let Some(mut stderr) = stderr {
-                let _ = stderr.read_to_string(&mut said);
+/// The line without its terminal colour codes (`ESC [ … m`).
+fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
             }
-            panic!("the server exited at start: {status}: {said}");
+        } else {
+            out.push(c);
         }
-        std::thread::sleep(Duration::from_millis(100));
     }
-    panic!("the server never listened on {addr}");
+    out
 }
 
-/// Starts `command` (its stdout and stderr piped) and waits for it to listen on `addr`: its
-/// process id, the process, and its stdout.
-fn listening(
-    command: &mut Command,
-    addr: &str,
-) -> (u32, idem_test_support::Process, std::process::ChildStdout) {
+/// Starts `command` (made by [`server`] with the address `127.0.0.1:0`, so the system picks a
+/// free port and no other process can hold it first) and reads its stdout until it logs that it
+/// listens: its pid, the process, that log line (without colours) and the address it listens on.
+fn listening(command: &mut Command) -> (u32, idem_test_support::Process, String, String) {
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -92,10 +87,37 @@ fn listening(
         .expect("the idem-server binary starts");
     let pid = child.id();
     let stdout = child.stdout.take().expect("the server's stdout");
-    let stderr = child.stderr.take();
+    let mut stderr = child.stderr.take();
     let mut server = idem_test_support::Process::new(child);
-    wait_listening(&mut server, addr, stderr);
-    (pid, server, stdout)
+    let (lines, read) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // Read to the end even once nobody listens: a closed pipe would fail the server's
+        // next log line.
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines.send(plain(&line));
+        }
+    });
+    for _ in 0..600 {
+        match read.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) if line.contains("idem-server listening") => {
+                let addr = line
+                    .split(|c: char| !(c.is_ascii_digit() || c == '.' || c == ':'))
+                    .find(|word| word.starts_with("127.0.0.1:") && word.len() > "127.0.0.1:".len())
+                    .unwrap_or_else(|| panic!("no address in the server's log line: {line}"))
+                    .to_owned();
+                return (pid, server, line, addr);
+            }
+            Ok(_) | Err(_) => {}
+        }
+        if let Some(status) = server.exited() {
+            let mut said = String::new();
+            if let Some(stderr) = stderr.as_mut() {
+                let _ = stderr.read_to_string(&mut said);
+            }
+            panic!("the server exited at start: {status}: {said}");
+        }
+    }
+    panic!("the server never logged that it listens");
 }
 
 /// Starts `key` as the caller of `token`: the server answers `200 {"status":"started"}`.
@@ -152,8 +174,7 @@ fn the_readme_server_command_runs_as_written() {
         .expect("README.md's server command gives --admin-token")
         .clone();
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let (pid, mut server, _stdout) = listening(&mut server(dir.path(), &addr, &args), &addr);
+    let (pid, mut server, _, addr) = listening(&mut server(dir.path(), "127.0.0.1:0", &args));
     start_key(&addr, &token, "readme-1");
     stop(pid, &mut server);
     assert!(
@@ -213,16 +234,11 @@ fn the_pool_size_flag_is_bounded_and_reaches_the_store() {
     }
 
     // In the environment, as every flag: the server starts with that pool and serves.
-    let addr = format!("127.0.0.1:{}", free_port());
-    let mut command = server(dir.path(), &addr, &base(&["--log-json"]));
-    let (pid, mut server, stdout) = listening(command.env("IDEM_MAX_CONNECTIONS", "2"), &addr);
+    let mut command = server(dir.path(), "127.0.0.1:0", &base(&["--log-json"]));
+    let (pid, mut server, line, addr) = listening(command.env("IDEM_MAX_CONNECTIONS", "2"));
     start_key(&addr, ADMIN, "pool-1");
     stop(pid, &mut server);
-    let logged = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(&line).ok())
-        .find(|line| line["fields"]["message"] == "idem-server listening")
-        .expect("the server logged that it listens");
+    let logged: serde_json::Value =
+        serde_json::from_str(&line).expect("the server logs JSON lines with --log-json");
     assert_eq!(logged["fields"]["max_connections"], 2, "{logged}");
 }
