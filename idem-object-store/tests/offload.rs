@@ -32,8 +32,8 @@ use idem::object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use idem::store::{Forward, Forwarding};
 use idem::{
     Claim, ClaimOutcome, ClaimRequest, Completion, Error, Idempotency, Key, ManualClock,
-    MemoryStore, OffloadStore, OnLocked, Pruner, PrunerConfig, RecordState, RemoteStore, Store,
-    StoreError, StoreErrorKind,
+    MemoryStore, OffloadStore, OnLocked, Pruner, PrunerConfig, Record, RecordState, RemoteStore,
+    Store, StoreError, StoreErrorKind,
 };
 use idem_server::{auth::Tokens, router, App, Config};
 use idem_test_support::stores::{self, Leftover};
@@ -321,6 +321,7 @@ mod cases {
         let hung = Forwarding(Hang {
             inner: store.clone(),
             entered,
+            home: tokio::runtime::Handle::current(),
         });
         let dying = Idempotency::new(bucket.offload(hung));
         let orphan_value = letters(MIB, 4);
@@ -474,12 +475,58 @@ mod cases {
 struct Hang {
     inner: Arc<dyn Store>,
     entered: tokio::sync::mpsc::UnboundedSender<()>,
+    /// The test's own runtime, where the dying process's store calls run. A pool shares its
+    /// connections between runtimes: one opened on the dying runtime is bound to its reactor and
+    /// fails the retry's first call once that runtime is shut down ("a Tokio context ... is being
+    /// shut down"), which a process killed for real, with connections of its own, never does.
+    home: tokio::runtime::Handle,
+}
+
+impl Hang {
+    async fn at_home<T: Send + 'static>(
+        &self,
+        call: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> T {
+        self.home.spawn(call).await.expect("the store call ran")
+    }
 }
 
 #[async_trait]
 impl Forward for Hang {
     fn inner(&self) -> &dyn Store {
         &*self.inner
+    }
+
+    async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
+        let (inner, key, fingerprint) = (
+            self.inner.clone(),
+            *request.key,
+            request.fingerprint.copied(),
+        );
+        let (lease, on_lapse) = (request.lease, request.on_lapse);
+        self.at_home(async move {
+            let mut request = ClaimRequest::new(&key, lease);
+            request.fingerprint = fingerprint.as_ref();
+            request.on_lapse = on_lapse;
+            inner.claim(request).await
+        })
+        .await
+    }
+
+    async fn renew(&self, claim: &Claim, lease: Duration) -> Result<(), Error> {
+        let (inner, claim) = (self.inner.clone(), claim.clone());
+        self.at_home(async move { inner.renew(&claim, lease).await })
+            .await
+    }
+
+    async fn abort(&self, claim: &Claim) -> Result<(), Error> {
+        let (inner, claim) = (self.inner.clone(), claim.clone());
+        self.at_home(async move { inner.abort(&claim).await }).await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        let (inner, key) = (self.inner.clone(), *key);
+        self.at_home(async move { inner.get(&key).await }).await
     }
 
     async fn complete(&self, _claim: &Claim, _completion: Completion<'_>) -> Result<(), Error> {
