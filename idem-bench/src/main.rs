@@ -7,6 +7,8 @@
 //!            [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N]
 //!            [--prune-share F]
 //!            [--sustain [--sustain-rate N] [--sustain-secs N]]
+//!            [--callgrind [--save-baseline]]
+//! idem-bench --count PATH --iters N     (one in-process path, for callgrind: see counts.rs)
 //! ```
 //!
 //! The PostgreSQL URL defaults to `IDEM_TEST_PG_URL`, the DynamoDB endpoint to
@@ -18,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 mod consumer;
+mod counts;
 mod cpu;
 mod dynamo;
 mod encryption;
@@ -65,7 +68,7 @@ pub enum BenchError {
     Redis(String),
     #[error("the benchmark measured the wrong thing: {0}")]
     Unexpected(String),
-    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers,grpc] [--dynamodb-url dynamodb://HOST:PORT] [--redis-url redis://HOST:PORT] [--redis-cluster-url redis-cluster://HOST:PORT,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]] [--consumer] [--encryption] [--outbox]")]
+    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers,grpc] [--dynamodb-url dynamodb://HOST:PORT] [--redis-url redis://HOST:PORT] [--redis-cluster-url redis-cluster://HOST:PORT,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]] [--consumer] [--encryption] [--outbox] [--callgrind [--save-baseline]]")]
     Usage(String),
 }
 
@@ -97,6 +100,10 @@ struct Args {
     encryption: bool,
     /// `--outbox`: only the dispatcher against a hand-written poller (SQLite, PostgreSQL).
     outbox: bool,
+    /// `--callgrind`: only the instruction counts (counts.rs); with `--save-baseline`, written
+    /// as the checked-in baseline too.
+    callgrind: bool,
+    save_baseline: bool,
     /// `--sustain`: only the sustained runs, at this rate for this long.
     sustain: bool,
     sustain_rate: u32,
@@ -134,6 +141,8 @@ impl Args {
             consumer: false,
             encryption: false,
             outbox: false,
+            callgrind: false,
+            save_baseline: false,
             sustain: false,
             sustain_rate: 3_000,
             sustain_secs: 300,
@@ -167,6 +176,8 @@ impl Args {
                 "--consumer" => args.consumer = true,
                 "--encryption" => args.encryption = true,
                 "--outbox" => args.outbox = true,
+                "--callgrind" => args.callgrind = true,
+                "--save-baseline" => args.save_baseline = true,
                 "--sustain-rate" => {
                     args.sustain_rate = number("--sustain-rate", value("--sustain-rate")?)?
                 }
@@ -236,7 +247,12 @@ impl Args {
         if args.prune_batch == Some(0) {
             return Err(BenchError::Usage("--prune-batch must be at least 1".into()));
         }
-        if args.wants("postgres") && args.pg_url.is_none() && !args.encryption && !args.outbox {
+        if args.wants("postgres")
+            && args.pg_url.is_none()
+            && !args.encryption
+            && !args.outbox
+            && !args.callgrind
+        {
             return Err(BenchError::Usage(
                 "no PostgreSQL URL: pass --pg-url, set IDEM_TEST_PG_URL, or run scripts/bench"
                     .into(),
@@ -405,9 +421,29 @@ impl Plan {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    match bench().await {
+fn main() -> ExitCode {
+    // `--count PATH --iters N`: one path's calls, for callgrind to count (counts.rs); nothing
+    // else starts, so two runs differ only in their calls.
+    if let Some(count) = counts::from_args() {
+        return match count.and_then(|(path, iters)| counts::run(path, iters)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("idem-bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("idem-bench: a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(bench()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("idem-bench: {e}");
@@ -503,6 +539,17 @@ async fn bench() -> Result<(), BenchError> {
     if args.consumer {
         return consumer_rows(&args).await;
     }
+    if args.callgrind {
+        if !counts::valgrind_found() {
+            return Err(BenchError::Usage(
+                "--callgrind needs valgrind on the PATH (Debian: apt-get install valgrind)".into(),
+            ));
+        }
+        let report =
+            tokio::task::spawn_blocking(move || counts::measure(args.save_baseline)).await??;
+        println!("{}", report.markdown());
+        return Ok(());
+    }
     if args.outbox {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!("| store | dispatcher msg/s | hand-written poller msg/s | ratio | lag p50 / p99, dispatcher | lag p50 / p99, poller |");
@@ -543,6 +590,7 @@ async fn bench() -> Result<(), BenchError> {
         memory: None,
         scale: Vec::new(),
         same_key: Vec::new(),
+        counts: None,
     };
     let mut versions = Vec::new();
 
@@ -558,6 +606,17 @@ async fn bench() -> Result<(), BenchError> {
             run_subject(subject, &plan, &mut results.rows, &SQL).await?;
             eprintln!("memory: ns per call");
             results.memory = Some(memory::run(plan.memory_calls).await?);
+            // A full run counts instructions too, where valgrind is found (scripts/bench
+            // installs it); a quick one does not (a minute under valgrind).
+            if !args.quick {
+                if counts::valgrind_found() {
+                    eprintln!("memory: instructions per call (callgrind)");
+                    results.counts =
+                        Some(tokio::task::spawn_blocking(|| counts::measure(false)).await??);
+                } else {
+                    eprintln!("idem-bench: valgrind not found, so no instruction counts");
+                }
+            }
         }
     }
 

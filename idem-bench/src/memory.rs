@@ -66,14 +66,7 @@ fn compare_observed(keys: &[Key], one_in: u32) -> Result<Observed, BenchError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let tracing = tracing::Dispatch::new(
-        tracing_subscriber::fmt()
-            .json()
-            .with_max_level(tracing::Level::INFO)
-            .with_writer(std::io::sink)
-            .finish(),
-    );
+    let (recorder, tracing) = observers();
     let engine = || {
         Idempotency::builder(MemoryStore::new())
             .sample_latencies(one_in)
@@ -109,6 +102,23 @@ fn compare_observed(keys: &[Key], one_in: u32) -> Result<Observed, BenchError> {
         on: per_key(on),
         ratio: ratios.get(ratios.len() / 2).copied().unwrap_or(1.0),
     })
+}
+
+/// What an observed engine runs with: a Prometheus recorder and a JSON tracing subscriber at
+/// INFO writing nowhere.
+pub(crate) fn observers() -> (
+    metrics_exporter_prometheus::PrometheusRecorder,
+    tracing::Dispatch,
+) {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let tracing = tracing::Dispatch::new(
+        tracing_subscriber::fmt()
+            .json()
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(std::io::sink)
+            .finish(),
+    );
+    (recorder, tracing)
 }
 
 /// The plain/observed comparison at one sampling.
