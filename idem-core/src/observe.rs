@@ -16,7 +16,7 @@
 //!   | `idem_claim_seconds` | histogram | `scope` | from the call's start until it held the key, had the replay, or was refused (includes waiting under `OnLocked::Wait`) |
 //!   | `idem_work_seconds` | histogram | `scope` | how long the work ran |
 //!   | `idem_complete_seconds` | histogram | `scope` | storing the result (the first try) |
-//!   | `idem_claims_in_flight` | gauge | `scope` | claims held by running work in this process |
+//!   | `idem_claims_in_flight` | gauge | `scope` | claims held by running work in this process: work that is awaiting something, or a claim held between the requests of a split call (work done in its first poll is never seen by a scrape, and is not counted) |
 //!   | `idem_pruned_total` | counter | `target` | records (`records`) or request ids (`history`) deleted by a `Pruner` |
 //!   | `idem_outbox_published_total` | counter | `outbox` | messages a `Dispatcher` published (its lease name) |
 //!   | `idem_outbox_failed_total` | counter | `outbox` | messages whose publishing failed (left unsent for the next run) |
@@ -296,6 +296,9 @@ pub(crate) struct Probe<'a> {
     sampled: bool,
     ended: bool,
     claimed: bool,
+    /// Whether this call raised `idem_claims_in_flight` (and so lowers it when it ends): once
+    /// its work is pending, or its claim is handed to another task or request.
+    in_flight: bool,
     work_took: Option<Duration>,
 }
 
@@ -336,6 +339,7 @@ impl<'a> Probe<'a> {
             sampled: meters.sample(),
             ended: false,
             claimed: false,
+            in_flight: false,
             work_took: None,
         }
     }
@@ -349,7 +353,9 @@ impl<'a> Probe<'a> {
         key: Key,
     ) -> Self {
         let mut probe = Probe::new(observer, meters, scope, key);
+        // The request that claimed raised the gauge when it handed the claim over.
         probe.claimed = true;
+        probe.in_flight = true;
         probe
     }
 
@@ -358,11 +364,16 @@ impl<'a> Probe<'a> {
     /// back up.
     pub(crate) fn suspend(mut self) -> Suspended {
         self.ended = true;
+        // A claim handed to another task or request is held across it: in flight from now.
+        if self.claimed {
+            self.working();
+        }
         Suspended {
             key: self.key,
             span: std::mem::replace(&mut self.span, tracing::Span::none()),
             sampled: self.sampled,
             claimed: self.claimed,
+            in_flight: self.in_flight,
         }
     }
 
@@ -383,6 +394,7 @@ impl<'a> Probe<'a> {
             sampled: suspended.sampled,
             ended: false,
             claimed: suspended.claimed,
+            in_flight: suspended.in_flight,
             work_took: None,
         }
     }
@@ -438,8 +450,17 @@ impl<'a> Probe<'a> {
     /// The call holds its key; its work starts.
     pub(crate) fn claimed(&mut self) {
         self.claimed = true;
-        self.meters.claimed(self.scope);
         self.emit(Stage::Claimed, None);
+    }
+
+    /// The call's work is pending (it awaits something): its claim is in flight until the call
+    /// ends. Work that is done in its first poll never raises `idem_claims_in_flight`: no scrape
+    /// could have seen it between two of its instructions, and the gauge's two updates were the
+    /// dearest part of a call's metrics (docs/performance.md, "Metrics and tracing").
+    pub(crate) fn working(&mut self) {
+        if self.claimed && !std::mem::replace(&mut self.in_flight, true) {
+            self.meters.claimed(self.scope);
+        }
     }
 
     /// The work ended after `took`.
@@ -460,7 +481,7 @@ impl<'a> Probe<'a> {
             return;
         }
         self.span.record("outcome", stage.as_str());
-        self.meters.ended(self.scope, stage, self.claimed);
+        self.meters.ended(self.scope, stage, self.in_flight);
         let took = match stage {
             Stage::Completed | Stage::NotRetained | Stage::Released | Stage::LeaseLost => {
                 self.work_took
@@ -485,6 +506,7 @@ pub(crate) struct Suspended {
     span: tracing::Span,
     sampled: bool,
     claimed: bool,
+    in_flight: bool,
 }
 
 impl Drop for Probe<'_> {

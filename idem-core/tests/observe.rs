@@ -530,3 +530,71 @@ fn dispatcher_runs_are_counted() {
     assert_eq!(metrics["idem_outbox_failed_total{outbox=orders}"], 0.0);
     assert!(metrics.contains_key("idem_outbox_lag_seconds{outbox=orders}"));
 }
+
+/// `idem_claims_in_flight` counts a claim whose work is awaiting something, from its first
+/// pending poll until the call ends (stored, or dropped by its caller); work done in its first
+/// poll never moves it. Whatever happens, it is back at 0 when the calls are over.
+#[test]
+fn the_in_flight_gauge_counts_work_that_awaits() {
+    let recorder = DebuggingRecorder::new();
+    // A snapshot takes the gauge's value and leaves 0 in its place: the gauge is the sum of
+    // what the snapshots took.
+    let taken = std::cell::Cell::new(0.0);
+    let gauge = |recorder: &DebuggingRecorder| {
+        let now = snapshot(recorder)
+            .get("idem_claims_in_flight{scope=gauge}")
+            .copied()
+            .unwrap_or(0.0);
+        taken.set(taken.get() + now);
+        taken.get()
+    };
+    with_recorder(&recorder, || async {
+        let engine = Idempotency::new(MemoryStore::new());
+        let key = |k: &str| Key::derive("gauge", "", k).unwrap();
+        // Work done in its first poll: the gauge never moves, not even while it runs.
+        let seen_inside = engine
+            .call(key("instant"))
+            .scope("gauge")
+            .run(async { Ok::<_, Error>(gauge(&recorder)) })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(seen_inside, 0.0, "work done in one poll is not counted");
+        assert_eq!(gauge(&recorder), 0.0);
+
+        // Work that awaits: 1 while it waits, 0 once it is stored.
+        let (release, wait) = tokio::sync::oneshot::channel::<()>();
+        let call = engine.call(key("awaits")).scope("gauge").run(async {
+            wait.await.unwrap();
+            Ok::<_, Error>(2)
+        });
+        let mut call = std::pin::pin!(call);
+        assert!(futures_poll_once(call.as_mut()).await.is_none());
+        assert_eq!(gauge(&recorder), 1.0, "pending work is in flight");
+        release.send(()).unwrap();
+        assert_eq!(call.await.unwrap().into_inner(), 2);
+        assert_eq!(gauge(&recorder), 0.0);
+
+        // Work whose caller goes away while it waits: the call ends cancelled, the gauge
+        // comes back down.
+        let call = engine
+            .call(key("dropped"))
+            .scope("gauge")
+            .run(std::future::pending::<Result<u32, Error>>());
+        let mut call = Box::pin(call);
+        assert!(futures_poll_once(call.as_mut()).await.is_none());
+        assert_eq!(gauge(&recorder), 1.0);
+        drop(call);
+        assert_eq!(gauge(&recorder), 0.0, "a dropped call lowers it");
+    });
+    assert_eq!(gauge(&recorder), 0.0);
+}
+
+/// Polls `fut` once: its output if it is ready.
+async fn futures_poll_once<F: Future + ?Sized>(fut: std::pin::Pin<&mut F>) -> Option<F::Output> {
+    let mut fut = fut;
+    match std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await {
+        std::task::Poll::Ready(out) => Some(out),
+        std::task::Poll::Pending => None,
+    }
+}

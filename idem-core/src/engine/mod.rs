@@ -453,7 +453,19 @@ impl<C: Codec> Idempotency<C> {
         let core = &self.inner.core;
         let shared = &self.inner.shared;
         let guard = ClaimGuard::new(shared.clone(), claim.clone(), holding.on_lapse);
-        let result = renewing(&*shared.store, claim, lease, work).await;
+        // The work, raising the in-flight gauge when it first awaits ([`Probe::working`]).
+        let result = {
+            let mut work = std::pin::pin!(work);
+            let working = &mut *probe;
+            let work = std::future::poll_fn(move |cx| {
+                let polled = work.as_mut().poll(cx);
+                if polled.is_pending() {
+                    working.working();
+                }
+                polled
+            });
+            renewing(&*shared.store, claim, lease, work).await
+        };
         let ended = began.map(|began| {
             let ended = Instant::now();
             shared.typical.observe(ended - began);

@@ -201,16 +201,17 @@ impl<'a> Meter<'a> {
         }
     }
 
-    /// A call of `scope` holds its key.
+    /// A call of `scope` holds its key across an await.
     pub(crate) fn claimed(self, scope: &Scope) {
         self.0.with(scope, |i| i.in_flight.increment(1.0));
     }
 
-    /// A call of `scope` ended at `stage`; `claimed`: it had held its key.
-    pub(crate) fn ended(self, scope: &Scope, stage: Stage, claimed: bool) {
+    /// A call of `scope` ended at `stage`; `in_flight`: it had raised the gauge
+    /// ([`claimed`](Self::claimed)).
+    pub(crate) fn ended(self, scope: &Scope, stage: Stage, in_flight: bool) {
         self.0.with(scope, |i| {
             i.ended(stage);
-            if claimed {
+            if in_flight {
                 i.in_flight.decrement(1.0);
             }
         });

@@ -37,7 +37,7 @@ impl<'a> Meter<'a> {
 
     pub(crate) fn claimed(self, _scope: &Scope) {}
 
-    pub(crate) fn ended(self, _scope: &Scope, _stage: Stage, _claimed: bool) {}
+    pub(crate) fn ended(self, _scope: &Scope, _stage: Stage, _in_flight: bool) {}
 }
 
 pub(crate) fn pruned(_target: &'static str, _deleted: u64) {}
