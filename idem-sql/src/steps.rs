@@ -33,6 +33,10 @@ pub(crate) struct StepStatements {
     begin: String,
     /// Moves the live steps' retention on and returns them.
     refresh: String,
+    /// `begin` and `refresh` in one statement, where the database has data-modifying CTEs
+    /// (PostgreSQL): the attempt's number beside each live step (a step's columns NULL when
+    /// there is none), no row when the fence fails.
+    begin_and_refresh: Option<String>,
     /// Stores that a step began, or its result (fenced).
     write: String,
     /// `write` that also sets the record's `uncertain` ($8), in one statement where the
@@ -94,6 +98,26 @@ impl StepStatements {
                  RETURNING name, CAST(position AS {bigint}), finished, result",
                 until = d.now_plus("$2"),
             ),
+            // The refresh reads the attempt's row (`EXISTS … b`), so it runs after the fenced
+            // count and only when that wrote: a claim taken over moves nothing on.
+            begin_and_refresh: d.claim_reads_live.then(|| {
+                format!(
+                    "WITH b AS ({insert} SELECT r.key, '', -1, r.token, 1, false, NULL, {until} {fence} \
+                     ON CONFLICT (key, name) DO UPDATE SET \
+                       attempt = CASE WHEN s.expires_at <= {now} THEN 1 \
+                                      WHEN s.token = excluded.token THEN s.attempt \
+                                      ELSE s.attempt + 1 END, \
+                       token = excluded.token, expires_at = excluded.expires_at \
+                     RETURNING CAST(attempt AS {bigint}) AS attempt), \
+                     f AS (UPDATE {s} SET expires_at = {until} \
+                       WHERE key = $1 AND position >= 0 AND expires_at > {now} \
+                         AND EXISTS (SELECT 1 FROM b) \
+                       RETURNING name, CAST(position AS {bigint}) AS position, finished, result) \
+                     SELECT b.attempt, f.name, f.position, f.finished, f.result \
+                     FROM b LEFT JOIN f ON true",
+                    until = d.now_plus("$3"),
+                )
+            }),
             write: write_row(&fence),
             // The record's update is the fence: the step row is written from the row it
             // returns, so a stale claim changes neither.
@@ -159,8 +183,9 @@ impl StepStatements {
             .collect()
     }
 
-    /// [`Store::begin_steps`](idem_core::Store::begin_steps): two statements, the fenced count of
-    /// the attempt, then the steps (a claim taken over in between reads them, and can write
+    /// [`Store::begin_steps`](idem_core::Store::begin_steps): the fenced count of the attempt,
+    /// then the steps. One statement on PostgreSQL (`begin_and_refresh`); two on SQLite, which
+    /// has no data-modifying CTE (a claim taken over in between reads the steps, and can write
     /// none).
     pub(crate) async fn begin<DB: Ops>(
         &self,
@@ -170,6 +195,29 @@ impl StepStatements {
     ) -> Result<StepLog, Error> {
         let token = claim.token().to_bytes();
         let key = &claim.key().as_bytes()[..];
+        let attempt = |row: &DB::Row| {
+            u32::try_from(DB::get_i64(row, 0).map_err(sql_error)?)
+                .map_err(|_| corrupt("a steps row counts more attempts than fit in 32 bits".into()))
+        };
+        if let Some(sql) = &self.begin_and_refresh {
+            let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(sql), key), &token[..]);
+            let rows = DB::fetch_all(&mut *conn, DB::bind_i64(query, retention_ms))
+                .await
+                .map_err(sql_error)?;
+            let Some(first) = rows.first() else {
+                return Err(Error::LeaseLost);
+            };
+            let attempt = attempt(first)?;
+            let mut steps = Vec::new();
+            for row in &rows {
+                // No live step: the one row's step columns are NULL.
+                if DB::get_opt_i64(row, 2).map_err(sql_error)?.is_some() {
+                    steps.push(step_record::<DB>(row, 1)?);
+                }
+            }
+            steps.sort_by_key(|s| s.position);
+            return Ok(StepLog { attempt, steps });
+        }
         let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(&self.begin), key), &token[..]);
         let rows = DB::fetch_all(&mut *conn, DB::bind_i64(query, retention_ms))
             .await
@@ -177,29 +225,14 @@ impl StepStatements {
         let Some(row) = rows.first() else {
             return Err(Error::LeaseLost);
         };
-        let attempt = u32::try_from(DB::get_i64(row, 0).map_err(sql_error)?)
-            .map_err(|_| corrupt("a steps row counts more attempts than fit in 32 bits".into()))?;
+        let attempt = attempt(row)?;
         let query = DB::bind_i64(
             DB::bind_bytes(sqlx::query(&self.refresh), key),
             retention_ms,
         );
         let mut steps = Vec::new();
         for row in DB::fetch_all(conn, query).await.map_err(sql_error)? {
-            let position = u32::try_from(DB::get_i64(&row, 1).map_err(sql_error)?)
-                .map_err(|_| corrupt("a step row has a negative position".into()))?;
-            let state = match (
-                DB::get_bool(&row, 2).map_err(sql_error)?,
-                DB::get_opt_bytes(&row, 3).map_err(sql_error)?,
-            ) {
-                (true, Some(result)) => StepState::Finished(result),
-                (true, None) => return Err(corrupt("a finished step row has no result".into())),
-                (false, _) => StepState::Begun,
-            };
-            steps.push(StepRecord {
-                name: DB::get_string(&row, 0).map_err(sql_error)?,
-                position,
-                state,
-            });
+            steps.push(step_record::<DB>(&row, 0)?);
         }
         steps.sort_by_key(|s| s.position);
         Ok(StepLog { attempt, steps })
@@ -305,4 +338,23 @@ impl StepStatements {
         let query = DB::bind_i64(sqlx::query(&self.prune), i64::from(limit));
         Ok(DB::execute(conn, query).await.map_err(sql_error)?)
     }
+}
+
+/// A step's record from `row`'s columns `at..at + 4`: name, position, finished, result.
+fn step_record<DB: Ops>(row: &DB::Row, at: usize) -> Result<StepRecord, Error> {
+    let position = u32::try_from(DB::get_i64(row, at + 1).map_err(sql_error)?)
+        .map_err(|_| corrupt("a step row has a negative position".into()))?;
+    let state = match (
+        DB::get_bool(row, at + 2).map_err(sql_error)?,
+        DB::get_opt_bytes(row, at + 3).map_err(sql_error)?,
+    ) {
+        (true, Some(result)) => StepState::Finished(result),
+        (true, None) => return Err(corrupt("a finished step row has no result".into())),
+        (false, _) => StepState::Begun,
+    };
+    Ok(StepRecord {
+        name: DB::get_string(row, at).map_err(sql_error)?,
+        position,
+        state,
+    })
 }
