@@ -480,7 +480,9 @@ impl<'a> Probe<'a> {
         if std::mem::replace(&mut self.ended, true) {
             return;
         }
-        self.span.record("outcome", stage.as_str());
+        if !self.span.is_none() {
+            self.span.record("outcome", stage.as_str());
+        }
         self.meters.ended(self.scope, stage, self.in_flight);
         let took = match stage {
             Stage::Completed | Stage::NotRetained | Stage::Released | Stage::LeaseLost => {

@@ -623,7 +623,6 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
             };
             let (engine, core) = (self.engine, &self.engine.inner.core);
             let mut probe = Probe::new(core.observer.as_deref(), &core.meters, &self.scope, key);
-            let span = probe.span().clone();
             let call = Guarded {
                 key,
                 fingerprint: self.fingerprint,
@@ -631,6 +630,11 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                 format,
                 errors,
             };
+            // No span (nothing listens): nothing to enter and leave at every poll.
+            if probe.span().is_none() {
+                return finish(engine.guarded(&mut probe, call, work).await);
+            }
+            let span = probe.span().clone();
             finish(
                 engine
                     .guarded(&mut probe, call, work)
