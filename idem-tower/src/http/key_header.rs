@@ -77,7 +77,10 @@ fn bare(value: &[u8]) -> Result<String, KeyHeaderError> {
                      space is sent quoted: HTTP strips spaces around an unquoted value)",
         });
     }
-    Ok(value.iter().map(|&b| b as char).collect())
+    // Visible ASCII is UTF-8: copied whole, not a char at a time.
+    std::str::from_utf8(value)
+        .map(str::to_owned)
+        .map_err(|_| malformed("an unquoted key may hold visible ASCII characters only"))
 }
 
 fn malformed(reason: &'static str) -> KeyHeaderError {
