@@ -316,19 +316,26 @@ impl<'a> Probe<'a> {
         scope: &'a Scope,
         key: Key,
     ) -> Self {
-        let mut span = tracing::debug_span!(
-            "idem.call",
-            scope = scope.as_str(),
-            key = %ShortKey(&key),
-            outcome = tracing::field::Empty,
-        );
-        if span.is_disabled() && !log_could_print_spans() {
-            // A disabled span keeps its metadata for `tracing`'s `log` fallback (the `log`
-            // feature, which sqlx turns on), and checks `log`'s level each time it is entered
-            // (every poll) or a field is recorded: about 280 instructions a call. When nothing
-            // could come of it, the empty span checks nothing.
-            span = tracing::Span::none();
-        }
+        // A disabled span keeps its metadata for `tracing`'s `log` fallback (the `log` feature,
+        // which sqlx turns on), and checks `log`'s level each time it is entered (every poll) or
+        // a field is recorded: about 280 instructions a call. When nothing could come of it, the
+        // call gets the empty span, which checks nothing, and is not built at all.
+        let could_log = log_could_print_spans();
+        let span = if could_log || tracing::enabled!(tracing::Level::DEBUG) {
+            let span = tracing::debug_span!(
+                "idem.call",
+                scope = scope.as_str(),
+                key = %ShortKey(&key),
+                outcome = tracing::field::Empty,
+            );
+            if span.is_disabled() && !could_log {
+                tracing::Span::none()
+            } else {
+                span
+            }
+        } else {
+            tracing::Span::none()
+        };
         let meters = Meter::new(meters);
         Probe {
             observer,
