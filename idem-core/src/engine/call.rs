@@ -294,12 +294,15 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// let engine = Idempotency::new(MemoryStore::new());
     /// let key = Key::derive("charge", "customer-7", "order-1001")?;
-    /// // The caller gives up after 10 ms, but the charge goes on and is stored.
+    /// // The caller gives up after 10 ms, but the charge goes on and is stored (it waits for
+    /// // the card network, `answered` here, which answers only once the caller has gone).
+    /// let (answer, answered) = tokio::sync::oneshot::channel::<()>();
     /// let slow = engine.call(key).run_detached(async {
-    ///     tokio::time::sleep(Duration::from_millis(50)).await;
+    ///     let _ = answered.await;
     ///     Ok::<_, Error>(4200u64)
     /// });
     /// assert!(tokio::time::timeout(Duration::from_millis(10), slow).await.is_err());
+    /// let _ = answer.send(());
     /// // The retry waits for the charge that is under way and replays it: one charge.
     /// let again = engine
     ///     .call(key)
