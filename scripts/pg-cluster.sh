@@ -5,7 +5,9 @@
 #                        when missing (without the cluster Debian's package would create); sets
 #                        `bindir`
 #   pg_cluster_start     initdb in a new temp dir and start a server on 127.0.0.1 on a free port
-#                        (fsync off: the data is thrown away); sets `pgdir`, `port`, `pg_url`
+#                        (fsync off: the data is thrown away; with `pg_fsync=on` set first, the
+#                        server's defaults instead: fsync and synchronous_commit on, for rows
+#                        compared at equal durability); sets `pgdir`, `port`, `pg_url`
 #   pg_cluster_stop      stops the server and deletes the temp dir; safe to call at any time
 #
 # The caller sets `set -euo pipefail` and traps EXIT to call pg_cluster_stop. Messages go to
@@ -106,6 +108,7 @@ port_is_free() {
 
 pgdir=""
 run_pg=()
+pg_fsync=${pg_fsync:-off}
 
 pg_cluster_start() {
     # PostgreSQL refuses to run as root: as root, run it as the `postgres` user.
@@ -129,13 +132,14 @@ pg_cluster_start() {
     }
 
     port=""
-    local candidate
+    local candidate durability="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    if [ "$pg_fsync" = on ]; then durability=""; fi
     for _ in 1 2 3 4 5; do
         candidate=$((20000 + RANDOM % 40000))
         port_is_free "$candidate" || continue
         say "starting PostgreSQL on 127.0.0.1:$candidate"
         if "${run_pg[@]}" "$bindir/pg_ctl" -D "$pgdir/data" -l "$pgdir/server.log" -w -t 60 \
-            -o "-p $candidate -k $pgdir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
+            -o "-p $candidate -k $pgdir -c listen_addresses=127.0.0.1 $durability -c max_connections=300" \
             start >/dev/null; then
             port=$candidate
             break
