@@ -1,5 +1,6 @@
 //! CPU time spent by this process and by the PostgreSQL server, to tell where a call's time
-//! goes: client work, server work, or waiting (on the network, a lock, or a busy CPU).
+//! goes: client work, server work, or waiting (on the network, a lock, or a busy CPU); and the
+//! CPU time and resident memory of any other process (the servers of `--versus-diom`).
 //!
 //! Read from `/proc` (Linux); where it cannot be read (another OS, a remote server) the
 //! figures are absent.
@@ -63,6 +64,18 @@ fn stat(pid: &str) -> Option<Stat> {
         ppid,
         cpu: Duration::from_millis((utime + stime) * 1000 / TICKS_PER_SEC),
     })
+}
+
+/// utime + stime of the process `pid` so far.
+pub fn process_cpu(pid: u32) -> Option<Duration> {
+    stat(&pid.to_string()).map(|s| s.cpu)
+}
+
+/// The resident set size of the process `pid` (`VmRSS`), in KiB.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    line.trim().trim_end_matches("kB").trim().parse().ok()
 }
 
 /// The CPU of the postmaster and all its children (backends, WAL writer, checkpointer, …).

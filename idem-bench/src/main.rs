@@ -9,6 +9,8 @@
 //!            [--sustain [--sustain-rate N] [--sustain-secs N]]
 //!            [--callgrind [--save-baseline]]
 //! idem-bench --count PATH --iters N     (one in-process path, for callgrind: see counts.rs)
+//! idem-bench --versus-diom DIOM_BINARY [--idem-server PATH] [--quick] [--out FILE] [--pg-url URL]
+//!            [--stores sqlite,postgres]   (idem-server beside Diom: see versus.rs)
 //! ```
 //!
 //! The PostgreSQL URL defaults to `IDEM_TEST_PG_URL`, the DynamoDB endpoint to
@@ -35,6 +37,7 @@ mod report;
 mod scale;
 mod steps;
 mod sustain;
+mod versus;
 mod workload;
 
 use std::process::ExitCode;
@@ -68,7 +71,7 @@ pub enum BenchError {
     Redis(String),
     #[error("the benchmark measured the wrong thing: {0}")]
     Unexpected(String),
-    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers,grpc] [--dynamodb-url dynamodb://HOST:PORT] [--redis-url redis://HOST:PORT] [--redis-cluster-url redis-cluster://HOST:PORT,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]] [--consumer] [--encryption] [--outbox] [--callgrind [--save-baseline]]")]
+    #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers,grpc] [--dynamodb-url dynamodb://HOST:PORT] [--redis-url redis://HOST:PORT] [--redis-cluster-url redis-cluster://HOST:PORT,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]] [--consumer] [--encryption] [--outbox] [--callgrind [--save-baseline]] [--versus-diom DIOM_BINARY [--idem-server PATH]]")]
     Usage(String),
 }
 
@@ -108,6 +111,10 @@ struct Args {
     sustain: bool,
     sustain_rate: u32,
     sustain_secs: u64,
+    /// `--versus-diom PATH`: only idem-server beside the Diom binary at PATH (versus.rs), with
+    /// `--idem-server PATH` as the idem-server binary (default: the one beside idem-bench).
+    versus_diom: Option<std::path::PathBuf>,
+    idem_server: Option<std::path::PathBuf>,
     /// The arguments that shape the run (not `--pg-url` and `--out`), for the report.
     shown: Vec<String>,
 }
@@ -146,6 +153,8 @@ impl Args {
             sustain: false,
             sustain_rate: 3_000,
             sustain_secs: 300,
+            versus_diom: None,
+            idem_server: None,
             shown: Vec::new(),
         };
         let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -185,6 +194,8 @@ impl Args {
                     args.sustain_secs = number("--sustain-secs", value("--sustain-secs")?)?
                 }
                 "--scale-only" => args.main = false,
+                "--versus-diom" => args.versus_diom = Some(value("--versus-diom")?.into()),
+                "--idem-server" => args.idem_server = Some(value("--idem-server")?.into()),
                 "--out" => args.out = Some(value("--out")?),
                 "--pg-url" | "--dynamodb-url" | "--redis-url" | "--redis-cluster-url" => {
                     match store_url(&arg, &value(&arg)?)? {
@@ -252,6 +263,7 @@ impl Args {
             && !args.encryption
             && !args.outbox
             && !args.callgrind
+            && args.versus_diom.is_none()
         {
             return Err(BenchError::Usage(
                 "no PostgreSQL URL: pass --pg-url, set IDEM_TEST_PG_URL, or run scripts/bench"
@@ -538,6 +550,22 @@ async fn bench() -> Result<(), BenchError> {
     }
     if args.consumer {
         return consumer_rows(&args).await;
+    }
+    if let Some(diom) = args.versus_diom.clone() {
+        let report = versus::run(versus::Versus {
+            diom,
+            idem_server: args.idem_server.clone(),
+            quick: args.quick,
+            pg_url: args.pg_url.clone(),
+            sqlite: args.wants("sqlite"),
+            postgres: args.wants("postgres"),
+        })
+        .await?;
+        println!("{report}");
+        if let Some(path) = &args.out {
+            std::fs::write(path, report)?;
+        }
+        return Ok(());
     }
     if args.callgrind {
         if !counts::valgrind_found() {
