@@ -71,6 +71,9 @@ pub enum BenchError {
     Redis(String),
     #[error("the benchmark measured the wrong thing: {0}")]
     Unexpected(String),
+    /// A server the benchmark runs (`--versus-diom`) that would not start or stopped.
+    #[error("{0}")]
+    Server(String),
     #[error("{0}\nusage: idem-bench [--quick] [--out FILE] [--pg-url URL] [--stores memory,sqlite,postgres,dynamodb,redis,redis-cluster,peers,grpc] [--dynamodb-url dynamodb://HOST:PORT] [--redis-url redis://HOST:PORT] [--redis-cluster-url redis-cluster://HOST:PORT,…] [--no-scale | --scale-only] [--scale-rows N] [--prune-batch N] [--prune-pause-ms N] [--prune-share F] [--sustain [--sustain-rate N] [--sustain-secs N]] [--consumer] [--encryption] [--outbox] [--callgrind [--save-baseline]] [--versus-diom DIOM_BINARY [--idem-server PATH]]")]
     Usage(String),
 }

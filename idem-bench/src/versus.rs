@@ -146,11 +146,15 @@ impl Process {
         let log = self.log_text();
         let tail: Vec<&str> = log.lines().rev().take(15).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
-        BenchError::Unexpected(format!(
-            "{} {what}{exited}; the end of its log ({}):\n{}",
+        let tail = if tail.is_empty() {
+            "(empty)".to_owned()
+        } else {
+            tail.join("\n")
+        };
+        BenchError::Server(format!(
+            "{} {what}{exited}; the end of its log ({}):\n{tail}",
             self.name,
             self.log.display(),
-            tail.join("\n")
         ))
     }
 
