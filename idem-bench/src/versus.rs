@@ -280,7 +280,9 @@ enum DiomMode {
 }
 
 /// Diom from `bin`, on free loopback ports, its databases in a throwaway directory, configured
-/// by a TOML file there (and none of the caller's `DIOM_*` variables or `.env`).
+/// by a TOML file there (and none of the caller's `DIOM_*` variables or `.env`). A section given
+/// in the file must have all its fields: the databases' `filename` and `cache_size` are Diom's
+/// defaults.
 async fn start_diom(bin: &Path, mode: DiomMode) -> Result<Server, BenchError> {
     let since = Instant::now();
     let dir = tempfile::tempdir()?;
@@ -304,9 +306,13 @@ async fn start_diom(bin: &Path, mode: DiomMode) -> Result<Server, BenchError> {
          advertised_address = \"127.0.0.1:{cluster_port}\"\n\
          {cluster}\n\
          [persistent_db]\n\
-         path = {db}\n\n\
+         path = {db}\n\
+         filename = \"fjall_persistent\"\n\
+         cache_size = \"20%\"\n\n\
          [ephemeral_db]\n\
-         path = {db}\n"
+         path = {db}\n\
+         filename = \"fjall_ephemeral\"\n\
+         cache_size = \"20%\"\n"
     );
     let config_path = dir.path().join("diom.toml");
     std::fs::write(&config_path, config)?;
@@ -315,7 +321,9 @@ async fn start_diom(bin: &Path, mode: DiomMode) -> Result<Server, BenchError> {
         .current_dir(dir.path())
         .arg("--config-path")
         .arg(&config_path)
-        .arg("server");
+        .arg("server")
+        // Its start-up errors in a few lines, not a backtrace.
+        .env("RUST_BACKTRACE", "0");
     for (var, _) in std::env::vars_os() {
         if var.to_string_lossy().starts_with("DIOM_") {
             command.env_remove(var);
