@@ -183,6 +183,22 @@ impl Server {
         self.process.name
     }
 
+    /// The server of `process` at `addr`, once it answers.
+    async fn ready(
+        process: Process,
+        addr: SocketAddr,
+        dir: tempfile::TempDir,
+        since: Instant,
+    ) -> Result<Server, BenchError> {
+        let mut server = Server {
+            process,
+            addr,
+            _dir: dir,
+        };
+        server.wait_ready(since).await?;
+        Ok(server)
+    }
+
     /// Waits until a `start` is answered (any of Diom's answers), or fails with the log.
     async fn wait_ready(&mut self, since: Instant) -> Result<(), BenchError> {
         let body = start_body("versus-ready")?;
@@ -209,19 +225,14 @@ impl Server {
     }
 }
 
-/// idem-server's settings that the caller's environment must not change.
-const IDEM_VARS: [&str; 10] = [
-    "IDEM_LISTEN",
-    "IDEM_STORE",
-    "IDEM_ADMIN_TOKEN",
-    "IDEM_CALLER_TOKENS",
-    "IDEM_TABLE",
-    "IDEM_MAX_CONNECTIONS",
-    "IDEM_REQUIRE_TOKEN",
-    "IDEM_LOG_JSON",
-    "IDEM_MAX_BODY_BYTES",
-    "IDEM_REQUEST_TIMEOUT_MS",
-];
+/// `command` without the caller's variables that start with `prefix` (a server's settings).
+fn without_vars(command: &mut Command, prefix: &str) {
+    for (var, _) in std::env::vars_os() {
+        if var.to_string_lossy().starts_with(prefix) {
+            command.env_remove(var);
+        }
+    }
+}
 
 /// idem-server on `store` (a store URL), listening on a port of its choosing, read from its
 /// JSON log line.
@@ -234,9 +245,7 @@ async fn start_idem(bin: &Path, store: &str, extra: &[String]) -> Result<Server,
         .args(["--listen", "127.0.0.1:0", "--store", store])
         .args(["--admin-token", TOKEN, "--log-json"])
         .args(extra);
-    for var in IDEM_VARS {
-        command.env_remove(var);
-    }
+    without_vars(&mut command, "IDEM_");
     let log = dir.path().join("idem-server.log");
     let mut process = Process::spawn(command, "idem-server", bin, log)?;
     let addr = loop {
@@ -251,13 +260,7 @@ async fn start_idem(bin: &Path, store: &str, extra: &[String]) -> Result<Server,
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let mut server = Server {
-        process,
-        addr,
-        _dir: dir,
-    };
-    server.wait_ready(since).await?;
-    Ok(server)
+    Server::ready(process, addr, dir, since).await
 }
 
 /// The address of idem-server's "idem-server listening" line (`--log-json`).
@@ -324,21 +327,11 @@ async fn start_diom(bin: &Path, mode: DiomMode) -> Result<Server, BenchError> {
         .arg("server")
         // Its start-up errors in a few lines, not a backtrace.
         .env("RUST_BACKTRACE", "0");
-    for (var, _) in std::env::vars_os() {
-        if var.to_string_lossy().starts_with("DIOM_") {
-            command.env_remove(var);
-        }
-    }
+    without_vars(&mut command, "DIOM_");
     let log = dir.path().join("diom.log");
     let process = Process::spawn(command, "Diom", bin, log)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut server = Server {
-        process,
-        addr,
-        _dir: dir,
-    };
-    server.wait_ready(since).await?;
-    Ok(server)
+    Server::ready(process, addr, dir, since).await
 }
 
 /// A TOML basic string holding `s`.
@@ -362,6 +355,9 @@ fn free_port() -> Result<u16, BenchError> {
     Ok(listener.local_addr()?.port())
 }
 
+// The bodies as Diom's clients send them. idem-wire's `StartIn` and `CompleteIn` would add the
+// fenced extension's fields (`fenced`, `absent`, `is_error`, `observed`), which Diom's clients
+// never send.
 #[derive(Serialize)]
 struct Start<'a> {
     key: &'a str,
