@@ -195,44 +195,33 @@ impl StepStatements {
     ) -> Result<StepLog, Error> {
         let token = claim.token().to_bytes();
         let key = &claim.key().as_bytes()[..];
-        let attempt = |row: &DB::Row| {
-            u32::try_from(DB::get_i64(row, 0).map_err(sql_error)?)
-                .map_err(|_| corrupt("a steps row counts more attempts than fit in 32 bits".into()))
-        };
-        if let Some(sql) = &self.begin_and_refresh {
-            let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(sql), key), &token[..]);
-            let rows = DB::fetch_all(&mut *conn, DB::bind_i64(query, retention_ms))
-                .await
-                .map_err(sql_error)?;
-            let Some(first) = rows.first() else {
-                return Err(Error::LeaseLost);
-            };
-            let attempt = attempt(first)?;
-            let mut steps = Vec::new();
-            for row in &rows {
-                // No live step: the one row's step columns are NULL.
-                if DB::get_opt_i64(row, 2).map_err(sql_error)?.is_some() {
-                    steps.push(step_record::<DB>(row, 1)?);
-                }
-            }
-            steps.sort_by_key(|s| s.position);
-            return Ok(StepLog { attempt, steps });
-        }
-        let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(&self.begin), key), &token[..]);
+        // The fenced count, with the steps beside it where one statement does both.
+        let first = self.begin_and_refresh.as_ref().unwrap_or(&self.begin);
+        let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(first), key), &token[..]);
         let rows = DB::fetch_all(&mut *conn, DB::bind_i64(query, retention_ms))
             .await
             .map_err(sql_error)?;
         let Some(row) = rows.first() else {
             return Err(Error::LeaseLost);
         };
-        let attempt = attempt(row)?;
-        let query = DB::bind_i64(
-            DB::bind_bytes(sqlx::query(&self.refresh), key),
-            retention_ms,
-        );
+        let attempt = u32::try_from(DB::get_i64(row, 0).map_err(sql_error)?)
+            .map_err(|_| corrupt("a steps row counts more attempts than fit in 32 bits".into()))?;
         let mut steps = Vec::new();
-        for row in DB::fetch_all(conn, query).await.map_err(sql_error)? {
-            steps.push(step_record::<DB>(&row, 0)?);
+        if self.begin_and_refresh.is_some() {
+            for row in &rows {
+                // No live step: the one row's step columns are NULL.
+                if DB::get_opt_i64(row, 2).map_err(sql_error)?.is_some() {
+                    steps.push(step_record::<DB>(row, 1)?);
+                }
+            }
+        } else {
+            let query = DB::bind_i64(
+                DB::bind_bytes(sqlx::query(&self.refresh), key),
+                retention_ms,
+            );
+            for row in DB::fetch_all(conn, query).await.map_err(sql_error)? {
+                steps.push(step_record::<DB>(&row, 0)?);
+            }
         }
         steps.sort_by_key(|s| s.position);
         Ok(StepLog { attempt, steps })
