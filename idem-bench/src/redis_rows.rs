@@ -56,6 +56,12 @@ pub struct RawRedis {
     wait: Option<(u32, u64)>,
 }
 
+/// The scripts' second key, `KEYS[2]`: where a record keeps its response while a tombstone
+/// outlives it (idem-redis's `RESPONSE` suffix), in the record's hash slot.
+fn response_key(key: &str) -> String {
+    format!("{key}:r")
+}
+
 /// What the claim script answered: `None` when this caller took the key.
 fn claim_answer(v: Value) -> Result<Option<Vec<u8>>, BenchError> {
     let Value::Array(parts) = v else {
@@ -105,7 +111,12 @@ impl RawRedis {
             .map_err(failed);
         };
         let mut pipe = redis::pipe();
-        let evalsha = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(1).arg(key);
+        let evalsha = pipe
+            .cmd("EVALSHA")
+            .arg(script.get_hash())
+            .arg(2)
+            .arg(key)
+            .arg(response_key(key));
         for a in args {
             evalsha.arg(&a[..]);
         }
@@ -137,12 +148,16 @@ impl RawRedis {
     /// stored.
     async fn claim(&self, key: &str, token: &[u8; 16]) -> Result<Option<Vec<u8>>, BenchError> {
         if let Some(scripts) = &self.scripts {
+            // The claim script's arguments: token, lease, fingerprint (none), uncertain on
+            // lapse (no).
             let args = [
                 token.to_vec(),
                 (LEASE.as_millis() as u64).to_string().into_bytes(),
                 Vec::new(),
+                b"0".to_vec(),
             ];
             let mut call = scripts.0.key(key);
+            call.key(response_key(key));
             call.arg(&args[..]);
             return claim_answer(self.invoke(&call, &scripts.0, key, &args).await?);
         }
@@ -170,8 +185,14 @@ impl RawRedis {
                 b"1".to_vec(),
                 serde_json::to_vec(&work(seed))?,
                 b"0".to_vec(),
+                // The tombstone the engine keeps by default, so both sides write the same.
+                idem::DEFAULT_KEY_RETENTION
+                    .as_secs()
+                    .to_string()
+                    .into_bytes(),
             ];
             let mut call = scripts.1.key(key);
+            call.key(response_key(key));
             call.arg(&args[..]);
             self.invoke(&call, &scripts.1, key, &args).await?;
             return Ok(());
