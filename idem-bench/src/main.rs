@@ -890,7 +890,11 @@ async fn steps_rows(
     let mut variants = vec![(
         steps::IDEM,
         steps::idem_steps(&s.engine, effects),
-        "claim 1 + begin 2 + 3 × (write 1 + step record 1) + complete 1 = 10 statements",
+        if s.name.starts_with("PostgreSQL") {
+            "claim and begin 1 + 3 × (write 1 + step record 1) + complete 1 = 8 statements"
+        } else {
+            "claim 1 + begin 1 + 3 × (write 1 + step record 1) + complete 1 = 9 statements"
+        },
     )];
     if let Some(raw) = &s.raw {
         variants.push((

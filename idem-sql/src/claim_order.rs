@@ -93,7 +93,7 @@ impl ClaimPath {
     /// Records what a `start` found: a live record is any that refused the claim (completed,
     /// locked, uncertain, a tombstone, a reused key or a changed policy), which a read first
     /// answers alone. Other errors say nothing about the key and are not counted.
-    pub(crate) fn observe(&self, result: &Result<ClaimOutcome, Error>) {
+    pub(crate) fn observe(&self, result: Result<&ClaimOutcome, &Error>) {
         if self.order != ClaimOrder::Adaptive {
             return;
         }
@@ -141,7 +141,7 @@ mod tests {
         // A storm of repeats switches to reading first within a few dozen calls...
         let mut calls = 0;
         while !path.read_first() {
-            path.observe(&locked());
+            path.observe(locked().as_ref());
             calls += 1;
             assert!(calls <= 32, "still claiming first after {calls} repeats");
         }
@@ -149,17 +149,17 @@ mod tests {
         // ... and a run of new keys switches back.
         let mut calls = 0;
         while path.read_first() {
-            path.observe(&started());
+            path.observe(started().as_ref());
             calls += 1;
             assert!(calls <= 32, "still reading first after {calls} new keys");
         }
         // Key reuse counts as a live record; store errors do not count at all.
         for _ in 0..64 {
-            path.observe(&Err(Error::KeyReused));
+            path.observe(Err(&Error::KeyReused));
         }
         assert!(path.read_first());
         for _ in 0..64 {
-            path.observe(&Err(Error::LeaseLost));
+            path.observe(Err(&Error::LeaseLost));
         }
         assert!(path.read_first());
     }
@@ -169,8 +169,8 @@ mod tests {
         let claim_first = ClaimPath::new(ClaimOrder::ClaimFirst);
         let read_first = ClaimPath::new(ClaimOrder::ReadFirst);
         for _ in 0..64 {
-            claim_first.observe(&locked());
-            read_first.observe(&started());
+            claim_first.observe(locked().as_ref());
+            read_first.observe(started().as_ref());
         }
         assert!(!claim_first.read_first());
         assert!(read_first.read_first());

@@ -17,10 +17,10 @@ use crate::error::sql_error;
 use crate::name::TableName;
 use idem_core::store::support::LAPSED_CLAIMS_KEPT_MS;
 use idem_core::Error;
-use idem_core::StepWrite;
 use idem_core::Store;
 use idem_core::{Claim, ClaimOutcome, ClaimRequest, Completion, OnLapse, Record};
 use idem_core::{Key, Token, UncertainOperation};
+use idem_core::{StepLog, StepWrite};
 
 /// How often `start` claims again when the live row it lost to vanished before it could be
 /// read (aborted, evicted, pruned or expired in between). Each retry needs another writer to
@@ -90,6 +90,11 @@ struct Statements {
     /// returns the live row it did not claim; otherwise `claim_counted` with `RETURNING true AS
     /// claimed`.
     claim_in_transaction: String,
+    /// The claim that also begins the claimed operation's steps, where the database has
+    /// data-modifying CTEs (PostgreSQL): `claim_counted`'s row (`RETURNING`) is the fence of
+    /// [`begin_sql`](crate::steps::begin_sql), with the retention as `$6`. Rows only when it
+    /// claimed.
+    claim_steps: Option<String>,
     read_live: String,
     complete: String,
     renew: String,
@@ -161,9 +166,16 @@ impl Statements {
         } else {
             claim
         };
+        let claim_steps = d.claim_reads_live.then(|| {
+            format!(
+                "WITH c AS ({claim_counted} RETURNING r.key, r.token) {}",
+                crate::steps::begin_sql(d, &crate::steps::steps_table(t), "c AS r", "true", "$6")
+            )
+        });
         Statements {
             claim_counted,
             claim_in_transaction,
+            claim_steps,
             read_live: format!("SELECT {columns} FROM {t} AS r WHERE r.key = $1 AND {holds_key}"),
             // Fenced by the token alone, so that completing a claim again (a retry whose first
             // commit landed but whose answer was lost) succeeds, and a lapsed uncertain claim's
@@ -239,6 +251,9 @@ enum ClaimSql<'a> {
     Counted(&'a str),
     /// By the row it returns (`claimed`), which may be followed by the live row it met.
     Returning(&'a str),
+    /// By the step rows it returns (`claim_steps`: it began the steps, for the retention in
+    /// milliseconds given).
+    Steps(&'a str, i64),
 }
 
 /// Where an operation runs: on a connection of the store's pool, or on the caller's
@@ -297,39 +312,69 @@ impl<DB: Ops> Protocol<DB> {
     ) -> Result<ClaimOutcome, Error> {
         if via == Via::Transaction {
             let sql = ClaimSql::Returning(&self.sql.claim_in_transaction);
-            return self.claim(conn, sql, request, lease_ms).await;
+            return Ok(self.claim(conn, sql, request, lease_ms).await?.0);
         }
+        let sql = ClaimSql::Counted(&self.sql.claim_counted);
+        Ok(self.on_pool(conn, sql, request, lease_ms).await?.0)
+    }
+
+    /// [`Store::claim_steps`](idem_core::Store::claim_steps) on a pooled connection: where the
+    /// database can, one statement that claims and begins the steps (the claim order's read
+    /// first, if it reads first); elsewhere the claim alone, with no log.
+    pub(crate) async fn start_steps(
+        &self,
+        conn: &mut DB::Connection,
+        request: ClaimRequest<'_>,
+        lease_ms: i64,
+        retention_ms: i64,
+    ) -> Result<(ClaimOutcome, Option<StepLog>), Error> {
+        let sql = match &self.sql.claim_steps {
+            Some(sql) => ClaimSql::Steps(sql, retention_ms),
+            None => ClaimSql::Counted(&self.sql.claim_counted),
+        };
+        self.on_pool(conn, sql, request, lease_ms).await
+    }
+
+    /// A claim on a pooled connection: while the [`ClaimOrder`] reads first, a live record is
+    /// answered by one read; otherwise, or when the key reads as free, the claim `sql`.
+    async fn on_pool(
+        &self,
+        conn: &mut DB::Connection,
+        sql: ClaimSql<'_>,
+        request: ClaimRequest<'_>,
+        lease_ms: i64,
+    ) -> Result<(ClaimOutcome, Option<StepLog>), Error> {
         let live = match self.claim_path.read_first() {
             true => self.read_live(conn, request.key).await?,
             false => None,
         };
         let result = match live {
-            Some(stored) => stored.into_start(request.fingerprint),
-            None => {
-                let sql = ClaimSql::Counted(&self.sql.claim_counted);
-                self.claim(conn, sql, request, lease_ms).await
-            }
+            Some(stored) => stored.into_start(request.fingerprint).map(|o| (o, None)),
+            None => self.claim(conn, sql, request, lease_ms).await,
         };
-        self.claim_path.observe(&result);
+        self.claim_path.observe(result.as_ref().map(|(o, _)| o));
         result
     }
 
     /// Runs the claim statement `sql`; on a live record, answers from the row it returned or
-    /// from one read of it; claims again if that record vanished meanwhile.
+    /// from one read of it; claims again if that record vanished meanwhile. The step log only
+    /// from a [`ClaimSql::Steps`] that claimed.
     async fn claim(
         &self,
         conn: &mut DB::Connection,
         sql: ClaimSql<'_>,
         request: ClaimRequest<'_>,
         lease_ms: i64,
-    ) -> Result<ClaimOutcome, Error> {
+    ) -> Result<(ClaimOutcome, Option<StepLog>), Error> {
         let (key, fingerprint) = (request.key, request.fingerprint);
         let uncertain = request.on_lapse == OnLapse::Uncertain;
         for _ in 0..CLAIM_ATTEMPTS {
             let token = Token::random();
             let token_bytes = token.to_bytes();
             let text = match sql {
-                ClaimSql::Counted(text) | ClaimSql::Returning(text) => text,
+                ClaimSql::Counted(text) | ClaimSql::Returning(text) | ClaimSql::Steps(text, _) => {
+                    text
+                }
             };
             let query = DB::bind_bytes(sqlx::query(text), &key.as_bytes()[..]);
             let query = DB::bind_opt_bytes(query, fingerprint.map(|f| &f.as_bytes()[..]));
@@ -340,10 +385,19 @@ impl<DB: Ops> Protocol<DB> {
             // fails the claim instead of being dropped, and a claim whose commit failed is never
             // reported as won: `execute` waits for the statement's completion, and `fetch_all`
             // (never `fetch_optional`) reads every row and the end of the reply.
+            let claimed = || ClaimOutcome::Claimed(Claim::new(*key, token));
             let row = match sql {
                 ClaimSql::Counted(_) => {
                     if DB::execute(&mut *conn, query).await.map_err(sql_error)? == 1 {
-                        return Ok(ClaimOutcome::Claimed(Claim::new(*key, token)));
+                        return Ok((claimed(), None));
+                    }
+                    None
+                }
+                ClaimSql::Steps(_, retention_ms) => {
+                    let query = DB::bind_i64(query, retention_ms);
+                    let rows = DB::fetch_all(&mut *conn, query).await.map_err(sql_error)?;
+                    if let Some(log) = crate::steps::step_log::<DB>(&rows)? {
+                        return Ok((claimed(), Some(log)));
                     }
                     None
                 }
@@ -355,7 +409,7 @@ impl<DB: Ops> Protocol<DB> {
                         .next();
                     if let Some(row) = &row {
                         if DB::get_bool(row, 0).map_err(sql_error)? {
-                            return Ok(ClaimOutcome::Claimed(Claim::new(*key, token)));
+                            return Ok((claimed(), None));
                         }
                     }
                     row
@@ -369,16 +423,19 @@ impl<DB: Ops> Protocol<DB> {
                 _ => self.read_live(conn, key).await?,
             };
             if let Some(stored) = live {
-                return stored.into_start(fingerprint);
+                return Ok((stored.into_start(fingerprint)?, None));
             }
             // It vanished (aborted, evicted, pruned or expired) before we could read it: the key
             // may be free now, so claim again.
         }
         // Other callers keep claiming and releasing this key faster than we can look: it is
         // busy.
-        Ok(ClaimOutcome::Locked {
-            retry_after: Duration::ZERO,
-        })
+        Ok((
+            ClaimOutcome::Locked {
+                retry_after: Duration::ZERO,
+            },
+            None,
+        ))
     }
 
     /// The live (unexpired) record row of `key`.

@@ -29,14 +29,9 @@ pub(crate) fn steps_table(table: &TableName) -> TableName {
 /// The statements of the steps, rendered once for a records table and its steps table.
 #[derive(Debug)]
 pub(crate) struct StepStatements {
-    /// Counts the claim as an attempt (fenced), returns the attempt's number.
+    /// Counts the claim as an attempt and moves the live steps' retention on, fenced, in one
+    /// statement ([`begin_sql`]); no row when the fence fails.
     begin: String,
-    /// Moves the live steps' retention on and returns them.
-    refresh: String,
-    /// `begin` and `refresh` in one statement, where the database has data-modifying CTEs
-    /// (PostgreSQL): the attempt's number beside each live step (a step's columns NULL when
-    /// there is none), no row when the fence fails.
-    begin_and_refresh: Option<String>,
     /// Stores that a step began, or its result (fenced).
     write: String,
     /// `write` that also sets the record's `uncertain` ($8), in one statement where the
@@ -56,7 +51,6 @@ pub(crate) struct StepStatements {
 impl StepStatements {
     pub(crate) fn new(d: &Dialect, t: &TableName, s: &TableName) -> StepStatements {
         let now = d.now;
-        let bigint = d.bigint;
         let lock = d.lock_rows;
         let insert = format!(
             "INSERT INTO {s} AS s (key, name, position, token, attempt, finished, result, expires_at)"
@@ -82,42 +76,22 @@ impl StepStatements {
             )
         };
         StepStatements {
-            begin: format!(
-                "{insert} SELECT r.key, '', -1, r.token, 1, false, NULL, {until} {fence} \
-                 ON CONFLICT (key, name) DO UPDATE SET \
-                   attempt = CASE WHEN s.expires_at <= {now} THEN 1 \
-                                  WHEN s.token = excluded.token THEN s.attempt \
-                                  ELSE s.attempt + 1 END, \
-                   token = excluded.token, expires_at = excluded.expires_at \
-                 RETURNING CAST(attempt AS {bigint})",
-                until = d.now_plus("$3"),
+            // Fenced by the record: locked (on PostgreSQL) while it is in progress under the
+            // claim's token; no row at all once the claim was taken over.
+            begin: begin_sql(
+                d,
+                s,
+                &format!("{t} AS r"),
+                &format!(
+                    "r.key = $1 AND r.token = $2 AND r.state = 0{}",
+                    if lock.is_empty() {
+                        ""
+                    } else {
+                        " FOR UPDATE OF r"
+                    }
+                ),
+                "$3",
             ),
-            refresh: format!(
-                "UPDATE {s} SET expires_at = {until} \
-                 WHERE key = $1 AND position >= 0 AND expires_at > {now} \
-                 RETURNING name, CAST(position AS {bigint}), finished, result",
-                until = d.now_plus("$2"),
-            ),
-            // The refresh reads the attempt's row (`EXISTS … b`), so it runs after the fenced
-            // count and only when that wrote: a claim taken over moves nothing on.
-            begin_and_refresh: d.claim_reads_live.then(|| {
-                format!(
-                    "WITH b AS ({insert} SELECT r.key, '', -1, r.token, 1, false, NULL, {until} {fence} \
-                     ON CONFLICT (key, name) DO UPDATE SET \
-                       attempt = CASE WHEN s.expires_at <= {now} THEN 1 \
-                                      WHEN s.token = excluded.token THEN s.attempt \
-                                      ELSE s.attempt + 1 END, \
-                       token = excluded.token, expires_at = excluded.expires_at \
-                     RETURNING CAST(attempt AS {bigint}) AS attempt), \
-                     f AS (UPDATE {s} SET expires_at = {until} \
-                       WHERE key = $1 AND position >= 0 AND expires_at > {now} \
-                         AND EXISTS (SELECT 1 FROM b) \
-                       RETURNING name, CAST(position AS {bigint}) AS position, finished, result) \
-                     SELECT b.attempt, f.name, f.position, f.finished, f.result \
-                     FROM b LEFT JOIN f ON true",
-                    until = d.now_plus("$3"),
-                )
-            }),
             write: write_row(&fence),
             // The record's update is the fence: the step row is written from the row it
             // returns, so a stale claim changes neither.
@@ -183,10 +157,8 @@ impl StepStatements {
             .collect()
     }
 
-    /// [`Store::begin_steps`](idem_core::Store::begin_steps): the fenced count of the attempt,
-    /// then the steps. One statement on PostgreSQL (`begin_and_refresh`); two on SQLite, which
-    /// has no data-modifying CTE (a claim taken over in between reads the steps, and can write
-    /// none).
+    /// [`Store::begin_steps`](idem_core::Store::begin_steps): one statement ([`begin_sql`]), the
+    /// fenced count of the attempt with the live steps beside it.
     pub(crate) async fn begin<DB: Ops>(
         &self,
         conn: &mut DB::Connection,
@@ -195,36 +167,11 @@ impl StepStatements {
     ) -> Result<StepLog, Error> {
         let token = claim.token().to_bytes();
         let key = &claim.key().as_bytes()[..];
-        // The fenced count, with the steps beside it where one statement does both.
-        let first = self.begin_and_refresh.as_ref().unwrap_or(&self.begin);
-        let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(first), key), &token[..]);
+        let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(&self.begin), key), &token[..]);
         let rows = DB::fetch_all(&mut *conn, DB::bind_i64(query, retention_ms))
             .await
             .map_err(sql_error)?;
-        let Some(row) = rows.first() else {
-            return Err(Error::LeaseLost);
-        };
-        let attempt = u32::try_from(DB::get_i64(row, 0).map_err(sql_error)?)
-            .map_err(|_| corrupt("a steps row counts more attempts than fit in 32 bits".into()))?;
-        let mut steps = Vec::new();
-        if self.begin_and_refresh.is_some() {
-            for row in &rows {
-                // No live step: the one row's step columns are NULL.
-                if DB::get_opt_i64(row, 2).map_err(sql_error)?.is_some() {
-                    steps.push(step_record::<DB>(row, 1)?);
-                }
-            }
-        } else {
-            let query = DB::bind_i64(
-                DB::bind_bytes(sqlx::query(&self.refresh), key),
-                retention_ms,
-            );
-            for row in DB::fetch_all(conn, query).await.map_err(sql_error)? {
-                steps.push(step_record::<DB>(&row, 0)?);
-            }
-        }
-        steps.sort_by_key(|s| s.position);
-        Ok(StepLog { attempt, steps })
+        step_log::<DB>(&rows)?.ok_or(Error::LeaseLost)
     }
 
     /// [`Store::write_step`](idem_core::Store::write_step), on the store's pool or on the caller's
@@ -327,6 +274,69 @@ impl StepStatements {
         let query = DB::bind_i64(sqlx::query(&self.prune), i64::from(limit));
         Ok(DB::execute(conn, query).await.map_err(sql_error)?)
     }
+}
+
+/// The statement that begins (or resumes) an operation's steps, fenced by `source` (a row `r`
+/// with the operation's `key` and claim `token`, filtered by `condition`): one upsert into the
+/// steps table `s` of the operation's attempt row (`''` at position -1: counted as the next
+/// attempt unless this claim was the one counted last, or set to 1 when it had expired) and of
+/// its live steps (their retention moved on to `retention` from now, nothing else changed).
+/// It returns those rows, each as `attempt, name, position, finished, result` ([`step_log`]);
+/// none when `source` has no row, so a claim that was taken over moves nothing on. One
+/// statement on both databases, as an `INSERT … SELECT` whose source reads the steps it
+/// updates.
+pub(crate) fn begin_sql(
+    d: &Dialect,
+    s: &TableName,
+    source: &str,
+    condition: &str,
+    retention: &str,
+) -> String {
+    let (now, bigint, bytes) = (d.now, d.bigint, d.bytes);
+    format!(
+        "INSERT INTO {s} AS s (key, name, position, token, attempt, finished, result, expires_at) \
+         SELECT r.key, x.name, x.position, r.token, x.attempt, x.finished, x.result, {until} \
+         FROM {source} CROSS JOIN ( \
+           SELECT '' AS name, -1 AS position, 1 AS attempt, false AS finished, \
+             CAST(NULL AS {bytes}) AS result \
+           UNION ALL \
+           SELECT p.name, p.position, p.attempt, p.finished, p.result FROM {s} AS p \
+           WHERE p.key = $1 AND p.position >= 0 AND p.expires_at > {now}) AS x \
+         WHERE {condition} \
+         ON CONFLICT (key, name) DO UPDATE SET \
+           attempt = CASE WHEN s.position >= 0 THEN s.attempt \
+                          WHEN s.expires_at <= {now} THEN 1 \
+                          WHEN s.token = excluded.token THEN s.attempt \
+                          ELSE s.attempt + 1 END, \
+           token = CASE WHEN s.position >= 0 THEN s.token ELSE excluded.token END, \
+           expires_at = excluded.expires_at \
+         RETURNING CAST(attempt AS {bigint}), name, CAST(position AS {bigint}), finished, result",
+        until = d.now_plus(retention),
+    )
+}
+
+/// The step log of a [`begin_sql`] statement's rows: the attempt from the row at position -1,
+/// the steps from the others, by position; `None` for no row (the fence failed).
+pub(crate) fn step_log<DB: Ops>(rows: &[DB::Row]) -> Result<Option<StepLog>, Error> {
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut attempt = None;
+    let mut steps = Vec::with_capacity(rows.len() - 1);
+    for row in rows {
+        if DB::get_i64(row, 2).map_err(sql_error)? < 0 {
+            attempt = Some(
+                u32::try_from(DB::get_i64(row, 0).map_err(sql_error)?).map_err(|_| {
+                    corrupt("a steps row counts more attempts than fit in 32 bits".into())
+                })?,
+            );
+        } else {
+            steps.push(step_record::<DB>(row, 1)?);
+        }
+    }
+    let attempt = attempt.ok_or_else(|| corrupt("the steps begun have no attempt row".into()))?;
+    steps.sort_by_key(|s| s.position);
+    Ok(Some(StepLog { attempt, steps }))
 }
 
 /// A step's record from `row`'s columns `at..at + 4`: name, position, finished, result.

@@ -332,6 +332,21 @@ impl<DB: Backend> Store for SqlStore<DB> {
         DB::DIALECT.prune_batch_size
     }
 
+    /// One statement on PostgreSQL: the claim's own row is the fence of the steps' begin. On
+    /// SQLite, the claim alone (the engine then begins the steps in one statement more).
+    async fn claim_steps(
+        &self,
+        request: ClaimRequest<'_>,
+        retention: std::time::Duration,
+    ) -> Result<(ClaimOutcome, Option<StepLog>), Error> {
+        let lease = crate::millis("lease", request.lease)?;
+        let retention = crate::millis("retention", retention)?;
+        let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
+        self.protocol
+            .start_steps(&mut conn, request, lease, retention)
+            .await
+    }
+
     async fn begin_steps(
         &self,
         claim: &Claim,

@@ -59,6 +59,9 @@ struct Costs {
     write_step: usize,
     complete: usize,
     replay: usize,
+    /// `claim_steps` of a new key: whether the log came back beside the claim, and its
+    /// statements.
+    claim_steps: (bool, usize),
     /// A whole operation of three steps through the engine, each step one `INSERT` of its own.
     three_steps: usize,
 }
@@ -84,6 +87,11 @@ async fn costs(store: &dyn Store) -> Costs {
     completed.unwrap();
     let (replayed, replay) = counted(store.claim(ClaimRequest::new(&key, LEASE))).await;
     assert!(matches!(replayed.unwrap(), ClaimOutcome::Completed(_)));
+    let other = Key::derive("round-trips", "", "k-2").unwrap();
+    let (both, claim_steps) =
+        counted(store.claim_steps(ClaimRequest::new(&other, LEASE), RETENTION)).await;
+    let (claimed, log) = both.unwrap();
+    assert!(matches!(claimed, ClaimOutcome::Claimed(_)), "{claimed:?}");
 
     Costs {
         claim,
@@ -91,6 +99,7 @@ async fn costs(store: &dyn Store) -> Costs {
         write_step,
         complete,
         replay,
+        claim_steps: (log.is_some(), claim_steps),
         three_steps: 0,
     }
 }
@@ -161,18 +170,21 @@ fn each_path_sends_the_statements_the_docs_state() {
             ),
         )
         .await;
-        // SQLite has no data-modifying CTE: the step log's begin is two statements.
+        // SQLite has no data-modifying CTE: the claim cannot begin the steps too, so their
+        // begin is one statement of its own.
         assert_eq!(
             found,
             Costs {
                 claim: 1,
-                begin_steps: 2,
+                begin_steps: 1,
                 write_step: 1,
                 complete: 1,
                 // Claiming first (the last claim found a new key): the claim, then the read.
                 replay: 2,
-                // claim 1 + begin 2 + 3 × (the step's own 1 + its record 1) + completion 1
-                three_steps: 10,
+                // The claim alone: no log, the caller begins the steps.
+                claim_steps: (false, 1),
+                // claim 1 + begin 1 + 3 × (the step's own 1 + its record 1) + completion 1
+                three_steps: 9,
             },
             "SQLite"
         );
@@ -204,13 +216,15 @@ fn each_path_sends_the_statements_the_docs_state() {
             found,
             Costs {
                 claim: 1,
-                // The fenced count and the steps in one statement (data-modifying CTEs).
                 begin_steps: 1,
                 write_step: 1,
                 complete: 1,
                 replay: 2,
-                // claim 1 + begin 1 + 3 × (the step's own 1 + its record 1) + completion 1
-                three_steps: 9,
+                // One statement: the claim's row is the fence of the steps' begin.
+                claim_steps: (true, 1),
+                // the claim that begins the steps 1 + 3 × (the step's own 1 + its record 1)
+                // + completion 1: the 8 statements of recovery points written by hand
+                three_steps: 8,
             },
             "PostgreSQL"
         );

@@ -311,6 +311,7 @@ macro_rules! __conformance {
             engine_stored_errors_replay,
             engine_panicking_observer_changes_nothing,
             steps_resume_across_attempts,
+            claim_steps_begins_as_begin_steps_would,
             stale_claim_cannot_write_steps,
             finished_step_keeps_its_first_result,
             evict_deletes_steps,

@@ -5,7 +5,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::{Claim, Error, Idempotency, Outcome, StepLog, StepState, StepWrite, Store};
+use crate::{Claim, ClaimOutcome, ClaimRequest, Error, Idempotency, Outcome, StepLog, StepState};
+use crate::{StepWrite, Store};
 
 use super::store::{claim, done, key, long, past_short, short, wait};
 use super::Harness;
@@ -100,6 +101,65 @@ pub async fn steps_resume_across_attempts(h: impl Harness) {
         .await
         .unwrap();
     s.complete(&second, done(b"ok", long())).await.unwrap();
+}
+
+/// [`Store::claim_steps`] is a claim and, when the store returns a log beside it, that claim's
+/// `begin_steps`: a new key is attempt 1 with no steps (and the same claim beginning again is
+/// the same attempt); after an attempt that wrote steps and released its claim, the next is
+/// attempt 2 and finds them; a key another claim holds, or that completed, comes with no log
+/// and no attempt counted.
+pub async fn claim_steps_begins_as_begin_steps_would(h: impl Harness) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let k = key("claim-steps");
+    let claim_steps = || s.claim_steps(ClaimRequest::new(&k, long()), long());
+    let (outcome, log) = claim_steps().await.unwrap();
+    let ClaimOutcome::Claimed(first) = outcome else {
+        panic!("a new key is claimed: {outcome:?}")
+    };
+    let log = match log {
+        Some(log) => log,
+        None => begin(&*s, &first).await,
+    };
+    assert_eq!((log.attempt, log.steps.len()), (1, 0), "{log:?}");
+    assert_eq!(begin(&*s, &first).await.attempt, 1, "the same claim again");
+    s.write_step(&first, finished("ride", 0, b"41", long()))
+        .await
+        .unwrap();
+    let (held, log) = claim_steps().await.unwrap();
+    assert!(matches!(held, ClaimOutcome::Locked { .. }), "{held:?}");
+    assert!(log.is_none(), "a log beside a refusal: {log:?}");
+    assert_eq!(
+        begin(&*s, &first).await.attempt,
+        1,
+        "a refused claim counts nothing"
+    );
+    s.abort(&first).await.unwrap();
+
+    let (outcome, log) = claim_steps().await.unwrap();
+    let ClaimOutcome::Claimed(second) = outcome else {
+        panic!("a released key is claimed: {outcome:?}")
+    };
+    let log = match log {
+        Some(log) => log,
+        None => begin(&*s, &second).await,
+    };
+    assert_eq!(log.attempt, 2, "{log:?}");
+    assert_eq!(
+        shown(&log),
+        [("ride".to_owned(), StepState::Finished(b"41".to_vec()))]
+    );
+    assert_eq!(begin(&*s, &second).await.attempt, 2, "the same claim again");
+    let stale = s
+        .write_step(&first, finished("late", 1, b"1", long()))
+        .await;
+    assert!(matches!(stale, Err(Error::LeaseLost)), "{stale:?}");
+    s.complete(&second, done(b"ok", long())).await.unwrap();
+    let (replay, log) = claim_steps().await.unwrap();
+    assert!(matches!(replay, ClaimOutcome::Completed(_)), "{replay:?}");
+    assert!(log.is_none(), "a log beside a replay: {log:?}");
 }
 
 /// Step writes are fenced by the operation's claim: a claim whose lease ended and was taken

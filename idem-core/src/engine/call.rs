@@ -426,25 +426,30 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
             let span = probe.span().clone();
             let format = WithCodec(engine.codec());
             async {
-                let holding = match engine
+                let (holding, begun) = match engine
                     .claim_half(
                         &mut probe,
                         key,
                         self.fingerprint,
                         &self.overrides,
+                        true,
                         &format,
                         &Released,
                     )
                     .await
                 {
                     Claimed::Ended(out) => return out,
-                    Claimed::Holding(holding) => holding,
+                    Claimed::Holding(holding, log) => (holding, log),
                 };
                 let (claim, retention, on_lapse) = holding.steps_of();
-                // Begun inside the work, so a store that refuses releases the claim as a
+                // A store that began the steps with the claim gave their log; otherwise they
+                // are begun inside the work, so a store that refuses releases the claim as a
                 // failed work does.
                 let work = async move {
-                    let log = engine.store().begin_steps(&claim, retention).await?;
+                    let log = match begun {
+                        Some(log) => log,
+                        None => engine.store().begin_steps(&claim, retention).await?,
+                    };
                     let Some(input) = &input else {
                         let steps =
                             Steps::new(engine.clone(), Some(claim), retention, on_lapse, log);
@@ -561,6 +566,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                         key,
                         owned.fingerprint,
                         &owned.overrides,
+                        false,
                         &format,
                         &Released,
                     )
@@ -568,7 +574,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                     .await;
                 match claimed {
                     Claimed::Ended(out) => return out,
-                    Claimed::Holding(holding) => (probe.suspend(), holding),
+                    Claimed::Holding(holding, _) => (probe.suspend(), holding),
                 }
             };
             // It holds the key: from here the work and the storing of its result run to their

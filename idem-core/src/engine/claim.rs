@@ -1,6 +1,7 @@
 //! The claim attempt: one `start` that is finished even if its caller goes away.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::detach::{BoxFuture, RunToEnd};
 use super::finish::release;
@@ -8,17 +9,23 @@ use super::underway::Releasing;
 use super::Shared;
 use crate::error::Error;
 use crate::record::{ClaimOutcome, ClaimRequest};
+use crate::step::StepLog;
 
 /// One claim attempt that is finished even if its caller goes away: a claim statement in flight
 /// (waiting on a lock, say) may still commit, so an orphaned attempt runs on to its end on a task
 /// of its own, and whatever it claimed is released. A retry in this process waits for that.
+///
+/// With `steps` (a retention), the claim begins the operation's steps too where the store can
+/// ([`Store::claim_steps`](crate::Store::claim_steps)); the step log comes back beside a won
+/// claim, or `None` for the caller to begin them.
 pub(super) async fn attempt(
     shared: &Arc<Shared>,
     request: ClaimRequest<'_>,
-) -> Result<ClaimOutcome, Error> {
+    steps: Option<Duration>,
+) -> Result<(ClaimOutcome, Option<StepLog>), Error> {
     if let Some(now) = shared.store.immediate() {
         // Done before this returns: nothing to run on after a caller that goes away.
-        return now.claim_now(request);
+        return Ok((now.claim_now(request)?, None));
     }
     let attempt = {
         let store = shared.store.clone();
@@ -30,17 +37,20 @@ pub(super) async fn attempt(
             let request = ClaimRequest::new(&key, lease)
                 .fingerprint(fingerprint.as_ref())
                 .on_lapse(on_lapse);
-            (*store).claim(request).await
+            match steps {
+                Some(retention) => (*store).claim_steps(request, retention).await,
+                None => Ok(((*store).claim(request).await?, None)),
+            }
         })
     };
     let shared = shared.clone();
     let key = *request.key;
     RunToEnd::new(
         attempt,
-        move |attempt: BoxFuture<Result<ClaimOutcome, Error>>| {
+        move |attempt: BoxFuture<Result<(ClaimOutcome, Option<StepLog>), Error>>| {
             let releasing = Releasing::begin(&shared, key);
             Box::pin(async move {
-                if let Ok(ClaimOutcome::Claimed(claim)) = attempt.await {
+                if let Ok((ClaimOutcome::Claimed(claim), _)) = attempt.await {
                     release(releasing.store(), &claim).await;
                 }
                 drop(releasing);

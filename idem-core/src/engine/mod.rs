@@ -19,6 +19,7 @@ use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{Probe, Stage};
 use crate::record::{Claim, ClaimOutcome, ClaimRequest, OnLapse, StoredResult};
+use crate::step::StepLog;
 use crate::store::Store;
 
 mod cache;
@@ -341,13 +342,14 @@ impl<C: Codec> Idempotency<C> {
                 call.key,
                 call.fingerprint,
                 call.overrides,
+                false,
                 &call.format,
                 &call.errors,
             )
             .await
         {
             Claimed::Ended(out) => return out,
-            Claimed::Holding(holding) => holding,
+            Claimed::Holding(holding, _) => holding,
         };
         self.work_half(probe, &holding, work, &call.format, &call.errors)
             .await
@@ -361,6 +363,7 @@ impl<C: Codec> Idempotency<C> {
         key: Key,
         fingerprint: Option<Fingerprint>,
         overrides: &Overrides,
+        steps: bool,
         format: &impl Format<T>,
         errors: &impl Errors<E>,
     ) -> Claimed<T, E> {
@@ -381,6 +384,7 @@ impl<C: Codec> Idempotency<C> {
                 resolved.lease,
                 resolved.on_locked,
                 resolved.on_lapse,
+                steps.then_some(resolved.retention),
             )
             .await;
         // The clock is read when something uses it: the claim's time (a timed call), or the
@@ -389,7 +393,7 @@ impl<C: Codec> Idempotency<C> {
         // some virtual machines, the costliest step of a call on the memory store there.
         let began = match (&acquired, asked) {
             (_, Some(_)) => Some(Instant::now()),
-            (Ok(Acquired::Claim(_)), None) if self.inner.shared.typical.wants_sample() => {
+            (Ok(Acquired::Claim(..)), None) if self.inner.shared.typical.wants_sample() => {
                 Some(Instant::now())
             }
             _ => None,
@@ -398,16 +402,17 @@ impl<C: Codec> Idempotency<C> {
             probe.claim_took(began - asked);
         }
         let cached = match acquired {
-            Ok(Acquired::Claim(claim)) => {
+            Ok(Acquired::Claim(claim, log)) => {
                 probe.claimed();
-                return Claimed::Holding(Holding {
+                let holding = Holding {
                     claim,
                     fingerprint,
                     lease: resolved.lease,
                     retention: resolved.retention,
                     on_lapse: resolved.on_lapse,
                     began,
-                });
+                };
+                return Claimed::Holding(holding, log);
             }
             Ok(Acquired::Replay(cached)) => {
                 if let Some(cache) = &self.inner.cache {
@@ -532,6 +537,7 @@ impl<C: Codec> Idempotency<C> {
         lease: Duration,
         on_locked: OnLocked,
         on_lapse: OnLapse,
+        steps: Option<Duration>,
     ) -> Result<Acquired, Error> {
         let shared = &self.inner.shared;
         if let Some(cache) = &self.inner.cache {
@@ -559,13 +565,13 @@ impl<C: Codec> Idempotency<C> {
             .fingerprint(fingerprint)
             .on_lapse(on_lapse);
         match on_locked {
-            OnLocked::FailFast => match acquired(attempt(shared, claim).await?, key)? {
+            OnLocked::FailFast => match acquired(attempt(shared, claim, steps).await?, key)? {
                 Ok(acquired) => Ok(acquired),
                 Err(retry_after) => Err(Error::Locked {
                     retry_after: shared.typical.retry_after(retry_after),
                 }),
             },
-            OnLocked::Wait { timeout } => Box::pin(self.wait_for(claim, timeout)).await,
+            OnLocked::Wait { timeout } => Box::pin(self.wait_for(claim, timeout, steps)).await,
         }
     }
 
@@ -575,6 +581,7 @@ impl<C: Codec> Idempotency<C> {
         &self,
         claim: ClaimRequest<'_>,
         timeout: Duration,
+        steps: Option<Duration>,
     ) -> Result<Acquired, Error> {
         let (key, fingerprint, lease) = (claim.key, claim.fingerprint, claim.lease);
         let shared = &self.inner.shared;
@@ -590,7 +597,7 @@ impl<C: Codec> Idempotency<C> {
                 let left = deadline.saturating_duration_since(Instant::now());
                 return self.pending(key, fingerprint, lease, left, pending).await;
             }
-            let retry_after = match acquired(attempt(shared, claim).await?, key)? {
+            let retry_after = match acquired(attempt(shared, claim, steps).await?, key)? {
                 Ok(acquired) => return Ok(acquired),
                 Err(retry_after) => retry_after,
             };
@@ -624,9 +631,12 @@ impl<C: Codec> Idempotency<C> {
 /// What a claim's outcome gives a call: the claim or a result to replay, or (`Err` inside) how
 /// long the live claim that holds the key may last; an uncertain key or a tombstone is the
 /// call's error, never waited on (neither ends by itself).
-fn acquired(outcome: ClaimOutcome, key: &Key) -> Result<Result<Acquired, Duration>, Error> {
+fn acquired(
+    (outcome, log): (ClaimOutcome, Option<StepLog>),
+    key: &Key,
+) -> Result<Result<Acquired, Duration>, Error> {
     Ok(match outcome {
-        ClaimOutcome::Claimed(c) => Ok(Acquired::Claim(c)),
+        ClaimOutcome::Claimed(c) => Ok(Acquired::Claim(c, log)),
         ClaimOutcome::Completed(c) => Ok(Acquired::Replay(c)),
         ClaimOutcome::Locked { retry_after } => Err(retry_after),
         ClaimOutcome::Uncertain { since } => {
@@ -694,8 +704,9 @@ pub(crate) trait Errors<E> {
 pub(crate) enum Claimed<T, E> {
     /// The call ended there: replayed, refused, or failed.
     Ended(Result<Outcome<T>, E>),
-    /// It holds its key; the work comes next.
-    Holding(Holding),
+    /// It holds its key; the work comes next. Beside it, the operation's step log when the
+    /// claim began its steps too ([`Store::claim_steps`](crate::Store::claim_steps)).
+    Holding(Holding, Option<StepLog>),
 }
 
 /// A call that holds its key, between its two halves.
@@ -719,7 +730,8 @@ impl Holding {
 }
 
 enum Acquired {
-    Claim(Claim),
+    /// A claim, with its steps' log when the store began them in the same round trip.
+    Claim(Claim, Option<StepLog>),
     /// The record, from the store.
     Replay(StoredResult),
     /// The record, from the replay cache.

@@ -260,6 +260,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                 key,
                 self.fingerprint,
                 &self.overrides,
+                false,
                 &Raw,
                 &NoErrors,
             )
@@ -267,7 +268,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
             .await;
         match claimed {
             Claimed::Ended(out) => out.map(|replayed| CallClaim::Completed(replayed.into_inner())),
-            Claimed::Holding(holding) => {
+            Claimed::Holding(holding, _) => {
                 // The call goes on in a later request: its end is reported there.
                 drop(probe.suspend());
                 Ok(CallClaim::Claimed(holding.claim))

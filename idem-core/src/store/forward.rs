@@ -76,7 +76,9 @@ macro_rules! forwarding {
         /// `Forward` forwards every method it does not override, [`Store::begin_steps`],
         /// [`Store::write_step`], [`Store::find_abandoned`], [`Store::prune_batch_size`] and
         /// [`Store::max_response_bytes`] included, and a method the `Store` trait gains later is
-        /// forwarded too.
+        /// forwarded too. [`Store::claim_steps`] is the one exception: it keeps the trait's
+        /// default, which claims through the wrapper's own `claim`, so a wrapper that changes
+        /// claims or steps is never passed by.
         ///
         /// Override what the wrapper changes: any operation (it then forwards to
         /// [`inner`](Self::inner) itself, or answers on its own), or [`gate`](Self::gate), which

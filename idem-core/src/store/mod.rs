@@ -196,6 +196,42 @@ pub trait Store: Send + Sync + 'static {
         Err(Error::StepsUnsupported)
     }
 
+    /// [`claim`](Self::claim), and, where the store can do it in the claim's own round trip,
+    /// [`begin_steps`](Self::begin_steps) of the claim it won with `retention`: the step log
+    /// comes back beside a [`ClaimOutcome::Claimed`] outcome, and only beside one. `None` means
+    /// the steps are not begun, and a caller that runs steps calls `begin_steps` itself; the
+    /// default claims and returns `None`. Both or neither: a store that returns a log has
+    /// counted the claim as the operation's next attempt in the same atomic write as the claim
+    /// itself. [`Call::run_steps`](crate::Call::run_steps) claims this way (PostgreSQL does both
+    /// in one statement); a store that wraps another through [`Forwarding`] keeps the default,
+    /// so its own `claim` and `begin_steps` are the ones that run.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem::{ClaimOutcome, ClaimRequest, Key, MemoryStore, Store};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+    /// let store = MemoryStore::new();
+    /// let key = Key::derive("ride", "", "r-1")?;
+    /// let (lease, day) = (Duration::from_secs(30), Duration::from_secs(86_400));
+    /// let (outcome, log) = store.claim_steps(ClaimRequest::new(&key, lease), day).await?;
+    /// let ClaimOutcome::Claimed(claim) = outcome else { unreachable!() };
+    /// // The memory store claims only: the caller begins the steps.
+    /// let log = match log {
+    ///     Some(log) => log,
+    ///     None => store.begin_steps(&claim, day).await?,
+    /// };
+    /// assert_eq!(log.attempt, 1);
+    /// # Ok(()) }
+    /// ```
+    async fn claim_steps(
+        &self,
+        request: ClaimRequest<'_>,
+        retention: Duration,
+    ) -> Result<(ClaimOutcome, Option<StepLog>), Error> {
+        let _ = retention;
+        Ok((self.claim(request).await?, None))
+    }
+
     /// Stores that a step begins (`step.result` `None`: an at-most-once step, before it runs)
     /// or its result, and keeps the operation's steps for `step.retention` from now (one out of
     /// range is [`Error::InvalidConfig`], [`StepWrite::check`]). Fenced as `complete`: only while the
@@ -359,6 +395,16 @@ macro_rules! forward_to_inner {
                     (**self).$name($($arg),*).await
                 }
             )*
+
+            // Not in `store_methods!`: a `Forwarding` wrapper keeps the trait's default, so
+            // that its own `claim` and `begin_steps` run; an `Arc` is the store itself.
+            async fn claim_steps(
+                &self,
+                request: ClaimRequest<'_>,
+                retention: Duration,
+            ) -> Result<(ClaimOutcome, Option<StepLog>), Error> {
+                (**self).claim_steps(request, retention).await
+            }
 
             fn prune_batch_size(&self) -> u32 {
                 (**self).prune_batch_size()
