@@ -608,16 +608,106 @@ async fn slice(
         .zip(store_after)
         .and_then(|(before, after)| before.until(&after).1);
     tally.rss_kib = cpu::rss_kib(pid);
+    // Each slice on its own line, so a server that slows down through a run shows it.
+    eprintln!(
+        "    slice: {} {} at {conns}: {:.0}/s, {} of a core, {} keys held",
+        server.name(),
+        workload.name(),
+        tally.per_second(),
+        tally.cpu.map_or_else(
+            || "CPU unknown".to_owned(),
+            |cpu| format!("{:.0} %", 100.0 * cpu.as_secs_f64() / length.as_secs_f64())
+        ),
+        keys.done.len()
+    );
     Ok(tally)
 }
 
-/// One pairing's servers and what its rows are called.
-struct Pairing {
+/// One pairing: what its rows are called and how its two servers start.
+struct Pairing<'a> {
     label: &'static str,
-    idem: Server,
-    diom: Server,
+    idem_bin: &'a Path,
+    diom_bin: &'a Path,
+    store: Backing<'a>,
     /// Where the PostgreSQL cluster's CPU is read, when it runs on this machine.
     store_cpu: Option<Cpu>,
+}
+
+/// What idem-server stores into, and how Diom runs beside it.
+enum Backing<'a> {
+    /// The cluster at `url` (a table of its own per start, dropped after), against Diom's
+    /// default.
+    Postgres {
+        url: &'a str,
+        pool: &'a sqlx::PgPool,
+    },
+    /// A SQLite file in a throwaway directory, against Diom's buffer mode.
+    Sqlite,
+}
+
+/// A pairing's two servers, started afresh, and what to remove once they are stopped.
+struct Pair {
+    idem: Server,
+    diom: Server,
+    table: Option<String>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Pairing<'_> {
+    /// Both servers, each on a store of its own that nothing has written yet.
+    async fn start(&self) -> Result<Pair, BenchError> {
+        match &self.store {
+            Backing::Postgres { url, .. } => {
+                let table = format!("idem_versus_{:08x}", fastrand::u32(..));
+                let extra = [
+                    "--table".to_owned(),
+                    table.clone(),
+                    "--max-connections".to_owned(),
+                    PG_POOL.to_string(),
+                ];
+                let idem = start_idem(self.idem_bin, url, &extra).await?;
+                let diom = start_diom(self.diom_bin, DiomMode::Default).await?;
+                Ok(Pair {
+                    idem,
+                    diom,
+                    table: Some(table),
+                    _dir: None,
+                })
+            }
+            Backing::Sqlite => {
+                let dir = tempfile::tempdir()?;
+                let db = dir.path().join("idem.db");
+                let url = format!("sqlite://{}?mode=rwc&synchronous=normal", db.display());
+                let idem = start_idem(self.idem_bin, &url, &[]).await?;
+                let diom = start_diom(self.diom_bin, DiomMode::Buffer).await?;
+                Ok(Pair {
+                    idem,
+                    diom,
+                    table: None,
+                    _dir: Some(dir),
+                })
+            }
+        }
+    }
+
+    /// Stops both servers and drops idem-server's table.
+    async fn stop(&self, pair: Pair) -> Result<(), BenchError> {
+        let Pair {
+            idem,
+            diom,
+            table,
+            _dir,
+        } = pair;
+        drop((idem, diom));
+        if let (Backing::Postgres { pool, .. }, Some(table)) = (&self.store, table) {
+            sqlx::query(&format!(
+                "DROP TABLE IF EXISTS \"{table}\", \"{table}_steps\", \"{table}_migrations\""
+            ))
+            .execute(*pool)
+            .await?;
+        }
+        Ok(())
+    }
 }
 
 /// One row of the table.
@@ -629,48 +719,19 @@ struct Row {
     diom: Tally,
 }
 
-/// Runs the rows of one pairing, interleaving the two servers.
-async fn run_pairing(pairing: &mut Pairing, plan: &Plan) -> Result<Vec<Row>, BenchError> {
-    let (mut idem_keys, mut diom_keys) = (Keys::default(), Keys::default());
-    for (server, keys) in [
-        (&pairing.idem, &mut idem_keys),
-        (&pairing.diom, &mut diom_keys),
-    ] {
-        eprintln!("  warming up {} ({:?})", server.name(), plan.warmup);
-        slice(server, keys, Workload::NewKey, 8, plan.warmup, None).await?;
-        slice(server, keys, Workload::Replay, 8, plan.warmup / 2, None).await?;
-    }
+/// Runs the rows of one pairing, interleaving the two servers. Each row starts both afresh
+/// (new data directories, a new table), warms them up and then takes its slices: Diom's
+/// throughput falls as its raft log grows through a run (its default snapshots, which purge
+/// the log, come after 15 minutes), so a row measured after earlier rows would meet a Diom
+/// slowed by them. Fresh servers per row are the conditions most favourable to both.
+async fn run_pairing(pairing: &Pairing<'_>, plan: &Plan) -> Result<Vec<Row>, BenchError> {
     let mut rows = Vec::new();
     for conns in CONNECTIONS {
         for workload in [Workload::NewKey, Workload::Replay] {
-            let (mut idem, mut diom) = (Tally::default(), Tally::default());
-            for round in 0..plan.rounds {
-                for idem_first in [round % 2 == 0, round % 2 == 1] {
-                    if idem_first {
-                        let t = slice(
-                            &pairing.idem,
-                            &mut idem_keys,
-                            workload,
-                            conns,
-                            plan.slice,
-                            pairing.store_cpu,
-                        )
-                        .await?;
-                        idem.add(t);
-                    } else {
-                        let t = slice(
-                            &pairing.diom,
-                            &mut diom_keys,
-                            workload,
-                            conns,
-                            plan.slice,
-                            None,
-                        )
-                        .await?;
-                        diom.add(t);
-                    }
-                }
-            }
+            let pair = pairing.start().await?;
+            let row = run_row(pairing, &pair, plan, conns, workload).await;
+            pairing.stop(pair).await?;
+            let (idem, diom) = row?;
             eprintln!(
                 "  {} {} at {conns}: idem-server {:.0}/s, Diom {:.0}/s",
                 pairing.label,
@@ -688,6 +749,51 @@ async fn run_pairing(pairing: &mut Pairing, plan: &Plan) -> Result<Vec<Row>, Ben
         }
     }
     Ok(rows)
+}
+
+/// One row on freshly started servers: both warmed up (new keys, which replays then draw
+/// from), then the row's slices, interleaved.
+async fn run_row(
+    pairing: &Pairing<'_>,
+    pair: &Pair,
+    plan: &Plan,
+    conns: usize,
+    workload: Workload,
+) -> Result<(Tally, Tally), BenchError> {
+    let (mut idem_keys, mut diom_keys) = (Keys::default(), Keys::default());
+    for (server, keys) in [(&pair.idem, &mut idem_keys), (&pair.diom, &mut diom_keys)] {
+        slice(server, keys, Workload::NewKey, 8, plan.warmup, None).await?;
+        slice(server, keys, Workload::Replay, 8, plan.warmup / 2, None).await?;
+    }
+    let (mut idem, mut diom) = (Tally::default(), Tally::default());
+    for round in 0..plan.rounds {
+        for idem_first in [round % 2 == 0, round % 2 == 1] {
+            if idem_first {
+                let t = slice(
+                    &pair.idem,
+                    &mut idem_keys,
+                    workload,
+                    conns,
+                    plan.slice,
+                    pairing.store_cpu,
+                )
+                .await?;
+                idem.add(t);
+            } else {
+                let t = slice(
+                    &pair.diom,
+                    &mut diom_keys,
+                    workload,
+                    conns,
+                    plan.slice,
+                    None,
+                )
+                .await?;
+                diom.add(t);
+            }
+        }
+    }
+    Ok((idem, diom))
 }
 
 /// The version line a binary prints for `--version`, or "unknown".
@@ -788,31 +894,15 @@ pub(crate) async fn run(versus: Versus) -> Result<String, BenchError> {
             )
         })?;
         let (pool, store_cpu, about) = checked_postgres(url).await?;
-        let table = format!("idem_versus_{:08x}", fastrand::u32(..));
         eprintln!("PostgreSQL ({about}) against Diom's default");
-        let extra = [
-            "--table".to_owned(),
-            table.clone(),
-            "--max-connections".to_owned(),
-            PG_POOL.to_string(),
-        ];
-        let result = async {
-            let idem = start_idem(&idem_bin, url, &extra).await?;
-            let diom = start_diom(&versus.diom, DiomMode::Default).await?;
-            let mut pairing = Pairing {
-                label: "PostgreSQL / Diom default",
-                idem,
-                diom,
-                store_cpu,
-            };
-            run_pairing(&mut pairing, &plan).await
-        }
-        .await;
-        let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS \"{table}\""))
-            .execute(&pool)
-            .await;
-        rows.extend(result?);
-        dropped?;
+        let pairing = Pairing {
+            label: "PostgreSQL / Diom default",
+            idem_bin: &idem_bin,
+            diom_bin: &versus.diom,
+            store: Backing::Postgres { url, pool: &pool },
+            store_cpu,
+        };
+        rows.extend(run_pairing(&pairing, &plan).await?);
         notes.push(format!(
             "- PostgreSQL / Diom default (both fsync before acknowledging): idem-server over {about} \
              (pool of {PG_POOL}), against Diom's defaults (raft log `log_sync_mode = \"sync\"`, \
@@ -827,18 +917,14 @@ pub(crate) async fn run(versus: Versus) -> Result<String, BenchError> {
     }
     if versus.sqlite {
         eprintln!("SQLite (synchronous=normal) against Diom's buffer mode");
-        let dir = tempfile::tempdir()?;
-        let db = dir.path().join("idem.db");
-        let url = format!("sqlite://{}?mode=rwc&synchronous=normal", db.display());
-        let idem = start_idem(&idem_bin, &url, &[]).await?;
-        let diom = start_diom(&versus.diom, DiomMode::Buffer).await?;
-        let mut pairing = Pairing {
+        let pairing = Pairing {
             label: "SQLite / Diom buffer",
-            idem,
-            diom,
+            idem_bin: &idem_bin,
+            diom_bin: &versus.diom,
+            store: Backing::Sqlite,
             store_cpu: None,
         };
-        rows.extend(run_pairing(&mut pairing, &plan).await?);
+        rows.extend(run_pairing(&pairing, &plan).await?);
         notes.push(
             "- SQLite / Diom buffer (neither fsyncs a write): idem-server over SQLite in WAL \
              mode with `synchronous=normal` (no fsync per commit; the log is synced at \
@@ -848,6 +934,13 @@ pub(crate) async fn run(versus: Versus) -> Result<String, BenchError> {
                 .to_owned(),
         );
     }
+    notes.push(
+        "- Every row starts both servers afresh (new data directories, a new table) and warms \
+         them up before its slices: Diom slows down as its raft log grows through a run (each \
+         `start`, replays included, is a log entry; its default purges the log at its first \
+         snapshot, after 15 minutes), so each row meets both at their best"
+            .to_owned(),
+    );
     Ok(report(
         &versus,
         &idem_bin,
