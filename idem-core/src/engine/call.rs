@@ -432,7 +432,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                         key,
                         self.fingerprint,
                         &self.overrides,
-                        true,
+                        super::WithSteps::new(),
                         &format,
                         &Released,
                     )
@@ -566,7 +566,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                         key,
                         owned.fingerprint,
                         &owned.overrides,
-                        false,
+                        super::Plain,
                         &format,
                         &Released,
                     )

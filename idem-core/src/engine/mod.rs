@@ -19,7 +19,6 @@ use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{Probe, Stage};
 use crate::record::{Claim, ClaimOutcome, ClaimRequest, OnLapse, StoredResult};
-use crate::step::StepLog;
 use crate::store::Store;
 
 mod cache;
@@ -48,6 +47,7 @@ pub use stored::Encoded;
 
 use cache::{Cache, Hit, Known};
 use claim::attempt;
+pub(crate) use claim::{ClaimMode, Plain, WithSteps};
 use detach::run_to_end;
 pub(crate) use finish::renewing;
 use finish::{pending_retry_after, ClaimGuard, PendingResult, Stored, Tombstone};
@@ -342,7 +342,7 @@ impl<C: Codec> Idempotency<C> {
                 call.key,
                 call.fingerprint,
                 call.overrides,
-                false,
+                Plain,
                 &call.format,
                 &call.errors,
             )
@@ -357,16 +357,19 @@ impl<C: Codec> Idempotency<C> {
 
     /// The first half of a guarded call: claims the key, or ends the call with the stored
     /// result (or a refusal, or an error).
-    pub(crate) async fn claim_half<T, E: From<Error>>(
+    // Eight: the call's parts as its four callers hold them apart (a struct of them would be
+    // built and taken apart at once, in the future of every call).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn claim_half<T, E: From<Error>, M: ClaimMode>(
         &self,
         probe: &mut Probe<'_>,
         key: Key,
         fingerprint: Option<Fingerprint>,
         overrides: &Overrides,
-        steps: bool,
+        mode: M,
         format: &impl Format<T>,
         errors: &impl Errors<E>,
-    ) -> Claimed<T, E> {
+    ) -> Claimed<T, E, M::Log> {
         let core = &self.inner.core;
         let resolved = match core.resolve(overrides) {
             Ok(resolved) => resolved,
@@ -384,7 +387,7 @@ impl<C: Codec> Idempotency<C> {
                 resolved.lease,
                 resolved.on_locked,
                 resolved.on_lapse,
-                steps.then_some(resolved.retention),
+                mode.retained(resolved.retention),
             )
             .await;
         // The clock is read when something uses it: the claim's time (a timed call), or the
@@ -530,15 +533,15 @@ impl<C: Codec> Idempotency<C> {
     }
 
     /// Claims the key, or returns the stored result, waiting on a live claim if the policy says so.
-    async fn acquire(
+    async fn acquire<M: ClaimMode>(
         &self,
         key: &Key,
         fingerprint: Option<&Fingerprint>,
         lease: Duration,
         on_locked: OnLocked,
         on_lapse: OnLapse,
-        steps: Option<Duration>,
-    ) -> Result<Acquired, Error> {
+        mode: M,
+    ) -> Result<Acquired<M::Log>, Error> {
         let shared = &self.inner.shared;
         if let Some(cache) = &self.inner.cache {
             match cache.get(key, fingerprint) {
@@ -565,24 +568,24 @@ impl<C: Codec> Idempotency<C> {
             .fingerprint(fingerprint)
             .on_lapse(on_lapse);
         match on_locked {
-            OnLocked::FailFast => match acquired(attempt(shared, claim, steps).await?, key)? {
+            OnLocked::FailFast => match acquired(attempt(shared, claim, mode).await?, key)? {
                 Ok(acquired) => Ok(acquired),
                 Err(retry_after) => Err(Error::Locked {
                     retry_after: shared.typical.retry_after(retry_after),
                 }),
             },
-            OnLocked::Wait { timeout } => Box::pin(self.wait_for(claim, timeout, steps)).await,
+            OnLocked::Wait { timeout } => Box::pin(self.wait_for(claim, timeout, mode)).await,
         }
     }
 
     /// [`acquire`](Self::acquire) under [`OnLocked::Wait`]: claims the key or returns the
     /// stored result, waiting up to `timeout` for a live claim on it to end.
-    async fn wait_for(
+    async fn wait_for<M: ClaimMode>(
         &self,
         claim: ClaimRequest<'_>,
         timeout: Duration,
-        steps: Option<Duration>,
-    ) -> Result<Acquired, Error> {
+        mode: M,
+    ) -> Result<Acquired<M::Log>, Error> {
         let (key, fingerprint, lease) = (claim.key, claim.fingerprint, claim.lease);
         let shared = &self.inner.shared;
         let deadline = Instant::now() + timeout;
@@ -597,7 +600,7 @@ impl<C: Codec> Idempotency<C> {
                 let left = deadline.saturating_duration_since(Instant::now());
                 return self.pending(key, fingerprint, lease, left, pending).await;
             }
-            let retry_after = match acquired(attempt(shared, claim, steps).await?, key)? {
+            let retry_after = match acquired(attempt(shared, claim, mode).await?, key)? {
                 Ok(acquired) => return Ok(acquired),
                 Err(retry_after) => retry_after,
             };
@@ -631,10 +634,13 @@ impl<C: Codec> Idempotency<C> {
 /// What a claim's outcome gives a call: the claim or a result to replay, or (`Err` inside) how
 /// long the live claim that holds the key may last; an uncertain key or a tombstone is the
 /// call's error, never waited on (neither ends by itself).
-fn acquired(
-    (outcome, log): (ClaimOutcome, Option<StepLog>),
+// Inlined: generic over the claim's mode, it was otherwise kept as a call of its own on every
+// claim (about 60 instructions more a call, by callgrind).
+#[inline(always)]
+fn acquired<L>(
+    (outcome, log): (ClaimOutcome, L),
     key: &Key,
-) -> Result<Result<Acquired, Duration>, Error> {
+) -> Result<Result<Acquired<L>, Duration>, Error> {
     Ok(match outcome {
         ClaimOutcome::Claimed(c) => Ok(Acquired::Claim(c, log)),
         ClaimOutcome::Completed(c) => Ok(Acquired::Replay(c)),
@@ -656,14 +662,14 @@ impl<C: Codec> Idempotency<C> {
     /// it landed. If the completion is still retrying when `wait` runs out, the call is
     /// [`Error::Locked`], with a `retry_after` of the completion's next try. Either way it never
     /// claims the key, so the work that produced the result does not run again here.
-    async fn pending(
+    async fn pending<L>(
         &self,
         key: &Key,
         fingerprint: Option<&Fingerprint>,
         lease: Duration,
         wait: Duration,
         pending: Arc<PendingResult>,
-    ) -> Result<Acquired, Error> {
+    ) -> Result<Acquired<L>, Error> {
         crate::store::check_fingerprint(pending.fingerprint.as_ref(), fingerprint)?;
         // With no time to wait, `settled` still looks once: a completion that just ended replays.
         if self.inner.shared.completions.settled(key, wait).await {
@@ -701,12 +707,13 @@ pub(crate) trait Errors<E> {
 }
 
 /// What the first half of a guarded call came to.
-pub(crate) enum Claimed<T, E> {
+pub(crate) enum Claimed<T, E, L = ()> {
     /// The call ended there: replayed, refused, or failed.
     Ended(Result<Outcome<T>, E>),
-    /// It holds its key; the work comes next. Beside it, the operation's step log when the
-    /// claim began its steps too ([`Store::claim_steps`](crate::Store::claim_steps)).
-    Holding(Holding, Option<StepLog>),
+    /// It holds its key; the work comes next. Beside it, what its [`ClaimMode`] returns with a
+    /// claim: nothing, or the operation's step log when the claim began its steps too
+    /// ([`Store::claim_steps`](crate::Store::claim_steps)).
+    Holding(Holding, L),
 }
 
 /// A call that holds its key, between its two halves.
@@ -729,9 +736,9 @@ impl Holding {
     }
 }
 
-enum Acquired {
-    /// A claim, with its steps' log when the store began them in the same round trip.
-    Claim(Claim, Option<StepLog>),
+enum Acquired<L> {
+    /// A claim, with what its [`ClaimMode`] returns beside it.
+    Claim(Claim, L),
     /// The record, from the store.
     Replay(StoredResult),
     /// The record, from the replay cache.

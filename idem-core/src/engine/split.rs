@@ -260,7 +260,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                 key,
                 self.fingerprint,
                 &self.overrides,
-                false,
+                super::Plain,
                 &Raw,
                 &NoErrors,
             )
