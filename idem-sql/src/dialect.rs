@@ -75,6 +75,10 @@ pub struct Dialect {
     pub table_exists: &'static str,
     /// Whether a claim can read the live row in the same statement (a data-modifying CTE).
     pub claim_reads_live: bool,
+    /// Whether the database has one write lock for all its writers (SQLite): a store's writers
+    /// in this process then take turns for it (`Protocol::write_turn`) instead of meeting it
+    /// taken and sleeping in the database's busy handler.
+    pub single_writer: bool,
     /// The store's name, as `Debug` shows it (its alias: `SqliteStore`, `PostgresStore`).
     pub store: &'static str,
     /// The builder's name, as `Debug` shows it.
@@ -280,6 +284,7 @@ impl_backend!(
             "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{name}')",
         // No data-modifying CTE in SQLite.
         claim_reads_live: false,
+        single_writer: true,
         store: "SqliteStore",
         builder: "SqliteStoreBuilder",
         // The default: a batch holds the database's only write lock, so every claim waits for
@@ -311,6 +316,7 @@ impl_backend!(
         // Through the search path when unqualified, as the statements name it.
         table_exists: "SELECT to_regclass('{table}') IS NOT NULL",
         claim_reads_live: true,
+        single_writer: false,
         store: "PostgresStore",
         builder: "PostgresStoreBuilder",
         // Ten times the default: in the sustained run (3,000 keys/s expiring), batches of 100

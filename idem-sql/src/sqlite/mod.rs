@@ -182,6 +182,14 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - `busy_timeout = 5 s` (configurable) on every connection: a writer waits for the lock
 ///   instead of failing at once. A statement still blocked after the timeout fails with a
 ///   [`StoreErrorKind::Unavailable`](idem_core::StoreErrorKind::Unavailable) error, which [`Error::is_retryable`] reports as retryable.
+/// - **The store's writers take turns in the process.** A call that writes on a pooled
+///   connection (a claim's statement, a completion, a renewal, a step, a prune batch) waits for
+///   its turn on an in-process queue, first come first served, before it asks SQLite for the
+///   lock; so within one process only one of them asks at a time, and it finds the lock free.
+///   SQLite's busy handler, which sleeps 1, 2, 5, 10, 15, 20, 25 ms and more between tries, is
+///   then met only against another process or a transaction of your own. Reads (a replay's
+///   read-first, `get`) take no turn. Calls on your transaction (transactional mode,
+///   `steps.tx`) take none either: the transaction holds the lock already.
 ///
 /// # Migrations
 ///
