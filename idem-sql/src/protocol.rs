@@ -16,9 +16,9 @@ use crate::dialect::{Dialect, Ops};
 use crate::error::sql_error;
 use crate::name::TableName;
 use idem_core::store::support::LAPSED_CLAIMS_KEPT_MS;
-use idem_core::Error;
 use idem_core::Store;
 use idem_core::{Claim, ClaimOutcome, ClaimRequest, Completion, OnLapse, Record};
+use idem_core::{Error, StoreError, StoreErrorKind};
 use idem_core::{Key, Token, UncertainOperation};
 use idem_core::{StepLog, StepWrite};
 
@@ -264,6 +264,17 @@ pub(crate) enum Via {
     Transaction,
 }
 
+/// How long a writer waits for its turn unless told (SQLite's own default busy timeout in
+/// this crate, `sqlite::DEFAULT_BUSY_TIMEOUT`).
+const DEFAULT_TURN_WAIT: Duration = Duration::from_secs(5);
+
+/// The queue of this process's writers to a database with one write lock, and how long one
+/// waits in it.
+struct WriteTurns {
+    queue: tokio::sync::Mutex<()>,
+    wait: Duration,
+}
+
 /// A SQL store's protocol: its table, its statements and its claim order, with each operation
 /// written once against a connection of `DB`. Durations arrive converted by
 /// [`millis`](crate::millis).
@@ -273,7 +284,7 @@ pub(crate) struct Protocol<DB> {
     steps: StepStatements,
     claim_path: ClaimPath,
     /// The turns of this process's writers for a database with one write lock (SQLite).
-    writes: Option<tokio::sync::Mutex<()>>,
+    writes: Option<WriteTurns>,
     db: PhantomData<fn() -> DB>,
 }
 
@@ -285,9 +296,10 @@ impl<DB: Ops> Protocol<DB> {
             steps: StepStatements::new(&DB::DIALECT, &table, &steps_table(&table)),
             table,
             claim_path: ClaimPath::new(claim_order),
-            writes: DB::DIALECT
-                .single_writer
-                .then(|| tokio::sync::Mutex::new(())),
+            writes: DB::DIALECT.single_writer.then(|| WriteTurns {
+                queue: tokio::sync::Mutex::new(()),
+                wait: DEFAULT_TURN_WAIT,
+            }),
             db: PhantomData,
         }
     }
@@ -295,6 +307,17 @@ impl<DB: Ops> Protocol<DB> {
     /// The records table.
     pub(crate) fn table(&self) -> &TableName {
         &self.table
+    }
+
+    /// The longest a writer waits for its [turn](Self::write_turn): the database's busy
+    /// timeout, so that a queue of writers behind one held up by another process fails each
+    /// of them after that long, as SQLite alone would, instead of after the sum of their
+    /// waits.
+    pub(crate) fn with_turn_wait(mut self, wait: Duration) -> Protocol<DB> {
+        if let Some(turns) = &mut self.writes {
+            turns.wait = wait;
+        }
+        self
     }
 
     /// This process's turn to write, on a database with one write lock (SQLite; `None`
@@ -308,10 +331,29 @@ impl<DB: Ops> Protocol<DB> {
     /// (docs/performance.md, "Side by side with Diom"). Calls on the caller's transaction
     /// (transactional mode, `steps.tx`) never take it: their transaction already holds the
     /// lock.
-    pub(crate) async fn write_turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        match &self.writes {
-            Some(turns) => Some(turns.lock().await),
-            None => None,
+    ///
+    /// A writer waits for its turn at most the busy timeout ([`with_turn_wait`]
+    /// (Self::with_turn_wait)), then fails `Unavailable` having written nothing, as it would
+    /// have on meeting the lock held that long: so one writer held up by another process (in
+    /// SQLite's busy handler, up to the busy timeout) holds up the others no longer than that.
+    pub(crate) async fn write_turn(
+        &self,
+    ) -> Result<Option<tokio::sync::MutexGuard<'_, ()>>, Error> {
+        let Some(turns) = &self.writes else {
+            return Ok(None);
+        };
+        match tokio::time::timeout(turns.wait, turns.queue.lock()).await {
+            Ok(turn) => Ok(Some(turn)),
+            Err(_) => Err(Error::Store(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!(
+                    "the SQLite database's write lock stayed taken for longer than the busy \
+                     timeout ({} ms) while this process's writers waited their turn for it: \
+                     another process or a long transaction holds it; nothing was written, and \
+                     the call may be retried",
+                    turns.wait.as_millis()
+                ),
+            ))),
         }
     }
 
@@ -373,10 +415,10 @@ impl<DB: Ops> Protocol<DB> {
         };
         let result = match live {
             Some(stored) => stored.into_start(request.fingerprint).map(|o| (o, None)),
-            None => {
-                let _turn = self.write_turn().await;
-                self.claim(conn, sql, request, lease_ms).await
-            }
+            None => match self.write_turn().await {
+                Ok(_turn) => self.claim(conn, sql, request, lease_ms).await,
+                Err(e) => Err(e),
+            },
         };
         self.claim_path.observe(result.as_ref().map(|(o, _)| o));
         result

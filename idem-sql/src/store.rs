@@ -295,13 +295,13 @@ impl<DB: Backend> Store for SqlStore<DB> {
 
     async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
         let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
-        let _turn = self.protocol.write_turn().await;
+        let _turn = self.protocol.write_turn().await?;
         TransactionalStore::complete_in(self, &mut conn, claim, completion).await
     }
 
     async fn abort(&self, claim: &Claim) -> Result<(), Error> {
         let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
-        let _turn = self.protocol.write_turn().await;
+        let _turn = self.protocol.write_turn().await?;
         TransactionalStore::abort_in(self, &mut conn, claim).await
     }
 
@@ -312,7 +312,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
             .acquire()
             .await
             .map_err(crate::error::sql_error)?;
-        let _turn = self.protocol.write_turn().await;
+        let _turn = self.protocol.write_turn().await?;
         self.protocol.renew(&mut conn, claim, lease).await
     }
 
@@ -323,13 +323,13 @@ impl<DB: Backend> Store for SqlStore<DB> {
 
     async fn evict(&self, key: &Key) -> Result<bool, Error> {
         let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
-        let _turn = self.protocol.write_turn().await;
+        let _turn = self.protocol.write_turn().await?;
         self.protocol.evict(&mut conn, key).await
     }
 
     async fn prune_expired(&self, limit: u32) -> Result<u64, Error> {
         let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
-        let _turn = self.protocol.write_turn().await;
+        let _turn = self.protocol.write_turn().await?;
         self.protocol.prune_expired(&mut conn, limit).await
     }
 
@@ -359,7 +359,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
     ) -> Result<StepLog, Error> {
         let retention = crate::millis("retention", retention)?;
         let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
-        let _turn = self.protocol.write_turn().await;
+        let _turn = self.protocol.write_turn().await?;
         self.protocol
             .steps()
             .begin::<DB>(&mut conn, claim, retention)
@@ -374,7 +374,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
     ) -> Result<Claim, Error> {
         let lease = crate::millis("lease", lease)?;
         let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
-        let _turn = self.protocol.write_turn().await;
+        let _turn = self.protocol.write_turn().await?;
         self.protocol
             .take_uncertain(&mut conn, key, token, lease)
             .await
@@ -400,7 +400,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
 
     async fn write_step(&self, claim: &Claim, step: StepWrite<'_>) -> Result<(), Error> {
         let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
-        let _turn = self.protocol.write_turn().await;
+        let _turn = self.protocol.write_turn().await?;
         TransactionalStore::write_step_in(self, &mut conn, claim, step).await
     }
 }

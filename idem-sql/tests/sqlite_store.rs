@@ -445,6 +445,71 @@ async fn a_held_write_lock_past_the_busy_timeout_is_unavailable() {
     claim(&store, &key(1), LEASE).await;
 }
 
+/// This process's writers take turns for SQLite's write lock, and one waits for its turn no
+/// longer than the busy timeout: while another process holds the lock, the writer whose turn it
+/// is waits in SQLite's busy handler, and the one queued behind it fails `Unavailable` after the
+/// busy timeout of its own wait, having written nothing, instead of after the sum of the waits
+/// ahead of it. The clock is paused, so the queued writer's wait passes at once while the
+/// first still waits (in real time) for the lock.
+#[tokio::test]
+async fn a_writer_waits_for_its_turn_no_longer_than_the_busy_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = quiet()
+        .max_connections(2)
+        .busy_timeout(Duration::from_secs(10))
+        .open(db(&dir))
+        .await
+        .unwrap();
+    // Both connections open and idle before the clock stops, so that taking one waits on
+    // nothing but the pool.
+    let both = (
+        store.pool().acquire().await.unwrap(),
+        store.pool().acquire().await.unwrap(),
+    );
+    drop(both);
+    assert!(eventually(|| async { store.pool().num_idle() == 2 }).await);
+    let mut blocker = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db(&dir).display()))
+        .await
+        .unwrap();
+    let tx = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
+
+    tokio::time::pause();
+    let (one, two) = (key(1), key(2));
+    let first = store.claim(ClaimRequest::new(&one, LEASE));
+    let second = store.claim(ClaimRequest::new(&two, LEASE));
+    tokio::pin!(first, second);
+    let queued = tokio::time::timeout(Duration::from_secs(3600), async {
+        tokio::select! {
+            r = &mut first => (r, 1),
+            r = &mut second => (r, 2),
+        }
+    })
+    .await
+    .expect("the writer queued behind a held turn waited past the busy timeout");
+    let (gave_up, queued_key) = queued;
+    match &gave_up {
+        Err(Error::Store(e)) => {
+            assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+            assert!(e.to_string().contains("their turn"), "{e}");
+        }
+        other => panic!("expected the queued writer to give up, got {other:?}"),
+    }
+    assert!(gave_up.unwrap_err().is_retryable());
+
+    // The lock comes free: the writer whose turn it was claims, and the one that gave up wrote
+    // nothing. The clock runs again, since the pool's own waits (a connection on its way back)
+    // are timed too.
+    tokio::time::resume();
+    tx.rollback().await.unwrap();
+    let (holder, holder_key) = match queued_key {
+        1 => (second.await, 2),
+        _ => (first.await, 1),
+    };
+    assert!(matches!(holder, Ok(ClaimOutcome::Claimed(_))), "{holder:?}");
+    assert!(store.get(&key(holder_key)).await.unwrap().is_some());
+    assert_eq!(store.get(&key(queued_key)).await.unwrap(), None);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_memory_store_keeps_its_records_across_operations() {
     let store = Arc::new(SqliteStore::connect("sqlite::memory:").await.unwrap());

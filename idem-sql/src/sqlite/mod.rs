@@ -189,7 +189,12 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   SQLite's busy handler, which sleeps 1, 2, 5, 10, 15, 20, 25 ms and more between tries, is
 ///   then met only against another process or a transaction of your own. Reads (a replay's
 ///   read-first, `get`) take no turn. Calls on your transaction (transactional mode,
-///   `steps.tx`) take none either: the transaction holds the lock already.
+///   `steps.tx`) take none either: the transaction holds the lock already. A writer waits for
+///   its turn at most the busy timeout (the one set here, or the `PRAGMA busy_timeout` of a pool
+///   given to [`from_pool`](SqliteStore::from_pool)), then fails `Unavailable` having written
+///   nothing: so while another process holds the lock, a queue of writers fails after the busy
+///   timeout each rather than after the sum of the waits ahead of them, and no call waits more
+///   than twice the busy timeout (its turn, then SQLite's handler).
 ///
 /// # Migrations
 ///
@@ -560,6 +565,7 @@ impl SqliteStoreBuilder {
             schema::check(&mut conn, &table).await?;
         }
         let in_file = is_file_backed(&mut conn).await?;
+        let busy_timeout = busy_timeout_of(&mut conn).await?;
         drop(conn);
         let renew_pool = if in_file {
             // The main pool's settings (busy timeout, pragmas, callbacks), one connection, opened
@@ -573,7 +579,7 @@ impl SqliteStoreBuilder {
             pool.clone()
         };
         let mut store = SqlStore {
-            protocol: Arc::new(Protocol::new(table, self.claim_order)),
+            protocol: Arc::new(Protocol::new(table, self.claim_order).with_turn_wait(busy_timeout)),
             pool,
             renew_pool,
             pruner: None,
@@ -731,6 +737,16 @@ async fn enable_wal(conn: &mut SqliteConnection, patience: Duration) -> Result<(
             }
         }
     }
+}
+
+/// The connection's busy timeout (`PRAGMA busy_timeout`, set by the builder or by the pool you
+/// configured), which also bounds a writer's wait for its turn in this process.
+async fn busy_timeout_of(conn: &mut SqliteConnection) -> Result<Duration, Error> {
+    let (millis,): (i64,) = sqlx::query_as("PRAGMA busy_timeout")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(sql_error)?;
+    Ok(Duration::from_millis(u64::try_from(millis).unwrap_or(0)))
 }
 
 /// Whether the connection's main database is a file (a second connection reaches the same
