@@ -19,6 +19,7 @@
 //! ```
 
 pub mod auth;
+mod issued;
 pub mod keys;
 pub mod namespaces;
 mod service;

@@ -26,6 +26,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::de::DeserializeOwned;
 
 use crate::auth::{Caller, Tokens};
+use crate::issued::{Issued, MAX_ISSUED};
 use crate::keys::{key_of, parse_fingerprint_sha256, parse_token, period, token_text};
 use crate::namespaces::{Namespace, Namespaces};
 use crate::uncertain::{self, Name};
@@ -84,6 +85,8 @@ pub struct App {
 struct Inner {
     engine: Idempotency,
     tokens: Tokens,
+    /// The tokens of this node's token-less claims, for their `complete` and `abort`.
+    issued: Issued,
     namespaces: Namespaces,
     config: Config,
     metrics: Option<PrometheusHandle>,
@@ -136,6 +139,7 @@ impl App {
                 namespaces: Namespaces::new(engine.clone(), config.require_token),
                 engine,
                 tokens,
+                issued: Issued::new(MAX_ISSUED),
                 config,
                 metrics,
             }),
@@ -442,10 +446,17 @@ async fn start(
     let fenced = fenced(&input);
     let answer =
         match begun {
-            Ok(CallClaim::Claimed(claim)) => StartOut {
-                token: fenced.then(|| token_text(claim.token())),
-                ..StartOut::of(StartStatus::Started)
-            },
+            Ok(CallClaim::Claimed(claim)) => {
+                // Its token-less complete or abort then acts under the token at once (a claim
+                // that may become uncertain is not kept: see `issued`).
+                if !fenced && on_lapse == OnLapse::Release {
+                    app.inner.issued.remember(&key, claim.token(), lease);
+                }
+                StartOut {
+                    token: fenced.then(|| token_text(claim.token())),
+                    ..StartOut::of(StartStatus::Started)
+                }
+            }
             Ok(CallClaim::Completed(bytes)) => {
                 let data = stored(&bytes)?;
                 StartOut {
@@ -616,6 +627,20 @@ async fn tokenless_complete(
         return Err(token_required());
     }
     let engine = &app.inner.engine;
+    // The claim this node made for the key's token-less start: completed under its token in one
+    // store operation, unless it changed hands since.
+    if let Some(token) = app.inner.issued.take(&key) {
+        match engine
+            .finish(&ns.scope, &Claim::new(key, token), bytes.clone())
+            .retention(ttl)
+            .key_retention(key_retention)
+            .await
+        {
+            Ok(()) => return Ok(()),
+            Err(Error::LeaseLost) => {}
+            Err(e) => return Err(engine_error(e)),
+        }
+    }
     // Bounded: each pass meets the key in one state; a key that changes hands under every
     // pass gets `409 conflict`.
     for _ in 0..TOKENLESS_TRIES {
@@ -702,8 +727,20 @@ async fn abort(
         // response (Diom would delete it), a tombstone stays, and a key nobody holds is left
         // as it is; an uncertain key is refused (`409 uncertain`).
         None => {
-            let mut released = false;
+            // The claim this node made for the key's token-less start, released under its
+            // token, unless it changed hands since.
+            let mut released = match app.inner.issued.take(&key) {
+                Some(token) => match engine.release(&ns.scope, &Claim::new(key, token)).await {
+                    Ok(()) => true,
+                    Err(Error::LeaseLost) => false,
+                    Err(e) => return Err(engine_error(e)),
+                },
+                None => false,
+            };
             for _ in 0..TOKENLESS_TRIES {
+                if released {
+                    break;
+                }
                 match ended(engine.holder(&key).await)? {
                     Holder::Absent | Holder::Completed(_) | Holder::Expired { .. } => {
                         released = true;
