@@ -348,14 +348,25 @@ pub async fn retention_ends_then_runs_again(h: impl Harness) {
 /// reads as absent) stays for its holder to complete.
 pub async fn prune_deletes_only_expired(h: impl Harness) {
     let s = h.store();
-    for i in 0..4 {
-        let c = claim(&*s, &key(&format!("done-short-{i}")), long()).await;
-        s.complete(&c, done(b"r", short())).await.unwrap();
-        claim(&*s, &key(&format!("lease-short-{i}")), short()).await;
-    }
     let live_done = claim(&*s, &key("done-long"), long()).await;
     s.complete(&live_done, done(b"r", long())).await.unwrap();
     claim(&*s, &key("lease-long"), long()).await;
+    let mut short_done = Vec::new();
+    for i in 0..4 {
+        short_done.push(claim(&*s, &key(&format!("done-short-{i}")), long()).await);
+        claim(&*s, &key(&format!("lease-short-{i}")), short()).await;
+    }
+    // The short retentions begin last, at once, so that on a slow server (or a loaded machine)
+    // the prune below still comes before the first of them ends.
+    let (a, b, c, d) = tokio::join!(
+        s.complete(&short_done[0], done(b"r", short())),
+        s.complete(&short_done[1], done(b"r", short())),
+        s.complete(&short_done[2], done(b"r", short())),
+        s.complete(&short_done[3], done(b"r", short())),
+    );
+    for completed in [a, b, c, d] {
+        completed.unwrap();
+    }
     assert_eq!(
         s.prune_expired(100).await.unwrap(),
         0,
