@@ -134,6 +134,15 @@ async fn a_claim_that_changed_hands_is_found_by_reading_as_before() {
     assert_eq!(start(&b, "order-2", 30_000).await["status"], "started");
     assert_eq!(post(&a, "abort", j!({"key": "order-2"})).await.0, 200);
     assert_eq!(start(&a, "order-2", 30_000).await["status"], "started");
+
+    // A's claim completed through B: A still keeps its token, and A's abort under it finds no
+    // live claim, reads, and leaves the response.
+    assert_eq!(start(&a, "order-3", 30_000).await["status"], "started");
+    assert_eq!(complete(&b, "order-3", b"kept").await.0, 200);
+    assert_eq!(post(&a, "abort", j!({"key": "order-3"})).await.0, 200);
+    let replay = start(&b, "order-3", 30_000).await;
+    assert_eq!(replay["status"], "completed", "{replay}");
+    assert_eq!(replay["data"]["response"], j!(b"kept".to_vec()));
 }
 
 /// A token-less start that is uncertain on lapse keeps no token: once its lease ran out, a
