@@ -316,7 +316,9 @@ mod cases {
         store: Arc<dyn Store>,
         bucket: &Bucket,
     ) {
-        let lease = Duration::from_secs(1);
+        // Long enough that the record still reads as in progress after the upload and the
+        // kill on a loaded machine (scaled as the conformance rules' leases are).
+        let lease = idem::conformance::scaled(Duration::from_secs(1));
         let (entered, mut upload_done) = tokio::sync::mpsc::unbounded_channel();
         let hung = Forwarding(Hang {
             inner: store.clone(),
