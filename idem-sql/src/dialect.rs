@@ -76,8 +76,8 @@ pub struct Dialect {
     /// Whether a claim can read the live row in the same statement (a data-modifying CTE).
     pub claim_reads_live: bool,
     /// Whether the database has one write lock for all its writers (SQLite): a store's writers
-    /// in this process then take turns for it (`Protocol::write_turn`) instead of meeting it
-    /// taken and sleeping in the database's busy handler.
+    /// in this process may then take turns for it (`Protocol::write_turn`, when the store is
+    /// built so) instead of meeting it taken and sleeping in the database's busy handler.
     pub single_writer: bool,
     /// The store's name, as `Debug` shows it (its alias: `SqliteStore`, `PostgresStore`).
     pub store: &'static str,

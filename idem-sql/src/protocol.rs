@@ -264,10 +264,6 @@ pub(crate) enum Via {
     Transaction,
 }
 
-/// How long a writer waits for its turn unless told (SQLite's own default busy timeout in
-/// this crate, `sqlite::DEFAULT_BUSY_TIMEOUT`).
-const DEFAULT_TURN_WAIT: Duration = Duration::from_secs(5);
-
 /// The queue of this process's writers to a database with one write lock, and how long one
 /// waits in it.
 struct WriteTurns {
@@ -296,10 +292,7 @@ impl<DB: Ops> Protocol<DB> {
             steps: StepStatements::new(&DB::DIALECT, &table, &steps_table(&table)),
             table,
             claim_path: ClaimPath::new(claim_order),
-            writes: DB::DIALECT.single_writer.then(|| WriteTurns {
-                queue: tokio::sync::Mutex::new(()),
-                wait: DEFAULT_TURN_WAIT,
-            }),
+            writes: None,
             db: PhantomData,
         }
     }
@@ -309,19 +302,22 @@ impl<DB: Ops> Protocol<DB> {
         &self.table
     }
 
-    /// The longest a writer waits for its [turn](Self::write_turn): the database's busy
-    /// timeout, so that a queue of writers behind one held up by another process fails each
-    /// of them after that long, as SQLite alone would, instead of after the sum of their
-    /// waits.
-    pub(crate) fn with_turn_wait(mut self, wait: Duration) -> Protocol<DB> {
-        if let Some(turns) = &mut self.writes {
-            turns.wait = wait;
+    /// Makes this process's writers take [turns](Self::write_turn) (a database with one write
+    /// lock: SQLite), each waiting for its turn at most `wait`: the database's busy timeout, so
+    /// that a queue of writers behind one held up by another process fails each of them after
+    /// that long, as SQLite alone would, instead of after the sum of their waits.
+    pub(crate) fn with_write_turns(mut self, wait: Duration) -> Protocol<DB> {
+        if DB::DIALECT.single_writer {
+            self.writes = Some(WriteTurns {
+                queue: tokio::sync::Mutex::new(()),
+                wait,
+            });
         }
         self
     }
 
-    /// This process's turn to write, on a database with one write lock (SQLite; `None`
-    /// elsewhere): held while a store call on a pooled connection runs its writing statements,
+    /// This process's turn to write, on a database with one write lock (SQLite) whose store
+    /// was built with turns (`None` otherwise): held while a store call on a pooled connection runs its writing statements,
     /// taken after the connection (always in that order, so no two calls wait on each other).
     /// Writers of one process then queue here, first come first served, and the one whose turn
     /// it is finds the lock free unless another process or the caller's own transaction holds

@@ -445,7 +445,30 @@ async fn a_held_write_lock_past_the_busy_timeout_is_unavailable() {
     claim(&store, &key(1), LEASE).await;
 }
 
-/// This process's writers take turns for SQLite's write lock, and one waits for its turn no
+/// A store in `dir` of two connections with a 10 s busy timeout (its writers taking `turns`),
+/// both connections open and idle (so that taking one, once a test stops the clock, waits on
+/// nothing but the pool), and another connection to the file, to hold its write lock.
+async fn two_writers(dir: &TempDir, turns: bool) -> (SqliteStore, sqlx::SqliteConnection) {
+    let store = quiet()
+        .writers_take_turns(turns)
+        .max_connections(2)
+        .busy_timeout(Duration::from_secs(10))
+        .open(db(dir))
+        .await
+        .unwrap();
+    let both = (
+        store.pool().acquire().await.unwrap(),
+        store.pool().acquire().await.unwrap(),
+    );
+    drop(both);
+    assert!(eventually(|| async { store.pool().num_idle() == 2 }).await);
+    let blocker = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db(dir).display()))
+        .await
+        .unwrap();
+    (store, blocker)
+}
+
+/// With turns, this process's writers take turns for SQLite's write lock, and one waits for its turn no
 /// longer than the busy timeout: while another process holds the lock, the writer whose turn it
 /// is waits in SQLite's busy handler, and the one queued behind it fails `Unavailable` after the
 /// busy timeout of its own wait, having written nothing, instead of after the sum of the waits
@@ -454,23 +477,7 @@ async fn a_held_write_lock_past_the_busy_timeout_is_unavailable() {
 #[tokio::test]
 async fn a_writer_waits_for_its_turn_no_longer_than_the_busy_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let store = quiet()
-        .max_connections(2)
-        .busy_timeout(Duration::from_secs(10))
-        .open(db(&dir))
-        .await
-        .unwrap();
-    // Both connections open and idle before the clock stops, so that taking one waits on
-    // nothing but the pool.
-    let both = (
-        store.pool().acquire().await.unwrap(),
-        store.pool().acquire().await.unwrap(),
-    );
-    drop(both);
-    assert!(eventually(|| async { store.pool().num_idle() == 2 }).await);
-    let mut blocker = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db(&dir).display()))
-        .await
-        .unwrap();
+    let (store, mut blocker) = two_writers(&dir, true).await;
     let tx = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
 
     tokio::time::pause();
@@ -508,6 +515,38 @@ async fn a_writer_waits_for_its_turn_no_longer_than_the_busy_timeout() {
     assert!(matches!(holder, Ok(ClaimOutcome::Claimed(_))), "{holder:?}");
     assert!(store.get(&key(holder_key)).await.unwrap().is_some());
     assert_eq!(store.get(&key(queued_key)).await.unwrap(), None);
+}
+
+/// By default the writers take no turns: with another process holding the lock, both writers
+/// wait in SQLite's busy handler, neither in a queue of the store's, so neither gives up before
+/// the busy timeout (on the paused clock, the queue's wait would pass at once); both claim once
+/// the lock comes free.
+#[tokio::test]
+async fn by_default_writers_take_no_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, mut blocker) = two_writers(&dir, false).await;
+    let tx = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
+
+    tokio::time::pause();
+    let (one, two) = (key(1), key(2));
+    let both = async {
+        tokio::join!(
+            store.claim(ClaimRequest::new(&one, LEASE)),
+            store.claim(ClaimRequest::new(&two, LEASE)),
+        )
+    };
+    tokio::pin!(both);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(3600), &mut both)
+            .await
+            .is_err(),
+        "a writer gave up while the other held a turn"
+    );
+    tokio::time::resume();
+    tx.rollback().await.unwrap();
+    let (first, second) = both.await;
+    assert!(matches!(first, Ok(ClaimOutcome::Claimed(_))), "{first:?}");
+    assert!(matches!(second, Ok(ClaimOutcome::Claimed(_))), "{second:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,6 +28,8 @@ pub struct ConnectOptions {
     /// `Some(false)`: no background pruner on a SQL store (a one-shot command, a test that
     /// counts rows).
     background_pruner: Option<bool>,
+    /// A SQLite store's writers take turns in the process.
+    sqlite_writers_take_turns: bool,
 }
 
 impl ConnectOptions {
@@ -123,6 +125,20 @@ impl ConnectOptions {
     /// ```
     pub fn background_pruner(mut self, on: bool) -> ConnectOptions {
         self.background_pruner = Some(on);
+        self
+    }
+
+    /// Whether a SQLite store's writers take turns for its write lock in the process (its
+    /// builder's [`writers_take_turns`](crate::SqliteStoreBuilder::writers_take_turns), off by
+    /// default): on for a process whose writes to the file are the store's own, such as
+    /// idem-server. Other stores ignore it.
+    ///
+    /// ```
+    /// let options = idem::store::url::ConnectOptions::new().sqlite_writers_take_turns(true);
+    /// # let _ = options;
+    /// ```
+    pub fn sqlite_writers_take_turns(mut self, on: bool) -> ConnectOptions {
+        self.sqlite_writers_take_turns = on;
         self
     }
 }
@@ -369,7 +385,8 @@ impl StoreUrl {
                 if let Some(path) = missing {
                     return Err(ConnectError::NoSqliteFile { path });
                 }
-                let builder = sql_options!(crate::SqliteStore::builder(), namespace, options);
+                let builder = sql_options!(crate::SqliteStore::builder(), namespace, options)
+                    .writers_take_turns(options.sqlite_writers_take_turns);
                 Ok(OpenedStore::Sqlite(builder.connect(url).await?))
             }
             #[cfg(feature = "postgres")]
