@@ -306,6 +306,7 @@ impl<DB: Ops> Protocol<DB> {
     /// lock: SQLite), each waiting for its turn at most `wait`: the database's busy timeout, so
     /// that a queue of writers behind one held up by another process fails each of them after
     /// that long, as SQLite alone would, instead of after the sum of their waits.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // only SQLite has one write lock
     pub(crate) fn with_write_turns(mut self, wait: Duration) -> Protocol<DB> {
         if DB::DIALECT.single_writer {
             self.writes = Some(WriteTurns {
