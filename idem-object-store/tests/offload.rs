@@ -318,7 +318,7 @@ mod cases {
     ) {
         // Long enough that the record still reads as in progress after the upload and the
         // kill on a loaded machine (scaled as the conformance rules' leases are).
-        let lease = idem::conformance::scaled(Duration::from_secs(1));
+        let lease = idem::conformance::scaled(Duration::from_secs(2));
         let (entered, mut upload_done) = tokio::sync::mpsc::unbounded_channel();
         let hung = Forwarding(Hang {
             inner: store.clone(),
@@ -349,9 +349,10 @@ mod cases {
         process.shutdown_background();
         assert_eq!(first_runs.load(Ordering::SeqCst), 1);
 
+        // The record first, then the bucket: a listing of the bucket can take seconds on a
+        // loaded machine, and a store that drops a claim when its lease lapses (Redis) would
+        // no longer have the record to show.
         let offloaded = bucket.offload(store.clone());
-        let orphans = bucket.listed().await;
-        assert_eq!(orphans.len(), 1, "the upload landed: {orphans:?}");
         let record = offloaded.get(&key("killed")).await.expect("a read");
         assert!(
             matches!(
@@ -360,6 +361,8 @@ mod cases {
             ),
             "the record was never completed"
         );
+        let orphans = bucket.listed().await;
+        assert_eq!(orphans.len(), 1, "the upload landed: {orphans:?}");
 
         // The retry waits out the dead claim's lease, runs, and replays its own result.
         let engine = Idempotency::new(offloaded);
