@@ -247,14 +247,10 @@ impl Server {
             .filter(|c| !c.trim().is_empty())
     }
 
-    /// Starts a server on a free port and waits (90 s at most: moto's start is a second of
+    /// Starts a server on a free port ([`crate::free_port`]) and waits (90 s at most: moto's start is a second of
     /// Python imports on an idle machine, many on a busy one) until it accepts connections.
     pub fn start(command: &str) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("find a free loopback port")
-            .port();
-        Server::start_on(command, port)
+        Server::start_on(command, crate::free_port())
     }
 
     /// Starts a server on `port` (say, the port of one that was stopped) and waits for it.

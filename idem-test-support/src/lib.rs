@@ -227,6 +227,31 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}_{:016x}", fastrand::u64(..))
 }
 
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a server a test starts itself, picked
+/// below the range the OS hands out for port 0 (32768 and up on Linux). A port the OS picked
+/// is free again from the moment the probe closes it, and a server that takes seconds to start
+/// (moto's Python imports) could find it taken by a test elsewhere that bound port 0 meanwhile:
+/// the test would then talk to that other server. Below the range only another such pick can
+/// take it, and the shell scripts' servers pick from 20000-29999, as this does.
+///
+/// ```
+/// let port = idem_test_support::free_port();
+/// assert!((20000..30000).contains(&port));
+/// ```
+///
+/// # Panics
+///
+/// When 500 random ports in the range were all taken.
+pub fn free_port() -> u16 {
+    for _ in 0..500 {
+        let port = fastrand::u16(20000..30000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("500 random ports in 20000-29999 on 127.0.0.1 were all taken")
+}
+
 /// Polls `done` every 10 ms for at most 10 s; whether it came true. A test waits for what
 /// happens in the background (a pruner's delete, a task's end), never for a fixed time.
 ///

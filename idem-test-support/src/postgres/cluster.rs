@@ -4,7 +4,6 @@
 //! dropped. As root it runs the server as the `postgres` user, which PostgreSQL requires.
 
 use std::ffi::OsStr;
-use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -157,14 +156,12 @@ fn run(cmd: &mut Command) {
     );
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it).
+/// A TCP port on 127.0.0.1 that was free a moment ago: [`crate::free_port`], below the
+/// range the OS hands out for port 0.
 ///
 /// ```
 /// assert!(idem_test_support::postgres::free_port() > 0);
 /// ```
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral port")
+    crate::free_port()
 }
