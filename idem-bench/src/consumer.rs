@@ -54,13 +54,13 @@ pub async fn run(
                     Ok::<Receipt, Infallible>(work(seed))
                 })
                 .await;
-            if let Some(bad) = outcomes.iter().find(|o| o.value().is_none()) {
-                if bad.as_str() != "in_flight" {
-                    return Err(BenchError::Unexpected(format!(
-                        "a benchmark message ended {}",
-                        bad.as_str()
-                    )));
-                }
+            if let Some(bad) = outcomes.iter().find(|o| o.value().is_none())
+                && bad.as_str() != "in_flight"
+            {
+                return Err(BenchError::Unexpected(format!(
+                    "a benchmark message ended {}",
+                    bad.as_str()
+                )));
             }
         }
         idem_time += started.elapsed();

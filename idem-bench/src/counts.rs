@@ -412,10 +412,10 @@ fn read_baseline() -> (BTreeMap<String, u64>, Vec<String>) {
     for line in text.lines() {
         if let Some(comment) = line.strip_prefix('#') {
             about.push(comment.trim().to_owned());
-        } else if let Some((name, n)) = line.split_once(' ') {
-            if let Ok(n) = n.trim().parse() {
-                counts.insert(name.to_owned(), n);
-            }
+        } else if let Some((name, n)) = line.split_once(' ')
+            && let Ok(n) = n.trim().parse()
+        {
+            counts.insert(name.to_owned(), n);
         }
     }
     (counts, about)

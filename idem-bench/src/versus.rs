@@ -206,12 +206,11 @@ impl Server {
             if self.process.exited() {
                 return Err(self.process.failure("stopped before it answered"));
             }
-            if let Ok(mut conn) = connect(self.addr).await {
-                if let Ok(answer) = post(&mut conn, "start", body.clone()).await {
-                    if answer.ok {
-                        return Ok(());
-                    }
-                }
+            if let Ok(mut conn) = connect(self.addr).await
+                && let Ok(answer) = post(&mut conn, "start", body.clone()).await
+                && answer.ok
+            {
+                return Ok(());
             }
             if since.elapsed() > START_TIMEOUT {
                 return Err(self.process.failure(&format!(

@@ -227,7 +227,7 @@ impl Effects {
 
     /// The handler: `fail…` fails and `panic` panics on their first call, `slow` outlasts the
     /// hold, `big` returns more than the engine keeps; each effect is applied once per success.
-    fn handler(&self, slow: Duration) -> impl Fn(Job) -> Work {
+    fn handler(&self, slow: Duration) -> impl Fn(Job) -> Work + use<> {
         let effects = self.clone();
         move |job: Job| {
             let effects = effects.clone();
@@ -258,7 +258,7 @@ impl Effects {
         &self,
         gate: Arc<Semaphore>,
         started: Arc<Semaphore>,
-    ) -> impl Fn(Job) -> Work {
+    ) -> impl Fn(Job) -> Work + use<> {
         let effects = self.clone();
         move |job: Job| {
             let (gate, started, effects) = (gate.clone(), started.clone(), effects.clone());

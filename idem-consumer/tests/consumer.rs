@@ -62,7 +62,8 @@ impl Effects {
         Job,
     )
         -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>
-           + Clone {
+           + Clone
+           + use<> {
         let effects = self.clone();
         move |job: Job| {
             let effects = effects.clone();

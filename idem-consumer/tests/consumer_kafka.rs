@@ -172,7 +172,7 @@ impl Shop {
             .unwrap_or(0)
     }
 
-    fn handler(&self) -> impl Fn(OwnedMessage) -> Work + Send + Sync + Clone + 'static {
+    fn handler(&self) -> impl Fn(OwnedMessage) -> Work + Send + Sync + Clone + 'static + use<> {
         let shop = self.clone();
         move |m: OwnedMessage| {
             let shop = shop.clone();

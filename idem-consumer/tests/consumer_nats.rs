@@ -91,7 +91,8 @@ impl Shop {
         async_nats::Message,
     )
         -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>
-           + Clone {
+           + Clone
+           + use<> {
         let shop = self.clone();
         move |m: async_nats::Message| {
             let shop = shop.clone();

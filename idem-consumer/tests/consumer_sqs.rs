@@ -73,7 +73,8 @@ impl Shop {
         SqsMessage,
     )
         -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>
-           + Clone {
+           + Clone
+           + use<> {
         let shop = self.clone();
         move |m: SqsMessage| {
             let shop = shop.clone();

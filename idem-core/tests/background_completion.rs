@@ -299,10 +299,10 @@ async fn a_lapsed_holder_completes_after_a_long_outage_and_a_prune() {
     assert_eq!(store.0.inner.prune_expired(1_000).await.unwrap(), 0);
     // Bounded: the completion's next try is at most a third of the lease away.
     for _ in 0..100 {
-        if let Some(record) = store.get(&key()).await.unwrap() {
-            if matches!(record.state, idem_core::RecordState::Completed(_)) {
-                break;
-            }
+        if let Some(record) = store.get(&key()).await.unwrap()
+            && matches!(record.state, idem_core::RecordState::Completed(_))
+        {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

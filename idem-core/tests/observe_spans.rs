@@ -59,10 +59,10 @@ where
         values: &tracing::span::Record<'_>,
         ctx: tracing_subscriber::layer::Context<'_, S>,
     ) {
-        if let Some(span) = ctx.span(id) {
-            if let Some(fields) = span.extensions_mut().get_mut::<BTreeMap<String, String>>() {
-                values.record(&mut Fields(fields));
-            }
+        if let Some(span) = ctx.span(id)
+            && let Some(fields) = span.extensions_mut().get_mut::<BTreeMap<String, String>>()
+        {
+            values.record(&mut Fields(fields));
         }
     }
 

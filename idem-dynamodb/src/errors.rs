@@ -57,16 +57,16 @@ where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
     let kind = kind_of(&e);
-    if let SdkError::ServiceError(ctx) = &e {
-        if ctx.err().code() == Some("ResourceNotFoundException") {
-            return Error::Store(StoreError::new(
-                kind,
-                format!(
-                    "DynamoDB {op} failed: the table `{table}` does not exist (or is not ACTIVE) \
+    if let SdkError::ServiceError(ctx) = &e
+        && ctx.err().code() == Some("ResourceNotFoundException")
+    {
+        return Error::Store(StoreError::new(
+            kind,
+            format!(
+                "DynamoDB {op} failed: the table `{table}` does not exist (or is not ACTIVE) \
                      in this region and endpoint; create it with {create_with}"
-                ),
-            ));
-        }
+            ),
+        ));
     }
     Error::Store(StoreError::new(kind, DynamoError { op, source: e }))
 }

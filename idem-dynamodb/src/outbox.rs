@@ -938,10 +938,8 @@ impl OutboxSource for DynamoOutbox {
         let mut bound = i64::MAX;
         let mut all = Vec::new();
         for (items, more) in pages {
-            if more {
-                if let Some((last, _)) = items.last() {
-                    bound = bound.min(*last);
-                }
+            if more && let Some((last, _)) = items.last() {
+                bound = bound.min(*last);
             }
             all.extend(items);
         }

@@ -736,7 +736,7 @@ mod pruning_on_a_manual_clock {
         bucket.empty().await;
     }
 
-    fn build_lost(bucket: &Bucket, clock: &ManualClock) -> impl Store {
+    fn build_lost(bucket: &Bucket, clock: &ManualClock) -> impl Store + use<> {
         OffloadStore::builder(
             Forwarding(LostAnswer(MemoryStore::with_clock(clock.clone()))),
             bucket.objects.clone(),

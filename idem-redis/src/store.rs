@@ -617,17 +617,17 @@ impl Inner {
             other => other,
         }
         .map_err(|e| store_error(op, e))?;
-        if let Some((replicas, timeout, acked)) = waited {
-            if acked < i64::from(replicas) {
-                return Err(Error::Store(StoreError::new(
-                    StoreErrorKind::Unavailable,
-                    format!(
-                        "Redis {op}: the master applied it, but only {acked} of the {replicas} \
+        if let Some((replicas, timeout, acked)) = waited
+            && acked < i64::from(replicas)
+        {
+            return Err(Error::Store(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!(
+                    "Redis {op}: the master applied it, but only {acked} of the {replicas} \
                          replicas asked for acknowledged it within {timeout:?}; a failover now \
                          could lose it"
-                    ),
-                )));
-            }
+                ),
+            )));
         }
         Ok(value)
     }

@@ -112,10 +112,10 @@ impl Namespaces {
         let name = name.unwrap_or(DEFAULT_NAMESPACE);
         check_namespace(name, "namespace")?;
         let known = self.lock().get(name).cloned();
-        if let Some((ns, at)) = &known {
-            if at.elapsed() < FRESH_FOR {
-                return Ok(ns.clone());
-            }
+        if let Some((ns, at)) = &known
+            && at.elapsed() < FRESH_FOR
+        {
+            return Ok(ns.clone());
         }
         let Some(stored) = self.get(name).await? else {
             // Namespaces are never deleted: one this node has seen is being rewritten by a

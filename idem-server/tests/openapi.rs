@@ -457,23 +457,22 @@ fn check(doc: &Value, schema: &Value, value: &Value, at: &str, problems: &mut Ve
         ));
         return;
     }
-    if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
-        if !allowed.contains(value) {
-            say(format!("{value} is not one of {allowed:?}"));
-        }
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
+        && !allowed.contains(value)
+    {
+        say(format!("{value} is not one of {allowed:?}"));
     }
-    if let Some(n) = value.as_u64() {
-        if schema
+    if let Some(n) = value.as_u64()
+        && (schema
             .get("minimum")
             .and_then(Value::as_u64)
             .is_some_and(|min| n < min)
             || schema
                 .get("maximum")
                 .and_then(Value::as_u64)
-                .is_some_and(|max| n > max)
-        {
-            say(format!("{n} is out of the schema's bounds"));
-        }
+                .is_some_and(|max| n > max))
+    {
+        say(format!("{n} is out of the schema's bounds"));
     }
     if let Some(text) = value.as_str() {
         let len = text.len() as u64;
@@ -488,10 +487,10 @@ fn check(doc: &Value, schema: &Value, value: &Value, at: &str, problems: &mut Ve
         {
             say(format!("{text:?} is out of the schema's lengths"));
         }
-        if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
-            if let Some(why) = pattern_refusal(pattern, text) {
-                say(why);
-            }
+        if let Some(pattern) = schema.get("pattern").and_then(Value::as_str)
+            && let Some(why) = pattern_refusal(pattern, text)
+        {
+            say(why);
         }
     }
     if let (Some(items), Some(values)) = (schema.get("items"), value.as_array()) {

@@ -472,10 +472,10 @@ impl<DB: Ops> Protocol<DB> {
                         .map_err(sql_error)?
                         .into_iter()
                         .next();
-                    if let Some(row) = &row {
-                        if DB::get_bool(row, 0).map_err(sql_error)? {
-                            return Ok((claimed(), None));
-                        }
+                    if let Some(row) = &row
+                        && DB::get_bool(row, 0).map_err(sql_error)?
+                    {
+                        return Ok((claimed(), None));
                     }
                     row
                 }

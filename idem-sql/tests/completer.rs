@@ -127,11 +127,11 @@ async fn operation(
 ) -> Result<Done, Error> {
     let mut values = Vec::new();
     for (i, name) in STEPS.iter().enumerate() {
-        if let Some((after, ready)) = &hang_after {
-            if i as u32 == *after {
-                ready.fetch_add(1, Ordering::SeqCst);
-                std::future::pending::<()>().await;
-            }
+        if let Some((after, ready)) = &hang_after
+            && i as u32 == *after
+        {
+            ready.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<()>().await;
         }
         let db = &db;
         let value: u32 = steps

@@ -276,14 +276,14 @@ async fn run_loop<F, Fut>(
             );
             said = Instant::now();
         }
-        if let Some(&at) = dispatcher_kills.peek() {
-            if sent_now >= at {
-                dispatch.kill9().await;
-                let n = 4 - dispatcher_kills.len();
-                dispatcher_kills.next();
-                dispatch = dispatcher(&format!("dispatch-{n}"));
-                dispatch.wait_for("ready", RUN).await;
-            }
+        if let Some(&at) = dispatcher_kills.peek()
+            && sent_now >= at
+        {
+            dispatch.kill9().await;
+            let n = 4 - dispatcher_kills.len();
+            dispatcher_kills.next();
+            dispatch = dispatcher(&format!("dispatch-{n}"));
+            dispatch.wait_for("ready", RUN).await;
         }
         if !apply_killed && applied >= committed / 3 {
             apply.kill9().await;

@@ -72,10 +72,10 @@ impl<R: Copy + Send + Sync + 'static> Background<R> {
     /// Asks the task to stop and waits for it; resumes its panic, if it panicked.
     pub(crate) async fn shutdown(self) {
         self.stop.send_replace(true);
-        if let Err(e) = self.task.await {
-            if e.is_panic() {
-                std::panic::resume_unwind(e.into_panic());
-            }
+        if let Err(e) = self.task.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
         }
     }
 }

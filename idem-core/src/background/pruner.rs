@@ -258,13 +258,13 @@ impl PrunerConfig {
 
     /// Refuses a setting out of range with [`Error::InvalidConfig`].
     pub(crate) fn validate(&self) -> Result<(), Error> {
-        if let Some(batch_size) = self.batch_size {
-            if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
-                return Err(Error::InvalidConfig(format!(
-                    "pruner batch size must be 1 to {MAX_BATCH_SIZE}, got {batch_size}; \
+        if let Some(batch_size) = self.batch_size
+            && !(1..=MAX_BATCH_SIZE).contains(&batch_size)
+        {
+            return Err(Error::InvalidConfig(format!(
+                "pruner batch size must be 1 to {MAX_BATCH_SIZE}, got {batch_size}; \
                      leave it unset for the store's own (100; 1,000 on PostgreSQL)"
-                )));
-            }
+            )));
         }
         if self.max_batches == Some(0) {
             return Err(Error::InvalidConfig(
@@ -617,16 +617,15 @@ impl Pruner {
             }
             // Taking the lease again renews it; failing means another pruner took over after
             // ours ran out, so leave the rest to it.
-            if calls > 0 {
-                if let Some(lease) = lease.as_mut() {
-                    if !lease.acquire().await? {
-                        tracing::warn!(
-                            target_name = self.target.name(),
-                            "pruner lease lost midway; stopping this run"
-                        );
-                        return Ok(());
-                    }
-                }
+            if calls > 0
+                && let Some(lease) = lease.as_mut()
+                && !lease.acquire().await?
+            {
+                tracing::warn!(
+                    target_name = self.target.name(),
+                    "pruner lease lost midway; stopping this run"
+                );
+                return Ok(());
             }
             let batch_started = Instant::now();
             let deleted = self.target.delete_expired(batch_size).await;

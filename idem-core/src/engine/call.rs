@@ -512,7 +512,7 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
         scope: &str,
         input: Vec<u8>,
         work: W,
-    ) -> impl Future<Output = Result<Outcome<T>, E>> + 'e
+    ) -> impl Future<Output = Result<Outcome<T>, E>> + 'e + use<'e, T, E, W, F, C>
     where
         W: FnOnce(Steps<C>) -> F + 'e,
         F: Future<Output = Result<T, E>> + 'e,

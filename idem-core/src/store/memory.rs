@@ -208,16 +208,18 @@ impl ExpiryIndex {
         // The queue holding it, or `None` for the sorted set, and when it is due.
         let mut earliest: Option<(Option<usize>, SystemTime)> = None;
         for (i, (_, queue)) in self.queues.iter().enumerate() {
-            if let Some(&(at, _)) = queue.front() {
-                if at <= now && earliest.is_none_or(|(_, e)| at < e) {
-                    earliest = Some((Some(i), at));
-                }
+            if let Some(&(at, _)) = queue.front()
+                && at <= now
+                && earliest.is_none_or(|(_, e)| at < e)
+            {
+                earliest = Some((Some(i), at));
             }
         }
-        if let Some(&(at, _)) = self.others.first() {
-            if at <= now && earliest.is_none_or(|(_, e)| at < e) {
-                earliest = Some((None, at));
-            }
+        if let Some(&(at, _)) = self.others.first()
+            && at <= now
+            && earliest.is_none_or(|(_, e)| at < e)
+        {
+            earliest = Some((None, at));
         }
         let Some(from) = earliest?.0 else {
             return self.others.pop_first();

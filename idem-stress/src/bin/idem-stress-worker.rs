@@ -485,7 +485,7 @@ async fn hold(opts: &Opts) -> Result<ExitCode, String> {
             Ok(ExitCode::from(3))
         }
         r = async {
-            for h in handles {
+            if let Some(h) = handles.into_iter().next() {
                 h.await.map_err(|e| format!("task panicked: {e}"))??;
             }
             Ok::<(), String>(())

@@ -45,10 +45,10 @@ pub fn pg_bindir(test: &str) -> Option<PathBuf> {
 /// let _lib = idem_test_support::postgres::faketime_lib("doc_example");
 /// ```
 pub fn faketime_lib(test: &str) -> Option<PathBuf> {
-    if let Ok(v) = std::env::var("IDEM_FAKETIME_LIB") {
-        if !v.is_empty() {
-            return Some(PathBuf::from(v));
-        }
+    if let Ok(v) = std::env::var("IDEM_FAKETIME_LIB")
+        && !v.is_empty()
+    {
+        return Some(PathBuf::from(v));
     }
     let found = [
         "/usr/lib/x86_64-linux-gnu",

@@ -188,10 +188,10 @@ impl Problem {
         if let Some(link) = &config.link {
             headers.insert(LINK, link.clone());
         }
-        if status == StatusCode::UNAUTHORIZED {
-            if let Some(challenge) = &config.www_authenticate {
-                headers.insert(WWW_AUTHENTICATE, challenge.clone());
-            }
+        if status == StatusCode::UNAUTHORIZED
+            && let Some(challenge) = &config.www_authenticate
+        {
+            headers.insert(WWW_AUTHENTICATE, challenge.clone());
         }
         response
     }

@@ -259,7 +259,7 @@ impl Server {
         key: Option<&str>,
         caller: Option<&str>,
         new: CreatePaymentRequest,
-    ) -> impl Future<Output = Result<Response<Payment>, Status>> + Send + 'static {
+    ) -> impl Future<Output = Result<Response<Payment>, Status>> + Send + 'static + use<> {
         let mut client = self.client();
         let mut req = Request::new(new);
         if let Some(key) = key {

@@ -360,7 +360,7 @@ pub async fn bad_keys_are_400(store: Arc<dyn Store>) {
 const UUID: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
 
 /// `POST /payments` with this raw `Idempotency-Key` value.
-fn post_raw_key(server: &Server, key: &str) -> impl std::future::Future<Output = Reply> {
+fn post_raw_key(server: &Server, key: &str) -> impl std::future::Future<Output = Reply> + use<> {
     server.request(Method::POST, "/payments", &[key], Some(CALLER), "{}")
 }
 

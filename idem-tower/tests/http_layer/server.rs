@@ -186,14 +186,14 @@ impl Server {
     }
 
     /// A request with the given raw `Idempotency-Key` values and `x-caller`.
-    pub fn request(
+    pub fn request<B: Into<reqwest::Body>>(
         &self,
         method: reqwest::Method,
         path: &str,
         keys: &[&str],
         caller: Option<&str>,
-        body: impl Into<reqwest::Body>,
-    ) -> impl Future<Output = Reply> + Send + 'static {
+        body: B,
+    ) -> impl Future<Output = Reply> + Send + 'static + use<B> {
         let mut req = self
             .client
             .request(method, format!("{}{path}", self.base))
@@ -213,7 +213,7 @@ impl Server {
         &self,
         path: &str,
         key: &str,
-    ) -> impl Future<Output = (Reply, Option<HeaderMap>)> + Send + 'static {
+    ) -> impl Future<Output = (Reply, Option<HeaderMap>)> + Send + 'static + use<> {
         let req = self
             .client
             .post(format!("{}{path}", self.base))
@@ -242,7 +242,7 @@ impl Server {
         path: &str,
         key: &str,
         body: &str,
-    ) -> impl Future<Output = Reply> + Send + 'static {
+    ) -> impl Future<Output = Reply> + Send + 'static + use<> {
         let req = self
             .client
             .post(format!("{}{path}", self.base))
@@ -259,7 +259,7 @@ impl Server {
         path: &str,
         key: Option<&str>,
         body: &str,
-    ) -> impl Future<Output = Reply> + Send + 'static {
+    ) -> impl Future<Output = Reply> + Send + 'static + use<> {
         let keys: Vec<String> = key.map(quoted).into_iter().collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         self.request(
