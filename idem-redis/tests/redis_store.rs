@@ -134,10 +134,10 @@ async fn bad_configuration_is_invalid_config() {
     assert_invalid_config(e, "");
 }
 
-/// A port nothing listens on.
+/// A port nothing listens on: below the range the OS hands out for port 0, where every test's
+/// own HTTP server binds, so only another pick of `free_port` could take it meanwhile.
 fn dead_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+    idem_test_support::free_port()
 }
 
 #[tokio::test]

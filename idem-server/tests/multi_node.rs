@@ -14,9 +14,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{free_port, ADMIN, ALICE};
+use common::{ADMIN, ALICE};
 use diom::models::{IdempotencyCompleteIn, IdempotencyStartIn, IdempotencyStartOut};
 use diom::{DiomClient, DiomOptions};
+use idem_test_support::free_port;
 use idem_test_support::Process;
 use tokio::time::Instant;
 

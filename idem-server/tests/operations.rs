@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::Request;
-use common::{call, free_port, json, tokens, ALICE};
+use common::{call, json, tokens, ALICE};
 use futures_util::stream;
 use idem_core::MemoryStore;
 use idem_server::{App, Config, OPENAPI_PATH};
+use idem_test_support::free_port;
 use serde_json::{json as j, Value};
 
 fn memory_app(config: Config) -> App {

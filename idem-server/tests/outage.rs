@@ -25,9 +25,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{free_port, ADMIN, ALICE};
+use common::{ADMIN, ALICE};
 use idem::RemoteStore;
 use idem_core::{Error, Idempotency, Key, Outcome, RecordState, Store};
+use idem_test_support::free_port;
 use idem_test_support::Process;
 use tokio::time::Instant;
 

@@ -258,17 +258,30 @@ async fn three_completers_finish_abandoned_operations(db: &str, table: &str) {
         let engine = node.engine(lease);
         nodes.push(completer(engine, node, runs.clone(), lease).spawn());
     }
+    // The completers take the operations over once their leases lapse: the first completes
+    // within two leases of the kill. How soon the last does is the completers' throughput
+    // beside whatever else the machine runs (on an idle machine, within two leases too), so it
+    // is only bounded, generously.
     let completed = format!("SELECT count(*) FROM {table} WHERE state = 1");
-    let deadline = killed + 2 * lease;
+    let (first_deadline, deadline) = (killed + 2 * lease, killed + 20 * lease);
+    let mut first_at = None;
     let finished_at = loop {
-        if setup.count(&completed).await == OPS as i64 {
+        let done = setup.count(&completed).await;
+        if done > 0 && first_at.is_none() {
+            first_at = Some(Instant::now());
+        }
+        if done == OPS as i64 {
             break Instant::now();
         }
         assert!(
-            Instant::now() < deadline,
-            "{} of {OPS} operations completed within two leases ({:?}) of the kill",
-            setup.count(&completed).await,
+            first_at.is_some() || Instant::now() < first_deadline,
+            "no operation completed within two leases ({:?}) of the kill",
             2 * lease
+        );
+        assert!(
+            Instant::now() < deadline,
+            "{done} of {OPS} operations completed within twenty leases ({:?}) of the kill",
+            20 * lease
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
@@ -280,8 +293,9 @@ async fn three_completers_finish_abandoned_operations(db: &str, table: &str) {
         node.shutdown().await;
     }
     println!(
-        "{db}: {OPS} abandoned operations completed {:?} after the kill (lease {lease:?}); \
-         last reports found {found}",
+        "{db}: the first of {OPS} abandoned operations completed {:?} after the kill, the last \
+         {:?} (lease {lease:?}); last reports found {found}",
+        first_at.map(|at| at - killed),
         finished_at - killed
     );
 

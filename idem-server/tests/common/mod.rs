@@ -121,12 +121,3 @@ pub async fn run_python(python: &str, script: &str, env: &[(&str, &str)]) -> (bo
     eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
     (out.status.success(), stdout)
 }
-
-/// A free local port (bound, then released for a server process to take).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}

@@ -38,7 +38,7 @@ impl TempCluster {
         }
         let cluster = TempCluster {
             bindir: bindir.to_owned(),
-            port: free_port(),
+            port: crate::free_port(),
             as_postgres,
             dir,
         };
@@ -154,14 +154,4 @@ fn run(cmd: &mut Command) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// A TCP port on 127.0.0.1 that was free a moment ago: [`crate::free_port`], below the
-/// range the OS hands out for port 0.
-///
-/// ```
-/// assert!(idem_test_support::postgres::free_port() > 0);
-/// ```
-pub fn free_port() -> u16 {
-    crate::free_port()
 }

@@ -10,7 +10,7 @@ use sqlx::{Connection, PgPool};
 
 mod cluster;
 
-pub use cluster::{free_port, TempCluster};
+pub use cluster::TempCluster;
 
 /// The variable that makes every PostgreSQL test run.
 const REQUIRE: &str = "IDEM_REQUIRE_PG";
