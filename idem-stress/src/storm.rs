@@ -1,7 +1,7 @@
 //! The multi-process storm, for any store a worker opens by URL: 4 worker processes × 64
-//! tasks × 100 keys, every task calling every key. Exactly 100 executions happen across the
-//! processes, and every caller in every process gets the stored result of every key, the same
-//! one.
+//! tasks ([`TASKS`]; fewer against an emulator that answers one request at a time) × 100 keys,
+//! every task calling every key. Exactly 100 executions happen across the processes, and every
+//! caller in every process gets the stored result of every key, the same one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -10,7 +10,8 @@ use crate::key_name;
 use crate::worker::Worker;
 
 const PROCESSES: usize = 4;
-const TASKS: usize = 64;
+/// Tasks per process of a storm against a server that answers requests side by side.
+pub const TASKS: usize = 64;
 const KEYS: usize = 100;
 /// Generous bounds for a loaded 2-core machine and an emulator answering one request at a time;
 /// the storm never asserts speed.
@@ -25,8 +26,8 @@ const RUN: Duration = Duration::from_secs(480);
 const LEASE: Duration = Duration::from_secs(60);
 
 /// Runs the storm with the worker binary `worker` against the store at `url` (see
-/// [`stores::open`](crate::stores::open)), its records under `namespace`; panics with what
-/// went wrong.
+/// [`stores::open`](crate::stores::open)), its records under `namespace`, `tasks` tasks in each
+/// of the 4 processes; panics with what went wrong.
 ///
 /// ```no_run
 /// # #[tokio::main] async fn main() {
@@ -34,10 +35,11 @@ const LEASE: Duration = Duration::from_secs(60);
 ///     "target/debug/idem-stress-worker",
 ///     "redis://127.0.0.1:6379",
 ///     "idem_storm",
+///     idem_stress::storm::TASKS,
 /// ).await;
 /// # }
 /// ```
-pub async fn four_processes(worker: &str, url: &str, namespace: &str) {
+pub async fn four_processes(worker: &str, url: &str, namespace: &str, tasks: usize) {
     let mut workers: Vec<Worker> = (0..PROCESSES)
         .map(|p| {
             let name = format!("w{p}");
@@ -52,7 +54,7 @@ pub async fn four_processes(worker: &str, url: &str, namespace: &str) {
                 "--keys",
                 &KEYS.to_string(),
                 "--tasks",
-                &TASKS.to_string(),
+                &tasks.to_string(),
                 "--lease-ms",
                 &LEASE.as_millis().to_string(),
                 "--deadline-ms",
@@ -101,7 +103,7 @@ pub async fn four_processes(worker: &str, url: &str, namespace: &str) {
         for i in 0..KEYS {
             assert_eq!(
                 per_key.get(&key_name(i)).copied(),
-                Some(TASKS),
+                Some(tasks),
                 "{name}: responses for {}",
                 key_name(i)
             );
@@ -114,7 +116,7 @@ pub async fn four_processes(worker: &str, url: &str, namespace: &str) {
         let k = key_name(i);
         let runs = &executions[&k];
         assert_eq!(runs.len(), 1, "{k} ran {runs:?}");
-        // The one stored result, from the one execution, reached all 256 callers.
+        // The one stored result, from the one execution, reached every caller of every process.
         let seen = &responses[&k];
         assert_eq!(seen.len(), 1, "{k}: callers saw {seen:?}");
         let (node, token) = runs[0].split_once(':').unwrap();
