@@ -7,6 +7,20 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+
+// The binary opens its store from a URL, so it needs at least one store built in; without one
+// the build stops here, saying so, instead of at the imports below.
+#[cfg(not(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "redis",
+    feature = "dynamodb"
+)))]
+compile_error!(
+    "idem-server needs a store to serve from: build it with at least one of the features \
+     `sqlite`, `postgres`, `redis`, `dynamodb` (the default is `sqlite` and `postgres`), \
+     e.g. `cargo build -p idem-server --no-default-features --features redis`"
+);
 use idem::store::url::{ConnectOptions, Scheme, StoreUrl};
 use idem_server::{auth::Tokens, router, App, Config};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
