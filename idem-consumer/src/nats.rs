@@ -78,13 +78,16 @@ impl<C> fmt::Debug for NatsConsumer<C> {
 }
 
 impl<C: Codec> NatsConsumer<C> {
-    /// Batches through `consumer`, with an ack wait of 30 s (JetStream's default), up to 10
-    /// messages a fetch, waiting up to 5 s for them.
+    /// Batches through `consumer`, with an ack wait of 30 s (JetStream's default), as many
+    /// messages a fetch as `consumer` runs at once ([`Consumer::concurrency`], 16 unless set),
+    /// waiting up to 5 s for them.
     pub fn new(consumer: Consumer<C>) -> NatsConsumer<C> {
         NatsConsumer {
+            // A batch runs whole before the next fetch: a smaller one would leave some of the
+            // consumer's concurrency unused.
+            batch: consumer.concurrency,
             consumer,
             ack_wait: Duration::from_secs(30),
-            batch: 10,
             wait: Duration::from_secs(5),
             key: None,
         }
@@ -96,7 +99,9 @@ impl<C: Codec> NatsConsumer<C> {
         self
     }
 
-    /// How many messages a fetch asks for (at least 1).
+    /// How many messages a fetch asks for (at least 1; by default the consumer's
+    /// concurrency: a batch runs whole before the next fetch, so a smaller one leaves some of
+    /// it unused).
     pub fn batch(mut self, batch: usize) -> Self {
         self.batch = batch.max(1);
         self

@@ -97,7 +97,8 @@ impl<C> Clone for SqsConsumer<C> {
     }
 }
 
-/// How many messages one receive asks for, and one settling request carries, at most.
+/// How many messages one receive asks for, and one settling request carries, at most (SQS's
+/// limit for both).
 const MAX_BATCH: i32 = 10;
 
 impl<C: Codec> SqsConsumer<C> {
@@ -149,7 +150,10 @@ impl<C: Codec> SqsConsumer<C> {
         self
     }
 
-    /// How many messages a receive asks for (1 to 10, the default).
+    /// How many messages a receive asks for (1 to 10, the default). A batch holds up to the
+    /// consumer's [`concurrency`](Consumer::concurrency) (16 by default): after the receive
+    /// that waited, receives that do not wait fill it while they bring messages, as SQS gives
+    /// at most 10 a receive.
     pub fn max_messages(mut self, n: i32) -> Self {
         self.max_messages = n.clamp(1, MAX_BATCH);
         self
@@ -253,14 +257,46 @@ impl<C: Codec> SqsConsumer<C> {
             .collect()
     }
 
-    /// One receive (long poll).
+    /// One batch: a receive that waits for messages (long poll), then, while the last receive
+    /// brought messages and the batch holds fewer than the consumer runs at once
+    /// ([`Consumer::concurrency`]), receives that do not wait. SQS gives at most 10 messages a
+    /// receive, and a batch runs whole before the next receive, so without them a consumer
+    /// would never run more than 10 messages at once, whatever its concurrency. A receive that
+    /// fails after the first ends the batch with what it holds: those messages are already
+    /// hidden from everyone else.
     async fn receive(&self) -> Result<Vec<SqsMessage>, String> {
+        let mut messages = self.receive_once(self.max_messages, self.wait).await?;
+        let room = self.consumer.concurrency;
+        let mut last = messages.len();
+        // Each round adds at least one message or ends: at most `room` rounds.
+        while last > 0 && messages.len() < room {
+            let ask = (room - messages.len()).min(self.max_messages as usize) as i32;
+            match self.receive_once(ask, Duration::ZERO).await {
+                Ok(more) => {
+                    last = more.len();
+                    messages.extend(more);
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        queue = %self.queue_url,
+                        "receiving more for the batch failed ({e}); running the {} in hand",
+                        messages.len()
+                    );
+                    break;
+                }
+            }
+        }
+        Ok(messages)
+    }
+
+    /// One receive of up to `max` messages, waiting up to `wait` for the first.
+    async fn receive_once(&self, max: i32, wait: Duration) -> Result<Vec<SqsMessage>, String> {
         let out = self
             .client
             .receive_message()
             .queue_url(&self.queue_url)
-            .max_number_of_messages(self.max_messages)
-            .wait_time_seconds(self.wait.as_secs() as i32)
+            .max_number_of_messages(max)
+            .wait_time_seconds(wait.as_secs() as i32)
             .visibility_timeout(self.visibility.as_secs() as i32)
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .message_attribute_names(ID_ATTRIBUTE)
@@ -286,7 +322,7 @@ impl<C: Codec> SqsConsumer<C> {
                 Disposition::Redeliver { after: None } | Disposition::DeadLetter => {}
             }
         }
-        if !delete.is_empty() {
+        for delete in requests(&delete) {
             let entries = delete.iter().enumerate().filter_map(|(i, handle)| {
                 DeleteMessageBatchRequestEntry::builder()
                     .id(i.to_string())
@@ -321,35 +357,42 @@ impl<C: Codec> SqsConsumer<C> {
 
     /// Sets the visibility of messages (receipt handle, timeout), in one request.
     async fn change_visibility<'a>(&self, messages: impl Iterator<Item = (&'a String, Duration)>) {
-        let entries: Vec<_> = messages
-            .enumerate()
-            .filter_map(|(i, (handle, timeout))| {
-                ChangeMessageVisibilityBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .receipt_handle(handle)
-                    .visibility_timeout(timeout.as_secs().min(43_200) as i32)
-                    .build()
-                    .ok()
-            })
-            .collect();
-        if entries.is_empty() {
-            return;
-        }
-        let sent = self
-            .client
-            .change_message_visibility_batch()
-            .queue_url(&self.queue_url)
-            .set_entries(Some(entries))
-            .send()
-            .await;
-        if let Err(e) = sent {
-            tracing::warn!(
-                queue = %self.queue_url,
-                "changing message visibility failed: {}",
-                aws_sdk_sqs::error::DisplayErrorContext(e)
-            );
+        let messages: Vec<_> = messages.collect();
+        for request in requests(&messages) {
+            let entries: Vec<_> = request
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (handle, timeout))| {
+                    ChangeMessageVisibilityBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(*handle)
+                        .visibility_timeout(timeout.as_secs().min(43_200) as i32)
+                        .build()
+                        .ok()
+                })
+                .collect();
+            let sent = self
+                .client
+                .change_message_visibility_batch()
+                .queue_url(&self.queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await;
+            if let Err(e) = sent {
+                tracing::warn!(
+                    queue = %self.queue_url,
+                    "changing message visibility failed: {}",
+                    aws_sdk_sqs::error::DisplayErrorContext(e)
+                );
+            }
         }
     }
+}
+
+/// `entries` in requests of at most [`MAX_BATCH`] (10), the most SQS takes in one batch
+/// request: a batch filled up to the consumer's concurrency holds more.
+fn requests<T>(entries: &[T]) -> std::slice::Chunks<'_, T> {
+    entries.chunks(MAX_BATCH as usize)
 }
 
 /// The queue of an [`SqsConsumer`] as a [`Broker`]: receives with the consumer's visibility
@@ -531,5 +574,22 @@ impl idem_core::Publisher for SqsPublisher {
             .await
             .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch filled up to a concurrency above 10 is settled and extended in requests SQS
+    /// takes: 10 entries at most each, every entry in one of them, in order.
+    #[test]
+    fn a_settling_request_carries_at_most_ten_entries() {
+        let handles: Vec<u32> = (0..23).collect();
+        let sizes: Vec<usize> = requests(&handles).map(<[u32]>::len).collect();
+        assert_eq!(sizes, [10, 10, 3]);
+        let again: Vec<u32> = requests(&handles).flatten().copied().collect();
+        assert_eq!(again, handles);
+        assert_eq!(requests::<u32>(&[]).count(), 0);
     }
 }

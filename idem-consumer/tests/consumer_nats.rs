@@ -170,6 +170,73 @@ async fn drain(
     }
 }
 
+/// A fetch asks for as many messages as the consumer runs at once (16 by default), and a batch
+/// runs whole before the next fetch: 16 handlers run at once. Each waits (bounded) until all 16
+/// have started; with fetches of 10, the default before, none would get there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_asks_for_the_consumers_concurrency() {
+    const AT_ONCE: usize = 16;
+    let Some(url) = nats_url() else { return };
+    let (js, name, pull) = stream(&url).await;
+    let orders: Vec<String> = (0..AT_ONCE).map(|i| format!("o{i}")).collect();
+    for order in &orders {
+        publish(&js, &name, order).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let consumer = nats_consumer(sqlite_at(&dir.path().join("idem.db")).await);
+    let all_started = Arc::new(tokio::sync::Barrier::new(AT_ONCE));
+    let charges = idem_test_support::Tally::default();
+    let handler = {
+        let (all_started, charges) = (all_started.clone(), charges.clone());
+        move |m: async_nats::Message| {
+            let (all_started, charges) = (all_started.clone(), charges.clone());
+            async move {
+                let order = String::from_utf8_lossy(&m.payload).into_owned();
+                let bound = idem::conformance::scaled(Duration::from_secs(10));
+                if tokio::time::timeout(bound, all_started.wait())
+                    .await
+                    .is_err()
+                {
+                    charges.add("alone");
+                    return Err(format!("{order}: fewer than {AT_ONCE} ran at once"));
+                }
+                charges.add(&order);
+                Ok::<_, String>(order)
+            }
+        }
+    };
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn({
+        let pull = pull.clone();
+        async move {
+            consumer
+                .run(&pull, handler, async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+        }
+    });
+    for _ in 0..600 {
+        if charges.count("alone") > 0 || orders.iter().all(|o| charges.count(o) == 1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.send_replace(true);
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the consumer did not shut down")
+        .unwrap();
+    assert_eq!(
+        charges.count("alone"),
+        0,
+        "handlers waited in vain for {AT_ONCE} at once"
+    );
+    for order in &orders {
+        assert_eq!(charges.count(order), 1, "{order}");
+    }
+}
+
 /// 300 orders, 30 % published twice, 10 % of handlers taking 1.5 ack waits (kept by in-progress
 /// acks), three consumers: every order charged exactly once, everything acked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

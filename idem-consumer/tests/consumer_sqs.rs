@@ -287,6 +287,89 @@ async fn fifo_queue_stops_a_group_at_its_failure() {
     drain(vec![consumer], &shop, &client, &url, &orders).await;
 }
 
+/// SQS gives at most 10 messages a receive, and a batch runs whole before the next: the
+/// consumer fills its batch up to its concurrency with receives that do not wait, so 16 handlers
+/// run at once. Each waits (bounded) until all 16 have started; with batches of 10 none would
+/// get there. The batch of 16 is then settled in requests of at most 10, and the queue drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_fills_up_to_the_consumers_concurrency() {
+    const AT_ONCE: usize = 16;
+    let Some(endpoint) = endpoint() else { return };
+    let client = client(&endpoint);
+    let url = queue(&client, false).await;
+    let orders: Vec<String> = (0..AT_ONCE).map(|i| format!("o{i}")).collect();
+    for order in &orders {
+        send(&client, &url, order, None).await;
+    }
+    let consumer = Consumer::new(Idempotency::from_arc(store().await), "orders")
+        .unwrap()
+        .concurrency(AT_ONCE);
+    let consumer = SqsConsumer::new(client.clone(), &url, consumer)
+        .visibility(Duration::from_secs(2))
+        .wait(Duration::from_secs(1));
+    let all_started = Arc::new(tokio::sync::Barrier::new(AT_ONCE));
+    let charges = idem_test_support::Tally::default();
+    let alone = Arc::new(Mutex::new(Vec::new()));
+    let handler = {
+        let (all_started, charges, alone) = (all_started.clone(), charges.clone(), alone.clone());
+        move |m: SqsMessage| {
+            let (all_started, charges, alone) =
+                (all_started.clone(), charges.clone(), alone.clone());
+            async move {
+                let order = m.body().unwrap_or_default().to_owned();
+                let bound = idem::conformance::scaled(Duration::from_secs(10));
+                if tokio::time::timeout(bound, all_started.wait())
+                    .await
+                    .is_err()
+                {
+                    alone.lock().unwrap().push(order.clone());
+                    return Err(format!("{order}: fewer than {AT_ONCE} ran at once"));
+                }
+                charges.add(&order);
+                Ok::<_, String>(order)
+            }
+        }
+    };
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(async move {
+        consumer
+            .run(handler, async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    let mut drained = false;
+    for _ in 0..600 {
+        let failed = !alone.lock().unwrap().is_empty();
+        if failed
+            || (orders.iter().all(|o| charges.count(o) == 1)
+                && left_in_queue(&client, &url).await == 0)
+        {
+            drained = !failed;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.send_replace(true);
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the consumer did not shut down")
+        .unwrap();
+    assert!(
+        alone.lock().unwrap().is_empty(),
+        "handlers that waited in vain for {AT_ONCE} at once: {:?}",
+        alone.lock().unwrap()
+    );
+    assert!(
+        drained,
+        "the queue was not drained: {:?}",
+        charges.snapshot()
+    );
+    for order in &orders {
+        assert_eq!(charges.count(order), 1, "{order}");
+    }
+}
+
 /// While a handler runs past the visibility timeout (2 s; held 5 s), its message stays
 /// invisible: the consumer extends the visibility as the engine renews the claim. Without the
 /// extension a receive would get the message after 2 s.
