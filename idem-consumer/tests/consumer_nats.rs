@@ -14,6 +14,9 @@ use idem_consumer::nats::NatsConsumer;
 use idem_consumer::Consumer;
 use tokio::sync::Semaphore;
 
+mod support;
+use support::AllAtOnce;
+
 const ACK_WAIT: Duration = Duration::from_secs(1);
 
 fn nats_url() -> Option<String> {
@@ -184,24 +187,14 @@ async fn a_fetch_asks_for_the_consumers_concurrency() {
     }
     let dir = tempfile::tempdir().unwrap();
     let consumer = nats_consumer(sqlite_at(&dir.path().join("idem.db")).await);
-    let all_started = Arc::new(tokio::sync::Barrier::new(AT_ONCE));
-    let charges = idem_test_support::Tally::default();
+    let shop = AllAtOnce::new(AT_ONCE);
     let handler = {
-        let (all_started, charges) = (all_started.clone(), charges.clone());
+        let shop = shop.clone();
         move |m: async_nats::Message| {
-            let (all_started, charges) = (all_started.clone(), charges.clone());
+            let shop = shop.clone();
             async move {
-                let order = String::from_utf8_lossy(&m.payload).into_owned();
-                let bound = idem::conformance::scaled(Duration::from_secs(10));
-                if tokio::time::timeout(bound, all_started.wait())
+                shop.meet(String::from_utf8_lossy(&m.payload).into_owned())
                     .await
-                    .is_err()
-                {
-                    charges.add("alone");
-                    return Err(format!("{order}: fewer than {AT_ONCE} ran at once"));
-                }
-                charges.add(&order);
-                Ok::<_, String>(order)
             }
         }
     };
@@ -217,24 +210,18 @@ async fn a_fetch_asks_for_the_consumers_concurrency() {
         }
     });
     for _ in 0..600 {
-        if charges.count("alone") > 0 || orders.iter().all(|o| charges.count(o) == 1) {
+        if shop.alone() > 0 || shop.each_once(&orders) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    stop.send_replace(true);
-    tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the consumer did not shut down")
-        .unwrap();
+    support::stop(stop, run).await;
     assert_eq!(
-        charges.count("alone"),
+        shop.alone(),
         0,
         "handlers waited in vain for {AT_ONCE} at once"
     );
-    for order in &orders {
-        assert_eq!(charges.count(order), 1, "{order}");
-    }
+    assert!(shop.each_once(&orders), "{:?}", shop.charges.snapshot());
 }
 
 /// 300 orders, 30 % published twice, 10 % of handlers taking 1.5 ack waits (kept by in-progress

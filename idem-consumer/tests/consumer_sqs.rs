@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 
 mod support;
 use support::sqs::{client, endpoint, left_in_queue};
+use support::AllAtOnce;
 
 async fn queue(client: &Client, fifo: bool) -> String {
     let mut name = idem_test_support::unique_name("orders");
@@ -307,27 +308,12 @@ async fn a_batch_fills_up_to_the_consumers_concurrency() {
     let consumer = SqsConsumer::new(client.clone(), &url, consumer)
         .visibility(Duration::from_secs(2))
         .wait(Duration::from_secs(1));
-    let all_started = Arc::new(tokio::sync::Barrier::new(AT_ONCE));
-    let charges = idem_test_support::Tally::default();
-    let alone = Arc::new(Mutex::new(Vec::new()));
+    let shop = AllAtOnce::new(AT_ONCE);
     let handler = {
-        let (all_started, charges, alone) = (all_started.clone(), charges.clone(), alone.clone());
+        let shop = shop.clone();
         move |m: SqsMessage| {
-            let (all_started, charges, alone) =
-                (all_started.clone(), charges.clone(), alone.clone());
-            async move {
-                let order = m.body().unwrap_or_default().to_owned();
-                let bound = idem::conformance::scaled(Duration::from_secs(10));
-                if tokio::time::timeout(bound, all_started.wait())
-                    .await
-                    .is_err()
-                {
-                    alone.lock().unwrap().push(order.clone());
-                    return Err(format!("{order}: fewer than {AT_ONCE} ran at once"));
-                }
-                charges.add(&order);
-                Ok::<_, String>(order)
-            }
+            let shop = shop.clone();
+            async move { shop.meet(m.body().unwrap_or_default().to_owned()).await }
         }
     };
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
@@ -340,34 +326,26 @@ async fn a_batch_fills_up_to_the_consumers_concurrency() {
     });
     let mut drained = false;
     for _ in 0..600 {
-        let failed = !alone.lock().unwrap().is_empty();
-        if failed
-            || (orders.iter().all(|o| charges.count(o) == 1)
-                && left_in_queue(&client, &url).await == 0)
-        {
-            drained = !failed;
+        if shop.alone() > 0 {
+            break;
+        }
+        if shop.each_once(&orders) && left_in_queue(&client, &url).await == 0 {
+            drained = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    stop.send_replace(true);
-    tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the consumer did not shut down")
-        .unwrap();
-    assert!(
-        alone.lock().unwrap().is_empty(),
-        "handlers that waited in vain for {AT_ONCE} at once: {:?}",
-        alone.lock().unwrap()
+    support::stop(stop, run).await;
+    assert_eq!(
+        shop.alone(),
+        0,
+        "handlers waited in vain for {AT_ONCE} at once"
     );
     assert!(
         drained,
         "the queue was not drained: {:?}",
-        charges.snapshot()
+        shop.charges.snapshot()
     );
-    for order in &orders {
-        assert_eq!(charges.count(order), 1, "{order}");
-    }
 }
 
 /// While a handler runs past the visibility timeout (2 s; held 5 s), its message stays
