@@ -152,7 +152,7 @@ impl<C: Codec> SqsConsumer<C> {
 
     /// How many messages a receive asks for (1 to 10, the default). A batch holds up to the
     /// consumer's [`concurrency`](Consumer::concurrency) (16 by default): after the receive
-    /// that waited, receives that do not wait fill it while they bring messages, as SQS gives
+    /// that waited, receives that do not wait fill it while each comes back full, as SQS gives
     /// at most 10 a receive.
     pub fn max_messages(mut self, n: i32) -> Self {
         self.max_messages = n.clamp(1, MAX_BATCH);
@@ -258,22 +258,23 @@ impl<C: Codec> SqsConsumer<C> {
     }
 
     /// One batch: a receive that waits for messages (long poll), then, while the last receive
-    /// brought messages and the batch holds fewer than the consumer runs at once
+    /// came back full and the batch holds fewer than the consumer runs at once
     /// ([`Consumer::concurrency`]), receives that do not wait. SQS gives at most 10 messages a
     /// receive, and a batch runs whole before the next receive, so without them a consumer
     /// would never run more than 10 messages at once, whatever its concurrency. A receive that
-    /// fails after the first ends the batch with what it holds: those messages are already
-    /// hidden from everyone else.
+    /// came back short says the queue is (nearly) drained: no request more is made for it. A
+    /// receive that fails after the first ends the batch with what it holds: those messages
+    /// are already hidden from everyone else.
     async fn receive(&self) -> Result<Vec<SqsMessage>, String> {
         let mut messages = self.receive_once(self.max_messages, self.wait).await?;
         let room = self.consumer.concurrency;
-        let mut last = messages.len();
+        let mut full = messages.len() == self.max_messages as usize;
         // Each round adds at least one message or ends: at most `room` rounds.
-        while last > 0 && messages.len() < room {
-            let ask = (room - messages.len()).min(self.max_messages as usize) as i32;
-            match self.receive_once(ask, Duration::ZERO).await {
+        while full && messages.len() < room {
+            let ask = (room - messages.len()).min(self.max_messages as usize);
+            match self.receive_once(ask as i32, Duration::ZERO).await {
                 Ok(more) => {
-                    last = more.len();
+                    full = more.len() == ask;
                     messages.extend(more);
                 }
                 Err(e) => {

@@ -365,7 +365,12 @@ async fn consumer_kill_child_entry() {
     };
     let s = Setup::from_env(&text);
     let shop = Shop::open(&s).await;
-    let consumer = Consumer::new(shop.engine(), "consume").unwrap();
+    // Ten at once per receive loop: what each loop ran before a batch was filled up to the
+    // concurrency (16 by default). The loops share one pool and one moto, and 8 loops × 16
+    // handlers queued on both; the kill and the drain are what this test is about.
+    let consumer = Consumer::new(shop.engine(), "consume")
+        .unwrap()
+        .concurrency(10);
     let consumer = SqsConsumer::new(sqs(&s.endpoint), &s.queue, consumer)
         .visibility(VISIBILITY)
         .wait(Duration::from_secs(1))
