@@ -15,7 +15,8 @@ use idem_consumer::Consumer;
 use tokio::sync::Semaphore;
 
 mod support;
-use support::sqs::{client, endpoint, left_in_queue};
+use std::sync::atomic::Ordering;
+use support::sqs::{client, counting_client, endpoint, left_in_queue, FillReceives};
 use support::AllAtOnce;
 
 async fn queue(client: &Client, fifo: bool) -> String {
@@ -305,7 +306,8 @@ async fn a_batch_fills_up_to_the_consumers_concurrency() {
     let consumer = Consumer::new(Idempotency::from_arc(store().await), "orders")
         .unwrap()
         .concurrency(AT_ONCE);
-    let consumer = SqsConsumer::new(client.clone(), &url, consumer)
+    let fills = FillReceives::default();
+    let consumer = SqsConsumer::new(counting_client(&endpoint, &fills), &url, consumer)
         .visibility(Duration::from_secs(2))
         .wait(Duration::from_secs(1));
     let shop = AllAtOnce::new(AT_ONCE);
@@ -345,6 +347,35 @@ async fn a_batch_fills_up_to_the_consumers_concurrency() {
         drained,
         "the queue was not drained: {:?}",
         shop.charges.snapshot()
+    );
+    assert!(
+        fills.0.load(Ordering::SeqCst) >= 1,
+        "no receive filled the batch"
+    );
+}
+
+/// A receive that comes back short (3 messages where 10 were asked for) ends the batch: a
+/// shallow queue costs no receive beyond the long poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_receive_is_not_topped_up() {
+    let Some(endpoint) = endpoint() else { return };
+    let client = client(&endpoint);
+    let url = queue(&client, false).await;
+    let orders = ["o1", "o2", "o3"];
+    for order in orders {
+        send(&client, &url, order, None).await;
+    }
+    let fills = FillReceives::default();
+    let consumer = Consumer::new(Idempotency::from_arc(store().await), "orders").unwrap();
+    let consumer = SqsConsumer::new(counting_client(&endpoint, &fills), &url, consumer)
+        .visibility(Duration::from_secs(2))
+        .wait(Duration::from_secs(1));
+    let shop = Shop::new(&[]);
+    drain(vec![consumer], &shop, &client, &url, &orders).await;
+    assert_eq!(
+        fills.0.load(Ordering::SeqCst),
+        0,
+        "receives made to top up a batch that came back short"
     );
 }
 
