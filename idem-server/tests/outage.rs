@@ -40,6 +40,8 @@ const ENGINES: usize = 4;
 const TASKS: usize = 8;
 /// Keys per engine, called in order by each of its tasks.
 const KEYS: usize = 400;
+/// New keys answered before each kill and after the last restart.
+const WINDOW: usize = 40;
 
 /// The server on `db`, listening on `addr`, once it answers.
 fn server(addr: &str, db: &std::path::Path) -> Process {
@@ -83,6 +85,33 @@ struct Seen {
 }
 
 impl Seen {
+    /// How many calls were answered `Fresh` (their work ran for them).
+    fn fresh(&self) -> usize {
+        let answers = self.answers.lock().unwrap();
+        answers
+            .values()
+            .flatten()
+            .filter(|o| matches!(o, Outcome::Fresh(_)))
+            .count()
+    }
+
+    /// Waits until `more` calls more than now were answered `Fresh` (a minute at most): the
+    /// load between two kills is counted, not timed, so a loaded machine slows it down without
+    /// thinning it out.
+    async fn until_fresh(&self, more: usize) {
+        let (target, deadline) = (
+            self.fresh() + more,
+            Instant::now() + Duration::from_secs(60),
+        );
+        while self.fresh() < target {
+            assert!(
+                Instant::now() < deadline,
+                "no {more} fresh answers within a minute of the server's start"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// One call of `key` on `engine`, retried until it answers: the work takes 20 ms and
     /// returns a value no other execution returns.
     async fn call(&self, engine: &Idempotency, key: Key, stop: Instant) {
@@ -164,15 +193,17 @@ async fn no_answer_is_lost_when_the_server_is_down_past_the_lease() {
         }
     }
 
+    // Each kill comes once the server answered `WINDOW` new keys since it started; the load
+    // ends once it answered as many after the last restart.
     let mut kills = Vec::new();
     for _ in 0..KILLS {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        seen.until_fresh(WINDOW).await;
         running.kill();
         kills.push(Instant::now());
         tokio::time::sleep(OUTAGE).await;
         running = server(&addr, &db);
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    seen.until_fresh(WINDOW).await;
     done.store(true, Ordering::SeqCst);
     for task in load {
         task.await.unwrap();
@@ -230,11 +261,7 @@ async fn no_answer_is_lost_when_the_server_is_down_past_the_lease() {
             }
         }
     }
-    let fresh = answers
-        .values()
-        .flatten()
-        .filter(|o| matches!(o, Outcome::Fresh(_)))
-        .count();
+    let fresh = seen.fresh();
     eprintln!(
         "{} keys answered ({fresh} fresh, {} answers), {} calls refused while the server was down, {} met a pending completion; {} kills of {OUTAGE:?} with a {LEASE:?} lease",
         answers.len(),
@@ -250,5 +277,8 @@ async fn no_answer_is_lost_when_the_server_is_down_past_the_lease() {
         seen.unavailable.load(Ordering::Relaxed) > 0,
         "no call met the outage"
     );
-    assert!(fresh > 100, "too little load: {fresh} fresh answers");
+    assert!(
+        fresh >= WINDOW * (KILLS + 1),
+        "too little load: {fresh} fresh answers"
+    );
 }
