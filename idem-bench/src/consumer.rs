@@ -95,3 +95,152 @@ fn deliveries(n: usize) -> Vec<([u8; 32], u64)> {
     }
     out
 }
+
+/// The run loop's row (`--consumer`): [`Consumer::run`] over an in-process queue that hands out
+/// at most 10 messages a receive (as SQS does), a consumer of concurrency 16, and handlers that
+/// wait 2 ms, one in ten 40 ms (a slow call). Each round drains `messages` messages twice:
+/// with the loop overlapping its batches (the default) and with one batch at a time (ordered
+/// mode, whose lanes are the same here: every message is its own group, and none fails), in
+/// turns. The figure is what a batch's slowest message costs the ones after it.
+pub async fn run_loop(messages: usize, rounds: usize) -> Result<LoopRow, BenchError> {
+    let engine = Idempotency::new(idem::MemoryStore::new());
+    let consumer = Consumer::new(engine, "bench-loop")?.concurrency(16);
+    let (mut overlapping, mut one_at_a_time) = (Duration::ZERO, Duration::ZERO);
+    for round in 0..rounds {
+        for ordered in [round % 2 == 1, round % 2 == 0] {
+            // Keys of this run's own: the engine would replay another run's.
+            let queue = InProcess::new(messages, format!("r{round}-{ordered}"));
+            let consumer = consumer.clone().ordered(ordered);
+            let started = Instant::now();
+            let handler = |slow: bool| async move {
+                let wait = if slow { 40 } else { 2 };
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                Ok::<_, Infallible>(())
+            };
+            consumer.run(&queue, handler, queue.drained()).await;
+            let took = started.elapsed();
+            if queue.acknowledged() != messages {
+                return Err(BenchError::Unexpected(format!(
+                    "the loop acknowledged {} of {messages} messages",
+                    queue.acknowledged()
+                )));
+            }
+            if ordered {
+                one_at_a_time += took;
+            } else {
+                overlapping += took;
+            }
+        }
+    }
+    let total = (messages * rounds) as f64;
+    Ok(LoopRow {
+        overlapping_per_sec: total / overlapping.as_secs_f64(),
+        one_at_a_time_per_sec: total / one_at_a_time.as_secs_f64(),
+    })
+}
+
+/// The run loop's figures: messages per second with overlapping batches and one at a time.
+pub struct LoopRow {
+    pub overlapping_per_sec: f64,
+    pub one_at_a_time_per_sec: f64,
+}
+
+impl LoopRow {
+    pub fn ratio(&self) -> f64 {
+        self.overlapping_per_sec / self.one_at_a_time_per_sec
+    }
+}
+
+/// An in-process queue of messages whose body says whether its handler is slow (one in ten),
+/// each with a key of its own (`prefix`, then its number); a receive hands out at most 10 and as many as asked.
+struct InProcess {
+    total: usize,
+    prefix: String,
+    ready: std::sync::Mutex<Vec<u64>>,
+    settled: std::sync::atomic::AtomicUsize,
+    acknowledged: std::sync::atomic::AtomicUsize,
+    done: tokio::sync::Notify,
+}
+
+impl InProcess {
+    fn new(messages: usize, prefix: String) -> InProcess {
+        InProcess {
+            total: messages,
+            prefix,
+            ready: std::sync::Mutex::new((0..messages as u64).rev().collect()),
+            settled: Default::default(),
+            acknowledged: Default::default(),
+            done: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn acknowledged(&self) -> usize {
+        self.acknowledged.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Resolves once every message is settled.
+    async fn drained(&self) {
+        loop {
+            let done = self.done.notified();
+            let mut done = std::pin::pin!(done);
+            done.as_mut().enable();
+            if self.settled.load(std::sync::atomic::Ordering::SeqCst) >= self.total {
+                return;
+            }
+            done.await;
+        }
+    }
+}
+
+impl idem::consumer::Broker for InProcess {
+    type Body = bool;
+    type Receipt = u64;
+    type Error = Infallible;
+
+    fn hold(&self) -> Duration {
+        Duration::from_secs(30)
+    }
+
+    async fn receive(&self) -> Result<idem::consumer::Received<Self>, Infallible> {
+        self.receive_up_to(BATCH).await
+    }
+
+    async fn receive_up_to(
+        &self,
+        most: usize,
+    ) -> Result<idem::consumer::Received<Self>, Infallible> {
+        let taken: Vec<u64> = match self.ready.lock() {
+            Ok(mut ready) => {
+                let n = most.min(BATCH).min(ready.len());
+                let at = ready.len() - n;
+                ready.split_off(at)
+            }
+            Err(_) => Vec::new(),
+        };
+        if taken.is_empty() {
+            // A long poll on an empty queue: wait for the loop's shutdown instead.
+            std::future::pending::<()>().await;
+        }
+        Ok(taken
+            .into_iter()
+            .rev()
+            .map(|n| {
+                (
+                    Message::keyed(n % 10 == 3, format!("{}-{n}", self.prefix)),
+                    n,
+                )
+            })
+            .collect())
+    }
+
+    async fn extend(&self, _held: &[u64]) {}
+
+    async fn settle(&self, settled: Vec<(u64, idem::consumer::Disposition)>) {
+        let acked = settled.iter().filter(|(_, d)| d.acknowledges()).count();
+        self.acknowledged
+            .fetch_add(acked, std::sync::atomic::Ordering::SeqCst);
+        self.settled
+            .fetch_add(settled.len(), std::sync::atomic::Ordering::SeqCst);
+        self.done.notify_waiters();
+    }
+}

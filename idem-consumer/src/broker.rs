@@ -6,11 +6,16 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 
 use idem_core::{Codec, Steps};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
@@ -26,16 +31,23 @@ use crate::{Consumer, Disposition, Message, MessageHandler, MessageOutcome};
 /// [`Consumer::run`] drives a broker in one loop, as opentelemetry's `BatchSpanProcessor` drives a
 /// `SpanExporter`:
 ///
-/// 1. [`receive`](Broker::receive) a batch (waiting for it, as a long poll does); a failed
-///    receive is logged and tried again after a second; an empty batch is received again.
+/// 1. [`receive_up_to`](Broker::receive_up_to) a batch of at most as many messages as the
+///    consumer has room for (its [`concurrency`](Consumer::concurrency) less the messages
+///    still running), waiting for them as a long poll does; a failed receive is logged and
+///    tried again after a second; an empty batch is received again.
 /// 2. Run it through the consumer, with each claim's lease set to the broker's
 ///    [`hold`](Broker::hold), and every third of the hold [`extend`](Broker::extend) the hold on
 ///    the batch's messages (as the engine renews their claims), until every message has its
-///    outcome.
-/// 3. [`settle`](Broker::settle) each message by its outcome's [`Disposition`]; a failed or
-///    poison message is logged first.
-/// 4. Stop once `shutdown` resolves; it is watched while receiving, so a batch in hand is
-///    finished and settled first.
+///    outcome. Each message frees its room as its outcome is known, and once half the
+///    concurrency is free the next receive runs beside the batches in hand: a slow message
+///    holds up its own batch's settling, not the queue. (Half, not one: every batch costs a
+///    receive, a settle and its extends, so batches of one message would multiply them.) In
+///    [ordered](Consumer::ordered) mode a batch runs alone, received once the one before it is
+///    settled (a group's next message waits for the one before it).
+/// 3. [`settle`](Broker::settle) each message of the batch by its outcome's [`Disposition`],
+///    once all of them have one; a failed or poison message is logged first.
+/// 4. Stop once `shutdown` resolves: no receive after it, and the batches in hand are finished
+///    and settled first.
 ///
 /// An in-process queue, as a broker: received messages are held until settled, a message handed
 /// back comes again, a poison one goes to a dead-letter list.
@@ -121,6 +133,19 @@ pub trait Broker: Sync {
     /// receives again). It may wait for messages, as a long poll does.
     fn receive(&self) -> impl Future<Output = Result<Received<Self>, Self::Error>> + Send;
 
+    /// Receives a batch of at most `most` messages (at least 1): what the loop calls, with the
+    /// room its consumer has left. By default [`receive`](Self::receive), whatever `most`
+    /// says: a broker whose batches can be larger than its consumer's concurrency overrides
+    /// it, or the loop runs up to a batch more than the concurrency at once (it receives again
+    /// only once the messages running are fewer than the concurrency).
+    fn receive_up_to(
+        &self,
+        most: usize,
+    ) -> impl Future<Output = Result<Received<Self>, Self::Error>> + Send {
+        let _ = most;
+        self.receive()
+    }
+
     /// Extends the hold on these messages (received, not settled yet) by [`hold`](Self::hold).
     /// A failure is the broker's to log: the message may come back early and meet its claim
     /// ([`InFlight`](MessageOutcome::InFlight)).
@@ -139,17 +164,21 @@ pub type Received<B> = Vec<(Message<<B as Broker>::Body>, <B as Broker>::Receipt
 impl<C: Codec> Consumer<C> {
     /// Receives batches from `broker` and runs each through `handler`
     /// ([`process`](Self::process)), settling every message by its outcome, until `shutdown`
-    /// resolves; then stops receiving, finishes and settles the batch in hand, and returns.
-    /// The claims' lease is the broker's [`hold`](Broker::hold), extended with it. A failed
-    /// receive is logged and tried again after a second. See [`Broker`].
+    /// resolves; then stops receiving, finishes and settles the batches in hand, and returns.
+    /// Up to [`concurrency`](Self::concurrency) messages run at once, across batches: the next
+    /// receive asks for the room the running ones leave (in [ordered](Self::ordered) mode, one
+    /// batch at a time). The claims' lease is the broker's [`hold`](Broker::hold), extended
+    /// with it. A failed receive is logged and tried again after a second. See [`Broker`].
     pub async fn run<B, H>(&self, broker: &B, handler: H, shutdown: impl Future<Output = ()>)
     where
         B: Broker,
         H: MessageHandler<B::Body>,
         H::Error: fmt::Display,
     {
-        receive_loop(broker, shutdown, |batch| {
-            self.process_received(broker, batch, &handler)
+        let (consumer, room, slots) = self.looping();
+        let consumer = &consumer;
+        receive_loop(broker, shutdown, &room, slots, |batch| {
+            consumer.process_received(broker, batch, &handler)
         })
         .await
     }
@@ -169,10 +198,25 @@ impl<C: Codec> Consumer<C> {
         T: Serialize + DeserializeOwned,
         E: fmt::Display,
     {
-        receive_loop(broker, shutdown, |batch| {
-            self.process_received_steps(broker, batch, &handler)
+        let (consumer, room, slots) = self.looping();
+        let consumer = &consumer;
+        receive_loop(broker, shutdown, &room, slots, |batch| {
+            consumer.process_received_steps(broker, batch, &handler)
         })
         .await
+    }
+
+    /// This consumer as a long-running loop runs it: its room (a slot per message it runs at
+    /// once, or in ordered mode one for the batch), and a copy whose batches give each
+    /// message's slot back as its outcome is known.
+    fn looping(&self) -> (Consumer<C>, Arc<Room>, Slots) {
+        if self.ordered {
+            return (self.clone(), Arc::new(Room::new(1)), Slots::Batch);
+        }
+        let room = Arc::new(Room::new(self.concurrency));
+        let mut consumer = self.clone();
+        consumer.room = Some(room.clone());
+        (consumer, room, Slots::Messages)
     }
 
     /// One received batch through [`process`](Self::process), settled on `broker`.
@@ -262,34 +306,142 @@ impl<C: Codec> Consumer<C> {
     }
 }
 
-/// The loop of a long-running consumer: `receive` a batch from `broker` and `process` it (its
-/// output dropped) until `shutdown` resolves, then return (a batch in hand is finished first,
-/// as shutdown is only watched while receiving). A failed receive is logged and tried again
-/// after a second.
-async fn receive_loop<B, P, PF>(broker: &B, shutdown: impl Future<Output = ()>, mut process: P)
-where
+/// The message slots of a long-running consumer's loop, shared by the batches it runs at
+/// once: the loop takes one for each message it receives, and a message gives its slot back
+/// as soon as its outcome is known, before its batch is settled. The loop receives again once
+/// half the slots are free (rounded up), so that a batch is not one message with a receive,
+/// a settle and extends of its own. In ordered mode a slot is a whole batch (one at a time),
+/// given back once the batch is settled.
+#[derive(Debug)]
+pub(crate) struct Room {
+    /// Free slots; below zero when a broker handed out more than it was asked for.
+    free: Mutex<isize>,
+    /// How many must be free for the next receive.
+    enough: isize,
+    freed: Notify,
+}
+
+impl Room {
+    pub(crate) fn new(slots: usize) -> Room {
+        let slots = isize::try_from(slots).unwrap_or(isize::MAX).max(1);
+        Room {
+            free: Mutex::new(slots),
+            enough: slots / 2 + slots % 2,
+            freed: Notify::new(),
+        }
+    }
+
+    fn free(&self) -> isize {
+        *self.free.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until enough slots are free (half of them); returns how many are.
+    async fn wait_free(&self) -> usize {
+        loop {
+            let freed = self.freed.notified();
+            let mut freed = std::pin::pin!(freed);
+            // Registered before the count is read, so a slot given back in between wakes it.
+            freed.as_mut().enable();
+            let free = self.free();
+            if free >= self.enough {
+                return usize::try_from(free).unwrap_or(1);
+            }
+            freed.await;
+        }
+    }
+
+    fn take(&self, n: usize) {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        *free = free.saturating_sub(isize::try_from(n).unwrap_or(isize::MAX));
+    }
+
+    /// Gives `n` slots back.
+    pub(crate) fn give(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        {
+            let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+            *free = free.saturating_add(isize::try_from(n).unwrap_or(isize::MAX));
+        }
+        self.freed.notify_waiters();
+    }
+}
+
+/// How a long-running consumer's loop overlaps its batches.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Slots {
+    /// A slot per message, given back by each message as its outcome is known: batches
+    /// overlap, up to the consumer's concurrency in messages.
+    Messages,
+    /// One slot for the whole batch, given back once it is settled: one batch at a time
+    /// (ordered mode, where a group's next message must wait for the one before it).
+    Batch,
+}
+
+/// The loop of a long-running consumer: `receive` batches from `broker` and `process` them (their
+/// output dropped) until `shutdown` resolves; then stop receiving, finish the batches in hand and
+/// return. With [`Slots::Messages`], a receive asks for as many messages as `room` has free
+/// slots and runs beside the batches in hand; with [`Slots::Batch`], it waits for the batch in
+/// hand to be settled. A failed receive is logged and tried again after a second.
+async fn receive_loop<B, P, PF>(
+    broker: &B,
+    shutdown: impl Future<Output = ()>,
+    room: &Room,
+    slots: Slots,
+    mut process: P,
+) where
     B: Broker,
     P: FnMut(Received<B>) -> PF,
     PF: Future,
 {
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut running = FuturesUnordered::new();
+    // The receive in progress is kept across the loop's turns: a batch that ends while a long
+    // poll waits must not cancel it (the messages it is handed would stay hidden until their
+    // hold ends).
+    let mut receiving = std::pin::pin!(receive(broker, room, slots).fuse());
     loop {
-        let received = tokio::select! {
-            _ = &mut shutdown => return,
-            received = broker.receive() => received,
-        };
-        match received {
-            Ok(batch) if batch.is_empty() => {}
-            Ok(batch) => {
-                process(batch).await;
-            }
-            Err(e) => {
-                tracing::warn!("receiving from {} failed: {e}", broker.name());
-                tokio::select! {
-                    _ = &mut shutdown => return,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = running.next(), if !running.is_empty() => {}
+            received = &mut receiving => {
+                if let Some(batch) = received.filter(|batch| !batch.is_empty()) {
+                    room.take(match slots {
+                        Slots::Messages => batch.len(),
+                        Slots::Batch => 1,
+                    });
+                    let batch = process(batch);
+                    running.push(async move {
+                        batch.await;
+                        if slots == Slots::Batch {
+                            room.give(1);
+                        }
+                    });
                 }
+                receiving.set(receive(broker, room, slots).fuse());
             }
+        }
+    }
+    // Stopped receiving: the batches in hand are finished and settled.
+    while running.next().await.is_some() {}
+}
+
+/// One receive of [`receive_loop`], once `room` has enough free slots: up to that many messages
+/// (any number with [`Slots::Batch`]); `None` after a failed receive, logged, and a second's
+/// pause.
+async fn receive<B: Broker>(broker: &B, room: &Room, slots: Slots) -> Option<Received<B>> {
+    let free = room.wait_free().await;
+    let most = match slots {
+        Slots::Messages => free,
+        Slots::Batch => usize::MAX,
+    };
+    match broker.receive_up_to(most).await {
+        Ok(batch) => Some(batch),
+        Err(e) => {
+            tracing::warn!("receiving from {} failed: {e}", broker.name());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            None
         }
     }
 }

@@ -58,6 +58,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -418,6 +419,9 @@ pub struct Consumer<C = JsonCodec> {
     lease: Option<Duration>,
     on_lapse: Option<OnLapse>,
     deadline: Option<Instant>,
+    /// The slots of the long-running loop that runs this copy ([`Consumer::run`]): each
+    /// message gives its own back as its outcome is known.
+    room: Option<Arc<broker::Room>>,
 }
 
 impl<C> Clone for Consumer<C> {
@@ -430,6 +434,7 @@ impl<C> Clone for Consumer<C> {
             lease: self.lease,
             on_lapse: self.on_lapse,
             deadline: self.deadline,
+            room: self.room.clone(),
         }
     }
 }
@@ -450,6 +455,7 @@ impl<C: Codec> Consumer<C> {
             lease: None,
             on_lapse: None,
             deadline: None,
+            room: None,
         })
     }
 
@@ -633,17 +639,28 @@ impl<C: Codec> Consumer<C> {
         let slots: Mutex<Vec<Option<MessageOutcome<T, E>>>> =
             Mutex::new((0..total).map(|_| None).collect());
         let lanes = self.lanes(messages, &slots);
+        // The loop's slots: the messages answered while the lanes were made (poison) give
+        // theirs back now, each message a lane runs as its outcome lands, the rest (not
+        // processed) once the batch is over.
+        let laned: usize = lanes.iter().map(Vec::len).sum();
+        let answered = AtomicUsize::new(total - laned);
+        self.give_room(total - laned);
+        let given = Given {
+            room: self.room.as_deref(),
+            answered: &answered,
+        };
         let run = &run;
         let slots_ref = &slots;
+        let given = &given;
         let run_all = async {
             let mut lanes = lanes.into_iter();
             let mut running = FuturesUnordered::new();
             for lane in lanes.by_ref().take(self.concurrency) {
-                running.push(self.lane(lane, run, slots_ref));
+                running.push(self.lane(lane, run, slots_ref, given));
             }
             while running.next().await.is_some() {
                 if let Some(lane) = lanes.next() {
-                    running.push(self.lane(lane, run, slots_ref));
+                    running.push(self.lane(lane, run, slots_ref, given));
                 }
             }
         };
@@ -653,6 +670,7 @@ impl<C: Codec> Consumer<C> {
             }
             None => run_all.await,
         }
+        self.give_room(total.saturating_sub(answered.load(Ordering::Relaxed)));
         let outcomes: Vec<MessageOutcome<T, E>> = slots
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner)
@@ -724,6 +742,7 @@ impl<C: Codec> Consumer<C> {
         lane: Vec<Prepared<M>>,
         run: &R,
         slots: &Mutex<Vec<Option<MessageOutcome<T, E>>>>,
+        given: &Given<'_>,
     ) where
         R: Fn(Option<Key>, Option<Fingerprint>, M) -> RF,
         RF: Future<Output = MessageOutcome<T, E>>,
@@ -737,9 +756,17 @@ impl<C: Codec> Consumer<C> {
             let outcome = run(message.key, message.fingerprint, message.body).await;
             let stop = self.ordered && !outcome.disposition().acknowledges();
             put(slots, message.index, outcome);
+            given.one();
             if stop {
                 return;
             }
+        }
+    }
+
+    /// Gives `n` slots back to the loop that runs this consumer, if one does.
+    fn give_room(&self, n: usize) {
+        if let Some(room) = &self.room {
+            room.give(n);
         }
     }
 
@@ -771,6 +798,22 @@ async fn caught<T, E>(
     match AssertUnwindSafe(call).catch_unwind().await {
         Ok(result) => MessageOutcome::of(result),
         Err(panic) => MessageOutcome::Failed(Failure::Panicked(panic_message(&*panic))),
+    }
+}
+
+/// A batch's count of the messages whose outcome is known, each giving its slot back to the
+/// loop that runs the batch (if one does) as it lands.
+struct Given<'a> {
+    room: Option<&'a broker::Room>,
+    answered: &'a AtomicUsize,
+}
+
+impl Given<'_> {
+    fn one(&self) {
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        if let Some(room) = self.room {
+            room.give(1);
+        }
     }
 }
 

@@ -83,8 +83,8 @@ impl<C: Codec> NatsConsumer<C> {
     /// waiting up to 5 s for them.
     pub fn new(consumer: Consumer<C>) -> NatsConsumer<C> {
         NatsConsumer {
-            // A batch runs whole before the next fetch: a smaller one would leave some of the
-            // consumer's concurrency unused.
+            // The loop asks for the room it has left, at most this: a smaller batch would
+            // leave some of the consumer's concurrency unused.
             batch: consumer.concurrency,
             consumer,
             ack_wait: Duration::from_secs(30),
@@ -99,9 +99,9 @@ impl<C: Codec> NatsConsumer<C> {
         self
     }
 
-    /// How many messages a fetch asks for (at least 1; by default the consumer's
-    /// concurrency: a batch runs whole before the next fetch, so a smaller one leaves some of
-    /// it unused).
+    /// The most messages a fetch asks for (at least 1; by default the consumer's concurrency).
+    /// The loop asks for the room it has left (the concurrency less the messages running),
+    /// at most this: a smaller batch leaves some of the concurrency unused.
     pub fn batch(mut self, batch: usize) -> Self {
         self.batch = batch.max(1);
         self
@@ -124,7 +124,7 @@ impl<C: Codec> NatsConsumer<C> {
     }
 
     /// Fetches and processes batches from `pull` until `shutdown` resolves; then stops fetching,
-    /// finishes the batch in hand (handlers and answers) and returns. A failed fetch is logged
+    /// finishes the batches in hand (handlers and answers) and returns. A failed fetch is logged
     /// and tried again after a second. The loop is [`Consumer::run`]'s, over the pull consumer
     /// as a [`Broker`].
     pub async fn run<H>(&self, pull: &PullConsumer, handler: H, shutdown: impl Future<Output = ()>)
@@ -174,13 +174,15 @@ impl<C: Codec> NatsConsumer<C> {
     }
 
     /// One fetch: up to `batch` messages, waiting up to `wait`.
+    /// One fetch of up to `most` messages (and at most [`batch`](Self::batch)).
     async fn fetch(
         &self,
         pull: &PullConsumer,
+        most: usize,
     ) -> Result<Vec<async_nats::jetstream::Message>, async_nats::Error> {
         let mut batch = pull
             .fetch()
-            .max_messages(self.batch)
+            .max_messages(self.batch.min(most).max(1))
             .expires(self.wait)
             .messages()
             .await?;
@@ -271,8 +273,12 @@ impl<C: Codec> Broker for Pull<'_, C> {
     }
 
     async fn receive(&self) -> Result<Received<Self>, Self::Error> {
+        self.receive_up_to(self.nats.batch).await
+    }
+
+    async fn receive_up_to(&self, most: usize) -> Result<Received<Self>, Self::Error> {
         match self.pull {
-            Some(pull) => Ok(self.nats.received(self.nats.fetch(pull).await?)),
+            Some(pull) => Ok(self.nats.received(self.nats.fetch(pull, most).await?)),
             None => Ok(Vec::new()),
         }
     }

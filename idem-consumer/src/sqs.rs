@@ -53,7 +53,7 @@ const MAX_WAIT: Duration = Duration::from_secs(20);
 /// let handler = |m: aws_sdk_sqs::types::Message| async move {
 ///     Ok::<_, std::io::Error>(m.body().unwrap_or_default().len())
 /// };
-/// // Runs until `stop` fires (a signal handler's sender), then finishes the batch in hand.
+/// // Runs until `stop` fires (a signal handler's sender), then finishes the batches in hand.
 /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
 /// # drop(stop);
 /// orders.run(handler, async { let _ = stopped.await; }).await;
@@ -151,16 +151,16 @@ impl<C: Codec> SqsConsumer<C> {
     }
 
     /// How many messages a receive asks for (1 to 10, the default). A batch holds up to the
-    /// consumer's [`concurrency`](Consumer::concurrency) (16 by default): after the receive
-    /// that waited, receives that do not wait fill it while each comes back full, as SQS gives
-    /// at most 10 a receive.
+    /// room the loop has left (the consumer's [`concurrency`](Consumer::concurrency), 16 by
+    /// default, less the messages running): after the receive that waited, receives that do
+    /// not wait fill it while each comes back full, as SQS gives at most 10 a receive.
     pub fn max_messages(mut self, n: i32) -> Self {
         self.max_messages = n.clamp(1, MAX_BATCH);
         self
     }
 
     /// Receives and processes batches until `shutdown` resolves; then stops receiving, finishes
-    /// the batch in hand (its handlers, deletes and visibility changes) and returns. A failed
+    /// the batches in hand (their handlers, deletes and visibility changes) and returns. A failed
     /// receive is logged and tried again after a second. The loop is [`Consumer::run`]'s, over
     /// this queue as a [`Broker`].
     pub async fn run<H>(&self, handler: H, shutdown: impl Future<Output = ()>)
@@ -257,18 +257,19 @@ impl<C: Codec> SqsConsumer<C> {
             .collect()
     }
 
-    /// One batch: a receive that waits for messages (long poll), then, while the last receive
-    /// came back full and the batch holds fewer than the consumer runs at once
-    /// ([`Consumer::concurrency`]), receives that do not wait. SQS gives at most 10 messages a
-    /// receive, and a batch runs whole before the next receive, so without them a consumer
-    /// would never run more than 10 messages at once, whatever its concurrency. A receive that
-    /// came back short says the queue is (nearly) drained: no request more is made for it. A
-    /// receive that fails after the first ends the batch with what it holds: those messages
-    /// are already hidden from everyone else.
-    async fn receive(&self) -> Result<Vec<SqsMessage>, String> {
-        let mut messages = self.receive_once(self.max_messages, self.wait).await?;
-        let room = self.consumer.concurrency;
-        let mut full = messages.len() == self.max_messages as usize;
+    /// One batch of at most `most` messages (the room the consumer's loop has left, at most
+    /// its [`Consumer::concurrency`]): a receive that waits for messages (long poll), then,
+    /// while the last receive came back full and the batch has room left, receives that do not
+    /// wait. SQS gives at most 10 messages a receive, so without them a consumer whose loop has
+    /// room for 16 would run 10 and wait for the next receive's long poll to ask for the rest.
+    /// A receive that came back short says the queue is (nearly) drained: no request more is
+    /// made for it. A receive that fails after the first ends the batch with what it holds:
+    /// those messages are already hidden from everyone else.
+    async fn receive(&self, most: usize) -> Result<Vec<SqsMessage>, String> {
+        let room = self.consumer.concurrency.min(most).max(1);
+        let first = (self.max_messages as usize).min(room);
+        let mut messages = self.receive_once(first as i32, self.wait).await?;
+        let mut full = messages.len() == first;
         // Each round adds at least one message or ends: at most `room` rounds.
         while full && messages.len() < room {
             let ask = (room - messages.len()).min(self.max_messages as usize);
@@ -415,7 +416,11 @@ impl<C: Codec> Broker for Queue<'_, C> {
     }
 
     async fn receive(&self) -> Result<Received<Self>, String> {
-        Ok(self.0.received(self.0.receive().await?))
+        self.receive_up_to(self.0.consumer.concurrency).await
+    }
+
+    async fn receive_up_to(&self, most: usize) -> Result<Received<Self>, String> {
+        Ok(self.0.received(self.0.receive(most).await?))
     }
 
     async fn extend(&self, held: &[String]) {

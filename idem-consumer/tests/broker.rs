@@ -61,11 +61,15 @@ struct State {
     /// Settlements of a receipt the queue no longer holds (settled twice, or after its hold
     /// ended: the message could have gone to another consumer meanwhile).
     stale: Vec<u64>,
+    /// At each receive: how many it asked for, and how many messages were held unsettled.
+    receives: Vec<(usize, usize)>,
 }
 
 /// The in-process queue.
 struct Queue {
     hold: Duration,
+    /// The most messages a receive hands out, whatever it asks for.
+    per_receive: usize,
     state: Mutex<State>,
 }
 
@@ -78,7 +82,16 @@ impl Queue {
         };
         Queue {
             hold,
+            per_receive: 20,
             state: Mutex::new(state),
+        }
+    }
+
+    /// The same queue, handing out at most `n` messages a receive.
+    fn per_receive(self, n: usize) -> Queue {
+        Queue {
+            per_receive: n,
+            ..self
         }
     }
 
@@ -121,8 +134,15 @@ impl Broker for Queue {
     }
 
     async fn receive(&self) -> Result<Received<Self>, Self::Error> {
+        self.receive_up_to(usize::MAX).await
+    }
+
+    async fn receive_up_to(&self, most: usize) -> Result<Received<Self>, Self::Error> {
+        let most = most.min(self.per_receive);
         let received = {
             let mut state = self.state();
+            let held = state.held.len();
+            state.receives.push((most, held));
             let now = Instant::now();
             // A hold that ended: the message is delivered again.
             let ended: Vec<u64> = state
@@ -138,7 +158,7 @@ impl Broker for Queue {
             let mut received = Vec::new();
             let mut waiting = VecDeque::new();
             while let Some((visible, delivery, job)) = state.ready.pop_front() {
-                if visible > now || received.len() == 20 {
+                if visible > now || received.len() == most {
                     waiting.push_back((visible, delivery, job));
                     continue;
                 }
@@ -437,4 +457,239 @@ async fn every_message_is_settled_once_as_its_outcome_says() {
             .map(|id| (id, 1))
             .collect();
     assert_eq!(fx.applied(), once, "every effect once");
+}
+
+/// The ids of the messages of the tests below.
+const IDS: [&str; 12] = [
+    "m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "m9", "m10", "m11",
+];
+
+/// Handlers that count how many run at once (the most at any time) and how many finished,
+/// each applying its message's effect once.
+#[derive(Clone)]
+struct Running {
+    effects: Effects,
+    /// How many run now, and the most that ran at once.
+    now: Arc<Mutex<(usize, usize)>>,
+    /// A permit for each message finished.
+    finished: Arc<Semaphore>,
+}
+
+impl Default for Running {
+    fn default() -> Running {
+        Running {
+            effects: Effects::default(),
+            now: Arc::default(),
+            finished: Arc::new(Semaphore::new(0)),
+        }
+    }
+}
+
+impl Running {
+    /// The most that ran at once.
+    fn most(&self) -> usize {
+        self.now.lock().unwrap().1
+    }
+
+    /// The handler: `slow` waits until `wait_for` other messages have finished, `gated` until
+    /// the `gate` opens; the others finish at once.
+    fn handler(&self, wait_for: u32, gate: Arc<Semaphore>) -> impl Fn(Job) -> Work + use<> {
+        let me = self.clone();
+        move |job: Job| {
+            let (me, gate) = (me.clone(), gate.clone());
+            Box::pin(async move {
+                {
+                    let mut now = me.now.lock().unwrap();
+                    now.0 += 1;
+                    now.1 = now.1.max(now.0);
+                }
+                match job.id {
+                    "slow" => me.finished.acquire_many(wait_for).await.unwrap().forget(),
+                    "gated" => gate.acquire().await.unwrap().forget(),
+                    _ => {}
+                }
+                me.effects.apply(job.id);
+                me.now.lock().unwrap().0 -= 1;
+                me.finished.add_permits(1);
+                Ok(format!("done {}", job.id))
+            })
+        }
+    }
+}
+
+/// Runs `consumer` over `queue` until `done`, failing (not hanging) if that takes longer than
+/// a minute of the test's paused clock: the loop is stuck.
+async fn run_until(
+    consumer: &Consumer,
+    queue: &Queue,
+    handler: impl Fn(Job) -> Work,
+    done: impl std::future::Future<Output = ()>,
+    what: &str,
+) {
+    let run = consumer.run(queue, handler, done);
+    if tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .is_err()
+    {
+        let state = queue.state();
+        panic!(
+            "{what}: the loop was stuck, {} settled, receives (asked, held) {:?}",
+            state.settled.len(),
+            state.receives
+        );
+    }
+}
+
+/// A message that waits for ten others to finish, in a consumer that runs four at once: the
+/// loop receives more while it waits, as its batch's other messages free their room, so the ten
+/// run and it finishes. Were a batch to run whole before the next receive, it would wait
+/// forever on messages never received. No receive asks for more than the room left.
+#[tokio::test(start_paused = true)]
+async fn a_slow_message_holds_up_its_batch_not_the_queue() {
+    let hold = Duration::from_secs(30);
+    let mut jobs = vec![job("slow", "slow", None)];
+    jobs.extend(IDS[..10].iter().map(|id| job(id, id, None)));
+    let queue = Queue::new(hold, jobs);
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()), "orders")
+        .unwrap()
+        .concurrency(4);
+    let running = Running::default();
+    let handler = running.handler(10, Arc::new(Semaphore::new(0)));
+    run_until(
+        &consumer,
+        &queue,
+        handler,
+        queue.settled(11),
+        "a slow message",
+    )
+    .await;
+
+    let state = queue.state();
+    assert_eq!(state.settled.len(), 11, "{:?}", state.settled);
+    assert!(
+        state
+            .settled
+            .iter()
+            .all(|s| s.delivery == 1 && s.disposition == Disposition::Acknowledge),
+        "each acknowledged on its first delivery: {:?}",
+        state.settled
+    );
+    // The first batch held the slow message and m0-m2; the other seven were received and
+    // settled while it waited, and its batch was settled last.
+    let mut first: Vec<&str> = state.settled[..7].iter().map(|s| s.id).collect();
+    first.sort_unstable();
+    assert_eq!(
+        first,
+        ["m3", "m4", "m5", "m6", "m7", "m8", "m9"],
+        "settled while the slow message ran: {:?}",
+        state.settled
+    );
+    assert!(
+        state
+            .receives
+            .iter()
+            .all(|&(asked, _)| (2..=4).contains(&asked)),
+        "each receive asked for the room left, once half the four were free: {:?}",
+        state.receives
+    );
+    assert!(running.most() <= 4, "{} ran at once", running.most());
+    let mut once: HashMap<&'static str, u32> = IDS[..10].iter().map(|id| (*id, 1)).collect();
+    once.insert("slow", 1);
+    assert_eq!(running.effects.applied(), once, "every effect once");
+}
+
+/// Two batches at once, up to the concurrency and no further, and a shutdown with both in hand:
+/// the queue hands out two messages a receive and the consumer runs four, so four run only if
+/// the second batch is received while the first runs; with four running no third receive is
+/// made; and after the shutdown both batches finish and are settled before `run` returns.
+#[tokio::test(start_paused = true)]
+async fn shutdown_finishes_and_settles_every_batch_in_hand() {
+    let hold = Duration::from_secs(30);
+    let jobs = (0..6)
+        .map(|_| job("gated", "gated", None))
+        .collect::<Vec<_>>();
+    // Six messages with keys of their own, each waiting for the gate.
+    let jobs: Vec<Job> = jobs
+        .into_iter()
+        .zip(IDS)
+        .map(|(j, key)| Job { key, ..j })
+        .collect();
+    let queue = Queue::new(hold, jobs).per_receive(2);
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()), "orders")
+        .unwrap()
+        .concurrency(4);
+    let running = Running::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let handler = running.handler(0, gate.clone());
+    // Shutdown once four handlers run (two batches); the gate opens with it.
+    let started = {
+        let running = running.clone();
+        let gate = gate.clone();
+        async move {
+            while running.now.lock().unwrap().0 < 4 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            gate.add_permits(6);
+        }
+    };
+    run_until(&consumer, &queue, handler, started, "shutdown").await;
+
+    let state = queue.state();
+    assert_eq!(
+        state.settled.len(),
+        4,
+        "the four messages in hand, settled before run returned: {:?}",
+        state.settled
+    );
+    assert!(state
+        .settled
+        .iter()
+        .all(|s| s.disposition == Disposition::Acknowledge));
+    assert_eq!(state.held.len(), 0, "nothing left held");
+    assert_eq!(
+        running.most(),
+        4,
+        "four ran at once, across two batches, and no more"
+    );
+    assert_eq!(state.ready.len(), 2, "the two never received wait");
+    assert_eq!(
+        state.receives.len(),
+        2,
+        "no receive after the shutdown: {:?}",
+        state.receives
+    );
+}
+
+/// In ordered mode the loop receives a batch only once the one before it is settled: a
+/// group's next message must wait for the one before it, which a batch beside it would not.
+#[tokio::test(start_paused = true)]
+async fn ordered_batches_run_one_at_a_time() {
+    let hold = Duration::from_secs(30);
+    let jobs: Vec<Job> = IDS
+        .iter()
+        .enumerate()
+        .map(|(i, id)| job(id, id, Some(["g1", "g2", "g3"][i % 3])))
+        .collect();
+    let queue = Queue::new(hold, jobs).per_receive(5);
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()), "orders")
+        .unwrap()
+        .ordered(true);
+    let running = Running::default();
+    let handler = running.handler(0, Arc::new(Semaphore::new(0)));
+    run_until(&consumer, &queue, handler, queue.settled(12), "ordered").await;
+
+    let state = queue.state();
+    let batches: Vec<(usize, usize)> = state
+        .receives
+        .iter()
+        .copied()
+        .filter(|&(asked, _)| asked > 0)
+        .collect();
+    assert!(
+        batches.iter().all(|&(_, held)| held == 0),
+        "a receive while a batch was held: {:?}",
+        state.receives
+    );
+    let order: Vec<&str> = state.settled.iter().map(|s| s.id).collect();
+    assert_eq!(order, IDS, "settled in the queue's order");
 }

@@ -43,7 +43,7 @@ use support::sqs::{client as sqs, endpoint, left_in_queue};
 /// Set in a child: its settings, as `KEY=VALUE` lines (see [`Setup`]).
 const CHILD: &str = "IDEM_CONSUMER_KILL_CHILD";
 const PROCESSES: usize = 4;
-/// SQS receive loops per process (each holds one batch of up to 10 at a time):
+/// SQS receive loops per process (each runs up to 10 messages at once, in overlapping batches):
 /// `IDEM_CONSUMER_KILL_POLLERS`, else 8, and 2 on DynamoDB (moto answers its DynamoDB requests
 /// one at a time: more handlers at once only wait longer for it, and their leases run short).
 fn pollers(store: &str) -> usize {
@@ -365,9 +365,10 @@ async fn consumer_kill_child_entry() {
     };
     let s = Setup::from_env(&text);
     let shop = Shop::open(&s).await;
-    // Ten at once per receive loop: what each loop ran before a batch was filled up to the
-    // concurrency (16 by default). The loops share one pool and one moto, and 8 loops × 16
-    // handlers queued on both; the kill and the drain are what this test is about.
+    // Ten at once per receive loop: what each loop ran before its batches were filled and
+    // overlapped up to the concurrency (16 by default). The loops share one pool and one moto,
+    // and 8 loops × 16 handlers queued on both; the kill and the drain are what this test is
+    // about. Each loop's batches overlap: a kill finds batches in hand in several states.
     let consumer = Consumer::new(shop.engine(), "consume")
         .unwrap()
         .concurrency(10);

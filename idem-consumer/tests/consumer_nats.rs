@@ -198,16 +198,9 @@ async fn a_fetch_asks_for_the_consumers_concurrency() {
             }
         }
     };
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    let run = tokio::spawn({
+    let (stop, run) = support::spawn_run({
         let pull = pull.clone();
-        async move {
-            consumer
-                .run(&pull, handler, async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-        }
+        move |shutdown| async move { consumer.run(&pull, handler, shutdown).await }
     });
     for _ in 0..600 {
         if shop.alone() > 0 || shop.each_once(&orders) {

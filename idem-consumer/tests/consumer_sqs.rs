@@ -318,14 +318,8 @@ async fn a_batch_fills_up_to_the_consumers_concurrency() {
             async move { shop.meet(m.body().unwrap_or_default().to_owned()).await }
         }
     };
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    let run = tokio::spawn(async move {
-        consumer
-            .run(handler, async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            })
-            .await
-    });
+    let (stop, run) =
+        support::spawn_run(move |shutdown| async move { consumer.run(handler, shutdown).await });
     let mut drained = false;
     for _ in 0..600 {
         if shop.alone() > 0 {
@@ -351,6 +345,79 @@ async fn a_batch_fills_up_to_the_consumers_concurrency() {
     assert!(
         fills.0.load(Ordering::SeqCst) >= 1,
         "no receive filled the batch"
+    );
+}
+
+/// A slow message holds up its own batch's settling, not the queue: the consumer runs four at
+/// once, and "slow" (sent first) waits, bounded, until the ten orders sent after it are
+/// charged. The loop receives them while it waits, as the messages of its batch that finished
+/// free their room; were a batch to run whole before the next receive, they would never come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_message_holds_up_its_batch_not_the_queue() {
+    let Some(endpoint) = endpoint() else { return };
+    let client = client(&endpoint);
+    let url = queue(&client, false).await;
+    let orders: Vec<String> = (0..10).map(|i| format!("o{i}")).collect();
+    send(&client, &url, "slow", None).await;
+    for order in &orders {
+        send(&client, &url, order, None).await;
+    }
+    let consumer = Consumer::new(Idempotency::from_arc(store().await), "orders")
+        .unwrap()
+        .concurrency(4);
+    let consumer = SqsConsumer::new(client.clone(), &url, consumer)
+        .visibility(Duration::from_secs(30))
+        .wait(Duration::from_secs(1));
+    let charges = idem_test_support::Tally::default();
+    let others = Arc::new(Semaphore::new(0));
+    let handler = {
+        let (charges, others) = (charges.clone(), others.clone());
+        move |m: SqsMessage| {
+            let (charges, others) = (charges.clone(), others.clone());
+            async move {
+                let order = m.body().unwrap_or_default().to_owned();
+                if order == "slow" {
+                    let bound = idem::conformance::scaled(Duration::from_secs(20));
+                    match tokio::time::timeout(bound, others.acquire_many(10)).await {
+                        Ok(Ok(permits)) => permits.forget(),
+                        _ => {
+                            charges.add("waited in vain");
+                            return Err(format!("{order}: the other ten never ran"));
+                        }
+                    }
+                } else {
+                    others.add_permits(1);
+                }
+                charges.add(&order);
+                Ok::<_, String>(order)
+            }
+        }
+    };
+    let (stop, run) =
+        support::spawn_run(move |shutdown| async move { consumer.run(handler, shutdown).await });
+    let mut all: Vec<String> = orders.clone();
+    all.push("slow".to_owned());
+    let mut drained = false;
+    for _ in 0..600 {
+        if charges.count("waited in vain") > 0 {
+            break;
+        }
+        if all.iter().all(|o| charges.count(o) == 1) && left_in_queue(&client, &url).await == 0 {
+            drained = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    support::stop(stop, run).await;
+    assert_eq!(
+        charges.count("waited in vain"),
+        0,
+        "the orders after the slow one were not received while it ran"
+    );
+    assert!(
+        drained,
+        "the queue was not drained: {:?}",
+        charges.snapshot()
     );
 }
 

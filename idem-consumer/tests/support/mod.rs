@@ -49,6 +49,25 @@ impl AllAtOnce {
     }
 }
 
+/// Spawns a consumer's run, handing `run` the shutdown signal that [`stop`] sends: returns the
+/// sender and the task, for [`stop`].
+pub fn spawn_run<F, R>(
+    run: F,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+)
+where
+    F: FnOnce(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>) -> R,
+    R: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let shutdown = Box::pin(async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    });
+    (stop, tokio::spawn(run(shutdown)))
+}
+
 /// Sends a consumer's run its shutdown and waits for it to return (a minute at most).
 pub async fn stop(stop: tokio::sync::watch::Sender<bool>, run: tokio::task::JoinHandle<()>) {
     stop.send_replace(true);
