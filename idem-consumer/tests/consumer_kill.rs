@@ -4,10 +4,12 @@
 //! them twice; the queue's visibility timeout is 2 s and 10 % of the handlers take 3 s; every
 //! 20th message's handler fails on its first attempt (and says so in a side table). Four
 //! consumer processes (this test binary again, each with `IDEM_CONSUMER_KILL_POLLERS` receive
-//! loops: 8 by default, 2 on DynamoDB) run the SQS consumer with [`SqsConsumer::run_steps`],
+//! loops of 10 messages at once: 8 by default, 2 on DynamoDB; and on SQLite once more with one
+//! loop of 16, the default) run the SQS consumer with [`SqsConsumer::run_steps`],
 //! each message's effect one transactional step (a row, or an item, in a business table); the
 //! producer keeps at most 400 messages waiting. The first process is killed with SIGKILL while
-//! its handlers run, once it has applied N/16 effects. The survivors drain the queue. Then:
+//! its handlers run (in the one-loop case, more than 10 of them: more than one receive hands
+//! out), once it has applied N/16 effects. The survivors drain the queue. Then:
 //!
 //! - every message's effect is in the business table exactly once (and nothing else is);
 //! - every planned failure happened (its side-table row) and its message was redelivered and
@@ -43,14 +45,48 @@ use support::sqs::{client as sqs, endpoint, left_in_queue};
 /// Set in a child: its settings, as `KEY=VALUE` lines (see [`Setup`]).
 const CHILD: &str = "IDEM_CONSUMER_KILL_CHILD";
 const PROCESSES: usize = 4;
-/// SQS receive loops per process (each runs up to 10 messages at once, in overlapping batches):
-/// `IDEM_CONSUMER_KILL_POLLERS`, else 8, and 2 on DynamoDB (moto answers its DynamoDB requests
-/// one at a time: more handlers at once only wait longer for it, and their leases run short).
-fn pollers(store: &str) -> usize {
-    std::env::var("IDEM_CONSUMER_KILL_POLLERS")
-        .ok()
-        .map(|n| n.parse().expect("IDEM_CONSUMER_KILL_POLLERS is a number"))
-        .unwrap_or(if store == "dynamodb" { 2 } else { 8 })
+/// How the consumer processes run, and when the first is killed.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct Shape {
+    /// SQS receive loops per process.
+    pollers: usize,
+    /// Messages each loop runs at once (`Consumer::concurrency`), in overlapping batches.
+    concurrency: usize,
+    /// The fewest handlers running in the first process when it is killed.
+    running_at_kill: u64,
+    /// How long every handler works before its step, beside the slow ones' 3 s.
+    work_ms: u64,
+}
+
+impl Shape {
+    /// Loops of 10 at once: `IDEM_CONSUMER_KILL_POLLERS` of them a process, else 8, and 2 on
+    /// DynamoDB (moto answers its DynamoDB requests one at a time: more handlers at once only
+    /// wait longer for it, and their leases run short); killed with a handler running.
+    fn many_loops(store: &str) -> Shape {
+        let pollers = std::env::var("IDEM_CONSUMER_KILL_POLLERS")
+            .ok()
+            .map(|n| n.parse().expect("IDEM_CONSUMER_KILL_POLLERS is a number"))
+            .unwrap_or(if store == "dynamodb" { 2 } else { 8 });
+        Shape {
+            pollers,
+            concurrency: 10,
+            running_at_kill: 1,
+            work_ms: 0,
+        }
+    }
+
+    /// One loop a process at the default concurrency, 16, every handler working 2 s (so
+    /// that the loop's room fills): killed with more than 10 handlers running, more than one
+    /// SQS receive gives, so with a batch filled past one receive or batches overlapping in
+    /// hand.
+    fn one_loop_past_ten() -> Shape {
+        Shape {
+            pollers: 1,
+            concurrency: 16,
+            running_at_kill: 11,
+            work_ms: 2_000,
+        }
+    }
 }
 
 const VISIBILITY: Duration = Duration::from_secs(2);
@@ -90,6 +126,7 @@ struct Setup {
     queue: String,
     /// The records table (PostgreSQL, DynamoDB) and the prefix of the business tables.
     prefix: String,
+    shape: Shape,
 }
 
 impl Setup {
@@ -333,7 +370,12 @@ fn counts(p: &str) -> String {
 
 /// One message through a consumer process: says when it starts and ends on stdout (the parent
 /// kills the first process while its handlers run).
-async fn handle(shop: &Shop, message: SqsMessage, steps: Steps) -> Result<(), Error> {
+async fn handle(
+    shop: &Shop,
+    work: Duration,
+    message: SqsMessage,
+    steps: Steps,
+) -> Result<(), Error> {
     let id = message.body().unwrap_or_default().to_owned();
     let n: u64 = id
         .strip_prefix("m-")
@@ -347,6 +389,7 @@ async fn handle(shop: &Shop, message: SqsMessage, steps: Steps) -> Result<(), Er
             )));
         }
         // The slow part comes before the step's transaction (SQLite's write lock).
+        tokio::time::sleep(work).await;
         if slow(n) {
             tokio::time::sleep(SLOW).await;
         }
@@ -371,7 +414,7 @@ async fn consumer_kill_child_entry() {
     // about. Each loop's batches overlap: a kill finds batches in hand in several states.
     let consumer = Consumer::new(shop.engine(), "consume")
         .unwrap()
-        .concurrency(10);
+        .concurrency(s.shape.concurrency);
     let consumer = SqsConsumer::new(sqs(&s.endpoint), &s.queue, consumer)
         .visibility(VISIBILITY)
         .wait(Duration::from_secs(1))
@@ -382,11 +425,12 @@ async fn consumer_kill_child_entry() {
         while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {}
         stop.send_replace(true);
     });
-    let pollers = (0..pollers(&s.store)).map(|_| {
+    let pollers = (0..s.shape.pollers).map(|_| {
         let (shop, consumer, mut stopped) = (shop.clone(), consumer.clone(), stopped.clone());
         async move {
             let shop = &shop;
-            let handler = |m: SqsMessage, steps: Steps| Box::pin(handle(shop, m, steps));
+            let work = Duration::from_millis(s.shape.work_ms);
+            let handler = |m: SqsMessage, steps: Steps| Box::pin(handle(shop, work, m, steps));
             consumer
                 .run_steps(handler, async move {
                     let _ = stopped.wait_for(|s| *s).await;
@@ -515,7 +559,13 @@ where
     }
 }
 
-async fn consume_with_a_kill(store: &str, db: String, endpoint: String, prefix: String) {
+async fn consume_with_a_kill(
+    store: &str,
+    db: String,
+    endpoint: String,
+    prefix: String,
+    shape: Shape,
+) {
     let total = messages();
     let scale = idem::conformance::time_scale();
     let client = sqs(&endpoint);
@@ -534,14 +584,15 @@ async fn consume_with_a_kill(store: &str, db: String, endpoint: String, prefix: 
         endpoint,
         queue: queue.clone(),
         prefix,
+        shape,
     };
     let shop = Shop::open(&setup).await;
     shop.create_tables().await;
     let began = Instant::now();
     let mut children: Vec<_> = (0..PROCESSES).map(|_| spawn(&setup)).collect();
     let limit = Instant::now() + Duration::from_secs_f64(scale * (120.0 + total as f64 * 0.1));
-    // The first process is killed while its handlers run, once it applied 1/16 of the effects,
-    // as the producer goes on.
+    // The first process is killed while its handlers run (at least `running_at_kill` of them),
+    // once it applied 1/16 of the effects, as the producer goes on.
     let kill_after = (total / 16).max(1);
     let victim = children[0].2.clone();
     let children_ref = &mut children;
@@ -558,7 +609,7 @@ async fn consume_with_a_kill(store: &str, db: String, endpoint: String, prefix: 
                         victim.ended.load(Ordering::SeqCst),
                     );
                     let applied = victim.applied.load(Ordering::SeqCst);
-                    if applied >= kill_after && started > ended {
+                    if applied >= kill_after && started - ended >= shape.running_at_kill {
                         Ok(())
                     } else {
                         Err(format!("{applied} applied, {} running", started - ended))
@@ -658,11 +709,12 @@ async fn consume_with_a_kill(store: &str, db: String, endpoint: String, prefix: 
         .map(|(_, _, s)| s.started.load(Ordering::SeqCst))
         .sum();
     println!(
-        "consumer_kill {store}: {PROCESSES} processes of {} SQS receive loops; {total} messages, {duplicates} sent twice ({} deliveries), \
+        "consumer_kill {store}: {PROCESSES} processes of {} SQS receive loops of {} at once; {total} messages, {duplicates} sent twice ({} deliveries), \
          {counted} effects counted ({} messages, each exactly once), {} planned first-attempt \
          failures redelivered and applied once, {handled} handler runs; process 1 of {PROCESSES} \
          killed after {} effects with {} handlers running at {:.1} s; drained in {:.1} s",
-        pollers(store),
+        shape.pollers,
+        shape.concurrency,
         total + duplicates,
         effects.len(),
         planned.len(),
@@ -678,7 +730,26 @@ async fn sqlite_every_effect_once_across_a_killed_consumer() {
     let Some(endpoint) = endpoint() else { return };
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("shop.db").to_string_lossy().into_owned();
-    consume_with_a_kill("sqlite", db, endpoint, "shop".into()).await;
+    consume_with_a_kill(
+        "sqlite",
+        db,
+        endpoint,
+        "shop".into(),
+        Shape::many_loops("sqlite"),
+    )
+    .await;
+}
+
+/// The same with one receive loop a process at the default concurrency (16), the first process
+/// killed with more than 10 handlers running: more than one SQS receive hands out, so what it
+/// held was a batch filled by receives that do not wait, or batches overlapping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_every_effect_once_across_a_consumer_killed_past_ten_at_once() {
+    let Some(endpoint) = endpoint() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shop.db").to_string_lossy().into_owned();
+    let shape = Shape::one_loop_past_ten();
+    consume_with_a_kill("sqlite", db, endpoint, "shop".into(), shape).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -692,12 +763,14 @@ async fn postgres_every_effect_once_across_a_killed_consumer() {
         return;
     };
     let prefix = idem_test_support::unique_name("kill").replace('-', "_");
-    consume_with_a_kill("postgres", url, endpoint, prefix).await;
+    let shape = Shape::many_loops("postgres");
+    consume_with_a_kill("postgres", url, endpoint, prefix, shape).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_every_effect_once_across_a_killed_consumer() {
     let Some(endpoint) = endpoint() else { return };
     let prefix = idem_test_support::unique_name("kill");
-    consume_with_a_kill("dynamodb", String::new(), endpoint, prefix).await;
+    let shape = Shape::many_loops("dynamodb");
+    consume_with_a_kill("dynamodb", String::new(), endpoint, prefix, shape).await;
 }
