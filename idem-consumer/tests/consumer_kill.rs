@@ -9,7 +9,8 @@
 //! each message's effect one transactional step (a row, or an item, in a business table); the
 //! producer keeps at most 400 messages waiting. The first process is killed with SIGKILL while
 //! its handlers run (in the one-loop case, more than 10 of them: more than one receive hands
-//! out), once it has applied N/16 effects. The survivors drain the queue. Then:
+//! out; there it runs alone until then, and the other three start after the kill), once it has
+//! applied N/16 effects. The survivors drain the queue. Then:
 //!
 //! - every message's effect is in the business table exactly once (and nothing else is);
 //! - every planned failure happened (its side-table row) and its message was redelivered and
@@ -56,6 +57,9 @@ struct Shape {
     running_at_kill: u64,
     /// How long every handler works before its step, beside the slow ones' 3 s.
     work_ms: u64,
+    /// Whether the first process runs alone until it is killed (the others start then): it
+    /// takes every message, so its room fills whatever else the machine runs.
+    alone_until_kill: bool,
 }
 
 impl Shape {
@@ -72,19 +76,21 @@ impl Shape {
             concurrency: 10,
             running_at_kill: 1,
             work_ms: 0,
+            alone_until_kill: false,
         }
     }
 
-    /// One loop a process at the default concurrency, 16, every handler working 2 s (so
-    /// that the loop's room fills): killed with more than 10 handlers running, more than one
-    /// SQS receive gives, so with a batch filled past one receive or batches overlapping in
-    /// hand.
+    /// One loop a process at the default concurrency, 16, every handler working 2 s, the first
+    /// process alone until it is killed (so that its loop's room fills): killed with more than
+    /// 10 handlers running, more than one SQS receive gives, so with a batch filled past one
+    /// receive or batches overlapping in hand. The other three start then and drain the queue.
     fn one_loop_past_ten() -> Shape {
         Shape {
             pollers: 1,
             concurrency: 16,
             running_at_kill: 11,
             work_ms: 2_000,
+            alone_until_kill: true,
         }
     }
 }
@@ -589,7 +595,8 @@ async fn consume_with_a_kill(
     let shop = Shop::open(&setup).await;
     shop.create_tables().await;
     let began = Instant::now();
-    let mut children: Vec<_> = (0..PROCESSES).map(|_| spawn(&setup)).collect();
+    let first = if shape.alone_until_kill { 1 } else { PROCESSES };
+    let mut children: Vec<_> = (0..first).map(|_| spawn(&setup)).collect();
     let limit = Instant::now() + Duration::from_secs_f64(scale * (120.0 + total as f64 * 0.1));
     // The first process is killed while its handlers run (at least `running_at_kill` of them),
     // once it applied 1/16 of the effects, as the producer goes on.
@@ -626,6 +633,7 @@ async fn consume_with_a_kill(
         )
     };
     let (killed_at, duplicates) = tokio::join!(kill_point, produce(&client, &queue, total, limit));
+    children.extend((first..PROCESSES).map(|_| spawn(&setup)));
 
     // The survivors drain the queue.
     wait_until(limit, "the queue was not drained", || {
