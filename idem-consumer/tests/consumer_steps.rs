@@ -269,7 +269,16 @@ async fn postgres_a_taken_over_claim_applies_nothing() {
     a_taken_over_claim_applies_nothing(shop).await;
 }
 mod dynamodb {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use idem::aws_sdk_dynamodb::config::interceptors::{
+        BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextRef,
+    };
+    use idem::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
     use idem::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
+    use idem::aws_sdk_dynamodb::Client;
+    use idem::BoxError;
     use idem::{DynamoSteps, DynamoStore, Error, Idempotency, Steps, StoreErrorKind};
     use idem_consumer::{Consumer, Failure, Message, MessageOutcome};
 
@@ -341,6 +350,112 @@ mod dynamodb {
             .await
             .unwrap();
         Some(DynamoShop(store, effects))
+    }
+
+    /// Turns the answer to the first `TransactWriteItems` sent after [`arm`](Self::arm) into a
+    /// `500`, after the server applied it: what a lost answer (a timeout, a proxy's 5xx) looks
+    /// like to the SDK, which then sends the same transaction again.
+    #[derive(Debug, Default, Clone)]
+    struct LoseAnAnswer {
+        armed: Arc<AtomicBool>,
+        /// Whether the request on its way is a `TransactWriteItems` (the test sends one at a
+        /// time).
+        transaction: Arc<AtomicBool>,
+        lost: Arc<AtomicU32>,
+    }
+
+    impl LoseAnAnswer {
+        fn arm(&self) {
+            self.armed.store(true, Ordering::SeqCst);
+        }
+    }
+
+    impl Intercept for LoseAnAnswer {
+        fn name(&self) -> &'static str {
+            "LoseAnAnswer"
+        }
+
+        fn read_before_transmit(
+            &self,
+            context: &BeforeTransmitInterceptorContextRef<'_>,
+            _: &RuntimeComponents,
+            _: &mut ConfigBag,
+        ) -> Result<(), BoxError> {
+            let op = idem_test_support::dynamodb::operation(context);
+            self.transaction
+                .store(op == "TransactWriteItems", Ordering::SeqCst);
+            Ok(())
+        }
+
+        fn modify_before_deserialization(
+            &self,
+            context: &mut BeforeDeserializationInterceptorContextMut<'_>,
+            _: &RuntimeComponents,
+            _: &mut ConfigBag,
+        ) -> Result<(), BoxError> {
+            if self.transaction.load(Ordering::SeqCst) && self.armed.swap(false, Ordering::SeqCst) {
+                *context.response_mut().status_mut() = 500u16.try_into()?;
+                self.lost.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        }
+    }
+
+    /// A step's commit whose answer is lost is sent again by the SDK (standard retries), and
+    /// moto, unlike DynamoDB, ignores the transaction's `ClientRequestToken`: the second copy
+    /// finds the step finished, writes nothing, and is answered as done. The effect is applied
+    /// once and the message is done. (The consumer_kill test met it: a commit that waited out
+    /// its attempt timeout in moto's queue, sent again, applied its effect twice.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dynamodb_a_commit_sent_twice_applies_its_effect_once() {
+        let Some(endpoint) = idem_test_support::setting(
+            &idem_test_support::current_test(),
+            "IDEM_TEST_DYNAMODB_URL",
+            "IDEM_REQUIRE_DYNAMODB",
+        ) else {
+            return;
+        };
+        let lose = LoseAnAnswer::default();
+        let client = Client::from_conf(
+            idem_test_support::dynamodb::config(&endpoint)
+                .interceptor(lose.clone())
+                .build(),
+        );
+        let table = idem_test_support::unique_name("idem_cs");
+        let store = DynamoStore::builder()
+            .table(&table)
+            .create_table_if_missing(true)
+            .build(client)
+            .await
+            .unwrap();
+        let effects = format!("{table}_effects");
+        DynamoStore::create_table(store.client(), &effects)
+            .await
+            .unwrap();
+        let shop = DynamoShop(store, effects);
+        let consumer = Consumer::new(shop.engine(), "effects").unwrap();
+        let handler = |id: String, steps: Steps| {
+            let (shop, lose) = (shop.clone(), lose.clone());
+            async move {
+                // Armed here, after the claim and the steps' begin: the next transaction is
+                // the step's commit.
+                lose.arm();
+                shop.apply(&steps, &id).await
+            }
+        };
+        let outcomes = consumer
+            .process_steps(vec![Message::keyed("m-1".to_owned(), "m-1")], handler)
+            .await;
+        assert_eq!(
+            lose.lost.load(Ordering::SeqCst),
+            1,
+            "the commit's answer was lost, and the SDK sent it again"
+        );
+        assert!(
+            matches!(outcomes[0], MessageOutcome::Done(7)),
+            "{outcomes:?}"
+        );
+        assert_eq!(shop.effects("m-1").await, 1, "the effect applied once");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

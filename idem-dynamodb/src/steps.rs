@@ -116,7 +116,10 @@ impl Inner {
     /// [`Store::write_step`](idem_core::Store::write_step): one fenced transaction; a finished
     /// step keeps its first result (`if_not_exists`). The caller's `items` (none for
     /// `write_step`, the effect of [`Steps::dynamo_tx`](crate::DynamoSteps::dynamo_tx)) commit in the
-    /// same transaction.
+    /// same transaction, and only while the step has not finished: the same transaction sent
+    /// again (the SDK retries one whose answer was lost: a timeout, a 5xx) writes nothing and
+    /// is answered as done, where a server that ignores its `ClientRequestToken` (moto; DynamoDB
+    /// itself keeps a token 10 minutes) would apply the items twice.
     pub(crate) async fn write_step(
         &self,
         claim: &Claim,
@@ -143,6 +146,10 @@ impl Inner {
             None => update.update_expression(format!(
                 "SET #p = :position, {EXPIRES} = :expires, {TTL} = :ttl"
             )),
+        };
+        let update = match (step.result, items.is_empty()) {
+            (Some(_), false) => update.condition_expression("attribute_not_exists(#f)"),
+            _ => update,
         };
         let update = update.build().map_err(build_error)?;
         let mut writes = vec![TransactWriteItem::builder().update(update).build()];
@@ -236,6 +243,16 @@ impl Inner {
                     }
                     _ => &[],
                 };
+                let code = |i: usize| reasons.get(i).and_then(|r| r.code());
+                if code(0) != Some("ConditionalCheckFailed")
+                    && code(1) == Some("ConditionalCheckFailed")
+                {
+                    // The claim holds and the step has finished with its effect: this same
+                    // transaction committed before (the engine runs a step once per claim, and
+                    // a claim taken over would have failed the fence), so its items stand and
+                    // were not written again.
+                    return Ok(());
+                }
                 let callers = |code: &str| {
                     reasons
                         .iter()
