@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures_util::future::Fuse;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 
@@ -423,7 +424,9 @@ async fn receive_loop<B, P, PF>(
             }
         }
     }
-    // Stopped receiving: the batches in hand are finished and settled.
+    // Stopped receiving: a receive in progress is dropped now (not left unpolled while the
+    // batches in hand are finished and settled).
+    receiving.set(Fuse::terminated());
     while running.next().await.is_some() {}
 }
 
