@@ -269,18 +269,11 @@ async fn postgres_a_taken_over_claim_applies_nothing() {
     a_taken_over_claim_applies_nothing(shop).await;
 }
 mod dynamodb {
-    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-    use std::sync::Arc;
-
-    use idem::aws_sdk_dynamodb::config::interceptors::{
-        BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextRef,
-    };
-    use idem::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
     use idem::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
     use idem::aws_sdk_dynamodb::Client;
-    use idem::BoxError;
     use idem::{DynamoSteps, DynamoStore, Error, Idempotency, Steps, StoreErrorKind};
     use idem_consumer::{Consumer, Failure, Message, MessageOutcome};
+    use idem_test_support::dynamodb::LoseAnAnswer;
 
     use super::Shop;
 
@@ -352,55 +345,6 @@ mod dynamodb {
         Some(DynamoShop(store, effects))
     }
 
-    /// Turns the answer to the first `TransactWriteItems` sent after [`arm`](Self::arm) into a
-    /// `500`, after the server applied it: what a lost answer (a timeout, a proxy's 5xx) looks
-    /// like to the SDK, which then sends the same transaction again.
-    #[derive(Debug, Default, Clone)]
-    struct LoseAnAnswer {
-        armed: Arc<AtomicBool>,
-        /// Whether the request on its way is a `TransactWriteItems` (the test sends one at a
-        /// time).
-        transaction: Arc<AtomicBool>,
-        lost: Arc<AtomicU32>,
-    }
-
-    impl LoseAnAnswer {
-        fn arm(&self) {
-            self.armed.store(true, Ordering::SeqCst);
-        }
-    }
-
-    impl Intercept for LoseAnAnswer {
-        fn name(&self) -> &'static str {
-            "LoseAnAnswer"
-        }
-
-        fn read_before_transmit(
-            &self,
-            context: &BeforeTransmitInterceptorContextRef<'_>,
-            _: &RuntimeComponents,
-            _: &mut ConfigBag,
-        ) -> Result<(), BoxError> {
-            let op = idem_test_support::dynamodb::operation(context);
-            self.transaction
-                .store(op == "TransactWriteItems", Ordering::SeqCst);
-            Ok(())
-        }
-
-        fn modify_before_deserialization(
-            &self,
-            context: &mut BeforeDeserializationInterceptorContextMut<'_>,
-            _: &RuntimeComponents,
-            _: &mut ConfigBag,
-        ) -> Result<(), BoxError> {
-            if self.transaction.load(Ordering::SeqCst) && self.armed.swap(false, Ordering::SeqCst) {
-                *context.response_mut().status_mut() = 500u16.try_into()?;
-                self.lost.fetch_add(1, Ordering::SeqCst);
-            }
-            Ok(())
-        }
-    }
-
     /// A step's commit whose answer is lost is sent again by the SDK (standard retries), and
     /// moto, unlike DynamoDB, ignores the transaction's `ClientRequestToken`: the second copy
     /// finds the step finished, writes nothing, and is answered as done. The effect is applied
@@ -415,7 +359,7 @@ mod dynamodb {
         ) else {
             return;
         };
-        let lose = LoseAnAnswer::default();
+        let lose = LoseAnAnswer::of("TransactWriteItems");
         let client = Client::from_conf(
             idem_test_support::dynamodb::config(&endpoint)
                 .interceptor(lose.clone())
@@ -447,7 +391,7 @@ mod dynamodb {
             .process_steps(vec![Message::keyed("m-1".to_owned(), "m-1")], handler)
             .await;
         assert_eq!(
-            lose.lost.load(Ordering::SeqCst),
+            lose.lost(),
             1,
             "the commit's answer was lost, and the SDK sent it again"
         );

@@ -750,7 +750,15 @@ impl Store for DynamoStore {
                 None => s.read(key).await?,
             };
             // The condition failed, so the item was live when it was checked; one that has
-            // ended since (or a read-back item that is gone or expired) is claimed again.
+            // ended since (or a read-back item that is gone or expired) is claimed again. One
+            // holding this very attempt's token is this claim: the SDK sent the put again after
+            // its answer was lost (a timeout, a 5xx), and the first copy was written.
+            if let Some(held) = &old
+                && held.token == claim
+                && matches!(held.state, item::State::InProgress { .. })
+            {
+                return Ok(ClaimOutcome::Claimed(Claim::new(*key, claim)));
+            }
             let now_ms = s.now_ms();
             match old {
                 Some(item) if s.holds_key(&item, now_ms) => {

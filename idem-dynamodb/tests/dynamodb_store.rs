@@ -17,7 +17,8 @@ use idem_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, TimeToLiveStatus};
 use idem_dynamodb::DynamoStore;
 
 use idem_test_support::dynamodb::{
-    client, counted_client, dynamo_url, fresh_store, fresh_table, Requests, Server,
+    client, config, counted_client, dynamo_url, fresh_store, fresh_table, LoseAnAnswer, Requests,
+    Server,
 };
 
 const LONG: Duration = Duration::from_secs(30);
@@ -189,6 +190,43 @@ async fn a_result_over_400_kb_is_returned_once_and_never_reruns() {
         cached.result(),
         Err(Error::ResultNotRetained { .. })
     ));
+}
+
+/// A claim whose answer was lost (a timeout, a 5xx) is sent again by the SDK; the first copy
+/// was written, so the second meets the item the first wrote, with this very attempt's token:
+/// that is this claim, not a twin in flight. Without it the call would be told its own key is
+/// locked, and the key held by a claim nobody has until its lease ends.
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_is_still_claimed() {
+    let Some(url) = url() else { return };
+    let lose = LoseAnAnswer::of("PutItem");
+    let client = idem_dynamodb::aws_sdk_dynamodb::Client::from_conf(
+        config(&url).interceptor(lose.clone()).build(),
+    );
+    let store = DynamoStore::builder()
+        .table(fresh_table())
+        .create_table_if_missing(true)
+        .build(client)
+        .await
+        .unwrap();
+    let k = key("lost-answer");
+    lose.arm();
+    let claimed = claim(&store, &k, LONG).await;
+    assert_eq!(
+        lose.lost(),
+        1,
+        "the claim's answer was lost and the put sent again"
+    );
+    store
+        .complete(&claimed, done(b"charged", LONG))
+        .await
+        .unwrap();
+    match store.claim(ClaimRequest::new(&k, LONG)).await.unwrap() {
+        ClaimOutcome::Completed(record) => {
+            assert_eq!(record.response.as_deref(), Some(&b"charged"[..]))
+        }
+        other => panic!("expected the completed record, got {other:?}"),
+    }
 }
 
 /// Only the engine keeps "not retained": the raw store refuses a response one byte over its

@@ -6,10 +6,13 @@
 //! credentials and a fixed region, so nothing is looked up elsewhere.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_dynamodb::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
+use idem_dynamodb::aws_sdk_dynamodb::config::interceptors::{
+    BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextRef,
+};
 use idem_dynamodb::aws_sdk_dynamodb::config::{
     timeout::TimeoutConfig, BehaviorVersion, ConfigBag, Credentials, Intercept, Region,
     RuntimeComponents,
@@ -153,6 +156,79 @@ pub fn operation(context: &BeforeTransmitInterceptorContextRef<'_>) -> String {
         .get("x-amz-target")
         .unwrap_or("?");
     target.rsplit('.').next().unwrap_or(target).to_owned()
+}
+
+/// Turns the answer to the first request of one operation sent after [`arm`](Self::arm) into
+/// a `500`, after the server applied it: what a lost answer (a timeout, a proxy's 5xx) looks
+/// like to the SDK, whose standard retries then send the same request again. Add it to a
+/// client's [`config`] with `.interceptor(lose.clone())`; the client should send one request
+/// at a time while it is armed.
+///
+/// ```
+/// use idem_test_support::dynamodb::LoseAnAnswer;
+/// let lose = LoseAnAnswer::of("PutItem");
+/// lose.arm();
+/// assert_eq!(lose.lost(), 0);
+/// ```
+#[derive(Debug, Clone)]
+pub struct LoseAnAnswer {
+    operation: &'static str,
+    armed: Arc<AtomicBool>,
+    /// Whether the request on its way is of `operation`.
+    matching: Arc<AtomicBool>,
+    lost: Arc<AtomicU32>,
+}
+
+impl LoseAnAnswer {
+    /// Loses an answer to `operation` (`PutItem`, `TransactWriteItems`, …) once armed.
+    pub fn of(operation: &'static str) -> LoseAnAnswer {
+        LoseAnAnswer {
+            operation,
+            armed: Arc::default(),
+            matching: Arc::default(),
+            lost: Arc::default(),
+        }
+    }
+
+    /// Loses the answer to the next request of the operation.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// How many answers were lost.
+    pub fn lost(&self) -> u32 {
+        self.lost.load(Ordering::SeqCst)
+    }
+}
+
+impl Intercept for LoseAnAnswer {
+    fn name(&self) -> &'static str {
+        "LoseAnAnswer"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), idem_core::BoxError> {
+        self.matching
+            .store(operation(context) == self.operation, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut BeforeDeserializationInterceptorContextMut<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), idem_core::BoxError> {
+        if self.matching.load(Ordering::SeqCst) && self.armed.swap(false, Ordering::SeqCst) {
+            *context.response_mut().status_mut() = 500u16.try_into()?;
+            self.lost.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
 }
 
 /// A [`client`] of `endpoint` whose requests the returned [`Requests`] counts.
