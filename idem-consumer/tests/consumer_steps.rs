@@ -330,8 +330,12 @@ mod dynamodb {
             "IDEM_TEST_DYNAMODB_URL",
             "IDEM_REQUIRE_DYNAMODB",
         )?;
+        Some(shop_on(DynamoStore::client_from_env(&endpoint).unwrap()).await)
+    }
+
+    /// A shop on a fresh table of the server `client` reaches.
+    async fn shop_on(client: Client) -> DynamoShop {
         let table = idem_test_support::unique_name("idem_cs");
-        let client = DynamoStore::client_from_env(&endpoint).unwrap();
         let store = DynamoStore::builder()
             .table(&table)
             .create_table_if_missing(true)
@@ -342,7 +346,7 @@ mod dynamodb {
         DynamoStore::create_table(store.client(), &effects)
             .await
             .unwrap();
-        Some(DynamoShop(store, effects))
+        DynamoShop(store, effects)
     }
 
     /// A step's commit whose answer is lost is sent again by the SDK (standard retries), and
@@ -359,31 +363,20 @@ mod dynamodb {
         ) else {
             return;
         };
-        let lose = LoseAnAnswer::of("TransactWriteItems");
-        let client = Client::from_conf(
+        let lose = LoseAnAnswer::default();
+        let shop = shop_on(Client::from_conf(
             idem_test_support::dynamodb::config(&endpoint)
                 .interceptor(lose.clone())
                 .build(),
-        );
-        let table = idem_test_support::unique_name("idem_cs");
-        let store = DynamoStore::builder()
-            .table(&table)
-            .create_table_if_missing(true)
-            .build(client)
-            .await
-            .unwrap();
-        let effects = format!("{table}_effects");
-        DynamoStore::create_table(store.client(), &effects)
-            .await
-            .unwrap();
-        let shop = DynamoShop(store, effects);
+        ))
+        .await;
         let consumer = Consumer::new(shop.engine(), "effects").unwrap();
         let handler = |id: String, steps: Steps| {
             let (shop, lose) = (shop.clone(), lose.clone());
             async move {
                 // Armed here, after the claim and the steps' begin: the next transaction is
                 // the step's commit.
-                lose.arm();
+                lose.arm(&["TransactWriteItems"]);
                 shop.apply(&steps, &id).await
             }
         };
@@ -392,7 +385,7 @@ mod dynamodb {
             .await;
         assert_eq!(
             lose.lost(),
-            1,
+            ["TransactWriteItems"],
             "the commit's answer was lost, and the SDK sent it again"
         );
         assert!(

@@ -199,7 +199,7 @@ async fn a_result_over_400_kb_is_returned_once_and_never_reruns() {
 #[tokio::test]
 async fn a_claim_whose_answer_was_lost_is_still_claimed() {
     let Some(url) = url() else { return };
-    let lose = LoseAnAnswer::of("PutItem");
+    let lose = LoseAnAnswer::default();
     let client = idem_dynamodb::aws_sdk_dynamodb::Client::from_conf(
         config(&url).interceptor(lose.clone()).build(),
     );
@@ -210,11 +210,11 @@ async fn a_claim_whose_answer_was_lost_is_still_claimed() {
         .await
         .unwrap();
     let k = key("lost-answer");
-    lose.arm();
+    lose.arm(&["PutItem"]);
     let claimed = claim(&store, &k, LONG).await;
     assert_eq!(
         lose.lost(),
-        1,
+        ["PutItem"],
         "the claim's answer was lost and the put sent again"
     );
     store

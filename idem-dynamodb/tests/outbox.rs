@@ -7,18 +7,14 @@
 //! each call costs the requests its docs give. Every test uses fresh tables.
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use idem_core::{
-    BoxError, ChannelPublisher, Dispatcher, DispatcherConfig, Error, Idempotency, Key, MessageId,
+    ChannelPublisher, Dispatcher, DispatcherConfig, Error, Idempotency, Key, MessageId,
     OutboxMessage, OutboxSource, Outcome, StoreErrorKind,
 };
-use idem_dynamodb::aws_sdk_dynamodb::config::interceptors::{
-    BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextRef,
-};
 use idem_dynamodb::aws_sdk_dynamodb::config::retry::RetryConfig;
-use idem_dynamodb::aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use idem_dynamodb::aws_sdk_dynamodb::types::{
     AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
@@ -26,7 +22,7 @@ use idem_dynamodb::aws_sdk_dynamodb::Client;
 use idem_dynamodb::{DynamoOutbox, DynamoSteps, DynamoStore};
 
 use idem_test_support::dynamodb::{
-    client, counted_client, dynamo_url, fresh_store, fresh_table, operation, Requests,
+    client, counted_client, dynamo_url, fresh_store, fresh_table, LoseAnAnswer, Requests,
 };
 
 fn url() -> Option<String> {
@@ -545,44 +541,6 @@ async fn each_call_costs_its_requests() {
     );
 }
 
-/// Answers the first request of each of `ops` with a 500 after the server applied it, as a
-/// connection lost on the way back does: the SDK sends the request again.
-#[derive(Debug, Default, Clone)]
-struct LoseFirstAnswer {
-    ops: Vec<&'static str>,
-    sent: Arc<Mutex<Option<String>>>,
-    lost: Arc<Mutex<HashSet<String>>>,
-}
-
-impl Intercept for LoseFirstAnswer {
-    fn name(&self) -> &'static str {
-        "LoseFirstAnswer"
-    }
-
-    fn read_before_transmit(
-        &self,
-        context: &BeforeTransmitInterceptorContextRef<'_>,
-        _: &RuntimeComponents,
-        _: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
-        *self.sent.lock().unwrap() = Some(operation(context));
-        Ok(())
-    }
-
-    fn modify_before_deserialization(
-        &self,
-        context: &mut BeforeDeserializationInterceptorContextMut<'_>,
-        _: &RuntimeComponents,
-        _: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
-        let op = self.sent.lock().unwrap().take().unwrap_or_default();
-        if self.ops.contains(&op.as_str()) && self.lost.lock().unwrap().insert(op) {
-            *context.response_mut().status_mut() = 500.try_into()?;
-        }
-        Ok(())
-    }
-}
-
 /// **A request sent again still counts.** The server applies a mark (and a deletion) but its
 /// answer is lost, and the SDK sends the request again, whose condition then fails: the mark
 /// is still counted (the item holds this call's `mark_n`), and so is the deletion (the item is
@@ -591,10 +549,8 @@ impl Intercept for LoseFirstAnswer {
 async fn a_request_sent_again_after_it_took_effect_still_counts() {
     let Some(url) = url() else { return };
     let table = outbox(&url, 1).await.table().to_owned();
-    let flaky = LoseFirstAnswer {
-        ops: vec!["UpdateItem", "DeleteItem"],
-        ..LoseFirstAnswer::default()
-    };
+    let flaky = LoseAnAnswer::default();
+    flaky.arm(&["UpdateItem", "DeleteItem"]);
     let config = idem_test_support::dynamodb::config(&url)
         .retry_config(RetryConfig::standard().with_initial_backoff(Duration::from_millis(1)))
         .interceptor(flaky.clone());
@@ -608,13 +564,13 @@ async fn a_request_sent_again_after_it_took_effect_still_counts() {
 
     assert_eq!(outbox.mark_sent(&[m.id]).await.unwrap(), 1);
     assert!(
-        flaky.lost.lock().unwrap().contains("UpdateItem"),
+        flaky.lost().iter().any(|op| op == "UpdateItem"),
         "no answer was lost"
     );
     assert_eq!(outbox.mark_sent(&[m.id]).await.unwrap(), 0, "marked once");
     assert_eq!(outbox.prune_sent(Duration::ZERO, 10).await.unwrap(), 1);
     assert!(
-        flaky.lost.lock().unwrap().contains("DeleteItem"),
+        flaky.lost().iter().any(|op| op == "DeleteItem"),
         "no answer was lost"
     );
     assert!(message_items(&outbox).await.is_empty());

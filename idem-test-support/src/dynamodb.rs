@@ -6,7 +6,6 @@
 //! credentials and a fixed region, so nothing is looked up elsewhere.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -158,47 +157,42 @@ pub fn operation(context: &BeforeTransmitInterceptorContextRef<'_>) -> String {
     target.rsplit('.').next().unwrap_or(target).to_owned()
 }
 
-/// Turns the answer to the first request of one operation sent after [`arm`](Self::arm) into
-/// a `500`, after the server applied it: what a lost answer (a timeout, a proxy's 5xx) looks
-/// like to the SDK, whose standard retries then send the same request again. Add it to a
-/// client's [`config`] with `.interceptor(lose.clone())`; the client should send one request
-/// at a time while it is armed.
+/// Turns the answer to the next request of each armed operation into a `500`, after the server
+/// applied it: what a lost answer (a timeout, a connection lost on the way back) looks like to
+/// the SDK, whose standard retries then send the same request again. Add it to a client's
+/// [`config`] with `.interceptor(lose.clone())`; the client should send one request at a time
+/// while it is armed.
 ///
 /// ```
 /// use idem_test_support::dynamodb::LoseAnAnswer;
-/// let lose = LoseAnAnswer::of("PutItem");
-/// lose.arm();
-/// assert_eq!(lose.lost(), 0);
+/// let lose = LoseAnAnswer::default();
+/// lose.arm(&["UpdateItem", "DeleteItem"]);
+/// assert!(lose.lost().is_empty());
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Default, Clone)]
 pub struct LoseAnAnswer {
-    operation: &'static str,
-    armed: Arc<AtomicBool>,
-    /// Whether the request on its way is of `operation`.
-    matching: Arc<AtomicBool>,
-    lost: Arc<AtomicU32>,
+    /// The operations whose next answer is lost.
+    armed: Arc<Mutex<Vec<&'static str>>>,
+    /// The operation of the request on its way.
+    sent: Arc<Mutex<Option<String>>>,
+    lost: Arc<Mutex<Vec<String>>>,
 }
 
 impl LoseAnAnswer {
-    /// Loses an answer to `operation` (`PutItem`, `TransactWriteItems`, …) once armed.
-    pub fn of(operation: &'static str) -> LoseAnAnswer {
-        LoseAnAnswer {
-            operation,
-            armed: Arc::default(),
-            matching: Arc::default(),
-            lost: Arc::default(),
-        }
+    /// Loses the answer to the next request of each of `operations` (`PutItem`,
+    /// `TransactWriteItems`, …).
+    pub fn arm(&self, operations: &[&'static str]) {
+        lock(&self.armed).extend_from_slice(operations);
     }
 
-    /// Loses the answer to the next request of the operation.
-    pub fn arm(&self) {
-        self.armed.store(true, Ordering::SeqCst);
+    /// The operations whose answers were lost, in order.
+    pub fn lost(&self) -> Vec<String> {
+        lock(&self.lost).clone()
     }
+}
 
-    /// How many answers were lost.
-    pub fn lost(&self) -> u32 {
-        self.lost.load(Ordering::SeqCst)
-    }
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Intercept for LoseAnAnswer {
@@ -212,8 +206,7 @@ impl Intercept for LoseAnAnswer {
         _: &RuntimeComponents,
         _: &mut ConfigBag,
     ) -> Result<(), idem_core::BoxError> {
-        self.matching
-            .store(operation(context) == self.operation, Ordering::SeqCst);
+        *lock(&self.sent) = Some(operation(context));
         Ok(())
     }
 
@@ -223,9 +216,12 @@ impl Intercept for LoseAnAnswer {
         _: &RuntimeComponents,
         _: &mut ConfigBag,
     ) -> Result<(), idem_core::BoxError> {
-        if self.matching.load(Ordering::SeqCst) && self.armed.swap(false, Ordering::SeqCst) {
+        let op = lock(&self.sent).take().unwrap_or_default();
+        let mut armed = lock(&self.armed);
+        if let Some(at) = armed.iter().position(|a| *a == op) {
+            armed.remove(at);
             *context.response_mut().status_mut() = 500u16.try_into()?;
-            self.lost.fetch_add(1, Ordering::SeqCst);
+            lock(&self.lost).push(op);
         }
         Ok(())
     }
