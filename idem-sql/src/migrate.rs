@@ -172,7 +172,14 @@ impl Schema<'_> {
             );
             for step in steps.iter().filter(|m| applied.contains(&m.version)) {
                 for statement in &step.statements {
-                    run::<DB>(&mut *tx, &self.render::<DB>(statement)).await?;
+                    let sql = self.render::<DB>(statement);
+                    match run::<DB>(&mut *tx, &sql).await {
+                        // SQLite cannot add a column only if it is missing: one added to a
+                        // table that was not dropped (the steps table, beside the records
+                        // table) is there already, as the step wants it.
+                        Err(e) if column_was_there::<DB>(&sql, &e) => {}
+                        ran => ran?,
+                    }
                 }
             }
         }
@@ -290,6 +297,17 @@ impl Schema<'_> {
             .replace("{version}", version)
             .replace("{description}", description)
     }
+}
+
+/// Whether `e`, from the statement `sql` run again to re-create a dropped table, says that the
+/// column `sql` adds is there already: an `ALTER TABLE … ADD COLUMN` on a database where a
+/// failed statement leaves its transaction usable (SQLite, which has no `ADD COLUMN IF NOT
+/// EXISTS`) and names the column as a duplicate.
+fn column_was_there<DB: Ops>(sql: &str, e: &sqlx::Error) -> bool {
+    !DB::DIALECT.failed_statement_aborts_transaction
+        && sql.trim_start().starts_with("ALTER TABLE")
+        && sql.contains("ADD COLUMN")
+        && matches!(e, sqlx::Error::Database(db) if db.message().contains("duplicate column name"))
 }
 
 /// The newest version in a migrations source: how many steps it has.
@@ -411,8 +429,9 @@ mod tests {
                 .collect();
             let steps = super::Migration::parse(source);
             assert_eq!(steps.len(), headers.len());
-            // A table and its index (1, 2); two columns and two partial indexes (3).
-            let statements = [2, 2, 4];
+            // A table and its index (1, 2); two columns and two partial indexes (3); the steps'
+            // journal (4).
+            let statements = [2, 2, 4, 1];
             assert_eq!(steps.len(), statements.len());
             for ((step, header), n) in steps.iter().zip(headers).zip(statements) {
                 assert!(

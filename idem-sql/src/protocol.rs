@@ -391,7 +391,7 @@ impl<DB: Ops> Protocol<DB> {
         retention_ms: i64,
     ) -> Result<(ClaimOutcome, Option<StepLog>), Error> {
         let sql = match &self.sql.claim_steps {
-            Some(sql) => ClaimSql::Steps(sql, retention_ms),
+            Some(sql) => ClaimSql::Steps(sql, crate::steps::kept_for(retention_ms)),
             None => ClaimSql::Counted(&self.sql.claim_counted),
         };
         self.on_pool(conn, sql, request, lease_ms).await

@@ -1,11 +1,16 @@
-//! The steps of the SQL stores (docs/steps.md), written once for both databases: a table
-//! `<table>_steps` beside the records, one row per (operation key, step name), and per
-//! operation a row named `''` at position -1 that counts its attempts.
+//! The steps of the SQL stores (docs/steps.md, "How a SQL store keeps them"), written once for
+//! both databases: a table `<table>_steps` beside the records. Per operation a row named `''`
+//! at position -1 counts its attempts and holds its **journal**: the finished steps, appended
+//! as entries ([`journal_entry`]) by one `UPDATE` of that row each. A step's begin (an
+//! at-most-once step's), a write that also sets what the record becomes on lapse, and idem's
+//! own records (the input, the failure marks) are rows of their own, one per (operation key,
+//! step name), as are the steps a store of the earlier shape wrote: [`step_log`] reads both.
 //!
-//! Every write is one statement that selects the operation's record by key and token while it
-//! is in progress (locking it for the statement on PostgreSQL, where SQLite's single writer
-//! already serialises), so a claim that was taken over writes nothing: the step records are
-//! fenced by the operation's claim, and live as long as its lease is renewed.
+//! Every write is fenced by the operation's record, in progress under the claim's token: a
+//! journal write updates the `''` row only while it carries the claim's token (a later claim's
+//! begin rewrites it) and the record still does, and a row of its own is selected from the
+//! record (locking it for the statement on PostgreSQL, where SQLite's single writer already
+//! serialises). A claim that was taken over writes nothing.
 
 use sqlx::Connection;
 
@@ -32,8 +37,12 @@ pub(crate) struct StepStatements {
     /// Counts the claim as an attempt and moves the live steps' retention on, fenced, in one
     /// statement ([`begin_sql`]); no row when the fence fails.
     begin: String,
-    /// Stores that a step began, or its result (fenced).
+    /// Stores that a step began, or its result, as a row of its own (fenced).
     write: String,
+    /// Appends a finished step to the journal of the operation's `''` row ($3: the entry, $4:
+    /// the retention), fenced by that row's token and the record; no row when either fails or
+    /// the steps were not begun.
+    append: String,
     /// `write` that also sets the record's `uncertain` ($8), in one statement where the
     /// database has data-modifying CTEs (PostgreSQL).
     write_on_lapse: Option<String>,
@@ -93,6 +102,29 @@ impl StepStatements {
                 "$3",
             ),
             write: write_row(&fence),
+            // The retention moves on only when it would end sooner than `retention` ($4) from
+            // now, and then to [`kept_for`] ($5) from now: most writes leave `expires_at` (an
+            // indexed column) as it was, an update PostgreSQL makes in place (HOT), and SQLite
+            // without touching the index. An entry written after the row's retention ended
+            // starts a new journal, as a step row of its own would replace an ended one.
+            append: format!(
+                "UPDATE {s} SET journal = CASE WHEN expires_at <= {now} THEN CAST($3 AS {bytes}) \
+                   ELSE CAST(journal || $3 AS {bytes}) END, \
+                 expires_at = CASE WHEN expires_at < {until} THEN {kept} ELSE expires_at END \
+                 WHERE key = $1 AND name = '' AND token = $2 \
+                   AND {length}(journal) + {length}($3) <= {JOURNAL_MAX_BYTES} \
+                   AND EXISTS (SELECT 1 FROM {t} AS r \
+                     WHERE r.key = $1 AND r.token = $2 AND r.state = 0)",
+                bytes = d.bytes,
+                until = d.now_plus("$4"),
+                kept = d.now_plus("$5"),
+                // Bytes, not characters: a BLOB's `length` on SQLite.
+                length = if d.bytes == "BYTEA" {
+                    "octet_length"
+                } else {
+                    "length"
+                },
+            ),
             // The record's update is the fence: the step row is written from the row it
             // returns, so a stale claim changes neither.
             write_on_lapse: d.claim_reads_live.then(|| {
@@ -168,7 +200,7 @@ impl StepStatements {
         let token = claim.token().to_bytes();
         let key = &claim.key().as_bytes()[..];
         let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(&self.begin), key), &token[..]);
-        let rows = DB::fetch_all(&mut *conn, DB::bind_i64(query, retention_ms))
+        let rows = DB::fetch_all(&mut *conn, DB::bind_i64(query, kept_for(retention_ms)))
             .await
             .map_err(sql_error)?;
         step_log::<DB>(&rows)?.ok_or(Error::LeaseLost)
@@ -187,6 +219,14 @@ impl StepStatements {
         step: StepWrite<'_>,
         retention_ms: i64,
     ) -> Result<(), Error> {
+        if let (None, Some(result)) = (step.on_lapse, step.result)
+            && !step.name.starts_with(RESERVED_PREFIX)
+            && self
+                .append::<DB>(conn, claim, &step, result, retention_ms)
+                .await?
+        {
+            return Ok(());
+        }
         let Some(on_lapse) = step.on_lapse else {
             return self
                 .write_fenced::<DB>(conn, &self.write, None, claim, step, retention_ms)
@@ -216,6 +256,32 @@ impl StepStatements {
         self.write_fenced::<DB>(&mut tx, &self.write, None, claim, step, retention_ms)
             .await?;
         Ok(tx.commit().await.map_err(sql_error)?)
+    }
+
+    /// Appends the finished `step` to the journal of the operation's `''` row: whether it did. It
+    /// does not when the fence fails, when the steps were not begun under this claim (no `''`
+    /// row with its token), and when the entry would take the journal past
+    /// [`JOURNAL_MAX_BYTES`]: the caller then writes a row of its own, which tells these apart.
+    /// One statement.
+    async fn append<DB: Ops>(
+        &self,
+        conn: &mut DB::Connection,
+        claim: &Claim,
+        step: &StepWrite<'_>,
+        result: &[u8],
+        retention_ms: i64,
+    ) -> Result<bool, Error> {
+        let Some(entry) = journal_entry(step.name, step.position, result)
+            .filter(|entry| entry.len() <= JOURNAL_MAX_BYTES)
+        else {
+            return Ok(false);
+        };
+        let token = claim.token().to_bytes();
+        let key = &claim.key().as_bytes()[..];
+        let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(&self.append), key), &token[..]);
+        let query = DB::bind_i64(DB::bind_bytes(query, &entry), retention_ms);
+        let query = DB::bind_i64(query, kept_for(retention_ms));
+        Ok(DB::execute(conn, query).await.map_err(sql_error)? == 1)
     }
 
     /// Runs the step write `sql` (with the record's `uncertain` as `$8` when given), then, if it
@@ -281,10 +347,11 @@ impl StepStatements {
 /// steps table `s` of the operation's attempt row (`''` at position -1: counted as the next
 /// attempt unless this claim was the one counted last, or set to 1 when it had expired) and of
 /// its live steps (their retention moved on to `retention` from now, nothing else changed).
-/// It returns those rows, each as `attempt, name, position, finished, result` ([`step_log`]);
-/// none when `source` has no row, so a claim that was taken over moves nothing on. One
-/// statement on both databases, as an `INSERT … SELECT` whose source reads the steps it
-/// updates.
+/// It returns those rows, each as `attempt, name, position, finished, result, journal`
+/// ([`step_log`]); none when `source` has no row, so a claim that was taken over moves nothing
+/// on. The attempt row's journal is emptied when its retention had ended (a new life of the
+/// key). Its caller binds the retention as [`kept_for`] makes it. One statement on both
+/// databases, as an `INSERT … SELECT` whose source reads the steps it updates.
 pub(crate) fn begin_sql(
     d: &Dialect,
     s: &TableName,
@@ -294,13 +361,13 @@ pub(crate) fn begin_sql(
 ) -> String {
     let (now, bigint, bytes) = (d.now, d.bigint, d.bytes);
     format!(
-        "INSERT INTO {s} AS s (key, name, position, token, attempt, finished, result, expires_at) \
-         SELECT r.key, x.name, x.position, r.token, x.attempt, x.finished, x.result, {until} \
+        "INSERT INTO {s} AS s (key, name, position, token, attempt, finished, result, expires_at, journal) \
+         SELECT r.key, x.name, x.position, r.token, x.attempt, x.finished, x.result, {until}, x.journal \
          FROM {source} CROSS JOIN ( \
            SELECT '' AS name, -1 AS position, 1 AS attempt, false AS finished, \
-             CAST(NULL AS {bytes}) AS result \
+             CAST(NULL AS {bytes}) AS result, CAST('' AS {bytes}) AS journal \
            UNION ALL \
-           SELECT p.name, p.position, p.attempt, p.finished, p.result FROM {s} AS p \
+           SELECT p.name, p.position, p.attempt, p.finished, p.result, p.journal FROM {s} AS p \
            WHERE p.key = $1 AND p.position >= 0 AND p.expires_at > {now}) AS x \
          WHERE {condition} \
          ON CONFLICT (key, name) DO UPDATE SET \
@@ -309,34 +376,114 @@ pub(crate) fn begin_sql(
                           WHEN s.token = excluded.token THEN s.attempt \
                           ELSE s.attempt + 1 END, \
            token = CASE WHEN s.position >= 0 THEN s.token ELSE excluded.token END, \
+           journal = CASE WHEN s.position < 0 AND s.expires_at <= {now} THEN excluded.journal \
+                          ELSE s.journal END, \
            expires_at = excluded.expires_at \
-         RETURNING CAST(attempt AS {bigint}), name, CAST(position AS {bigint}), finished, result",
+         RETURNING CAST(attempt AS {bigint}), name, CAST(position AS {bigint}), finished, result, journal",
         until = d.now_plus(retention),
     )
 }
 
-/// The step log of a [`begin_sql`] statement's rows: the attempt from the row at position -1,
-/// the steps from the others, by position; `None` for no row (the fence failed).
+/// The step log of a [`begin_sql`] statement's rows: the attempt and the journal from the row
+/// at position -1, the steps from the others and the journal's entries, by position; `None`
+/// for no row (the fence failed). A step both in a row of its own and in the journal keeps the
+/// first result it had: the row's if it finished there (a row is only ever written before the
+/// journal), else the journal's.
 pub(crate) fn step_log<DB: Ops>(rows: &[DB::Row]) -> Result<Option<StepLog>, Error> {
     if rows.is_empty() {
         return Ok(None);
     }
-    let mut attempt = None;
+    let mut begun = None;
     let mut steps = Vec::with_capacity(rows.len() - 1);
     for row in rows {
         if DB::get_i64(row, 2).map_err(sql_error)? < 0 {
-            attempt = Some(
-                u32::try_from(DB::get_i64(row, 0).map_err(sql_error)?).map_err(|_| {
-                    corrupt("a steps row counts more attempts than fit in 32 bits".into())
-                })?,
-            );
+            let attempt = u32::try_from(DB::get_i64(row, 0).map_err(sql_error)?).map_err(|_| {
+                corrupt("a steps row counts more attempts than fit in 32 bits".into())
+            })?;
+            begun = Some((attempt, DB::get_bytes(row, 5).map_err(sql_error)?));
         } else {
             steps.push(step_record::<DB>(row, 1)?);
         }
     }
-    let attempt = attempt.ok_or_else(|| corrupt("the steps begun have no attempt row".into()))?;
+    let (attempt, journal) =
+        begun.ok_or_else(|| corrupt("the steps begun have no attempt row".into()))?;
+    read_journal(&journal, &mut steps)?;
     steps.sort_by_key(|s| s.position);
     Ok(Some(StepLog { attempt, steps }))
+}
+
+/// How long, in milliseconds, the steps are kept when a statement moves their retention
+/// (`retention_ms` from now) on: a little longer, by a 128th of it and at most a second, so
+/// that the journal writes which follow within that time find their retention long enough
+/// and leave it (and its index) as it is.
+pub(crate) fn kept_for(retention_ms: i64) -> i64 {
+    retention_ms.saturating_add((retention_ms / 128).clamp(1, 1_000))
+}
+
+/// The longest a journal grows, in bytes: an entry that would take it past this is written as a
+/// row of its own. Each entry rewrites the journal, so an operation of many steps with large
+/// results costs rows of their own (each written once) rather than a journal rewritten whole
+/// at every step.
+const JOURNAL_MAX_BYTES: usize = 16 * 1024;
+
+/// Names starting with this are idem's own records ([`INPUT_STEP`], the failure and
+/// rerun marks): always rows of their own, which the completer's query reads.
+const RESERVED_PREFIX: &str = "idem.";
+
+/// A finished step as an entry of the journal: its position (4 bytes), its name's length (2)
+/// and bytes, its result's length (4) and bytes, big-endian. `None` for a result too long to
+/// count in 4 bytes (written as a row of its own instead).
+pub(crate) fn journal_entry(name: &str, position: u32, result: &[u8]) -> Option<Vec<u8>> {
+    let name_len = u16::try_from(name.len()).ok()?;
+    let result_len = u32::try_from(result.len()).ok()?;
+    let mut entry = Vec::with_capacity(10 + name.len() + result.len());
+    entry.extend_from_slice(&position.to_be_bytes());
+    entry.extend_from_slice(&name_len.to_be_bytes());
+    entry.extend_from_slice(name.as_bytes());
+    entry.extend_from_slice(&result_len.to_be_bytes());
+    entry.extend_from_slice(result);
+    Some(entry)
+}
+
+/// Adds the journal's entries to `steps`: a step not there is added, finished; one there that
+/// only began is finished with the entry's result; one already finished keeps its result (the
+/// first one stands, as when its row is written again).
+fn read_journal(mut journal: &[u8], steps: &mut Vec<StepRecord>) -> Result<(), Error> {
+    fn take<'a>(journal: &mut &'a [u8], n: usize) -> Result<&'a [u8], Error> {
+        if journal.len() < n {
+            return Err(corrupt("a steps journal ends inside an entry".into()));
+        }
+        let (head, rest) = journal.split_at(n);
+        *journal = rest;
+        Ok(head)
+    }
+    fn number<const N: usize>(journal: &mut &[u8]) -> Result<[u8; N], Error> {
+        take(journal, N)?
+            .try_into()
+            .map_err(|_| corrupt("a steps journal ends inside an entry".into()))
+    }
+    while !journal.is_empty() {
+        let position = u32::from_be_bytes(number(&mut journal)?);
+        let name_len = usize::from(u16::from_be_bytes(number(&mut journal)?));
+        let name = std::str::from_utf8(take(&mut journal, name_len)?)
+            .map_err(|_| corrupt("a steps journal names a step in invalid UTF-8".into()))?;
+        let result_len = usize::try_from(u32::from_be_bytes(number(&mut journal)?))
+            .map_err(|_| corrupt("a steps journal's result is too long".into()))?;
+        let result = take(&mut journal, result_len)?;
+        match steps.iter_mut().find(|s| s.name == name) {
+            Some(step) if matches!(step.state, StepState::Finished(_)) => {}
+            Some(step) => {
+                step.position = position;
+                step.state = StepState::Finished(result.to_vec());
+            }
+            None => steps.push(StepRecord {
+                name: name.to_owned(),
+                position,
+                state: StepState::Finished(result.to_vec()),
+            }),
+        }
+    }
+    Ok(())
 }
 
 /// A step's record from `row`'s columns `at..at + 4`: name, position, finished, result.
@@ -356,4 +503,72 @@ fn step_record<DB: Ops>(row: &DB::Row, at: usize) -> Result<StepRecord, Error> {
         position,
         state,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finished(name: &str, position: u32, result: &[u8]) -> StepRecord {
+        StepRecord {
+            name: name.into(),
+            position,
+            state: StepState::Finished(result.to_vec()),
+        }
+    }
+
+    #[test]
+    fn idems_own_records_are_reserved() {
+        assert!(INPUT_STEP.starts_with(RESERVED_PREFIX));
+        assert!(FAILED_STEP_PREFIX.starts_with(RESERVED_PREFIX));
+        assert!(idem_core::store::support::failed_step(3).starts_with(RESERVED_PREFIX));
+    }
+
+    #[test]
+    fn a_journal_reads_back_its_entries_and_the_first_result_stands() {
+        let mut journal = Vec::new();
+        for (name, position, result) in [
+            ("create", 0, &b"1"[..]),
+            ("charge", 1, b""),
+            ("create", 0, b"again"),
+        ] {
+            journal.extend(journal_entry(name, position, result).unwrap());
+        }
+        // A row of its own that began (an at-most-once step) is finished by the journal.
+        let mut steps = vec![StepRecord {
+            name: "charge".into(),
+            position: 1,
+            state: StepState::Begun,
+        }];
+        read_journal(&journal, &mut steps).unwrap();
+        assert_eq!(
+            steps,
+            [finished("charge", 1, b""), finished("create", 0, b"1")]
+        );
+        // A row of its own that finished keeps its result.
+        let mut steps = vec![finished("create", 0, b"row")];
+        read_journal(&journal, &mut steps).unwrap();
+        assert_eq!(steps[0], finished("create", 0, b"row"));
+    }
+
+    #[test]
+    fn a_cut_journal_is_corrupt_not_a_shorter_log() {
+        let entry = journal_entry("charge", 2, b"receipt").unwrap();
+        for cut in 1..entry.len() {
+            let err = read_journal(&entry[..cut], &mut Vec::new()).unwrap_err();
+            assert!(err.to_string().contains("journal"), "{err}");
+        }
+        let mut bad_name = entry.clone();
+        bad_name[6] = 0xff;
+        assert!(read_journal(&bad_name, &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn the_retention_is_kept_a_little_longer_at_most_a_second() {
+        assert_eq!(kept_for(100), 101);
+        assert_eq!(kept_for(300), 302);
+        assert_eq!(kept_for(12_800), 12_900);
+        assert_eq!(kept_for(86_400_000), 86_401_000);
+        assert_eq!(kept_for(i64::MAX), i64::MAX);
+    }
 }

@@ -131,7 +131,7 @@ pub async fn claim_steps_and_complete(store: &dyn idem_core::Store, key: &idem_c
 }
 
 /// Checks a SQL store just connected to a schema of an older version: its schema is now the
-/// current one (3), the completed record `kept` written before the upgrade is still there, and
+/// current one (4), the completed record `kept` written before the upgrade is still there, and
 /// the store works ([`claim_steps_and_complete`] on `fresh`).
 ///
 /// ```
@@ -152,7 +152,7 @@ pub async fn upgraded_and_working<S: idem_core::Store + idem_core::StoreAdmin>(
     kept: &idem_core::Key,
     fresh: &idem_core::Key,
 ) {
-    assert_eq!(store.schema_version().await.unwrap(), 3);
+    assert_eq!(store.schema_version().await.unwrap(), 4);
     let record = store.get(kept).await.unwrap();
     match record.map(|r| r.state) {
         Some(idem_core::RecordState::Completed(_)) => {}

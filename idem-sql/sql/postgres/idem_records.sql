@@ -1,4 +1,4 @@
--- The schema of idem's PostgresStore for the table "idem_records", up to version 3:
+-- The schema of idem's PostgresStore for the table "idem_records", up to version 4:
 -- the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.
 -- Apply it in one transaction, as a role that may create tables in the schema
 -- (psql --single-transaction -f FILE).
@@ -46,3 +46,7 @@ ALTER TABLE "idem_records" ADD COLUMN IF NOT EXISTS result_until timestamptz NUL
 ALTER TABLE "idem_records" ADD COLUMN IF NOT EXISTS uncertain boolean NOT NULL DEFAULT false;
 CREATE INDEX IF NOT EXISTS "idem_records_result_until_idx" ON "idem_records" (result_until) WHERE response IS NOT NULL AND expires_at > result_until;
 CREATE INDEX IF NOT EXISTS "idem_records_uncertain_idx" ON "idem_records" (key) WHERE state = 0 AND uncertain = true;
+
+-- Version 4: the steps' journal.
+INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (4, 'the steps'' journal', clock_timestamp()) ON CONFLICT (version) DO NOTHING;
+ALTER TABLE "idem_records_steps" ADD COLUMN IF NOT EXISTS journal bytea NOT NULL DEFAULT ''::bytea;

@@ -47,3 +47,10 @@ ALTER TABLE {table} ADD COLUMN IF NOT EXISTS result_until timestamptz NULL;
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS uncertain boolean NOT NULL DEFAULT false;
 CREATE INDEX IF NOT EXISTS {result_index} ON {table} (result_until) WHERE response IS NOT NULL AND expires_at > result_until;
 CREATE INDEX IF NOT EXISTS {uncertain_index} ON {table} (key) WHERE state = 0 AND uncertain = true;
+
+-- Version 4: the steps' journal.
+-- The finished steps of an operation, appended to its '' row as one byte string (entries of
+-- position, name and result; docs/steps.md, "How a SQL store keeps them"), so that a step is
+-- one update of that row where it was a row of its own. Rows of the earlier shape stay and are
+-- read beside it.
+ALTER TABLE {steps} ADD COLUMN IF NOT EXISTS journal bytea NOT NULL DEFAULT ''::bytea;

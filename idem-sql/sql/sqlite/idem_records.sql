@@ -1,9 +1,10 @@
--- The schema of idem's SqliteStore for the table "idem_records", up to version 3:
+-- The schema of idem's SqliteStore for the table "idem_records", up to version 4:
 -- the statements SqliteStoreBuilder::migrate runs, from SqliteStoreBuilder::schema_sql.
 -- Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;).
--- Every statement is idempotent but version 3's ADD COLUMNs, which SQLite cannot make
--- conditional: this script brings an older schema up to date, and applied again to a
--- table at version 3 it fails at them (duplicate column name) and changes nothing.
+-- Every statement is idempotent but the ADD COLUMNs of versions 3 and 4, which SQLite
+-- cannot make conditional: this script brings an older schema up to date, and applied
+-- again to a table at version 3 or later it fails at them (duplicate column name) and
+-- changes nothing.
 -- For another table, SqliteStore::builder().table(NAME).schema_sql() writes its script.
 
 CREATE TABLE IF NOT EXISTS "idem_records_migrations" (
@@ -46,3 +47,7 @@ ALTER TABLE "idem_records" ADD COLUMN result_until INTEGER;
 ALTER TABLE "idem_records" ADD COLUMN uncertain INTEGER NOT NULL DEFAULT 0 CHECK (uncertain IN (0, 1));
 CREATE INDEX IF NOT EXISTS "idem_records_result_until" ON "idem_records" (result_until) WHERE response IS NOT NULL AND expires_at > result_until;
 CREATE INDEX IF NOT EXISTS "idem_records_uncertain" ON "idem_records" (key) WHERE state = 0 AND uncertain = true;
+
+-- Version 4: add the steps' journal.
+INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (4, 'add the steps'' journal', CAST(round(unixepoch('subsec') * 1000) AS INTEGER)) ON CONFLICT (version) DO NOTHING;
+ALTER TABLE "idem_records_steps" ADD COLUMN journal BLOB NOT NULL DEFAULT X'';

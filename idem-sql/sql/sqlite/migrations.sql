@@ -51,3 +51,10 @@ ALTER TABLE {table} ADD COLUMN result_until INTEGER;
 ALTER TABLE {table} ADD COLUMN uncertain INTEGER NOT NULL DEFAULT 0 CHECK (uncertain IN (0, 1));
 CREATE INDEX IF NOT EXISTS {result_index} ON {table} (result_until) WHERE response IS NOT NULL AND expires_at > result_until;
 CREATE INDEX IF NOT EXISTS {uncertain_index} ON {table} (key) WHERE state = 0 AND uncertain = true;
+
+-- Version 4: add the steps' journal.
+-- The finished steps of an operation, appended to its '' row as one byte string (entries of
+-- position, name and result; docs/steps.md, "How a SQL store keeps them"), so that a step is
+-- one update of that row where it was a row of its own. Rows of the earlier shape stay and are
+-- read beside it. As version 3, a step SQLite runs once (its ledger row says it ran).
+ALTER TABLE {steps} ADD COLUMN journal BLOB NOT NULL DEFAULT X'';

@@ -210,8 +210,8 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// A records table that is missing although the ledger lists its steps as applied (someone
 /// dropped it) is created again on connect by re-running the applied steps (their statements
-/// are idempotent, `IF NOT EXISTS`, but version 3's `ADD COLUMN`s, which then add the columns
-/// to the table just created); the records it held are gone.
+/// are idempotent, `IF NOT EXISTS`, but the `ADD COLUMN`s of versions 3 and 4, which add the
+/// columns to a table just created and find them on one that was not dropped); the records it held are gone.
 ///
 /// **Migrating out of band.** With
 /// [`migrate_on_connect(false)`](SqliteStoreBuilder::migrate_on_connect) connecting only checks
@@ -656,8 +656,8 @@ impl SqliteStoreBuilder {
     /// The SQL [`migrate`](Self::migrate) runs, for this builder's table, as a script to apply
     /// with your own tools (`sqlite3 idem.db < idem_records.sql`, a migration tool): the
     /// ledger `<table>_migrations`, then each schema version's row in it and its statements.
-    /// Every statement is idempotent (`IF NOT EXISTS`, `ON CONFLICT DO NOTHING`) but version 3's
-    /// two `ALTER TABLE … ADD COLUMN`s, which SQLite cannot make conditional: the script of a
+    /// Every statement is idempotent (`IF NOT EXISTS`, `ON CONFLICT DO NOTHING`) but the
+    /// `ALTER TABLE … ADD COLUMN`s of versions 3 and 4, which SQLite cannot make conditional: the script of a
     /// newer idem brings any older schema up to date, and applied again to a table at version 3
     /// or later it fails at them ("duplicate column name") and changes nothing, committed or
     /// rolled back (`migrate`, which reads the ledger, runs each version once). `idem-sql/sql/sqlite/idem_records.sql` is this script for the

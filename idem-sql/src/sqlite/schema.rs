@@ -49,9 +49,10 @@ pub(super) fn script(table: &TableName) -> Result<String, Error> {
         table,
         "SqliteStore",
         "Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;).\n\
-         Every statement is idempotent but version 3's ADD COLUMNs, which SQLite cannot make\n\
-         conditional: this script brings an older schema up to date, and applied again to a\n\
-         table at version 3 it fails at them (duplicate column name) and changes nothing.",
+         Every statement is idempotent but the ADD COLUMNs of versions 3 and 4, which SQLite\n\
+         cannot make conditional: this script brings an older schema up to date, and applied\n\
+         again to a table at version 3 or later it fails at them (duplicate column name) and\n\
+         changes nothing.",
     )
 }
 

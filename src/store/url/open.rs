@@ -200,7 +200,7 @@ pub enum ConnectError {
 /// use idem::store::url::{ConnectOptions, StoreUrl};
 /// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
 /// // The records table, the steps table, then what a record keeps past its lease.
-/// assert_eq!(opened.admin().schema_version().await?, 3);
+/// assert_eq!(opened.admin().schema_version().await?, 4);
 /// let store = opened.into_store();
 /// # let _ = store;
 /// # }

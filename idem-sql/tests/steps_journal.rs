@@ -1,0 +1,342 @@
+//! How the SQL stores keep an operation's steps (docs/steps.md, "How a SQL store keeps them"):
+//! a finished step is an entry appended to the journal of the operation's `''` row, one
+//! `UPDATE` of that row, not a row of its own; steps in rows of their own (a begin, a write
+//! before the steps began, a store of the earlier shape) are read beside it; and a journal
+//! write is fenced by the record as a row of its own is. Each test runs on SQLite and on
+//! PostgreSQL.
+#![cfg(all(feature = "sqlite", feature = "postgres"))]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    Claim, ClaimOutcome, ClaimRequest, Error, Idempotency, Key, StepState, StepWrite, Store,
+};
+use idem_sql::{PostgresStore, SqliteStore};
+use idem_test_support::postgres::{drop_store_tables, fresh_store, pg_url};
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// A store under test, with its pool for the statements that look at (or write) its tables as
+/// another process would.
+enum Db {
+    Sqlite {
+        store: SqliteStore,
+        _dir: tempfile::TempDir,
+    },
+    Postgres(PostgresStore),
+}
+
+impl Db {
+    async fn sqlite() -> Db {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::builder()
+            .pruner(None)
+            .open(dir.path().join("idem.db"))
+            .await
+            .unwrap();
+        Db::Sqlite { store, _dir: dir }
+    }
+
+    async fn postgres(test: &str) -> Option<Db> {
+        let url = pg_url(test)?;
+        Some(Db::Postgres(fresh_store(&url, |b| b.pruner(None)).await))
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        match self {
+            Db::Sqlite { store: s, .. } => Arc::new(s.clone()),
+            Db::Postgres(s) => Arc::new(s.clone()),
+        }
+    }
+
+    fn table(&self) -> &str {
+        match self {
+            Db::Sqlite { store: s, .. } => s.table(),
+            Db::Postgres(s) => s.table(),
+        }
+    }
+
+    /// `{t}` and `{s}` in `sql` are the records and steps tables, `{later}` a time a minute
+    /// on and `{earlier}` one a second back, in the database's own type.
+    fn sql(&self, sql: &str) -> String {
+        let (later, earlier) = match self {
+            Db::Sqlite { .. } => (
+                "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) + 60000)",
+                "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) - 1000)",
+            ),
+            Db::Postgres(_) => (
+                "(clock_timestamp() + interval '1 minute')",
+                "(clock_timestamp() - interval '1 second')",
+            ),
+        };
+        sql.replace("{t}", &format!("\"{}\"", self.table()))
+            .replace("{s}", &format!("\"{}_steps\"", self.table()))
+            .replace("{later}", later)
+            .replace("{earlier}", earlier)
+    }
+
+    /// Runs `sql` with the operation's key as `$1` (and `token` as `$2`): rows changed.
+    async fn exec(&self, sql: &str, key: &Key, token: &[u8]) -> u64 {
+        let sql = self.sql(sql);
+        let key = &key.as_bytes()[..];
+        match self {
+            Db::Sqlite { store: s, .. } => sqlx::query(&sql)
+                .bind(key)
+                .bind(token)
+                .execute(s.pool())
+                .await
+                .unwrap()
+                .rows_affected(),
+            Db::Postgres(s) => sqlx::query(&sql)
+                .bind(key)
+                .bind(token)
+                .execute(s.pool())
+                .await
+                .unwrap()
+                .rows_affected(),
+        }
+    }
+
+    /// The names of the steps table's rows of `key`, in order.
+    async fn step_rows(&self, key: &Key) -> Vec<String> {
+        let sql = self.sql("SELECT name FROM {s} WHERE key = $1 ORDER BY name");
+        let key = &key.as_bytes()[..];
+        match self {
+            Db::Sqlite { store: s, .. } => sqlx::query_scalar(&sql)
+                .bind(key)
+                .fetch_all(s.pool())
+                .await
+                .unwrap(),
+            Db::Postgres(s) => sqlx::query_scalar(&sql)
+                .bind(key)
+                .fetch_all(s.pool())
+                .await
+                .unwrap(),
+        }
+    }
+
+    async fn end(self) {
+        if let Db::Postgres(store) = self {
+            drop_store_tables(&store).await;
+        }
+    }
+}
+
+/// Runs `test` on SQLite, then on PostgreSQL.
+macro_rules! on_both {
+    ($name:ident, $test:ident) => {
+        #[tokio::test]
+        async fn $name() {
+            let db = Db::sqlite().await;
+            $test(&db).await;
+            db.end().await;
+            if let Some(db) = Db::postgres(stringify!($name)).await {
+                $test(&db).await;
+                db.end().await;
+            }
+        }
+    };
+}
+
+async fn claim(store: &dyn Store, key: &Key, lease: Duration) -> Claim {
+    match store.claim(ClaimRequest::new(key, lease)).await.unwrap() {
+        ClaimOutcome::Claimed(claim) => claim,
+        other => panic!("expected Claimed, got {other:?}"),
+    }
+}
+
+/// A claim of a new key `name` on `db`'s store, with its steps begun.
+async fn begun(db: &Db, name: &str) -> (Arc<dyn Store>, Key, Claim) {
+    let store = db.store();
+    let key = Key::derive("journal", "", name).unwrap();
+    let claim = claim(&*store, &key, DAY).await;
+    store.begin_steps(&claim, DAY).await.unwrap();
+    (store, key, claim)
+}
+
+fn finished<'a>(name: &'a str, position: u32, result: &'a [u8]) -> StepWrite<'a> {
+    StepWrite::new(name, position, Some(result), DAY)
+}
+
+/// The steps of a log as (name, position, result), by position; `None` for one begun only.
+fn steps_of(log: &idem_core::StepLog) -> Vec<(String, u32, Option<Vec<u8>>)> {
+    log.steps
+        .iter()
+        .map(|s| {
+            let result = match &s.state {
+                StepState::Finished(r) => Some(r.clone()),
+                StepState::Begun => None,
+            };
+            (s.name.clone(), s.position, result)
+        })
+        .collect()
+}
+
+on_both!(
+    each_finished_step_is_an_entry_of_the_operations_row,
+    finished_steps_are_entries_of_one_row
+);
+
+/// Three steps through the engine, the third failing: the operation's steps are its one `''`
+/// row (a row each before the journal), and the retry replays the two finished steps from it
+/// without running them.
+async fn finished_steps_are_entries_of_one_row(db: &Db) {
+    let engine = Idempotency::from_arc(db.store());
+    let key = Key::derive("journal", "", "three").unwrap();
+    let runs = AtomicUsize::new(0);
+    let operation = |fail: bool| {
+        let runs = &runs;
+        engine.call(key).run_steps(move |steps| async move {
+            let mut total = 0u32;
+            for (i, name) in ["create", "charge"].into_iter().enumerate() {
+                total += steps
+                    .run(name, || async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, Error>(i as u32 + 1)
+                    })
+                    .await?;
+            }
+            if fail {
+                return Err(Error::InvalidConfig("the third step failed".into()));
+            }
+            Ok::<_, Error>(total)
+        })
+    };
+    assert!(operation(true).await.is_err());
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(db.step_rows(&key).await, [""], "one row for the operation");
+    let done = operation(false).await.unwrap();
+    assert_eq!(done.into_inner(), 3);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the finished steps replayed"
+    );
+}
+
+on_both!(
+    steps_in_rows_of_their_own_are_read_beside_the_journal,
+    rows_of_their_own_are_read_beside_the_journal
+);
+
+/// A step written as a store of the earlier shape wrote it (a row of its own, finished) and one
+/// written before the steps began (a row of its own too) are read back with the journal's, by
+/// position; a step finished in its own row keeps that result when the journal has it too.
+async fn rows_of_their_own_are_read_beside_the_journal(db: &Db) {
+    let store = db.store();
+    let key = Key::derive("journal", "", "mixed").unwrap();
+    let first = claim(&*store, &key, DAY).await;
+    // Before the steps began: no `''` row yet, so a row of its own.
+    store
+        .write_step(&first, finished("early", 0, b"e"))
+        .await
+        .unwrap();
+    store.begin_steps(&first, DAY).await.unwrap();
+    let token = first.token().to_bytes();
+    let written = db
+        .exec(
+            "INSERT INTO {s} (key, name, position, token, attempt, finished, result, expires_at) \
+             VALUES ($1, 'legacy', 1, $2, 0, true, $2, {later})",
+            &key,
+            &token,
+        )
+        .await;
+    assert_eq!(written, 1);
+    store
+        .write_step(&first, finished("late", 2, b"l"))
+        .await
+        .unwrap();
+    // Written again into the journal: the row's result stands.
+    store
+        .write_step(&first, finished("legacy", 1, b"other"))
+        .await
+        .unwrap();
+    assert_eq!(db.step_rows(&key).await, ["", "early", "legacy"]);
+    store.abort(&first).await.unwrap();
+
+    let retry = claim(&*store, &key, DAY).await;
+    let log = store.begin_steps(&retry, DAY).await.unwrap();
+    assert_eq!(log.attempt, 2);
+    assert_eq!(
+        steps_of(&log),
+        [
+            ("early".to_owned(), 0, Some(b"e".to_vec())),
+            ("legacy".to_owned(), 1, Some(token.to_vec())),
+            ("late".to_owned(), 2, Some(b"l".to_vec())),
+        ]
+    );
+}
+
+on_both!(
+    a_journal_write_of_a_claim_taken_over_writes_nothing,
+    journal_write_is_fenced_by_the_record
+);
+
+/// A claim whose lease ended and whose key was claimed again (the new holder not having begun
+/// the steps, so the `''` row still carries the old token) writes nothing to the journal: the
+/// record no longer carries its token. The new holder's begin reads only the step written
+/// while the old claim held.
+async fn journal_write_is_fenced_by_the_record(db: &Db) {
+    let (store, key, old) = begun(db, "fenced").await;
+    store
+        .write_step(&old, finished("create", 0, b"1"))
+        .await
+        .unwrap();
+    // The lease ends (as its time passing would), and another claim takes the key.
+    let ended = db
+        .exec(
+            "UPDATE {t} SET expires_at = {earlier} WHERE key = $1",
+            &key,
+            &[],
+        )
+        .await;
+    assert_eq!(ended, 1);
+    let new = claim(&*store, &key, DAY).await;
+    let stale = store.write_step(&old, finished("charge", 1, b"2")).await;
+    assert!(matches!(stale, Err(Error::LeaseLost)), "{stale:?}");
+    assert_eq!(db.step_rows(&key).await, [""], "nothing written");
+    let log = store.begin_steps(&new, DAY).await.unwrap();
+    assert_eq!(log.attempt, 2);
+    assert_eq!(
+        steps_of(&log),
+        [("create".to_owned(), 0, Some(b"1".to_vec()))]
+    );
+}
+
+on_both!(
+    large_results_are_rows_of_their_own_past_the_journals_bound,
+    large_results_past_the_bound
+);
+
+/// The journal is rewritten at each step, so it is bounded (16 KiB): a result that would take
+/// it past that is a row of its own, written once. Every result reads back whole, wherever it
+/// was kept.
+async fn large_results_past_the_bound(db: &Db) {
+    let (store, key, first) = begun(db, "large").await;
+    let results: Vec<Vec<u8>> = [7_000, 7_000, 7_000, 20_000, 10]
+        .iter()
+        .zip(1u8..)
+        .map(|(&n, b)| vec![b; n])
+        .collect();
+    let names = ["a", "b", "c", "d", "e"];
+    for ((name, result), position) in names.iter().zip(&results).zip(0u32..) {
+        store
+            .write_step(&first, finished(name, position, result))
+            .await
+            .unwrap();
+    }
+    // a and b fit, c would pass the bound, d is past it alone, e fits again.
+    assert_eq!(db.step_rows(&key).await, ["", "c", "d"]);
+    store.abort(&first).await.unwrap();
+    let retry = claim(&*store, &key, DAY).await;
+    let log = store.begin_steps(&retry, DAY).await.unwrap();
+    let expected: Vec<_> = names
+        .iter()
+        .zip(&results)
+        .zip(0u32..)
+        .map(|((name, result), position)| ((*name).to_owned(), position, Some(result.clone())))
+        .collect();
+    assert_eq!(steps_of(&log), expected);
+}
