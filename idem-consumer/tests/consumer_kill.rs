@@ -63,9 +63,10 @@ struct Shape {
 }
 
 impl Shape {
-    /// Loops of 10 at once: `IDEM_CONSUMER_KILL_POLLERS` of them a process, else 8, and 2 on
-    /// DynamoDB (moto answers its DynamoDB requests one at a time: more handlers at once only
-    /// wait longer for it, and their leases run short); killed with a handler running.
+    /// Loops of 10 at once (5 on DynamoDB): `IDEM_CONSUMER_KILL_POLLERS` of them a process,
+    /// else 8, and 2 on DynamoDB (moto answers its DynamoDB requests one at a time: more
+    /// handlers at once only wait longer for it, and their leases run short; 5 a loop drained in
+    /// 26-31 s alone, 10 in 41 s); killed with a handler running.
     fn many_loops(store: &str) -> Shape {
         let pollers = std::env::var("IDEM_CONSUMER_KILL_POLLERS")
             .ok()
@@ -73,7 +74,7 @@ impl Shape {
             .unwrap_or(if store == "dynamodb" { 2 } else { 8 });
         Shape {
             pollers,
-            concurrency: 10,
+            concurrency: if store == "dynamodb" { 5 } else { 10 },
             running_at_kill: 1,
             work_ms: 0,
             alone_until_kill: false,
