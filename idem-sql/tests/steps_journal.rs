@@ -340,3 +340,54 @@ async fn large_results_past_the_bound(db: &Db) {
         .collect();
     assert_eq!(steps_of(&log), expected);
 }
+
+/// PostgreSQL: a journal write whose statement runs while a takeover is in flight (its
+/// transaction not committed yet) is ordered before that takeover. It does not wait for it (the
+/// record is not locked), and it is not lost: the new holder's begin reads it. Once the
+/// takeover committed, the old holder writes nothing.
+#[tokio::test]
+async fn postgres_a_journal_write_racing_a_takeover_is_ordered_before_it() {
+    use idem_sql::TransactionalStore;
+    let Some(db) =
+        Db::postgres("postgres_a_journal_write_racing_a_takeover_is_ordered_before_it").await
+    else {
+        return;
+    };
+    let Db::Postgres(pg) = &db else {
+        unreachable!("Db::postgres makes a PostgreSQL store")
+    };
+    let (store, key, old) = begun(&db, "racing").await;
+    let ended = db
+        .exec(
+            "UPDATE {t} SET expires_at = {earlier} WHERE key = $1",
+            &key,
+            &[],
+        )
+        .await;
+    assert_eq!(ended, 1);
+    let mut takeover = pg.pool().begin().await.unwrap();
+    let new = match pg
+        .claim_in(&mut takeover, ClaimRequest::new(&key, DAY))
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Claimed(claim) => claim,
+        other => panic!("expected the takeover to claim, got {other:?}"),
+    };
+    // Bounded: a write that waited for the takeover's transaction would wait for this test.
+    let write = store.write_step(&old, finished("create", 0, b"1"));
+    tokio::time::timeout(Duration::from_secs(30), write)
+        .await
+        .expect("the journal write does not wait for the takeover")
+        .unwrap();
+    takeover.commit().await.unwrap();
+    let stale = store.write_step(&old, finished("charge", 1, b"2")).await;
+    assert!(matches!(stale, Err(Error::LeaseLost)), "{stale:?}");
+    let log = store.begin_steps(&new, DAY).await.unwrap();
+    assert_eq!(log.attempt, 2);
+    assert_eq!(
+        steps_of(&log),
+        [("create".to_owned(), 0, Some(b"1".to_vec()))]
+    );
+    db.end().await;
+}
