@@ -99,6 +99,12 @@ impl Db {
         }
     }
 
+    /// Ends the lease of `key`'s record, as its time passing would.
+    async fn end_lease(&self, key: &Key) {
+        let sql = "UPDATE {t} SET expires_at = {earlier} WHERE key = $1";
+        assert_eq!(self.exec(sql, key, &[]).await, 1, "no record of the key");
+    }
+
     /// The names of the steps table's rows of `key`, in order.
     async fn step_rows(&self, key: &Key) -> Vec<String> {
         let sql = self.sql("SELECT name FROM {s} WHERE key = $1 ORDER BY name");
@@ -285,14 +291,7 @@ async fn journal_write_is_fenced_by_the_record(db: &Db) {
         .await
         .unwrap();
     // The lease ends (as its time passing would), and another claim takes the key.
-    let ended = db
-        .exec(
-            "UPDATE {t} SET expires_at = {earlier} WHERE key = $1",
-            &key,
-            &[],
-        )
-        .await;
-    assert_eq!(ended, 1);
+    db.end_lease(&key).await;
     let new = claim(&*store, &key, DAY).await;
     let stale = store.write_step(&old, finished("charge", 1, b"2")).await;
     assert!(matches!(stale, Err(Error::LeaseLost)), "{stale:?}");
@@ -357,14 +356,7 @@ async fn postgres_a_journal_write_racing_a_takeover_is_ordered_before_it() {
         unreachable!("Db::postgres makes a PostgreSQL store")
     };
     let (store, key, old) = begun(&db, "racing").await;
-    let ended = db
-        .exec(
-            "UPDATE {t} SET expires_at = {earlier} WHERE key = $1",
-            &key,
-            &[],
-        )
-        .await;
-    assert_eq!(ended, 1);
+    db.end_lease(&key).await;
     let mut takeover = pg.pool().begin().await.unwrap();
     let new = match pg
         .claim_in(&mut takeover, ClaimRequest::new(&key, DAY))
