@@ -902,7 +902,7 @@ async fn steps_rows(
         if s.name.starts_with("PostgreSQL") {
             "claim and begin 1 + 3 × (write 1 + step record 1) + complete 1 = 8 statements"
         } else {
-            "claim 1 + begin 1 + 3 × (write 1 + step record 1) + complete 1 = 9 statements"
+            "claim and begin 1 query + 3 × (write 1 + step record 1) + complete 1 = 8 statements"
         },
     )];
     if let Some(raw) = &s.raw {

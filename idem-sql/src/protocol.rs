@@ -90,11 +90,12 @@ struct Statements {
     /// returns the live row it did not claim; otherwise `claim_counted` with `RETURNING true AS
     /// claimed`.
     claim_in_transaction: String,
-    /// The claim that also begins the claimed operation's steps, where the database has
-    /// data-modifying CTEs (PostgreSQL): `claim_counted`'s row (`RETURNING`) is the fence of
-    /// [`begin_sql`](crate::steps::begin_sql), with the retention as `$6`. Rows only when it
-    /// claimed.
-    claim_steps: Option<String>,
+    /// The claim that also begins the claimed operation's steps, with the retention as `$6`;
+    /// rows only when it claimed. Where the database has data-modifying CTEs (PostgreSQL), one
+    /// statement: `claim_counted`'s row (`RETURNING`) is the fence of
+    /// [`begin_sql`](crate::steps::begin_sql). Elsewhere (SQLite) `claim_counted` and then
+    /// the begin fenced by the record, in one query.
+    claim_steps: String,
     read_live: String,
     complete: String,
     renew: String,
@@ -166,12 +167,29 @@ impl Statements {
         } else {
             claim
         };
-        let claim_steps = d.claim_reads_live.then(|| {
+        let steps = crate::steps::steps_table(t);
+        let claim_steps = if d.claim_reads_live {
             format!(
                 "WITH c AS ({claim_counted} RETURNING r.key, r.token) {}",
-                crate::steps::begin_sql(d, &crate::steps::steps_table(t), "c AS r", "true", "$6")
+                crate::steps::begin_sql(d, &steps, "c AS r", "true", "$6")
             )
-        });
+        } else {
+            // No data-modifying CTE (SQLite): the claim and the begin, two statements in one
+            // query, so one hand-over to the connection's thread where two were. The begin is
+            // fenced by the record carrying this claim's token ($3): rows only when it claimed.
+            // Each statement commits on its own; `start_steps` releases a claim whose begin
+            // failed.
+            format!(
+                "{claim_counted}; {}",
+                crate::steps::begin_sql(
+                    d,
+                    &steps,
+                    &format!("{t} AS r"),
+                    "r.key = $1 AND r.token = $3 AND r.state = 0",
+                    "$6"
+                )
+            )
+        };
         Statements {
             claim_counted,
             claim_in_transaction,
@@ -380,9 +398,8 @@ impl<DB: Ops> Protocol<DB> {
         Ok(self.on_pool(conn, sql, request, lease_ms).await?.0)
     }
 
-    /// [`Store::claim_steps`](idem_core::Store::claim_steps) on a pooled connection: where the
-    /// database can, one statement that claims and begins the steps (the claim order's read
-    /// first, if it reads first); elsewhere the claim alone, with no log.
+    /// [`Store::claim_steps`](idem_core::Store::claim_steps) on a pooled connection: one query
+    /// that claims and begins the steps (the claim order's read first, if it reads first).
     pub(crate) async fn start_steps(
         &self,
         conn: &mut DB::Connection,
@@ -390,10 +407,7 @@ impl<DB: Ops> Protocol<DB> {
         lease_ms: i64,
         retention_ms: i64,
     ) -> Result<(ClaimOutcome, Option<StepLog>), Error> {
-        let sql = match &self.sql.claim_steps {
-            Some(sql) => ClaimSql::Steps(sql, crate::steps::kept_for(retention_ms)),
-            None => ClaimSql::Counted(&self.sql.claim_counted),
-        };
+        let sql = ClaimSql::Steps(&self.sql.claim_steps, crate::steps::kept_for(retention_ms));
         self.on_pool(conn, sql, request, lease_ms).await
     }
 
@@ -460,7 +474,18 @@ impl<DB: Ops> Protocol<DB> {
                 }
                 ClaimSql::Steps(_, retention_ms) => {
                     let query = DB::bind_i64(query, retention_ms);
-                    let rows = DB::fetch_all(&mut *conn, query).await.map_err(sql_error)?;
+                    let rows = match DB::fetch_all(&mut *conn, query).await {
+                        Ok(rows) => rows,
+                        Err(e) if !DB::DIALECT.claim_reads_live => {
+                            // Two statements (SQLite): the claim may have committed before the
+                            // begin failed. No one else holds this token, so release it; should
+                            // that fail too, the claim lapses as a crashed holder's would.
+                            let query = self.fenced_query(&self.sql.abort, key, &token_bytes);
+                            let _ = DB::execute(&mut *conn, query).await;
+                            return Err(sql_error(e).into());
+                        }
+                        Err(e) => return Err(sql_error(e).into()),
+                    };
                     if let Some(log) = crate::steps::step_log::<DB>(&rows)? {
                         return Ok((claimed(), Some(log)));
                     }

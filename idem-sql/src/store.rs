@@ -338,7 +338,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     /// One statement on PostgreSQL: the claim's own row is the fence of the steps' begin. On
-    /// SQLite, the claim alone (the engine then begins the steps in one statement more).
+    /// SQLite, the claim and the begin as two statements of one query.
     async fn claim_steps(
         &self,
         request: ClaimRequest<'_>,

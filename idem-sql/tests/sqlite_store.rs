@@ -1271,6 +1271,36 @@ async fn rows_of(store: &SqliteStore, key: &Key) -> i64 {
         .unwrap()
 }
 
+/// SQLite claims and begins an operation's steps with two statements in one query, each
+/// committing on its own: when the begin fails after the claim committed, the claim is released,
+/// not left to hold the key for its lease with nobody to run it. (The steps table, dropped
+/// behind the store's back, makes the begin fail after the claim.)
+#[tokio::test]
+async fn a_claim_whose_steps_cannot_begin_is_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = quiet().open(db(&dir)).await.unwrap();
+    let (began, fails) = (key(1), key(2));
+    let (outcome, log) = store
+        .claim_steps(ClaimRequest::new(&began, LEASE), RETENTION)
+        .await
+        .unwrap();
+    assert!(matches!(outcome, ClaimOutcome::Claimed(_)), "{outcome:?}");
+    assert_eq!(log.map(|l| (l.attempt, l.steps.len())), Some((1, 0)));
+    assert_eq!(rows_of(&store, &began).await, 1);
+
+    sqlx::query(&format!("DROP TABLE \"{}_steps\"", store.table()))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let err = store
+        .claim_steps(ClaimRequest::new(&fails, LEASE), RETENTION)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("_steps"), "{err}");
+    assert_eq!(rows_of(&store, &fails).await, 0, "the claim was released");
+    claim(&store, &fails, LEASE).await;
+}
+
 /// The reliability harness's case on the store with its background pruner running: a claim with
 /// a 2 s lease, completed 3 s later with nobody having claimed the key meanwhile, completes and
 /// replays. The pruner demonstrably ran after the lease ended (a record whose retention ended

@@ -128,6 +128,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// | `get` | 1 `SELECT` |
 /// | `take_uncertain` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0 AND uncertain = true AND expires_at <= now` |
 /// | `find_uncertain` | 1 `SELECT`, on the partial index of uncertain claims |
+/// | `claim_steps` (`Call::run_steps`' claim) | 1 query of 2 statements, one hand-over to the connection's thread: the claim, then the steps' begin (the upsert of `begin_steps`) fenced by the record carrying the claim's token, so rows only when it claimed; each commits on its own, and a claim whose begin failed is released (1 `DELETE` more) |
 /// | `write_step` with `on_lapse` (an at-most-once step's begin and result) | 2 in a transaction: the record's `uncertain`, fenced as the step, then the step (SQLite has no data-modifying CTE); without it 1 |
 /// | `prune_expired` | up to 3, each filling what the batch has left: `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now … ORDER BY expires_at LIMIT ?)` (never an uncertain claim), then `UPDATE … SET response = NULL` of tombstones past their retention (on the partial index), then the ended steps |
 ///
