@@ -91,10 +91,8 @@ struct Statements {
     /// claimed`.
     claim_in_transaction: String,
     /// The claim that also begins the claimed operation's steps, with the retention as `$6`;
-    /// rows only when it claimed. Where the database has data-modifying CTEs (PostgreSQL), one
-    /// statement: `claim_counted`'s row (`RETURNING`) is the fence of
-    /// [`begin_sql`](crate::steps::begin_sql). Elsewhere (SQLite) `claim_counted` and then
-    /// the begin fenced by the record, in one query.
+    /// rows only when it claimed ([`claim_steps_sql`](crate::steps::claim_steps_sql)): one
+    /// statement on PostgreSQL, one query of several on SQLite.
     claim_steps: String,
     read_live: String,
     complete: String,
@@ -167,29 +165,8 @@ impl Statements {
         } else {
             claim
         };
-        let steps = crate::steps::steps_table(t);
-        let claim_steps = if d.claim_reads_live {
-            format!(
-                "WITH c AS ({claim_counted} RETURNING r.key, r.token) {}",
-                crate::steps::begin_sql(d, &steps, "c AS r", "true", "$6")
-            )
-        } else {
-            // No data-modifying CTE (SQLite): the claim and the begin, two statements in one
-            // query, so one hand-over to the connection's thread where two were. The begin is
-            // fenced by the record carrying this claim's token ($3): rows only when it claimed.
-            // Each statement commits on its own; `start_steps` releases a claim whose begin
-            // failed.
-            format!(
-                "{claim_counted}; {}",
-                crate::steps::begin_sql(
-                    d,
-                    &steps,
-                    &format!("{t} AS r"),
-                    "r.key = $1 AND r.token = $3 AND r.state = 0",
-                    "$6"
-                )
-            )
-        };
+        let claim_steps =
+            crate::steps::claim_steps_sql(d, t, &crate::steps::steps_table(t), &claim_counted);
         Statements {
             claim_counted,
             claim_in_transaction,
@@ -269,8 +246,8 @@ enum ClaimSql<'a> {
     Counted(&'a str),
     /// By the row it returns (`claimed`), which may be followed by the live row it met.
     Returning(&'a str),
-    /// By the step rows it returns (`claim_steps`: it began the steps, for the retention in
-    /// milliseconds given).
+    /// By the rows of [`claim_steps_sql`](crate::steps::claim_steps_sql), the steps begun for
+    /// the retention in milliseconds given.
     Steps(&'a str, i64),
 }
 
@@ -407,7 +384,7 @@ impl<DB: Ops> Protocol<DB> {
         lease_ms: i64,
         retention_ms: i64,
     ) -> Result<(ClaimOutcome, Option<StepLog>), Error> {
-        let sql = ClaimSql::Steps(&self.sql.claim_steps, crate::steps::kept_for(retention_ms));
+        let sql = ClaimSql::Steps(&self.sql.claim_steps, retention_ms);
         self.on_pool(conn, sql, request, lease_ms).await
     }
 
@@ -473,23 +450,44 @@ impl<DB: Ops> Protocol<DB> {
                     None
                 }
                 ClaimSql::Steps(_, retention_ms) => {
-                    let query = DB::bind_i64(query, retention_ms);
-                    let rows = match DB::fetch_all(&mut *conn, query).await {
-                        Ok(rows) => rows,
-                        Err(e) if !DB::DIALECT.claim_reads_live => {
-                            // Two statements (SQLite): the claim may have committed before the
-                            // begin failed. No one else holds this token, so release it; should
-                            // that fail too, the claim lapses as a crashed holder's would.
+                    let found = match DB::fetch_all(&mut *conn, query).await {
+                        Ok(rows) => crate::steps::ClaimedSteps::of::<DB>(&rows),
+                        Err(e) => Err(sql_error(e).into()),
+                    };
+                    let begun = match found {
+                        Ok(None) => None,
+                        // A new operation: begun without a write (docs/steps.md).
+                        Ok(Some(found)) if !found.must_begin() => {
+                            let first = StepLog {
+                                attempt: 1,
+                                steps: Vec::new(),
+                            };
+                            return Ok((claimed(), Some(first)));
+                        }
+                        Ok(Some(found)) => {
+                            let claim = Claim::new(*key, token);
+                            let steps = &self.steps;
+                            Some(
+                                steps
+                                    .begin::<DB>(conn, &claim, retention_ms, found.took_over)
+                                    .await,
+                            )
+                        }
+                        Err(e) => Some(Err(e)),
+                    };
+                    match begun {
+                        None => None,
+                        Some(Ok(log)) => return Ok((claimed(), Some(log))),
+                        Some(Err(e)) => {
+                            // The claim may have committed before the failure (SQLite's
+                            // statements each commit; the begin is a statement of its own).
+                            // No one else holds this token, so release it; should that fail
+                            // too, the claim lapses as a crashed holder's would.
                             let query = self.fenced_query(&self.sql.abort, key, &token_bytes);
                             let _ = DB::execute(&mut *conn, query).await;
-                            return Err(sql_error(e).into());
+                            return Err(e);
                         }
-                        Err(e) => return Err(sql_error(e).into()),
-                    };
-                    if let Some(log) = crate::steps::step_log::<DB>(&rows)? {
-                        return Ok((claimed(), Some(log)));
                     }
-                    None
                 }
                 ClaimSql::Returning(_) => {
                     let row = DB::fetch_all(&mut *conn, query)

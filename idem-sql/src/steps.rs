@@ -40,8 +40,9 @@ pub(crate) struct StepStatements {
     /// Stores that a step began, or its result, as a row of its own (fenced).
     write: String,
     /// Appends a finished step to the journal of the operation's `''` row ($3: the entry, $4:
-    /// the retention), fenced by that row's token and the record; no row when either fails or
-    /// the steps were not begun.
+    /// the retention), creating the row when the claim began its steps without one (a first
+    /// attempt, see [`claim_steps_sql`]); fenced by the record, and by that row's token; no row
+    /// when either fails.
     append: String,
     /// `write` that also sets the record's `uncertain` ($8), in one statement where the
     /// database has data-modifying CTEs (PostgreSQL).
@@ -100,21 +101,31 @@ impl StepStatements {
                     }
                 ),
                 "$3",
+                &first_attempt(d, s, "$4"),
             ),
             write: write_row(&fence),
             // The retention moves on only when it would end sooner than `retention` ($4) from
             // now, and then to [`kept_for`] ($5) from now: most writes leave `expires_at` (an
             // indexed column) as it was, an update PostgreSQL makes in place (HOT), and SQLite
             // without touching the index. An entry written after the row's retention ended
-            // starts a new journal, as a step row of its own would replace an ended one.
+            // starts a new journal, as a step row of its own would replace an ended one. An
+            // upsert: where the claim left no `''` row (a first attempt), the first entry
+            // inserts it, counting attempt 1 under the claim's token; where a row carries
+            // another claim's token, it writes nothing.
             append: format!(
-                "UPDATE {s} SET journal = CASE WHEN expires_at <= {now} THEN CAST($3 AS {bytes}) \
-                   ELSE CAST(journal || $3 AS {bytes}) END, \
-                 expires_at = CASE WHEN expires_at < {until} THEN {kept} ELSE expires_at END \
-                 WHERE key = $1 AND name = '' AND token = $2 \
-                   AND {length}(journal) + {length}($3) <= {JOURNAL_MAX_BYTES} \
-                   AND EXISTS (SELECT 1 FROM {t} AS r \
-                     WHERE r.key = $1 AND r.token = $2 AND r.state = 0)",
+                "INSERT INTO {s} AS s \
+                   (key, name, position, token, attempt, finished, result, expires_at, journal) \
+                 SELECT r.key, '', -1, r.token, 1, false, NULL, {kept}, CAST($3 AS {bytes}) \
+                 FROM {t} AS r WHERE r.key = $1 AND r.token = $2 AND r.state = 0 \
+                 ON CONFLICT (key, name) DO UPDATE SET \
+                   journal = CASE WHEN s.expires_at <= {now} THEN excluded.journal \
+                     ELSE CAST(s.journal || excluded.journal AS {bytes}) END, \
+                   attempt = CASE WHEN s.expires_at <= {now} THEN 1 ELSE s.attempt END, \
+                   token = excluded.token, \
+                   expires_at = CASE WHEN s.expires_at < {until} THEN excluded.expires_at \
+                     ELSE s.expires_at END \
+                 WHERE (s.token = excluded.token OR s.expires_at <= {now}) \
+                   AND {length}(s.journal) + {length}(excluded.journal) <= {JOURNAL_MAX_BYTES}",
                 bytes = d.bytes,
                 until = d.now_plus("$4"),
                 kept = d.now_plus("$5"),
@@ -145,16 +156,17 @@ impl StepStatements {
             ),
             // No claim holds it (its record is gone, or running past its lease and not
             // uncertain: the completer never runs an uncertain operation again), it has not
-            // completed, and its latest attempt (the '' row's count) was not marked failed.
+            // completed, and its latest attempt (the '' row's count; 1 without one, a first
+            // attempt that began its steps without writing) was not marked failed.
             abandoned: format!(
                 "SELECT s.key, s.result FROM {s} AS s \
-                 JOIN {s} AS a ON a.key = s.key AND a.name = '' \
+                 LEFT JOIN {s} AS a ON a.key = s.key AND a.name = '' AND a.expires_at > {now} \
                  LEFT JOIN {t} AS r ON r.key = s.key \
                  WHERE s.name = '{INPUT_STEP}' AND s.finished = true AND s.expires_at > {now} \
                    AND (r.key IS NULL OR (r.state = 0 AND r.expires_at <= {now} \
                      AND r.uncertain = false)) \
                    AND NOT EXISTS (SELECT 1 FROM {s} AS f WHERE f.key = s.key \
-                     AND f.name = '{FAILED_STEP_PREFIX}' || CAST(a.attempt AS TEXT)) \
+                     AND f.name = '{FAILED_STEP_PREFIX}' || CAST(COALESCE(a.attempt, 1) AS TEXT)) \
                    AND s.key > $1 \
                  ORDER BY s.key LIMIT $2"
             ),
@@ -196,13 +208,13 @@ impl StepStatements {
         conn: &mut DB::Connection,
         claim: &Claim,
         retention_ms: i64,
+        took_over: bool,
     ) -> Result<StepLog, Error> {
         let token = claim.token().to_bytes();
         let key = &claim.key().as_bytes()[..];
         let query = DB::bind_bytes(DB::bind_bytes(sqlx::query(&self.begin), key), &token[..]);
-        let rows = DB::fetch_all(&mut *conn, DB::bind_i64(query, kept_for(retention_ms)))
-            .await
-            .map_err(sql_error)?;
+        let query = DB::bind_bool(DB::bind_i64(query, kept_for(retention_ms)), took_over);
+        let rows = DB::fetch_all(&mut *conn, query).await.map_err(sql_error)?;
         step_log::<DB>(&rows)?.ok_or(Error::LeaseLost)
     }
 
@@ -258,9 +270,9 @@ impl StepStatements {
         Ok(tx.commit().await.map_err(sql_error)?)
     }
 
-    /// Appends the finished `step` to the journal of the operation's `''` row: whether it did. It
-    /// does not when the fence fails, when the steps were not begun under this claim (no `''`
-    /// row with its token), and when the entry would take the journal past
+    /// Appends the finished `step` to the journal of the operation's `''` row, or creates the
+    /// row with it: whether it did. It does not when the fence fails, when the `''` row carries
+    /// another claim's token, and when the entry would take the journal past
     /// [`JOURNAL_MAX_BYTES`]: the caller then writes a row of its own, which tells these apart.
     /// One statement.
     async fn append<DB: Ops>(
@@ -345,24 +357,27 @@ impl StepStatements {
 /// The statement that begins (or resumes) an operation's steps, fenced by `source` (a row `r`
 /// with the operation's `key` and claim `token`, filtered by `condition`): one upsert into the
 /// steps table `s` of the operation's attempt row (`''` at position -1: counted as the next
-/// attempt unless this claim was the one counted last, or set to 1 when it had expired) and of
-/// its live steps (their retention moved on to `retention` from now, nothing else changed).
-/// It returns those rows, each as `attempt, name, position, finished, result, journal`
-/// ([`step_log`]); none when `source` has no row, so a claim that was taken over moves nothing
-/// on. The attempt row's journal is emptied when its retention had ended (a new life of the
-/// key). Its caller binds the retention as [`kept_for`] makes it. One statement on both
-/// databases, as an `INSERT … SELECT` whose source reads the steps it updates.
+/// attempt unless this claim was the one counted last; when it is new, or had expired, it
+/// counts `first`) and of its live steps (their retention moved on to `retention` from now,
+/// nothing else changed). It returns those rows, each as `attempt, name, position, finished,
+/// result, journal` ([`step_log`]); none when `source` has no row, so a claim that was taken
+/// over moves nothing on. The attempt row's journal is emptied when its retention had ended (a
+/// new life of the key). Its caller binds the retention as [`kept_for`] makes it. One statement
+/// on both databases, as an `INSERT … SELECT` whose source reads the steps it updates.
 pub(crate) fn begin_sql(
     d: &Dialect,
     s: &TableName,
     source: &str,
     condition: &str,
     retention: &str,
+    first: &str,
 ) -> String {
     let (now, bigint, bytes) = (d.now, d.bigint, d.bytes);
     format!(
         "INSERT INTO {s} AS s (key, name, position, token, attempt, finished, result, expires_at, journal) \
-         SELECT r.key, x.name, x.position, r.token, x.attempt, x.finished, x.result, {until}, x.journal \
+         SELECT r.key, x.name, x.position, r.token, \
+           CASE WHEN x.position < 0 THEN {first} ELSE x.attempt END, \
+           x.finished, x.result, {until}, x.journal \
          FROM {source} CROSS JOIN ( \
            SELECT '' AS name, -1 AS position, 1 AS attempt, false AS finished, \
              CAST(NULL AS {bytes}) AS result, CAST('' AS {bytes}) AS journal \
@@ -372,7 +387,7 @@ pub(crate) fn begin_sql(
          WHERE {condition} \
          ON CONFLICT (key, name) DO UPDATE SET \
            attempt = CASE WHEN s.position >= 0 THEN s.attempt \
-                          WHEN s.expires_at <= {now} THEN 1 \
+                          WHEN s.expires_at <= {now} THEN excluded.attempt \
                           WHEN s.token = excluded.token THEN s.attempt \
                           ELSE s.attempt + 1 END, \
            token = CASE WHEN s.position >= 0 THEN s.token ELSE excluded.token END, \
@@ -382,6 +397,84 @@ pub(crate) fn begin_sql(
          RETURNING CAST(attempt AS {bigint}), name, CAST(position AS {bigint}), finished, result, journal",
         until = d.now_plus(retention),
     )
+}
+
+/// The attempt an operation's new (or ended) `''` row counts, for a claim whose row is `r`
+/// (`earlier`: whether it took over a claim in progress). A claim that found no live steps
+/// rows began its steps without writing (see [`claim_steps_sql`]), so an attempt row can be
+/// missing after a first attempt; what that attempt wrote is then under its own token. So 2
+/// when `earlier` holds or live rows of the operation carry another claim's token, else 1.
+fn first_attempt(d: &Dialect, s: &TableName, earlier: &str) -> String {
+    format!(
+        "CASE WHEN {earlier} OR EXISTS (SELECT 1 FROM {s} AS q \
+           WHERE q.key = $1 AND q.expires_at > {now} AND q.token <> r.token) THEN 2 ELSE 1 END",
+        now = d.now
+    )
+}
+
+/// The query that claims an operation (`claim`, binding `$1` key, `$3` token) and tells,
+/// when it claimed, whether its steps must be begun by a statement of their own
+/// ([`ClaimedSteps`]): rows of `(kind, flag)`, kind 0 when the claim took over a claim in
+/// progress (it had lapsed), kind 1, only when it claimed, with whether the key has live steps
+/// rows.
+///
+/// A claim that found neither (a new operation, or one whose earlier attempts left nothing)
+/// begins its steps without writing: attempt 1, no steps, and the first journal write creates
+/// the attempt row (the statement `append`), as the hand-written recovery points' claim writes
+/// the record alone. Otherwise the store begins the steps with [`begin_sql`], one statement
+/// more, counting the claim taken over (`$4` of `begin`).
+///
+/// PostgreSQL: one statement, the claim in a data-modifying CTE; the claim in progress is read
+/// from the statement's snapshot, before the claim (`o`). SQLite, which has no data-modifying
+/// CTE: three statements in one query (one hand-over to the connection's thread), the read of
+/// a claim this one may take over (lapsed, not uncertain), the claim, and the read of its row.
+pub(crate) fn claim_steps_sql(d: &Dialect, t: &TableName, s: &TableName, claim: &str) -> String {
+    let (now, bigint) = (d.now, d.bigint);
+    let live = format!("EXISTS (SELECT 1 FROM {s} AS g WHERE g.key = $1 AND g.expires_at > {now})");
+    if d.claim_reads_live {
+        return format!(
+            "WITH o AS (SELECT 1 FROM {t} WHERE key = $1 AND state = 0), \
+             c AS ({claim} RETURNING r.key) \
+             SELECT CAST(0 AS {bigint}), true FROM o WHERE EXISTS (SELECT 1 FROM c) \
+             UNION ALL \
+             SELECT CAST(1 AS {bigint}), {live} FROM c"
+        );
+    }
+    let holds_key = crate::row::holds_key(d);
+    format!(
+        "SELECT 0, true FROM {t} AS r WHERE r.key = $1 AND r.state = 0 AND NOT {holds_key}; \
+         {claim}; \
+         SELECT 1, {live} FROM {t} AS r WHERE r.key = $1 AND r.token = $3 AND r.state = 0"
+    )
+}
+
+/// What the rows of a [`claim_steps_sql`] query say, when it claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClaimedSteps {
+    /// It took over a claim in progress: an attempt before this one.
+    pub(crate) took_over: bool,
+    /// The key has live steps rows.
+    pub(crate) live: bool,
+}
+
+impl ClaimedSteps {
+    /// `None` when the rows say it did not claim.
+    pub(crate) fn of<DB: Ops>(rows: &[DB::Row]) -> Result<Option<ClaimedSteps>, Error> {
+        let (mut took_over, mut claimed) = (false, None);
+        for row in rows {
+            let flag = DB::get_bool(row, 1).map_err(sql_error)?;
+            match DB::get_i64(row, 0).map_err(sql_error)? {
+                0 => took_over = true,
+                _ => claimed = Some(flag),
+            }
+        }
+        Ok(claimed.map(|live| ClaimedSteps { took_over, live }))
+    }
+
+    /// Whether the steps must be begun by a statement of their own.
+    pub(crate) fn must_begin(self) -> bool {
+        self.took_over || self.live
+    }
 }
 
 /// The step log of a [`begin_sql`] statement's rows: the attempt and the journal from the row

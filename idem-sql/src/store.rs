@@ -337,8 +337,8 @@ impl<DB: Backend> Store for SqlStore<DB> {
         DB::DIALECT.prune_batch_size
     }
 
-    /// One statement on PostgreSQL: the claim's own row is the fence of the steps' begin. On
-    /// SQLite, the claim and the begin as two statements of one query.
+    /// One statement on PostgreSQL (one query on SQLite) for a new operation, whose steps are
+    /// begun without a write; a retry or a takeover adds `begin_steps`' upsert.
     async fn claim_steps(
         &self,
         request: ClaimRequest<'_>,
@@ -362,7 +362,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         let _turn = self.protocol.write_turn().await?;
         self.protocol
             .steps()
-            .begin::<DB>(&mut conn, claim, retention)
+            .begin::<DB>(&mut conn, claim, retention, false)
             .await
     }
 

@@ -1271,10 +1271,11 @@ async fn rows_of(store: &SqliteStore, key: &Key) -> i64 {
         .unwrap()
 }
 
-/// SQLite claims and begins an operation's steps with two statements in one query, each
-/// committing on its own: when the begin fails after the claim committed, the claim is released,
-/// not left to hold the key for its lease with nobody to run it. (The steps table, dropped
-/// behind the store's back, makes the begin fail after the claim.)
+/// SQLite claims an operation and reads its steps with several statements in one query, each
+/// committing on its own (and a retry's begin is a statement more): when what follows the claim
+/// fails after the claim committed, the claim is released, not left to hold the key for its
+/// lease with nobody to run it. (The steps table, dropped behind the store's back, makes the
+/// read after the claim fail.)
 #[tokio::test]
 async fn a_claim_whose_steps_cannot_begin_is_released() {
     let dir = tempfile::tempdir().unwrap();

@@ -227,14 +227,15 @@ on_both!(
     rows_of_their_own_are_read_beside_the_journal
 );
 
-/// A step written as a store of the earlier shape wrote it (a row of its own, finished) and one
-/// written before the steps began (a row of its own too) are read back with the journal's, by
-/// position; a step finished in its own row keeps that result when the journal has it too.
+/// A step written as a store of the earlier shape wrote it (a row of its own, finished) is read
+/// back with the journal's, by position, and one written before the steps began is in the
+/// journal (its write created the `''` row); a step finished in its own row keeps that result
+/// when the journal has it too.
 async fn rows_of_their_own_are_read_beside_the_journal(db: &Db) {
     let store = db.store();
     let key = Key::derive("journal", "", "mixed").unwrap();
     let first = claim(&*store, &key, DAY).await;
-    // Before the steps began: no `''` row yet, so a row of its own.
+    // Before the steps began: no `''` row yet, so this write creates it.
     store
         .write_step(&first, finished("early", 0, b"e"))
         .await
@@ -259,7 +260,7 @@ async fn rows_of_their_own_are_read_beside_the_journal(db: &Db) {
         .write_step(&first, finished("legacy", 1, b"other"))
         .await
         .unwrap();
-    assert_eq!(db.step_rows(&key).await, ["", "early", "legacy"]);
+    assert_eq!(db.step_rows(&key).await, ["", "legacy"]);
     store.abort(&first).await.unwrap();
 
     let retry = claim(&*store, &key, DAY).await;
@@ -382,4 +383,127 @@ async fn postgres_a_journal_write_racing_a_takeover_is_ordered_before_it() {
         [("create".to_owned(), 0, Some(b"1".to_vec()))]
     );
     db.end().await;
+}
+
+/// `claim_steps` of `key`: the claim and its log (the claim must win).
+async fn claim_steps(store: &dyn Store, key: &Key) -> (Claim, idem_core::StepLog) {
+    match store
+        .claim_steps(ClaimRequest::new(key, DAY), DAY)
+        .await
+        .unwrap()
+    {
+        (ClaimOutcome::Claimed(claim), Some(log)) => (claim, log),
+        other => panic!("expected a claim with its log, got {other:?}"),
+    }
+}
+
+on_both!(
+    a_new_operation_is_claimed_and_begun_without_a_steps_row,
+    new_operation_writes_no_steps_row
+);
+
+/// A new operation's claim begins its steps without writing to the steps table (its log is
+/// attempt 1, no steps, as the hand-written claim writes the record alone); its first finished
+/// step creates the `''` row, counting attempt 1 under its claim, and the next attempt finds
+/// it and counts 2.
+async fn new_operation_writes_no_steps_row(db: &Db) {
+    let store = db.store();
+    let key = Key::derive("journal", "", "lazy").unwrap();
+    let (first, log) = claim_steps(&*store, &key).await;
+    assert_eq!((log.attempt, log.steps.len()), (1, 0), "{log:?}");
+    assert!(db.step_rows(&key).await.is_empty(), "no steps row yet");
+    store
+        .write_step(&first, finished("create", 0, b"1"))
+        .await
+        .unwrap();
+    assert_eq!(db.step_rows(&key).await, [""]);
+    assert_eq!(store.begin_steps(&first, DAY).await.unwrap().attempt, 1);
+    store.abort(&first).await.unwrap();
+    let (_, log) = claim_steps(&*store, &key).await;
+    assert_eq!(log.attempt, 2);
+    assert_eq!(
+        steps_of(&log),
+        [("create".to_owned(), 0, Some(b"1".to_vec()))]
+    );
+}
+
+on_both!(
+    an_attempt_that_stored_nothing_is_counted_when_its_claim_is_taken_over,
+    taken_over_attempt_is_counted
+);
+
+/// A first attempt that began its steps without a steps row and stored nothing before its
+/// holder died is still an attempt: the claim that takes its lapsed record over is attempt 2,
+/// through `claim_steps` and through a bare claim with `begin_steps`, where its steps rows
+/// (an at-most-once step's begin) tell of it.
+async fn taken_over_attempt_is_counted(db: &Db) {
+    let store = db.store();
+    let key = Key::derive("journal", "", "died").unwrap();
+    claim_steps(&*store, &key).await;
+    db.end_lease(&key).await;
+    let (second, log) = claim_steps(&*store, &key).await;
+    assert_eq!((log.attempt, log.steps.len()), (2, 0), "{log:?}");
+    assert_eq!(store.begin_steps(&second, DAY).await.unwrap().attempt, 2);
+
+    let other = Key::derive("journal", "", "died-after-a-begin").unwrap();
+    let (first, _) = claim_steps(&*store, &other).await;
+    let begun = StepWrite::new("charge", 0, None, DAY);
+    store.write_step(&first, begun).await.unwrap();
+    db.end_lease(&other).await;
+    let second = claim(&*store, &other, DAY).await;
+    let log = store.begin_steps(&second, DAY).await.unwrap();
+    assert_eq!(log.attempt, 2, "{log:?}");
+    assert_eq!(steps_of(&log), [("charge".to_owned(), 0, None)]);
+}
+
+on_both!(
+    an_attempt_that_failed_having_stored_nothing_is_counted,
+    failed_attempt_is_counted
+);
+
+/// Through the engine: a first attempt whose first step fails (so it stored nothing) releases
+/// its claim, and the retry is attempt 2 all the same.
+async fn failed_attempt_is_counted(db: &Db) {
+    let engine = Idempotency::from_arc(db.store());
+    let key = Key::derive("journal", "", "failed").unwrap();
+    let attempt = |fail: bool| {
+        engine.call(key).run_steps(move |steps| async move {
+            let number = steps.attempt().number;
+            steps
+                .run("charge", || async move {
+                    match fail {
+                        true => Err(Error::InvalidConfig("the card was declined".into())),
+                        false => Ok(number),
+                    }
+                })
+                .await
+        })
+    };
+    assert!(attempt(true).await.is_err());
+    assert_eq!(attempt(false).await.unwrap().into_inner(), 2);
+}
+
+on_both!(
+    a_first_attempt_that_stored_only_its_input_is_found_abandoned,
+    input_only_attempt_is_abandoned
+);
+
+/// An operation whose first attempt stored its input (`run_steps_with`) and died before any
+/// step finished has no `''` row; the completer's query finds it all the same.
+async fn input_only_attempt_is_abandoned(db: &Db) {
+    let store = db.store();
+    let key = Key::derive("journal", "", "input").unwrap();
+    let (first, _) = claim_steps(&*store, &key).await;
+    let input = idem_core::Abandoned::encode_input("rides", b"{\"ride\":7}");
+    let write = StepWrite::new(idem_core::INPUT_STEP, i32::MAX as u32, Some(&input), DAY);
+    store.write_step(&first, write).await.unwrap();
+    assert_eq!(db.step_rows(&key).await, [idem_core::INPUT_STEP]);
+    db.end_lease(&key).await;
+    let found = store
+        .find_abandoned(idem_core::AbandonedQuery::first(10))
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].key, key);
+    assert_eq!(found[0].input, b"{\"ride\":7}");
 }

@@ -451,9 +451,23 @@ impl<'e, C: Codec> Call<'e, Idempotency<C>> {
                         None => engine.store().begin_steps(&claim, retention).await?,
                     };
                     let Some(input) = &input else {
-                        let steps =
-                            Steps::new(engine.clone(), Some(claim), retention, on_lapse, log);
-                        return work(steps).await;
+                        // A store may begin a first attempt's steps without writing (the SQL
+                        // stores count it with its first stored step): one that fails having
+                        // stored nothing is counted before its claim is released, so that the
+                        // next attempt's number is right. Best effort, on the failure path only.
+                        let uncounted = log.attempt == 1 && log.steps.is_empty();
+                        let steps = Steps::new(
+                            engine.clone(),
+                            Some(claim.clone()),
+                            retention,
+                            on_lapse,
+                            log,
+                        );
+                        let out = work(steps).await;
+                        if out.is_err() && uncounted {
+                            let _ = engine.store().begin_steps(&claim, retention).await;
+                        }
+                        return out;
                     };
                     store_input(engine.store(), &claim, &log, input, retention).await?;
                     let attempt = log.attempt;

@@ -128,7 +128,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// | `get` | 1 `SELECT` |
 /// | `take_uncertain` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0 AND uncertain = true AND expires_at <= now` |
 /// | `find_uncertain` | 1 `SELECT`, on the partial index of uncertain claims |
-/// | `claim_steps` (`Call::run_steps`' claim) | 1 query of 2 statements, one hand-over to the connection's thread: the claim, then the steps' begin (the upsert of `begin_steps`) fenced by the record carrying the claim's token, so rows only when it claimed; each commits on its own, and a claim whose begin failed is released (1 `DELETE` more) |
+/// | `claim_steps` (`Call::run_steps`' claim) | 1 query of 3 statements, one hand-over to the connection's thread: a read of a lapsed claim in progress this claim may take over, the claim, a read of the claimed row with whether the key has live steps rows. A new operation's steps are then begun without a write; otherwise `begin_steps`' upsert follows (2 in all). A claim whose begin failed is released (1 `DELETE` more) |
 /// | `write_step` with `on_lapse` (an at-most-once step's begin and result) | 2 in a transaction: the record's `uncertain`, fenced as the step, then the step (SQLite has no data-modifying CTE); without it 1 |
 /// | `prune_expired` | up to 3, each filling what the batch has left: `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now … ORDER BY expires_at LIMIT ?)` (never an uncertain claim), then `UPDATE … SET response = NULL` of tombstones past their retention (on the partial index), then the ended steps |
 ///
