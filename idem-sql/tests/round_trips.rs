@@ -65,6 +65,9 @@ struct Costs {
     /// `claim_steps` of a new key: whether the log came back beside the claim, and its
     /// statements.
     claim_steps: (bool, usize),
+    /// `claim_steps` of a key whose earlier attempt stored a step and released its claim: the
+    /// claim, then the steps' begin.
+    resumed_claim_steps: usize,
     /// A whole operation of three steps through the engine, each step one `INSERT` of its own.
     three_steps: usize,
 }
@@ -94,7 +97,21 @@ async fn costs(store: &dyn Store) -> Costs {
     let (both, claim_steps) =
         counted(store.claim_steps(ClaimRequest::new(&other, LEASE), RETENTION)).await;
     let (claimed, log) = both.unwrap();
-    assert!(matches!(claimed, ClaimOutcome::Claimed(_)), "{claimed:?}");
+    let ClaimOutcome::Claimed(first) = claimed else {
+        panic!("a new key is claimed: {claimed:?}")
+    };
+    store
+        .write_step(&first, StepWrite::new("a", 0, Some(b"1"), RETENTION))
+        .await
+        .unwrap();
+    store.abort(&first).await.unwrap();
+    let (resumed, resumed_claim_steps) =
+        counted(store.claim_steps(ClaimRequest::new(&other, LEASE), RETENTION)).await;
+    let (_, resumed) = resumed.unwrap();
+    assert_eq!(
+        resumed.map(|log| (log.attempt, log.steps.len())),
+        Some((2, 1))
+    );
 
     Costs {
         claim,
@@ -103,6 +120,7 @@ async fn costs(store: &dyn Store) -> Costs {
         complete,
         replay,
         claim_steps: (log.is_some(), claim_steps),
+        resumed_claim_steps,
         three_steps: 0,
     }
 }
@@ -174,8 +192,8 @@ fn each_path_sends_the_statements_the_docs_state() {
             ),
         )
         .await;
-        // SQLite has no data-modifying CTE: its claim and begin are two statements, sent as
-        // one query (one hand-over to the connection's thread).
+        // SQLite has no data-modifying CTE: its claim is three statements (a read, the claim,
+        // a read), sent as one query (one hand-over to the connection's thread).
         assert_eq!(
             found,
             Costs {
@@ -185,8 +203,10 @@ fn each_path_sends_the_statements_the_docs_state() {
                 complete: 1,
                 // Claiming first (the last claim found a new key): the claim, then the read.
                 replay: 2,
-                // The claim and the begin in one query: the log beside the claim.
+                // The claim's query: the log beside the claim.
                 claim_steps: (true, 1),
+                // The claim's query, then the begin.
+                resumed_claim_steps: 2,
                 // claim and begin 1 + 3 × (the step's own 1 + its record 1) + completion 1
                 three_steps: 8,
             },
@@ -224,8 +244,10 @@ fn each_path_sends_the_statements_the_docs_state() {
                 write_step: 1,
                 complete: 1,
                 replay: 2,
-                // One statement: the claim's row is the fence of the steps' begin.
+                // One statement: the claim, and whether there is anything to resume.
                 claim_steps: (true, 1),
+                // The claim's statement, then the begin.
+                resumed_claim_steps: 2,
                 // the claim that begins the steps 1 + 3 × (the step's own 1 + its record 1)
                 // + completion 1: the 8 statements of recovery points written by hand
                 three_steps: 8,
