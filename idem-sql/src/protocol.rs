@@ -90,9 +90,10 @@ struct Statements {
     /// returns the live row it did not claim; otherwise `claim_counted` with `RETURNING true AS
     /// claimed`.
     claim_in_transaction: String,
-    /// The claim that also begins the claimed operation's steps, with the retention as `$6`;
-    /// rows only when it claimed ([`claim_steps_sql`](crate::steps::claim_steps_sql)): one
-    /// statement on PostgreSQL, one query of several on SQLite.
+    /// The claim of an operation that runs steps: rows only when it claimed, saying whether its
+    /// steps must be begun by a statement of their own
+    /// ([`claim_steps_sql`](crate::steps::claim_steps_sql)); one statement on PostgreSQL, one
+    /// query of several on SQLite.
     claim_steps: String,
     read_live: String,
     complete: String,
@@ -376,7 +377,8 @@ impl<DB: Ops> Protocol<DB> {
     }
 
     /// [`Store::claim_steps`](idem_core::Store::claim_steps) on a pooled connection: one query
-    /// that claims and begins the steps (the claim order's read first, if it reads first).
+    /// that claims (the claim order's read first, if it reads first) and tells whether there
+    /// is anything to resume; the steps' begin, a statement more, only when there is.
     pub(crate) async fn start_steps(
         &self,
         conn: &mut DB::Connection,
