@@ -452,35 +452,27 @@ impl<DB: Ops> Protocol<DB> {
                     None
                 }
                 ClaimSql::Steps(_, retention_ms) => {
-                    let found = match DB::fetch_all(&mut *conn, query).await {
-                        Ok(rows) => crate::steps::ClaimedSteps::of::<DB>(&rows),
-                        Err(e) => Err(sql_error(e).into()),
-                    };
-                    let begun = match found {
-                        Ok(None) => None,
-                        // A new operation: begun without a write (docs/steps.md).
-                        Ok(Some(found)) if !found.must_begin() => {
-                            let first = StepLog {
-                                attempt: 1,
-                                steps: Vec::new(),
-                            };
-                            return Ok((claimed(), Some(first)));
+                    let begun: Result<Option<StepLog>, Error> = async {
+                        let rows = DB::fetch_all(&mut *conn, query).await.map_err(sql_error)?;
+                        let Some(found) = crate::steps::ClaimedSteps::of::<DB>(&rows)? else {
+                            return Ok(None);
+                        };
+                        if !found.must_begin() {
+                            // A new operation: begun without a write (docs/steps.md).
+                            let steps = Vec::new();
+                            return Ok(Some(StepLog { attempt: 1, steps }));
                         }
-                        Ok(Some(found)) => {
-                            let claim = Claim::new(*key, token);
-                            let steps = &self.steps;
-                            Some(
-                                steps
-                                    .begin::<DB>(conn, &claim, retention_ms, found.took_over)
-                                    .await,
-                            )
-                        }
-                        Err(e) => Some(Err(e)),
-                    };
+                        let claim = Claim::new(*key, token);
+                        let log =
+                            self.steps
+                                .begin::<DB>(conn, &claim, retention_ms, found.took_over);
+                        log.await.map(Some)
+                    }
+                    .await;
                     match begun {
-                        None => None,
-                        Some(Ok(log)) => return Ok((claimed(), Some(log))),
-                        Some(Err(e)) => {
+                        Ok(Some(log)) => return Ok((claimed(), Some(log))),
+                        Ok(None) => None,
+                        Err(e) => {
                             // The claim may have committed before the failure (SQLite's
                             // statements each commit; the begin is a statement of its own).
                             // No one else holds this token, so release it; should that fail
