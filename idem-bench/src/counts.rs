@@ -1,6 +1,8 @@
 //! Instructions per call of the in-process paths, counted by valgrind's callgrind, which counts
 //! the same on a loaded machine as on a quiet one: a change of a few percent that wall-clock
-//! ratios on this 2-core machine cannot show is plain here.
+//! ratios on this 2-core machine cannot show is plain here. The `loopback-*` paths serve the
+//! HTTP app on a loopback port to a hyper client in this process, so a request is counted end
+//! to end as the wall-clock HTTP rows time it, the kernel's part aside.
 //!
 //! `idem-bench --callgrind` runs this binary under `valgrind --tool=callgrind` twice per path,
 //! as `idem-bench --count PATH --iters N` with [`FEW`] and [`MANY`] calls, counting only inside
@@ -20,8 +22,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use std::sync::{Mutex, PoisonError};
+
 use axum::body::Body;
 use axum::http::{header, Request};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
 use idem::http::IdempotencyLayer;
 use idem::{
     ClaimOutcome, ClaimRequest, Completion, Error, Idempotency, Key, MemoryStore, ReplayCache,
@@ -68,9 +76,17 @@ pub enum Case {
     HttpFresh,
     /// The same, replaying completed keys.
     HttpReplay,
+    /// The bare app served on a loopback port and called by a hyper client on one keep-alive
+    /// connection, both on the one runtime: a request end to end as the wall-clock HTTP rows
+    /// time it (client, hyper and axum both ways), less what the kernel does.
+    LoopbackBare,
+    /// The same app behind `IdempotencyLayer` over the memory store, a new key each.
+    LoopbackFresh,
+    /// The same, replaying completed keys.
+    LoopbackReplay,
 }
 
-const CASES: [Case; 11] = [
+const CASES: [Case; 14] = [
     Case::Store,
     Case::EngineFresh,
     Case::EngineReplay,
@@ -82,6 +98,9 @@ const CASES: [Case; 11] = [
     Case::HttpBare,
     Case::HttpFresh,
     Case::HttpReplay,
+    Case::LoopbackBare,
+    Case::LoopbackFresh,
+    Case::LoopbackReplay,
 ];
 
 impl Case {
@@ -98,6 +117,9 @@ impl Case {
             Case::HttpBare => "http-bare",
             Case::HttpFresh => "http-fresh",
             Case::HttpReplay => "http-replay",
+            Case::LoopbackBare => "loopback-bare",
+            Case::LoopbackFresh => "loopback-fresh",
+            Case::LoopbackReplay => "loopback-replay",
         }
     }
 
@@ -149,8 +171,14 @@ pub fn run(path: Case, iters: u64) -> Result<(), BenchError> {
     let subject = Subject::new(path)?;
     let replay = matches!(
         path,
-        Case::EngineReplay | Case::CacheReplay | Case::HttpReplay
+        Case::EngineReplay | Case::CacheReplay | Case::HttpReplay | Case::LoopbackReplay
     );
+    if matches!(
+        path,
+        Case::LoopbackBare | Case::LoopbackFresh | Case::LoopbackReplay
+    ) {
+        runtime.block_on(subject.serve_on_loopback())?;
+    }
     // Warm-up: the replay paths complete their keys (and fill the cache) here; the fresh
     // paths use keys of their own, far from the measured ones.
     let warm_up = if replay {
@@ -191,6 +219,8 @@ struct Subject {
     engine: Idempotency,
     app: axum::Router,
     response: Vec<u8>,
+    /// The client's connection to `app` served on a loopback port (the loopback paths only).
+    loopback: Mutex<Option<SendRequest<Full<Bytes>>>>,
 }
 
 impl Subject {
@@ -206,15 +236,16 @@ impl Subject {
         };
         let app = axum::Router::new().route("/deposits", axum::routing::post(http_deposit));
         let app = match path {
-            Case::HttpFresh | Case::HttpReplay => app.layer(
-                IdempotencyLayer::builder(engine.clone())
-                    .require_key(true)
-                    .caller(|parts| {
-                        let cookie = parts.headers.get(header::COOKIE)?.to_str().ok()?;
-                        cookie.strip_prefix("session=").map(str::to_owned)
-                    })
-                    .build()?,
-            ),
+            Case::HttpFresh | Case::HttpReplay | Case::LoopbackFresh | Case::LoopbackReplay => app
+                .layer(
+                    IdempotencyLayer::builder(engine.clone())
+                        .require_key(true)
+                        .caller(|parts| {
+                            let cookie = parts.headers.get(header::COOKIE)?.to_str().ok()?;
+                            cookie.strip_prefix("session=").map(str::to_owned)
+                        })
+                        .build()?,
+                ),
             _ => app,
         };
         Ok(Subject {
@@ -223,13 +254,39 @@ impl Subject {
             engine,
             app,
             response: serde_json::to_vec(&work(7))?,
+            loopback: Mutex::new(None),
         })
+    }
+
+    /// Serves `app` on a loopback port of the current runtime and connects the client to it
+    /// (`TCP_NODELAY` on both ends, as the wall-clock HTTP rows do).
+    async fn serve_on_loopback(&self) -> Result<(), BenchError> {
+        use axum::serve::ListenerExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        tokio::spawn(axum::serve(listener, self.app.clone()).into_future());
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| BenchError::Unexpected(e.to_string()))?;
+        tokio::spawn(conn);
+        *self.loopback.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender);
+        Ok(())
     }
 
     /// The calls numbered `range`; with `replay`, on the keys numbered modulo [`COMPLETED`],
     /// each of which must replay.
     async fn calls(&self, range: std::ops::Range<u64>, replay: bool) -> Result<(), BenchError> {
         let mut text = String::with_capacity(32);
+        let mut loopback = self
+            .loopback
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         for i in range {
             let n = if replay { i % COMPLETED } else { i };
             let replayed = match self.path {
@@ -310,6 +367,35 @@ impl Subject {
                         .map_err(|e| BenchError::Unexpected(e.to_string()))?;
                     replayed
                 }
+                Case::LoopbackBare | Case::LoopbackFresh | Case::LoopbackReplay => {
+                    let sender = loopback
+                        .as_mut()
+                        .ok_or_else(|| BenchError::Unexpected("no loopback connection".into()))?;
+                    text.clear();
+                    let _ = write!(text, "k-{n:016x}");
+                    let request = Request::post("/deposits")
+                        .header(header::HOST, "127.0.0.1")
+                        .header(header::CONTENT_TYPE, "application/json")
+                        .header("idempotency-key", text.as_str())
+                        .header(header::COOKIE, "session=s-1")
+                        .body(Full::new(Bytes::from(format!(
+                            "{{\"account\":{},\"cents\":{n}}}",
+                            n % 1000
+                        ))))
+                        .map_err(|e| BenchError::Unexpected(e.to_string()))?;
+                    let unexpected = |e: hyper::Error| BenchError::Unexpected(e.to_string());
+                    sender.ready().await.map_err(unexpected)?;
+                    let response = sender.send_request(request).await.map_err(unexpected)?;
+                    if !response.status().is_success() {
+                        return Err(BenchError::Unexpected(format!(
+                            "the app answered {}",
+                            response.status()
+                        )));
+                    }
+                    let replayed = response.headers().contains_key("idempotent-replayed");
+                    response.into_body().collect().await.map_err(unexpected)?;
+                    replayed
+                }
             };
             if replay && !replayed {
                 return Err(BenchError::Unexpected(format!(
@@ -318,6 +404,7 @@ impl Subject {
                 )));
             }
         }
+        *self.loopback.lock().unwrap_or_else(PoisonError::into_inner) = loopback;
         Ok(())
     }
 }
@@ -499,6 +586,16 @@ impl CountsReport {
                 "HTTP layer, replay ÷ the bare app",
                 Case::HttpReplay,
                 Case::HttpBare,
+            ),
+            (
+                "HTTP layer over loopback, new key ÷ the bare app",
+                Case::LoopbackFresh,
+                Case::LoopbackBare,
+            ),
+            (
+                "HTTP layer over loopback, replay ÷ the bare app",
+                Case::LoopbackReplay,
+                Case::LoopbackBare,
             ),
             (
                 "#[idempotent] ÷ the same by hand, new key",

@@ -106,8 +106,11 @@ impl StepStatements {
             write: write_row(&fence),
             // The retention moves on only when it would end sooner than `retention` ($4) from
             // now, and then to [`kept_for`] ($5) from now: most writes leave `expires_at` (an
-            // indexed column) as it was, an update PostgreSQL makes in place (HOT), and SQLite
-            // without touching the index. An entry written after the row's retention ended
+            // indexed column) as it was, an update PostgreSQL makes in place (HOT). SQLite
+            // rewrites the index entry of every column an `UPDATE` sets, to its old value too:
+            // there each entry writes two pages, the row's and the expiry index's (the first,
+            // which inserts the row, three), against the recovery point's one (docs/steps.md,
+            // "How a SQL store keeps them"). An entry written after the row's retention ended
             // starts a new journal, as a step row of its own would replace an ended one. An
             // upsert: where the claim left no `''` row (a first attempt), the first entry
             // inserts it, counting attempt 1 under the claim's token; where a row carries
@@ -508,7 +511,7 @@ pub(crate) fn step_log<DB: Ops>(rows: &[DB::Row]) -> Result<Option<StepLog>, Err
 /// How long, in milliseconds, the steps are kept when a statement moves their retention
 /// (`retention_ms` from now) on: a little longer, by a 128th of it and at most a second, so
 /// that the journal writes which follow within that time find their retention long enough
-/// and leave it (and its index) as it is.
+/// and leave its value as it is (and so, on PostgreSQL, its index).
 pub(crate) fn kept_for(retention_ms: i64) -> i64 {
     retention_ms.saturating_add((retention_ms / 128).clamp(1, 1_000))
 }
