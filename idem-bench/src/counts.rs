@@ -33,16 +33,20 @@ use hyper_util::rt::TokioIo;
 use idem::http::IdempotencyLayer;
 use idem::{
     ClaimOutcome, ClaimRequest, Completion, Error, Idempotency, Key, MemoryStore, ReplayCache,
-    Store, DEFAULT_LATENCIES_ONE_IN,
+    SqliteStore, SqliteSync, Store, DEFAULT_LATENCIES_ONE_IN,
 };
 use tower::ServiceExt;
 
+use crate::harness::Op;
 use crate::workload::{deposit, work, LEASE, RETENTION};
 use crate::BenchError;
 
 /// The calls of the shorter and the longer run of each path.
 pub const FEW: u64 = 1_000;
 pub const MANY: u64 = 3_000;
+/// The same for the paths on SQLite.
+pub const FEW_SQL: u64 = 200;
+pub const MANY_SQL: u64 = 600;
 
 /// Keys completed ahead for the replay paths, which cycle through them.
 const COMPLETED: u64 = 256;
@@ -84,9 +88,15 @@ pub enum Case {
     LoopbackFresh,
     /// The same, replaying completed keys.
     LoopbackReplay,
+    /// An operation of three steps on SQLite (`run_steps`, three at-least-once steps, each one
+    /// write to an effects table), as the wall-clock steps rows run it.
+    StepsSqlite,
+    /// The same three writes made resumable by hand (recovery points: the key claimed, a fenced
+    /// update of its row after each write, the result stored), on the same database.
+    StepsSqliteRecoveryPoints,
 }
 
-const CASES: [Case; 14] = [
+const CASES: [Case; 16] = [
     Case::Store,
     Case::EngineFresh,
     Case::EngineReplay,
@@ -101,6 +111,8 @@ const CASES: [Case; 14] = [
     Case::LoopbackBare,
     Case::LoopbackFresh,
     Case::LoopbackReplay,
+    Case::StepsSqlite,
+    Case::StepsSqliteRecoveryPoints,
 ];
 
 impl Case {
@@ -120,6 +132,25 @@ impl Case {
             Case::LoopbackBare => "loopback-bare",
             Case::LoopbackFresh => "loopback-fresh",
             Case::LoopbackReplay => "loopback-replay",
+            Case::StepsSqlite => "steps-sqlite",
+            Case::StepsSqliteRecoveryPoints => "steps-sqlite-recovery-points",
+        }
+    }
+
+    /// Whether SQLite runs part of the path, on sqlx's worker threads, where
+    /// [`measured`] is not on the stack: such a path is counted whole (its set-up is the same
+    /// in both runs, so the difference is its calls').
+    fn on_worker_threads(self) -> bool {
+        matches!(self, Case::StepsSqlite | Case::StepsSqliteRecoveryPoints)
+    }
+
+    /// The calls of the shorter and the longer run: fewer for the SQLite paths, whose call is
+    /// a hundred times the others'.
+    fn runs(self) -> (u64, u64) {
+        if self.on_worker_threads() {
+            (FEW_SQL, MANY_SQL)
+        } else {
+            (FEW, MANY)
         }
     }
 
@@ -168,7 +199,10 @@ pub fn run(path: Case, iters: u64) -> Result<(), BenchError> {
     let _tracing = observed
         .as_ref()
         .map(|(_, tracing)| tracing::dispatcher::set_default(tracing));
-    let subject = Subject::new(path)?;
+    let mut subject = Subject::new(path)?;
+    if path.on_worker_threads() {
+        subject.steps = Some(runtime.block_on(steps_on_sqlite(path))?);
+    }
     let replay = matches!(
         path,
         Case::EngineReplay | Case::CacheReplay | Case::HttpReplay | Case::LoopbackReplay
@@ -221,6 +255,27 @@ struct Subject {
     response: Vec<u8>,
     /// The client's connection to `app` served on a loopback port (the loopback paths only).
     loopback: Mutex<Option<SendRequest<Full<Bytes>>>>,
+    /// The operation of the steps paths, and the directory of its database.
+    steps: Option<(Op, tempfile::TempDir)>,
+}
+
+/// The operation a steps path runs, on a SQLite database of its own, set up as the wall-clock
+/// steps rows set it up (no pruner, `synchronous = NORMAL`).
+async fn steps_on_sqlite(path: Case) -> Result<(Op, tempfile::TempDir), BenchError> {
+    let dir = tempfile::tempdir()?;
+    let store = SqliteStore::builder()
+        .pruner(None)
+        .synchronous(SqliteSync::Normal)
+        .open(dir.path().join("steps.db"))
+        .await?;
+    let pool = store.pool().clone();
+    let effects = crate::steps::Effects::sqlite(pool.clone(), "effects").await?;
+    let op = if path == Case::StepsSqlite {
+        crate::steps::idem_steps(&Idempotency::new(store), &effects)
+    } else {
+        crate::steps::recovery_points(&crate::sqlite_raw(pool).await?, &effects)
+    };
+    Ok((op, dir))
 }
 
 impl Subject {
@@ -255,6 +310,7 @@ impl Subject {
             app,
             response: serde_json::to_vec(&work(7))?,
             loopback: Mutex::new(None),
+            steps: None,
         })
     }
 
@@ -367,6 +423,13 @@ impl Subject {
                         .map_err(|e| BenchError::Unexpected(e.to_string()))?;
                     replayed
                 }
+                Case::StepsSqlite | Case::StepsSqliteRecoveryPoints => {
+                    let (op, _) = self.steps.as_ref().ok_or_else(|| {
+                        BenchError::Unexpected("no steps operation set up".into())
+                    })?;
+                    op().await?;
+                    false
+                }
                 Case::LoopbackBare | Case::LoopbackFresh | Case::LoopbackReplay => {
                     let sender = loopback
                         .as_mut()
@@ -442,9 +505,13 @@ pub fn measure(save: bool) -> Result<CountsReport, BenchError> {
     let dir = tempfile::tempdir()?;
     let mut now = BTreeMap::new();
     for path in CASES {
-        let few = instructions(&exe, dir.path(), path, FEW)?;
-        let many = instructions(&exe, dir.path(), path, MANY)?;
-        let per_call = many.saturating_sub(few) / (MANY - FEW);
+        let (few, many) = path.runs();
+        let per_call = instructions(&exe, dir.path(), path, many)?.saturating_sub(instructions(
+            &exe,
+            dir.path(),
+            path,
+            few,
+        )?) / (many - few);
         eprintln!("callgrind: {} {per_call} instructions a call", path.name());
         now.insert(path, per_call);
     }
@@ -511,11 +578,15 @@ fn read_baseline() -> (BTreeMap<String, u64>, Vec<String>) {
 /// The instructions callgrind counted in one run of `path` with `iters` calls.
 fn instructions(exe: &Path, dir: &Path, path: Case, iters: u64) -> Result<u64, BenchError> {
     let out: PathBuf = dir.join(format!("{}-{iters}.out", path.name()));
-    let status = Command::new("valgrind")
+    let mut valgrind = Command::new("valgrind");
+    valgrind
         .arg("--tool=callgrind")
         .arg(format!("--callgrind-out-file={}", out.display()))
-        .arg("--quiet")
-        .arg("--toggle-collect=*counts::measured*")
+        .arg("--quiet");
+    if !path.on_worker_threads() {
+        valgrind.arg("--toggle-collect=*counts::measured*");
+    }
+    let status = valgrind
         .arg(exe)
         .args(["--count", path.name(), "--iters", &iters.to_string()])
         .status()?;
@@ -543,8 +614,11 @@ impl CountsReport {
             out,
             "## Instructions per call (callgrind)\n\n\
              Counted by valgrind's callgrind: ({MANY}-call run − {FEW}-call run) ÷ {}, one \
-             current-thread runtime, in process. The same on a loaded machine as on a quiet one.\n",
-            MANY - FEW
+             current-thread runtime, in process. The same on a loaded machine as on a quiet one. \
+             The steps paths run SQLite on sqlx's worker threads, so their whole process is \
+             counted: ({MANY_SQL}-operation run − {FEW_SQL}-operation run) ÷ {}.\n",
+            MANY - FEW,
+            MANY_SQL - FEW_SQL
         );
         if !self.baseline_about.is_empty() {
             let _ = writeln!(out, "Baseline: {}\n", self.baseline_about.join(" "));
@@ -596,6 +670,11 @@ impl CountsReport {
                 "HTTP layer over loopback, replay ÷ the bare app",
                 Case::LoopbackReplay,
                 Case::LoopbackBare,
+            ),
+            (
+                "steps on SQLite ÷ the same writes made resumable by hand",
+                Case::StepsSqlite,
+                Case::StepsSqliteRecoveryPoints,
             ),
             (
                 "#[idempotent] ÷ the same by hand, new key",
