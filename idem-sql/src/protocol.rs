@@ -121,12 +121,18 @@ impl Statements {
         // Meeting a row that holds its key, the bare claim locks it for the moment of the
         // statement (on PostgreSQL), as any `ON CONFLICT DO UPDATE` does, and changes nothing.
         // A lapsed uncertain claim holds its key: only `take_uncertain` takes it over.
+        // A claim in progress that lapsed is taken over with its steps' journal while the
+        // journal is kept (its holder released it, or died): the new holder resumes from it.
+        // Any other row it replaces (an ended record) leaves no journal.
         let take_over = format!(
             "ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
                token = excluded.token, state = 0, expires_at = excluded.expires_at, \
                response = NULL, is_error = false, result_until = NULL, \
-               uncertain = excluded.uncertain \
-             WHERE NOT {holds_key}"
+               uncertain = excluded.uncertain, \
+               journal = CASE WHEN r.state = 0 AND {journal_kept} THEN r.journal END, \
+               journal_until = CASE WHEN r.state = 0 AND {journal_kept} THEN r.journal_until END \
+             WHERE NOT {holds_key}",
+            journal_kept = crate::steps::journal_kept(d, "r"),
         );
         let insert = format!(
             "INSERT INTO {t} AS r \
@@ -178,14 +184,14 @@ impl Statements {
             // holder still completes it; the CASEs keep the first result and its times. SET
             // expressions read the row as it was before the update. The clock is read once
             // (`c.at`), so a completion without a tombstone ($6 = 0) ends its key exactly when
-            // its result.
+            // its result. The steps' journal goes: the result replays in its place.
             complete: format!(
                 "UPDATE {t} AS r SET state = 1, \
                    response = CASE WHEN r.state = 0 THEN $3 ELSE r.response END, \
                    is_error = CASE WHEN r.state = 0 THEN $4 ELSE r.is_error END, \
                    result_until = CASE WHEN r.state = 0 THEN {retention_end} ELSE r.result_until END, \
                    expires_at = CASE WHEN r.state = 0 THEN {key_end} ELSE r.expires_at END, \
-                   uncertain = false \
+                   uncertain = false, journal = NULL, journal_until = NULL \
                  FROM (SELECT {now} AS at) AS c \
                  WHERE r.key = $1 AND r.token = $2",
                 retention_end = d.at_plus("c.at", "$5"),
@@ -195,9 +201,31 @@ impl Statements {
                 "UPDATE {t} SET expires_at = {lease_end} WHERE key = $1 AND token = $2 AND state = 0",
                 lease_end = d.now_plus("$3"),
             ),
-            abort: format!(
-                "DELETE FROM {t} WHERE key = $1 AND token = $2 AND state = 0"
-            ),
+            // A claim whose steps' journal is kept is not deleted but left lapsed, under a
+            // token no holder has (`$3`), so that the next claim takes it over with the journal
+            // and counts the attempt; any other is deleted. Exactly one row changes either way.
+            abort: if d.claim_reads_live {
+                format!(
+                    "WITH kept AS ( \
+                       UPDATE {t} AS r SET expires_at = {now}, token = $3, uncertain = false \
+                       WHERE r.key = $1 AND r.token = $2 AND r.state = 0 AND {journal_kept} \
+                       RETURNING 1), \
+                     deleted AS ( \
+                       DELETE FROM {t} WHERE key = $1 AND token = $2 AND state = 0 \
+                         AND NOT EXISTS (SELECT 1 FROM kept) RETURNING 1) \
+                     SELECT 1 FROM kept UNION ALL SELECT 1 FROM deleted",
+                    journal_kept = crate::steps::journal_kept(d, "r"),
+                )
+            } else {
+                // SQLite: the update changes the token, so the delete after it finds the row
+                // only when the update left it.
+                format!(
+                    "UPDATE {t} AS r SET expires_at = {now}, token = $3, uncertain = false \
+                     WHERE r.key = $1 AND r.token = $2 AND r.state = 0 AND {journal_kept}; \
+                     DELETE FROM {t} WHERE key = $1 AND token = $2 AND state = 0",
+                    journal_kept = crate::steps::journal_kept(d, "r"),
+                )
+            },
             evict: format!("DELETE FROM {t} WHERE key = $1"),
             // Ended tombstones and retentions, and claims that lapsed longer ago than a late
             // holder may still complete them (`LAPSED_CLAIMS_KEPT`): a lapsed claim nobody took
@@ -205,19 +233,24 @@ impl Statements {
             // SKIP LOCKED lets several pruners (and live claims holding row locks) run side by
             // side; the row locks keep a key from being re-claimed between choosing and
             // deleting.
+            // A lapsed claim stays while its steps' journal is kept, for the claim that
+            // resumes it.
             prune: format!(
                 "DELETE FROM {t} WHERE key IN ( \
-                   SELECT key FROM {t} WHERE expires_at <= {now} \
-                     AND (state <> 0 OR (uncertain = false AND expires_at <= {lapsed})) \
+                   SELECT key FROM {t} AS r WHERE expires_at <= {now} \
+                     AND (state <> 0 OR (uncertain = false AND expires_at <= {lapsed} \
+                       AND NOT {journal_kept})) \
                    ORDER BY expires_at LIMIT $1{lock})",
                 lapsed = d.now_minus(&LAPSED_CLAIMS_KEPT_MS.to_string()),
                 lock = d.lock_batch,
+                journal_kept = crate::steps::journal_kept(d, "r"),
             ),
             // The partial index `{result_index}` holds exactly these rows (its condition is
             // repeated word for word, so both databases use it): completed, a response kept, a
             // tombstone after the retention. Stripped, a row leaves the index.
             strip: format!(
-                "UPDATE {t} SET response = NULL WHERE key IN ( \
+                "UPDATE {t} SET response = NULL, journal = NULL, journal_until = NULL \
+                 WHERE key IN ( \
                    SELECT key FROM {t} WHERE response IS NOT NULL AND expires_at > result_until \
                      AND result_until <= {now} \
                    ORDER BY result_until LIMIT $1{lock})",
@@ -626,7 +659,14 @@ impl<DB: Ops> Protocol<DB> {
     ) -> Result<(), Error> {
         let token = claim.token().to_bytes();
         let query = self.fenced_query(&self.sql.abort, claim.key(), &token);
-        fenced(DB::execute(conn, query).await.map_err(sql_error)?)
+        // The token of a released claim kept for its journal: no claim has it (a claim's is
+        // random), so its former holder's late writes find nothing.
+        let released = [0u8; 16];
+        fenced(
+            DB::execute(conn, DB::bind_bytes(query, &released[..]))
+                .await
+                .map_err(sql_error)?,
+        )
     }
 
     /// A statement fenced by the claim's key (`$1`) and token (`$2`).

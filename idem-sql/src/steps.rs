@@ -1,16 +1,20 @@
 //! The steps of the SQL stores (docs/steps.md, "How a SQL store keeps them"), written once for
-//! both databases: a table `<table>_steps` beside the records. Per operation a row named `''`
-//! at position -1 counts its attempts and holds its **journal**: the finished steps, appended
-//! as entries ([`journal_entry`]) by one `UPDATE` of that row each. A step's begin (an
-//! at-most-once step's), a write that also sets what the record becomes on lapse, and idem's
-//! own records (the input, the failure marks) are rows of their own, one per (operation key,
-//! step name), as are the steps a store of the earlier shape wrote: [`step_log`] reads both.
+//! both databases. The finished steps of a claim are its record's **journal** (schema version
+//! 5): entries ([`journal_entry`]) appended by one `UPDATE` of the record the claim holds, as a
+//! hand-written recovery point is. The record stays, lapsed, while its journal is kept (a
+//! release leaves it so, and the pruner passes it over), and the claim that takes it over takes
+//! the journal with it. A table `<table>_steps` beside the records holds the rest: per
+//! operation a row named `''` at position -1 counts its attempts (and holds the journal of
+//! schema version 4, read before the record's); a step's begin (an at-most-once step's), a
+//! result too large for the journal, a write that also sets what the record becomes on lapse,
+//! and idem's own records (the input, the failure marks) are rows of their own, one per
+//! (operation key, step name), as are the steps a store of the earlier shapes wrote:
+//! [`step_log`] reads them all.
 //!
 //! Every write is fenced by the operation's record, in progress under the claim's token: a
-//! journal write updates the `''` row only while it carries the claim's token (a later claim's
-//! begin rewrites it) and the record still does, and a row of its own is selected from the
-//! record (locking it for the statement on PostgreSQL, where SQLite's single writer already
-//! serialises). A claim that was taken over writes nothing.
+//! journal write updates the record only while it carries the claim's token, and a row of its
+//! own is selected from the record (locking it for the statement on PostgreSQL, where SQLite's
+//! single writer already serialises). A claim that was taken over writes nothing.
 
 use sqlx::Connection;
 
@@ -39,10 +43,9 @@ pub(crate) struct StepStatements {
     begin: String,
     /// Stores that a step began, or its result, as a row of its own (fenced).
     write: String,
-    /// Appends a finished step to the journal of the operation's `''` row ($3: the entry, $4:
-    /// the retention), creating the row when the claim began its steps without one (a first
-    /// attempt, see [`claim_steps_sql`]); fenced by the record, and by that row's token; no row
-    /// when either fails.
+    /// Appends a finished step to the journal in the claim's own record ($3: the entry, $4:
+    /// the retention, $5: [`kept_for`] it): one `UPDATE` of the row the claim holds, fenced by
+    /// it; no row when the fence fails or the journal would grow past [`JOURNAL_MAX_BYTES`].
     append: String,
     /// `write` that also sets the record's `uncertain` ($8), in one statement where the
     /// database has data-modifying CTEs (PostgreSQL).
@@ -88,47 +91,41 @@ impl StepStatements {
         StepStatements {
             // Fenced by the record: locked (on PostgreSQL) while it is in progress under the
             // claim's token; no row at all once the claim was taken over.
-            begin: begin_sql(
+            begin: with_record_journal(
                 d,
-                s,
-                &format!("{t} AS r"),
-                &format!(
-                    "r.key = $1 AND r.token = $2 AND r.state = 0{}",
-                    if lock.is_empty() {
-                        ""
-                    } else {
-                        " FOR UPDATE OF r"
-                    }
+                t,
+                &begin_sql(
+                    d,
+                    s,
+                    &format!("{t} AS r"),
+                    &format!(
+                        "r.key = $1 AND r.token = $2 AND r.state = 0{}",
+                        if lock.is_empty() {
+                            ""
+                        } else {
+                            " FOR UPDATE OF r"
+                        }
+                    ),
+                    "$3",
+                    &first_attempt(d, s, "$4"),
                 ),
-                "$3",
-                &first_attempt(d, s, "$4"),
             ),
             write: write_row(&fence),
-            // The retention moves on only when it would end sooner than `retention` ($4) from
-            // now, and then to [`kept_for`] ($5) from now: most writes leave `expires_at` (an
-            // indexed column) as it was, an update PostgreSQL makes in place (HOT). SQLite
-            // rewrites the index entry of every column an `UPDATE` sets, to its old value too:
-            // there each entry writes two pages, the row's and the expiry index's (the first,
-            // which inserts the row, three), against the recovery point's one (docs/steps.md,
-            // "How a SQL store keeps them"). An entry written after the row's retention ended
-            // starts a new journal, as a step row of its own would replace an ended one. An
-            // upsert: where the claim left no `''` row (a first attempt), the first entry
-            // inserts it, counting attempt 1 under the claim's token; where a row carries
-            // another claim's token, it writes nothing.
+            // The journal is kept until `journal_until`, which moves on only when it would end
+            // sooner than `retention` ($4) from now, and then to [`kept_for`] ($5) from now;
+            // neither column is indexed, so the update writes the record's page alone (and
+            // PostgreSQL makes it in place), as a hand-written recovery point's does. An entry
+            // written after the journal's retention ended starts a new journal. Journals of
+            // schema version 4, in the steps table's `''` row, stay there and are read first
+            // (`begin`).
             append: format!(
-                "INSERT INTO {s} AS s \
-                   (key, name, position, token, attempt, finished, result, expires_at, journal) \
-                 SELECT r.key, '', -1, r.token, 1, false, NULL, {kept}, CAST($3 AS {bytes}) \
-                 FROM {t} AS r WHERE r.key = $1 AND r.token = $2 AND r.state = 0 \
-                 ON CONFLICT (key, name) DO UPDATE SET \
-                   journal = CASE WHEN s.expires_at <= {now} THEN excluded.journal \
-                     ELSE CAST(s.journal || excluded.journal AS {bytes}) END, \
-                   attempt = CASE WHEN s.expires_at <= {now} THEN 1 ELSE s.attempt END, \
-                   token = excluded.token, \
-                   expires_at = CASE WHEN s.expires_at < {until} THEN excluded.expires_at \
-                     ELSE s.expires_at END \
-                 WHERE (s.token = excluded.token OR s.expires_at <= {now}) \
-                   AND {length}(s.journal) + {length}(excluded.journal) <= {JOURNAL_MAX_BYTES}",
+                "UPDATE {t} AS r SET \
+                   journal = CAST(CASE WHEN r.journal IS NULL OR r.journal_until <= {now} \
+                     THEN $3 ELSE r.journal || $3 END AS {bytes}), \
+                   journal_until = CASE WHEN r.journal_until IS NULL \
+                     OR r.journal_until < {until} THEN {kept} ELSE r.journal_until END \
+                 WHERE r.key = $1 AND r.token = $2 AND r.state = 0 \
+                   AND COALESCE({length}(r.journal), 0) + {length}($3) <= {JOURNAL_MAX_BYTES}",
                 bytes = d.bytes,
                 until = d.now_plus("$4"),
                 kept = d.now_plus("$5"),
@@ -273,9 +270,8 @@ impl StepStatements {
         Ok(tx.commit().await.map_err(sql_error)?)
     }
 
-    /// Appends the finished `step` to the journal of the operation's `''` row, or creates the
-    /// row with it: whether it did. It does not when the fence fails, when the `''` row carries
-    /// another claim's token, and when the entry would take the journal past
+    /// Appends the finished `step` to the journal of the claim's record: whether it did. It
+    /// does not when the fence fails and when the entry would take the journal past
     /// [`JOURNAL_MAX_BYTES`]: the caller then writes a row of its own, which tells these apart.
     /// One statement.
     async fn append<DB: Ops>(
@@ -402,6 +398,36 @@ pub(crate) fn begin_sql(
     )
 }
 
+/// Whether the record `r` (an alias) has a steps' journal that is still kept.
+pub(crate) fn journal_kept(d: &Dialect, r: &str) -> String {
+    format!(
+        "({r}.journal IS NOT NULL AND {r}.journal_until > {now})",
+        now = d.now
+    )
+}
+
+/// `begin` (a [`begin_sql`] statement, fenced by the record `$1`, `$2`) followed by the journal
+/// the claim's record keeps, as a row at position -2 ([`step_log`]), when it keeps one: the
+/// entries of the attempts this claim took over. PostgreSQL: one statement, the begin in a
+/// data-modifying CTE and the record read from the statement's snapshot (which the begin does
+/// not change); SQLite: a second statement of the same query.
+fn with_record_journal(d: &Dialect, t: &TableName, begin: &str) -> String {
+    let (bigint, bytes) = (d.bigint, d.bytes);
+    let journal = format!(
+        "SELECT CAST(0 AS {bigint}), '', CAST(-2 AS {bigint}), false, CAST(NULL AS {bytes}), \
+           r.journal FROM {t} AS r \
+         WHERE r.key = $1 AND r.token = $2 AND r.state = 0 AND {kept}",
+        kept = journal_kept(d, "r"),
+    );
+    if d.claim_reads_live {
+        format!(
+            "WITH b AS ({begin}) SELECT * FROM b UNION ALL {journal} AND EXISTS (SELECT 1 FROM b)"
+        )
+    } else {
+        format!("{begin}; {journal}")
+    }
+}
+
 /// The attempt an operation's new (or ended) `''` row counts, for a claim whose row is `r`
 /// (`earlier`: whether it took over a claim in progress). A claim that found no live steps
 /// rows began its steps without writing (see [`claim_steps_sql`]), so an attempt row can be
@@ -422,10 +448,11 @@ fn first_attempt(d: &Dialect, s: &TableName, earlier: &str) -> String {
 /// rows.
 ///
 /// A claim that found neither (a new operation, or one whose earlier attempts left nothing)
-/// begins its steps without writing: attempt 1, no steps, and the first journal write creates
-/// the attempt row (the statement `append`), as the hand-written recovery points' claim writes
-/// the record alone. Otherwise the store begins the steps with [`begin_sql`], one statement
-/// more, counting the claim taken over (`$4` of `begin`).
+/// begins its steps without writing: attempt 1, no steps, as the hand-written recovery points'
+/// claim writes the record alone; its finished steps go to its record's journal (the statement
+/// `append`). Otherwise the store begins the steps with [`begin_sql`], one statement more,
+/// counting the claim taken over (`$4` of `begin`), which reads the journal the record it took
+/// over kept.
 ///
 /// PostgreSQL: one statement, the claim in a data-modifying CTE; the claim in progress is read
 /// from the statement's snapshot, before the claim (`o`). SQLite, which has no data-modifying
@@ -480,6 +507,10 @@ impl ClaimedSteps {
     }
 }
 
+/// The position of the row that carries the journal of the claim's record
+/// ([`with_record_journal`]).
+const RECORD_JOURNAL: i64 = -2;
+
 /// The step log of a [`begin_sql`] statement's rows: the attempt and the journal from the row
 /// at position -1, the steps from the others and the journal's entries, by position; `None`
 /// for no row (the fence failed). A step both in a row of its own and in the journal keeps the
@@ -490,20 +521,29 @@ pub(crate) fn step_log<DB: Ops>(rows: &[DB::Row]) -> Result<Option<StepLog>, Err
         return Ok(None);
     }
     let mut begun = None;
+    let mut record_journal = None;
     let mut steps = Vec::with_capacity(rows.len() - 1);
     for row in rows {
-        if DB::get_i64(row, 2).map_err(sql_error)? < 0 {
-            let attempt = u32::try_from(DB::get_i64(row, 0).map_err(sql_error)?).map_err(|_| {
-                corrupt("a steps row counts more attempts than fit in 32 bits".into())
-            })?;
-            begun = Some((attempt, DB::get_bytes(row, 5).map_err(sql_error)?));
-        } else {
-            steps.push(step_record::<DB>(row, 1)?);
+        match DB::get_i64(row, 2).map_err(sql_error)? {
+            RECORD_JOURNAL => record_journal = Some(DB::get_bytes(row, 5).map_err(sql_error)?),
+            position if position < 0 => {
+                let attempt =
+                    u32::try_from(DB::get_i64(row, 0).map_err(sql_error)?).map_err(|_| {
+                        corrupt("a steps row counts more attempts than fit in 32 bits".into())
+                    })?;
+                begun = Some((attempt, DB::get_bytes(row, 5).map_err(sql_error)?));
+            }
+            _ => steps.push(step_record::<DB>(row, 1)?),
         }
     }
     let (attempt, journal) =
         begun.ok_or_else(|| corrupt("the steps begun have no attempt row".into()))?;
+    // The `''` row's journal (schema version 4) is older than the record's: read first, so a
+    // step in both keeps its first result.
     read_journal(&journal, &mut steps)?;
+    if let Some(journal) = record_journal {
+        read_journal(&journal, &mut steps)?;
+    }
     steps.sort_by_key(|s| s.position);
     Ok(Some(StepLog { attempt, steps }))
 }

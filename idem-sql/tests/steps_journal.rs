@@ -1,9 +1,10 @@
 //! How the SQL stores keep an operation's steps (docs/steps.md, "How a SQL store keeps them"):
-//! a finished step is an entry appended to the journal of the operation's `''` row, one
-//! `UPDATE` of that row, not a row of its own; steps in rows of their own (a begin, a write
-//! before the steps began, a store of the earlier shape) are read beside it; and a journal
-//! write is fenced by the record as a row of its own is. Each test runs on SQLite and on
-//! PostgreSQL.
+//! a finished step is an entry appended to the journal in the claim's own record, one `UPDATE`
+//! of the row it holds, not a row of its own; journals of the steps table's `''` row (schema
+//! version 4) and steps in rows of their own (a begin, a large result, a store of an earlier
+//! shape) are read beside it; a journal write is fenced by the record; and the record stays,
+//! lapsed, while its journal is kept, for the claim that resumes it. Each test runs on SQLite
+//! and on PostgreSQL.
 #![cfg(all(feature = "sqlite", feature = "postgres"))]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -342,14 +343,14 @@ async fn large_results_past_the_bound(db: &Db) {
 }
 
 /// PostgreSQL: a journal write whose statement runs while a takeover is in flight (its
-/// transaction not committed yet) is ordered before that takeover. It does not wait for it (the
-/// record is not locked), and it is not lost: the new holder's begin reads it. Once the
-/// takeover committed, the old holder writes nothing.
+/// transaction not committed yet) waits for that takeover, as it updates the record the
+/// takeover holds, and then writes nothing: the record carries the new claim's token. Its
+/// entry is not in the new holder's log.
 #[tokio::test]
-async fn postgres_a_journal_write_racing_a_takeover_is_ordered_before_it() {
+async fn postgres_a_journal_write_racing_a_takeover_waits_and_is_refused() {
     use idem_sql::TransactionalStore;
     let Some(db) =
-        Db::postgres("postgres_a_journal_write_racing_a_takeover_is_ordered_before_it").await
+        Db::postgres("postgres_a_journal_write_racing_a_takeover_waits_and_is_refused").await
     else {
         return;
     };
@@ -367,21 +368,36 @@ async fn postgres_a_journal_write_racing_a_takeover_is_ordered_before_it() {
         ClaimOutcome::Claimed(claim) => claim,
         other => panic!("expected the takeover to claim, got {other:?}"),
     };
-    // Bounded: a write that waited for the takeover's transaction would wait for this test.
-    let write = store.write_step(&old, finished("create", 0, b"1"));
-    tokio::time::timeout(Duration::from_secs(30), write)
+    let writer = store.clone();
+    let write =
+        tokio::spawn(async move { writer.write_step(&old, finished("create", 0, b"1")).await });
+    // The write waits for the takeover's row lock: seen waiting for a lock (bounded: 30 s).
+    let mut waiting = false;
+    for _ in 0..3_000 {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND position($1 in query) > 0 \
+               AND query LIKE 'UPDATE%journal%'",
+        )
+        .bind(pg.table())
+        .fetch_one(pg.pool())
         .await
-        .expect("the journal write does not wait for the takeover")
         .unwrap();
+        if n > 0 || write.is_finished() {
+            waiting = n > 0;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(waiting, "the journal write did not wait for the takeover");
     takeover.commit().await.unwrap();
-    let stale = store.write_step(&old, finished("charge", 1, b"2")).await;
+    let stale = tokio::time::timeout(Duration::from_secs(30), write)
+        .await
+        .expect("the journal write ends once the takeover committed")
+        .unwrap();
     assert!(matches!(stale, Err(Error::LeaseLost)), "{stale:?}");
     let log = store.begin_steps(&new, DAY).await.unwrap();
-    assert_eq!(log.attempt, 2);
-    assert_eq!(
-        steps_of(&log),
-        [("create".to_owned(), 0, Some(b"1".to_vec()))]
-    );
+    assert_eq!((log.attempt, log.steps.len()), (2, 0), "{log:?}");
     db.end().await;
 }
 
@@ -403,9 +419,10 @@ on_both!(
 );
 
 /// A new operation's claim begins its steps without writing to the steps table (its log is
-/// attempt 1, no steps, as the hand-written claim writes the record alone); its first finished
-/// step creates the `''` row, counting attempt 1 under its claim, and the next attempt finds
-/// it and counts 2.
+/// attempt 1, no steps, as the hand-written claim writes the record alone), and its finished
+/// steps go to its record's journal, not the steps table; the claim's own begin reads them.
+/// Released, the record stays (the key free: no record to `get`, the released claim's writes
+/// refused), and the next claim takes it over with the journal, attempt 2.
 async fn new_operation_writes_no_steps_row(db: &Db) {
     let store = db.store();
     let key = Key::derive("journal", "", "lazy").unwrap();
@@ -416,14 +433,138 @@ async fn new_operation_writes_no_steps_row(db: &Db) {
         .write_step(&first, finished("create", 0, b"1"))
         .await
         .unwrap();
-    assert_eq!(db.step_rows(&key).await, [""]);
-    assert_eq!(store.begin_steps(&first, DAY).await.unwrap().attempt, 1);
+    assert!(
+        db.step_rows(&key).await.is_empty(),
+        "the entry is the record's"
+    );
+    let log = store.begin_steps(&first, DAY).await.unwrap();
+    assert_eq!(log.attempt, 1);
+    assert_eq!(
+        steps_of(&log),
+        [("create".to_owned(), 0, Some(b"1".to_vec()))]
+    );
     store.abort(&first).await.unwrap();
+    assert!(store.get(&key).await.unwrap().is_none(), "released");
+    let late = store.write_step(&first, finished("charge", 1, b"2")).await;
+    assert!(matches!(late, Err(Error::LeaseLost)), "{late:?}");
     let (_, log) = claim_steps(&*store, &key).await;
     assert_eq!(log.attempt, 2);
     assert_eq!(
         steps_of(&log),
         [("create".to_owned(), 0, Some(b"1".to_vec()))]
+    );
+}
+
+on_both!(
+    a_lapsed_claim_stays_while_its_journal_is_kept,
+    lapsed_claim_with_a_journal_is_not_pruned
+);
+
+/// The pruner removes a claim that lapsed longer ago than a late holder may complete it, but
+/// not while its steps' journal is kept: the claim that resumes the operation takes it over
+/// with the journal. Once the journal's retention ended, the record goes.
+async fn lapsed_claim_with_a_journal_is_not_pruned(db: &Db) {
+    let store = db.store();
+    let key = Key::derive("journal", "", "lapsed-long-ago").unwrap();
+    let (first, _) = claim_steps(&*store, &key).await;
+    store
+        .write_step(&first, finished("create", 0, b"1"))
+        .await
+        .unwrap();
+    let long_ago = match db {
+        Db::Sqlite { .. } => "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) - 2 * 86400000)",
+        Db::Postgres(_) => "(clock_timestamp() - interval '2 days')",
+    };
+    let lapsed = format!("UPDATE {{t}} SET expires_at = {long_ago} WHERE key = $1");
+    assert_eq!(db.exec(&lapsed, &key, &[]).await, 1);
+    store.prune_expired(100).await.unwrap();
+    let (second, log) = claim_steps(&*store, &key).await;
+    assert_eq!(log.attempt, 2);
+    assert_eq!(
+        steps_of(&log),
+        [("create".to_owned(), 0, Some(b"1".to_vec()))]
+    );
+
+    // Lapsed again, and its journal's retention over: pruned.
+    assert_eq!(db.exec(&lapsed, &key, &[]).await, 1);
+    let ended = "UPDATE {t} SET journal_until = {earlier} WHERE key = $1";
+    assert_eq!(db.exec(ended, &key, &[]).await, 1);
+    let pruned = store.prune_expired(100).await.unwrap();
+    let row = "UPDATE {t} SET expires_at = expires_at WHERE key = $1";
+    assert_eq!(db.exec(row, &key, &[]).await, 0, "pruned ({pruned} rows)");
+    let stale = store.write_step(&second, finished("charge", 1, b"2")).await;
+    assert!(matches!(stale, Err(Error::LeaseLost)), "{stale:?}");
+}
+
+on_both!(
+    a_new_life_of_a_key_starts_without_the_journal,
+    new_life_starts_without_a_journal
+);
+
+/// A completed record whose retention ended is replaced by the next claim of its key, which
+/// starts a new operation: the journal of the one before is not resumed.
+async fn new_life_starts_without_a_journal(db: &Db) {
+    let store = db.store();
+    let key = Key::derive("journal", "", "lives").unwrap();
+    let (first, _) = claim_steps(&*store, &key).await;
+    store
+        .write_step(&first, finished("create", 0, b"1"))
+        .await
+        .unwrap();
+    let done = idem_core::Completion {
+        response: Some(b"done"),
+        is_error: false,
+        retention: DAY,
+        key_retention: Duration::ZERO,
+    };
+    store.complete(&first, done).await.unwrap();
+    let ended = "UPDATE {t} SET expires_at = {earlier}, result_until = {earlier} WHERE key = $1";
+    assert_eq!(db.exec(ended, &key, &[]).await, 1);
+    let (second, log) = claim_steps(&*store, &key).await;
+    assert_eq!((log.attempt, log.steps.len()), (1, 0), "{log:?}");
+    // Nor does a begin of the new claim (after a failed step, say) find it.
+    let log = store.begin_steps(&second, DAY).await.unwrap();
+    assert!(log.steps.is_empty(), "{log:?}");
+}
+
+on_both!(
+    a_journal_of_the_steps_row_is_read_before_the_records,
+    steps_row_journal_is_read_first
+);
+
+/// A journal written by schema version 4 (in the steps table's `''` row) is read, before the
+/// record's: a step in both keeps the older result, and each is read once.
+async fn steps_row_journal_is_read_first(db: &Db) {
+    let (store, key, first) = begun(db, "upgraded").await;
+    // One entry, as version 4 wrote it: position, name and result, lengths big-endian.
+    let mut entry = 0u32.to_be_bytes().to_vec();
+    entry.extend(1u16.to_be_bytes());
+    entry.extend(b"a");
+    entry.extend(3u32.to_be_bytes());
+    entry.extend(b"old");
+    let written = db
+        .exec(
+            "UPDATE {s} SET journal = $2 WHERE key = $1 AND name = ''",
+            &key,
+            &entry,
+        )
+        .await;
+    assert_eq!(written, 1);
+    store
+        .write_step(&first, finished("a", 0, b"new"))
+        .await
+        .unwrap();
+    store
+        .write_step(&first, finished("b", 1, b"b"))
+        .await
+        .unwrap();
+    let log = store.begin_steps(&first, DAY).await.unwrap();
+    assert_eq!(
+        steps_of(&log),
+        [
+            ("a".to_owned(), 0, Some(b"old".to_vec())),
+            ("b".to_owned(), 1, Some(b"b".to_vec())),
+        ]
     );
 }
 

@@ -1,4 +1,4 @@
--- The schema of idem's PostgresStore for the table "idem_records", up to version 4:
+-- The schema of idem's PostgresStore for the table "idem_records", up to version 5:
 -- the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.
 -- Apply it in one transaction, as a role that may create tables in the schema
 -- (psql --single-transaction -f FILE).
@@ -50,3 +50,8 @@ CREATE INDEX IF NOT EXISTS "idem_records_uncertain_idx" ON "idem_records" (key) 
 -- Version 4: the steps' journal.
 INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (4, 'the steps'' journal', clock_timestamp()) ON CONFLICT (version) DO NOTHING;
 ALTER TABLE "idem_records_steps" ADD COLUMN IF NOT EXISTS journal bytea NOT NULL DEFAULT ''::bytea;
+
+-- Version 5: the steps' journal in the record's row.
+INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (5, 'the steps'' journal in the record''s row', clock_timestamp()) ON CONFLICT (version) DO NOTHING;
+ALTER TABLE "idem_records" ADD COLUMN IF NOT EXISTS journal bytea NULL;
+ALTER TABLE "idem_records" ADD COLUMN IF NOT EXISTS journal_until timestamptz NULL;

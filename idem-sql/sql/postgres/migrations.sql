@@ -54,3 +54,13 @@ CREATE INDEX IF NOT EXISTS {uncertain_index} ON {table} (key) WHERE state = 0 AN
 -- one update of that row where it was a row of its own. Rows of the earlier shape stay and are
 -- read beside it.
 ALTER TABLE {steps} ADD COLUMN IF NOT EXISTS journal bytea NOT NULL DEFAULT ''::bytea;
+
+-- Version 5: the steps' journal in the record's row.
+-- A claim's finished steps, appended to its own record (journal, entries as in version 4) with
+-- the time they are kept until (journal_until): a step is one update of the row the claim
+-- already holds, as a hand-written recovery point is. The row stays while its journal does: a
+-- release keeps it as a lapsed claim, which the next claim takes over with the journal, and the
+-- pruner leaves a lapsed claim whose journal is still kept. Journals of version 4, in the steps
+-- table's '' rows, stay and are read before it.
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS journal bytea NULL;
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS journal_until timestamptz NULL;

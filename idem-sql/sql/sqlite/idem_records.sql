@@ -1,7 +1,7 @@
--- The schema of idem's SqliteStore for the table "idem_records", up to version 4:
+-- The schema of idem's SqliteStore for the table "idem_records", up to version 5:
 -- the statements SqliteStoreBuilder::migrate runs, from SqliteStoreBuilder::schema_sql.
 -- Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;).
--- Every statement is idempotent but the ADD COLUMNs of versions 3 and 4, which SQLite
+-- Every statement is idempotent but the ADD COLUMNs of versions 3 to 5, which SQLite
 -- cannot make conditional: this script brings an older schema up to date, and applied
 -- again to a table at version 3 or later it fails at them (duplicate column name) and
 -- changes nothing.
@@ -51,3 +51,8 @@ CREATE INDEX IF NOT EXISTS "idem_records_uncertain" ON "idem_records" (key) WHER
 -- Version 4: add the steps' journal.
 INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (4, 'add the steps'' journal', CAST(round(unixepoch('subsec') * 1000) AS INTEGER)) ON CONFLICT (version) DO NOTHING;
 ALTER TABLE "idem_records_steps" ADD COLUMN journal BLOB NOT NULL DEFAULT X'';
+
+-- Version 5: the steps' journal in the record's row.
+INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (5, 'the steps'' journal in the record''s row', CAST(round(unixepoch('subsec') * 1000) AS INTEGER)) ON CONFLICT (version) DO NOTHING;
+ALTER TABLE "idem_records" ADD COLUMN journal BLOB;
+ALTER TABLE "idem_records" ADD COLUMN journal_until INTEGER;

@@ -211,7 +211,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// A records table that is missing although the ledger lists its steps as applied (someone
 /// dropped it) is created again on connect by re-running the applied steps (their statements
-/// are idempotent, `IF NOT EXISTS`, but the `ADD COLUMN`s of versions 3 and 4, which add the
+/// are idempotent, `IF NOT EXISTS`, but the `ADD COLUMN`s of versions 3 to 5, which add the
 /// columns to a table just created and find them on one that was not dropped); the records it held are gone.
 ///
 /// **Migrating out of band.** With
@@ -658,7 +658,7 @@ impl SqliteStoreBuilder {
     /// with your own tools (`sqlite3 idem.db < idem_records.sql`, a migration tool): the
     /// ledger `<table>_migrations`, then each schema version's row in it and its statements.
     /// Every statement is idempotent (`IF NOT EXISTS`, `ON CONFLICT DO NOTHING`) but the
-    /// `ALTER TABLE … ADD COLUMN`s of versions 3 and 4, which SQLite cannot make conditional: the script of a
+    /// `ALTER TABLE … ADD COLUMN`s of versions 3 to 5, which SQLite cannot make conditional: the script of a
     /// newer idem brings any older schema up to date, and applied again to a table at version 3
     /// or later it fails at them ("duplicate column name") and changes nothing, committed or
     /// rolled back (`migrate`, which reads the ledger, runs each version once). `idem-sql/sql/sqlite/idem_records.sql` is this script for the

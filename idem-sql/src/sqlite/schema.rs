@@ -49,7 +49,7 @@ pub(super) fn script(table: &TableName) -> Result<String, Error> {
         table,
         "SqliteStore",
         "Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;).\n\
-         Every statement is idempotent but the ADD COLUMNs of versions 3 and 4, which SQLite\n\
+         Every statement is idempotent but the ADD COLUMNs of versions 3 to 5, which SQLite\n\
          cannot make conditional: this script brings an older schema up to date, and applied\n\
          again to a table at version 3 or later it fails at them (duplicate column name) and\n\
          changes nothing.",

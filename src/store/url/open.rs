@@ -199,8 +199,9 @@ pub enum ConnectError {
 /// # if cfg!(feature = "sqlite") {
 /// use idem::store::url::{ConnectOptions, StoreUrl};
 /// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
-/// // The records table, the steps table, then what a record keeps past its lease.
-/// assert_eq!(opened.admin().schema_version().await?, 4);
+/// // The records table, the steps table, what a record keeps past its lease, the steps' journal
+/// // and the journal in the record's row.
+/// assert_eq!(opened.admin().schema_version().await?, 5);
 /// let store = opened.into_store();
 /// # let _ = store;
 /// # }
