@@ -108,6 +108,9 @@ struct Statements {
     find_uncertain: String,
 }
 
+/// The token of a released record kept for its steps' journal.
+const RELEASED: [u8; 16] = [0; 16];
+
 /// The condition of a claim made with `OnLapse::Uncertain` that has not completed, in the
 /// words of the partial index of version 3 (`{uncertain_index}`), so both databases use it.
 const UNCERTAIN: &str = "state = 0 AND uncertain = true";
@@ -510,7 +513,7 @@ impl<DB: Ops> Protocol<DB> {
                             // statements each commit; the begin is a statement of its own).
                             // No one else holds this token, so release it; should that fail
                             // too, the claim lapses as a crashed holder's would.
-                            let query = self.fenced_query(&self.sql.abort, key, &token_bytes);
+                            let query = self.abort_query(key, &token_bytes);
                             let _ = DB::execute(&mut *conn, query).await;
                             return Err(e);
                         }
@@ -658,14 +661,21 @@ impl<DB: Ops> Protocol<DB> {
         claim: &Claim,
     ) -> Result<(), Error> {
         let token = claim.token().to_bytes();
-        let query = self.fenced_query(&self.sql.abort, claim.key(), &token);
-        // The token of a released claim kept for its journal: no claim has it (a claim's is
-        // random), so its former holder's late writes find nothing.
-        let released = [0u8; 16];
-        fenced(
-            DB::execute(conn, DB::bind_bytes(query, &released[..]))
-                .await
-                .map_err(sql_error)?,
+        let query = self.abort_query(claim.key(), &token);
+        fenced(DB::execute(conn, query).await.map_err(sql_error)?)
+    }
+
+    /// The release of the claim `token` holds on `key` (`abort`), with the token a record kept
+    /// for its steps' journal is left under: [`RELEASED`], which no claim has (a claim's is
+    /// random), so its former holder's late writes find nothing.
+    fn abort_query<'q>(
+        &'q self,
+        key: &'q Key,
+        token: &'q [u8],
+    ) -> crate::dialect::SqlQuery<'q, DB> {
+        DB::bind_bytes(
+            self.fenced_query(&self.sql.abort, key, token),
+            &RELEASED[..],
         )
     }
 

@@ -551,7 +551,7 @@ pub(crate) fn step_log<DB: Ops>(rows: &[DB::Row]) -> Result<Option<StepLog>, Err
 /// How long, in milliseconds, the steps are kept when a statement moves their retention
 /// (`retention_ms` from now) on: a little longer, by a 128th of it and at most a second, so
 /// that the journal writes which follow within that time find their retention long enough
-/// and leave its value as it is (and so, on PostgreSQL, its index).
+/// and leave it as it is.
 pub(crate) fn kept_for(retention_ms: i64) -> i64 {
     retention_ms.saturating_add((retention_ms / 128).clamp(1, 1_000))
 }

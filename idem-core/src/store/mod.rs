@@ -201,10 +201,11 @@ pub trait Store: Send + Sync + 'static {
     /// comes back beside a [`ClaimOutcome::Claimed`] outcome, and only beside one. `None` means
     /// the steps are not begun, and a caller that runs steps calls `begin_steps` itself; the
     /// default claims and returns `None`. Both or neither: a store that returns a log has
-    /// counted the claim as the operation's next attempt, as `begin_steps` would (it may count
-    /// a new operation's first attempt with its first stored step, as the SQL stores do, so long
-    /// as the next attempt's count comes out the same; the engine counts a first attempt that
-    /// fails having stored nothing with a `begin_steps` before it releases the claim); a store
+    /// counted the claim as the operation's next attempt, as `begin_steps` would (it may leave
+    /// a new operation's first attempt to be counted by the next attempt's claim, as the SQL
+    /// stores do, whose first attempt keeps its steps in its record, so long as the next
+    /// attempt's count comes out the same; the engine counts a first attempt that fails having
+    /// stored nothing with a `begin_steps` before it releases the claim); a store
     /// that won the claim but cannot return the log releases the claim and returns the error.
     /// [`Call::run_steps`](crate::Call::run_steps) claims this way (PostgreSQL reads what it
     /// needs in the claim's statement); a store that wraps another through [`Forwarding`]

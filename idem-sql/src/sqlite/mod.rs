@@ -123,14 +123,15 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// | `start`, live key (replay, locked, reused, uncertain, tombstone) | 1 while reading first: the `SELECT` of the live row; 2 while claiming first (the claim, which finds the live row, then the `SELECT`) |
 /// | `complete` | 1 `UPDATE … WHERE key = ? AND token = ?`, which keeps the first result when the claim had already completed |
 /// | `renew` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0`, on the renewal connection (below) |
-/// | `abort` | 1 `DELETE … WHERE key = ? AND token = ? AND state = 0` |
+/// | `abort` | 1 query of 2 statements: `UPDATE … SET expires_at = now, token = <no claim's> … WHERE key = ? AND token = ? AND state = 0 AND` the steps' journal is kept (the record stays, lapsed, for the next claim to take over with it), then `DELETE … WHERE key = ? AND token = ? AND state = 0`, which finds the record only when the update left it |
 /// | `evict` | 1 `DELETE` of the record and 1 of its steps, in a transaction |
 /// | `get` | 1 `SELECT` |
 /// | `take_uncertain` | 1 `UPDATE … WHERE key = ? AND token = ? AND state = 0 AND uncertain = true AND expires_at <= now` |
 /// | `find_uncertain` | 1 `SELECT`, on the partial index of uncertain claims |
 /// | `claim_steps` (`Call::run_steps`' claim) | 1 query of 3 statements, one hand-over to the connection's thread: a read of a lapsed claim in progress this claim may take over, the claim, a read of the claimed row with whether the key has live steps rows. A new operation's steps are then begun without a write; otherwise `begin_steps`' upsert follows (2 in all). A claim whose begin failed is released (1 `DELETE` more) |
+/// | `write_step`, a finished step | 1 `UPDATE` of the claim's record, appending to its journal (docs/steps.md, "How a SQL store keeps them"); 1 more, a row of its own, for a result past the journal's 16 KiB or when the fence failed |
 /// | `write_step` with `on_lapse` (an at-most-once step's begin and result) | 2 in a transaction: the record's `uncertain`, fenced as the step, then the step (SQLite has no data-modifying CTE); without it 1 |
-/// | `prune_expired` | up to 3, each filling what the batch has left: `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now … ORDER BY expires_at LIMIT ?)` (never an uncertain claim), then `UPDATE … SET response = NULL` of tombstones past their retention (on the partial index), then the ended steps |
+/// | `prune_expired` | up to 3, each filling what the batch has left: `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now … ORDER BY expires_at LIMIT ?)` (never an uncertain claim, nor a lapsed one whose steps' journal is kept), then `UPDATE … SET response = NULL` of tombstones past their retention (on the partial index), then the ended steps |
 ///
 /// Every statement runs to its end before its result is used (the claim's count of rows, the
 /// transactional claim's `RETURNING` row): in autocommit mode SQLite commits when the statement
