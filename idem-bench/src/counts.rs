@@ -33,7 +33,7 @@ use hyper_util::rt::TokioIo;
 use idem::http::IdempotencyLayer;
 use idem::{
     ClaimOutcome, ClaimRequest, Completion, Error, Idempotency, Key, MemoryStore, ReplayCache,
-    SqliteStore, SqliteSync, Store, DEFAULT_LATENCIES_ONE_IN,
+    Store, DEFAULT_LATENCIES_ONE_IN,
 };
 use tower::ServiceExt;
 
@@ -260,14 +260,10 @@ struct Subject {
 }
 
 /// The operation a steps path runs, on a SQLite database of its own, set up as the wall-clock
-/// steps rows set it up (no pruner, `synchronous = NORMAL`).
+/// steps rows set it up ([`crate::sqlite_store`]).
 async fn steps_on_sqlite(path: Case) -> Result<(Op, tempfile::TempDir), BenchError> {
     let dir = tempfile::tempdir()?;
-    let store = SqliteStore::builder()
-        .pruner(None)
-        .synchronous(SqliteSync::Normal)
-        .open(dir.path().join("steps.db"))
-        .await?;
+    let store = crate::sqlite_store(&dir.path().join("steps.db")).await?;
     let pool = store.pool().clone();
     let effects = crate::steps::Effects::sqlite(pool.clone(), "effects").await?;
     let op = if path == Case::StepsSqlite {

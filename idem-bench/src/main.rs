@@ -469,6 +469,17 @@ fn main() -> ExitCode {
 
 /// The hand-written baseline on SQLite: a table of the store's schema beside the store's own, on
 /// its pool.
+/// A SQLite store at `path` as every SQLite row sets it up: no background pruner (its
+/// statements would be measured too) and no fsync per commit (the store's default): the figures
+/// are CPU and round trips, as PostgreSQL's, which runs with fsync off.
+async fn sqlite_store(path: &std::path::Path) -> Result<SqliteStore, BenchError> {
+    Ok(SqliteStore::builder()
+        .pruner(None)
+        .synchronous(SqliteSync::Normal)
+        .open(path)
+        .await?)
+}
+
 async fn sqlite_raw(pool: sqlx::SqlitePool) -> Result<Raw, BenchError> {
     SqliteStore::builder()
         .pruner(None)
@@ -488,11 +499,7 @@ async fn consumer_rows(args: &Args) -> Result<(), BenchError> {
     let dir = tempfile::tempdir()?;
     let mut rows = Vec::new();
     if args.wants("sqlite") {
-        let store = SqliteStore::builder()
-            .pruner(None)
-            .synchronous(SqliteSync::Normal)
-            .open(dir.path().join("consumer.db"))
-            .await?;
+        let store = sqlite_store(&dir.path().join("consumer.db")).await?;
         let pool = store.pool().clone();
         let raw = sqlite_raw(pool).await?;
         let engine = Idempotency::new(store);
@@ -662,14 +669,7 @@ async fn bench() -> Result<(), BenchError> {
 
     if args.wants("sqlite") {
         let dir = tempfile::tempdir()?;
-        // No background pruner in any bench store: its statements would be measured too. No
-        // fsync per commit either (the store's default): the figures are CPU and round trips,
-        // as PostgreSQL's, which runs with fsync off.
-        let store = SqliteStore::builder()
-            .pruner(None)
-            .synchronous(SqliteSync::Normal)
-            .open(dir.path().join("bench.db"))
-            .await?;
+        let store = sqlite_store(&dir.path().join("bench.db")).await?;
         let pool = store.pool().clone();
         let version: String = sqlx::query_scalar("SELECT sqlite_version()")
             .fetch_one(&pool)
