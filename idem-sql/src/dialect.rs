@@ -75,6 +75,10 @@ pub struct Dialect {
     pub table_exists: &'static str,
     /// Whether a claim can read the live row in the same statement (a data-modifying CTE).
     pub claim_reads_live: bool,
+    /// Whether `now` is one instant throughout a statement (SQLite: "now" is the same for
+    /// every call within one `sqlite3_step`), so a statement may read it twice for one time;
+    /// PostgreSQL's `clock_timestamp()` reads the clock anew at each call.
+    pub now_is_one_instant: bool,
     /// Whether the database has one write lock for all its writers (SQLite): a store's writers
     /// in this process may then take turns for it (`Protocol::write_turn`, when the store is
     /// built so) instead of meeting it taken and sleeping in the database's busy handler.
@@ -284,6 +288,7 @@ impl_backend!(
             "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{name}')",
         // No data-modifying CTE in SQLite.
         claim_reads_live: false,
+        now_is_one_instant: true,
         single_writer: true,
         store: "SqliteStore",
         builder: "SqliteStoreBuilder",
@@ -316,6 +321,7 @@ impl_backend!(
         // Through the search path when unqualified, as the statements name it.
         table_exists: "SELECT to_regclass('{table}') IS NOT NULL",
         claim_reads_live: true,
+        now_is_one_instant: false,
         single_writer: false,
         store: "PostgresStore",
         builder: "PostgresStoreBuilder",

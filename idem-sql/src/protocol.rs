@@ -121,6 +121,16 @@ impl Statements {
         let lease_end = d.now_plus("$4");
         let columns = columns(d);
         let holds_key = holds_key(d);
+        // The completion's clock, read once: SQLite's `now` is one instant within a statement;
+        // on PostgreSQL it is read into `c.at` by a join.
+        let (at, clock) = if d.now_is_one_instant {
+            (now.to_owned(), String::new())
+        } else {
+            (
+                "c.at".to_owned(),
+                format!("FROM (SELECT {now} AS at) AS c "),
+            )
+        };
         // Meeting a row that holds its key, the bare claim locks it for the moment of the
         // statement (on PostgreSQL), as any `ON CONFLICT DO UPDATE` does, and changes nothing.
         // A lapsed uncertain claim holds its key: only `take_uncertain` takes it over.
@@ -186,8 +196,8 @@ impl Statements {
             // commit landed but whose answer was lost) succeeds, and a lapsed uncertain claim's
             // holder still completes it; the CASEs keep the first result and its times. SET
             // expressions read the row as it was before the update. The clock is read once
-            // (`c.at`), so a completion without a tombstone ($6 = 0) ends its key exactly when
-            // its result. The steps' journal goes: the result replays in its place.
+            // (`at`, above), so a completion without a tombstone ($6 = 0) ends its key exactly
+            // when its result. The steps' journal goes: the result replays in its place.
             complete: format!(
                 "UPDATE {t} AS r SET state = 1, \
                    response = CASE WHEN r.state = 0 THEN $3 ELSE r.response END, \
@@ -195,10 +205,9 @@ impl Statements {
                    result_until = CASE WHEN r.state = 0 THEN {retention_end} ELSE r.result_until END, \
                    expires_at = CASE WHEN r.state = 0 THEN {key_end} ELSE r.expires_at END, \
                    uncertain = false, journal = NULL, journal_until = NULL \
-                 FROM (SELECT {now} AS at) AS c \
-                 WHERE r.key = $1 AND r.token = $2",
-                retention_end = d.at_plus("c.at", "$5"),
-                key_end = d.at_plus("c.at", "($5 + $6)"),
+                 {clock}WHERE r.key = $1 AND r.token = $2",
+                retention_end = d.at_plus(&at, "$5"),
+                key_end = d.at_plus(&at, "($5 + $6)"),
             ),
             renew: format!(
                 "UPDATE {t} SET expires_at = {lease_end} WHERE key = $1 AND token = $2 AND state = 0",
