@@ -86,10 +86,11 @@ struct Statements {
     /// reads whether it claimed from the count of rows it wrote (1 inserted or taken over, 0
     /// left alone), so the database builds no row and the driver decodes none.
     claim_counted: String,
-    /// The claim of transactional mode: where the database can, one statement that also
-    /// returns the live row it did not claim; otherwise `claim_counted` with `RETURNING true AS
-    /// claimed`.
-    claim_in_transaction: String,
+    /// The claim of transactional mode where the database can make it one statement that also
+    /// returns the live row it did not claim (PostgreSQL); elsewhere (SQLite) a transaction
+    /// claims with `claim_counted`, whose count says whether it claimed, as a `RETURNING`
+    /// would, without the temporary table SQLite builds for a `RETURNING`'s rows.
+    claim_in_transaction: Option<String>,
     /// The claim of an operation that runs steps: rows only when it claimed, saying whether its
     /// steps must be begun by a statement of their own
     /// ([`claim_steps_sql`](crate::steps::claim_steps_sql)); one statement on PostgreSQL, one
@@ -154,9 +155,7 @@ impl Statements {
         let claim_counted = format!(
             "{insert} VALUES ($1, $2, $3, 0, {lease_end}, NULL, false, NULL, $5) {take_over}"
         );
-        // A row back (`claimed`) only when it claimed.
-        let claim = format!("{claim_counted} RETURNING true AS claimed");
-        let claim_in_transaction = if d.claim_reads_live {
+        let claim_in_transaction = d.claim_reads_live.then(|| {
             // A live row in the statement's snapshot is returned as it is and nothing is
             // written: a replay then takes no row lock, so the caller's transaction holds no
             // lock on another caller's record, needs no transaction id and writes no WAL. A live
@@ -182,9 +181,7 @@ impl Statements {
                 bytes = d.bytes,
                 bigint = d.bigint,
             )
-        } else {
-            claim
-        };
+        });
         let claim_steps =
             crate::steps::claim_steps_sql(d, t, &crate::steps::steps_table(t), &claim_counted);
         Statements {
@@ -413,11 +410,14 @@ impl<DB: Ops> Protocol<DB> {
         request: ClaimRequest<'_>,
         lease_ms: i64,
     ) -> Result<ClaimOutcome, Error> {
+        let sql = ClaimSql::Counted(&self.sql.claim_counted);
         if via == Via::Transaction {
-            let sql = ClaimSql::Returning(&self.sql.claim_in_transaction);
+            let sql = match &self.sql.claim_in_transaction {
+                Some(returning) => ClaimSql::Returning(returning),
+                None => sql,
+            };
             return Ok(self.claim(conn, sql, request, lease_ms).await?.0);
         }
-        let sql = ClaimSql::Counted(&self.sql.claim_counted);
         Ok(self.on_pool(conn, sql, request, lease_ms).await?.0)
     }
 
@@ -757,7 +757,8 @@ mod tests {
             .sql
             .claim_counted
             .contains("INSERT INTO \"app\".\"Idem\" AS r"));
-        assert!(p.sql.claim_in_transaction.starts_with("WITH live AS"));
+        let in_transaction = p.sql.claim_in_transaction.as_deref().unwrap_or_default();
+        assert!(in_transaction.starts_with("WITH live AS"));
     }
 }
 

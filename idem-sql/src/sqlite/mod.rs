@@ -133,8 +133,8 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// | `write_step` with `on_lapse` (an at-most-once step's begin and result) | 2 in a transaction: the record's `uncertain`, fenced as the step, then the step (SQLite has no data-modifying CTE); without it 1 |
 /// | `prune_expired` | up to 3, each filling what the batch has left: `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now … ORDER BY expires_at LIMIT ?)` (never an uncertain claim, nor a lapsed one whose steps' journal is kept), then `UPDATE … SET response = NULL` of tombstones past their retention (on the partial index), then the ended steps |
 ///
-/// Every statement runs to its end before its result is used (the claim's count of rows, the
-/// transactional claim's `RETURNING` row): in autocommit mode SQLite commits when the statement
+/// Every statement runs to its end before its result is used (the claim's count of rows, in
+/// a transaction as on the pool): in autocommit mode SQLite commits when the statement
 /// finishes, and a commit can fail (a full disk,
 /// [`StoreErrorKind::Full`](idem_core::StoreErrorKind::Full)). Reading a claim's row and dropping
 /// the rest would report a claim as won whose commit failed and was rolled back.
