@@ -56,6 +56,7 @@ pub(crate) mod admin;
 pub(crate) mod background;
 pub(crate) mod dialect;
 pub(crate) mod error;
+pub(crate) mod group;
 pub(crate) mod migrate;
 pub(crate) mod name;
 pub(crate) mod protocol;

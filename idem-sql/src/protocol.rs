@@ -4,6 +4,7 @@
 //! [`SqlStore<DB>`](crate::SqlStore)'s one impl of each.
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -14,6 +15,7 @@ use super::{corrupt, fenced};
 use crate::claim_order::{ClaimOrder, ClaimPath};
 use crate::dialect::{Dialect, Ops};
 use crate::error::sql_error;
+use crate::group::{ClaimArgs, Group, Write};
 use crate::name::TableName;
 use idem_core::store::support::LAPSED_CLAIMS_KEPT_MS;
 use idem_core::Store;
@@ -304,21 +306,52 @@ pub(crate) enum Via {
 
 /// The queue of this process's writers to a database with one write lock, and how long one
 /// waits in it.
-struct WriteTurns {
+pub(crate) struct WriteTurns {
     queue: tokio::sync::Mutex<()>,
     wait: Duration,
+}
+
+impl WriteTurns {
+    /// The turn, once the writers ahead have had theirs; fails after [`wait`](Self::wait).
+    pub(crate) async fn take(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, Error> {
+        tokio::time::timeout(self.wait, self.queue.lock())
+            .await
+            .map_err(|_| self.waited_too_long())
+    }
+
+    /// How long a writer waits for its turn: the database's busy timeout.
+    pub(crate) fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// The error of a writer that waited [`wait`](Self::wait) for its turn.
+    pub(crate) fn waited_too_long(&self) -> Error {
+        Error::Store(StoreError::new(
+            StoreErrorKind::Unavailable,
+            format!(
+                "the SQLite database's write lock stayed taken for longer than the busy \
+                 timeout ({} ms) while this process's writers waited their turn for it: \
+                 another process or a long transaction holds it; nothing was written, and \
+                 the call may be retried",
+                self.wait.as_millis()
+            ),
+        ))
+    }
 }
 
 /// A SQL store's protocol: its table, its statements and its claim order, with each operation
 /// written once against a connection of `DB`. Durations arrive converted by
 /// [`millis`](crate::millis).
-pub(crate) struct Protocol<DB> {
+pub(crate) struct Protocol<DB: Ops> {
     table: TableName,
     sql: Statements,
     steps: StepStatements,
     claim_path: ClaimPath,
     /// The turns of this process's writers for a database with one write lock (SQLite).
-    writes: Option<WriteTurns>,
+    writes: Option<Arc<WriteTurns>>,
+    /// The claims and completions of pooled connections, written together (SQLite whose
+    /// writers take turns, in a file).
+    group: Option<Group<DB>>,
     db: PhantomData<fn() -> DB>,
 }
 
@@ -331,6 +364,7 @@ impl<DB: Ops> Protocol<DB> {
             table,
             claim_path: ClaimPath::new(claim_order),
             writes: None,
+            group: None,
             db: PhantomData,
         }
     }
@@ -347,12 +381,37 @@ impl<DB: Ops> Protocol<DB> {
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // only SQLite has one write lock
     pub(crate) fn with_write_turns(mut self, wait: Duration) -> Protocol<DB> {
         if DB::DIALECT.single_writer {
-            self.writes = Some(WriteTurns {
+            self.writes = Some(Arc::new(WriteTurns {
                 queue: tokio::sync::Mutex::new(()),
                 wait,
-            });
+            }));
         }
         self
+    }
+
+    /// Makes the claims and completions of pooled connections go to a [`Group`] that writes
+    /// those waiting at one moment in one transaction, on `pool` (a connection of its own to the
+    /// same file, which does not checkpoint as it commits), in this process's turns, and
+    /// checkpoints the log on `checkpoints` (another); only once turns are taken
+    /// ([`with_write_turns`](Self::with_write_turns)).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // only SQLite takes turns
+    pub(crate) fn with_group(
+        mut self,
+        pool: sqlx::Pool<DB>,
+        checkpoints: sqlx::Pool<DB>,
+    ) -> Protocol<DB> {
+        if let Some(turns) = &self.writes {
+            let (claim, complete) = (&self.sql.claim_counted, &self.sql.complete);
+            let group = Group::new(pool, checkpoints, turns.clone(), claim, complete);
+            self.group = Some(group);
+        }
+        self
+    }
+
+    /// The group that writes the claims and completions of pooled connections, if there is
+    /// one: a completion then goes to it with no connection of the pool and no turn of its own.
+    pub(crate) fn group(&self) -> Option<&Group<DB>> {
+        self.group.as_ref()
     }
 
     /// This process's turn to write, on a database with one write lock (SQLite) whose store
@@ -374,21 +433,9 @@ impl<DB: Ops> Protocol<DB> {
     pub(crate) async fn write_turn(
         &self,
     ) -> Result<Option<tokio::sync::MutexGuard<'_, ()>>, Error> {
-        let Some(turns) = &self.writes else {
-            return Ok(None);
-        };
-        match tokio::time::timeout(turns.wait, turns.queue.lock()).await {
-            Ok(turn) => Ok(Some(turn)),
-            Err(_) => Err(Error::Store(StoreError::new(
-                StoreErrorKind::Unavailable,
-                format!(
-                    "the SQLite database's write lock stayed taken for longer than the busy \
-                     timeout ({} ms) while this process's writers waited their turn for it: \
-                     another process or a long transaction holds it; nothing was written, and \
-                     the call may be retried",
-                    turns.wait.as_millis()
-                ),
-            ))),
+        match &self.writes {
+            Some(turns) => turns.take().await.map(Some),
+            None => Ok(None),
         }
     }
 
@@ -416,7 +463,7 @@ impl<DB: Ops> Protocol<DB> {
                 Some(returning) => ClaimSql::Returning(returning),
                 None => sql,
             };
-            return Ok(self.claim(conn, sql, request, lease_ms).await?.0);
+            return Ok(self.claim(conn, sql, request, lease_ms, None).await?.0);
         }
         Ok(self.on_pool(conn, sql, request, lease_ms).await?.0)
     }
@@ -450,9 +497,15 @@ impl<DB: Ops> Protocol<DB> {
         };
         let result = match live {
             Some(stored) => stored.into_start(request.fingerprint).map(|o| (o, None)),
-            None => match self.write_turn().await {
-                Ok(_turn) => self.claim(conn, sql, request, lease_ms).await,
-                Err(e) => Err(e),
+            None => match (&self.group, sql) {
+                // The group takes the turn for the claim's statement.
+                (Some(group), ClaimSql::Counted(_)) => {
+                    self.claim(conn, sql, request, lease_ms, Some(group)).await
+                }
+                _ => match self.write_turn().await {
+                    Ok(_turn) => self.claim(conn, sql, request, lease_ms, None).await,
+                    Err(e) => Err(e),
+                },
             },
         };
         self.claim_path.observe(result.as_ref().map(|(o, _)| o));
@@ -461,13 +514,14 @@ impl<DB: Ops> Protocol<DB> {
 
     /// Runs the claim statement `sql`; on a live record, answers from the row it returned or
     /// from one read of it; claims again if that record vanished meanwhile. The step log only
-    /// from a [`ClaimSql::Steps`] that claimed.
+    /// from a [`ClaimSql::Steps`] that claimed. A counted claim goes to `group`, if given.
     async fn claim(
         &self,
         conn: &mut DB::Connection,
         sql: ClaimSql<'_>,
         request: ClaimRequest<'_>,
         lease_ms: i64,
+        group: Option<&Group<DB>>,
     ) -> Result<(ClaimOutcome, Option<StepLog>), Error> {
         let (key, fingerprint) = (request.key, request.fingerprint);
         let uncertain = request.on_lapse == OnLapse::Uncertain;
@@ -479,10 +533,14 @@ impl<DB: Ops> Protocol<DB> {
                     text
                 }
             };
-            let query = DB::bind_bytes(sqlx::query(text), &key.as_bytes()[..]);
-            let query = DB::bind_opt_bytes(query, fingerprint.map(|f| &f.as_bytes()[..]));
-            let query = DB::bind_i64(DB::bind_bytes(query, &token_bytes[..]), lease_ms);
-            let query = DB::bind_bool(query, uncertain);
+            let write = Write::Claim(ClaimArgs {
+                key: *key,
+                fingerprint: fingerprint.copied(),
+                token: token_bytes,
+                lease_ms,
+                uncertain,
+            });
+            let query = write.bind(sqlx::query(text));
             // Both run the statement to its end, so an error the database reports at its end
             // (the COMMIT of SQLite's autocommit mode on a full disk, PostgreSQL's at commit)
             // fails the claim instead of being dropped, and a claim whose commit failed is never
@@ -491,7 +549,11 @@ impl<DB: Ops> Protocol<DB> {
             let claimed = || ClaimOutcome::Claimed(Claim::new(*key, token));
             let row = match sql {
                 ClaimSql::Counted(_) => {
-                    if DB::execute(&mut *conn, query).await.map_err(sql_error)? == 1 {
+                    let count = match group {
+                        Some(group) => group.write(write.clone()).await?,
+                        None => DB::execute(&mut *conn, query).await.map_err(sql_error)?,
+                    };
+                    if count == 1 {
                         return Ok((claimed(), None));
                     }
                     None
@@ -586,13 +648,8 @@ impl<DB: Ops> Protocol<DB> {
         retention_ms: i64,
         key_retention_ms: i64,
     ) -> Result<(), Error> {
-        let token = claim.token().to_bytes();
-        let query = self.fenced_query(&self.sql.complete, claim.key(), &token);
-        let query = DB::bind_bool(
-            DB::bind_opt_bytes(query, completion.response),
-            completion.is_error,
-        );
-        let query = DB::bind_i64(DB::bind_i64(query, retention_ms), key_retention_ms);
+        let write = Write::complete(claim, &completion, retention_ms, key_retention_ms);
+        let query = write.bind(sqlx::query(&self.sql.complete));
         fenced(DB::execute(conn, query).await.map_err(sql_error)?)
     }
 

@@ -16,6 +16,7 @@ use idem_core::{
 use crate::background::Background;
 use crate::claim_order::ClaimOrder;
 use crate::dialect::Backend;
+use crate::group::Write;
 use crate::protocol::Protocol;
 use crate::TransactionalStore;
 
@@ -284,6 +285,15 @@ impl<DB: Backend> fmt::Debug for SqlStoreBuilder<DB> {
     }
 }
 
+/// A completion's retention and key retention in milliseconds, refused when out of range.
+fn completion_millis(completion: &Completion<'_>) -> Result<(i64, i64), Error> {
+    let retention = crate::millis("retention", completion.retention)?;
+    Ok((
+        retention,
+        crate::key_retention_millis(completion.key_retention)?,
+    ))
+}
+
 #[async_trait::async_trait]
 impl<DB: Backend> Store for SqlStore<DB> {
     async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, Error> {
@@ -294,6 +304,11 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn complete(&self, claim: &Claim, completion: Completion<'_>) -> Result<(), Error> {
+        if let Some(group) = self.protocol.group() {
+            let (retention, key_retention) = completion_millis(&completion)?;
+            let write = Write::complete(claim, &completion, retention, key_retention);
+            return crate::fenced(group.write(write).await?);
+        }
         let mut conn = self.pool.acquire().await.map_err(crate::error::sql_error)?;
         let _turn = self.protocol.write_turn().await?;
         TransactionalStore::complete_in(self, &mut conn, claim, completion).await
@@ -427,8 +442,7 @@ impl<DB: Backend> TransactionalStore for SqlStore<DB> {
         claim: &Claim,
         completion: Completion<'_>,
     ) -> Result<(), Error> {
-        let retention = crate::millis("retention", completion.retention)?;
-        let key_retention = crate::key_retention_millis(completion.key_retention)?;
+        let (retention, key_retention) = completion_millis(&completion)?;
         self.protocol
             .complete(conn, claim, completion, retention, key_retention)
             .await

@@ -468,32 +468,35 @@ async fn two_writers(dir: &TempDir, turns: bool) -> (SqliteStore, sqlx::SqliteCo
     (store, blocker)
 }
 
-/// With turns, this process's writers take turns for SQLite's write lock, and one waits for its turn no
-/// longer than the busy timeout: while another process holds the lock, the writer whose turn it
-/// is waits in SQLite's busy handler, and the one queued behind it fails `Unavailable` after the
-/// busy timeout of its own wait, having written nothing, instead of after the sum of the waits
-/// ahead of it. The clock is paused, so the queued writer's wait passes at once while the
-/// first still waits (in real time) for the lock.
+/// With turns, this process's writers take turns for SQLite's write lock, and one waits for its
+/// turn no longer than the busy timeout: while another process holds the lock, the writer whose
+/// turn it is (a renewal) waits in SQLite's busy handler, and a claim queued behind it (which
+/// the store's group of writers writes) fails `Unavailable` after the busy timeout of its own
+/// wait, having written nothing, instead of after the sum of the waits ahead of it. The clock is
+/// paused, so the queued writer's wait passes at once while the first still waits (in real
+/// time) for the lock.
 #[tokio::test]
 async fn a_writer_waits_for_its_turn_no_longer_than_the_busy_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let (store, mut blocker) = two_writers(&dir, true).await;
+    let held = opened_writers(&store).await;
     let tx = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
 
     tokio::time::pause();
-    let (one, two) = (key(1), key(2));
-    let first = store.claim(ClaimRequest::new(&one, LEASE));
-    let second = store.claim(ClaimRequest::new(&two, LEASE));
-    tokio::pin!(first, second);
+    let two = key(2);
+    let renewal = store.renew(&held, LEASE);
+    let claim_two = store.claim(ClaimRequest::new(&two, LEASE));
+    tokio::pin!(renewal, claim_two);
     let queued = tokio::time::timeout(Duration::from_secs(3600), async {
         tokio::select! {
-            r = &mut first => (r, 1),
-            r = &mut second => (r, 2),
+            biased;
+            r = &mut renewal => (r.map(|()| None), 1),
+            r = &mut claim_two => (r.map(Some), 2),
         }
     })
     .await
     .expect("the writer queued behind a held turn waited past the busy timeout");
-    let (gave_up, queued_key) = queued;
+    let (gave_up, which) = queued;
     match &gave_up {
         Err(Error::Store(e)) => {
             assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
@@ -503,18 +506,250 @@ async fn a_writer_waits_for_its_turn_no_longer_than_the_busy_timeout() {
     }
     assert!(gave_up.unwrap_err().is_retryable());
 
-    // The lock comes free: the writer whose turn it was claims, and the one that gave up wrote
+    // The lock comes free: the writer whose turn it was writes, and the one that gave up wrote
     // nothing. The clock runs again, since the pool's own waits (a connection on its way back)
     // are timed too.
     tokio::time::resume();
     tx.rollback().await.unwrap();
-    let (holder, holder_key) = match queued_key {
-        1 => (second.await, 2),
-        _ => (first.await, 1),
+    match which {
+        1 => {
+            let claimed = claim_two.await;
+            assert!(
+                matches!(claimed, Ok(ClaimOutcome::Claimed(_))),
+                "{claimed:?}"
+            );
+        }
+        _ => {
+            renewal.await.unwrap();
+            assert_eq!(store.get(&two).await.unwrap(), None);
+        }
+    }
+}
+
+/// Claims `key(1)` and renews it, so that the connections of the store's group of writers and
+/// of its renewals are open (a test that stops the clock then waits on nothing but the lock):
+/// the claim, to renew again.
+async fn opened_writers(store: &SqliteStore) -> idem_core::Claim {
+    let held = claim(store, &key(1), LEASE).await;
+    store.renew(&held, LEASE).await.unwrap();
+    held
+}
+
+/// The store's group of writers (turns, a file) writes the claims and completions waiting at one
+/// moment in one transaction: each still gets its own answer. Of two claims of one key one
+/// claims; a completion under a token that no longer holds its key fails alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_writers_each_get_their_own_answer() {
+    const KEYS: usize = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let store = quiet()
+        .writers_take_turns(true)
+        .open(db(&dir))
+        .await
+        .unwrap();
+    let claims = (0..2 * KEYS).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            (
+                i % KEYS,
+                store.claim(ClaimRequest::new(&key(i % KEYS), LEASE)).await,
+            )
+        })
+    });
+    let mut holders = vec![None; KEYS];
+    let mut met = vec![0; KEYS];
+    for call in claims.collect::<Vec<_>>() {
+        match call.await.unwrap() {
+            (k, Ok(ClaimOutcome::Claimed(c))) => {
+                assert!(holders[k].replace(c).is_none(), "key {k} claimed twice");
+            }
+            (k, Ok(ClaimOutcome::Locked { .. })) => met[k] += 1,
+            (k, other) => panic!("key {k}: {other:?}"),
+        }
+    }
+    assert_eq!(met, vec![1; KEYS]);
+    let holders: Vec<_> = holders.into_iter().map(Option::unwrap).collect();
+
+    // Each key completed with its own response, beside completions under the next key's token.
+    let mut calls = Vec::new();
+    for (k, c) in holders.iter().enumerate() {
+        let (mine, c) = (store.clone(), c.clone());
+        let stale = idem_core::Claim::new(*c.key(), holders[(k + 1) % KEYS].token());
+        calls.push(tokio::spawn(async move {
+            let response = format!("response {k}");
+            (
+                true,
+                mine.complete(&c, done(response.as_bytes(), RETENTION))
+                    .await,
+            )
+        }));
+        if k % 4 == 0 {
+            let store = store.clone();
+            calls.push(tokio::spawn(async move {
+                (
+                    false,
+                    store.complete(&stale, done(b"not mine", RETENTION)).await,
+                )
+            }));
+        }
+    }
+    for call in calls {
+        match call.await.unwrap() {
+            (true, answer) => answer.unwrap(),
+            (false, answer) => assert!(matches!(answer, Err(Error::LeaseLost)), "{answer:?}"),
+        }
+    }
+    for k in 0..KEYS {
+        match store
+            .claim(ClaimRequest::new(&key(k), LEASE))
+            .await
+            .unwrap()
+        {
+            ClaimOutcome::Completed(cached) => {
+                assert_eq!(
+                    cached.response.as_deref(),
+                    Some(format!("response {k}").as_bytes())
+                );
+            }
+            other => panic!("key {k}: {other:?}"),
+        }
+    }
+}
+
+/// The group's commits run no checkpoint (one that crossed SQLite's threshold would make every
+/// writer queued behind it wait for the checkpoint's copy and syncs); its checkpointer runs
+/// them beside the writes, so the log is reused from its start and stays bounded however many
+/// writes the group makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_groups_log_is_checkpointed_beside_its_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = quiet()
+        .writers_take_turns(true)
+        .synchronous(SqliteSync::Normal)
+        .open(db(&dir))
+        .await
+        .unwrap();
+    for round in 0..80 {
+        let calls = (0..64).map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let k = key(round * 64 + i);
+                let c = claim(&store, &k, LEASE).await;
+                store
+                    .complete(&c, done(&[7; 200], RETENTION))
+                    .await
+                    .unwrap();
+            })
+        });
+        for call in calls.collect::<Vec<_>>() {
+            call.await.unwrap();
+        }
+    }
+    let log = std::fs::metadata(dir.path().join("idem.db-wal"))
+        .unwrap()
+        .len();
+    // 5,120 writes: about 54 MB of log without the checkpointer, bounded by it at about 16 MiB
+    // (4,000 frames) and the writes of one checkpoint's copy.
+    assert!(log < 32 << 20, "the log grew to {log} bytes");
+}
+
+/// A group of writes that does not fit in the database (its page limit reached) is written
+/// write by write: each write that fits is made and answered, each that does not fails `Full`
+/// having written nothing, and nothing a failed group began stays behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_does_not_fit_is_written_write_by_write() {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let pages: i64 = {
+        let store = quiet().open(db(&dir)).await.unwrap();
+        let pages = sqlx::query_scalar("PRAGMA page_count")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+        pages
     };
-    assert!(matches!(holder, Ok(ClaimOutcome::Claimed(_))), "{holder:?}");
-    assert!(store.get(&key(holder_key)).await.unwrap().is_some());
-    assert_eq!(store.get(&key(queued_key)).await.unwrap(), None);
+    let options = SqliteConnectOptions::new()
+        .filename(db(&dir))
+        .journal_mode(SqliteJournalMode::Wal)
+        .pragma("max_page_count", (pages + 16).to_string());
+    let pool = SqlitePoolOptions::new()
+        .max_connections(16)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = quiet()
+        .writers_take_turns(true)
+        .from_pool(pool)
+        .await
+        .unwrap();
+
+    let response = vec![7u8; 1500];
+    let (mut claims_full, mut completions_made, mut completions_full) = (0, 0, 0);
+    for round in 0..40 {
+        let keys: Vec<Key> = (0..16).map(|i| key(1000 + round * 16 + i)).collect();
+        let claims = keys.iter().map(|k| {
+            let (store, k) = (store.clone(), *k);
+            tokio::spawn(async move { (k, store.claim(ClaimRequest::new(&k, LEASE)).await) })
+        });
+        let mut held = Vec::new();
+        for call in claims.collect::<Vec<_>>() {
+            match call.await.unwrap() {
+                (_, Ok(ClaimOutcome::Claimed(c))) => {
+                    assert!(store.get(c.key()).await.unwrap().is_some());
+                    held.push(c);
+                }
+                (k, Err(Error::Store(e))) if e.kind() == StoreErrorKind::Full => {
+                    claims_full += 1;
+                    assert_eq!(
+                        store.get(&k).await.unwrap(),
+                        None,
+                        "a claim that failed was kept"
+                    );
+                }
+                (_, other) => panic!("{other:?}"),
+            }
+        }
+        let completions = held.into_iter().map(|c| {
+            let (store, response) = (store.clone(), response.clone());
+            tokio::spawn(async move {
+                let answer = store.complete(&c, done(&response, RETENTION)).await;
+                (c, answer)
+            })
+        });
+        for call in completions.collect::<Vec<_>>() {
+            let (c, answer) = call.await.unwrap();
+            let record = store.get(c.key()).await.unwrap().unwrap();
+            match answer {
+                Ok(()) => {
+                    completions_made += 1;
+                    match record.state {
+                        RecordState::Completed(stored) => {
+                            assert_eq!(stored.response.as_deref(), Some(&response[..]));
+                        }
+                        other => panic!("a completion made reads as {other:?}"),
+                    }
+                }
+                Err(Error::Store(e)) if e.kind() == StoreErrorKind::Full => {
+                    completions_full += 1;
+                    assert!(
+                        matches!(record.state, RecordState::InProgress { .. }),
+                        "a completion that failed was kept: {:?}",
+                        record.state
+                    );
+                }
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+        if claims_full + completions_full > 0 && round > 0 {
+            break;
+        }
+    }
+    assert!(completions_made > 0, "nothing fitted");
+    assert!(
+        claims_full + completions_full > 0,
+        "the database never filled"
+    );
 }
 
 /// By default the writers take no turns: with another process holding the lock, both writers

@@ -32,6 +32,13 @@ suite!(
     (flavor = "multi_thread", worker_threads = 2)
 );
 
+#[cfg(feature = "sqlite")]
+suite!(
+    sqlite_grouped_writers,
+    crate::sqlite::SqliteHarness<3>,
+    (flavor = "multi_thread", worker_threads = 2)
+);
+
 #[cfg(feature = "postgres")]
 suite!(
     postgres_store,

@@ -9,7 +9,9 @@ use tempfile::TempDir;
 use crate::harness::claim_order;
 
 /// A SQLite store on a fresh database file; the directory lives (and is deleted) with the harness.
-/// `ORDER` picks the store's claim order (see [`claim_order`]).
+/// `ORDER` picks the store's claim order (see [`claim_order`]); 3 is the adaptive order with the
+/// writers taking turns, so that the store's group writes the claims and completions (as in
+/// idem-server).
 pub struct SqliteHarness<const ORDER: u8> {
     store: SqliteStore,
     _dir: TempDir,
@@ -22,6 +24,7 @@ impl<const ORDER: u8> Harness for SqliteHarness<ORDER> {
         // Without the background pruner: the suite counts what `prune_expired` deletes.
         let store = SqliteStore::builder()
             .claim_order(claim_order(ORDER))
+            .writers_take_turns(ORDER == 3)
             .pruner(None)
             .open(dir.path().join("idem.db"))
             .await
