@@ -383,20 +383,24 @@ impl<DB: Ops> Shared<DB> {
         batch: &[Pending],
     ) -> Vec<Result<u64, Error>> {
         if batch.len() > 1 {
-            match self.together(conn, batch).await {
+            let failed = match self.together(conn, batch).await {
                 Ok(counts) => return counts.into_iter().map(Ok).collect(),
-                Err(_) => {
-                    // Nothing of the group was written: roll back what it began, then write
-                    // each alone, so that one write that cannot be made fails only itself.
-                    let _ = DB::execute(&mut *conn, sqlx::query("ROLLBACK")).await;
-                }
+                Err(e) => Error::Store(sql_error(e)),
+            };
+            // Nothing of the group was written: roll back what it began, then write each
+            // alone, so that one write that cannot be made fails only itself; unless the
+            // database is out of reach (its lock held past the busy timeout), which each would
+            // wait as long to learn again.
+            let _ = DB::execute(&mut *conn, sqlx::query("ROLLBACK")).await;
+            if unavailable(&failed) {
+                return batch.iter().map(|_| Err(copy(&failed))).collect();
             }
         }
         let mut answers: Vec<Result<u64, Error>> = Vec::with_capacity(batch.len());
         for pending in batch {
             // The database is out of reach: the rest would wait as long to learn the same.
-            if let Some(Err(e @ Error::Store(s))) = answers.last()
-                && s.kind() == StoreErrorKind::Unavailable
+            if let Some(Err(e)) = answers.last()
+                && unavailable(e)
             {
                 let e = copy(e);
                 answers.push(Err(e));
@@ -451,6 +455,12 @@ impl<DB: Ops> Shared<DB> {
             ((kind as usize * CHUNK + (k - 1)) * 2 + usize::from(begin)) * 2 + usize::from(commit);
         &self.texts[at]
     }
+}
+
+/// Whether `e` says the database is out of reach: its lock held past the busy timeout, its
+/// file gone.
+fn unavailable(e: &Error) -> bool {
+    matches!(e, Error::Store(s) if s.kind() == StoreErrorKind::Unavailable)
 }
 
 /// `e` again, for another write of the batch it failed.

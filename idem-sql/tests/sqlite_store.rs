@@ -424,25 +424,36 @@ async fn bad_durations_are_rejected_and_write_nothing() {
     store.complete(&c, done(b"x", RETENTION)).await.unwrap();
 }
 
-#[tokio::test]
+/// Also with the writers taking turns, where the store's group writes the claims: a group that
+/// meets the lock held fails each of its writes `Unavailable`, having written none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_write_lock_past_the_busy_timeout_is_unavailable() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = quiet()
-        .busy_timeout(Duration::from_millis(100))
-        .open(db(&dir))
-        .await
-        .unwrap();
-    let mut blocker = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db(&dir).display()))
-        .await
-        .unwrap();
-    let tx = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    match store.claim(ClaimRequest::new(&key(1), LEASE)).await {
-        Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}"),
-        other => panic!("expected the store to be unavailable, got {other:?}"),
+    for turns in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = quiet()
+            .writers_take_turns(turns)
+            .busy_timeout(Duration::from_millis(100))
+            .open(db(&dir))
+            .await
+            .unwrap();
+        let url = format!("sqlite://{}", db(&dir).display());
+        let mut blocker = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        let tx = blocker.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        let claims = (1..=8).map(|n| {
+            let store = store.clone();
+            tokio::spawn(async move { store.claim(ClaimRequest::new(&key(n), LEASE)).await })
+        });
+        for call in claims.collect::<Vec<_>>() {
+            match call.await.unwrap() {
+                Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}"),
+                other => panic!("expected the store to be unavailable, got {other:?}"),
+            }
+        }
+        assert!(Error::Store(StoreError::new(StoreErrorKind::Unavailable, "x")).is_retryable());
+        tx.rollback().await.unwrap();
+        assert_eq!(rows(&store).await, 0, "turns {turns}");
+        claim(&store, &key(1), LEASE).await;
     }
-    assert!(Error::Store(StoreError::new(StoreErrorKind::Unavailable, "x")).is_retryable());
-    tx.rollback().await.unwrap();
-    claim(&store, &key(1), LEASE).await;
 }
 
 /// A store in `dir` of two connections with a 10 s busy timeout (its writers taking `turns`),
