@@ -493,7 +493,7 @@ impl SqliteStoreBuilder {
     /// its own copies the log into the database beside the writes (after every 256 writes),
     /// and once the log passes 4,000 pages copies the rest in the writers' turn, so that
     /// SQLite starts it again. Renewals, releases, steps and prune batches take turns alone.
-    /// idem-server's new keys at 8 connections: 1.8 × the throughput, a third of the p99
+    /// idem-server's new keys at 8 connections: twice as many a second, half the p99
     /// (docs/performance.md, "SQLite: writers grouped into one commit").
     ///
     /// ```
