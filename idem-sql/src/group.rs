@@ -196,6 +196,7 @@ impl<DB: Ops> Group<DB> {
     }
 
     /// The group's connections, to close with the store (before its last checkpoint).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // only SQLite closes them
     pub(crate) fn pools(&self) -> [&sqlx::Pool<DB>; 2] {
         [&self.shared.pool, &self.shared.checkpoints]
     }
