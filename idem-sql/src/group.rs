@@ -252,6 +252,7 @@ impl<DB: Ops> Group<DB> {
     }
 }
 
+/// The error of a write whose group's task ended before answering it.
 fn stopped() -> Error {
     Error::Store(StoreError::new(
         StoreErrorKind::Unavailable,
