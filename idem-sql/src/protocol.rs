@@ -3,7 +3,6 @@
 //! connection) and the caller's-transaction path ([`TransactionalStore`]) call it, from
 //! [`SqlStore<DB>`](crate::SqlStore)'s one impl of each.
 
-use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -352,7 +351,6 @@ pub(crate) struct Protocol<DB: Ops> {
     /// The claims and completions of pooled connections, written together (SQLite whose
     /// writers take turns, in a file).
     group: Option<Group<DB>>,
-    db: PhantomData<fn() -> DB>,
 }
 
 impl<DB: Ops> Protocol<DB> {
@@ -365,7 +363,6 @@ impl<DB: Ops> Protocol<DB> {
             claim_path: ClaimPath::new(claim_order),
             writes: None,
             group: None,
-            db: PhantomData,
         }
     }
 
@@ -540,7 +537,8 @@ impl<DB: Ops> Protocol<DB> {
                 lease_ms,
                 uncertain,
             });
-            let query = write.bind(sqlx::query(text));
+            // Bound where it runs here; the group binds its own copy.
+            let query = || write.bind(sqlx::query(text));
             // Both run the statement to its end, so an error the database reports at its end
             // (the COMMIT of SQLite's autocommit mode on a full disk, PostgreSQL's at commit)
             // fails the claim instead of being dropped, and a claim whose commit failed is never
@@ -551,7 +549,7 @@ impl<DB: Ops> Protocol<DB> {
                 ClaimSql::Counted(_) => {
                     let count = match group {
                         Some(group) => group.write(write.clone()).await?,
-                        None => DB::execute(&mut *conn, query).await.map_err(sql_error)?,
+                        None => DB::execute(&mut *conn, query()).await.map_err(sql_error)?,
                     };
                     if count == 1 {
                         return Ok((claimed(), None));
@@ -560,7 +558,9 @@ impl<DB: Ops> Protocol<DB> {
                 }
                 ClaimSql::Steps(_, retention_ms) => {
                     let begun: Result<Option<StepLog>, Error> = async {
-                        let rows = DB::fetch_all(&mut *conn, query).await.map_err(sql_error)?;
+                        let rows = DB::fetch_all(&mut *conn, query())
+                            .await
+                            .map_err(sql_error)?;
                         let Some(found) = crate::steps::ClaimedSteps::of::<DB>(&rows)? else {
                             return Ok(None);
                         };
@@ -591,7 +591,7 @@ impl<DB: Ops> Protocol<DB> {
                     }
                 }
                 ClaimSql::Returning(_) => {
-                    let row = DB::fetch_all(&mut *conn, query)
+                    let row = DB::fetch_all(&mut *conn, query())
                         .await
                         .map_err(sql_error)?
                         .into_iter()
