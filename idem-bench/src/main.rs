@@ -469,10 +469,12 @@ fn main() -> ExitCode {
 
 /// The hand-written baseline on SQLite: a table of the store's schema beside the store's own, on
 /// its pool.
-/// A SQLite store at `path` as every SQLite row sets it up: no background pruner (its
-/// statements would be measured too) and no fsync per commit (the store's default): the figures
-/// are CPU and round trips, as PostgreSQL's, which runs with fsync off.
-async fn sqlite_store(path: &std::path::Path) -> Result<SqliteStore, BenchError> {
+/// A SQLite store at `path` as every SQLite row sets it up (the main rows, the scale and
+/// sustained runs, the consumer's and the instruction counts' steps): no background pruner
+/// (its statements would be measured too) and no fsync per commit (`synchronous=NORMAL`; the
+/// store's default is `FULL`): the figures are CPU and round trips, as PostgreSQL's, which runs
+/// with fsync off.
+pub(crate) async fn sqlite_store(path: &std::path::Path) -> Result<SqliteStore, BenchError> {
     Ok(SqliteStore::builder()
         .pruner(None)
         .synchronous(SqliteSync::Normal)
@@ -688,10 +690,7 @@ async fn bench() -> Result<(), BenchError> {
         if args.scale {
             let scale_plan = args.scale_plan(&plan, Cpu::default());
             eprintln!("SQLite: scale run with {} rows", scale_plan.rows);
-            let scale_store = SqliteStore::builder()
-                .pruner(None)
-                .open(dir.path().join("scale.db"))
-                .await?;
+            let scale_store = sqlite_store(&dir.path().join("scale.db")).await?;
             let backend = scale::Backend::Sqlite(scale_store.pool().clone());
             let report = scale::run(&backend, scale_plan).await?;
             results.scale.push(Scale {

@@ -9,8 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use idem::{
-    ClaimOutcome, ClaimRequest, Completion, Key, PostgresStore, Pruner, PrunerConfig, SqliteStore,
-    Store,
+    ClaimOutcome, ClaimRequest, Completion, Key, PostgresStore, Pruner, PrunerConfig, Store,
 };
 use sqlx::{PgPool, SqlitePool};
 use tokio::sync::Semaphore;
@@ -252,10 +251,7 @@ pub async fn sqlite(plan: SustainPlan) -> Result<Vec<SustainRun>, BenchError> {
     {
         let dir = tempfile::tempdir()?;
         // The run spawns its own pruner, or none for the baseline: never the store's.
-        let store = SqliteStore::builder()
-            .pruner(None)
-            .open(dir.path().join(format!("sustain-{i}.db")))
-            .await?;
+        let store = crate::sqlite_store(&dir.path().join(format!("sustain-{i}.db"))).await?;
         let table = Table::Sqlite(store.pool().clone());
         runs.push(run_one("SQLite", Arc::new(store), &table, plan, secs, pruner).await?);
     }
