@@ -738,7 +738,12 @@ async fn bench() -> Result<(), BenchError> {
         if args.scale {
             let scale_plan = args.scale_plan(&plan, cpu);
             eprintln!("PostgreSQL: scale run with {} rows", scale_plan.rows);
-            let backend = scale::Backend::Postgres(pool.clone());
+            // A pool of its own, as when the scale run runs alone: the rows above leave this
+            // one with all its connections open, through which one task's claims would go in
+            // turn, and the claim p99 during a prune came out twice as long (4.4-5.3 × against
+            // 2.2-2.5 ×: docs/performance.md, "A million expired rows").
+            pool.close().await;
+            let backend = scale::Backend::Postgres(pg_pool(url).await?);
             let report = scale::run(&backend, scale_plan).await?;
             results.scale.push(Scale {
                 store: "PostgreSQL",
