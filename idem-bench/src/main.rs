@@ -467,8 +467,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The hand-written baseline on SQLite: a table of the store's schema beside the store's own, on
-/// its pool.
 /// A SQLite store at `path` as every SQLite row sets it up (the main rows, the scale and
 /// sustained runs, the consumer's and the instruction counts' steps): no background pruner
 /// (its statements would be measured too) and no fsync per commit (`synchronous=NORMAL`; the
@@ -482,6 +480,8 @@ pub(crate) async fn sqlite_store(path: &std::path::Path) -> Result<SqliteStore, 
         .await?)
 }
 
+/// The hand-written baseline on SQLite: a table of the store's schema beside the store's own, on
+/// its pool.
 async fn sqlite_raw(pool: sqlx::SqlitePool) -> Result<Raw, BenchError> {
     SqliteStore::builder()
         .pruner(None)
