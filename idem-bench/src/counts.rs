@@ -94,9 +94,14 @@ pub enum Case {
     /// The same three writes made resumable by hand (recovery points: the key claimed, a fenced
     /// update of its row after each write, the result stored), on the same database.
     StepsSqliteRecoveryPoints,
+    /// `Idempotency::call(key).run(..)` on a new key on SQLite (the default policy, so the
+    /// completion keeps its key as a tombstone), as the wall-clock SQLite fresh rows run it.
+    SqliteFresh,
+    /// The raw `INSERT` + `UPDATE` those rows compare it with, on the same database.
+    SqliteFreshRaw,
 }
 
-const CASES: [Case; 16] = [
+const CASES: [Case; 18] = [
     Case::Store,
     Case::EngineFresh,
     Case::EngineReplay,
@@ -113,6 +118,8 @@ const CASES: [Case; 16] = [
     Case::LoopbackReplay,
     Case::StepsSqlite,
     Case::StepsSqliteRecoveryPoints,
+    Case::SqliteFresh,
+    Case::SqliteFreshRaw,
 ];
 
 impl Case {
@@ -134,6 +141,8 @@ impl Case {
             Case::LoopbackReplay => "loopback-replay",
             Case::StepsSqlite => "steps-sqlite",
             Case::StepsSqliteRecoveryPoints => "steps-sqlite-recovery-points",
+            Case::SqliteFresh => "sqlite-fresh",
+            Case::SqliteFreshRaw => "sqlite-fresh-raw",
         }
     }
 
@@ -141,7 +150,13 @@ impl Case {
     /// [`measured`] is not on the stack: such a path is counted whole (its set-up is the same
     /// in both runs, so the difference is its calls').
     fn on_worker_threads(self) -> bool {
-        matches!(self, Case::StepsSqlite | Case::StepsSqliteRecoveryPoints)
+        matches!(
+            self,
+            Case::StepsSqlite
+                | Case::StepsSqliteRecoveryPoints
+                | Case::SqliteFresh
+                | Case::SqliteFreshRaw
+        )
     }
 
     /// The calls of the shorter and the longer run: fewer for the SQLite paths, whose call is
@@ -201,7 +216,7 @@ pub fn run(path: Case, iters: u64) -> Result<(), BenchError> {
         .map(|(_, tracing)| tracing::dispatcher::set_default(tracing));
     let mut subject = Subject::new(path)?;
     if path.on_worker_threads() {
-        subject.steps = Some(runtime.block_on(steps_on_sqlite(path))?);
+        subject.on_sqlite = Some(runtime.block_on(on_sqlite(path))?);
     }
     let replay = matches!(
         path,
@@ -255,21 +270,41 @@ struct Subject {
     response: Vec<u8>,
     /// The client's connection to `app` served on a loopback port (the loopback paths only).
     loopback: Mutex<Option<SendRequest<Full<Bytes>>>>,
-    /// The operation of the steps paths, and the directory of its database.
-    steps: Option<(Op, tempfile::TempDir)>,
+    /// The operation of the SQLite paths, and the directory of its database.
+    on_sqlite: Option<(Op, tempfile::TempDir)>,
 }
 
-/// The operation a steps path runs, on a SQLite database of its own, set up as the wall-clock
-/// steps rows set it up ([`crate::sqlite_store`]).
-async fn steps_on_sqlite(path: Case) -> Result<(Op, tempfile::TempDir), BenchError> {
+/// The operation a SQLite path runs, on a database of its own, set up as the wall-clock rows
+/// set it up ([`crate::sqlite_store`], [`crate::sqlite_raw`]).
+async fn on_sqlite(path: Case) -> Result<(Op, tempfile::TempDir), BenchError> {
     let dir = tempfile::tempdir()?;
-    let store = crate::sqlite_store(&dir.path().join("steps.db")).await?;
+    let store = crate::sqlite_store(&dir.path().join("bench.db")).await?;
     let pool = store.pool().clone();
-    let effects = crate::steps::Effects::sqlite(pool.clone(), "effects").await?;
-    let op = if path == Case::StepsSqlite {
-        crate::steps::idem_steps(&Idempotency::new(store), &effects)
-    } else {
-        crate::steps::recovery_points(&crate::sqlite_raw(pool).await?, &effects)
+    let op = match path {
+        Case::StepsSqlite | Case::StepsSqliteRecoveryPoints => {
+            let effects = crate::steps::Effects::sqlite(pool.clone(), "effects").await?;
+            if path == Case::StepsSqlite {
+                crate::steps::idem_steps(&Idempotency::new(store), &effects)
+            } else {
+                crate::steps::recovery_points(&crate::sqlite_raw(pool).await?, &effects)
+            }
+        }
+        _ => {
+            let raw = crate::sqlite_raw(pool).await?;
+            let subject = crate::workload::Subject::new(
+                "SQLite",
+                crate::cpu::Cpu::default(),
+                Idempotency::new(store),
+                Some(raw),
+            );
+            if path == Case::SqliteFresh {
+                subject.fresh_engine()
+            } else {
+                subject.fresh_raw().ok_or_else(|| {
+                    BenchError::Unexpected("the SQLite subject has no raw statements".into())
+                })?
+            }
+        }
     };
     Ok((op, dir))
 }
@@ -306,7 +341,7 @@ impl Subject {
             app,
             response: serde_json::to_vec(&work(7))?,
             loopback: Mutex::new(None),
-            steps: None,
+            on_sqlite: None,
         })
     }
 
@@ -419,9 +454,12 @@ impl Subject {
                         .map_err(|e| BenchError::Unexpected(e.to_string()))?;
                     replayed
                 }
-                Case::StepsSqlite | Case::StepsSqliteRecoveryPoints => {
-                    let (op, _) = self.steps.as_ref().ok_or_else(|| {
-                        BenchError::Unexpected("no steps operation set up".into())
+                Case::StepsSqlite
+                | Case::StepsSqliteRecoveryPoints
+                | Case::SqliteFresh
+                | Case::SqliteFreshRaw => {
+                    let (op, _) = self.on_sqlite.as_ref().ok_or_else(|| {
+                        BenchError::Unexpected("no SQLite operation set up".into())
                     })?;
                     op().await?;
                     false
@@ -611,8 +649,9 @@ impl CountsReport {
             "## Instructions per call (callgrind)\n\n\
              Counted by valgrind's callgrind: ({MANY}-call run − {FEW}-call run) ÷ {}, one \
              current-thread runtime, in process. The same on a loaded machine as on a quiet one. \
-             The steps paths run SQLite on sqlx's worker threads, so their whole process is \
-             counted: ({MANY_SQL}-operation run − {FEW_SQL}-operation run) ÷ {}.\n",
+             The SQLite paths (steps, fresh keys) run SQLite on sqlx's worker threads, so their \
+             whole process is counted: ({MANY_SQL}-operation run − {FEW_SQL}-operation run) ÷ \
+             {}.\n",
             MANY - FEW,
             MANY_SQL - FEW_SQL
         );
@@ -673,9 +712,14 @@ impl CountsReport {
                 Case::StepsSqliteRecoveryPoints,
             ),
             (
+                "SQLite, new key ÷ the raw INSERT + UPDATE",
+                Case::SqliteFresh,
+                Case::SqliteFreshRaw,
+            ),
+            (
                 "#[idempotent] ÷ the same by hand, new key",
                 Case::Attribute,
-                Case::EngineFresh,
+                Case::Derived,
             ),
             (
                 "replay cache ÷ a store replay",
