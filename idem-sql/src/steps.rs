@@ -62,6 +62,12 @@ pub(crate) struct StepStatements {
 }
 
 impl StepStatements {
+    /// The ended steps' prune, for the plan tests.
+    #[cfg(test)]
+    pub(crate) fn prune_sql(&self) -> &str {
+        &self.prune
+    }
+
     pub(crate) fn new(d: &Dialect, t: &TableName, s: &TableName) -> StepStatements {
         let now = d.now;
         let lock = d.lock_rows;
@@ -150,7 +156,7 @@ impl StepStatements {
             evict: format!("DELETE FROM {s} WHERE key = $1"),
             prune: format!(
                 "DELETE FROM {s} WHERE (key, name) IN ( \
-                   SELECT key, name FROM {s} WHERE expires_at <= {now} \
+                   SELECT key, name FROM {s} WHERE expires_at <= (SELECT {now}) \
                    ORDER BY expires_at LIMIT $1{lock_batch})",
                 lock_batch = d.lock_batch,
             ),
