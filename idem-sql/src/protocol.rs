@@ -845,28 +845,29 @@ mod sqlite_plans {
         let store = crate::SqliteStore::connect("sqlite::memory:")
             .await
             .unwrap();
-        let strip = plan(&store, &store.protocol.sql.strip).await;
-        assert!(
-            strip
-                .iter()
-                .any(|s| s.contains("USING INDEX idem_records_result_until (result_until<?)")),
-            "{strip:?}"
-        );
-        // The prune's search ends at the clock: it reads the index only up to the rows due.
-        let prune = plan(&store, &store.protocol.sql.prune).await;
-        assert!(
-            prune
-                .iter()
-                .any(|s| s.contains("USING INDEX idem_records_expires_at (expires_at<?)")),
-            "{prune:?}"
-        );
-        let uncertain = plan(&store, &store.protocol.sql.find_uncertain).await;
-        assert!(
-            uncertain
-                .iter()
-                .any(|s| s.contains("USING INDEX idem_records_uncertain")),
-            "{uncertain:?}"
-        );
+        // The strip's and the prune's searches end at the clock: they read the index only up
+        // to the rows due.
+        let sql = &store.protocol.sql;
+        for (what, statement, index) in [
+            (
+                "strip",
+                &sql.strip,
+                "USING INDEX idem_records_result_until (result_until<?)",
+            ),
+            (
+                "prune",
+                &sql.prune,
+                "USING INDEX idem_records_expires_at (expires_at<?)",
+            ),
+            (
+                "find_uncertain",
+                &sql.find_uncertain,
+                "USING INDEX idem_records_uncertain",
+            ),
+        ] {
+            let plan = plan(&store, statement).await;
+            assert!(plan.iter().any(|s| s.contains(index)), "{what}: {plan:?}");
+        }
     }
 }
 
