@@ -148,10 +148,10 @@ async fn every_command(url: &str, table: &str, store: Arc<dyn Store>, kind: Kind
         .unwrap();
     assert!(!again.is_replayed());
 
-    // The SQL stores' schema is at version 5 (the steps table, uncertain claims and
-    // tombstones, the steps' journal, the journal in the record's row); the others' layouts
-    // at 1.
-    let schema_version = if matches!(kind, Kind::Sql) { 5 } else { 1 };
+    // The SQL stores' schema is at version 6 (the steps table, uncertain claims and
+    // tombstones, the steps' journal, the journal in the record's row, one index for the
+    // pruner); the others' layouts at 1.
+    let schema_version = if matches!(kind, Kind::Sql) { 6 } else { 1 };
     assert_eq!(
         json(url, table, &["migrate"])["schema_version"].as_i64(),
         Some(schema_version)

@@ -430,8 +430,9 @@ mod tests {
             let steps = super::Migration::parse(source);
             assert_eq!(steps.len(), headers.len());
             // A table and its index (1, 2); two columns and two partial indexes (3); the steps'
-            // journal (4); the journal in the record's row (5).
-            let statements = [2, 2, 4, 1, 2];
+            // journal (4); the journal in the record's row (5); the pruner's index made and the
+            // two it replaces dropped (6).
+            let statements = [2, 2, 4, 1, 2, 3];
             assert_eq!(steps.len(), statements.len());
             for ((step, header), n) in steps.iter().zip(headers).zip(statements) {
                 assert!(

@@ -14,9 +14,12 @@ pub(crate) struct StoreSchema {
     /// change what an applied step creates; append a new step.
     pub(crate) migrations: &'static str,
     /// The name of a table's index on a column (`expires_at`: the records table's expiry
-    /// index, and the steps table's; `result_until` and `uncertain`: the records table's
-    /// partial indexes of version 3).
+    /// index, the pruner's index since version 6, and the steps table's; `result_until` and
+    /// `uncertain`: the records table's partial indexes of version 3).
     pub(crate) index: fn(&TableName, &str) -> TableName,
+    /// The same name as `DROP INDEX` takes it (in the table's schema, where the store has
+    /// schemas).
+    pub(crate) dropped_index: fn(&TableName, &str) -> TableName,
 }
 
 impl StoreSchema {
@@ -26,15 +29,22 @@ impl StoreSchema {
     }
 
     /// The names the migrations of `table` fill in: its expiry index, its steps table
-    /// ([`steps_table`]) and that table's expiry index, and its partial indexes of the
-    /// responses a tombstone sheds and of the uncertain claims.
-    pub(crate) fn names(&self, table: &TableName) -> [(&'static str, TableName); 5] {
+    /// ([`steps_table`]) and that table's expiry index, its partial indexes of the responses
+    /// a tombstone sheds and of the uncertain claims, and the names version 6 drops the first
+    /// and the third by (as `DROP INDEX` takes them) before the pruner's index takes the
+    /// first's name.
+    pub(crate) fn names(&self, table: &TableName) -> [(&'static str, TableName); 7] {
         let steps = steps_table(table);
         [
             ("{index}", (self.index)(table, "expires_at")),
             ("{steps_index}", (self.index)(&steps, "expires_at")),
             ("{result_index}", (self.index)(table, "result_until")),
             ("{uncertain_index}", (self.index)(table, "uncertain")),
+            ("{drop_index}", (self.dropped_index)(table, "expires_at")),
+            (
+                "{drop_result_index}",
+                (self.dropped_index)(table, "result_until"),
+            ),
             ("{steps}", steps),
         ]
     }

@@ -131,7 +131,7 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
-/// The definition of `table`'s expiry index, if it has one.
+/// The definition of `table`'s pruner's index (schema version 6), if it has one.
 async fn expiry_index(pool: &PgPool, table: &str) -> Option<String> {
     sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE indexname = $1")
         .bind(format!("{table}_expires_at_idx"))
@@ -176,14 +176,14 @@ async fn concurrent_first_connects_migrate_once() {
     .unwrap();
     assert_eq!(
         versions,
-        vec![1, 2, 3, 4, 5],
+        vec![1, 2, 3, 4, 5, 6],
         "each migration is recorded exactly once"
     );
     assert!(
         expiry_index(&pool, &table)
             .await
-            .is_some_and(|d| d.contains("(expires_at)")),
-        "the expiry index exists"
+            .is_some_and(|d| d.contains("CASE") && d.contains("result_until")),
+        "the pruner's index exists"
     );
     // A second connect to an up-to-date table changes nothing.
     let store = quiet().table(&table).connect(&url).await.unwrap();
@@ -784,7 +784,7 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
         store.complete(&c, done(b"back", RETENTION)).await.unwrap();
         assert!(
             expiry_index(store.pool(), table).await.is_some(),
-            "the expiry index is back too"
+            "the pruner's index is back too"
         );
     })
     .await;
@@ -1210,7 +1210,7 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, Error::SchemaNotMigrated { table: t, found: None, needed: 5 } if *t == table),
+        matches!(&err, Error::SchemaNotMigrated { table: t, found: None, needed: 6 } if *t == table),
         "{err:?}"
     );
     assert!(err.to_string().contains("migrate"), "{err}");
@@ -1252,7 +1252,7 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
         .fetch_all(&owner)
         .await
         .unwrap();
-    assert_eq!(listed.len(), 5);
+    assert_eq!(listed.len(), 6);
     assert_eq!(listed, by_migrate_listed);
 
     // The application role: the rights to read and write rows, and nothing more.
@@ -1292,7 +1292,7 @@ async fn a_role_without_create_uses_the_store_after_an_out_of_band_migration() {
         .from_pool(app_pool().await.unwrap())
         .await
         .unwrap_err();
-    assert!(not_migrated(&err, Some(0), 5), "{err:?}");
+    assert!(not_migrated(&err, Some(0), 6), "{err:?}");
 
     let pool = store.pool().clone();
     drop(store);
@@ -1558,7 +1558,7 @@ async fn relations(pool: &PgPool, schema: &str) -> Vec<String> {
 
 /// The longest table name the docs allow (63 bytes, PostgreSQL's identifier limit) works, with
 /// a connect that migrates and with one that only checks: every derived name (ledger, steps
-/// table, the two expiry indexes, the records table's two partial indexes) fits whole, so PostgreSQL keeps what the store names, and the
+/// table, the two expiry indexes, the records table's partial index of uncertain claims) fits whole, so PostgreSQL keeps what the store names, and the
 /// store claims, keeps steps and completes. One byte more is refused before connecting.
 #[tokio::test]
 async fn a_table_name_of_the_longest_allowed_length_works() {
@@ -1574,12 +1574,12 @@ async fn a_table_name_of_the_longest_allowed_length_works() {
         .unwrap();
     idem_test_support::claim_steps_and_complete(&store, &key(1)).await;
     let names = relations(&pool, &schema).await;
-    assert_eq!(names.len(), 7, "{names:?}");
+    assert_eq!(names.len(), 6, "{names:?}");
     assert!(names.contains(&format!("r {table}")), "{names:?}");
     let indexes: Vec<&String> = names.iter().filter(|n| n.starts_with("i ")).collect();
-    assert_eq!(indexes.len(), 4, "{names:?}");
+    assert_eq!(indexes.len(), 3, "{names:?}");
     // Not cut by PostgreSQL: the suffix the store gave is whole.
-    let suffixes = ["_expires_at_idx", "_result_until_idx", "_uncertain_idx"];
+    let suffixes = ["_expires_at_idx", "_uncertain_idx"];
     assert!(
         indexes
             .iter()
@@ -1639,7 +1639,7 @@ async fn a_v1_schema_with_a_48_byte_table_name_is_upgraded() {
         .from_pool(pool.clone())
         .await
         .unwrap_err();
-    assert!(not_migrated(&err, Some(1), 5), "{err:?}");
+    assert!(not_migrated(&err, Some(1), 6), "{err:?}");
     let store = quiet().table(&table).from_pool(pool.clone()).await.unwrap();
     idem_test_support::upgraded_and_working(&store, &kept, &key(8)).await;
     exec(&pool, &format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
@@ -1771,7 +1771,7 @@ async fn a_v2_schema_is_upgraded_and_its_records_read_as_before() {
         .from_pool(pool.clone())
         .await
         .unwrap_err();
-    assert!(not_migrated(&err, Some(2), 5), "{err:?}");
+    assert!(not_migrated(&err, Some(2), 6), "{err:?}");
     let store = quiet().table(&table).from_pool(pool.clone()).await.unwrap();
     idem_test_support::upgraded_and_working(&store, &completed, &key(8)).await;
     match store
@@ -1828,4 +1828,105 @@ async fn a_v2_schema_is_upgraded_and_its_records_read_as_before() {
         ClaimOutcome::Uncertain { .. }
     ));
     drop_store_tables(&store).await;
+}
+
+/// A table at schema version 5 takes version 6 out of band by the recipe docs/postgres.md gives
+/// for large tables (the pruner's index built `CONCURRENTLY` under another name, then swapped
+/// in and the version recorded, in one transaction): a migrating connect then changes nothing
+/// (the index is the one `migrate` makes, the partial index gone), and the pruner strips the
+/// version-5 tombstone's response and deletes the ended record (its response kept past its
+/// retention: stripped, then deleted, in one pass) through it, leaving the live one.
+#[tokio::test]
+async fn a_v5_table_takes_version_6_by_the_documented_recipe() {
+    let Some(url) = server() else { return };
+    let pool = pool(&url).await;
+    let table = unique_name("idem_v5");
+    let script = quiet().table(&table).schema_sql().unwrap();
+    exec(&pool, idem_test_support::script_up_to(&script, 5)).await;
+    let (tombstone, ended, live) = (key(1), key(2), key(3));
+    for (k, result_until, expires_at) in [
+        (&tombstone, "- interval '1 second'", "+ interval '1 hour'"),
+        (&ended, "- interval '2 seconds'", "- interval '1 second'"),
+        (&live, "+ interval '1 hour'", "+ interval '2 hours'"),
+    ] {
+        sqlx::query(&format!(
+            "INSERT INTO \"{table}\" (key, token, state, expires_at, response, result_until) \
+             VALUES ($1, $2, 1, clock_timestamp() {expires_at}, $3, \
+               clock_timestamp() {result_until})"
+        ))
+        .bind(k.as_bytes().as_slice())
+        .bind(&[0u8; 16][..])
+        .bind(&b"v5 receipt"[..])
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+
+    let docs = include_str!("../../docs/postgres.md");
+    let section = docs
+        .split("**Upgrading a large table to version 6.**")
+        .nth(1)
+        .unwrap();
+    let recipe = section.split("```sql\n").nth(1).unwrap();
+    let recipe = recipe
+        .split("```")
+        .next()
+        .unwrap()
+        .replace("idem_records", &table);
+    let (concurrently, swap) = recipe.split_once("BEGIN;").unwrap();
+    exec(&pool, concurrently).await;
+    exec(&pool, &format!("BEGIN;{swap}")).await;
+
+    let store = quiet().table(&table).from_pool(pool.clone()).await.unwrap();
+    let indexes = |t: String| {
+        let pool = pool.clone();
+        async move {
+            let rows: Vec<(String, String)> = sqlx::query_as(
+                "SELECT indexname::text, indexdef FROM pg_indexes WHERE tablename = $1 \
+                 ORDER BY indexname",
+            )
+            .bind(&t)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            rows.into_iter()
+                .map(|(name, def)| (name.replace(&t, "T"), def.replace(&t, "T")))
+                .collect::<Vec<_>>()
+        }
+    };
+    let fresh = quiet()
+        .table(unique_name("idem_v6"))
+        .from_pool(pool.clone())
+        .await
+        .unwrap();
+    let upgraded = indexes(table.clone()).await;
+    assert_eq!(upgraded, indexes(fresh.table().to_owned()).await);
+    assert!(
+        upgraded
+            .iter()
+            .all(|(name, _)| name != "T_result_until_idx"),
+        "{upgraded:?}"
+    );
+    let versions = count(
+        &pool,
+        &format!("SELECT count(*) FROM \"{table}_migrations\""),
+    )
+    .await;
+    assert_eq!(versions, 6);
+
+    // The ended record's response is stripped, then the record deleted, in one pass.
+    assert_eq!(store.prune_expired(1000).await.unwrap(), 3);
+    assert_eq!(rows_of(&pool, &store, &ended).await, 0);
+    let kept = format!("SELECT count(*) FROM \"{table}\" WHERE key = $1 AND response IS NOT NULL");
+    for (k, response_kept) in [(&tombstone, 0), (&live, 1)] {
+        let n: i64 = sqlx::query_scalar(&kept)
+            .bind(k.as_bytes().as_slice())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(n, response_kept);
+    }
+    assert_eq!(store.prune_expired(1000).await.unwrap(), 0);
+    drop_store_tables(&store).await;
+    drop_store_tables(&fresh).await;
 }

@@ -243,7 +243,7 @@ async fn migrations_run_once_from_concurrent_pools_and_again_harmlessly() {
         .fetch_all(store.pool())
         .await
         .unwrap();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
     // Every pool sees the one table.
     let c = claim(&stores[0], &key(1), LEASE).await;
     assert!(matches!(
@@ -971,12 +971,12 @@ async fn a_dropped_records_table_is_created_again_on_connect() {
     .fetch_one(store.pool())
     .await
     .unwrap();
-    assert_eq!(indexes, 1, "the expiry index is back too");
+    assert_eq!(indexes, 1, "the pruner's index is back too");
     let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM idem_records_migrations")
         .fetch_all(store.pool())
         .await
         .unwrap();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
 }
 
 /// Fills a database with completed records (so its tables span several pages), closes it, and
@@ -1416,7 +1416,7 @@ async fn a_store_that_does_not_migrate_needs_the_schema_and_migrate_brings_it() 
 
     let err = checking().open(db(&dir)).await.unwrap_err();
     assert!(
-        matches!(&err, Error::SchemaNotMigrated { table, found: None, needed: 5 } if table == "idem_records"),
+        matches!(&err, Error::SchemaNotMigrated { table, found: None, needed: 6 } if table == "idem_records"),
         "{err:?}"
     );
     assert!(
@@ -1426,7 +1426,7 @@ async fn a_store_that_does_not_migrate_needs_the_schema_and_migrate_brings_it() 
 
     let url = url_of(&db(&dir));
     let err = checking().connect(&url).await.unwrap_err();
-    assert!(not_migrated(&err, None, 5), "{err:?}");
+    assert!(not_migrated(&err, None, 6), "{err:?}");
     let message = err.to_string();
     assert!(
         message.contains("migrate") && message.contains(".sql"),
@@ -1454,10 +1454,10 @@ async fn a_store_that_does_not_migrate_needs_the_schema_and_migrate_brings_it() 
         .await
         .unwrap();
     let err = checking().connect(&url).await.unwrap_err();
-    assert!(not_migrated(&err, Some(0), 5), "{err:?}");
+    assert!(not_migrated(&err, Some(0), 6), "{err:?}");
     // Another table of the same database is not migrated either.
     let err = checking().table("other").connect(&url).await.unwrap_err();
-    assert!(not_migrated(&err, None, 5), "{err:?}");
+    assert!(not_migrated(&err, None, 6), "{err:?}");
 }
 
 /// The `.sql` file shipped for teams that migrate out of band makes what `migrate()` makes, to
@@ -1492,7 +1492,7 @@ async fn the_shipped_sql_file_makes_what_migrate_makes() {
     assert_eq!(schema_of(&applied).await, schema_of(&migrated).await);
     let ledger = "SELECT version, description FROM idem_records_migrations";
     let listed: Vec<(i64, String)> = sqlx::query_as(ledger).fetch_all(&mut conn).await.unwrap();
-    assert_eq!(listed.len(), 5);
+    assert_eq!(listed.len(), 6);
     let mut other = sqlx::SqliteConnection::connect(&migrated).await.unwrap();
     let by_migrate: Vec<(i64, String)> =
         sqlx::query_as(ledger).fetch_all(&mut other).await.unwrap();
@@ -1633,9 +1633,9 @@ async fn a_table_name_of_the_longest_allowed_length_works() {
             .fetch_all(store.pool())
             .await
             .unwrap();
-    // The records table, its ledger, its steps table, their two expiry indexes and the
-    // records table's two partial indexes.
-    assert_eq!(names.len(), 7, "{names:?}");
+    // The records table, its ledger, its steps table, the two tables' expiry indexes (the
+    // records table's on the pruner's due time), and the partial index of uncertain claims.
+    assert_eq!(names.len(), 6, "{names:?}");
     assert!(names.iter().all(|n| n.len() <= 63), "{names:?}");
     assert!(names.contains(&table), "{names:?}");
     // Another store on the table finds the same names (and migrates nothing).
@@ -1799,9 +1799,9 @@ async fn payload_of(store: &SqliteStore, name: &str) -> i64 {
 /// drops the response's bytes (counting the row) and keeps the row, which a claim meets as
 /// `Expired` (since the retention's end) and `get` reads as such. A completion without one is
 /// deleted at the same moment. The row left holds no response: a 70-byte record in the table
-/// (102 with a fingerprint), 35 bytes in the key's index and 9 in the expiry index (each with
-/// the row's rowid, 0 bytes for rowid 1 here, 1 to 3 in a table of millions), and none in the
-/// partial indexes (docs/stores.md has what that makes on the page).
+/// (102 with a fingerprint), 35 bytes in the key's index and 10 in the pruner's index (each
+/// with the row's rowid, 0 bytes for rowid 1 here, 1 to 3 in a table of millions), and none in
+/// the partial index (docs/stores.md has what that makes on the page).
 #[tokio::test]
 async fn a_tombstone_keeps_no_response_bytes_after_prune() {
     let dir = tempfile::tempdir().unwrap();
@@ -1829,7 +1829,7 @@ async fn a_tombstone_keeps_no_response_bytes_after_prune() {
         3_600_000,
         "whole seconds after the result"
     );
-    assert!(payload_of(&store, &format!("{table}_result_until")).await > 0);
+    assert!(payload_of(&store, &format!("{table}_expires_at")).await > 0);
     tokio::time::sleep(PAST_SHORT).await;
 
     // One record deleted, one response dropped; then nothing left to do.
@@ -1856,14 +1856,13 @@ async fn a_tombstone_keeps_no_response_bytes_after_prune() {
         other => panic!("get of a tombstone read {other:?}"),
     }
 
-    // What the tombstone costs: its record, its entries in the key's and the expiry index,
-    // and nothing in the partial indexes (it left the result index when stripped).
+    // What the tombstone costs: its record, its entries in the key's and the pruner's index,
+    // and nothing in the partial index of uncertain claims.
     let record = payload_of(&store, &table).await;
     let key_index = payload_of(&store, &format!("sqlite_autoindex_{table}_1")).await;
-    let expiry_index = payload_of(&store, &format!("{table}_expires_at")).await;
-    let partial = payload_of(&store, &format!("{table}_result_until")).await
-        + payload_of(&store, &format!("{table}_uncertain")).await;
-    assert_eq!((record, key_index, expiry_index, partial), (72, 35, 9, 0));
+    let pruner_index = payload_of(&store, &format!("{table}_expires_at")).await;
+    let partial = payload_of(&store, &format!("{table}_uncertain")).await;
+    assert_eq!((record, key_index, pruner_index, partial), (72, 35, 10, 0));
 }
 
 /// A table at schema version 2 (before uncertain claims and tombstones), holding what a

@@ -152,7 +152,7 @@ pub async fn upgraded_and_working<S: idem_core::Store + idem_core::StoreAdmin>(
     kept: &idem_core::Key,
     fresh: &idem_core::Key,
 ) {
-    assert_eq!(store.schema_version().await.unwrap(), 5);
+    assert_eq!(store.schema_version().await.unwrap(), 6);
     let record = store.get(kept).await.unwrap();
     match record.map(|r| r.state) {
         Some(idem_core::RecordState::Completed(_)) => {}

@@ -1,4 +1,4 @@
--- The schema of idem's PostgresStore for the table "idem_records", up to version 5:
+-- The schema of idem's PostgresStore for the table "idem_records", up to version 6:
 -- the statements PostgresStoreBuilder::migrate runs, from PostgresStoreBuilder::schema_sql.
 -- Apply it in one transaction, as a role that may create tables in the schema
 -- (psql --single-transaction -f FILE).
@@ -55,3 +55,9 @@ ALTER TABLE "idem_records_steps" ADD COLUMN IF NOT EXISTS journal bytea NOT NULL
 INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (5, 'the steps'' journal in the record''s row', clock_timestamp()) ON CONFLICT (version) DO NOTHING;
 ALTER TABLE "idem_records" ADD COLUMN IF NOT EXISTS journal bytea NULL;
 ALTER TABLE "idem_records" ADD COLUMN IF NOT EXISTS journal_until timestamptz NULL;
+
+-- Version 6: one index for the pruner.
+INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (6, 'one index for the pruner', clock_timestamp()) ON CONFLICT (version) DO NOTHING;
+DROP INDEX IF EXISTS "idem_records_expires_at_idx";
+CREATE INDEX IF NOT EXISTS "idem_records_expires_at_idx" ON "idem_records" ((CASE WHEN response IS NOT NULL AND expires_at > result_until THEN 1 ELSE 0 END), (CASE WHEN response IS NOT NULL AND expires_at > result_until THEN result_until ELSE expires_at END));
+DROP INDEX IF EXISTS "idem_records_result_until_idx";

@@ -1,7 +1,9 @@
 -- The migrations of idem's PostgresStore, oldest first, as the store includes them: each step
 -- opens with its "-- Version N: ..." line; {table} is the records table, {index} its expiry
 -- index, {steps} the steps table (<table>_steps) and {steps_index} that table's expiry index,
--- {result_index} and {uncertain_index} the records table's partial indexes of version 3.
+-- {result_index} and {uncertain_index} the records table's partial indexes of version 3,
+-- and {drop_index} and {drop_result_index} the names version 6 drops {index} and
+-- {result_index} by ({index} is the pruner's index since version 6).
 -- Never change what an applied step creates; append a new step. Every statement is
 -- idempotent (IF NOT EXISTS): a records table found missing is re-created by running the
 -- applied steps again. idem_records.sql beside this file is the script these make for the
@@ -64,3 +66,16 @@ ALTER TABLE {steps} ADD COLUMN IF NOT EXISTS journal bytea NOT NULL DEFAULT ''::
 -- table's '' rows, stay and are read before it.
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS journal bytea NULL;
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS journal_until timestamptz NULL;
+
+-- Version 6: one index for the pruner.
+-- Each row once in one index, by what the pruner next does to it and when: strip its response
+-- (1) at its result's end, a completed record's while a tombstone follows, else delete it (0)
+-- when its key frees (expires_at). It replaces the partial index of responses to strip of
+-- version 3, and the expiry index of version 1 under that index's name, so that version 1's
+-- CREATE INDEX IF NOT EXISTS, run again by a script applied again, finds it and changes
+-- nothing. A completion that keeps a tombstone then moves one index entry, as one without does
+-- (docs/performance.md, "The SQL stores"). The prune and the strip state these expressions
+-- word for word, so the database uses the index.
+DROP INDEX IF EXISTS {drop_index};
+CREATE INDEX IF NOT EXISTS {index} ON {table} ((CASE WHEN response IS NOT NULL AND expires_at > result_until THEN 1 ELSE 0 END), (CASE WHEN response IS NOT NULL AND expires_at > result_until THEN result_until ELSE expires_at END));
+DROP INDEX IF EXISTS {drop_result_index};

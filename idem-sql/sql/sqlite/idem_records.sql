@@ -1,4 +1,4 @@
--- The schema of idem's SqliteStore for the table "idem_records", up to version 5:
+-- The schema of idem's SqliteStore for the table "idem_records", up to version 6:
 -- the statements SqliteStoreBuilder::migrate runs, from SqliteStoreBuilder::schema_sql.
 -- Apply it in one transaction (sqlite3: BEGIN; .read FILE; COMMIT;).
 -- Every statement is idempotent but the ADD COLUMNs of versions 3 to 5, which SQLite
@@ -56,3 +56,9 @@ ALTER TABLE "idem_records_steps" ADD COLUMN journal BLOB NOT NULL DEFAULT X'';
 INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (5, 'the steps'' journal in the record''s row', CAST(round(unixepoch('subsec') * 1000) AS INTEGER)) ON CONFLICT (version) DO NOTHING;
 ALTER TABLE "idem_records" ADD COLUMN journal BLOB;
 ALTER TABLE "idem_records" ADD COLUMN journal_until INTEGER;
+
+-- Version 6: one index for the pruner.
+INSERT INTO "idem_records_migrations" (version, description, applied_at) VALUES (6, 'one index for the pruner', CAST(round(unixepoch('subsec') * 1000) AS INTEGER)) ON CONFLICT (version) DO NOTHING;
+DROP INDEX IF EXISTS "idem_records_expires_at";
+CREATE INDEX IF NOT EXISTS "idem_records_expires_at" ON "idem_records" ((CASE WHEN response IS NOT NULL AND expires_at > result_until THEN 1 ELSE 0 END), (CASE WHEN response IS NOT NULL AND expires_at > result_until THEN result_until ELSE expires_at END));
+DROP INDEX IF EXISTS "idem_records_result_until";

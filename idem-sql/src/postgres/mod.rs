@@ -116,11 +116,13 @@ const RENEW_CONNECTIONS: u32 = 2;
 ///                                            -- rows completed before version 3: expires_at)
 ///     uncertain   boolean     NOT NULL DEFAULT false -- claimed with OnLapse::Uncertain
 /// );
-/// CREATE INDEX idem_records_expires_at_idx ON idem_records (expires_at);
-/// -- Partial: the responses the pruner drops (a tombstone's, after its retention) ...
-/// CREATE INDEX idem_records_result_until_idx ON idem_records (result_until)
-///     WHERE response IS NOT NULL AND expires_at > result_until;
-/// -- ... and the uncertain claims (find_uncertain).
+/// -- The pruner's (version 6, under version 1's name): what it next does to a row, strip its
+/// -- response (1: a tombstone's, after its retention) or delete it (0), and when.
+/// CREATE INDEX idem_records_expires_at_idx ON idem_records (
+///     (CASE WHEN response IS NOT NULL AND expires_at > result_until THEN 1 ELSE 0 END),
+///     (CASE WHEN response IS NOT NULL AND expires_at > result_until
+///           THEN result_until ELSE expires_at END));
+/// -- Partial: the uncertain claims (find_uncertain).
 /// CREATE INDEX idem_records_uncertain_idx ON idem_records (key)
 ///     WHERE state = 0 AND uncertain = true;
 /// -- applied migrations, one row per version
@@ -175,7 +177,7 @@ const RENEW_CONNECTIONS: u32 = 2;
 /// | `take_uncertain` | 1: `UPDATE … WHERE key = $1 AND token = $2 AND state = 0 AND uncertain = true AND expires_at <= clock_timestamp()` |
 /// | `find_uncertain` | 1 `SELECT`, on the partial index of uncertain claims |
 /// | `write_step`, with or without `on_lapse` | 1 (with it, a data-modifying CTE sets the record's `uncertain` and is the step's fence); one `SELECT` more when it wrote nothing |
-/// | `prune_expired(limit)` | up to 3, each filling what the batch has left: a `DELETE` of ended records (through the expiry index; never an uncertain claim), an `UPDATE … SET response = NULL` of tombstones past their retention (through the partial index), a `DELETE` of ended steps |
+/// | `prune_expired(limit)` | up to 3, each filling what the batch has left: an `UPDATE … SET response = NULL` of tombstones past their retention, a `DELETE` of ended records (never an uncertain claim), both through the pruner's index up to the clock read once, a `DELETE` of ended steps |
 ///
 /// Statements are prepared once per pooled connection (sqlx's statement cache), so each of the
 /// above is one network round trip once a connection is warm. Every statement's reply is read to

@@ -17,6 +17,7 @@ const MIGRATIONS: &str = include_str!("../../sql/postgres/migrations.sql");
 const SCHEMA: StoreSchema = StoreSchema {
     migrations: MIGRATIONS,
     index: |table, column| table.suffixed(&format!("_{column}_idx")).unqualified(),
+    dropped_index: |table, column| table.suffixed(&format!("_{column}_idx")),
 };
 
 /// Brings `table` (and its `<table>_expires_at_idx` index, in the table's schema) up to date;

@@ -74,11 +74,13 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///                                    -- completed before version 3: expires_at)
 ///     uncertain   INTEGER NOT NULL DEFAULT 0 CHECK (uncertain IN (0, 1)) -- OnLapse::Uncertain
 /// );
-/// CREATE INDEX "idem_records_expires_at" ON "idem_records" (expires_at);
-/// -- Partial: the responses the pruner drops (a tombstone's, after its retention) ...
-/// CREATE INDEX "idem_records_result_until" ON "idem_records" (result_until)
-///     WHERE response IS NOT NULL AND expires_at > result_until;
-/// -- ... and the uncertain claims (find_uncertain).
+/// -- The pruner's (version 6, under version 1's name): what it next does to a row, strip its
+/// -- response (1: a tombstone's, after its retention) or delete it (0), and when.
+/// CREATE INDEX "idem_records_expires_at" ON "idem_records" (
+///     (CASE WHEN response IS NOT NULL AND expires_at > result_until THEN 1 ELSE 0 END),
+///     (CASE WHEN response IS NOT NULL AND expires_at > result_until
+///           THEN result_until ELSE expires_at END));
+/// -- Partial: the uncertain claims (find_uncertain).
 /// CREATE INDEX "idem_records_uncertain" ON "idem_records" (key)
 ///     WHERE state = 0 AND uncertain = true;
 /// ```
@@ -88,7 +90,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// one the two are equal. Once `result_until` passes the record is a tombstone (a claim gets
 /// [`ClaimOutcome::Expired`](idem_core::ClaimOutcome::Expired)), and the pruner drops its
 /// response: the row left costs a 70-byte record (102 with a fingerprint) and two index entries
-/// of about 40 and 14 bytes (docs/stores.md). A claim made with
+/// of about 40 and 15 bytes (docs/stores.md). A claim made with
 /// [`OnLapse::Uncertain`](idem_core::OnLapse::Uncertain) whose lease ends is never taken over
 /// nor pruned (`uncertain`): only its holder, `take_uncertain` or `evict` change it.
 ///
@@ -131,7 +133,7 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// | `claim_steps` (`Call::run_steps`' claim) | 1 query of 3 statements, one hand-over to the connection's thread: a read of a lapsed claim in progress this claim may take over, the claim, a read of the claimed row with whether the key has live steps rows. A new operation's steps are then begun without a write; otherwise `begin_steps`' upsert follows (2 in all). A claim whose begin failed is released (1 `DELETE` more) |
 /// | `write_step`, a finished step | 1 `UPDATE` of the claim's record, appending to its journal (docs/steps.md, "How a SQL store keeps them"); 1 more, a row of its own, for a result past the journal's 16 KiB or when the fence failed |
 /// | `write_step` with `on_lapse` (an at-most-once step's begin and result) | 2 in a transaction: the record's `uncertain`, fenced as the step, then the step (SQLite has no data-modifying CTE); without it 1 |
-/// | `prune_expired` | up to 3, each filling what the batch has left: `DELETE … WHERE key IN (SELECT key … WHERE expires_at <= now … ORDER BY expires_at LIMIT ?)` (never an uncertain claim, nor a lapsed one whose steps' journal is kept), then `UPDATE … SET response = NULL` of tombstones past their retention (on the partial index), then the ended steps |
+/// | `prune_expired` | up to 4, each filling what the batch has left: a `SELECT` of the clock, which the next two bind (SQLite searches an index on expressions up to a bound value, not up to its clock); `UPDATE … SET response = NULL` of tombstones past their retention (`<to strip> = 1 AND <due> <= ?`), then `DELETE … WHERE key IN (SELECT key … WHERE <to strip> = 0 AND <due> <= ? … ORDER BY <due> LIMIT ?)` (never an uncertain claim, nor a lapsed one whose steps' journal is kept), both on the pruner's index; then the ended steps |
 ///
 /// With [`writers_take_turns`](SqliteStoreBuilder::writers_take_turns) on a file, the claim's
 /// `INSERT` and the completion's `UPDATE` are the same statements, each followed by `SELECT

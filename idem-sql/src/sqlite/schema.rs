@@ -19,6 +19,7 @@ const MIGRATIONS: &str = include_str!("../../sql/sqlite/migrations.sql");
 const SCHEMA: StoreSchema = StoreSchema {
     migrations: MIGRATIONS,
     index: |table, column| table.suffixed(&format!("_{column}")),
+    dropped_index: |table, column| table.suffixed(&format!("_{column}")),
 };
 
 /// The newest schema version.

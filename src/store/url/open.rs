@@ -201,7 +201,7 @@ pub enum ConnectError {
 /// let opened = StoreUrl::parse("sqlite::memory:")?.connect(&ConnectOptions::new()).await?;
 /// // The records table, the steps table, what a record keeps past its lease, the steps' journal
 /// // and the journal in the record's row.
-/// assert_eq!(opened.admin().schema_version().await?, 5);
+/// assert_eq!(opened.admin().schema_version().await?, 6);
 /// let store = opened.into_store();
 /// # let _ = store;
 /// # }
