@@ -480,18 +480,27 @@ pub(crate) async fn sqlite_store(path: &std::path::Path) -> Result<SqliteStore, 
         .await?)
 }
 
-/// The hand-written baseline on SQLite: a table of the store's schema beside the store's own, on
-/// its pool.
+/// The hand-written baseline on SQLite: a table of the store's schema at version 1
+/// ([`raw::version_1`]) beside the store's own, on its pool.
 async fn sqlite_raw(pool: sqlx::SqlitePool) -> Result<Raw, BenchError> {
-    SqliteStore::builder()
-        .pruner(None)
-        .table("raw_records")
-        .from_pool(pool.clone())
+    let script = SqliteStore::builder().table("raw_records").schema_sql()?;
+    sqlx::raw_sql(raw::version_1(&script)?)
+        .execute(&pool)
         .await?;
     Ok(Raw::Sqlite {
         pool,
         sql: raw::Statements::sqlite("raw_records"),
     })
+}
+
+/// The hand-written baseline's table on PostgreSQL: the store's schema at version 1
+/// ([`raw::version_1`]) under `table`.
+async fn postgres_raw_table(pool: &sqlx::PgPool, table: &str) -> Result<(), BenchError> {
+    let script = PostgresStore::builder().table(table).schema_sql()?;
+    sqlx::raw_sql(raw::version_1(&script)?)
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// `--consumer`: the batch API against hand-written conditional writes, on SQLite and (with a
@@ -516,11 +525,7 @@ async fn consumer_rows(args: &Args) -> Result<(), BenchError> {
             .table(&idem_table)
             .from_pool(pool.clone())
             .await?;
-        PostgresStore::builder()
-            .pruner(None)
-            .table(&raw_table)
-            .from_pool(pool.clone())
-            .await?;
+        postgres_raw_table(&pool, &raw_table).await?;
         let raw = Raw::Postgres {
             pool: pool.clone(),
             sql: raw::Statements::postgres(&raw_table),
@@ -809,11 +814,7 @@ async fn run_postgres(
         .table(tables.idem)
         .from_pool(pool.clone())
         .await?;
-    PostgresStore::builder()
-        .pruner(None)
-        .table(tables.raw)
-        .from_pool(pool.clone())
-        .await?;
+    postgres_raw_table(pool, tables.raw).await?;
     let raw = Raw::Postgres {
         pool: pool.clone(),
         sql: raw::Statements::postgres(tables.raw),
