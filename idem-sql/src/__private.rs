@@ -66,3 +66,27 @@ where
         }
     }
 }
+
+/// Whether every connection `store` holds is idle: none in use, none on its way back to its
+/// pool (sqlx hands a connection back by a task of its own after its last statement). For tests
+/// that stop tokio's clock: an acquire that waits for a connection on its way back under a
+/// stopped clock times out at once, as the clock jumps to its deadline.
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let store = idem_sql::SqliteStore::connect("sqlite::memory:").await.unwrap();
+/// // The connection that migrated the table may still be on its way back.
+/// let idle = || async { idem_sql::__private::sqlite_connections_idle(&store) };
+/// assert!(idem_test_support::eventually(idle).await);
+/// # }
+/// # #[cfg(not(feature = "sqlite"))] fn main() {}
+/// ```
+#[cfg(feature = "sqlite")]
+pub fn sqlite_connections_idle(store: &crate::SqliteStore) -> bool {
+    let idle = |pool: &sqlx::SqlitePool| pool.num_idle() == pool.size() as usize;
+    let group = store.protocol.group().map(|g| g.pools());
+    idle(&store.pool)
+        && idle(&store.renew_pool)
+        && group.is_none_or(|pools| pools.into_iter().all(idle))
+}

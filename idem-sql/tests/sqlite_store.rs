@@ -511,9 +511,9 @@ async fn a_writer_waits_for_its_turn_no_longer_than_the_busy_timeout() {
     match &gave_up {
         Err(Error::Store(e)) => {
             assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
-            assert!(e.to_string().contains("their turn"), "{e}");
+            assert!(e.to_string().contains("their turn"), "{e} from {which}");
         }
-        other => panic!("expected the queued writer to give up, got {other:?}"),
+        other => panic!("expected the queued writer to give up, got {other:?} from {which}"),
     }
     assert!(gave_up.unwrap_err().is_retryable());
 
@@ -538,11 +538,14 @@ async fn a_writer_waits_for_its_turn_no_longer_than_the_busy_timeout() {
 }
 
 /// Claims `key(1)` and renews it, so that the connections of the store's group of writers and
-/// of its renewals are open (a test that stops the clock then waits on nothing but the lock):
-/// the claim, to renew again.
+/// of its renewals are open, and waits until each is back in its pool (a test that stops the
+/// clock then waits on nothing but the lock; under a stopped clock, an acquire that waited for
+/// a connection on its way back would time out at once): the claim, to renew again.
 async fn opened_writers(store: &SqliteStore) -> idem_core::Claim {
     let held = claim(store, &key(1), LEASE).await;
     store.renew(&held, LEASE).await.unwrap();
+    let idle = || async { idem_sql::__private::sqlite_connections_idle(store) };
+    assert!(idem_test_support::eventually(idle).await);
     held
 }
 
