@@ -75,9 +75,9 @@ where
 /// ```
 /// # #[cfg(feature = "sqlite")]
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let store = idem_sql::SqliteStore::connect("sqlite::memory:").await.unwrap();
+/// let store = idem::SqliteStore::connect("sqlite::memory:").await.unwrap();
 /// // The connection that migrated the table may still be on its way back.
-/// let idle = || async { idem_sql::__private::sqlite_connections_idle(&store) };
+/// let idle = || async { idem::__private::sqlite_connections_idle(&store) };
 /// assert!(idem_test_support::eventually(idle).await);
 /// # }
 /// # #[cfg(not(feature = "sqlite"))] fn main() {}
