@@ -79,15 +79,12 @@ pub struct Dialect {
     /// every call within one `sqlite3_step`), so a statement may read it twice for one time;
     /// PostgreSQL's `clock_timestamp()` reads the clock anew at each call.
     pub now_is_one_instant: bool,
-    /// The current time as the pruner's statements bound their search of the pruner's index
-    /// by. On SQLite `$2`, which the pruner binds to [`now`](Self::now) read by a statement of
-    /// its own just before ([`pruner_binds_now`](Self::pruner_binds_now)): SQLite range-searches
-    /// an index on an expression up to a value, but not up to `unixepoch('subsec')` nor a
-    /// subquery of it, and an idle pass would then read the whole index. On PostgreSQL the
-    /// clock read once per statement, `(SELECT clock_timestamp())`: compared row by row the
-    /// volatile `clock_timestamp()` cannot bound an index scan at all.
-    pub pruner_now: &'static str,
-    /// Whether [`pruner_now`](Self::pruner_now) is a value the pruner binds (`$2`).
+    /// Whether the pruner's statements bound their search of the pruner's index by a value
+    /// (`$2`) that the pruner binds to [`now`](Self::now), read by a statement of its own just
+    /// before (SQLite: it range-searches an index on an expression up to a value, but not up to
+    /// `unixepoch('subsec')` nor a subquery of it, and an idle pass would then read the whole
+    /// index); otherwise by the clock read once per statement, `(SELECT now)` (PostgreSQL:
+    /// compared row by row the volatile `clock_timestamp()` cannot bound an index scan at all).
     pub pruner_binds_now: bool,
     /// Whether the database has one write lock for all its writers (SQLite): a store's writers
     /// in this process may then take turns for it (`Protocol::write_turn`, when the store is
@@ -299,7 +296,6 @@ impl_backend!(
         // No data-modifying CTE in SQLite.
         claim_reads_live: false,
         now_is_one_instant: true,
-        pruner_now: "$2",
         pruner_binds_now: true,
         single_writer: true,
         store: "SqliteStore",
@@ -334,7 +330,6 @@ impl_backend!(
         table_exists: "SELECT to_regclass('{table}') IS NOT NULL",
         claim_reads_live: true,
         now_is_one_instant: false,
-        pruner_now: "(SELECT clock_timestamp())",
         pruner_binds_now: false,
         single_writer: false,
         store: "PostgresStore",

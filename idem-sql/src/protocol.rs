@@ -135,6 +135,11 @@ const DUE: &str = "(CASE WHEN response IS NOT NULL AND expires_at > result_until
 impl Statements {
     fn new(d: &Dialect, t: &TableName) -> Statements {
         let now = d.now;
+        // The time the pruner's statements search its index up to ([`Dialect::pruner_binds_now`]).
+        let pruner_now = match d.pruner_binds_now {
+            true => "$2".to_owned(),
+            false => format!("(SELECT {now})"),
+        };
         let lease_end = d.now_plus("$4");
         let columns = columns(d);
         let holds_key = holds_key(d);
@@ -261,7 +266,7 @@ impl Statements {
             // A lapsed claim stays while its steps' journal is kept, for the claim that
             // resumes it. The rows to delete are those the pruner's index (version 6,
             // `{index}`) files as not to strip, due by now: due is then `expires_at`. The
-            // index is searched up to the clock read once ([`Dialect::pruner_now`]): compared
+            // index is searched up to the clock read once ([`Dialect::pruner_binds_now`]): compared
             // row by row, PostgreSQL's volatile `clock_timestamp()` cannot bound the scan, which
             // then reads every live key whenever fewer than a batch are due.
             prune: format!(
@@ -270,7 +275,6 @@ impl Statements {
                      AND (state <> 0 OR (uncertain = false AND expires_at <= {lapsed} \
                        AND NOT {journal_kept})) \
                    ORDER BY {DUE} LIMIT $1{lock})",
-                pruner_now = d.pruner_now,
                 lapsed = d.now_minus(&LAPSED_CLAIMS_KEPT_MS.to_string()),
                 lock = d.lock_batch,
                 journal_kept = crate::steps::journal_kept(d, "r"),
@@ -283,7 +287,6 @@ impl Statements {
                  WHERE key IN ( \
                    SELECT key FROM {t} WHERE {TO_STRIP} = 1 AND {DUE} <= {pruner_now} \
                    ORDER BY {DUE} LIMIT $1{lock})",
-                pruner_now = d.pruner_now,
                 lock = d.lock_batch,
             ),
             read_clock: format!("SELECT {now}"),
