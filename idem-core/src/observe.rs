@@ -262,6 +262,14 @@ impl Scope {
             Scope::Shared(s) => s,
         }
     }
+
+    /// Whether `other` is the same scope: by address first (a static scope given twice, an
+    /// `Arc` shared), then by its text.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn same(&self, other: &Scope) -> bool {
+        let (a, b) = (self.as_str(), other.as_str());
+        std::ptr::eq(a, b) || a == b
+    }
 }
 
 /// The first 8 bytes of a key, in hex: enough to find it in logs, nothing of what the client
@@ -290,7 +298,8 @@ pub(crate) struct Probe<'a> {
     observer: Option<&'a dyn Observer>,
     scope: &'a Scope,
     key: Key,
-    span: tracing::Span,
+    /// The call's span; `None` for the empty span (nothing to close or log when dropped).
+    span: Option<tracing::Span>,
     meters: Meter<'a>,
     /// Whether this call records its latencies (always false without `metrics`).
     sampled: bool,
@@ -328,13 +337,9 @@ impl<'a> Probe<'a> {
                 key = %ShortKey(&key),
                 outcome = tracing::field::Empty,
             );
-            if span.is_disabled() && !could_log {
-                tracing::Span::none()
-            } else {
-                span
-            }
+            (!span.is_disabled() || could_log).then_some(span)
         } else {
-            tracing::Span::none()
+            None
         };
         let meters = Meter::new(meters);
         Probe {
@@ -377,7 +382,7 @@ impl<'a> Probe<'a> {
         }
         Suspended {
             key: self.key,
-            span: std::mem::replace(&mut self.span, tracing::Span::none()),
+            span: self.span.take().unwrap_or_else(tracing::Span::none),
             sampled: self.sampled,
             claimed: self.claimed,
             in_flight: self.in_flight,
@@ -396,7 +401,7 @@ impl<'a> Probe<'a> {
             observer,
             scope,
             key: suspended.key,
-            span: suspended.span,
+            span: (!suspended.span.is_none()).then_some(suspended.span),
             meters: Meter::new(meters),
             sampled: suspended.sampled,
             ended: false,
@@ -408,22 +413,32 @@ impl<'a> Probe<'a> {
 
     /// The span the call's store round trips are reported in.
     pub(crate) fn span(&self) -> &tracing::Span {
-        &self.span
+        static NONE: tracing::Span = tracing::Span::none();
+        self.span.as_ref().unwrap_or(&NONE)
     }
 
     /// Whether anything reads the durations of this call; if not, the clock is not read for
     /// them.
     pub(crate) fn timed(&self) -> bool {
-        self.sampled || self.observer.is_some() || !self.span.is_disabled()
+        self.sampled
+            || self.observer.is_some()
+            || self.span.as_ref().is_some_and(|span| !span.is_disabled())
     }
 
     /// Calls the observer. A panic in it is caught and reported through `tracing`: an
     /// observer is the user's code, and a call ends as it would without one whatever it does
     /// (a panic at `Claimed` would otherwise leave the key claimed until its lease ends).
+    // Inlined, so that a call without an observer (most) pays one test here, not a call.
+    #[inline(always)]
     fn emit(&self, stage: Stage, took: Option<Duration>) {
-        let Some(observer) = self.observer else {
-            return;
-        };
+        if let Some(observer) = self.observer {
+            self.observe(observer, stage, took);
+        }
+    }
+
+    /// [`emit`](Self::emit) to `observer`.
+    #[inline(never)]
+    fn observe(&self, observer: &dyn Observer, stage: Stage, took: Option<Duration>) {
         let event = CallEvent {
             stage,
             scope: self.scope.as_str(),
@@ -439,7 +454,7 @@ impl<'a> Probe<'a> {
                 .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
                 .unwrap_or("a panic without a message");
             tracing::error!(
-                parent: &self.span,
+                parent: self.span(),
                 key = %ShortKey(&self.key),
                 stage = stage.as_str(),
                 panic = message,
@@ -450,7 +465,7 @@ impl<'a> Probe<'a> {
 
     /// The claim attempt ended after `took` (claimed, replayed or refused).
     pub(crate) fn claim_took(&self, took: Duration) {
-        tracing::debug!(parent: &self.span, op = "claim", took_us = took.as_micros() as u64);
+        tracing::debug!(parent: self.span(), op = "claim", took_us = took.as_micros() as u64);
         self.meters.claim_took(self.scope, self.sampled, took);
     }
 
@@ -478,17 +493,24 @@ impl<'a> Probe<'a> {
 
     /// The first try at storing the result ended after `took`.
     pub(crate) fn complete_took(&self, took: Duration) {
-        tracing::debug!(parent: &self.span, op = "complete", took_us = took.as_micros() as u64);
+        tracing::debug!(parent: self.span(), op = "complete", took_us = took.as_micros() as u64);
         self.meters.complete_took(self.scope, self.sampled, took);
     }
 
     /// The call ended this way.
+    // Inlined, so that the second report of a call that ended (its drop) is one test.
+    #[inline(always)]
     pub(crate) fn end(&mut self, stage: Stage) {
-        if std::mem::replace(&mut self.ended, true) {
-            return;
+        if !std::mem::replace(&mut self.ended, true) {
+            self.ended(stage);
         }
-        if !self.span.is_none() {
-            self.span.record("outcome", stage.as_str());
+    }
+
+    /// [`end`](Self::end), the first time.
+    #[inline(never)]
+    fn ended(&mut self, stage: Stage) {
+        if let Some(span) = &self.span {
+            span.record("outcome", stage.as_str());
         }
         self.meters.ended(self.scope, stage, self.in_flight);
         let took = match stage {

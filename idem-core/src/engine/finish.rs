@@ -5,6 +5,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
@@ -26,33 +27,48 @@ pub(crate) async fn renewing<F: Future>(
     lease: Duration,
     work: F,
 ) -> F::Output {
+    // The work first, then the heartbeat, as a biased `select!` would poll them; the heartbeat
+    // is made only once the work awaits: work done in its first poll (most, on the memory
+    // store) builds none.
+    let mut work = std::pin::pin!(work);
+    let mut beating = std::pin::pin!(None);
+    std::future::poll_fn(move |cx| {
+        if let Poll::Ready(out) = work.as_mut().poll(cx) {
+            return Poll::Ready(out);
+        }
+        if beating.is_none() {
+            beating.set(Some(heartbeat(store, claim, lease)));
+        }
+        match beating.as_mut().as_pin_mut().map(|beat| beat.poll(cx)) {
+            Some(Poll::Ready(never)) => match never {},
+            Some(Poll::Pending) | None => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Renews the claim's lease every third of the lease, for as long as it is polled; never ends.
+async fn heartbeat(store: &dyn Store, claim: &Claim, lease: Duration) -> Infallible {
     let period = lease / 3;
-    let heartbeat = async {
-        let mut next = Instant::now() + period;
-        let mut backoff = RETRY_FIRST.min(period);
-        loop {
-            tokio::time::sleep_until(next).await;
-            match store.renew(claim, lease).await {
-                Ok(()) => {
-                    next += period;
-                    backoff = RETRY_FIRST.min(period);
-                }
-                Err(Error::LeaseLost) => {
-                    tracing::warn!(key = %claim.key(), "lease lost while the work runs; completion will fail");
-                    return std::future::pending::<Infallible>().await;
-                }
-                Err(e) => {
-                    tracing::warn!(key = %claim.key(), error = %e, "lease renewal failed; retrying");
-                    next = Instant::now() + backoff;
-                    backoff = (backoff * 2).min(period);
-                }
+    let mut next = Instant::now() + period;
+    let mut backoff = RETRY_FIRST.min(period);
+    loop {
+        tokio::time::sleep_until(next).await;
+        match store.renew(claim, lease).await {
+            Ok(()) => {
+                next += period;
+                backoff = RETRY_FIRST.min(period);
+            }
+            Err(Error::LeaseLost) => {
+                tracing::warn!(key = %claim.key(), "lease lost while the work runs; completion will fail");
+                return std::future::pending::<Infallible>().await;
+            }
+            Err(e) => {
+                tracing::warn!(key = %claim.key(), error = %e, "lease renewal failed; retrying");
+                next = Instant::now() + backoff;
+                backoff = (backoff * 2).min(period);
             }
         }
-    };
-    tokio::select! {
-        biased;
-        out = work => out,
-        never = heartbeat => match never {},
     }
 }
 

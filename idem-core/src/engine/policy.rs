@@ -476,6 +476,7 @@ impl<C> std::fmt::Debug for Core<C> {
 impl<C: Codec> Core<C> {
     /// The call's options. The policy was checked when the engine was built, so only what the
     /// call overrides is checked here: each duration once per call.
+    #[inline]
     pub(crate) fn resolve(&self, overrides: &Overrides) -> Result<Resolved, Error> {
         let pick = |what, given: Option<Duration>, default| match given {
             Some(d) => check_duration(what, d).map(|()| d),

@@ -1,5 +1,6 @@
 //! The engine's metrics (feature `metrics`), through the `metrics` facade: one set of handles
-//! per engine and scope, found through a per-thread cache. `no_meters.rs` is the same API
+//! per engine and scope, found in the engine's slot for the first scope its calls reported in,
+//! or else through a per-thread cache. `no_meters.rs` is the same API
 //! recording nothing, for a build without the feature.
 
 use std::sync::Arc;
@@ -62,6 +63,9 @@ pub(crate) struct Meters {
     /// Unique among the process's `Meters`: what a thread's cache of recent instruments is keyed
     /// by (an address could be reused by a later engine).
     id: u64,
+    /// The instruments of the first scope this engine's calls reported in (most engines have
+    /// one): found here with no write to shared memory and no thread-local cache's search.
+    first: std::sync::OnceLock<(Scope, Arc<Instruments>)>,
     by_scope: std::sync::RwLock<
         std::collections::HashMap<Box<str>, Arc<Instruments>, foldhash::fast::RandomState>,
     >,
@@ -94,6 +98,7 @@ impl Meters {
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Meters {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            first: std::sync::OnceLock::new(),
             by_scope: Default::default(),
             latencies_one_in,
         }
@@ -123,6 +128,10 @@ impl Meters {
     /// it, otherwise from the shared map, then kept in the cache (the oldest of [`RECENT`]
     /// entries gives way).
     fn with(&self, scope: &Scope, record: impl FnOnce(&Instruments)) {
+        let first = self.first.get_or_init(|| (scope.clone(), self.of(scope)));
+        if first.0.same(scope) {
+            return record(&first.1);
+        }
         let name = scope.as_str();
         let mut record = Some(record);
         // `try_with`: a probe dropped while its thread's locals are being torn down goes to the
