@@ -33,6 +33,31 @@ where
     }
 }
 
+/// An answer a store gave at once (the memory store), or the future that gets it. A caller that
+/// awaits it holds the answer alone when there is one, where the future of an `async fn` that
+/// returns early would hold every argument it was given, moved into it on every call.
+pub(super) enum NowOrLater<T, F> {
+    /// Given before the future was made; taken by its first poll.
+    Now(Option<T>),
+    /// Still to get.
+    Later(F),
+}
+
+impl<T: Unpin, F: Future<Output = T> + Unpin> Future for NowOrLater<T, F> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match self.get_mut() {
+            NowOrLater::Now(now) => match now.take() {
+                Some(now) => Poll::Ready(now),
+                // Only reachable by polling after completion, which a caller never does.
+                None => Poll::Pending,
+            },
+            NowOrLater::Later(later) => Pin::new(later).poll(cx),
+        }
+    }
+}
+
 impl<T, O> Future for RunToEnd<T, O>
 where
     O: FnOnce(BoxFuture<T>) -> BoxFuture<()> + Unpin,

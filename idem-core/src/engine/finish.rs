@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::detach::{spawn_or_drop, BoxFuture, RunToEnd};
+use super::detach::{spawn_or_drop, BoxFuture, NowOrLater, RunToEnd};
 use super::underway::Releasing;
 use super::Shared;
 use crate::error::Error;
@@ -108,7 +108,11 @@ impl ClaimGuard {
     /// caller goes away, and a failure that passes is retried in the background: `Ok` says
     /// whether the result is in the store already or still on its way there. The key is kept
     /// as a tombstone for `key_retention` after `retention`.
-    pub(super) async fn complete(
+    ///
+    /// Not an `async fn`: on a store that answers at once (the memory store) the result is
+    /// stored before this returns, and the future given back holds only the answer, where an
+    /// `async fn`'s would hold every argument (moved into it on every call).
+    pub(super) fn complete(
         mut self,
         sealed: Vec<u8>,
         is_error: bool,
@@ -116,9 +120,10 @@ impl ClaimGuard {
         retention: Duration,
         key_retention: Tombstone,
         lease: Duration,
-    ) -> Result<Stored, Error> {
+    ) -> NowOrLater<Result<Stored, Error>, impl Future<Output = Result<Stored, Error>> + Unpin>
+    {
         let Some(claim) = self.claim.take() else {
-            return Ok(Stored::Landed);
+            return NowOrLater::Now(Some(Ok(Stored::Landed)));
         };
         let completing = Completing {
             shared: self.shared.clone(),
@@ -133,17 +138,16 @@ impl ClaimGuard {
         if let Some(now) = self.shared.store.immediate() {
             // Done before this returns, so finished whatever the caller does next.
             let stored = now.complete_now(&completing.claim, completing.completion());
-            return completing.settle(stored);
+            return NowOrLater::Now(Some(completing.settle(stored)));
         }
-        RunToEnd::new(
+        NowOrLater::Later(RunToEnd::new(
             Box::pin(completing.first_try()),
-            |rest: BoxFuture<Result<Stored, Error>>| {
+            |rest: BoxFuture<Result<Stored, Error>>| -> BoxFuture<()> {
                 Box::pin(async move {
                     let _ = rest.await;
                 })
             },
-        )
-        .await
+        ))
     }
 
     /// Stores the sealed result once (the lease renewed meanwhile) and reports the store's
