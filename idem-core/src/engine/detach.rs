@@ -46,6 +46,7 @@ pub(super) enum NowOrLater<T, F> {
 impl<T: Unpin, F: Future<Output = T> + Unpin> Future for NowOrLater<T, F> {
     type Output = T;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         match self.get_mut() {
             NowOrLater::Now(now) => match now.take() {
