@@ -262,14 +262,6 @@ impl Scope {
             Scope::Shared(s) => s,
         }
     }
-
-    /// Whether `other` is the same scope: by address first (a static scope given twice, an
-    /// `Arc` shared), then by its text.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    pub(crate) fn same(&self, other: &Scope) -> bool {
-        let (a, b) = (self.as_str(), other.as_str());
-        std::ptr::eq(a, b) || a == b
-    }
 }
 
 /// The first 8 bytes of a key, in hex: enough to find it in logs, nothing of what the client

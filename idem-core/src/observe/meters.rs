@@ -124,12 +124,13 @@ impl Meters {
             .clone()
     }
 
-    /// Runs `record` on the instruments of `scope`: from this thread's cache when they are in
-    /// it, otherwise from the shared map, then kept in the cache (the oldest of [`RECENT`]
-    /// entries gives way).
+    /// Runs `record` on the instruments of `scope`: from the engine's slot when `scope` is the
+    /// first its calls reported in; else from this thread's cache when they are in it,
+    /// otherwise from the shared map, then kept in the cache (the oldest of [`RECENT`] entries
+    /// gives way).
     fn with(&self, scope: &Scope, record: impl FnOnce(&Instruments)) {
         let first = self.first.get_or_init(|| (scope.clone(), self.of(scope)));
-        if first.0.same(scope) {
+        if same(&first.0, scope) {
             return record(&first.1);
         }
         let name = scope.as_str();
@@ -225,6 +226,13 @@ impl<'a> Meter<'a> {
             }
         });
     }
+}
+
+/// Whether `a` and `b` are the same scope: by address first (a static scope given twice, an
+/// `Arc` shared), then by their text.
+fn same(a: &Scope, b: &Scope) -> bool {
+    let (a, b) = (a.as_str(), b.as_str());
+    std::ptr::eq(a, b) || a == b
 }
 
 /// A pruner deleted `deleted` entries of `target` (`records` or `history`): `idem_pruned_total`.
