@@ -323,7 +323,12 @@ impl Subject {
                 .build()?,
             _ => Idempotency::new(MemoryStore::new()),
         };
-        let app = axum::Router::new().route("/deposits", axum::routing::post(http_deposit));
+        // Given its state (none) before it is layered, as `axum::serve` does for each connection:
+        // a `Router` called without it turns its handler into a route, through the layer, on
+        // every request, which no served app does.
+        let app = axum::Router::new()
+            .route("/deposits", axum::routing::post(http_deposit))
+            .with_state(());
         let app = match path {
             Case::HttpFresh | Case::HttpReplay | Case::LoopbackFresh | Case::LoopbackReplay => app
                 .layer(
