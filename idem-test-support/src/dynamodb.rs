@@ -12,6 +12,7 @@ use std::time::Duration;
 use idem_dynamodb::aws_sdk_dynamodb::config::interceptors::{
     BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextRef,
 };
+use idem_dynamodb::aws_sdk_dynamodb::config::retry::{RetryPartition, TokenBucket};
 use idem_dynamodb::aws_sdk_dynamodb::config::{
     timeout::TimeoutConfig, BehaviorVersion, ConfigBag, Credentials, Intercept, Region,
     RuntimeComponents,
@@ -60,6 +61,14 @@ pub async fn own_or_shared_server() -> Option<(String, Option<Server>)> {
 /// the storm rule a request may queue behind a thousand others on a loaded machine, and they are
 /// bounds only a failing test waits out.
 ///
+/// Its retries draw on a token bucket of its own without a quota. The SDK's default bucket
+/// (500 tokens, 5 a retry) is shared by every request of a client: when a thousand calls open
+/// their connections at once and moto's listen queue overflows, a hundred reset connections
+/// empty it, and the calls after them fail on their first reset instead of trying again
+/// (`dynamodb_store::engine_storm_runs_each_key_once` did, once in a CI run). Each request
+/// still makes at most the standard three attempts, so a stopped server fails as fast as
+/// before.
+///
 /// ```
 /// let _client = idem_test_support::dynamodb::client("http://127.0.0.1:8000");
 /// ```
@@ -84,6 +93,11 @@ pub fn config(endpoint: &str) -> aws_sdk_dynamodb::config::Builder {
             "idem-test",
         ))
         .endpoint_url(endpoint)
+        .retry_partition(
+            RetryPartition::custom("idem-test")
+                .token_bucket(TokenBucket::unlimited())
+                .build(),
+        )
         .timeout_config(
             TimeoutConfig::builder()
                 .connect_timeout(Duration::from_secs(5))
