@@ -98,72 +98,6 @@ async fn two_nodes(
 /// 2 s. Up to the last millisecond of A's 10 s lease (by A's clock) B is Locked; A's work
 /// completes and B replays it. Only once the lease has ended by A's clock, plus what is left of
 /// the margin after the skew, can B take over a crashed owner's key.
-/// A burst of requests whose connections are all reset at once (moto's listen queue overflowing
-/// when the storm rule's thousand calls connect together) is retried by every request, not by
-/// the first hundred: the test client's retries draw on a bucket without a quota
-/// (`idem_test_support::dynamodb::config`), where the SDK's default bucket, shared by the
-/// client's requests, runs dry after 100 retries. A proxy in front of the server resets the
-/// first `BURST` connections it accepts and forwards the rest.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_reset_connections_is_retried_by_every_request() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use tokio::net::{TcpListener, TcpStream};
-
-    let Some(url) = url() else { return };
-    const BURST: usize = 200;
-    let upstream = url
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let proxied = format!("http://{}", listener.local_addr().unwrap());
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let proxy = tokio::spawn({
-        let accepted = accepted.clone();
-        async move {
-            while let Ok((mut conn, _)) = listener.accept().await {
-                if accepted.fetch_add(1, Ordering::SeqCst) < BURST {
-                    // Closed with a zero linger: the client reads a reset.
-                    let _ = conn.set_zero_linger();
-                    continue;
-                }
-                let upstream = upstream.clone();
-                tokio::spawn(async move {
-                    if let Ok(mut up) = TcpStream::connect(&upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
-                    }
-                });
-            }
-        }
-    });
-
-    let client = client(&proxied);
-    let calls: Vec<_> = (0..BURST)
-        .map(|_| {
-            let client = client.clone();
-            tokio::spawn(async move { client.list_tables().send().await })
-        })
-        .collect();
-    let mut failed = Vec::new();
-    for call in calls {
-        if let Err(e) = call.await.unwrap() {
-            failed.push(format!("{:?}", e));
-        }
-    }
-    proxy.abort();
-    assert!(
-        accepted.load(Ordering::SeqCst) > BURST,
-        "the proxy reset {BURST} connections and forwarded the retries"
-    );
-    assert!(
-        failed.is_empty(),
-        "{} of {BURST} requests failed on a reset connection instead of trying again; the first: {}",
-        failed.len(),
-        failed[0]
-    );
-}
-
 #[tokio::test]
 async fn skew_within_the_margin_never_takes_over_a_live_lease() {
     let Some(url) = url() else { return };
@@ -1030,4 +964,71 @@ async fn an_uncertain_claim_is_never_pruned_nor_given_a_ttl() {
     let item = raw_item(&store, &u).await;
     assert!(matches!(item.get("ttl_s"), Some(AttributeValue::N(_))));
     assert!(!item.contains_key("uncertain") && !item.contains_key("lapse_ttl_s"));
+}
+
+/// A burst of requests whose connections are all reset at once (as moto's were once, when the
+/// storm rule's thousand calls connected together) is retried by every request, not by the
+/// first fifty: the test client's retries draw on a bucket without a quota
+/// (`idem_test_support::dynamodb::config`), where the SDK's default bucket, shared by the
+/// client's requests, runs dry after 50 retries of a connection error (10 tokens each). A proxy
+/// in front of the server resets the first `BURST` connections it accepts and forwards the
+/// rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_reset_connections_is_retried_by_every_request() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::net::{TcpListener, TcpStream};
+
+    let Some(url) = url() else { return };
+    const BURST: usize = 200;
+    let upstream = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxied = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let proxy = tokio::spawn({
+        let accepted = accepted.clone();
+        async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                if accepted.fetch_add(1, Ordering::SeqCst) < BURST {
+                    // Closed with a zero linger: the client reads a reset.
+                    let _ = conn.set_zero_linger();
+                    continue;
+                }
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut up) = TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+                    }
+                });
+            }
+        }
+    });
+
+    let client = client(&proxied);
+    let calls: Vec<_> = (0..BURST)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.list_tables().send().await })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for call in calls {
+        if let Err(e) = call.await.unwrap() {
+            failed.push(format!("{e:?}"));
+        }
+    }
+    proxy.abort();
+    assert!(
+        accepted.load(Ordering::SeqCst) > BURST,
+        "the proxy reset {BURST} connections and forwarded the retries"
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {BURST} requests failed on a reset connection instead of trying again; the first: {}",
+        failed.len(),
+        failed[0]
+    );
 }

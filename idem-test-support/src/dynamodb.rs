@@ -62,9 +62,10 @@ pub async fn own_or_shared_server() -> Option<(String, Option<Server>)> {
 /// bounds only a failing test waits out.
 ///
 /// Its retries draw on a token bucket of its own without a quota. The SDK's default bucket
-/// (500 tokens, 5 a retry) is shared by every request of a client: when a thousand calls open
-/// their connections at once and moto's listen queue overflows, a hundred reset connections
-/// empty it, and the calls after them fail on their first reset instead of trying again
+/// (500 tokens, 10 for each retry of a connection error) is shared by every request of a
+/// client: when a thousand calls open their connections at once and a burst of them is reset,
+/// fifty retries empty it, and the calls after them fail on their first reset instead of trying
+/// again
 /// (`dynamodb_store::engine_storm_runs_each_key_once` did, once in a CI run). Each request
 /// still makes at most the standard three attempts, so a stopped server fails as fast as
 /// before.
