@@ -971,12 +971,14 @@ async fn an_uncertain_claim_is_never_pruned_nor_given_a_ttl() {
 /// first fifty: the test client's retries draw on a bucket without a quota
 /// (`idem_test_support::dynamodb::config`), where the SDK's default bucket, shared by the
 /// client's requests, runs dry after 50 retries of a connection error (10 tokens each). A proxy
-/// in front of the server resets the first `BURST` connections it accepts and forwards the
-/// rest.
+/// in front of the server reads each request's head and resets the connection of every
+/// operation's first attempt (by its `amz-sdk-invocation-id`, which its retries repeat), then
+/// forwards the retries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_reset_connections_is_retried_by_every_request() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
     let Some(url) = url() else { return };
@@ -987,19 +989,40 @@ async fn a_burst_of_reset_connections_is_retried_by_every_request() {
         .to_owned();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxied = format!("http://{}", listener.local_addr().unwrap());
-    let accepted = Arc::new(AtomicUsize::new(0));
+    // The operations whose first attempt was reset.
+    let seen: Arc<Mutex<HashSet<String>>> = Arc::default();
     let proxy = tokio::spawn({
-        let accepted = accepted.clone();
+        let seen = seen.clone();
         async move {
             while let Ok((mut conn, _)) = listener.accept().await {
-                if accepted.fetch_add(1, Ordering::SeqCst) < BURST {
-                    // Closed with a zero linger: the client reads a reset.
-                    let _ = conn.set_zero_linger();
-                    continue;
-                }
-                let upstream = upstream.clone();
+                let (seen, upstream) = (seen.clone(), upstream.clone());
                 tokio::spawn(async move {
-                    if let Ok(mut up) = TcpStream::connect(&upstream).await {
+                    // The request's head, read whole (at most 16 KiB).
+                    let mut head = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while head.len() < 16 * 1024 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let id = String::from_utf8_lossy(&head)
+                        .lines()
+                        .find_map(|line| {
+                            let (name, value) = line.split_once(':')?;
+                            name.eq_ignore_ascii_case("amz-sdk-invocation-id")
+                                .then(|| value.trim().to_owned())
+                        })
+                        .unwrap_or_default();
+                    let first = seen.lock().unwrap().insert(id);
+                    if first {
+                        // Closed with a zero linger: the client reads a reset.
+                        let _ = conn.set_zero_linger();
+                        return;
+                    }
+                    if let Ok(mut up) = TcpStream::connect(&upstream).await
+                        && up.write_all(&head).await.is_ok()
+                    {
                         let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
                     }
                 });
@@ -1021,9 +1044,10 @@ async fn a_burst_of_reset_connections_is_retried_by_every_request() {
         }
     }
     proxy.abort();
-    assert!(
-        accepted.load(Ordering::SeqCst) > BURST,
-        "the proxy reset {BURST} connections and forwarded the retries"
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        BURST,
+        "each request's first attempt was reset, under an id of its own"
     );
     assert!(
         failed.is_empty(),
