@@ -65,8 +65,7 @@ pub async fn own_or_shared_server() -> Option<(String, Option<Server>)> {
 /// (500 tokens, 10 for each retry of a connection error) is shared by every request of a
 /// client: when a thousand calls open their connections at once and a burst of them is reset,
 /// fifty retries empty it, and the calls after them fail on their first reset instead of trying
-/// again
-/// (`dynamodb_store::engine_storm_runs_each_key_once` did, once in a CI run). Each request
+/// again (`dynamodb_store::engine_storm_runs_each_key_once` did, once in a CI run). Each request
 /// still makes at most the standard three attempts, so a stopped server fails as fast as
 /// before.
 ///
