@@ -482,7 +482,7 @@ pub(crate) async fn sqlite_store(path: &std::path::Path) -> Result<SqliteStore, 
 
 /// The hand-written baseline on SQLite: a table of the store's schema at version 1
 /// ([`raw::version_1`]) beside the store's own, on its pool.
-async fn sqlite_raw(pool: sqlx::SqlitePool) -> Result<Raw, BenchError> {
+pub(crate) async fn sqlite_raw(pool: sqlx::SqlitePool) -> Result<Raw, BenchError> {
     let script = SqliteStore::builder().table("raw_records").schema_sql()?;
     sqlx::raw_sql(raw::version_1(&script)?)
         .execute(&pool)

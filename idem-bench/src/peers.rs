@@ -7,6 +7,11 @@
 //!   Two calibration apps run beside them: the bare app whose handler burns 5 µs more CPU (what a
 //!   fixed cost per request weighs here), and the bare app whose handler does not read the
 //!   request body (what a replay that skips the body, as axum-idempotent's does, saves).
+//! - HTTP on SQLite: the same app behind idem's layer over a `SqliteStore`, and the same app
+//!   made idempotent by hand in its handler with the SQL rows' raw statements (`INSERT`, work,
+//!   `UPDATE`; a replay's `INSERT` finds the key, and a `SELECT` reads its response), each on a
+//!   database file of its own, against the bare app:
+//!   what the layer costs over the app, and over the statements a team would write without it.
 //! - Engine: `Idempotency` over `MemoryStore` against the `idempotent` 0.3 crate's memory store,
 //!   each doing claim + trivial work + JSON + complete on a new key, and the replay of a
 //!   completed key.
@@ -21,6 +26,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
@@ -41,12 +47,14 @@ use tokio::task::JoinSet;
 
 use crate::cpu::Cpu;
 use crate::harness::{from_8_tasks, interleaved, op, replay_op, Hit, Op, Timing};
+use crate::raw::{ByHand, Raw};
 use crate::report::{Row, Workload};
 use crate::workload::{work, Receipt, RETENTION};
 use crate::{BenchError, Plan, CONCURRENCY};
 
 /// The store column of the rows.
 pub const HTTP: &str = "HTTP, memory";
+pub const HTTP_SQLITE: &str = "HTTP, SQLite";
 pub const ENGINE: &str = "engine, memory";
 /// The variant column of the rows.
 pub const IDEM_LAYER: &str = "idem layer";
@@ -54,6 +62,7 @@ pub const AXUM_IDEMPOTENT: &str = "axum-idempotent 0.6";
 pub const BARE: &str = "bare app";
 pub const BARE_SPIN: &str = "bare app, handler +5 µs CPU";
 pub const BARE_UNREAD: &str = "bare app, body not read";
+pub const BY_HAND: &str = "bare app, idempotent by hand (raw SQL)";
 pub const IDEM_ENGINE: &str = "idem engine";
 pub const IDEMPOTENT: &str = "idempotent 0.3";
 
@@ -71,6 +80,8 @@ const SCOPE: &str = "bench_peers";
 /// The replay header of each layer, checked on every replay.
 const IDEM_REPLAYED: &str = "idempotent-replayed";
 const AXUM_REPLAYED: &str = "idempotency-replayed";
+/// The header the app made idempotent by hand sets on a replay, so its replays are checked too.
+const BY_HAND_REPLAYED: &str = "replayed-by-hand";
 
 /// What the same-key run found for one library.
 pub struct SameKey {
@@ -154,6 +165,35 @@ async fn slow_deposit(State(ran): State<Arc<AtomicU64>>, Json(d): Json<Deposit>)
     Json(work(d.cents ^ d.account))
 }
 
+/// `deposit` made idempotent by hand on SQLite, as a team without idem would write it: the key
+/// from the `Idempotency-Key` header and the session (SHA-256, as idem's), one `INSERT` to
+/// claim it, the work, one `UPDATE` with the response; a key already there is read (one
+/// `SELECT`) and its response sent again, or `409` while it runs. No fingerprint, no lease
+/// renewal, nothing finished for a caller that goes away: the raw baseline's statements only.
+async fn deposit_by_hand(
+    State(raw): State<Arc<Raw>>,
+    headers: HeaderMap,
+    Json(d): Json<Deposit>,
+) -> Response {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim_matches('"'))
+        .unwrap_or_default();
+    let session = session_of(&headers).unwrap_or_default();
+    let Ok(key) = Key::derive(SCOPE, &session, key) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let respond = || Ok(serde_json::to_vec(&work(d.cents ^ d.account))?);
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    match raw.claim_or_read(key.as_bytes(), respond).await {
+        Ok(ByHand::Fresh(body)) => (json, body).into_response(),
+        Ok(ByHand::Replayed(body)) => (json, [(BY_HAND_REPLAYED, "true")], body).into_response(),
+        Ok(ByHand::Locked) => StatusCode::CONFLICT.into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
 /// The one app every server runs: `/deposits` for the timed rows, `/slow-deposits` (counts its
 /// runs into `ran`) for the same-key run.
 fn app(ran: Arc<AtomicU64>) -> Router {
@@ -182,6 +222,10 @@ enum Flavor {
     BareUnread,
     Idem,
     AxumIdempotent,
+    /// idem's layer over a SQLite store ([`sqlite_server`]).
+    IdemSqlite,
+    /// The app made idempotent by hand on SQLite ([`sqlite_server`]).
+    ByHand,
 }
 
 impl Flavor {
@@ -189,12 +233,14 @@ impl Flavor {
     fn replay_header(self) -> Option<&'static str> {
         match self {
             Flavor::Bare | Flavor::BareSpin | Flavor::BareUnread => None,
-            Flavor::Idem => Some(IDEM_REPLAYED),
+            Flavor::Idem | Flavor::IdemSqlite => Some(IDEM_REPLAYED),
             Flavor::AxumIdempotent => Some(AXUM_REPLAYED),
+            Flavor::ByHand => Some(BY_HAND_REPLAYED),
         }
     }
 }
 
+/// The memory store's apps; the SQLite ones are [`sqlite_server`]'s.
 fn router(flavor: Flavor, ran: Arc<AtomicU64>) -> Result<Router, BenchError> {
     let app = app(ran);
     Ok(match flavor {
@@ -218,7 +264,34 @@ fn router(flavor: Flavor, ran: Arc<AtomicU64>) -> Result<Router, BenchError> {
                 .layer(sessions)
                 .layer(tower_cookies::CookieManagerLayer::new())
         }
+        Flavor::IdemSqlite | Flavor::ByHand => {
+            return Err(BenchError::Unexpected(
+                "the SQLite apps are served by `sqlite_server`".into(),
+            ))
+        }
     })
+}
+
+/// The app on SQLite, in a database file of its own at `path` (the store every SQLite row
+/// takes: `synchronous = NORMAL`, no pruner): behind idem's layer, or idempotent by hand on a
+/// table of the store's schema at version 1, as the SQL rows' raw baseline.
+async fn sqlite_server(flavor: Flavor, path: &std::path::Path) -> Result<Server, BenchError> {
+    let store = crate::sqlite_store(path).await?;
+    let app = match flavor {
+        Flavor::IdemSqlite => Router::new().route("/deposits", post(deposit)).layer(
+            IdempotencyLayer::builder(Idempotency::new(store))
+                .require_key(true)
+                .caller(|parts| session_of(&parts.headers))
+                .build()?,
+        ),
+        _ => {
+            let raw = crate::sqlite_raw(store.pool().clone()).await?;
+            Router::new()
+                .route("/deposits", post(deposit_by_hand))
+                .with_state(Arc::new(raw))
+        }
+    };
+    Server::serve(flavor, Arc::new(AtomicU64::new(0)), app).await
 }
 
 /// One app served on a loopback port of this runtime, and the client's connections to it.
@@ -232,9 +305,14 @@ struct Server {
 
 impl Server {
     async fn start(flavor: Flavor) -> Result<Server, BenchError> {
-        use axum::serve::ListenerExt;
         let ran = Arc::new(AtomicU64::new(0));
         let app = router(flavor, ran.clone())?;
+        Server::serve(flavor, ran, app).await
+    }
+
+    /// Serves `app`, whose same-key handler counts its runs in `ran`.
+    async fn serve(flavor: Flavor, ran: Arc<AtomicU64>, app: Router) -> Result<Server, BenchError> {
+        use axum::serve::ListenerExt;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let listener = listener.tap_io(|tcp| {
@@ -721,18 +799,60 @@ pub(crate) async fn compare(
     Ok(())
 }
 
+/// The requests of one concurrency's HTTP rows: the keys completed ahead (replays) and the
+/// sessions new keys are sent from.
+struct Requests<'a> {
+    completed: &'a Arc<Vec<Call>>,
+    sessions: &'a Arc<Vec<Arc<str>>>,
+    concurrency: usize,
+    timing: Timing,
+}
+
+/// The fresh and replay rows of `variants` (each its row's name, its server and its note)
+/// against the bare app `bare` (its server and note), under `store`; `after` runs on the rows
+/// once each workload's are added.
+async fn http_rows(
+    store: &'static str,
+    variants: &[(&'static str, &Server, String)],
+    bare: (&Server, &str),
+    requests: &Requests<'_>,
+    rows: &mut Vec<Row>,
+    after: impl Fn(&mut [Row]),
+) -> Result<(), BenchError> {
+    for workload in [Workload::Fresh, Workload::Replay] {
+        let op = |server: &Server| match workload {
+            Workload::Replay => http_replay(server, requests.completed),
+            _ => http_fresh(server, requests.sessions),
+        };
+        let ops: Vec<_> = variants
+            .iter()
+            .map(|(name, server, note)| (*name, op(server), note.clone()))
+            .collect();
+        let baseline = (BARE, op(bare.0), bare.1.to_owned());
+        let (c, timing) = (requests.concurrency, requests.timing);
+        compare(store, workload, &ops, baseline, c, timing, rows).await?;
+        after(rows);
+    }
+    Ok(())
+}
+
 /// Prefixes the note of the idem layer's row, among the last three (idem, axum-idempotent,
 /// bare), with its throughput over axum-idempotent's, measured in the same slices.
 fn note_idem_over_peer(rows: &mut [Row]) {
     let [.., idem, peer, _bare] = rows else {
         return;
     };
-    if peer.ops_per_sec > 0.0 {
-        idem.note = format!(
-            "÷ axum-idempotent {:.2}; {}",
-            idem.ops_per_sec / peer.ops_per_sec,
-            idem.note
-        );
+    note_over(idem, peer, "axum-idempotent");
+}
+
+/// Prefixes `idem`'s note with its throughput over `other`'s, measured in the same slices.
+fn note_over(idem: &mut Row, other: &Row, what: &str) {
+    if other.ops_per_sec > 0.0 {
+        let x = idem.ops_per_sec / other.ops_per_sec;
+        idem.note = match idem.note.as_str() {
+            "" => format!("÷ {what} {x:.2}"),
+            note => format!("÷ {what} {x:.2}; {note}"),
+        };
     }
 }
 
@@ -776,27 +896,60 @@ pub(crate) async fn run(plan: &Plan, rows: &mut Vec<Row>) -> Result<Vec<SameKey>
         );
         complete_ahead(&idem, &completed).await?;
         complete_ahead(&axum, &completed).await?;
-        let outcome = async {
-            for workload in [Workload::Fresh, Workload::Replay] {
-                let op = |server: &Server| match workload {
-                    Workload::Replay => http_replay(server, &completed),
-                    _ => http_fresh(server, &sessions),
-                };
-                // The calibration rows first: `note_idem_over_peer` reads the last three.
-                let variants = [
-                    (BARE_SPIN, op(&spin), String::new()),
-                    (BARE_UNREAD, op(&unread), String::new()),
-                    (IDEM_LAYER, op(&idem), note(IDEM_LAYER)),
-                    (AXUM_IDEMPOTENT, op(&axum), note(AXUM_IDEMPOTENT)),
-                ];
-                let baseline = (BARE, op(&bare), note(BARE));
-                compare(HTTP, workload, &variants, baseline, c, timing, rows).await?;
-                note_idem_over_peer(rows);
-            }
-            Ok::<_, BenchError>(())
-        }
+        let requests = Requests {
+            completed: &completed,
+            sessions: &sessions,
+            concurrency: c,
+            timing,
+        };
+        // The calibration rows first: `note_idem_over_peer` reads the last three.
+        let variants = [
+            (BARE_SPIN, &spin, String::new()),
+            (BARE_UNREAD, &unread, String::new()),
+            (IDEM_LAYER, &idem, note(IDEM_LAYER)),
+            (AXUM_IDEMPOTENT, &axum, note(AXUM_IDEMPOTENT)),
+        ];
+        let bare_note = note(BARE);
+        let outcome = http_rows(
+            HTTP,
+            &variants,
+            (&bare, &bare_note),
+            &requests,
+            rows,
+            note_idem_over_peer,
+        )
         .await;
-        for server in [bare, spin, unread, idem, axum] {
+        for server in [spin, unread, idem, axum] {
+            server.shut_down().await?;
+        }
+        outcome?;
+
+        // The same app on SQLite: behind idem's layer and idempotent by hand, each on a database
+        // file of its own, against the bare app.
+        eprintln!("peers: HTTP on SQLite, fresh and replay, {c} tasks");
+        let dir = tempfile::tempdir()?;
+        let idem = sqlite_server(Flavor::IdemSqlite, &dir.path().join("idem.db")).await?;
+        let by_hand = sqlite_server(Flavor::ByHand, &dir.path().join("by-hand.db")).await?;
+        complete_ahead(&idem, &completed).await?;
+        complete_ahead(&by_hand, &completed).await?;
+        let variants = [
+            (IDEM_LAYER, &idem, String::new()),
+            (BY_HAND, &by_hand, String::new()),
+        ];
+        let outcome = http_rows(
+            HTTP_SQLITE,
+            &variants,
+            (&bare, ""),
+            &requests,
+            rows,
+            |rows| {
+                if let [.., idem, by_hand, _bare] = rows {
+                    note_over(idem, by_hand, "by hand");
+                }
+            },
+        )
+        .await;
+        for server in [bare, idem, by_hand] {
             server.shut_down().await?;
         }
         outcome?;

@@ -255,18 +255,44 @@ impl Raw {
             Raw::Redis(r) => return r.storm(key, seed).await,
             _ => {}
         }
-        let token: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
-        if self.insert(key, &token).await? {
-            let response = serde_json::to_vec(&work(seed))?;
-            self.update(key, &token, &response).await?;
-            return Ok(Hit::Fresh);
-        }
-        Ok(match self.select(key).await? {
-            Some((1, Some(bytes))) => {
+        let respond = || Ok(serde_json::to_vec(&work(seed))?);
+        Ok(match self.claim_or_read(key, respond).await? {
+            ByHand::Fresh(_) => Hit::Fresh,
+            ByHand::Replayed(bytes) => {
                 let _: Receipt = serde_json::from_slice(&bytes)?;
                 Hit::Replayed
             }
-            _ => Hit::Locked,
+            ByHand::Locked => Hit::Locked,
         })
     }
+
+    /// A key handled by hand, with SQL statements only: `INSERT` it; if it is new, `respond`
+    /// and `UPDATE` the key with the response (two statements in all), otherwise read what is
+    /// stored (one `SELECT`).
+    pub async fn claim_or_read(
+        &self,
+        key: &[u8; 32],
+        respond: impl FnOnce() -> Result<Vec<u8>, BenchError>,
+    ) -> Result<ByHand, BenchError> {
+        let token: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
+        if self.insert(key, &token).await? {
+            let response = respond()?;
+            self.update(key, &token, &response).await?;
+            return Ok(ByHand::Fresh(response));
+        }
+        Ok(match self.select(key).await? {
+            Some((1, Some(bytes))) => ByHand::Replayed(bytes),
+            _ => ByHand::Locked,
+        })
+    }
+}
+
+/// What [`Raw::claim_or_read`] did with a key.
+pub enum ByHand {
+    /// The key was new: the response made and stored.
+    Fresh(Vec<u8>),
+    /// The key's stored response.
+    Replayed(Vec<u8>),
+    /// The key is there without a response: in progress (or past its retention, unpruned).
+    Locked,
 }

@@ -322,7 +322,16 @@ impl Results {
             let mut over_peer = Vec::new();
             let mut engine = Vec::new();
             let mut grpc_layer = Vec::new();
+            let (mut sqlite_over_bare, mut sqlite_over_hand) = (Vec::new(), Vec::new());
             for c in crate::CONCURRENCY {
+                if let Some(idem) = find(peers::HTTP_SQLITE, workload, peers::IDEM_LAYER, c) {
+                    if let Some(x) = idem.ratio {
+                        sqlite_over_bare.push((c, x));
+                    }
+                    if let Some(hand) = find(peers::HTTP_SQLITE, workload, peers::BY_HAND, c) {
+                        sqlite_over_hand.push((c, idem.ops_per_sec / hand.ops_per_sec.max(1e-9)));
+                    }
+                }
                 if let Some(x) =
                     find(grpc::GRPC, workload, grpc::IDEM_GRPC, c).and_then(|r| r.ratio)
                 {
@@ -356,6 +365,11 @@ impl Results {
                     0.95,
                 ),
                 (
+                    format!("HTTP {name}: idem layer ≥ 0.95 × bare app (SQLite store), every concurrency"),
+                    &sqlite_over_bare,
+                    0.95,
+                ),
+                (
                     format!("HTTP {name}: idem layer ahead of axum-idempotent, every concurrency"),
                     &over_peer,
                     1.0,
@@ -374,6 +388,15 @@ impl Results {
                 if !v.is_empty() {
                     let _ = writeln!(out, "| {what} | {} | {} |", listed(v), verdict(all(v, min)));
                 }
+            }
+            if !sqlite_over_hand.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "| HTTP {name}: idem layer (SQLite store) ÷ the same app idempotent by hand \
+                     (raw SQL in the handler), every concurrency | {} | no target: what the layer \
+                     costs beyond its store's statements |",
+                    listed(&sqlite_over_hand)
+                );
             }
         }
         if !self.same_key.is_empty() {
